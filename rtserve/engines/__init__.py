@@ -1,0 +1,1 @@
+"""Engines: the lockstep runtime, stage pipelines and concrete engines. No aiohttp here."""

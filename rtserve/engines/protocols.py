@@ -1,0 +1,347 @@
+"""The seam every layer builds against: engine protocols and what flows across them.
+
+Three families (design.md, "Engine protocols"):
+
+* ``FrameModel`` — a lockstep model stepped by the engine thread: one batched
+  ``step`` advances every live slot by exactly one frame.
+* Turn engines — ``ASREngine``, ``LLMEngine``, ``TTSEngine``: streamed
+  request/response, cancellable mid-stream (``aclose()`` on the iterator, or cancelling
+  the task that iterates it).
+* ``PolicyEngine`` — robot policies: a batch of observations in, a batch of actions out.
+
+On top of them, sessions talk to exactly one thing: a ``SessionEngine`` that opens an
+``EngineSession`` per conversation. A session never learns which concrete engine serves
+it; it reads ``EngineCapabilities`` and advertises them to clients.
+
+Audio crossing this seam is always mono float32 in [-1, 1] at the sample rate the
+capabilities name; transports resample before and after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+Pcm = np.ndarray  # 1-D float32, mono
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do; copied verbatim into ``session.created.session.capabilities``."""
+
+    name: str
+    mode: Literal["lockstep", "turn"]  # lockstep: frame in -> frame out, no turn control
+    input_sample_rate: int
+    output_sample_rate: int
+    chunk_period_ms: int  # one frame (lockstep) or one streamed audio chunk (turn)
+    max_sessions: int
+    supports_barge_in: bool
+    supports_text_output: bool = True
+    supports_server_vad: bool = False
+    modalities: tuple[str, ...] = ("audio", "text")
+
+    @property
+    def input_frame_samples(self) -> int:
+        return self.input_sample_rate * self.chunk_period_ms // 1000
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "mode": self.mode,
+            "duplex": self.mode == "lockstep",
+            "input_sample_rate": self.input_sample_rate,
+            "output_sample_rate": self.output_sample_rate,
+            "chunk_period_ms": self.chunk_period_ms,
+            "max_sessions": self.max_sessions,
+            "supports_barge_in": self.supports_barge_in,
+            "supports_text_output": self.supports_text_output,
+            "supports_server_vad": self.supports_server_vad,
+            "modalities": list(self.modalities),
+        }
+
+
+class EngineError(Exception):
+    """A failure an engine reports to its caller with a stable, client-safe ``code``."""
+
+    code = "engine_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class CapacityExhausted(EngineError):
+    """Every slot is taken; the caller refuses the session at once (never queues)."""
+
+    code = "resource_exhausted"
+
+
+# ---------------------------------------------------------------------------
+# Lockstep frame models (engine thread side)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotPrompt:
+    """Conditioning applied when a slot is (re)opened: persona text, voice, seed."""
+
+    text: str | None = None
+    voice: str | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class FrameOutput:
+    """One frame produced for one slot: exactly ``frame_size`` samples, optional text piece."""
+
+    audio: Pcm
+    text: str | None = None
+
+
+class FrameModel(Protocol):
+    """A batched lockstep model. Every method runs on the one engine thread."""
+
+    batch_size: int
+    frame_size: int  # samples per frame, in and out
+    sample_rate: int
+
+    def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
+        """Reset slot state to fresh; return how many prefill steps the slot needs (0 = live now)."""
+        ...
+
+    def prefill_step(self, slot: int) -> bool:
+        """Advance the slot's prefill by one step; True when the slot is ready to go live."""
+        ...
+
+    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+        """Advance all slots by one frame.
+
+        ``frames``: float32 ``[batch_size, frame_size]`` (silence for slots without input);
+        ``live``: bool ``[batch_size]``. Returns one entry per slot, ``None`` where not live.
+        A slot's output must depend only on that slot's own history (isolation).
+        """
+        ...
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's state; it will be reopened with ``open_slot`` before reuse."""
+        ...
+
+
+# ---------------------------------------------------------------------------
+# Turn engines (asyncio side; each streams and can be cancelled mid-stream)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TranscriptPiece:
+    text: str
+    final: bool
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class ASREngine(Protocol):
+    sample_rate: int
+
+    def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
+                   prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+        """Partial pieces while audio arrives, then exactly one ``final=True`` piece."""
+        ...
+
+
+class LLMEngine(Protocol):
+    model_name: str
+
+    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+        """Token deltas; the last carries ``finish_reason`` and usage counts."""
+        ...
+
+
+class TTSEngine(Protocol):
+    sample_rate: int
+    voices: tuple[str, ...]
+
+    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+        """Audio chunks as they are produced (sentence-level or finer)."""
+        ...
+
+
+# ---------------------------------------------------------------------------
+# Robot policies
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyRequest:
+    session_id: str
+    observation: dict[str, Any]
+    reset: bool  # first call of a session, a changed session id, or an explicit reset
+
+
+class PolicyEngine(Protocol):
+    def server_config(self) -> dict[str, Any]:
+        """The handshake dict sent as the first frame (openpi ``policy_server_config``)."""
+        ...
+
+    def validate(self, observation: dict[str, Any]) -> None:
+        """Raise ``EngineError`` naming the offending key; runs before batching."""
+        ...
+
+    def infer(self, batch: Sequence[PolicyRequest]) -> list[dict[str, Any]]:
+        """One batched call on the engine thread; one action dict per request, same order."""
+        ...
+
+    def reset(self, session_id: str) -> None: ...
+
+
+# ---------------------------------------------------------------------------
+# What sessions talk to
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_ms: int  # offset in the session's input audio
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_ms: int
+
+
+@dataclass(frozen=True)
+class InputTranscript:
+    text: str
+    final: bool
+
+
+@dataclass(frozen=True)
+class OutputAudio:
+    """Agent audio. ``response_id`` is None for continuous (lockstep) output."""
+
+    pcm: Pcm
+    epoch: int
+    response_id: str | None = None
+    text: str | None = None  # text spoken with this chunk (transcript piece), if any
+
+
+@dataclass(frozen=True)
+class OutputText:
+    text: str
+    epoch: int
+    response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseFinished:
+    response_id: str
+    epoch: int
+    status: Literal["completed", "cancelled", "failed"]
+    usage: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    code: str
+    message: str
+
+
+EngineEvent = (SpeechStarted | SpeechStopped | InputTranscript | OutputAudio | OutputText
+               | ResponseFinished | EngineFailure)
+
+
+@dataclass(frozen=True)
+class ResponseRequest:
+    response_id: str
+    epoch: int
+    messages: tuple[ChatMessage, ...]
+    voice: str | None = None
+    modalities: tuple[str, ...] = ("audio", "text")
+    params: SamplingParams = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    prompt: SlotPrompt = SlotPrompt()
+    server_vad: dict[str, Any] | None = None  # OpenAI turn_detection object, None = manual
+
+
+@runtime_checkable
+class EngineSession(Protocol):
+    """One conversation's handle on an engine. All methods are called from the event loop
+    and never block it; heavy work happens on the engine's own thread(s)."""
+
+    capabilities: EngineCapabilities
+
+    def push_audio(self, pcm: Pcm) -> None:
+        """Queue user audio at ``capabilities.input_sample_rate``. Never blocks; a full
+        backlog drops the oldest audio (counted in metrics)."""
+        ...
+
+    async def commit_input(self) -> None:
+        """End of the user's turn: finalize ASR (emits a final ``InputTranscript``)."""
+        ...
+
+    def clear_input(self) -> None: ...
+
+    def respond(self, request: ResponseRequest) -> None:
+        """Start generating a response (turn engines); a no-op for lockstep engines."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fence: drop every queued or in-flight output stamped with an older epoch and
+        cancel work that would produce it."""
+        ...
+
+    def events(self) -> AsyncIterator[EngineEvent]: ...
+
+    async def close(self) -> None:
+        """Release the slot and every resource. Idempotent."""
+        ...
+
+
+class SessionEngine(Protocol):
+    capabilities: EngineCapabilities
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None:
+        """Load models / start threads. ``/health`` is 200 only after this returns."""
+        ...
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> EngineSession:
+        """A new engine session, or ``CapacityExhausted`` at once."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def model_ids(self) -> list[str]:
+        """Names listed by ``GET /v1/models``."""
+        ...

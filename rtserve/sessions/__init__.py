@@ -1,0 +1,1 @@
+"""The transport-agnostic session core: manager, runners, bounded output buffers, resume."""

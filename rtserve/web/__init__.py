@@ -1,0 +1,1 @@
+"""Transports: aiohttp routes, WebSocket protocols, WebRTC. Speaks typed commands/events only."""

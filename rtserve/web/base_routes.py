@@ -1,0 +1,43 @@
+"""Readiness, model list and Prometheus metrics."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rtserve.web.context import CTX
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    if ctx.engine.ready:
+        return web.json_response({"status": "ok"})
+    status = "failed" if ctx.engine_failure else "starting"
+    body = {"status": status}
+    if ctx.engine_failure:
+        body["error"] = ctx.engine_failure
+    return web.json_response(body, status=503)
+
+
+async def models(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    created = int(ctx.started_at)
+    return web.json_response({
+        "object": "list",
+        "data": [{"id": mid, "object": "model", "created": created, "owned_by": "rtserve"}
+                 for mid in ctx.engine.model_ids()],
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[CTX].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def setup(app: web.Application) -> None:
+    app[CTX].started_at = app[CTX].started_at or time.time()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)

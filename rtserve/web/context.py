@@ -1,0 +1,23 @@
+"""What every route handler can reach: config, engine, metrics registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.engines.protocols import SessionEngine
+
+
+@dataclass
+class AppContext:
+    config: ServerConfig
+    engine: SessionEngine
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    started_at: float = 0.0
+    engine_failure: str | None = None  # set when engine.start() failed: /health stays 503
+
+
+CTX = web.AppKey("rtserve", AppContext)
