@@ -1,0 +1,73 @@
+"""The installed ``rtserve`` command: version, config errors, serve + health + SIGTERM drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import rtserve
+
+CLI = [sys.executable, "-m", "rtserve.cli"]
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def test_version():
+    out = subprocess.run([*CLI, "--version"], capture_output=True, text=True, check=True, env=CLEAN_ENV)
+    assert out.stdout.strip() == f"rtserve {rtserve.__version__}"
+
+
+def test_invalid_config_exits_nonzero_with_one_line(tmp_path):
+    env = {**CLEAN_ENV, "RTSERVE_SESSIONS__MAX_SESSIONS": "-1"}
+    out = subprocess.run([*CLI, "serve"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'sessions.max_sessions'" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_unknown_engine_is_a_config_error():
+    out = subprocess.run([*CLI, "serve", "--engine", "nope", "--port", str(_free_port())],
+                         capture_output=True, text=True, env=CLEAN_ENV, timeout=60)
+    assert out.returncode == 2
+    assert "unknown engine 'nope'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_answers_health_and_drains_on_sigterm():
+    port = _free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while _health(port) != 200:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server never became healthy"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert _health(port) is None  # no longer accepting
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,135 @@
+"""/health readiness, /v1/models, /metrics, API-key auth and error bodies over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from rtserve.app import build_app
+from rtserve.engines.protocols import EngineCapabilities
+from tests.support import serve_app
+
+
+class GatedStartEngine:
+    """Test double: a SessionEngine whose start() waits until the test opens the gate,
+    so readiness before and after model loading can be observed."""
+
+    capabilities = EngineCapabilities(name="gated", mode="lockstep", input_sample_rate=24000,
+                                      output_sample_rate=24000, chunk_period_ms=80, max_sessions=1,
+                                      supports_barge_in=False)
+
+    def __init__(self, fail: bool = False) -> None:
+        self.gate = asyncio.Event()
+        self.fail = fail
+        self._ready = False
+        self.stopped = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("weights missing at /secret/path")
+        self._ready = True
+
+    async def open_session(self, session_id, options):  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def model_ids(self) -> list[str]:
+        return ["gated-model"]
+
+
+async def test_health_is_503_until_engine_ready_then_200(config):
+    engine = GatedStartEngine()
+    async with serve_app(build_app(config, engine=engine)) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/health") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["status"] == "starting"
+        engine.gate.set()
+        for _ in range(100):
+            async with http.get(f"{base}/health") as resp:
+                if resp.status == 200:
+                    assert await resp.json() == {"status": "ok"}
+                    break
+            await asyncio.sleep(0.01)
+        else:
+            pytest.fail("/health never became 200")
+    assert engine.stopped
+
+
+async def test_failed_engine_start_keeps_health_503_with_reason(config):
+    engine = GatedStartEngine(fail=True)
+    engine.gate.set()
+    async with serve_app(build_app(config, engine=engine)) as base, aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(f"{base}/health") as resp:
+                body = await resp.json()
+            if body["status"] == "failed":
+                break
+            await asyncio.sleep(0.01)
+        assert resp.status == 503
+        assert body["error"] == "RuntimeError: weights missing at /secret/path"
+
+
+async def test_models_list_has_openai_shape(config):
+    async with serve_app(build_app(config, engine=GatedStartEngine())) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/v1/models") as resp:
+            body = await resp.json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["gated-model"]
+    assert all(m["object"] == "model" and isinstance(m["created"], int) for m in body["data"])
+
+
+async def test_metrics_is_prometheus_text(config):
+    app = build_app(config, engine=GatedStartEngine())
+    from prometheus_client import Counter
+
+    from rtserve.web.context import CTX
+
+    Counter("rtserve_probe_total", "probe", registry=app[CTX].registry).inc(3)
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/metrics") as resp:
+            text = await resp.text()
+            assert resp.headers["Content-Type"].startswith("text/plain")
+    assert "rtserve_probe_total 3.0" in text
+
+
+async def test_unknown_route_gets_openai_error_body(config):
+    async with serve_app(build_app(config, engine=GatedStartEngine())) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/v1/nothing") as resp:
+            assert resp.status == 404
+            body = await resp.json()
+    assert body["error"]["code"] == "not_found"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_api_key_required_on_routes_but_not_on_health(config):
+    config.api_key = "sekrit"
+    async with serve_app(build_app(config, engine=GatedStartEngine())) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/v1/models") as resp:
+            assert resp.status == 401
+            assert (await resp.json())["error"]["code"] == "invalid_api_key"
+        async with http.get(f"{base}/v1/models", headers={"Authorization": "Bearer wrong"}) as resp:
+            assert resp.status == 401
+        async with http.get(f"{base}/v1/models", headers={"Authorization": "Bearer sekrit"}) as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/v1/models?api_key=sekrit") as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/health") as resp:
+            assert resp.status in (200, 503)
+
+
+async def test_websocket_without_key_is_closed_4001(config):
+    config.api_key = "sekrit"
+    async with serve_app(build_app(config, engine=GatedStartEngine())) as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(f"{base}/v1/models") as ws:
+            msg = await ws.receive()
+            assert msg.type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 4001
