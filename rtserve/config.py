@@ -58,16 +58,42 @@ class LockstepConfig(_Section):
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
     output_queue_frames: int = Field(64, ge=1, description="per-slot hand-off to the event loop")
+    release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
+                                                            "to free its slot")
+    loopback_delay_frames: int = Field(1, ge=0, description="loopback engine: output = input delayed by this many frames")
+    tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
+    tone_step_hz: float = Field(90.0, ge=0)
 
 
 class RobotConfig(_Section):
     """Robot policy route (serving.md §4.5)."""
 
-    policy: str = Field("demo", description="'demo', 'module:factory', or a path to a TorchScript file")
+    policy: str = Field("demo", description="'demo', 'module:factory', a TorchScript file path, "
+                                            "or 'none' (the route answers 'Robot policy not available')")
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     idle_timeout_s: float = Field(30.0, gt=0)
-    batch_window_ms: float = Field(2.0, ge=0)
-    max_batch: int = Field(32, ge=1)
+    batch_window_ms: float = Field(2.0, ge=0, description="wait this long after a batch's first request for more")
+    max_batch: int = Field(32, ge=1, description="observations per policy call; 1 disables batching")
+    max_pending_requests: int = Field(256, ge=1, description="queued observations; beyond -> 'overloaded' error")
+    max_sessions: int = Field(1024, ge=1, description="per-session policy state kept (least recently used dropped)")
+
+
+class MoshiConfig(_Section):
+    """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (duplex.md §1.6, §1.7)."""
+
+    output_queue_frames: int = Field(12, ge=1, description="per-connection agent frames awaiting the socket; drop-oldest beyond")
+    codec_threads: int = Field(2, ge=1, description="worker threads shared by every connection for Opus encode/decode")
+    flush_grace_s: float = Field(0.3, ge=0, description="after a duplex 'close', keep forwarding in-flight frames this long")
+    flush_timeout_s: float = Field(5.0, gt=0, description="bound on waiting for the flushed tail before 'done'")
+
+
+class CodecLimits(_Section):
+    """Bounds of the Ogg-Opus stream reader (``rtserve.codecs.oggopus.OggOpusReader``)."""
+
+    ogg_max_page_bytes: int = Field(65307, ge=282, le=65307, description="largest Ogg page accepted (format max 65307)")
+    ogg_max_packet_bytes: int = Field(65536, ge=1024, description="largest packet reassembled across pages")
+    ogg_max_feed_audio_s: float = Field(60.0, gt=0, description="audio one received chunk may decode to; "
+                                                                 "beyond -> audio_limit_exceeded")
 
 
 class ModelPaths(_Section):
@@ -80,6 +106,40 @@ class ModelPaths(_Section):
     cache_dir: str = Field(str(Path.home() / ".cache" / "rtserve"), description="converted model folders")
     cpu_threads: int = Field(2, ge=1, description="bound on intra-op threads per model")
     voice_prompt_dir: str | None = Field(None, description="directory that voice_prompt names resolve inside")
+    # The cascade engine (VAD -> ASR -> LLM -> TTS): its per-session and per-model limits.
+    asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
+    max_turn_audio_s: float = Field(60.0, gt=0, description="longest user turn kept for ASR; oldest audio dropped")
+    max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
+    output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
+    worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
+    llm_max_active: int = Field(4, ge=1, description="LLM requests decoded in round-robin at once; more wait")
+    llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
+    llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
+
+
+class VllmSettings(_Section):
+    """The optional vLLM text engine (``http.text_engine: vllm``); weights come from a local path."""
+
+    model: str | None = Field(None, description="local model folder; required when the vLLM engine is selected")
+    served_model_name: str | None = Field(None, description="name in /v1/models; defaults to the folder name")
+    dtype: str = "auto"
+    max_model_len: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+
+
+class HttpGenerationConfig(_Section):
+    """Batch/streaming HTTP generation routes: chat, speech, transcriptions (serving.md §3)."""
+
+    text_engine: Literal["session", "vllm"] = Field(
+        "session", description="LLM behind /v1/chat/completions: the session engine's own, or vLLM")
+    default_max_tokens: int = Field(256, ge=1, description="completion length when a request names none")
+    max_completion_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
+    max_batch_conversations: int = Field(32, ge=1, description="conversations in one /v1/chat/completions/batch")
+    max_speech_input_chars: int = Field(4096, ge=1)
+    max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
+    disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
+    vllm: VllmSettings = VllmSettings()
 
 
 class ServerConfig(_Section):
@@ -92,7 +152,10 @@ class ServerConfig(_Section):
     transport: TransportLimits = TransportLimits()
     lockstep: LockstepConfig = LockstepConfig()
     robot: RobotConfig = RobotConfig()
+    moshi: MoshiConfig = MoshiConfig()
     models: ModelPaths = ModelPaths()
+    codecs: CodecLimits = CodecLimits()
+    http: HttpGenerationConfig = HttpGenerationConfig()
 
 
 class ConfigError(Exception):

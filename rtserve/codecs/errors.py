@@ -1,0 +1,57 @@
+"""Typed codec errors.
+
+Every decoder in ``rtserve.codecs`` rejects malformed input by raising a ``CodecError``
+subclass and nothing else. ``code`` is a stable machine-readable string that transports
+copy into their error events; ``str(error)`` is a short human message with no internal
+paths. ``CodecError`` is a ``ValueError`` so generic "bad value" handling also catches it.
+"""
+
+from __future__ import annotations
+
+
+class CodecError(ValueError):
+    """Malformed or unsupported audio input."""
+
+    code: str = "invalid_audio"
+
+
+class InvalidAudioError(CodecError):
+    """Raw sample data is unusable: wrong byte count, NaN/Inf, wrong shape."""
+
+    code = "invalid_audio"
+
+
+class InvalidBase64Error(CodecError):
+    """A base64 audio payload is not valid base64."""
+
+    code = "invalid_base64"
+
+
+class InvalidOggError(CodecError):
+    """Bytes that are not a well-formed Ogg-Opus stream (RFC 3533, RFC 7845)."""
+
+    code = "invalid_ogg"
+
+
+class InvalidOpusError(CodecError):
+    """An Opus packet that libopus cannot decode."""
+
+    code = "invalid_opus"
+
+
+class InvalidWavError(CodecError):
+    """Bytes that are not a well-formed RIFF/WAVE file."""
+
+    code = "invalid_wav"
+
+
+class AudioLimitError(CodecError):
+    """Valid input that would decode to more audio than a configured limit allows."""
+
+    code = "audio_limit_exceeded"
+
+
+class UnsupportedFormatError(CodecError):
+    """Well-formed input in a variant this server does not decode (e.g. 24-bit WAV)."""
+
+    code = "unsupported_format"
