@@ -39,6 +39,9 @@ class SessionLimits(_Section):
     close_details_max_bytes: int = Field(4 * 1024, ge=256)
     completed_append_cache_size: int = Field(256, ge=0)
     heartbeat_interval_s: float = Field(15.0, gt=0)
+    mailbox_size: int = Field(256, ge=1, description="queued commands + engine events per session runner")
+    engine_close_timeout_s: float = Field(5.0, gt=0, description="one engine-session cleanup attempt; the reaper retries")
+    input_transcript_timeout_s: float = Field(10.0, gt=0, description="wait for a committed turn's final transcript")
     shutdown_timeout_s: float = Field(10.0, gt=0, description="bound on the graceful drain at SIGTERM")
 
 
@@ -76,6 +79,8 @@ class RobotConfig(_Section):
     max_batch: int = Field(32, ge=1, description="observations per policy call; 1 disables batching")
     max_pending_requests: int = Field(256, ge=1, description="queued observations; beyond -> 'overloaded' error")
     max_sessions: int = Field(1024, ge=1, description="per-session policy state kept (least recently used dropped)")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads for torch policies; "
+                                                              "null keeps torch's default (one per core)")
 
 
 class MoshiConfig(_Section):
@@ -138,6 +143,7 @@ class HttpGenerationConfig(_Section):
     max_batch_conversations: int = Field(32, ge=1, description="conversations in one /v1/chat/completions/batch")
     max_speech_input_chars: int = Field(4096, ge=1)
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
+    transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
     vllm: VllmSettings = VllmSettings()
 

@@ -114,7 +114,12 @@ class FrameModel(Protocol):
         ...
 
     def prefill_step(self, slot: int) -> bool:
-        """Advance the slot's prefill by one step; True when the slot is ready to go live."""
+        """Advance the slot's prefill by one step; True when the slot is ready to go live.
+
+        Called once per tick for each prefilling slot, right before that tick's ``step``
+        (a model whose prefill rides the batched step may stage the row here and consume
+        it in ``step``). The slot is live from the tick after the one that returned True.
+        """
         ...
 
     def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
@@ -123,6 +128,8 @@ class FrameModel(Protocol):
         ``frames``: float32 ``[batch_size, frame_size]`` (silence for slots without input);
         ``live``: bool ``[batch_size]``. Returns one entry per slot, ``None`` where not live.
         A slot's output must depend only on that slot's own history (isolation).
+        Both arrays are reused by the caller after the call returns: copy what you keep.
+        Returned audio belongs to the caller (do not reuse it in a later step).
         """
         ...
 
@@ -166,6 +173,7 @@ class TokenDelta:
 
 
 class ASREngine(Protocol):
+    model_name: str  # listed by GET /v1/models, matched against a request's ``model``
     sample_rate: int
 
     def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
@@ -183,6 +191,7 @@ class LLMEngine(Protocol):
 
 
 class TTSEngine(Protocol):
+    model_name: str  # listed by GET /v1/models, matched against a request's ``model``
     sample_rate: int
     voices: tuple[str, ...]
 
@@ -345,3 +354,15 @@ class SessionEngine(Protocol):
     def model_ids(self) -> list[str]:
         """Names listed by ``GET /v1/models``."""
         ...
+
+
+@runtime_checkable
+class TurnEngineProvider(Protocol):
+    """A ``SessionEngine`` that lends its loaded turn engines to the HTTP generation routes
+    (``/v1/chat/completions``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``), so a
+    server holds one copy of each model. The attributes exist from construction; the
+    models behind them are usable once ``start()`` has returned."""
+
+    asr: ASREngine
+    llm: LLMEngine
+    tts: TTSEngine

@@ -11,7 +11,12 @@ from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.protocols import SessionEngine
 
 # name -> "module:factory"; factory(config, registry) -> SessionEngine
-ENGINES: dict[str, str] = {}
+ENGINES: dict[str, str] = {
+    "loopback": "rtserve.engines.reference:create_loopback_engine",
+    "tone": "rtserve.engines.reference:create_tone_engine",
+    "tiny": "rtserve.engines.tiny_torch:create_engine",
+    "cascade": "rtserve.engines.cascade:create_engine",
+}
 
 
 def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) -> SessionEngine:

@@ -1,0 +1,532 @@
+"""The lockstep scheduler: one engine thread advances every slot of a ``FrameModel``
+by one frame per tick (engine.md §8.1, §8.7; design.md "Threads and time").
+
+Per tick, on the engine thread only:
+
+1. apply deferred control ops, never during a step: *open* (``model.open_slot``, which
+   recycles the row to a fresh state) and *release* (``model.release``, DRAINING -> FREE);
+2. if no slot is PREFILL or LIVE: no step at all; the thread sleeps on a condition
+   until a session arrives (no busy loop, no GPU burnt);
+3. one ``model.prefill_step`` per PREFILL slot;
+4. gather one input frame per LIVE slot, silence when its backlog is empty (an
+   underrun, counted);
+5. one batched ``model.step``;
+6. scatter each LIVE row's output to its lease only if the lease still holds the slot
+   and its epoch did not move during the step (the epoch fence);
+7. PREFILL slots whose prefill finished go LIVE.
+
+Ticks are paced by ``TickPacer`` (drift-free, overruns skip deadlines). Admission
+(``acquire``) answers at once: a lease, or ``CapacityExhausted``.
+
+The event loop never blocks on the engine thread: input goes through a lock-protected
+per-slot backlog (``InputBacklog``, drop-oldest), output through a bounded per-slot
+``OutputHandoff`` (drop-oldest) plus one coalesced ``call_soon_threadsafe`` wake-up per
+loop per tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import LockstepConfig
+from rtserve.engines.lockstep.metrics import LockstepMetrics
+from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickPacer
+from rtserve.engines.lockstep.slots import InputBacklog, LoopNotifier, OutputHandoff, SlotPhase
+from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput,
+                                       SlotPrompt)
+
+log = logging.getLogger(__name__)
+
+# Overrun warnings are rate-limited: a saturated engine would otherwise log 12 lines a second.
+_OVERRUN_LOG_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """Timing of one stepped tick, handed to the ``on_tick`` observer (benchmarks, tests)."""
+
+    index: int  # deadline number since the schedule last (re)started
+    deadline: float
+    started: float
+    step_s: float  # the batched model step alone
+    duration_s: float  # the whole tick: control ops, gather, step, scatter
+    live: int
+    prefill: int
+    overrun_s: float
+    skipped: int
+
+    @property
+    def lateness_s(self) -> float:
+        return self.started - self.deadline
+
+
+class SlotLease:
+    """A session's hold on one slot.
+
+    Loop-side methods never block. Counters have one writer each: ``frames_pushed`` and
+    ``frames_discarded`` the loop, ``frames_stepped``, ``underruns`` and
+    ``dropped_output_frames`` the engine thread. The async methods need the lease to have
+    been acquired on a running loop.
+    """
+
+    def __init__(self, scheduler: LockstepScheduler, slot: int, session_id: str,
+                 loop: asyncio.AbstractEventLoop | None, config: LockstepConfig) -> None:
+        self._scheduler = scheduler
+        self.slot = slot
+        self.session_id = session_id
+        self.loop = loop
+        self.epoch = 0
+        self.input = InputBacklog(config.max_input_backlog_frames)
+        self.output = OutputHandoff(config.output_queue_frames)
+        self.released = False
+        self.frames_pushed = 0
+        self.frames_discarded = 0
+        self.frames_stepped = 0
+        self.underruns = 0
+        self.dropped_output_frames = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def phase(self) -> SlotPhase:
+        return self._scheduler.phase_of(self)
+
+    def push_frames(self, frames: Sequence[np.ndarray]) -> None:
+        """Queue whole input frames; beyond the backlog cap the oldest are dropped."""
+        if self.released:
+            return
+        size = self._scheduler.frame_size
+        for frame in frames:
+            if frame.shape != (size,) or frame.dtype != np.float32:
+                raise ValueError(f"input frames must be float32 arrays of {size} samples")
+        dropped = self.input.push(frames)
+        self.frames_pushed += len(frames)
+        if dropped:
+            self.frames_discarded += dropped
+            self._scheduler.metrics.dropped_input_frames.inc(dropped)
+
+    def clear_input(self) -> None:
+        self.frames_discarded += self.input.clear()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""
+        self.epoch = epoch
+        self.output.purge_before(epoch)
+
+    def release(self) -> None:
+        """Stop all output now; the engine thread frees the slot between steps."""
+        self._scheduler.release(self)
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def next_output(self) -> tuple[FrameOutput, int] | EngineFailure | None:
+        """The next ``(frame, epoch)`` of the current epoch; the failure or ``None`` once closed."""
+        while True:
+            item = self.output.pop()
+            if item is not None:
+                if item[1] == self.epoch:
+                    return item
+                continue
+            if self.output.closed:
+                return self.output.failure
+            await self._wait_until(lambda: len(self.output) > 0 or self.output.closed)
+
+    async def wait_input_consumed(self) -> None:
+        """Until every frame pushed so far was stepped or discarded (or the lease ended)."""
+        target = self.frames_pushed
+        await self._wait_until(lambda: self.frames_stepped + self.frames_discarded >= target
+                               or self.output.closed or self.released)
+
+    async def wait_released(self, timeout_s: float) -> bool:
+        """Until the engine thread has freed the slot; False on timeout."""
+        try:
+            await asyncio.wait_for(self._wait_until(lambda: self.released), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        # Several waiters share one event: clear, re-check, then wait, so no wake-up is lost.
+        while not predicate():
+            self._changed.clear()
+            if predicate():
+                return
+            await self._changed.wait()
+
+
+@dataclass
+class _Slot:
+    index: int
+    phase: SlotPhase = SlotPhase.FREE
+    lease: SlotLease | None = None
+    opened: bool = False  # open_slot was applied for the current lease
+    generation: int = 0  # bumped by every acquire and release: stale control ops are skipped
+
+
+@dataclass(frozen=True)
+class _ControlOp:
+    kind: str  # "open" | "release"
+    slot: int
+    generation: int
+    lease: SlotLease
+    prompt: SlotPrompt | None = None
+
+
+class _LiveRow(NamedTuple):  # a tuple: built once per live slot per tick, so kept cheap
+    slot: int
+    lease: SlotLease
+    epoch: int
+    had_input: bool
+
+
+@dataclass(frozen=True)
+class _TickWork:
+    step_s: float
+    duration_s: float
+    live: int
+    prefill: int
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class LockstepScheduler:
+    def __init__(self, model: FrameModel, config: LockstepConfig, registry: CollectorRegistry, *,
+                 name: str = "lockstep", clock: TickClock | None = None,
+                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+        self.model = model
+        self.name = name
+        self.batch_size = model.batch_size
+        self.frame_size = model.frame_size
+        self.period_s = model.frame_size / model.sample_rate
+        self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
+        self._config = config
+        self._clock = clock or SystemTickClock()
+        self._on_tick = on_tick
+        self._slots = [_Slot(i) for i in range(self.batch_size)]
+        self._ops: deque[_ControlOp] = deque()
+        self._cond = threading.Condition()  # guards the slot table, the op queue and the flags below
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stopped = False
+        self._idle = True
+        self.failed = False
+        self._notifier = LoopNotifier()
+        self._frames = np.zeros((self.batch_size, self.frame_size), np.float32)
+        self._live_mask = np.zeros(self.batch_size, bool)
+        self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
+        self._last_overrun_log = -math.inf
+        self._unlogged_overruns = 0
+
+    # ------------------------------------------------------------------ loop side
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def is_idle(self) -> bool:
+        """True while the engine thread sleeps for lack of PREFILL/LIVE slots."""
+        return self._idle
+
+    def phase_of(self, lease: SlotLease) -> SlotPhase:
+        slot = self._slots[lease.slot]
+        return slot.phase if slot.lease is lease else SlotPhase.FREE if lease.released else SlotPhase.DRAINING
+
+    def acquire(self, prompt: SlotPrompt = SlotPrompt(), *, session_id: str = "-") -> SlotLease:
+        """A lease on a free slot, or ``CapacityExhausted`` at once. Never waits for a tick."""
+        with self._cond:
+            if self._stopping or self._stopped or self.failed:
+                raise EngineError("the engine is not running", code="engine_unavailable")
+            slot = next((s for s in self._slots if s.phase is SlotPhase.FREE), None)
+            if slot is None:
+                raise CapacityExhausted(f"all {self.batch_size} engine slots are in use")
+            lease = SlotLease(self, slot.index, session_id, _running_loop(), self._config)
+            slot.generation += 1
+            slot.lease, slot.phase, slot.opened = lease, SlotPhase.PREFILL, False
+            self._ops.append(_ControlOp("open", slot.index, slot.generation, lease, prompt))
+            self._update_occupancy_locked()
+            self._cond.notify()
+        log.debug("%s slot %d acquired", self.name, lease.slot, extra={"session_id": session_id})
+        return lease
+
+    def release(self, lease: SlotLease) -> None:
+        """DRAINING now (no more output); the engine thread frees the slot between steps."""
+        with self._cond:
+            slot = self._slots[lease.slot]
+            if slot.lease is not lease:
+                return  # already released (or cleaned up by stop)
+            slot.generation += 1
+            slot.lease, slot.phase, slot.opened = None, SlotPhase.DRAINING, False
+            self._ops.append(_ControlOp("release", slot.index, slot.generation, lease))
+            self._cond.notify()
+        lease.output.close()
+        if lease.loop is not None:
+            self._notifier.notify([(lease.loop, lease)])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("scheduler already started")
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the thread, then fail every remaining lease. Blocking: call off the loop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("%s engine thread did not stop within %.1fs; leaving its slots alone",
+                          self.name, timeout_s or 0.0)
+                return
+        # The thread is gone (or never ran): this caller owns the model now.
+        self._shut_down(EngineFailure("engine_unavailable", "the engine stopped"))
+
+    # ------------------------------------------------------------------ engine thread
+
+    def tick(self) -> bool:
+        """Run one tick now, without pacing; False when nothing was stepped.
+
+        The thread's body. Call it directly only on a scheduler that was not started
+        (deterministic tests, benchmarks of the step path).
+        """
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine thread owns the model while the scheduler runs")
+        return self._run_tick() is not None
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a scheduler bug: fail every session rather than hang them
+            log.exception("%s engine thread crashed", self.name)
+            with self._cond:
+                self.failed = True
+            self._shut_down(EngineFailure("engine_error", "the engine failed"))
+
+    def _loop(self) -> None:
+        pacer = TickPacer(self._clock, self.period_s)
+        scheduled = False
+        while True:
+            with self._cond:
+                while not self._stopping and not self._has_work_locked():
+                    self._idle = True
+                    self._cond.wait()
+                self._idle = False
+                if self._stopping:
+                    return
+            if not scheduled:
+                pacer.restart()
+                scheduled = True
+            index = pacer.index
+            deadline = pacer.wait()
+            started = self._clock.monotonic()
+            work = self._run_tick()
+            if work is None:
+                scheduled = False  # idle again: the next session starts a fresh schedule
+                continue
+            outcome = pacer.finish()
+            self.metrics.tick_lateness_seconds.observe(max(0.0, started - deadline))
+            if outcome.skipped:
+                self._note_overrun(outcome.overrun_s, outcome.skipped, started - deadline, work.duration_s)
+            if self._on_tick is not None:
+                self._on_tick(TickReport(index, deadline, started, work.step_s, work.duration_s,
+                                         work.live, work.prefill, outcome.overrun_s, outcome.skipped))
+
+    def _has_work_locked(self) -> bool:
+        return bool(self._ops) or any(s.phase in (SlotPhase.PREFILL, SlotPhase.LIVE) for s in self._slots)
+
+    def _note_overrun(self, overrun_s: float, skipped: int, lateness_s: float, duration_s: float) -> None:
+        self.metrics.overruns.inc()
+        self.metrics.skipped_deadlines.inc(skipped)
+        self._unlogged_overruns += 1
+        now = self._clock.monotonic()
+        if now - self._last_overrun_log >= _OVERRUN_LOG_INTERVAL_S:
+            log.warning("%s tick overran: started %.1f ms late, took %.1f ms of a %.1f ms budget, ended %.1f ms "
+                        "past the next deadline; skipped %d deadline(s) (%d overrun(s) since the last report)",
+                        self.name, lateness_s * 1e3, duration_s * 1e3, self.period_s * 1e3, overrun_s * 1e3,
+                        skipped, self._unlogged_overruns)
+            self._last_overrun_log = now
+            self._unlogged_overruns = 0
+
+    def _run_tick(self) -> _TickWork | None:
+        clock = self._clock
+        tick_started = clock.monotonic()
+        self._apply_control_ops()
+        with self._cond:
+            live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
+            prefill = [(s.index, s.lease) for s in self._slots
+                       if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None]
+        self.metrics.live_slots.set(len(live))
+        if not live and not prefill:
+            return None
+
+        finished_prefill: list[tuple[int, SlotLease]] = []
+        for index, lease in prefill:
+            try:
+                if self.model.prefill_step(index):
+                    finished_prefill.append((index, lease))
+            except Exception:
+                self._fail([lease], "prefill_step")
+
+        rows = self._gather(live)
+        step_started = clock.monotonic()
+        try:
+            outputs = self.model.step(self._frames, self._live_mask)
+            if len(outputs) != self.batch_size:
+                raise EngineError(f"step returned {len(outputs)} outputs for {self.batch_size} slots")
+        except Exception:
+            self._fail([row.lease for row in rows] + [lease for _, lease in prefill], "step")
+            outputs = None
+        step_s = clock.monotonic() - step_started
+        wake = self._scatter(rows, outputs) if outputs is not None else []
+
+        with self._cond:
+            for index, lease in finished_prefill:
+                slot = self._slots[index]
+                if slot.lease is lease and slot.phase is SlotPhase.PREFILL:
+                    slot.phase = SlotPhase.LIVE
+        duration_s = clock.monotonic() - tick_started
+        self.metrics.step_seconds.observe(step_s)
+        self.metrics.tick_seconds.observe(duration_s)
+        # Last: the woken loop competes for the GIL, so let it in only once the tick is done.
+        self._notifier.notify(wake)
+        return _TickWork(step_s, duration_s, len(live), len(prefill))
+
+    def _apply_control_ops(self) -> None:
+        with self._cond:
+            ops = list(self._ops)
+            self._ops.clear()
+        for op in ops:
+            if op.kind == "open":
+                self._apply_open(op)
+            else:
+                self._apply_release(op)
+
+    def _apply_open(self, op: _ControlOp) -> None:
+        slot = self._slots[op.slot]
+        if slot.generation != op.generation:
+            return  # released before it was ever opened
+        try:
+            prefill_steps = self.model.open_slot(op.slot, op.prompt or SlotPrompt())
+        except Exception:
+            self._fail([op.lease], "open_slot")
+            return
+        with self._cond:
+            if slot.generation == op.generation:
+                slot.opened = True
+                slot.phase = SlotPhase.PREFILL if prefill_steps > 0 else SlotPhase.LIVE
+
+    def _apply_release(self, op: _ControlOp) -> None:
+        try:
+            self.model.release(op.slot)
+        except Exception:  # the row is reset by open_slot before reuse anyway
+            log.exception("%s release(%d) failed", self.name, op.slot, extra={"session_id": op.lease.session_id})
+        with self._cond:
+            slot = self._slots[op.slot]
+            if slot.generation == op.generation:
+                slot.phase = SlotPhase.FREE
+            self._update_occupancy_locked()
+        op.lease.released = True
+        if op.lease.loop is not None:
+            self._notifier.notify([(op.lease.loop, op.lease)])
+
+    def _gather(self, live: list[tuple[int, SlotLease]]) -> list[_LiveRow]:
+        frames, mask, dirty = self._frames, self._live_mask, self._dirty_rows
+        mask[:] = False
+        rows: list[_LiveRow] = []
+        underruns = 0
+        for index, lease in live:
+            mask[index] = True
+            frame = lease.input.pop()
+            if frame is None:
+                underruns += 1
+                lease.underruns += 1
+                if dirty[index]:
+                    frames[index] = 0.0
+                    dirty[index] = False
+            else:
+                frames[index] = frame
+                dirty[index] = True
+            rows.append(_LiveRow(index, lease, lease.epoch, frame is not None))
+        stale = dirty & ~mask  # rows that carried audio last tick but are not live now
+        if stale.any():
+            frames[stale] = 0.0
+            dirty[stale] = False
+        if underruns:
+            self.metrics.underruns.inc(underruns)
+        return rows
+
+    def _scatter(self, rows: list[_LiveRow], outputs: Sequence[FrameOutput | None]
+                 ) -> list[tuple[asyncio.AbstractEventLoop, SlotLease]]:
+        """Hand each row's frame to its lease; return the leases whose loop must be woken."""
+        wake: list[tuple[asyncio.AbstractEventLoop, SlotLease]] = []
+        dropped = 0
+        slots = self._slots
+        for row in rows:
+            lease = row.lease
+            if row.had_input:
+                lease.frames_stepped += 1
+            output = outputs[row.slot]
+            # The epoch fence: a release or set_epoch during the step voids this frame.
+            if output is not None and slots[row.slot].lease is lease and lease.epoch == row.epoch:
+                if lease.output.put(output, row.epoch):
+                    lease.dropped_output_frames += 1
+                    dropped += 1
+            if lease.loop is not None:
+                wake.append((lease.loop, lease))
+        if dropped:
+            self.metrics.dropped_output_frames.inc(dropped)
+        return wake
+
+    def _fail(self, leases: list[SlotLease], call: str) -> None:
+        """A model call raised: fail the sessions involved, keep serving the others."""
+        log.exception("%s model %s failed; failing %d session(s)", self.name, call, len(leases))
+        self.metrics.engine_failures.inc()
+        failure = EngineFailure("engine_error", "the engine failed while serving this session")
+        for lease in leases:
+            lease.output.close(failure)
+            self.release(lease)
+
+    def _shut_down(self, failure: EngineFailure) -> None:
+        with self._cond:
+            self._stopped = True
+            held = [s.index for s in self._slots if s.phase is not SlotPhase.FREE]
+            leases = [s.lease for s in self._slots if s.lease is not None]
+            leases += [op.lease for op in self._ops if op.kind == "release"]  # DRAINING slots
+            self._ops.clear()
+            for slot in self._slots:
+                slot.generation += 1
+                slot.lease, slot.phase, slot.opened = None, SlotPhase.FREE, False
+            self._update_occupancy_locked()
+        for index in held:
+            try:
+                self.model.release(index)
+            except Exception:
+                log.exception("%s release(%d) failed at shutdown", self.name, index)
+        for lease in leases:
+            lease.output.close(failure)
+            lease.released = True
+            if lease.loop is not None:
+                self._notifier.notify([(lease.loop, lease)])
+        self.metrics.live_slots.set(0)
+
+    def _update_occupancy_locked(self) -> None:
+        self.metrics.occupied_slots.set(sum(s.phase is not SlotPhase.FREE for s in self._slots))

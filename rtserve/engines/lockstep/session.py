@@ -1,0 +1,126 @@
+"""``SessionEngine`` over a ``LockstepScheduler``: each session holds one slot.
+
+Lockstep lifecycle (duplex.md §2.8): one output frame per input frame, continuous,
+no turn control. ``respond`` is a no-op; ``set_epoch`` fences output only (the model
+keeps hearing the user); ``commit_input`` zero-pads the partial tail (never dropped),
+queues it and waits until every frame pushed so far went through a step, i.e. until
+its output frame sits in ``events()``. ``close`` releases the slot at once and
+discards output not yet read, so a draining caller reads ``events()`` before closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.engines.lockstep.framing import FrameChunker
+from rtserve.engines.lockstep.pacing import TickClock
+from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
+from rtserve.engines.protocols import (EngineCapabilities, EngineError, EngineEvent, EngineFailure, FrameModel,
+                                       OutputAudio, Pcm, ResponseRequest, SessionOptions)
+
+log = logging.getLogger(__name__)
+
+
+class LockstepSession:
+    """One conversation on one slot. Every method is called from the event loop."""
+
+    def __init__(self, lease: SlotLease, capabilities: EngineCapabilities, release_timeout_s: float) -> None:
+        self.capabilities = capabilities
+        self._lease = lease
+        self._chunker = FrameChunker(capabilities.input_frame_samples)
+        self._release_timeout_s = release_timeout_s
+        self._closed = False
+
+    @property
+    def lease(self) -> SlotLease:
+        return self._lease
+
+    def push_audio(self, pcm: Pcm) -> None:
+        """Re-chunk into whole frames and queue them; raises ``InvalidAudio`` on bad samples."""
+        if self._closed:
+            return
+        frames = self._chunker.push(pcm)
+        if frames:
+            self._lease.push_frames(frames)
+
+    async def commit_input(self) -> None:
+        if self._closed:
+            return
+        tail = self._chunker.flush()
+        if tail is not None:
+            self._lease.push_frames([tail])
+        await self._lease.wait_input_consumed()
+
+    def clear_input(self) -> None:
+        self._chunker.clear()
+        self._lease.clear_input()
+
+    def respond(self, request: ResponseRequest) -> None:
+        """Lockstep engines talk continuously; there is no response to start."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self._lease.set_epoch(epoch)
+
+    async def events(self) -> AsyncIterator[EngineEvent]:
+        while True:
+            item = await self._lease.next_output()
+            if item is None:
+                return
+            if isinstance(item, EngineFailure):
+                yield item
+                return
+            output, epoch = item
+            yield OutputAudio(pcm=output.audio, epoch=epoch, text=output.text)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._lease.release()
+        if not await self._lease.wait_released(self._release_timeout_s):
+            # Capacity stays honest: the slot remains DRAINING until the thread frees it.
+            log.warning("engine slot %d not freed within %.1fs; it stays reserved until the engine thread frees it",
+                        self._lease.slot, self._release_timeout_s)
+
+
+class LockstepSessionEngine:
+    """A lockstep ``SessionEngine``: capacity = the model's batch size."""
+
+    def __init__(self, name: str, model: FrameModel, config: ServerConfig, registry: CollectorRegistry, *,
+                 supports_text_output: bool, supports_barge_in: bool = False, clock: TickClock | None = None,
+                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+        period_ms = model.frame_size * 1000 / model.sample_rate
+        if period_ms != int(period_ms):
+            raise ValueError(f"frame of {model.frame_size} samples at {model.sample_rate} Hz is not a whole ms")
+        self.name = name
+        self.capabilities = EngineCapabilities(
+            name=name, mode="lockstep", input_sample_rate=model.sample_rate, output_sample_rate=model.sample_rate,
+            chunk_period_ms=int(period_ms), max_sessions=model.batch_size, supports_barge_in=supports_barge_in,
+            supports_text_output=supports_text_output,
+            modalities=("audio", "text") if supports_text_output else ("audio",))
+        self.scheduler = LockstepScheduler(model, config.lockstep, registry, name=name, clock=clock, on_tick=on_tick)
+        self._release_timeout_s = config.lockstep.release_timeout_s
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler.running
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> LockstepSession:
+        if not self.scheduler.running:
+            raise EngineError(f"engine {self.name} is not running", code="engine_unavailable")
+        lease = self.scheduler.acquire(options.prompt, session_id=session_id)
+        return LockstepSession(lease, self.capabilities, self._release_timeout_s)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.scheduler.stop, self._release_timeout_s)
+
+    def model_ids(self) -> list[str]:
+        return [self.name]
