@@ -1,6 +1,7 @@
 """Optional API-key check on every route except liveness probes.
 
-Accepted forms: ``Authorization: Bearer <key>``; the WebSocket subprotocol
+Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
+sends); the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers); ``?api_key=<key>``.
 """
 
@@ -18,9 +19,9 @@ EXEMPT_PATHS = frozenset({"/health", "/healthz"})
 
 def presented_keys(request: web.Request) -> list[str]:
     keys = []
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        keys.append(auth[7:].strip())
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() in ("bearer", "api-key"):
+        keys.append(credential.strip())
     for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         proto = proto.strip()
         if proto.startswith(SUBPROTOCOL_PREFIX):

@@ -120,6 +120,8 @@ async def test_api_key_required_on_routes_but_not_on_health(config):
             assert resp.status == 401
         async with http.get(f"{base}/v1/models", headers={"Authorization": "Bearer sekrit"}) as resp:
             assert resp.status == 200
+        async with http.get(f"{base}/v1/models", headers={"Authorization": "Api-Key sekrit"}) as resp:
+            assert resp.status == 200  # openpi-client's form
         async with http.get(f"{base}/v1/models?api_key=sekrit") as resp:
             assert resp.status == 200
         async with http.get(f"{base}/health") as resp:

@@ -1,0 +1,133 @@
+"""The openpi wire format: MessagePack with numpy arrays as marker maps.
+
+Output uses the ``openpi-client`` markers, which its ``msgpack_numpy.unpackb`` decodes:
+
+* ndarray: ``{b"__ndarray__": True, b"data": raw bytes, b"dtype": dtype.str, b"shape": [...]}``
+* numpy scalar: ``{b"__npgeneric__": True, b"data": item, b"dtype": dtype.str}``
+
+Input accepts those plus the legacy vLLM-Omni markers (the msgpack-numpy layout):
+``{nd: true, type: dtype.str, kind: dtype.kind, shape: [...], data: raw bytes}`` and
+``{nd: false, type, kind, data}`` for scalars (``kind`` may also be empty, as the
+original msgpack-numpy writes it). Marker keys may be ``str`` or ``bytes``.
+
+Object, structured (void) and complex dtypes are refused both ways; a malformed marker
+(unknown dtype, byte count not matching the shape) is a ``WireError`` whose message is
+safe to show the client. Arrays decode zero-copy and read-only, as openpi's do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+
+_REFUSED_KINDS = frozenset("VOc")  # structured/void, object, complex
+_MAX_NDIM = 32
+
+
+class WireError(ValueError):
+    """A frame that is not a valid openpi message; ``str()`` is client-safe."""
+
+
+def _field(marker: dict[Any, Any], name: str) -> Any:
+    if name in marker:
+        return marker[name]
+    if name.encode() in marker:
+        return marker[name.encode()]
+    raise WireError(f"numpy marker lacks '{name}'")
+
+
+def _has(marker: dict[Any, Any], name: str) -> bool:
+    return name in marker or name.encode() in marker
+
+
+def _dtype(value: Any) -> np.dtype:
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if not isinstance(text, str):
+        raise WireError("numpy marker dtype must be a string")
+    try:
+        dtype = np.dtype(text)
+    except Exception:  # numpy raises TypeError, ValueError or SyntaxError for junk strings
+        raise WireError(f"unknown numpy dtype {text[:64]!r}") from None
+    if dtype.kind in _REFUSED_KINDS:
+        raise WireError(f"numpy dtype {dtype} is not supported (object, structured and complex arrays are refused)")
+    return dtype
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or len(value) > _MAX_NDIM:
+        raise WireError("numpy marker shape must be a list of at most 32 sizes")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise WireError("numpy marker shape must hold non-negative integers")
+    return tuple(value)
+
+
+def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if not isinstance(data, bytes):
+        raise WireError("numpy marker data must be binary")
+    if dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != len(data):
+        raise WireError(f"numpy array data has {len(data)} bytes, shape {list(shape)} of {dtype} needs "
+                        f"{math.prod(shape) * dtype.itemsize}")
+    return np.ndarray(shape, dtype=dtype, buffer=data)
+
+
+def _scalar(data: Any, dtype: np.dtype) -> np.generic:
+    try:
+        return dtype.type(data)
+    except (TypeError, ValueError, OverflowError):
+        raise WireError(f"numpy scalar value does not fit {dtype}") from None
+
+
+def _legacy_scalar(data: Any, dtype: np.dtype) -> np.generic:
+    # msgpack-numpy ships scalars as their raw bytes.
+    return _array(data, dtype, (1,))[0] if isinstance(data, bytes) else _scalar(data, dtype)
+
+
+def _decode_marker(obj: dict[Any, Any]) -> Any:
+    if _has(obj, "__ndarray__"):
+        return _array(_field(obj, "data"), _dtype(_field(obj, "dtype")), _shape(_field(obj, "shape")))
+    if _has(obj, "__npgeneric__"):
+        return _scalar(_field(obj, "data"), _dtype(_field(obj, "dtype")))
+    if _has(obj, "nd") and _has(obj, "type") and _has(obj, "kind") and _has(obj, "data"):
+        dtype = _dtype(_field(obj, "type"))
+        kind = _field(obj, "kind")
+        kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
+        if kind not in ("", dtype.kind):
+            raise WireError(f"numpy marker kind {kind!r} does not match dtype {dtype}")
+        if _field(obj, "nd"):
+            return _array(_field(obj, "data"), dtype, _shape(_field(obj, "shape")))
+        return _legacy_scalar(_field(obj, "data"), dtype)
+    return obj
+
+
+def unpack_message(frame: bytes) -> dict[str, Any]:
+    """One client frame -> a dict with string keys, numpy markers decoded."""
+    try:
+        message = msgpack.unpackb(frame, object_hook=_decode_marker, raw=False)
+    except WireError:
+        raise
+    except Exception:  # msgpack's own errors: truncated data, bad map keys, depth, ...
+        raise WireError("frame is not valid MessagePack") from None
+    if not isinstance(message, dict):
+        raise WireError(f"a request must be a map, got {type(message).__name__}")
+    if not all(isinstance(key, str) for key in message):
+        raise WireError("request keys must be strings")
+    return message
+
+
+def _encode_numpy(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic) and obj.dtype.kind in _REFUSED_KINDS:
+        raise TypeError(f"cannot send numpy dtype {obj.dtype}")
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": np.ascontiguousarray(obj).tobytes(),
+                b"dtype": obj.dtype.str, b"shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    raise TypeError(f"cannot send {type(obj).__name__}")
+
+
+def pack_message(obj: Any) -> bytes:
+    """Encode a server message; ``TypeError`` for values the wire cannot carry."""
+    return msgpack.packb(obj, default=_encode_numpy, use_bin_type=True)
