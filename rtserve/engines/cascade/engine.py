@@ -1,0 +1,102 @@
+"""The cascade ``SessionEngine``: VAD -> ASR -> LLM -> TTS on CPU, the embedded default.
+
+Every model is loaded once (``start``, off the event loop, all four in parallel) and
+shared by all sessions; each runs on its own thread (see ``worker``/``llm``). The turn
+engines are lent to the HTTP routes as ``asr``/``llm``/``tts`` (``TurnEngineProvider``);
+they exist from construction and work once ``start`` has returned.
+
+Rates: input 16 kHz (what Silero and Whisper take); output 24 kHz (Piper's 22.05 kHz
+resampled, the OpenAI wire rate). Reply audio comes in 40 ms chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.engines.cascade import asr as asr_module
+from rtserve.engines.cascade import tts as tts_module
+from rtserve.engines.cascade import vad as vad_module
+from rtserve.engines.cascade.asr import WhisperAsr
+from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.model_paths import resolve_models
+from rtserve.engines.cascade.reply import ReplyChain
+from rtserve.engines.cascade.session import CascadeModels, CascadeSession
+from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.cascade.vad import VadEngine
+from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions
+
+log = logging.getLogger(__name__)
+
+CHUNK_PERIOD_MS = 40
+assert vad_module.SAMPLE_RATE == asr_module.SAMPLE_RATE  # one input rate feeds both
+
+
+class CascadeEngine:
+    def __init__(self, config: ServerConfig, registry: CollectorRegistry) -> None:
+        paths = config.models
+        locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
+        self._config = config
+        self._metrics = CascadeMetrics(registry)
+        self.capabilities = EngineCapabilities(
+            name="cascade", mode="turn", input_sample_rate=asr_module.SAMPLE_RATE,
+            output_sample_rate=tts_module.SAMPLE_RATE, chunk_period_ms=CHUNK_PERIOD_MS,
+            max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True)
+        self.vad = VadEngine(locations.vad, max_queue=paths.worker_queue_depth, metrics=self._metrics)
+        self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=paths.worker_queue_depth,
+                              partial_interval_ms=paths.asr_partial_interval_ms,
+                              max_audio_s=paths.max_turn_audio_s, metrics=self._metrics)
+        self.llm = SmolLlm(locations.llm, cache_dir=Path(paths.cache_dir).expanduser(),
+                           cpu_threads=paths.cpu_threads, max_active=paths.llm_max_active,
+                           max_waiting=paths.llm_max_waiting, context_tokens=paths.llm_context_tokens,
+                           metrics=self._metrics)
+        self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=paths.worker_queue_depth,
+                                metrics=self._metrics)
+        chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
+        self._models = CascadeModels(self.vad, self.asr, self.tts,
+                                     ReplyChain(self.llm, self.tts, registry, chunk_samples=chunk_samples))
+        self._sessions: set[CascadeSession] = set()
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        await asyncio.gather(self.vad.start(), self.asr.start(), self.tts.start(), self.llm.start())
+        self._ready = True
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> CascadeSession:
+        if not self._ready:
+            raise ModelNotReady("the cascade models are still loading")
+        if len(self._sessions) >= self.capabilities.max_sessions:
+            raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
+        session = CascadeSession(session_id, self.capabilities, self._models, options, self._config.models,
+                                 self._config.sessions.max_pending_turns_per_session, self._metrics,
+                                 on_close=self._forget)
+        self._sessions.add(session)
+        self._metrics.sessions.set(len(self._sessions))
+        return session
+
+    def _forget(self, session: CascadeSession) -> None:
+        self._sessions.discard(session)
+        self._metrics.sessions.set(len(self._sessions))
+
+    async def stop(self) -> None:
+        self._ready = False
+        await asyncio.gather(*(session.close() for session in list(self._sessions)), return_exceptions=True)
+        for model in (self.vad, self.asr, self.tts, self.llm):
+            model.stop()
+
+    def model_ids(self) -> list[str]:
+        return [self.llm.model_name, self.asr.model_name, self.tts.model_name]
+
+
+def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:
+    return CascadeEngine(config, registry)

@@ -1,0 +1,21 @@
+"""Typed failures of the cascade engine (stable ``code`` values, client-safe messages)."""
+
+from __future__ import annotations
+
+from rtserve.config import ConfigError
+from rtserve.engines.protocols import EngineError
+
+
+class ModelUnavailable(EngineError, ConfigError):
+    """A configured model is missing or not a local model of the expected kind.
+
+    Also a ``ConfigError``: found while building the app, ``rtserve serve`` exits with the
+    one-line message naming the ``models.*`` key instead of a traceback."""
+
+    code = "model_unavailable"
+
+
+class ModelNotReady(EngineError):
+    """A model was called before ``start()`` finished loading it."""
+
+    code = "model_not_ready"

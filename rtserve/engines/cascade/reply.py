@@ -1,0 +1,99 @@
+"""The reply chain LLM -> sentences -> TTS, built on the generic stage ``Pipeline``.
+
+One run per response. Every stage is its own task joined by bounded queues, so the LLM
+keeps generating while the TTS speaks the previous sentence, and a slow consumer stalls
+the whole chain instead of buffering. Token deltas travel through every stage (the
+session turns them into ``OutputText`` as they come); the last stage adds the audio of
+each sentence, cut into ``chunk_samples`` pieces, the first piece carrying the sentence's
+text. Closing the run cancels every stage, which closes the LLM stream (the decode thread
+drops the request) and drops TTS jobs not yet started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
+from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.pipeline import Pipeline, Stage
+from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
+
+# The first spoken piece is cut at a comma (else a space) past this length: on a CPU that
+# decodes ~10-15 tokens/s, a 240-character opening sentence would hold the first audio ~5 s.
+FIRST_PIECE_MAX_CHARS = 80
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    text: str
+
+
+@dataclass(frozen=True)
+class SpokenChunk:
+    pcm: np.ndarray  # TextToSpeech.sample_rate
+    text: str | None  # the sentence, on its first chunk (with a leading space after the first)
+
+
+class ReplyChain:
+    def __init__(self, llm: SmolLlm, tts: TextToSpeech, registry: CollectorRegistry, *,
+                 chunk_samples: int, sentence_queue: int = 8) -> None:
+        self._llm = llm
+        self._tts = tts
+        self._chunk = chunk_samples
+        llm_stage = Stage("llm", self._generate, queue_size=1)
+        self._spoken = Pipeline("cascade_reply", [
+            llm_stage,
+            Stage("sentences", self._sentences, queue_size=64),  # token deltas
+            Stage("tts", self._speak, queue_size=sentence_queue),
+        ], registry)
+        self._text_only = Pipeline("cascade_reply_text", [llm_stage], registry)
+
+    def run(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
+            speak: bool) -> AsyncIterator[TokenDelta | SpokenChunk]:
+        pipeline = self._spoken if speak else self._text_only
+        return pipeline.run(_once(ReplyRequest(tuple(messages), params)))
+
+    async def _generate(self, requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta]:
+        async for request in requests:
+            async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
+                yield delta
+
+    @staticmethod
+    async def _sentences(deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta | _Sentence]:
+        splitter = SentenceSplitter(first_max_chars=FIRST_PIECE_MAX_CHARS)
+        async for delta in deltas:
+            yield delta
+            for sentence in splitter.feed(delta.text):
+                yield _Sentence(sentence)
+        if tail := splitter.flush():
+            yield _Sentence(tail)
+
+    async def _speak(self, items: AsyncIterator[TokenDelta | _Sentence]) -> AsyncIterator[TokenDelta | SpokenChunk]:
+        spoke = False
+        async for item in items:
+            if not isinstance(item, _Sentence):
+                yield item
+                continue
+            spoken = speakable(item.text)
+            if not spoken:
+                continue
+            pcm = await self._tts.render(spoken)
+            text = f" {spoken}" if spoke else spoken
+            spoke = True
+            for start in range(0, len(pcm), self._chunk):
+                yield SpokenChunk(pcm[start:start + self._chunk], text if start == 0 else None)
+
+
+async def _once(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
+    yield item

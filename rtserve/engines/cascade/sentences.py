@@ -1,0 +1,69 @@
+"""Cut streamed text into sentences for the TTS, as soon as each one is complete.
+
+A sentence ends at ``.``, ``!``, ``?`` or ``…`` (plus closing quotes/brackets) followed by
+whitespace, or at a line break. Common abbreviations ("Dr.", "e.g.") and decimals
+("3.14", no space) do not end one. A run longer than ``max_chars`` without an end is cut
+at its last comma (else space), so one endless sentence cannot hold audio back; the first
+piece has a tighter bound (``first_max_chars``), because it alone delays the first audio.
+"""
+
+from __future__ import annotations
+
+import re
+
+_END = re.compile(r"""([.!?…]+["'”’)\]]*)(\s+)|(\n+)""")
+_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "jr", "sr"})
+_MARKUP = re.compile(r"[*_#`~|<>\[\]]+")
+_SPACES = re.compile(r"\s+")
+
+
+def speakable(text: str) -> str:
+    """Drop markdown/markup characters an LLM likes to emit; TTS would read them aloud."""
+    return _SPACES.sub(" ", _MARKUP.sub("", text)).strip()
+
+
+class SentenceSplitter:
+    def __init__(self, max_chars: int = 240, first_max_chars: int | None = None) -> None:
+        self._max_chars = max_chars
+        self._first_max_chars = first_max_chars or max_chars
+        self._emitted = False
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[str]:
+        """Add streamed text; return the sentences it completed (stripped, non-empty)."""
+        self._buffer += text
+        sentences: list[str] = []
+        start = 0
+        for match in _END.finditer(self._buffer):
+            if match.group(1) and self._is_abbreviation(self._buffer[start:match.start()]):
+                continue
+            sentences.append(self._buffer[start:match.end() - len(match.group(2) or match.group(3) or "")])
+            start = match.end()
+        self._buffer = self._buffer[start:]
+        while len(self._buffer) > (limit := self._max_chars if self._emitted or sentences else self._first_max_chars):
+            cut = self._buffer.rfind(",", 0, limit)
+            if cut <= 0:
+                cut = self._buffer.rfind(" ", 0, limit)
+            cut = cut + 1 if cut > 0 else limit
+            sentences.append(self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+        pieces = [s.strip() for s in sentences if s.strip()]
+        self._emitted = self._emitted or bool(pieces)
+        return pieces
+
+    def flush(self) -> str | None:
+        """The unfinished tail at the end of the text, if any."""
+        tail, self._buffer = self._buffer.strip(), ""
+        return tail or None
+
+    @staticmethod
+    def _is_abbreviation(before: str) -> bool:
+        words = before.split()
+        return bool(words) and words[-1].lower().rstrip(".") in _ABBREVIATIONS
+
+
+def split_sentences(text: str, max_chars: int = 240) -> list[str]:
+    splitter = SentenceSplitter(max_chars)
+    sentences = splitter.feed(text)
+    tail = splitter.flush()
+    return [*sentences, tail] if tail else sentences

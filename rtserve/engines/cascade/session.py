@@ -1,0 +1,364 @@
+"""One conversation on the cascade engine (the ``EngineSession``).
+
+Input side: ``push_audio`` (16 kHz) only queues; one input task per session runs the VAD
+on the shared VAD thread, feeds the ``TurnDetector`` (server VAD) or the ``ManualTurn``
+(``turn_detection: null``), emits ``SpeechStarted``/``SpeechStopped``, re-decodes the
+growing utterance for partial ``InputTranscript``s (each carries the whole hypothesis so
+far and replaces the previous one), and, the moment VAD ends a turn, starts that turn's
+final decode so ``commit_input`` usually finds it done.
+
+Output side: ``respond`` runs the reply chain (LLM -> sentences -> TTS) and emits
+``OutputText`` (token deltas, when text is a requested modality), ``OutputAudio`` at
+24 kHz in 40 ms chunks (the first chunk of each sentence carries that sentence's text),
+then ``ResponseFinished`` with token usage. ``set_epoch`` fences: queued reply output of
+older epochs is purged, the running reply is cancelled (LLM request dropped, TTS jobs not
+yet started skipped) and no older-epoch event is emitted after it returns — not even that
+reply's ``ResponseFinished`` (the session core, which cancelled it, reports it).
+
+The engine never decides when to respond or keeps history: the session core does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rtserve.config import ModelPaths
+from rtserve.engines.cascade.asr import WhisperAsr
+from rtserve.engines.cascade.audio import as_pcm
+from rtserve.engines.cascade.events import EventChannel
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
+from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, ServerVadSettings, TurnDetector
+from rtserve.engines.cascade.vad import VadEngine, VadStream
+from rtserve.engines.pipeline import StageFailed
+from rtserve.engines.protocols import (
+    ChatMessage,
+    EngineCapabilities,
+    EngineError,
+    EngineEvent,
+    EngineFailure,
+    InputTranscript,
+    OutputAudio,
+    OutputText,
+    ResponseFinished,
+    ResponseRequest,
+    SessionOptions,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INSTRUCTIONS = ("You are a friendly voice assistant. Answer in one or two short, plain spoken "
+                        "sentences, without lists or markup.")
+
+
+@dataclass(frozen=True)
+class CascadeModels:
+    """The loaded models one engine shares between all of its sessions."""
+
+    vad: VadEngine
+    asr: WhisperAsr
+    tts: TextToSpeech
+    reply: ReplyChain
+
+
+_Backlog = np.ndarray | int | asyncio.Future  # audio, a gap of dropped samples, or a drain marker
+
+
+class CascadeSession:
+    def __init__(self, session_id: str, capabilities: EngineCapabilities, models: CascadeModels,
+                 options: SessionOptions, limits: ModelPaths, max_pending_turns: int,
+                 metrics: CascadeMetrics, on_close: Callable[[CascadeSession], None]) -> None:
+        self.session_id = session_id
+        self.capabilities = capabilities
+        self._models = models
+        self._options = options
+        self._metrics = metrics
+        self._on_close = on_close
+        rate = capabilities.input_sample_rate
+        self._max_turn_samples = int(limits.max_turn_audio_s * rate)
+        self._max_backlog = limits.max_input_backlog_ms * rate // 1000
+        self._max_pending_turns = max_pending_turns
+        self._turn: TurnDetector | ManualTurn = self._new_turn(options.server_vad)
+        self._vad_stream = VadStream()
+        self._backlog: deque[_Backlog] = deque()
+        self._backlog_samples = 0
+        self._input_ready = asyncio.Event()
+        self._input_generation = 0  # bumped by clear_input: results of older VAD calls are void
+        self._partial: asyncio.Task[None] | None = None
+        self._partial_at = 0  # turn length (samples) of the latest partial decode
+        self._last_partial = ""
+        self._sealed: deque[tuple[int, asyncio.Task[str]]] = deque()
+        self._commit_lock = asyncio.Lock()
+        self._channel = EventChannel(limits.output_queue_ms * capabilities.output_sample_rate // 1000)
+        self._epoch = 0
+        self._response: asyncio.Task[None] | None = None
+        self._response_meta: tuple[str, int] | None = None  # (response_id, epoch) of the running reply
+        self._closed = False
+        self._input_task = asyncio.create_task(self._input_loop(), name=f"cascade-input:{session_id}")
+
+    # -- configuration -------------------------------------------------------------------
+
+    def _new_turn(self, server_vad: dict[str, Any] | None) -> TurnDetector | ManualTurn:
+        if server_vad is None:
+            return ManualTurn(self._max_turn_samples)
+        settings = ServerVadSettings.parse(server_vad)
+        vad = self._models.vad
+        return TurnDetector(settings, vad.sample_rate, vad.window, self._max_turn_samples)
+
+    def configure_turn_detection(self, server_vad: dict[str, Any] | None) -> None:
+        """Apply a new OpenAI ``turn_detection`` object (``session.update``); the current,
+        uncommitted turn is dropped. Raises ``EngineError`` for an invalid object."""
+        turn = self._new_turn(server_vad)
+        self.clear_input()
+        self._turn = turn
+
+    # -- input ---------------------------------------------------------------------------
+
+    def push_audio(self, pcm: np.ndarray) -> None:
+        if self._closed:
+            return
+        audio = as_pcm(pcm)
+        if not len(audio):
+            return
+        self._backlog.append(audio)
+        self._backlog_samples += len(audio)
+        while self._backlog_samples > self._max_backlog:
+            self._drop_oldest_input()
+        self._input_ready.set()
+
+    def _drop_oldest_input(self) -> None:
+        for index, item in enumerate(self._backlog):
+            if isinstance(item, np.ndarray):
+                self._backlog[index] = len(item)  # keeps the VAD timeline aligned with the client's
+                self._backlog_samples -= len(item)
+                self._metrics.dropped_input_samples.inc(len(item))
+                return
+
+    async def _input_loop(self) -> None:
+        while True:
+            await self._input_ready.wait()
+            self._input_ready.clear()
+            while self._backlog:
+                item = self._backlog.popleft()
+                if isinstance(item, asyncio.Future):
+                    if not item.done():
+                        item.set_result(None)
+                elif isinstance(item, int):
+                    self._vad_stream.skip(item)
+                else:
+                    chunks = [item]
+                    while self._backlog and isinstance(self._backlog[0], np.ndarray):
+                        chunks.append(self._backlog.popleft())
+                    audio = np.concatenate(chunks) if len(chunks) > 1 else item
+                    self._backlog_samples -= len(audio)
+                    try:
+                        await self._analyse(audio)
+                    except EngineError as exc:  # e.g. the VAD thread is saturated: lose this audio only
+                        log.warning("input audio dropped: %s", exc)
+                        self._metrics.dropped_input_samples.inc(len(audio))
+                    except Exception:
+                        log.exception("input analysis failed")
+                        self._channel.put_control(EngineFailure("engine_error", "voice activity detection failed"))
+
+    async def _analyse(self, audio: np.ndarray) -> None:
+        turn = self._turn
+        if isinstance(turn, ManualTurn):
+            turn.append(audio)
+        else:
+            generation = self._input_generation
+            scores = await self._models.vad.process(self._vad_stream, audio)
+            if generation != self._input_generation or turn is not self._turn:
+                return  # cleared or reconfigured while the VAD ran
+            for happened in turn.feed(scores.windows, scores.scores, scores.first_sample):
+                if isinstance(happened, SealedTurn):
+                    self._seal(happened)
+                else:
+                    self._channel.put_control(happened)
+        self._maybe_partial()
+
+    def _maybe_partial(self) -> None:
+        turn = self._turn
+        asr = self._models.asr
+        # No partial in a pause: it would add no words and could hold up the final decode.
+        if (not turn.speaking or turn.pausing or (self._partial is not None and not self._partial.done())
+                or turn.turn_samples - self._partial_at < asr.partial_interval_samples or not asr.idle):
+            return
+        self._partial_at = turn.turn_samples
+        self._partial = asyncio.create_task(self._decode_partial(turn.turn_id, turn.turn_audio()))
+
+    async def _decode_partial(self, turn_id: int, audio: np.ndarray) -> None:
+        try:
+            text = await self._models.asr.decode(audio, final=False)
+        except EngineError as exc:
+            log.debug("partial transcript skipped: %s", exc)
+            return
+        if turn_id == self._turn.turn_id and text and text != self._last_partial:
+            self._last_partial = text
+            self._channel.put_control(InputTranscript(text, final=False))
+
+    def _seal(self, turn: SealedTurn) -> None:
+        """VAD ended a turn: start its final decode now, ahead of the commit that will want it."""
+        self._reset_partials()
+        if len(self._sealed) >= self._max_pending_turns:
+            dropped_id, dropped = self._sealed.popleft()
+            dropped.cancel()
+            log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id,
+                        self._max_pending_turns)
+        task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True))
+        task.add_done_callback(_consume_outcome)
+        self._sealed.append((turn.turn_id, task))
+
+    def _reset_partials(self) -> None:
+        if self._partial is not None:
+            self._partial.cancel()
+            self._partial = None
+        self._partial_at = 0
+        self._last_partial = ""
+
+    async def _drain_input(self) -> None:
+        """Wait until every sample pushed so far went through the VAD/turn bookkeeping."""
+        marker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._backlog.append(marker)
+        self._input_ready.set()
+        await marker
+
+    async def commit_input(self) -> None:
+        async with self._commit_lock:
+            await self._drain_input()
+            if self._closed:
+                return
+            if self._sealed:
+                _, final = self._sealed.popleft()
+                try:
+                    text = await final
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if self._closed and not (current and current.cancelling()):
+                        return  # the session closed under this commit
+                    raise
+            else:
+                sealed = self._turn.take_turn()
+                self._reset_partials()
+                text = await self._models.asr.decode(sealed.audio, final=True) if len(sealed.audio) else ""
+            self._channel.put_control(InputTranscript(text, final=True))
+
+    def clear_input(self) -> None:
+        self._input_generation += 1
+        for index, item in enumerate(self._backlog):
+            if isinstance(item, np.ndarray):
+                self._backlog[index] = len(item)
+        self._backlog_samples = 0
+        self._turn.reset()
+        self._reset_partials()
+        while self._sealed:
+            self._sealed.popleft()[1].cancel()
+
+    # -- output --------------------------------------------------------------------------
+
+    def respond(self, request: ResponseRequest) -> None:
+        if self._closed or request.epoch < self._epoch:
+            return
+        if self._response is not None and not self._response.done():
+            self._response.cancel()
+            if self._response_meta is not None:
+                previous_id, previous_epoch = self._response_meta
+                self._channel.put_finished(ResponseFinished(previous_id, previous_epoch, "cancelled",
+                                                            reason="superseded by a new response"))
+        self._response_meta = (request.response_id, request.epoch)
+        self._response = asyncio.create_task(self._reply(request), name=f"cascade-reply:{request.response_id}")
+
+    def _with_instructions(self, messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+        if messages and messages[0].role == "system":
+            return messages
+        instructions = self._options.prompt.text or DEFAULT_INSTRUCTIONS
+        return (ChatMessage("system", instructions), *messages)
+
+    async def _reply(self, request: ResponseRequest) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        speak = "audio" in request.modalities
+        show_text = "text" in request.modalities
+        status: str = "completed"
+        reason: str | None = None
+        usage: dict[str, int] = {}
+        first_audio = True
+        try:
+            if speak:
+                self._models.tts.check_request(request.voice, 1.0)
+            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    if isinstance(item, SpokenChunk):
+                        await self._channel.put_output(OutputAudio(item.pcm, request.epoch, request.response_id,
+                                                                   item.text))
+                        if first_audio:
+                            first_audio = False
+                            self._metrics.first_audio_seconds.observe(loop.time() - started)
+                        continue
+                    delta: TokenDelta = item
+                    if delta.text and (show_text or not speak):
+                        await self._channel.put_output(OutputText(delta.text, request.epoch, request.response_id))
+                    if delta.finish_reason is not None:
+                        usage = {"input_tokens": delta.prompt_tokens, "output_tokens": delta.completion_tokens,
+                                 "total_tokens": delta.prompt_tokens + delta.completion_tokens}
+        except StageFailed as exc:
+            status, reason = "failed", _failure_reason(exc.__cause__)
+        except EngineError as exc:
+            status, reason = "failed", str(exc)
+        except Exception as exc:
+            status, reason = "failed", _failure_reason(exc)
+        await self._channel.put_output(ResponseFinished(request.response_id, request.epoch,
+                                                        status, usage, reason))  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch <= self._epoch:
+            return
+        self._epoch = epoch
+        self._channel.fence(epoch)
+        if self._response is not None and self._response_meta is not None and self._response_meta[1] < epoch:
+            self._response.cancel()
+            self._response = self._response_meta = None
+
+    async def events(self) -> AsyncIterator[EngineEvent]:
+        while (event := await self._channel.get()) is not None:
+            yield event
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [self._input_task, *(task for _, task in self._sealed)]
+        tasks += [t for t in (self._partial, self._response) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for item in self._backlog:
+            if isinstance(item, asyncio.Future) and not item.done():
+                item.set_result(None)  # a commit waiting for its drain returns quietly
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._channel.close()
+        self._on_close(self)
+
+
+def _consume_outcome(task: asyncio.Task[str]) -> None:
+    """A speculative final nobody awaited (cleared, closed) must not log 'never retrieved'."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _failure_reason(cause: BaseException | None) -> str:
+    if isinstance(cause, EngineError):
+        return str(cause)
+    log.error("reply failed", exc_info=cause)
+    return "internal error while generating the reply"

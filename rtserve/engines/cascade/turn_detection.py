@@ -1,0 +1,203 @@
+"""Server-side turn detection with OpenAI ``server_vad`` semantics, on VAD window scores.
+
+``TurnDetector`` is pure bookkeeping (no model, no I/O): it is fed consecutive VAD windows
+with their speech probability and says when speech started and stopped, keeping the audio
+of the current turn (with ``prefix_padding_ms`` of lead-in) for the recognizer.
+
+* start: the first window scoring ``>= threshold``; ``SpeechStarted.audio_ms`` is that
+  window's start in the session's input timeline.
+* stop: ``silence_duration_ms`` of windows scoring below ``threshold - 0.15`` (Silero's own
+  hysteresis, so a wavering score does not chop a word); ``SpeechStopped.audio_ms`` is the
+  end of the last voiced window. The turn's audio (including the trailing silence the
+  decision waited for, which helps the recognizer end cleanly) is then sealed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rtserve.engines.cascade.audio import AudioBuffer
+from rtserve.engines.protocols import EngineError, SpeechStarted, SpeechStopped
+
+_HYSTERESIS = 0.15
+
+
+class InvalidTurnDetection(EngineError):
+    code = "invalid_turn_detection"
+
+
+class ServerVadSettings(BaseModel):
+    """The OpenAI ``turn_detection`` object (``type: server_vad``), defaults as OpenAI's.
+
+    ``create_response``/``interrupt_response``/``idle_timeout_ms`` steer the session core,
+    not detection; they are accepted and ignored here.
+    """
+
+    model_config = ConfigDict(extra="ignore")  # the session core validates the wire object
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=10_000)
+    silence_duration_ms: int = Field(500, ge=0, le=60_000)
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+    @classmethod
+    def parse(cls, value: dict[str, Any]) -> ServerVadSettings:
+        if value.get("type", "server_vad") != "server_vad":
+            raise InvalidTurnDetection(f"turn_detection type {value.get('type')!r} is not supported by this "
+                                       "engine; use 'server_vad' or null", code="unsupported_turn_detection")
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise InvalidTurnDetection(f"turn_detection.{field}: {err['msg']}") from None
+
+
+@dataclass
+class SealedTurn:
+    """The audio of one finished utterance, ready for the final transcript."""
+
+    turn_id: int
+    audio: np.ndarray
+
+
+class TurnDetector:
+    def __init__(self, settings: ServerVadSettings, sample_rate: int, window: int, max_turn_samples: int) -> None:
+        self.settings = settings
+        self._rate = sample_rate
+        self._window = window
+        self._prefix: deque[np.ndarray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
+        self._turn = AudioBuffer(max_turn_samples)
+        self._speaking = False
+        self._silent_windows = 0
+        self._turn_id = 0
+
+    def _windows(self, ms: int) -> int:
+        return -(-ms * self._rate // (1000 * self._window))  # ceil
+
+    @property
+    def speaking(self) -> bool:
+        return self._speaking
+
+    @property
+    def pausing(self) -> bool:
+        """In a turn, but the latest window was silence (the stop may be coming)."""
+        return self._speaking and self._silent_windows > 0
+
+    @property
+    def turn_id(self) -> int:
+        """Id of the current (or next) turn; changes whenever a turn is sealed or reset."""
+        return self._turn_id
+
+    @property
+    def dropped_samples(self) -> int:
+        """Turn audio dropped over ``max_turn_samples``, oldest first."""
+        return self._turn.dropped_samples
+
+    @property
+    def turn_samples(self) -> int:
+        return len(self._turn)
+
+    def turn_audio(self) -> np.ndarray:
+        return self._turn.audio()
+
+    def feed(self, windows: np.ndarray, scores: np.ndarray, first_sample: int,
+             ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
+        """Consume ``[n, window]`` audio with its ``n`` scores; ``first_sample`` is the offset of
+        ``windows[0]`` in the session's input. Returns what happened, in order."""
+        out: list[SpeechStarted | SpeechStopped | SealedTurn] = []
+        stop_after = self._windows(self.settings.silence_duration_ms)
+        for i, (window, score) in enumerate(zip(windows, scores, strict=True)):
+            start = first_sample + i * self._window
+            if not self._speaking:
+                if score >= self.settings.threshold:
+                    self._speaking = True
+                    self._silent_windows = 0
+                    for lead_in in self._prefix:
+                        self._turn.append(lead_in)
+                    self._prefix.clear()
+                    self._turn.append(window)
+                    out.append(SpeechStarted(self._ms(start)))
+                else:
+                    self._prefix.append(window)
+                continue
+            self._turn.append(window)
+            if score < self.settings.threshold - _HYSTERESIS:
+                self._silent_windows += 1
+            else:
+                self._silent_windows = 0
+            if self._silent_windows >= max(stop_after, 1):
+                voiced_end = start + self._window - self._silent_windows * self._window
+                out.append(SpeechStopped(self._ms(voiced_end)))
+                out.append(SealedTurn(self._turn_id, self.turn_audio()))
+                self.reset()
+        return out
+
+    def take_turn(self) -> SealedTurn:
+        """End the current turn now (a manual commit) and hand over its audio."""
+        sealed = SealedTurn(self._turn_id, self.turn_audio())
+        self.reset()
+        return sealed
+
+    def reset(self) -> None:
+        """Forget the current turn (commit, clear, or after a stop); a new turn id follows."""
+        self._turn.clear()
+        self._prefix.clear()
+        self._speaking = False
+        self._silent_windows = 0
+        self._turn_id += 1
+
+    def _ms(self, sample: int) -> int:
+        return sample * 1000 // self._rate
+
+
+class ManualTurn:
+    """Turn detection off (``turn_detection: null``): all audio since the last commit or
+    clear is the turn; the client decides where it ends."""
+
+    def __init__(self, max_turn_samples: int) -> None:
+        self._turn = AudioBuffer(max_turn_samples)
+        self._turn_id = 0
+
+    @property
+    def speaking(self) -> bool:
+        return len(self._turn) > 0
+
+    @property
+    def pausing(self) -> bool:
+        return False  # no VAD: nothing is known about pauses
+
+    @property
+    def turn_id(self) -> int:
+        return self._turn_id
+
+    @property
+    def dropped_samples(self) -> int:
+        return self._turn.dropped_samples
+
+    @property
+    def turn_samples(self) -> int:
+        return len(self._turn)
+
+    def append(self, pcm: np.ndarray) -> None:
+        self._turn.append(pcm)
+
+    def turn_audio(self) -> np.ndarray:
+        return self._turn.audio()
+
+    def take_turn(self) -> SealedTurn:
+        sealed = SealedTurn(self._turn_id, self.turn_audio())
+        self.reset()
+        return sealed
+
+    def reset(self) -> None:
+        self._turn.clear()
+        self._turn_id += 1

