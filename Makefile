@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-APT_PACKAGES = espeak-ng chromium
+APT_PACKAGES = espeak-ng
 
 .PHONY: serve test deps deps-dev apt clean
 
@@ -27,7 +27,7 @@ $(VENV)/.deps-dev: $(VENV)/.deps
 	touch $@
 
 apt:
-	@if ! command -v espeak-ng >/dev/null || ! command -v chromium >/dev/null; then \
+	@if ! command -v espeak-ng >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 
