@@ -1,0 +1,428 @@
+"""Paced Moshi clients against the real server's ``/api/chat`` on the loopback engine.
+
+For each client count N this starts ``rtserve serve --engine loopback`` (batch = N) in its
+own process and runs N clients for ``--duration`` seconds. A client speaks what Moshi's
+own CLI does: sphn Ogg-Opus pages, one 80 ms frame sent every 80 ms on an absolute
+schedule (clients start at spread phases, like independent callers). To keep the load
+generator light, the stream is sphn-encoded once before the clock starts and the echo is
+timestamped on arrival and sphn-decoded afterwards. Clients send band-limited noise, so
+where its audio lands in the echo is found by cross-correlation (per 1 s window), whatever
+silence or frame slips the server inserts.
+
+Reported per N (steady-state window: after ``--warmup`` s, before the senders stop):
+
+* latency: for every echoed 80 ms page, its arrival time minus the send time of the
+  newest input audio it carries, minus the loopback delay: what the server path adds
+  (tick phase wait, Opus decode/encode incl. codec lookahead, queues, sockets); p50/p99;
+* egress p50/p99: engine frame produced -> bytes written, from the server's histogram;
+* underruns: live-slot ticks stepped with silence because a frame was not there in time
+  (server counter), as a share of live ticks;
+* lateness: arrival of echoed page k minus its ideal cadence time (first page + k*80 ms,
+  anchored at the earliest page); p99 and pages > 80 ms late (a one-frame playout
+  buffer would starve);
+* drops (server input backlog + per-connection output), skipped tick deadlines, send lag
+  p99 (client timer slip: checks the load generator itself kept up), server CPU (share of
+  one core), and the share of 1 s windows whose echo could be located.
+
+    .venv/bin/python benchmarks/bench_moshi.py                  # N = 8, 32, 64; 30 s each
+    .venv/bin/python benchmarks/bench_moshi.py --duration 5     # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import sphn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rtserve.config import ServerConfig  # noqa: E402  (the defaults the server child runs with)
+
+RATE = 24_000
+FRAME = 1920
+PERIOD_S = FRAME / RATE
+WINDOW_FRAMES = 12  # ~1 s of input per alignment window
+MIN_SCORE = 0.5  # normalized correlation below which a window is not trusted
+
+
+@dataclass
+class ClientLog:
+    send_times: list[float] = field(default_factory=list)  # loop time each frame left
+    send_lag_ms: list[float] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # per received audio page
+    pages: list[bytes] = field(default_factory=list)
+    signal: np.ndarray | None = None
+    error: str | None = None
+
+
+@dataclass
+class Point:
+    clients: int
+    duration_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    egress_p50_ms: float
+    egress_p99_ms: float
+    underruns: int
+    live_ticks: int
+    underrun_pct: float
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    late_pages: int
+    pages: int
+    dropped_input: int
+    dropped_output: int
+    skipped_ticks: int
+    send_lag_p99_ms: float
+    aligned_windows_pct: float
+    server_cpu_pct: float
+    errors: int
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``rtserve serve --engine loopback`` in a child process (RTSERVE_* environment)."""
+
+    def __init__(self, batch_size: int, delay_frames: int) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="bench_moshi_server_", suffix=".log", delete=False)
+        env = {**os.environ, "RTSERVE_LOCKSTEP__BATCH_SIZE": str(batch_size),
+               "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(self.port),
+             "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
+            try:
+                async with http.get(self.base + "/health") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+        raise RuntimeError("server did not become ready")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        os.unlink(self._log.name)
+
+
+_SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.e]+|[+-]Inf|NaN)$")
+
+
+async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """Every sample of /metrics, keyed ``name{labels}``."""
+    async with http.get(base + "/metrics") as response:
+        text = await response.text()
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float:
+    """Quantile of the observations made between two scrapes (linear within a bucket)."""
+    buckets = []
+    for key, value in after.items():
+        if key.startswith(name + "_bucket"):
+            le = re.search(r'le="([^"]+)"', key)
+            if le:
+                buckets.append((float(le.group(1)), value - before.get(key, 0.0)))
+    buckets.sort()
+    if not buckets or buckets[-1][1] <= 0:
+        return float("nan")
+    target = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= target:
+            if bound == float("inf"):
+                return lower_bound
+            span = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((target - lower_count) / span if span else 1.0)
+        lower_bound, lower_count = bound, count
+    return buckets[-1][0]
+
+
+def noise(seconds: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    freqs = np.fft.rfftfreq(n, 1 / RATE)
+    spectrum[(freqs < 150) | (freqs > 4000)] = 0
+    signal_ = np.fft.irfft(spectrum, n)
+    return (0.25 * signal_ / np.abs(signal_).max()).astype(np.float32)
+
+
+def encode_stream(signal_: np.ndarray) -> list[bytes]:
+    """The client's Ogg-Opus messages, one per 80 ms frame, encoded before the clock starts so
+    the load generator only sends bytes on time."""
+    writer = sphn.OpusStreamWriter(RATE)
+    return [writer.append_pcm(signal_[j * FRAME:(j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
+
+
+def decode_stream(pages: list[bytes]) -> list[np.ndarray]:
+    """Agent audio per received page (decoded after the run: same PCM, no client CPU during it)."""
+    reader = sphn.OpusStreamReader(RATE)
+    out = []
+    for page in pages:
+        pcm = reader.append_bytes(page)
+        out.append(np.zeros(0, np.float32) if pcm is None else pcm)
+    return out
+
+
+async def run_client(http: aiohttp.ClientSession, url: str, messages: list[bytes], start_at: float,
+                     log: ClientLog) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        async with http.ws_connect(url, max_msg_size=0) as ws:
+            handshake = await ws.receive(timeout=30)
+            if handshake.type is not aiohttp.WSMsgType.BINARY or handshake.data != b"\x00":
+                raise RuntimeError(f"no handshake: {handshake.type} {handshake.extra or ''}")
+
+            async def receive() -> None:
+                async for message in ws:
+                    if message.type is aiohttp.WSMsgType.BINARY and message.data[:1] == b"\x01":
+                        log.arrivals.append(loop.time())
+                        log.pages.append(message.data[1:])
+
+            receiver = asyncio.create_task(receive())
+            for j, data in enumerate(messages):
+                due = start_at + j * PERIOD_S
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await ws.send_bytes(b"\x01" + data)
+                now = loop.time()
+                log.send_times.append(now)
+                log.send_lag_ms.append((now - due) * 1e3)
+            await asyncio.sleep(0.6)  # let the echo of the last frames arrive
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+    except Exception as exc:  # recorded, reported as an error count
+        log.error = f"{type(exc).__name__}: {exc}"
+
+
+def _lag_in(output: np.ndarray, reference: np.ndarray, lo: int, hi: int) -> tuple[int, float]:
+    """Best lag of ``reference`` inside ``output`` within [lo, hi], and its normalized score."""
+    lo = max(0, lo)
+    hi = min(hi, len(output) - len(reference))
+    if hi < lo:
+        return -1, 0.0
+    segment = output[lo:hi + len(reference)]
+    size = 1 << int(np.ceil(np.log2(len(segment) + len(reference))))
+    corr = np.fft.irfft(np.fft.rfft(segment, size) * np.conj(np.fft.rfft(reference, size)), size)[:hi - lo + 1]
+    best = int(np.argmax(corr))
+    window = segment[best:best + len(reference)]
+    score = float(np.dot(window, reference) / (np.linalg.norm(window) * np.linalg.norm(reference) + 1e-12))
+    return lo + best, score
+
+
+def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tuple[list[float], list[float], int, int]:
+    """(latencies ms, lateness ms, aligned windows, windows) of one client's steady state."""
+    if not log.pages or log.signal is None:
+        return [], [], 0, 0
+    chunks = decode_stream(log.pages)
+    output = np.concatenate(chunks)
+    ends = np.cumsum([len(c) for c in chunks])  # output sample index where each page ends
+    arrivals = np.asarray(log.arrivals)
+    sent = np.asarray(log.send_times)
+    frames = len(sent)
+    latencies: list[float] = []
+    aligned = windows = 0
+    previous_lag: int | None = None
+    for first in range(0, frames - WINDOW_FRAMES + 1, WINDOW_FRAMES):
+        if not (window[0] <= sent[first] and sent[first + WINDOW_FRAMES - 1] <= window[1]):
+            continue
+        windows += 1
+        reference = log.signal[first * FRAME:(first + WINDOW_FRAMES) * FRAME]
+        if previous_lag is None:
+            lo, hi = first * FRAME - 2 * FRAME, first * FRAME + int(3.0 * RATE)
+        else:
+            lo, hi = first * FRAME + previous_lag - 2 * FRAME, first * FRAME + previous_lag + 8 * FRAME
+        position, score = _lag_in(output, reference, lo, hi)
+        if score < MIN_SCORE:
+            continue
+        aligned += 1
+        lag = position - first * FRAME  # output index of input sample 0 under this window's alignment
+        previous_lag = lag
+        # Each echoed page in this window: newest input sample it carries -> the frame that sent it.
+        start_page = int(np.searchsorted(ends, (first * FRAME) + lag, side="right"))
+        stop_page = int(np.searchsorted(ends, ((first + WINDOW_FRAMES) * FRAME) + lag, side="left"))
+        for page in range(start_page, min(stop_page, len(ends))):
+            newest_input = int(ends[page]) - 1 - lag
+            j = newest_input // FRAME
+            if 0 <= j < frames:
+                latencies.append((arrivals[page] - sent[j] - delay_s) * 1e3)
+    in_window = (arrivals >= window[0]) & (arrivals <= window[1])
+    lateness: list[float] = []
+    if in_window.sum() > 1:
+        index = np.flatnonzero(in_window)
+        cadence = arrivals[index] - (index - index[0]) * PERIOD_S
+        lateness = list((cadence - cadence.min()) * 1e3)
+    return latencies, lateness, aligned, windows
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def run_point(clients: int, duration_s: float, warmup_s: float, delay_frames: int) -> Point:
+    server = ServerProcess(batch_size=clients, delay_frames=delay_frames)
+    connector = aiohttp.TCPConnector(limit=0)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as http:
+            await server.wait_ready(http)
+            loop = asyncio.get_running_loop()
+            frames = int(round(duration_s / PERIOD_S))
+            # Every client sends the same encoded stream (connections are independent; encoding
+            # it once keeps the load generator light) at its own phase.
+            signal_ = noise(frames * PERIOD_S)
+            messages = encode_stream(signal_)
+            logs = [ClientLog(signal=signal_) for _ in range(clients)]
+            start_at = loop.time() + 1.0 + 0.002 * clients  # room to connect everyone first
+            url = server.base.replace("http", "ws") + "/api/chat"
+            tasks = [asyncio.create_task(run_client(http, url, messages, start_at + PERIOD_S * i / clients, logs[i]))
+                     for i in range(clients)]
+            window = (start_at + warmup_s + PERIOD_S, start_at + frames * PERIOD_S - 0.2)
+            await asyncio.sleep(max(0.0, window[0] - loop.time()))
+            before, cpu_before = await scrape(http, server.base), server.cpu_seconds()
+            await asyncio.sleep(max(0.0, window[1] - loop.time()))
+            after, cpu_after = await scrape(http, server.base), server.cpu_seconds()
+            measured_s = window[1] - window[0]
+            await asyncio.gather(*tasks)
+    finally:
+        server.stop()
+
+    latencies: list[float] = []
+    lateness: list[float] = []
+    aligned = windows = 0
+    for log in logs:
+        lat, late, ok, total = analyse(log, window, delay_frames * PERIOD_S)
+        latencies += lat
+        lateness += late
+        aligned += ok
+        windows += total
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    underruns = int(delta("rtserve_lockstep_underruns_total"))
+    live_ticks = int(round(measured_s / PERIOD_S)) * clients
+    route = '{route="/api/chat"}'
+    return Point(
+        clients=clients, duration_s=duration_s,
+        latency_p50_ms=_pct(latencies, 50), latency_p99_ms=_pct(latencies, 99),
+        egress_p50_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.5) * 1e3,
+        egress_p99_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.99) * 1e3,
+        underruns=underruns, live_ticks=live_ticks, underrun_pct=100.0 * underruns / max(1, live_ticks),
+        lateness_p50_ms=_pct(lateness, 50), lateness_p99_ms=_pct(lateness, 99),
+        late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)), pages=len(lateness),
+        dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
+        dropped_output=int(delta("rtserve_moshi_frames_dropped_total" + route)
+                           + delta("rtserve_lockstep_dropped_output_frames_total")),
+        skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
+        send_lag_p99_ms=_pct([v for log in logs for v in log.send_lag_ms], 99),
+        aligned_windows_pct=100.0 * aligned / max(1, windows),
+        server_cpu_pct=100.0 * (cpu_after - cpu_before) / measured_s,
+        errors=sum(log.error is not None for log in logs),
+    )
+
+
+def print_table(points: list[Point]) -> None:
+    columns = [("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
+               ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("skipped", 7),
+               ("send p99", 8), ("cpu", 5), ("aligned", 7), ("errors", 6)]
+    print(" ".join(f"{name:>{width}}" for name, width in columns))
+    for p in points:
+        cells = [str(p.clients), f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
+                 f"{p.egress_p50_ms:.2f}ms", f"{p.egress_p99_ms:.2f}ms",
+                 f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
+                 f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
+                 str(p.dropped_input + p.dropped_output), str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
+                 f"{p.server_cpu_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
+        print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
+    print("lat: echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
+          "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
+          "skipped: engine tick deadlines given up after overruns (each leaves one more frame queued); "
+          "aligned: 1 s windows whose echo was located (lat is measured in those)")
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    points = []
+    for clients in args.clients:
+        point = await run_point(clients, args.duration, args.warmup, args.delay_frames)
+        points.append(point)
+        print(f"N={clients}: done", file=sys.stderr)
+    print_table(points)
+    return {
+        "benchmark": "bench_moshi",
+        "route": "/api/chat",
+        "engine": "loopback",
+        "loopback_delay_frames": args.delay_frames,
+        "frame_ms": PERIOD_S * 1e3,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "server_config": {"moshi": ServerConfig().moshi.model_dump(), "lockstep": ServerConfig().lockstep.model_dump()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "load_average_at_end": os.getloadavg()},
+        "points": [asdict(p) for p in points],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of paced audio per client")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the statistics")
+    parser.add_argument("--delay-frames", type=int, default=1, help="loopback engine delay")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_moshi.json")
+    args = parser.parse_args()
+    if args.duration <= args.warmup + 1:
+        parser.error("--duration must exceed --warmup by more than 1 s")
+    result = asyncio.run(main_async(args))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

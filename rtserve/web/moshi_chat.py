@@ -1,0 +1,100 @@
+"""``WS /api/chat``: the Moshi / PersonaPlex binary protocol (duplex.md §1.6, peers.md §1a, §2).
+
+Every binary message starts with a tag byte:
+
+* server -> client ``0x00``: handshake, sent once the engine slot is ready (after the
+  voice/persona prefill);
+* client -> server ``0x01`` + Ogg-Opus pages of 24 kHz mono microphone audio;
+* server -> client ``0x01`` + Ogg-Opus pages of agent audio (one page per engine frame,
+  sent as soon as the frame exists) and ``0x02`` + a UTF-8 text piece.
+
+Unknown tags and text messages are ignored (the protocol says to discard them). Query
+parameters ``text_prompt``, ``voice_prompt`` and ``seed`` condition the slot. The engine
+frame grid is aligned to the client's pages (``moshi.page_align_slack_ms``), so a page
+completes a frame on arrival instead of one page later.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from rtserve.codecs.errors import CodecError
+from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
+from rtserve.web.moshi_conversation import WIRE_SAMPLE_RATE, Conversation
+from rtserve.web.moshi_outbox import AgentFrame
+from rtserve.web.moshi_prompt import PromptError, prompt_from_query
+from rtserve.web.moshi_service import MoshiService, close_socket
+
+log = logging.getLogger(__name__)
+
+ROUTE = "/api/chat"
+TAG_HANDSHAKE = b"\x00"
+TAG_AUDIO = 0x01
+TAG_TEXT = b"\x02"
+# One Opus packet per 80 ms engine frame: what Moshi's own clients send and expect.
+OPUS_FRAME_MS = 80
+
+
+async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
+    ws = service.websocket()
+    await ws.prepare(request)
+    async with service.tracked(ws):
+        try:
+            prompt = prompt_from_query(request.query, service.config.models.voice_prompt_dir)
+        except PromptError as exc:
+            service.metrics.connections_total.labels(ROUTE, "refused").inc()
+            await close_socket(ws, WSCloseCode.POLICY_VIOLATION, str(exc))
+            return ws
+        conversation = await service.open_conversation(ws, ROUTE, prompt)
+        if conversation is None:
+            return ws
+        async with service.live(ROUTE, conversation):
+            settings = service.config.moshi
+            writer = OggOpusWriter(WIRE_SAMPLE_RATE, frame_ms=OPUS_FRAME_MS, bitrate=settings.opus_bitrate,
+                                   application=settings.opus_application)
+
+            async def send_frame(frame: AgentFrame) -> None:
+                if frame.pcm.size:
+                    pages = await service.run_codec(writer.write, frame.pcm)
+                    if pages:
+                        await ws.send_bytes(bytes((TAG_AUDIO,)) + pages)
+                if frame.text:
+                    await ws.send_bytes(TAG_TEXT + frame.text.encode("utf-8"))
+
+            try:
+                await ws.send_bytes(TAG_HANDSHAKE)
+            except ConnectionError:
+                return ws
+            output = service.spawn_output(ws, ROUTE, conversation, send_frame)
+            try:
+                await _receive_audio(ws, service, conversation)
+            finally:
+                await service.stop_output(output)
+    return ws
+
+
+async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, conversation: Conversation) -> None:
+    """Client messages until the socket closes; malformed audio closes this socket only."""
+    reader = OggOpusReader(WIRE_SAMPLE_RATE)
+    slack_ms = service.config.moshi.page_align_slack_ms
+    align_slack = None if slack_ms is None else round(slack_ms * WIRE_SAMPLE_RATE / 1000)
+    async for message in ws:
+        if message.type is WSMsgType.BINARY:
+            data: bytes = message.data
+            if len(data) < 2 or data[0] != TAG_AUDIO:
+                continue  # unknown tags are discarded; an empty audio message carries nothing
+            try:
+                pcm = await service.run_codec(reader.feed, data[1:])
+            except CodecError as exc:
+                log.info("closing: malformed Ogg-Opus from client (%s: %s)", exc.code, exc)
+                await close_socket(ws, WSCloseCode.INVALID_TEXT, f"{exc.code}: {exc}")
+                return
+            if align_slack is not None and pcm.size:
+                conversation.align_to_chunk_end(pcm.size, align_slack)
+                align_slack = None
+            conversation.push(pcm)
+        elif message.type is WSMsgType.ERROR:
+            return
+        # TEXT: not part of the protocol, discarded like unknown tags

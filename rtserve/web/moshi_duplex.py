@@ -1,0 +1,190 @@
+"""``WS /v1/audio/duplex``: PersonaPlex's raw-PCM dialect (duplex.md §1.7, U.3).
+
+* client ``{"type":"open","persona":...,"voice":...,"seed":...}`` -> server ``{"type":"ready"}``
+  once the engine slot is ready; a second ``open`` -> error ``session already open``;
+* binary messages both ways: little-endian float32 PCM, 24 kHz mono (any length in;
+  re-chunked to engine frames). Binary before ``open`` is ignored, as in PersonaPlex's
+  batched server;
+* server ``{"type":"text","text":...}`` for the agent's text;
+* client ``{"type":"close"}`` -> the partial tail is zero-padded and stepped, in-flight
+  frames are forwarded, then ``{"type":"done"}`` and a normal close.
+
+Bad input (malformed JSON, an unknown type, a refused voice, misaligned or non-finite
+PCM) gets ``{"type":"error","error":<message>,"code":<stable code>}`` and the
+connection stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Annotated, Literal
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
+
+from rtserve.codecs.errors import CodecError
+from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
+from rtserve.engines.protocols import SlotPrompt
+from rtserve.web.moshi_conversation import Conversation
+from rtserve.web.moshi_outbox import AgentFrame
+from rtserve.web.moshi_prompt import PromptError, resolve_voice
+from rtserve.web.moshi_service import MoshiService, close_socket
+
+log = logging.getLogger(__name__)
+
+ROUTE = "/v1/audio/duplex"
+
+
+class OpenMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["open"]
+    persona: str | None = None
+    voice: str | None = None
+    seed: Annotated[StrictInt, Field(ge=0, lt=2**63)] | None = None
+
+
+class CloseMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["close"]
+
+
+_CLIENT_MESSAGE: TypeAdapter[OpenMessage | CloseMessage] = TypeAdapter(
+    Annotated[OpenMessage | CloseMessage, Field(discriminator="type")])
+
+
+class ClientError(Exception):
+    """Bad client input answered with an error event; the connection stays open."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_client_message(text: str) -> OpenMessage | CloseMessage:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ClientError("message is not valid JSON", "invalid_json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise ClientError("message must be a JSON object with a string 'type'", "invalid_message")
+    if data["type"] not in ("open", "close"):
+        raise ClientError(f"unknown message type {data['type'][:64]!r}", "unknown_type")
+    try:
+        return _CLIENT_MESSAGE.validate_python(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"][1:]) or "message"
+        raise ClientError(f"invalid '{field}': {err['msg']}", "invalid_message") from None
+
+
+class DuplexConnection:
+    """One ``/v1/audio/duplex`` socket: at most one conversation, opened by ``open``."""
+
+    def __init__(self, ws: web.WebSocketResponse, service: MoshiService) -> None:
+        self.ws = ws
+        self.service = service
+        self.conversation: Conversation | None = None
+        self._output: asyncio.Task[None] | None = None
+        self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
+
+    async def run(self) -> None:
+        try:
+            async for message in self.ws:
+                if message.type is WSMsgType.TEXT:
+                    finished = await self._on_text(message.data)
+                    if finished:
+                        return
+                elif message.type is WSMsgType.BINARY:
+                    await self._on_audio(message.data)
+                elif message.type is WSMsgType.ERROR:
+                    return
+        finally:
+            await self._end_conversation()
+
+    async def _on_text(self, text: str) -> bool:
+        """Handle one JSON message; True once the connection is finished."""
+        try:
+            message = parse_client_message(text)
+            if isinstance(message, OpenMessage):
+                return await self._open(message)
+            await self._close()
+            return True
+        except ClientError as exc:
+            await self._send_error(str(exc), exc.code)
+            return False
+
+    async def _open(self, message: OpenMessage) -> bool:
+        if self.conversation is not None:
+            raise ClientError("session already open", "session_already_open")
+        try:
+            prompt = SlotPrompt(text=message.persona or None,
+                                voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
+                                seed=message.seed)
+        except PromptError as exc:
+            raise ClientError(str(exc), "invalid_prompt") from None
+        conversation = await self.service.open_conversation(self.ws, ROUTE, prompt)
+        if conversation is None:
+            return True  # open_conversation closed the socket with its reason
+        self.conversation = conversation
+        await self._live.enter_async_context(self.service.live(ROUTE, conversation))
+        try:
+            await self.ws.send_json({"type": "ready"})
+        except ConnectionError:
+            return True
+        self._output = self.service.spawn_output(self.ws, ROUTE, conversation, self._send_frame)
+        return False
+
+    async def _on_audio(self, data: bytes) -> None:
+        if self.conversation is None:
+            return  # before 'open': ignored, as PersonaPlex's batched server does
+        try:
+            pcm = f32le_to_float(data)
+        except CodecError as exc:
+            await self._send_error(str(exc), exc.code)
+            return
+        self.conversation.push(pcm)
+
+    async def _close(self) -> None:
+        """``close``: step the padded tail, forward in-flight frames, then ``done``."""
+        conversation = self.conversation
+        if conversation is not None:
+            settings = self.service.config.moshi
+            if not await conversation.drain_input(settings.flush_timeout_s):
+                log.warning("flush did not finish within %.1fs", settings.flush_timeout_s)
+            await asyncio.sleep(settings.flush_grace_s)
+            await conversation.close()  # ends the engine's events: the output task sends what is queued
+            if self._output is not None:
+                await asyncio.gather(self._output, return_exceptions=True)
+        try:
+            await self.ws.send_json({"type": "done"})
+        except ConnectionError:
+            return
+        await close_socket(self.ws, WSCloseCode.OK, "done")
+
+    async def _end_conversation(self) -> None:
+        if self._output is not None:
+            await self.service.stop_output(self._output)
+        await self._live.aclose()
+
+    async def _send_frame(self, frame: AgentFrame) -> None:
+        if frame.pcm.size:
+            await self.ws.send_bytes(float_to_f32le(frame.pcm))
+        if frame.text:
+            await self.ws.send_json({"type": "text", "text": frame.text})
+
+    async def _send_error(self, message: str, code: str) -> None:
+        try:
+            await self.ws.send_json({"type": "error", "error": message, "code": code})
+        except ConnectionError:
+            pass
+
+
+async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
+    ws = service.websocket()
+    await ws.prepare(request)
+    async with service.tracked(ws):
+        await DuplexConnection(ws, service).run()
+    return ws

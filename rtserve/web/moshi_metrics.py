@@ -1,0 +1,28 @@
+"""Metric families shared by ``/api/chat`` and ``/v1/audio/duplex`` (label ``route``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Egress latency is judged against the 80 ms frame budget.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class MoshiMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connections = Gauge(
+            "rtserve_moshi_open_connections", "Open Moshi-protocol conversations", ["route"], registry=registry)
+        self.connections_total = Counter(
+            "rtserve_moshi_connections", "Moshi-protocol connection attempts by outcome",
+            ["route", "outcome"], registry=registry)
+        self.frames_in = Counter(
+            "rtserve_moshi_frames_in", "User frames handed to the engine", ["route"], registry=registry)
+        self.frames_out = Counter(
+            "rtserve_moshi_frames_out", "Agent frames written to the socket", ["route"], registry=registry)
+        self.frames_dropped = Counter(
+            "rtserve_moshi_frames_dropped", "Agent frames dropped (oldest first) because a client read too slowly",
+            ["route"], registry=registry)
+        self.egress_latency = Histogram(
+            "rtserve_moshi_egress_latency_seconds",
+            "Engine frame produced -> its bytes written to the socket (queueing + encoding + send)",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=registry)

@@ -1,0 +1,190 @@
+"""What ``/api/chat`` and ``/v1/audio/duplex`` share: admission onto the engine, the
+output path (engine -> outbox -> socket), the codec threads, metrics, and shutdown.
+
+Close codes (RFC 6455 §7.4.1) used by both routes:
+
+* 1000 normal end; 1001 server shutting down;
+* 1007 malformed audio (an invalid Ogg-Opus stream);
+* 1008 a refused prompt (unknown or unsafe voice name, bad seed);
+* 1009 a message over ``transport.max_ws_message_bytes`` (aiohttp closes it);
+* 1011 the engine failed this conversation (or an unexpected server error);
+* 1013 every conversation slot is busy, or the engine is not running ("try again later").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from aiohttp import WSCloseCode, web
+
+from rtserve.config import ServerConfig
+from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
+from rtserve.log import session_id_var
+from rtserve.web.moshi_conversation import Conversation
+from rtserve.web.moshi_metrics import MoshiMetrics
+from rtserve.web.moshi_outbox import AgentFrame
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BUSY_REASON = "all conversation slots busy"
+SHUTDOWN_REASON = "server shutting down"
+_MAX_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
+
+
+async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
+    """Close with a short reason; a socket that is already gone is not an error."""
+    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+        await ws.close(code=code, message=message)
+
+
+class MoshiService:
+    def __init__(self, config: ServerConfig, engine: SessionEngine, metrics: MoshiMetrics) -> None:
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics
+        self._codec_pool = ThreadPoolExecutor(config.moshi.codec_threads, thread_name_prefix="moshi-codec")
+        self._handlers: dict[web.WebSocketResponse, asyncio.Task[object]] = {}
+        self._shutting_down = False
+
+    # ------------------------------------------------------------------ sockets
+
+    def websocket(self) -> web.WebSocketResponse:
+        transport = self.config.transport
+        return web.WebSocketResponse(max_msg_size=transport.max_ws_message_bytes, heartbeat=transport.ws_heartbeat_s)
+
+    @contextlib.asynccontextmanager
+    async def tracked(self, ws: web.WebSocketResponse) -> AsyncIterator[None]:
+        """Register a prepared socket so shutdown can close it with 1001. An unexpected
+        error ends this connection only: logged here, the client gets 1011."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers[ws] = task
+        try:
+            yield
+        except Exception:
+            log.exception("Moshi-protocol connection failed")
+            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            del self._handlers[ws]
+
+    async def run_codec(self, work: Callable[..., T], *args: object) -> T:
+        """Opus work off the event loop. Callers await each call before the next, which
+        keeps every connection's codec calls in order while connections run in parallel."""
+        return await asyncio.get_running_loop().run_in_executor(self._codec_pool, work, *args)
+
+    # ------------------------------------------------------------------ admission
+
+    async def open_conversation(self, ws: web.WebSocketResponse, route: str,
+                                prompt: SlotPrompt) -> Conversation | None:
+        """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
+        reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
+        outcomes = self.metrics.connections_total
+        if self._shutting_down:
+            await close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON)
+            return None
+        session_id = f"moshi-{uuid.uuid4().hex[:16]}"
+        session_id_var.set(session_id)
+        try:
+            session = await self.engine.open_session(session_id, SessionOptions(prompt=prompt))
+        except CapacityExhausted:
+            outcomes.labels(route, "busy").inc()
+            await close_socket(ws, WSCloseCode.TRY_AGAIN_LATER, BUSY_REASON)
+            return None
+        except EngineError as exc:
+            outcomes.labels(route, "engine_error").inc()
+            busy = exc.code == "engine_unavailable"
+            log.warning("engine refused a conversation: %s (%s)", exc, exc.code)
+            await close_socket(ws, WSCloseCode.TRY_AGAIN_LATER if busy else WSCloseCode.INTERNAL_ERROR, str(exc))
+            return None
+        except Exception:
+            outcomes.labels(route, "engine_error").inc()
+            log.exception("opening an engine session failed")
+            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
+            return None
+        conversation = Conversation(session, route=route, metrics=self.metrics,
+                                    outbox_frames=self.config.moshi.output_queue_frames)
+        if ws.closed:  # the client left, or shutdown began, while the slot was being prepared
+            await conversation.close()
+            return None
+        outcomes.labels(route, "accepted").inc()
+        log.info("%s conversation opened (voice=%s, persona=%s)", route, prompt.voice is not None,
+                 prompt.text is not None)
+        return conversation
+
+    @contextlib.asynccontextmanager
+    async def live(self, route: str, conversation: Conversation) -> AsyncIterator[None]:
+        """Counts the conversation as open; releases its engine slot on the way out."""
+        gauge = self.metrics.connections.labels(route)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+            await conversation.close()
+            log.info("%s conversation closed", route)
+
+    # ------------------------------------------------------------------ output
+
+    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: Conversation,
+                     send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
+        """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails."""
+
+        async def run() -> None:
+            await self.stream_output(route, conversation, send_frame)
+            if conversation.failure is not None:
+                log.warning("engine failed the conversation: %s", conversation.failure.message)
+                await close_socket(ws, WSCloseCode.INTERNAL_ERROR, conversation.failure.message)
+
+        return asyncio.create_task(run())
+
+    @staticmethod
+    async def stop_output(output: asyncio.Task[None]) -> None:
+        output.cancel()
+        await asyncio.gather(output, return_exceptions=True)
+
+    async def stream_output(self, route: str, conversation: Conversation,
+                            send_frame: Callable[[AgentFrame], Awaitable[None]]) -> None:
+        """Engine frames -> ``send_frame`` until the session ends or the socket closes. A
+        slow client only backs up its own outbox (drop-oldest); the pump keeps draining
+        the engine meanwhile."""
+        loop = asyncio.get_running_loop()
+        frames_out = self.metrics.frames_out.labels(route)
+        latency = self.metrics.egress_latency.labels(route)
+        pump = asyncio.create_task(conversation.pump())
+        try:
+            while (frame := await conversation.outbox.get()) is not None:
+                await send_frame(frame)
+                if frame.pcm.size:
+                    frames_out.inc()
+                    latency.observe(loop.time() - frame.produced_at)
+        except ConnectionError:
+            pass  # the socket is closing; the receive side ends the connection
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def shutdown(self) -> None:
+        """Close every connection with 1001 and wait (bounded) until each released its slot."""
+        self._shutting_down = True
+        handlers = dict(self._handlers)
+        if not handlers:
+            return
+        log.info("closing %d Moshi-protocol connection(s)", len(handlers))
+        await asyncio.gather(*(close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON) for ws in handlers))
+        _, pending = await asyncio.wait(handlers.values(), timeout=self.config.sessions.shutdown_timeout_s)
+        for task in pending:
+            task.cancel()
+
+    def stop(self) -> None:
+        self._codec_pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,157 @@
+"""Building blocks of the Moshi routes: voice-name resolution, the drop-oldest outbox,
+and the output path's behaviour under a stalled client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.engines.protocols import SessionOptions
+from rtserve.engines.registry import create_engine
+from rtserve.web.moshi_conversation import Conversation
+from rtserve.web.moshi_metrics import MoshiMetrics
+from rtserve.web.moshi_outbox import AgentFrame, Outbox
+from rtserve.web.moshi_prompt import PromptError, parse_seed, prompt_from_query, resolve_voice
+from rtserve.web.moshi_service import MoshiService
+from tests.web.moshi_support import WAIT_S, moshi_config
+
+# ---------------------------------------------------------------------------- voices
+
+
+@pytest.fixture
+def voice_dir(tmp_path: Path) -> Path:
+    voices = tmp_path / "voices"
+    (voices / "custom").mkdir(parents=True)
+    (voices / "NATF2.pt").write_bytes(b"v")
+    (voices / "clone.wav").write_bytes(b"v")
+    (voices / "custom" / "mine.pt").write_bytes(b"v")
+    (tmp_path / "outside.pt").write_bytes(b"secret")
+    (voices / "escape.pt").symlink_to(tmp_path / "outside.pt")
+    (voices / "alias.pt").symlink_to(voices / "NATF2.pt")  # a link that stays inside is fine
+    return voices
+
+
+def test_known_voice_names_resolve_to_files_inside_the_directory(voice_dir: Path) -> None:
+    assert resolve_voice("NATF2.pt", str(voice_dir)) == str(voice_dir / "NATF2.pt")
+    assert resolve_voice("NATF2", str(voice_dir)) == str(voice_dir / "NATF2.pt")
+    assert resolve_voice("clone", str(voice_dir)) == str(voice_dir / "clone.wav")
+    assert resolve_voice("custom/mine.pt", str(voice_dir)) == str(voice_dir / "custom" / "mine.pt")
+    assert resolve_voice("alias.pt", str(voice_dir)) == str(voice_dir / "NATF2.pt")
+    assert resolve_voice(None, str(voice_dir)) is None
+    assert resolve_voice("", None) is None
+
+
+@pytest.mark.parametrize("name", [
+    "../outside.pt", "../outside", "custom/../../outside.pt", "/etc/passwd", "escape.pt", "escape",
+    "..\\outside.pt", "NATF2.pt\x00.wav", "custom", "missing", "x" * 300,
+])
+def test_unsafe_or_unknown_voice_names_are_refused(voice_dir: Path, name: str) -> None:
+    with pytest.raises(PromptError) as info:
+        resolve_voice(name, str(voice_dir))
+    assert str(voice_dir.parent) not in str(info.value)  # no server path leaks to the client
+
+
+def test_absolute_path_to_a_real_voice_is_still_refused(voice_dir: Path) -> None:
+    with pytest.raises(PromptError):
+        resolve_voice(os.fspath(voice_dir / "NATF2.pt"), str(voice_dir))
+
+
+def test_voices_need_a_configured_directory() -> None:
+    with pytest.raises(PromptError, match="not configured"):
+        resolve_voice("NATF2", None)
+
+
+@given(st.text(max_size=40))
+def test_resolution_never_escapes_the_directory(tmp_path_factory: pytest.TempPathFactory, name: str) -> None:
+    root = tmp_path_factory.getbasetemp() / "hypothesis-voices"
+    root.mkdir(exist_ok=True)
+    try:
+        path = resolve_voice(name, str(root))
+    except PromptError:
+        return
+    assert path is None or Path(path).is_relative_to(root.resolve())
+
+
+def test_query_parameters_become_a_slot_prompt(voice_dir: Path) -> None:
+    prompt = prompt_from_query({"text_prompt": "Be brief.", "voice_prompt": "NATF2", "seed": "7"}, str(voice_dir))
+    assert (prompt.text, prompt.voice, prompt.seed) == ("Be brief.", str(voice_dir / "NATF2.pt"), 7)
+    assert prompt_from_query({}, None) == prompt_from_query({"text_prompt": "", "seed": ""}, None)
+
+
+@pytest.mark.parametrize("raw", ["abc", "1.5", "-1", str(2**63), True])
+def test_bad_seeds_are_refused(raw: object) -> None:
+    with pytest.raises(PromptError):
+        parse_seed(raw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- outbox
+
+
+def _frame(value: float, text: str | None = None) -> AgentFrame:
+    return AgentFrame(np.full(4, value, np.float32), text, 0.0)
+
+
+async def test_outbox_drops_the_oldest_audio_but_keeps_its_text() -> None:
+    outbox = Outbox(capacity=2)
+    assert outbox.put(_frame(1, "Hel"))
+    assert outbox.put(_frame(2))
+    assert not outbox.put(_frame(3, "lo"))  # frame 1's audio goes, its text moves on
+    outbox.close()
+    got = [await outbox.get(), await outbox.get(), await outbox.get()]
+    assert got[2] is None
+    assert [f.pcm[0] for f in got[:2]] == [2, 3]
+    assert "".join(f.text or "" for f in got[:2]) == "Hello"
+    assert outbox.dropped == 1
+
+
+async def test_outbox_get_waits_for_a_frame() -> None:
+    outbox = Outbox(capacity=4)
+    waiter = asyncio.create_task(outbox.get())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    outbox.put(_frame(5))
+    assert (await asyncio.wait_for(waiter, WAIT_S)).pcm[0] == 5
+
+
+# ---------------------------------------------------------------------------- slow client
+
+
+async def test_a_stalled_client_drops_its_own_oldest_frames_and_never_holds_the_engine(
+        config: ServerConfig) -> None:
+    config = moshi_config(config)
+    config.lockstep.output_queue_frames = 2  # the engine's own hand-off would overflow if not drained
+    registry = CollectorRegistry()
+    engine = create_engine("loopback", config, registry)
+    metrics = MoshiMetrics(registry)
+    service = MoshiService(config, engine, metrics)
+    await engine.start()
+    stalled = asyncio.Event()
+    try:
+        session = await engine.open_session("slow", SessionOptions())
+        conversation = Conversation(session, route="/test", metrics=metrics, outbox_frames=2)
+
+        async def send_frame(frame: AgentFrame) -> None:
+            await stalled.wait()  # a client whose socket never drains
+
+        output = asyncio.create_task(service.stream_output("/test", conversation, send_frame))
+        lease = session.lease
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while lease.underruns < 12:  # ~1 s of ticks, all while the client is stalled
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        assert registry.get_sample_value("rtserve_moshi_frames_dropped_total", {"route": "/test"}) >= 8
+        assert lease.dropped_output_frames == 0  # the engine side never backed up
+        assert len(conversation.outbox) == 2
+        await service.stop_output(output)
+        await conversation.close()
+    finally:
+        service.stop()
+        await engine.stop()
