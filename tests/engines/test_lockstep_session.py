@@ -14,7 +14,10 @@ from rtserve.engines.lockstep import LockstepSessionEngine
 from rtserve.engines.lockstep.framing import InvalidAudio
 from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, EngineSession, OutputAudio,
                                        SessionOptions)
+from rtserve.engines.lockstep.slots import SlotPhase
+from rtserve.engines.protocols import SlotPrompt
 from rtserve.engines.registry import create_engine
+from tests.engines.lockstep_fakes import RecordingModel
 
 FRAME = 1920
 DELAY = 2
@@ -167,3 +170,18 @@ async def test_engine_stop_fails_open_sessions() -> None:
     assert events[-1] == EngineFailure("engine_unavailable", "the engine stopped")
     assert not engine.ready
     await session.close()  # closing after the engine stopped is harmless
+
+
+async def test_open_session_returns_only_once_the_prefill_is_done() -> None:
+    """Transports announce readiness (Moshi 0x00, session.created) when open_session returns."""
+    model = RecordingModel(batch_size=2, frame_size=80, sample_rate=1000)  # 80 ms frames
+    engine = LockstepSessionEngine("recording", model, ServerConfig(), CollectorRegistry(),
+                                   supports_text_output=False)
+    await engine.start()
+    try:
+        session = await engine.open_session("s1", SessionOptions(prompt=SlotPrompt(text="abc")))
+        assert session.lease.phase is SlotPhase.LIVE
+        assert [c for c in model.calls if c[0] == "prefill"] == [("prefill", 0)] * 3
+        await session.close()
+    finally:
+        await engine.stop()

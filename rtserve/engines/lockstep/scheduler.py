@@ -141,6 +141,10 @@ class SlotLease:
                 return self.output.failure
             await self._wait_until(lambda: len(self.output) > 0 or self.output.closed)
 
+    async def wait_live(self) -> None:
+        """Until the slot finished its prefill and is stepped every tick (or the lease ended)."""
+        await self._wait_until(lambda: self.phase is SlotPhase.LIVE or self.output.closed or self.released)
+
     async def wait_input_consumed(self) -> None:
         """Until every frame pushed so far was stepped or discarded (or the lease ended)."""
         target = self.frames_pushed
@@ -403,6 +407,8 @@ class LockstepScheduler:
                 slot = self._slots[index]
                 if slot.lease is lease and slot.phase is SlotPhase.PREFILL:
                     slot.phase = SlotPhase.LIVE
+                    if lease.loop is not None:
+                        wake.append((lease.loop, lease))
         duration_s = clock.monotonic() - tick_started
         self.metrics.step_seconds.observe(step_s)
         self.metrics.tick_seconds.observe(duration_s)
@@ -433,6 +439,8 @@ class LockstepScheduler:
             if slot.generation == op.generation:
                 slot.opened = True
                 slot.phase = SlotPhase.PREFILL if prefill_steps > 0 else SlotPhase.LIVE
+        if op.lease.loop is not None:  # wait_live() may be waiting on this
+            self._notifier.notify([(op.lease.loop, op.lease)])
 
     def _apply_release(self, op: _ControlOp) -> None:
         try:

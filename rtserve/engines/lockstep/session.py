@@ -117,7 +117,15 @@ class LockstepSessionEngine:
         if not self.scheduler.running:
             raise EngineError(f"engine {self.name} is not running", code="engine_unavailable")
         lease = self.scheduler.acquire(options.prompt, session_id=session_id)
-        return LockstepSession(lease, self.capabilities, self._release_timeout_s)
+        session = LockstepSession(lease, self.capabilities, self._release_timeout_s)
+        try:
+            # Callers announce readiness (Moshi's 0x00, session.created) once this returns,
+            # so the persona/voice prefill must be done by then.
+            await lease.wait_live()
+        except BaseException:
+            await session.close()
+            raise
+        return session
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.scheduler.stop, self._release_timeout_s)
