@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionEngine
 from rtserve.engines.registry import create_engine
-from rtserve.web import base_routes
+from rtserve.sessions import SessionManager
+from rtserve.web import base_routes, http_api, openpi, realtime
+from rtserve.web import moshi
 from rtserve.web.auth import auth_middleware
 from rtserve.web.context import CTX, AppContext
 from rtserve.web.errors import error_middleware
@@ -34,6 +36,12 @@ async def _start_engine(app: web.Application) -> None:
 async def _on_startup(app: web.Application) -> None:
     # Start in the background: /health answers 503 while models load.
     app[_ENGINE_START] = asyncio.create_task(_start_engine(app))
+    await app[CTX].sessions.start()  # the reaper: idle TTL, disconnect grace, cleanup retries
+
+
+async def _close_sessions(app: web.Application) -> None:
+    # Every session ends with session.closed{reason: "shutdown"} before the engine stops.
+    await app[CTX].sessions.shutdown()
 
 
 async def _on_cleanup(app: web.Application) -> None:
@@ -50,8 +58,14 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
         middlewares=[error_middleware, auth_middleware(config.api_key)],
         client_max_size=config.transport.max_http_body_bytes,
     )
-    app[CTX] = AppContext(config=config, engine=engine, registry=registry)
+    sessions = SessionManager(engine, config.sessions, registry=registry)
+    app[CTX] = AppContext(config=config, engine=engine, sessions=sessions, registry=registry)
     base_routes.setup(app)
+    http_api.setup(app)
+    openpi.setup(app)
+    moshi.setup(app)
+    realtime.setup(app)
     app.on_startup.append(_on_startup)
+    app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_on_cleanup)
     return app

@@ -53,6 +53,12 @@ class TransportLimits(_Section):
     ws_heartbeat_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
     max_concurrent_http_generations: int = Field(8, ge=1, description="beyond -> 429, never an unbounded queue")
     ws_send_queue_events: int = Field(256, ge=1, description="per-connection outbound queue before a slow reader is closed")
+    duplex_sessions: bool = Field(True, description="serve full-duplex sessions (/v1/duplex, /v1/realtime?duplex=1); "
+                                                    "off: ?duplex=1 falls back to turn-based, /v1/duplex refuses")
+    ws_send_buffer_bytes: int | None = Field(
+        None, ge=4096, description="realtime WebSockets: kernel send buffer and write high-water mark; small values "
+                                   "make a stalled reader's backlog reach its session's bounded output buffer (and "
+                                   "its overflow policy) sooner; null keeps the OS autotuning")
 
 
 class LockstepConfig(_Section):
@@ -90,6 +96,14 @@ class MoshiConfig(_Section):
     codec_threads: int = Field(2, ge=1, description="worker threads shared by every connection for Opus encode/decode")
     flush_grace_s: float = Field(0.3, ge=0, description="after a duplex 'close', keep forwarding in-flight frames this long")
     flush_timeout_s: float = Field(5.0, gt=0, description="bound on waiting for the flushed tail before 'done'")
+    opus_bitrate: int = Field(32000, ge=6000, le=510000, description="/api/chat agent audio bit rate")
+    opus_application: Literal["audio", "voip", "lowdelay"] = Field(
+        "lowdelay", description="/api/chat agent audio: 'lowdelay' (CELT only) has 2.5 ms lookahead instead "
+                                "of 6.5 ms and costs ~40% less CPU per stream than 'audio'")
+    page_align_slack_ms: float | None = Field(
+        20.0, ge=0, description="/api/chat: start the engine frame grid so frames end this long before the "
+                                "client's Ogg pages end (covers the Opus decoder's hold-back), so each page "
+                                "completes a frame on arrival; null disables")
 
 
 class CodecLimits(_Section):

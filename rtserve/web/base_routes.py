@@ -24,10 +24,13 @@ async def health(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     created = int(ctx.started_at)
+    turn = ctx.turn_engines
+    # The HTTP routes' engines too: a separate text engine (vLLM) is not the session engine's.
+    served = [*ctx.engine.model_ids(), *(e.model_name for e in (turn.asr, turn.llm, turn.tts) if e is not None)]
     return web.json_response({
         "object": "list",
         "data": [{"id": mid, "object": "model", "created": created, "owned_by": "rtserve"}
-                 for mid in ctx.engine.model_ids()],
+                 for mid in dict.fromkeys(served)],
     })
 
 

@@ -1,4 +1,4 @@
-"""What every route handler can reach: config, engine, metrics registry."""
+"""What every route handler can reach: config, engine, session manager, turn engines, metrics registry."""
 
 from __future__ import annotations
 
@@ -8,16 +8,33 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SessionEngine
+from rtserve.engines.protocols import ASREngine, LLMEngine, SessionEngine, TTSEngine
+from rtserve.sessions import SessionManager
+
+
+@dataclass(frozen=True)
+class TurnEngines:
+    """The streamed engines behind the HTTP generation routes (chat, speech, transcriptions).
+
+    Filled once by ``rtserve.web.http_api.setup``: from the session engine when it lends its
+    loaded models, and from the configured text engine. ``None`` = this server does not
+    serve that task, and its route answers with an error.
+    """
+
+    asr: ASREngine | None = None
+    llm: LLMEngine | None = None
+    tts: TTSEngine | None = None
 
 
 @dataclass
 class AppContext:
     config: ServerConfig
     engine: SessionEngine
+    sessions: SessionManager  # every realtime session of this app (WebSocket and WebRTC transports)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     started_at: float = 0.0
     engine_failure: str | None = None  # set when engine.start() failed: /health stays 503
+    turn_engines: TurnEngines = field(default_factory=TurnEngines)
 
 
 CTX = web.AppKey("rtserve", AppContext)

@@ -41,10 +41,33 @@ def error_response(message: str, *, status: int = 400, code: str | None = None,
                              status=status, headers=headers)
 
 
+class ApiError(Exception):
+    """Raised by a handler to answer with an OpenAI-shaped error (``error_middleware`` renders it)."""
+
+    def __init__(self, message: str, *, status: int = 400, code: str | None = None,
+                 param: str | None = None, type_: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.param = param
+        self.type_ = type_
+        self.headers = headers
+
+    def body(self) -> dict:
+        return error_body(self.message, status=self.status, code=self.code, param=self.param, type_=self.type_)
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
+    except ApiError as exc:
+        return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise

@@ -1,0 +1,256 @@
+"""``POST /v1/chat/completions`` (JSON or SSE) and ``POST /v1/chat/completions/batch``.
+
+OpenAI Chat Completions shapes, text only, one choice. Streaming sends a role chunk, one
+chunk per engine delta, a chunk with ``finish_reason``, the usage chunk when
+``stream_options.include_usage`` asks for it, then ``data: [DONE]``. The batch route takes
+a list of conversations in ``messages`` and answers one choice per conversation, in input
+order (serving.md §3.3); its conversations go to the engine together (the engine batches
+them) and the request holds one concurrency slot, its size bounded by
+``http.max_batch_conversations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rtserve.config import HttpGenerationConfig
+from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
+from rtserve.web.context import CTX
+from rtserve.web.errors import ApiError
+from rtserve.web.http_common import (
+    SseStream,
+    engine_api_error,
+    engine_errors,
+    first_item,
+    read_json,
+    require_llm,
+    run_generation,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_STOP_SEQUENCES = 4
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def to_engine(self) -> ChatMessage:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        # "developer" is OpenAI's newer name for the system role.
+        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class _GenerationFields(BaseModel):
+    """Fields shared by the single and the batch route."""
+
+    model_config = ConfigDict(extra="ignore")  # vendor extensions (top_k, ...) are accepted and unused
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        return stop
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> None:
+        if tools:
+            raise ValueError("tool calling is not supported")
+        return None
+
+    def sampling(self, limits: HttpGenerationConfig) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens or limits.default_max_tokens
+        if max_tokens > limits.max_completion_tokens:
+            param = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+            raise ApiError(f"Invalid value for '{param}': Input should be less than or equal to "
+                           f"{limits.max_completion_tokens}.", param=param, code="invalid_value")
+        defaults = SamplingParams()
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            max_tokens=max_tokens, seed=self.seed, stop=stop)
+
+
+class ChatCompletionRequest(_GenerationFields):
+    messages: list[MessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class BatchChatCompletionRequest(_GenerationFields):
+    messages: list[Annotated[list[MessageIn], Field(min_length=1)]] = Field(min_length=1)
+    stream: Literal[False] = False  # "Input should be False": the batch route never streams
+
+
+def _usage(last: TokenDelta | None) -> dict[str, int]:
+    prompt = last.prompt_tokens if last else 0
+    completion = last.completion_tokens if last else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class _Completion:
+    """One finished generation: its text and the final delta (finish reason, usage)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.last: TokenDelta | None = None
+
+    def add(self, delta: TokenDelta) -> None:
+        self.text.append(delta.text)
+        self.last = delta
+
+    def choice(self, index: int) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": "".join(self.text)},
+                "logprobs": None, "finish_reason": (self.last and self.last.finish_reason) or "stop"}
+
+
+async def _complete(llm: LLMEngine, messages: Sequence[ChatMessage], params: SamplingParams) -> _Completion:
+    done = _Completion()
+    with engine_errors():
+        async with contextlib.aclosing(llm.generate(messages, params)) as deltas:
+            async for delta in deltas:
+                done.add(delta)
+    return done
+
+
+def _envelope(completion_id: str, model: str, obj: str) -> dict[str, Any]:
+    return {"id": completion_id, "object": obj, "created": int(time.time()), "model": model}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    body = await read_json(request, ChatCompletionRequest)
+    llm = require_llm(ctx, body.model)
+    params = body.sampling(ctx.config.http)
+    messages = [m.to_engine() for m in body.messages]
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        work = functools.partial(_stream, request, llm, messages, params, completion_id, include_usage)
+    else:
+        work = functools.partial(_respond, llm, messages, params, completion_id)
+    return await run_generation(request, completion_id, work)
+
+
+async def _respond(llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,
+                   completion_id: str) -> web.Response:
+    done = await _complete(llm, messages, params)
+    return web.json_response({**_envelope(completion_id, llm.model_name, "chat.completion"),
+                              "choices": [done.choice(0)], "usage": _usage(done.last)})
+
+
+async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,
+                  completion_id: str, include_usage: bool) -> web.StreamResponse:
+    envelope = _envelope(completion_id, llm.model_name, "chat.completion.chunk")
+    usage_field = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {**envelope, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish_reason}], **usage_field}
+
+    async with contextlib.aclosing(llm.generate(messages, params)) as deltas:
+        last = await first_item(deltas)
+        sse = SseStream(request)
+        await sse.start()
+        await sse.send(chunk({"role": "assistant", "content": ""}))
+        try:
+            while last is not None:
+                if last.text:
+                    await sse.send(chunk({"content": last.text}))
+                if last.finish_reason is not None:
+                    break
+                last = await anext(deltas, None)
+        except EngineError as exc:
+            log.warning("generation failed mid-stream: %s", exc)
+            await sse.send(engine_api_error(exc).body())
+            await sse.send_done_marker()
+            return await sse.finish()
+    await sse.send(chunk({}, (last and last.finish_reason) or "stop"))
+    if include_usage:
+        await sse.send({**envelope, "choices": [], "usage": _usage(last)})
+    await sse.send_done_marker()
+    return await sse.finish()
+
+
+async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    body = await read_json(request, BatchChatCompletionRequest)
+    limit = ctx.config.http.max_batch_conversations
+    if len(body.messages) > limit:
+        raise ApiError(f"Invalid value for 'messages': a batch holds at most {limit} conversations.",
+                       param="messages", code="invalid_value")
+    llm = require_llm(ctx, body.model)
+    params = body.sampling(ctx.config.http)
+    conversations = [[m.to_engine() for m in conversation] for conversation in body.messages]
+    completion_id = f"chatcmpl-batch-{uuid.uuid4().hex}"
+    work = functools.partial(_respond_batch, llm, conversations, params, completion_id)
+    return await run_generation(request, completion_id, work)
+
+
+async def _respond_batch(llm: LLMEngine, conversations: list[list[ChatMessage]], params: SamplingParams,
+                         completion_id: str) -> web.Response:
+    # All conversations go to the engine at once so it can batch them; one failure stops the rest.
+    tasks = [asyncio.ensure_future(_complete(llm, conversation, params)) for conversation in conversations]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for done in results:
+        for key, value in _usage(done.last).items():
+            usage[key] += value
+    return web.json_response({**_envelope(completion_id, llm.model_name, "chat.completion"),
+                              "choices": [done.choice(i) for i, done in enumerate(results)], "usage": usage})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions/batch", chat_completions_batch)

@@ -1,0 +1,266 @@
+"""Plumbing shared by the HTTP generation routes (chat, speech, transcriptions).
+
+* request bodies -> pydantic models, with OpenAI-shaped 400s that name the ``param``;
+* the engine a route needs, or a typed 503/404 (not loaded, still loading, unknown model);
+* the concurrency limit: a generation beyond it is refused with 429, never queued;
+* client-disconnect cancellation: the generation task (and the engine iterator it holds)
+  is cancelled as soon as the client goes away;
+* Server-Sent Events framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel, ValidationError
+
+from rtserve.engines.protocols import ASREngine, EngineError, LLMEngine, TTSEngine
+from rtserve.log import session_id_var
+from rtserve.web.context import CTX, AppContext
+from rtserve.web.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+ItemT = TypeVar("ItemT")
+
+# Engine errors raised before any output: HTTP status and the request field concerned, by
+# stable code. Anything else an engine raises is a 500 ``server_error``.
+_ENGINE_ERRORS: dict[str, tuple[int, str | None]] = {
+    "invalid_value": (400, None),
+    "invalid_request": (400, None),
+    "invalid_audio": (400, "file"),
+    "invalid_voice": (400, "voice"),
+    "unsupported_language": (400, "language"),
+    "context_length_exceeded": (400, "messages"),
+    "resource_exhausted": (429, None),
+    "model_not_ready": (503, None),
+    "model_unavailable": (503, None),
+}
+
+
+# ---------------------------------------------------------------------------
+# Request parsing
+# ---------------------------------------------------------------------------
+
+
+def param_path(loc: tuple[int | str, ...]) -> str:
+    """Pydantic location -> OpenAI ``param`` spelling: ``messages[0].content``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+# Union members and validators add their own names to an error's location.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "function-after", "literal"})
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    # A value failing a union (``str | list[TextPart]``) fails every member; the deepest
+    # location is the one that tells the client what is wrong.
+    err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
+    param = param_path(loc) or None
+    if err["type"] == "missing":
+        return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    return ApiError(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
+
+
+def reject_oversized(request: web.Request) -> None:
+    """Refuse a body whose declared length is over the limit before reading any of it."""
+    limit = request.app[CTX].config.transport.max_http_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise body_too_large(limit)
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(f"Request body exceeds the limit of {limit} bytes.", status=413, code="request_too_large")
+
+
+async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
+    reject_oversized(request)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise body_too_large(request.app[CTX].config.transport.max_http_body_bytes) from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ApiError("The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError("The request body must be a JSON object.", code="invalid_json")
+    return validate(model, data)
+
+
+def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# ---------------------------------------------------------------------------
+# Which engine serves a request
+# ---------------------------------------------------------------------------
+
+_ModelNamed = TypeVar("_ModelNamed", ASREngine, LLMEngine, TTSEngine)
+
+
+def require_llm(ctx: AppContext, model: str | None) -> LLMEngine:
+    return _require(ctx, ctx.turn_engines.llm, "text generation", model)
+
+
+def require_asr(ctx: AppContext, model: str | None) -> ASREngine:
+    return _require(ctx, ctx.turn_engines.asr, "speech-to-text", model)
+
+
+def require_tts(ctx: AppContext, model: str | None) -> TTSEngine:
+    return _require(ctx, ctx.turn_engines.tts, "text-to-speech", model)
+
+
+def _require(ctx: AppContext, engine: _ModelNamed | None, task: str, model: str | None) -> _ModelNamed:
+    """The engine for a task; 503 when absent or not started, 404 when ``model`` names another."""
+    if engine is None:
+        raise ApiError(f"This server has no {task} model loaded (engine '{ctx.engine.capabilities.name}').",
+                       status=503, code="task_unavailable")
+    if model is not None and model != engine.model_name:
+        raise ApiError(f"The model '{model}' does not exist; this server's {task} model is "
+                       f"'{engine.model_name}'.", status=404, code="model_not_found", param="model")
+    if not ctx.engine.ready:
+        if ctx.engine_failure:
+            raise ApiError("The server's models failed to load; see /health.", status=503, code="engine_failed")
+        raise ApiError("Models are still loading; retry when /health reports ok.", status=503,
+                       code="model_not_ready", headers={"Retry-After": "5"})
+    return engine
+
+
+def engine_api_error(exc: EngineError) -> ApiError:
+    status, param = _ENGINE_ERRORS.get(exc.code, (500, None))
+    return ApiError(str(exc), status=status, code=exc.code, param=param,
+                    type_="server_error" if status >= 500 else None)
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """Turn an ``EngineError`` raised before the response started into an HTTP error."""
+    try:
+        yield
+    except EngineError as exc:
+        raise engine_api_error(exc) from None
+
+
+async def first_item(items: AsyncIterator[ItemT]) -> ItemT | None:
+    """Pull the first item before any header goes out, so early failures get a real status."""
+    with engine_errors():
+        try:
+            return await anext(items)
+        except StopAsyncIteration:
+            return None
+
+
+# ---------------------------------------------------------------------------
+# Concurrency limit and client disconnect
+# ---------------------------------------------------------------------------
+
+
+class GenerationLimiter:
+    """At most ``limit`` HTTP generations at once; the next one gets 429 at once."""
+
+    def __init__(self, limit: int, registry: CollectorRegistry) -> None:
+        self.limit = limit
+        self._in_flight = 0
+        self._gauge = Gauge("rtserve_http_generations_in_flight", "HTTP generations running now",
+                            registry=registry)
+        self._rejected = Counter("rtserve_http_generations_rejected", "HTTP generations refused with 429",
+                                 registry=registry)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        if self._in_flight >= self.limit:
+            self._rejected.inc()
+            raise ApiError(f"Too many concurrent generations (limit {self.limit}); retry shortly.",
+                           status=429, code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        self._in_flight += 1
+        self._gauge.set(self._in_flight)
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._gauge.set(self._in_flight)
+
+
+LIMITER = web.AppKey("http_generation_limiter", GenerationLimiter)
+
+
+def client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def run_generation(request: web.Request, request_id: str,
+                         work: Callable[[], Coroutine[Any, Any, web.StreamResponse]]) -> web.StreamResponse:
+    """Run ``work()`` inside a concurrency slot; cancel it if the client disconnects.
+
+    aiohttp does not cancel handlers when a client goes away, so a generation would run to
+    the end for nobody. Cancelling the task raises inside the engine iterator it awaits,
+    which closes it (and frees the engine's slot) at once.
+    """
+    ctx = request.app[CTX]
+    with request.app[LIMITER].slot():
+        session_id_var.set(request_id)  # copied into the task: every log line of this generation is tagged
+        task = asyncio.ensure_future(work())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=ctx.config.http.disconnect_poll_s)
+                if not task.done() and client_gone(request):
+                    task.cancel()
+                    break
+            try:
+                return await task
+            except (asyncio.CancelledError, ConnectionError):
+                if asyncio.current_task().cancelling():  # the server itself is stopping
+                    raise
+                log.info("client disconnected; generation cancelled")
+                return web.Response(status=499)  # never reaches anyone; keeps the access log honest
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------
+# Server-Sent Events
+# ---------------------------------------------------------------------------
+
+
+class SseStream:
+    """``data: <json>\\n\\n`` events on a chunked ``text/event-stream`` response."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # tell reverse proxies not to hold events back
+        })
+
+    async def start(self) -> None:
+        await self.response.prepare(self._request)
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.response.write(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+
+    async def send_done_marker(self) -> None:
+        await self.response.write(b"data: [DONE]\n\n")
+
+    async def finish(self) -> web.StreamResponse:
+        await self.response.write_eof()
+        return self.response

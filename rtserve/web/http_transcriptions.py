@@ -1,0 +1,211 @@
+"""``POST /v1/audio/transcriptions``: an audio file in (multipart), text out.
+
+The upload may be any container/codec FFmpeg decodes; it is downmixed and resampled to
+the ASR engine's rate. ``response_format`` json/text/verbose_json/srt/vtt; ``stream=true``
+sends ``transcript.text.delta`` events as the engine's transcript grows, then
+``transcript.text.done`` with the final transcript.
+
+Long files go to the engine in windows (``http.transcription_window_s``, Whisper's 30 s
+by default) cut at the quietest moment near each boundary, one engine call per window:
+the cost stays linear in the length and a conversational ASR's turn cap never truncates
+a file. ASR partials are whole hypotheses that may still change (Whisper re-decodes),
+while SSE deltas can only append: a delta goes out only where the transcript extends
+what was already sent, and ``transcript.text.done`` always carries the final text.
+The ASR protocol has no word timing, so verbose_json/srt/vtt hold one segment spanning
+the whole file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from rtserve.engines.protocols import ASREngine, EngineError, Pcm
+from rtserve.web.context import CTX
+from rtserve.web.errors import ApiError
+from rtserve.web.http_audio import AudioDecodeError, AudioTooLong, decode_audio
+from rtserve.web.http_common import (
+    SseStream,
+    body_too_large,
+    engine_api_error,
+    engine_errors,
+    first_item,
+    reject_oversized,
+    require_asr,
+    run_generation,
+    validate,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PROMPT_CHARS = 4096
+SPLIT_SEARCH_FRACTION = 1 / 6  # a window is cut at its quietest 100 ms within this last part
+
+
+class TranscriptionForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    language: str | None = Field(None, min_length=2, max_length=16)
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
+    stream: bool = False
+    temperature: float = Field(0.0, ge=0, le=1)
+
+
+async def create_transcription(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    upload, form = await _read_form(request)
+    asr = require_asr(ctx, form.model)
+    request_id = f"transcription-{uuid.uuid4().hex}"
+    return await run_generation(request, request_id, functools.partial(_transcribe, request, asr, upload, form))
+
+
+async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]:
+    reject_oversized(request)
+    if request.content_type != "multipart/form-data":
+        raise ApiError("Send the audio as multipart/form-data with a 'file' field.", param="file",
+                       code="invalid_content_type")
+    try:
+        fields = await request.post()  # bounded by the app's client_max_size
+    except web.HTTPRequestEntityTooLarge:
+        raise body_too_large(request.app[CTX].config.transport.max_http_body_bytes) from None
+    except ValueError:
+        raise ApiError("The multipart body could not be parsed.", code="invalid_multipart") from None
+    upload = fields.get("file")
+    if not isinstance(upload, web.FileField):
+        raise ApiError("Missing required parameter: 'file' (an audio file upload).", param="file",
+                       code="missing_required_parameter")
+    # Repeated plain fields (``timestamp_granularities[]``) are not used; the last value of the rest wins.
+    values: dict[str, Any] = {k: v for k, v in fields.items() if isinstance(v, str) and not k.endswith("[]")}
+    return upload.file, validate(TranscriptionForm, values)
+
+
+async def _transcribe(request: web.Request, asr: ASREngine, upload: BinaryIO,
+                      form: TranscriptionForm) -> web.StreamResponse:
+    max_s = request.app[CTX].config.http.max_transcription_audio_s
+    try:
+        audio = await asyncio.to_thread(decode_audio, upload, asr.sample_rate, max_s)
+    except AudioDecodeError as exc:
+        raise ApiError(f"Invalid file: {exc}. Upload audio in a common format (wav, mp3, ogg, flac, "
+                       "m4a, webm, ...).", param="file", code="invalid_audio") from None
+    except AudioTooLong as exc:
+        raise ApiError(f"Invalid file: {exc}.", status=413, param="file", code="audio_too_long") from None
+    if audio.size == 0:
+        raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file",
+                       code="empty_audio")
+    duration_s = audio.size / asr.sample_rate
+    windows = split_windows(audio, int(request.app[CTX].config.http.transcription_window_s * asr.sample_rate),
+                            asr.sample_rate // 10)
+    async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:
+        if form.stream:
+            return await _stream(request, transcripts)
+        return _respond(await _last(transcripts), form, duration_s)
+
+
+def split_windows(audio: np.ndarray, window: int, frame: int) -> list[np.ndarray]:
+    """Consecutive pieces of at most ``window`` samples, each cut at the lowest-energy
+    ``frame`` near its end so that no word is split between two engine calls."""
+    pieces = []
+    search = max(frame, int(window * SPLIT_SEARCH_FRACTION) // frame * frame)
+    start = 0
+    while audio.size - start > window:
+        low = start + window - search
+        energy = np.square(audio[low:low + search]).reshape(-1, frame).sum(axis=1)
+        cut = low + int(np.argmin(energy)) * frame + frame // 2
+        pieces.append(audio[start:cut])
+        start = cut
+    pieces.append(audio[start:])
+    return pieces
+
+
+async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: TranscriptionForm) -> AsyncIterator[str]:
+    """The whole transcript so far, each time it grows: finished windows plus the current one."""
+    finished = ""
+    for window in windows:
+        text = ""
+        async with contextlib.aclosing(asr.transcribe(_single(window), language=form.language,
+                                                      prompt=form.prompt)) as pieces:
+            async for piece in pieces:
+                text = piece.text.strip()
+                if text:
+                    yield f"{finished} {text}".strip()
+                if piece.final:
+                    break
+        finished = f"{finished} {text}".strip()
+
+
+async def _single(window: np.ndarray) -> AsyncIterator[Pcm]:
+    yield window
+
+
+async def _last(transcripts: AsyncIterator[str]) -> str:
+    text = ""
+    with engine_errors():
+        async for text in transcripts:
+            pass
+    return text
+
+
+def _respond(text: str, form: TranscriptionForm, duration_s: float) -> web.Response:
+    duration = round(duration_s, 3)
+    usage = {"type": "duration", "seconds": duration}
+    cue = (_timestamp(0.0), _timestamp(duration_s))
+    match form.response_format:
+        case "json":
+            return web.json_response({"text": text, "usage": usage})
+        case "text":
+            return web.Response(text=text + "\n", content_type="text/plain")
+        case "verbose_json":
+            segments = [{"id": 0, "start": 0.0, "end": duration, "text": text}] if text else []
+            return web.json_response({"task": "transcribe", "language": form.language or "unknown",
+                                      "duration": duration, "text": text, "segments": segments, "usage": usage})
+        case "srt":
+            body = f"1\n{cue[0].replace('.', ',')} --> {cue[1].replace('.', ',')}\n{text}\n" if text else ""
+            return web.Response(text=body, content_type="application/x-subrip")
+        case "vtt":
+            body = f"{cue[0]} --> {cue[1]}\n{text}\n" if text else ""
+            return web.Response(text="WEBVTT\n\n" + body, content_type="text/vtt")
+
+
+def _timestamp(seconds: float) -> str:
+    """``HH:MM:SS.mmm`` (WebVTT; SubRip uses a comma)."""
+    hours, ms = divmod(round(seconds * 1000), 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    secs, ms = divmod(ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}.{ms:03d}"
+
+
+async def _stream(request: web.Request, transcripts: AsyncIterator[str]) -> web.StreamResponse:
+    text = await first_item(transcripts) or ""
+    sse = SseStream(request)
+    await sse.start()
+    sent = ""
+    try:
+        while True:
+            if text.startswith(sent) and len(text) > len(sent):
+                await sse.send({"type": "transcript.text.delta", "delta": text[len(sent):]})
+                sent = text
+            following = await anext(transcripts, None)
+            if following is None:
+                break
+            text = following
+    except EngineError as exc:
+        log.warning("transcription failed mid-stream: %s", exc)
+        await sse.send({"type": "error", **engine_api_error(exc).body()})
+        return await sse.finish()
+    await sse.send({"type": "transcript.text.done", "text": text})
+    return await sse.finish()
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/audio/transcriptions", create_transcription)
