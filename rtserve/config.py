@@ -100,6 +100,10 @@ class MoshiConfig(_Section):
     opus_application: Literal["audio", "voip", "lowdelay"] = Field(
         "lowdelay", description="/api/chat agent audio: 'lowdelay' (CELT only) has 2.5 ms lookahead instead "
                                 "of 6.5 ms and costs ~40% less CPU per stream than 'audio'")
+    opus_complexity: int = Field(5, ge=0, le=10, description="/api/chat agent audio encoder complexity: 5 costs ~6 ms "
+                                                            "CPU per audio second vs ~10-14 at 10 (libopus default), "
+                                                            "for a small quality loss; lower it when encoding is the "
+                                                            "bottleneck at many concurrent streams")
     page_align_slack_ms: float | None = Field(
         20.0, ge=0, description="/api/chat: start the engine frame grid so frames end this long before the "
                                 "client's Ogg pages end (covers the Opus decoder's hold-back), so each page "

@@ -41,22 +41,25 @@ def moshi_config(config: ServerConfig, *, batch_size: int = 4, delay_frames: int
 
 
 class HeldTickClock(SystemTickClock):
-    """Real time, except that the engine's first tick waits for ``release()``.
+    """Real time, except that the engine's second tick waits for ``release()``.
 
-    Time does not move while held, so the pacer starts its schedule at the release.
-    Lets a test queue input before the engine's first step: no leading silence ticks,
-    so output position = loopback delay exactly.
+    The first tick opens the slot (the handshake waits for it) and steps it once on
+    silence; time does not move while held, so the schedule resumes at the release. Lets a
+    test queue input before the engine's next step: output position = one silent frame +
+    the loopback delay, exactly.
     """
 
     def __init__(self) -> None:
         self._go = threading.Event()
         self._offset = 0.0
+        self._ticks = 0
 
     def monotonic(self) -> float:
         return time.monotonic() - self._offset
 
     def sleep_until(self, deadline: float) -> None:
-        if not self._go.is_set():
+        self._ticks += 1
+        if self._ticks > 1 and not self._go.is_set():
             held_from = time.monotonic()
             self._go.wait(WAIT_S)
             self._offset += time.monotonic() - held_from

@@ -36,19 +36,20 @@ async def test_echo_comes_back_frame_aligned_after_the_loopback_delay(config: Se
                 client = MoshiClient(ws)
                 await client.handshake()
                 await client.send_pcm(signal)
-                # Queue the input before the engine's first tick, so no silence precedes it.
+                # Queue the input before the engine's second tick (the first opened the slot).
                 # (sphn's writer and the Opus decoder each hold back some audio until more comes.)
                 await server.wait_metric("rtserve_moshi_frames_in_total", frames - 2, route=CHAT)
             finally:
                 clock.release()
-            output = await client.receive_audio((frames + delay_frames) * FRAME)
+            output = await client.receive_audio((frames + delay_frames + 1) * FRAME)
     # The server's RFC 7845 reader drops the pre-skip sphn declares (3840 at 48 kHz = 80 ms,
     # more than libopus's real lookahead): the user audio it keeps starts there.
     kept = signal[client.pre_skip_24k:(frames - 2) * FRAME]
-    lag, score = best_lag(output, kept, max_lag=(delay_frames + 4) * FRAME)
+    lag, score = best_lag(output, kept, max_lag=(delay_frames + 5) * FRAME)
     assert score > 0.8, f"echo does not match the input (correlation {score:.2f})"
-    assert delay_frames * FRAME <= lag < delay_frames * FRAME + OPUS_DELAY_TOLERANCE, \
-        f"echo at {lag} samples; loopback delay is {delay_frames * FRAME}"
+    expected = (1 + delay_frames) * FRAME  # the opening tick's silent frame, then the loopback delay
+    assert expected <= lag < expected + OPUS_DELAY_TOLERANCE, \
+        f"echo at {lag} samples; expected {expected} (1 silent frame + loopback delay)"
     # One Ogg page per 80 ms engine frame, sent as each frame was produced.
     assert client.audio_messages >= frames + delay_frames
     assert all(len(chunk) == FRAME for chunk in client.audio[1:])

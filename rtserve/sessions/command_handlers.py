@@ -1,0 +1,191 @@
+"""How a runner applies each client command (duplex.md §2.3-§2.5, U.1).
+
+Refusals become ``ErrorEvent``s on the session's stream with the command's
+``event_id`` as ``related_event_id``; the session stays usable.
+"""
+
+from __future__ import annotations
+
+from rtserve.sessions import commands as cmd
+from rtserve.sessions import errors
+from rtserve.sessions import events as ev
+from rtserve.sessions.conversation import ConversationItem
+from rtserve.sessions.ids import new_item_id
+from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.sessions.turns import TurnFlow
+
+
+class CommandHandlers(TurnFlow):
+    def _on_command(self, c: cmd.Command) -> None:
+        if isinstance(c, cmd.AppendAudio):
+            self._append(c)
+        elif isinstance(c, cmd.Commit):
+            self._commit(c)
+        elif isinstance(c, cmd.Heartbeat):
+            self._emit(ev.HeartbeatAck(session_id=self.session_id))
+        elif isinstance(c, cmd.ResponseCreate):
+            self._response_create(c)
+        elif isinstance(c, cmd.ResponseCancel):
+            self._response_cancel(c)
+        elif isinstance(c, cmd.Clear):
+            self._clear(c)
+        elif isinstance(c, cmd.BargeIn):
+            if self._require_barge_in(c):
+                self._barge_in(c.source)
+        elif isinstance(c, cmd.OverlapDecision):
+            self._overlap_decision(c)
+        elif isinstance(c, cmd.PlaybackAck):
+            self._playback_ack(c)
+        elif isinstance(c, cmd.SessionUpdate):
+            self._session_update(c)
+        elif isinstance(c, cmd.ConversationItemCreate):
+            self._item_create(c)
+        elif isinstance(c, cmd.ConversationItemTruncate):
+            self._item_truncate(c)
+        elif isinstance(c, cmd.ConversationItemDelete):
+            self._item_delete(c)
+        elif isinstance(c, cmd.ConversationItemRetrieve):
+            item = self.conversation.get(c.item_id)
+            if item is None:
+                self._item_not_found(c.item_id, c.event_id)
+            else:
+                self._emit(ev.ItemRetrieved(session_id=self.session_id, item=item.snapshot()))
+        else:
+            self._error(errors.INVALID_VALUE, f"{type(c).__name__} is not a session command", related=c.event_id)
+
+    def _append(self, c: cmd.AppendAudio) -> None:
+        if c.audio.size:
+            self.engine.push_audio(c.audio)
+            self._uncommitted_ms += 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+        if self.continuous and self.active is None and not self.output_failed:
+            self._begin_response(None)
+
+    def _commit(self, c: cmd.Commit) -> None:
+        if self.continuous:
+            self._error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
+                        related=c.event_id)
+        elif self._uncommitted_ms <= 0:
+            self._error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
+        else:
+            self._commit_turn(response_create=c.response_create)
+
+    def _response_create(self, c: cmd.ResponseCreate) -> None:
+        if self.continuous:
+            self._error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
+                        related=c.event_id)
+        elif self.active is not None:
+            self._error(errors.RESPONSE_ALREADY_ACTIVE,
+                        f"Conversation already has an active response in progress: {self.active.id}",
+                        related=c.event_id)
+        else:
+            self._begin_response(c)
+
+    def _response_cancel(self, c: cmd.ResponseCancel) -> None:
+        active = self.active
+        if active is None or (c.response_id is not None and c.response_id != active.id):
+            self._error(errors.RESPONSE_NOT_ACTIVE, "No active response to cancel", related=c.event_id)
+            return
+        self._advance_epoch(clear_output=True)
+        if not self.continuous:  # the eternal lockstep stream keeps flowing in the new epoch
+            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+
+    def _clear(self, c: cmd.Clear) -> None:
+        if c.target == "input":
+            self.engine.clear_input()
+            self._uncommitted_ms = 0.0
+            self._speech_item_id = None
+            self._emit(ev.InputCleared(session_id=self.session_id))
+            return
+        self._advance_epoch(clear_output=True)
+        if self.active is not None and not self.continuous:
+            self._end_response("cancelled", {"type": "cancelled", "reason": "output_cleared"})
+
+    def _require_barge_in(self, c: cmd.Command) -> bool:
+        if self.capabilities.supports_barge_in:
+            return True
+        self._error(errors.BARGE_IN_UNSUPPORTED, "This model does not support barge-in", related=c.event_id)
+        return False
+
+    def _overlap_decision(self, c: cmd.OverlapDecision) -> None:
+        if c.action == "barge_in" and not self._require_barge_in(c):
+            return
+        self._emit(ev.OverlapDecided(session_id=self.session_id, action=c.action, reason="client_decision",
+                                     policy="client", overlap_ms=c.overlap_ms))
+        if c.action == "barge_in":
+            self._barge_in("client_decision")
+        elif c.action == "drop":
+            self._clear(cmd.Clear(target="input"))
+
+    def _playback_ack(self, c: cmd.PlaybackAck) -> None:
+        item = self.conversation.for_response(c.response_id)
+        if item is None:
+            self._error(errors.UNKNOWN_RESPONSE, f"No response {c.response_id} in this conversation",
+                        related=c.event_id, param="response_id")
+            return
+        committed_ms = c.played_ms if c.committed_ms is None else c.committed_ms
+        policy = self.config.playback_commit_policy
+        if policy == "ack_only" and item.turn_id < self.turn_id and committed_ms > item.committed_ms:
+            # A newer user turn is committed: extending this answer now would put it after that turn.
+            self._error(errors.PLAYBACK_ACK_OUT_OF_ORDER,
+                        "Acknowledge playback before committing the next input", related=c.event_id)
+            return
+        changed = item.acknowledge(c.played_ms, committed_ms, policy)
+        if c.truncate:
+            item.truncate(item.played_ms)
+            changed = True
+        self._emit(ev.PlaybackAcknowledged(session_id=self.session_id, response_id=c.response_id, item_id=item.id,
+                                           played_ms=item.played_ms, committed_ms=item.committed_ms,
+                                           history_committed=changed))
+
+    def _session_update(self, c: cmd.SessionUpdate) -> None:
+        try:
+            self.config = self.config.updated(dict(c.changes))
+        except ConfigUpdateError as exc:
+            self._error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
+            return
+        self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.snapshot()))
+
+    def _item_create(self, c: cmd.ConversationItemCreate) -> None:
+        item_id = c.item_id or new_item_id()
+        if item_id in self.conversation:
+            self._error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id, param="item_id")
+            return
+        item = ConversationItem(item_id, c.role, "text", text=c.text, committed_text=c.text,
+                                turn_id=self.turn_id)
+        try:
+            previous = self.conversation.add(item, c.previous_item_id)
+        except KeyError:
+            self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
+            return
+        snapshot = item.snapshot()
+        self._emit(ev.ItemAdded(session_id=self.session_id, item=snapshot, previous_item_id=previous))
+        self._emit(ev.ItemDone(session_id=self.session_id, item=snapshot, previous_item_id=previous))
+
+    def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
+        item = self.conversation.get(c.item_id)
+        if item is None:
+            self._item_not_found(c.item_id, c.event_id)
+        elif item.role != "assistant" or item.kind != "audio":
+            self._error(errors.INVALID_VALUE, "Only assistant audio items can be truncated", related=c.event_id,
+                        param="item_id")
+        elif c.audio_end_ms < 0 or c.audio_end_ms > item.audio_ms + 1:
+            self._error(errors.INVALID_VALUE, f"audio_end_ms {c.audio_end_ms} is beyond the item's "
+                        f"{int(item.audio_ms)} ms of audio", related=c.event_id, param="audio_end_ms")
+        else:
+            item.truncate(c.audio_end_ms)
+            self._emit(ev.ItemTruncated(session_id=self.session_id, item_id=item.id, audio_end_ms=c.audio_end_ms,
+                                        content_index=c.content_index))
+
+    def _item_delete(self, c: cmd.ConversationItemDelete) -> None:
+        if self.active is not None and self.active.item.id == c.item_id:
+            self._error(errors.INVALID_VALUE, "Cancel the response before deleting its item", related=c.event_id,
+                        param="item_id")
+        elif self.conversation.remove(c.item_id) is None:
+            self._item_not_found(c.item_id, c.event_id)
+        else:
+            if c.item_id in self._awaiting_transcripts:
+                self._resolve_transcript(c.item_id, "")
+            self._emit(ev.ItemDeleted(session_id=self.session_id, item_id=c.item_id))
+
+    def _item_not_found(self, item_id: str, related: str | None, param: str = "item_id") -> None:
+        self._error(errors.ITEM_NOT_FOUND, f"Item {item_id} does not exist", related=related, param=param)

@@ -1,0 +1,135 @@
+"""Typed commands a client submits to a session (transport-neutral).
+
+Transports parse their wire events into these; ``event_id`` is the client's own event id,
+echoed back as ``related_event_id`` on any error the command causes.
+Audio is mono float32 at the engine's ``capabilities.input_sample_rate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Command:
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class AppendAudio(Command):
+    audio: np.ndarray
+    video_frames: tuple[str, ...] = ()  # bare base64 images riding on the append
+    is_speech: bool | None = None  # client speech hint
+
+    @property
+    def input_bytes(self) -> int:
+        """What input backpressure reserves: audio bytes plus base64 video-frame bytes (§3.3)."""
+        return int(self.audio.nbytes) + sum(len(frame) for frame in self.video_frames)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Commit(Command):
+    """End of the user's turn (``input_audio_buffer.commit``)."""
+
+    response_create: bool = False  # also start a response once the turn is transcribed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Clear(Command):
+    """``input``: drop uncommitted input audio. ``output``: stop agent audio (advances the epoch)."""
+
+    target: Literal["input", "output"] = "input"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ResponseCreate(Command):
+    """Per-response overrides; ``None`` keeps the session value."""
+
+    instructions: str | None = None
+    modalities: tuple[Literal["audio", "text"], ...] | None = None
+    voice: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ResponseCancel(Command):
+    response_id: str | None = None  # None: the active response
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Heartbeat(Command):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class PlaybackAck(Command):
+    """Client playback progress of one response (duplex.md §2.5, U.1 ``playback.ack``)."""
+
+    response_id: str
+    played_ms: int
+    committed_ms: int | None = None  # defaults to ``played_ms``
+    truncate: bool = False  # the client stopped here: record exactly what was heard
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class OverlapDecision(Command):
+    """The client's own verdict on speech that overlapped agent output:
+    ``barge_in`` interrupts, ``listen`` keeps the input for the next turn, ``drop`` discards it."""
+
+    action: Literal["barge_in", "listen", "drop"]
+    overlap_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class BargeIn(Command):
+    source: str = "client_event"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SessionUpdate(Command):
+    """Partial ``SessionConfig`` changes, validated by the runner (typed error when invalid)."""
+
+    changes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ConversationItemCreate(Command):
+    role: Literal["user", "assistant", "system"]
+    text: str
+    previous_item_id: str | None = None  # None: append at the end
+    item_id: str | None = None  # None: server-allocated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ConversationItemTruncate(Command):
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ConversationItemDelete(Command):
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ConversationItemRetrieve(Command):
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Close(Command):
+    reason: str = "client_close"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class EventAck(Command):
+    """The client holds every event up to ``server_event_seq``: trim the replay journal."""
+
+    server_event_seq: int

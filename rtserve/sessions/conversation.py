@@ -1,0 +1,138 @@
+"""Conversation history of one session, with playback-aligned commits (duplex.md §2.5).
+
+Items keep their position from the moment they are created. What an assistant item
+contributes to history (``committed_text``) follows what the client actually heard:
+
+* ``ack_only``: the prefix of the text proportional to the acknowledged audio
+  (``committed_ms / audio_ms``); text-only responses commit whole when done;
+* ``commit_all_on_done``: the whole text when the response completes; on cancel or
+  barge-in the part played so far when the client acknowledged playback, else all text
+  generated so far; a truncation (``conversation.item.truncate`` or a truncating ack)
+  always cuts to what was heard.
+
+A failed response never enters history: its item is removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rtserve.engines.protocols import ChatMessage
+from rtserve.sessions.events import ItemSnapshot
+from rtserve.sessions.session_config import PlaybackCommitPolicy
+
+Role = Literal["user", "assistant", "system"]
+Outcome = Literal["completed", "cancelled", "failed", "incomplete"]
+
+
+def spoken_prefix(text: str, heard_ms: float, audio_ms: float) -> str:
+    """The share of ``text`` matching ``heard_ms`` of ``audio_ms`` (whole text without audio)."""
+    if audio_ms <= 0:
+        return text
+    return text[: int(len(text) * min(1.0, max(0.0, heard_ms) / audio_ms))]
+
+
+@dataclass(eq=False)
+class ConversationItem:
+    id: str
+    role: Role
+    kind: Literal["audio", "text"]
+    text: str | None = None  # transcript / generated text; None while a transcript is pending
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    committed_text: str | None = None  # what the engine sees as history; None = not in history
+    turn_id: int = 0  # the session turn when the item was created
+    audio_ms: float = 0.0  # agent audio sent, or user audio committed
+    # assistant items only
+    response_id: str | None = None
+    played_ms: int = 0
+    committed_ms: int = 0
+    truncated_ms: int | None = None
+
+    def snapshot(self) -> ItemSnapshot:
+        return ItemSnapshot(id=self.id, role=self.role, kind=self.kind, text=self.text, status=self.status)
+
+    def acknowledge(self, played_ms: int, committed_ms: int, policy: PlaybackCommitPolicy) -> bool:
+        """Record playback progress; True when history changed."""
+        audio = int(self.audio_ms)
+        self.played_ms = max(self.played_ms, min(played_ms, audio))
+        self.committed_ms = max(self.committed_ms, min(committed_ms, audio))
+        if policy != "ack_only":
+            return False
+        return self._set_committed(spoken_prefix(self.text or "", self.committed_ms, self.audio_ms))
+
+    def truncate(self, heard_ms: int) -> None:
+        self.truncated_ms = heard_ms
+        if self.committed_text is not None or self.status != "in_progress":
+            self.committed_text = spoken_prefix(self.text or "", heard_ms, self.audio_ms)
+
+    def settle(self, outcome: Outcome, policy: PlaybackCommitPolicy) -> None:
+        """The response ended: fix what enters history."""
+        self.status = "completed" if outcome == "completed" else "incomplete"
+        text = self.text or ""
+        if self.truncated_ms is not None:
+            self.committed_text = spoken_prefix(text, self.truncated_ms, self.audio_ms)
+        elif policy == "ack_only" and self.audio_ms > 0:
+            self.committed_text = spoken_prefix(text, self.committed_ms, self.audio_ms)
+        elif outcome == "cancelled" and self.played_ms > 0:
+            self.committed_text = spoken_prefix(text, self.played_ms, self.audio_ms)
+        else:
+            self.committed_text = text
+
+    def _set_committed(self, text: str) -> bool:
+        changed = text != (self.committed_text or "")
+        self.committed_text = text
+        return changed
+
+
+class Conversation:
+    def __init__(self) -> None:
+        self._items: list[ConversationItem] = []
+        self._by_id: dict[str, ConversationItem] = {}
+        self._by_response: dict[str, ConversationItem] = {}
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._by_id
+
+    def get(self, item_id: str) -> ConversationItem | None:
+        return self._by_id.get(item_id)
+
+    def for_response(self, response_id: str) -> ConversationItem | None:
+        return self._by_response.get(response_id)
+
+    def last_id(self) -> str | None:
+        return self._items[-1].id if self._items else None
+
+    def add(self, item: ConversationItem, previous_item_id: str | None = None) -> str | None:
+        """Insert after ``previous_item_id`` (None: at the end); returns the id before it.
+        Raises ``KeyError`` for an unknown ``previous_item_id``."""
+        if previous_item_id is None:
+            previous = self.last_id()
+            self._items.append(item)
+        else:
+            index = next((i for i, it in enumerate(self._items) if it.id == previous_item_id), None)
+            if index is None:
+                raise KeyError(previous_item_id)
+            previous = previous_item_id
+            self._items.insert(index + 1, item)
+        self._by_id[item.id] = item
+        if item.response_id is not None:
+            self._by_response[item.response_id] = item
+        return previous
+
+    def remove(self, item_id: str) -> ConversationItem | None:
+        item = self._by_id.pop(item_id, None)
+        if item is not None:
+            self._items.remove(item)
+            if item.response_id is not None:
+                self._by_response.pop(item.response_id, None)
+        return item
+
+    def history(self) -> tuple[ChatMessage, ...]:
+        """Committed messages in conversation order (what the engine is given)."""
+        out = []
+        for item in self._items:
+            text = item.committed_text if item.role == "assistant" else item.text
+            if text:
+                out.append(ChatMessage(role=item.role, content=text))
+        return tuple(out)

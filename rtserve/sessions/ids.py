@@ -1,0 +1,37 @@
+"""Identifiers the session core allocates. Session ids are server-owned and never reused
+(duplex.md U.2); event ids only need to be unique within this process, so they come from
+a counter behind a random per-process prefix instead of a uuid per event."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import uuid
+
+_EVENT_PREFIX = secrets.token_hex(4)
+_event_counter = itertools.count(1)
+
+
+def new_session_id() -> str:
+    return f"duplex-{uuid.uuid4().hex}"
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex[:24]}"
+
+
+def new_item_id() -> str:
+    return f"item_{uuid.uuid4().hex[:24]}"
+
+
+def item_id_for_response(response_id: str) -> str:
+    """The assistant item of a response is named after it (duplex.md U.1)."""
+    return f"item_{response_id}"
+
+
+def new_event_id() -> str:
+    return f"event_{_EVENT_PREFIX}{next(_event_counter):x}"
+
+
+def new_resume_token() -> str:
+    return secrets.token_urlsafe(24)
