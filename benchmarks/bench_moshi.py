@@ -382,7 +382,7 @@ def print_table(points: list[Point]) -> None:
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print("lat: echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
           "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
-          "skipped: engine tick deadlines given up after overruns (each leaves one more frame queued); "
+          "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
           "aligned: 1 s windows whose echo was located (lat is measured in those)")
 
 

@@ -53,7 +53,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
         async with service.live(ROUTE, conversation):
             settings = service.config.moshi
             writer = OggOpusWriter(WIRE_SAMPLE_RATE, frame_ms=OPUS_FRAME_MS, bitrate=settings.opus_bitrate,
-                                   application=settings.opus_application)
+                                   application=settings.opus_application, complexity=settings.opus_complexity)
 
             async def send_frame(frame: AgentFrame) -> None:
                 if frame.pcm.size:

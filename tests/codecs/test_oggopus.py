@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +14,8 @@ from tests.codecs.oggpages import lacing_for, raw_page, split_pages, with_fixed_
 from tests.codecs.signals import best_lag, irregular_chunks, snr_db, speechlike
 
 
-def _write(x: np.ndarray, rate: int = 24000, frame_ms: int = 20, chunk: int = 777) -> list[bytes]:
-    writer = OggOpusWriter(rate, frame_ms, serial=99)
+def _write(x: np.ndarray, rate: int = 24000, frame_ms: int = 20, chunk: int = 777, **options: Any) -> list[bytes]:
+    writer = OggOpusWriter(rate, frame_ms, serial=99, **options)
     return [writer.write(x[i:i + chunk]) for i in range(0, len(x), chunk)] + [writer.close()]
 
 
@@ -32,6 +33,20 @@ def test_round_trip_is_sample_aligned_and_exact_length(rate: int, frame_ms: int)
     assert len(y) == len(x)
     assert abs(best_lag(x, y, rate // 10)) <= 1
     assert snr_db(x, y) > 12
+
+
+@pytest.mark.parametrize("complexity", [0, 5])
+def test_lower_complexity_streams_still_round_trip(complexity: int) -> None:
+    # The /api/chat shape: 80 ms pages, CELT-only "lowdelay", the default bit rate.
+    x = speechlike(24000, 1.0)
+    options = {"application": "lowdelay", "bitrate": 32000}
+    stream = b"".join(_write(x, 24000, 80, complexity=complexity, **options))
+    y = _read(stream)
+    assert len(y) == len(x)
+    assert abs(best_lag(x, y, 2400)) <= 1
+    assert snr_db(x, y) > 12
+    # The knob reaches libopus: the full-complexity encoding of the same audio differs.
+    assert stream != b"".join(_write(x, 24000, 80, complexity=10, **options))
 
 
 def test_writer_pages_follow_rfc_7845() -> None:

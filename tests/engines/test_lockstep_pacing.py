@@ -1,19 +1,22 @@
-"""Tick pacing: drift-free deadlines, overruns skip ahead instead of bursting."""
+"""Tick pacing: drift-free deadlines, bounded back-to-back catch-up after overruns."""
 
 from __future__ import annotations
 
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
-from lockstep_fakes import RecordingModel, metric
+from lockstep_fakes import RecordingModel, frame, metric
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
-from rtserve.engines.lockstep import FakeTickClock, LockstepScheduler, TickPacer, TickReport
+from rtserve.engines.lockstep import (FakeTickClock, LockstepScheduler, SlotLease, TickOutcome, TickPacer,
+                                      TickReport)
 
 PERIOD = 0.08
+BACKLOG_CAP = LockstepConfig().max_input_backlog_frames
 
 
 def step_seconds(tick: int) -> float:
@@ -23,78 +26,226 @@ def step_seconds(tick: int) -> float:
     return 0.13 if tick % 25 == 7 else 0.03
 
 
-def test_pacer_on_a_fake_clock_never_drifts_or_bursts() -> None:
+def run_pacer(pacer: TickPacer, clock: FakeTickClock, ticks: int,
+              work: Callable[[int], float]) -> list[TickOutcome]:
+    outcomes = []
+    for tick in range(ticks):
+        pacer.wait()
+        clock.advance(work(tick))
+        outcomes.append(pacer.finish())
+    return outcomes
+
+
+def test_after_an_overrun_the_missed_tick_runs_at_once_then_the_grid_resumes() -> None:
     clock = FakeTickClock(start=1000.0)
-    pacer = TickPacer(clock, PERIOD)
+    pacer = TickPacer(clock, PERIOD, max_behind=BACKLOG_CAP)
     pacer.restart()
-    starts, indices, overruns, skipped = [], [], 0, 0
-    for tick in range(200):
-        deadline = pacer.wait()
-        starts.append(clock.monotonic())
-        indices.append(pacer.index)
-        assert deadline == 1000.0 + pacer.index * PERIOD  # computed from the index, never summed
-        clock.advance(step_seconds(tick))
-        outcome = pacer.finish()
-        overruns += outcome.skipped > 0
-        skipped += outcome.skipped
-    injected = [t for t in range(200) if step_seconds(t) > PERIOD]
-    assert overruns == len(injected) == 9
-    assert skipped == 8 * 1 + 3  # 130 ms skips one deadline, 250 ms skips three
-    assert indices[-1] == 199 + skipped
-    # No tick ever starts late on an ideal clock, and none bursts to catch up.
-    assert all(start == 1000.0 + index * PERIOD for start, index in zip(starts, indices))
-    assert min(b - a for a, b in zip(starts, starts[1:])) >= PERIOD - 1e-9
-    assert starts[-1] - starts[0] == pytest.approx((199 + skipped) * PERIOD)
+    ticks = run_pacer(pacer, clock, 6, lambda tick: 0.13 if tick == 3 else 0.03)
+
+    assert [t.index for t in ticks] == [0, 1, 2, 3, 4, 5]  # no deadline given up
+    overran, missed, resumed = ticks[3], ticks[4], ticks[5]
+    assert overran.overrun_s == pytest.approx(0.05) and overran.behind == 1 and overran.skipped == 0
+    # The missed tick starts the moment the long one ends, without sleeping...
+    assert missed.catch_up and missed.started == pytest.approx(1000.0 + 3 * PERIOD + 0.13)
+    assert missed.lateness_s == pytest.approx(0.05) and missed.overrun_s == 0.0
+    # ...and the next one is back on its deadline.
+    assert not resumed.catch_up and resumed.started == pytest.approx(1000.0 + 5 * PERIOD)
+    assert all(t.deadline == 1000.0 + t.index * PERIOD for t in ticks)  # computed from the index
+
+
+def test_overruns_within_the_catch_up_bound_lose_no_tick_and_keep_the_grid() -> None:
+    clock = FakeTickClock(start=1000.0)
+    pacer = TickPacer(clock, PERIOD, max_behind=BACKLOG_CAP)
+    pacer.restart()
+    window = 200 * PERIOD
+    ticks: list[TickOutcome] = []
+    while pacer.deadline() < 1000.0 + window - 1e-9:
+        pacer.wait()
+        clock.advance(step_seconds(len(ticks)))
+        ticks.append(pacer.finish())
+
+    assert len(ticks) == 200  # one tick per period of the window: every client frame gets its tick
+    assert [t.index for t in ticks] == list(range(200))
+    assert sum(t.skipped for t in ticks) == 0
+    injected = [i for i in range(200) if step_seconds(i) > PERIOD]
+    assert [i for i, t in enumerate(ticks) if t.overrun_s > 0] == injected  # 8 x 130 ms + 1 x 250 ms
+    assert ticks[100].behind == 3
+    for i in injected:
+        assert ticks[i + 1].catch_up  # the missed deadline runs right after the overrun
+    caught_up = [i for i, t in enumerate(ticks) if t.catch_up]
+    assert len(caught_up) == 8 * 1 + 4  # 250 ms of debt takes four 30 ms ticks to pay back
+    # Lateness is bounded by the stall and gone soon after it: no drift, no accumulation.
+    assert max(t.lateness_s for t in ticks) == pytest.approx(0.25 - PERIOD)
+    assert all(t.lateness_s == 0.0 for i, t in enumerate(ticks) if i not in caught_up)
+    assert ticks[-1].started == 1000.0 + 199 * PERIOD
+
+
+def test_a_stall_beyond_the_backlog_cap_skips_the_excess_deadlines() -> None:
+    clock = FakeTickClock()
+    pacer = TickPacer(clock, PERIOD, max_behind=4)
+    pacer.restart()
+    ticks = run_pacer(pacer, clock, 6, lambda tick: 1.0 if tick == 0 else 0.0)
+
+    stall = ticks[0]
+    # Deadlines 1..12 (80..960 ms) went by: the newest 4 are caught up, the older 8 skipped.
+    assert stall.overrun_s == pytest.approx(1.0 - PERIOD) and stall.behind == 4 and stall.skipped == 8
+    assert [t.index for t in ticks[1:]] == [9, 10, 11, 12, 13]
+    assert all(t.catch_up and t.started == pytest.approx(1.0) for t in ticks[1:5])
+    assert not ticks[5].catch_up and ticks[5].started == pytest.approx(13 * PERIOD)
+
+
+def test_an_overloaded_engine_falls_behind_by_at_most_the_cap() -> None:
+    clock = FakeTickClock()
+    pacer = TickPacer(clock, PERIOD, max_behind=4)
+    pacer.restart()
+    ticks = run_pacer(pacer, clock, 200, lambda tick: 1.5 * PERIOD)  # never fits the budget
+
+    assert all(t.behind <= 4 for t in ticks)
+    assert max(t.lateness_s for t in ticks) < 5 * PERIOD  # bounded: no spiral of ever-later ticks
+    # The engine runs 2 ticks per 3 periods; the rest of the deadlines are skipped and counted.
+    assert ticks[-1].index + 1 == pytest.approx(200 * 1.5, abs=6)
+    assert sum(t.skipped for t in ticks) == pytest.approx(100, abs=6)
 
 
 def test_an_exactly_full_tick_is_not_an_overrun() -> None:
     clock = FakeTickClock()
-    pacer = TickPacer(clock, PERIOD)
+    pacer = TickPacer(clock, PERIOD, max_behind=BACKLOG_CAP)
     pacer.wait()
     clock.advance(PERIOD)
-    assert pacer.finish().skipped == 0
+    outcome = pacer.finish()
+    assert outcome.overrun_s == 0.0 and outcome.behind == 0 and outcome.skipped == 0
     assert pacer.wait() == pytest.approx(PERIOD)
+    assert not pacer.finish().catch_up
 
 
-def test_scheduler_thread_on_a_fake_clock_counts_overruns_and_keeps_the_grid(
-        caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeTickClock(start=50.0)
-    model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
-
+def run_scheduler_on_fake_clock(clock: FakeTickClock, model: RecordingModel, registry: CollectorRegistry,
+                                ticks: int, work: Callable[[int], float],
+                                observe: Callable[[TickReport], None] | None = None,
+                                prepare: Callable[[SlotLease], None] | None = None,
+                                **config: object) -> list[TickReport]:
+    """Start a scheduler with one live slot and collect the reports of its first ``ticks`` ticks."""
     def simulate(index: int) -> None:
-        clock.advance(step_seconds(index))
-        if index >= 200:
+        clock.advance(work(index))
+        if index >= ticks:
             time.sleep(0.01)  # the test has its ticks: slow the free-running fake clock until stop()
 
     model.step_hook = simulate
-    registry = CollectorRegistry()
     reports: list[TickReport] = []
     enough = threading.Event()
 
-    def observe(report: TickReport) -> None:
-        if len(reports) < 200:
+    def collect(report: TickReport) -> None:
+        if len(reports) < ticks:
             reports.append(report)
+            if observe is not None:
+                observe(report)
         else:
             enough.set()
 
-    scheduler = LockstepScheduler(model, LockstepConfig(), registry, clock=clock, on_tick=observe)
-    scheduler.acquire()
+    scheduler = LockstepScheduler(model, LockstepConfig(**config), registry, clock=clock, on_tick=collect)
+    lease = scheduler.acquire()
+    if prepare is not None:
+        prepare(lease)
     scheduler.start()
     try:
         assert enough.wait(30)
     finally:
         scheduler.stop(5)
+    return reports
+
+
+def test_scheduler_on_a_fake_clock_catches_up_and_counts_overruns(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeTickClock(start=50.0)
+    model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
+    registry = CollectorRegistry()
+    reports = run_scheduler_on_fake_clock(clock, model, registry, 200, step_seconds)
+
     origin = reports[0].deadline
-    for before, after in zip(reports, reports[1:]):
-        assert after.index == before.index + 1 + before.skipped  # skip ahead, never burst
-        assert after.deadline == pytest.approx(origin + after.index * PERIOD, abs=1e-9)
-        assert after.lateness_s == 0.0  # overruns never turn into accumulated latency
-    assert sum(r.skipped > 0 for r in reports) == 9
+    assert [r.index for r in reports] == list(range(200))  # every deadline ran: none skipped
+    for report in reports:
+        assert report.deadline == pytest.approx(origin + report.index * PERIOD, abs=1e-9)
+    injected = [i for i in range(200) if step_seconds(i) > PERIOD]
+    assert [i for i, r in enumerate(reports) if r.overrun_s > 0] == injected
+    assert all(reports[i + 1].catch_up for i in injected)
+    assert reports[-1].lateness_s == pytest.approx(0.0, abs=1e-9)  # back on the grid
     assert metric(registry, "rtserve_lockstep_overruns_total") >= 9
+    assert metric(registry, "rtserve_lockstep_catch_up_ticks_total") >= 12
+    assert metric(registry, "rtserve_lockstep_skipped_deadlines_total") == 0
     assert metric(registry, "rtserve_lockstep_frame_budget_seconds") == pytest.approx(PERIOD)
     overrun_logs = [r for r in caplog.records if "overran" in r.getMessage()]
     assert overrun_logs and all(r.levelname == "WARNING" for r in overrun_logs)
     assert len(overrun_logs) < 9  # rate-limited, not one line per overrun
+
+
+class ClientFeedingClock(FakeTickClock):
+    """Fake time that also plays a real-time client: frame k (value k + 1) is sent at
+    (k + 0.5) periods, delivered whenever time moves past it, whatever the engine does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lease: SlotLease | None = None
+        self.arrivals: list[float] = []
+
+    def sleep_until(self, deadline: float) -> None:
+        super().sleep_until(deadline)
+        self._deliver()
+
+    def advance(self, seconds: float) -> None:
+        super().advance(seconds)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        now = self.monotonic()
+        while self.lease is not None and (len(self.arrivals) + 0.5) * PERIOD <= now:
+            self.arrivals.append((len(self.arrivals) + 0.5) * PERIOD)
+            self.lease.push_frames([frame(float(len(self.arrivals)))])
+
+
+@pytest.mark.parametrize("stall_s", [0.25, 1.0])
+def test_input_latency_returns_to_normal_after_an_overrun(stall_s: float) -> None:
+    clock = ClientFeedingClock()
+    model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
+    registry = CollectorRegistry()
+    stepped: list[float] = []  # the input frame value each tick stepped (0: silence)
+    backlog: list[int] = []  # input frames still queued after each tick
+    leases: list[SlotLease] = []
+
+    def prepare(lease: SlotLease) -> None:
+        clock.lease = lease
+        leases.append(lease)
+
+    def observe(report: TickReport) -> None:
+        item = leases[0].output.pop()  # the echo of this tick's input (the engine thread is its only reader)
+        assert item is not None
+        stepped.append(float(item[0].audio[0]))
+        backlog.append(len(leases[0].input))
+
+    reports = run_scheduler_on_fake_clock(clock, model, registry, 40, lambda tick: stall_s if tick == 10 else 0.01,
+                                          observe=observe, prepare=prepare, max_input_backlog_frames=BACKLOG_CAP)
+    lease = leases[0]
+    skipped = sum(r.skipped for r in reports)
+
+    assert stepped[0] == 0.0  # the first tick ran before the client's first frame
+    delivered = [value for value in stepped if value > 0]  # 0: a silent (underrun) tick
+    assert delivered == sorted(delivered) and len(set(delivered)) == len(delivered)  # in order, no repeats
+    # Input latency (tick start - the stepped frame's send time) is back to its steady half period
+    # within a few ticks of the stall: the overrun did not leave frames queued.
+    latency = [(i, r.started - clock.arrivals[int(value) - 1])
+               for i, (r, value) in enumerate(zip(reports, stepped)) if value > 0]
+    recovered = next(i for i, r in enumerate(reports) if i > 10 and not r.catch_up)
+    assert recovered <= 10 + BACKLOG_CAP + 2
+    assert all(lat == pytest.approx(PERIOD / 2) for i, lat in latency if i < 10 or i >= recovered)
+    assert max(backlog[recovered:]) <= 1
+    if stall_s < BACKLOG_CAP * PERIOD:  # within the catch-up bound: no frame lost, no deadline skipped
+        assert skipped == 0 and lease.frames_discarded == 0 and lease.underruns == 1
+        assert delivered == [float(k) for k in range(1, 40)]
+    else:
+        # Beyond it, the backlog cap dropped the frames of the skipped deadlines; the frame the next
+        # on-time tick would have stepped may arrive during the stall too, be consumed by the last
+        # catch-up tick and leave that next tick one silent frame (once).
+        assert skipped == 8
+        assert skipped <= lease.frames_discarded <= skipped + 1
+        assert lease.underruns <= 2
+        assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == lease.frames_discarded
 
 
 @pytest.mark.slow
@@ -121,20 +272,18 @@ def test_real_clock_200_ticks_at_80ms_hold_the_schedule() -> None:
     finally:
         scheduler.stop(5)
 
-    assert {i for i, r in enumerate(reports) if r.skipped} >= injected  # every injected overrun is seen
+    assert {i for i, r in enumerate(reports) if r.overrun_s > 0} >= injected  # every injected overrun is seen
+    assert all(reports[i + 1].catch_up for i in injected)  # and its missed deadline was run right after
     assert metric(registry, "rtserve_lockstep_overruns_total") >= len(injected)
-    skipped = sum(r.skipped for r in reports[:-1])
     # Deadlines stay on the grid of the first one...
     origin = reports[0].deadline
     for report in reports:
         assert report.deadline == pytest.approx(origin + report.index * PERIOD, abs=1e-6)
-    # ...elapsed time is exactly the ticks run plus the deadlines given up, never more...
+    # ...and catch-up makes 200 ticks take 200 periods: the overruns cost no deadline (skipping them
+    # would have taken 8 periods longer), and lateness does not accumulate.
     elapsed = reports[-1].started - reports[0].started
-    expected = (199 + skipped) * PERIOD
-    assert expected - PERIOD / 2 < elapsed < expected + 5 * PERIOD
-    assert 199 * PERIOD + 8 * PERIOD <= expected < 199 * PERIOD + 40 * PERIOD
-    # ...and lateness does not grow: the last ticks start as close to their deadlines as the first.
+    assert 199 * PERIOD - PERIOD / 2 < elapsed < 199 * PERIOD + 4 * PERIOD
     early = statistics.median(r.lateness_s for r in reports[:20])
     late = statistics.median(r.lateness_s for r in reports[-20:])
     assert late < early + PERIOD / 4
-    assert max(r.lateness_s for r in reports) < 5 * PERIOD
+    assert max(r.lateness_s for r in reports) < (BACKLOG_CAP + 1) * PERIOD

@@ -15,7 +15,14 @@ Per tick, on the engine thread only:
    and its epoch did not move during the step (the epoch fence);
 7. PREFILL slots whose prefill finished go LIVE.
 
-Ticks are paced by ``TickPacer`` (drift-free, overruns skip deadlines). Admission
+Ticks are paced by ``TickPacer`` on a drift-free grid (tick n due at start + n *
+period). After an overrun the missed ticks run back to back, because clients kept
+sending a frame per period meanwhile: each catch-up tick consumes one of those frames,
+so an overrun is measured and logged but never turns into lasting input latency. The
+pacer never chases more than ``max_input_backlog_frames`` deadlines (the backlog cap
+dropped older frames anyway); deadlines beyond that are skipped and counted.
+Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
+lateness are metrics; overruns and skips also log a rate-limited warning. Admission
 (``acquire``) answers at once: a lease, or ``CapacityExhausted``.
 
 The event loop never blocks on the engine thread: input goes through a lock-protected
@@ -40,7 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep.metrics import LockstepMetrics
-from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickPacer
+from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
 from rtserve.engines.lockstep.slots import InputBacklog, LoopNotifier, OutputHandoff, SlotPhase
 from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput,
                                        SlotPrompt)
@@ -62,8 +69,10 @@ class TickReport:
     duration_s: float  # the whole tick: control ops, gather, step, scatter
     live: int
     prefill: int
-    overrun_s: float
-    skipped: int
+    overrun_s: float  # how much longer than one period the tick took; 0 within budget
+    catch_up: bool  # ran back to back after the previous tick because its deadline had passed
+    behind: int  # deadlines already passed when it ended, to be caught up back to back
+    skipped: int  # deadlines given up when it ended (more than max_input_backlog_frames behind)
 
     @property
     def lateness_s(self) -> float:
@@ -326,7 +335,7 @@ class LockstepScheduler:
             self._shut_down(EngineFailure("engine_error", "the engine failed"))
 
     def _loop(self) -> None:
-        pacer = TickPacer(self._clock, self.period_s)
+        pacer = TickPacer(self._clock, self.period_s, self._config.max_input_backlog_frames)
         scheduled = False
         while True:
             with self._cond:
@@ -339,36 +348,45 @@ class LockstepScheduler:
             if not scheduled:
                 pacer.restart()
                 scheduled = True
-            index = pacer.index
-            deadline = pacer.wait()
-            started = self._clock.monotonic()
+            pacer.wait()
             work = self._run_tick()
             if work is None:
                 scheduled = False  # idle again: the next session starts a fresh schedule
                 continue
             outcome = pacer.finish()
-            self.metrics.tick_lateness_seconds.observe(max(0.0, started - deadline))
-            if outcome.skipped:
-                self._note_overrun(outcome.overrun_s, outcome.skipped, started - deadline, work.duration_s)
+            self._record_timing(outcome)
             if self._on_tick is not None:
-                self._on_tick(TickReport(index, deadline, started, work.step_s, work.duration_s,
-                                         work.live, work.prefill, outcome.overrun_s, outcome.skipped))
+                self._on_tick(TickReport(outcome.index, outcome.deadline, outcome.started, work.step_s,
+                                         work.duration_s, work.live, work.prefill, outcome.overrun_s,
+                                         outcome.catch_up, outcome.behind, outcome.skipped))
 
     def _has_work_locked(self) -> bool:
         return bool(self._ops) or any(s.phase in (SlotPhase.PREFILL, SlotPhase.LIVE) for s in self._slots)
 
-    def _note_overrun(self, overrun_s: float, skipped: int, lateness_s: float, duration_s: float) -> None:
-        self.metrics.overruns.inc()
-        self.metrics.skipped_deadlines.inc(skipped)
+    def _record_timing(self, outcome: TickOutcome) -> None:
+        metrics = self.metrics
+        metrics.tick_lateness_seconds.observe(max(0.0, outcome.lateness_s))
+        if outcome.catch_up:
+            metrics.catch_up_ticks.inc()
+        if outcome.overrun_s > 0:
+            metrics.overruns.inc()
+        if outcome.skipped:
+            metrics.skipped_deadlines.inc(outcome.skipped)
+        if outcome.overrun_s > 0 or outcome.skipped:
+            self._note_overrun(outcome)
+
+    def _note_overrun(self, outcome: TickOutcome) -> None:
         self._unlogged_overruns += 1
         now = self._clock.monotonic()
-        if now - self._last_overrun_log >= _OVERRUN_LOG_INTERVAL_S:
-            log.warning("%s tick overran: started %.1f ms late, took %.1f ms of a %.1f ms budget, ended %.1f ms "
-                        "past the next deadline; skipped %d deadline(s) (%d overrun(s) since the last report)",
-                        self.name, lateness_s * 1e3, duration_s * 1e3, self.period_s * 1e3, overrun_s * 1e3,
-                        skipped, self._unlogged_overruns)
-            self._last_overrun_log = now
-            self._unlogged_overruns = 0
+        if now - self._last_overrun_log < _OVERRUN_LOG_INTERVAL_S:
+            return
+        log.warning("%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
+                    "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
+                    "last report)", self.name, outcome.duration_s * 1e3, self.period_s * 1e3,
+                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self._config.max_input_backlog_frames,
+                    self._unlogged_overruns)
+        self._last_overrun_log = now
+        self._unlogged_overruns = 0
 
     def _run_tick(self) -> _TickWork | None:
         clock = self._clock
