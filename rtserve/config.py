@@ -72,6 +72,9 @@ class LockstepConfig(_Section):
     loopback_delay_frames: int = Field(1, ge=0, description="loopback engine: output = input delayed by this many frames")
     tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
     tone_step_hz: float = Field(90.0, ge=0)
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+                        description="torch device the engine thread steps torch frame models on ('tiny'): "
+                                    "'cpu', 'cuda' or 'cuda:N'; a CUDA device that is not there fails at startup")
 
 
 class RobotConfig(_Section):
