@@ -11,7 +11,7 @@ from rtserve.sessions import errors
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import ConversationItem
 from rtserve.sessions.ids import new_item_id
-from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig
 from rtserve.sessions.turns import TurnFlow
 
 
@@ -61,11 +61,11 @@ class CommandHandlers(TurnFlow):
             self._begin_response(None)
 
     def _commit(self, c: cmd.Commit) -> None:
-        if self.continuous:
+        if self._uncommitted_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
+            self._error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
+        elif self.continuous:
             self._error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
                         related=c.event_id)
-        elif self._uncommitted_ms <= 0:
-            self._error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
         else:
             self._commit_turn(response_create=c.response_create)
 
@@ -139,11 +139,24 @@ class CommandHandlers(TurnFlow):
 
     def _session_update(self, c: cmd.SessionUpdate) -> None:
         try:
-            self.config = self.config.updated(dict(c.changes))
+            config = self.config.updated(dict(c.changes))
         except ConfigUpdateError as exc:
             self._error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
+        if config.turn_detection != self.config.turn_detection:
+            self._configure_turn_detection(config)  # an EngineError leaves the config as it was
+        self.config = config
         self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.snapshot()))
+
+    def _configure_turn_detection(self, config: SessionConfig) -> None:
+        """An engine that ends turns itself (server VAD) learns the new setting; it drops the
+        uncommitted turn, so the session does too."""
+        configure = getattr(self.engine, "configure_turn_detection", None)
+        if configure is None or not self.capabilities.supports_server_vad:
+            return
+        configure(None if config.turn_detection is None else config.turn_detection.model_dump())
+        self._uncommitted_ms = 0.0
+        self._speech_item_id = None
 
     def _item_create(self, c: cmd.ConversationItemCreate) -> None:
         item_id = c.item_id or new_item_id()

@@ -120,6 +120,10 @@ class ResponseFlow(RunnerState):
 
     def _emit_audio(self, response: ActiveResponse, pcm: Any, text: str | None, *, resample: bool = True) -> None:
         item = response.item
+        engine_rate, rate = self.capabilities.output_sample_rate, self.config.output_sample_rate
+        if resample and (response.resampler.out_rate if response.resampler else engine_rate) != rate:
+            # session.update changed the output rate mid-response (the eternal lockstep one too).
+            response.resampler = StreamResampler(engine_rate, rate) if engine_rate != rate else None
         if resample and response.resampler is not None:
             pcm = response.resampler.process(pcm)
         ids = {"session_id": self.session_id, "response_id": response.id, "item_id": item.id}

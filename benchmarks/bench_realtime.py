@@ -1,0 +1,327 @@
+"""Concurrent duplex sessions on ``WS /v1/realtime?duplex=1`` against the real server
+(``rtserve serve --engine loopback`` in its own process).
+
+Each of ``--sessions`` clients opens a duplex session and sends one 80 ms PCM16 frame
+(``input_audio_buffer.append``) every 80 ms on an absolute schedule (clients start at
+spread phases, like independent callers) for ``--duration`` seconds. Every frame carries
+its sequence number in its first samples; the loopback engine returns each frame
+bit-exact ``loopback_delay_frames`` frames later, so each ``response.output_audio.delta``
+is matched to the frame it echoes.
+
+Reported over the steady window (after ``--warmup`` s, until the senders stop):
+
+* latency: echo arrival minus send time of that frame, p50/p99/max. It includes the
+  engine's own loopback delay (80 ms per delay frame) and the wait for the next engine
+  tick (uniform over one 80 ms period, since clients are not phase-locked to the tick);
+  "server path" subtracts the loopback delay;
+* lost: frames sent in the window that never came back (must be 0); duplicates;
+* send lag p99: how late the client's own timer fired (checks the load generator kept up);
+* server CPU as a share of one core, and error events received.
+
+    .venv/bin/python benchmarks/bench_realtime.py                 # 64 sessions, 30 s
+    .venv/bin/python benchmarks/bench_realtime.py --duration 5    # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RATE = 24_000
+FRAME = 1920
+PERIOD_S = FRAME / RATE
+DRAIN_S = 1.0  # after the senders stop, wait this long for the last echoes
+MARK = (4242, -4242)
+ENGINE_COUNTERS = ("rtserve_lockstep_underruns_total", "rtserve_lockstep_dropped_input_frames_total",
+                   "rtserve_lockstep_dropped_output_frames_total", "rtserve_lockstep_overruns_total",
+                   "rtserve_lockstep_catch_up_ticks_total", "rtserve_lockstep_skipped_deadlines_total")
+
+
+@dataclass
+class ClientLog:
+    sent: dict[int, float] = field(default_factory=dict)  # seq -> loop time sent
+    received: dict[int, float] = field(default_factory=dict)  # seq -> loop time its echo arrived
+    duplicates: int = 0
+    send_lag_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    sessions: int
+    duration_s: float
+    warmup_s: float
+    loopback_delay_frames: int
+    frames_sent: int
+    frames_back: int
+    lost: int
+    duplicates: int
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_max_ms: float
+    server_path_p50_ms: float
+    server_path_p99_ms: float
+    queued_ticks_pct: dict[str, float]  # share of echoes by whole ticks waited beyond the loopback delay
+    latency_p50_first_last_5s_ms: tuple[float, float]
+    send_lag_p99_ms: float
+    server_cpu_pct: float
+    engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
+    error_events: int
+    failed_sessions: int
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``rtserve serve --engine loopback`` in a child process, configured by RTSERVE_* variables."""
+
+    def __init__(self, sessions: int, delay_frames: int) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="bench_realtime_server_", suffix=".log", delete=False)
+        env = {**os.environ, "RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions),
+               "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
+               "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(self.port),
+             "--log-level", "warning"], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
+            try:
+                async with http.get(self.base + "/health") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+        raise RuntimeError("server did not become ready")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        os.unlink(self._log.name)
+
+
+async def scrape_counters(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    async with http.get(base + "/metrics") as response:
+        text = await response.text()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ENGINE_COUNTERS:
+            values[name] = float(value)
+    return values
+
+
+def append_message(seq: int) -> str:
+    frame = np.full(FRAME, 1000, dtype="<i2")
+    frame[:4] = [seq & 0x7FFF, (seq >> 15) & 0x7FFF, *MARK]
+    return '{"type":"input_audio_buffer.append","audio":"' + base64.b64encode(frame.tobytes()).decode() + '"}'
+
+
+def echoed_seq(payload: str) -> int | None:
+    head = np.frombuffer(base64.b64decode(payload[:16]), dtype="<i2")  # 16 chars = the first 6 samples
+    if len(head) < 4 or (int(head[2]), int(head[3])) != MARK:
+        return None
+    return int(head[0]) | (int(head[1]) << 15)
+
+
+async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, stop_at: float,
+                     log: ClientLog, ready: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        async with http.ws_connect(url, max_msg_size=0) as ws:
+            created = json.loads((await ws.receive()).data)
+            if created.get("type") != "session.created":
+                log.errors.append(f"no session: {str(created)[:200]}")
+                return
+            ready.set()
+
+            async def receive() -> None:
+                async for message in ws:
+                    if message.type is not aiohttp.WSMsgType.TEXT:
+                        return
+                    arrived = loop.time()
+                    event = json.loads(message.data)
+                    kind = event["type"]
+                    if kind == "response.output_audio.delta":
+                        seq = echoed_seq(event["delta"])
+                        if seq is None:
+                            continue
+                        if seq in log.received:
+                            log.duplicates += 1
+                        else:
+                            log.received[seq] = arrived
+                    elif kind == "error":
+                        log.errors.append(event["error"]["code"])
+
+            receiver = asyncio.create_task(receive())
+            seq, due = 0, start_at
+            while due < stop_at:
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                log.send_lag_ms.append(max(0.0, loop.time() - due) * 1000)
+                await ws.send_str(append_message(seq))
+                log.sent[seq] = loop.time()
+                seq += 1
+                due += PERIOD_S
+            await asyncio.sleep(DRAIN_S)
+            if receiver.done():  # it stopped early: say why
+                log.errors.append(f"receiver ended: {receiver.exception()!r}")
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
+        log.errors.append(f"{type(exc).__name__}: {exc}")
+        ready.set()
+
+
+async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: int) -> Result:
+    server = ServerProcess(sessions, delay_frames)
+    try:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            await server.wait_ready(http)
+            url = server.base.replace("http://", "ws://") + "/v1/realtime?duplex=1"
+            loop = asyncio.get_running_loop()
+            logs = [ClientLog() for _ in range(sessions)]
+            readies = [asyncio.Event() for _ in range(sessions)]
+            start_at = loop.time() + 2.0 + sessions * 0.01  # every session opened before the clock starts
+            stop_at = start_at + warmup_s + duration_s
+            tasks = [asyncio.create_task(run_client(
+                http, url, start_at + PERIOD_S * i / sessions, stop_at, logs[i], readies[i])) for i in range(sessions)]
+            await asyncio.gather(*(r.wait() for r in readies))
+
+            async def steady_window() -> tuple[float, dict[str, float], dict[str, float]]:
+                await asyncio.sleep(start_at + warmup_s - loop.time())
+                cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
+                counters_before = await scrape_counters(http, server.base)
+                await asyncio.sleep(stop_at - loop.time())
+                cpu = (server.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
+                return cpu, counters_before, await scrape_counters(http, server.base)
+
+            window = asyncio.create_task(steady_window())
+            await asyncio.gather(*tasks)
+            cpu, counters_before, counters_after = await window
+    finally:
+        server.stop()
+
+    window_start = start_at + warmup_s
+    latencies, sent_at, lags = [], [], []
+    sent = back = lost = 0
+    for log in logs:
+        for seq, at in log.sent.items():
+            if at < window_start:
+                continue
+            sent += 1
+            arrived = log.received.get(seq)
+            if arrived is None:
+                lost += 1
+            else:
+                back += 1
+                latencies.append((arrived - at) * 1000)
+                sent_at.append(at)
+        lags.extend(log.send_lag_ms)
+    lat = np.array(latencies or [float("nan")])
+    at = np.array(sent_at or [float("nan")])
+    delay_ms = delay_frames * PERIOD_S * 1000
+    ticks = np.floor((lat - delay_ms) / (PERIOD_S * 1000)).astype(int) if latencies else np.zeros(0, int)
+    queued = {f"{k}": round(100 * float(np.mean(ticks == k)), 1) for k in range(int(ticks.max(initial=0)) + 1)}
+    first = lat[at < window_start + 5]
+    last = lat[at >= stop_at - 5]
+    return Result(
+        sessions=sessions, duration_s=duration_s, warmup_s=warmup_s, loopback_delay_frames=delay_frames,
+        frames_sent=sent, frames_back=back, lost=lost, duplicates=sum(log.duplicates for log in logs),
+        latency_p50_ms=float(np.percentile(lat, 50)), latency_p99_ms=float(np.percentile(lat, 99)),
+        latency_max_ms=float(lat.max()), server_path_p50_ms=float(np.percentile(lat, 50)) - delay_ms,
+        server_path_p99_ms=float(np.percentile(lat, 99)) - delay_ms,
+        queued_ticks_pct=queued,
+        latency_p50_first_last_5s_ms=(float(np.median(first)) if first.size else float("nan"),
+                                      float(np.median(last)) if last.size else float("nan")),
+        send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"), server_cpu_pct=100 * cpu,
+        engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
+                         counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
+        error_events=sum(len(log.errors) for log in logs),
+        failed_sessions=sum(not log.sent for log in logs))
+
+
+def print_table(result: Result) -> None:
+    rows = [
+        ("sessions", f"{result.sessions}"), ("duration (steady window)", f"{result.duration_s:.0f} s"),
+        ("frames sent / back", f"{result.frames_sent} / {result.frames_back}"),
+        ("lost frames", f"{result.lost}"), ("duplicate frames", f"{result.duplicates}"),
+        ("latency p50 / p99 / max", f"{result.latency_p50_ms:.1f} / {result.latency_p99_ms:.1f} / "
+                                    f"{result.latency_max_ms:.1f} ms"),
+        (f"server path p50 / p99 (minus {result.loopback_delay_frames}-frame loopback delay)",
+         f"{result.server_path_p50_ms:.1f} / {result.server_path_p99_ms:.1f} ms"),
+        ("echoes by extra ticks waited (0, 1, ...)",
+         " / ".join(f"{v:.0f} %" for v in result.queued_ticks_pct.values())),
+        ("latency p50 first 5 s / last 5 s", "{:.1f} / {:.1f} ms".format(*result.latency_p50_first_last_5s_ms)),
+        ("engine: underruns / dropped input / overruns / catch-up ticks",
+         " / ".join(f"{result.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
+                                                                  "catch_up_ticks"))),
+        ("client send lag p99", f"{result.send_lag_p99_ms:.1f} ms"),
+        ("server CPU", f"{result.server_cpu_pct:.0f} % of one core"),
+        ("error events / failed sessions", f"{result.error_events} / {result.failed_sessions}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print(f"| {'metric':<{width}} | value |")
+    print(f"| {'-' * width} | ----- |")
+    for name, value in rows:
+        print(f"| {name:<{width}} | {value} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=30.0, help="steady-state seconds measured")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring")
+    parser.add_argument("--delay-frames", type=int, default=1, help="loopback delay of the server's engine")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_realtime.json"))
+    args = parser.parse_args()
+    result = asyncio.run(run(args.sessions, args.duration, args.warmup, args.delay_frames))
+    print_table(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "bench_realtime", "machine": {
+        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "result": asdict(result)}, indent=2))
+    print(f"wrote {out}")
+    return 0 if result.lost == 0 and result.failed_sessions == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

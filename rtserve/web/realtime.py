@@ -1,0 +1,139 @@
+"""``WS /v1/realtime`` (OpenAI Realtime, turn-based or ``?duplex=1``) and ``WS /v1/duplex``
+(native duplex dialect) over the app's ``SessionManager``.
+
+Connections are served by ``RealtimeConnection``; what each one speaks is decided by
+``realtime_dialect``; client frames are parsed by ``realtime_wire``. Limits: frames over
+``transport.max_ws_message_bytes`` close the socket with 1009; WebSocket pings every
+``transport.ws_heartbeat_s`` (a peer that misses its pong is dropped); admission and idle
+expiry come from ``sessions`` (``resource_exhausted`` error then close 1013 at capacity).
+With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` event
+"Duplex API is not available" (code ``duplex_unavailable``) and closes with 1008.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from aiohttp import WSCloseCode, web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from rtserve.config import ServerConfig
+from rtserve.engines.protocols import EngineCapabilities
+from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
+from rtserve.sessions.events import ErrorEvent
+from rtserve.sessions.projections import NativeDuplexProjection
+from rtserve.web.context import CTX
+from rtserve.web.realtime_connection import RealtimeConnection, close_socket
+from rtserve.web.realtime_dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect
+
+log = logging.getLogger(__name__)
+
+DUPLEX_UNAVAILABLE = "Duplex API is not available"
+_MAX_MODEL_CHARS = 256
+
+
+class RealtimeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connections = Gauge("rtserve_realtime_connections", "Open realtime WebSocket connections", ["route"],
+                                 registry=registry)
+        self.client_errors = Counter("rtserve_realtime_client_errors", "Error events answering client frames",
+                                     ["code"], registry=registry)
+
+
+class RealtimeService:
+    """App-wide state of the realtime routes: the session manager, limits, open sockets."""
+
+    def __init__(self, config: ServerConfig, sessions: SessionManager, capabilities: EngineCapabilities,
+                 registry: CollectorRegistry) -> None:
+        self.config = config
+        self.limits = config.sessions
+        self.sessions = sessions
+        self.engine_capabilities = capabilities
+        self.metrics = RealtimeMetrics(registry)
+        self._connections: set[RealtimeConnection] = set()
+
+    def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
+        transport = self.config.transport
+        extra = {} if transport.ws_send_buffer_bytes is None else {"writer_limit": transport.ws_send_buffer_bytes}
+        return web.WebSocketResponse(protocols=accepted_subprotocols(request), heartbeat=transport.ws_heartbeat_s,
+                                     max_msg_size=transport.max_ws_message_bytes, compress=False, **extra)
+
+    def bound_send_buffers(self, request: web.Request) -> None:
+        limit = self.config.transport.ws_send_buffer_bytes
+        transport = request.transport
+        if limit is None or transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit)
+        transport.set_write_buffer_limits(high=limit)
+
+    def initial_config(self, request: web.Request) -> SessionConfig:
+        """What a session opened on this connection starts from: OpenAI's defaults (server VAD
+        on when the engine has one) and the ``model`` named in the URL."""
+        model = request.query.get("model", "")[:_MAX_MODEL_CHARS] or None
+        vad = TurnDetection() if self.engine_capabilities.supports_server_vad else None
+        return SessionConfig(model=model, turn_detection=vad)
+
+    async def handle(self, request: web.Request, route: str) -> web.WebSocketResponse:
+        ws = self.websocket(request)
+        await ws.prepare(request)
+        self.bound_send_buffers(request)
+        if route == DUPLEX_ROUTE and not self.config.transport.duplex_sessions:
+            await self._refuse_duplex(ws)
+            return ws
+        dialect = select_dialect(request, route, self.engine_capabilities, self.config.transport.duplex_sessions)
+        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request))
+        gauge = self.metrics.connections.labels(route)
+        gauge.inc()
+        self._connections.add(connection)
+        try:
+            await connection.run()
+        except Exception:  # a bug here ends this connection only
+            log.exception("realtime connection failed")
+            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._connections.discard(connection)
+            gauge.dec()
+        return ws
+
+    async def _refuse_duplex(self, ws: web.WebSocketResponse) -> None:
+        self.metrics.client_errors.labels("duplex_unavailable").inc()
+        error = ErrorEvent(session_id="", code="duplex_unavailable", message=DUPLEX_UNAVAILABLE)
+        try:
+            await ws.send_str(NativeDuplexProjection().render_text(error))
+        except ConnectionError:
+            return
+        await close_socket(ws, WSCloseCode.POLICY_VIOLATION, DUPLEX_UNAVAILABLE)
+
+    async def shutdown(self) -> None:
+        """Close sockets still without a session; those with one end after their
+        ``session.closed`` (reason ``shutdown``), which the manager's shutdown queues."""
+        await asyncio.gather(*(close_socket(c.ws, WSCloseCode.GOING_AWAY, "server shutting down")
+                               for c in list(self._connections) if c.handle is None), return_exceptions=True)
+
+
+SERVICE = web.AppKey("realtime", RealtimeService)
+
+
+async def _realtime(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, REALTIME_ROUTE)
+
+
+async def _duplex(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, DUPLEX_ROUTE)
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    await app[SERVICE].shutdown()
+
+
+def setup(app: web.Application) -> None:
+    ctx = app[CTX]
+    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.registry)
+    app.router.add_get(REALTIME_ROUTE, _realtime)
+    app.router.add_get(DUPLEX_ROUTE, _duplex)
+    app.on_shutdown.append(_on_shutdown)

@@ -1,0 +1,295 @@
+"""One realtime WebSocket: at most one session, opened or resumed on it.
+
+Two tasks per connection. The receive loop (the handler's own task) parses client
+frames in arrival order, decodes audio (``InputAudioDecoder``, resampled to the
+engine rate) and submits typed commands; it never waits for output. The sender task
+reads the session's attachment and awaits the socket for each event, so a client that
+reads slowly only fills its own session's bounded ``OutputBuffer``; overflow closes that
+session with ``output_backpressure`` (the session core's policy) and nothing else.
+
+Errors found here (a malformed frame, bad base64) go onto the session's own stream
+(``SessionHandle.report``) so they keep their order and sequence numbers; before a
+session exists they are sent directly.
+
+When the socket goes away the attachment detaches: a duplex session waits out its
+disconnect grace for a ``session.resume``; a turn-based one closes (``disconnect``).
+After the session's last event (``session.closed``/``session.expired``, or
+``session.replaced`` when another socket resumed it) the server closes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from rtserve.codecs.errors import CodecError, InvalidBase64Error
+from rtserve.codecs.pcm import FloatArray
+from rtserve.log import session_id_var
+from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
+from rtserve.sessions import commands as cmd
+from rtserve.sessions import errors as session_errors
+from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, SessionExpired, SessionReplaced
+from rtserve.sessions.ids import new_event_id
+from rtserve.sessions.projections import compact_json
+from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.web.realtime_audio import InputAudioDecoder
+from rtserve.web.realtime_wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
+                                       CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
+                                       invalid_event, parse_client_event)
+
+if TYPE_CHECKING:
+    from rtserve.web.realtime import RealtimeService
+
+log = logging.getLogger(__name__)
+
+SESSION_NOT_OPEN = "session_not_open"
+SESSION_ALREADY_OPEN = "session_already_open"
+_INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on a worker thread, off the event loop
+_MAX_REASON_BYTES = 123  # a close frame carries at most 125 payload bytes, 2 of them the code
+
+# Close codes after the session's last event (RFC 6455 §7.4.1).
+_CLOSE_FOR_REASON = {"shutdown": WSCloseCode.GOING_AWAY, "internal_error": WSCloseCode.INTERNAL_ERROR,
+                     "engine_closed": WSCloseCode.INTERNAL_ERROR}
+# Close codes when a session cannot be opened.
+_CLOSE_FOR_OPEN_ERROR = {session_errors.RESOURCE_EXHAUSTED: WSCloseCode.TRY_AGAIN_LATER,
+                         session_errors.SHUTTING_DOWN: WSCloseCode.GOING_AWAY,
+                         "engine_unavailable": WSCloseCode.TRY_AGAIN_LATER,
+                         "model_not_ready": WSCloseCode.TRY_AGAIN_LATER}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one connection speaks, decided from its route, query and headers."""
+
+    route: str
+    projection: Projection
+    rules: EventRules
+    autostart: bool  # open a session on connect (else: wait for session.update / session.resume)
+    conversation_created: bool  # turn-based OpenAI route: conversation.created follows session.created
+
+    @property
+    def duplex(self) -> bool:
+        return self.rules.duplex
+
+
+async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
+    """Close with a short reason; a socket that is already gone is not an error."""
+    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+        await ws.close(code=code, message=message)
+
+
+class RealtimeConnection:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, service: RealtimeService,
+                 dialect: Dialect, initial: SessionConfig) -> None:
+        self.ws = ws
+        self._transport = transport
+        self.service = service
+        self.dialect = dialect
+        self._initial = initial  # what a session opened here starts from
+        self.handle: SessionHandle | None = None
+        self.attachment: Attachment | None = None
+        self._config = initial  # the session config as this connection last set it (input decoding)
+        self._decoder = InputAudioDecoder(service.engine_capabilities.input_sample_rate)
+        self._sender: asyncio.Task[None] | None = None
+        self._server_closing = False  # the sender is closing the socket after the session's last event
+        self._sending = False  # the sender is waiting for the socket to take an event
+
+    async def run(self) -> None:
+        try:
+            if self.dialect.autostart and not await self._open({}, None):
+                return
+            await self._receive_loop()
+        finally:
+            await self._finish()
+
+    # ------------------------------------------------------------------ receive
+
+    async def _receive_loop(self) -> None:
+        while True:
+            # Without a session nothing else bounds an idle socket.
+            timeout = None if self.handle is not None else self.service.limits.idle_ttl_s
+            try:
+                message = await self.ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                await close_socket(self.ws, WSCloseCode.OK, "no session was opened")
+                return
+            if message.type is WSMsgType.TEXT:
+                await self._on_text(message.data)
+            elif message.type is WSMsgType.BINARY:
+                await self._report(invalid_event("events are JSON text frames"))
+            else:  # CLOSE / CLOSING / CLOSED / ERROR (e.g. a frame over the size limit: 1009)
+                return
+
+    async def _on_text(self, text: str) -> None:
+        try:
+            if len(text) > _INLINE_DECODE_CHARS:  # a big append: parse it off the event loop too
+                action = await asyncio.to_thread(parse_client_event, text, self.dialect.rules)
+            else:
+                action = parse_client_event(text, self.dialect.rules)
+            await self._apply(action)
+        except WireError as exc:
+            await self._report(exc)
+
+    async def _apply(self, action: ClientAction) -> None:
+        if isinstance(action, UpdateSession):
+            if self.handle is None:
+                await self._open(action.changes, action.event_id)
+            else:
+                self._update(action)
+            return
+        if isinstance(action, ResumeSession):
+            self._resume(action)
+            return
+        handle = self.handle
+        if handle is None:
+            raise WireError(SESSION_NOT_OPEN, "No session is open on this connection; send session.update (or "
+                            "session.resume) first", event_id=getattr(action, "event_id", None))
+        if isinstance(action, AppendInput):
+            pcm = await self._decode(action)
+            handle.submit(cmd.AppendAudio(audio=pcm, is_speech=action.is_speech, event_id=action.event_id))
+        elif isinstance(action, CommitInput):
+            tail = self._decoder.flush()  # the resampler's held-back end of the turn
+            if tail.size:
+                handle.submit(cmd.AppendAudio(audio=tail))
+            handle.submit(cmd.Commit(response_create=action.response_create, event_id=action.event_id))
+        elif isinstance(action, ClearInput):
+            self._decoder.reset()
+            handle.submit(cmd.Clear(target="input", event_id=action.event_id))
+        else:
+            # Refusals of a live session are on its stream; a closed one's stream has ended.
+            handle.submit(action)
+
+    async def _decode(self, action: AppendInput) -> FloatArray:
+        fmt = action.audio_format or self._config.input_audio_format
+        try:
+            if len(action.audio) > _INLINE_DECODE_CHARS:
+                return await asyncio.to_thread(self._decoder.decode, action.audio, fmt, action.sample_rate)
+            return self._decoder.decode(action.audio, fmt, action.sample_rate)
+        except InvalidBase64Error:
+            raise WireError("invalid_base64", INVALID_BASE64_MESSAGE, param="audio", event_id=action.event_id) from None
+        except CodecError as exc:
+            raise WireError(exc.code, str(exc), param="audio", event_id=action.event_id) from None
+
+    def _update(self, action: UpdateSession) -> None:
+        """Validate against the config this connection last set (so the decoder can switch
+        format at once), then let the runner apply it and answer ``session.updated``."""
+        assert self.handle is not None
+        try:
+            self._config = self._config.updated(action.changes)
+        except ConfigUpdateError as exc:
+            raise WireError(INVALID_VALUE, exc.message, param=f"session.{exc.param}",
+                            event_id=action.event_id) from None
+        self.handle.submit(cmd.SessionUpdate(changes=action.changes, event_id=action.event_id))
+
+    # ------------------------------------------------------------------ open / resume
+
+    async def _open(self, changes: dict, event_id: str | None) -> bool:
+        """Open this connection's session; False when refused (the socket is then closed)."""
+        try:
+            config = self._initial.updated(changes)
+        except ConfigUpdateError as exc:
+            await self._report(WireError(INVALID_VALUE, exc.message, param=f"session.{exc.param}", event_id=event_id))
+            return True
+        try:
+            handle = await self.service.sessions.open(config, projection=self.dialect.projection,
+                                                      resumable=self.dialect.duplex)
+        except SessionError as exc:
+            error_type = (session_errors.RATE_LIMIT if exc.code == session_errors.RESOURCE_EXHAUSTED
+                          else session_errors.SERVER_ERROR)
+            await self._report(WireError(exc.code, exc.message, event_id=event_id, error_type=error_type))
+            await close_socket(self.ws, _CLOSE_FOR_OPEN_ERROR.get(exc.code, WSCloseCode.INTERNAL_ERROR), exc.code)
+            return False
+        if self.ws.closed:  # the client left while the engine was opening
+            await handle.close("disconnect")
+            return False
+        assert handle.attachment is not None
+        self._attach(handle, handle.attachment)
+        log.info("%s session opened (%s)", self.dialect.route, self.dialect.projection.name)
+        return True
+
+    def _resume(self, action: ResumeSession) -> None:
+        if self.handle is not None:
+            raise WireError(SESSION_ALREADY_OPEN, "This connection already has a session; resume on a new "
+                            "connection opened with autostart=0", event_id=action.event_id)
+        manager = self.service.sessions
+        try:
+            attachment = manager.resume(action.session_id, resume_token=action.resume_token,
+                                        expected_generation=action.generation,
+                                        control_id=action.event_id or uuid.uuid4().hex,
+                                        last_received_seq=action.last_received_seq,
+                                        projection=self.dialect.projection)
+        except SessionError as exc:
+            raise WireError(exc.code, exc.message, event_id=action.event_id) from None
+        handle = manager.get(action.session_id)
+        assert handle is not None  # resume succeeds only for a live session, and nothing was awaited since
+        self._attach(handle, attachment)
+        log.info("%s session resumed (generation %d)", self.dialect.route, attachment.generation)
+
+    def _attach(self, handle: SessionHandle, attachment: Attachment) -> None:
+        self.handle = handle
+        self.attachment = attachment
+        self._config = handle.config
+        session_id_var.set(handle.session_id)
+        self._sender = asyncio.get_running_loop().create_task(self._send_events(attachment),
+                                                              name=f"realtime-send:{handle.session_id}")
+
+    # ------------------------------------------------------------------ send
+
+    async def _send_events(self, attachment: Attachment) -> None:
+        last: SessionEvent | None = None
+        try:
+            async for delivery in attachment.deliveries():
+                self._sending = True
+                await self.ws.send_str(delivery.text)
+                self._sending = False
+                if last is None and self.dialect.conversation_created:
+                    await self.ws.send_str(self._conversation_created())
+                last = delivery.event
+        except ConnectionError:
+            return  # the socket is gone; the receive loop detaches
+        if isinstance(last, SessionClosed | SessionExpired):
+            self._server_closing = True
+            await close_socket(self.ws, _CLOSE_FOR_REASON.get(last.reason, WSCloseCode.OK), last.reason)
+        elif isinstance(last, SessionReplaced):
+            self._server_closing = True
+            await close_socket(self.ws, WSCloseCode.OK, "session resumed on another connection")
+
+    def _conversation_created(self) -> str:
+        return compact_json({"type": "conversation.created", "event_id": new_event_id(),
+                             "conversation": {"id": f"conv_{uuid.uuid4().hex[:24]}",
+                                              "object": "realtime.conversation"}})
+
+    async def _report(self, exc: WireError) -> None:
+        """An error event: on the session's stream when there is one, else straight out."""
+        self.service.metrics.client_errors.labels(exc.code).inc()
+        error = ErrorEvent(session_id=self.handle.session_id if self.handle is not None else "", code=exc.code,
+                           message=exc.message, error_type=exc.error_type, param=exc.param,
+                           related_event_id=exc.event_id)
+        if self.handle is not None:
+            self.handle.report(error)  # False once the session ended: nothing may follow its last event
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_str(self.dialect.projection.render_text(error))
+
+    # ------------------------------------------------------------------ end
+
+    async def _finish(self) -> None:
+        if self.attachment is not None:
+            # Refused (False) when the session already ended or moved to another socket.
+            self.attachment.detach()
+        if self._sender is not None:
+            if not self._server_closing:  # else let it finish the close handshake (bounded by the ws timeout)
+                self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+            if self._sending and self._transport is not None:
+                # The peer stopped reading: unsent bytes would hold the socket open indefinitely.
+                self._transport.abort()
+        if not self.ws.closed:
+            await close_socket(self.ws, WSCloseCode.OK, "")

@@ -1,0 +1,109 @@
+"""Which protocol a realtime connection speaks, decided at the upgrade.
+
+* Route ``/v1/realtime``: OpenAI Realtime. Turn-based unless ``?duplex=1`` (``1``,
+  ``true``, ``on``) asks for the duplex runtime and ``transport.duplex_sessions`` is on;
+  otherwise it silently falls back to turn-based (duplex.md §1.2), and clients tell the
+  two apart by ``session.created.session.capabilities``, present only on duplex.
+* Route ``/v1/duplex``: the native duplex dialect (``NativeDuplexProjection``).
+* Event names: GA by default; beta (``response.audio.delta``, ``conversation.item.created``,
+  ...) with ``?api=beta``, the header ``OpenAI-Beta: realtime=v1`` or the subprotocol
+  ``openai-beta.realtime-v1``.
+* ``?autostart=0`` opens no session on connect: the first ``session.update`` opens one
+  (answered by ``session.created``) or ``session.resume`` takes over a detached one.
+  Default: on for ``/v1/realtime`` (what OpenAI clients expect), off for ``/v1/duplex``
+  (whose lifecycle starts with ``session.create``).
+
+"Duplex available" means: every engine runs on the session core's duplex runtime
+(lockstep engines continuously, turn engines with barge-in/VAD as their capabilities
+say), so it is a deployment switch, ``transport.duplex_sessions``, not an engine property.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from rtserve.engines.protocols import EngineCapabilities
+from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
+from rtserve.sessions.events import SessionCreated, SessionEvent, SessionUpdated
+from rtserve.sessions.projections.realtime import Naming
+from rtserve.web.auth import SUBPROTOCOL_PREFIX
+from rtserve.web.realtime_connection import Dialect
+from rtserve.web.realtime_wire import EventRules
+
+REALTIME_ROUTE = "/v1/realtime"
+DUPLEX_ROUTE = "/v1/duplex"
+REALTIME_SUBPROTOCOL = "realtime"
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
+_TRUE = frozenset({"1", "true", "on", "yes"})
+_FALSE = frozenset({"0", "false", "off", "no"})
+
+
+class TurnBasedProjection(RealtimeProjection):
+    """OpenAI Realtime without the duplex extensions in session objects: no capabilities,
+    epoch or resume token, so a client that asked for duplex can see it fell back."""
+
+    _DUPLEX_SESSION_KEYS = ("capabilities", "epoch", "turn_id")
+
+    def __init__(self, naming: Naming) -> None:
+        super().__init__(naming, duplex=False)
+        self.name = f"realtime-{naming}-turns"
+
+    def render(self, event: SessionEvent) -> dict[str, Any]:
+        out = super().render(event)
+        if isinstance(event, SessionCreated | SessionUpdated):
+            for key in self._DUPLEX_SESSION_KEYS:
+                out["session"].pop(key, None)
+        if isinstance(event, SessionCreated):
+            out.pop("attachment_generation", None)
+            out.pop("resume_token", None)
+        return out
+
+
+def _flag(request: web.Request, name: str) -> bool | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    return True if value in _TRUE else False if value in _FALSE else None
+
+
+def offered_subprotocols(request: web.Request) -> list[str]:
+    header = request.headers.get("Sec-WebSocket-Protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def accepted_subprotocols(request: web.Request) -> tuple[str, ...]:
+    """Echo ``realtime`` when offered (OpenAI clients refuse a server that does not);
+    a browser that offered only its key or the beta marker gets one of those back,
+    because a browser fails a handshake whose offered protocols all went unanswered."""
+    offered = offered_subprotocols(request)
+    if REALTIME_SUBPROTOCOL in offered:
+        return (REALTIME_SUBPROTOCOL,)
+    return tuple(p for p in offered if p.startswith(SUBPROTOCOL_PREFIX) or p == BETA_SUBPROTOCOL)
+
+
+def wants_beta(request: web.Request) -> bool:
+    api = request.query.get("api", "").strip().lower()
+    if api in ("beta", "v1"):
+        return True
+    if api == "ga":
+        return False
+    return ("realtime=v1" in request.headers.get("OpenAI-Beta", "").replace(" ", "")
+            or BETA_SUBPROTOCOL in offered_subprotocols(request))
+
+
+def select_dialect(request: web.Request, route: str, capabilities: EngineCapabilities,
+                   duplex_enabled: bool) -> Dialect:
+    naming: Naming = "beta" if wants_beta(request) else "ga"
+    autostart = _flag(request, "autostart")
+    vad = capabilities.supports_server_vad
+    if route == DUPLEX_ROUTE:
+        return Dialect(route, NativeDuplexProjection(), EventRules(duplex=True, supports_server_vad=vad),
+                       autostart=bool(autostart), conversation_created=False)
+    if duplex_enabled and _flag(request, "duplex"):
+        return Dialect(route, RealtimeProjection(naming, duplex=True), EventRules(duplex=True, supports_server_vad=vad),
+                       autostart=autostart is not False, conversation_created=False)
+    return Dialect(route, TurnBasedProjection(naming), EventRules(duplex=False, supports_server_vad=vad),
+                   autostart=autostart is not False, conversation_created=True)

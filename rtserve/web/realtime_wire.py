@@ -1,0 +1,575 @@
+"""Client events of the realtime WebSocket routes: one JSON text frame -> one typed action.
+
+``parse_client_event(text, rules)`` validates a frame and returns either a session
+command (``rtserve.sessions.commands``) or one of the transport actions below, which the
+connection resolves itself (they need its audio decoder or its socket). Anything it
+cannot accept raises ``WireError`` with the stable code, message and ``param`` the client
+receives in an ``error`` event (all of type ``invalid_request_error``; serving.md §4.3,
+duplex.md §1.5, §6):
+
+* not JSON, not an object, no or an unknown ``type``, a malformed field, ``session.update``
+  without a ``session`` object -> ``invalid_event``, "Invalid or unrecognized client
+  event: <detail>", ``param`` naming the field;
+* an append with bad base64 -> ``invalid_base64``, "Invalid base64 audio data" (raised by
+  the connection's decoder);
+* an unsupported value (audio format, rate, turn detection, response shape) ->
+  ``invalid_value`` or ``unsupported_turn_detection``, naming it.
+
+Event names accepted on every realtime connection are the OpenAI Realtime client events
+(GA and beta spellings share them). Duplex connections also accept the duplex
+extensions (U.1): ``session.heartbeat``, ``session.event_ack``, ``session.close``,
+``session.resume``, ``playback.ack``, ``overlap.decision``, ``turn.signal``/``barge_in``,
+the native opener ``session.create`` and a few legacy aliases.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from rtserve.sessions import commands as cmd
+from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
+
+INVALID_EVENT = "invalid_event"
+INVALID_EVENT_MESSAGE = "Invalid or unrecognized client event"
+INVALID_BASE64_MESSAGE = "Invalid base64 audio data"
+INVALID_VALUE = "invalid_value"
+UNSUPPORTED_TURN_DETECTION = "unsupported_turn_detection"
+INVALID_REQUEST = "invalid_request_error"
+
+_MAX_ECHOED_CHARS = 64  # client strings quoted back in messages are cut to this
+
+
+class WireError(Exception):
+    """A client frame the server refuses; rendered as an ``error`` event."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None,
+                 error_type: str = INVALID_REQUEST) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+        self.error_type = error_type
+
+
+_FIELD = re.compile(r"[a-z][a-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the client's field path, without union-branch tags
+    (``constrained-int``, ``literal['inf']``, model class names, ...)."""
+    parts = [str(p) for p in loc if isinstance(p, int) or (_FIELD.fullmatch(p) and p not in _TYPE_TAGS)]
+    return ".".join(parts)
+
+
+def invalid_event(detail: str | None = None, *, param: str | None = None, event_id: str | None = None) -> WireError:
+    message = INVALID_EVENT_MESSAGE if detail is None else f"{INVALID_EVENT_MESSAGE}: {detail}"
+    return WireError(INVALID_EVENT, message, param=param, event_id=event_id)
+
+
+# ---------------------------------------------------------------------------
+# Transport actions (resolved by the connection, not by the session core)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSession:
+    """``session.update`` (or the native ``session.create``): SessionConfig field changes.
+    On a connection without a session it opens one with this configuration."""
+
+    changes: dict[str, Any]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeSession:
+    session_id: str
+    resume_token: str
+    generation: int
+    last_received_seq: int | None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInput:
+    audio: str  # base64, decoded by the connection's InputAudioDecoder
+    audio_format: AudioFormat | None = None  # per-append override (duplex extension)
+    sample_rate: int | None = None
+    is_speech: bool | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInput:
+    response_create: bool = False
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClearInput:
+    event_id: str | None = None
+
+
+ClientAction = UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | cmd.Command
+
+
+@dataclass(frozen=True, slots=True)
+class EventRules:
+    """Which event set a connection accepts and what the session update may ask for."""
+
+    duplex: bool
+    supports_server_vad: bool
+
+
+# ---------------------------------------------------------------------------
+# Audio formats and session objects
+# ---------------------------------------------------------------------------
+
+_FORMAT_NAMES: dict[str, AudioFormat] = {
+    "pcm16": "pcm16", "pcm_s16le": "pcm16", "s16le": "pcm16", "audio/pcm": "pcm16",
+    "pcm_f32le": "pcm_f32le", "f32le": "pcm_f32le", "audio/pcm-f32le": "pcm_f32le",
+    "g711_ulaw": "g711_ulaw", "audio/pcmu": "g711_ulaw",
+    "g711_alaw": "g711_alaw", "audio/pcma": "g711_alaw",
+}
+_PCM_WIRE_RATE = 24000
+
+
+class _FormatObject(BaseModel):
+    """GA form: ``{"type": "audio/pcm", "rate": 24000}``, ``{"type": "audio/pcmu"}``, ..."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+    rate: StrictInt | None = None
+
+
+_FormatField = StrictStr | _FormatObject
+
+
+def audio_format(value: _FormatField, param: str) -> tuple[AudioFormat, int | None]:
+    """A wire format (beta string or GA object) -> (``AudioFormat``, explicit rate or None)."""
+    name = value if isinstance(value, str) else value.type
+    fmt = _FORMAT_NAMES.get(name)
+    if fmt is None:
+        raise WireError(INVALID_VALUE, f"Unsupported audio format {name[:_MAX_ECHOED_CHARS]!r}; use pcm16 "
+                        "(audio/pcm), g711_ulaw (audio/pcmu), g711_alaw (audio/pcma) or pcm_f32le", param=param)
+    rate = None if isinstance(value, str) else value.rate
+    if rate is not None and fmt.startswith("g711") and rate != G711_RATE:
+        raise WireError(INVALID_VALUE, f"G.711 audio is {G711_RATE} Hz", param=f"{param}.rate")
+    return fmt, rate
+
+
+def _input_format(value: _FormatField, param: str) -> AudioFormat:
+    fmt, rate = audio_format(value, param)
+    if rate is not None and not fmt.startswith("g711") and rate != _PCM_WIRE_RATE:
+        raise WireError(INVALID_VALUE, f"Input PCM is {_PCM_WIRE_RATE} Hz; other rates go in each append's "
+                        "sample_rate_hz", param=f"{param}.rate")
+    return fmt
+
+
+class _AudioInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: _FormatField | None = None
+    turn_detection: dict[str, Any] | None = None
+
+
+class _AudioOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: _FormatField | None = None
+    voice: StrictStr | None = None
+
+
+class _Audio(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input: _AudioInput | None = None
+    output: _AudioOutput | None = None
+
+
+_MaxTokens = Annotated[StrictInt, Field(ge=1)] | Literal["inf"]
+
+
+class SessionObject(BaseModel):
+    """The ``session`` of ``session.update`` in any spelling: GA (``audio.input.format``,
+    ``output_modalities``), beta (``input_audio_format``, ``modalities``,
+    ``max_response_output_tokens``) or native (the ``SessionConfig`` field names).
+    Fields this server has no use for (tools, tracing, noise reduction, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["realtime"] | None = None
+    model: StrictStr | None = None
+    instructions: StrictStr | None = None
+    voice: StrictStr | None = None
+    modalities: list[Literal["audio", "text"]] | None = None
+    output_modalities: list[Literal["audio", "text"]] | None = None
+    input_audio_format: _FormatField | None = None
+    output_audio_format: _FormatField | None = None
+    output_sample_rate: StrictInt | None = None
+    audio: _Audio | None = None
+    turn_detection: dict[str, Any] | None = None
+    temperature: float | None = None
+    max_output_tokens: _MaxTokens | None = None
+    max_response_output_tokens: _MaxTokens | None = None
+    playback_commit_policy: Literal["commit_all_on_done", "ack_only"] | None = None
+
+
+def turn_detection(value: dict[str, Any] | None, param: str, *, supports_server_vad: bool) -> dict[str, Any] | None:
+    """An OpenAI ``turn_detection`` object -> ``TurnDetection`` fields (None = manual commit)."""
+    if value is None:
+        return None
+    kind = value.get("type", "server_vad")
+    if kind != "server_vad":
+        raise WireError(UNSUPPORTED_TURN_DETECTION, f"Turn detection {str(kind)[:_MAX_ECHOED_CHARS]!r} is not "
+                        "supported; use server_vad or null", param=f"{param}.type")
+    if not supports_server_vad:
+        raise WireError(UNSUPPORTED_TURN_DETECTION, "This engine has no server VAD; set turn_detection to null and "
+                        "commit input yourself", param=param)
+    known = {k: v for k, v in value.items() if k in TurnDetection.model_fields}
+    try:
+        return TurnDetection.model_validate(known).model_dump()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = field_path(err["loc"])
+        raise WireError(INVALID_VALUE, f"{where}: {err['msg']}", param=f"{param}.{where}") from None
+
+
+def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
+    """Validate a ``session`` object -> ``SessionConfig`` changes (only what it names)."""
+    if not isinstance(raw, dict):
+        raise invalid_event("'session' must be an object", param="session")
+    try:
+        body = SessionObject.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = field_path(err["loc"])
+        if where == "type":
+            raise WireError(INVALID_VALUE, "Only 'realtime' sessions are served", param="session.type") from None
+        raise invalid_event(f"session.{where}: {err['msg']}", param=f"session.{where}") from None
+    given = body.model_fields_set
+    changes: dict[str, Any] = {}
+    for name in ("model", "instructions", "voice", "temperature", "output_sample_rate", "playback_commit_policy"):
+        if getattr(body, name) is not None:
+            changes[name] = getattr(body, name)
+    modalities = body.output_modalities or body.modalities
+    if modalities is not None:
+        changes["modalities"] = tuple(dict.fromkeys(modalities))
+    tokens = body.max_output_tokens or body.max_response_output_tokens
+    if tokens is not None:
+        changes["max_output_tokens"] = tokens
+    if body.input_audio_format is not None:
+        changes["input_audio_format"] = _input_format(body.input_audio_format, "session.input_audio_format")
+    if body.output_audio_format is not None:
+        changes.update(_output_format(body.output_audio_format, "session.output_audio_format"))
+    if "turn_detection" in given:
+        changes["turn_detection"] = turn_detection(body.turn_detection, "session.turn_detection",
+                                                   supports_server_vad=supports_server_vad)
+    audio = body.audio
+    if audio is not None and audio.input is not None:
+        if audio.input.format is not None:
+            changes["input_audio_format"] = _input_format(audio.input.format, "session.audio.input.format")
+        if "turn_detection" in audio.input.model_fields_set:
+            changes["turn_detection"] = turn_detection(audio.input.turn_detection, "session.audio.input.turn_detection",
+                                                       supports_server_vad=supports_server_vad)
+    if audio is not None and audio.output is not None:
+        if audio.output.format is not None:
+            changes.update(_output_format(audio.output.format, "session.audio.output.format"))
+        if audio.output.voice is not None:
+            changes["voice"] = audio.output.voice
+    return changes
+
+
+def _output_format(value: _FormatField, param: str) -> dict[str, Any]:
+    fmt, rate = audio_format(value, param)
+    return {"output_audio_format": fmt} if rate is None else {"output_audio_format": fmt, "output_sample_rate": rate}
+
+
+# ---------------------------------------------------------------------------
+# Client events
+# ---------------------------------------------------------------------------
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    event_id: StrictStr | None = None
+
+
+class _Append(_Event):
+    audio: StrictStr
+    format: _FormatField | None = None  # duplex extension: this chunk's own format
+    input_audio_format: _FormatField | None = None
+    sample_rate_hz: Annotated[StrictInt, Field(ge=8000, le=192000)] | None = None
+    is_speech: StrictBool | None = None
+
+
+class _Commit(_Event):
+    response_create: StrictBool = False
+
+
+class _ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+    text: StrictStr | None = None
+    transcript: StrictStr | None = None
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | None = None
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system"]
+    content: list[_ContentPart] = Field(min_length=1)
+
+
+class _ItemCreate(_Event):
+    previous_item_id: StrictStr | None = None
+    item: _Item
+
+
+class _ItemTruncate(_Event):
+    item_id: StrictStr
+    content_index: Annotated[StrictInt, Field(ge=0)] = 0
+    audio_end_ms: Annotated[StrictInt, Field(ge=0)]
+
+
+class _ItemRef(_Event):
+    item_id: StrictStr
+
+
+class _ResponseAudioOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    voice: StrictStr | None = None
+    format: _FormatField | None = None
+
+
+class _ResponseAudio(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    output: _ResponseAudioOutput | None = None
+
+
+class _ResponseBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    instructions: StrictStr | None = None
+    modalities: list[Literal["audio", "text"]] | None = Field(None, min_length=1)
+    output_modalities: list[Literal["audio", "text"]] | None = Field(None, min_length=1)
+    voice: StrictStr | None = None
+    audio: _ResponseAudio | None = None
+    output_audio_format: _FormatField | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    max_output_tokens: _MaxTokens | None = None
+    max_response_output_tokens: _MaxTokens | None = None
+    metadata: dict[str, StrictStr] | None = None
+    conversation: StrictStr | None = None
+    input: list[Any] | None = None
+
+
+class _ResponseCreate(_Event):
+    response: _ResponseBody | None = None
+
+
+class _ResponseCancel(_Event):
+    response_id: StrictStr | None = None
+
+
+class _SessionUpdate(_Event):
+    session: Any = None  # validated by session_changes (a missing session is invalid_event)
+
+
+class _Resume(_Event):
+    session_id: StrictStr
+    resume_token: StrictStr
+    attachment_generation: StrictInt | None = None
+    lease_generation: StrictInt | None = None
+    last_received_server_event_seq: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class _EventAck(_Event):
+    server_event_seq: Annotated[StrictInt, Field(ge=0)]
+
+
+class _PlaybackAck(_Event):
+    response_id: StrictStr
+    played_ms: Annotated[StrictInt, Field(ge=0)]
+    committed_ms: Annotated[StrictInt, Field(ge=0)] | None = None
+    truncate: StrictBool = False
+
+
+class _OverlapDecision(_Event):
+    action: Literal["barge_in", "listen", "drop"]
+    overlap_ms: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class _TurnSignalPayload(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    source: StrictStr = "client_event"
+
+
+class _TurnSignal(_Event):
+    event: Literal["barge_in"] = "barge_in"
+    payload: _TurnSignalPayload = _TurnSignalPayload()
+
+
+def _validated(model: type[_Event], data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = field_path(err["loc"])
+        raise invalid_event(f"'{where}': {err['msg']}", param=where or None,
+                            event_id=_event_id_of(data)) from None
+
+
+def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
+    e = _validated(_SessionUpdate, data)
+    if "session" not in data:
+        raise invalid_event("'session' is required", param="session", event_id=e.event_id)
+    try:
+        return UpdateSession(session_changes(e.session, supports_server_vad=rules.supports_server_vad), e.event_id)
+    except WireError as exc:
+        exc.event_id = e.event_id
+        raise
+
+
+def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
+    e = _validated(_Append, data)
+    if not rules.duplex:
+        return AppendInput(e.audio, event_id=e.event_id)
+    fmt = e.format or e.input_audio_format
+    chunk_format, rate = None, e.sample_rate_hz
+    if fmt is not None:
+        try:
+            chunk_format, format_rate = audio_format(fmt, "format")
+        except WireError as exc:
+            exc.event_id = e.event_id
+            raise
+        rate = rate or format_rate
+    return AppendInput(e.audio, chunk_format, rate, e.is_speech, e.event_id)
+
+
+def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate:
+    e = _validated(_ItemCreate, data)
+    texts = []
+    for part in e.item.content:
+        if part.type not in ("input_text", "text", "output_text"):
+            raise WireError(INVALID_VALUE, f"Content of type {part.type[:_MAX_ECHOED_CHARS]!r} is not supported; "
+                            "items carry text (input_text / output_text)", param="item.content", event_id=e.event_id)
+        texts.append(part.text or "")
+    return cmd.ConversationItemCreate(role=e.item.role, text="".join(texts), previous_item_id=e.previous_item_id,
+                                      item_id=e.item.id, event_id=e.event_id)
+
+
+def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCreate:
+    e = _validated(_ResponseCreate, data)
+    r = e.response or _ResponseBody()
+    if r.conversation not in (None, "auto"):
+        raise WireError(INVALID_VALUE, "Out-of-band responses (conversation other than 'auto') are not supported",
+                        param="response.conversation", event_id=e.event_id)
+    if r.input is not None:
+        raise WireError(INVALID_VALUE, "Custom response input is not supported; the conversation is the input",
+                        param="response.input", event_id=e.event_id)
+    audio_out = r.audio.output if r.audio is not None else None
+    if r.output_audio_format is not None or (audio_out is not None and audio_out.format is not None):
+        raise WireError(INVALID_VALUE, "Per-response audio formats are not supported; set the format with "
+                        "session.update", param="response.audio.output.format", event_id=e.event_id)
+    modalities = r.output_modalities or r.modalities
+    tokens = r.max_output_tokens or r.max_response_output_tokens
+    return cmd.ResponseCreate(
+        instructions=r.instructions, modalities=tuple(dict.fromkeys(modalities)) if modalities else None,
+        voice=(audio_out.voice if audio_out is not None else None) or r.voice, temperature=r.temperature,
+        max_output_tokens=tokens if isinstance(tokens, int) else None,  # "inf": the session's own limit
+        metadata=r.metadata, event_id=e.event_id)
+
+
+def _resume(data: dict[str, Any], rules: EventRules) -> ResumeSession:
+    e = _validated(_Resume, data)
+    generation = e.attachment_generation if e.attachment_generation is not None else e.lease_generation
+    if generation is None:
+        raise invalid_event("'attachment_generation' is required", param="attachment_generation",
+                            event_id=e.event_id)
+    return ResumeSession(e.session_id, e.resume_token, generation, e.last_received_server_event_seq, e.event_id)
+
+
+_Parser = Callable[[dict[str, Any], EventRules], ClientAction]
+
+_REALTIME: dict[str, _Parser] = {
+    "session.update": _session_update,
+    "input_audio_buffer.append": _append,
+    "input_audio_buffer.commit": lambda d, r: CommitInput(_validated(_Commit, d).response_create and r.duplex,
+                                                          _event_id_of(d)),
+    "input_audio_buffer.clear": lambda d, r: ClearInput(_validated(_Event, d).event_id),
+    "output_audio_buffer.clear": lambda d, r: cmd.Clear(target="output", event_id=_validated(_Event, d).event_id),
+    "conversation.item.create": _item_create,
+    "conversation.item.truncate": lambda d, r: _truncate(_validated(_ItemTruncate, d)),
+    "conversation.item.delete": lambda d, r: cmd.ConversationItemDelete(
+        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
+    "conversation.item.retrieve": lambda d, r: cmd.ConversationItemRetrieve(
+        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
+    "response.create": _response_create,
+    "response.cancel": lambda d, r: cmd.ResponseCancel(response_id=_validated(_ResponseCancel, d).response_id,
+                                                       event_id=_event_id_of(d)),
+}
+
+_DUPLEX: dict[str, _Parser] = {
+    "session.create": _session_update,
+    "session.heartbeat": lambda d, r: cmd.Heartbeat(event_id=_validated(_Event, d).event_id),
+    "session.event_ack": lambda d, r: cmd.EventAck(server_event_seq=_validated(_EventAck, d).server_event_seq,
+                                                   event_id=_event_id_of(d)),
+    "session.close": lambda d, r: cmd.Close(event_id=_validated(_Event, d).event_id),
+    "session.resume": _resume,
+    "playback.ack": lambda d, r: _playback_ack(_validated(_PlaybackAck, d)),
+    "overlap.decision": lambda d, r: _overlap(_validated(_OverlapDecision, d)),
+    "turn.signal": lambda d, r: _barge_in(_validated(_TurnSignal, d)),
+    "barge_in": lambda d, r: cmd.BargeIn(event_id=_validated(_Event, d).event_id),
+}
+
+_DUPLEX_ALIASES = {
+    "input.commit": "input_audio_buffer.commit", "input.audio.append": "input_audio_buffer.append",
+    "audio.playback_ack": "playback.ack", "signal_turn": "turn.signal", "close_session": "session.close",
+    "session_close": "session.close", "close": "session.close",
+}
+
+
+def _truncate(e: _ItemTruncate) -> cmd.ConversationItemTruncate:
+    return cmd.ConversationItemTruncate(item_id=e.item_id, audio_end_ms=e.audio_end_ms, content_index=e.content_index,
+                                        event_id=e.event_id)
+
+
+def _playback_ack(e: _PlaybackAck) -> cmd.PlaybackAck:
+    return cmd.PlaybackAck(response_id=e.response_id, played_ms=e.played_ms, committed_ms=e.committed_ms,
+                           truncate=e.truncate, event_id=e.event_id)
+
+
+def _overlap(e: _OverlapDecision) -> cmd.OverlapDecision:
+    return cmd.OverlapDecision(action=e.action, overlap_ms=e.overlap_ms, event_id=e.event_id)
+
+
+def _barge_in(e: _TurnSignal) -> cmd.BargeIn:
+    return cmd.BargeIn(source=e.payload.source[:_MAX_ECHOED_CHARS], event_id=e.event_id)
+
+
+def _event_id_of(data: dict[str, Any]) -> str | None:
+    value = data.get("event_id")
+    return value if isinstance(value, str) else None
+
+
+def parse_client_event(text: str, rules: EventRules) -> ClientAction:
+    """One text frame -> the action it asks for; raises ``WireError``."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise invalid_event("not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid_event("an event is a JSON object")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise invalid_event("'type' is required", param="type", event_id=_event_id_of(data))
+    if rules.duplex:
+        kind = _DUPLEX_ALIASES.get(kind, kind)
+    parser = _REALTIME.get(kind) or (_DUPLEX.get(kind) if rules.duplex else None)
+    if parser is None:
+        raise invalid_event(f"unknown type {kind[:_MAX_ECHOED_CHARS]!r}", param="type", event_id=_event_id_of(data))
+    return parser(data, rules)
