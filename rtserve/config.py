@@ -66,6 +66,9 @@ class LockstepConfig(_Section):
 
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
+    latency_trim_window_frames: int | None = Field(
+        25, ge=1, description="when a slot kept a spare input frame queued through this many ticks, drop its "
+                              "quietest queued frame (standing latency); null disables")
     output_queue_frames: int = Field(64, ge=1, description="per-slot hand-off to the event loop")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")

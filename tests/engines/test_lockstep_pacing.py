@@ -178,12 +178,14 @@ def test_scheduler_on_a_fake_clock_catches_up_and_counts_overruns(caplog: pytest
 
 class ClientFeedingClock(FakeTickClock):
     """Fake time that also plays a real-time client: frame k (value k + 1) is sent at
-    (k + 0.5) periods, delivered whenever time moves past it, whatever the engine does."""
+    (k + 0.5) periods and delivered, in order, whenever time moves past it (plus
+    ``late[k]`` seconds of network delay for the frames named there), whatever the engine does."""
 
-    def __init__(self) -> None:
+    def __init__(self, late: dict[int, float] | None = None) -> None:
         super().__init__()
         self.lease: SlotLease | None = None
-        self.arrivals: list[float] = []
+        self.arrivals: list[float] = []  # send time of each delivered frame
+        self._late = late or {}
 
     def sleep_until(self, deadline: float) -> None:
         super().sleep_until(deadline)
@@ -195,9 +197,13 @@ class ClientFeedingClock(FakeTickClock):
 
     def _deliver(self) -> None:
         now = self.monotonic()
-        while self.lease is not None and (len(self.arrivals) + 0.5) * PERIOD <= now:
-            self.arrivals.append((len(self.arrivals) + 0.5) * PERIOD)
-            self.lease.push_frames([frame(float(len(self.arrivals)))])
+        while self.lease is not None:
+            k = len(self.arrivals)
+            sent = (k + 0.5) * PERIOD
+            if sent + self._late.get(k, 0.0) > now:
+                return
+            self.arrivals.append(sent)
+            self.lease.push_frames([frame(float(k + 1))])
 
 
 @pytest.mark.parametrize("stall_s", [0.25, 1.0])
@@ -287,3 +293,44 @@ def test_real_clock_200_ticks_at_80ms_hold_the_schedule() -> None:
     late = statistics.median(r.lateness_s for r in reports[-20:])
     assert late < early + PERIOD / 4
     assert max(r.lateness_s for r in reports) < (BACKLOG_CAP + 1) * PERIOD
+
+
+@pytest.mark.parametrize("trim_window", [5, None])
+def test_a_late_frame_adds_latency_only_until_the_trim_window_ends(trim_window: int | None) -> None:
+    """Frame 10 arrives just after its tick: that tick plays silence and every later frame
+    waits one extra period. The adaptive backlog drops one standing frame after a window."""
+    clock = ClientFeedingClock(late={10: 0.7 * PERIOD})
+    model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
+    registry = CollectorRegistry()
+    stepped: list[float] = []
+    leases: list[SlotLease] = []
+
+    def prepare(lease: SlotLease) -> None:
+        clock.lease = lease
+        leases.append(lease)
+
+    def observe(report: TickReport) -> None:
+        item = leases[0].output.pop()
+        assert item is not None
+        stepped.append(float(item[0].audio[0]))
+
+    reports = run_scheduler_on_fake_clock(clock, model, registry, 40, lambda tick: 0.01, observe=observe,
+                                          prepare=prepare, latency_trim_window_frames=trim_window)
+    lease = leases[0]
+    latency = {i: r.started - clock.arrivals[int(value) - 1]
+               for i, (r, value) in enumerate(zip(reports, stepped)) if value > 0}
+    assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(1, 11))
+    assert 11 not in latency  # the tick the late frame missed stepped silence
+    assert latency[12] == pytest.approx(1.5 * PERIOD)
+    assert lease.underruns == 2 and lease.frames_discarded == 0
+    if trim_window is None:  # without trimming the extra period stays for good
+        assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(12, 40))
+        assert lease.frames_trimmed == 0
+        return
+    assert lease.frames_trimmed == 1
+    assert metric(registry, "rtserve_lockstep_trimmed_input_frames_total") == 1
+    back = 12 + 2 * trim_window
+    assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(back, 40))
+    delivered = [int(v) for v in stepped if v > 0]
+    assert delivered == sorted(delivered)
+    assert len(set(range(1, delivered[-1] + 1)) - set(delivered)) == 1  # in order, only the trimmed one missing

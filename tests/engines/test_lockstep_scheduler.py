@@ -13,6 +13,7 @@ import pytest
 from lockstep_fakes import RecordingModel, frame, make_scheduler, metric
 
 from rtserve.engines.lockstep import SlotPhase
+from rtserve.engines.lockstep.slots import InputBacklog
 from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineFailure, SlotPrompt
 
 
@@ -313,3 +314,25 @@ def test_metrics_describe_the_batch_and_every_tick() -> None:
     scheduler.tick()
     assert metric(registry, "rtserve_lockstep_live_slots") == 1
     assert metric(registry, "rtserve_lockstep_occupied_slots") == 1
+
+
+def test_backlog_trims_the_quietest_frame_only_after_a_whole_window_with_a_spare() -> None:
+    backlog = InputBacklog(limit=8, trim_window=2)
+    backlog.push([frame(5.0), frame(3.0), frame(0.1), frame(4.0)])
+    popped = [backlog.pop(), backlog.pop()]
+    assert [(float(f[0]), trimmed) for f, trimmed in popped] == [(5.0, False), (3.0, True)]
+    assert [float(f[0]) for f, _ in (backlog.pop(),)] == [4.0]  # 0.1, the quietest, was trimmed
+    assert backlog.pop() == (None, False) and backlog.trimmed == 1
+
+
+def test_backlog_keeps_a_frame_that_jitter_needed_within_the_window() -> None:
+    backlog = InputBacklog(limit=8, trim_window=3)
+    backlog.push([frame(1.0)])
+    arrivals_after_each_pop = [[2.0], [3.0, 4.0], [], [5.0], [6.0, 7.0], [], [8.0]]  # bursty, never late twice
+    stepped = []
+    for arriving in arrivals_after_each_pop:
+        got, trimmed = backlog.pop()
+        assert not trimmed
+        stepped.append(float(got[0]))
+        backlog.push([frame(v) for v in arriving])
+    assert stepped == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and backlog.trimmed == 0

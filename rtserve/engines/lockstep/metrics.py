@@ -33,6 +33,10 @@ class LockstepMetrics:
         self.dropped_input_frames = Counter(
             "rtserve_lockstep_dropped_input_frames", "Input frames dropped (oldest first) over the backlog cap",
             registry=registry)
+        self.trimmed_input_frames = Counter(
+            "rtserve_lockstep_trimmed_input_frames", "Quietest queued input frames dropped because a spare frame "
+            "stood in the backlog for a whole trim window (late arrivals would otherwise add latency for good)",
+            registry=registry)
         self.dropped_output_frames = Counter(
             "rtserve_lockstep_dropped_output_frames", "Output frames dropped (oldest first) for a slow reader",
             registry=registry)

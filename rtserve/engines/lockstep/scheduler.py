@@ -83,7 +83,7 @@ class SlotLease:
     """A session's hold on one slot.
 
     Loop-side methods never block. Counters have one writer each: ``frames_pushed`` and
-    ``frames_discarded`` the loop, ``frames_stepped``, ``underruns`` and
+    ``frames_discarded`` the loop, ``frames_stepped``, ``frames_trimmed``, ``underruns`` and
     ``dropped_output_frames`` the engine thread. The async methods need the lease to have
     been acquired on a running loop.
     """
@@ -95,12 +95,13 @@ class SlotLease:
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
-        self.input = InputBacklog(config.max_input_backlog_frames)
+        self.input = InputBacklog(config.max_input_backlog_frames, config.latency_trim_window_frames)
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.frames_pushed = 0
         self.frames_discarded = 0
         self.frames_stepped = 0
+        self.frames_trimmed = 0
         self.underruns = 0
         self.dropped_output_frames = 0
         self._changed = asyncio.Event()
@@ -157,7 +158,7 @@ class SlotLease:
     async def wait_input_consumed(self) -> None:
         """Until every frame pushed so far was stepped or discarded (or the lease ended)."""
         target = self.frames_pushed
-        await self._wait_until(lambda: self.frames_stepped + self.frames_discarded >= target
+        await self._wait_until(lambda: self.frames_stepped + self.frames_discarded + self.frames_trimmed >= target
                                or self.output.closed or self.released)
 
     async def wait_released(self, timeout_s: float) -> bool:
@@ -478,10 +479,13 @@ class LockstepScheduler:
         frames, mask, dirty = self._frames, self._live_mask, self._dirty_rows
         mask[:] = False
         rows: list[_LiveRow] = []
-        underruns = 0
+        underruns = trimmed = 0
         for index, lease in live:
             mask[index] = True
-            frame = lease.input.pop()
+            frame, trimmed_one = lease.input.pop()
+            if trimmed_one:
+                trimmed += 1
+                lease.frames_trimmed += 1
             if frame is None:
                 underruns += 1
                 lease.underruns += 1
@@ -498,6 +502,8 @@ class LockstepScheduler:
             dirty[stale] = False
         if underruns:
             self.metrics.underruns.inc(underruns)
+        if trimmed:
+            self.metrics.trimmed_input_frames.inc(trimmed)
         return rows
 
     def _scatter(self, rows: list[_LiveRow], outputs: Sequence[FrameOutput | None]

@@ -28,14 +28,27 @@ class SlotPhase(enum.Enum):
 
 
 class InputBacklog:
-    """Per-slot queue of whole input frames, capped by dropping the oldest."""
+    """Per-slot queue of whole input frames, capped by dropping the oldest.
 
-    def __init__(self, limit: int) -> None:
+    With ``trim_window`` set it is also an adaptive jitter buffer. A frame that arrives
+    just after its tick leaves the slot one frame behind for good: from then on a frame
+    is still queued after every pop, which is pure added latency. When that holds for a
+    whole window of ``trim_window`` pops, the quietest queued frame is dropped; the window
+    just showed that the spare frame was never needed to avoid an underrun.
+    """
+
+    def __init__(self, limit: int, trim_window: int | None = None) -> None:
         if limit < 1:
             raise ValueError("input backlog limit must be >= 1")
+        if trim_window is not None and trim_window < 1:
+            raise ValueError("trim window must be >= 1 frame")
         self.limit = limit
+        self.trim_window = trim_window
+        self.trimmed = 0  # frames dropped to cut standing latency; written by the engine thread only
         self._frames: deque[np.ndarray] = deque()
         self._lock = threading.Lock()
+        self._window_pops = 0
+        self._window_min = limit
 
     def push(self, frames: Iterable[np.ndarray]) -> int:
         """Queue frames; return how many old frames were dropped to stay within the cap."""
@@ -48,14 +61,32 @@ class InputBacklog:
                 self._frames.append(frame)
         return dropped
 
-    def pop(self) -> np.ndarray | None:
+    def pop(self) -> tuple[np.ndarray | None, bool]:
+        """The next frame (None on underrun), and whether a standing frame was trimmed."""
         with self._lock:
-            return self._frames.popleft() if self._frames else None
+            frame = self._frames.popleft() if self._frames else None
+            trimmed = self.trim_window is not None and self._trim_standing_latency_locked()
+        return frame, trimmed
+
+    def _trim_standing_latency_locked(self) -> bool:
+        self._window_min = min(self._window_min, len(self._frames))
+        self._window_pops += 1
+        if self._window_pops < self.trim_window:
+            return False
+        standing = self._window_min
+        self._window_pops, self._window_min = 0, self.limit
+        if standing < 1:
+            return False
+        quietest = min(range(len(self._frames)), key=lambda i: float(np.dot(self._frames[i], self._frames[i])))
+        del self._frames[quietest]
+        self.trimmed += 1
+        return True
 
     def clear(self) -> int:
         with self._lock:
             count = len(self._frames)
             self._frames.clear()
+            self._window_pops, self._window_min = 0, self.limit
         return count
 
     def __len__(self) -> int:
