@@ -12,8 +12,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionEngine
 from rtserve.engines.registry import create_engine
 from rtserve.sessions import SessionManager
-from rtserve.web import base_routes, http_api, openpi, realtime
-from rtserve.web import moshi
+from rtserve.web import base_routes, http_api, moshi, openpi, realtime
 from rtserve.web.auth import auth_middleware
 from rtserve.web.context import CTX, AppContext
 from rtserve.web.errors import error_middleware

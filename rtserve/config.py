@@ -67,8 +67,10 @@ class LockstepConfig(_Section):
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
     latency_trim_window_frames: int | None = Field(
-        25, ge=1, description="when a slot kept a spare input frame queued through this many ticks, drop its "
-                              "quietest queued frame (standing latency); null disables")
+        25, ge=1, description="when a slot kept more than latency_trim_keep_frames input frames queued through "
+                              "this many ticks, drop its quietest queued frame (standing latency); null disables")
+    latency_trim_keep_frames: int = Field(1, ge=0, description="spare input frames a slot may keep queued as a "
+                                                               "cushion against network jitter (+1 frame latency)")
     output_queue_frames: int = Field(64, ge=1, description="per-slot hand-off to the event loop")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")

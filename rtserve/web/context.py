@@ -30,7 +30,7 @@ class TurnEngines:
 class AppContext:
     config: ServerConfig
     engine: SessionEngine
-    sessions: SessionManager  # every realtime session of this app (WebSocket and WebRTC transports)
+    sessions: SessionManager  # every realtime WebSocket session of this app
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     started_at: float = 0.0
     engine_failure: str | None = None  # set when engine.start() failed: /health stays 503

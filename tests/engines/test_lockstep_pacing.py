@@ -295,11 +295,11 @@ def test_real_clock_200_ticks_at_80ms_hold_the_schedule() -> None:
     assert max(r.lateness_s for r in reports) < (BACKLOG_CAP + 1) * PERIOD
 
 
-@pytest.mark.parametrize("trim_window", [5, None])
-def test_a_late_frame_adds_latency_only_until_the_trim_window_ends(trim_window: int | None) -> None:
-    """Frame 10 arrives just after its tick: that tick plays silence and every later frame
-    waits one extra period. The adaptive backlog drops one standing frame after a window."""
-    clock = ClientFeedingClock(late={10: 0.7 * PERIOD})
+def run_late_frames_client(late: dict[int, float], **config: object) -> tuple[SlotLease, dict[int, float],
+                                                                              list[float], CollectorRegistry]:
+    """40 ticks of a one-frame-per-period client whose frames in ``late`` arrive after their tick.
+    Returns the lease, input latency per tick that stepped a frame, the stepped values, the registry."""
+    clock = ClientFeedingClock(late=late)
     model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
     registry = CollectorRegistry()
     stepped: list[float] = []
@@ -315,10 +315,24 @@ def test_a_late_frame_adds_latency_only_until_the_trim_window_ends(trim_window: 
         stepped.append(float(item[0].audio[0]))
 
     reports = run_scheduler_on_fake_clock(clock, model, registry, 40, lambda tick: 0.01, observe=observe,
-                                          prepare=prepare, latency_trim_window_frames=trim_window)
-    lease = leases[0]
+                                          prepare=prepare, **config)
     latency = {i: r.started - clock.arrivals[int(value) - 1]
                for i, (r, value) in enumerate(zip(reports, stepped)) if value > 0}
+    return leases[0], latency, stepped, registry
+
+
+def assert_in_order_with_missing(stepped: list[float], missing: int) -> None:
+    delivered = [int(v) for v in stepped if v > 0]
+    assert delivered == sorted(delivered)
+    assert len(set(range(1, delivered[-1] + 1)) - set(delivered)) == missing
+
+
+@pytest.mark.parametrize("trim_window", [5, None])
+def test_without_a_cushion_a_late_frame_adds_latency_only_until_the_window_ends(trim_window: int | None) -> None:
+    """Frame 10 arrives just after its tick: that tick plays silence and every later frame
+    waits one extra period, until the adaptive backlog drops the standing frame."""
+    lease, latency, stepped, registry = run_late_frames_client(
+        {10: 0.7 * PERIOD}, latency_trim_window_frames=trim_window, latency_trim_keep_frames=0)
     assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(1, 11))
     assert 11 not in latency  # the tick the late frame missed stepped silence
     assert latency[12] == pytest.approx(1.5 * PERIOD)
@@ -329,8 +343,21 @@ def test_a_late_frame_adds_latency_only_until_the_trim_window_ends(trim_window: 
         return
     assert lease.frames_trimmed == 1
     assert metric(registry, "rtserve_lockstep_trimmed_input_frames_total") == 1
-    back = 12 + 2 * trim_window
-    assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(back, 40))
-    delivered = [int(v) for v in stepped if v > 0]
-    assert delivered == sorted(delivered)
-    assert len(set(range(1, delivered[-1] + 1)) - set(delivered)) == 1  # in order, only the trimmed one missing
+    assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(12 + 2 * trim_window, 40))
+    assert_in_order_with_missing(stepped, 1)
+
+
+def test_a_one_frame_cushion_absorbs_late_frames_and_never_grows() -> None:
+    """Default policy: the first late frame leaves one spare frame (kept: later late frames
+    then cost nothing); a second standing frame is trimmed, so latency stays at +1 period."""
+    lease, latency, stepped, _ = run_late_frames_client(
+        {10: 0.7 * PERIOD, 20: 0.7 * PERIOD, 30: 1.7 * PERIOD}, latency_trim_window_frames=3)
+    assert latency[12] == pytest.approx(1.5 * PERIOD)
+    # The first tick, the one frame 10 missed, and the one frame 30 missed (late by more than the
+    # cushion); frame 20's lateness cost nothing.
+    assert lease.underruns == 3
+    assert lease.frames_trimmed == 1  # frame 30 left a second spare frame behind: trimmed
+    assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(12, 30))
+    assert max(latency.values()) <= 2.5 * PERIOD + 1e-9
+    assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(38, 40))
+    assert_in_order_with_missing(stepped, 1)

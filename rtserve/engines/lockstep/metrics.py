@@ -34,8 +34,8 @@ class LockstepMetrics:
             "rtserve_lockstep_dropped_input_frames", "Input frames dropped (oldest first) over the backlog cap",
             registry=registry)
         self.trimmed_input_frames = Counter(
-            "rtserve_lockstep_trimmed_input_frames", "Quietest queued input frames dropped because a spare frame "
-            "stood in the backlog for a whole trim window (late arrivals would otherwise add latency for good)",
+            "rtserve_lockstep_trimmed_input_frames", "Quietest queued input frames dropped because more spare frames "
+            "than latency_trim_keep_frames stood in the backlog for a whole trim window (standing latency)",
             registry=registry)
         self.dropped_output_frames = Counter(
             "rtserve_lockstep_dropped_output_frames", "Output frames dropped (oldest first) for a slow reader",

@@ -95,7 +95,8 @@ class SlotLease:
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
-        self.input = InputBacklog(config.max_input_backlog_frames, config.latency_trim_window_frames)
+        self.input = InputBacklog(config.max_input_backlog_frames, config.latency_trim_window_frames,
+                                  config.latency_trim_keep_frames)
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.frames_pushed = 0

@@ -32,18 +32,20 @@ class InputBacklog:
 
     With ``trim_window`` set it is also an adaptive jitter buffer. A frame that arrives
     just after its tick leaves the slot one frame behind for good: from then on a frame
-    is still queued after every pop, which is pure added latency. When that holds for a
-    whole window of ``trim_window`` pops, the quietest queued frame is dropped; the window
-    just showed that the spare frame was never needed to avoid an underrun.
+    is still queued after every pop. ``keep_spare`` such frames are kept as a cushion
+    against network jitter (a slot that has one never underruns on a late frame); when
+    more than that stayed queued through a whole window of ``trim_window`` pops, they are
+    pure added latency and the quietest queued frame is dropped.
     """
 
-    def __init__(self, limit: int, trim_window: int | None = None) -> None:
+    def __init__(self, limit: int, trim_window: int | None = None, keep_spare: int = 0) -> None:
         if limit < 1:
             raise ValueError("input backlog limit must be >= 1")
         if trim_window is not None and trim_window < 1:
             raise ValueError("trim window must be >= 1 frame")
         self.limit = limit
         self.trim_window = trim_window
+        self.keep_spare = keep_spare
         self.trimmed = 0  # frames dropped to cut standing latency; written by the engine thread only
         self._frames: deque[np.ndarray] = deque()
         self._lock = threading.Lock()
@@ -75,7 +77,7 @@ class InputBacklog:
             return False
         standing = self._window_min
         self._window_pops, self._window_min = 0, self.limit
-        if standing < 1:
+        if standing <= self.keep_spare:
             return False
         quietest = min(range(len(self._frames)), key=lambda i: float(np.dot(self._frames[i], self._frames[i])))
         del self._frames[quietest]
