@@ -37,8 +37,6 @@ class SessionLimits(_Section):
     output_reserve_bytes: int = Field(64 * 1024, ge=0, description="extra budget for errors and response endings")
     output_reserve_events: int = Field(8, ge=0)
     close_details_max_bytes: int = Field(4 * 1024, ge=256)
-    completed_append_cache_size: int = Field(256, ge=0)
-    heartbeat_interval_s: float = Field(15.0, gt=0)
     mailbox_size: int = Field(256, ge=1, description="queued commands + engine events per session runner")
     engine_close_timeout_s: float = Field(5.0, gt=0, description="one engine-session cleanup attempt; the reaper retries")
     input_transcript_timeout_s: float = Field(10.0, gt=0, description="wait for a committed turn's final transcript")
@@ -52,7 +50,6 @@ class TransportLimits(_Section):
     max_http_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     ws_heartbeat_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
     max_concurrent_http_generations: int = Field(8, ge=1, description="beyond -> 429, never an unbounded queue")
-    ws_send_queue_events: int = Field(256, ge=1, description="per-connection outbound queue before a slow reader is closed")
     duplex_sessions: bool = Field(True, description="serve full-duplex sessions (/v1/duplex, /v1/realtime?duplex=1); "
                                                     "off: ?duplex=1 falls back to turn-based, /v1/duplex refuses")
     ws_send_buffer_bytes: int | None = Field(

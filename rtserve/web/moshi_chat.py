@@ -77,7 +77,9 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
 async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, conversation: Conversation) -> None:
     """Client messages until the socket closes; malformed audio closes this socket only."""
-    reader = OggOpusReader(WIRE_SAMPLE_RATE)
+    limits = service.config.codecs
+    reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,
+                           max_packet_bytes=limits.ogg_max_packet_bytes, max_feed_seconds=limits.ogg_max_feed_audio_s)
     slack_ms = service.config.moshi.page_align_slack_ms
     align_slack = None if slack_ms is None else round(slack_ms * WIRE_SAMPLE_RATE / 1000)
     async for message in ws:

@@ -246,3 +246,16 @@ async def test_an_engine_failure_closes_with_1011_and_the_server_keeps_serving(c
             await client.handshake()
             await client.send_pcm(noise_signal(4))
             await client.receive_audio(3 * FRAME)
+
+
+async def test_configured_ogg_limits_apply_to_chat_input(config: ServerConfig) -> None:
+    """codecs.ogg_max_feed_audio_s bounds the audio one message may decode to."""
+    config = moshi_config(config)
+    config.codecs.ogg_max_feed_audio_s = 0.05  # less than one 80 ms packet
+    async with moshi_server(config) as server, aiohttp.ClientSession() as http:
+        async with http.ws_connect(server.ws_url(CHAT)) as ws:
+            client = MoshiClient(ws)
+            await client.handshake()
+            await client.send_pcm(noise_signal(4))
+            code, reason = await expect_close(ws)
+    assert code == 1007 and reason.startswith("audio_limit_exceeded")
