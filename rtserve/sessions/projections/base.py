@@ -6,7 +6,21 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from rtserve.sessions import events as ev
 from rtserve.sessions.events import SessionEvent
+
+# Lifecycle and error events are named alike in every dialect.
+SESSION_EVENT_NAMES: dict[type[SessionEvent], str] = {
+    ev.SessionCreated: "session.created",
+    ev.SessionUpdated: "session.updated",
+    ev.HeartbeatAck: "session.heartbeat_ack",
+    ev.SessionClosed: "session.closed",
+    ev.SessionExpired: "session.expired",
+    ev.SessionResumed: "session.resumed",
+    ev.SessionReplaced: "session.replaced",
+    ev.ResyncRequired: "session.resync_required",
+    ev.ErrorEvent: "error",
+}
 
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 

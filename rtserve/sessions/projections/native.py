@@ -14,18 +14,10 @@ from typing import Any
 
 from rtserve.sessions import events as ev
 from rtserve.sessions.projections.audio import encode_audio_b64
-from rtserve.sessions.projections.base import compact_json, compact_json_with_blob
+from rtserve.sessions.projections.base import SESSION_EVENT_NAMES, compact_json, compact_json_with_blob
 
 NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
-    ev.SessionCreated: "session.created",
-    ev.SessionUpdated: "session.updated",
-    ev.HeartbeatAck: "session.heartbeat_ack",
-    ev.SessionClosed: "session.closed",
-    ev.SessionExpired: "session.expired",
-    ev.SessionResumed: "session.resumed",
-    ev.SessionReplaced: "session.replaced",
-    ev.ResyncRequired: "session.resync_required",
-    ev.ErrorEvent: "error",
+    **SESSION_EVENT_NAMES,
     ev.SpeechStarted: "input.speech_started",
     ev.SpeechStopped: "input.speech_stopped",
     ev.InputCommitted: "input.committed",
