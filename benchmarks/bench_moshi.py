@@ -36,18 +36,14 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import sphn
+from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -93,55 +89,6 @@ class Point:
     aligned_windows_pct: float
     server_cpu_pct: float
     errors: int
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerProcess:
-    """``rtserve serve --engine loopback`` in a child process (RTSERVE_* environment)."""
-
-    def __init__(self, batch_size: int, delay_frames: int) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="bench_moshi_server_", suffix=".log", delete=False)
-        env = {**os.environ, "RTSERVE_LOCKSTEP__BATCH_SIZE": str(batch_size),
-               "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(self.port),
-             "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
-            try:
-                async with http.get(self.base + "/health") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-        raise RuntimeError("server did not become ready")
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-        os.unlink(self._log.name)
 
 
 _SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.e]+|[+-]Inf|NaN)$")
@@ -306,7 +253,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run_point(clients: int, duration_s: float, warmup_s: float, delay_frames: int) -> Point:
-    server = ServerProcess(batch_size=clients, delay_frames=delay_frames)
+    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(clients),
+                            "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi")
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as http:

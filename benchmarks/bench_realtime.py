@@ -30,17 +30,14 @@ import base64
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
 import numpy as np
+from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24_000
@@ -84,55 +81,6 @@ class Result:
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
     failed_sessions: int
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerProcess:
-    """``rtserve serve --engine loopback`` in a child process, configured by RTSERVE_* variables."""
-
-    def __init__(self, sessions: int, delay_frames: int) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="bench_realtime_server_", suffix=".log", delete=False)
-        env = {**os.environ, "RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions),
-               "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
-               "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(self.port),
-             "--log-level", "warning"], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
-            try:
-                async with http.get(self.base + "/health") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-        raise RuntimeError("server did not become ready")
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-        os.unlink(self._log.name)
 
 
 async def scrape_counters(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -210,7 +158,8 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
 
 
 async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: int) -> Result:
-    server = ServerProcess(sessions, delay_frames)
+    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions), "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
+                            "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime")
     try:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:

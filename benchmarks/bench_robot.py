@@ -23,11 +23,7 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +31,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 from openpi_client import msgpack_numpy
+from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -73,47 +70,10 @@ class Point:
     late_pct: float
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerProcess:
-    """``rtserve serve`` in a child process, configured through RTSERVE_* variables."""
-
-    def __init__(self, robot_env: dict[str, str]) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="bench_robot_server_", suffix=".log", delete=False)
-        env = {**os.environ, **{f"RTSERVE_ROBOT__{k.upper()}": v for k, v in robot_env.items()}}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(self.port),
-             "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
-            try:
-                async with http.ws_connect(self.base.replace("http", "ws") + ROUTE) as ws:
-                    await ws.receive_bytes(timeout=timeout_s)  # handshake: the policy is loaded
-                    return
-            except (aiohttp.ClientError, OSError):
-                await asyncio.sleep(0.2)
-        raise RuntimeError("server did not become ready")
-
-    def stop(self) -> None:
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-        os.unlink(self._log.name)
+async def _policy_loaded(http: aiohttp.ClientSession, base: str) -> bool:
+    async with http.ws_connect(base.replace("http", "ws") + ROUTE) as ws:
+        await ws.receive_bytes(timeout=30)  # the metadata handshake: the policy is loaded
+        return True
 
 
 async def _batch_counters(http: aiohttp.ClientSession, base: str) -> tuple[float, float]:
@@ -205,9 +165,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     points: list[Point] = []
     async with aiohttp.ClientSession() as http:
         for mode, robot_env in modes:
-            server = ServerProcess(robot_env)
+            server = ServerProcess({f"RTSERVE_ROBOT__{k.upper()}": v for k, v in robot_env.items()}, name="bench_robot")
             try:
-                await server.wait_ready(http)
+                await server.wait_ready(http, timeout_s=120.0, probe=lambda http: _policy_loaded(http, server.base))
                 for robots in args.robots:
                     point = await _run_point(http, server, mode, robots, args.rate, args.duration, rng)
                     print(f"{mode}: {robots} robots done (rtt p50 {point.rtt_p50_ms:.2f} ms)", flush=True)
