@@ -69,28 +69,12 @@ class SealedTurn:
     audio: np.ndarray
 
 
-class TurnDetector:
-    def __init__(self, settings: ServerVadSettings, sample_rate: int, window: int, max_turn_samples: int) -> None:
-        self.settings = settings
-        self._rate = sample_rate
-        self._window = window
-        self._prefix: deque[np.ndarray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
+class _TurnAudio:
+    """The audio of the turn in progress and its id, shared by both turn policies."""
+
+    def __init__(self, max_turn_samples: int) -> None:
         self._turn = AudioBuffer(max_turn_samples)
-        self._speaking = False
-        self._silent_windows = 0
         self._turn_id = 0
-
-    def _windows(self, ms: int) -> int:
-        return -(-ms * self._rate // (1000 * self._window))  # ceil
-
-    @property
-    def speaking(self) -> bool:
-        return self._speaking
-
-    @property
-    def pausing(self) -> bool:
-        """In a turn, but the latest window was silence (the stop may be coming)."""
-        return self._speaking and self._silent_windows > 0
 
     @property
     def turn_id(self) -> int:
@@ -108,6 +92,40 @@ class TurnDetector:
 
     def turn_audio(self) -> np.ndarray:
         return self._turn.audio()
+
+    def take_turn(self) -> SealedTurn:
+        """End the current turn now (a manual commit) and hand over its audio."""
+        sealed = SealedTurn(self._turn_id, self.turn_audio())
+        self.reset()
+        return sealed
+
+    def reset(self) -> None:
+        """Forget the current turn (commit, clear, or after a stop); a new turn id follows."""
+        self._turn.clear()
+        self._turn_id += 1
+
+
+class TurnDetector(_TurnAudio):
+    def __init__(self, settings: ServerVadSettings, sample_rate: int, window: int, max_turn_samples: int) -> None:
+        super().__init__(max_turn_samples)
+        self.settings = settings
+        self._rate = sample_rate
+        self._window = window
+        self._prefix: deque[np.ndarray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
+        self._speaking = False
+        self._silent_windows = 0
+
+    def _windows(self, ms: int) -> int:
+        return -(-ms * self._rate // (1000 * self._window))  # ceil
+
+    @property
+    def speaking(self) -> bool:
+        return self._speaking
+
+    @property
+    def pausing(self) -> bool:
+        """In a turn, but the latest window was silence (the stop may be coming)."""
+        return self._speaking and self._silent_windows > 0
 
     def feed(self, windows: np.ndarray, scores: np.ndarray, first_sample: int,
              ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
@@ -141,31 +159,19 @@ class TurnDetector:
                 self.reset()
         return out
 
-    def take_turn(self) -> SealedTurn:
-        """End the current turn now (a manual commit) and hand over its audio."""
-        sealed = SealedTurn(self._turn_id, self.turn_audio())
-        self.reset()
-        return sealed
-
     def reset(self) -> None:
-        """Forget the current turn (commit, clear, or after a stop); a new turn id follows."""
-        self._turn.clear()
+        super().reset()
         self._prefix.clear()
         self._speaking = False
         self._silent_windows = 0
-        self._turn_id += 1
 
     def _ms(self, sample: int) -> int:
         return sample * 1000 // self._rate
 
 
-class ManualTurn:
+class ManualTurn(_TurnAudio):
     """Turn detection off (``turn_detection: null``): all audio since the last commit or
     clear is the turn; the client decides where it ends."""
-
-    def __init__(self, max_turn_samples: int) -> None:
-        self._turn = AudioBuffer(max_turn_samples)
-        self._turn_id = 0
 
     @property
     def speaking(self) -> bool:
@@ -175,29 +181,5 @@ class ManualTurn:
     def pausing(self) -> bool:
         return False  # no VAD: nothing is known about pauses
 
-    @property
-    def turn_id(self) -> int:
-        return self._turn_id
-
-    @property
-    def dropped_samples(self) -> int:
-        return self._turn.dropped_samples
-
-    @property
-    def turn_samples(self) -> int:
-        return len(self._turn)
-
     def append(self, pcm: np.ndarray) -> None:
         self._turn.append(pcm)
-
-    def turn_audio(self) -> np.ndarray:
-        return self._turn.audio()
-
-    def take_turn(self) -> SealedTurn:
-        sealed = SealedTurn(self._turn_id, self.turn_audio())
-        self.reset()
-        return sealed
-
-    def reset(self) -> None:
-        self._turn.clear()
-        self._turn_id += 1
