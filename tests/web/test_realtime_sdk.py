@@ -23,12 +23,13 @@ class SdkReader:
     """Reads the SDK connection's raw frames, validates each GA event with the SDK types,
     and keeps them all (typed events from the SDK's own parser alongside)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, *, timeout_s: float = HANG_GUARD_S) -> None:
         self.conn = conn
+        self.timeout_s = timeout_s  # per event: real models on a loaded CPU may be silent for long
         self.events: list[dict[str, Any]] = []
 
     async def next(self) -> dict[str, Any]:
-        raw = await asyncio.wait_for(self.conn.recv_bytes(), HANG_GUARD_S)
+        raw = await asyncio.wait_for(self.conn.recv_bytes(), self.timeout_s)
         event = json.loads(raw)
         if event["type"] in SDK_EVENT_TYPES:
             SDK_EVENTS.validate_json(raw)  # raises on any field the SDK types reject

@@ -11,7 +11,7 @@ duplex.md §1.3, U.1); events with no OpenAI equivalent keep their duplex names
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from rtserve.sessions import events as ev
@@ -220,10 +220,28 @@ class RealtimeProjection:
         metadata = {**e.metadata, "committed": e.committed} if self.duplex else (dict(e.metadata) or None)
         return {"response_id": e.response_id,
                 "response": {"id": e.response_id, "object": "realtime.response", "status": e.status,
-                             "status_details": None if e.status_details is None else dict(e.status_details),
+                             "status_details": self._status_details(e.status_details),
                              "output": [self._item(item) for item in e.output],
                              "usage": None if e.usage is None else dict(e.usage),
                              "metadata": metadata}}
+
+    def _status_details(self, details: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """Duplex clients get the runtime's own reasons; OpenAI clients validate a closed set
+        (``turn_detected``, ``client_cancelled``, ...), so cancellations are named in its words."""
+        if details is None:
+            return None
+        if self.duplex or details.get("type") != "cancelled":
+            return dict(details)
+        reason = _OPENAI_CANCEL_REASONS.get(details.get("reason"))
+        return {"type": "cancelled", "reason": reason} if reason else {"type": "cancelled"}
+
+
+# Why a response was cancelled -> the reason OpenAI's schema has for it.
+_OPENAI_CANCEL_REASONS = {
+    "barge_in": "turn_detected",
+    "client_cancelled": "client_cancelled",
+    "output_cleared": "client_cancelled",
+}
 
 
 def _content_part(kind: str, text: str) -> dict[str, Any]:
