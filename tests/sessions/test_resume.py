@@ -13,7 +13,7 @@ from rtserve.sessions import events as ev
 from rtserve.sessions.journal import JournalEntry, ReplayJournal
 from rtserve.sessions.lease import Lease
 from rtserve.sessions.projections import RealtimeProjection
-from tests.sessions.conftest import names, of_type, read_to_end, settle, take_ready
+from tests.sessions.conftest import names, read_to_end, settle, take_ready
 
 
 async def heartbeats(handle, n: int) -> None:

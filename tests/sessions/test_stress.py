@@ -111,7 +111,6 @@ async def test_500_sessions_leak_nothing() -> None:
             handle.submit(cmd.Close())
         # else: left idle, the reaper expires it
         await asyncio.gather(*readers[:-1])
-        readers[-1].add_done_callback(lambda _: None)
         pending_readers.append(readers[-1])
 
     pending_readers: list[asyncio.Future[None]] = []
