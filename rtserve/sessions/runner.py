@@ -84,19 +84,23 @@ class SessionRunner:
         self._on_finished = on_finished
         self.mailbox = Mailbox(limits.mailbox_size)
         self.gate = InputGate(limits.max_pending_input_bytes_per_session, limits.max_pending_turns_per_session)
-        self.conversation = Conversation()
-        self.output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
-        self.ledger = InputLedger()
-        self.responses = ResponseTracker(engine=engine, capabilities=self.capabilities, config=lambda: self.config,
-                                         conversation=self.conversation, output=self.output, ledger=self.ledger,
-                                         stopping=lambda: self._stop is not None)
-        self.turns = TurnTracker(engine=engine, capabilities=self.capabilities, config=lambda: self.config,
-                                 limits=limits, clock=clock, conversation=self.conversation, output=self.output,
-                                 ledger=self.ledger, responses=self.responses, post=self.mailbox.post,
-                                 spawn=self._spawn)
-        self.commands = CommandHandlers(engine=engine, capabilities=self.capabilities, config=config,
-                                        conversation=self.conversation, output=self.output, ledger=self.ledger,
-                                        responses=self.responses, turns=self.turns, snapshot=self.snapshot)
+        # The trackers, wired one way: output <- ledger <- responses <- turns <- commands. Each
+        # gets only what it reads; the config is read through the runner (session.update replaces it).
+        self._conversation = Conversation()
+        self._output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
+        self._ledger = InputLedger()
+        self._responses = ResponseTracker(
+            engine=engine, capabilities=self.capabilities, config=lambda: self.config,
+            conversation=self._conversation, output=self._output, ledger=self._ledger,
+            stopping=lambda: self._stop is not None)
+        self._turns = TurnTracker(
+            engine=engine, capabilities=self.capabilities, config=lambda: self.config, limits=limits, clock=clock,
+            conversation=self._conversation, output=self._output, ledger=self._ledger, responses=self._responses,
+            post=self.mailbox.post, spawn=self._spawn)
+        self._commands = CommandHandlers(
+            engine=engine, capabilities=self.capabilities, config=config, conversation=self._conversation,
+            output=self._output, ledger=self._ledger, responses=self._responses, turns=self._turns,
+            snapshot=self.snapshot)
         self.closing = False
         self.stop_request: StopRequest | None = None  # the first close/expiry asked for from outside
         self._stop: StopRequest | None = None  # why the mailbox loop ends (a request, overflow, engine end)
@@ -110,26 +114,26 @@ class SessionRunner:
 
     @property
     def config(self) -> SessionConfig:
-        return self.commands.config
+        return self._commands.config
 
     @property
     def epoch(self) -> int:
-        return self.output.epoch
+        return self._output.epoch
 
     @property
     def history(self) -> tuple[ChatMessage, ...]:
-        return self.conversation.history()
+        return self._conversation.history()
 
     @property
     def active_response_id(self) -> str | None:
-        return self.responses.active_id
+        return self._responses.active_id
 
     def snapshot(self) -> ev.SessionSnapshot:
         return ev.SessionSnapshot(id=self.session_id, config=self.config, capabilities=self._public_capabilities,
-                                  epoch=self.epoch, turn_id=self.ledger.turn_id, resumable=self.resumable)
+                                  epoch=self.epoch, turn_id=self._ledger.turn_id, resumable=self.resumable)
 
     def start(self, created: ev.SessionCreated) -> None:
-        self.output.emit(created)
+        self._output.emit(created)
         loop = asyncio.get_running_loop()
         self._main = loop.create_task(self._run(), name=f"session-runner:{self.session_id}")
         self._pump = loop.create_task(self._pump_engine(), name=f"session-pump:{self.session_id}")
@@ -166,7 +170,7 @@ class SessionRunner:
                     self._stop = self.stop_request
                 elif isinstance(item, cmd.Command):
                     self.gate.release(item)
-                    self._guarded(self.commands.apply, item)
+                    self._guarded(self._commands.apply, item)
                 elif item is _PUMP_ENDED:
                     self._stop = StopRequest(StopKind.CLOSED, "engine_closed")
                 else:
@@ -188,43 +192,43 @@ class SessionRunner:
         try:
             handler(item)
         except EngineError as exc:
-            self.output.error(exc.code, str(exc), error_type=errors.SERVER_ERROR, related=related)
+            self._output.error(exc.code, str(exc), error_type=errors.SERVER_ERROR, related=related)
         except Exception:
             log.exception("failed to apply %s", type(item).__name__)
-            self.output.error("internal_error", "The server failed to apply this event",
+            self._output.error("internal_error", "The server failed to apply this event",
                               error_type=errors.SERVER_ERROR, related=related)
 
     def _on_internal(self, item: Any) -> None:
         if isinstance(item, ENGINE_EVENTS):
             self._on_engine_event(item)
         elif isinstance(item, CommitFinished):
-            self.turns.on_commit_finished(item)
+            self._turns.on_commit_finished(item)
         elif isinstance(item, TranscriptTimeout):
-            self.turns.on_transcript_timeout(item)
+            self._turns.on_transcript_timeout(item)
 
     def _on_engine_event(self, e: Any) -> None:
         if isinstance(e, OutputAudio | OutputText | ResponseFinished):
-            if not self.responses.on_output(e):
+            if not self._responses.on_output(e):
                 self.metrics.stale_outputs.inc()
         elif isinstance(e, EngineSpeechStarted):
-            self.turns.on_speech_started(e)
+            self._turns.on_speech_started(e)
         elif isinstance(e, EngineSpeechStopped):
-            self.turns.on_speech_stopped(e)
+            self._turns.on_speech_stopped(e)
         elif isinstance(e, InputTranscript):
-            self.turns.on_input_transcript(e)
+            self._turns.on_input_transcript(e)
         elif isinstance(e, EngineFailure):
-            self.output.error(e.code, e.message, error_type=errors.SERVER_ERROR)
+            self._output.error(e.code, e.message, error_type=errors.SERVER_ERROR)
 
     def _on_output_overflow(self) -> None:
         """The rest of the overflow policy (§3.5): the active response fails and leaves
         history, the error and the failed ``response.done`` use the reserve, and the session
         closes with ``output_backpressure``."""
-        response = self.responses.fail_for_overflow()
-        self.output.emit_reserve(ev.ErrorEvent(
+        response = self._responses.fail_for_overflow()
+        self._output.emit_reserve(ev.ErrorEvent(
             session_id=self.session_id, code=errors.OUTPUT_BACKPRESSURE, error_type=errors.RATE_LIMIT,
             message="The client is not reading output fast enough; the session is closed"))
         if response is not None and response.announced and not response.ending_queued:
-            self.output.emit_reserve(ev.ResponseDone(
+            self._output.emit_reserve(ev.ResponseDone(
                 session_id=self.session_id, response_id=response.id, status="failed",
                 status_details={"type": "failed", "reason": errors.OUTPUT_BACKPRESSURE},
                 output=(response.item.snapshot(),), committed=False))
@@ -257,15 +261,15 @@ class SessionRunner:
                 self.gate.release(item)
         for task in list(self._side_tasks):
             task.cancel()
-        self.responses.cut_off(stop.reason)  # before the engine is released
-        continuous = self.responses.continuous
-        if continuous and self.responses.active is not None and not self.output.failed:
+        self._responses.cut_off(stop.reason)  # before the engine is released
+        continuous = self._responses.continuous
+        if continuous and self._responses.active is not None and not self._output.failed:
             await self._flush_lockstep_tail()
         cleanup_ok = await self.close_engine()
         if continuous:
             await self._drain_engine_output()
-            if self.responses.active is not None and not self.output.failed:
-                self.responses.end("completed")
+            if self._responses.active is not None and not self._output.failed:
+                self._responses.end("completed")
         await self._stop_pump()
         if self._side_tasks:
             await asyncio.gather(*self._side_tasks, return_exceptions=True)
