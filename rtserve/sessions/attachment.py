@@ -14,6 +14,7 @@ it, so every sequence number is journaled exactly once and in order.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +24,12 @@ from rtserve.sessions.buffer import INTERRUPTED, BufferedEvent, OutputBuffer
 from rtserve.sessions.events import SessionEvent, SessionReplaced
 from rtserve.sessions.journal import JournalEntry, ReplayJournal
 from rtserve.sessions.projections.base import Projection, with_seq
+
+
+class _AttachmentState(enum.Enum):
+    ACTIVE = enum.auto()
+    SUPERSEDED = enum.auto()  # a resume took over: ``session.replaced`` is still to be delivered
+    ENDED = enum.auto()
 
 
 @dataclass(slots=True, eq=False)
@@ -121,17 +128,17 @@ class Attachment:
         self.projection = projection
         self._preamble: deque[SessionEvent] = deque(preamble)
         self._replay: deque[JournalEntry] = deque(replay)
-        self._state = "active"  # active | superseded | ended
+        self._state = _AttachmentState.ACTIVE
         self._replaced_by = 0
 
     @property
     def active(self) -> bool:
-        return self._state == "active"
+        return self._state is _AttachmentState.ACTIVE
 
     def detach(self) -> bool:
         """The transport lost its peer: start the disconnect grace. False when refused
         (a newer attachment owns the session, or the session is gone)."""
-        if self._state != "active" or self._outlet.on_detach is None:
+        if self._state is not _AttachmentState.ACTIVE or self._outlet.on_detach is None:
             return False
         return self._outlet.on_detach(self)
 
@@ -144,17 +151,17 @@ class Attachment:
             if self._replay:
                 entry = self._replay.popleft()
                 return Delivery(entry.event, self._text(entry.event, entry.text, entry.seq), entry.seq)
-            if self._state == "superseded":
-                self._state = "ended"
+            if self._state is _AttachmentState.SUPERSEDED:
+                self._state = _AttachmentState.ENDED
                 event = SessionReplaced(session_id=self.session_id, attachment_generation=self._replaced_by)
                 return Delivery(event, self.projection.render_text(event), None)
-            if self._state == "ended":
+            if self._state is _AttachmentState.ENDED:
                 return None
             got = await self._outlet.buffer.next_entry(self)
             if got is INTERRUPTED:
                 continue  # superseded or detached meanwhile: the state says which
             if got is None:
-                self._state = "ended"
+                self._state = _AttachmentState.ENDED
                 return None
             assert isinstance(got, BufferedEvent)
             delivery = self._outlet.buffer.if_valid(got, self._outlet.sequence)
@@ -182,9 +189,9 @@ class Attachment:
         return text if seq is None else with_seq(text, seq)
 
     def _supersede(self, generation: int) -> None:
-        if self._state == "active":
-            self._state = "superseded"
+        if self._state is _AttachmentState.ACTIVE:
+            self._state = _AttachmentState.SUPERSEDED
             self._replaced_by = generation
 
     def _end(self) -> None:
-        self._state = "ended"
+        self._state = _AttachmentState.ENDED

@@ -14,7 +14,7 @@ Three lanes:
   full buffer can never prevent a session from ending.
 
 The one event most recently handed to the consumer ("held") is outside the budget; it
-can still be invalidated, and consumers re-check it with ``guard()`` before delivery.
+can still be invalidated, and consumers re-check it with ``if_valid()`` before delivery.
 Queue updates are under a ``threading.Lock`` and a waiting ``get`` is woken thread-safely,
 so producers may live on another thread (an engine thread).
 """

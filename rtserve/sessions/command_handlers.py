@@ -1,28 +1,48 @@
 """How a runner applies each client command (duplex.md §2.3-§2.5, U.1).
 
 Refusals become ``ErrorEvent``s on the session's stream with the command's
-``event_id`` as ``related_event_id``; the session stays usable.
+``event_id`` as ``related_event_id``; the session stays usable. The session
+configuration lives here: ``session.update`` is its only writer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rtserve.engines.protocols import EngineCapabilities, EngineSession
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
-from rtserve.sessions.conversation import ConversationItem
+from rtserve.sessions.conversation import Conversation, ConversationItem
 from rtserve.sessions.ids import new_item_id
+from rtserve.sessions.input_ledger import InputLedger
+from rtserve.sessions.output import SessionOutput
+from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig
-from rtserve.sessions.turns import TurnFlow
+from rtserve.sessions.turns import TurnTracker
 
 
-class CommandHandlers(TurnFlow):
-    def _on_command(self, c: cmd.Command) -> None:
+class CommandHandlers:
+    def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities, config: SessionConfig,
+                 conversation: Conversation, output: SessionOutput, ledger: InputLedger,
+                 responses: ResponseTracker, turns: TurnTracker, snapshot: Callable[[], ev.SessionSnapshot]) -> None:
+        self.engine = engine
+        self.capabilities = capabilities
+        self.config = config
+        self._conversation = conversation
+        self._output = output
+        self._ledger = ledger
+        self._responses = responses
+        self._turns = turns
+        self._snapshot = snapshot
+
+    def apply(self, c: cmd.Command) -> None:
         if isinstance(c, cmd.AppendAudio):
             self._append(c)
         elif isinstance(c, cmd.Commit):
             self._commit(c)
         elif isinstance(c, cmd.Heartbeat):
-            self._emit(ev.HeartbeatAck(session_id=self.session_id))
+            self._output.emit(ev.HeartbeatAck(session_id=self._output.session_id))
         elif isinstance(c, cmd.ResponseCreate):
             self._response_create(c)
         elif isinstance(c, cmd.ResponseCancel):
@@ -31,7 +51,7 @@ class CommandHandlers(TurnFlow):
             self._clear(c)
         elif isinstance(c, cmd.BargeIn):
             if self._require_barge_in(c):
-                self._barge_in(c.source)
+                self._responses.interrupt("barge_in", source=c.source)
         elif isinstance(c, cmd.OverlapDecision):
             self._overlap_decision(c)
         elif isinstance(c, cmd.PlaybackAck):
@@ -45,108 +65,104 @@ class CommandHandlers(TurnFlow):
         elif isinstance(c, cmd.ConversationItemDelete):
             self._item_delete(c)
         elif isinstance(c, cmd.ConversationItemRetrieve):
-            item = self.conversation.get(c.item_id)
+            item = self._conversation.get(c.item_id)
             if item is None:
                 self._item_not_found(c.item_id, c.event_id)
             else:
-                self._emit(ev.ItemRetrieved(session_id=self.session_id, item=item.snapshot()))
+                self._output.emit(ev.ItemRetrieved(session_id=self._output.session_id, item=item.snapshot()))
         else:
-            self._error(errors.INVALID_VALUE, f"{type(c).__name__} is not a session command", related=c.event_id)
+            self._output.error(errors.INVALID_VALUE, f"{type(c).__name__} is not a session command",
+                               related=c.event_id)
 
     def _append(self, c: cmd.AppendAudio) -> None:
         if c.audio.size:
             self.engine.push_audio(c.audio)
-            self._uncommitted_ms += 1000.0 * c.audio.size / self.capabilities.input_sample_rate
-        if self.continuous and self.active is None and not self.output_failed:
-            self._begin_response(None)
+            self._ledger.uncommitted_ms += 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+        if self._responses.continuous and self._responses.active is None and not self._output.failed:
+            self._responses.begin(None)
 
     def _commit(self, c: cmd.Commit) -> None:
-        if self._uncommitted_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
-            self._error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
-        elif self.continuous:
-            self._error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
-                        related=c.event_id)
+        if self._ledger.uncommitted_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
+            self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
+        elif self._responses.continuous:
+            self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
+                               related=c.event_id)
         else:
-            self._commit_turn(response_create=c.response_create)
+            self._turns.commit(response_create=c.response_create)
 
     def _response_create(self, c: cmd.ResponseCreate) -> None:
-        if self.continuous:
-            self._error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
-                        related=c.event_id)
-        elif self.active is not None:
-            self._error(errors.RESPONSE_ALREADY_ACTIVE,
-                        f"Conversation already has an active response in progress: {self.active.id}",
-                        related=c.event_id)
+        if self._responses.continuous:
+            self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
+                               related=c.event_id)
+        elif self._responses.active is not None:
+            self._output.error(errors.RESPONSE_ALREADY_ACTIVE,
+                               f"Conversation already has an active response in progress: {self._responses.active.id}",
+                               related=c.event_id)
         else:
-            self._begin_response(c)
+            self._responses.begin(c)
 
     def _response_cancel(self, c: cmd.ResponseCancel) -> None:
-        active = self.active
+        active = self._responses.active
         if active is None or (c.response_id is not None and c.response_id != active.id):
-            self._error(errors.RESPONSE_NOT_ACTIVE, "No active response to cancel", related=c.event_id)
+            self._output.error(errors.RESPONSE_NOT_ACTIVE, "No active response to cancel", related=c.event_id)
             return
-        self._advance_epoch(clear_output=True)
-        if not self.continuous:  # the eternal lockstep stream keeps flowing in the new epoch
-            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+        self._responses.interrupt("client_cancelled")
 
     def _clear(self, c: cmd.Clear) -> None:
         if c.target == "input":
             self.engine.clear_input()
-            self._uncommitted_ms = 0.0
-            self._speech_item_id = None
-            self._emit(ev.InputCleared(session_id=self.session_id))
+            self._ledger.clear_uncommitted()
+            self._output.emit(ev.InputCleared(session_id=self._output.session_id))
             return
-        self._advance_epoch(clear_output=True)
-        if self.active is not None and not self.continuous:
-            self._end_response("cancelled", {"type": "cancelled", "reason": "output_cleared"})
+        self._responses.interrupt("output_cleared")
 
     def _require_barge_in(self, c: cmd.Command) -> bool:
         if self.capabilities.supports_barge_in:
             return True
-        self._error(errors.BARGE_IN_UNSUPPORTED, "This model does not support barge-in", related=c.event_id)
+        self._output.error(errors.BARGE_IN_UNSUPPORTED, "This model does not support barge-in", related=c.event_id)
         return False
 
     def _overlap_decision(self, c: cmd.OverlapDecision) -> None:
         if c.action == "barge_in" and not self._require_barge_in(c):
             return
-        self._emit(ev.OverlapDecided(session_id=self.session_id, action=c.action, reason="client_decision",
-                                     policy="client", overlap_ms=c.overlap_ms))
+        self._output.emit(ev.OverlapDecided(session_id=self._output.session_id, action=c.action,
+                                            reason="client_decision", policy="client", overlap_ms=c.overlap_ms))
         if c.action == "barge_in":
-            self._barge_in("client_decision")
+            self._responses.interrupt("barge_in", source="client_decision")
         elif c.action == "drop":
             self._clear(cmd.Clear(target="input"))
 
     def _playback_ack(self, c: cmd.PlaybackAck) -> None:
-        item = self.conversation.for_response(c.response_id)
+        item = self._conversation.for_response(c.response_id)
         if item is None:
-            self._error(errors.UNKNOWN_RESPONSE, f"No response {c.response_id} in this conversation",
-                        related=c.event_id, param="response_id")
+            self._output.error(errors.UNKNOWN_RESPONSE, f"No response {c.response_id} in this conversation",
+                               related=c.event_id, param="response_id")
             return
         committed_ms = c.played_ms if c.committed_ms is None else c.committed_ms
         policy = self.config.playback_commit_policy
-        if policy == "ack_only" and item.turn_id < self.turn_id and committed_ms > item.committed_ms:
+        if policy == "ack_only" and item.turn_id < self._ledger.turn_id and committed_ms > item.committed_ms:
             # A newer user turn is committed: extending this answer now would put it after that turn.
-            self._error(errors.PLAYBACK_ACK_OUT_OF_ORDER,
-                        "Acknowledge playback before committing the next input", related=c.event_id)
+            self._output.error(errors.PLAYBACK_ACK_OUT_OF_ORDER,
+                               "Acknowledge playback before committing the next input", related=c.event_id)
             return
         changed = item.acknowledge(c.played_ms, committed_ms, policy)
         if c.truncate:
             item.truncate(item.played_ms)
             changed = True
-        self._emit(ev.PlaybackAcknowledged(session_id=self.session_id, response_id=c.response_id, item_id=item.id,
-                                           played_ms=item.played_ms, committed_ms=item.committed_ms,
-                                           history_committed=changed))
+        self._output.emit(ev.PlaybackAcknowledged(session_id=self._output.session_id, response_id=c.response_id,
+                                                  item_id=item.id, played_ms=item.played_ms,
+                                                  committed_ms=item.committed_ms, history_committed=changed))
 
     def _session_update(self, c: cmd.SessionUpdate) -> None:
         try:
             config = self.config.updated(dict(c.changes))
         except ConfigUpdateError as exc:
-            self._error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
+            self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
         if config.turn_detection != self.config.turn_detection:
             self._configure_turn_detection(config)  # an EngineError leaves the config as it was
         self.config = config
-        self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.snapshot()))
+        self._output.emit(ev.SessionUpdated(session_id=self._output.session_id, session=self._snapshot()))
 
     def _configure_turn_detection(self, config: SessionConfig) -> None:
         """An engine that ends turns itself (server VAD) learns the new setting; it drops the
@@ -155,50 +171,52 @@ class CommandHandlers(TurnFlow):
         if configure is None or not self.capabilities.supports_server_vad:
             return
         configure(None if config.turn_detection is None else config.turn_detection.model_dump())
-        self._uncommitted_ms = 0.0
-        self._speech_item_id = None
+        self._ledger.clear_uncommitted()
 
     def _item_create(self, c: cmd.ConversationItemCreate) -> None:
         item_id = c.item_id or new_item_id()
-        if item_id in self.conversation:
-            self._error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id, param="item_id")
+        if item_id in self._conversation:
+            self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
+                               param="item_id")
             return
         item = ConversationItem(item_id, c.role, "text", text=c.text, committed_text=c.text,
-                                turn_id=self.turn_id)
+                                turn_id=self._ledger.turn_id)
         try:
-            previous = self.conversation.add(item, c.previous_item_id)
+            previous = self._conversation.add(item, c.previous_item_id)
         except KeyError:
             self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
             return
         snapshot = item.snapshot()
-        self._emit(ev.ItemAdded(session_id=self.session_id, item=snapshot, previous_item_id=previous))
-        self._emit(ev.ItemDone(session_id=self.session_id, item=snapshot, previous_item_id=previous))
+        session_id = self._output.session_id
+        self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
+        self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
 
     def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
-        item = self.conversation.get(c.item_id)
+        item = self._conversation.get(c.item_id)
         if item is None:
             self._item_not_found(c.item_id, c.event_id)
         elif item.role != "assistant" or item.kind != "audio":
-            self._error(errors.INVALID_VALUE, "Only assistant audio items can be truncated", related=c.event_id,
-                        param="item_id")
+            self._output.error(errors.INVALID_VALUE, "Only assistant audio items can be truncated",
+                               related=c.event_id, param="item_id")
         elif c.audio_end_ms < 0 or c.audio_end_ms > item.audio_ms + 1:
-            self._error(errors.INVALID_VALUE, f"audio_end_ms {c.audio_end_ms} is beyond the item's "
-                        f"{int(item.audio_ms)} ms of audio", related=c.event_id, param="audio_end_ms")
+            self._output.error(errors.INVALID_VALUE, f"audio_end_ms {c.audio_end_ms} is beyond the item's "
+                               f"{int(item.audio_ms)} ms of audio", related=c.event_id, param="audio_end_ms")
         else:
             item.truncate(c.audio_end_ms)
-            self._emit(ev.ItemTruncated(session_id=self.session_id, item_id=item.id, audio_end_ms=c.audio_end_ms,
-                                        content_index=c.content_index))
+            self._output.emit(ev.ItemTruncated(session_id=self._output.session_id, item_id=item.id,
+                                               audio_end_ms=c.audio_end_ms, content_index=c.content_index))
 
     def _item_delete(self, c: cmd.ConversationItemDelete) -> None:
-        if self.active is not None and self.active.item.id == c.item_id:
-            self._error(errors.INVALID_VALUE, "Cancel the response before deleting its item", related=c.event_id,
-                        param="item_id")
-        elif self.conversation.remove(c.item_id) is None:
+        active = self._responses.active
+        if active is not None and active.item.id == c.item_id:
+            self._output.error(errors.INVALID_VALUE, "Cancel the response before deleting its item",
+                               related=c.event_id, param="item_id")
+        elif self._conversation.remove(c.item_id) is None:
             self._item_not_found(c.item_id, c.event_id)
         else:
-            if c.item_id in self._awaiting_transcripts:
-                self._resolve_transcript(c.item_id, "")
-            self._emit(ev.ItemDeleted(session_id=self.session_id, item_id=c.item_id))
+            if c.item_id in self._ledger.awaiting_transcripts:
+                self._turns.resolve_transcript(c.item_id, "")
+            self._output.emit(ev.ItemDeleted(session_id=self._output.session_id, item_id=c.item_id))
 
     def _item_not_found(self, item_id: str, related: str | None, param: str = "item_id") -> None:
-        self._error(errors.ITEM_NOT_FOUND, f"Item {item_id} does not exist", related=related, param=param)
+        self._output.error(errors.ITEM_NOT_FOUND, f"Item {item_id} does not exist", related=related, param=param)

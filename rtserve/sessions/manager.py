@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,10 +44,19 @@ from rtserve.sessions.lease import Lease
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.projections.base import Projection
 from rtserve.sessions.projections.realtime import RealtimeProjection
-from rtserve.sessions.runner import SessionRunner
+from rtserve.sessions.runner import SessionRunner, StopKind
 from rtserve.sessions.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
+
+
+class _EntryState(enum.Enum):
+    """live -> closing -> (cleanup_pending) -> released"""
+
+    LIVE = enum.auto()
+    CLOSING = enum.auto()
+    CLEANUP_PENDING = enum.auto()  # engine cleanup failed: the slot stays held until a retry succeeds
+    RELEASED = enum.auto()
 
 
 @dataclass(eq=False)
@@ -55,7 +65,7 @@ class _Entry:
     runner: SessionRunner
     outlet: SessionOutlet
     lease: Lease
-    state: str = "live"  # live -> closing -> (cleanup_pending) -> released
+    state: _EntryState = _EntryState.LIVE
 
 
 class SessionManager:
@@ -78,17 +88,13 @@ class SessionManager:
     # observation
     # ------------------------------------------------------------------
 
-    @property
-    def slots_in_use(self) -> int:
-        return self._opening + len(self._live) + len(self._closing)
-
     def active_count(self) -> int:
         """Sessions holding an admission slot (opening, live, or closing)."""
-        return self.slots_in_use
+        return self._opening + len(self._live) + len(self._closing)
 
     def stats(self) -> dict[str, int]:
         return {"opening": self._opening, "live": len(self._live), "closing": len(self._closing),
-                "cleanup_pending": sum(e.state == "cleanup_pending" for e in self._closing.values()),
+                "cleanup_pending": sum(e.state is _EntryState.CLEANUP_PENDING for e in self._closing.values()),
                 "background_tasks": len(self._background)}
 
     def get(self, session_id: str) -> SessionHandle | None:
@@ -107,7 +113,7 @@ class SessionManager:
         when every slot is held, the engine's code when it refuses."""
         if self._shutting_down:
             raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down")
-        if self.slots_in_use >= self.limits.max_sessions:
+        if self.active_count() >= self.limits.max_sessions:
             self.metrics.refused.labels(errors.RESOURCE_EXHAUSTED).inc()
             raise SessionError(errors.RESOURCE_EXHAUSTED,
                                f"All {self.limits.max_sessions} session slots are in use; try again later")
@@ -192,7 +198,7 @@ class SessionManager:
         now = self.clock.monotonic()
         if isinstance(command, cmd.Close):
             entry.lease.touch(now)
-            self._begin_stop(entry, "closed", command.reason)
+            self._begin_stop(entry, StopKind.CLOSED, command.reason)
             return None
         if isinstance(command, cmd.EventAck):
             entry.lease.touch(now)
@@ -251,7 +257,7 @@ class SessionManager:
         if current is not None and current.generation == generation:
             entry.outlet.detach(current)
         if not entry.runner.resumable:
-            self._begin_stop(entry, "closed", "disconnect")
+            self._begin_stop(entry, StopKind.CLOSED, "disconnect")
         return True
 
     def resume(self, session_id: str, *, resume_token: str | None, expected_generation: int, control_id: str,
@@ -284,7 +290,7 @@ class SessionManager:
         entry = self._live.get(session_id)
         if entry is None:
             return None
-        finished = self._begin_stop(entry, "closed", reason)
+        finished = self._begin_stop(entry, StopKind.CLOSED, reason)
         await asyncio.shield(finished)
         return entry.lease.generation
 
@@ -293,16 +299,16 @@ class SessionManager:
         entry = self._live.get(session_id)
         if entry is None:
             return False
-        await asyncio.shield(self._begin_stop(entry, "expired", reason))
+        await asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, reason))
         return True
 
-    def _begin_stop(self, entry: _Entry, kind: str, reason: str) -> asyncio.Future[bool]:
+    def _begin_stop(self, entry: _Entry, kind: StopKind, reason: str) -> asyncio.Future[bool]:
         self._mark_closing(entry)
         return entry.runner.request_stop(kind, reason)
 
     def _mark_closing(self, entry: _Entry) -> None:
-        if entry.state == "live":
-            entry.state = "closing"
+        if entry.state is _EntryState.LIVE:
+            entry.state = _EntryState.CLOSING
             self._live.pop(entry.session_id, None)
             self._closing[entry.session_id] = entry
 
@@ -312,12 +318,12 @@ class SessionManager:
             self.metrics.ended.labels(terminal.kind, terminal.reason).inc()
         if ok:
             self._release(entry)
-        elif entry.state != "released":
-            entry.state = "cleanup_pending"
+        elif entry.state is not _EntryState.RELEASED:
+            entry.state = _EntryState.CLEANUP_PENDING
             self.metrics.cleanup_failures.inc()
 
     def _release(self, entry: _Entry) -> None:
-        entry.state = "released"
+        entry.state = _EntryState.RELEASED
         self._live.pop(entry.session_id, None)
         self._closing.pop(entry.session_id, None)
         self._update_gauge()
@@ -334,9 +340,9 @@ class SessionManager:
         for entry in list(self._live.values()):
             reason = entry.lease.expiry_reason(now, self.limits.idle_ttl_s, self.limits.disconnect_grace_s)
             if reason is not None:
-                waits.append(asyncio.shield(self._begin_stop(entry, "expired", reason)))
+                waits.append(asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, reason)))
         for entry in list(self._closing.values()):
-            if entry.state == "cleanup_pending":
+            if entry.state is _EntryState.CLEANUP_PENDING:
                 waits.append(asyncio.ensure_future(self._retry_cleanup(entry)))
         if not waits:
             return 0
@@ -372,7 +378,7 @@ class SessionManager:
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
         for entry in list(self._live.values()):
-            self._begin_stop(entry, "closed", "shutdown")
+            self._begin_stop(entry, StopKind.CLOSED, "shutdown")
         entries = list(self._closing.values())
         pending = [e.runner.finished for e in entries if not e.runner.finished.done()]
         if pending:
@@ -407,7 +413,7 @@ class SessionManager:
         return task
 
     def _update_gauge(self) -> None:
-        self.metrics.slots.set(self.slots_in_use)
+        self.metrics.slots.set(self.active_count())
 
 
 def _in_session_context(session_id: str, fn: Callable[..., Any], *args: Any) -> Any:

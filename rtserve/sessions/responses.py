@@ -8,80 +8,129 @@ input or output and completed once at close (duplex.md §2.4, §2.8).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import ChatMessage, ResponseRequest, SamplingParams
+from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineSession, OutputAudio, OutputText,
+                                       ResponseFinished, ResponseRequest, SamplingParams)
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
-from rtserve.sessions.conversation import ConversationItem, Outcome
+from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
 from rtserve.sessions.ids import item_id_for_response, new_response_id
-from rtserve.sessions.runner_state import ActiveResponse, RunnerState
+from rtserve.sessions.input_ledger import InputLedger
+from rtserve.sessions.output import SessionOutput
+from rtserve.sessions.session_config import SessionConfig
+
+ResponseOutput = OutputAudio | OutputText | ResponseFinished
 
 
-class ResponseFlow(RunnerState):
-    def _begin_response(self, overrides: cmd.ResponseCreate | None) -> None:
+@dataclass(eq=False)
+class ActiveResponse:
+    id: str
+    item: ConversationItem
+    modalities: tuple[str, ...]
+    overrides: cmd.ResponseCreate | None
+    continuous: bool
+    resampler: StreamResampler | None
+    engine_started: bool = False
+    announced: bool = False  # response.created was queued: the client knows this response
+    ending_queued: bool = False
+
+    @property
+    def audio(self) -> bool:
+        return self.item.kind == "audio"
+
+
+class ResponseTracker:
+    """The active response of one session, from ``response.created`` to ``response.done``."""
+
+    def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities,
+                 config: Callable[[], SessionConfig], conversation: Conversation, output: SessionOutput,
+                 ledger: InputLedger, stopping: Callable[[], bool]) -> None:
+        self._engine = engine
+        self._capabilities = capabilities
+        self._config = config
+        self._conversation = conversation
+        self._output = output
+        self._ledger = ledger
+        self._stopping = stopping  # the session is ending: no new response may start
+        self.continuous = capabilities.mode == "lockstep"
+        self.active: ActiveResponse | None = None
+        self._deferred = False  # a committed turn asked for a response while one was active
+
+    @property
+    def active_id(self) -> str | None:
+        return None if self.active is None else self.active.id
+
+    def begin(self, overrides: cmd.ResponseCreate | None) -> None:
+        config = self._config()
         response_id = new_response_id()
-        modalities = tuple(overrides.modalities) if overrides and overrides.modalities else self.config.modalities
+        modalities = tuple(overrides.modalities) if overrides and overrides.modalities else config.modalities
         kind = "audio" if "audio" in modalities else "text"
         item = ConversationItem(item_id_for_response(response_id), "assistant", kind, text="", status="in_progress",
-                                response_id=response_id, turn_id=self.turn_id)
-        rate_in, rate_out = self.capabilities.output_sample_rate, self.config.output_sample_rate
+                                response_id=response_id, turn_id=self._ledger.turn_id)
+        rate_in, rate_out = self._capabilities.output_sample_rate, config.output_sample_rate
         response = ActiveResponse(response_id, item, modalities, overrides, self.continuous,
                                   StreamResampler(rate_in, rate_out) if rate_in != rate_out else None)
-        previous = self.conversation.add(item)
+        previous = self._conversation.add(item)
         self.active = response
         metadata = dict(overrides.metadata) if overrides and overrides.metadata else {}
-        response.announced = self._emit(ev.ResponseCreated(session_id=self.session_id, response_id=response_id,
-                                                           modalities=modalities, metadata=metadata))
-        self._emit(ev.ItemAdded(session_id=self.session_id, item=item.snapshot(), previous_item_id=previous))
-        self._emit(ev.OutputItemAdded(session_id=self.session_id, response_id=response_id, item=item.snapshot()))
-        self._emit(ev.ContentPartAdded(session_id=self.session_id, response_id=response_id, item_id=item.id,
-                                       kind=kind))
-        self._maybe_start_engine_response()
+        session_id, emit = self._output.session_id, self._output.emit
+        response.announced = emit(ev.ResponseCreated(session_id=session_id, response_id=response_id,
+                                                     modalities=modalities, metadata=metadata))
+        emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
+        emit(ev.OutputItemAdded(session_id=session_id, response_id=response_id, item=item.snapshot()))
+        emit(ev.ContentPartAdded(session_id=session_id, response_id=response_id, item_id=item.id, kind=kind))
+        self.start_engine_response()
 
-    def _maybe_start_engine_response(self) -> None:
+    def begin_after_turn(self) -> None:
+        """A committed turn asks for an answer: now, or once the active response ends."""
+        if self.active is None:
+            self.begin(None)
+        else:
+            self._deferred = True
+
+    def start_engine_response(self) -> None:
+        """Ask the engine for the active response once no committed turn awaits its transcript."""
         response = self.active
-        if response is None or response.engine_started or response.continuous or self._awaiting_transcripts:
+        if (response is None or response.engine_started or response.continuous
+                or self._ledger.awaiting_transcripts):
             return
         response.engine_started = True
-        o = response.overrides
-        instructions = o.instructions if o and o.instructions is not None else self.config.instructions
+        config, o = self._config(), response.overrides
+        instructions = o.instructions if o and o.instructions is not None else config.instructions
         messages = [ChatMessage("system", instructions)] if instructions else []
-        messages.extend(self.conversation.history())
-        max_tokens = o.max_output_tokens if o and o.max_output_tokens else self.config.max_output_tokens
+        messages.extend(self._conversation.history())
+        max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
         params = SamplingParams(
-            temperature=o.temperature if o and o.temperature is not None else self.config.temperature,
+            temperature=o.temperature if o and o.temperature is not None else config.temperature,
             **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
-        self.engine.respond(ResponseRequest(
-            response_id=response.id, epoch=self.epoch, messages=tuple(messages),
-            voice=(o.voice if o and o.voice else None) or self.config.voice,
+        self._engine.respond(ResponseRequest(
+            response_id=response.id, epoch=self._output.epoch, messages=tuple(messages),
+            voice=(o.voice if o and o.voice else None) or config.voice,
             # An audio answer's text is its transcript, carried by the audio chunks: asking for
             # "text" as well would make an engine stream the same words twice.
             modalities=("audio",) if response.audio else ("text",), params=params))
 
-    def _advance_epoch(self, *, clear_output: bool) -> None:
+    def advance_epoch(self) -> None:
         """New fence: queued and held audio of the old epoch is dropped before the engine
         is told, so nothing of the old epoch can be delivered afterwards."""
-        old = self.epoch
-        self.epoch += 1
-        cleared = []
-        if clear_output:
-            for response_id in self._audible:
-                if self.outlet.buffer.invalidate(response_id, old) or response_id == self.active_response_id:
-                    cleared.append(response_id)
-            self._audible.clear()
-        self.engine.set_epoch(self.epoch)
+        cleared = self._output.advance_epoch(self.active_id)
+        self._engine.set_epoch(self._output.epoch)
         for response_id in cleared:
-            self._emit(ev.OutputAudioCleared(session_id=self.session_id, response_id=response_id))
+            self._output.emit(ev.OutputAudioCleared(session_id=self._output.session_id, response_id=response_id))
 
-    def _barge_in(self, reason: str) -> None:
-        self._advance_epoch(clear_output=True)
+    def interrupt(self, reason: str, **details: str) -> None:
+        """Advance the fence and cancel the active turn response (the eternal lockstep stream
+        keeps flowing in the new epoch)."""
+        self.advance_epoch()
         if self.active is not None and not self.continuous:
-            self._end_response("cancelled", {"type": "cancelled", "reason": "barge_in", "source": reason})
+            self.end("cancelled", {"type": "cancelled", "reason": reason, **details})
 
-    def _end_response(self, status: Outcome, details: dict[str, Any] | None = None,
-                      usage: dict[str, int] | None = None) -> None:
+    def end(self, status: Outcome, details: dict[str, Any] | None = None,
+            usage: dict[str, int] | None = None) -> None:
         """The completion batch: audio/text done markers, part/item done, ``response.done``,
         ``rate_limits.updated``. Stops early if the batch overflows the buffer."""
         response = self.active
@@ -91,69 +140,103 @@ class ResponseFlow(RunnerState):
             tail = response.resampler.flush()
             if tail.size:
                 self._emit_audio(response, tail, None, resample=False)
-        item.settle(status, self.config.playback_commit_policy)
+        item.settle(status, self._config().playback_commit_policy)
         if status == "failed":
-            self.conversation.remove(item.id)
-        ids = {"session_id": self.session_id, "response_id": response.id, "item_id": item.id}
+            self._conversation.remove(item.id)
+        session_id, emit = self._output.session_id, self._output.emit
+        ids = {"session_id": session_id, "response_id": response.id, "item_id": item.id}
         text = item.text or ""
         batch: list[ev.SessionEvent] = (
             [ev.AudioDone(**ids), ev.TranscriptDone(**ids, transcript=text)] if response.audio
             else [ev.TextDone(**ids, text=text)])
         snapshot = item.snapshot()
         batch += [ev.ContentPartDone(**ids, kind=item.kind, text=text),
-                  ev.OutputItemDone(session_id=self.session_id, response_id=response.id, item=snapshot),
-                  ev.ItemDone(session_id=self.session_id, item=snapshot)]
+                  ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot),
+                  ev.ItemDone(session_id=session_id, item=snapshot)]
         for event in batch:
-            if not self._emit(event):
+            if not emit(event):
                 return
-        done = ev.ResponseDone(session_id=self.session_id, response_id=response.id, status=status,
+        done = ev.ResponseDone(session_id=session_id, response_id=response.id, status=status,
                                status_details=details, output=(snapshot,), usage=usage,
                                committed=status != "failed" and bool(item.committed_text))
-        if not self._emit(done):
+        if not emit(done):
             return
         response.ending_queued = True
         self.active = None
-        self._emit(ev.RateLimitsUpdated(session_id=self.session_id))
-        if self._deferred_response and not self.output_failed and self._stop is None:
-            self._deferred_response = False
-            self._begin_response(None)
+        emit(ev.RateLimitsUpdated(session_id=session_id))
+        if self._deferred and not self._output.failed and not self._stopping():
+            self._deferred = False
+            self.begin(None)
+
+    def cut_off(self, reason: str) -> None:
+        """The session closes mid-answer: drop the turn response's queued and held audio
+        (no audio-cleared notice at close) and cancel it. Finished answers keep theirs."""
+        if self.continuous or self.active is None:
+            return
+        self._output.buffer.invalidate(self.active.id, self._output.epoch)
+        if not self._output.failed:
+            self.end("cancelled", {"type": "cancelled", "reason": reason})
+
+    def fail_for_overflow(self) -> ActiveResponse | None:
+        """The output overflowed: the active response fails without a completion batch, its
+        queued audio is dropped, and it never enters history. Returns it for the notice."""
+        response, self.active = self.active, None
+        if response is not None:
+            self._output.buffer.invalidate(response.id, self._output.epoch)
+            self._conversation.remove(response.item.id)
+            response.item.status = "incomplete"
+        return response
+
+    def on_output(self, e: ResponseOutput) -> bool:
+        """Apply engine output; False when it is stale (an old epoch, or no longer active)."""
+        response = self._current_for(e.epoch, e.response_id)
+        if response is None:
+            return False
+        if isinstance(e, OutputAudio):
+            if response.audio:
+                self._emit_audio(response, e.pcm, e.text)
+        elif isinstance(e, OutputText):
+            self._emit_text(response, e.text)
+        elif not response.continuous:
+            details = None if e.status == "completed" else {"type": e.status, "reason": e.reason}
+            self.end(e.status, details, dict(e.usage) or None)
+        return True
 
     def _emit_audio(self, response: ActiveResponse, pcm: Any, text: str | None, *, resample: bool = True) -> None:
         item = response.item
-        engine_rate, rate = self.capabilities.output_sample_rate, self.config.output_sample_rate
+        config = self._config()
+        engine_rate, rate = self._capabilities.output_sample_rate, config.output_sample_rate
         if resample and (response.resampler.out_rate if response.resampler else engine_rate) != rate:
             # session.update changed the output rate mid-response (the eternal lockstep one too).
             response.resampler = StreamResampler(engine_rate, rate) if engine_rate != rate else None
         if resample and response.resampler is not None:
             pcm = response.resampler.process(pcm)
-        ids = {"session_id": self.session_id, "response_id": response.id, "item_id": item.id}
+        ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
         if pcm.size:
-            if not self._emit(ev.AudioDelta(**ids, pcm=pcm, sample_rate=self.config.output_sample_rate,
-                                            audio_format=self.config.output_audio_format)):
+            if not self._output.emit_audio(ev.AudioDelta(**ids, pcm=pcm, sample_rate=rate,
+                                                         audio_format=config.output_audio_format)):
                 return
-            item.audio_ms += 1000.0 * pcm.size / self.config.output_sample_rate
-            if not self._audible or self._audible[-1] != response.id:
-                self._audible.append(response.id)
+            item.audio_ms += 1000.0 * pcm.size / rate
         if text or not response.continuous:
             item.text = (item.text or "") + (text or "")
-            self._emit(ev.TranscriptDelta(**ids, delta=text or ""))
+            self._output.emit(ev.TranscriptDelta(**ids, delta=text or ""))
 
     def _emit_text(self, response: ActiveResponse, text: str) -> None:
         item = response.item
         item.text = (item.text or "") + text
-        ids = {"session_id": self.session_id, "response_id": response.id, "item_id": item.id}
+        ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
         if response.audio:
-            self._emit(ev.TranscriptDelta(**ids, delta=text))
+            self._output.emit(ev.TranscriptDelta(**ids, delta=text))
         else:
-            self._emit(ev.TextDelta(**ids, delta=text))
+            self._output.emit(ev.TextDelta(**ids, delta=text))
 
     def _current_for(self, epoch: int, response_id: str | None) -> ActiveResponse | None:
         """The response an engine output belongs to, or None when it is stale."""
-        if epoch != self.epoch or self.output_failed:
+        if epoch != self._output.epoch or self._output.failed:
             return None
         if self.continuous:
-            if self.active is None and self._stop is None:
-                self._begin_response(None)
+            if self.active is None and not self._stopping():
+                self.begin(None)
             return self.active
         active = self.active
         return active if active is not None and active.id == response_id else None

@@ -3,10 +3,13 @@
 Everything that changes a session goes through one mailbox and is applied by one task,
 in order: client commands (admitted by the manager), engine events (pumped from
 ``EngineSession.events()``), and internal items (commit completions, timers, stop
-requests). The behaviour lives in the layers below, one concern each:
-``runner_state`` (state, emission, overflow policy) -> ``responses`` -> ``turns`` ->
-``command_handlers``; this module adds the task lifecycle and the teardown that ends
-every session with exactly one terminal event, queued after engine cleanup.
+requests). The behaviour lives in small trackers the runner composes, each owning its
+state: ``SessionOutput`` (stamping, overflow), ``InputLedger`` (uncommitted audio, turns
+awaiting transcripts), ``ResponseTracker`` (the active response, the epoch fence),
+``TurnTracker`` (commits, transcripts, server VAD) and ``CommandHandlers`` (client
+commands, the session config). This module routes mailbox items to them, applies the
+overflow policy of §3.5, and owns the task lifecycle and the teardown that ends every
+session with exactly one terminal event, queued after engine cleanup.
 """
 
 from __future__ import annotations
@@ -14,16 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from rtserve.engines.protocols import EngineError, EngineFailure
+from rtserve.clock import Clock
+from rtserve.config import SessionLimits
+from rtserve.engines.protocols import (ChatMessage, EngineError, EngineFailure, EngineSession, InputTranscript,
+                                       OutputAudio, OutputText, ResponseFinished)
+from rtserve.engines.protocols import SpeechStarted as EngineSpeechStarted
+from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
+from rtserve.sessions.attachment import SessionOutlet
+from rtserve.sessions.backpressure import InputGate
 from rtserve.sessions.command_handlers import CommandHandlers
-from rtserve.sessions.runner_state import StopRequest
-from rtserve.sessions.turns import ENGINE_EVENTS
+from rtserve.sessions.conversation import Conversation
+from rtserve.sessions.input_ledger import InputLedger
+from rtserve.sessions.mailbox import Mailbox
+from rtserve.sessions.metrics import SessionMetrics
+from rtserve.sessions.output import SessionOutput
+from rtserve.sessions.responses import ResponseTracker
+from rtserve.sessions.session_config import SessionConfig
+from rtserve.sessions.turns import CommitFinished, TranscriptTimeout, TurnTracker
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +50,90 @@ _STOP = object()
 _PUMP_ENDED = object()
 _FAIR_BATCH = 16  # mailbox items applied before the runner yields to other tasks
 _QUIET_TURNS = 5  # loop turns without engine output before a close-time drain is done
+ENGINE_EVENTS = (OutputAudio, OutputText, ResponseFinished, EngineSpeechStarted, EngineSpeechStopped,
+                 InputTranscript, EngineFailure)
 
 
-class SessionRunner(CommandHandlers):
+class StopKind(StrEnum):
+    """How a session ends; the value names the terminal event and labels the metric."""
+
+    CLOSED = "closed"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    kind: StopKind
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionRunner:
+    def __init__(self, *, session_id: str, engine: EngineSession, config: SessionConfig, limits: SessionLimits,
+                 outlet: SessionOutlet, clock: Clock, metrics: SessionMetrics, resumable: bool,
+                 on_closing: Callable[[SessionRunner, StopRequest], None],
+                 on_finished: Callable[[SessionRunner, bool], None]) -> None:
+        self.session_id = session_id
+        self.engine = engine
+        self.capabilities = engine.capabilities
+        self.limits = limits
+        self.outlet = outlet
+        self.metrics = metrics
+        self.resumable = resumable
+        self._on_closing = on_closing
+        self._on_finished = on_finished
+        self.mailbox = Mailbox(limits.mailbox_size)
+        self.gate = InputGate(limits.max_pending_input_bytes_per_session, limits.max_pending_turns_per_session)
+        # The trackers, wired one way: output <- ledger <- responses <- turns <- commands. Each
+        # gets only what it reads; the config is read through the runner (session.update replaces it).
+        self._conversation = Conversation()
+        self._output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
+        self._ledger = InputLedger()
+        self._responses = ResponseTracker(
+            engine=engine, capabilities=self.capabilities, config=lambda: self.config,
+            conversation=self._conversation, output=self._output, ledger=self._ledger,
+            stopping=lambda: self._stop is not None)
+        self._turns = TurnTracker(
+            engine=engine, capabilities=self.capabilities, config=lambda: self.config, limits=limits, clock=clock,
+            conversation=self._conversation, output=self._output, ledger=self._ledger, responses=self._responses,
+            post=self.mailbox.post, spawn=self._spawn)
+        self._commands = CommandHandlers(
+            engine=engine, capabilities=self.capabilities, config=config, conversation=self._conversation,
+            output=self._output, ledger=self._ledger, responses=self._responses, turns=self._turns,
+            snapshot=self.snapshot)
+        self.closing = False
+        self.stop_request: StopRequest | None = None  # the first close/expiry asked for from outside
+        self._stop: StopRequest | None = None  # why the mailbox loop ends (a request, overflow, engine end)
+        self.terminal: StopRequest | None = None  # what the terminal event says, once decided
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._public_capabilities = self.capabilities.public()
+        self._main: asyncio.Task[None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self.close_task: asyncio.Task[None] | None = None
+        self.finished: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._commands.config
+
+    @property
+    def epoch(self) -> int:
+        return self._output.epoch
+
+    @property
+    def history(self) -> tuple[ChatMessage, ...]:
+        return self._conversation.history()
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self._responses.active_id
+
+    def snapshot(self) -> ev.SessionSnapshot:
+        return ev.SessionSnapshot(id=self.session_id, config=self.config, capabilities=self._public_capabilities,
+                                  epoch=self.epoch, turn_id=self._ledger.turn_id, resumable=self.resumable)
+
     def start(self, created: ev.SessionCreated) -> None:
-        self._emit(created)
+        self._output.emit(created)
         loop = asyncio.get_running_loop()
         self._main = loop.create_task(self._run(), name=f"session-runner:{self.session_id}")
         self._pump = loop.create_task(self._pump_engine(), name=f"session-pump:{self.session_id}")
@@ -45,7 +142,8 @@ class SessionRunner(CommandHandlers):
         """Queue an admitted command; False when the mailbox is full."""
         return self.mailbox.offer(command)
 
-    def request_stop(self, kind: str, reason: str, details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
+    def request_stop(self, kind: StopKind, reason: str,
+                     details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
         """Close or expire the session; only the first request counts. The future
         resolves (with whether engine cleanup succeeded) after the terminal event is queued."""
         if self.stop_request is None:
@@ -72,16 +170,16 @@ class SessionRunner(CommandHandlers):
                     self._stop = self.stop_request
                 elif isinstance(item, cmd.Command):
                     self.gate.release(item)
-                    self._guarded(self._on_command, item)
+                    self._guarded(self._commands.apply, item)
                 elif item is _PUMP_ENDED:
-                    self._stop = StopRequest("closed", "engine_closed")
+                    self._stop = StopRequest(StopKind.CLOSED, "engine_closed")
                 else:
                     self._guarded(self._on_internal, item)
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug here must end this session only, cleanly
             log.exception("session runner failed")
-            self._stop = StopRequest("closed", "internal_error")
+            self._stop = StopRequest(StopKind.CLOSED, "internal_error")
         try:
             await self._teardown()
         except Exception:
@@ -94,11 +192,54 @@ class SessionRunner(CommandHandlers):
         try:
             handler(item)
         except EngineError as exc:
-            self._error(exc.code, str(exc), error_type=errors.SERVER_ERROR, related=related)
+            self._output.error(exc.code, str(exc), error_type=errors.SERVER_ERROR, related=related)
         except Exception:
             log.exception("failed to apply %s", type(item).__name__)
-            self._error("internal_error", "The server failed to apply this event", error_type=errors.SERVER_ERROR,
-                        related=related)
+            self._output.error("internal_error", "The server failed to apply this event",
+                              error_type=errors.SERVER_ERROR, related=related)
+
+    def _on_internal(self, item: Any) -> None:
+        if isinstance(item, ENGINE_EVENTS):
+            self._on_engine_event(item)
+        elif isinstance(item, CommitFinished):
+            self._turns.on_commit_finished(item)
+        elif isinstance(item, TranscriptTimeout):
+            self._turns.on_transcript_timeout(item)
+
+    def _on_engine_event(self, e: Any) -> None:
+        if isinstance(e, OutputAudio | OutputText | ResponseFinished):
+            if not self._responses.on_output(e):
+                self.metrics.stale_outputs.inc()
+        elif isinstance(e, EngineSpeechStarted):
+            self._turns.on_speech_started(e)
+        elif isinstance(e, EngineSpeechStopped):
+            self._turns.on_speech_stopped(e)
+        elif isinstance(e, InputTranscript):
+            self._turns.on_input_transcript(e)
+        elif isinstance(e, EngineFailure):
+            self._output.error(e.code, e.message, error_type=errors.SERVER_ERROR)
+
+    def _on_output_overflow(self) -> None:
+        """The rest of the overflow policy (§3.5): the active response fails and leaves
+        history, the error and the failed ``response.done`` use the reserve, and the session
+        closes with ``output_backpressure``."""
+        response = self._responses.fail_for_overflow()
+        self._output.emit_reserve(ev.ErrorEvent(
+            session_id=self.session_id, code=errors.OUTPUT_BACKPRESSURE, error_type=errors.RATE_LIMIT,
+            message="The client is not reading output fast enough; the session is closed"))
+        if response is not None and response.announced and not response.ending_queued:
+            self._output.emit_reserve(ev.ResponseDone(
+                session_id=self.session_id, response_id=response.id, status="failed",
+                status_details={"type": "failed", "reason": errors.OUTPUT_BACKPRESSURE},
+                output=(response.item.snapshot(),), committed=False))
+        if self._stop is None:
+            self._stop = StopRequest(StopKind.CLOSED, errors.OUTPUT_BACKPRESSURE)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
 
     async def _pump_engine(self) -> None:
         try:
@@ -112,7 +253,7 @@ class SessionRunner(CommandHandlers):
         self.mailbox.post(_PUMP_ENDED)
 
     async def _teardown(self) -> None:
-        stop = self.terminal = self._stop or StopRequest("closed", "internal_error")
+        stop = self.terminal = self._stop or StopRequest(StopKind.CLOSED, "internal_error")
         self.closing = True
         self._on_closing(self, stop)
         for item in self.mailbox.drain():
@@ -120,19 +261,15 @@ class SessionRunner(CommandHandlers):
                 self.gate.release(item)
         for task in list(self._side_tasks):
             task.cancel()
-        if not self.continuous and self.active is not None:
-            # The answer being cut off: drop its queued and held audio before the engine is
-            # released (no audio-cleared notice at close). Finished answers keep theirs.
-            self.outlet.buffer.invalidate(self.active.id, self.epoch)
-            if not self.output_failed:
-                self._end_response("cancelled", {"type": "cancelled", "reason": stop.reason})
-        if self.continuous and self.active is not None and not self.output_failed:
+        self._responses.cut_off(stop.reason)  # before the engine is released
+        continuous = self._responses.continuous
+        if continuous and self._responses.active is not None and not self._output.failed:
             await self._flush_lockstep_tail()
         cleanup_ok = await self.close_engine()
-        if self.continuous:
+        if continuous:
             await self._drain_engine_output()
-            if self.active is not None and not self.output_failed:
-                self._end_response("completed")
+            if self._responses.active is not None and not self._output.failed:
+                self._responses.end("completed")
         await self._stop_pump()
         if self._side_tasks:
             await asyncio.gather(*self._side_tasks, return_exceptions=True)
@@ -143,9 +280,9 @@ class SessionRunner(CommandHandlers):
         succeeded): a client that reopens right after session.closed must be admitted."""
         if self.finished.done():
             return
-        stop = self.terminal or StopRequest("closed", "internal_error")
+        stop = self.terminal or StopRequest(StopKind.CLOSED, "internal_error")
         self._on_finished(self, cleanup_ok)
-        terminal_cls = ev.SessionExpired if stop.kind == "expired" else ev.SessionClosed
+        terminal_cls = ev.SessionExpired if stop.kind is StopKind.EXPIRED else ev.SessionClosed
         self.outlet.buffer.close(terminal_cls(session_id=self.session_id, epoch=self.epoch, reason=stop.reason,
                                               details=stop.details))
         self.finished.set_result(cleanup_ok)

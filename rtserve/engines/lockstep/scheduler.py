@@ -34,6 +34,7 @@ loop per tick.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import threading
@@ -188,9 +189,14 @@ class _Slot:
     generation: int = 0  # bumped by every acquire and release: stale control ops are skipped
 
 
+class _OpKind(enum.Enum):
+    OPEN = enum.auto()
+    RELEASE = enum.auto()
+
+
 @dataclass(frozen=True)
 class _ControlOp:
-    kind: str  # "open" | "release"
+    kind: _OpKind
     slot: int
     generation: int
     lease: SlotLease
@@ -273,7 +279,7 @@ class LockstepScheduler:
             lease = SlotLease(self, slot.index, session_id, _running_loop(), self._config)
             slot.generation += 1
             slot.lease, slot.phase, slot.opened = lease, SlotPhase.PREFILL, False
-            self._ops.append(_ControlOp("open", slot.index, slot.generation, lease, prompt))
+            self._ops.append(_ControlOp(_OpKind.OPEN, slot.index, slot.generation, lease, prompt))
             self._update_occupancy_locked()
             self._cond.notify()
         log.debug("%s slot %d acquired", self.name, lease.slot, extra={"session_id": session_id})
@@ -287,7 +293,7 @@ class LockstepScheduler:
                 return  # already released (or cleaned up by stop)
             slot.generation += 1
             slot.lease, slot.phase, slot.opened = None, SlotPhase.DRAINING, False
-            self._ops.append(_ControlOp("release", slot.index, slot.generation, lease))
+            self._ops.append(_ControlOp(_OpKind.RELEASE, slot.index, slot.generation, lease))
             self._cond.notify()
         lease.output.close()
         if lease.loop is not None:
@@ -441,7 +447,7 @@ class LockstepScheduler:
             ops = list(self._ops)
             self._ops.clear()
         for op in ops:
-            if op.kind == "open":
+            if op.kind is _OpKind.OPEN:
                 self._apply_open(op)
             else:
                 self._apply_release(op)
@@ -543,7 +549,7 @@ class LockstepScheduler:
             self._stopped = True
             held = [s.index for s in self._slots if s.phase is not SlotPhase.FREE]
             leases = [s.lease for s in self._slots if s.lease is not None]
-            leases += [op.lease for op in self._ops if op.kind == "release"]  # DRAINING slots
+            leases += [op.lease for op in self._ops if op.kind is _OpKind.RELEASE]  # DRAINING slots
             self._ops.clear()
             for slot in self._slots:
                 slot.generation += 1
