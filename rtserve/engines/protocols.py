@@ -25,6 +25,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from rtserve.errors import ENGINE_ERROR, RESOURCE_EXHAUSTED, RtserveError
+
 Pcm = np.ndarray  # 1-D float32, mono
 
 
@@ -63,21 +65,16 @@ class EngineCapabilities:
         }
 
 
-class EngineError(Exception):
+class EngineError(RtserveError):
     """A failure an engine reports to its caller with a stable, client-safe ``code``."""
 
-    code = "engine_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
+    code = ENGINE_ERROR
 
 
 class CapacityExhausted(EngineError):
     """Every slot is taken; the caller refuses the session at once (never queues)."""
 
-    code = "resource_exhausted"
+    code = RESOURCE_EXHAUSTED
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rtserve.errors import INVALID_VALUE, RtserveError
+
 AudioFormat = Literal["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"]
 Modality = Literal["audio", "text"]
 PlaybackCommitPolicy = Literal["commit_all_on_done", "ack_only"]
@@ -74,8 +76,9 @@ class SessionConfig(BaseModel):
             raise ConfigUpdateError(".".join(str(p) for p in err["loc"]) or "session", err["msg"]) from None
 
 
-class ConfigUpdateError(ValueError):
+class ConfigUpdateError(RtserveError, ValueError):
+    code = INVALID_VALUE
+
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
+        super().__init__(message, param=param)
+        self.param: str = param
