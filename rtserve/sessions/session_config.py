@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rtserve.engines.protocols import TurnDetection
 from rtserve.errors import INVALID_VALUE, RtserveError
 
 AudioFormat = Literal["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"]
@@ -18,19 +19,6 @@ Modality = Literal["audio", "text"]
 PlaybackCommitPolicy = Literal["commit_all_on_done", "ack_only"]
 
 G711_RATE = 8000
-
-
-class TurnDetection(BaseModel):
-    """Server VAD settings (OpenAI ``server_vad``; duplex.md U.1)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: Literal["server_vad"] = "server_vad"
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
-    prefix_padding_ms: int = Field(300, ge=0)
-    silence_duration_ms: int = Field(500, ge=0)
-    create_response: bool = True
-    interrupt_response: bool = True
 
 
 class SessionConfig(BaseModel):

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine, SystemTickClock
-from rtserve.engines.protocols import SessionEngine, SessionOptions
+from rtserve.engines.protocols import SessionEngine, SessionOptions, TurnEngines
 from rtserve.engines.reference import LoopbackModel
 from rtserve.engines.registry import create_engine
 from tests.support import serve_app
@@ -97,6 +97,9 @@ class RecordingEngine:
 
     def model_ids(self) -> list[str]:
         return self.inner.model_ids()
+
+    def turn_engines(self) -> TurnEngines:
+        return self.inner.turn_engines()
 
     async def open_session(self, session_id: str, options: SessionOptions):  # type: ignore[no-untyped-def]
         session = await self.inner.open_session(session_id, options)

@@ -2,7 +2,7 @@
 
 Every model is loaded once (``start``, off the event loop, all four in parallel) and
 shared by all sessions; each runs on its own thread (see ``worker``/``llm``). The turn
-engines are lent to the HTTP routes as ``asr``/``llm``/``tts`` (``TurnEngineProvider``);
+engines are lent to the HTTP routes by ``turn_engines()``;
 they exist from construction and work once ``start`` has returned.
 
 Rates: input 16 kHz (what Silero and Whisper take); output 24 kHz (Piper's 22.05 kHz
@@ -30,7 +30,7 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions
+from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions, TurnEngines
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,9 @@ class CascadeEngine:
 
     def model_ids(self) -> list[str]:
         return [self.llm.model_name, self.asr.model_name, self.tts.model_name]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:
