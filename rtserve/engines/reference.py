@@ -16,11 +16,12 @@ from collections import deque
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
-SAMPLE_RATE = 24_000
+SAMPLE_RATE = WIRE_SAMPLE_RATE
 FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame
 TONE_AMPLITUDE = 0.2
 

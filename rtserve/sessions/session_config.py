@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.engines.protocols import TurnDetection
 from rtserve.errors import INVALID_VALUE, RtserveError
 
@@ -32,7 +33,7 @@ class SessionConfig(BaseModel):
     modalities: tuple[Modality, ...] = ("audio", "text")
     input_audio_format: AudioFormat = "pcm16"
     output_audio_format: AudioFormat = "pcm16"
-    output_sample_rate: int = Field(24000, ge=8000, le=192000)
+    output_sample_rate: int = Field(WIRE_SAMPLE_RATE, ge=8000, le=192000)
     turn_detection: TurnDetection | None = None
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_output_tokens: int | Literal["inf"] = "inf"
@@ -56,7 +57,7 @@ class SessionConfig(BaseModel):
         if "output_audio_format" in changes and "output_sample_rate" not in changes:
             # A format switch brings its own default rate (G.711 8 kHz, everything else 24 kHz).
             fmt = str(changes["output_audio_format"])
-            data["output_sample_rate"] = G711_RATE if fmt.startswith("g711") else 24000
+            data["output_sample_rate"] = G711_RATE if fmt.startswith("g711") else WIRE_SAMPLE_RATE
         try:
             return SessionConfig.model_validate(data)
         except ValidationError as exc:

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, INVALID_VALUE, UNSUPPORTED_TURN_DETECTION, RtserveError
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
@@ -132,7 +133,7 @@ _FORMAT_NAMES: dict[str, AudioFormat] = {
     "g711_ulaw": "g711_ulaw", "audio/pcmu": "g711_ulaw",
     "g711_alaw": "g711_alaw", "audio/pcma": "g711_alaw",
 }
-_PCM_WIRE_RATE = 24000
+_PCM_WIRE_RATE = WIRE_SAMPLE_RATE
 
 
 class _FormatObject(BaseModel):
