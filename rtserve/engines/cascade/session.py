@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rtserve.config import ModelPaths
+from rtserve.config import CascadeLimits
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
 from rtserve.engines.cascade.events import EventChannel
@@ -76,7 +76,7 @@ _Backlog = np.ndarray | int | asyncio.Future  # audio, a gap of dropped samples,
 
 class CascadeSession:
     def __init__(self, session_id: str, capabilities: EngineCapabilities, models: CascadeModels,
-                 options: SessionOptions, limits: ModelPaths, max_pending_turns: int,
+                 options: SessionOptions, limits: CascadeLimits, max_pending_turns: int,
                  metrics: CascadeMetrics, on_close: Callable[[CascadeSession], None]) -> None:
         self.session_id = session_id
         self.capabilities = capabilities
