@@ -49,7 +49,7 @@ async def drain(session: LockstepSession, counter: list[int]) -> None:
 
 async def run_config(slots: int, ticks: int, model: FrameModel | None = None) -> dict[str, float]:
     """Measure ``model`` (default: the loopback engine's) with ``slots`` live, fed sessions."""
-    config = ServerConfig(lockstep=LockstepConfig(batch_size=slots, loopback_delay_frames=1))
+    config = ServerConfig(lockstep=LockstepConfig(batch_size=slots))
     reports: list[TickReport] = []
     engine = LockstepSessionEngine("bench", model or LoopbackModel(slots, 1), config, CollectorRegistry(),
                                    supports_text_output=False, on_tick=reports.append)

@@ -254,7 +254,7 @@ def _pct(values: list[float], q: float) -> float:
 
 async def run_point(clients: int, duration_s: float, warmup_s: float, delay_frames: int) -> Point:
     server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(clients),
-                            "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi")
+                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi")
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as http:

@@ -159,7 +159,7 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
 
 async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: int) -> Result:
     server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions), "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
-                            "RTSERVE_LOCKSTEP__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime")
+                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime")
     try:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:

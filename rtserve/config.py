@@ -71,12 +71,17 @@ class LockstepConfig(_Section):
     output_queue_frames: int = Field(64, ge=1, description="per-slot hand-off to the event loop")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")
-    loopback_delay_frames: int = Field(1, ge=0, description="loopback engine: output = input delayed by this many frames")
-    tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
-    tone_step_hz: float = Field(90.0, ge=0)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
                         description="torch device the engine thread steps torch frame models on ('tiny'): "
                                     "'cpu', 'cuda' or 'cuda:N'; a CUDA device that is not there fails at startup")
+
+
+class ReferenceEngineConfig(_Section):
+    """The reference lockstep engines (``loopback``, ``tone``; engines/reference.py)."""
+
+    loopback_delay_frames: int = Field(1, ge=0, description="loopback engine: output = input delayed by this many frames")
+    tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
+    tone_step_hz: float = Field(90.0, ge=0)
 
 
 class RobotConfig(_Section):
@@ -134,7 +139,11 @@ class ModelPaths(_Section):
     cache_dir: str = Field(str(Path.home() / ".cache" / "rtserve"), description="converted model folders")
     cpu_threads: int = Field(2, ge=1, description="bound on intra-op threads per model")
     voice_prompt_dir: str | None = Field(None, description="directory that voice_prompt names resolve inside")
-    # The cascade engine (VAD -> ASR -> LLM -> TTS): its per-session and per-model limits.
+
+
+class CascadeLimits(_Section):
+    """The cascade engine's (VAD -> ASR -> LLM -> TTS) per-session and per-model limits."""
+
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     max_turn_audio_s: float = Field(60.0, gt=0, description="longest user turn kept for ASR; oldest audio dropped")
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
@@ -180,9 +189,11 @@ class ServerConfig(_Section):
     sessions: SessionLimits = SessionLimits()
     transport: TransportLimits = TransportLimits()
     lockstep: LockstepConfig = LockstepConfig()
+    reference: ReferenceEngineConfig = ReferenceEngineConfig()
     robot: RobotConfig = RobotConfig()
     moshi: MoshiConfig = MoshiConfig()
     models: ModelPaths = ModelPaths()
+    cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()
     http: HttpGenerationConfig = HttpGenerationConfig()
 

@@ -2,29 +2,31 @@
 
 Every decoder in ``rtserve.codecs`` rejects malformed input by raising a ``CodecError``
 subclass and nothing else. ``code`` is a stable machine-readable string that transports
-copy into their error events; ``str(error)`` is a short human message with no internal
+copy into their error events (an ``RtserveError``); ``str(error)`` is a short human message with no internal
 paths. ``CodecError`` is a ``ValueError`` so generic "bad value" handling also catches it.
 """
 
 from __future__ import annotations
 
+from rtserve.errors import INVALID_AUDIO, INVALID_BASE64, RtserveError
 
-class CodecError(ValueError):
+
+class CodecError(RtserveError, ValueError):
     """Malformed or unsupported audio input."""
 
-    code: str = "invalid_audio"
+    code = INVALID_AUDIO
 
 
 class InvalidAudioError(CodecError):
     """Raw sample data is unusable: wrong byte count, NaN/Inf, wrong shape."""
 
-    code = "invalid_audio"
+    code = INVALID_AUDIO
 
 
 class InvalidBase64Error(CodecError):
     """A base64 audio payload is not valid base64."""
 
-    code = "invalid_base64"
+    code = INVALID_BASE64
 
 
 class InvalidOggError(CodecError):

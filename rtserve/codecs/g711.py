@@ -16,7 +16,6 @@ import numpy.typing as npt
 from rtserve.codecs.pcm import FloatArray, Int16Array, as_mono_float32, float_to_int16, int16_to_float
 
 G711Law = Literal["ulaw", "alaw"]
-G711_SAMPLE_RATE = 8000
 
 _ULAW_BIAS = 0x84  # 132 in 16-bit units, 33 in the 14-bit domain the encoder works in.
 _ULAW_CLIP_14BIT = 8159

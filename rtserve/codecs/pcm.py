@@ -14,6 +14,10 @@ import numpy.typing as npt
 
 from rtserve.codecs.errors import InvalidAudioError, InvalidBase64Error
 
+# The rate of every 24 kHz mono wire (OpenAI pcm16, Moshi, /v1/audio/speech) and of the
+# reference engines: defined once, here, below every layer that uses it.
+WIRE_SAMPLE_RATE = 24_000
+
 FloatArray = npt.NDArray[np.float32]
 Int16Array = npt.NDArray[np.int16]
 

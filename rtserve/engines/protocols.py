@@ -19,11 +19,14 @@ capabilities name; transports resample before and after.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rtserve.errors import ENGINE_ERROR, RESOURCE_EXHAUSTED, UNSUPPORTED_TURN_DETECTION, RtserveError
 
 Pcm = np.ndarray  # 1-D float32, mono
 
@@ -63,21 +66,16 @@ class EngineCapabilities:
         }
 
 
-class EngineError(Exception):
+class EngineError(RtserveError):
     """A failure an engine reports to its caller with a stable, client-safe ``code``."""
 
-    code = "engine_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
+    code = ENGINE_ERROR
 
 
 class CapacityExhausted(EngineError):
     """Every slot is taken; the caller refuses the session at once (never queues)."""
 
-    code = "resource_exhausted"
+    code = RESOURCE_EXHAUSTED
 
 
 # ---------------------------------------------------------------------------
@@ -295,10 +293,52 @@ class ResponseRequest:
     params: SamplingParams = SamplingParams()
 
 
+# The one typed form of OpenAI's ``turn_detection`` object: the session config holds one and
+# hands it to the engine as is, so it is validated once, where it enters.
+
+
+class InvalidTurnDetection(EngineError):
+    code = "invalid_turn_detection"
+
+
+class TurnDetection(BaseModel):
+    """Server VAD settings (OpenAI ``server_vad``; duplex.md U.1), defaults as OpenAI's.
+
+    ``create_response``/``interrupt_response`` steer the session core, the rest detection.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=10_000)
+    silence_duration_ms: int = Field(500, ge=0, le=60_000)
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    @classmethod
+    def parse(cls, value: Mapping[str, Any]) -> TurnDetection:
+        """An OpenAI ``turn_detection`` object -> settings; fields this server has no use
+        for (``idle_timeout_ms``, ...) are ignored. Raises ``InvalidTurnDetection``."""
+        if value.get("type", "server_vad") != "server_vad":
+            raise InvalidTurnDetection(f"turn_detection type {value.get('type')!r} is not supported by this "
+                                       "engine; use 'server_vad' or null", code=UNSUPPORTED_TURN_DETECTION)
+        try:
+            return cls.model_validate({k: v for k, v in value.items() if k in cls.model_fields})
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise InvalidTurnDetection(f"turn_detection.{field}: {err['msg']}") from None
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     prompt: SlotPrompt = SlotPrompt()
-    server_vad: dict[str, Any] | None = None  # OpenAI turn_detection object, None = manual
+    server_vad: TurnDetection | None = None  # None = manual commit
+
+    def __post_init__(self) -> None:
+        if isinstance(self.server_vad, Mapping):  # a raw OpenAI object given straight to an engine
+            object.__setattr__(self, "server_vad", TurnDetection.parse(self.server_vad))
 
 
 @runtime_checkable
@@ -328,11 +368,27 @@ class EngineSession(Protocol):
         cancel work that would produce it."""
         ...
 
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None:
+        """New server VAD settings (None = manual commit); the uncommitted turn is dropped.
+        Called only when ``capabilities.supports_server_vad``; other engines refuse it."""
+        ...
+
     def events(self) -> AsyncIterator[EngineEvent]: ...
 
     async def close(self) -> None:
         """Release the slot and every resource. Idempotent."""
         ...
+
+
+@dataclass(frozen=True)
+class TurnEngines:
+    """Streamed engines behind the HTTP generation routes (``/v1/chat/completions``,
+    ``/v1/audio/speech``, ``/v1/audio/transcriptions``). ``None`` = that task is not served.
+    Usable once the engine lending them has started."""
+
+    asr: ASREngine | None = None
+    llm: LLMEngine | None = None
+    tts: TTSEngine | None = None
 
 
 class SessionEngine(Protocol):
@@ -355,14 +411,9 @@ class SessionEngine(Protocol):
         """Names listed by ``GET /v1/models``."""
         ...
 
+    def turn_engines(self) -> TurnEngines:
+        """The loaded turn engines this engine lends to the HTTP generation routes, so a
+        server holds one copy of each model; empty for an engine without any."""
+        ...
 
-@runtime_checkable
-class TurnEngineProvider(Protocol):
-    """A ``SessionEngine`` that lends its loaded turn engines to the HTTP generation routes
-    (``/v1/chat/completions``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``), so a
-    server holds one copy of each model. The attributes exist from construction; the
-    models behind them are usable once ``start()`` has returned."""
 
-    asr: ASREngine
-    llm: LLMEngine
-    tts: TTSEngine

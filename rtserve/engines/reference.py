@@ -3,7 +3,7 @@
 Both speak Moshi's framing (24 kHz, 80 ms = 1920-sample frames) so clients and the
 session layer see exactly the cadence a real duplex model produces.
 
-* ``loopback`` returns each slot's own input ``config.lockstep.loopback_delay_frames``
+* ``loopback`` returns each slot's own input ``config.reference.loopback_delay_frames``
   frames later (silence before that): the latency probe of the whole server path.
 * ``tone`` ignores its input and plays a continuous sine per slot, slot ``b`` at
   ``tone_base_hz + b * tone_step_hz``, so overlapping sessions are told apart by ear.
@@ -16,11 +16,12 @@ from collections import deque
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
-SAMPLE_RATE = 24_000
+SAMPLE_RATE = WIRE_SAMPLE_RATE
 FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame
 TONE_AMPLITUDE = 0.2
 
@@ -98,13 +99,13 @@ class ToneModel:
 
 
 def create_loopback_engine(config: ServerConfig, registry: CollectorRegistry) -> LockstepSessionEngine:
-    model = LoopbackModel(config.lockstep.batch_size, config.lockstep.loopback_delay_frames)
+    model = LoopbackModel(config.lockstep.batch_size, config.reference.loopback_delay_frames)
     return LockstepSessionEngine("loopback", model, config, registry, supports_text_output=False)
 
 
 def create_tone_engine(config: ServerConfig, registry: CollectorRegistry) -> LockstepSessionEngine:
     try:
-        model = ToneModel(config.lockstep.batch_size, config.lockstep.tone_base_hz, config.lockstep.tone_step_hz)
+        model = ToneModel(config.lockstep.batch_size, config.reference.tone_base_hz, config.reference.tone_step_hz)
     except ValueError as exc:
-        raise ConfigError(f"invalid config field 'lockstep.tone_step_hz': {exc}") from None
+        raise ConfigError(f"invalid config field 'reference.tone_step_hz': {exc}") from None
     return LockstepSessionEngine("tone", model, config, registry, supports_text_output=False)

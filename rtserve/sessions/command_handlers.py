@@ -167,10 +167,9 @@ class CommandHandlers:
     def _configure_turn_detection(self, config: SessionConfig) -> None:
         """An engine that ends turns itself (server VAD) learns the new setting; it drops the
         uncommitted turn, so the session does too."""
-        configure = getattr(self.engine, "configure_turn_detection", None)
-        if configure is None or not self.capabilities.supports_server_vad:
+        if not self.capabilities.supports_server_vad:
             return
-        configure(None if config.turn_detection is None else config.turn_detection.model_dump())
+        self.engine.configure_turn_detection(config.turn_detection)
         self._ledger.clear_uncommitted()
 
     def _item_create(self, c: cmd.ConversationItemCreate) -> None:

@@ -122,7 +122,7 @@ class SessionManager:
         config = config or SessionConfig()
         session_id = new_session_id()
         caps = self.engine.capabilities
-        vad = config.turn_detection.model_dump() if config.turn_detection and caps.supports_server_vad else None
+        vad = config.turn_detection if caps.supports_server_vad else None
         options = SessionOptions(prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
                                  server_vad=vad)
         opening = self._spawn(self.engine.open_session(session_id, options), session_id)

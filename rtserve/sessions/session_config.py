@@ -11,24 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.engines.protocols import TurnDetection
+from rtserve.errors import INVALID_VALUE, RtserveError
+
 AudioFormat = Literal["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"]
 Modality = Literal["audio", "text"]
 PlaybackCommitPolicy = Literal["commit_all_on_done", "ack_only"]
 
 G711_RATE = 8000
-
-
-class TurnDetection(BaseModel):
-    """Server VAD settings (OpenAI ``server_vad``; duplex.md U.1)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: Literal["server_vad"] = "server_vad"
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
-    prefix_padding_ms: int = Field(300, ge=0)
-    silence_duration_ms: int = Field(500, ge=0)
-    create_response: bool = True
-    interrupt_response: bool = True
 
 
 class SessionConfig(BaseModel):
@@ -42,7 +33,7 @@ class SessionConfig(BaseModel):
     modalities: tuple[Modality, ...] = ("audio", "text")
     input_audio_format: AudioFormat = "pcm16"
     output_audio_format: AudioFormat = "pcm16"
-    output_sample_rate: int = Field(24000, ge=8000, le=192000)
+    output_sample_rate: int = Field(WIRE_SAMPLE_RATE, ge=8000, le=192000)
     turn_detection: TurnDetection | None = None
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_output_tokens: int | Literal["inf"] = "inf"
@@ -66,7 +57,7 @@ class SessionConfig(BaseModel):
         if "output_audio_format" in changes and "output_sample_rate" not in changes:
             # A format switch brings its own default rate (G.711 8 kHz, everything else 24 kHz).
             fmt = str(changes["output_audio_format"])
-            data["output_sample_rate"] = G711_RATE if fmt.startswith("g711") else 24000
+            data["output_sample_rate"] = G711_RATE if fmt.startswith("g711") else WIRE_SAMPLE_RATE
         try:
             return SessionConfig.model_validate(data)
         except ValidationError as exc:
@@ -74,8 +65,9 @@ class SessionConfig(BaseModel):
             raise ConfigUpdateError(".".join(str(p) for p in err["loc"]) or "session", err["msg"]) from None
 
 
-class ConfigUpdateError(ValueError):
+class ConfigUpdateError(RtserveError, ValueError):
+    code = INVALID_VALUE
+
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
+        super().__init__(message, param=param)
+        self.param: str = param

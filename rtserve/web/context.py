@@ -8,22 +8,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import ASREngine, LLMEngine, SessionEngine, TTSEngine
+from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.sessions import SessionManager
-
-
-@dataclass(frozen=True)
-class TurnEngines:
-    """The streamed engines behind the HTTP generation routes (chat, speech, transcriptions).
-
-    Filled once by ``rtserve.web.http_api.setup``: from the session engine when it lends its
-    loaded models, and from the configured text engine. ``None`` = this server does not
-    serve that task, and its route answers with an error.
-    """
-
-    asr: ASREngine | None = None
-    llm: LLMEngine | None = None
-    tts: TTSEngine | None = None
 
 
 @dataclass

@@ -10,6 +10,8 @@ import logging
 
 from aiohttp import web
 
+from rtserve.errors import RtserveError
+
 log = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
@@ -41,17 +43,16 @@ def error_response(message: str, *, status: int = 400, code: str | None = None,
                              status=status, headers=headers)
 
 
-class ApiError(Exception):
+class ApiError(RtserveError):
     """Raised by a handler to answer with an OpenAI-shaped error (``error_middleware`` renders it)."""
+
+    code: str | None = None  # type: ignore[assignment]  # OpenAI bodies may carry "code": null
 
     def __init__(self, message: str, *, status: int = 400, code: str | None = None,
                  param: str | None = None, type_: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, code=code, param=param)
         self.status = status
-        self.code = code
-        self.param = param
         self.type_ = type_
         self.headers = headers
 

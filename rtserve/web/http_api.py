@@ -2,7 +2,7 @@
 
 Turn engines come from two places (``AppContext.turn_engines``):
 
-* the session engine, when it lends its own loaded models (``TurnEngineProvider``), so the
+* the session engine, when it lends its own loaded models (``turn_engines()``), so the
   server holds one copy of each model for realtime sessions and HTTP alike;
 * ``http.text_engine: vllm``: a vLLM engine replaces the LLM for chat; it is started with
   the app and stopped at shutdown.
@@ -16,7 +16,7 @@ import logging
 from aiohttp import web
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SessionEngine, TurnEngineProvider
+from rtserve.engines.protocols import SessionEngine
 from rtserve.web import http_chat, http_speech, http_transcriptions
 from rtserve.web.context import CTX, TurnEngines
 from rtserve.web.http_common import LIMITER, GenerationLimiter
@@ -36,8 +36,7 @@ def setup(app: web.Application) -> None:
 
 
 def _turn_engines(config: ServerConfig, engine: SessionEngine, app: web.Application) -> TurnEngines:
-    lent = (TurnEngines(asr=engine.asr, llm=engine.llm, tts=engine.tts)
-            if isinstance(engine, TurnEngineProvider) else TurnEngines())
+    lent = engine.turn_engines()
     if config.http.text_engine == "session":
         return lent
     from rtserve.engines.vllm_engine import VllmTextEngine  # vLLM itself is imported only at start

@@ -19,10 +19,10 @@ import av
 import numpy as np
 
 from rtserve.codecs.errors import CodecError
-from rtserve.codecs.pcm import float_to_pcm16
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
 
-SPEECH_SAMPLE_RATE = 24000
+SPEECH_SAMPLE_RATE = WIRE_SAMPLE_RATE
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 

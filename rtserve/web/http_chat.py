@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rtserve.config import HttpGenerationConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
 from rtserve.web.context import CTX
+from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http_common import (
     SseStream,
-    engine_api_error,
     engine_errors,
     first_item,
     read_json,
@@ -208,7 +208,7 @@ async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessa
                 last = await anext(deltas, None)
         except EngineError as exc:
             log.warning("generation failed mid-stream: %s", exc)
-            await sse.send(engine_api_error(exc).body())
+            await sse.send(api_error(exc).body())
             await sse.send_done_marker()
             return await sse.finish()
     await sse.send(chunk({}, (last and last.finish_reason) or "stop"))

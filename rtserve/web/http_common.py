@@ -24,27 +24,13 @@ from pydantic import BaseModel, ValidationError
 from rtserve.engines.protocols import ASREngine, EngineError, LLMEngine, TTSEngine
 from rtserve.log import session_id_var
 from rtserve.web.context import CTX, AppContext
+from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 
 log = logging.getLogger(__name__)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ItemT = TypeVar("ItemT")
-
-# Engine errors raised before any output: HTTP status and the request field concerned, by
-# stable code. Anything else an engine raises is a 500 ``server_error``.
-_ENGINE_ERRORS: dict[str, tuple[int, str | None]] = {
-    "invalid_value": (400, None),
-    "invalid_request": (400, None),
-    "invalid_audio": (400, "file"),
-    "invalid_voice": (400, "voice"),
-    "unsupported_language": (400, "language"),
-    "context_length_exceeded": (400, "messages"),
-    "resource_exhausted": (429, None),
-    "model_not_ready": (503, None),
-    "model_unavailable": (503, None),
-}
-
 
 # ---------------------------------------------------------------------------
 # Request parsing
@@ -142,19 +128,13 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: str, model: str 
     return engine
 
 
-def engine_api_error(exc: EngineError) -> ApiError:
-    status, param = _ENGINE_ERRORS.get(exc.code, (500, None))
-    return ApiError(str(exc), status=status, code=exc.code, param=param,
-                    type_="server_error" if status >= 500 else None)
-
-
 @contextlib.contextmanager
 def engine_errors() -> Iterator[None]:
     """Turn an ``EngineError`` raised before the response started into an HTTP error."""
     try:
         yield
     except EngineError as exc:
-        raise engine_api_error(exc) from None
+        raise api_error(exc) from None
 
 
 async def first_item(items: AsyncIterator[ItemT]) -> ItemT | None:

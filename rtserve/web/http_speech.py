@@ -28,9 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.protocols import EngineError, Pcm, TTSEngine
 from rtserve.web.context import CTX
+from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http_audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
-from rtserve.web.http_common import SseStream, engine_api_error, first_item, read_json, require_tts, run_generation
+from rtserve.web.http_common import SseStream, first_item, read_json, require_tts, run_generation
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ async def _stream_sse(request: web.Request, chunks: AsyncIterator[Pcm], first: P
             pcm = await anext(chunks, None)
     except EngineError as exc:
         log.warning("speech failed mid-stream: %s", exc)
-        await sse.send({"type": "speech.audio.error", **engine_api_error(exc).body()})
+        await sse.send({"type": "speech.audio.error", **api_error(exc).body()})
         return await sse.finish()
     tail = await pipeline.finish()
     if tail:

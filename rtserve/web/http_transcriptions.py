@@ -31,12 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rtserve.engines.protocols import ASREngine, EngineError, Pcm
 from rtserve.web.context import CTX
+from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http_audio import AudioDecodeError, AudioTooLong, decode_audio
 from rtserve.web.http_common import (
     SseStream,
     body_too_large,
-    engine_api_error,
     engine_errors,
     first_item,
     reject_oversized,
@@ -201,7 +201,7 @@ async def _stream(request: web.Request, transcripts: AsyncIterator[str]) -> web.
             text = following
     except EngineError as exc:
         log.warning("transcription failed mid-stream: %s", exc)
-        await sse.send({"type": "error", **engine_api_error(exc).body()})
+        await sse.send({"type": "error", **api_error(exc).body()})
         return await sse.finish()
     await sse.send({"type": "transcript.text.done", "text": text})
     return await sse.finish()

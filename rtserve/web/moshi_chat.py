@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSMsgType, web
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
+from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi_conversation import WIRE_SAMPLE_RATE, Conversation
 from rtserve.web.moshi_outbox import AgentFrame
 from rtserve.web.moshi_prompt import PromptError, prompt_from_query
@@ -45,7 +46,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
             prompt = prompt_from_query(request.query, service.config.models.voice_prompt_dir)
         except PromptError as exc:
             service.metrics.connections_total.labels(ROUTE, "refused").inc()
-            await close_socket(ws, WSCloseCode.POLICY_VIOLATION, str(exc))
+            await close_socket(ws, close_code(exc), str(exc))
             return ws
         conversation = await service.open_conversation(ws, ROUTE, prompt)
         if conversation is None:
@@ -91,7 +92,7 @@ async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, conve
                 pcm = await service.run_codec(reader.feed, data[1:])
             except CodecError as exc:
                 log.info("closing: malformed Ogg-Opus from client (%s: %s)", exc.code, exc)
-                await close_socket(ws, WSCloseCode.INVALID_TEXT, f"{exc.code}: {exc}")
+                await close_socket(ws, close_code(exc), f"{exc.code}: {exc}")
                 return
             if align_slack is not None and pcm.size:
                 conversation.align_to_chunk_end(pcm.size, align_slack)

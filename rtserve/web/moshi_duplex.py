@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, Valid
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
+from rtserve.errors import RtserveError
+from rtserve.web.error_mapping import moshi_error_message
 from rtserve.web.moshi_conversation import Conversation
 from rtserve.web.moshi_outbox import AgentFrame
 from rtserve.web.moshi_prompt import PromptError, resolve_voice
@@ -55,12 +57,11 @@ _CLIENT_MESSAGE: TypeAdapter[OpenMessage | CloseMessage] = TypeAdapter(
     Annotated[OpenMessage | CloseMessage, Field(discriminator="type")])
 
 
-class ClientError(Exception):
+class ClientError(RtserveError):
     """Bad client input answered with an error event; the connection stays open."""
 
     def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
 
 
 def parse_client_message(text: str) -> OpenMessage | CloseMessage:
@@ -113,7 +114,7 @@ class DuplexConnection:
             await self._close()
             return True
         except ClientError as exc:
-            await self._send_error(str(exc), exc.code)
+            await self._send_error(exc)
             return False
 
     async def _open(self, message: OpenMessage) -> bool:
@@ -124,7 +125,7 @@ class DuplexConnection:
                                 voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
                                 seed=message.seed)
         except PromptError as exc:
-            raise ClientError(str(exc), "invalid_prompt") from None
+            raise ClientError(str(exc), exc.code) from None
         conversation = await self.service.open_conversation(self.ws, ROUTE, prompt)
         if conversation is None:
             return True  # open_conversation closed the socket with its reason
@@ -143,7 +144,7 @@ class DuplexConnection:
         try:
             pcm = f32le_to_float(data)
         except CodecError as exc:
-            await self._send_error(str(exc), exc.code)
+            await self._send_error(exc)
             return
         self.conversation.push(pcm)
 
@@ -175,9 +176,9 @@ class DuplexConnection:
         if frame.text:
             await self.ws.send_json({"type": "text", "text": frame.text})
 
-    async def _send_error(self, message: str, code: str) -> None:
+    async def _send_error(self, exc: RtserveError) -> None:
         try:
-            await self.ws.send_json({"type": "error", "error": message, "code": code})
+            await self.ws.send_json(moshi_error_message(exc))
         except ConnectionError:
             pass
 

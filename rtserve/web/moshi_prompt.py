@@ -12,14 +12,17 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from rtserve.engines.protocols import SlotPrompt
+from rtserve.errors import INVALID_PROMPT, RtserveError
 
 # Tried in order when a name has no suffix ("NATF2" finds "NATF2.pt").
 VOICE_SUFFIXES = (".pt", ".wav")
 MAX_VOICE_NAME_CHARS = 255
 
 
-class PromptError(ValueError):
+class PromptError(RtserveError, ValueError):
     """A persona/voice/seed the server refuses; ``str()`` is safe to show the client."""
+
+    code = INVALID_PROMPT
 
 
 def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:

@@ -26,6 +26,7 @@ from aiohttp import WSCloseCode, web
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
+from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi_conversation import Conversation
 from rtserve.web.moshi_metrics import MoshiMetrics
 from rtserve.web.moshi_outbox import AgentFrame
@@ -95,15 +96,14 @@ class MoshiService:
         session_id_var.set(session_id)
         try:
             session = await self.engine.open_session(session_id, SessionOptions(prompt=prompt))
-        except CapacityExhausted:
+        except CapacityExhausted as exc:
             outcomes.labels(route, "busy").inc()
-            await close_socket(ws, WSCloseCode.TRY_AGAIN_LATER, BUSY_REASON)
+            await close_socket(ws, close_code(exc), BUSY_REASON)
             return None
         except EngineError as exc:
             outcomes.labels(route, "engine_error").inc()
-            busy = exc.code == "engine_unavailable"
             log.warning("engine refused a conversation: %s (%s)", exc, exc.code)
-            await close_socket(ws, WSCloseCode.TRY_AGAIN_LATER if busy else WSCloseCode.INTERNAL_ERROR, str(exc))
+            await close_socket(ws, close_code(exc), str(exc))
             return None
         except Exception:
             outcomes.labels(route, "engine_error").inc()

@@ -38,15 +38,15 @@ from rtserve.config import RobotConfig
 from rtserve.engines.policy.batcher import PolicyBatcher, PolicyInferenceError
 from rtserve.engines.policy.loading import load_policy
 from rtserve.engines.protocols import EngineError, PolicyRequest
+from rtserve.errors import RtserveError
 from rtserve.log import session_id_var
 from rtserve.web.context import CTX
+from rtserve.web.error_mapping import openpi_error_frame
 from rtserve.web.openpi_wire import WireError, pack_message, unpack_message
 
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/realtime/robot/openpi"
-INVALID_PAYLOAD = "Invalid request payload"
-INFERENCE_ERROR = "Internal inference error"
 _DEFAULT_SESSION = "default"
 _MAX_SESSION_ID_CHARS = 256
 _INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on a worker thread, off the event loop
@@ -118,13 +118,6 @@ class OpenPIService:
 OPENPI = web.AppKey("openpi", OpenPIService)
 
 
-def _error_frame(message: str, code: str, detail: str | None = None) -> bytes:
-    frame = {"type": "error", "message": message, "code": code}
-    if detail is not None:
-        frame["detail"] = detail
-    return pack_message(frame)
-
-
 class OpenPIConnection:
     """One robot connection: strict request/response, one request in flight."""
 
@@ -157,8 +150,8 @@ class OpenPIConnection:
                 if msg.type is WSMsgType.BINARY:
                     await self._on_frame(msg.data)
                 elif msg.type is WSMsgType.TEXT:
-                    await self._send_error(INVALID_PAYLOAD, "invalid_payload",
-                                           "text frames are not observations; send binary MessagePack frames")
+                    await self._send_error(
+                        WireError("text frames are not observations; send binary MessagePack frames"))
                 elif msg.type is WSMsgType.ERROR:
                     # aiohttp already closed the socket (1009 for an oversized frame).
                     too_big = self._ws.close_code == WSCloseCode.MESSAGE_TOO_BIG
@@ -172,9 +165,9 @@ class OpenPIConnection:
             if self._session is not None:
                 self._batcher.reset_session(self._policy_key(self._session))
 
-    async def _send_error(self, message: str, code: str, detail: str | None = None) -> None:
-        self._metrics.errors.labels(code).inc()
-        await self._ws.send_bytes(_error_frame(message, code, detail))
+    async def _send_error(self, exc: RtserveError) -> None:
+        self._metrics.errors.labels(exc.code).inc()
+        await self._ws.send_bytes(pack_message(openpi_error_frame(exc)))
 
     async def _on_frame(self, frame: bytes) -> None:
         received_at = time.perf_counter()
@@ -184,7 +177,7 @@ class OpenPIConnection:
             else:
                 message = unpack_message(frame)
         except WireError as exc:
-            await self._send_error(INVALID_PAYLOAD, "invalid_payload", str(exc))
+            await self._send_error(exc)
             return
         endpoint = message.pop("endpoint", "infer")
         if endpoint == "reset":
@@ -195,8 +188,7 @@ class OpenPIConnection:
             self._metrics.requests.labels("infer").inc()
             await self._infer(message, received_at)
         else:
-            await self._send_error(INVALID_PAYLOAD, "invalid_payload",
-                                   f"unknown endpoint {str(endpoint)[:64]!r} (use 'infer' or 'reset')")
+            await self._send_error(WireError(f"unknown endpoint {str(endpoint)[:64]!r} (use 'infer' or 'reset')"))
 
     def _reset(self) -> None:
         if self._session is not None:
@@ -215,27 +207,24 @@ class OpenPIConnection:
             raw_session = self._session or _DEFAULT_SESSION
         if not isinstance(raw_session, str | int) or isinstance(raw_session, bool) \
                 or len(str(raw_session)) > _MAX_SESSION_ID_CHARS:
-            await self._send_error(INVALID_PAYLOAD, "invalid_payload",
-                                   f"session_id must be a string of at most {_MAX_SESSION_ID_CHARS} characters")
+            await self._send_error(
+                WireError(f"session_id must be a string of at most {_MAX_SESSION_ID_CHARS} characters"))
             return
         self._enter_session(str(raw_session))
         try:
             self._batcher.policy.validate(observation)
         except EngineError as exc:
-            await self._send_error(str(exc), exc.code)
+            await self._send_error(exc)
             return
         except Exception:
             log.exception("policy validate() raised an unexpected error")
-            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
+            await self._send_error(PolicyInferenceError("policy failed"))
             return
         request = PolicyRequest(self._policy_key(self._session), observation, reset=self._session_fresh)
         try:
             result = await self._batcher.infer(request)
-        except PolicyInferenceError:
-            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
-            return
         except EngineError as exc:  # overloaded, stopping
-            await self._send_error(str(exc), exc.code)
+            await self._send_error(exc)
             return
         self._session_fresh = False
         server_timing = {"infer_ms": (time.perf_counter() - received_at) * 1000, "queue_ms": result.queue_ms,
@@ -250,7 +239,7 @@ class OpenPIConnection:
             frame = pack_message(response)
         except (TypeError, ValueError, OverflowError) as exc:
             log.error("policy output cannot be sent: %s", exc)
-            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
+            await self._send_error(PolicyInferenceError("policy failed"))
             return
         await self._ws.send_bytes(frame)
         self._prev_total_ms = (time.perf_counter() - received_at) * 1000
@@ -265,7 +254,8 @@ async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
     batcher = await service.batcher()
     if batcher is None:
         service.metrics.errors.labels("unavailable").inc()
-        await ws.send_bytes(_error_frame("Robot policy not available", "unsupported"))
+        unavailable = EngineError("Robot policy not available", code="unsupported")
+        await ws.send_bytes(pack_message(openpi_error_frame(unavailable)))
         await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"robot policy not available")
         return ws
     connection = OpenPIConnection(ws, batcher, service)

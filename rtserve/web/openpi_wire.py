@@ -23,12 +23,16 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rtserve.errors import INVALID_PAYLOAD, RtserveError
+
 _REFUSED_KINDS = frozenset("VOc")  # structured/void, object, complex
 _MAX_NDIM = 32
 
 
-class WireError(ValueError):
+class WireError(RtserveError, ValueError):
     """A frame that is not a valid openpi message; ``str()`` is client-safe."""
+
+    code = INVALID_PAYLOAD
 
 
 def _field(marker: dict[Any, Any], name: str) -> Any:

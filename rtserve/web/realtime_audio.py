@@ -16,11 +16,11 @@ import numpy as np
 
 from rtserve.codecs import g711
 from rtserve.codecs.errors import InvalidAudioError
-from rtserve.codecs.pcm import FloatArray, b64_decode, f32le_to_float, pcm16_to_float
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray, b64_decode, f32le_to_float, pcm16_to_float
 from rtserve.codecs.resample import StreamResampler
 from rtserve.sessions.session_config import G711_RATE, AudioFormat
 
-PCM_RATE = 24000  # OpenAI Realtime pcm16 is 24 kHz mono
+PCM_RATE = WIRE_SAMPLE_RATE  # OpenAI Realtime pcm16 is 24 kHz mono
 MIN_RATE, MAX_RATE = 8000, 192000
 
 _EMPTY = np.zeros(0, dtype=np.float32)

@@ -28,18 +28,19 @@ from typing import TYPE_CHECKING
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from rtserve.codecs.errors import CodecError, InvalidBase64Error
+from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
+from rtserve.errors import SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.log import session_id_var
 from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
 from rtserve.sessions import commands as cmd
-from rtserve.sessions import errors as session_errors
 from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, SessionExpired, SessionReplaced
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime_audio import InputAudioDecoder
-from rtserve.web.realtime_wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
+from rtserve.web.realtime_wire import (AppendInput, ClearInput, ClientAction,
                                        CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
                                        invalid_event, parse_client_event)
 
@@ -48,19 +49,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SESSION_NOT_OPEN = "session_not_open"
-SESSION_ALREADY_OPEN = "session_already_open"
 _INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on a worker thread, off the event loop
 _MAX_REASON_BYTES = 123  # a close frame carries at most 125 payload bytes, 2 of them the code
 
 # Close codes after the session's last event (RFC 6455 §7.4.1).
 _CLOSE_FOR_REASON = {"shutdown": WSCloseCode.GOING_AWAY, "internal_error": WSCloseCode.INTERNAL_ERROR,
                      "engine_closed": WSCloseCode.INTERNAL_ERROR}
-# Close codes when a session cannot be opened.
-_CLOSE_FOR_OPEN_ERROR = {session_errors.RESOURCE_EXHAUSTED: WSCloseCode.TRY_AGAIN_LATER,
-                         session_errors.SHUTTING_DOWN: WSCloseCode.GOING_AWAY,
-                         "engine_unavailable": WSCloseCode.TRY_AGAIN_LATER,
-                         "model_not_ready": WSCloseCode.TRY_AGAIN_LATER}
 
 
 @dataclass(frozen=True)
@@ -172,10 +166,8 @@ class RealtimeConnection:
             if len(action.audio) > _INLINE_DECODE_CHARS:
                 return await asyncio.to_thread(self._decoder.decode, action.audio, fmt, action.sample_rate)
             return self._decoder.decode(action.audio, fmt, action.sample_rate)
-        except InvalidBase64Error:
-            raise WireError("invalid_base64", INVALID_BASE64_MESSAGE, param="audio", event_id=action.event_id) from None
         except CodecError as exc:
-            raise WireError(exc.code, str(exc), param="audio", event_id=action.event_id) from None
+            raise realtime_error(exc, event_id=action.event_id) from None
 
     def _update(self, action: UpdateSession) -> None:
         """Validate against the config this connection last set (so the decoder can switch
@@ -184,8 +176,7 @@ class RealtimeConnection:
         try:
             self._config = self._config.updated(action.changes)
         except ConfigUpdateError as exc:
-            raise WireError(INVALID_VALUE, exc.message, param=f"session.{exc.param}",
-                            event_id=action.event_id) from None
+            raise realtime_error(exc, event_id=action.event_id) from None
         self.handle.submit(cmd.SessionUpdate(changes=action.changes, event_id=action.event_id))
 
     # ------------------------------------------------------------------ open / resume
@@ -195,16 +186,14 @@ class RealtimeConnection:
         try:
             config = self._initial.updated(changes)
         except ConfigUpdateError as exc:
-            await self._report(WireError(INVALID_VALUE, exc.message, param=f"session.{exc.param}", event_id=event_id))
+            await self._report(realtime_error(exc, event_id=event_id))
             return True
         try:
             handle = await self.service.sessions.open(config, projection=self.dialect.projection,
                                                       resumable=self.dialect.duplex)
         except SessionError as exc:
-            error_type = (session_errors.RATE_LIMIT if exc.code == session_errors.RESOURCE_EXHAUSTED
-                          else session_errors.SERVER_ERROR)
-            await self._report(WireError(exc.code, exc.message, event_id=event_id, error_type=error_type))
-            await close_socket(self.ws, _CLOSE_FOR_OPEN_ERROR.get(exc.code, WSCloseCode.INTERNAL_ERROR), exc.code)
+            await self._report(realtime_error(exc, event_id=event_id, opening=True))
+            await close_socket(self.ws, close_code(exc), exc.code)
             return False
         if self.ws.closed:  # the client left while the engine was opening
             await handle.close("disconnect")
@@ -226,7 +215,7 @@ class RealtimeConnection:
                                         last_received_seq=action.last_received_seq,
                                         projection=self.dialect.projection)
         except SessionError as exc:
-            raise WireError(exc.code, exc.message, event_id=action.event_id) from None
+            raise realtime_error(exc, event_id=action.event_id) from None
         handle = manager.get(action.session_id)
         assert handle is not None  # resume succeeds only for a live session, and nothing was awaited since
         self._attach(handle, attachment)

@@ -32,28 +32,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, INVALID_VALUE, UNSUPPORTED_TURN_DETECTION, RtserveError
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
 
-INVALID_EVENT = "invalid_event"
 INVALID_EVENT_MESSAGE = "Invalid or unrecognized client event"
 INVALID_BASE64_MESSAGE = "Invalid base64 audio data"
-INVALID_VALUE = "invalid_value"
-UNSUPPORTED_TURN_DETECTION = "unsupported_turn_detection"
-INVALID_REQUEST = "invalid_request_error"
 
 _MAX_ECHOED_CHARS = 64  # client strings quoted back in messages are cut to this
 
 
-class WireError(Exception):
+class WireError(RtserveError):
     """A client frame the server refuses; rendered as an ``error`` event."""
 
     def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None,
                  error_type: str = INVALID_REQUEST) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
+        super().__init__(message, code=code, param=param)
         self.event_id = event_id
         self.error_type = error_type
 
@@ -138,7 +133,7 @@ _FORMAT_NAMES: dict[str, AudioFormat] = {
     "g711_ulaw": "g711_ulaw", "audio/pcmu": "g711_ulaw",
     "g711_alaw": "g711_alaw", "audio/pcma": "g711_alaw",
 }
-_PCM_WIRE_RATE = 24000
+_PCM_WIRE_RATE = WIRE_SAMPLE_RATE
 
 
 class _FormatObject(BaseModel):

@@ -12,8 +12,8 @@ from lockstep_fakes import RecordingModel, frame, metric
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
-from rtserve.engines.lockstep import (FakeTickClock, LockstepScheduler, SlotLease, TickOutcome, TickPacer,
-                                      TickReport)
+from rtserve.engines.lockstep import LockstepScheduler, SlotLease, TickOutcome, TickPacer, TickReport
+from tests.clocks import FakeTickClock
 
 PERIOD = 0.08
 BACKLOG_CAP = LockstepConfig().max_input_backlog_frames

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import LockstepConfig, ServerConfig
+from rtserve.config import LockstepConfig, ReferenceEngineConfig, ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine
 from rtserve.engines.lockstep.framing import InvalidAudio
 from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, EngineSession, OutputAudio,
@@ -25,7 +25,8 @@ DELAY = 2
 
 @pytest.fixture
 async def engine() -> AsyncIterator[LockstepSessionEngine]:
-    config = ServerConfig(engine="loopback", lockstep=LockstepConfig(batch_size=2, loopback_delay_frames=DELAY))
+    config = ServerConfig(engine="loopback", lockstep=LockstepConfig(batch_size=2),
+                          reference=ReferenceEngineConfig(loopback_delay_frames=DELAY))
     engine = create_engine("loopback", config, CollectorRegistry())
     assert isinstance(engine, LockstepSessionEngine)
     await engine.start()

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from rtserve.clock import FakeClock
 from rtserve.config import SessionLimits
 from rtserve.sessions import SessionHandle, SessionManager
 from rtserve.sessions.attachment import Attachment
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.events import SessionEvent
+from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSession
 
 # Real-time bounds only guard against a hung test; nothing asserts on timing.

@@ -17,7 +17,8 @@ from typing import Literal
 import numpy as np
 
 from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, EngineEvent, InputTranscript,
-                                       OutputAudio, ResponseFinished, ResponseRequest, SessionOptions)
+                                       OutputAudio, ResponseFinished, ResponseRequest, SessionOptions,
+                                       TurnDetection, TurnEngines)
 
 _END = object()
 
@@ -88,6 +89,9 @@ class TestDoubleEngineSession:
             hook()  # type: ignore[operator]
         self.epochs.append(epoch)
         self.epoch = epoch
+
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None:
+        pass  # the double has no VAD of its own: tests emit SpeechStarted/SpeechStopped
 
     async def events(self) -> AsyncIterator[EngineEvent]:
         while True:
@@ -172,6 +176,9 @@ class TestDoubleEngine:
 
     async def stop(self) -> None:
         return None
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines()
 
     def model_ids(self) -> list[str]:
         return [self.capabilities.name]

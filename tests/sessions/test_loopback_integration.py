@@ -22,7 +22,7 @@ FRAME = 1920
 
 async def test_loopback_echoes_input_in_whole_frames_on_one_response(config: ServerConfig) -> None:
     config.lockstep.batch_size = 2
-    config.lockstep.loopback_delay_frames = 1
+    config.reference.loopback_delay_frames = 1
     engine = create_engine("loopback", config, CollectorRegistry())
     await engine.start()
     manager = SessionManager(engine, config.sessions)

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from rtserve.clock import FakeClock
 from rtserve.sessions import SessionConfig, SessionError
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.journal import JournalEntry, ReplayJournal
 from rtserve.sessions.lease import Lease
 from rtserve.sessions.projections import RealtimeProjection
+from tests.clocks import FakeClock
 from tests.sessions.conftest import names, read_to_end, settle, take_ready
 
 

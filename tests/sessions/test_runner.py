@@ -213,7 +213,7 @@ async def test_a_missing_final_transcript_is_bounded_by_the_injected_clock(engin
 async def test_server_vad_turn_commits_responds_and_barges_in(engine, make_manager) -> None:
     config = SessionConfig(turn_detection=TurnDetection())
     _, handle, session = await open_session(make_manager, engine, config)
-    assert session.options.server_vad is not None and session.options.server_vad["type"] == "server_vad"
+    assert session.options.server_vad is not None and session.options.server_vad.type == "server_vad"
     handle.submit(cmd.AppendAudio(audio=SPEECH))
     session.emit(SpeechStarted(audio_ms=20))
     session.emit(SpeechStopped(audio_ms=900))

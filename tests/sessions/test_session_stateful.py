@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rtserve.clock import FakeClock
 from rtserve.config import SessionLimits
 from rtserve.sessions import SessionManager
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
+from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine
 
 SPEECH = np.full(480, 0.1, dtype=np.float32)

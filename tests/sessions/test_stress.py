@@ -11,11 +11,11 @@ import weakref
 
 import numpy as np
 
-from rtserve.clock import FakeClock
 from rtserve.config import SessionLimits
 from rtserve.sessions import SessionError, SessionManager
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
+from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine
 
 SESSIONS = 500

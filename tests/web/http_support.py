@@ -30,6 +30,7 @@ from rtserve.engines.protocols import (
     SamplingParams,
     TokenDelta,
     TranscriptPiece,
+    TurnEngines,
 )
 from tests.support import serve_app
 
@@ -163,7 +164,7 @@ class ToneASRDouble:
 
 
 class TurnEnginesSessionDouble:
-    """Test double SessionEngine that lends the three turn doubles (``TurnEngineProvider``)."""
+    """Test double SessionEngine that lends the three turn doubles (``turn_engines()``)."""
 
     capabilities = EngineCapabilities(name="double", mode="turn", input_sample_rate=24000,
                                       output_sample_rate=24000, chunk_period_ms=20, max_sessions=1,
@@ -190,6 +191,9 @@ class TurnEnginesSessionDouble:
 
     def model_ids(self) -> list[str]:
         return ["double"]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine, SystemTickClock
-from rtserve.engines.protocols import SessionEngine, SessionOptions
+from rtserve.engines.protocols import SessionEngine, SessionOptions, TurnEngines
 from rtserve.engines.reference import LoopbackModel
 from rtserve.engines.registry import create_engine
 from tests.support import serve_app
@@ -34,8 +34,8 @@ def moshi_config(config: ServerConfig, *, batch_size: int = 4, delay_frames: int
     return config.model_copy(update={
         "engine": "loopback",
         "lockstep": config.lockstep.model_copy(update={
-            "batch_size": batch_size, "loopback_delay_frames": delay_frames,
-            "max_input_backlog_frames": backlog_frames}),
+            "batch_size": batch_size, "max_input_backlog_frames": backlog_frames}),
+        "reference": config.reference.model_copy(update={"loopback_delay_frames": delay_frames}),
         "moshi": config.moshi.model_copy(update=moshi),
     })
 
@@ -72,7 +72,7 @@ class HeldTickClock(SystemTickClock):
 def held_loopback_engine(config: ServerConfig, registry: CollectorRegistry,
                          clock: HeldTickClock) -> LockstepSessionEngine:
     """The registry's loopback engine, built by hand only to give it ``clock``."""
-    model = LoopbackModel(config.lockstep.batch_size, config.lockstep.loopback_delay_frames)
+    model = LoopbackModel(config.lockstep.batch_size, config.reference.loopback_delay_frames)
     return LockstepSessionEngine("loopback", model, config, registry, supports_text_output=False, clock=clock)
 
 
@@ -97,6 +97,9 @@ class RecordingEngine:
 
     def model_ids(self) -> list[str]:
         return self.inner.model_ids()
+
+    def turn_engines(self) -> TurnEngines:
+        return self.inner.turn_engines()
 
     async def open_session(self, session_id: str, options: SessionOptions):  # type: ignore[no-untyped-def]
         session = await self.inner.open_session(session_id, options)

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.protocols import EngineCapabilities, TurnEngines
 from tests.support import serve_app
 
 
@@ -44,6 +44,9 @@ class GatedStartEngine:
 
     def model_ids(self) -> list[str]:
         return ["gated-model"]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines()
 
 
 async def test_health_is_503_until_engine_ready_then_200(config):

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.protocols import EngineCapabilities, TurnEngines
 from tests.support import serve_app
 from tests.web.http_support import TurnEnginesSessionDouble, audio_file, sdk, serve_doubles
 
@@ -188,6 +188,9 @@ class NoTurnEnginesDouble:
 
     def model_ids(self) -> list[str]:
         return ["frames-only"]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines()
 
 
 async def test_tasks_the_engine_does_not_serve_are_503_task_unavailable(config):

@@ -1,7 +1,7 @@
 """Speech to text: Whisper (tiny.en by default) through faster-whisper, int8 on CPU.
 
 Whisper is not a streaming model, so partial transcripts come from re-decoding the
-growing utterance at a bounded cadence (``config.models.asr_partial_interval_ms``), and
+growing utterance at a bounded cadence (``config.cascade.asr_partial_interval_ms``), and
 only while the model thread is otherwise idle: partials are optional and never delay a
 final, which also runs at a higher priority on the model's one thread.
 """

@@ -2,7 +2,7 @@
 
 Every model is loaded once (``start``, off the event loop, all four in parallel) and
 shared by all sessions; each runs on its own thread (see ``worker``/``llm``). The turn
-engines are lent to the HTTP routes as ``asr``/``llm``/``tts`` (``TurnEngineProvider``);
+engines are lent to the HTTP routes by ``turn_engines()``;
 they exist from construction and work once ``start`` has returned.
 
 Rates: input 16 kHz (what Silero and Whisper take); output 24 kHz (Piper's 22.05 kHz
@@ -30,7 +30,7 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions
+from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions, TurnEngines
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ assert vad_module.SAMPLE_RATE == asr_module.SAMPLE_RATE  # one input rate feeds 
 
 class CascadeEngine:
     def __init__(self, config: ServerConfig, registry: CollectorRegistry) -> None:
-        paths = config.models
+        paths, limits = config.models, config.cascade
         locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
         self._config = config
         self._metrics = CascadeMetrics(registry)
@@ -48,15 +48,15 @@ class CascadeEngine:
             name="cascade", mode="turn", input_sample_rate=asr_module.SAMPLE_RATE,
             output_sample_rate=tts_module.SAMPLE_RATE, chunk_period_ms=CHUNK_PERIOD_MS,
             max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True)
-        self.vad = VadEngine(locations.vad, max_queue=paths.worker_queue_depth, metrics=self._metrics)
-        self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=paths.worker_queue_depth,
-                              partial_interval_ms=paths.asr_partial_interval_ms,
-                              max_audio_s=paths.max_turn_audio_s, metrics=self._metrics)
+        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
+        self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
+                              partial_interval_ms=limits.asr_partial_interval_ms,
+                              max_audio_s=limits.max_turn_audio_s, metrics=self._metrics)
         self.llm = SmolLlm(locations.llm, cache_dir=Path(paths.cache_dir).expanduser(),
-                           cpu_threads=paths.cpu_threads, max_active=paths.llm_max_active,
-                           max_waiting=paths.llm_max_waiting, context_tokens=paths.llm_context_tokens,
+                           cpu_threads=paths.cpu_threads, max_active=limits.llm_max_active,
+                           max_waiting=limits.llm_max_waiting, context_tokens=limits.llm_context_tokens,
                            metrics=self._metrics)
-        self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=paths.worker_queue_depth,
+        self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                                 metrics=self._metrics)
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(self.vad, self.asr, self.tts,
@@ -77,7 +77,7 @@ class CascadeEngine:
             raise ModelNotReady("the cascade models are still loading")
         if len(self._sessions) >= self.capabilities.max_sessions:
             raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
-        session = CascadeSession(session_id, self.capabilities, self._models, options, self._config.models,
+        session = CascadeSession(session_id, self.capabilities, self._models, options, self._config.cascade,
                                  self._config.sessions.max_pending_turns_per_session, self._metrics,
                                  on_close=self._forget)
         self._sessions.add(session)
@@ -96,6 +96,9 @@ class CascadeEngine:
 
     def model_ids(self) -> list[str]:
         return [self.llm.model_name, self.asr.model_name, self.tts.model_name]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:

@@ -1,8 +1,8 @@
 """The chat LLM (SmolLM2-135M-Instruct by default) with streamed, cancellable generation.
 
 Sharing and batching: one model copy, driven by ONE dedicated decode thread
-(``config.models.cpu_threads`` intra-op threads). Up to ``llm_max_active`` requests are
-decoded together by token-level round-robin: each loop admits waiting requests (one
+(``config.models.cpu_threads`` intra-op threads). Up to ``config.cascade.llm_max_active``
+requests are decoded together by token-level round-robin: each loop admits waiting requests (one
 prefill each), then advances every active request by one token. Requests from different
 sessions therefore progress side by side (nobody waits for another's whole reply), but
 each token is its own forward pass: the per-request KV caches differ in length, so they

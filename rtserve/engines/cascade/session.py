@@ -26,18 +26,17 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from rtserve.config import ModelPaths
+from rtserve.config import CascadeLimits
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
 from rtserve.engines.cascade.events import EventChannel
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.tts import TextToSpeech
-from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, ServerVadSettings, TurnDetector
+from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
 from rtserve.engines.cascade.vad import VadEngine, VadStream
 from rtserve.engines.pipeline import StageFailed
 from rtserve.engines.protocols import (
@@ -53,6 +52,7 @@ from rtserve.engines.protocols import (
     ResponseRequest,
     SessionOptions,
     TokenDelta,
+    TurnDetection,
 )
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ _Backlog = np.ndarray | int | asyncio.Future  # audio, a gap of dropped samples,
 
 class CascadeSession:
     def __init__(self, session_id: str, capabilities: EngineCapabilities, models: CascadeModels,
-                 options: SessionOptions, limits: ModelPaths, max_pending_turns: int,
+                 options: SessionOptions, limits: CascadeLimits, max_pending_turns: int,
                  metrics: CascadeMetrics, on_close: Callable[[CascadeSession], None]) -> None:
         self.session_id = session_id
         self.capabilities = capabilities
@@ -108,17 +108,16 @@ class CascadeSession:
 
     # -- configuration -------------------------------------------------------------------
 
-    def _new_turn(self, server_vad: dict[str, Any] | None) -> TurnDetector | ManualTurn:
-        if server_vad is None:
+    def _new_turn(self, settings: TurnDetection | None) -> TurnDetector | ManualTurn:
+        if settings is None:
             return ManualTurn(self._max_turn_samples)
-        settings = ServerVadSettings.parse(server_vad)
         vad = self._models.vad
         return TurnDetector(settings, vad.sample_rate, vad.window, self._max_turn_samples)
 
-    def configure_turn_detection(self, server_vad: dict[str, Any] | None) -> None:
-        """Apply a new OpenAI ``turn_detection`` object (``session.update``); the current,
-        uncommitted turn is dropped. Raises ``EngineError`` for an invalid object."""
-        turn = self._new_turn(server_vad)
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None:
+        """Apply new turn detection settings (``session.update``); the current,
+        uncommitted turn is dropped."""
+        turn = self._new_turn(settings)
         self.clear_input()
         self._turn = turn
 

@@ -27,6 +27,7 @@ import numpy as np
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.errors import ModelNotReady, ModelUnavailable
 from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.engines.cascade.model_paths import ESPEAK, ModelLocation
 from rtserve.engines.cascade.sentences import speakable, split_sentences
 from rtserve.engines.cascade.worker import ModelWorker
@@ -34,7 +35,7 @@ from rtserve.engines.protocols import EngineError
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24_000
+SAMPLE_RATE = WIRE_SAMPLE_RATE
 # OpenAI's built-in voice names: clients send them by default, so each selects our voice.
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
                            "shimmer", "verse", "marin", "cedar"})

@@ -16,49 +16,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtserve.engines.cascade.audio import AudioBuffer
-from rtserve.engines.protocols import EngineError, SpeechStarted, SpeechStopped
+from rtserve.engines.protocols import SpeechStarted, SpeechStopped, TurnDetection
 
 _HYSTERESIS = 0.15
-
-
-class InvalidTurnDetection(EngineError):
-    code = "invalid_turn_detection"
-
-
-class ServerVadSettings(BaseModel):
-    """The OpenAI ``turn_detection`` object (``type: server_vad``), defaults as OpenAI's.
-
-    ``create_response``/``interrupt_response``/``idle_timeout_ms`` steer the session core,
-    not detection; they are accepted and ignored here.
-    """
-
-    model_config = ConfigDict(extra="ignore")  # the session core validates the wire object
-
-    type: Literal["server_vad"] = "server_vad"
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
-    prefix_padding_ms: int = Field(300, ge=0, le=10_000)
-    silence_duration_ms: int = Field(500, ge=0, le=60_000)
-    create_response: bool = True
-    interrupt_response: bool = True
-    idle_timeout_ms: int | None = None
-
-    @classmethod
-    def parse(cls, value: dict[str, Any]) -> ServerVadSettings:
-        if value.get("type", "server_vad") != "server_vad":
-            raise InvalidTurnDetection(f"turn_detection type {value.get('type')!r} is not supported by this "
-                                       "engine; use 'server_vad' or null", code="unsupported_turn_detection")
-        try:
-            return cls.model_validate(value)
-        except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            field = ".".join(str(p) for p in err["loc"])
-            raise InvalidTurnDetection(f"turn_detection.{field}: {err['msg']}") from None
 
 
 @dataclass
@@ -106,7 +70,7 @@ class _TurnAudio:
 
 
 class TurnDetector(_TurnAudio):
-    def __init__(self, settings: ServerVadSettings, sample_rate: int, window: int, max_turn_samples: int) -> None:
+    def __init__(self, settings: TurnDetection, sample_rate: int, window: int, max_turn_samples: int) -> None:
         super().__init__(max_turn_samples)
         self.settings = settings
         self._rate = sample_rate

@@ -22,10 +22,6 @@ class FrameChunker:
         self.frame_size = frame_size
         self._tail = np.zeros(0, np.float32)
 
-    @property
-    def pending_samples(self) -> int:
-        return int(self._tail.size)
-
     def push(self, pcm: Pcm) -> list[np.ndarray]:
         samples = np.asarray(pcm)
         if samples.ndim != 1 or samples.dtype.kind != "f":

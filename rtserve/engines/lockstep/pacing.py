@@ -27,7 +27,6 @@ caller's.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,26 +52,6 @@ class SystemTickClock:
         delay = deadline - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-
-
-class FakeTickClock:
-    """Virtual time: ``sleep_until`` jumps to the deadline, ``advance`` simulates work."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-        self._lock = threading.Lock()
-
-    def monotonic(self) -> float:
-        with self._lock:
-            return self._now
-
-    def sleep_until(self, deadline: float) -> None:
-        with self._lock:
-            self._now = max(self._now, deadline)
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
 
 
 @dataclass(frozen=True)

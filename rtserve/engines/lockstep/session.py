@@ -21,7 +21,8 @@ from rtserve.engines.lockstep.framing import FrameChunker
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
 from rtserve.engines.protocols import (EngineCapabilities, EngineError, EngineEvent, EngineFailure, FrameModel,
-                                       OutputAudio, Pcm, ResponseRequest, SessionOptions)
+                                       OutputAudio, Pcm, ResponseRequest, SessionOptions, TurnDetection, TurnEngines)
+from rtserve.errors import TURN_CONTROL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ class LockstepSession:
 
     def set_epoch(self, epoch: int) -> None:
         self._lease.set_epoch(epoch)
+
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None:
+        """Lockstep models hear everything continuously; they have no server VAD to set."""
+        raise EngineError("this engine has no server VAD", code=TURN_CONTROL_UNSUPPORTED)
 
     async def events(self) -> AsyncIterator[EngineEvent]:
         while True:
@@ -132,3 +137,6 @@ class LockstepSessionEngine:
 
     def model_ids(self) -> list[str]:
         return [self.name]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines()  # a lockstep model is one frame model, not separate turn engines

@@ -5,14 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtserve.engines.cascade.turn_detection import (
-    InvalidTurnDetection,
-    ManualTurn,
-    SealedTurn,
-    ServerVadSettings,
-    TurnDetector,
-)
-from rtserve.engines.protocols import SpeechStarted, SpeechStopped
+from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
+from rtserve.engines.protocols import InvalidTurnDetection, SpeechStarted, SpeechStopped
+from rtserve.engines.protocols import TurnDetection as ServerVadSettings
 
 RATE = 16_000
 WINDOW = 512  # 32 ms

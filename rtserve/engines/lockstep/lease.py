@@ -1,0 +1,122 @@
+"""The event-loop side of one lockstep slot: what a session holds while it owns a slot.
+
+A ``SlotLease`` is the session's end of the slot's hand-off queues (input backlog,
+output hand-off) and its fence (epoch); the engine thread owns the other end in
+``scheduler.py``. Kept apart from the scheduler so each module has one side of the
+thread boundary (engine.md, "lockstep slot tables").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rtserve.config import LockstepConfig
+from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff, SlotPhase
+from rtserve.engines.protocols import EngineFailure, FrameOutput
+
+if TYPE_CHECKING:
+    from rtserve.engines.lockstep.scheduler import LockstepScheduler
+
+
+class SlotLease:
+    """A session's hold on one slot.
+
+    Loop-side methods never block. Counters have one writer each: ``frames_pushed`` and
+    ``frames_discarded`` the loop, ``frames_stepped``, ``frames_trimmed``, ``underruns`` and
+    ``dropped_output_frames`` the engine thread. The async methods need the lease to have
+    been acquired on a running loop.
+    """
+
+    def __init__(self, scheduler: LockstepScheduler, slot: int, session_id: str,
+                 loop: asyncio.AbstractEventLoop | None, config: LockstepConfig) -> None:
+        self._scheduler = scheduler
+        self.slot = slot
+        self.session_id = session_id
+        self.loop = loop
+        self.epoch = 0
+        self.input = InputBacklog(config.max_input_backlog_frames, config.latency_trim_window_frames,
+                                  config.latency_trim_keep_frames)
+        self.output = OutputHandoff(config.output_queue_frames)
+        self.released = False
+        self.frames_pushed = 0
+        self.frames_discarded = 0
+        self.frames_stepped = 0
+        self.frames_trimmed = 0
+        self.underruns = 0
+        self.dropped_output_frames = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def phase(self) -> SlotPhase:
+        return self._scheduler.phase_of(self)
+
+    def push_frames(self, frames: Sequence[np.ndarray]) -> None:
+        """Queue whole input frames; beyond the backlog cap the oldest are dropped."""
+        if self.released:
+            return
+        size = self._scheduler.frame_size
+        for frame in frames:
+            if frame.shape != (size,) or frame.dtype != np.float32:
+                raise ValueError(f"input frames must be float32 arrays of {size} samples")
+        dropped = self.input.push(frames)
+        self.frames_pushed += len(frames)
+        if dropped:
+            self.frames_discarded += dropped
+            self._scheduler.metrics.dropped_input_frames.inc(dropped)
+
+    def clear_input(self) -> None:
+        self.frames_discarded += self.input.clear()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""
+        self.epoch = epoch
+        self.output.purge_before(epoch)
+
+    def release(self) -> None:
+        """Stop all output now; the engine thread frees the slot between steps."""
+        self._scheduler.release(self)
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def next_output(self) -> tuple[FrameOutput, int] | EngineFailure | None:
+        """The next ``(frame, epoch)`` of the current epoch; the failure or ``None`` once closed."""
+        while True:
+            item = self.output.pop()
+            if item is not None:
+                if item[1] == self.epoch:
+                    return item
+                continue
+            if self.output.closed:
+                return self.output.failure
+            await self._wait_until(lambda: len(self.output) > 0 or self.output.closed)
+
+    async def wait_live(self) -> None:
+        """Until the slot finished its prefill and is stepped every tick (or the lease ended)."""
+        await self._wait_until(lambda: self.phase is SlotPhase.LIVE or self.output.closed or self.released)
+
+    async def wait_input_consumed(self) -> None:
+        """Until every frame pushed so far was stepped or discarded (or the lease ended)."""
+        target = self.frames_pushed
+        await self._wait_until(lambda: self.frames_stepped + self.frames_discarded + self.frames_trimmed >= target
+                               or self.output.closed or self.released)
+
+    async def wait_released(self, timeout_s: float) -> bool:
+        """Until the engine thread has freed the slot; False on timeout."""
+        try:
+            await asyncio.wait_for(self._wait_until(lambda: self.released), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        # Several waiters share one event: clear, re-check, then wait, so no wake-up is lost.
+        while not predicate():
+            self._changed.clear()
+            if predicate():
+                return
+            await self._changed.wait()
