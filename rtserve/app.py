@@ -12,7 +12,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionEngine
 from rtserve.engines.registry import create_engine
 from rtserve.sessions import SessionManager
-from rtserve.web import base_routes, http_api, moshi, openpi, realtime
+from rtserve.web import base_routes, http, moshi, openpi, realtime
 from rtserve.web.auth import auth_middleware
 from rtserve.web.context import CTX, AppContext
 from rtserve.web.errors import error_middleware
@@ -60,7 +60,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     sessions = SessionManager(engine, config.sessions, registry=registry)
     app[CTX] = AppContext(config=config, engine=engine, sessions=sessions, registry=registry)
     base_routes.setup(app)
-    http_api.setup(app)
+    http.setup(app)
     openpi.setup(app)
     moshi.setup(app)
     realtime.setup(app)

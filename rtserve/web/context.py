@@ -16,7 +16,7 @@ from rtserve.sessions import SessionManager
 class TurnEngines:
     """The streamed engines behind the HTTP generation routes (chat, speech, transcriptions).
 
-    Filled once by ``rtserve.web.http_api.setup``: from the session engine when it lends its
+    Filled once by ``rtserve.web.http.routes.setup``: from the session engine when it lends its
     loaded models, and from the configured text engine. ``None`` = this server does not
     serve that task, and its route answers with an error.
     """

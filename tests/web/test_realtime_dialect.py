@@ -6,7 +6,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection
-from rtserve.web.realtime_dialect import (DUPLEX_ROUTE, REALTIME_ROUTE, TurnBasedProjection, accepted_subprotocols,
+from rtserve.web.realtime.dialect import (DUPLEX_ROUTE, REALTIME_ROUTE, TurnBasedProjection, accepted_subprotocols,
                                          select_dialect)
 
 CAPS = EngineCapabilities(name="x", mode="turn", input_sample_rate=16000, output_sample_rate=24000,

@@ -38,13 +38,13 @@ from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, Ses
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
-from rtserve.web.realtime_audio import InputAudioDecoder
-from rtserve.web.realtime_wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
+from rtserve.web.realtime.audio import InputAudioDecoder
+from rtserve.web.realtime.wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
                                        CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
                                        invalid_event, parse_client_event)
 
 if TYPE_CHECKING:
-    from rtserve.web.realtime import RealtimeService
+    from rtserve.web.realtime.service import RealtimeService
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``WS /v1/realtime/robot/openpi``: openpi-compatible robot policy serving (serving.md §4.5).
 
-Protocol (binary MessagePack frames, numpy markers: see ``openpi_wire``):
+Protocol (binary MessagePack frames, numpy markers: see ``wire``):
 
 * on connect the server sends the policy's server config (the handshake/metadata);
 * ``{"endpoint": "infer", "session_id": ..., **observation}`` (``endpoint`` may be
@@ -40,7 +40,7 @@ from rtserve.engines.policy.loading import load_policy
 from rtserve.engines.protocols import EngineError, PolicyRequest
 from rtserve.log import session_id_var
 from rtserve.web.context import CTX
-from rtserve.web.openpi_wire import WireError, pack_message, unpack_message
+from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
 
 log = logging.getLogger(__name__)
 

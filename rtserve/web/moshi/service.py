@@ -26,9 +26,9 @@ from aiohttp import WSCloseCode, web
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
-from rtserve.web.moshi_conversation import Conversation
-from rtserve.web.moshi_metrics import MoshiMetrics
-from rtserve.web.moshi_outbox import AgentFrame
+from rtserve.web.moshi.conversation import Conversation
+from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.outbox import AgentFrame
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rtserve.engines.protocols import ASREngine, EngineError, Pcm
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
-from rtserve.web.http_audio import AudioDecodeError, AudioTooLong, decode_audio
-from rtserve.web.http_common import (
+from rtserve.web.http.audio import AudioDecodeError, AudioTooLong, decode_audio
+from rtserve.web.http.common import (
     SseStream,
     body_too_large,
     engine_api_error,

@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, Valid
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
-from rtserve.web.moshi_conversation import Conversation
-from rtserve.web.moshi_outbox import AgentFrame
-from rtserve.web.moshi_prompt import PromptError, resolve_voice
-from rtserve.web.moshi_service import MoshiService, close_socket
+from rtserve.web.moshi.conversation import Conversation
+from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.prompt import PromptError, resolve_voice
+from rtserve.web.moshi.service import MoshiService, close_socket
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 (native duplex dialect) over the app's ``SessionManager``.
 
 Connections are served by ``RealtimeConnection``; what each one speaks is decided by
-``realtime_dialect``; client frames are parsed by ``realtime_wire``. Limits: frames over
+``dialect``; client frames are parsed by ``wire``. Limits: frames over
 ``transport.max_ws_message_bytes`` close the socket with 1009; WebSocket pings every
 ``transport.ws_heartbeat_s`` (a peer that misses its pong is dropped); admission and idle
 expiry come from ``sessions`` (``resource_exhausted`` error then close 1013 at capacity).
@@ -24,9 +24,8 @@ from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
 from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
-from rtserve.web.context import CTX
-from rtserve.web.realtime_connection import RealtimeConnection, close_socket
-from rtserve.web.realtime_dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect
+from rtserve.web.realtime.connection import RealtimeConnection, close_socket
+from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, select_dialect
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +113,3 @@ class RealtimeService:
         ``session.closed`` (reason ``shutdown``), which the manager's shutdown queues."""
         await asyncio.gather(*(close_socket(c.ws, WSCloseCode.GOING_AWAY, "server shutting down")
                                for c in list(self._connections) if c.handle is None), return_exceptions=True)
-
-
-SERVICE = web.AppKey("realtime", RealtimeService)
-
-
-async def _realtime(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVICE].handle(request, REALTIME_ROUTE)
-
-
-async def _duplex(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVICE].handle(request, DUPLEX_ROUTE)
-
-
-async def _on_shutdown(app: web.Application) -> None:
-    await app[SERVICE].shutdown()
-
-
-def setup(app: web.Application) -> None:
-    ctx = app[CTX]
-    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.registry)
-    app.router.add_get(REALTIME_ROUTE, _realtime)
-    app.router.add_get(DUPLEX_ROUTE, _duplex)
-    app.on_shutdown.append(_on_shutdown)

@@ -27,7 +27,7 @@ from rtserve.config import HttpGenerationConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
-from rtserve.web.http_common import (
+from rtserve.web.http.common import (
     SseStream,
     engine_api_error,
     engine_errors,

@@ -29,8 +29,8 @@ from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
 from rtserve.sessions.events import SessionCreated, SessionEvent, SessionUpdated
 from rtserve.sessions.projections.realtime import Naming
 from rtserve.web.auth import SUBPROTOCOL_PREFIX
-from rtserve.web.realtime_connection import Dialect
-from rtserve.web.realtime_wire import EventRules
+from rtserve.web.realtime.connection import Dialect
+from rtserve.web.realtime.wire import EventRules
 
 REALTIME_ROUTE = "/v1/realtime"
 DUPLEX_ROUTE = "/v1/duplex"

@@ -29,8 +29,8 @@ from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.protocols import EngineError, Pcm, TTSEngine
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
-from rtserve.web.http_audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
-from rtserve.web.http_common import SseStream, engine_api_error, first_item, read_json, require_tts, run_generation
+from rtserve.web.http.audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
+from rtserve.web.http.common import SseStream, engine_api_error, first_item, read_json, require_tts, run_generation
 
 log = logging.getLogger(__name__)
 

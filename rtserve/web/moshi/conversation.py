@@ -15,8 +15,8 @@ import numpy as np
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.lockstep.framing import FrameChunker
 from rtserve.engines.protocols import EngineFailure, EngineSession, OutputAudio, OutputText
-from rtserve.web.moshi_metrics import MoshiMetrics
-from rtserve.web.moshi_outbox import AgentFrame, Outbox
+from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.outbox import AgentFrame, Outbox
 
 WIRE_SAMPLE_RATE = 24_000  # both Moshi wire formats are 24 kHz mono
 _NO_AUDIO = np.zeros(0, np.float32)

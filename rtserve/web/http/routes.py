@@ -17,9 +17,9 @@ from aiohttp import web
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionEngine, TurnEngineProvider
-from rtserve.web import http_chat, http_speech, http_transcriptions
 from rtserve.web.context import CTX, TurnEngines
-from rtserve.web.http_common import LIMITER, GenerationLimiter
+from rtserve.web.http import chat, speech, transcriptions
+from rtserve.web.http.common import LIMITER, GenerationLimiter
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ def setup(app: web.Application) -> None:
     ctx = app[CTX]
     ctx.turn_engines = _turn_engines(ctx.config, ctx.engine, app)
     app[LIMITER] = GenerationLimiter(ctx.config.transport.max_concurrent_http_generations, ctx.registry)
-    http_chat.setup(app)
-    http_speech.setup(app)
-    http_transcriptions.setup(app)
+    chat.setup(app)
+    speech.setup(app)
+    transcriptions.setup(app)
 
 
 def _turn_engines(config: ServerConfig, engine: SessionEngine, app: web.Application) -> TurnEngines:

@@ -22,10 +22,10 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
-from rtserve.web.moshi_conversation import WIRE_SAMPLE_RATE, Conversation
-from rtserve.web.moshi_outbox import AgentFrame
-from rtserve.web.moshi_prompt import PromptError, prompt_from_query
-from rtserve.web.moshi_service import MoshiService, close_socket
+from rtserve.web.moshi.conversation import WIRE_SAMPLE_RATE, Conversation
+from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.prompt import PromptError, prompt_from_query
+from rtserve.web.moshi.service import MoshiService, close_socket
 
 log = logging.getLogger(__name__)
 
