@@ -153,5 +153,4 @@ async def test_a_stalled_client_drops_its_own_oldest_frames_and_never_holds_the_
         await service.stop_output(output)
         await conversation.close()
     finally:
-        service.stop()
         await engine.stop()

@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, Valid
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
+from rtserve.web.connections import close_socket
 from rtserve.web.moshi.conversation import Conversation
 from rtserve.web.moshi.outbox import AgentFrame
 from rtserve.web.moshi.prompt import PromptError, resolve_voice
-from rtserve.web.moshi.service import MoshiService, close_socket
+from rtserve.web.moshi.service import MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,6 @@ class DuplexConnection:
 async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
     ws = service.websocket()
     await ws.prepare(request)
-    async with service.tracked(ws):
+    async with service.connections.track(ws):
         await DuplexConnection(ws, service).run()
     return ws

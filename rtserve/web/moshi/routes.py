@@ -2,7 +2,7 @@
 
 ``WS /api/chat`` (tagged binary frames, Ogg-Opus: ``chat``) and
 ``WS /v1/audio/duplex`` (JSON control + raw float32 PCM: ``duplex``) share one
-``MoshiService``: admission (1013 when every slot is busy), codec threads, metrics and
+``MoshiService``: admission (1013 when every slot is busy), metrics and
 shutdown (every connection closed with 1001 and its engine slot released).
 """
 
@@ -27,11 +27,7 @@ async def _duplex(request: web.Request) -> web.StreamResponse:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    await app[MOSHI].shutdown()
-
-
-async def _on_cleanup(app: web.Application) -> None:
-    app[MOSHI].stop()
+    await app[MOSHI].connections.close_all()
 
 
 def setup(app: web.Application) -> None:
@@ -40,4 +36,3 @@ def setup(app: web.Application) -> None:
     app.router.add_get(chat.ROUTE, _chat)
     app.router.add_get(duplex.ROUTE, _duplex)
     app.on_shutdown.append(_on_shutdown)
-    app.on_cleanup.append(_on_cleanup)

@@ -1,5 +1,5 @@
 """What ``/api/chat`` and ``/v1/audio/duplex`` share: admission onto the engine, the
-output path (engine -> outbox -> socket), the codec threads, metrics, and shutdown.
+output path (engine -> outbox -> socket), metrics, and the open sockets (shutdown).
 
 Close codes (RFC 6455 §7.4.1) used by both routes:
 
@@ -18,32 +18,20 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 from aiohttp import WSCloseCode, web
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
+from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.moshi.conversation import Conversation
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.outbox import AgentFrame
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 BUSY_REASON = "all conversation slots busy"
-SHUTDOWN_REASON = "server shutting down"
-_MAX_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
-
-
-async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
-    """Close with a short reason; a socket that is already gone is not an error."""
-    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await ws.close(code=code, message=message)
 
 
 class MoshiService:
@@ -51,35 +39,13 @@ class MoshiService:
         self.config = config
         self.engine = engine
         self.metrics = metrics
-        self._codec_pool = ThreadPoolExecutor(config.moshi.codec_threads, thread_name_prefix="moshi-codec")
-        self._handlers: dict[web.WebSocketResponse, asyncio.Task[object]] = {}
-        self._shutting_down = False
+        self.connections = Connections("Moshi-protocol", config.sessions.shutdown_timeout_s)
 
     # ------------------------------------------------------------------ sockets
 
     def websocket(self) -> web.WebSocketResponse:
         transport = self.config.transport
         return web.WebSocketResponse(max_msg_size=transport.max_ws_message_bytes, heartbeat=transport.ws_heartbeat_s)
-
-    @contextlib.asynccontextmanager
-    async def tracked(self, ws: web.WebSocketResponse) -> AsyncIterator[None]:
-        """Register a prepared socket so shutdown can close it with 1001. An unexpected
-        error ends this connection only: logged here, the client gets 1011."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers[ws] = task
-        try:
-            yield
-        except Exception:
-            log.exception("Moshi-protocol connection failed")
-            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
-        finally:
-            del self._handlers[ws]
-
-    async def run_codec(self, work: Callable[..., T], *args: object) -> T:
-        """Opus work off the event loop. Callers await each call before the next, which
-        keeps every connection's codec calls in order while connections run in parallel."""
-        return await asyncio.get_running_loop().run_in_executor(self._codec_pool, work, *args)
 
     # ------------------------------------------------------------------ admission
 
@@ -88,7 +54,7 @@ class MoshiService:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
-        if self._shutting_down:
+        if self.connections.closing:
             await close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON)
             return None
         session_id = f"moshi-{uuid.uuid4().hex[:16]}"
@@ -171,20 +137,3 @@ class MoshiService:
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def shutdown(self) -> None:
-        """Close every connection with 1001 and wait (bounded) until each released its slot."""
-        self._shutting_down = True
-        handlers = dict(self._handlers)
-        if not handlers:
-            return
-        log.info("closing %d Moshi-protocol connection(s)", len(handlers))
-        await asyncio.gather(*(close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON) for ws in handlers))
-        _, pending = await asyncio.wait(handlers.values(), timeout=self.config.sessions.shutdown_timeout_s)
-        for task in pending:
-            task.cancel()
-
-    def stop(self) -> None:
-        self._codec_pool.shutdown(wait=False, cancel_futures=True)

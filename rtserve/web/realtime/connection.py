@@ -38,6 +38,7 @@ from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, Ses
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.web.connections import close_socket
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
                                        CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
@@ -50,8 +51,7 @@ log = logging.getLogger(__name__)
 
 SESSION_NOT_OPEN = "session_not_open"
 SESSION_ALREADY_OPEN = "session_already_open"
-_INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on a worker thread, off the event loop
-_MAX_REASON_BYTES = 123  # a close frame carries at most 125 payload bytes, 2 of them the code
+_INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on the codec executor, off the event loop
 
 # Close codes after the session's last event (RFC 6455 §7.4.1).
 _CLOSE_FOR_REASON = {"shutdown": WSCloseCode.GOING_AWAY, "internal_error": WSCloseCode.INTERNAL_ERROR,
@@ -76,13 +76,6 @@ class Dialect:
     @property
     def duplex(self) -> bool:
         return self.rules.duplex
-
-
-async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
-    """Close with a short reason; a socket that is already gone is not an error."""
-    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await ws.close(code=code, message=message)
 
 
 class RealtimeConnection:
@@ -130,7 +123,7 @@ class RealtimeConnection:
     async def _on_text(self, text: str) -> None:
         try:
             if len(text) > _INLINE_DECODE_CHARS:  # a big append: parse it off the event loop too
-                action = await asyncio.to_thread(parse_client_event, text, self.dialect.rules)
+                action = await self.service.codecs.run(parse_client_event, text, self.dialect.rules)
             else:
                 action = parse_client_event(text, self.dialect.rules)
             await self._apply(action)
@@ -170,7 +163,7 @@ class RealtimeConnection:
         fmt = action.audio_format or self._config.input_audio_format
         try:
             if len(action.audio) > _INLINE_DECODE_CHARS:
-                return await asyncio.to_thread(self._decoder.decode, action.audio, fmt, action.sample_rate)
+                return await self.service.codecs.run(self._decoder.decode, action.audio, fmt, action.sample_rate)
             return self._decoder.decode(action.audio, fmt, action.sample_rate)
         except InvalidBase64Error:
             raise WireError("invalid_base64", INVALID_BASE64_MESSAGE, param="audio", event_id=action.event_id) from None

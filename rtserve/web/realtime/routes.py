@@ -20,12 +20,13 @@ async def _duplex(request: web.Request) -> web.StreamResponse:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    await app[SERVICE].shutdown()
+    await app[SERVICE].connections.close_all()
 
 
 def setup(app: web.Application) -> None:
     ctx = app[CTX]
-    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.registry)
+    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.codecs,
+                                     ctx.registry)
     app.router.add_get(REALTIME_ROUTE, _realtime)
     app.router.add_get(DUPLEX_ROUTE, _duplex)
     app.on_shutdown.append(_on_shutdown)

@@ -1,0 +1,188 @@
+"""``WS /v1/realtime/robot/openpi``: openpi-compatible robot policy serving (serving.md §4.5).
+
+Protocol (binary MessagePack frames, numpy markers: see ``wire``):
+
+* on connect the server sends the policy's server config (the handshake/metadata);
+* ``{"endpoint": "infer", "session_id": ..., **observation}`` (``endpoint`` may be
+  omitted) -> the policy's action dict plus ``server_timing`` (``infer_ms``: receipt to
+  result, ``queue_ms``, ``batch_size``, ``prev_total_ms``: the previous request's
+  receipt-to-sent time) and ``policy_timing`` (``infer_ms``: the batched policy call);
+* ``{"endpoint": "reset"}`` -> ``{"status": "reset successful"}``.
+
+The first inference of a session, a changed ``session_id`` or a reset reaches the policy
+with ``reset=True``. Session ids are scoped to the connection (two robots both using
+``"default"`` never share policy state). An omitted ``session_id`` keeps the current one.
+
+Errors are ``{"type": "error", "message": ..., "code": ...}`` frames and the connection
+stays open: ``Invalid request payload`` (code ``invalid_payload``, with a ``detail``) for
+frames that are not valid openpi messages, text frames included; the policy's message
+naming the key for a bad observation (``invalid_observation``); ``overloaded`` when the
+request queue is full; ``Internal inference error`` (``inference_error``) when the policy
+fails. Frames over ``robot.max_message_bytes`` close the socket with 1009; no data frame
+for ``robot.idle_timeout_s`` closes it with 1000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from rtserve.engines.policy.batcher import PolicyBatcher, PolicyInferenceError
+from rtserve.engines.protocols import EngineError, PolicyRequest
+from rtserve.web.codec_executor import CodecExecutor
+from rtserve.web.openpi.metrics import OpenPIMetrics
+from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
+
+log = logging.getLogger(__name__)
+
+INVALID_PAYLOAD = "Invalid request payload"
+INFERENCE_ERROR = "Internal inference error"
+_DEFAULT_SESSION = "default"
+_MAX_SESSION_ID_CHARS = 256
+_INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on the codec executor, off the event loop
+
+
+def error_frame(message: str, code: str, detail: str | None = None) -> bytes:
+    frame = {"type": "error", "message": message, "code": code}
+    if detail is not None:
+        frame["detail"] = detail
+    return pack_message(frame)
+
+
+class OpenPIConnection:
+    """One robot connection: strict request/response, one request in flight."""
+
+    def __init__(self, ws: web.WebSocketResponse, batcher: PolicyBatcher, metrics: OpenPIMetrics,
+                 codecs: CodecExecutor, idle_timeout_s: float) -> None:
+        self._ws = ws
+        self._batcher = batcher
+        self._metrics = metrics
+        self._codecs = codecs
+        self._idle_timeout_s = idle_timeout_s
+        self.connection_id = uuid.uuid4().hex[:12]
+        self._session: str | None = None  # the client's session id; None -> next infer resets
+        self._session_fresh = True  # no successful inference yet in the current session
+        self._prev_total_ms: float | None = None
+
+    def _policy_key(self, session_id: str) -> str:
+        return f"{self.connection_id}/{session_id}"
+
+    async def run(self) -> None:
+        self._batcher.client_connected()
+        try:
+            await self._ws.send_bytes(pack_message(self._batcher.policy.server_config()))
+            while True:
+                try:
+                    async with asyncio.timeout(self._idle_timeout_s):
+                        msg = await self._ws.receive()
+                except TimeoutError:
+                    log.info("closing idle openpi connection after %.1f s", self._idle_timeout_s)
+                    self._metrics.errors.labels("idle_timeout").inc()
+                    await self._ws.close(code=WSCloseCode.OK, message=b"idle timeout")
+                    return
+                if msg.type is WSMsgType.BINARY:
+                    await self._on_frame(msg.data)
+                elif msg.type is WSMsgType.TEXT:
+                    await self._send_error(INVALID_PAYLOAD, "invalid_payload",
+                                           "text frames are not observations; send binary MessagePack frames")
+                elif msg.type is WSMsgType.ERROR:
+                    # aiohttp already closed the socket (1009 for an oversized frame).
+                    too_big = self._ws.close_code == WSCloseCode.MESSAGE_TOO_BIG
+                    self._metrics.errors.labels("message_too_big" if too_big else "protocol_error").inc()
+                    log.info("openpi connection closed: %s", msg.data)
+                    return
+                else:  # close / closing / closed
+                    return
+        finally:
+            self._batcher.client_disconnected()
+            if self._session is not None:
+                self._batcher.reset_session(self._policy_key(self._session))
+
+    async def _send_error(self, message: str, code: str, detail: str | None = None) -> None:
+        self._metrics.errors.labels(code).inc()
+        await self._ws.send_bytes(error_frame(message, code, detail))
+
+    async def _on_frame(self, frame: bytes) -> None:
+        received_at = time.perf_counter()
+        try:
+            if len(frame) > _INLINE_DECODE_BYTES:
+                message = await self._codecs.run(unpack_message, frame)
+            else:
+                message = unpack_message(frame)
+        except WireError as exc:
+            await self._send_error(INVALID_PAYLOAD, "invalid_payload", str(exc))
+            return
+        endpoint = message.pop("endpoint", "infer")
+        if endpoint == "reset":
+            self._metrics.requests.labels("reset").inc()
+            self._reset()
+            await self._ws.send_bytes(pack_message({"status": "reset successful"}))
+        elif endpoint == "infer":
+            self._metrics.requests.labels("infer").inc()
+            await self._infer(message, received_at)
+        else:
+            await self._send_error(INVALID_PAYLOAD, "invalid_payload",
+                                   f"unknown endpoint {str(endpoint)[:64]!r} (use 'infer' or 'reset')")
+
+    def _reset(self) -> None:
+        if self._session is not None:
+            self._batcher.reset_session(self._policy_key(self._session))
+        self._session = None
+
+    def _enter_session(self, session_id: str) -> None:
+        if session_id != self._session:
+            self._reset()
+            self._session = session_id
+            self._session_fresh = True
+
+    async def _infer(self, observation: dict[str, Any], received_at: float) -> None:
+        raw_session = observation.pop("session_id", None)
+        if raw_session is None:
+            raw_session = self._session or _DEFAULT_SESSION
+        if not isinstance(raw_session, str | int) or isinstance(raw_session, bool) \
+                or len(str(raw_session)) > _MAX_SESSION_ID_CHARS:
+            await self._send_error(INVALID_PAYLOAD, "invalid_payload",
+                                   f"session_id must be a string of at most {_MAX_SESSION_ID_CHARS} characters")
+            return
+        self._enter_session(str(raw_session))
+        try:
+            self._batcher.policy.validate(observation)
+        except EngineError as exc:
+            await self._send_error(str(exc), exc.code)
+            return
+        except Exception:
+            log.exception("policy validate() raised an unexpected error")
+            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
+            return
+        request = PolicyRequest(self._policy_key(self._session), observation, reset=self._session_fresh)
+        try:
+            result = await self._batcher.infer(request)
+        except PolicyInferenceError:
+            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
+            return
+        except EngineError as exc:  # overloaded, stopping
+            await self._send_error(str(exc), exc.code)
+            return
+        self._session_fresh = False
+        server_timing = {"infer_ms": (time.perf_counter() - received_at) * 1000, "queue_ms": result.queue_ms,
+                         "batch_size": result.batch_size}
+        if self._prev_total_ms is not None:
+            server_timing["prev_total_ms"] = self._prev_total_ms
+        policy_timing = result.actions.get("policy_timing")
+        response = {**result.actions, "server_timing": server_timing,
+                    "policy_timing": {**(policy_timing if isinstance(policy_timing, dict) else {}),
+                                      "infer_ms": result.infer_ms}}
+        try:
+            frame = pack_message(response)
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.error("policy output cannot be sent: %s", exc)
+            await self._send_error(INFERENCE_ERROR, PolicyInferenceError.code)
+            return
+        await self._ws.send_bytes(frame)
+        self._prev_total_ms = (time.perf_counter() - received_at) * 1000
+        self._metrics.request_seconds.observe(self._prev_total_ms / 1000)
