@@ -40,9 +40,9 @@ from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
 from rtserve.web.connections import close_socket
 from rtserve.web.realtime.audio import InputAudioDecoder
-from rtserve.web.realtime.wire import (INVALID_BASE64_MESSAGE, INVALID_VALUE, AppendInput, ClearInput, ClientAction,
-                                       CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
-                                       invalid_event, parse_client_event)
+from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
+                                                ResumeSession, UpdateSession, parse_client_event)
+from rtserve.web.realtime.errors import INVALID_BASE64_MESSAGE, INVALID_VALUE, WireError, invalid_event
 
 if TYPE_CHECKING:
     from rtserve.web.realtime.service import RealtimeService

@@ -2,7 +2,7 @@
 (native duplex dialect) over the app's ``SessionManager``.
 
 Connections are served by ``RealtimeConnection``; what each one speaks is decided by
-``dialect``; client frames are parsed by ``wire``. Limits: frames over
+``dialect``; client frames are parsed by ``client_events``. Limits: frames over
 ``transport.max_ws_message_bytes`` close the socket with 1009; WebSocket pings every
 ``transport.ws_heartbeat_s`` (a peer that misses its pong is dropped); admission and idle
 expiry come from ``sessions`` (``resource_exhausted`` error then close 1013 at capacity).
