@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionOptions
 from rtserve.engines.registry import create_engine
-from rtserve.web.moshi.conversation import Conversation
+from rtserve.web.moshi.bridge import EngineBridge as Conversation
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.outbox import AgentFrame, Outbox
 from rtserve.web.moshi.prompt import PromptError, parse_seed, prompt_from_query, resolve_voice

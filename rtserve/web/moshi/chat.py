@@ -25,7 +25,7 @@ from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
-from rtserve.web.moshi.conversation import WIRE_SAMPLE_RATE, Conversation
+from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, EngineBridge
 from rtserve.web.moshi.outbox import AgentFrame
 from rtserve.web.moshi.prompt import PromptError, prompt_from_query
 from rtserve.web.moshi.service import MoshiService
@@ -80,7 +80,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
 
 async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codecs: CodecExecutor,
-                         conversation: Conversation) -> None:
+                         conversation: EngineBridge) -> None:
     """Client messages until the socket closes; malformed audio closes this socket only."""
     limits = service.config.codecs
     reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,

@@ -29,7 +29,7 @@ from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
 from rtserve.web.connections import close_socket
-from rtserve.web.moshi.conversation import Conversation
+from rtserve.web.moshi.bridge import EngineBridge
 from rtserve.web.moshi.outbox import AgentFrame
 from rtserve.web.moshi.prompt import PromptError, resolve_voice
 from rtserve.web.moshi.service import MoshiService
@@ -87,7 +87,7 @@ class DuplexConnection:
     def __init__(self, ws: web.WebSocketResponse, service: MoshiService) -> None:
         self.ws = ws
         self.service = service
-        self.conversation: Conversation | None = None
+        self.conversation: EngineBridge | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 

@@ -25,7 +25,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
-from rtserve.web.moshi.conversation import Conversation
+from rtserve.web.moshi.bridge import EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.outbox import AgentFrame
 
@@ -50,7 +50,7 @@ class MoshiService:
     # ------------------------------------------------------------------ admission
 
     async def open_conversation(self, ws: web.WebSocketResponse, route: str,
-                                prompt: SlotPrompt) -> Conversation | None:
+                                prompt: SlotPrompt) -> EngineBridge | None:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
@@ -76,7 +76,7 @@ class MoshiService:
             log.exception("opening an engine session failed")
             await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
             return None
-        conversation = Conversation(session, route=route, metrics=self.metrics,
+        conversation = EngineBridge(session, route=route, metrics=self.metrics,
                                     outbox_frames=self.config.moshi.output_queue_frames)
         if ws.closed:  # the client left, or shutdown began, while the slot was being prepared
             await conversation.close()
@@ -87,7 +87,7 @@ class MoshiService:
         return conversation
 
     @contextlib.asynccontextmanager
-    async def live(self, route: str, conversation: Conversation) -> AsyncIterator[None]:
+    async def live(self, route: str, conversation: EngineBridge) -> AsyncIterator[None]:
         """Counts the conversation as open; releases its engine slot on the way out."""
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
@@ -100,7 +100,7 @@ class MoshiService:
 
     # ------------------------------------------------------------------ output
 
-    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: Conversation,
+    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: EngineBridge,
                      send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
         """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails."""
 
@@ -117,7 +117,7 @@ class MoshiService:
         output.cancel()
         await asyncio.gather(output, return_exceptions=True)
 
-    async def stream_output(self, route: str, conversation: Conversation,
+    async def stream_output(self, route: str, conversation: EngineBridge,
                             send_frame: Callable[[AgentFrame], Awaitable[None]]) -> None:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes. A
         slow client only backs up its own outbox (drop-oldest); the pump keeps draining

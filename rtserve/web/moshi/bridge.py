@@ -1,4 +1,5 @@
-"""One engine session as a Moshi-style connection sees it: wire audio in, agent frames out.
+"""The bridge between one engine session and a Moshi-style connection: wire audio in,
+agent frames out (one per conversation; not the session core's ``Conversation`` item list).
 
 Shared by ``/api/chat`` (Ogg-Opus) and ``/v1/audio/duplex`` (raw float32). Both speak
 24 kHz mono; this class resamples to and from the engine's rates, cuts input into the
@@ -22,7 +23,7 @@ WIRE_SAMPLE_RATE = 24_000  # both Moshi wire formats are 24 kHz mono
 _NO_AUDIO = np.zeros(0, np.float32)
 
 
-class Conversation:
+class EngineBridge:
     def __init__(self, session: EngineSession, *, route: str, metrics: MoshiMetrics, outbox_frames: int) -> None:
         caps = session.capabilities
         self.session = session
