@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rtserve.engines.policy.demo import example_observation  # noqa: E402
-from rtserve.web.openpi import ROUTE  # noqa: E402
+from rtserve.web.openpi.routes import ROUTE  # noqa: E402
 
 WARMUP_STEPS = 3  # per robot, excluded from the statistics
 

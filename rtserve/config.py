@@ -50,6 +50,8 @@ class TransportLimits(_Section):
     max_http_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     ws_heartbeat_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
     max_concurrent_http_generations: int = Field(8, ge=1, description="beyond -> 429, never an unbounded queue")
+    codec_threads: int = Field(2, ge=1, description="the app's codec executor: threads shared by every route for "
+                                                     "codec work (Opus pages, speech encoding, upload decoding)")
     duplex_sessions: bool = Field(True, description="serve full-duplex sessions (/v1/duplex, /v1/realtime?duplex=1); "
                                                     "off: ?duplex=1 falls back to turn-based, /v1/duplex refuses")
     ws_send_buffer_bytes: int | None = Field(
@@ -103,7 +105,6 @@ class MoshiConfig(_Section):
     """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (duplex.md §1.6, §1.7)."""
 
     output_queue_frames: int = Field(12, ge=1, description="per-connection agent frames awaiting the socket; drop-oldest beyond")
-    codec_threads: int = Field(2, ge=1, description="worker threads shared by every connection for Opus encode/decode")
     flush_grace_s: float = Field(0.3, ge=0, description="after a duplex 'close', keep forwarding in-flight frames this long")
     flush_timeout_s: float = Field(5.0, gt=0, description="bound on waiting for the flushed tail before 'done'")
     opus_bitrate: int = Field(32000, ge=6000, le=510000, description="/api/chat agent audio bit rate")

@@ -1,14 +1,20 @@
-"""Engine names -> factories, imported lazily so an engine's heavy dependencies
-(torch, model wheels) load only when that engine is selected."""
+"""Every engine the app runs is built here: the session engine by name, the optional text
+engine, the robot policy. Factories are imported lazily so an engine's heavy dependencies
+(torch, model wheels, vLLM) load only when that engine is selected."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ConfigError, ServerConfig
+from rtserve.config import ConfigError, RobotConfig, ServerConfig
 from rtserve.engines.protocols import SessionEngine
+
+if TYPE_CHECKING:
+    from rtserve.engines.policy.batcher import PolicyBatcher
+    from rtserve.engines.vllm_engine import VllmTextEngine
 
 # name -> "module:factory"; factory(config, registry) -> SessionEngine
 ENGINES: dict[str, str] = {
@@ -28,3 +34,22 @@ def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) 
     module_name, factory_name = target.split(":")
     factory = getattr(importlib.import_module(module_name), factory_name)
     return factory(config, registry)
+
+
+def create_text_engine(config: ServerConfig) -> VllmTextEngine | None:
+    """The separate text engine behind chat (``http.text_engine``); None = the session engine's own LLM."""
+    if config.http.text_engine == "session":
+        return None
+    from rtserve.engines.vllm_engine import VllmTextEngine  # vLLM itself is imported only at start
+
+    return VllmTextEngine(config.http.vllm)  # ConfigError here when vllm is missing
+
+
+def load_policy_batcher(config: RobotConfig, registry: CollectorRegistry) -> PolicyBatcher:
+    """The robot policy behind its batcher, not started yet. Blocking: loading may read weights."""
+    from rtserve.engines.policy.batcher import PolicyBatcher
+    from rtserve.engines.policy.loading import load_policy
+
+    return PolicyBatcher(load_policy(config), max_batch=config.max_batch,
+                         batch_window_s=config.batch_window_ms / 1000.0, max_pending=config.max_pending_requests,
+                         registry=registry)

@@ -1,1 +1,2 @@
-"""Transports: aiohttp routes, WebSocket protocols, WebRTC. Speaks typed commands/events only."""
+"""Transports: one subpackage per protocol (aiohttp routes, WebSocket protocols) over shared
+connection helpers and one codec executor. Speaks typed commands/events only."""

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
-from rtserve.web.openpi import ROUTE
+from rtserve.web.openpi.routes import ROUTE
 from tests.support import serve_app
 
 

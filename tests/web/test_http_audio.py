@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtserve.web.http_audio import (
+from rtserve.web.http.audio import (
     SPEECH_SAMPLE_RATE,
     AudioDecodeError,
     AudioTooLong,

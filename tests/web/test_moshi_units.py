@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionOptions
 from rtserve.engines.registry import create_engine
-from rtserve.web.moshi_conversation import Conversation
-from rtserve.web.moshi_metrics import MoshiMetrics
-from rtserve.web.moshi_outbox import AgentFrame, Outbox
-from rtserve.web.moshi_prompt import PromptError, parse_seed, prompt_from_query, resolve_voice
-from rtserve.web.moshi_service import MoshiService
+from rtserve.web.moshi.bridge import EngineBridge as Conversation
+from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.outbox import AgentFrame, Outbox
+from rtserve.web.moshi.prompt import PromptError, parse_seed, prompt_from_query, resolve_voice
+from rtserve.web.moshi.service import MoshiService
 from tests.web.moshi_support import WAIT_S, moshi_config
 
 # ---------------------------------------------------------------------------- voices
@@ -153,5 +153,4 @@ async def test_a_stalled_client_drops_its_own_oldest_frames_and_never_holds_the_
         await service.stop_output(output)
         await conversation.close()
     finally:
-        service.stop()
         await engine.stop()

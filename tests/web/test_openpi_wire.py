@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from openpi_client import msgpack_numpy
 
-from rtserve.web.openpi_wire import WireError, pack_message, unpack_message
+from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
 
 _DTYPES = ["uint8", "int8", "int16", "<i4", ">i4", "int64", "float16", "<f4", ">f8", "bool"]
 

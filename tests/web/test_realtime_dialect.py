@@ -6,8 +6,8 @@ from aiohttp.test_utils import make_mocked_request
 
 from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection
-from rtserve.web.realtime_dialect import (DUPLEX_ROUTE, REALTIME_ROUTE, TurnBasedProjection, accepted_subprotocols,
-                                         select_dialect)
+from rtserve.sessions.projections import TurnBasedProjection
+from rtserve.web.realtime.dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect
 
 CAPS = EngineCapabilities(name="x", mode="turn", input_sample_rate=16000, output_sample_rate=24000,
                           chunk_period_ms=40, max_sessions=4, supports_barge_in=True, supports_server_vad=True)

@@ -14,9 +14,11 @@ from rtserve.codecs import g711
 from rtserve.codecs.errors import CodecError, InvalidBase64Error
 from rtserve.sessions import SessionConfig
 from rtserve.sessions import commands as cmd
-from rtserve.web.realtime_audio import InputAudioDecoder
-from rtserve.web.realtime_wire import (AppendInput, ClearInput, CommitInput, EventRules, ResumeSession,
-                                       UpdateSession, WireError, parse_client_event, session_changes)
+from rtserve.web.realtime.audio import InputAudioDecoder
+from rtserve.web.realtime.client_events import (AppendInput, ClearInput, CommitInput, EventRules, ResumeSession,
+                                                UpdateSession, parse_client_event)
+from rtserve.web.realtime.errors import WireError
+from rtserve.web.realtime.session_object import session_changes
 
 TURNS = EventRules(duplex=False, supports_server_vad=True)
 DUPLEX = EventRules(duplex=True, supports_server_vad=False)

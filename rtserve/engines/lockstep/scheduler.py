@@ -50,7 +50,7 @@ from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.lockstep.metrics import LockstepMetrics
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
-from rtserve.engines.lockstep.slots import InputBacklog, LoopNotifier, OutputHandoff, SlotPhase
+from rtserve.engines.lockstep.slots import LoopNotifier, SlotPhase
 from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput,
                                        SlotPrompt)
 

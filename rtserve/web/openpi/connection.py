@@ -1,6 +1,6 @@
 """``WS /v1/realtime/robot/openpi``: openpi-compatible robot policy serving (serving.md §4.5).
 
-Protocol (binary MessagePack frames, numpy markers: see ``openpi_wire``):
+Protocol (binary MessagePack frames, numpy markers: see ``wire``):
 
 * on connect the server sends the policy's server config (the handshake/metadata);
 * ``{"endpoint": "infer", "session_id": ..., **observation}`` (``endpoint`` may be
@@ -28,104 +28,35 @@ import asyncio
 import logging
 import time
 import uuid
-import weakref
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rtserve.config import RobotConfig
 from rtserve.engines.policy.batcher import PolicyBatcher, PolicyInferenceError
-from rtserve.engines.policy.loading import load_policy
 from rtserve.engines.protocols import EngineError, PolicyRequest
 from rtserve.errors import RtserveError
-from rtserve.log import session_id_var
-from rtserve.web.context import CTX
+from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.error_mapping import openpi_error_frame
-from rtserve.web.openpi_wire import WireError, pack_message, unpack_message
+from rtserve.web.openpi.metrics import OpenPIMetrics
+from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
 
 log = logging.getLogger(__name__)
 
-ROUTE = "/v1/realtime/robot/openpi"
 _DEFAULT_SESSION = "default"
 _MAX_SESSION_ID_CHARS = 256
-_INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on a worker thread, off the event loop
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class OpenPIMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("rtserve_robot_requests", "openpi requests by endpoint", ["endpoint"],
-                                registry=registry)
-        self.errors = Counter("rtserve_robot_errors", "openpi error frames and forced closes by code", ["code"],
-                              registry=registry)
-        self.connections = Gauge("rtserve_robot_connections", "Open openpi connections", registry=registry)
-        self.request_seconds = Histogram("rtserve_robot_request_seconds",
-                                         "Inference request receipt to response sent",
-                                         buckets=_LATENCY_BUCKETS, registry=registry)
-
-
-class OpenPIService:
-    """App-wide state: the policy (loaded off the loop at startup), its batcher, open sockets."""
-
-    def __init__(self, config: RobotConfig, heartbeat_s: float, registry: CollectorRegistry) -> None:
-        self.config = config
-        self.heartbeat_s = heartbeat_s
-        self.registry = registry
-        self.metrics = OpenPIMetrics(registry)
-        self.sockets: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
-        self._loading: asyncio.Task[PolicyBatcher | None] | None = None
-
-    def start(self) -> None:
-        self._loading = asyncio.create_task(self._load())
-
-    async def _load(self) -> PolicyBatcher | None:
-        if self.config.policy == "none":
-            return None
-        try:
-            policy = await asyncio.to_thread(load_policy, self.config)
-        except Exception:
-            log.exception("robot policy %r failed to load; %s answers 'Robot policy not available'",
-                          self.config.policy, ROUTE)
-            return None
-        batcher = PolicyBatcher(policy, max_batch=self.config.max_batch,
-                                batch_window_s=self.config.batch_window_ms / 1000.0,
-                                max_pending=self.config.max_pending_requests, registry=self.registry)
-        batcher.start()
-        log.info("robot policy %r ready (max_batch=%d, window=%.1f ms)", self.config.policy,
-                 self.config.max_batch, self.config.batch_window_ms)
-        return batcher
-
-    async def batcher(self) -> PolicyBatcher | None:
-        """The running batcher once loading finished; None when the policy failed to load."""
-        if self._loading is None:
-            return None
-        return await asyncio.shield(self._loading)
-
-    async def close_sockets(self) -> None:
-        await asyncio.gather(*(ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
-                               for ws in list(self.sockets)), return_exceptions=True)
-
-    async def stop(self) -> None:
-        if self._loading is None:
-            return
-        self._loading.cancel()  # a cancelled wait leaves a still-running load thread to finish alone
-        batcher = (await asyncio.gather(self._loading, return_exceptions=True))[0]
-        if isinstance(batcher, PolicyBatcher):
-            await asyncio.to_thread(batcher.stop)
-
-
-OPENPI = web.AppKey("openpi", OpenPIService)
+_INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on the codec executor, off the event loop
 
 
 class OpenPIConnection:
     """One robot connection: strict request/response, one request in flight."""
 
-    def __init__(self, ws: web.WebSocketResponse, batcher: PolicyBatcher, service: OpenPIService) -> None:
+    def __init__(self, ws: web.WebSocketResponse, batcher: PolicyBatcher, metrics: OpenPIMetrics,
+                 codecs: CodecExecutor, idle_timeout_s: float) -> None:
         self._ws = ws
         self._batcher = batcher
-        self._metrics = service.metrics
-        self._idle_timeout_s = service.config.idle_timeout_s
+        self._metrics = metrics
+        self._codecs = codecs
+        self._idle_timeout_s = idle_timeout_s
         self.connection_id = uuid.uuid4().hex[:12]
         self._session: str | None = None  # the client's session id; None -> next infer resets
         self._session_fresh = True  # no successful inference yet in the current session
@@ -173,7 +104,7 @@ class OpenPIConnection:
         received_at = time.perf_counter()
         try:
             if len(frame) > _INLINE_DECODE_BYTES:
-                message = await asyncio.to_thread(unpack_message, frame)
+                message = await self._codecs.run(unpack_message, frame)
             else:
                 message = unpack_message(frame)
         except WireError as exc:
@@ -244,60 +175,3 @@ class OpenPIConnection:
         await self._ws.send_bytes(frame)
         self._prev_total_ms = (time.perf_counter() - received_at) * 1000
         self._metrics.request_seconds.observe(self._prev_total_ms / 1000)
-
-
-async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
-    service = request.app[OPENPI]
-    ws = web.WebSocketResponse(max_msg_size=service.config.max_message_bytes, heartbeat=service.heartbeat_s,
-                               compress=False)
-    await ws.prepare(request)
-    batcher = await service.batcher()
-    if batcher is None:
-        service.metrics.errors.labels("unavailable").inc()
-        unavailable = EngineError("Robot policy not available", code="unsupported")
-        await ws.send_bytes(pack_message(openpi_error_frame(unavailable)))
-        await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"robot policy not available")
-        return ws
-    connection = OpenPIConnection(ws, batcher, service)
-    token = session_id_var.set(f"openpi-{connection.connection_id}")
-    service.sockets.add(ws)
-    service.metrics.connections.inc()
-    try:
-        await connection.run()
-    except ConnectionResetError:
-        log.info("openpi client went away mid-response")
-    except Exception:
-        # A failure here concerns this robot only: log it, close, keep serving the others.
-        log.exception("openpi connection failed")
-        await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
-    finally:
-        service.metrics.connections.dec()
-        session_id_var.reset(token)
-    return ws
-
-
-async def healthz(request: web.Request) -> web.Response:
-    """openpi's liveness probe: plain 200 while the process serves HTTP."""
-    return web.Response(text="OK")
-
-
-async def _on_startup(app: web.Application) -> None:
-    app[OPENPI].start()
-
-
-async def _on_shutdown(app: web.Application) -> None:
-    await app[OPENPI].close_sockets()
-
-
-async def _on_cleanup(app: web.Application) -> None:
-    await app[OPENPI].stop()
-
-
-def setup(app: web.Application) -> None:
-    ctx = app[CTX]
-    app[OPENPI] = OpenPIService(ctx.config.robot, ctx.config.transport.ws_heartbeat_s, ctx.registry)
-    app.router.add_get(ROUTE, openpi_socket)
-    app.router.add_get("/healthz", healthz)
-    app.on_startup.append(_on_startup)
-    app.on_shutdown.append(_on_shutdown)
-    app.on_cleanup.append(_on_cleanup)

@@ -12,8 +12,8 @@ duplex.md §1.5, §6):
   event: <detail>", ``param`` naming the field;
 * an append with bad base64 -> ``invalid_base64``, "Invalid base64 audio data" (raised by
   the connection's decoder);
-* an unsupported value (audio format, rate, turn detection, response shape) ->
-  ``invalid_value`` or ``unsupported_turn_detection``, naming it.
+* an unsupported value (a response shape here; audio format, rate or turn detection in
+  ``session_object``) -> ``invalid_value`` or ``unsupported_turn_detection``, naming it.
 
 Event names accepted on every realtime connection are the OpenAI Realtime client events
 (GA and beta spellings share them). Duplex connections also accept the duplex
@@ -25,49 +25,16 @@ the native opener ``session.create`` and a few legacy aliases.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
-from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, INVALID_VALUE, UNSUPPORTED_TURN_DETECTION, RtserveError
 from rtserve.sessions import commands as cmd
-from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
-
-INVALID_EVENT_MESSAGE = "Invalid or unrecognized client event"
-INVALID_BASE64_MESSAGE = "Invalid base64 audio data"
-
-_MAX_ECHOED_CHARS = 64  # client strings quoted back in messages are cut to this
-
-
-class WireError(RtserveError):
-    """A client frame the server refuses; rendered as an ``error`` event."""
-
-    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None,
-                 error_type: str = INVALID_REQUEST) -> None:
-        super().__init__(message, code=code, param=param)
-        self.event_id = event_id
-        self.error_type = error_type
-
-
-_FIELD = re.compile(r"[a-z][a-z0-9_]*")
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as the client's field path, without union-branch tags
-    (``constrained-int``, ``literal['inf']``, model class names, ...)."""
-    parts = [str(p) for p in loc if isinstance(p, int) or (_FIELD.fullmatch(p) and p not in _TYPE_TAGS)]
-    return ".".join(parts)
-
-
-def invalid_event(detail: str | None = None, *, param: str | None = None, event_id: str | None = None) -> WireError:
-    message = INVALID_EVENT_MESSAGE if detail is None else f"{INVALID_EVENT_MESSAGE}: {detail}"
-    return WireError(INVALID_EVENT, message, param=param, event_id=event_id)
-
+from rtserve.sessions.session_config import AudioFormat
+from rtserve.web.realtime.errors import INVALID_VALUE, MAX_ECHOED_CHARS, WireError, field_path, invalid_event
+from rtserve.web.realtime.session_object import FormatField, MaxTokens, audio_format, session_changes
 
 # ---------------------------------------------------------------------------
 # Transport actions (resolved by the connection, not by the session core)
@@ -124,166 +91,6 @@ class EventRules:
 
 
 # ---------------------------------------------------------------------------
-# Audio formats and session objects
-# ---------------------------------------------------------------------------
-
-_FORMAT_NAMES: dict[str, AudioFormat] = {
-    "pcm16": "pcm16", "pcm_s16le": "pcm16", "s16le": "pcm16", "audio/pcm": "pcm16",
-    "pcm_f32le": "pcm_f32le", "f32le": "pcm_f32le", "audio/pcm-f32le": "pcm_f32le",
-    "g711_ulaw": "g711_ulaw", "audio/pcmu": "g711_ulaw",
-    "g711_alaw": "g711_alaw", "audio/pcma": "g711_alaw",
-}
-_PCM_WIRE_RATE = WIRE_SAMPLE_RATE
-
-
-class _FormatObject(BaseModel):
-    """GA form: ``{"type": "audio/pcm", "rate": 24000}``, ``{"type": "audio/pcmu"}``, ..."""
-
-    model_config = ConfigDict(extra="ignore")
-    type: StrictStr
-    rate: StrictInt | None = None
-
-
-_FormatField = StrictStr | _FormatObject
-
-
-def audio_format(value: _FormatField, param: str) -> tuple[AudioFormat, int | None]:
-    """A wire format (beta string or GA object) -> (``AudioFormat``, explicit rate or None)."""
-    name = value if isinstance(value, str) else value.type
-    fmt = _FORMAT_NAMES.get(name)
-    if fmt is None:
-        raise WireError(INVALID_VALUE, f"Unsupported audio format {name[:_MAX_ECHOED_CHARS]!r}; use pcm16 "
-                        "(audio/pcm), g711_ulaw (audio/pcmu), g711_alaw (audio/pcma) or pcm_f32le", param=param)
-    rate = None if isinstance(value, str) else value.rate
-    if rate is not None and fmt.startswith("g711") and rate != G711_RATE:
-        raise WireError(INVALID_VALUE, f"G.711 audio is {G711_RATE} Hz", param=f"{param}.rate")
-    return fmt, rate
-
-
-def _input_format(value: _FormatField, param: str) -> AudioFormat:
-    fmt, rate = audio_format(value, param)
-    if rate is not None and not fmt.startswith("g711") and rate != _PCM_WIRE_RATE:
-        raise WireError(INVALID_VALUE, f"Input PCM is {_PCM_WIRE_RATE} Hz; other rates go in each append's "
-                        "sample_rate_hz", param=f"{param}.rate")
-    return fmt
-
-
-class _AudioInput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    format: _FormatField | None = None
-    turn_detection: dict[str, Any] | None = None
-
-
-class _AudioOutput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    format: _FormatField | None = None
-    voice: StrictStr | None = None
-
-
-class _Audio(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    input: _AudioInput | None = None
-    output: _AudioOutput | None = None
-
-
-_MaxTokens = Annotated[StrictInt, Field(ge=1)] | Literal["inf"]
-
-
-class SessionObject(BaseModel):
-    """The ``session`` of ``session.update`` in any spelling: GA (``audio.input.format``,
-    ``output_modalities``), beta (``input_audio_format``, ``modalities``,
-    ``max_response_output_tokens``) or native (the ``SessionConfig`` field names).
-    Fields this server has no use for (tools, tracing, noise reduction, ...) are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["realtime"] | None = None
-    model: StrictStr | None = None
-    instructions: StrictStr | None = None
-    voice: StrictStr | None = None
-    modalities: list[Literal["audio", "text"]] | None = None
-    output_modalities: list[Literal["audio", "text"]] | None = None
-    input_audio_format: _FormatField | None = None
-    output_audio_format: _FormatField | None = None
-    output_sample_rate: StrictInt | None = None
-    audio: _Audio | None = None
-    turn_detection: dict[str, Any] | None = None
-    temperature: float | None = None
-    max_output_tokens: _MaxTokens | None = None
-    max_response_output_tokens: _MaxTokens | None = None
-    playback_commit_policy: Literal["commit_all_on_done", "ack_only"] | None = None
-
-
-def turn_detection(value: dict[str, Any] | None, param: str, *, supports_server_vad: bool) -> dict[str, Any] | None:
-    """An OpenAI ``turn_detection`` object -> ``TurnDetection`` fields (None = manual commit)."""
-    if value is None:
-        return None
-    kind = value.get("type", "server_vad")
-    if kind != "server_vad":
-        raise WireError(UNSUPPORTED_TURN_DETECTION, f"Turn detection {str(kind)[:_MAX_ECHOED_CHARS]!r} is not "
-                        "supported; use server_vad or null", param=f"{param}.type")
-    if not supports_server_vad:
-        raise WireError(UNSUPPORTED_TURN_DETECTION, "This engine has no server VAD; set turn_detection to null and "
-                        "commit input yourself", param=param)
-    known = {k: v for k, v in value.items() if k in TurnDetection.model_fields}
-    try:
-        return TurnDetection.model_validate(known).model_dump()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = field_path(err["loc"])
-        raise WireError(INVALID_VALUE, f"{where}: {err['msg']}", param=f"{param}.{where}") from None
-
-
-def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
-    """Validate a ``session`` object -> ``SessionConfig`` changes (only what it names)."""
-    if not isinstance(raw, dict):
-        raise invalid_event("'session' must be an object", param="session")
-    try:
-        body = SessionObject.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = field_path(err["loc"])
-        if where == "type":
-            raise WireError(INVALID_VALUE, "Only 'realtime' sessions are served", param="session.type") from None
-        raise invalid_event(f"session.{where}: {err['msg']}", param=f"session.{where}") from None
-    given = body.model_fields_set
-    changes: dict[str, Any] = {}
-    for name in ("model", "instructions", "voice", "temperature", "output_sample_rate", "playback_commit_policy"):
-        if getattr(body, name) is not None:
-            changes[name] = getattr(body, name)
-    modalities = body.output_modalities or body.modalities
-    if modalities is not None:
-        changes["modalities"] = tuple(dict.fromkeys(modalities))
-    tokens = body.max_output_tokens or body.max_response_output_tokens
-    if tokens is not None:
-        changes["max_output_tokens"] = tokens
-    if body.input_audio_format is not None:
-        changes["input_audio_format"] = _input_format(body.input_audio_format, "session.input_audio_format")
-    if body.output_audio_format is not None:
-        changes.update(_output_format(body.output_audio_format, "session.output_audio_format"))
-    if "turn_detection" in given:
-        changes["turn_detection"] = turn_detection(body.turn_detection, "session.turn_detection",
-                                                   supports_server_vad=supports_server_vad)
-    audio = body.audio
-    if audio is not None and audio.input is not None:
-        if audio.input.format is not None:
-            changes["input_audio_format"] = _input_format(audio.input.format, "session.audio.input.format")
-        if "turn_detection" in audio.input.model_fields_set:
-            changes["turn_detection"] = turn_detection(audio.input.turn_detection, "session.audio.input.turn_detection",
-                                                       supports_server_vad=supports_server_vad)
-    if audio is not None and audio.output is not None:
-        if audio.output.format is not None:
-            changes.update(_output_format(audio.output.format, "session.audio.output.format"))
-        if audio.output.voice is not None:
-            changes["voice"] = audio.output.voice
-    return changes
-
-
-def _output_format(value: _FormatField, param: str) -> dict[str, Any]:
-    fmt, rate = audio_format(value, param)
-    return {"output_audio_format": fmt} if rate is None else {"output_audio_format": fmt, "output_sample_rate": rate}
-
-
-# ---------------------------------------------------------------------------
 # Client events
 # ---------------------------------------------------------------------------
 
@@ -295,8 +102,8 @@ class _Event(BaseModel):
 
 class _Append(_Event):
     audio: StrictStr
-    format: _FormatField | None = None  # duplex extension: this chunk's own format
-    input_audio_format: _FormatField | None = None
+    format: FormatField | None = None  # duplex extension: this chunk's own format
+    input_audio_format: FormatField | None = None
     sample_rate_hz: Annotated[StrictInt, Field(ge=8000, le=192000)] | None = None
     is_speech: StrictBool | None = None
 
@@ -338,7 +145,7 @@ class _ItemRef(_Event):
 class _ResponseAudioOutput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     voice: StrictStr | None = None
-    format: _FormatField | None = None
+    format: FormatField | None = None
 
 
 class _ResponseAudio(BaseModel):
@@ -353,10 +160,10 @@ class _ResponseBody(BaseModel):
     output_modalities: list[Literal["audio", "text"]] | None = Field(None, min_length=1)
     voice: StrictStr | None = None
     audio: _ResponseAudio | None = None
-    output_audio_format: _FormatField | None = None
+    output_audio_format: FormatField | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    max_output_tokens: _MaxTokens | None = None
-    max_response_output_tokens: _MaxTokens | None = None
+    max_output_tokens: MaxTokens | None = None
+    max_response_output_tokens: MaxTokens | None = None
     metadata: dict[str, StrictStr] | None = None
     conversation: StrictStr | None = None
     input: list[Any] | None = None
@@ -450,7 +257,7 @@ def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationIte
     texts = []
     for part in e.item.content:
         if part.type not in ("input_text", "text", "output_text"):
-            raise WireError(INVALID_VALUE, f"Content of type {part.type[:_MAX_ECHOED_CHARS]!r} is not supported; "
+            raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported; "
                             "items carry text (input_text / output_text)", param="item.content", event_id=e.event_id)
         texts.append(part.text or "")
     return cmd.ConversationItemCreate(role=e.item.role, text="".join(texts), previous_item_id=e.previous_item_id,
@@ -543,7 +350,7 @@ def _overlap(e: _OverlapDecision) -> cmd.OverlapDecision:
 
 
 def _barge_in(e: _TurnSignal) -> cmd.BargeIn:
-    return cmd.BargeIn(source=e.payload.source[:_MAX_ECHOED_CHARS], event_id=e.event_id)
+    return cmd.BargeIn(source=e.payload.source[:MAX_ECHOED_CHARS], event_id=e.event_id)
 
 
 def _event_id_of(data: dict[str, Any]) -> str | None:
@@ -566,5 +373,5 @@ def parse_client_event(text: str, rules: EventRules) -> ClientAction:
         kind = _DUPLEX_ALIASES.get(kind, kind)
     parser = _REALTIME.get(kind) or (_DUPLEX.get(kind) if rules.duplex else None)
     if parser is None:
-        raise invalid_event(f"unknown type {kind[:_MAX_ECHOED_CHARS]!r}", param="type", event_id=_event_id_of(data))
+        raise invalid_event(f"unknown type {kind[:MAX_ECHOED_CHARS]!r}", param="type", event_id=_event_id_of(data))
     return parser(data, rules)

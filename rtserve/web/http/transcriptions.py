@@ -17,7 +17,6 @@ the whole file.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -33,8 +32,8 @@ from rtserve.engines.protocols import ASREngine, EngineError, Pcm
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http_audio import AudioDecodeError, AudioTooLong, decode_audio
-from rtserve.web.http_common import (
+from rtserve.web.http.audio import AudioDecodeError, AudioTooLong, decode_audio
+from rtserve.web.http.common import (
     SseStream,
     body_too_large,
     engine_errors,
@@ -92,9 +91,10 @@ async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]
 
 async def _transcribe(request: web.Request, asr: ASREngine, upload: BinaryIO,
                       form: TranscriptionForm) -> web.StreamResponse:
-    max_s = request.app[CTX].config.http.max_transcription_audio_s
+    ctx = request.app[CTX]
+    max_s = ctx.config.http.max_transcription_audio_s
     try:
-        audio = await asyncio.to_thread(decode_audio, upload, asr.sample_rate, max_s)
+        audio = await ctx.codecs.run(decode_audio, upload, asr.sample_rate, max_s)
     except AudioDecodeError as exc:
         raise ApiError(f"Invalid file: {exc}. Upload audio in a common format (wav, mp3, ogg, flac, "
                        "m4a, webm, ...).", param="file", code="invalid_audio") from None
@@ -104,7 +104,7 @@ async def _transcribe(request: web.Request, asr: ASREngine, upload: BinaryIO,
         raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file",
                        code="empty_audio")
     duration_s = audio.size / asr.sample_rate
-    windows = split_windows(audio, int(request.app[CTX].config.http.transcription_window_s * asr.sample_rate),
+    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate),
                             asr.sample_rate // 10)
     async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:
         if form.stream:

@@ -29,11 +29,12 @@ from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
 from rtserve.errors import RtserveError
+from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import moshi_error_message
-from rtserve.web.moshi_conversation import Conversation
-from rtserve.web.moshi_outbox import AgentFrame
-from rtserve.web.moshi_prompt import PromptError, resolve_voice
-from rtserve.web.moshi_service import MoshiService, close_socket
+from rtserve.web.moshi.bridge import EngineBridge
+from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.prompt import PromptError, resolve_voice
+from rtserve.web.moshi.service import MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class DuplexConnection:
     def __init__(self, ws: web.WebSocketResponse, service: MoshiService) -> None:
         self.ws = ws
         self.service = service
-        self.conversation: Conversation | None = None
+        self.conversation: EngineBridge | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 
@@ -186,6 +187,6 @@ class DuplexConnection:
 async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
     ws = service.websocket()
     await ws.prepare(request)
-    async with service.tracked(ws):
+    async with service.connections.track(ws):
         await DuplexConnection(ws, service).run()
     return ws

@@ -20,17 +20,15 @@ say), so it is a deployment switch, ``transport.duplex_sessions``, not an engine
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
-from rtserve.sessions.events import SessionCreated, SessionEvent, SessionUpdated
+from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.sessions.projections.realtime import Naming
 from rtserve.web.auth import SUBPROTOCOL_PREFIX
-from rtserve.web.realtime_connection import Dialect
-from rtserve.web.realtime_wire import EventRules
+from rtserve.web.realtime.connection import Dialect
+from rtserve.web.realtime.client_events import EventRules
 
 REALTIME_ROUTE = "/v1/realtime"
 DUPLEX_ROUTE = "/v1/duplex"
@@ -38,27 +36,6 @@ REALTIME_SUBPROTOCOL = "realtime"
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no"})
-
-
-class TurnBasedProjection(RealtimeProjection):
-    """OpenAI Realtime without the duplex extensions in session objects: no capabilities,
-    epoch or resume token, so a client that asked for duplex can see it fell back."""
-
-    _DUPLEX_SESSION_KEYS = ("capabilities", "epoch", "turn_id")
-
-    def __init__(self, naming: Naming) -> None:
-        super().__init__(naming, duplex=False)
-        self.name = f"realtime-{naming}-turns"
-
-    def render(self, event: SessionEvent) -> dict[str, Any]:
-        out = super().render(event)
-        if isinstance(event, SessionCreated | SessionUpdated):
-            for key in self._DUPLEX_SESSION_KEYS:
-                out["session"].pop(key, None)
-        if isinstance(event, SessionCreated):
-            out.pop("attachment_generation", None)
-            out.pop("resume_token", None)
-        return out
 
 
 def _flag(request: web.Request, name: str) -> bool | None:

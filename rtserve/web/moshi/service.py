@@ -1,5 +1,5 @@
 """What ``/api/chat`` and ``/v1/audio/duplex`` share: admission onto the engine, the
-output path (engine -> outbox -> socket), the codec threads, metrics, and shutdown.
+output path (engine -> outbox -> socket), metrics, and the open sockets (shutdown).
 
 Close codes (RFC 6455 §7.4.1) used by both routes:
 
@@ -18,33 +18,21 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 from aiohttp import WSCloseCode, web
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
+from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi_conversation import Conversation
-from rtserve.web.moshi_metrics import MoshiMetrics
-from rtserve.web.moshi_outbox import AgentFrame
+from rtserve.web.moshi.bridge import EngineBridge
+from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.outbox import AgentFrame
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 BUSY_REASON = "all conversation slots busy"
-SHUTDOWN_REASON = "server shutting down"
-_MAX_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
-
-
-async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
-    """Close with a short reason; a socket that is already gone is not an error."""
-    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await ws.close(code=code, message=message)
 
 
 class MoshiService:
@@ -52,9 +40,7 @@ class MoshiService:
         self.config = config
         self.engine = engine
         self.metrics = metrics
-        self._codec_pool = ThreadPoolExecutor(config.moshi.codec_threads, thread_name_prefix="moshi-codec")
-        self._handlers: dict[web.WebSocketResponse, asyncio.Task[object]] = {}
-        self._shutting_down = False
+        self.connections = Connections("Moshi-protocol", config.sessions.shutdown_timeout_s)
 
     # ------------------------------------------------------------------ sockets
 
@@ -62,34 +48,14 @@ class MoshiService:
         transport = self.config.transport
         return web.WebSocketResponse(max_msg_size=transport.max_ws_message_bytes, heartbeat=transport.ws_heartbeat_s)
 
-    @contextlib.asynccontextmanager
-    async def tracked(self, ws: web.WebSocketResponse) -> AsyncIterator[None]:
-        """Register a prepared socket so shutdown can close it with 1001. An unexpected
-        error ends this connection only: logged here, the client gets 1011."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers[ws] = task
-        try:
-            yield
-        except Exception:
-            log.exception("Moshi-protocol connection failed")
-            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
-        finally:
-            del self._handlers[ws]
-
-    async def run_codec(self, work: Callable[..., T], *args: object) -> T:
-        """Opus work off the event loop. Callers await each call before the next, which
-        keeps every connection's codec calls in order while connections run in parallel."""
-        return await asyncio.get_running_loop().run_in_executor(self._codec_pool, work, *args)
-
     # ------------------------------------------------------------------ admission
 
     async def open_conversation(self, ws: web.WebSocketResponse, route: str,
-                                prompt: SlotPrompt) -> Conversation | None:
+                                prompt: SlotPrompt) -> EngineBridge | None:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
-        if self._shutting_down:
+        if self.connections.closing:
             await close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON)
             return None
         session_id = f"moshi-{uuid.uuid4().hex[:16]}"
@@ -110,7 +76,7 @@ class MoshiService:
             log.exception("opening an engine session failed")
             await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
             return None
-        conversation = Conversation(session, route=route, metrics=self.metrics,
+        conversation = EngineBridge(session, route=route, metrics=self.metrics,
                                     outbox_frames=self.config.moshi.output_queue_frames)
         if ws.closed:  # the client left, or shutdown began, while the slot was being prepared
             await conversation.close()
@@ -121,7 +87,7 @@ class MoshiService:
         return conversation
 
     @contextlib.asynccontextmanager
-    async def live(self, route: str, conversation: Conversation) -> AsyncIterator[None]:
+    async def live(self, route: str, conversation: EngineBridge) -> AsyncIterator[None]:
         """Counts the conversation as open; releases its engine slot on the way out."""
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
@@ -134,7 +100,7 @@ class MoshiService:
 
     # ------------------------------------------------------------------ output
 
-    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: Conversation,
+    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: EngineBridge,
                      send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
         """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails."""
 
@@ -151,7 +117,7 @@ class MoshiService:
         output.cancel()
         await asyncio.gather(output, return_exceptions=True)
 
-    async def stream_output(self, route: str, conversation: Conversation,
+    async def stream_output(self, route: str, conversation: EngineBridge,
                             send_frame: Callable[[AgentFrame], Awaitable[None]]) -> None:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes. A
         slow client only backs up its own outbox (drop-oldest); the pump keeps draining
@@ -171,20 +137,3 @@ class MoshiService:
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def shutdown(self) -> None:
-        """Close every connection with 1001 and wait (bounded) until each released its slot."""
-        self._shutting_down = True
-        handlers = dict(self._handlers)
-        if not handlers:
-            return
-        log.info("closing %d Moshi-protocol connection(s)", len(handlers))
-        await asyncio.gather(*(close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON) for ws in handlers))
-        _, pending = await asyncio.wait(handlers.values(), timeout=self.config.sessions.shutdown_timeout_s)
-        for task in pending:
-            task.cancel()
-
-    def stop(self) -> None:
-        self._codec_pool.shutdown(wait=False, cancel_futures=True)

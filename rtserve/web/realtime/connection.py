@@ -30,7 +30,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
-from rtserve.errors import SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.log import session_id_var
 from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
 from rtserve.sessions import commands as cmd
@@ -38,19 +37,20 @@ from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, Ses
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
+from rtserve.errors import SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
+from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
-from rtserve.web.realtime_audio import InputAudioDecoder
-from rtserve.web.realtime_wire import (AppendInput, ClearInput, ClientAction,
-                                       CommitInput, EventRules, ResumeSession, UpdateSession, WireError,
-                                       invalid_event, parse_client_event)
+from rtserve.web.realtime.audio import InputAudioDecoder
+from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
+                                                ResumeSession, UpdateSession, parse_client_event)
+from rtserve.web.realtime.errors import WireError, invalid_event
 
 if TYPE_CHECKING:
-    from rtserve.web.realtime import RealtimeService
+    from rtserve.web.realtime.service import RealtimeService
 
 log = logging.getLogger(__name__)
 
-_INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on a worker thread, off the event loop
-_MAX_REASON_BYTES = 123  # a close frame carries at most 125 payload bytes, 2 of them the code
+_INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on the codec executor, off the event loop
 
 # Close codes after the session's last event (RFC 6455 §7.4.1).
 _CLOSE_FOR_REASON = {"shutdown": WSCloseCode.GOING_AWAY, "internal_error": WSCloseCode.INTERNAL_ERROR,
@@ -70,13 +70,6 @@ class Dialect:
     @property
     def duplex(self) -> bool:
         return self.rules.duplex
-
-
-async def close_socket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
-    """Close with a short reason; a socket that is already gone is not an error."""
-    message = reason.encode("utf-8")[:_MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await ws.close(code=code, message=message)
 
 
 class RealtimeConnection:
@@ -124,7 +117,7 @@ class RealtimeConnection:
     async def _on_text(self, text: str) -> None:
         try:
             if len(text) > _INLINE_DECODE_CHARS:  # a big append: parse it off the event loop too
-                action = await asyncio.to_thread(parse_client_event, text, self.dialect.rules)
+                action = await self.service.codecs.run(parse_client_event, text, self.dialect.rules)
             else:
                 action = parse_client_event(text, self.dialect.rules)
             await self._apply(action)
@@ -164,7 +157,7 @@ class RealtimeConnection:
         fmt = action.audio_format or self._config.input_audio_format
         try:
             if len(action.audio) > _INLINE_DECODE_CHARS:
-                return await asyncio.to_thread(self._decoder.decode, action.audio, fmt, action.sample_rate)
+                return await self.service.codecs.run(self._decoder.decode, action.audio, fmt, action.sample_rate)
             return self._decoder.decode(action.audio, fmt, action.sample_rate)
         except CodecError as exc:
             raise realtime_error(exc, event_id=action.event_id) from None

@@ -162,7 +162,7 @@ class AudioTooLong(Exception):
 def decode_audio(source: BinaryIO, sample_rate: int, max_seconds: float) -> np.ndarray:
     """Decode the first audio stream of ``source`` to mono float32 at ``sample_rate``.
 
-    Blocking (runs in a worker thread). Stops as soon as the decoded audio passes
+    Blocking (runs on the codec executor). Stops as soon as the decoded audio passes
     ``max_seconds``, so a small file that expands to hours cannot exhaust memory.
     """
     max_samples = int(max_seconds * sample_rate)

@@ -1,4 +1,5 @@
-"""One engine session as a Moshi-style connection sees it: wire audio in, agent frames out.
+"""The bridge between one engine session and a Moshi-style connection: wire audio in,
+agent frames out (one per conversation; not the session core's ``Conversation`` item list).
 
 Shared by ``/api/chat`` (Ogg-Opus) and ``/v1/audio/duplex`` (raw float32). Both speak
 24 kHz mono; this class resamples to and from the engine's rates, cuts input into the
@@ -16,13 +17,13 @@ from rtserve.codecs.pcm import WIRE_SAMPLE_RATE  # both Moshi wire formats are 2
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.lockstep.framing import FrameChunker
 from rtserve.engines.protocols import EngineFailure, EngineSession, OutputAudio, OutputText
-from rtserve.web.moshi_metrics import MoshiMetrics
-from rtserve.web.moshi_outbox import AgentFrame, Outbox
+from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.outbox import AgentFrame, Outbox
 
 _NO_AUDIO = np.zeros(0, np.float32)
 
 
-class Conversation:
+class EngineBridge:
     def __init__(self, session: EngineSession, *, route: str, metrics: MoshiMetrics, outbox_frames: int) -> None:
         caps = session.capabilities
         self.session = session

@@ -22,11 +22,14 @@ from aiohttp import WSMsgType, web
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
+from rtserve.web.codec_executor import CodecExecutor
+from rtserve.web.connections import close_socket
+from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi_conversation import WIRE_SAMPLE_RATE, Conversation
-from rtserve.web.moshi_outbox import AgentFrame
-from rtserve.web.moshi_prompt import PromptError, prompt_from_query
-from rtserve.web.moshi_service import MoshiService, close_socket
+from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, EngineBridge
+from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.prompt import PromptError, prompt_from_query
+from rtserve.web.moshi.service import MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +42,10 @@ OPUS_FRAME_MS = 80
 
 
 async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
+    codecs = request.app[CTX].codecs
     ws = service.websocket()
     await ws.prepare(request)
-    async with service.tracked(ws):
+    async with service.connections.track(ws):
         try:
             prompt = prompt_from_query(request.query, service.config.models.voice_prompt_dir)
         except PromptError as exc:
@@ -58,7 +62,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
             async def send_frame(frame: AgentFrame) -> None:
                 if frame.pcm.size:
-                    pages = await service.run_codec(writer.write, frame.pcm)
+                    pages = await codecs.run(writer.write, frame.pcm)
                     if pages:
                         await ws.send_bytes(bytes((TAG_AUDIO,)) + pages)
                 if frame.text:
@@ -70,13 +74,14 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
                 return ws
             output = service.spawn_output(ws, ROUTE, conversation, send_frame)
             try:
-                await _receive_audio(ws, service, conversation)
+                await _receive_audio(ws, service, codecs, conversation)
             finally:
                 await service.stop_output(output)
     return ws
 
 
-async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, conversation: Conversation) -> None:
+async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codecs: CodecExecutor,
+                         conversation: EngineBridge) -> None:
     """Client messages until the socket closes; malformed audio closes this socket only."""
     limits = service.config.codecs
     reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,
@@ -89,7 +94,7 @@ async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, conve
             if len(data) < 2 or data[0] != TAG_AUDIO:
                 continue  # unknown tags are discarded; an empty audio message carries nothing
             try:
-                pcm = await service.run_codec(reader.feed, data[1:])
+                pcm = await codecs.run(reader.feed, data[1:])
             except CodecError as exc:
                 log.info("closing: malformed Ogg-Opus from client (%s: %s)", exc.code, exc)
                 await close_socket(ws, close_code(exc), f"{exc.code}: {exc}")

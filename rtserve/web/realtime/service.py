@@ -2,7 +2,7 @@
 (native duplex dialect) over the app's ``SessionManager``.
 
 Connections are served by ``RealtimeConnection``; what each one speaks is decided by
-``realtime_dialect``; client frames are parsed by ``realtime_wire``. Limits: frames over
+``dialect``; client frames are parsed by ``client_events``. Limits: frames over
 ``transport.max_ws_message_bytes`` close the socket with 1009; WebSocket pings every
 ``transport.ws_heartbeat_s`` (a peer that misses its pong is dropped); admission and idle
 expiry come from ``sessions`` (``resource_exhausted`` error then close 1013 at capacity).
@@ -12,8 +12,6 @@ With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` even
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import socket
 
 from aiohttp import WSCloseCode, web
@@ -24,11 +22,10 @@ from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
 from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
-from rtserve.web.context import CTX
-from rtserve.web.realtime_connection import RealtimeConnection, close_socket
-from rtserve.web.realtime_dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect
-
-log = logging.getLogger(__name__)
+from rtserve.web.codec_executor import CodecExecutor
+from rtserve.web.connections import Connections, close_socket
+from rtserve.web.realtime.connection import RealtimeConnection
+from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, select_dialect
 
 DUPLEX_UNAVAILABLE = "Duplex API is not available"
 _MAX_MODEL_CHARS = 256
@@ -43,16 +40,17 @@ class RealtimeMetrics:
 
 
 class RealtimeService:
-    """App-wide state of the realtime routes: the session manager, limits, open sockets."""
+    """App-wide state of the realtime routes: the session manager, limits, codec executor, open sockets."""
 
     def __init__(self, config: ServerConfig, sessions: SessionManager, capabilities: EngineCapabilities,
-                 registry: CollectorRegistry) -> None:
+                 codecs: CodecExecutor, registry: CollectorRegistry) -> None:
         self.config = config
+        self.codecs = codecs
         self.limits = config.sessions
         self.sessions = sessions
         self.engine_capabilities = capabilities
         self.metrics = RealtimeMetrics(registry)
-        self._connections: set[RealtimeConnection] = set()
+        self.connections = Connections("realtime", config.sessions.shutdown_timeout_s)
 
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
@@ -89,14 +87,11 @@ class RealtimeService:
         connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request))
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
-        self._connections.add(connection)
         try:
-            await connection.run()
-        except Exception:  # a bug here ends this connection only
-            log.exception("realtime connection failed")
-            await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
+            # A socket with a session ends after the session's last event (the manager's shutdown).
+            async with self.connections.track(ws, close_at_shutdown=lambda: connection.handle is None):
+                await connection.run()
         finally:
-            self._connections.discard(connection)
             gauge.dec()
         return ws
 
@@ -108,32 +103,3 @@ class RealtimeService:
         except ConnectionError:
             return
         await close_socket(ws, WSCloseCode.POLICY_VIOLATION, DUPLEX_UNAVAILABLE)
-
-    async def shutdown(self) -> None:
-        """Close sockets still without a session; those with one end after their
-        ``session.closed`` (reason ``shutdown``), which the manager's shutdown queues."""
-        await asyncio.gather(*(close_socket(c.ws, WSCloseCode.GOING_AWAY, "server shutting down")
-                               for c in list(self._connections) if c.handle is None), return_exceptions=True)
-
-
-SERVICE = web.AppKey("realtime", RealtimeService)
-
-
-async def _realtime(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVICE].handle(request, REALTIME_ROUTE)
-
-
-async def _duplex(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVICE].handle(request, DUPLEX_ROUTE)
-
-
-async def _on_shutdown(app: web.Application) -> None:
-    await app[SERVICE].shutdown()
-
-
-def setup(app: web.Application) -> None:
-    ctx = app[CTX]
-    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.registry)
-    app.router.add_get(REALTIME_ROUTE, _realtime)
-    app.router.add_get(DUPLEX_ROUTE, _duplex)
-    app.on_shutdown.append(_on_shutdown)

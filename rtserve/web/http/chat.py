@@ -28,7 +28,7 @@ from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, Sampl
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http_common import (
+from rtserve.web.http.common import (
     SseStream,
     engine_errors,
     first_item,

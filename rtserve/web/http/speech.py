@@ -12,7 +12,6 @@ so the client sees an incomplete body rather than a file that silently ends earl
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
@@ -27,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.protocols import EngineError, Pcm, TTSEngine
+from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http_audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
-from rtserve.web.http_common import SseStream, first_item, read_json, require_tts, run_generation
+from rtserve.web.http.audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
+from rtserve.web.http.common import SseStream, first_item, read_json, require_tts, run_generation
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +78,19 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 
 
 class _SpeechPipeline:
-    """Engine PCM -> 24 kHz -> encoded bytes; the encoder runs on a worker thread."""
+    """Engine PCM -> 24 kHz -> encoded bytes; resampling and encoding run on the codec executor."""
 
-    def __init__(self, engine_rate: int, response_format: SpeechFormat) -> None:
+    def __init__(self, codecs: CodecExecutor, engine_rate: int, response_format: SpeechFormat) -> None:
+        self._codecs = codecs
         self._resampler = StreamResampler(engine_rate, SPEECH_SAMPLE_RATE)
         self._encoder: SpeechEncoder = open_speech_encoder(response_format)
         self.samples_out = 0
 
     async def encode(self, pcm: Pcm) -> bytes:
-        return await asyncio.to_thread(self._encode_sync, pcm)
+        return await self._codecs.run(self._encode_sync, pcm)
 
     async def finish(self) -> bytes:
-        return await asyncio.to_thread(self._finish_sync)
+        return await self._codecs.run(self._finish_sync)
 
     def _encode_sync(self, pcm: Pcm) -> bytes:
         resampled = self._resampler.process(np.asarray(pcm, dtype=np.float32).reshape(-1))
@@ -103,7 +104,7 @@ class _SpeechPipeline:
 
 
 async def _speak(request: web.Request, tts: TTSEngine, body: SpeechRequest) -> web.StreamResponse:
-    pipeline = _SpeechPipeline(tts.sample_rate, body.response_format)
+    pipeline = _SpeechPipeline(request.app[CTX].codecs, tts.sample_rate, body.response_format)
     async with contextlib.aclosing(tts.synthesize(body.input, voice=body.voice_name, speed=body.speed)) as chunks:
         first = await first_item(chunks)
         if body.stream_format == "sse":
