@@ -18,7 +18,8 @@ from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.vllm_engine import VllmTextEngine
 from rtserve.sessions import SessionManager
-from rtserve.web import base_routes, http, moshi, openpi, realtime
+from rtserve.web import base_routes, http, moshi, openpi
+from rtserve.web.realtime import routes as realtime
 from rtserve.web.auth import auth_middleware
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.context import CTX, AppContext

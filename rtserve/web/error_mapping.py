@@ -22,7 +22,7 @@ from rtserve.codecs.errors import CodecError
 from rtserve.errors import RtserveError
 from rtserve.sessions.session_config import ConfigUpdateError
 from rtserve.web.errors import ApiError
-from rtserve.web.realtime_wire import INVALID_BASE64_MESSAGE, WireError
+from rtserve.web.realtime.errors import INVALID_BASE64_MESSAGE, WireError
 
 # ---------------------------------------------------------------------------
 # OpenAI HTTP

@@ -1,5 +1,2 @@
-"""OpenAI Realtime and native duplex protocol: ``WS /v1/realtime`` and ``WS /v1/duplex``."""
-
-from rtserve.web.realtime.routes import setup
-
-__all__ = ["setup"]
+"""OpenAI Realtime and native duplex protocol: ``WS /v1/realtime`` and ``WS /v1/duplex``
+(routes in ``routes.py``; kept import-free so ``errors`` loads without the routes)."""
