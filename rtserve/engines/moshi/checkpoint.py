@@ -31,46 +31,42 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
 
 
-def split_stacked(tensors: Mapping[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
-    """Expand stacked attention projections into ``in_projs.{i}`` / ``out_projs.{i}``."""
-    counts = {name[:-len("in_projs")]: len(child) for name, child in module.named_modules()
-              if name.endswith("self_attn.in_projs") and isinstance(child, nn.ModuleList)}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in tensors.items():
-        match = _STACKED.match(key)
-        if match is None:
-            out[key] = value
-            continue
-        prefix = match["prefix"]
-        mult = counts.get(prefix)
-        if mult is None:
-            raise CheckpointError(f"unexpected tensor {key!r}: no attention layer {prefix.rstrip('.')!r} in this model")
-        if value.shape[0] % mult:
-            raise CheckpointError(f"tensor {key!r} has shape {tuple(value.shape)}: dim 0 is not a multiple of the "
-                                  f"{mult} per-step weight sets")
-        target = "in_projs" if key.endswith(("in_proj_weight", "in_proj.weight")) else "out_projs"
-        for i, part in enumerate(value.view(mult, -1, *value.shape[1:])):
-            out[f"{prefix}{target}.{i}.weight"] = part
-    return out
+def split_stacked(key: str, value: torch.Tensor, counts: Mapping[str, int]) -> list[tuple[str, torch.Tensor]]:
+    """Expand one stacked attention projection (our naming) into ``in_projs.{i}`` / ``out_projs.{i}``."""
+    match = _STACKED.match(key)
+    if match is None:
+        return [(key, value)]
+    prefix = match["prefix"]
+    mult = counts.get(prefix)
+    if mult is None:
+        return [(key, value)]  # reported as unexpected by the caller
+    if value.shape[0] % mult:
+        raise CheckpointError(f"tensor {key!r} has shape {tuple(value.shape)}: dim 0 is not a multiple of the "
+                              f"{mult} per-step weight sets")
+    target = "in_projs" if match["kind"] != "out_proj.weight" else "out_projs"
+    return [(f"{prefix}{target}.{i}.weight", part) for i, part in enumerate(value.view(mult, -1, *value.shape[1:]))]
 
 
 def load_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], source: Path,
               rename: Callable[[str], str | None], *, dtype: torch.dtype | None = None) -> None:
     """Copy every parameter of ``module`` from ``tensors`` (checkpoint names, mapped by
     ``rename``; None drops a key). Strict: a missing, extra or mis-shaped tensor is a
-    ``CheckpointError`` naming it."""
+    ``CheckpointError`` naming it (by its name in the checkpoint)."""
     expected = dict(module.named_parameters())
+    counts = {name[:-len("in_projs")]: len(child) for name, child in module.named_modules()
+              if name.endswith("self_attn.in_projs") and isinstance(child, nn.ModuleList)}
     mapped: dict[str, tuple[str, torch.Tensor]] = {}
-    for key, value in split_stacked(tensors, module).items():
-        ours = rename(key)
-        if ours is None:
+    for key, value in tensors.items():
+        renamed = rename(key)
+        if renamed is None:
             continue
-        if ours not in expected:
-            raise CheckpointError(f"{source.name}: unexpected tensor {key!r} (no such parameter in the model)")
-        mapped[ours] = (key, value)
+        for ours, part in split_stacked(renamed, value, counts):
+            if ours not in expected:
+                raise CheckpointError(f"{source.name}: unexpected tensor {key!r} (no such parameter in the model)")
+            mapped[ours] = (key, part)
     missing = [name for name in expected if name not in mapped]
     if missing:
-        raise CheckpointError(f"{source.name}: missing tensor {missing[0]!r}"
+        raise CheckpointError(f"{source.name}: missing tensor for parameter {missing[0]!r}"
                               + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     with torch.no_grad():
         for name, param in expected.items():
@@ -102,6 +98,7 @@ def mimi_rename(key: str) -> str | None:
     key = re.sub(r"(\.conv)+\.bias$", ".bias", key)
     key = re.sub(r"(\.convtr)+\.weight$", ".weight", key)
     key = re.sub(r"(\.convtr)+\.bias$", ".bias", key)
+    key = re.sub(r"^(encoder|decoder)\.model\.", r"\1.", key)
     key = key.replace("_transformer.transformer.layers.", "_transformer.layers.")
     key = re.sub(r"\.layers\.(\d+)\.linear([12])\.", r".layers.\1.mlp.0.linear\2.", key)
     return key
