@@ -6,10 +6,6 @@ RQ-Transformer), ``generator`` (per-frame token layout and delays), ``sampling``
 ``mimi`` (streaming codec), ``checkpoint``/``loader`` (safetensors -> modules),
 ``prompts`` (voice/persona prefill), ``frame_model`` (the ``FrameModel``), ``engine``
 (registry factory).
+
+Nothing is imported here, so the model modules load without the server's config stack.
 """
-
-from __future__ import annotations
-
-from rtserve.engines.moshi.engine import build_frame_model, create_engine
-
-__all__ = ["build_frame_model", "create_engine"]

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rtserve.config import ConfigError
-from rtserve.engines.moshi import build_frame_model
+from rtserve.engines.moshi.engine import build_frame_model
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.loader import load_folder
 
