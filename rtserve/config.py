@@ -121,6 +121,26 @@ class MoshiConfig(_Section):
                                 "completes a frame on arrival; null disables")
 
 
+class MoshiEngineConfig(_Section):
+    """The native Moshi / PersonaPlex engine (``--engine moshi``; engine.md §8.1). Local files only."""
+
+    weights: str | None = Field(None, description="Kyutai-format weight folder: config.json, LM and Mimi "
+                                                  "safetensors, SentencePiece tokenizer; required for --engine moshi")
+    voice_dir: str | None = Field(None, description="folder that voice prompts (.pt embeddings or audio) must be "
+                                                    "inside; null falls back to models.voice_prompt_dir")
+    batch_size: int = Field(4, ge=1, description="slots stepped together (concurrent conversations)")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="LM weights and activations; Mimi always runs in float32")
+    use_sampling: bool = Field(True, description="false: greedy decoding (what the parity tests pin)")
+    temperature: float = Field(0.8, ge=0, description="audio token temperature")
+    temperature_text: float = Field(0.7, ge=0, description="text token temperature")
+    top_k: int = Field(250, ge=0, description="audio token top-k (0: no cut)")
+    top_k_text: int = Field(25, ge=0, description="text token top-k (0: no cut)")
+    max_prompt_tokens: int = Field(512, ge=1, description="longest persona text, in tokens; longer is refused")
+    max_voice_seconds: float = Field(30.0, gt=0, description="longest voice prompt audio")
+
+
 class CodecLimits(_Section):
     """Bounds of the Ogg-Opus stream reader (``rtserve.codecs.oggopus.OggOpusReader``)."""
 
@@ -193,6 +213,7 @@ class ServerConfig(_Section):
     reference: ReferenceEngineConfig = ReferenceEngineConfig()
     robot: RobotConfig = RobotConfig()
     moshi: MoshiConfig = MoshiConfig()
+    moshi_engine: MoshiEngineConfig = MoshiEngineConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()

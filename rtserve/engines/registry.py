@@ -22,6 +22,7 @@ ENGINES: dict[str, str] = {
     "tone": "rtserve.engines.reference:create_tone_engine",
     "tiny": "rtserve.engines.tiny_torch:create_engine",
     "cascade": "rtserve.engines.cascade:create_engine",
+    "moshi": "rtserve.engines.moshi.engine:create_engine",
 }
 
 

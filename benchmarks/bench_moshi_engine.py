@@ -1,0 +1,206 @@
+"""Moshi engine vs the reference ``moshi`` package: per-frame step time at batch B, side by side,
+plus a greedy token-agreement check over 100 frames (design.md "GPU engines").
+
+Both sides get the same random weights (no download): the reference modules are built
+with random init, and ours load their state dicts through the same Kyutai-name mapping
+the folder loader uses. One frame = Mimi encode of the user frame + one temporal step +
+``dep_q`` depformer steps + Mimi decode of the agent frame.
+
+Run on a CUDA machine for the published shape (7B LM in bf16, full Mimi):
+``python benchmarks/bench_moshi_engine.py``; on CPU it runs a small shape
+(``--shape tiny``) so the script itself stays testable. Needs ``moshi==0.2.13`` (installed
+``--no-deps``) and ``einops``. Prints a table; JSON goes to
+``benchmarks/results/bench_moshi_engine.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
+
+import torch  # noqa: E402
+
+from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename  # noqa: E402
+from rtserve.engines.moshi.generator import TokenStream  # noqa: E402
+from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
+from rtserve.engines.moshi.lm_config import LMConfig, MimiConfig  # noqa: E402
+from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "bench_moshi_engine.json"
+TINY_LM = {"dim": 64, "text_card": 128, "n_q": 16, "dep_q": 8, "card": 64, "num_heads": 4, "num_layers": 2,
+           "context": 100, "depformer_dim": 32, "depformer_dim_feedforward": 132, "depformer_num_heads": 2,
+           "depformer_num_layers": 2}
+
+
+def lm_kwargs(shape: str) -> dict[str, Any]:
+    from moshi.models.loaders import _lm_kwargs
+    kwargs = dict(_lm_kwargs)
+    if shape == "tiny":
+        kwargs.update(TINY_LM)
+    return kwargs
+
+
+def mimi_config(shape: str, card: int) -> dict[str, Any]:
+    from moshi.models.loaders import _mimi_config
+    cfg = copy.deepcopy(_mimi_config)
+    cfg["quantizer"]["bins"] = card
+    if shape == "tiny":
+        cfg["seanet"].update(dimension=32, n_filters=4)
+        cfg["quantizer"].update(dimension=16, input_dimension=32, output_dimension=32, n_q=8)
+        cfg["transformer"].update(d_model=32, num_heads=2, num_layers=1, dim_feedforward=64, input_dimension=32,
+                                  output_dimensions=[32])
+    return cfg
+
+
+def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, MoshiLM, Mimi, LMConfig]:
+    from moshi.models.lm import LMModel
+    from moshi.models.loaders import get_mimi
+    kwargs = lm_kwargs(shape)
+    torch.manual_seed(0)
+    ref_lm = LMModel(device=device, dtype=dtype, **kwargs).eval()
+    with torch.no_grad():  # the reference init leaves some weights at defaults; randomise everything
+        for param in ref_lm.parameters():
+            param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
+    mcfg = mimi_config(shape, kwargs["card"])
+    ref_mimi = get_mimi(None, copy.deepcopy(mcfg), device=device, num_codebooks=8)
+    config = LMConfig.from_dict(kwargs)
+    with torch.device("meta"):
+        ours = MoshiLM(config)
+    ours.to_empty(device=device)
+    load_into(ours, ref_lm.state_dict(), Path("reference-lm"), lm_rename, dtype=dtype)
+    mimi = Mimi(MimiConfig.from_dict(mcfg), 8).to(device)
+    state = ref_mimi.state_dict()
+    load_into(mimi, state, Path("reference-mimi"), mimi_rename, dtype=torch.float32)
+    with torch.no_grad():
+        for part, n in (("rvq_first", 1), ("rvq_rest", 7)):
+            for i in range(n):
+                p = f"quantizer.{part}.vq.layers.{i}._codebook."
+                getattr(mimi.quantizer, part).codebooks[i] = (
+                    state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None])
+    return ref_lm.eval(), ref_mimi.eval(), ours.eval(), mimi.eval(), config
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def time_ours(lm: MoshiLM, mimi: Mimi, batch: int, frames: int, device: torch.device) -> list[float]:
+    mimi.start(batch)
+    stream = TokenStream(lm, batch, SlotSampler(batch, device, SamplingParams()))
+    pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
+    times = []
+    for _ in range(frames):
+        sync(device)
+        start = time.perf_counter()
+        codes = mimi.encode(pcm)
+        out = stream.step(codes)
+        mimi.decode(out.tokens[:, 1:9].clamp(min=0))
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+@torch.no_grad()
+def time_reference(ref_lm: Any, ref_mimi: Any, batch: int, frames: int, device: torch.device) -> list[float]:
+    from moshi.models.lm import LMGen
+    gen = LMGen(ref_lm, use_sampling=False)
+    pcm = torch.randn(batch, 1, ref_mimi.frame_size, device=device) * 0.1
+    times = []
+    with gen.streaming(batch), ref_mimi.streaming(batch):
+        for _ in range(frames):
+            sync(device)
+            start = time.perf_counter()
+            codes = ref_mimi.encode(pcm)
+            out = gen.step(codes[:, :8])
+            if out is not None:
+                ref_mimi.decode(out[:, 1:9])
+            sync(device)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+@torch.no_grad()
+def agreement(ref_lm: Any, lm: MoshiLM, frames: int, device: torch.device, card: int) -> dict[str, Any]:
+    """Greedy tokens from both LMs fed the same user codes (Mimi excluded: it is fp32 on both sides)."""
+    from moshi.models.lm import LMGen
+    gen = LMGen(ref_lm, use_sampling=False)
+    stream = TokenStream(lm, 1, SlotSampler(1, device, SamplingParams()))
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    same_frames, same_tokens, total_tokens, first_diff = 0, 0, 0, None
+    compared = 0
+    with gen.streaming(1):
+        for t in range(frames):
+            user = torch.randint(0, card, (1, 8), generator=generator).to(device)
+            expected = gen.step(user[:, :, None])
+            ours = stream.step(user)
+            if expected is None:
+                continue
+            compared += 1
+            a, b = expected[:, :, 0], ours.tokens
+            same_tokens += int((a == b).sum())
+            total_tokens += a.numel()
+            if torch.equal(a, b):
+                same_frames += 1
+            elif first_diff is None:
+                first_diff = t
+    return {"frames_compared": compared, "frames_identical": same_frames, "token_agreement": same_tokens / total_tokens,
+            "first_divergent_frame": first_diff}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("7b", "tiny"), default=None)
+    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--frames", type=int, default=30)
+    parser.add_argument("--agreement-frames", type=int, default=100)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    shape = args.shape or ("7b" if cuda else "tiny")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    ref_lm, ref_mimi, lm, mimi, config = build(shape, device, dtype)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        row: dict[str, Any] = {"batch": batch}
+        for name, fn in (("ours", lambda: time_ours(lm, mimi, batch, args.frames, device)),
+                         ("reference", lambda: time_reference(ref_lm, ref_mimi, batch, args.frames, device))):
+            try:
+                times = fn()[3:]  # warm-up frames (kernel loads, CUDA-graph capture) excluded
+                row[f"{name}_ms"] = 1000 * statistics.median(times)
+                row[f"{name}_p95_ms"] = 1000 * sorted(times)[int(0.95 * (len(times) - 1))]
+            except Exception as exc:  # noqa: BLE001 - a benchmark reports a side that cannot run
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+        if cuda:
+            torch.cuda.empty_cache()
+    agree = agreement(ref_lm, lm, args.agreement_frames, device, config.card)
+    print(f"moshi engine, shape={shape}, dtype={dtype}, device={torch.cuda.get_device_name() if cuda else platform.processor()}")
+    print(f"{'B':>4} {'ours ms/frame':>14} {'ref ms/frame':>14} {'ours p95':>10} {'ref p95':>10}")
+    for r in rows:
+        print(f"{r['batch']:>4} {r.get('ours_ms', float('nan')):>14.2f} {r.get('reference_ms', float('nan')):>14.2f} "
+              f"{r.get('ours_p95_ms', float('nan')):>10.2f} {r.get('reference_p95_ms', float('nan')):>10.2f}"
+              + "".join(f"  {k}={v}" for k, v in r.items() if k.endswith("error")))
+    print(f"greedy agreement over {agree['frames_compared']} frames: {agree['frames_identical']} identical frames, "
+          f"token agreement {agree['token_agreement']:.4f}, first divergent frame {agree['first_divergent_frame']}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    result = {"shape": shape, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "rows": rows,
+              "agreement": agree}
+    out = Path(os.environ.get("BENCH_OUT", RESULTS))
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""``MoshiFrameModel``: the Moshi/PersonaPlex model as a lockstep ``FrameModel`` (engine.md §8.1, §8.7).
+
+One ``step`` = one 80 ms tick for all B slots: Mimi-encode every row's user frame, one
+temporal step + ``dep_q`` depformer steps, Mimi-decode every row's agent frame. Idle and
+prefilling rows ride the same batched step (silence in); only live rows' outputs are
+returned. Opening a slot resets just that row of every cache (state is batched tensors
+with per-row reset), so other slots' outputs stay bit-identical (isolation).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rtserve.engines.moshi.generator import StepOverrides, TokenStream
+from rtserve.engines.moshi.loader import LoadedModel
+from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.prompts import (PrefillStep, PromptError, audio_steps, embedding_steps,
+                                           load_voice_audio, load_voice_embeddings, persona_tokens, text_steps)
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.protocols import FrameOutput, SlotPrompt
+
+log = logging.getLogger(__name__)
+
+_VOICE_CACHE_SIZE = 32
+EMBEDDING_SUFFIXES = (".pt", ".pth")
+
+
+class MoshiFrameModel:
+    def __init__(self, model: LoadedModel, batch_size: int, *, sampling: SamplingParams = SamplingParams(),
+                 max_prompt_tokens: int = 512, max_voice_seconds: float = 30.0,
+                 voice_dir: str | Path | None = None) -> None:
+        self.loaded = model
+        self.config = model.lm_config
+        self.batch_size = batch_size
+        self.sample_rate = model.mimi_config.sample_rate
+        self.frame_size = model.mimi_config.frame_size
+        self.device = model.lm.text_linear.weight.device
+        self.dtype = model.lm.text_linear.weight.dtype
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_voice_seconds = max_voice_seconds
+        self.voice_dir = None if voice_dir is None else Path(voice_dir).resolve()
+        self.tokenizer = model.tokenizer
+        # A private batch-1 encoder for voice prompts, so encoding one never touches the slots' state.
+        self._prompt_mimi: Mimi = copy.deepcopy(model.mimi)
+        self._prompt_mimi.start(1)
+        self.silence = self._silence_codes()
+        self.mimi = model.mimi
+        self.mimi.start(batch_size)
+        self.sampler = SlotSampler(batch_size, self.device, sampling)
+        self.stream = TokenStream(model.lm, batch_size, self.sampler)
+        self._overrides = StepOverrides.none(batch_size, 1 + self.config.dep_q, self.config.dim, self.device,
+                                             self.dtype)
+        self._plans: dict[int, list[PrefillStep]] = {}
+        self._staged: dict[int, PrefillStep] = {}
+        self._voices: OrderedDict[str, list[PrefillStep]] = OrderedDict()
+        self._pieces = [self.tokenizer.id_to_piece(i).replace("\u2581", " ")
+                        for i in range(self.tokenizer.vocab_size())]
+
+    # -- slot lifecycle ---------------------------------------------------------------
+
+    def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
+        plan = self._plan(prompt)  # may raise PromptError before any state is touched
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self.stream.reset_rows(mask)
+        self.mimi.reset_encoder_rows(mask)
+        self.mimi.reset_decoder_rows(mask)
+        self.sampler.configure(slot, None, prompt.seed)
+        self._staged.pop(slot, None)
+        if plan:
+            self._plans[slot] = plan
+        else:
+            self._plans.pop(slot, None)
+        return len(plan)
+
+    def set_sampling(self, slot: int, params: SamplingParams, seed: int | None) -> None:
+        """Per-slot decoding settings (e.g. PersonaPlex ``/api/chat`` query parameters)."""
+        self.sampler.configure(slot, params, seed)
+
+    def prefill_step(self, slot: int) -> bool:
+        plan = self._plans.get(slot)
+        if not plan:
+            return True
+        self._staged[slot] = plan.pop(0)
+        if plan:
+            return False
+        del self._plans[slot]
+        return True
+
+    def release(self, slot: int) -> None:
+        self._plans.pop(slot, None)
+        self._staged.pop(slot, None)
+
+    # -- the batched step ------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+        pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
+        user_codes = self.mimi.encode(pcm)[:, :self.config.user_codebooks]
+        overrides = self._stage_overrides()
+        result = self.stream.step(user_codes, overrides)
+        agent = result.tokens[:, 1:1 + self.config.agent_codebooks]
+        audio = self.mimi.decode(agent.clamp(min=0))
+        # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
+        not_ready = ~result.ready
+        self.mimi.reset_decoder_rows(not_ready)
+        audio = torch.where(not_ready[:, None], torch.zeros_like(audio), audio)
+        audio_host = audio.float().cpu().numpy()
+        text_host = result.tokens[:, 0].tolist()
+        ready_host = result.ready.tolist()
+        outputs: list[FrameOutput | None] = [None] * self.batch_size
+        for slot in np.flatnonzero(live):
+            text = self._piece(text_host[slot]) if ready_host[slot] else None
+            outputs[slot] = FrameOutput(audio_host[slot].copy(), text)
+        return outputs
+
+    def _stage_overrides(self) -> StepOverrides | None:
+        if not self._staged:
+            return None
+        o = self._overrides
+        o.clear()
+        for slot, step in self._staged.items():
+            o.force_mask[slot] = torch.from_numpy(step.mask)
+            o.force_tokens[slot] = torch.from_numpy(step.tokens)
+            if step.embedding is not None:
+                o.embed_mask[slot] = True
+                o.embeddings[slot] = step.embedding.to(o.embeddings)
+        self._staged.clear()
+        return o
+
+    def _piece(self, token: int) -> str | None:
+        if token in (self.config.text_padding_id, self.config.text_end_padding_id) or not 0 <= token < len(self._pieces):
+            return None
+        return self._pieces[token] or None
+
+    # -- prompts ---------------------------------------------------------------------
+
+    def _plan(self, prompt: SlotPrompt) -> list[PrefillStep]:
+        plan: list[PrefillStep] = []
+        if prompt.voice:
+            plan += self._voice_steps(prompt.voice)
+        if prompt.text:
+            ids = persona_tokens(prompt.text, self.tokenizer.encode, self.max_prompt_tokens)
+            plan += text_steps(ids, self.silence, self.config)
+        return plan
+
+    def resolve_voice(self, voice: str) -> Path:
+        """The voice file ``voice`` names (a bare name or a path), which must lie inside ``voice_dir``."""
+        if self.voice_dir is None:
+            raise PromptError("voice prompts are not configured on this server")
+        given = Path(voice)
+        candidates = [given] if given.suffix else [given.with_name(given.name + s) for s in (".pt", ".wav")]
+        for candidate in candidates:
+            # resolve() follows symlinks, so a link pointing outside the folder is refused too.
+            path = (self.voice_dir / candidate).resolve()
+            if not path.is_relative_to(self.voice_dir):
+                raise PromptError("voice prompt must be inside the voice folder")
+            if path.is_file():
+                return path
+        raise PromptError(f"unknown voice prompt {given.name!r}")
+
+    def _voice_steps(self, voice: str) -> list[PrefillStep]:
+        path = self.resolve_voice(voice)
+        key = str(path)
+        cached = self._voices.get(key)
+        if cached is not None:
+            self._voices.move_to_end(key)
+            return list(cached)
+        max_steps = int(self.max_voice_seconds * self.sample_rate / self.frame_size)
+        if path.suffix.lower() in EMBEDDING_SUFFIXES:
+            steps = embedding_steps(load_voice_embeddings(path, self.config.dim, max_steps), self.config)
+        else:
+            pcm = load_voice_audio(path, self.sample_rate, self.max_voice_seconds)
+            steps = audio_steps(self._encode_prompt_audio(pcm), self.silence, self.config)
+        self._voices[key] = steps
+        if len(self._voices) > _VOICE_CACHE_SIZE:
+            self._voices.popitem(last=False)
+        return list(steps)
+
+    def _encode_prompt_audio(self, pcm: np.ndarray) -> np.ndarray:
+        frames = -(-pcm.size // self.frame_size)
+        padded = np.zeros(frames * self.frame_size, np.float32)
+        padded[:pcm.size] = pcm
+        mimi = self._prompt_mimi
+        mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))
+        codes: list[np.ndarray] = []
+        for frame in padded.reshape(frames, self.frame_size):
+            chunk = torch.from_numpy(frame).to(self.device)[None]
+            codes.append(mimi.encode(chunk)[0, :self.config.agent_codebooks].cpu().numpy())
+        return np.stack(codes)
+
+    def _silence_codes(self) -> np.ndarray:
+        """Agent codes of steady-state silence (the second frame of a fresh encoder)."""
+        mimi = self._prompt_mimi
+        mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))
+        zeros = torch.zeros(1, self.frame_size, device=self.device)
+        mimi.encode(zeros)
+        codes = mimi.encode(zeros)[0, :self.config.agent_codebooks].cpu().numpy()
+        return codes.astype(np.int64)
+

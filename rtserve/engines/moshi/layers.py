@@ -1,0 +1,235 @@
+"""Transformer building blocks shared by the temporal transformer, the depformer and Mimi.
+
+Numerics follow the published Moshi recipe (engine.md §8.1): RMSNorm computed in fp32,
+interleaved RoPE computed in fp32, gated SiLU MLP, causal attention over a ring KV cache.
+The order of floating-point operations is kept the same as the reference so that greedy
+decoding agrees token for token in fp32 (the parity gate).
+
+Streaming state is data, not objects: every cache is a batched tensor with one row per
+slot, and ``reset_rows(mask)`` returns the masked rows to their fresh state in place
+(same storage, so addresses stay static for CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm whose statistics are always taken in fp32 (``rms_norm_f32``)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(1, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        var = self.eps + torch.mean(x32 ** 2, dim=-1, keepdim=True)
+        return (x32 * (self.alpha.to(var) * torch.rsqrt(var))).to(x.dtype)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """The normalisation a Kyutai config names; eps values are the published ones."""
+    if kind == "rms_norm_f32":
+        return RMSNorm(dim, eps=1e-8)
+    if kind == "rms_norm":
+        return RMSNorm(dim, eps=1e-5)
+    if kind == "layer_norm":
+        return nn.LayerNorm(dim, eps=1e-5)
+    raise ValueError(f"unsupported norm {kind!r}")
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interleaved rotary embedding of ``[B, H, T, D]`` queries/keys at per-row positions ``offset + t``."""
+    batch, _, steps, dim = q.shape
+    half = torch.arange(dim // 2, device=q.device, dtype=torch.float32)
+    freqs = torch.exp(half * (-math.log(max_period) * 2 / dim))
+    ts = offset.float().view(-1, 1) + torch.arange(steps, device=q.device, dtype=torch.float32)
+    ts = ts.view(batch, 1, -1, 1)
+    cos, sin = torch.cos(freqs * ts), torch.sin(freqs * ts)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        pairs = x.view(*x.shape[:-1], dim // 2, 2)
+        re, im = pairs[..., 0].float(), pairs[..., 1].float()
+        out_re, out_im = re * cos - im * sin, re * sin + im * cos
+        return torch.stack([out_re.to(x.dtype), out_im.to(x.dtype)], dim=-1).view(*x.shape[:-1], dim)
+
+    return rotate(q), rotate(k)
+
+
+class GatedMLP(nn.Module):
+    """``linear_out(silu(a) * b)`` where ``[a, b] = linear_in(x)``."""
+
+    def __init__(self, dim: int, dim_feedforward: int) -> None:
+        super().__init__()
+        # The published sizing rule: 8/3 expansion, or 21/8 when the config asks for 4x.
+        hidden = (21 * dim) // 8 if dim_feedforward == 4 * dim else (2 * dim_feedforward) // 3
+        self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
+        self.linear_out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.linear_in.weight)
+        batch, steps, _ = h.shape
+        h = h.view(batch, steps, 2, -1)
+        return F.linear(F.silu(h[..., 0, :]) * h[..., 1, :], self.linear_out.weight)
+
+
+class GeluMLP(nn.Module):
+    """Mimi's plain feed-forward: ``linear2(gelu(linear1(x)))``."""
+
+    def __init__(self, dim: int, dim_feedforward: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(dim, dim_feedforward, bias=False)
+        self.linear2 = nn.Linear(dim_feedforward, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(F.gelu(self.linear1(x)))
+
+
+@dataclass
+class KVCache:
+    """Ring buffers of one attention layer: ``[B, H, capacity, D]`` keys and values."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch: int, heads: int, capacity: int, head_dim: int, device: torch.device,
+              dtype: torch.dtype) -> KVCache:
+        shape = (batch, heads, capacity, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        rows = mask.view(-1, 1, 1, 1)
+        self.keys.masked_fill_(rows, 0.0)
+        self.values.masked_fill_(rows, 0.0)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, offset: torch.Tensor,
+                   context: int | None) -> torch.Tensor:
+    """Write ``k, v`` (``[B, H, T, D]``) at each row's ``offset`` and attend causally over the ring.
+
+    A ring slot's absolute position is recovered from the row's offset, so rows at different
+    positions (a recycled slot next to a long-running one) share one batched call.
+    """
+    batch, heads, steps, head_dim = k.shape
+    capacity = cache.keys.shape[2]
+    arange_t = torch.arange(steps, device=q.device, dtype=torch.long)
+    write = (offset.view(-1, 1) + arange_t) % capacity  # [B, T]
+    index = write.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim)
+    cache.keys.scatter_(2, index, k)
+    cache.values.scatter_(2, index, v)
+    slots = torch.arange(capacity, device=q.device, dtype=torch.long)
+    last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
+    delta = slots - last % capacity
+    pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, C]
+    pos_k = torch.where(slots >= (offset + steps).view(-1, 1), torch.full_like(pos_k, -1), pos_k)
+    pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
+    rel = pos_q - pos_k[:, None]  # [B, T, C]
+    allowed = (pos_k[:, None] >= 0) & (rel >= 0)
+    if context is not None:
+        allowed = allowed & (rel < context)
+    return F.scaled_dot_product_attention(q, cache.keys, cache.values, allowed[:, None], dropout_p=0.0)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one or several (per-step) projection sets."""
+
+    def __init__(self, dim: int, heads: int, *, num_weights: int = 1, rope_max_period: float | None,
+                 context: int | None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.heads = heads
+        self.context = context
+        self.rope_max_period = rope_max_period
+        self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
+        self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
+
+    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+        batch, steps, _ = x.shape
+        projected = self.in_projs[weight_index](x)
+        q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if self.rope_max_period is not None:
+            q, k = apply_rope(q, k, offset, self.rope_max_period)
+        out = ring_attention(q, k, v, cache, offset, self.context)
+        out = out.transpose(1, 2).reshape(batch, steps, self.dim)
+        return self.out_projs[weight_index](out)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``.
+
+    ``num_weights > 1`` gives the depformer's per-step weights: step ``i`` of a frame uses
+    projection set ``schedule[i]``.
+    """
+
+    def __init__(self, dim: int, heads: int, dim_feedforward: int, *, norm: str, gating: bool,
+                 layer_scale: bool, num_weights: int, rope_max_period: float | None, context: int | None) -> None:
+        super().__init__()
+        self.self_attn = Attention(dim, heads, num_weights=num_weights, rope_max_period=rope_max_period,
+                                   context=context)
+        self.norm1 = make_norm(norm, dim)
+        self.norm2 = make_norm(norm, dim)
+        self.mlp: nn.ModuleList = nn.ModuleList(
+            (GatedMLP(dim, dim_feedforward) if gating else GeluMLP(dim, dim_feedforward)) for _ in range(num_weights))
+        self.layer_scale_1: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
+        self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+        update = self.self_attn(self.norm1(x), cache, offset, weight_index)
+        x = x.to(update) + self.layer_scale_1(update)
+        update = self.mlp[weight_index](self.norm2(x))
+        return x.to(update) + self.layer_scale_2(update)
+
+
+class Transformer(nn.Module):
+    """A stack of ``TransformerLayer`` with its streaming state: per-layer ring caches and
+    one position per row."""
+
+    def __init__(self, dim: int, heads: int, layers: int, dim_feedforward: int, *, norm: str, gating: bool,
+                 layer_scale: bool, num_weights: int = 1, rope_max_period: float | None, context: int | None,
+                 capacity: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.heads = heads
+        self.capacity = capacity
+        self.layers = nn.ModuleList(
+            TransformerLayer(dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale,
+                             num_weights=num_weights, rope_max_period=rope_max_period, context=context)
+            for _ in range(layers))
+        self.caches: list[KVCache] = []
+        self.offset = torch.zeros(0, dtype=torch.long)
+
+    def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate the streaming state for ``batch`` rows, all fresh."""
+        head_dim = self.dim // self.heads
+        self.caches = [KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype) for _ in self.layers]
+        self.offset = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        for cache in self.caches:
+            cache.reset_rows(mask)
+        self.offset.masked_fill_(mask, 0)
+
+    def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+        """Advance every row by ``x.shape[1]`` steps."""
+        dtype_in = x.dtype
+        for layer, cache in zip(self.layers, self.caches):
+            x = layer(x, cache, self.offset, weight_index)
+        self.offset.add_(x.shape[1])
+        return x.to(dtype_in)

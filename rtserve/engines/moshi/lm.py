@@ -1,0 +1,90 @@
+"""The Moshi RQ-Transformer: token embeddings, the temporal transformer, the depformer and
+the output heads (engine.md §8.1).
+
+Per 80 ms frame the temporal transformer sees one column of ``1 + n_q`` tokens (text,
+agent audio, user audio), summed as embeddings, and predicts the text token; the
+depformer then walks the ``dep_q`` audio codebooks of that frame one at a time, each step
+with its own weights, conditioned on the temporal output and the previous token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rtserve.engines.moshi.layers import Transformer, make_norm
+from rtserve.engines.moshi.lm_config import LMConfig
+
+# Token id meaning "no input": its embedding is exactly zero.
+ZERO_TOKEN = -1
+# Token id of a position not generated yet (never fed to the model).
+UNGENERATED_TOKEN = -2
+
+
+class TokenEmbedding(nn.Embedding):
+    """An embedding where ``ZERO_TOKEN`` maps to the zero vector."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = F.embedding(tokens.clamp(min=0), self.weight)
+        return torch.where((tokens == ZERO_TOKEN)[..., None], torch.zeros(1, dtype=out.dtype, device=out.device), out)
+
+
+class MoshiLM(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.dim) for _ in range(c.n_q))
+        self.text_emb = TokenEmbedding(c.text_card + 1, c.dim)
+        self.text_linear = nn.Linear(c.dim, c.text_card, bias=False)
+        self.transformer = Transformer(c.dim, c.num_heads, c.num_layers, c.dim_feedforward, norm=c.norm, gating=True,
+                                       layer_scale=False, rope_max_period=c.max_period, context=c.context,
+                                       capacity=c.context)
+        self.out_norm = make_norm(c.norm, c.dim)
+        num_in = (max(c.depformer_schedule) + 1) if c.depformer_multi_linear else 1
+        self.depformer_in = nn.ModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(num_in))
+        self.depformer_emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1))
+        self.depformer_text_emb = TokenEmbedding(c.text_card + 1, c.depformer_dim)
+        num_weights = max(c.depformer_schedule) + 1
+        self.depformer = Transformer(c.depformer_dim, c.depformer_num_heads, c.depformer_num_layers,
+                                     c.depformer_dim_feedforward, norm=c.norm, gating=True, layer_scale=False,
+                                     num_weights=num_weights, rope_max_period=None, context=c.depformer_context,
+                                     capacity=c.depformer_context or c.dep_q)
+        self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
+
+    def start(self, batch: int) -> None:
+        param = self.text_linear.weight
+        self.transformer.start(batch, param.device, param.dtype)
+        self.depformer.start(batch, param.device, param.dtype)
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        self.transformer.reset_rows(mask)
+
+    def embed(self, column: torch.Tensor) -> torch.Tensor:
+        """``[B, 1 + n_q]`` tokens -> ``[B, 1, dim]`` summed input embedding."""
+        x: torch.Tensor | None = None
+        for k, emb in enumerate(self.emb):
+            audio = emb(column[:, 1 + k:2 + k])
+            x = audio if x is None else x + audio
+        text = self.text_emb(column[:, :1])
+        return text if x is None else x + text
+
+    def temporal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One temporal step on ``[B, 1, dim]`` inputs -> (hidden ``[B, 1, dim]``, text logits ``[B, text_card]``)."""
+        hidden = self.out_norm(self.transformer(x))
+        return hidden, self.text_linear(hidden)[:, 0]
+
+    def depformer_begin(self) -> None:
+        """Every row restarts its depformer at codebook 0 (the depformer state lives one frame)."""
+        self.depformer.offset.zero_()
+
+    def depformer_logits(self, index: int, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """Codebook ``index`` logits ``[B, card]`` given the temporal hidden state and the previous token ``[B]``."""
+        c = self.config
+        weight = c.depformer_schedule[index]
+        projected = self.depformer_in[weight if c.depformer_multi_linear else 0](hidden)
+        token = previous[:, None]
+        token_emb = self.depformer_text_emb(token) if index == 0 else self.depformer_emb[index - 1](token)
+        out = self.depformer(projected + token_emb, weight_index=weight)
+        return self.linears[index](out)[:, 0]

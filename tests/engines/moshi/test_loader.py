@@ -1,0 +1,90 @@
+"""Loader errors name the file, tensor or field at fault; no hub access is ever attempted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rtserve.config import ConfigError
+from rtserve.engines.moshi.engine import build_frame_model
+from rtserve.engines.moshi.lm_config import CheckpointError
+from rtserve.engines.moshi.loader import load_folder
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def copy(weights: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "w"
+    shutil.copytree(weights, target)
+    return target
+
+
+def _edit(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def test_missing_lm_tensor_is_named(copy: Path) -> None:
+    _edit(copy / "model.safetensors", lambda t: t.pop("out_norm.alpha"))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: missing tensor for parameter 'out_norm.alpha'"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_mismatched_shape_names_tensor_and_shapes(copy: Path) -> None:
+    def shrink(t: dict[str, torch.Tensor]) -> None:
+        t["text_linear.weight"] = t["text_linear.weight"][:10]
+    _edit(copy / "model.safetensors", shrink)
+    with pytest.raises(CheckpointError, match=r"'text_linear.weight' has shape \(10, 32\), the config implies \(64, 32\)"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_unexpected_tensor_is_named(copy: Path) -> None:
+    def add(t: dict[str, torch.Tensor]) -> None:
+        t["transformer.layers.9.norm1.alpha"] = torch.ones(1, 1, 32)
+    _edit(copy / "model.safetensors", add)
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'transformer.layers.9.norm1.alpha'"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_missing_mimi_codebook_is_named(copy: Path) -> None:
+    def drop(t: dict[str, torch.Tensor]) -> None:
+        t.pop("quantizer.rvq_rest.vq.layers.6._codebook.embedding_sum")
+    _edit(copy / "mimi.safetensors", drop)
+    with pytest.raises(CheckpointError, match=r"rvq_rest.vq.layers.6._codebook.embedding_sum"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_missing_file_and_hub_names_are_refused(copy: Path) -> None:
+    (copy / "tokenizer.model").unlink()
+    with pytest.raises(CheckpointError, match=r"missing file .*tokenizer.model \(config.json tokenizer_name\)"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(dict(config, moshi_name="hf://kyutai/moshiko/model.safetensors")))
+    with pytest.raises(CheckpointError, match="points at a hub"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+    (copy / "config.json").write_text(json.dumps(dict(config, moshi_name="../../etc/passwd")))
+    with pytest.raises(CheckpointError, match="leaves the weight folder"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_unsupported_architecture_option_is_refused(copy: Path) -> None:
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(dict(config, norm_emb=True)))
+    with pytest.raises(CheckpointError, match="norm_emb=True is not supported"):
+        load_folder(copy, device=CPU, dtype=torch.float32)
+
+
+def test_engine_config_errors_name_the_field(config, copy: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=r"'moshi_engine.weights': the moshi engine needs a local weight folder"):
+        build_frame_model(config)
+    broken = config.model_copy(update={"moshi_engine": config.moshi_engine.model_copy(
+        update={"weights": str(copy / "nowhere")})})
+    with pytest.raises(ConfigError, match=r"moshi_engine.weights.*does not exist"):
+        build_frame_model(broken)
