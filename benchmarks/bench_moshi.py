@@ -295,7 +295,6 @@ async def run_point(clients: int, duration_s: float, warmup_s: float, delay_fram
 
     underruns = int(delta("rtserve_lockstep_underruns_total"))
     live_ticks = int(round(measured_s / PERIOD_S)) * clients
-    route = '{route="/api/chat"}'
     return Point(
         clients=clients, duration_s=duration_s,
         latency_p50_ms=_pct(latencies, 50), latency_p99_ms=_pct(latencies, 99),
@@ -305,8 +304,7 @@ async def run_point(clients: int, duration_s: float, warmup_s: float, delay_fram
         lateness_p50_ms=_pct(lateness, 50), lateness_p99_ms=_pct(lateness, 99),
         late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)), pages=len(lateness),
         dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
-        dropped_output=int(delta("rtserve_moshi_frames_dropped_total" + route)
-                           + delta("rtserve_lockstep_dropped_output_frames_total")),
+        dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),
         skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
         send_lag_p99_ms=_pct([v for log in logs for v in log.send_lag_ms], 99),
         aligned_windows_pct=100.0 * aligned / max(1, windows),

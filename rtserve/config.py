@@ -66,11 +66,16 @@ class LockstepConfig(_Section):
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
     latency_trim_window_frames: int | None = Field(
-        25, ge=1, description="when a slot kept more than latency_trim_keep_frames input frames queued through "
-                              "this many ticks, drop its quietest queued frame (standing latency); null disables")
+        25, ge=1, description="when a slot kept more than latency_trim_keep_frames of input queued through "
+                              "this many ticks, drop drift_trim_ms of its quietest queued samples (clock drift, "
+                              "standing latency); null disables")
     latency_trim_keep_frames: int = Field(1, ge=0, description="spare input frames a slot may keep queued as a "
                                                                "cushion against network jitter (+1 frame latency)")
-    output_queue_frames: int = Field(64, ge=1, description="per-slot hand-off to the event loop")
+    drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per trim window while standing latency "
+                                                        "stays above the cushion (quietest samples first)")
+    output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
+                                                          "writer or session runner); drop-oldest audio beyond, "
+                                                          "text carried into the next frame")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
@@ -104,9 +109,8 @@ class RobotConfig(_Section):
 class MoshiConfig(_Section):
     """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (duplex.md §1.6, §1.7)."""
 
-    output_queue_frames: int = Field(12, ge=1, description="per-connection agent frames awaiting the socket; drop-oldest beyond")
-    flush_grace_s: float = Field(0.3, ge=0, description="after a duplex 'close', keep forwarding in-flight frames this long")
-    flush_timeout_s: float = Field(5.0, gt=0, description="bound on waiting for the flushed tail before 'done'")
+    flush_timeout_s: float = Field(5.0, gt=0, description="after a duplex 'close', bound on draining the tail "
+                                                          "(stepped, answered and sent) before 'done'")
     opus_bitrate: int = Field(32000, ge=6000, le=510000, description="/api/chat agent audio bit rate")
     opus_application: Literal["audio", "voip", "lowdelay"] = Field(
         "lowdelay", description="/api/chat agent audio: 'lowdelay' (CELT only) has 2.5 ms lookahead instead "
@@ -115,10 +119,6 @@ class MoshiConfig(_Section):
                                                             "CPU per audio second vs ~10-14 at 10 (libopus default), "
                                                             "for a small quality loss; lower it when encoding is the "
                                                             "bottleneck at many concurrent streams")
-    page_align_slack_ms: float | None = Field(
-        20.0, ge=0, description="/api/chat: start the engine frame grid so frames end this long before the "
-                                "client's Ogg pages end (covers the Opus decoder's hold-back), so each page "
-                                "completes a frame on arrival; null disables")
 
 
 class MoshiEngineConfig(_Section):

@@ -101,7 +101,11 @@ class FrameOutput:
 
 
 class FrameModel(Protocol):
-    """A batched lockstep model. Every method runs on the one engine thread."""
+    """A batched lockstep model. Every method runs on the one engine thread.
+
+    A model may also declare ``output_delay_frames`` (ticks between an input frame and the
+    output frame that answers it); drains then wait for that answer too.
+    """
 
     batch_size: int
     frame_size: int  # samples per frame, in and out
@@ -358,6 +362,12 @@ class EngineSession(Protocol):
         ...
 
     def clear_input(self) -> None: ...
+
+    async def drain(self) -> None:
+        """Until all audio pushed so far was stepped and every output frame it produced was
+        read from ``events()``: what a lockstep caller awaits (with a timeout) before
+        ``close``. Turn engines have no continuous output to drain and return at once."""
+        ...
 
     def respond(self, request: ResponseRequest) -> None:
         """Start generating a response (turn engines); a no-op for lockstep engines."""

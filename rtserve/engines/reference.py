@@ -37,6 +37,7 @@ class LoopbackModel:
         self.frame_size = frame_size
         self.sample_rate = sample_rate
         self.delay_frames = delay_frames
+        self.output_delay_frames = delay_frames  # read by drains: the answer to input comes this much later
         self._lines: list[deque[np.ndarray]] = [deque() for _ in range(batch_size)]
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 _STOP = object()
 _PUMP_ENDED = object()
 _FAIR_BATCH = 16  # mailbox items applied before the runner yields to other tasks
-_QUIET_TURNS = 5  # loop turns without engine output before a close-time drain is done
 ENGINE_EVENTS = (OutputAudio, OutputText, ResponseFinished, EngineSpeechStarted, EngineSpeechStopped,
                  InputTranscript, EngineFailure)
 
@@ -267,7 +266,8 @@ class SessionRunner:
             await self._flush_lockstep_tail()
         cleanup_ok = await self.close_engine()
         if continuous:
-            await self._drain_engine_output()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drain_engine_output(), self.limits.engine_close_timeout_s)
             if self._responses.active is not None and not self._output.failed:
                 self._responses.end("completed")
         await self._stop_pump()
@@ -301,30 +301,35 @@ class SessionRunner:
         return ok
 
     async def _flush_lockstep_tail(self) -> None:
-        """Lockstep close never drops input: ``commit_input`` zero-pads the partial frame and
-        returns once every pushed frame was stepped; its output is then delivered."""
+        """Lockstep close never drops input: the engine's ``drain`` returns once every pushed
+        sample was stepped (a partial tail zero-padded) and the pump read the answer to it;
+        what the pump forwards meanwhile is applied as it comes."""
+        drained = asyncio.get_running_loop().create_task(self.engine.drain())
         try:
-            await asyncio.wait_for(self.engine.commit_input(), self.limits.engine_close_timeout_s)
+            await asyncio.wait_for(self._drain_engine_output(until=drained), self.limits.engine_close_timeout_s)
+            drained.result()
         except (asyncio.TimeoutError, Exception):
             log.warning("lockstep tail flush did not finish; closing without it", exc_info=True)
-            return
-        await self._drain_engine_output()
+        finally:
+            drained.cancel()
+            await asyncio.gather(drained, return_exceptions=True)
 
-    async def _drain_engine_output(self) -> None:
-        """Apply engine output already produced: the pump forwards whatever the engine has
-        queued without suspending, so a few quiet loop turns mean nothing more is pending."""
+    async def _drain_engine_output(self, until: asyncio.Future[None] | None = None) -> None:
+        """Apply engine output the pump forwards until ``until`` is done (then what it already
+        forwarded), or, without ``until``, until the pump ended (the engine closed its events)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.engine_close_timeout_s
-        quiet_turns = 0
-        while quiet_turns < _QUIET_TURNS and loop.time() < deadline:
-            if not len(self.mailbox):
-                if self._pump is None or self._pump.done():
-                    return
-                quiet_turns += 1
-                await asyncio.sleep(0)
-                continue
-            quiet_turns = 0
-            item = await self.mailbox.get()
+        while True:
+            if not len(self.mailbox) and ((until is not None and until.done())
+                                          or self._pump is None or self._pump.done()):
+                return
+            getter = loop.create_task(self.mailbox.get())
+            await asyncio.wait({getter} if until is None else {getter, until}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()  # ``until`` finished first; a cancelled get takes no item
+                await asyncio.gather(getter, return_exceptions=True)
+                if getter.cancelled():
+                    continue
+            item = getter.result()
             if item is _PUMP_ENDED:
                 return
             if isinstance(item, ENGINE_EVENTS):

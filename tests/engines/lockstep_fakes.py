@@ -13,6 +13,9 @@ from rtserve.engines.lockstep import LockstepScheduler
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
 
+FRAME = 8  # samples per frame of the fake models
+
+
 class RecordingModel:
     """Echoes each live row's input frame; records every call and flags calls made mid-step.
 
@@ -21,7 +24,7 @@ class RecordingModel:
     event racing the step).
     """
 
-    def __init__(self, batch_size: int = 4, frame_size: int = 8, sample_rate: int = 100) -> None:
+    def __init__(self, batch_size: int = 4, frame_size: int = FRAME, sample_rate: int = 100) -> None:
         self.batch_size = batch_size
         self.frame_size = frame_size
         self.sample_rate = sample_rate
@@ -73,7 +76,7 @@ class RecordingModel:
         self._record("release", slot)
 
 
-def frame(value: float, size: int = 8) -> np.ndarray:
+def frame(value: float, size: int = FRAME) -> np.ndarray:
     return np.full(size, value, np.float32)
 
 

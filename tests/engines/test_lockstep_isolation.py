@@ -61,9 +61,9 @@ def run_batch(recycle: SlotPrompt | None, device: str) -> tuple[dict[int, list[n
             replacement = scheduler.acquire(recycle)
             assert replacement.slot == RECYCLED
         for slot, lease in leases.items():
-            lease.push_frames([sine_frame(slot, tick)])
+            lease.push_samples(sine_frame(slot, tick))
         if replacement is not None and replacement.phase is SlotPhase.LIVE:
-            replacement.push_frames([sine_frame(RECYCLED, 1000 + fed)])
+            replacement.push_samples(sine_frame(RECYCLED, 1000 + fed))
             fed += 1
         scheduler.tick()
         for slot, lease in leases.items():
@@ -83,7 +83,7 @@ def run_fresh(prompt: SlotPrompt, frames: int, device: str) -> list[np.ndarray]:
     fed = 0
     while len(out) < frames:
         if lease.phase is SlotPhase.LIVE:
-            lease.push_frames([sine_frame(RECYCLED, 1000 + fed)])
+            lease.push_samples(sine_frame(RECYCLED, 1000 + fed))
             fed += 1
         scheduler.tick()
         out.extend(collect(lease))
@@ -120,7 +120,7 @@ def test_tiny_model_output_depends_on_the_slot_history(device: str) -> None:
     lease = scheduler.acquire()
     same = sine_frame(0, 0)
     for _ in range(3):
-        lease.push_frames([same])
+        lease.push_samples(same)
         scheduler.tick()
     first, second, third = collect(lease)
     assert not np.array_equal(first, second) and not np.array_equal(second, third)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from lockstep_fakes import RecordingModel, frame, metric
+from lockstep_fakes import FRAME, RecordingModel, frame, metric
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
@@ -203,7 +203,7 @@ class ClientFeedingClock(FakeTickClock):
             if sent + self._late.get(k, 0.0) > now:
                 return
             self.arrivals.append(sent)
-            self.lease.push_frames([frame(float(k + 1))])
+            self.lease.push_samples(frame(float(k + 1)))
 
 
 @pytest.mark.parametrize("stall_s", [0.25, 1.0])
@@ -212,7 +212,7 @@ def test_input_latency_returns_to_normal_after_an_overrun(stall_s: float) -> Non
     model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
     registry = CollectorRegistry()
     stepped: list[float] = []  # the input frame value each tick stepped (0: silence)
-    backlog: list[int] = []  # input frames still queued after each tick
+    backlog: list[int] = []  # input samples still queued after each tick
     leases: list[SlotLease] = []
 
     def prepare(lease: SlotLease) -> None:
@@ -240,18 +240,18 @@ def test_input_latency_returns_to_normal_after_an_overrun(stall_s: float) -> Non
     recovered = next(i for i, r in enumerate(reports) if i > 10 and not r.catch_up)
     assert recovered <= 10 + BACKLOG_CAP + 2
     assert all(lat == pytest.approx(PERIOD / 2) for i, lat in latency if i < 10 or i >= recovered)
-    assert max(backlog[recovered:]) <= 1
+    assert max(backlog[recovered:]) <= FRAME
     if stall_s < BACKLOG_CAP * PERIOD:  # within the catch-up bound: no frame lost, no deadline skipped
-        assert skipped == 0 and lease.frames_discarded == 0 and lease.underruns == 1
+        assert skipped == 0 and lease.samples_discarded == 0 and lease.underruns == 1
         assert delivered == [float(k) for k in range(1, 40)]
     else:
         # Beyond it, the backlog cap dropped the frames of the skipped deadlines; the frame the next
         # on-time tick would have stepped may arrive during the stall too, be consumed by the last
         # catch-up tick and leave that next tick one silent frame (once).
         assert skipped == 8
-        assert skipped <= lease.frames_discarded <= skipped + 1
+        assert skipped * FRAME <= lease.samples_discarded <= (skipped + 1) * FRAME
         assert lease.underruns <= 2
-        assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == lease.frames_discarded
+        assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == lease.samples_discarded / FRAME
 
 
 @pytest.mark.slow
@@ -332,17 +332,18 @@ def test_without_a_cushion_a_late_frame_adds_latency_only_until_the_window_ends(
     """Frame 10 arrives just after its tick: that tick plays silence and every later frame
     waits one extra period, until the adaptive backlog drops the standing frame."""
     lease, latency, stepped, registry = run_late_frames_client(
-        {10: 0.7 * PERIOD}, latency_trim_window_frames=trim_window, latency_trim_keep_frames=0)
+        {10: 0.7 * PERIOD}, latency_trim_window_frames=trim_window, latency_trim_keep_frames=0,
+        drift_trim_ms=PERIOD * 1000)  # whole frames, so latencies stay on the frame grid
     assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(1, 11))
     assert 11 not in latency  # the tick the late frame missed stepped silence
     assert latency[12] == pytest.approx(1.5 * PERIOD)
-    assert lease.underruns == 2 and lease.frames_discarded == 0
+    assert lease.underruns == 2 and lease.samples_discarded == 0
     if trim_window is None:  # without trimming the extra period stays for good
         assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(12, 40))
-        assert lease.frames_trimmed == 0
+        assert lease.samples_trimmed == 0
         return
-    assert lease.frames_trimmed == 1
-    assert metric(registry, "rtserve_lockstep_trimmed_input_frames_total") == 1
+    assert lease.samples_trimmed == FRAME
+    assert metric(registry, "rtserve_lockstep_trimmed_input_samples_total") == FRAME
     assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(12 + 2 * trim_window, 40))
     assert_in_order_with_missing(stepped, 1)
 
@@ -351,12 +352,13 @@ def test_a_one_frame_cushion_absorbs_late_frames_and_never_grows() -> None:
     """Default policy: the first late frame leaves one spare frame (kept: later late frames
     then cost nothing); a second standing frame is trimmed, so latency stays at +1 period."""
     lease, latency, stepped, _ = run_late_frames_client(
-        {10: 0.7 * PERIOD, 20: 0.7 * PERIOD, 30: 1.7 * PERIOD}, latency_trim_window_frames=3)
+        {10: 0.7 * PERIOD, 20: 0.7 * PERIOD, 30: 1.7 * PERIOD}, latency_trim_window_frames=3,
+        drift_trim_ms=PERIOD * 1000)
     assert latency[12] == pytest.approx(1.5 * PERIOD)
     # The first tick, the one frame 10 missed, and the one frame 30 missed (late by more than the
     # cushion); frame 20's lateness cost nothing.
     assert lease.underruns == 3
-    assert lease.frames_trimmed == 1  # frame 30 left a second spare frame behind: trimmed
+    assert lease.samples_trimmed == FRAME  # frame 30 left a second spare frame behind: trimmed
     assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(12, 30))
     assert max(latency.values()) <= 2.5 * PERIOD + 1e-9
     assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(38, 40))

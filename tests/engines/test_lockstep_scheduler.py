@@ -10,10 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from lockstep_fakes import RecordingModel, frame, make_scheduler, metric
+from lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
 from rtserve.engines.lockstep import SlotPhase
-from rtserve.engines.lockstep.slots import InputBacklog
 from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineFailure, SlotPrompt
 
 
@@ -28,7 +27,7 @@ def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
     scheduler, model, registry = make_scheduler()
     lease = scheduler.acquire()
     assert lease.phase is SlotPhase.PREFILL  # opened on the engine thread, at the next tick
-    lease.push_frames([frame(1.0), frame(2.0)])
+    lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
     assert scheduler.tick() and scheduler.tick()
     assert lease.phase is SlotPhase.LIVE
     assert scheduler.tick()  # no input left: stepped with silence
@@ -37,32 +36,34 @@ def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
     assert not outputs[2].any()
     assert lease.underruns == 1
     assert metric(registry, "rtserve_lockstep_underruns_total") == 1
-    assert lease.frames_stepped == 2
+    assert lease.samples_consumed == 2 * FRAME
 
 
 def test_backlog_cap_drops_oldest_frames_and_counts_them() -> None:
     scheduler, model, registry = make_scheduler(max_input_backlog_frames=3)
     lease = scheduler.acquire()
-    lease.push_frames([frame(float(v)) for v in range(5)])
+    lease.push_samples(np.concatenate([frame(float(v)) for v in range(5)]))
     for _ in range(4):
         scheduler.tick()
     assert [float(out.audio[0]) for out, _ in drain(lease)] == [2.0, 3.0, 4.0, 0.0]
-    assert lease.frames_discarded == 2
+    assert lease.samples_discarded == 2 * FRAME
     assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == 2
 
 
-def test_push_rejects_frames_of_the_wrong_shape() -> None:
+def test_push_rejects_samples_that_are_not_float32_mono() -> None:
     scheduler, _, _ = make_scheduler()
     lease = scheduler.acquire()
-    with pytest.raises(ValueError, match="8 samples"):
-        lease.push_frames([np.zeros(7, np.float32)])
-    assert lease.frames_pushed == 0
+    with pytest.raises(ValueError, match="float32"):
+        lease.push_samples(np.zeros(7, np.float64))
+    with pytest.raises(ValueError, match="float32"):
+        lease.push_samples(np.zeros((2, 8), np.float32))
+    assert lease.samples_pushed == 0
 
 
 def test_epoch_fence_drops_queued_and_in_flight_output() -> None:
     scheduler, model, _ = make_scheduler()
     lease = scheduler.acquire()
-    lease.push_frames([frame(1.0), frame(2.0)])
+    lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
     scheduler.tick()
     scheduler.tick()
     assert len(lease.output) == 2
@@ -71,16 +72,16 @@ def test_epoch_fence_drops_queued_and_in_flight_output() -> None:
 
     # The epoch moves while a step is in flight: that step's output is fenced off too.
     model.step_hook = lambda index: lease.set_epoch(2)
-    lease.push_frames([frame(3.0)])
+    lease.push_samples(frame(3.0))
     scheduler.tick()
     assert drain(lease) == []
     model.step_hook = None
 
-    lease.push_frames([frame(4.0)])
+    lease.push_samples(frame(4.0))
     scheduler.tick()
     [(out, epoch)] = drain(lease)
     assert epoch == 2 and out.audio[0] == 4.0
-    assert lease.frames_stepped == 4  # the model kept hearing the user throughout
+    assert lease.samples_consumed == 4 * FRAME  # the model kept hearing the user throughout
 
 
 def test_release_during_a_step_delivers_nothing_and_frees_the_slot_between_steps() -> None:
@@ -204,7 +205,7 @@ def test_prefill_runs_one_step_per_tick_then_goes_live() -> None:
     live = scheduler.acquire()
     scheduler.tick()
     lease = scheduler.acquire(SlotPrompt(text="ab"))  # two prefill steps
-    lease.push_frames([frame(5.0)])
+    lease.push_samples(frame(5.0))
     scheduler.tick()
     assert lease.phase is SlotPhase.PREFILL
     scheduler.tick()
@@ -223,7 +224,7 @@ def test_prefill_runs_one_step_per_tick_then_goes_live() -> None:
 def test_slow_reader_loses_the_oldest_output_not_the_newest() -> None:
     scheduler, model, registry = make_scheduler(output_queue_frames=2)
     lease = scheduler.acquire()
-    lease.push_frames([frame(float(v)) for v in (1, 2, 3, 4)])
+    lease.push_samples(np.concatenate([frame(float(v)) for v in (1, 2, 3, 4)]))
     for _ in range(4):
         scheduler.tick()
     assert [float(out.audio[0]) for out, _ in drain(lease)] == [3.0, 4.0]
@@ -244,7 +245,7 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_keeps_serving() -> Non
     assert metric(registry, "rtserve_lockstep_engine_failures_total") == 1
     scheduler.tick()  # frees both slots
     fresh = scheduler.acquire()
-    fresh.push_frames([frame(7.0)])
+    fresh.push_samples(frame(7.0))
     scheduler.tick()
     [(out, _)] = drain(fresh)
     assert out.audio[0] == 7.0
@@ -255,7 +256,7 @@ def test_a_failing_open_fails_only_that_session() -> None:
     good = scheduler.acquire()
     model.fail_open_for = {1}
     bad = scheduler.acquire()
-    good.push_frames([frame(1.0)])
+    good.push_samples(frame(1.0))
     scheduler.tick()
     assert bad.output.failure is not None and bad.phase is SlotPhase.DRAINING
     [(out, _)] = drain(good)
@@ -280,7 +281,7 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
     lease = scheduler.acquire()  # on the loop: outputs wake this loop
     scheduler.start()
     try:
-        lease.push_frames([frame(1.0), frame(2.0)])
+        lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
         got = []
         while len(got) < 2:
             item = await asyncio.wait_for(lease.next_output(), 5)
@@ -288,9 +289,9 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
             if out.audio.any():
                 got.append(float(out.audio[0]))
         assert got == [1.0, 2.0]
-        lease.push_frames([frame(3.0)])
+        lease.push_samples(frame(3.0))
         await asyncio.wait_for(lease.wait_input_consumed(), 5)
-        assert lease.frames_stepped == 3
+        assert lease.samples_consumed == 3 * FRAME
         lease.release()
         assert await lease.wait_released(5)
         assert await lease.next_output() is None
@@ -314,25 +315,3 @@ def test_metrics_describe_the_batch_and_every_tick() -> None:
     scheduler.tick()
     assert metric(registry, "rtserve_lockstep_live_slots") == 1
     assert metric(registry, "rtserve_lockstep_occupied_slots") == 1
-
-
-def test_backlog_trims_the_quietest_frame_only_after_a_whole_window_with_a_spare() -> None:
-    backlog = InputBacklog(limit=8, trim_window=2)
-    backlog.push([frame(5.0), frame(3.0), frame(0.1), frame(4.0)])
-    popped = [backlog.pop(), backlog.pop()]
-    assert [(float(f[0]), trimmed) for f, trimmed in popped] == [(5.0, False), (3.0, True)]
-    assert [float(f[0]) for f, _ in (backlog.pop(),)] == [4.0]  # 0.1, the quietest, was trimmed
-    assert backlog.pop() == (None, False) and backlog.trimmed == 1
-
-
-def test_backlog_keeps_a_frame_that_jitter_needed_within_the_window() -> None:
-    backlog = InputBacklog(limit=8, trim_window=3)
-    backlog.push([frame(1.0)])
-    arrivals_after_each_pop = [[2.0], [3.0, 4.0], [], [5.0], [6.0, 7.0], [], [8.0]]  # bursty, never late twice
-    stepped = []
-    for arriving in arrivals_after_each_pop:
-        got, trimmed = backlog.pop()
-        assert not trimmed
-        stepped.append(float(got[0]))
-        backlog.push([frame(v) for v in arriving])
-    assert stepped == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and backlog.trimmed == 0

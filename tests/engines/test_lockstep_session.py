@@ -74,7 +74,7 @@ async def test_loopback_echoes_input_after_the_delay_frame_aligned(engine: Locks
     assert not np.concatenate([f.pcm for f in frames[:lead]]).any()
     echoed = np.concatenate([f.pcm for f in frames[lead:lead + 3]])
     assert np.array_equal(echoed, audio)
-    assert session.lease.frames_stepped == 3
+    assert session.lease.samples_consumed == 3 * FRAME
     await session.close()
 
 
@@ -83,13 +83,14 @@ async def test_a_partial_tail_is_padded_and_stepped_on_commit(engine: LockstepSe
     half = noise(0.5, seed=1)
     session.push_audio(half)
     await session.commit_input()
-    assert session.lease.frames_stepped == 1
+    assert session.lease.samples_consumed == half.size
     frames = await read_frames(session, DELAY + session.lease.underruns + 1)
     lead = first_sound(frames)
     echoed = frames[lead].pcm
-    assert np.array_equal(echoed[:half.size], half) and not echoed[half.size:].any()
+    # Padded at its start: the newest sample ends the frame (tick-aligned framing).
+    assert np.array_equal(echoed[-half.size:], half) and not echoed[:-half.size].any()
     await session.commit_input()  # nothing pending: returns at once, steps nothing more
-    assert session.lease.frames_stepped == 1
+    assert session.lease.samples_consumed == half.size
     await session.close()
 
 

@@ -33,6 +33,7 @@ class TestDoubleEngineSession:
         self.options = options
         self.pushed: list[np.ndarray] = []
         self.commits = 0
+        self.drains = 0
         self.clears = 0
         self.responses: list[ResponseRequest] = []
         self.epochs: list[int] = []
@@ -53,6 +54,19 @@ class TestDoubleEngineSession:
 
     # -- EngineSession ------------------------------------------------------
 
+    def _step_tail(self) -> None:
+        if self._partial.size:
+            tail = np.zeros(self.capabilities.input_frame_samples, dtype=np.float32)
+            tail[: self._partial.size] = self._partial
+            self._partial = np.zeros(0, dtype=np.float32)
+            self._step(tail)
+
+    async def drain(self) -> None:
+        """Lockstep: the tail is stepped and its output queued at once (read by the pump)."""
+        self.drains += 1
+        if self.capabilities.mode == "lockstep":
+            self._step_tail()
+
     def push_audio(self, pcm: np.ndarray) -> None:
         self.pushed.append(pcm)
         if self.capabilities.mode == "lockstep":
@@ -65,11 +79,7 @@ class TestDoubleEngineSession:
     async def commit_input(self) -> None:
         self.commits += 1
         if self.capabilities.mode == "lockstep":
-            if self._partial.size:
-                tail = np.zeros(self.capabilities.input_frame_samples, dtype=np.float32)
-                tail[: self._partial.size] = self._partial
-                self._partial = np.zeros(0, dtype=np.float32)
-                self._step(tail)
+            self._step_tail()
             return
         if self.commit_gate is not None:
             await self.commit_gate.wait()

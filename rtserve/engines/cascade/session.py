@@ -231,6 +231,9 @@ class CascadeSession:
         self._input_ready.set()
         await marker
 
+    async def drain(self) -> None:
+        """Turn output is streamed per response: there is no continuous output to drain."""
+
     async def commit_input(self) -> None:
         async with self._commit_lock:
             await self._drain_input()

@@ -9,7 +9,7 @@ thread boundary (engine.md, "lockstep slot tables").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 class SlotLease:
     """A session's hold on one slot.
 
-    Loop-side methods never block. Counters have one writer each: ``frames_pushed`` and
-    ``frames_discarded`` the loop, ``frames_stepped``, ``frames_trimmed``, ``underruns`` and
+    Loop-side methods never block. Counters have one writer each: ``samples_pushed`` and
+    ``samples_discarded`` the loop; ``samples_consumed`` (stepped or trimmed),
+    ``samples_trimmed``, ``ticks_stepped``, ``last_input_tick``, ``underruns`` and
     ``dropped_output_frames`` the engine thread. The async methods need the lease to have
     been acquired on a running loop.
     """
@@ -38,14 +39,17 @@ class SlotLease:
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
-        self.input = InputBacklog(config.max_input_backlog_frames, config.latency_trim_window_frames,
-                                  config.latency_trim_keep_frames)
+        trim_samples = max(1, round(config.drift_trim_ms * scheduler.sample_rate / 1000))
+        self.input = InputBacklog(scheduler.frame_size, config.max_input_backlog_frames,
+                                  config.latency_trim_window_frames, config.latency_trim_keep_frames, trim_samples)
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
-        self.frames_pushed = 0
-        self.frames_discarded = 0
-        self.frames_stepped = 0
-        self.frames_trimmed = 0
+        self.samples_pushed = 0
+        self.samples_discarded = 0
+        self.samples_consumed = 0
+        self.samples_trimmed = 0
+        self.ticks_stepped = 0
+        self.last_input_tick = 0  # ticks_stepped when this slot last stepped some of its input
         self.underruns = 0
         self.dropped_output_frames = 0
         self._changed = asyncio.Event()
@@ -54,22 +58,23 @@ class SlotLease:
     def phase(self) -> SlotPhase:
         return self._scheduler.phase_of(self)
 
-    def push_frames(self, frames: Sequence[np.ndarray]) -> None:
-        """Queue whole input frames; beyond the backlog cap the oldest are dropped."""
-        if self.released:
+    def push_samples(self, samples: np.ndarray) -> None:
+        """Queue float32 mono samples of any length; beyond the backlog cap the oldest are dropped."""
+        if self.released or not samples.size:
             return
-        size = self._scheduler.frame_size
-        for frame in frames:
-            if frame.shape != (size,) or frame.dtype != np.float32:
-                raise ValueError(f"input frames must be float32 arrays of {size} samples")
-        dropped = self.input.push(frames)
-        self.frames_pushed += len(frames)
+        if samples.ndim != 1 or samples.dtype != np.float32:
+            raise ValueError("input must be a 1-D float32 array")
+        dropped = self.input.push(samples)
+        self.samples_pushed += samples.size
         if dropped:
-            self.frames_discarded += dropped
-            self._scheduler.metrics.dropped_input_frames.inc(dropped)
+            self._discard(dropped)
 
     def clear_input(self) -> None:
-        self.frames_discarded += self.input.clear()
+        self._discard(self.input.clear())
+
+    def _discard(self, count: int) -> None:
+        self.samples_discarded += count
+        self._scheduler.metrics.dropped_input_frames.inc(count / self._scheduler.frame_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""
@@ -88,6 +93,8 @@ class SlotLease:
         while True:
             item = self.output.pop()
             if item is not None:
+                if not len(self.output):
+                    self._changed.set()  # wait_drained() may be waiting for the reader to catch up
                 if item[1] == self.epoch:
                     return item
                 continue
@@ -100,9 +107,20 @@ class SlotLease:
         await self._wait_until(lambda: self.phase is SlotPhase.LIVE or self.output.closed or self.released)
 
     async def wait_input_consumed(self) -> None:
-        """Until every frame pushed so far was stepped or discarded (or the lease ended)."""
-        target = self.frames_pushed
-        await self._wait_until(lambda: self.frames_stepped + self.frames_discarded + self.frames_trimmed >= target
+        """Until every sample pushed so far was stepped, trimmed or discarded (or the lease ended).
+
+        A partial frame needs no padding from the caller: the next tick takes it, padded.
+        """
+        target = self.samples_pushed
+        await self._wait_until(lambda: self.samples_consumed + self.samples_discarded >= target
+                               or self.output.closed or self.released)
+
+    async def wait_drained(self) -> None:
+        """Until all input pushed so far was stepped, the model's answer to it was produced
+        (its ``output_delay_frames`` later) and every produced frame was read (or the lease ended)."""
+        await self.wait_input_consumed()
+        due = self.last_input_tick + self._scheduler.output_delay_frames
+        await self._wait_until(lambda: (self.ticks_stepped >= due and not len(self.output))
                                or self.output.closed or self.released)
 
     async def wait_released(self, timeout_s: float) -> bool:

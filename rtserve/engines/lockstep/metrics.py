@@ -31,12 +31,12 @@ class LockstepMetrics:
             "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input",
             registry=registry)
         self.dropped_input_frames = Counter(
-            "rtserve_lockstep_dropped_input_frames", "Input frames dropped (oldest first) over the backlog cap",
+            "rtserve_lockstep_dropped_input_frames", "Input dropped (oldest first) over the backlog cap, in frames' worth of samples",
             registry=registry)
-        self.trimmed_input_frames = Counter(
-            "rtserve_lockstep_trimmed_input_frames", "Quietest queued input frames dropped because more spare frames "
-            "than latency_trim_keep_frames stood in the backlog for a whole trim window (standing latency)",
-            registry=registry)
+        self.trimmed_input_samples = Counter(
+            "rtserve_lockstep_trimmed_input_samples", "Quietest queued input samples dropped (drift_trim_ms at a "
+            "time) because more than latency_trim_keep_frames stood in the backlog for a whole trim window "
+            "(clock drift or a burst: standing latency)", registry=registry)
         self.dropped_output_frames = Counter(
             "rtserve_lockstep_dropped_output_frames", "Output frames dropped (oldest first) for a slow reader",
             registry=registry)

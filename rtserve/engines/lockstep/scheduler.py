@@ -8,8 +8,9 @@ Per tick, on the engine thread only:
 2. if no slot is PREFILL or LIVE: no step at all; the thread sleeps on a condition
    until a session arrives (no busy loop, no GPU burnt);
 3. one ``model.prefill_step`` per PREFILL slot;
-4. gather one input frame per LIVE slot, silence when its backlog is empty (an
-   underrun, counted);
+4. gather one input frame per LIVE slot from the samples that arrived for it
+   (``InputBacklog.take_into``: a partial frame is padded at its start, so the frame ends
+   at the tick), silence when nothing arrived (an underrun, counted);
 5. one batched ``model.step``;
 6. scatter each LIVE row's output to its lease only if the lease still holds the slot
    and its epoch did not move during the step (the epoch fence);
@@ -26,9 +27,9 @@ lateness are metrics; overruns and skips also log a rate-limited warning. Admiss
 (``acquire``) answers at once: a lease, or ``CapacityExhausted``.
 
 The event loop never blocks on the engine thread: input goes through a lock-protected
-per-slot backlog (``InputBacklog``, drop-oldest), output through a bounded per-slot
-``OutputHandoff`` (drop-oldest) plus one coalesced ``call_soon_threadsafe`` wake-up per
-loop per tick.
+per-slot sample backlog (``InputBacklog``, drop-oldest), output through a bounded per-slot
+``OutputHandoff`` (drop-oldest audio, text kept) plus one coalesced
+``call_soon_threadsafe`` wake-up per loop per tick.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import enum
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -108,7 +110,7 @@ class _LiveRow(NamedTuple):  # a tuple: built once per live slot per tick, so ke
     slot: int
     lease: SlotLease
     epoch: int
-    had_input: bool
+    consumed: int  # input samples this tick took (stepped or trimmed)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,10 @@ class LockstepScheduler:
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
+        self.sample_rate = model.sample_rate
+        # Ticks between a frame's input and the output that answers it (a loopback's delay
+        # line); optional on models, 0 when not declared. Drains wait for that output too.
+        self.output_delay_frames: int = getattr(model, "output_delay_frames", 0)
         self.period_s = model.frame_size / model.sample_rate
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
@@ -153,6 +159,7 @@ class LockstepScheduler:
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
         self._last_overrun_log = -math.inf
         self._unlogged_overruns = 0
+        self._last_tick_started: float | None = None
 
     # ------------------------------------------------------------------ loop side
 
@@ -164,6 +171,10 @@ class LockstepScheduler:
     def is_idle(self) -> bool:
         """True while the engine thread sleeps for lack of PREFILL/LIVE slots."""
         return self._idle
+
+    def last_tick_started(self) -> float | None:
+        """``time.monotonic()`` when the latest tick's gather began; None before the first."""
+        return self._last_tick_started
 
     def phase_of(self, lease: SlotLease) -> SlotPhase:
         slot = self._slots[lease.slot]
@@ -296,6 +307,7 @@ class LockstepScheduler:
                     self._unlogged_overruns)
         self._last_overrun_log = now
         self._unlogged_overruns = 0
+        self._last_tick_started: float | None = None
 
     def _run_tick(self) -> _TickWork | None:
         clock = self._clock
@@ -317,6 +329,7 @@ class LockstepScheduler:
             except Exception:
                 self._fail([lease], "prefill_step")
 
+        self._last_tick_started = time.monotonic()
         rows = self._gather(live)
         step_started = clock.monotonic()
         try:
@@ -390,20 +403,19 @@ class LockstepScheduler:
         underruns = trimmed = 0
         for index, lease in live:
             mask[index] = True
-            frame, trimmed_one = lease.input.pop()
-            if trimmed_one:
-                trimmed += 1
-                lease.frames_trimmed += 1
-            if frame is None:
+            taken, trimmed_here = lease.input.take_into(frames[index])
+            if trimmed_here:
+                trimmed += trimmed_here
+                lease.samples_trimmed += trimmed_here
+            if not taken:
                 underruns += 1
                 lease.underruns += 1
                 if dirty[index]:
                     frames[index] = 0.0
                     dirty[index] = False
             else:
-                frames[index] = frame
                 dirty[index] = True
-            rows.append(_LiveRow(index, lease, lease.epoch, frame is not None))
+            rows.append(_LiveRow(index, lease, lease.epoch, taken + trimmed_here))
         stale = dirty & ~mask  # rows that carried audio last tick but are not live now
         if stale.any():
             frames[stale] = 0.0
@@ -411,7 +423,7 @@ class LockstepScheduler:
         if underruns:
             self.metrics.underruns.inc(underruns)
         if trimmed:
-            self.metrics.trimmed_input_frames.inc(trimmed)
+            self.metrics.trimmed_input_samples.inc(trimmed)
         return rows
 
     def _scatter(self, rows: list[_LiveRow], outputs: Sequence[FrameOutput | None]
@@ -422,8 +434,10 @@ class LockstepScheduler:
         slots = self._slots
         for row in rows:
             lease = row.lease
-            if row.had_input:
-                lease.frames_stepped += 1
+            lease.ticks_stepped += 1
+            if row.consumed:
+                lease.last_input_tick = lease.ticks_stepped  # before the count wait_drained() reads first
+                lease.samples_consumed += row.consumed
             output = outputs[row.slot]
             # The epoch fence: a release or set_epoch during the step voids this frame.
             if output is not None and slots[row.slot].lease is lease and lease.epoch == row.epoch:

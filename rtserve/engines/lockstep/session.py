@@ -1,11 +1,13 @@
 """``SessionEngine`` over a ``LockstepScheduler``: each session holds one slot.
 
 Lockstep lifecycle (duplex.md §2.8): one output frame per input frame, continuous,
-no turn control. ``respond`` is a no-op; ``set_epoch`` fences output only (the model
-keeps hearing the user); ``commit_input`` zero-pads the partial tail (never dropped),
-queues it and waits until every frame pushed so far went through a step, i.e. until
-its output frame sits in ``events()``. ``close`` releases the slot at once and
-discards output not yet read, so a draining caller reads ``events()`` before closing.
+no turn control. Audio is pushed as samples of any length; the slot frames it at each
+tick (``InputBacklog``). ``respond`` is a no-op; ``set_epoch`` fences output only (the
+model keeps hearing the user); ``commit_input`` waits until every sample pushed so far
+went through a step (a partial tail is stepped zero-padded, never dropped), i.e. until
+its output frame sits in ``events()``; ``drain`` also waits until the model's answer
+to it was produced and read. ``close`` releases the slot at once and discards output
+not yet read, so a closing caller drains first.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.lockstep.framing import FrameChunker
+from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
 from rtserve.engines.protocols import (EngineCapabilities, EngineError, EngineEvent, EngineFailure, FrameModel,
@@ -33,7 +35,6 @@ class LockstepSession:
     def __init__(self, lease: SlotLease, capabilities: EngineCapabilities, release_timeout_s: float) -> None:
         self.capabilities = capabilities
         self._lease = lease
-        self._chunker = FrameChunker(capabilities.input_frame_samples)
         self._release_timeout_s = release_timeout_s
         self._closed = False
 
@@ -42,23 +43,22 @@ class LockstepSession:
         return self._lease
 
     def push_audio(self, pcm: Pcm) -> None:
-        """Re-chunk into whole frames and queue them; raises ``InvalidAudio`` on bad samples."""
+        """Queue samples for the slot; raises ``InvalidAudio`` on bad samples."""
         if self._closed:
             return
-        frames = self._chunker.push(pcm)
-        if frames:
-            self._lease.push_frames(frames)
+        self._lease.push_samples(check_audio(pcm))
 
     async def commit_input(self) -> None:
         if self._closed:
             return
-        tail = self._chunker.flush()
-        if tail is not None:
-            self._lease.push_frames([tail])
         await self._lease.wait_input_consumed()
 
+    async def drain(self) -> None:
+        if self._closed:
+            return
+        await self._lease.wait_drained()
+
     def clear_input(self) -> None:
-        self._chunker.clear()
         self._lease.clear_input()
 
     def respond(self, request: ResponseRequest) -> None:

@@ -28,79 +28,108 @@ class SlotPhase(enum.Enum):
 
 
 class InputBacklog:
-    """Per-slot queue of whole input frames, capped by dropping the oldest.
+    """Per-slot input samples, taken one tick-aligned frame at a time (design.md, "one framing owner").
 
-    With ``trim_window`` set it is also an adaptive jitter buffer. A frame that arrives
-    just after its tick leaves the slot one frame behind for good: from then on a frame
-    is still queued after every pop. ``keep_spare`` such frames are kept as a cushion
-    against network jitter (a slot that has one never underruns on a late frame); when
-    more than that stayed queued through a whole window of ``trim_window`` pops, they are
-    pure added latency and the quietest queued frame is dropped.
+    Transports push samples of any length; each tick ``take_into`` takes what arrived: a
+    whole frame (oldest samples first) when there is one, else the partial frame padded
+    with silence at its start, so the newest samples end at the tick (20 ms packets wait
+    one packet, not a frame). Capped at ``limit_frames`` frames by dropping the oldest.
+
+    With ``trim_window`` set it also absorbs clock drift. A client slightly faster than
+    the engine, or a burst after a stall, leaves samples standing after every take: up to
+    ``keep_frames`` frames are kept as a cushion against jitter; above that, through a
+    whole window of ``trim_window`` takes, they are pure added latency and up to
+    ``trim_samples`` of the quietest queued samples are dropped.
     """
 
-    def __init__(self, limit: int, trim_window: int | None = None, keep_spare: int = 0) -> None:
-        if limit < 1:
-            raise ValueError("input backlog limit must be >= 1")
+    def __init__(self, frame_size: int, limit_frames: int, trim_window: int | None = None, keep_frames: int = 0,
+                 trim_samples: int = 0) -> None:
+        if frame_size < 1 or limit_frames < 1:
+            raise ValueError("frame size and input backlog limit must be >= 1")
         if trim_window is not None and trim_window < 1:
             raise ValueError("trim window must be >= 1 frame")
-        self.limit = limit
+        self.frame_size = frame_size
+        self.limit = limit_frames * frame_size  # samples
         self.trim_window = trim_window
-        self.keep_spare = keep_spare
-        self.trimmed = 0  # frames dropped to cut standing latency; written by the engine thread only
-        self._frames: deque[np.ndarray] = deque()
+        self.cushion = keep_frames * frame_size
+        self.trim_samples = trim_samples
+        self._buf = np.zeros(self.limit, np.float32)
+        self._size = 0
         self._lock = threading.Lock()
-        self._window_pops = 0
-        self._window_min = limit
+        self._window_takes = 0
+        self._window_min = self.limit
 
-    def push(self, frames: Iterable[np.ndarray]) -> int:
-        """Queue frames; return how many old frames were dropped to stay within the cap."""
-        dropped = 0
+    def push(self, samples: np.ndarray) -> int:
+        """Queue float32 samples; return how many old samples were dropped to stay within the cap."""
+        overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end
+        samples = samples[overflow:]
         with self._lock:
-            for frame in frames:
-                if len(self._frames) >= self.limit:
-                    self._frames.popleft()
-                    dropped += 1
-                self._frames.append(frame)
-        return dropped
+            dropped = max(0, self._size + samples.size - self.limit)
+            if dropped:
+                self._shift_locked(dropped)
+            self._buf[self._size:self._size + samples.size] = samples
+            self._size += samples.size
+        return overflow + dropped
 
-    def pop(self) -> tuple[np.ndarray | None, bool]:
-        """The next frame (None on underrun), and whether a standing frame was trimmed."""
+    def take_into(self, row: np.ndarray) -> tuple[int, int]:
+        """Write this tick's frame into ``row``; return (samples taken, samples trimmed).
+
+        Nothing taken is an underrun: ``row`` is left untouched for the caller to silence.
+        """
+        frame = self.frame_size
         with self._lock:
-            frame = self._frames.popleft() if self._frames else None
-            trimmed = self.trim_window is not None and self._trim_standing_latency_locked()
-        return frame, trimmed
+            taken = min(self._size, frame)
+            if taken:
+                row[:frame - taken] = 0.0
+                row[frame - taken:] = self._buf[:taken]
+                self._shift_locked(taken)
+            trimmed = self._trim_standing_latency_locked() if self.trim_window is not None else 0
+        return taken, trimmed
 
-    def _trim_standing_latency_locked(self) -> bool:
-        self._window_min = min(self._window_min, len(self._frames))
-        self._window_pops += 1
-        if self._window_pops < self.trim_window:
-            return False
+    def _shift_locked(self, count: int) -> None:
+        # numpy copes with the overlap; at most limit_frames frames are moved per take.
+        self._buf[:self._size - count] = self._buf[count:self._size]
+        self._size -= count
+
+    def _trim_standing_latency_locked(self) -> int:
+        assert self.trim_window is not None
+        self._window_min = min(self._window_min, self._size)
+        self._window_takes += 1
+        if self._window_takes < self.trim_window:
+            return 0
         standing = self._window_min
-        self._window_pops, self._window_min = 0, self.limit
-        if standing <= self.keep_spare:
-            return False
-        quietest = min(range(len(self._frames)), key=lambda i: float(np.dot(self._frames[i], self._frames[i])))
-        del self._frames[quietest]
-        self.trimmed += 1
-        return True
+        self._window_takes, self._window_min = 0, self.limit
+        count = min(self.trim_samples, standing - self.cushion)
+        if count <= 0:
+            return 0
+        # The quietest run of ``count`` samples: dropping silence is inaudible.
+        energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[:self._size], dtype=np.float64))))
+        start = int(np.argmin(energy[count:] - energy[:-count]))
+        self._buf[start:self._size - count] = self._buf[start + count:self._size]
+        self._size -= count
+        return count
 
     def clear(self) -> int:
+        """Drop everything queued; return how many samples that was."""
         with self._lock:
-            count = len(self._frames)
-            self._frames.clear()
-            self._window_pops, self._window_min = 0, self.limit
+            count = self._size
+            self._size = 0
+            self._window_takes, self._window_min = 0, self.limit
         return count
 
     def __len__(self) -> int:
-        return len(self._frames)
+        """Queued samples."""
+        return self._size
 
 
 class OutputHandoff:
-    """Bounded per-slot hand-off of ``(frame, epoch)`` from the engine thread to the loop.
+    """The one bounded hand-off of ``(frame, epoch)`` from the engine thread to the reader.
 
-    When full, the oldest frame is dropped (the reader fell behind; fresh audio matters
-    more than stale audio). Closing discards what is queued: a released slot's pending
-    output must never be delivered.
+    When full, the oldest frame's audio is dropped (the reader fell behind; fresh audio
+    matters more than stale audio) but never its text: a text piece is tiny and losing
+    one garbles the transcript, so it is carried into the next frame of the same epoch.
+    Closing discards what is queued: a released slot's pending output must never be
+    delivered.
     """
 
     def __init__(self, limit: int) -> None:
@@ -113,13 +142,21 @@ class OutputHandoff:
         self.failure: EngineFailure | None = None
 
     def put(self, output: FrameOutput, epoch: int) -> bool:
-        """Queue one frame; True when the oldest queued frame was dropped to make room."""
+        """Queue one frame; True when the oldest queued frame's audio was dropped to make room."""
         with self._lock:
             if self.closed:
                 return False
             dropped = len(self._items) >= self.limit
             if dropped:
-                self._items.popleft()
+                oldest, oldest_epoch = self._items.popleft()
+                if oldest.text:
+                    following, following_epoch = self._items[0] if self._items else (output, epoch)
+                    if following_epoch == oldest_epoch:  # older epochs' text is fenced off anyway
+                        carried = FrameOutput(following.audio, oldest.text + (following.text or ""))
+                        if self._items:
+                            self._items[0] = (carried, following_epoch)
+                        else:
+                            output = carried
             self._items.append((output, epoch))
         return dropped
 

@@ -9,9 +9,9 @@ Every binary message starts with a tag byte:
   sent as soon as the frame exists) and ``0x02`` + a UTF-8 text piece.
 
 Unknown tags and text messages are ignored (the protocol says to discard them). Query
-parameters ``text_prompt``, ``voice_prompt`` and ``seed`` condition the slot. The engine
-frame grid is aligned to the client's pages (``moshi.page_align_slack_ms``), so a page
-completes a frame on arrival instead of one page later.
+parameters ``text_prompt``, ``voice_prompt`` and ``seed`` condition the slot. Decoded
+audio goes to the engine as it arrives; the slot frames it at each tick, so a page is
+stepped at the next tick whatever its size.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, EngineBridge
-from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, AgentFrame, EngineBridge
 from rtserve.web.moshi.prompt import PromptError, prompt_from_query
 from rtserve.web.moshi.service import MoshiService
 
@@ -86,8 +85,6 @@ async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codec
     limits = service.config.codecs
     reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,
                            max_packet_bytes=limits.ogg_max_packet_bytes, max_feed_seconds=limits.ogg_max_feed_audio_s)
-    slack_ms = service.config.moshi.page_align_slack_ms
-    align_slack = None if slack_ms is None else round(slack_ms * WIRE_SAMPLE_RATE / 1000)
     async for message in ws:
         if message.type is WSMsgType.BINARY:
             data: bytes = message.data
@@ -99,9 +96,6 @@ async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codec
                 log.info("closing: malformed Ogg-Opus from client (%s: %s)", exc.code, exc)
                 await close_socket(ws, close_code(exc), f"{exc.code}: {exc}")
                 return
-            if align_slack is not None and pcm.size:
-                conversation.align_to_chunk_end(pcm.size, align_slack)
-                align_slack = None
             conversation.push(pcm)
         elif message.type is WSMsgType.ERROR:
             return

@@ -3,11 +3,12 @@
 * client ``{"type":"open","persona":...,"voice":...,"seed":...}`` -> server ``{"type":"ready"}``
   once the engine slot is ready; a second ``open`` -> error ``session already open``;
 * binary messages both ways: little-endian float32 PCM, 24 kHz mono (any length in;
-  re-chunked to engine frames). Binary before ``open`` is ignored, as in PersonaPlex's
+  the engine frames it at each tick). Binary before ``open`` is ignored, as in PersonaPlex's
   batched server;
 * server ``{"type":"text","text":...}`` for the agent's text;
-* client ``{"type":"close"}`` -> the partial tail is zero-padded and stepped, in-flight
-  frames are forwarded, then ``{"type":"done"}`` and a normal close.
+* client ``{"type":"close"}`` -> the tail is stepped (zero-padded), the engine's answer
+  to it is forwarded (an explicit drain, bounded by ``moshi.flush_timeout_s``), then
+  ``{"type":"done"}`` and a normal close.
 
 Bad input (malformed JSON, an unknown type, a refused voice, misaligned or non-finite
 PCM) gets ``{"type":"error","error":<message>,"code":<stable code>}`` and the
@@ -31,8 +32,7 @@ from rtserve.engines.protocols import SlotPrompt
 from rtserve.errors import RtserveError
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import moshi_error_message
-from rtserve.web.moshi.bridge import EngineBridge
-from rtserve.web.moshi.outbox import AgentFrame
+from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.prompt import PromptError, resolve_voice
 from rtserve.web.moshi.service import MoshiService
 
@@ -150,14 +150,13 @@ class DuplexConnection:
         self.conversation.push(pcm)
 
     async def _close(self) -> None:
-        """``close``: step the padded tail, forward in-flight frames, then ``done``."""
+        """``close``: drain (tail stepped, its answer read), then ``done``."""
         conversation = self.conversation
         if conversation is not None:
-            settings = self.service.config.moshi
-            if not await conversation.drain_input(settings.flush_timeout_s):
-                log.warning("flush did not finish within %.1fs", settings.flush_timeout_s)
-            await asyncio.sleep(settings.flush_grace_s)
-            await conversation.close()  # ends the engine's events: the output task sends what is queued
+            timeout_s = self.service.config.moshi.flush_timeout_s
+            if not await conversation.drain(timeout_s):
+                log.warning("drain did not finish within %.1fs", timeout_s)
+            await conversation.close()  # ends the engine's events: the output task sends the frame it holds
             if self._output is not None:
                 await asyncio.gather(self._output, return_exceptions=True)
         try:

@@ -16,13 +16,10 @@ class MoshiMetrics:
             "rtserve_moshi_connections", "Moshi-protocol connection attempts by outcome",
             ["route", "outcome"], registry=registry)
         self.frames_in = Counter(
-            "rtserve_moshi_frames_in", "User frames handed to the engine", ["route"], registry=registry)
+            "rtserve_moshi_frames_in", "User audio handed to the engine, in engine frames' worth of samples", ["route"], registry=registry)
         self.frames_out = Counter(
             "rtserve_moshi_frames_out", "Agent frames written to the socket", ["route"], registry=registry)
-        self.frames_dropped = Counter(
-            "rtserve_moshi_frames_dropped", "Agent frames dropped (oldest first) because a client read too slowly",
-            ["route"], registry=registry)
         self.egress_latency = Histogram(
             "rtserve_moshi_egress_latency_seconds",
-            "Engine frame produced -> its bytes written to the socket (queueing + encoding + send)",
+            "Engine frame read from the engine's hand-off -> its bytes written to the socket (encoding + send)",
             ["route"], buckets=_LATENCY_BUCKETS, registry=registry)

@@ -1,5 +1,5 @@
 """What ``/api/chat`` and ``/v1/audio/duplex`` share: admission onto the engine, the
-output path (engine -> outbox -> socket), metrics, and the open sockets (shutdown).
+output path (engine hand-off -> socket), metrics, and the open sockets (shutdown).
 
 Close codes (RFC 6455 §7.4.1) used by both routes:
 
@@ -26,9 +26,8 @@ from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEng
 from rtserve.log import session_id_var
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi.bridge import EngineBridge
+from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
-from rtserve.web.moshi.outbox import AgentFrame
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +75,7 @@ class MoshiService:
             log.exception("opening an engine session failed")
             await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "internal error")
             return None
-        conversation = EngineBridge(session, route=route, metrics=self.metrics,
-                                    outbox_frames=self.config.moshi.output_queue_frames)
+        conversation = EngineBridge(session, route=route, metrics=self.metrics)
         if ws.closed:  # the client left, or shutdown began, while the slot was being prepared
             await conversation.close()
             return None
@@ -120,20 +118,16 @@ class MoshiService:
     async def stream_output(self, route: str, conversation: EngineBridge,
                             send_frame: Callable[[AgentFrame], Awaitable[None]]) -> None:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes. A
-        slow client only backs up its own outbox (drop-oldest); the pump keeps draining
-        the engine meanwhile."""
+        slow client only backs up its own slot's output hand-off (drop-oldest audio, text
+        kept); the engine never waits for it."""
         loop = asyncio.get_running_loop()
         frames_out = self.metrics.frames_out.labels(route)
         latency = self.metrics.egress_latency.labels(route)
-        pump = asyncio.create_task(conversation.pump())
         try:
-            while (frame := await conversation.outbox.get()) is not None:
+            async for frame in conversation.frames():
                 await send_frame(frame)
                 if frame.pcm.size:
                     frames_out.inc()
                     latency.observe(loop.time() - frame.produced_at)
         except ConnectionError:
             pass  # the socket is closing; the receive side ends the connection
-        finally:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
