@@ -28,8 +28,8 @@ async def next_json(ws: aiohttp.ClientWebSocketResponse) -> dict:
 
 
 async def test_open_ready_pcm_close_flushes_the_tail_then_done(config: ServerConfig) -> None:
-    # The grace after the flushed tail covers the loopback delay with room for a loaded machine.
-    config = moshi_config(config, delay_frames=1, backlog_frames=64, flush_grace_s=1.0)
+    # No grace period: 'close' drains explicitly (tail stepped, the loopback's delayed answer read).
+    config = moshi_config(config, delay_frames=1, backlog_frames=64)
     signal = noise_signal(3, seed=4)[:int(2.5 * FRAME)]  # two and a half frames
     async with moshi_server(config) as server, aiohttp.ClientSession() as http:
         async with http.ws_connect(server.ws_url(DUPLEX)) as ws:
@@ -51,14 +51,11 @@ async def test_open_ready_pcm_close_flushes_the_tail_then_done(config: ServerCon
     assert code == 1000
     assert all(len(chunk) == FRAME for chunk in received)
     output = np.concatenate(received)
-    # Bit-exact echo, whole frames, the partial tail zero-padded (never dropped), delayed
-    # by the loopback delay plus however many ticks ran before the audio arrived.
-    padded = np.zeros(3 * FRAME, np.float32)
-    padded[:len(signal)] = signal
-    first = int(np.flatnonzero(output)[0]) // FRAME * FRAME
-    assert first >= FRAME
-    np.testing.assert_array_equal(output[first:first + 3 * FRAME], padded)
-    assert server.metric("rtserve_moshi_frames_in_total", route=DUPLEX) == 3
+    # Every sample echoed bit for bit, in order, none dropped: the engine framed the chunks
+    # as they arrived, so frames may be padded with silence where a tick found a partial frame.
+    assert np.all(signal != 0)
+    np.testing.assert_array_equal(output[output != 0], signal)
+    assert server.metric("rtserve_moshi_frames_in_total", route=DUPLEX) == 2.5
 
 
 async def test_second_open_is_an_error_and_the_session_stays_usable(config: ServerConfig) -> None:
