@@ -1,0 +1,226 @@
+"""Front-end proxies of the engines that run in the engine process.
+
+``RemoteSessionEngine`` is a ``SessionEngine``; its sessions are ``EngineSession``s; the
+turn-engine proxies are ``ASREngine``/``LLMEngine``/``TTSEngine``; ``RemotePolicy`` has the
+policy batcher's interface. Front-ends use them exactly as the in-process engines, so
+the session core and every transport run unchanged over either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from rtserve.engines.lockstep.framing import check_audio
+from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEvent, EngineFailure,
+                                       OutputAudio, Pcm, ResponseRequest, SamplingParams, SessionOptions,
+                                       TokenDelta, TranscriptPiece)
+from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
+from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+
+log = logging.getLogger(__name__)
+
+ENGINE_LOST_FAILURE = EngineFailure("engine_failure", "the engine process stopped")
+
+
+class RemoteEngineSession:
+    """One engine session living in the engine process. Methods never block the loop."""
+
+    def __init__(self, link: EngineLink, handle: int, capabilities: EngineCapabilities, max_queued_events: int) -> None:
+        self.capabilities = capabilities
+        self._link = link
+        self._handle = handle
+        self._events: deque[EngineEvent | None] = deque()
+        self._max_queued = max_queued_events
+        self._ready = asyncio.Event()
+        self._epoch = 0
+        self._closed = False
+        self.dropped_events = 0
+        link.register_session(handle, self._receive)
+
+    # ------------------------------------------------------------------ engine -> session
+
+    def _receive(self, event: Any) -> None:
+        if engine_lost(event):
+            self._events.append(ENGINE_LOST_FAILURE)
+            self._events.append(None)
+        else:
+            self._events.append(event)
+            if len(self._events) > self._max_queued:
+                self._drop_oldest_audio()
+        self._ready.set()
+
+    def _drop_oldest_audio(self) -> None:
+        # A consumer that fell behind loses audio, never text or lifecycle events.
+        for index, queued in enumerate(self._events):
+            if isinstance(queued, OutputAudio) and not queued.text:
+                del self._events[index]
+                self.dropped_events += 1
+                return
+
+    async def events(self) -> AsyncIterator[EngineEvent]:
+        while True:
+            while not self._events:
+                self._ready.clear()
+                await self._ready.wait()
+            event = self._events.popleft()
+            if event is None:
+                return
+            if isinstance(event, OutputAudio) and event.epoch < self._epoch:
+                continue  # fenced here too: frames already in transit when the epoch moved
+            yield event
+            if isinstance(event, EngineFailure):
+                return
+
+    # ------------------------------------------------------------------ session -> engine
+
+    def push_audio(self, pcm: Pcm) -> None:
+        if self._closed:
+            return
+        self._link.uplink.push(self._handle, check_audio(pcm))
+
+    async def commit_input(self) -> None:
+        if not self._closed:
+            await self._call("commit_input")
+
+    def clear_input(self) -> None:
+        self._link.uplink.drop(self._handle)
+        self._link.command("session", "clear_input", self._handle)
+
+    def respond(self, request: ResponseRequest) -> None:
+        self._link.command("session", "respond", self._handle, request)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._link.command("session", "set_epoch", self._handle, epoch)
+
+    def configure_turn_detection(self, settings: Any) -> None:
+        self._link.command("session", "configure_turn_detection", self._handle, settings)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._link.uplink.drop(self._handle)
+        try:
+            await self._call("close")
+        except EngineUnavailable:
+            pass  # the engine process is gone, and its slots with it
+
+    async def _call(self, method: str) -> None:
+        await self._link.call("session", method, self._handle)
+
+
+class RemoteSessionEngine:
+    """The ``SessionEngine`` of the engine process, seen from a worker."""
+
+    def __init__(self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int) -> None:
+        self._link = link
+        self._offer = offer
+        self._max_queued_events = max_queued_events
+        link.on_offer(self._offer_changed)
+        self._offer_changed()
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self._offer.capabilities
+
+    @property
+    def ready(self) -> bool:
+        return self._link.offer is not None and self._link.offer.ready
+
+    @property
+    def failure(self) -> str | None:
+        offer = self._link.offer
+        return "the engine process is not reachable" if offer is None else offer.failure
+
+    def _offer_changed(self) -> None:
+        if self._link.offer is not None:
+            self._offer = self._link.offer
+        caps = self._offer.capabilities
+        self._link.uplink.set_period(caps.chunk_period_ms / 1000 if caps.mode == "lockstep" else None)
+
+    async def start(self) -> None:
+        """The engine process starts its engines itself; readiness arrives with its offer."""
+
+    async def stop(self) -> None:
+        await self._link.close()
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> RemoteEngineSession:
+        handle, capabilities = await self._link.call("engine", "open_session", session_id, options)
+        return RemoteEngineSession(self._link, handle, capabilities, self._max_queued_events)
+
+    def model_ids(self) -> list[str]:
+        return list(self._offer.model_ids)
+
+    def last_tick_started(self) -> float | None:
+        return None  # workers learn tick times from the engine's messages
+
+
+class _RemoteTurnEngine:
+    def __init__(self, link: EngineLink, info: TurnEngineInfo) -> None:
+        self._link = link
+        self.model_name = info.model_name
+        self.sample_rate = info.sample_rate
+        self.voices = info.voices
+
+
+class RemoteLLM(_RemoteTurnEngine):
+    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+        return self._link.stream("llm", "generate", tuple(messages), params)
+
+
+class RemoteTTS(_RemoteTurnEngine):
+    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+        return self._link.stream("tts", "synthesize", text, {"voice": voice, "speed": speed})
+
+
+class RemoteASR(_RemoteTurnEngine):
+    def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
+                   prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+        return self._link.stream("asr", "transcribe", {"language": language, "prompt": prompt}, input_items=audio)
+
+
+class _RemotePolicyModel:
+    """The parts of the policy itself a connection reads: its handshake and validation."""
+
+    def __init__(self, link: EngineLink, server_config: dict[str, Any]) -> None:
+        self._link = link
+        self._server_config = server_config
+
+    def server_config(self) -> dict[str, Any]:
+        return self._server_config
+
+
+class RemotePolicy:
+    """The policy batcher of the engine process: requests from every worker batch together."""
+
+    def __init__(self, link: EngineLink, server_config: dict[str, Any]) -> None:
+        self._link = link
+        self.policy = _RemotePolicyModel(link, server_config)
+
+    async def infer(self, request: Any) -> Any:
+        return await self._link.call("policy", "infer", request)
+
+    async def validate(self, observation: dict[str, Any]) -> None:
+        await self._link.call("policy", "validate", observation)
+
+    def reset_session(self, key: str) -> None:
+        self._link.command("policy", "reset_session", key)
+
+    def client_connected(self) -> None:
+        self._link.command("policy", "client_connected")
+
+    def client_disconnected(self) -> None:
+        self._link.command("policy", "client_disconnected")
+
+
+def turn_engine_proxies(link: EngineLink, offer: EngineOffer) -> tuple[RemoteASR | None, RemoteLLM | None,
+                                                                      RemoteTTS | None]:
+    return (RemoteASR(link, offer.asr) if offer.asr else None,
+            RemoteLLM(link, offer.llm) if offer.llm else None,
+            RemoteTTS(link, offer.tts) if offer.tts else None)
+

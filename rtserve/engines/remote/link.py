@@ -1,0 +1,280 @@
+"""A worker's connection to the engine process: calls, streams and the per-tick data path.
+
+``EngineLink`` keeps one stream open and reconnects when the engine process restarts.
+While it is down, calls fail at once with ``engine_unavailable`` and every live engine
+session ends with ``engine_failure``; the offer says not ready, so ``/health`` is 503.
+
+Audio pushed by sessions waits in ``Uplink`` and crosses as one ``FRAMES_IN`` per tick,
+flushed ``uplink_lead_s`` before the engine's next tick (the engine reports when its
+ticks start; both processes read the same monotonic clock). Engines without ticks get
+one message per event-loop turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+from rtserve.engines.protocols import EngineError
+from rtserve.engines.remote.offer import EngineOffer
+from rtserve.engines.remote.wire import Kind, RemoteError, encode, read_message
+
+log = logging.getLogger(__name__)
+
+_RECONNECT_S = 0.2
+
+
+class EngineUnavailable(EngineError):
+    code = "engine_unavailable"
+
+
+class EngineLink:
+    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.005) -> None:
+        self._connect = connect  # () -> awaitable (reader, writer)
+        self.worker_index = worker_index
+        self.offer: EngineOffer | None = None
+        self.connected = asyncio.Event()
+        self.uplink = Uplink(self, uplink_lead_s)
+        self._writer: asyncio.StreamWriter | None = None
+        self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[Any]] = {}
+        self._sessions: dict[int, Callable[[Any], None]] = {}  # handle -> event sink
+        self._offer_listeners: list[Callable[[], None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.ipc_seconds = 0.0  # time spent encoding and writing messages (a metric)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self.connected.wait(), timeout_s)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._lost()
+
+    def on_offer(self, listener: Callable[[], None]) -> None:
+        self._offer_listeners.append(listener)
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                reader, writer = await self._connect()
+            except OSError:
+                await asyncio.sleep(_RECONNECT_S)
+                continue
+            self._writer = writer
+            self.send((Kind.HELLO, self.worker_index))
+            try:
+                await self._read(reader)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                log.warning("engine link broke: %s", exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    writer.close()
+                self._lost()
+            if not self._closing:
+                log.warning("engine process gone; reconnecting")
+                await asyncio.sleep(_RECONNECT_S)
+
+    def _lost(self) -> None:
+        """The engine is gone: fail everything that waited on it."""
+        self._writer = None
+        self.connected.clear()
+        if self.offer is not None and self.offer.ready:
+            self.offer = _not_ready(self.offer, "the engine process stopped")
+            self._notify_offer()
+        error = EngineUnavailable("the engine process is not reachable")
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+        for queue in self._streams.values():
+            queue.put_nowait(_StreamEnd(RemoteError(str(error), code=error.code)))
+        self._streams.clear()
+        sinks, self._sessions = self._sessions, {}
+        for sink in sinks.values():
+            sink(_ENGINE_LOST)
+        self.uplink.clear()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while (message := await read_message(reader)) is not None:
+            kind = message[0]
+            if kind is Kind.EVENTS_OUT:
+                events, tick_started = message[1], message[2]
+                if tick_started is not None:
+                    self.uplink.tick_started(tick_started)
+                for handle, event in events:
+                    sink = self._sessions.get(handle)
+                    if sink is not None:
+                        sink(event)
+                        if event is None:
+                            del self._sessions[handle]
+            elif kind is Kind.RESULT:
+                future = self._calls.pop(message[1], None)
+                if future is not None and not future.done():
+                    future.set_result(message[2])
+            elif kind is Kind.ERROR:
+                future = self._calls.pop(message[1], None)
+                if future is not None and not future.done():
+                    future.set_exception(message[2].unwrap())
+            elif kind is Kind.STREAM_ITEM:
+                queue = self._streams.get(message[1])
+                if queue is not None:
+                    queue.put_nowait(message[2])
+            elif kind is Kind.STREAM_END:
+                queue = self._streams.pop(message[1], None)
+                if queue is not None:
+                    queue.put_nowait(_StreamEnd(message[2]))
+            elif kind is Kind.STATUS:
+                self.offer = message[1]
+                self.connected.set()
+                self._notify_offer()
+
+    def _notify_offer(self) -> None:
+        for listener in self._offer_listeners:
+            listener()
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if self._writer is None:
+            raise EngineUnavailable("the engine process is not reachable")
+        started = time.perf_counter()
+        self._writer.write(encode(message))
+        self.ipc_seconds += time.perf_counter() - started
+
+    async def call(self, target: str, method: str, *args: Any) -> Any:
+        """A control call with a reply; engine errors are raised here with their code."""
+        self.uplink.flush()  # audio pushed before a control call is applied before it
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.send((Kind.CALL, call_id, target, method, args))
+        self._calls[call_id] = future
+        try:
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
+    def command(self, target: str, method: str, *args: Any) -> None:
+        """A one-way control call (no reply), ordered after the audio pushed so far."""
+        self.uplink.flush()
+        with contextlib.suppress(EngineUnavailable):  # the session is failing anyway
+            self.send((Kind.CALL, None, target, method, args))
+
+    def register_session(self, handle: int, sink: Callable[[Any], None]) -> None:
+        self._sessions[handle] = sink
+
+    async def stream(self, target: str, method: str, *args: Any,
+                     input_items: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]:
+        """Items of an engine-side async iterator; closing this one cancels that one."""
+        stream_id = next(self._ids)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.send((Kind.STREAM_OPEN, stream_id, target, method, args, input_items is not None))
+        self._streams[stream_id] = queue
+        feeder = asyncio.create_task(self._feed(stream_id, input_items)) if input_items is not None else None
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _StreamEnd):
+                    finished = True
+                    if item.error is not None:
+                        raise item.error.unwrap()
+                    return
+                self.send((Kind.STREAM_CREDIT, stream_id, 1))
+                yield item
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+            if not finished and self._streams.pop(stream_id, None) is not None:
+                with contextlib.suppress(EngineUnavailable):
+                    self.send((Kind.STREAM_CANCEL, stream_id))
+
+    async def _feed(self, stream_id: int, items: AsyncIterator[Any]) -> None:
+        async for item in items:
+            self.send((Kind.STREAM_INPUT, stream_id, item))
+        self.send((Kind.STREAM_INPUT, stream_id, None))
+
+
+class Uplink:
+    """Audio of every session of this worker, sent as one message per engine tick."""
+
+    def __init__(self, link: EngineLink, lead_s: float) -> None:
+        self._link = link
+        self._lead_s = lead_s
+        self._pending: list[tuple[int, Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick_origin: float | None = None
+        self._period_s: float | None = None
+
+    def set_period(self, period_s: float | None) -> None:
+        self._period_s = period_s
+
+    def tick_started(self, at: float) -> None:
+        self._tick_origin = at
+
+    def push(self, handle: int, pcm: Any) -> None:
+        self._pending.append((handle, pcm))
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(self._next_flush(loop.time()), self.flush)
+
+    def _next_flush(self, now: float) -> float:
+        """Just before the engine's next tick; at once when the engine has no ticks."""
+        origin, period = self._tick_origin, self._period_s
+        if origin is None or period is None:
+            return now
+        # loop.time() is time.monotonic() (asyncio's default clock), as the engine's stamp is.
+        due = origin + period - self._lead_s
+        if due < now:
+            due += ((now - due) // period + 1) * period
+        return due
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        with contextlib.suppress(EngineUnavailable):  # sessions fail with engine_failure meanwhile
+            self._link.send((Kind.FRAMES_IN, batch))
+
+    def clear(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._pending.clear()
+
+    def drop(self, handle: int) -> None:
+        self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
+
+
+class _StreamEnd:
+    def __init__(self, error: RemoteError | None) -> None:
+        self.error = error
+
+
+_ENGINE_LOST = object()  # sentinel event: the link to the engine broke
+
+
+def engine_lost(event: Any) -> bool:
+    return event is _ENGINE_LOST
+
+
+def _not_ready(offer: EngineOffer, failure: str) -> EngineOffer:
+    return replace(offer, ready=False, failure=failure)

@@ -1,0 +1,342 @@
+"""The engine process's side of the engine-client seam: serves every worker's link.
+
+Each connected worker gets a ``WorkerLink``. Engine sessions it opens live here; their
+output events are collected per link and sent as ONE ``EVENTS_OUT`` message per event-loop
+turn. The lockstep scheduler wakes this loop once per tick, so for lockstep engines that
+is one message per worker per tick. Audio arrives the same way, one ``FRAMES_IN`` per
+worker per tick, and is pushed into the sessions in order with the control calls.
+
+A link that stops reading (its worker is stuck or gone) is dropped once its send buffer
+passes ``max_send_buffer_bytes``: its sessions close, no other worker is affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rtserve.engines.protocols import ASREngine, EngineError, EngineSession, LLMEngine, SessionEngine, TTSEngine
+from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.remote.wire import Kind, RemoteError, encode, read_message
+
+log = logging.getLogger(__name__)
+
+_STREAM_WINDOW = 16  # items a stream may run ahead of its consumer (credit-based)
+
+
+@dataclass
+class HostedEngines:
+    """Everything the engine process runs, as front-ends would use it in one process."""
+
+    session_engine: SessionEngine
+    asr: ASREngine | None = None
+    llm: LLMEngine | None = None
+    tts: TTSEngine | None = None
+    policy: Any | None = None  # a started ``PolicyBatcher`` once the policy loaded
+    failure: str | None = None
+
+    def offer(self) -> EngineOffer:
+        def info(engine: Any) -> TurnEngineInfo | None:
+            if engine is None:
+                return None
+            return TurnEngineInfo(engine.model_name, getattr(engine, "sample_rate", 0),
+                                  tuple(getattr(engine, "voices", ())))
+
+        engine = self.session_engine
+        return EngineOffer(capabilities=engine.capabilities, model_ids=tuple(engine.model_ids()),
+                           ready=engine.ready, failure=self.failure, asr=info(self.asr), llm=info(self.llm),
+                           tts=info(self.tts),
+                           policy_config=None if self.policy is None else self.policy.policy.server_config())
+
+
+class EngineServer:
+    def __init__(self, engines: HostedEngines, *, max_send_buffer_bytes: int = 64 * 1024 * 1024) -> None:
+        self.engines = engines
+        self.max_send_buffer_bytes = max_send_buffer_bytes
+        self.links: set[WorkerLink] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def serve_unix(self, path: str) -> None:
+        self._server = await asyncio.start_unix_server(self._accept, path)
+
+    async def serve_tcp(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._accept, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    def broadcast_status(self) -> None:
+        """Tell every worker what the engine offers now (ready, failure, models)."""
+        offer = self.engines.offer()
+        for link in list(self.links):
+            link.send((Kind.STATUS, offer))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(link.close() for link in list(self.links)), return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = WorkerLink(self, reader, writer)
+        self.links.add(link)
+        try:
+            await link.run()
+        finally:
+            self.links.discard(link)
+            await link.close()
+
+
+class WorkerLink:
+    """One worker's connection: its sessions, streams and calls."""
+
+    def __init__(self, server: EngineServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._server = server
+        self._engines = server.engines
+        self._reader = reader
+        self._writer = writer
+        self.worker_index = -1
+        self.metrics_text = ""
+        self._sessions: dict[int, EngineSession] = {}
+        self._pumps: dict[int, asyncio.Task[None]] = {}
+        self._handles = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._streams: dict[int, _HostedStream] = {}
+        self._events: list[tuple[int, Any]] = []
+        self._closed = False
+        self._calls: dict[tuple[str, str], Callable[..., Any]] = {
+            ("engine", "open_session"): self._open_session,
+            ("session", "commit_input"): self._session_call("commit_input"),
+            ("session", "close"): self._close_session,
+            ("session", "clear_input"): self._session_call("clear_input"),
+            ("session", "set_epoch"): self._session_call("set_epoch"),
+            ("session", "respond"): self._session_call("respond"),
+            ("session", "configure_turn_detection"): self._session_call("configure_turn_detection"),
+            ("policy", "infer"): self._policy_call(lambda p: p.infer),
+            ("policy", "reset_session"): self._policy_call(lambda p: p.reset_session),
+            ("policy", "client_connected"): self._policy_call(lambda p: p.client_connected),
+            ("policy", "client_disconnected"): self._policy_call(lambda p: p.client_disconnected),
+            ("policy", "validate"): self._policy_call(lambda p: p.policy.validate),
+        }
+        self._stream_calls: dict[tuple[str, str], Callable[..., AsyncIterator[Any]]] = {
+            ("llm", "generate"): lambda *a: self._turn_engine("llm").generate(*a),
+            ("tts", "synthesize"): lambda text, kwargs: self._turn_engine("tts").synthesize(text, **kwargs),
+            ("asr", "transcribe"): lambda audio, kwargs: self._turn_engine("asr").transcribe(audio, **kwargs),
+        }
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if self._closed:
+            return
+        transport = self._writer.transport
+        if transport.get_write_buffer_size() > self._server.max_send_buffer_bytes:
+            log.error("worker %d stopped reading its engine link; dropping it", self.worker_index)
+            self._writer.close()
+            self._closed = True
+            return
+        self._writer.write(encode(message))
+
+    def _queue_event(self, handle: int, event: Any) -> None:
+        if not self._events:
+            asyncio.get_running_loop().call_soon(self._flush_events)
+        self._events.append((handle, event))
+
+    def _flush_events(self) -> None:
+        events, self._events = self._events, []
+        self.send((Kind.EVENTS_OUT, events, self._engines.session_engine.last_tick_started()))
+
+    # ------------------------------------------------------------------ receiving
+
+    async def run(self) -> None:
+        while (message := await read_message(self._reader)) is not None:
+            kind = message[0]
+            if kind is Kind.FRAMES_IN:
+                for handle, pcm in message[1]:
+                    session = self._sessions.get(handle)
+                    if session is not None:
+                        try:
+                            session.push_audio(pcm)
+                        except EngineError as exc:  # workers check audio first; log what slips through
+                            log.warning("engine refused pushed audio: %s", exc)
+            elif kind is Kind.CALL:
+                self._call(*message[1:])
+            elif kind is Kind.STREAM_OPEN:
+                self._open_stream(*message[1:])
+            elif kind is Kind.STREAM_INPUT:
+                stream = self._streams.get(message[1])
+                if stream is not None:
+                    stream.input.put_nowait(message[2])
+            elif kind is Kind.STREAM_CREDIT:
+                stream = self._streams.get(message[1])
+                if stream is not None:
+                    stream.credit(message[2])
+            elif kind is Kind.STREAM_CANCEL:
+                stream = self._streams.get(message[1])
+                if stream is not None:
+                    stream.task.cancel()
+            elif kind is Kind.METRICS:
+                self.metrics_text = message[2]
+            elif kind is Kind.HELLO:
+                self.worker_index = message[1]
+                self.send((Kind.STATUS, self._engines.offer()))
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [*self._tasks, *(s.task for s in self._streams.values()), *self._pumps.values()]
+        for task in tasks:
+            task.cancel()
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        await asyncio.gather(*tasks, *(s.close() for s in sessions), return_exceptions=True)
+        with contextlib.suppress(ConnectionError):
+            self._writer.close()
+
+    # ------------------------------------------------------------------ calls
+
+    def _call(self, call_id: int | None, target: str, method: str, args: tuple[Any, ...]) -> None:
+        handler = self._calls.get((target, method))
+        if handler is None:
+            self._reply_error(call_id, EngineError(f"unknown engine call {target}.{method}", code="engine_error"))
+            return
+        try:
+            result = handler(*args)
+        except Exception as exc:
+            self._reply_error(call_id, exc)
+            return
+        if asyncio.iscoroutine(result):
+            task = asyncio.ensure_future(result)
+            self._tasks.add(task)
+            task.add_done_callback(lambda t: self._finish_call(call_id, t))
+        elif call_id is not None:
+            self.send((Kind.RESULT, call_id, result))
+
+    def _finish_call(self, call_id: int | None, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._reply_error(call_id, exc)
+        elif call_id is not None:
+            self.send((Kind.RESULT, call_id, task.result()))
+
+    def _reply_error(self, call_id: int | None, exc: BaseException) -> None:
+        if not isinstance(exc, EngineError):
+            log.error("engine call failed", exc_info=exc)
+        if call_id is not None:
+            self.send((Kind.ERROR, call_id, RemoteError.wrap(exc)))
+
+    async def _open_session(self, session_id: str, options: Any) -> tuple[int, Any]:
+        session = await self._engines.session_engine.open_session(session_id, options)
+        if self._closed:
+            await session.close()
+            raise EngineError("the worker link closed", code="engine_unavailable")
+        handle = next(self._handles)
+        self._sessions[handle] = session
+        self._pumps[handle] = asyncio.create_task(self._pump(handle, session))
+        return handle, session.capabilities
+
+    async def _pump(self, handle: int, session: EngineSession) -> None:
+        try:
+            async for event in session.events():
+                self._queue_event(handle, event)
+        finally:
+            self._queue_event(handle, None)
+
+    async def _close_session(self, handle: int) -> None:
+        session = self._sessions.pop(handle, None)
+        if session is None:
+            return
+        await session.close()
+        pump = self._pumps.pop(handle, None)
+        if pump is not None:  # the pump ends by itself once the session's events end
+            await asyncio.gather(pump, return_exceptions=True)
+
+    def _session_call(self, method: str) -> Callable[..., Any]:
+        def call(handle: int, *args: Any) -> Any:
+            session = self._sessions.get(handle)
+            if session is None:
+                return None  # closed meanwhile: nothing left to apply it to
+            return getattr(session, method)(*args)
+
+        return call
+
+    def _policy_call(self, pick: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            policy = self._engines.policy
+            if policy is None:
+                raise EngineError("Robot policy not available", code="unavailable")
+            return pick(policy)(*args)
+
+        return call
+
+    def _turn_engine(self, name: str) -> Any:
+        engine = getattr(self._engines, name)
+        if engine is None:
+            raise EngineError(f"this server has no {name} model loaded", code="model_not_found")
+        return engine
+
+    # ------------------------------------------------------------------ streams
+
+    def _open_stream(self, stream_id: int, target: str, method: str, args: tuple[Any, ...], has_input: bool) -> None:
+        factory = self._stream_calls.get((target, method))
+        stream = _HostedStream(stream_id)
+        self._streams[stream_id] = stream
+        if has_input:
+            args = (stream.input_items(), *args)
+        stream.task = asyncio.create_task(self._run_stream(stream, factory, args))
+
+    async def _run_stream(self, stream: _HostedStream, factory: Callable[..., AsyncIterator[Any]] | None,
+                          args: tuple[Any, ...]) -> None:
+        error: RemoteError | None = None
+        try:
+            if factory is None:
+                raise EngineError("unknown engine stream", code="engine_error")
+            items = factory(*args)
+            try:
+                async for item in items:
+                    await stream.wait_for_credit()
+                    self.send((Kind.STREAM_ITEM, stream.stream_id, item))
+            finally:
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except asyncio.CancelledError:
+            error = RemoteError("cancelled", code="cancelled")
+        except Exception as exc:
+            if not isinstance(exc, EngineError):
+                log.exception("engine stream failed")
+            error = RemoteError.wrap(exc)
+        finally:
+            self._streams.pop(stream.stream_id, None)
+        self.send((Kind.STREAM_END, stream.stream_id, error))
+
+
+class _HostedStream:
+    """One turn-engine stream: a credit window towards the worker, optional input from it."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self.task: asyncio.Task[None]
+        # Unbounded on purpose: input streams carry a request the worker already holds whole
+        # (an uploaded file's windows), so it is bounded by the request size limit.
+        self.input: asyncio.Queue[Any] = asyncio.Queue()
+        self._credit = _STREAM_WINDOW
+        self._credited = asyncio.Event()
+
+    def credit(self, n: int) -> None:
+        self._credit += n
+        self._credited.set()
+
+    async def wait_for_credit(self) -> None:
+        while self._credit <= 0:
+            self._credited.clear()
+            await self._credited.wait()
+        self._credit -= 1
+
+    async def input_items(self) -> AsyncIterator[Any]:
+        while (item := await self.input.get()) is not None:
+            yield item

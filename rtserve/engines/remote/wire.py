@@ -1,0 +1,86 @@
+"""The engine-client wire: typed messages between front-end workers and the engine process.
+
+One ordered byte stream per worker (a Unix socket today; a TCP socket works the same
+way, so the engine process could live on another host). Each message is a 4-byte
+big-endian length and a pickled tuple whose first item is a ``Kind``. The stream is
+private to one server (a socket in a 0700 directory), so pickle is trusted here.
+
+Two paths share the stream, as in vLLM's engine core (``EngineCoreRequestType``):
+
+* the data path, batched per tick: ``FRAMES_IN`` carries every session's audio a worker
+  received since its last flush (one message per worker per tick), ``EVENTS_OUT``
+  everything the engine produced for that worker's sessions (one per tick);
+* the control path, sent at once and never batched: calls with replies (open, commit,
+  close, turn-engine streams, policy calls) and one-way commands (epochs, clears).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import pickle
+import struct
+from typing import Any
+
+from rtserve.engines.protocols import CapacityExhausted, EngineError
+
+_HEADER = struct.Struct(">I")
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1  # worker -> engine: (worker_index,)
+    STATUS = 2  # engine -> worker: (EngineStatus,)
+    CALL = 3  # (call_id | None, target, method, args): None = no reply wanted
+    RESULT = 4  # (call_id, value)
+    ERROR = 5  # (call_id, RemoteError)
+    STREAM_OPEN = 6  # (stream_id, target, method, args, has_input)
+    STREAM_INPUT = 7  # (stream_id, item); item None = end of input
+    STREAM_ITEM = 8  # (stream_id, item)
+    STREAM_END = 9  # (stream_id, RemoteError | None)
+    STREAM_CREDIT = 10  # (stream_id, n): the worker consumed n items
+    STREAM_CANCEL = 11  # (stream_id,)
+    FRAMES_IN = 12  # ([(handle, pcm), ...],)
+    EVENTS_OUT = 13  # ([(handle, event | None), ...], tick_deadline | None); None event = session ended
+    METRICS = 14  # (worker_index, exposition text)
+
+
+class RemoteError(EngineError):
+    """An engine-side failure carried across the boundary with its stable code."""
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> RemoteError:
+        if isinstance(exc, EngineError):
+            return cls(str(exc), code=exc.code)
+        return cls("the engine failed", code="engine_error")  # internals stay in the engine's log
+
+    def unwrap(self) -> EngineError:
+        if self.code == CapacityExhausted.code:
+            return CapacityExhausted(str(self))
+        return EngineError(str(self), code=self.code)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_error, (str(self), self.code))
+
+
+def _rebuild_error(message: str, code: str) -> RemoteError:
+    return RemoteError(message, code=code)
+
+
+def encode(message: tuple[Any, ...]) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+    """The next message, or None at a clean end of stream."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ConnectionError("engine stream ended inside a message header") from None
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_MESSAGE_BYTES:
+        raise ConnectionError(f"engine message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return pickle.loads(await reader.readexactly(size))

@@ -1,0 +1,38 @@
+"""The engine process: builds and starts every engine, serves the workers' links."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.log import configure_logging
+from rtserve.processes.orphans import die_with_parent
+
+log = logging.getLogger("rtserve.engine")
+
+
+def run(settings: dict[str, Any], socket_path: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    config = ServerConfig.model_validate(settings)
+    configure_logging(config.log_level)
+    asyncio.run(_serve(config, socket_path))
+
+
+async def _serve(config: ServerConfig, socket_path: str) -> None:
+    from rtserve.app import EngineHost  # heavy imports only in the process that runs engines
+
+    host = EngineHost(config, CollectorRegistry())
+    await host.serve_unix(socket_path)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await host.close()

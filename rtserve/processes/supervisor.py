@@ -1,0 +1,122 @@
+"""``rtserve serve --workers N`` (N > 1): one engine process and N front-end workers.
+
+The layout vLLM adopted once its API server became CPU-bound (``--api-server-count``):
+the engine process owns models and device; each worker runs the whole aiohttp app
+(transports, codecs, session runners, output buffers) on the one shared port
+(``SO_REUSEPORT``: the kernel spreads new connections over the workers) and reaches the
+engines through ``EngineLink`` over a Unix socket.
+
+This parent only supervises. A worker that dies loses its own sockets and is started
+again; the others keep streaming. An engine process that dies ends its sessions with
+``engine_failure`` (the workers see the link break; ``/health`` is 503) and is started
+again; the workers reconnect. SIGTERM/SIGINT drain the workers first (their sessions
+close with ``shutdown``), then stop the engine. Children die with this process even if it
+is SIGKILLed (``PR_SET_PDEATHSIG``, see ``orphans.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from rtserve.config import ServerConfig
+from rtserve.processes import engine_main, worker_main
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+_RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # repeated crashes wait longer, never give up
+_STABLE_S = 30.0  # a child that lived this long restarts without backoff
+
+
+@dataclass
+class _Child:
+    name: str
+    target: Any
+    args: tuple[Any, ...]
+    process: BaseProcess | None = None
+    started_at: float = 0.0
+    restarts: int = 0  # consecutive quick crashes
+
+    def start(self, context: Any) -> None:
+        self.process = context.Process(target=self.target, args=self.args, name=self.name, daemon=False)
+        self.process.start()
+        self.started_at = time.monotonic()
+        log.info("%s started (pid %s)", self.name, self.process.pid)
+
+    def backoff_s(self) -> float:
+        if time.monotonic() - self.started_at > _STABLE_S:
+            self.restarts = 0
+        delay = _RESTART_BACKOFF_S[min(self.restarts, len(_RESTART_BACKOFF_S) - 1)]
+        self.restarts += 1
+        return delay
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, workers: int) -> None:
+        self.config = config
+        self._socket_dir = tempfile.mkdtemp(prefix="rtserve-engine-")  # 0700: the link is private
+        socket_path = os.path.join(self._socket_dir, "engine.sock")
+        settings = config.model_dump(mode="json")
+        self._context = multiprocessing.get_context("spawn")
+        parent = os.getpid()
+        self._engine = _Child("engine", engine_main.run, (settings, socket_path, parent))
+        self._workers = [_Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent))
+                         for i in range(workers)]
+        self._stop = threading.Event()
+
+    @property
+    def children(self) -> list[_Child]:
+        return [self._engine, *self._workers]
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+        try:
+            for child in self.children:
+                child.start(self._context)
+            log.info("rtserve listening on http://%s:%d with %d workers and one engine process (engine %s)",
+                     self.config.host, self.config.port, len(self._workers), self.config.engine)
+            self._watch()
+        finally:
+            self._shut_down()
+        return 0
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            for child in self.children:
+                process = child.process
+                if process is not None and not process.is_alive():
+                    log.error("%s (pid %s) exited with %s; restarting", child.name, process.pid, process.exitcode)
+                    process.close()
+                    child.process = None
+                    if self._stop.wait(child.backoff_s()):
+                        return
+                    child.start(self._context)
+
+    def _shut_down(self) -> None:
+        deadline = time.monotonic() + self.config.sessions.shutdown_timeout_s + 5
+        _terminate([w.process for w in self._workers], deadline)  # sessions close with "shutdown" first
+        _terminate([self._engine.process], time.monotonic() + 10)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def _terminate(processes: list[BaseProcess | None], deadline: float) -> None:
+    alive = [p for p in processes if p is not None and p.is_alive()]
+    for process in alive:
+        process.terminate()
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            log.warning("%s did not stop in time; killing it", process.name)
+            process.kill()
+            process.join(5)
