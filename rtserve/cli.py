@@ -28,21 +28,28 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", help="engine serving realtime sessions (default cascade)")
     serve.add_argument("--api-key", dest="api_key", help="require this key on every route")
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--workers", type=int, help="front-end worker processes beside one engine process "
+                                                   "(default: from the CPU count; 1 = one process)")
     return parser
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run until SIGTERM/SIGINT, then drain: stop accepting, close sessions, exit."""
+async def serve(config: ServerConfig, *, engine_socket: str | None = None, worker_index: int = 0) -> None:
+    """Run until SIGTERM/SIGINT, then drain: stop accepting, close sessions, exit.
+
+    With ``engine_socket`` this is one front-end worker of several: engines run in the engine
+    process behind that socket, and the port is shared with the other workers."""
     from rtserve.app import build_app  # heavy imports only for the serve path
 
-    app = build_app(config)
+    engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index)
+    app = build_app(config, engines=engines)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.sessions.shutdown_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    site = web.TCPSite(runner, config.host, config.port, reuse_port=engine_socket is not None)
     await site.start()
-    log.info("rtserve %s listening on http://%s:%d (engine %s)", __version__, config.host, config.port,
-             config.engine)
+    if engine_socket is None:
+        log.info("rtserve %s listening on http://%s:%d (engine %s)", __version__, config.host, config.port,
+                 config.engine)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -56,9 +63,22 @@ async def serve(config: ServerConfig) -> None:
         log.warning("shutdown exceeded its bound; exiting anyway")
 
 
+async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index: int):  # -> RemoteEngines
+    from rtserve.engines.remote.client import RemoteEngines
+    from rtserve.engines.remote.link import EngineLink
+
+    settings = config.engine_link
+    link = EngineLink(lambda: asyncio.open_unix_connection(engine_socket), worker_index,
+                      uplink_lead_s=settings.uplink_lead_ms / 1000)
+    link.start()
+    await link.connected.wait()  # the engine process answers at once, before its models load
+    assert link.offer is not None
+    return RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level")}
+    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers")}
     try:
         config = load_config(args.config, overrides=flags)
     except ConfigError as exc:
@@ -66,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level)
     try:
+        if config.workers > 1:
+            from rtserve.processes.supervisor import Supervisor
+
+            return Supervisor(config, config.workers).run()
         asyncio.run(serve(config))
     except ConfigError as exc:  # e.g. an unknown engine name, found when building the app
         print(f"rtserve: {exc}", file=sys.stderr)

@@ -201,12 +201,33 @@ class HttpGenerationConfig(_Section):
     vllm: VllmSettings = VllmSettings()
 
 
+class EngineLinkConfig(_Section):
+    """Front-end workers <-> the engine process (``--workers`` > 1)."""
+
+    uplink_lead_ms: float = Field(5.0, ge=0, le=40, description="a worker sends its sessions' audio this long "
+                                                                "before the engine's next tick (one message a tick)")
+    max_queued_events: int = Field(256, ge=8, description="engine events a worker holds per session for a slow "
+                                                          "consumer; beyond, the oldest audio without text is dropped")
+    max_send_buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
+                                       description="the engine drops a worker link that stopped reading past this")
+
+
+def default_workers() -> int:
+    """One front-end process per two cores beyond the first two: codec work scales with cores,
+    and small machines keep everything in one process."""
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(16, cores // 2)
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8091, ge=0, le=65535)
     engine: str = Field("cascade", description="engine serving realtime sessions: cascade, loopback, tone, ...")
     api_key: str | None = Field(None, description="when set, every route requires it")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    workers: int = Field(default_factory=default_workers, ge=1, le=256,
+                         description="front-end worker processes; 1 = engines and front-end in one process")
+    engine_link: EngineLinkConfig = EngineLinkConfig()
     sessions: SessionLimits = SessionLimits()
     transport: TransportLimits = TransportLimits()
     lockstep: LockstepConfig = LockstepConfig()

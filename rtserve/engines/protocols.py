@@ -259,6 +259,7 @@ class OutputAudio:
     epoch: int
     response_id: str | None = None
     text: str | None = None  # text spoken with this chunk (transcript piece), if any
+    tick_started: float | None = None  # lockstep: when (time.monotonic) a tick of its engine began
 
 
 @dataclass(frozen=True)

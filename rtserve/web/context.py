@@ -3,34 +3,59 @@ metrics registry. The app (``rtserve.app``) builds and runs everything in it; we
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.policy.batcher import PolicyBatcher
 from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.sessions import SessionManager
 from rtserve.web.codec_executor import CodecExecutor
 
 
+class Engines(Protocol):
+    """The engine client: an ``EngineSet`` in this process, or ``RemoteEngines`` reaching the
+    engine process. Routes see only this surface."""
+
+    session_engine: SessionEngine
+    turn_engines: TurnEngines
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def failure(self) -> str | None: ...
+
+    async def policy(self) -> Any: ...
+
+
 @dataclass
 class AppContext:
     config: ServerConfig
-    engine: SessionEngine
+    engines: Engines
     sessions: SessionManager  # every realtime WebSocket session of this app
     codecs: CodecExecutor  # the one pool every route moves codec work to
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     started_at: float = 0.0
-    engine_failure: str | None = None  # set when engine.start() failed: /health stays 503
-    turn_engines: TurnEngines = field(default_factory=TurnEngines)
-    policy_loading: asyncio.Task[PolicyBatcher | None] | None = None  # the robot policy, loading from startup
 
-    async def policy_batcher(self) -> PolicyBatcher | None:
-        """The robot policy's running batcher once loaded; None when none is configured or it failed to load."""
-        return None if self.policy_loading is None else await asyncio.shield(self.policy_loading)
+    @property
+    def engine(self) -> SessionEngine:
+        return self.engines.session_engine
+
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine is not serving (failed start, engine process gone): /health says it."""
+        return self.engines.failure
+
+    @property
+    def turn_engines(self) -> TurnEngines:
+        return self.engines.turn_engines
+
+    async def policy_batcher(self) -> Any:
+        """The robot policy's batcher once loaded; None when none is configured or it failed to load."""
+        return await self.engines.policy()
 
 
 CTX = web.AppKey("rtserve", AppContext)

@@ -55,6 +55,10 @@ class SlotLease:
         self._changed = asyncio.Event()
 
     @property
+    def scheduler(self) -> LockstepScheduler:
+        return self._scheduler
+
+    @property
     def phase(self) -> SlotPhase:
         return self._scheduler.phase_of(self)
 

@@ -80,7 +80,8 @@ class LockstepSession:
                 yield item
                 return
             output, epoch = item
-            yield OutputAudio(pcm=output.audio, epoch=epoch, text=output.text)
+            yield OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
+                              tick_started=self._lease.scheduler.last_tick_started())
 
     async def close(self) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ from typing import Any
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEvent, EngineFailure,
                                        OutputAudio, Pcm, ResponseRequest, SamplingParams, SessionOptions,
-                                       TokenDelta, TranscriptPiece)
+                                       TokenDelta, TranscriptPiece, TurnEngines)
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
 
@@ -147,7 +147,7 @@ class RemoteSessionEngine:
         """The engine process starts its engines itself; readiness arrives with its offer."""
 
     async def stop(self) -> None:
-        await self._link.close()
+        """The link belongs to ``RemoteEngines``, which closes it."""
 
     async def open_session(self, session_id: str, options: SessionOptions) -> RemoteEngineSession:
         handle, capabilities = await self._link.call("engine", "open_session", session_id, options)
@@ -155,9 +155,6 @@ class RemoteSessionEngine:
 
     def model_ids(self) -> list[str]:
         return list(self._offer.model_ids)
-
-    def last_tick_started(self) -> float | None:
-        return None  # workers learn tick times from the engine's messages
 
 
 class _RemoteTurnEngine:
@@ -194,6 +191,9 @@ class _RemotePolicyModel:
     def server_config(self) -> dict[str, Any]:
         return self._server_config
 
+    def validate(self, observation: dict[str, Any]) -> None:
+        """Checked by the engine process with each request, before batching (``infer`` raises)."""
+
 
 class RemotePolicy:
     """The policy batcher of the engine process: requests from every worker batch together."""
@@ -205,9 +205,6 @@ class RemotePolicy:
     async def infer(self, request: Any) -> Any:
         return await self._link.call("policy", "infer", request)
 
-    async def validate(self, observation: dict[str, Any]) -> None:
-        await self._link.call("policy", "validate", observation)
-
     def reset_session(self, key: str) -> None:
         self._link.command("policy", "reset_session", key)
 
@@ -218,9 +215,37 @@ class RemotePolicy:
         self._link.command("policy", "client_disconnected")
 
 
-def turn_engine_proxies(link: EngineLink, offer: EngineOffer) -> tuple[RemoteASR | None, RemoteLLM | None,
-                                                                      RemoteTTS | None]:
-    return (RemoteASR(link, offer.asr) if offer.asr else None,
-            RemoteLLM(link, offer.llm) if offer.llm else None,
-            RemoteTTS(link, offer.tts) if offer.tts else None)
+class RemoteEngines:
+    """The engine process's ``EngineSet`` as a worker sees it (same surface)."""
 
+    def __init__(self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int) -> None:
+        link.offer = link.offer or offer  # the first offer: what the app is built from
+        self._link = link
+        self.session_engine = RemoteSessionEngine(link, offer, max_queued_events=max_queued_events)
+        self.turn_engines = TurnEngines(
+            asr=RemoteASR(link, offer.asr) if offer.asr else None,
+            llm=RemoteLLM(link, offer.llm) if offer.llm else None,
+            tts=RemoteTTS(link, offer.tts) if offer.tts else None)
+        self._offer_changed = asyncio.Event()
+        link.on_offer(self._offer_changed.set)
+
+    @property
+    def ready(self) -> bool:
+        return self.session_engine.ready
+
+    @property
+    def failure(self) -> str | None:
+        return self.session_engine.failure
+
+    def start(self) -> None:
+        """Connect (and keep reconnecting); the engine process starts the engines itself."""
+        self._link.start()
+
+    async def stop(self) -> None:
+        await self._link.close()
+
+    async def policy(self) -> RemotePolicy | None:
+        while (offer := self._link.offer) is None or offer.policy_loading:
+            self._offer_changed.clear()
+            await self._offer_changed.wait()
+        return None if offer.policy_config is None else RemotePolicy(self._link, offer.policy_config)

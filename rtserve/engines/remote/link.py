@@ -54,7 +54,8 @@ class EngineLink:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
 
     async def wait_connected(self, timeout_s: float) -> None:
         await asyncio.wait_for(self.connected.wait(), timeout_s)

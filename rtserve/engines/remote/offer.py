@@ -1,10 +1,14 @@
-"""What an engine process offers its workers, sent on connect and whenever it changes."""
+"""What an engine process offers its workers, sent on connect and whenever it changes.
+
+Workers build their app from the first offer (capabilities, turn-engine names), so it is
+complete before any engine has finished starting."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.protocols import EngineCapabilities
 
 
@@ -26,4 +30,19 @@ class EngineOffer:
     asr: TurnEngineInfo | None = None
     llm: TurnEngineInfo | None = None
     tts: TurnEngineInfo | None = None
-    policy_config: dict[str, Any] | None = None  # the openpi handshake dict, when a policy is served
+    policy_loading: bool = False  # a configured robot policy is still loading
+    policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
+
+
+def offer_of(engines: EngineSet) -> EngineOffer:
+    def info(engine: Any) -> TurnEngineInfo | None:
+        if engine is None:
+            return None
+        return TurnEngineInfo(engine.model_name, getattr(engine, "sample_rate", 0), tuple(getattr(engine, "voices", ())))
+
+    session_engine, turn = engines.session_engine, engines.turn_engines
+    batcher = engines.policy_batcher
+    return EngineOffer(capabilities=session_engine.capabilities, model_ids=tuple(session_engine.model_ids()),
+                       ready=engines.ready, failure=engines.failure, asr=info(turn.asr), llm=info(turn.llm),
+                       tts=info(turn.tts), policy_loading=engines.policy_loading,
+                       policy_config=None if batcher is None else batcher.policy.server_config())

@@ -17,11 +17,12 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from rtserve.engines.protocols import ASREngine, EngineError, EngineSession, LLMEngine, SessionEngine, TTSEngine
-from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.engine_set import EngineSet
+from rtserve.engines.protocols import EngineError, EngineSession, OutputAudio
+from rtserve.engines.policy.batcher import PolicyInferenceError
+from rtserve.engines.remote.offer import offer_of
 from rtserve.engines.remote.wire import Kind, RemoteError, encode, read_message
 
 log = logging.getLogger(__name__)
@@ -29,48 +30,24 @@ log = logging.getLogger(__name__)
 _STREAM_WINDOW = 16  # items a stream may run ahead of its consumer (credit-based)
 
 
-@dataclass
-class HostedEngines:
-    """Everything the engine process runs, as front-ends would use it in one process."""
-
-    session_engine: SessionEngine
-    asr: ASREngine | None = None
-    llm: LLMEngine | None = None
-    tts: TTSEngine | None = None
-    policy: Any | None = None  # a started ``PolicyBatcher`` once the policy loaded
-    failure: str | None = None
-
-    def offer(self) -> EngineOffer:
-        def info(engine: Any) -> TurnEngineInfo | None:
-            if engine is None:
-                return None
-            return TurnEngineInfo(engine.model_name, getattr(engine, "sample_rate", 0),
-                                  tuple(getattr(engine, "voices", ())))
-
-        engine = self.session_engine
-        return EngineOffer(capabilities=engine.capabilities, model_ids=tuple(engine.model_ids()),
-                           ready=engine.ready, failure=self.failure, asr=info(self.asr), llm=info(self.llm),
-                           tts=info(self.tts),
-                           policy_config=None if self.policy is None else self.policy.policy.server_config())
-
-
 class EngineServer:
-    def __init__(self, engines: HostedEngines, *, max_send_buffer_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, engines: EngineSet, *, max_send_buffer_bytes: int = 64 * 1024 * 1024) -> None:
         self.engines = engines
         self.max_send_buffer_bytes = max_send_buffer_bytes
         self.links: set[WorkerLink] = set()
         self._server: asyncio.AbstractServer | None = None
+        engines.on_change(self.broadcast_status)
 
     async def serve_unix(self, path: str) -> None:
-        self._server = await asyncio.start_unix_server(self._accept, path)
+        self._server = await asyncio.start_unix_server(self.serve_connection, path)
 
     async def serve_tcp(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._accept, host, port)
+        self._server = await asyncio.start_server(self.serve_connection, host, port)
         return self._server.sockets[0].getsockname()[1]
 
     def broadcast_status(self) -> None:
         """Tell every worker what the engine offers now (ready, failure, models)."""
-        offer = self.engines.offer()
+        offer = offer_of(self.engines)
         for link in list(self.links):
             link.send((Kind.STATUS, offer))
 
@@ -79,7 +56,7 @@ class EngineServer:
             self._server.close()
         await asyncio.gather(*(link.close() for link in list(self.links)), return_exceptions=True)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = WorkerLink(self, reader, writer)
         self.links.add(link)
         try:
@@ -114,11 +91,10 @@ class WorkerLink:
             ("session", "set_epoch"): self._session_call("set_epoch"),
             ("session", "respond"): self._session_call("respond"),
             ("session", "configure_turn_detection"): self._session_call("configure_turn_detection"),
-            ("policy", "infer"): self._policy_call(lambda p: p.infer),
+            ("policy", "infer"): self._policy_call(lambda p: lambda request: _validated_infer(p, request)),
             ("policy", "reset_session"): self._policy_call(lambda p: p.reset_session),
             ("policy", "client_connected"): self._policy_call(lambda p: p.client_connected),
             ("policy", "client_disconnected"): self._policy_call(lambda p: p.client_disconnected),
-            ("policy", "validate"): self._policy_call(lambda p: p.policy.validate),
         }
         self._stream_calls: dict[tuple[str, str], Callable[..., AsyncIterator[Any]]] = {
             ("llm", "generate"): lambda *a: self._turn_engine("llm").generate(*a),
@@ -146,7 +122,9 @@ class WorkerLink:
 
     def _flush_events(self) -> None:
         events, self._events = self._events, []
-        self.send((Kind.EVENTS_OUT, events, self._engines.session_engine.last_tick_started()))
+        # Lockstep output says when its engine's ticks start: the worker times its uplink by it.
+        tick = next((e.tick_started for _, e in reversed(events) if isinstance(e, OutputAudio)), None)
+        self.send((Kind.EVENTS_OUT, events, tick))
 
     # ------------------------------------------------------------------ receiving
 
@@ -181,7 +159,7 @@ class WorkerLink:
                 self.metrics_text = message[2]
             elif kind is Kind.HELLO:
                 self.worker_index = message[1]
-                self.send((Kind.STATUS, self._engines.offer()))
+                self.send((Kind.STATUS, offer_of(self._engines)))
 
     async def close(self) -> None:
         self._closed = True
@@ -266,7 +244,7 @@ class WorkerLink:
 
     def _policy_call(self, pick: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
-            policy = self._engines.policy
+            policy = self._engines.policy_batcher
             if policy is None:
                 raise EngineError("Robot policy not available", code="unavailable")
             return pick(policy)(*args)
@@ -274,7 +252,7 @@ class WorkerLink:
         return call
 
     def _turn_engine(self, name: str) -> Any:
-        engine = getattr(self._engines, name)
+        engine = getattr(self._engines.turn_engines, name)
         if engine is None:
             raise EngineError(f"this server has no {name} model loaded", code="model_not_found")
         return engine
@@ -340,3 +318,16 @@ class _HostedStream:
     async def input_items(self) -> AsyncIterator[Any]:
         while (item := await self.input.get()) is not None:
             yield item
+
+
+async def _validated_infer(batcher: Any, request: Any) -> Any:
+    """Validation runs here, before batching, as it does in one process (workers cannot call
+    the policy synchronously)."""
+    try:
+        batcher.policy.validate(request.observation)
+    except EngineError:
+        raise
+    except Exception:
+        log.exception("policy validate() raised an unexpected error")
+        raise PolicyInferenceError("policy failed") from None
+    return await batcher.infer(request)

@@ -1,0 +1,120 @@
+"""Every engine a server runs, built in one place and started and stopped together.
+
+In one process the app holds the ``EngineSet``; with ``--workers N`` the engine process
+holds it and workers reach it through ``engines.remote`` (``RemoteEngines`` has the same
+surface). Transports never build engines.
+
+Engines start in the background: ``/health`` answers 503 while models load, and says why
+if the session engine failed to start. The robot policy loads off the loop the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ServerConfig
+from rtserve.engines.policy.batcher import PolicyBatcher
+from rtserve.engines.protocols import SessionEngine, TurnEngines
+from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
+
+log = logging.getLogger(__name__)
+
+
+class EngineSet:
+    def __init__(self, config: ServerConfig, registry: CollectorRegistry, *,
+                 session_engine: SessionEngine | None = None) -> None:
+        self.config = config
+        self.registry = registry
+        self.session_engine = session_engine or create_engine(config.engine, config, registry)
+        self._text_engine = create_text_engine(config)
+        lent = self.session_engine.turn_engines()
+        # A configured text engine (vLLM) replaces the session engine's LLM for chat.
+        self.turn_engines = lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine,
+                                                                               tts=lent.tts)
+        self.failure: str | None = None  # why the session engine could not start: /health says it
+        self.policy_batcher: PolicyBatcher | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._policy_loading: asyncio.Task[PolicyBatcher | None] | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.session_engine.ready
+
+    @property
+    def policy_configured(self) -> bool:
+        return self.config.robot.policy != "none"
+
+    @property
+    def policy_loading(self) -> bool:
+        return self._policy_loading is not None and not self._policy_loading.done()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called when readiness, a failure or the policy changes (the engine process tells its workers)."""
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        """Start everything in the background; returns at once."""
+        self._tasks.append(asyncio.create_task(self._start_session_engine()))
+        if self._text_engine is not None:
+            self._tasks.append(asyncio.create_task(self._start_text_engine()))
+        self._policy_loading = asyncio.create_task(self._load_policy())
+        self._policy_loading.add_done_callback(lambda _: self._changed())
+
+    async def policy(self) -> PolicyBatcher | None:
+        """The robot policy's running batcher once loaded; None when none is configured or it failed."""
+        return None if self._policy_loading is None else await asyncio.shield(self._policy_loading)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._text_engine is not None:
+            await self._text_engine.stop()
+        if self._policy_loading is not None:
+            self._policy_loading.cancel()  # a cancelled wait leaves a still-running load thread to finish alone
+            await asyncio.gather(self._policy_loading, return_exceptions=True)
+        if self.policy_batcher is not None:
+            await asyncio.to_thread(self.policy_batcher.stop)
+        await self.session_engine.stop()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    async def _start_session_engine(self) -> None:
+        name = self.session_engine.capabilities.name
+        try:
+            await self.session_engine.start()
+            log.info("engine %s ready", name)
+        except Exception as exc:  # the server stays up and says why on /health
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("engine %s failed to start", name)
+        self._changed()
+
+    async def _start_text_engine(self) -> None:
+        assert self._text_engine is not None
+        try:
+            await self._text_engine.start()
+        except Exception:  # chat keeps answering 503 model_not_ready; the log says why
+            log.exception("vLLM text engine failed to start")
+
+    async def _load_policy(self) -> PolicyBatcher | None:
+        robot = self.config.robot
+        if not self.policy_configured:
+            return None
+        try:
+            batcher = await asyncio.to_thread(load_policy_batcher, robot, self.registry)
+        except Exception:
+            log.exception("robot policy %r failed to load; the openpi route answers 'Robot policy not available'",
+                          robot.policy)
+            return None
+        batcher.start()
+        self.policy_batcher = batcher
+        log.info("robot policy %r ready (max_batch=%d, window=%.1f ms)", robot.policy, robot.max_batch,
+                 robot.batch_window_ms)
+        return batcher

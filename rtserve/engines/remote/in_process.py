@@ -1,0 +1,45 @@
+"""An ``EngineSet`` behind the engine link inside one process, over a socket pair.
+
+Everything a worker does to reach the engine process happens here too (pickled
+messages, per-tick batching, streams, reconnects), minus the second process. The test
+suite runs whole a second time this way, so every route is checked over the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from rtserve.config import ServerConfig
+from rtserve.engines.engine_set import EngineSet
+from rtserve.engines.remote.client import RemoteEngines
+from rtserve.engines.remote.link import EngineLink
+from rtserve.engines.remote.offer import offer_of
+from rtserve.engines.remote.server import EngineServer
+
+
+class LinkedEngines(RemoteEngines):
+    def __init__(self, local: EngineSet, config: ServerConfig) -> None:
+        self._local = local
+        self._server = EngineServer(local)
+        link = EngineLink(self._connect, worker_index=0, uplink_lead_s=config.engine_link.uplink_lead_ms / 1000)
+        super().__init__(link, offer_of(local), max_queued_events=config.engine_link.max_queued_events)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        ours, theirs = socket.socketpair()
+        server_side = await asyncio.open_connection(sock=theirs)
+        asyncio.create_task(self._server.serve_connection(*server_side))
+        return await asyncio.open_connection(sock=ours)
+
+    def start(self) -> None:
+        self._local.start()
+        super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._server.close()
+        await self._local.stop()
+
+
+def linked_in_process(local: EngineSet, config: ServerConfig) -> LinkedEngines:
+    return LinkedEngines(local, config)
