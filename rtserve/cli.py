@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -42,6 +43,8 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
 
     engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index)
     app = build_app(config, engines=engines)
+    if engine_socket is not None:
+        app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.sessions.shutdown_timeout_s)
     await runner.setup()
@@ -74,6 +77,14 @@ async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index
     await link.connected.wait()  # the engine process answers at once, before its models load
     assert link.offer is not None
     return RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events)
+
+
+def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handler
+    """Which worker answered (index:pid): load balancers and tests can tell workers apart."""
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["X-Rtserve-Worker"] = worker
+
+    return add
 
 
 def main(argv: list[str] | None = None) -> int:

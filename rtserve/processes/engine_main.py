@@ -1,4 +1,4 @@
-"""The engine process: builds and starts every engine, serves the workers' links."""
+"""The engine process: builds and starts every engine (``EngineSet``), serves the workers' links."""
 
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ def run(settings: dict[str, Any], socket_path: str, parent_pid: int) -> None:
 
 
 async def _serve(config: ServerConfig, socket_path: str) -> None:
-    from rtserve.app import EngineHost  # heavy imports only in the process that runs engines
+    # Heavy imports (torch, model wheels) only in the process that runs engines.
+    from rtserve.engines.engine_set import EngineSet
+    from rtserve.engines.remote.server import EngineServer
 
-    host = EngineHost(config, CollectorRegistry())
-    await host.serve_unix(socket_path)
+    engines = EngineSet(config, CollectorRegistry())
+    server = EngineServer(engines, max_send_buffer_bytes=config.engine_link.max_send_buffer_bytes)
+    await server.serve_unix(socket_path)  # workers connect at once and learn what is served
+    engines.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -35,4 +39,5 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
     try:
         await stop.wait()
     finally:
-        await host.close()
+        await server.close()
+        await engines.stop()

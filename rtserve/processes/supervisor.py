@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from rtserve.config import ServerConfig
+from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.registry import ENGINES
 from rtserve.processes import engine_main, worker_main
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class _Child:
 
 class Supervisor:
     def __init__(self, config: ServerConfig, workers: int) -> None:
+        if config.engine not in ENGINES:  # fail now, not in an engine process restarted forever
+            raise ConfigError(f"invalid config field 'engine': unknown engine {config.engine!r} "
+                              f"(known: {', '.join(sorted(ENGINES))})")
         self.config = config
         self._socket_dir = tempfile.mkdtemp(prefix="rtserve-engine-")  # 0700: the link is private
         socket_path = os.path.join(self._socket_dir, "engine.sock")

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,6 +40,8 @@ class EngineServer:
         engines.on_change(self.broadcast_status)
 
     async def serve_unix(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):  # left by an engine process that was killed
+            os.unlink(path)
         self._server = await asyncio.start_unix_server(self.serve_connection, path)
 
     async def serve_tcp(self, host: str, port: int) -> int:
