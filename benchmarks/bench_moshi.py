@@ -43,7 +43,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import sphn
-from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
+from server_process import ServerProcess, scrape  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,6 +69,7 @@ class ClientLog:
 
 @dataclass
 class Point:
+    workers: int
     clients: int
     duration_s: float
     latency_p50_ms: float
@@ -89,21 +90,6 @@ class Point:
     aligned_windows_pct: float
     server_cpu_pct: float
     errors: int
-
-
-_SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.e]+|[+-]Inf|NaN)$")
-
-
-async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    """Every sample of /metrics, keyed ``name{labels}``."""
-    async with http.get(base + "/metrics") as response:
-        text = await response.text()
-    samples = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match:
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
 
 
 def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float:
@@ -252,9 +238,10 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def run_point(clients: int, duration_s: float, warmup_s: float, delay_frames: int) -> Point:
+async def run_point(workers: int, clients: int, duration_s: float, warmup_s: float, delay_frames: int) -> Point:
     server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(clients),
-                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi")
+                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi",
+                           workers=workers)
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -296,7 +283,7 @@ async def run_point(clients: int, duration_s: float, warmup_s: float, delay_fram
     underruns = int(delta("rtserve_lockstep_underruns_total"))
     live_ticks = int(round(measured_s / PERIOD_S)) * clients
     return Point(
-        clients=clients, duration_s=duration_s,
+        workers=workers, clients=clients, duration_s=duration_s,
         latency_p50_ms=_pct(latencies, 50), latency_p99_ms=_pct(latencies, 99),
         egress_p50_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.5) * 1e3,
         egress_p99_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.99) * 1e3,
@@ -314,12 +301,12 @@ async def run_point(clients: int, duration_s: float, warmup_s: float, delay_fram
 
 
 def print_table(points: list[Point]) -> None:
-    columns = [("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
+    columns = [("workers", 7), ("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
                ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("skipped", 7),
                ("send p99", 8), ("cpu", 5), ("aligned", 7), ("errors", 6)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
-        cells = [str(p.clients), f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
+        cells = [str(p.workers), str(p.clients), f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
                  f"{p.egress_p50_ms:.2f}ms", f"{p.egress_p99_ms:.2f}ms",
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
@@ -335,9 +322,10 @@ def print_table(points: list[Point]) -> None:
 async def main_async(args: argparse.Namespace) -> dict:
     points = []
     for clients in args.clients:
-        point = await run_point(clients, args.duration, args.warmup, args.delay_frames)
-        points.append(point)
-        print(f"N={clients}: done", file=sys.stderr)
+        for workers in args.workers:  # side by side in one run: the machine is shared and noisy
+            point = await run_point(workers, clients, args.duration, args.warmup, args.delay_frames)
+            points.append(point)
+            print(f"N={clients} workers={workers}: done", file=sys.stderr)
     print_table(points)
     return {
         "benchmark": "bench_moshi",
@@ -357,6 +345,8 @@ async def main_async(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="front-end worker counts to compare (1 = one process; >1 adds an engine process)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of paced audio per client")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the statistics")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback engine delay")

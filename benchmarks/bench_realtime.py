@@ -37,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
-from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
+from server_process import ServerProcess, scrape  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24_000
@@ -61,6 +61,8 @@ class ClientLog:
 
 @dataclass
 class Result:
+    workers: int
+    append_ms: int
     sessions: int
     duration_s: float
     warmup_s: float
@@ -83,32 +85,24 @@ class Result:
     failed_sessions: int
 
 
-async def scrape_counters(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    async with http.get(base + "/metrics") as response:
-        text = await response.text()
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ENGINE_COUNTERS:
-            values[name] = float(value)
-    return values
+def append_message(seq: int, samples: int) -> str:
+    chunk = np.full(samples, 1000, dtype="<i2")
+    chunk[:4] = [seq & 0x7FFF, (seq >> 15) & 0x7FFF, *MARK]
+    return '{"type":"input_audio_buffer.append","audio":"' + base64.b64encode(chunk.tobytes()).decode() + '"}'
 
 
-def append_message(seq: int) -> str:
-    frame = np.full(FRAME, 1000, dtype="<i2")
-    frame[:4] = [seq & 0x7FFF, (seq >> 15) & 0x7FFF, *MARK]
-    return '{"type":"input_audio_buffer.append","audio":"' + base64.b64encode(frame.tobytes()).decode() + '"}'
-
-
-def echoed_seq(payload: str) -> int | None:
-    head = np.frombuffer(base64.b64decode(payload[:16]), dtype="<i2")  # 16 chars = the first 6 samples
-    if len(head) < 4 or (int(head[2]), int(head[3])) != MARK:
-        return None
-    return int(head[0]) | (int(head[1]) << 15)
+def echoed_seqs(payload: str) -> list[int]:
+    """Sequence numbers of every appended chunk whose start is in this echo (the engine's
+    frames need not line up with the client's chunks)."""
+    pcm = np.frombuffer(base64.b64decode(payload), dtype="<i2").astype(np.int32)
+    if pcm.size < 4:
+        return []
+    at = np.flatnonzero((pcm[2:-1] == MARK[0]) & (pcm[3:] == MARK[1]))
+    return [int(pcm[i]) | (int(pcm[i + 1]) << 15) for i in at]
 
 
 async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, stop_at: float,
-                     log: ClientLog, ready: asyncio.Event) -> None:
+                     log: ClientLog, ready: asyncio.Event, append_s: float) -> None:
     loop = asyncio.get_running_loop()
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
@@ -126,13 +120,11 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
                     event = json.loads(message.data)
                     kind = event["type"]
                     if kind == "response.output_audio.delta":
-                        seq = echoed_seq(event["delta"])
-                        if seq is None:
-                            continue
-                        if seq in log.received:
-                            log.duplicates += 1
-                        else:
-                            log.received[seq] = arrived
+                        for seq in echoed_seqs(event["delta"]):
+                            if seq in log.received:
+                                log.duplicates += 1
+                            else:
+                                log.received[seq] = arrived
                     elif kind == "error":
                         log.errors.append(event["error"]["code"])
 
@@ -143,10 +135,10 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
                 if delay > 0:
                     await asyncio.sleep(delay)
                 log.send_lag_ms.append(max(0.0, loop.time() - due) * 1000)
-                await ws.send_str(append_message(seq))
+                await ws.send_str(append_message(seq, round(append_s * RATE)))
                 log.sent[seq] = loop.time()
                 seq += 1
-                due += PERIOD_S
+                due += append_s
             await asyncio.sleep(DRAIN_S)
             if receiver.done():  # it stopped early: say why
                 log.errors.append(f"receiver ended: {receiver.exception()!r}")
@@ -157,9 +149,11 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
         ready.set()
 
 
-async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: int) -> Result:
+async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, delay_frames: int,
+              append_ms: int) -> Result:
     server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions), "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
-                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime")
+                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime",
+                           workers=workers)
     try:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -171,16 +165,17 @@ async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: i
             start_at = loop.time() + 2.0 + sessions * 0.01  # every session opened before the clock starts
             stop_at = start_at + warmup_s + duration_s
             tasks = [asyncio.create_task(run_client(
-                http, url, start_at + PERIOD_S * i / sessions, stop_at, logs[i], readies[i])) for i in range(sessions)]
+                http, url, start_at + PERIOD_S * i / sessions, stop_at, logs[i], readies[i], append_ms / 1000))
+                for i in range(sessions)]
             await asyncio.gather(*(r.wait() for r in readies))
 
             async def steady_window() -> tuple[float, dict[str, float], dict[str, float]]:
                 await asyncio.sleep(start_at + warmup_s - loop.time())
                 cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
-                counters_before = await scrape_counters(http, server.base)
+                counters_before = await scrape(http, server.base)
                 await asyncio.sleep(stop_at - loop.time())
                 cpu = (server.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
-                return cpu, counters_before, await scrape_counters(http, server.base)
+                return cpu, counters_before, await scrape(http, server.base)
 
             window = asyncio.create_task(steady_window())
             await asyncio.gather(*tasks)
@@ -212,7 +207,7 @@ async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: i
     first = lat[at < window_start + 5]
     last = lat[at >= stop_at - 5]
     return Result(
-        sessions=sessions, duration_s=duration_s, warmup_s=warmup_s, loopback_delay_frames=delay_frames,
+        workers=workers, append_ms=append_ms, sessions=sessions, duration_s=duration_s, warmup_s=warmup_s, loopback_delay_frames=delay_frames,
         frames_sent=sent, frames_back=back, lost=lost, duplicates=sum(log.duplicates for log in logs),
         latency_p50_ms=float(np.percentile(lat, 50)), latency_p99_ms=float(np.percentile(lat, 99)),
         latency_max_ms=float(lat.max()), server_path_p50_ms=float(np.percentile(lat, 50)) - delay_ms,
@@ -227,49 +222,58 @@ async def run(sessions: int, duration_s: float, warmup_s: float, delay_frames: i
         failed_sessions=sum(not log.sent for log in logs))
 
 
-def print_table(result: Result) -> None:
-    rows = [
-        ("sessions", f"{result.sessions}"), ("duration (steady window)", f"{result.duration_s:.0f} s"),
-        ("frames sent / back", f"{result.frames_sent} / {result.frames_back}"),
-        ("lost frames", f"{result.lost}"), ("duplicate frames", f"{result.duplicates}"),
-        ("latency p50 / p99 / max", f"{result.latency_p50_ms:.1f} / {result.latency_p99_ms:.1f} / "
-                                    f"{result.latency_max_ms:.1f} ms"),
-        (f"server path p50 / p99 (minus {result.loopback_delay_frames}-frame loopback delay)",
-         f"{result.server_path_p50_ms:.1f} / {result.server_path_p99_ms:.1f} ms"),
-        ("echoes by extra ticks waited (0, 1, ...)",
-         " / ".join(f"{v:.0f} %" for v in result.queued_ticks_pct.values())),
-        ("latency p50 first 5 s / last 5 s", "{:.1f} / {:.1f} ms".format(*result.latency_p50_first_last_5s_ms)),
-        ("engine: underruns / dropped input / overruns / catch-up ticks",
-         " / ".join(f"{result.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
-                                                                  "catch_up_ticks"))),
-        ("client send lag p99", f"{result.send_lag_p99_ms:.1f} ms"),
-        ("server CPU", f"{result.server_cpu_pct:.0f} % of one core"),
-        ("error events / failed sessions", f"{result.error_events} / {result.failed_sessions}"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    print(f"| {'metric':<{width}} | value |")
-    print(f"| {'-' * width} | ----- |")
-    for name, value in rows:
-        print(f"| {name:<{width}} | {value} |")
+def print_table(results: list[Result]) -> None:
+    """One column per run (worker counts side by side)."""
+    def rows(r: Result) -> list[tuple[str, str]]:
+        return [
+            ("workers / sessions / append", f"{r.workers} / {r.sessions} / {r.append_ms} ms"),
+            ("frames sent / back", f"{r.frames_sent} / {r.frames_back}"),
+            ("lost / duplicate", f"{r.lost} / {r.duplicates}"),
+            ("latency p50 / p99 / max", f"{r.latency_p50_ms:.1f} / {r.latency_p99_ms:.1f} / {r.latency_max_ms:.1f} ms"),
+            (f"server path p50 / p99 (minus {r.loopback_delay_frames}-frame delay)",
+             f"{r.server_path_p50_ms:.1f} / {r.server_path_p99_ms:.1f} ms"),
+            ("echoes by extra ticks waited (0, 1, ...)", " / ".join(f"{v:.0f}%" for v in r.queued_ticks_pct.values())),
+            ("latency p50 first 5 s / last 5 s", "{:.1f} / {:.1f} ms".format(*r.latency_p50_first_last_5s_ms)),
+            ("underruns / dropped in / overruns / catch-up",
+             " / ".join(f"{r.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
+                                                               "catch_up_ticks"))),
+            ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
+            ("server CPU (all processes)", f"{r.server_cpu_pct:.0f} % of one core"),
+            ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
+        ]
+
+    table = [rows(r) for r in results]
+    names = [name for name, _ in table[0]]
+    width = max(len(n) for n in names)
+    cols = [max(len(v) for _, v in col) for col in table]
+    print("| " + " | ".join([f"{'metric':<{width}}", *(f"{'run ' + str(i + 1):<{w}}" for i, w in enumerate(cols))]) + " |")
+    print("| " + " | ".join(["-" * width, *("-" * w for w in cols)]) + " |")
+    for k, name in enumerate(names):
+        print("| " + " | ".join([f"{name:<{width}}", *(f"{col[k][1]:<{w}}" for col, w in zip(table, cols))]) + " |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="front-end worker counts to compare side by side (1 = one process)")
+    parser.add_argument("--append-ms", type=int, default=80, choices=(20, 40, 80),
+                        help="audio per input_audio_buffer.append (each sent on its own schedule)")
     parser.add_argument("--duration", type=float, default=30.0, help="steady-state seconds measured")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback delay of the server's engine")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_realtime.json"))
     args = parser.parse_args()
-    result = asyncio.run(run(args.sessions, args.duration, args.warmup, args.delay_frames))
-    print_table(result)
+    results = [asyncio.run(run(workers, args.sessions, args.duration, args.warmup, args.delay_frames, args.append_ms))
+               for workers in args.workers]
+    print_table(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "bench_realtime", "machine": {
         "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "result": asdict(result)}, indent=2))
+        "results": [asdict(r) for r in results]}, indent=2))
     print(f"wrote {out}")
-    return 0 if result.lost == 0 and result.failed_sessions == 0 else 1
+    return 0 if all(r.lost == 0 and r.failed_sessions == 0 for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """``rtserve serve`` in a child process for the load benchmarks, configured through
-``RTSERVE_*`` variables, so clients and server never share one interpreter."""
+``RTSERVE_*`` variables, so clients and server never share one interpreter. With
+``workers`` > 1 that is a supervisor, an engine process and the workers: CPU time is summed
+over all of them, and ``scrape`` folds the per-worker metrics into one value per series."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,13 +29,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, env: dict[str, str], *, engine: str = "loopback", name: str = "bench") -> None:
+    def __init__(self, env: dict[str, str], *, engine: str = "loopback", name: str = "bench",
+                 workers: int = 1) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix=f"{name}_server_", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtserve.cli", "serve", "--engine", engine, "--port", str(self.port),
-             "--log-level", "warning"],
+             "--log-level", "warning", "--workers", str(workers)],
             cwd=ROOT, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT)
 
     async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0,
@@ -56,8 +60,23 @@ class ServerProcess:
             return response.status == 200
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        """utime + stime of the server and every process under it (children still running)."""
+        stats = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+        tree, total = {self.proc.pid}, 0
+        while True:
+            grown = tree | {pid for pid, fields in stats.items() if int(fields[1]) in tree}
+            if grown == tree:
+                break
+            tree = grown
+        for pid in tree:
+            if pid in stats:
+                total += int(stats[pid][11]) + int(stats[pid][12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -68,3 +87,21 @@ class ServerProcess:
             self.proc.wait()
         self._log.close()
         os.unlink(self._log.name)
+
+
+_SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.e]+|[+-]Inf|NaN)$")
+_WORKER_LABEL = re.compile(r',?worker="[^"]*"')
+
+
+async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """Every sample of /metrics keyed ``name{labels}``, summed over workers (``worker`` label dropped)."""
+    async with http.get(base + "/metrics") as response:
+        text = await response.text()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            labels = _WORKER_LABEL.sub("", match.group(2) or "").replace("{,", "{")
+            key = match.group(1) + ("" if labels == "{}" else labels)
+            samples[key] = samples.get(key, 0.0) + float(match.group(3))
+    return samples

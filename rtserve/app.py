@@ -16,6 +16,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.protocols import SessionEngine
 from rtserve.engines.remote.in_process import linked_in_process
+from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
 from rtserve.web.realtime import routes as realtime
@@ -26,6 +27,7 @@ from rtserve.web.errors import error_middleware
 
 log = logging.getLogger(__name__)
 
+_PROCESS_METRICS = web.AppKey("process_metrics", ProcessMetrics)
 ENGINE_CLIENTS = ("local", "link")
 engine_client = "local"
 """How ``build_app`` reaches engines it builds itself: ``local`` calls them directly; ``link``
@@ -37,6 +39,7 @@ second pass, ``pytest --engine-client=link``)."""
 async def _on_startup(app: web.Application) -> None:
     ctx = app[CTX]
     ctx.engines.start()  # in the background: /health answers 503 while models load
+    app[_PROCESS_METRICS].start()
     await ctx.sessions.start()  # the reaper: idle TTL, disconnect grace, cleanup retries
 
 
@@ -48,6 +51,7 @@ async def _close_sessions(app: web.Application) -> None:
 async def _on_cleanup(app: web.Application) -> None:
     ctx = app[CTX]
     ctx.codecs.shutdown()
+    await app[_PROCESS_METRICS].stop()
     await ctx.engines.stop()
 
 
@@ -66,6 +70,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     sessions = SessionManager(engines.session_engine, config.sessions, registry=registry)
     app[CTX] = AppContext(config=config, engines=engines, sessions=sessions,
                           codecs=CodecExecutor(config.transport.codec_threads), registry=registry)
+    app[_PROCESS_METRICS] = ProcessMetrics(registry)
     base_routes.setup(app)
     http.setup(app)
     openpi.setup(app)

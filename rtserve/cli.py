@@ -10,6 +10,7 @@ import signal
 import sys
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from rtserve import __version__
 from rtserve.config import ConfigError, ServerConfig, load_config
@@ -41,8 +42,9 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     process behind that socket, and the port is shared with the other workers."""
     from rtserve.app import build_app  # heavy imports only for the serve path
 
-    engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index)
-    app = build_app(config, engines=engines)
+    registry = CollectorRegistry()
+    engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index, registry)
+    app = build_app(config, engines=engines, registry=registry)
     if engine_socket is not None:
         app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
@@ -66,17 +68,19 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
         log.warning("shutdown exceeded its bound; exiting anyway")
 
 
-async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index: int):  # -> RemoteEngines
+async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index: int,
+                          registry: CollectorRegistry):  # -> RemoteEngines
     from rtserve.engines.remote.client import RemoteEngines
     from rtserve.engines.remote.link import EngineLink
+    from rtserve.engines.remote.wire import LinkMetrics
 
     settings = config.engine_link
     link = EngineLink(lambda: asyncio.open_unix_connection(engine_socket), worker_index,
-                      uplink_lead_s=settings.uplink_lead_ms / 1000)
+                      uplink_lead_s=settings.uplink_lead_ms / 1000, metrics=LinkMetrics(registry, "worker"))
     link.start()
     await link.connected.wait()  # the engine process answers at once, before its models load
     assert link.offer is not None
-    return RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events)
+    return RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events, registry=registry)
 
 
 def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handler

@@ -65,6 +65,10 @@ class EngineSet:
         self._policy_loading = asyncio.create_task(self._load_policy())
         self._policy_loading.add_done_callback(lambda _: self._changed())
 
+    async def exposition(self, own: bytes) -> bytes:
+        """Metrics of every process serving: here, one process, whose registry holds them all."""
+        return own
+
     async def policy(self) -> PolicyBatcher | None:
         """The robot policy's running batcher once loaded; None when none is configured or it failed."""
         return None if self._policy_loading is None else await asyncio.shield(self._policy_loading)

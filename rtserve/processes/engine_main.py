@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.log import configure_logging
+from rtserve.process_metrics import ProcessMetrics
 from rtserve.processes.orphans import die_with_parent
 
 log = logging.getLogger("rtserve.engine")
@@ -28,10 +29,13 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
     from rtserve.engines.engine_set import EngineSet
     from rtserve.engines.remote.server import EngineServer
 
-    engines = EngineSet(config, CollectorRegistry())
+    registry = CollectorRegistry()
+    process_metrics = ProcessMetrics(registry)
+    engines = EngineSet(config, registry)
     server = EngineServer(engines, max_send_buffer_bytes=config.engine_link.max_send_buffer_bytes)
     await server.serve_unix(socket_path)  # workers connect at once and learn what is served
     engines.start()
+    process_metrics.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,4 +44,5 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
         await stop.wait()
     finally:
         await server.close()
+        await process_metrics.stop()
         await engines.stop()

@@ -35,7 +35,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[CTX].registry)
+    ctx = request.app[CTX]
+    body = await ctx.engines.exposition(generate_latest(ctx.registry))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

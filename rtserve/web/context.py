@@ -30,6 +30,8 @@ class Engines(Protocol):
 
     async def policy(self) -> Any: ...
 
+    async def exposition(self, own: bytes) -> bytes: ...
+
 
 @dataclass
 class AppContext:

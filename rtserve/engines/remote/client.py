@@ -9,10 +9,13 @@ the session core and every transport run unchanged over either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
 
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEvent, EngineFailure,
@@ -20,9 +23,11 @@ from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEv
                                        TokenDelta, TranscriptPiece, TurnEngines)
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.remote.wire import Kind
 
 log = logging.getLogger(__name__)
 
+_METRICS_PUSH_S = 1.0
 ENGINE_LOST_FAILURE = EngineFailure("engine_failure", "the engine process stopped")
 
 
@@ -218,9 +223,12 @@ class RemotePolicy:
 class RemoteEngines:
     """The engine process's ``EngineSet`` as a worker sees it (same surface)."""
 
-    def __init__(self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int) -> None:
+    def __init__(self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int,
+                 registry: CollectorRegistry | None = None) -> None:
         link.offer = link.offer or offer  # the first offer: what the app is built from
         self._link = link
+        self._registry = registry  # pushed to the engine process each second, for every worker's /metrics
+        self._publisher: asyncio.Task[None] | None = None
         self.session_engine = RemoteSessionEngine(link, offer, max_queued_events=max_queued_events)
         self.turn_engines = TurnEngines(
             asr=RemoteASR(link, offer.asr) if offer.asr else None,
@@ -240,9 +248,28 @@ class RemoteEngines:
     def start(self) -> None:
         """Connect (and keep reconnecting); the engine process starts the engines itself."""
         self._link.start()
+        if self._registry is not None:
+            self._publisher = asyncio.create_task(self._publish_metrics(self._registry))
 
     async def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            await asyncio.gather(self._publisher, return_exceptions=True)
         await self._link.close()
+
+    async def exposition(self, own: bytes) -> bytes:
+        """Every process's metrics (the engine's, every worker's); this worker's alone while the
+        engine process is down."""
+        try:
+            return await self._link.call("engine", "metrics", own)
+        except EngineUnavailable:
+            return own
+
+    async def _publish_metrics(self, registry: CollectorRegistry) -> None:
+        while True:
+            await asyncio.sleep(_METRICS_PUSH_S)
+            with contextlib.suppress(EngineUnavailable):
+                self._link.send((Kind.METRICS, self._link.worker_index, generate_latest(registry)))
 
     async def policy(self) -> RemotePolicy | None:
         while (offer := self._link.offer) is None or offer.policy_loading:

@@ -35,6 +35,9 @@ class LinkedEngines(RemoteEngines):
         self._local.start()
         super().start()
 
+    async def exposition(self, own: bytes) -> bytes:
+        return own  # the engines' metrics are in this process's registry already
+
     async def stop(self) -> None:
         await super().stop()
         await self._server.close()

@@ -16,14 +16,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 from rtserve.engines.protocols import EngineError
 from rtserve.engines.remote.offer import EngineOffer
-from rtserve.engines.remote.wire import Kind, RemoteError, encode, read_message
+from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,8 @@ class EngineUnavailable(EngineError):
 
 
 class EngineLink:
-    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.005) -> None:
+    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.005,
+                 metrics: LinkMetrics | None = None) -> None:
         self._connect = connect  # () -> awaitable (reader, writer)
         self.worker_index = worker_index
         self.offer: EngineOffer | None = None
@@ -49,7 +49,7 @@ class EngineLink:
         self._offer_listeners: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self.ipc_seconds = 0.0  # time spent encoding and writing messages (a metric)
+        self._metrics = metrics
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -154,9 +154,7 @@ class EngineLink:
     def send(self, message: tuple[Any, ...]) -> None:
         if self._writer is None:
             raise EngineUnavailable("the engine process is not reachable")
-        started = time.perf_counter()
-        self._writer.write(encode(message))
-        self.ipc_seconds += time.perf_counter() - started
+        write(self._writer, message, self._metrics)
 
     async def call(self, target: str, method: str, *args: Any) -> Any:
         """A control call with a reply; engine errors are raised here with their code."""

@@ -20,11 +20,14 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from prometheus_client import generate_latest
+
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.protocols import EngineError, EngineSession, OutputAudio
 from rtserve.engines.policy.batcher import PolicyInferenceError
+from rtserve.engines.protocols import EngineError, EngineSession, OutputAudio
 from rtserve.engines.remote.offer import offer_of
-from rtserve.engines.remote.wire import Kind, RemoteError, encode, read_message
+from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
+from rtserve.process_metrics import merge_expositions
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class EngineServer:
         self.engines = engines
         self.max_send_buffer_bytes = max_send_buffer_bytes
         self.links: set[WorkerLink] = set()
+        self.metrics = LinkMetrics(engines.registry, "engine")
         self._server: asyncio.AbstractServer | None = None
         engines.on_change(self.broadcast_status)
 
@@ -78,7 +82,7 @@ class WorkerLink:
         self._reader = reader
         self._writer = writer
         self.worker_index = -1
-        self.metrics_text = ""
+        self.metrics_text = b""
         self._sessions: dict[int, EngineSession] = {}
         self._pumps: dict[int, asyncio.Task[None]] = {}
         self._handles = itertools.count(1)
@@ -94,6 +98,7 @@ class WorkerLink:
             ("session", "set_epoch"): self._session_call("set_epoch"),
             ("session", "respond"): self._session_call("respond"),
             ("session", "configure_turn_detection"): self._session_call("configure_turn_detection"),
+            ("engine", "metrics"): self._metrics_exposition,
             ("policy", "infer"): self._policy_call(lambda p: lambda request: _validated_infer(p, request)),
             ("policy", "reset_session"): self._policy_call(lambda p: p.reset_session),
             ("policy", "client_connected"): self._policy_call(lambda p: p.client_connected),
@@ -116,7 +121,7 @@ class WorkerLink:
             self._writer.close()
             self._closed = True
             return
-        self._writer.write(encode(message))
+        write(self._writer, message, self._server.metrics)
 
     def _queue_event(self, handle: int, event: Any) -> None:
         if not self._events:
@@ -209,6 +214,12 @@ class WorkerLink:
             log.error("engine call failed", exc_info=exc)
         if call_id is not None:
             self.send((Kind.ERROR, call_id, RemoteError.wrap(exc)))
+
+    def _metrics_exposition(self, worker_text: bytes) -> bytes:
+        """Every process's metrics: the engine's own, this worker's (fresh), the others' (pushed each second)."""
+        self.metrics_text = worker_text
+        workers = {str(link.worker_index): link.metrics_text for link in self._server.links if link.metrics_text}
+        return merge_expositions(generate_latest(self._engines.registry), workers)
 
     async def _open_session(self, session_id: str, options: Any) -> tuple[int, Any]:
         session = await self._engines.session_engine.open_session(session_id, options)

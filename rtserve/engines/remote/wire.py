@@ -20,7 +20,10 @@ import asyncio
 import enum
 import pickle
 import struct
+import time
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.engines.protocols import CapacityExhausted, EngineError
 
@@ -67,6 +70,13 @@ def _rebuild_error(message: str, code: str) -> RemoteError:
     return RemoteError(message, code=code)
 
 
+def write(writer: asyncio.StreamWriter, message: tuple[Any, ...], metrics: LinkMetrics | None) -> None:
+    started = time.perf_counter()
+    writer.write(encode(message))
+    if metrics is not None:
+        metrics.sent(message, time.perf_counter() - started)
+
+
 def encode(message: tuple[Any, ...]) -> bytes:
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(payload)) + payload
@@ -84,3 +94,28 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     if size > MAX_MESSAGE_BYTES:
         raise ConnectionError(f"engine message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
     return pickle.loads(await reader.readexactly(size))
+
+
+class LinkMetrics:
+    """What crossing the process boundary costs: per-tick batches and their encode+write time."""
+
+    def __init__(self, registry: CollectorRegistry, side: str) -> None:
+        self.side = side
+        self.messages = Counter("rtserve_engine_link_messages", "Messages sent over the engine link by kind",
+                                ["side", "kind"], registry=registry)
+        self.batch_seconds = Histogram("rtserve_engine_link_batch_send_seconds",
+                                       "Encoding and writing one per-tick batch (FRAMES_IN or EVENTS_OUT)",
+                                       ["side"], buckets=_IPC_BUCKETS, registry=registry).labels(side)
+        self.batch_items = Histogram("rtserve_engine_link_batch_items", "Sessions' audio chunks or events in one "
+                                     "per-tick batch", ["side"], buckets=_ITEM_BUCKETS, registry=registry).labels(side)
+
+    def sent(self, message: tuple[Any, ...], seconds: float) -> None:
+        kind = message[0]
+        self.messages.labels(self.side, kind.name.lower()).inc()
+        if kind is Kind.FRAMES_IN or kind is Kind.EVENTS_OUT:
+            self.batch_seconds.observe(seconds)
+            self.batch_items.observe(len(message[1]))
+
+
+_IPC_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025)
+_ITEM_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -1,0 +1,70 @@
+"""Metrics every rtserve process exports about itself, and merging several processes' metrics.
+
+Each process (the single server, every worker, the engine process) reports its CPU
+seconds and memory (prometheus-client's ``ProcessCollector``) and its event-loop lag: how
+late a timer fires, the direct measure of a saturated loop. With workers, any worker's
+``/metrics`` shows every process: the engine process merges the expositions workers push
+to it, each worker's samples labelled ``worker="i"`` (prometheus-client's multiprocess mode
+needs one shared directory and process-global metrics; this needs neither).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_LAG_PROBE_S = 0.1
+
+
+class ProcessMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ProcessCollector(registry=registry)
+        self.loop_lag = Histogram("rtserve_event_loop_lag_seconds", "How late a 100 ms timer of this process's "
+                                  "event loop fired", buckets=_LAG_BUCKETS, registry=registry)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._probe())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + _LAG_PROBE_S
+            await asyncio.sleep(_LAG_PROBE_S)
+            self.loop_lag.observe(max(0.0, loop.time() - due))
+
+
+class _Merged:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def merge_expositions(own: bytes, others: Mapping[str, bytes], label: str = "worker") -> bytes:
+    """One exposition: ``own`` as is, each of ``others`` with ``label="<key>"`` on its samples."""
+    families: dict[str, Metric] = {}
+    sources = [(None, own), *others.items()]
+    for key, text in sources:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = sample.labels if key is None else {**sample.labels, label: key}
+                merged.samples.append(Sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(families.values()))
+    return generate_latest(registry)
