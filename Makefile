@@ -40,8 +40,11 @@ deps-dev: apt $(VENV)/.deps-dev
 serve: deps
 	$(VENV)/bin/rtserve serve
 
+# The suite runs twice: engines called directly, then behind the engine link (as workers reach
+# the engine process with --workers > 1).
 test: deps-dev
 	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --engine-client=link
 
 clean:
 	rm -rf $(VENV)

@@ -16,6 +16,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     app.engine_client = config.getoption("--engine-client")
+    config.addinivalue_line("markers", "engine_clock: steers the engine's tick clock by hand, which a worker's "
+                                       "tick-aligned uplink cannot see across the link (skipped with --engine-client=link)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--engine-client") == "local":
+        return
+    skip = pytest.mark.skip(reason="holds the engine's tick clock; the link's uplink follows the real tick grid")
+    for item in items:
+        if "engine_clock" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

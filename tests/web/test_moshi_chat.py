@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import pytest
 import numpy as np
 from prometheus_client import CollectorRegistry
 
@@ -22,6 +23,7 @@ CHAT = "/api/chat"
 OPUS_DELAY_TOLERANCE = 1200  # samples (50 ms)
 
 
+@pytest.mark.engine_clock
 async def test_echo_comes_back_frame_aligned_after_the_loopback_delay(config: ServerConfig) -> None:
     delay_frames, frames = 2, 25
     config = moshi_config(config, delay_frames=delay_frames, backlog_frames=64)

@@ -158,7 +158,6 @@ class LockstepScheduler:
         self._live_mask = np.zeros(self.batch_size, bool)
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
         self._last_overrun_log = -math.inf
-        self._last_tick_started: float | None = None
         self._unlogged_overruns = 0
         self._last_tick_started: float | None = None
 
@@ -211,10 +210,6 @@ class LockstepScheduler:
         lease.output.close()
         if lease.loop is not None:
             self._notifier.notify([(lease.loop, lease)])
-
-    def last_tick_started(self) -> float | None:
-        """When (``time.monotonic()``, whatever clock paces the ticks) the latest tick began; None before the first."""
-        return self._last_tick_started
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -312,12 +307,10 @@ class LockstepScheduler:
                     self._unlogged_overruns)
         self._last_overrun_log = now
         self._unlogged_overruns = 0
-        self._last_tick_started: float | None = None
 
     def _run_tick(self) -> _TickWork | None:
         clock = self._clock
         tick_started = clock.monotonic()
-        self._last_tick_started = time.monotonic()  # the real clock: other processes time their input by it
         self._apply_control_ops()
         with self._cond:
             live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]

@@ -41,6 +41,8 @@ class RemoteEngineSession:
         self._events: deque[EngineEvent | None] = deque()
         self._max_queued = max_queued_events
         self._ready = asyncio.Event()
+        self._emptied = asyncio.Event()
+        self._emptied.set()
         self._epoch = 0
         self._closed = False
         self.dropped_events = 0
@@ -49,6 +51,7 @@ class RemoteEngineSession:
     # ------------------------------------------------------------------ engine -> session
 
     def _receive(self, event: Any) -> None:
+        self._emptied.clear()
         if engine_lost(event):
             self._events.append(ENGINE_LOST_FAILURE)
             self._events.append(None)
@@ -72,6 +75,8 @@ class RemoteEngineSession:
                 self._ready.clear()
                 await self._ready.wait()
             event = self._events.popleft()
+            if not self._events:
+                self._emptied.set()
             if event is None:
                 return
             if isinstance(event, OutputAudio) and event.epoch < self._epoch:
@@ -90,6 +95,13 @@ class RemoteEngineSession:
     async def commit_input(self) -> None:
         if not self._closed:
             await self._call("commit_input")
+
+    async def drain(self) -> None:
+        """The engine process's drain, then until this side's consumer read what it produced."""
+        if self._closed:
+            return
+        await self._call("drain")
+        await self._emptied.wait()
 
     def clear_input(self) -> None:
         self._link.uplink.drop(self._handle)

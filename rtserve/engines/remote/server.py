@@ -93,6 +93,7 @@ class WorkerLink:
         self._calls: dict[tuple[str, str], Callable[..., Any]] = {
             ("engine", "open_session"): self._open_session,
             ("session", "commit_input"): self._session_call("commit_input"),
+            ("session", "drain"): self._session_call("drain"),
             ("session", "close"): self._close_session,
             ("session", "clear_input"): self._session_call("clear_input"),
             ("session", "set_epoch"): self._session_call("set_epoch"),
@@ -207,6 +208,8 @@ class WorkerLink:
         if exc is not None:
             self._reply_error(call_id, exc)
         elif call_id is not None:
+            if self._events:  # output a drain waited for goes out before the drain's answer
+                self._flush_events()
             self.send((Kind.RESULT, call_id, task.result()))
 
     def _reply_error(self, call_id: int | None, exc: BaseException) -> None:
