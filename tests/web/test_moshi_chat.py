@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
-import pytest
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
