@@ -80,6 +80,7 @@ class Result:
     latency_p50_first_last_5s_ms: tuple[float, float]
     send_lag_p99_ms: float
     server_cpu_pct: float
+    client_cpu_pct: float  # the load generator itself: near 100 % it, not the server, is the limit
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
     failed_sessions: int
@@ -171,10 +172,11 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
 
             async def steady_window() -> tuple[float, dict[str, float], dict[str, float]]:
                 await asyncio.sleep(start_at + warmup_s - loop.time())
-                cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
+                cpu_before, wall_before, client_before = server.cpu_seconds(), time.monotonic(), time.process_time()
                 counters_before = await scrape(http, server.base)
                 await asyncio.sleep(stop_at - loop.time())
-                cpu = (server.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
+                wall = time.monotonic() - wall_before
+                cpu = (server.cpu_seconds() - cpu_before) / wall, (time.process_time() - client_before) / wall
                 return cpu, counters_before, await scrape(http, server.base)
 
             window = asyncio.create_task(steady_window())
@@ -215,7 +217,8 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         queued_ticks_pct=queued,
         latency_p50_first_last_5s_ms=(float(np.median(first)) if first.size else float("nan"),
                                       float(np.median(last)) if last.size else float("nan")),
-        send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"), server_cpu_pct=100 * cpu,
+        send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"), server_cpu_pct=100 * cpu[0],
+        client_cpu_pct=100 * cpu[1],
         engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
                          counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
         error_events=sum(len(log.errors) for log in logs),
@@ -238,7 +241,7 @@ def print_table(results: list[Result]) -> None:
              " / ".join(f"{r.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
                                                                "catch_up_ticks"))),
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
-            ("server CPU (all processes)", f"{r.server_cpu_pct:.0f} % of one core"),
+            ("server CPU (all processes) / client CPU", f"{r.server_cpu_pct:.0f} % / {r.client_cpu_pct:.0f} % of one core"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
         ]
 

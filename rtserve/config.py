@@ -66,13 +66,13 @@ class LockstepConfig(_Section):
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
     latency_trim_window_frames: int | None = Field(
-        25, ge=1, description="when a slot kept more than latency_trim_keep_frames of input queued through "
-                              "this many ticks, drop drift_trim_ms of its quietest queued samples (clock drift, "
-                              "standing latency); null disables")
-    latency_trim_keep_frames: int = Field(1, ge=0, description="spare input frames a slot may keep queued as a "
-                                                               "cushion against network jitter (+1 frame latency)")
-    drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per trim window while standing latency "
-                                                        "stays above the cushion (quietest samples first)")
+        12, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
+                              "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
+                              "it is back within the cushion (jitter, clock drift); null disables")
+    jitter_cushion_ms: float = Field(20.0, ge=0, description="input a slot may keep queued after a tick as a "
+                                                             "cushion against network jitter")
+    drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per tick while standing latency stays above "
+                                                        "the cushion (quietest samples first)")
     output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
                                                           "writer or session runner); drop-oldest audio beyond, "
                                                           "text carried into the next frame")

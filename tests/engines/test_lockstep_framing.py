@@ -43,7 +43,7 @@ def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first()
 
 
 def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
-    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=2, keep_frames=1, trim_samples=2)
+    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=2, cushion=FRAME, trim_samples=2)
     loud = np.full(3 * FRAME, 0.5, np.float32)
     loud[FRAME + 4:FRAME + 6] = 0.001  # a quiet spot in the standing backlog
     backlog.push(loud)
@@ -59,7 +59,7 @@ def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
 
 
 def test_trimmed_samples_are_counted() -> None:
-    scheduler, _, registry = make_scheduler(latency_trim_window_frames=1, latency_trim_keep_frames=0,
+    scheduler, _, registry = make_scheduler(latency_trim_window_frames=1, jitter_cushion_ms=0,
                                             drift_trim_ms=20)  # 2 samples at 100 Hz
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))

@@ -332,7 +332,7 @@ def test_without_a_cushion_a_late_frame_adds_latency_only_until_the_window_ends(
     """Frame 10 arrives just after its tick: that tick plays silence and every later frame
     waits one extra period, until the adaptive backlog drops the standing frame."""
     lease, latency, stepped, registry = run_late_frames_client(
-        {10: 0.7 * PERIOD}, latency_trim_window_frames=trim_window, latency_trim_keep_frames=0,
+        {10: 0.7 * PERIOD}, latency_trim_window_frames=trim_window, jitter_cushion_ms=0,
         drift_trim_ms=PERIOD * 1000)  # whole frames, so latencies stay on the frame grid
     assert all(latency[i] == pytest.approx(PERIOD / 2) for i in range(1, 11))
     assert 11 not in latency  # the tick the late frame missed stepped silence
@@ -349,11 +349,12 @@ def test_without_a_cushion_a_late_frame_adds_latency_only_until_the_window_ends(
 
 
 def test_a_one_frame_cushion_absorbs_late_frames_and_never_grows() -> None:
-    """Default policy: the first late frame leaves one spare frame (kept: later late frames
-    then cost nothing); a second standing frame is trimmed, so latency stays at +1 period."""
+    """With a one-frame jitter cushion, the first late frame leaves one spare frame (kept:
+    later late frames then cost nothing); a second standing frame is trimmed, so latency
+    stays at +1 period."""
     lease, latency, stepped, _ = run_late_frames_client(
         {10: 0.7 * PERIOD, 20: 0.7 * PERIOD, 30: 1.7 * PERIOD}, latency_trim_window_frames=3,
-        drift_trim_ms=PERIOD * 1000)
+        jitter_cushion_ms=PERIOD * 1000, drift_trim_ms=PERIOD * 1000)
     assert latency[12] == pytest.approx(1.5 * PERIOD)
     # The first tick, the one frame 10 missed, and the one frame 30 missed (late by more than the
     # cushion); frame 20's lateness cost nothing.

@@ -39,9 +39,10 @@ class SlotLease:
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
-        trim_samples = max(1, round(config.drift_trim_ms * scheduler.sample_rate / 1000))
+        rate = scheduler.sample_rate
         self.input = InputBacklog(scheduler.frame_size, config.max_input_backlog_frames,
-                                  config.latency_trim_window_frames, config.latency_trim_keep_frames, trim_samples)
+                                  config.latency_trim_window_frames, round(config.jitter_cushion_ms * rate / 1000),
+                                  max(1, round(config.drift_trim_ms * rate / 1000)))
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.samples_pushed = 0

@@ -34,9 +34,9 @@ class LockstepMetrics:
             "rtserve_lockstep_dropped_input_frames", "Input dropped (oldest first) over the backlog cap, in frames' worth of samples",
             registry=registry)
         self.trimmed_input_samples = Counter(
-            "rtserve_lockstep_trimmed_input_samples", "Quietest queued input samples dropped (drift_trim_ms at a "
-            "time) because more than latency_trim_keep_frames stood in the backlog for a whole trim window "
-            "(clock drift or a burst: standing latency)", registry=registry)
+            "rtserve_lockstep_trimmed_input_samples", "Quietest queued input samples dropped (drift_trim_ms a "
+            "tick) because more than jitter_cushion_ms stood in the backlog through a whole trim window "
+            "(jitter, clock drift or a burst: standing latency)", registry=registry)
         self.dropped_output_frames = Counter(
             "rtserve_lockstep_dropped_output_frames", "Output frames dropped (oldest first) for a slow reader",
             registry=registry)

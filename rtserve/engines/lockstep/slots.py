@@ -35,14 +35,16 @@ class InputBacklog:
     with silence at its start, so the newest samples end at the tick (20 ms packets wait
     one packet, not a frame). Capped at ``limit_frames`` frames by dropping the oldest.
 
-    With ``trim_window`` set it also absorbs clock drift. A client slightly faster than
-    the engine, or a burst after a stall, leaves samples standing after every take: up to
-    ``keep_frames`` frames are kept as a cushion against jitter; above that, through a
-    whole window of ``trim_window`` takes, they are pure added latency and up to
-    ``trim_samples`` of the quietest queued samples are dropped.
+    With ``trim_window`` set it also absorbs jitter and clock drift. A late packet, a burst
+    after a stall, or a client slightly faster than the engine leaves samples standing after
+    every take; up to ``cushion`` samples may stand (a small jitter cushion). Samples standing
+    above it through ``trim_window`` consecutive takes are pure added latency: from then on
+    each take drops up to ``trim_samples`` of the quietest queued samples, until the backlog
+    is back within the cushion (a late 80 ms packet costs a second or two of +80 ms, not
+    the rest of the session).
     """
 
-    def __init__(self, frame_size: int, limit_frames: int, trim_window: int | None = None, keep_frames: int = 0,
+    def __init__(self, frame_size: int, limit_frames: int, trim_window: int | None = None, cushion: int = 0,
                  trim_samples: int = 0) -> None:
         if frame_size < 1 or limit_frames < 1:
             raise ValueError("frame size and input backlog limit must be >= 1")
@@ -51,13 +53,12 @@ class InputBacklog:
         self.frame_size = frame_size
         self.limit = limit_frames * frame_size  # samples
         self.trim_window = trim_window
-        self.cushion = keep_frames * frame_size
+        self.cushion = cushion  # samples
         self.trim_samples = trim_samples
         self._buf = np.zeros(self.limit, np.float32)
         self._size = 0
         self._lock = threading.Lock()
-        self._window_takes = 0
-        self._window_min = self.limit
+        self._standing_takes = 0  # consecutive takes that left more than the cushion standing
 
     def push(self, samples: np.ndarray) -> int:
         """Queue float32 samples; return how many old samples were dropped to stay within the cap."""
@@ -93,15 +94,14 @@ class InputBacklog:
 
     def _trim_standing_latency_locked(self) -> int:
         assert self.trim_window is not None
-        self._window_min = min(self._window_min, self._size)
-        self._window_takes += 1
-        if self._window_takes < self.trim_window:
+        excess = self._size - self.cushion
+        if excess <= 0:
+            self._standing_takes = 0
             return 0
-        standing = self._window_min
-        self._window_takes, self._window_min = 0, self.limit
-        count = min(self.trim_samples, standing - self.cushion)
-        if count <= 0:
+        self._standing_takes += 1
+        if self._standing_takes < self.trim_window:
             return 0
+        count = min(self.trim_samples, excess)
         # The quietest run of ``count`` samples: dropping silence is inaudible.
         energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[:self._size], dtype=np.float64))))
         start = int(np.argmin(energy[count:] - energy[:-count]))
@@ -114,7 +114,7 @@ class InputBacklog:
         with self._lock:
             count = self._size
             self._size = 0
-            self._window_takes, self._window_min = 0, self.limit
+            self._standing_takes = 0
         return count
 
     def __len__(self) -> int:
