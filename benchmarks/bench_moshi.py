@@ -90,6 +90,7 @@ class Point:
     send_lag_p99_ms: float
     aligned_windows_pct: float
     server_cpu_pct: float
+    busiest_process_pct: float  # the busiest server process (one core = 100 %): a saturated one is the limit
     client_cpu_pct: float  # the load generator itself: near 100 % it, not the server, is the limit
     errors: int
 
@@ -261,10 +262,10 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
                      for i in range(clients)]
             window = (start_at + warmup_s + PERIOD_S, start_at + frames * PERIOD_S - 0.2)
             await asyncio.sleep(max(0.0, window[0] - loop.time()))
-            before, cpu_before = await scrape(http, server.base), server.cpu_seconds()
+            before, cpu_before = await scrape(http, server.base), server.cpu_by_process()
             client_before = time.process_time()
             await asyncio.sleep(max(0.0, window[1] - loop.time()))
-            after, cpu_after = await scrape(http, server.base), server.cpu_seconds()
+            after, cpu_after = await scrape(http, server.base), server.cpu_by_process()
             client_cpu = time.process_time() - client_before
             measured_s = window[1] - window[0]
             await asyncio.gather(*tasks)
@@ -299,7 +300,8 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
         skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
         send_lag_p99_ms=_pct([v for log in logs for v in log.send_lag_ms], 99),
         aligned_windows_pct=100.0 * aligned / max(1, windows),
-        server_cpu_pct=100.0 * (cpu_after - cpu_before) / measured_s,
+        server_cpu_pct=100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
+        busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
         client_cpu_pct=100.0 * client_cpu / measured_s,
         errors=sum(log.error is not None for log in logs),
     )
@@ -308,7 +310,7 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
 def print_table(points: list[Point]) -> None:
     columns = [("workers", 7), ("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
                ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("skipped", 7),
-               ("send p99", 8), ("cpu", 5), ("client", 6), ("aligned", 7), ("errors", 6)]
+               ("send p99", 8), ("cpu", 5), ("busiest", 7), ("client", 6), ("aligned", 7), ("errors", 6)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
         cells = [str(p.workers), str(p.clients), f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
@@ -316,7 +318,7 @@ def print_table(points: list[Point]) -> None:
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
                  str(p.dropped_input + p.dropped_output), str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
-                 f"{p.server_cpu_pct:.0f}%", f"{p.client_cpu_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
+                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print("lat: echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
           "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "

@@ -1,19 +1,20 @@
 """Concurrent duplex sessions on ``WS /v1/realtime?duplex=1`` against the real server
 (``rtserve serve --engine loopback`` in its own process).
 
-Each of ``--sessions`` clients opens a duplex session and sends one 80 ms PCM16 frame
-(``input_audio_buffer.append``) every 80 ms on an absolute schedule (clients start at
-spread phases, like independent callers) for ``--duration`` seconds. Every frame carries
-its sequence number in its first samples; the loopback engine returns each frame
-bit-exact ``loopback_delay_frames`` frames later, so each ``response.output_audio.delta``
-is matched to the frame it echoes.
+Each of ``--sessions`` clients opens a duplex session and sends one ``--append-ms`` chunk
+of PCM16 (``input_audio_buffer.append``, 80 ms by default) per period on an absolute schedule
+(clients start at spread phases, like independent callers) for ``--duration`` seconds. Every
+chunk carries its sequence number in its first samples; the loopback engine returns the
+audio bit-exact ``loopback_delay_frames`` frames later, so each
+``response.output_audio.delta`` is matched to the chunks it echoes.
 
 Reported over the steady window (after ``--warmup`` s, until the senders stop):
 
-* latency: echo arrival minus send time of that frame, p50/p99/max. It includes the
-  engine's own loopback delay (80 ms per delay frame) and the wait for the next engine
-  tick (uniform over one 80 ms period, since clients are not phase-locked to the tick);
-  "server path" subtracts the loopback delay;
+* latency: echo arrival minus the send time of the newest chunk the echo carries (the
+  issue's "server path" definition), p50/p99/max. It includes the engine's own loopback
+  delay (80 ms per delay frame) and the wait for the next engine tick (for 80 ms chunks,
+  uniform over one period, since clients are not phase-locked to the tick); "server path"
+  subtracts the loopback delay;
 * lost: frames sent in the window that never came back (must be 0); duplicates;
 * send lag p99: how late the client's own timer fired (checks the load generator kept up);
 * server CPU as a share of one core, and error events received.
@@ -53,7 +54,8 @@ ENGINE_COUNTERS = ("rtserve_lockstep_underruns_total", "rtserve_lockstep_dropped
 @dataclass
 class ClientLog:
     sent: dict[int, float] = field(default_factory=dict)  # seq -> loop time sent
-    received: dict[int, float] = field(default_factory=dict)  # seq -> loop time its echo arrived
+    received: dict[int, float] = field(default_factory=dict)  # seq -> arrival of the echo it is the newest of
+    echoed: set[int] = field(default_factory=set)  # every chunk seen in some echo
     duplicates: int = 0
     send_lag_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -80,6 +82,7 @@ class Result:
     latency_p50_first_last_5s_ms: tuple[float, float]
     send_lag_p99_ms: float
     server_cpu_pct: float
+    busiest_process_pct: float  # the busiest server process (one core = 100 %)
     client_cpu_pct: float  # the load generator itself: near 100 % it, not the server, is the limit
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
@@ -121,11 +124,13 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
                     event = json.loads(message.data)
                     kind = event["type"]
                     if kind == "response.output_audio.delta":
-                        for seq in echoed_seqs(event["delta"]):
-                            if seq in log.received:
+                        seqs = echoed_seqs(event["delta"])
+                        for seq in seqs:
+                            if seq in log.echoed:
                                 log.duplicates += 1
-                            else:
-                                log.received[seq] = arrived
+                            log.echoed.add(seq)
+                        if seqs:
+                            log.received.setdefault(max(seqs), arrived)
                     elif kind == "error":
                         log.errors.append(event["error"]["code"])
 
@@ -172,11 +177,13 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
 
             async def steady_window() -> tuple[float, dict[str, float], dict[str, float]]:
                 await asyncio.sleep(start_at + warmup_s - loop.time())
-                cpu_before, wall_before, client_before = server.cpu_seconds(), time.monotonic(), time.process_time()
+                cpu_before, wall_before, client_before = server.cpu_by_process(), time.monotonic(), time.process_time()
                 counters_before = await scrape(http, server.base)
                 await asyncio.sleep(stop_at - loop.time())
                 wall = time.monotonic() - wall_before
-                cpu = (server.cpu_seconds() - cpu_before) / wall, (time.process_time() - client_before) / wall
+                cpu_after = server.cpu_by_process()
+                cpu = ((sum(cpu_after.values()) - sum(cpu_before.values())) / wall,
+                       (time.process_time() - client_before) / wall, server.busiest_pct(cpu_before, cpu_after, wall))
                 return cpu, counters_before, await scrape(http, server.base)
 
             window = asyncio.create_task(steady_window())
@@ -193,11 +200,12 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
             if at < window_start:
                 continue
             sent += 1
-            arrived = log.received.get(seq)
-            if arrived is None:
+            if seq not in log.echoed:
                 lost += 1
-            else:
-                back += 1
+                continue
+            back += 1
+            arrived = log.received.get(seq)
+            if arrived is not None:  # the newest chunk of its echo
                 latencies.append((arrived - at) * 1000)
                 sent_at.append(at)
         lags.extend(log.send_lag_ms)
@@ -218,7 +226,7 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         latency_p50_first_last_5s_ms=(float(np.median(first)) if first.size else float("nan"),
                                       float(np.median(last)) if last.size else float("nan")),
         send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"), server_cpu_pct=100 * cpu[0],
-        client_cpu_pct=100 * cpu[1],
+        client_cpu_pct=100 * cpu[1], busiest_process_pct=cpu[2],
         engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
                          counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
         error_events=sum(len(log.errors) for log in logs),
@@ -241,7 +249,8 @@ def print_table(results: list[Result]) -> None:
              " / ".join(f"{r.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
                                                                "catch_up_ticks"))),
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
-            ("server CPU (all processes) / client CPU", f"{r.server_cpu_pct:.0f} % / {r.client_cpu_pct:.0f} % of one core"),
+            ("server CPU all / busiest process / client", f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / "
+                                                           f"{r.client_cpu_pct:.0f} % of one core"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
         ]
 

@@ -61,22 +61,28 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """utime + stime of the server and every process under it (children still running)."""
+        return sum(self.cpu_by_process().values())
+
+    def cpu_by_process(self) -> dict[int, float]:
+        """CPU seconds of the server and each process under it, by pid."""
         stats = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-        tree, total = {self.proc.pid}, 0
+        tree = {self.proc.pid}
         while True:
             grown = tree | {pid for pid, fields in stats.items() if int(fields[1]) in tree}
             if grown == tree:
                 break
             tree = grown
-        for pid in tree:
-            if pid in stats:
-                total += int(stats[pid][11]) + int(stats[pid][12])
-        return total / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return {pid: (int(stats[pid][11]) + int(stats[pid][12])) / tick for pid in tree if pid in stats}
+
+    def busiest_pct(self, before: dict[int, float], after: dict[int, float], seconds: float) -> float:
+        """The busiest single process between two ``cpu_by_process`` readings, in % of one core."""
+        return max((100.0 * (t - before.get(pid, 0.0)) / seconds for pid, t in after.items()), default=0.0)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
