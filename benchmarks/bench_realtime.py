@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,7 @@ class Result:
     client_cpu_pct: float  # the load generator itself: near 100 % it, not the server, is the limit
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
+    error_codes: dict[str, int]  # what the errors were (event codes, client-side failures)
     failed_sessions: int
 
 
@@ -230,6 +232,7 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
                          counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
         error_events=sum(len(log.errors) for log in logs),
+        error_codes=dict(Counter(e.split(':')[0][:60] for log in logs for e in log.errors)),
         failed_sessions=sum(not log.sent for log in logs))
 
 
@@ -252,6 +255,7 @@ def print_table(results: list[Result]) -> None:
             ("server CPU all / busiest process / client", f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / "
                                                            f"{r.client_cpu_pct:.0f} % of one core"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
+            ("error codes", ", ".join(f"{k} {v}" for k, v in r.error_codes.items()) or "-"),
         ]
 
     table = [rows(r) for r in results]

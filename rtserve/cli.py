@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -35,11 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(config: ServerConfig, *, engine_socket: str | None = None, worker_index: int = 0) -> None:
+async def serve(config: ServerConfig, *, engine_socket: str | None = None, worker_index: int = 0,
+                listener: socket.socket | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain: stop accepting, close sessions, exit.
 
     With ``engine_socket`` this is one front-end worker of several: engines run in the engine
-    process behind that socket, and the port is shared with the other workers."""
+    process behind that socket, and ``listener`` is its share of the port (bound by the supervisor)."""
     from rtserve.app import build_app  # heavy imports only for the serve path
 
     registry = CollectorRegistry()
@@ -50,7 +52,7 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.sessions.shutdown_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_port=engine_socket is not None)
+    site = web.TCPSite(runner, config.host, config.port) if listener is None else web.SockSite(runner, listener)
     await site.start()
     if engine_socket is None:
         log.info("rtserve %s listening on http://%s:%d (engine %s)", __version__, config.host, config.port,
@@ -76,7 +78,8 @@ async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index
 
     settings = config.engine_link
     link = EngineLink(lambda: asyncio.open_unix_connection(engine_socket), worker_index,
-                      uplink_lead_s=settings.uplink_lead_ms / 1000, metrics=LinkMetrics(registry, "worker"))
+                      uplink_lead_s=settings.uplink_lead_ms / 1000, uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+                      metrics=LinkMetrics(registry))
     link.start()
     await link.connected.wait()  # the engine process answers at once, before its models load
     assert link.offer is not None

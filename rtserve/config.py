@@ -204,8 +204,10 @@ class HttpGenerationConfig(_Section):
 class EngineLinkConfig(_Section):
     """Front-end workers <-> the engine process (``--workers`` > 1)."""
 
-    uplink_lead_ms: float = Field(5.0, ge=0, le=40, description="a worker sends its sessions' audio this long "
-                                                                "before the engine's next tick (one message a tick)")
+    uplink_lead_ms: float = Field(15.0, ge=0, le=40, description="a worker sends its sessions' audio this long "
+                                                                 "before the engine's next tick (one message a tick)")
+    uplink_last_call_ms: float = Field(2.0, ge=0, le=40, description="audio that arrived after that main send goes in "
+                                                                     "a small top-up this long before the tick")
     max_queued_events: int = Field(256, ge=8, description="engine events a worker holds per session for a slow "
                                                           "consumer; beyond, the oldest audio without text is dropped")
     max_send_buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,

@@ -6,6 +6,11 @@ the engine process owns models and device; each worker runs the whole aiohttp ap
 (``SO_REUSEPORT``: the kernel spreads new connections over the workers) and reaches the
 engines through ``EngineLink`` over a Unix socket.
 
+The parent binds one ``SO_REUSEPORT`` listening socket per worker before any child starts
+and hands each worker its own: every socket takes its share of connections from the first
+moment (none lands on an early worker just because the others were still starting), and a
+restarted worker takes over its predecessor's socket, connections queued meanwhile included.
+
 This parent only supervises. A worker that dies loses its own sockets and is started
 again; the others keep streaming. An engine process that dies ends its sessions with
 ``engine_failure`` (the workers see the link break; ``/health`` is 503) and is started
@@ -21,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -35,6 +41,7 @@ from rtserve.processes import engine_main, worker_main
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
+_BACKLOG = 1024  # connections a socket queues while its worker starts or restarts
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # repeated crashes wait longer, never give up
 _STABLE_S = 30.0  # a child that lived this long restarts without backoff
 
@@ -73,9 +80,10 @@ class Supervisor:
         settings = config.model_dump(mode="json")
         self._context = multiprocessing.get_context("spawn")
         parent = os.getpid()
+        self._listeners = _listening_sockets(config.host, config.port, workers)
         self._engine = _Child("engine", engine_main.run, (settings, socket_path, parent))
-        self._workers = [_Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent))
-                         for i in range(workers)]
+        self._workers = [_Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent, listener))
+                         for i, listener in enumerate(self._listeners)]
         self._stop = threading.Event()
 
     @property
@@ -111,7 +119,28 @@ class Supervisor:
         deadline = time.monotonic() + self.config.sessions.shutdown_timeout_s + 5
         _terminate([w.process for w in self._workers], deadline)  # sessions close with "shutdown" first
         _terminate([self._engine.process], time.monotonic() + 10)
+        for listener in self._listeners:
+            listener.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def _listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            address = sock.getsockname()  # port 0: the others share the port the first got
+            sock.listen(_BACKLOG)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def _terminate(processes: list[BaseProcess | None], deadline: float) -> None:

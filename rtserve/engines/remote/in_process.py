@@ -22,13 +22,19 @@ class LinkedEngines(RemoteEngines):
     def __init__(self, local: EngineSet, config: ServerConfig) -> None:
         self._local = local
         self._server = EngineServer(local)
-        link = EngineLink(self._connect, worker_index=0, uplink_lead_s=config.engine_link.uplink_lead_ms / 1000)
-        super().__init__(link, offer_of(local), max_queued_events=config.engine_link.max_queued_events)
+        self._serving: set[asyncio.Task[None]] = set()
+        settings = config.engine_link
+        link = EngineLink(self._connect, worker_index=0, uplink_lead_s=settings.uplink_lead_ms / 1000,
+                          uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+                          metrics=self._server.metrics)  # one registry here: both sides share the metrics
+        super().__init__(link, offer_of(local), max_queued_events=settings.max_queued_events)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         ours, theirs = socket.socketpair()
         server_side = await asyncio.open_connection(sock=theirs)
-        asyncio.create_task(self._server.serve_connection(*server_side))
+        task = asyncio.create_task(self._server.serve_connection(*server_side))
+        self._serving.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._serving.discard)
         return await asyncio.open_connection(sock=ours)
 
     def start(self) -> None:

@@ -5,9 +5,9 @@ While it is down, calls fail at once with ``engine_unavailable`` and every live 
 session ends with ``engine_failure``; the offer says not ready, so ``/health`` is 503.
 
 Audio pushed by sessions waits in ``Uplink`` and crosses as one ``FRAMES_IN`` per tick,
-flushed ``uplink_lead_s`` before the engine's next tick (the engine reports when its
-ticks start; both processes read the same monotonic clock). Engines without ticks get
-one message per event-loop turn.
+flushed ``uplink_lead_s`` before the engine's next tick, plus a last-call top-up for audio
+that arrived after that (the engine reports when its ticks start; both processes read the
+same monotonic clock). Engines without ticks get one message per event-loop turn.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ class EngineUnavailable(EngineError):
 
 
 class EngineLink:
-    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.005,
-                 metrics: LinkMetrics | None = None) -> None:
+    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.015,
+                 uplink_last_call_s: float = 0.002, metrics: LinkMetrics | None = None) -> None:
         self._connect = connect  # () -> awaitable (reader, writer)
         self.worker_index = worker_index
         self.offer: EngineOffer | None = None
         self.connected = asyncio.Event()
-        self.uplink = Uplink(self, uplink_lead_s)
+        self.uplink = Uplink(self, uplink_lead_s, uplink_last_call_s)
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -154,7 +154,7 @@ class EngineLink:
     def send(self, message: tuple[Any, ...]) -> None:
         if self._writer is None:
             raise EngineUnavailable("the engine process is not reachable")
-        write(self._writer, message, self._metrics)
+        write(self._writer, message, self._metrics, "worker")
 
     async def call(self, target: str, method: str, *args: Any) -> Any:
         """A control call with a reply; engine errors are raised here with their code."""
@@ -210,11 +210,16 @@ class EngineLink:
 
 
 class Uplink:
-    """Audio of every session of this worker, sent as one message per engine tick."""
+    """Audio of every session of this worker, sent as one message per engine tick.
 
-    def __init__(self, link: EngineLink, lead_s: float) -> None:
+    The main flush goes ``lead_s`` before the engine's next tick, with margin for a busy
+    loop on either side; audio that arrives after it still catches the tick in a small
+    last-call message ``last_call_s`` before it (at most two messages a tick, usually one).
+    """
+
+    def __init__(self, link: EngineLink, lead_s: float, last_call_s: float) -> None:
         self._link = link
-        self._lead_s = lead_s
+        self._leads = sorted({lead_s, last_call_s}, reverse=True)
         self._pending: list[tuple[int, Any]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tick_origin: float | None = None
@@ -233,15 +238,17 @@ class Uplink:
             self._timer = loop.call_at(self._next_flush(loop.time()), self.flush)
 
     def _next_flush(self, now: float) -> float:
-        """Just before the engine's next tick; at once when the engine has no ticks."""
+        """The next flush point before one of the engine's ticks; now when the engine has no ticks."""
         origin, period = self._tick_origin, self._period_s
         if origin is None or period is None:
             return now
         # loop.time() is time.monotonic() (asyncio's default clock), as the engine's stamp is.
-        due = origin + period - self._lead_s
-        if due < now:
-            due += ((now - due) // period + 1) * period
-        return due
+        next_tick = origin + ((now - origin) // period + 1) * period
+        for tick in (next_tick, next_tick + period):
+            for lead in self._leads:
+                if tick - lead > now:
+                    return tick - lead
+        return now
 
     def flush(self) -> None:
         if self._timer is not None:

@@ -39,7 +39,7 @@ class EngineServer:
         self.engines = engines
         self.max_send_buffer_bytes = max_send_buffer_bytes
         self.links: set[WorkerLink] = set()
-        self.metrics = LinkMetrics(engines.registry, "engine")
+        self.metrics = LinkMetrics(engines.registry)
         self._server: asyncio.AbstractServer | None = None
         engines.on_change(self.broadcast_status)
 
@@ -122,7 +122,7 @@ class WorkerLink:
             self._writer.close()
             self._closed = True
             return
-        write(self._writer, message, self._server.metrics)
+        write(self._writer, message, self._server.metrics, "engine")
 
     def _queue_event(self, handle: int, event: Any) -> None:
         if not self._events:

@@ -70,11 +70,11 @@ def _rebuild_error(message: str, code: str) -> RemoteError:
     return RemoteError(message, code=code)
 
 
-def write(writer: asyncio.StreamWriter, message: tuple[Any, ...], metrics: LinkMetrics | None) -> None:
+def write(writer: asyncio.StreamWriter, message: tuple[Any, ...], metrics: LinkMetrics | None, side: str) -> None:
     started = time.perf_counter()
     writer.write(encode(message))
     if metrics is not None:
-        metrics.sent(message, time.perf_counter() - started)
+        metrics.sent(side, message, time.perf_counter() - started)
 
 
 def encode(message: tuple[Any, ...]) -> bytes:
@@ -97,24 +97,24 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
 
 
 class LinkMetrics:
-    """What crossing the process boundary costs: per-tick batches and their encode+write time."""
+    """What crossing the process boundary costs: per-tick batches and their encode+write time,
+    by side (``worker`` sends audio, ``engine`` sends events)."""
 
-    def __init__(self, registry: CollectorRegistry, side: str) -> None:
-        self.side = side
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.messages = Counter("rtserve_engine_link_messages", "Messages sent over the engine link by kind",
                                 ["side", "kind"], registry=registry)
         self.batch_seconds = Histogram("rtserve_engine_link_batch_send_seconds",
                                        "Encoding and writing one per-tick batch (FRAMES_IN or EVENTS_OUT)",
-                                       ["side"], buckets=_IPC_BUCKETS, registry=registry).labels(side)
+                                       ["side"], buckets=_IPC_BUCKETS, registry=registry)
         self.batch_items = Histogram("rtserve_engine_link_batch_items", "Sessions' audio chunks or events in one "
-                                     "per-tick batch", ["side"], buckets=_ITEM_BUCKETS, registry=registry).labels(side)
+                                     "per-tick batch", ["side"], buckets=_ITEM_BUCKETS, registry=registry)
 
-    def sent(self, message: tuple[Any, ...], seconds: float) -> None:
+    def sent(self, side: str, message: tuple[Any, ...], seconds: float) -> None:
         kind = message[0]
-        self.messages.labels(self.side, kind.name.lower()).inc()
+        self.messages.labels(side, kind.name.lower()).inc()
         if kind is Kind.FRAMES_IN or kind is Kind.EVENTS_OUT:
-            self.batch_seconds.observe(seconds)
-            self.batch_items.observe(len(message[1]))
+            self.batch_seconds.labels(side).observe(seconds)
+            self.batch_items.labels(side).observe(len(message[1]))
 
 
 _IPC_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025)
