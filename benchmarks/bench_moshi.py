@@ -85,6 +85,7 @@ class Point:
     late_pages: int
     pages: int
     dropped_input: int
+    trimmed_input_ms: float  # standing latency trimmed away, over all sessions
     dropped_output: int
     skipped_ticks: int
     send_lag_p99_ms: float
@@ -296,6 +297,7 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
         lateness_p50_ms=_pct(lateness, 50), lateness_p99_ms=_pct(lateness, 99),
         late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)), pages=len(lateness),
         dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
+        trimmed_input_ms=delta("rtserve_lockstep_trimmed_input_samples_total") * 1000 / 24_000,
         dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),
         skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
         send_lag_p99_ms=_pct([v for log in logs for v in log.send_lag_ms], 99),
@@ -309,7 +311,7 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
 
 def print_table(points: list[Point]) -> None:
     columns = [("workers", 7), ("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
-               ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("skipped", 7),
+               ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("trim", 7), ("skipped", 7),
                ("send p99", 8), ("cpu", 5), ("busiest", 7), ("client", 6), ("aligned", 7), ("errors", 6)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
@@ -317,7 +319,7 @@ def print_table(points: list[Point]) -> None:
                  f"{p.egress_p50_ms:.2f}ms", f"{p.egress_p99_ms:.2f}ms",
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
-                 str(p.dropped_input + p.dropped_output), str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
+                 str(p.dropped_input + p.dropped_output), f"{p.trimmed_input_ms:.0f}ms", str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
                  f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print("lat: echoed page arrival - send of the newest input it carries - loopback delay (client clock); "

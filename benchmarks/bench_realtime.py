@@ -46,10 +46,14 @@ RATE = 24_000
 FRAME = 1920
 PERIOD_S = FRAME / RATE
 DRAIN_S = 1.0  # after the senders stop, wait this long for the last echoes
-MARK = (4242, -4242)
+# Loud markers: the server's drift trimming drops the quietest samples first, so the chunk
+# numbers must never be the quietest thing in the stream (trims are reported on their own).
+MARK = (24242, -24242)
+_SEQ_BASE = 8192  # seq digits are stored as 8192 + (0..8191): louder than the 1000-level fill
 ENGINE_COUNTERS = ("rtserve_lockstep_underruns_total", "rtserve_lockstep_dropped_input_frames_total",
                    "rtserve_lockstep_dropped_output_frames_total", "rtserve_lockstep_overruns_total",
-                   "rtserve_lockstep_catch_up_ticks_total", "rtserve_lockstep_skipped_deadlines_total")
+                   "rtserve_lockstep_catch_up_ticks_total", "rtserve_lockstep_skipped_deadlines_total",
+                   "rtserve_lockstep_trimmed_input_samples_total")
 
 
 @dataclass
@@ -93,7 +97,7 @@ class Result:
 
 def append_message(seq: int, samples: int) -> str:
     chunk = np.full(samples, 1000, dtype="<i2")
-    chunk[:4] = [seq & 0x7FFF, (seq >> 15) & 0x7FFF, *MARK]
+    chunk[:4] = [_SEQ_BASE + (seq & 0x1FFF), _SEQ_BASE + ((seq >> 13) & 0x1FFF), *MARK]
     return '{"type":"input_audio_buffer.append","audio":"' + base64.b64encode(chunk.tobytes()).decode() + '"}'
 
 
@@ -104,7 +108,7 @@ def echoed_seqs(payload: str) -> list[int]:
     if pcm.size < 4:
         return []
     at = np.flatnonzero((pcm[2:-1] == MARK[0]) & (pcm[3:] == MARK[1]))
-    return [int(pcm[i]) | (int(pcm[i + 1]) << 15) for i in at]
+    return [(int(pcm[i]) - _SEQ_BASE) | ((int(pcm[i + 1]) - _SEQ_BASE) << 13) for i in at]
 
 
 async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, stop_at: float,
@@ -251,6 +255,8 @@ def print_table(results: list[Result]) -> None:
             ("underruns / dropped in / overruns / catch-up",
              " / ".join(f"{r.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
                                                                "catch_up_ticks"))),
+            ("input trimmed (standing latency, all sessions)",
+             f"{r.engine_counters['trimmed_input_samples'] * 1000 / RATE:.0f} ms"),
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
             ("server CPU all / busiest process / client", f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / "
                                                            f"{r.client_cpu_pct:.0f} % of one core"),

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from rtserve.engines.protocols import EngineError
 from rtserve.engines.remote.offer import EngineOffer
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
@@ -258,7 +260,7 @@ class Uplink:
             return
         batch, self._pending = self._pending, []
         with contextlib.suppress(EngineUnavailable):  # sessions fail with engine_failure meanwhile
-            self._link.send((Kind.FRAMES_IN, batch))
+            self._link.send((Kind.FRAMES_IN, _joined_per_session(batch)))
 
     def clear(self) -> None:
         if self._timer is not None:
@@ -268,6 +270,15 @@ class Uplink:
 
     def drop(self, handle: int) -> None:
         self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
+
+
+def _joined_per_session(batch: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """One chunk per session (in push order): the engine process then does one push per
+    session per tick, not one per packet."""
+    chunks: dict[int, list[Any]] = {}
+    for handle, pcm in batch:
+        chunks.setdefault(handle, []).append(pcm)
+    return [(handle, parts[0] if len(parts) == 1 else np.concatenate(parts)) for handle, parts in chunks.items()]
 
 
 class _StreamEnd:
