@@ -167,8 +167,18 @@ class RemoteSessionEngine:
         """The link belongs to ``RemoteEngines``, which closes it."""
 
     async def open_session(self, session_id: str, options: SessionOptions) -> RemoteEngineSession:
-        handle, capabilities = await self._link.call("engine", "open_session", session_id, options)
+        opening = asyncio.ensure_future(self._link.call("engine", "open_session", session_id, options))
+        try:
+            handle, capabilities = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The caller gave up (a client left mid-open): the slot it gets anyway is released.
+            opening.add_done_callback(self._close_unwanted)
+            raise
         return RemoteEngineSession(self._link, handle, capabilities, self._max_queued_events)
+
+    def _close_unwanted(self, opening: asyncio.Future[Any]) -> None:
+        if not opening.cancelled() and opening.exception() is None:
+            self._link.command("session", "close", opening.result()[0])
 
     def model_ids(self) -> list[str]:
         return list(self._offer.model_ids)

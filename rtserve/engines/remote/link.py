@@ -48,6 +48,10 @@ class EngineLink:
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[Any]] = {}
         self._sessions: dict[int, Callable[[Any], None]] = {}  # handle -> event sink
+        # Events can arrive for a session opened a moment ago before its opener has run and
+        # registered it (the engine numbers sessions upwards per connection): held until then.
+        self._early: dict[int, list[Any]] = {}
+        self._newest_handle = 0
         self._offer_listeners: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -111,6 +115,8 @@ class EngineLink:
         sinks, self._sessions = self._sessions, {}
         for sink in sinks.values():
             sink(_ENGINE_LOST)
+        self._early.clear()
+        self._newest_handle = 0  # a new connection numbers its sessions from 1 again
         self.uplink.clear()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -126,6 +132,8 @@ class EngineLink:
                         sink(event)
                         if event is None:
                             del self._sessions[handle]
+                    elif handle > self._newest_handle:
+                        self._early.setdefault(handle, []).append(event)
             elif kind is Kind.RESULT:
                 future = self._calls.pop(message[1], None)
                 if future is not None and not future.done():
@@ -177,7 +185,19 @@ class EngineLink:
             self.send((Kind.CALL, None, target, method, args))
 
     def register_session(self, handle: int, sink: Callable[[Any], None]) -> None:
+        self._newest_handle = max(self._newest_handle, handle)
+        early = self._early.pop(handle, [])
+        # Older handles never registered (their opener gave up): their events go nowhere.
+        self._early = {h: held for h, held in self._early.items() if h > self._newest_handle}
+        if early and early[-1] is None:  # it already ended
+            early.pop()
+            for event in early:
+                sink(event)
+            sink(None)
+            return
         self._sessions[handle] = sink
+        for event in early:
+            sink(event)
 
     async def stream(self, target: str, method: str, *args: Any,
                      input_items: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]:
