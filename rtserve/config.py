@@ -66,7 +66,7 @@ class LockstepConfig(_Section):
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
     latency_trim_window_frames: int | None = Field(
-        12, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
+        25, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
                               "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
                               "it is back within the cushion (jitter, clock drift); null disables")
     jitter_cushion_ms: float = Field(20.0, ge=0, description="input a slot may keep queued after a tick as a "

@@ -211,8 +211,7 @@ class RemoteASR(_RemoteTurnEngine):
 class _RemotePolicyModel:
     """The parts of the policy itself a connection reads: its handshake and validation."""
 
-    def __init__(self, link: EngineLink, server_config: dict[str, Any]) -> None:
-        self._link = link
+    def __init__(self, server_config: dict[str, Any]) -> None:
         self._server_config = server_config
 
     def server_config(self) -> dict[str, Any]:
@@ -227,7 +226,7 @@ class RemotePolicy:
 
     def __init__(self, link: EngineLink, server_config: dict[str, Any]) -> None:
         self._link = link
-        self.policy = _RemotePolicyModel(link, server_config)
+        self.policy = _RemotePolicyModel(server_config)
 
     async def infer(self, request: Any) -> Any:
         return await self._link.call("policy", "infer", request)
