@@ -48,10 +48,6 @@ class EngineServer:
             os.unlink(path)
         self._server = await asyncio.start_unix_server(self.serve_connection, path)
 
-    async def serve_tcp(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self.serve_connection, host, port)
-        return self._server.sockets[0].getsockname()[1]
-
     def broadcast_status(self) -> None:
         """Tell every worker what the engine offers now (ready, failure, models)."""
         offer = offer_of(self.engines)
@@ -68,6 +64,8 @@ class EngineServer:
         self.links.add(link)
         try:
             await link.run()
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:  # the worker died mid-message
+            log.warning("worker %d link broke: %s", link.worker_index, exc)
         finally:
             self.links.discard(link)
             await link.close()

@@ -1,7 +1,8 @@
 """The engine-client wire: typed messages between front-end workers and the engine process.
 
-One ordered byte stream per worker (a Unix socket today; a TCP socket works the same
-way, so the engine process could live on another host). Each message is a 4-byte
+One ordered byte stream per worker (a Unix socket today; ``EngineLink`` takes any
+``connect()`` giving asyncio streams, so a TCP socket to an engine process on another host
+needs no change in the front-ends). Each message is a 4-byte
 big-endian length and a pickled tuple whose first item is a ``Kind``. The stream is
 private to one server (a socket in a 0700 directory), so pickle is trusted here.
 
