@@ -51,7 +51,8 @@ class EngineSet:
 
     @property
     def policy_loading(self) -> bool:
-        return self._policy_loading is not None and not self._policy_loading.done()
+        """A configured policy that is not loaded (or failed) yet, also before ``start()``."""
+        return self.policy_configured and (self._policy_loading is None or not self._policy_loading.done())
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called when readiness, a failure or the policy changes (the engine process tells its workers)."""
