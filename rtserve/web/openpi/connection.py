@@ -45,7 +45,6 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
