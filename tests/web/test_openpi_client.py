@@ -152,3 +152,16 @@ async def test_seed_reaches_the_policy(config):
     assert not np.allclose(seeded, other)
     assert not np.allclose(seeded, unseeded)
     np.testing.assert_array_equal(unseeded, _reference_actions(6))
+
+
+async def test_root_route_needs_the_api_key_like_the_full_path(config):
+    config = config.model_copy(update={"api_key": "robot-key"})
+    async with openpi_server(config) as (base, _):
+        def drive() -> dict:
+            with pytest.raises(websockets.ConnectionClosedError) as refused:
+                WebsocketClientPolicy(*host_port(base))
+            assert refused.value.rcvd is not None and refused.value.rcvd.code == 4001  # rtserve's "invalid api key"
+            return WebsocketClientPolicy(*host_port(base), api_key="robot-key").infer(example_observation(0))
+
+        response = await asyncio.to_thread(drive)
+    assert response["actions"].shape == (10, 8)
