@@ -101,7 +101,9 @@ async def _robot(http: aiohttp.ClientSession, url: str, index: int, rate_hz: flo
                 return
             sent = time.perf_counter()
             await ws.send_bytes(frame)
-            reply = msgpack_numpy.unpackb(await ws.receive_bytes())
+            msg = await ws.receive()
+            # Errors come as JSON text frames (openpi clients raise on those), actions as binary.
+            reply = json.loads(msg.data) if msg.type is aiohttp.WSMsgType.TEXT else msgpack_numpy.unpackb(msg.data)
             rtt = time.perf_counter() - sent
             step += 1
             next_tick = max(next_tick + period, time.perf_counter())

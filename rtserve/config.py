@@ -186,6 +186,16 @@ class VllmSettings(_Section):
     tensor_parallel_size: int = Field(1, ge=1)
 
 
+ModelTask = Literal["chat", "speech", "transcription"]
+
+# OpenAI's own model names, so apps written for OpenAI run unchanged.
+OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
+    "gpt-4o": "chat", "gpt-4o-mini": "chat",
+    "tts-1": "speech", "tts-1-hd": "speech", "gpt-4o-mini-tts": "speech",
+    "whisper-1": "transcription", "gpt-4o-transcribe": "transcription", "gpt-4o-mini-transcribe": "transcription",
+}
+
+
 class HttpGenerationConfig(_Section):
     """Batch/streaming HTTP generation routes: chat, speech, transcriptions (serving.md §3)."""
 
@@ -198,6 +208,10 @@ class HttpGenerationConfig(_Section):
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
+    model_aliases: dict[str, ModelTask] = Field(
+        default_factory=lambda: dict(OPENAI_MODEL_ALIASES),
+        description="model names a request may use for the served model of a task (chat, speech, "
+                    "transcription); defaults to OpenAI's names; {} accepts only the served names")
     vllm: VllmSettings = VllmSettings()
 
 

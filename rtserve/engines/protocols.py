@@ -212,6 +212,7 @@ class PolicyRequest:
     session_id: str
     observation: dict[str, Any]
     reset: bool  # first call of a session, a changed session id, or an explicit reset
+    seed: int | None = None  # the client's sampling seed: same seed, same actions (None: the policy's default)
 
 
 class PolicyEngine(Protocol):

@@ -142,7 +142,7 @@ async def test_invalid_parameters_are_400_naming_the_param(config, patch, param,
 async def test_unknown_model_is_404_through_the_sdk(config):
     async with serve_doubles(config) as (base, _):
         with pytest.raises(openai.NotFoundError) as err:
-            await asyncio.to_thread(sdk(base).audio.speech.create, model="tts-1", voice="low", input="hi")
+            await asyncio.to_thread(sdk(base).audio.speech.create, model="tts-9", voice="low", input="hi")
     assert err.value.body["code"] == "model_not_found"
 
 

@@ -215,7 +215,7 @@ async def test_missing_file_and_non_multipart_bodies_are_400(config):
 
 async def test_unknown_model_is_404(config):
     async with serve_doubles(config) as (base, _):
-        status, error = await post_form(base, {"model": "whisper-1"}, file=b"x")
+        status, error = await post_form(base, {"model": "whisper-9"}, file=b"x")
     assert (status, error["code"], error["param"]) == (404, "model_not_found", "model")
 
 

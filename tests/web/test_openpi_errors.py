@@ -4,6 +4,7 @@ never disturbs another one."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,22 +17,9 @@ from openpi_client import msgpack_numpy
 
 from rtserve.engines.policy.demo import JOINT_POSITION, PROMPT, DemoDroidPolicy, example_observation
 from rtserve.engines.protocols import PolicyRequest
-from tests.web.openpi_support import openpi_server
+from tests.web.openpi_support import EXPLODING, SECRET, openpi_server
 
 INVALID = "Invalid request payload"
-
-
-class ExplodingPolicy(DemoDroidPolicy):
-    """The demo policy, except that it raises on prompts containing 'explode'."""
-
-    def infer(self, batch):
-        if any("explode" in request.observation[PROMPT] for request in batch):
-            raise RuntimeError("CUDA error at /secret/path/model.py:42")
-        return super().infer(batch)
-
-
-def exploding_policy() -> ExplodingPolicy:
-    return ExplodingPolicy()
 
 
 GATE = threading.Event()
@@ -62,6 +50,13 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, frame: bytes | dict[str, Any
     return msgpack_numpy.unpackb(await ws.receive_bytes(timeout=30))
 
 
+async def _refused(ws: aiohttp.ClientWebSocketResponse, frame: bytes | dict[str, Any]) -> dict:
+    """Send ``frame``; the answer must be an error as a TEXT frame (openpi-client raises on
+    those), a JSON object."""
+    await ws.send_bytes(frame if isinstance(frame, bytes) else msgpack_numpy.packb(frame))
+    return json.loads(await ws.receive_str(timeout=30))
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
@@ -87,11 +82,17 @@ def _observation_with(key: str, marker: dict) -> bytes:
     (_observation_with(JOINT_POSITION, _ndarray_marker("|V8", b"\0" * 56, [7])), "object, structured and complex"),
     (msgpack.packb({"endpoint": "teleport"}), "unknown endpoint 'teleport'"),
     (msgpack.packb({"session_id": ["x"]}), "session_id must be a string"),
+    (msgpack.packb({"endpoint": ["infer"]}), "endpoint must be a string"),
+    (msgpack_numpy.packb({"endpoint": np.zeros(3)}), "endpoint must be a string"),
+    (msgpack.packb({"endpoint": {"a": 1}}), "endpoint must be a string"),
+    (msgpack_numpy.packb({**example_observation(0), "seed": "abc"}), "seed must be an integer"),
+    (msgpack_numpy.packb({**example_observation(0), "seed": 2**64 - 1 + 0.5}), "seed must be an integer"),
+    (msgpack_numpy.packb({**example_observation(0), "seed": -1}), "seed must be an integer"),
 ])
 async def test_bad_frames_get_invalid_payload_and_the_connection_stays_usable(config, http, frame, detail):
     async with openpi_server(config) as (_, url):
         ws, _ = await _connect(http, url)
-        error = await _ask(ws, frame)
+        error = await _refused(ws, frame)
         assert error["type"] == "error" and error["message"] == INVALID and error["code"] == "invalid_payload"
         assert detail in error["detail"]
         assert (await _ask(ws, example_observation(0)))["actions"].shape == (10, 8)
@@ -101,7 +102,7 @@ async def test_text_frames_are_not_observations(config, http):
     async with openpi_server(config) as (_, url):
         ws, _ = await _connect(http, url)
         await ws.send_str('{"endpoint": "infer", "prompt": "hi"}')
-        error = msgpack_numpy.unpackb(await ws.receive_bytes(timeout=30))
+        error = json.loads(await ws.receive_str(timeout=30))
         assert error["message"] == INVALID and "text frames are not observations" in error["detail"]
 
 
@@ -121,11 +122,23 @@ async def test_missing_and_misshaped_keys_are_named(config, http):
         ws, _ = await _connect(http, url)
         obs = example_observation(0)
         del obs[JOINT_POSITION]
-        error = await _ask(ws, obs)
+        error = await _refused(ws, obs)
         assert error == {"type": "error", "code": "invalid_observation",
                          "message": f"missing observation key '{JOINT_POSITION}'"}
-        error = await _ask(ws, {**example_observation(0), JOINT_POSITION: np.zeros(3)})
+        error = await _refused(ws, {**example_observation(0), JOINT_POSITION: np.zeros(3)})
         assert error["message"] == f"observation key '{JOINT_POSITION}' must have shape [7], got [3]"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+async def test_non_finite_observation_is_invalid_observation_without_an_error_log(config, http, caplog, bad):
+    joints = np.zeros(7)
+    joints[3] = bad
+    async with openpi_server(config) as (_, url):
+        ws, _ = await _connect(http, url)
+        error = await _refused(ws, {**example_observation(0), JOINT_POSITION: joints})
+        assert error["code"] == "invalid_observation" and JOINT_POSITION in error["message"]
+        assert (await _ask(ws, example_observation(0)))["actions"].shape == (10, 8)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
 
 
 async def test_reset_endpoint_makes_the_next_infer_start_fresh(config, http):
@@ -151,19 +164,21 @@ async def test_two_robots_with_the_same_session_id_do_not_share_state(config, ht
     np.testing.assert_array_equal(b1, a1)
 
 
-async def test_policy_failure_is_a_generic_error_and_spares_the_batch_mate(config, http):
-    policy = f"{__name__}:exploding_policy"
-    async with openpi_server(config, policy=policy, batch_window_ms=60_000, max_batch=2) as (_, url):
+async def test_policy_failure_is_a_generic_error_closes_1011_and_spares_the_batch_mate(config, http):
+    async with openpi_server(config, policy=EXPLODING, batch_window_ms=60_000, max_batch=2) as (_, url):
         bad, _ = await _connect(http, url)
         good, _ = await _connect(http, url)
         explode = {**example_observation(0), PROMPT: "explode now"}
-        error, ok = await asyncio.gather(_ask(bad, explode), _ask(good, example_observation(1)))
+        error, ok = await asyncio.gather(_refused(bad, explode), _ask(good, example_observation(1)))
         assert error == {"type": "error", "message": "Internal inference error", "code": "inference_error"}
+        assert SECRET not in json.dumps(error)
         alone = DemoDroidPolicy().infer([PolicyRequest("ref", example_observation(1), reset=True)])
         np.testing.assert_array_equal(ok["actions"], alone[0]["actions"])
-        # The failing robot keeps its connection and can go on (alone: no batch mate to wait for).
-        await good.close()
-        assert (await _ask(bad, example_observation(0)))["actions"].shape == (10, 8)
+        # As upstream's server: the failed robot's connection ends with 1011; the other goes on.
+        closing = await bad.receive(timeout=30)
+        assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert bad.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
+        assert (await _ask(good, example_observation(2)))["actions"].shape == (10, 8)
 
 
 async def test_oversized_message_closes_only_that_connection(config, http):
@@ -176,7 +191,7 @@ async def test_oversized_message_closes_only_that_connection(config, http):
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert big.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
         # 64 KiB is too small for DROID images: the other robot gets a typed error, not a close.
-        error = await _ask(other, small)
+        error = await _refused(other, small)
         assert error["code"] == "invalid_observation"
 
 
@@ -211,7 +226,7 @@ async def test_full_queue_answers_overloaded(config, http):
                 if await _infer_count(http, base) == 2:
                     break
                 await asyncio.sleep(0.01)
-            error = await _ask(robots[2], example_observation(2))
+            error = await _refused(robots[2], example_observation(2))
             assert error["code"] == "overloaded" and "queue is full" in error["message"]
             GATE.set()
             assert (await running)["actions"].shape == (10, 8)

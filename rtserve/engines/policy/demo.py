@@ -12,6 +12,10 @@ The network keeps a recurrent memory per session (reset on ``PolicyRequest.reset
 a session's actions depend on its own history and on nothing else in the batch: every
 layer works row by row (no batch statistics), which keeps results independent of how
 requests were grouped.
+
+A request's ``seed`` samples the chunk the way a diffusion or flow policy does: seeded
+Gaussian noise joins the action logits, so the same seed gives the same actions and
+another seed other ones. Without a seed the noise-free (mean) chunk comes back.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ DROID_OBSERVATION: ObservationSpec = {
 _POOL = 8  # 224x224 -> 28x28 before the image projection
 _PROMPT_BUCKETS = 512
 _HIDDEN = 128
+_SAMPLE_NOISE = 0.5  # std of the seeded noise on the action logits
 
 
 def _prompt_buckets(prompt: str) -> list[int]:
@@ -118,7 +123,7 @@ class DemoDroidNet(nn.Module):
 
     def forward(self, exterior: torch.Tensor, wrist: torch.Tensor, state: torch.Tensor,
                 prompt_ids: torch.Tensor, prompt_offsets: torch.Tensor,
-                hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                hidden: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = torch.cat([
             self.exterior(self._pool(exterior)),
             self.wrist(self._pool(wrist)),
@@ -126,8 +131,16 @@ class DemoDroidNet(nn.Module):
             self.prompt(prompt_ids, prompt_offsets),
         ], dim=1)
         new_hidden = self.memory(nn.functional.gelu(self.fuse(features)), hidden)
-        actions = torch.tanh(self.head(new_hidden)).view(-1, ACTION_HORIZON, ACTION_DIM)
+        actions = torch.tanh(self.head(new_hidden) + noise).view(-1, ACTION_HORIZON, ACTION_DIM)
         return actions, new_hidden
+
+
+def _sample_noise(seed: int | None) -> torch.Tensor:
+    """One request's logit noise, from its own generator (independent of the batch)."""
+    if seed is None:
+        return torch.zeros(ACTION_HORIZON * ACTION_DIM)
+    noise = np.random.default_rng(seed).standard_normal(ACTION_HORIZON * ACTION_DIM, dtype=np.float32)
+    return torch.from_numpy(noise * _SAMPLE_NOISE)
 
 
 def _seeded_init(net: nn.Module, seed: int) -> None:
@@ -181,6 +194,7 @@ class DemoDroidPolicy:
                 torch.tensor([i for b in buckets for i in b], dtype=torch.long),
                 torch.from_numpy(offsets.astype(np.int64)),
                 hidden,
+                torch.stack([_sample_noise(request.seed) for request in batch]),
             )
         for request, row in zip(batch, new_hidden):
             self._remember(request.session_id, row.clone())

@@ -25,11 +25,14 @@ class InvalidObservation(EngineError):
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """An ndarray of exactly ``shape``; ``dtype`` pins the dtype, else any of ``kinds``."""
+    """An ndarray of exactly ``shape``; ``dtype`` pins the dtype, else any of ``kinds``.
+    Float values must be finite unless ``finite`` is False (a NaN joint reading would
+    otherwise come back as NaN actions, found only after the batched call)."""
 
     shape: tuple[int, ...]
     dtype: str | None = None
     kinds: str = NUMERIC_KINDS
+    finite: bool = True
 
     def check(self, key: str, value: Any) -> None:
         if not isinstance(value, np.ndarray):
@@ -41,6 +44,8 @@ class ArraySpec:
         if value.shape != self.shape:
             raise InvalidObservation(
                 f"observation key '{key}' must have shape {list(self.shape)}, got {list(value.shape)}")
+        if self.finite and value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise InvalidObservation(f"observation key '{key}' holds NaN or infinite values")
 
     def describe(self) -> dict[str, Any]:
         return {"type": "ndarray", "shape": list(self.shape), "dtype": self.dtype or f"kinds:{self.kinds}"}

@@ -2,6 +2,8 @@
 
 * request bodies -> pydantic models, with OpenAI-shaped 400s that name the ``param``;
 * the engine a route needs, or a typed 503/404 (not loaded, still loading, unknown model);
+  a request's ``model`` is the served model's name or an alias of its task
+  (``http.model_aliases``: OpenAI's names by default);
 * the concurrency limit: a generation beyond it is refused with 429, never queued;
 * client-disconnect cancellation: the generation task (and the engine iterator it holds)
   is cancelled as soon as the client goes away;
@@ -21,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ValidationError
 
+from rtserve.config import ModelTask
 from rtserve.engines.protocols import ASREngine, EngineError, LLMEngine, TTSEngine
 from rtserve.log import session_id_var
 from rtserve.web.context import CTX, AppContext
@@ -99,26 +102,34 @@ def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
 
 _ModelNamed = TypeVar("_ModelNamed", ASREngine, LLMEngine, TTSEngine)
 
+_TASK_NAMES: dict[ModelTask, str] = {"chat": "text generation", "transcription": "speech-to-text",
+                                     "speech": "text-to-speech"}
+
 
 def require_llm(ctx: AppContext, model: str | None) -> LLMEngine:
-    return _require(ctx, ctx.turn_engines.llm, "text generation", model)
+    return _require(ctx, ctx.turn_engines.llm, "chat", model)
 
 
 def require_asr(ctx: AppContext, model: str | None) -> ASREngine:
-    return _require(ctx, ctx.turn_engines.asr, "speech-to-text", model)
+    return _require(ctx, ctx.turn_engines.asr, "transcription", model)
 
 
 def require_tts(ctx: AppContext, model: str | None) -> TTSEngine:
-    return _require(ctx, ctx.turn_engines.tts, "text-to-speech", model)
+    return _require(ctx, ctx.turn_engines.tts, "speech", model)
 
 
-def _require(ctx: AppContext, engine: _ModelNamed | None, task: str, model: str | None) -> _ModelNamed:
+def _names_served_model(ctx: AppContext, task: ModelTask, model: str | None, served: str) -> bool:
+    return model is None or model == served or ctx.config.http.model_aliases.get(model) == task
+
+
+def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model: str | None) -> _ModelNamed:
     """The engine for a task; 503 when absent or not started, 404 when ``model`` names another."""
+    task_name = _TASK_NAMES[task]
     if engine is None:
-        raise ApiError(f"This server has no {task} model loaded (engine '{ctx.engine.capabilities.name}').",
+        raise ApiError(f"This server has no {task_name} model loaded (engine '{ctx.engine.capabilities.name}').",
                        status=503, code="task_unavailable")
-    if model is not None and model != engine.model_name:
-        raise ApiError(f"The model '{model}' does not exist; this server's {task} model is "
+    if not _names_served_model(ctx, task, model, engine.model_name):
+        raise ApiError(f"The model '{model}' does not exist; this server's {task_name} model is "
                        f"'{engine.model_name}'.", status=404, code="model_not_found", param="model")
     if not ctx.engine.ready:
         if ctx.engine_failure:

@@ -1,34 +1,50 @@
-"""``WS /v1/realtime/robot/openpi``: openpi-compatible robot policy serving (serving.md §4.5).
+"""``WS /v1/realtime/robot/openpi`` (and WebSocket upgrades at ``/``): openpi-compatible
+robot policy serving (serving.md §4.5).
 
 Protocol (binary MessagePack frames, numpy markers: see ``wire``):
 
 * on connect the server sends the policy's server config (the handshake/metadata);
-* ``{"endpoint": "infer", "session_id": ..., **observation}`` (``endpoint`` may be
-  omitted) -> the policy's action dict plus ``server_timing`` (``infer_ms``: receipt to
-  result, ``queue_ms``, ``batch_size``, ``prev_total_ms``: the previous request's
-  receipt-to-sent time) and ``policy_timing`` (``infer_ms``: the batched policy call);
+* ``{"endpoint": "infer", "session_id": ..., "seed": ..., **observation}`` (``endpoint``,
+  ``session_id`` and ``seed`` may be omitted; see ``request``) -> the policy's action dict
+  plus ``server_timing`` (``infer_ms``: receipt to result, ``queue_ms``, ``batch_size``,
+  ``prev_total_ms``: the previous request's receipt-to-sent time) and ``policy_timing``
+  (``infer_ms``: the batched policy call);
 * ``{"endpoint": "reset"}`` -> ``{"status": "reset successful"}``.
 
 The first inference of a session, a changed ``session_id`` or a reset reaches the policy
 with ``reset=True``. Session ids are scoped to the connection (two robots both using
 ``"default"`` never share policy state). An omitted ``session_id`` keeps the current one.
+``seed`` reaches the policy with the request (``PolicyRequest.seed``).
 
-Errors are ``{"type": "error", "message": ..., "code": ...}`` frames and the connection
-stays open: ``Invalid request payload`` (code ``invalid_payload``, with a ``detail``) for
-frames that are not valid openpi messages, text frames included; the policy's message
-naming the key for a bad observation (``invalid_observation``); ``overloaded`` when the
-request queue is full; ``Internal inference error`` (``inference_error``) when the policy
-fails. Frames over ``robot.max_message_bytes`` close the socket with 1009; no data frame
-for ``robot.idle_timeout_s`` closes it with 1000.
+Errors. Every error answering a request is a TEXT frame holding a JSON object
+``{"type": "error", "message": ..., "code": ...}`` (plus ``detail`` for
+``invalid_payload``), never a binary frame. The reason is the clients' code: openpi-client's
+``WebsocketClientPolicy.infer()`` and vLLM-Omni's DreamZero example both raise on a text
+frame and return any binary frame, decoded, as actions, so a MessagePack error dict would
+reach a robot loop as if it were actions. Upstream's ``WebsocketPolicyServer`` does the
+same (its text frame is a traceback; ours is the message only). The one MessagePack error
+left is the handshake's ``Robot policy not available`` (``routes``): both clients decode
+the first frame as MessagePack, so that is where they can read it.
+
+* ``Internal inference error`` (``inference_error``, the policy failed): the text frame,
+  then close 1011, as upstream, so the robot stops on it;
+* ``Invalid request payload`` (``invalid_payload``, with a ``detail``) for frames that are
+  not valid openpi messages, text frames included; the policy's message naming the key for
+  a bad observation (``invalid_observation``, NaN/Inf included); ``overloaded`` when the
+  request queue is full: the text frame, and the connection stays open, so a client that
+  catches the error can fix the request or retry without reconnecting.
+
+Frames over ``robot.max_message_bytes`` close the socket with 1009; no data frame for
+``robot.idle_timeout_s`` closes it with 1000.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
-from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -36,14 +52,15 @@ from rtserve.engines.policy.batcher import PolicyBatcher, PolicyInferenceError
 from rtserve.engines.protocols import EngineError, PolicyRequest
 from rtserve.errors import RtserveError
 from rtserve.web.codec_executor import CodecExecutor
-from rtserve.web.error_mapping import openpi_error_frame
+from rtserve.web.connections import close_socket
+from rtserve.web.error_mapping import OPENPI_INFERENCE_ERROR, openpi_error_frame
 from rtserve.web.openpi.metrics import OpenPIMetrics
+from rtserve.web.openpi.request import OpenPIRequest, parse_request
 from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_SESSION = "default"
-_MAX_SESSION_ID_CHARS = 256
 _INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on the codec executor, off the event loop
 
 
@@ -98,7 +115,9 @@ class OpenPIConnection:
 
     async def _send_error(self, exc: RtserveError) -> None:
         self._metrics.errors.labels(exc.code).inc()
-        await self._ws.send_bytes(pack_message(openpi_error_frame(exc)))
+        await self._ws.send_str(json.dumps(openpi_error_frame(exc)))
+        if exc.code == PolicyInferenceError.code:
+            await close_socket(self._ws, WSCloseCode.INTERNAL_ERROR, OPENPI_INFERENCE_ERROR)
 
     async def _on_frame(self, frame: bytes) -> None:
         received_at = time.perf_counter()
@@ -107,19 +126,16 @@ class OpenPIConnection:
                 message = await self._codecs.run(unpack_message, frame)
             else:
                 message = unpack_message(frame)
+            request = parse_request(message)
         except WireError as exc:
             await self._send_error(exc)
             return
-        endpoint = message.pop("endpoint", "infer")
-        if endpoint == "reset":
-            self._metrics.requests.labels("reset").inc()
+        self._metrics.requests.labels(request.endpoint).inc()
+        if request.endpoint == "reset":
             self._reset()
             await self._ws.send_bytes(pack_message({"status": "reset successful"}))
-        elif endpoint == "infer":
-            self._metrics.requests.labels("infer").inc()
-            await self._infer(message, received_at)
         else:
-            await self._send_error(WireError(f"unknown endpoint {str(endpoint)[:64]!r} (use 'infer' or 'reset')"))
+            await self._infer(request, received_at)
 
     def _reset(self) -> None:
         if self._session is not None:
@@ -132,16 +148,9 @@ class OpenPIConnection:
             self._session = session_id
             self._session_fresh = True
 
-    async def _infer(self, observation: dict[str, Any], received_at: float) -> None:
-        raw_session = observation.pop("session_id", None)
-        if raw_session is None:
-            raw_session = self._session or _DEFAULT_SESSION
-        if not isinstance(raw_session, str | int) or isinstance(raw_session, bool) \
-                or len(str(raw_session)) > _MAX_SESSION_ID_CHARS:
-            await self._send_error(
-                WireError(f"session_id must be a string of at most {_MAX_SESSION_ID_CHARS} characters"))
-            return
-        self._enter_session(str(raw_session))
+    async def _infer(self, request: OpenPIRequest, received_at: float) -> None:
+        self._enter_session(request.session_id or self._session or _DEFAULT_SESSION)
+        observation = request.observation
         try:
             self._batcher.policy.validate(observation)
         except EngineError as exc:
@@ -151,9 +160,10 @@ class OpenPIConnection:
             log.exception("policy validate() raised an unexpected error")
             await self._send_error(PolicyInferenceError("policy failed"))
             return
-        request = PolicyRequest(self._policy_key(self._session), observation, reset=self._session_fresh)
+        policy_request = PolicyRequest(self._policy_key(self._session), observation, reset=self._session_fresh,
+                                       seed=request.seed)
         try:
-            result = await self._batcher.infer(request)
+            result = await self._batcher.infer(policy_request)
         except EngineError as exc:  # overloaded, stopping
             await self._send_error(exc)
             return
