@@ -15,7 +15,6 @@ from __future__ import annotations
 UNKNOWN_SESSION = "unknown_session"
 RESOURCE_EXHAUSTED = "resource_exhausted"
 SESSION_RESUME_CONFLICT = "session_resume_conflict"
-RESUME_UNSUPPORTED = "session_resume_unsupported"
 SHUTTING_DOWN = "server_shutting_down"
 SESSION_NOT_OPEN = "session_not_open"
 SESSION_ALREADY_OPEN = "session_already_open"

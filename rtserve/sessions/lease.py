@@ -3,13 +3,17 @@
 ``generation`` names the attachment that currently owns the session. Detach is refused
 for a generation older than the current one (a stale socket cannot detach a session
 resumed elsewhere). Resume is a compare-and-swap on the generation keyed by the
-caller's control id: replaying the same control id returns what it was granted the
-first time; any other caller presenting a stale generation gets
-``session_resume_conflict``. Each grant rotates the resume token.
+caller's control id: a retry of the same control id with the same credentials returns
+what it was granted the first time; a caller presenting a token this lease issued with a
+stale generation gets ``session_resume_conflict``. Anything else, a repeated control id
+included, is ``unknown_session`` with the same message as an id that does not exist, so
+a guess learns nothing (issue 17). Each grant rotates the resume token; tokens are
+compared in constant time.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +25,24 @@ IDLE_TTL_EXPIRED = "idle_ttl_expired"
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
 
 
+UNKNOWN_SESSION_MESSAGE = "Unknown or expired session"
+
+
 @dataclass(eq=False)
 class Grant:
     generation: int
     resume_token: str
+    presented: tuple[int, str]  # the generation and token that earned it: a retry must repeat both
     attachment: Any = None  # filled in by the manager once the attachment exists
+
+
+def unknown_session() -> SessionError:
+    """The one refusal for a missing session and for wrong credentials alike."""
+    return SessionError(UNKNOWN_SESSION, UNKNOWN_SESSION_MESSAGE)
+
+
+def _same_token(presented: str | None, expected: str) -> bool:
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
 class Lease:
@@ -36,6 +53,7 @@ class Lease:
         self.detached_at: float | None = None
         self._grants: OrderedDict[str, Grant] = OrderedDict()
         self._remembered = remembered_grants
+        self._issued: OrderedDict[str, None] = OrderedDict({self.resume_token: None})  # earlier tokens too
 
     @property
     def detached(self) -> bool:
@@ -52,22 +70,26 @@ class Lease:
         return True
 
     def resume(self, control_id: str, expected_generation: int, resume_token: str | None, now: float) -> Grant:
+        # Credentials first: a remembered grant is replayed only to the caller that earned it.
         replay = self._grants.get(control_id)
-        if replay is not None:
+        if (replay is not None and replay.presented[0] == expected_generation
+                and _same_token(resume_token, replay.presented[1])):
             return replay
-        if expected_generation != self.generation:
+        if not any(_same_token(resume_token, issued) for issued in self._issued):
+            raise unknown_session()
+        if expected_generation != self.generation:  # a former owner: it may learn it was replaced
             raise SessionError(SESSION_RESUME_CONFLICT,
                                f"session was resumed elsewhere (generation {self.generation})")
-        if resume_token != self.resume_token:
-            raise SessionError(UNKNOWN_SESSION, "unknown session or invalid resume token")
+        if not _same_token(resume_token, self.resume_token):
+            raise unknown_session()
+        presented = (expected_generation, self.resume_token)
         self.generation += 1
         self.resume_token = new_resume_token()
         self.detached_at = None
         self.last_activity = now
-        grant = Grant(self.generation, self.resume_token)
-        self._grants[control_id] = grant
-        while len(self._grants) > self._remembered:
-            self._grants.popitem(last=False)
+        grant = Grant(self.generation, self.resume_token, presented)
+        _remember(self._grants, control_id, grant, self._remembered)
+        _remember(self._issued, self.resume_token, None, self._remembered)
         return grant
 
     def expiry_reason(self, now: float, idle_ttl_s: float | None, disconnect_grace_s: float) -> str | None:
@@ -76,3 +98,9 @@ class Lease:
         if idle_ttl_s is not None and now - self.last_activity >= idle_ttl_s:
             return IDLE_TTL_EXPIRED
         return None
+
+
+def _remember(store: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
+    store[key] = value
+    while len(store) > bound:
+        store.popitem(last=False)

@@ -40,7 +40,7 @@ from rtserve.sessions.errors import SessionError
 from rtserve.sessions.handle import SessionHandle
 from rtserve.sessions.ids import new_session_id
 from rtserve.sessions.journal import ReplayJournal
-from rtserve.sessions.lease import Lease
+from rtserve.sessions.lease import Lease, unknown_session
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.projections.base import Projection
 from rtserve.sessions.projections.realtime import RealtimeProjection
@@ -267,10 +267,8 @@ class SessionManager:
         ``last_received_seq`` (or says ``ResyncRequired``). A replayed ``control_id`` gets
         the same attachment again. Raises ``SessionError``."""
         entry = self._live.get(session_id)
-        if entry is None:
-            raise SessionError(errors.UNKNOWN_SESSION, "Unknown or expired session")
-        if not entry.runner.resumable or entry.outlet.journal is None:
-            raise SessionError(errors.RESUME_UNSUPPORTED, "This session cannot be resumed")
+        if entry is None or not entry.runner.resumable or entry.outlet.journal is None:
+            raise unknown_session()  # a live turn-based id answers like a missing one: no existence oracle
         grant = entry.lease.resume(control_id, expected_generation, resume_token, self.clock.monotonic())
         if grant.attachment is not None:
             return grant.attachment

@@ -151,7 +151,7 @@ async def test_a_session_opened_without_resume_closes_on_disconnect(engine, make
     assert RealtimeProjection("ga").render(created)["session"]["capabilities"]["supports_session_resume"] is False
     with pytest.raises(SessionError) as refused:
         resume(manager, handle)
-    assert refused.value.code == "session_resume_unsupported"
+    assert refused.value.code == "unknown_session"  # like a missing id: no existence oracle
     assert handle.attachment.detach()
     await settle()
     assert manager.active_count() == 0
