@@ -41,6 +41,15 @@ class SessionLimits(_Section):
     engine_close_timeout_s: float = Field(5.0, gt=0, description="one engine-session cleanup attempt; the reaper retries")
     input_transcript_timeout_s: float = Field(10.0, gt=0, description="wait for a committed turn's final transcript")
     shutdown_timeout_s: float = Field(10.0, gt=0, description="bound on the graceful drain at SIGTERM")
+    max_instructions_chars: int = Field(32 * 1024, ge=1, description="longest session or response 'instructions'; "
+                                                                     "longer -> invalid_value")
+    max_voice_chars: int = Field(256, ge=1, description="longest 'voice' name; longer -> invalid_value")
+    max_output_tokens: int = Field(4096, ge=1, description="largest 'max_output_tokens' a session or response may ask "
+                                                           "for; larger -> invalid_value")
+    max_conversation_items: int = Field(1024, ge=1, description="items a session's conversation holds; a client "
+                                                                "item beyond -> conversation_limit_exceeded")
+    max_conversation_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="UTF-8 text bytes a session's "
+                                        "conversation holds; a client item beyond -> conversation_limit_exceeded")
 
 
 class TransportLimits(_Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rtserve.config import SessionLimits
 from rtserve.engines.protocols import EngineCapabilities, EngineSession
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
@@ -18,17 +19,18 @@ from rtserve.sessions.ids import new_item_id
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
-from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig
+from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig, check_bounds
 from rtserve.sessions.turns import TurnTracker
 
 
 class CommandHandlers:
     def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities, config: SessionConfig,
-                 conversation: Conversation, output: SessionOutput, ledger: InputLedger,
+                 limits: SessionLimits, conversation: Conversation, output: SessionOutput, ledger: InputLedger,
                  responses: ResponseTracker, turns: TurnTracker, snapshot: Callable[[], ev.SessionSnapshot]) -> None:
         self.engine = engine
         self.capabilities = capabilities
         self.config = config
+        self._limits = limits
         self._conversation = conversation
         self._output = output
         self._ledger = ledger
@@ -91,6 +93,12 @@ class CommandHandlers:
             self._turns.commit(response_create=c.response_create)
 
     def _response_create(self, c: cmd.ResponseCreate) -> None:
+        try:
+            check_bounds(self._limits, instructions=c.instructions, voice=c.voice,
+                         max_output_tokens=c.max_output_tokens)
+        except ConfigUpdateError as exc:
+            self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=f"response.{exc.param}")
+            return
         if self._responses.continuous:
             self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
                                related=c.event_id)
@@ -155,7 +163,7 @@ class CommandHandlers:
 
     def _session_update(self, c: cmd.SessionUpdate) -> None:
         try:
-            config = self.config.updated(dict(c.changes))
+            config = self.config.updated(dict(c.changes), self._limits)
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
@@ -177,6 +185,12 @@ class CommandHandlers:
         if item_id in self._conversation:
             self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
                                param="item_id")
+            return
+        if not self._conversation.admits(c.text):
+            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED,
+                               f"The conversation holds at most {self._conversation.max_items} items and "
+                               f"{self._conversation.max_bytes} bytes of text; delete items to add more",
+                               related=c.event_id, param="item")
             return
         item = ConversationItem(item_id, c.role, "text", text=c.text, committed_text=c.text,
                                 turn_id=self._ledger.turn_id)

@@ -11,6 +11,10 @@ contributes to history (``committed_text``) follows what the client actually hea
   always cuts to what was heard.
 
 A failed response never enters history: its item is removed.
+
+The conversation is bounded (``sessions.max_conversation_items`` / ``_bytes``, issue 17):
+``admits`` says whether a client item still fits; items the session makes itself (turns,
+responses) are not refused, they are bounded by the turns that make them.
 """
 
 from __future__ import annotations
@@ -86,7 +90,9 @@ class ConversationItem:
 
 
 class Conversation:
-    def __init__(self) -> None:
+    def __init__(self, *, max_items: int, max_bytes: int) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
         self._items: list[ConversationItem] = []
         self._by_id: dict[str, ConversationItem] = {}
         self._by_response: dict[str, ConversationItem] = {}
@@ -99,6 +105,13 @@ class Conversation:
 
     def for_response(self, response_id: str) -> ConversationItem | None:
         return self._by_response.get(response_id)
+
+    def admits(self, text: str) -> bool:
+        """Whether one more item holding ``text`` stays within the item and byte bounds."""
+        if len(self._items) >= self.max_items:
+            return False
+        held = sum(len((item.text or "").encode()) for item in self._items)  # at most max_bytes plus the last turn
+        return held + len(text.encode()) <= self.max_bytes
 
     def last_id(self) -> str | None:
         return self._items[-1].id if self._items else None

@@ -85,7 +85,8 @@ class SessionRunner:
         self.gate = InputGate(limits.max_pending_input_bytes_per_session, limits.max_pending_turns_per_session)
         # The trackers, wired one way: output <- ledger <- responses <- turns <- commands. Each
         # gets only what it reads; the config is read through the runner (session.update replaces it).
-        self._conversation = Conversation()
+        self._conversation = Conversation(max_items=limits.max_conversation_items,
+                                          max_bytes=limits.max_conversation_bytes)
         self._output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
         self._ledger = InputLedger()
         self._responses = ResponseTracker(
@@ -97,7 +98,8 @@ class SessionRunner:
             conversation=self._conversation, output=self._output, ledger=self._ledger, responses=self._responses,
             post=self.mailbox.post, spawn=self._spawn)
         self._commands = CommandHandlers(
-            engine=engine, capabilities=self.capabilities, config=config, conversation=self._conversation,
+            engine=engine, capabilities=self.capabilities, config=config, limits=limits,
+            conversation=self._conversation,
             output=self._output, ledger=self._ledger, responses=self._responses, turns=self._turns,
             snapshot=self.snapshot)
         self.closing = False

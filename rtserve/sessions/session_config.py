@@ -1,7 +1,9 @@
 """The client-settable configuration of one session (``session.update``).
 
 Server-owned limits live in ``rtserve.config.SessionLimits``; this model holds only what
-a client may change. Field names are transport-neutral: projections render them in each
+a client may change, and ``check_bounds`` holds those values to the limits (issue 17: an
+unbounded ``instructions`` or ``voice`` would fail every response later, or overflow the
+session's output budget when echoed in ``session.updated``). Field names are transport-neutral: projections render them in each
 dialect's shape (OpenAI GA ``audio.output.format``, beta ``output_audio_format``, ...).
 """
 
@@ -12,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.config import SessionLimits
 from rtserve.engines.protocols import TurnDetection
 from rtserve.errors import INVALID_VALUE, RtserveError
 
@@ -50,8 +53,11 @@ class SessionConfig(BaseModel):
             raise ValueError("max_output_tokens must be >= 1 or 'inf'")
         return self
 
-    def updated(self, changes: dict[str, Any]) -> SessionConfig:
-        """A new config with ``changes`` applied and validated (raises ``ConfigUpdateError``)."""
+    def updated(self, changes: dict[str, Any], limits: SessionLimits) -> SessionConfig:
+        """A new config with ``changes`` applied, validated and within ``limits`` (raises
+        ``ConfigUpdateError``)."""
+        check_bounds(limits, instructions=changes.get("instructions"), voice=changes.get("voice"),
+                     max_output_tokens=changes.get("max_output_tokens"))
         data = self.model_dump()
         data.update(changes)
         if "output_audio_format" in changes and "output_sample_rate" not in changes:
@@ -63,6 +69,20 @@ class SessionConfig(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ConfigUpdateError(".".join(str(p) for p in err["loc"]) or "session", err["msg"]) from None
+
+
+def check_bounds(limits: SessionLimits, *, instructions: object = None, voice: object = None,
+                 max_output_tokens: object = None) -> None:
+    """Refuse a client-set value over its configured bound (``ConfigUpdateError`` naming it).
+    Checked before any other validation, so an oversized value is never copied or echoed."""
+    if isinstance(instructions, str) and len(instructions) > limits.max_instructions_chars:
+        raise ConfigUpdateError("instructions", f"instructions must be at most {limits.max_instructions_chars} "
+                                                "characters")
+    if isinstance(voice, str) and len(voice) > limits.max_voice_chars:
+        raise ConfigUpdateError("voice", f"voice must be at most {limits.max_voice_chars} characters")
+    if isinstance(max_output_tokens, int) and max_output_tokens > limits.max_output_tokens:
+        raise ConfigUpdateError("max_output_tokens", f"max_output_tokens must be at most {limits.max_output_tokens} "
+                                                     "or 'inf'")
 
 
 class ConfigUpdateError(RtserveError, ValueError):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from rtserve.codecs import g711
 from rtserve.codecs.errors import CodecError, InvalidBase64Error
+from rtserve.config import SessionLimits
 from rtserve.sessions import SessionConfig
 from rtserve.sessions import commands as cmd
 from rtserve.web.realtime.audio import InputAudioDecoder
@@ -42,7 +43,7 @@ def test_ga_beta_and_native_session_objects_map_to_the_same_config() -> None:
                               "input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw",
                               "voice": "joe", "turn_detection": None}, supports_server_vad=True)
     assert ga == beta == native
-    config = SessionConfig().updated(ga)
+    config = SessionConfig().updated(ga, SessionLimits())
     assert (config.input_audio_format, config.output_audio_format, config.output_sample_rate) == (
         "g711_ulaw", "g711_alaw", 8000)
     assert config.turn_detection is None and config.modalities == ("text",) and config.max_output_tokens == 50

@@ -167,7 +167,7 @@ class RealtimeConnection:
         format at once), then let the runner apply it and answer ``session.updated``."""
         assert self.handle is not None
         try:
-            self._config = self._config.updated(action.changes)
+            self._config = self._config.updated(action.changes, self.service.limits)
         except ConfigUpdateError as exc:
             raise realtime_error(exc, event_id=action.event_id) from None
         self.handle.submit(cmd.SessionUpdate(changes=action.changes, event_id=action.event_id))
@@ -177,7 +177,7 @@ class RealtimeConnection:
     async def _open(self, changes: dict, event_id: str | None) -> bool:
         """Open this connection's session; False when refused (the socket is then closed)."""
         try:
-            config = self._initial.updated(changes)
+            config = self._initial.updated(changes, self.service.limits)
         except ConfigUpdateError as exc:
             await self._report(realtime_error(exc, event_id=event_id))
             return True
