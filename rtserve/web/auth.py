@@ -31,8 +31,18 @@ def presented_keys(request: web.Request) -> list[str]:
     return keys
 
 
+def key_subprotocols(request: web.Request) -> tuple[str, ...]:
+    """The key-form subprotocols the client offered. Every WebSocket route declares them: a
+    browser fails a handshake that answers none of its offers, and aiohttp logs unanswered
+    offers at WARNING, key included."""
+    return tuple(p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+                 if p.strip().startswith(SUBPROTOCOL_PREFIX))
+
+
 def is_authorized(request: web.Request, api_key: str) -> bool:
-    return any(hmac.compare_digest(k.encode(), api_key.encode()) for k in presented_keys(request))
+    # aiohttp keeps header bytes that are not UTF-8 as surrogates: compare those bytes as they came.
+    return any(hmac.compare_digest(k.encode("utf-8", "surrogateescape"), api_key.encode())
+               for k in presented_keys(request))
 
 
 def auth_middleware(api_key: str | None):
@@ -42,7 +52,7 @@ def auth_middleware(api_key: str | None):
             return await handler(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             # Browsers cannot read an HTTP 401 on a WebSocket upgrade: accept, then close 4001.
-            ws = web.WebSocketResponse(protocols=("realtime",))
+            ws = web.WebSocketResponse(protocols=("realtime", *key_subprotocols(request)))
             await ws.prepare(request)
             await ws.close(code=4001, message=b"invalid api key")
             return ws

@@ -14,11 +14,10 @@ async def health(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     if ctx.engine.ready:
         return web.json_response({"status": "ok"})
-    status = "failed" if ctx.engine_failure else "starting"
-    body = {"status": status}
-    if ctx.engine_failure:
-        body["error"] = ctx.engine_failure
-    return web.json_response(body, status=503)
+    if ctx.engine_failure:  # the exception text stays in the log: it may name paths and internals
+        return web.json_response({"status": "failed", "code": "engine_failed",
+                                  "error": "The engine is not serving; the server log says why"}, status=503)
+    return web.json_response({"status": "starting"}, status=503)
 
 
 async def models(request: web.Request) -> web.Response:

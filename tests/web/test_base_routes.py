@@ -67,7 +67,7 @@ async def test_health_is_503_until_engine_ready_then_200(config):
     assert engine.stopped
 
 
-async def test_failed_engine_start_keeps_health_503_with_reason(config):
+async def test_failed_engine_start_keeps_health_503_and_its_exception_in_the_log(config, caplog):
     engine = GatedStartEngine(fail=True)
     engine.gate.set()
     async with serve_app(build_app(config, engine=engine)) as base, aiohttp.ClientSession() as http:
@@ -78,7 +78,9 @@ async def test_failed_engine_start_keeps_health_503_with_reason(config):
                 break
             await asyncio.sleep(0.01)
         assert resp.status == 503
-        assert body["error"] == "RuntimeError: weights missing at /secret/path"
+    assert body["code"] == "engine_failed"
+    assert "secret" not in str(body) and "RuntimeError" not in str(body)  # internals stay off the wire
+    assert any("/secret/path" in (record.exc_text or "") for record in caplog.records)
 
 
 async def test_models_list_has_openai_shape(config):

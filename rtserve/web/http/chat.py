@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from rtserve.config import HttpGenerationConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
@@ -78,7 +78,7 @@ class _GenerationFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: int = 1
-    seed: int | None = None
+    seed: Annotated[StrictInt, Field(ge=0, lt=2**63)] | None = None  # what a torch generator takes
     stop: str | list[str] | None = None
     tools: list[dict[str, Any]] | None = None
 

@@ -82,7 +82,7 @@ async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
         raise body_too_large(request.app[CTX].config.transport.max_http_body_bytes) from None
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
         raise ApiError("The request body is not valid JSON.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError("The request body must be a JSON object.", code="invalid_json")

@@ -42,7 +42,7 @@ OPUS_FRAME_MS = 80
 
 async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
     codecs = request.app[CTX].codecs
-    ws = service.websocket()
+    ws = service.websocket(request)
     await ws.prepare(request)
     async with service.connections.track(ws):
         try:

@@ -68,7 +68,7 @@ class ClientError(RtserveError):
 def parse_client_message(text: str) -> OpenMessage | CloseMessage:
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
         raise ClientError("message is not valid JSON", "invalid_json") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ClientError("message must be a JSON object with a string 'type'", "invalid_message")
@@ -184,7 +184,7 @@ class DuplexConnection:
 
 
 async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebSocketResponse:
-    ws = service.websocket()
+    ws = service.websocket(request)
     await ws.prepare(request)
     async with service.connections.track(ws):
         await DuplexConnection(ws, service).run()

@@ -24,6 +24,7 @@ from aiohttp import WSCloseCode, web
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
+from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
@@ -43,9 +44,10 @@ class MoshiService:
 
     # ------------------------------------------------------------------ sockets
 
-    def websocket(self) -> web.WebSocketResponse:
+    def websocket(self, request: web.Request) -> web.WebSocketResponse:
         transport = self.config.transport
-        return web.WebSocketResponse(max_msg_size=transport.max_ws_message_bytes, heartbeat=transport.ws_heartbeat_s)
+        return web.WebSocketResponse(protocols=key_subprotocols(request), max_msg_size=transport.max_ws_message_bytes,
+                                     heartbeat=transport.ws_heartbeat_s)
 
     # ------------------------------------------------------------------ admission
 

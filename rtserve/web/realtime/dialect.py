@@ -26,7 +26,7 @@ from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
 from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.sessions.projections.realtime import Naming
-from rtserve.web.auth import SUBPROTOCOL_PREFIX
+from rtserve.web.auth import key_subprotocols
 from rtserve.web.realtime.connection import Dialect
 from rtserve.web.realtime.client_events import EventRules
 
@@ -58,7 +58,7 @@ def accepted_subprotocols(request: web.Request) -> tuple[str, ...]:
     offered = offered_subprotocols(request)
     if REALTIME_SUBPROTOCOL in offered:
         return (REALTIME_SUBPROTOCOL,)
-    return tuple(p for p in offered if p.startswith(SUBPROTOCOL_PREFIX) or p == BETA_SUBPROTOCOL)
+    return (*key_subprotocols(request), *(p for p in offered if p == BETA_SUBPROTOCOL))
 
 
 def wants_beta(request: web.Request) -> bool:
