@@ -1,6 +1,6 @@
 """Hostile or careless client input at the HTTP and WebSocket front door (issue 17, items 7
 and 8): the API key offered as a WebSocket subprotocol never reaches the log and completes
-a browser's handshake on the realtime and Moshi routes; malformed headers, JSON nested past the parser's depth
+a browser's handshake on the realtime, Moshi and openpi routes; malformed headers, JSON nested past the parser's depth
 and out-of-range seeds get typed 4xx errors, never a 500."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ KEY_PROTOCOL = f"openai-insecure-api-key.{KEY}"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
 
 
-@pytest.mark.parametrize("path", ["/api/chat", "/v1/audio/duplex", "/v1/realtime"])
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/audio/duplex", "/v1/realtime", "/v1/realtime/robot/openpi"])
 async def test_a_key_subprotocol_completes_the_handshake_and_never_reaches_the_log(
         config: ServerConfig, caplog: pytest.LogCaptureFixture, path: str) -> None:
     config.api_key = KEY

@@ -17,6 +17,7 @@ from aiohttp import WSCloseCode, web
 
 from rtserve.engines.protocols import EngineError
 from rtserve.log import session_id_var
+from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import openpi_error_frame
@@ -40,8 +41,8 @@ async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
     ctx = request.app[CTX]
     service = request.app[OPENPI]
     robot = ctx.config.robot
-    ws = web.WebSocketResponse(max_msg_size=robot.max_message_bytes, heartbeat=ctx.config.transport.ws_heartbeat_s,
-                               compress=False)
+    ws = web.WebSocketResponse(protocols=key_subprotocols(request), max_msg_size=robot.max_message_bytes,
+                               heartbeat=ctx.config.transport.ws_heartbeat_s, compress=False)
     await ws.prepare(request)
     batcher = await ctx.policy_batcher()
     if batcher is None:
