@@ -84,12 +84,27 @@ class CapacityExhausted(EngineError):
 
 
 @dataclass(frozen=True)
+class SlotSampling:
+    """Token sampling a client asked for (PersonaPlex's ``/api/chat`` query parameters).
+
+    A ``None`` field keeps the engine's default; a temperature of 0 decodes that stream
+    greedily. Frame models without sampling ignore it.
+    """
+
+    text_temperature: float | None = None
+    text_top_k: int | None = None
+    audio_temperature: float | None = None
+    audio_top_k: int | None = None
+
+
+@dataclass(frozen=True)
 class SlotPrompt:
-    """Conditioning applied when a slot is (re)opened: persona text, voice, seed."""
+    """Conditioning applied when a slot is (re)opened: persona text, voice, seed, sampling."""
 
     text: str | None = None
     voice: str | None = None
     seed: int | None = None
+    sampling: SlotSampling | None = None  # None: the engine's own sampling settings
 
 
 @dataclass(frozen=True)

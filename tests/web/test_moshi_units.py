@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SessionOptions
+from rtserve.engines.protocols import SessionOptions, SlotSampling
 from rtserve.engines.registry import create_engine
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
@@ -84,10 +84,34 @@ def test_query_parameters_become_a_slot_prompt(voice_dir: Path) -> None:
     assert prompt_from_query({}, None) == prompt_from_query({"text_prompt": "", "seed": ""}, None)
 
 
-@pytest.mark.parametrize("raw", ["abc", "1.5", "-1", str(2**63), True])
+@pytest.mark.parametrize("raw", ["abc", "1.5", "-2", str(2**63), True])
 def test_bad_seeds_are_refused(raw: object) -> None:
     with pytest.raises(PromptError):
         parse_seed(raw)  # type: ignore[arg-type]
+
+
+def test_seed_minus_one_means_unseeded_as_in_personaplex() -> None:
+    assert parse_seed("-1") is None
+    assert prompt_from_query({"seed": "-1"}, None).seed is None
+
+
+def test_personaplex_sampling_parameters_become_the_slots_sampling() -> None:
+    query = {"text_temperature": "0.7", "text_topk": "25", "audio_temperature": "0.8", "audio_topk": "250"}
+    assert prompt_from_query(query, None).sampling == SlotSampling(
+        text_temperature=0.7, text_top_k=25, audio_temperature=0.8, audio_top_k=250)
+    # Only what the client named is set; the rest stays the engine's default.
+    assert prompt_from_query({"audio_temperature": "0"}, None).sampling == SlotSampling(audio_temperature=0.0)
+    assert prompt_from_query({"text_prompt": "hi", "seed": "3"}, None).sampling is None
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    ("text_temperature", "hot"), ("audio_temperature", "-0.1"), ("audio_temperature", "nan"),
+    ("text_temperature", "inf"), ("text_temperature", "1e400"), ("text_topk", "2.5"), ("audio_topk", "-1"),
+    ("audio_topk", "many"), ("text_topk", "9" * 5000),
+])
+def test_bad_sampling_parameters_are_refused_naming_the_parameter(name: str, raw: str) -> None:
+    with pytest.raises(PromptError, match=name):
+        prompt_from_query({name: raw}, None)
 
 
 # ---------------------------------------------------------------------------- slow client

@@ -52,6 +52,9 @@ class MoshiFrameModel:
         self.silence = self._silence_codes()
         self.mimi = model.mimi
         self.mimi.start(batch_size)
+        # Read by drains (the scheduler): the answer to an input frame is out this many ticks
+        # later, after the acoustic delay and the decoder finishing the frame's samples.
+        self.output_delay_frames = self.config.max_delay + self.mimi.decoder_delay_frames
         self.sampler = SlotSampler(batch_size, self.device, sampling)
         self.stream = TokenStream(model.lm, batch_size, self.sampler)
         self._overrides = StepOverrides.none(batch_size, 1 + self.config.dep_q, self.config.dim, self.device,
@@ -71,17 +74,14 @@ class MoshiFrameModel:
         self.stream.reset_rows(mask)
         self.mimi.reset_encoder_rows(mask)
         self.mimi.reset_decoder_rows(mask)
-        self.sampler.configure(slot, None, prompt.seed)
+        sampling = None if prompt.sampling is None else self.sampler.default.requested(prompt.sampling)
+        self.sampler.configure(slot, sampling, prompt.seed)
         self._staged.pop(slot, None)
         if plan:
             self._plans[slot] = plan
         else:
             self._plans.pop(slot, None)
         return len(plan)
-
-    def set_sampling(self, slot: int, params: SamplingParams, seed: int | None) -> None:
-        """Per-slot decoding settings (e.g. PersonaPlex ``/api/chat`` query parameters)."""
-        self.sampler.configure(slot, params, seed)
 
     def prefill_step(self, slot: int) -> bool:
         plan = self._plans.get(slot)

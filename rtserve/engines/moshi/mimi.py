@@ -197,6 +197,12 @@ class Mimi(nn.Module):
     def frame_size(self) -> int:
         return self.config.frame_size
 
+    @property
+    def decoder_delay_frames(self) -> int:
+        """Calls before a frame's decoded samples are complete: the upsampler's overlapping
+        tail (kernel = 2 x stride at 12.5 Hz) finishes each frame in the next call."""
+        return 1 if self.upsample.tail else 0
+
     def start(self, batch: int) -> None:
         param = self.quantizer.rvq_first.input_proj.weight
         for module in _streaming_children(self):

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+from rtserve.engines.protocols import SlotSampling
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,23 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return not self.use_sampling
+
+    def requested(self, sampling: SlotSampling) -> SamplingParams:
+        """These defaults with a client's parameters on top. A greedy default counts as
+        temperature 0 per stream, so a temperature for one stream leaves the other greedy."""
+        text_temperature = self.temperature_text if self.use_sampling else 0.0
+        audio_temperature = self.temperature if self.use_sampling else 0.0
+        return SamplingParams(
+            use_sampling=True,
+            temperature=_given(sampling.audio_temperature, audio_temperature),
+            top_k=_given(sampling.audio_top_k, self.top_k),
+            temperature_text=_given(sampling.text_temperature, text_temperature),
+            top_k_text=_given(sampling.text_top_k, self.top_k_text),
+        )
+
+
+def _given(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
 class SlotSampler:

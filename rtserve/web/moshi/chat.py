@@ -9,7 +9,8 @@ Every binary message starts with a tag byte:
   sent as soon as the frame exists) and ``0x02`` + a UTF-8 text piece.
 
 Unknown tags and text messages are ignored (the protocol says to discard them). Query
-parameters ``text_prompt``, ``voice_prompt`` and ``seed`` condition the slot. Decoded
+parameters (PersonaPlex's: ``text_prompt``, ``voice_prompt``, ``seed``, the sampling
+temperatures and top-k; ``prompt.py``) condition the slot; a bad one closes with 1008. Decoded
 audio goes to the engine as it arrives; the slot frames it at each tick, so a page is
 stepped at the next tick whatever its size.
 """

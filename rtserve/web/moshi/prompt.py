@@ -1,4 +1,9 @@
-"""Persona / voice / seed from a Moshi-style client into a ``SlotPrompt``.
+"""Persona / voice / seed / sampling from a Moshi-style client into a ``SlotPrompt``.
+
+Names as PersonaPlex's server and web client use them (peers.md §2): ``text_prompt``,
+``voice_prompt``, ``seed`` (-1 = unseeded), ``text_temperature``, ``text_topk``,
+``audio_temperature``, ``audio_topk``. Parameters we do not implement (``pad_mult``,
+``repetition_penalty``, ...) are ignored, as unknown query parameters are.
 
 Voice names come straight from the network, so they are resolved strictly inside
 ``models.voice_prompt_dir``: no absolute paths, no ``..``, and a symlink that points
@@ -8,15 +13,17 @@ its directory unsanitised; peers.md §2).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from rtserve.engines.protocols import SlotPrompt
+from rtserve.engines.protocols import SlotPrompt, SlotSampling
 from rtserve.errors import INVALID_PROMPT, RtserveError
 
 # Tried in order when a name has no suffix ("NATF2" finds "NATF2.pt").
 VOICE_SUFFIXES = (".pt", ".wav")
 MAX_VOICE_NAME_CHARS = 255
+UNSEEDED = -1  # PersonaPlex's seed for "draw a fresh one"
 
 
 class PromptError(RtserveError, ValueError):
@@ -47,6 +54,7 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
 
 
 def parse_seed(raw: str | int | None) -> int | None:
+    """A seed, or ``None`` for unseeded (absent, empty, or PersonaPlex's -1)."""
     if raw is None or raw == "":
         return None
     if isinstance(raw, bool):
@@ -55,15 +63,53 @@ def parse_seed(raw: str | int | None) -> int | None:
         seed = int(raw)
     except (TypeError, ValueError):
         raise PromptError("seed must be an integer") from None
+    if seed == UNSEEDED:
+        return None
     if not 0 <= seed < 2**63:
-        raise PromptError("seed must be between 0 and 2**63-1")
+        raise PromptError("seed must be -1 (unseeded) or between 0 and 2**63-1")
     return seed
 
 
+def _temperature(query: Mapping[str, str], name: str) -> float | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PromptError(f"{name} must be a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise PromptError(f"{name} must be a finite number >= 0 (0 = greedy)")
+    return value
+
+
+def _top_k(query: Mapping[str, str], name: str) -> int | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise PromptError(f"{name} must be an integer") from None
+    if value < 0:
+        raise PromptError(f"{name} must be >= 0 (0 = no top-k cut)")
+    return value
+
+
+def parse_sampling(query: Mapping[str, str]) -> SlotSampling | None:
+    """The sampling parameters the client named; ``None`` when it named none."""
+    sampling = SlotSampling(text_temperature=_temperature(query, "text_temperature"),
+                            text_top_k=_top_k(query, "text_topk"),
+                            audio_temperature=_temperature(query, "audio_temperature"),
+                            audio_top_k=_top_k(query, "audio_topk"))
+    return None if sampling == SlotSampling() else sampling
+
+
 def prompt_from_query(query: Mapping[str, str], voice_dir: str | None) -> SlotPrompt:
-    """``/api/chat?text_prompt=&voice_prompt=&seed=`` (PersonaPlex query parameters)."""
+    """``/api/chat`` query parameters (PersonaPlex's names) -> the slot's conditioning."""
     return SlotPrompt(
         text=query.get("text_prompt") or None,
         voice=resolve_voice(query.get("voice_prompt"), voice_dir),
         seed=parse_seed(query.get("seed")),
+        sampling=parse_sampling(query),
     )

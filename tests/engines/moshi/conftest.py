@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rtserve.config import ServerConfig
+
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from tests.engines.moshi.tiny import TinyCheckpoint, write_checkpoint
 
@@ -25,3 +27,14 @@ def loaded(tiny: TinyCheckpoint) -> LoadedModel:
 @pytest.fixture
 def weights(tiny: TinyCheckpoint) -> Path:
     return tiny.folder
+
+
+@pytest.fixture
+def moshi_config(config: ServerConfig, weights: Path) -> ServerConfig:
+    """``--engine moshi`` on the tiny checkpoint: two slots, greedy, room for a burst of input."""
+    return config.model_copy(update={
+        "engine": "moshi",
+        "lockstep": config.lockstep.model_copy(update={"max_input_backlog_frames": 64}),
+        "moshi_engine": config.moshi_engine.model_copy(update={
+            "weights": str(weights), "batch_size": 2, "use_sampling": False}),
+    })

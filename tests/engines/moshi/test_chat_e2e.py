@@ -3,29 +3,19 @@ client on ``/api/chat``, the tiny random model behind the lockstep runtime."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aiohttp
+from aiohttp import WSCloseCode
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.protocols import SlotSampling
 from rtserve.engines.registry import create_engine
-from tests.web.moshi_support import FRAME, MoshiClient, moshi_server, noise_signal
+from tests.web.moshi_support import FRAME, MoshiClient, RecordingEngine, expect_close, moshi_server, noise_signal
 
 
-def _config(config: ServerConfig, weights: Path) -> ServerConfig:
-    return config.model_copy(update={
-        "engine": "moshi",
-        "lockstep": config.lockstep.model_copy(update={"max_input_backlog_frames": 64}),
-        "moshi_engine": config.moshi_engine.model_copy(update={
-            "weights": str(weights), "batch_size": 2, "use_sampling": False}),
-    })
-
-
-async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(config: ServerConfig,
-                                                                           weights: Path) -> None:
-    config = _config(config, weights)
+async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(moshi_config: ServerConfig) -> None:
+    config = moshi_config
     registry = CollectorRegistry()
     engine = create_engine("moshi", config, registry)
     assert engine.capabilities.chunk_period_ms == 80 and engine.capabilities.max_sessions == 2
@@ -42,3 +32,22 @@ async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(confi
     assert client.audio_messages >= 12
     assert client.text, "the inner-monologue text stream sent nothing"
     assert server.metric("rtserve_moshi_frames_in_total", route="/api/chat") >= 12
+
+
+async def test_personaplex_query_parameters_reach_the_slot(moshi_config: ServerConfig) -> None:
+    registry = CollectorRegistry()
+    engine = RecordingEngine(create_engine("moshi", moshi_config, registry))
+    query = "?text_prompt=&voice_prompt=&seed=-1&text_temperature=0.9&text_topk=20&audio_temperature=0.6&audio_topk=40"
+    async with moshi_server(moshi_config, engine, registry) as server, aiohttp.ClientSession() as http:
+        async with http.ws_connect(server.ws_url("/api/chat") + query) as ws:
+            client = MoshiClient(ws)
+            await client.handshake()
+            await client.send_pcm(noise_signal(8, seed=2))
+            await client.receive_audio(4 * FRAME)
+        async with http.ws_connect(server.ws_url("/api/chat") + "?seed=1&audio_temperature=-1") as ws:
+            refused = await expect_close(ws)
+    prompt = engine.opened[0].prompt
+    assert prompt.seed is None  # -1: unseeded, as PersonaPlex takes it
+    assert prompt.sampling == SlotSampling(text_temperature=0.9, text_top_k=20, audio_temperature=0.6, audio_top_k=40)
+    assert refused[0] == WSCloseCode.POLICY_VIOLATION and "audio_temperature" in refused[1]
+    assert len(engine.opened) == 1  # the refused one never took a slot

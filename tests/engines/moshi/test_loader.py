@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,15 @@ def test_engine_config_errors_name_the_field(config, copy: Path) -> None:  # typ
         update={"weights": str(copy / "nowhere")})})
     with pytest.raises(ConfigError, match=r"moshi_engine.weights.*does not exist"):
         build_frame_model(broken)
+
+
+@pytest.mark.parametrize("weights", [None, "nowhere"])
+def test_serve_with_unusable_weights_exits_at_startup_with_one_line(tmp_path: Path, weights: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
+    if weights is not None:
+        env["RTSERVE_MOSHI_ENGINE__WEIGHTS"] = str(tmp_path / weights)
+    out = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--engine", "moshi", "--workers", "1",
+                          "--port", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'moshi_engine.weights'" in lines[0], out.stderr
