@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ServerConfig
+from rtserve.config import ConfigError, ServerConfig
 from rtserve.log import configure_logging
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.processes.orphans import die_with_parent
@@ -17,11 +18,20 @@ from rtserve.processes.orphans import die_with_parent
 log = logging.getLogger("rtserve.engine")
 
 
+# A configuration the engines refuse (a missing weight folder, say) cannot heal by a restart:
+# the engine process exits with this status and the supervisor stops the server (exit 2).
+EXIT_CONFIG_ERROR = 78  # EX_CONFIG (sysexits.h)
+
+
 def run(settings: dict[str, Any], socket_path: str, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     config = ServerConfig.model_validate(settings)
     configure_logging(config.log_level)
-    asyncio.run(_serve(config, socket_path))
+    try:
+        asyncio.run(_serve(config, socket_path))
+    except ConfigError as exc:
+        sys.stderr.write(f"rtserve: {exc}\n")  # the one line the CLI prints for a config error
+        sys.exit(EXIT_CONFIG_ERROR)
 
 
 async def _serve(config: ServerConfig, socket_path: str) -> None:

@@ -98,22 +98,25 @@ class Supervisor:
                 child.start(self._context)
             log.info("rtserve listening on http://%s:%d with %d workers and one engine process (engine %s)",
                      self.config.host, self.config.port, len(self._workers), self.config.engine)
-            self._watch()
+            return self._watch()
         finally:
             self._shut_down()
-        return 0
 
-    def _watch(self) -> None:
+    def _watch(self) -> int:
+        """Until a stop signal (0) or an engine configuration error (2); restarts what dies."""
         while not self._stop.wait(_POLL_S):
             for child in self.children:
                 process = child.process
                 if process is not None and not process.is_alive():
+                    if child is self._engine and process.exitcode == engine_main.EXIT_CONFIG_ERROR:
+                        return 2  # the engine process printed the one-line reason
                     log.error("%s (pid %s) exited with %s; restarting", child.name, process.pid, process.exitcode)
                     process.close()
                     child.process = None
                     if self._stop.wait(child.backoff_s()):
-                        return
+                        return 0
                     child.start(self._context)
+        return 0
 
     def _shut_down(self) -> None:
         deadline = time.monotonic() + self.config.sessions.shutdown_timeout_s + 5

@@ -93,13 +93,15 @@ def test_engine_config_errors_name_the_field(config, copy: Path) -> None:  # typ
         build_frame_model(broken)
 
 
+@pytest.mark.parametrize("workers", [1, 2])  # 2: the engine process refuses it; the supervisor stops
 @pytest.mark.parametrize("weights", [None, "nowhere"])
-def test_serve_with_unusable_weights_exits_at_startup_with_one_line(tmp_path: Path, weights: str | None) -> None:
+def test_serve_with_unusable_weights_exits_at_startup_with_one_line(tmp_path: Path, weights: str | None,
+                                                                      workers: int) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     if weights is not None:
         env["RTSERVE_MOSHI_ENGINE__WEIGHTS"] = str(tmp_path / weights)
-    out = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--engine", "moshi", "--workers", "1",
-                          "--port", "0"], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--engine", "moshi", "--workers", str(workers),
+                          "--port", "0", "--log-level", "error"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "'moshi_engine.weights'" in lines[0], out.stderr
