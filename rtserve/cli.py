@@ -43,14 +43,14 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     With ``engine_socket`` this is one front-end worker of several: engines run in the engine
     process behind that socket, and ``listener`` is its share of the port (bound by the supervisor)."""
     from rtserve.app import build_app  # heavy imports only for the serve path
+    from rtserve.web.runner import app_runner
 
     registry = CollectorRegistry()
     engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index, registry)
     app = build_app(config, engines=engines, registry=registry)
     if engine_socket is not None:
         app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           shutdown_timeout=config.sessions.shutdown_timeout_s)
+    runner = app_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port) if listener is None else web.SockSite(runner, listener)
     await site.start()

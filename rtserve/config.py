@@ -67,6 +67,20 @@ class TransportLimits(_Section):
         None, ge=4096, description="realtime WebSockets: kernel send buffer and write high-water mark; small values "
                                    "make a stalled reader's backlog reach its session's bounded output buffer (and "
                                    "its overflow policy) sooner; null keeps the OS autotuning")
+    # aiohttp has one timer for an idle keep-alive connection and for a request head still
+    # arriving: it restarts when a connection opens and after each response, not on each byte.
+    http_keepalive_timeout_s: float = Field(
+        75.0, gt=0, description="close a connection that has not delivered a whole request head this long after "
+                                "it opened or after its last response (idle keep-alive, slow or silent headers); "
+                                "above a reverse proxy's usual 60 s upstream keep-alive")
+    http_body_timeout_s: float = Field(10.0, gt=0, description="time allowed to read a request body, plus "
+                                                               "its size at http_body_min_bytes_per_s; beyond -> "
+                                                               "408 request_timeout and the connection closes")
+    http_body_min_bytes_per_s: int = Field(64 * 1024, ge=1, description="slowest body upload served: each byte a "
+                                           "body declares (or, chunked, may hold) adds 1/this seconds to its time")
+    http_lingering_s: float = Field(10.0, ge=0, description="after an answer that left the request body unread (401, "
+                                                           "408, 413, 429, ...), discard what still arrives this long, "
+                                                           "then close the connection")
 
 
 class LockstepConfig(_Section):
@@ -213,6 +227,13 @@ class HttpGenerationConfig(_Section):
     default_max_tokens: int = Field(256, ge=1, description="completion length when a request names none")
     max_completion_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     max_batch_conversations: int = Field(32, ge=1, description="conversations in one /v1/chat/completions/batch")
+    max_json_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON request body (chat, speech); "
+                                     "larger -> 413 request_too_large, judged from Content-Length and while reading; "
+                                     "uploads only by transport.max_http_body_bytes, which bounds every body")
+    max_prompt_chars: int | None = Field(
+        None, ge=1, description="characters of one chat conversation's messages, checked before tokenization; "
+                                "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
+                                "context (cascade.llm_context_tokens, or vllm.max_model_len)")
     max_speech_input_chars: int = Field(4096, ge=1)
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")

@@ -7,11 +7,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from rtserve.web.runner import app_runner
+
 
 @contextlib.asynccontextmanager
 async def serve_app(app: web.Application) -> AsyncIterator[str]:
-    """Yield the base URL (``http://127.0.0.1:PORT``) of ``app`` served on a real socket."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    """Yield the base URL (``http://127.0.0.1:PORT``) of ``app`` served on a real socket,
+    under the same runner settings as ``rtserve serve``."""
+    runner = app_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

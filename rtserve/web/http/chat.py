@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from rtserve.config import HttpGenerationConfig
+from rtserve.config import HttpGenerationConfig, ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
@@ -32,6 +32,7 @@ from rtserve.web.http.common import (
     SseStream,
     engine_errors,
     first_item,
+    generation_route,
     read_json,
     require_llm,
     run_generation,
@@ -128,6 +129,29 @@ class BatchChatCompletionRequest(_GenerationFields):
     stream: Literal[False] = False  # "Input should be False": the batch route never streams
 
 
+# No tokenizer yields a token per more than a few characters on real text; this bound only
+# has to stop a prompt far past the context before the tokenizer sees it.
+CHARS_PER_TOKEN_BOUND = 8
+VLLM_FALLBACK_CONTEXT_TOKENS = 131072  # vLLM reads its context from the model when max_model_len is null
+
+
+def prompt_char_limit(config: ServerConfig) -> int:
+    """``http.max_prompt_chars``, or 8 characters per token of the text engine's context."""
+    if config.http.max_prompt_chars is not None:
+        return config.http.max_prompt_chars
+    if config.http.text_engine == "vllm":
+        return (config.http.vllm.max_model_len or VLLM_FALLBACK_CONTEXT_TOKENS) * CHARS_PER_TOKEN_BOUND
+    return config.cascade.llm_context_tokens * CHARS_PER_TOKEN_BOUND
+
+
+def check_prompt_size(messages: Sequence[ChatMessage], limit: int, param: str) -> None:
+    """Refuse a conversation over ``limit`` characters before any model work (tokenizing it
+    whole would hold the model thread for everyone)."""
+    if sum(len(m.content) for m in messages) > limit:
+        raise ApiError(f"The messages in '{param}' hold more than {limit} characters, more than this model's "
+                       "context can take; shorten the conversation.", param=param, code="context_length_exceeded")
+
+
 def _usage(last: TokenDelta | None) -> dict[str, int]:
     prompt = last.prompt_tokens if last else 0
     completion = last.completion_tokens if last else 0
@@ -163,12 +187,14 @@ def _envelope(completion_id: str, model: str, obj: str) -> dict[str, Any]:
     return {"id": completion_id, "object": obj, "created": int(time.time()), "model": model}
 
 
+@generation_route
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     body = await read_json(request, ChatCompletionRequest)
     llm = require_llm(ctx, body.model)
     params = body.sampling(ctx.config.http)
     messages = [m.to_engine() for m in body.messages]
+    check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -218,6 +244,7 @@ async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessa
     return await sse.finish()
 
 
+@generation_route
 async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     body = await read_json(request, BatchChatCompletionRequest)
@@ -228,6 +255,9 @@ async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
     llm = require_llm(ctx, body.model)
     params = body.sampling(ctx.config.http)
     conversations = [[m.to_engine() for m in conversation] for conversation in body.messages]
+    char_limit = prompt_char_limit(ctx.config)
+    for i, conversation in enumerate(conversations):
+        check_prompt_size(conversation, char_limit, f"messages[{i}]")
     completion_id = f"chatcmpl-batch-{uuid.uuid4().hex}"
     work = functools.partial(_respond_batch, llm, conversations, params, completion_id)
     return await run_generation(request, completion_id, work)

@@ -4,7 +4,10 @@
 * the engine a route needs, or a typed 503/404 (not loaded, still loading, unknown model);
   a request's ``model`` is the served model's name or an alias of its task
   (``http.model_aliases``: OpenAI's names by default);
-* the concurrency limit: a generation beyond it is refused with 429, never queued;
+* body bounds: JSON bodies (``http.max_json_body_bytes``) far below uploads, both judged
+  from Content-Length and while reading, and read within a deadline (408 beyond);
+* the concurrency limit: a generation beyond it is refused with 429, never queued, before
+  its body is read;
 * client-disconnect cancellation: the generation task (and the engine iterator it holds)
   is cancelled as soon as the client goes away;
 * Server-Sent Events framing.
@@ -14,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -63,9 +67,8 @@ def validation_error(exc: ValidationError) -> ApiError:
     return ApiError(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
 
 
-def reject_oversized(request: web.Request) -> None:
+def reject_oversized(request: web.Request, limit: int) -> None:
     """Refuse a body whose declared length is over the limit before reading any of it."""
-    limit = request.app[CTX].config.transport.max_http_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise body_too_large(limit)
 
@@ -74,12 +77,38 @@ def body_too_large(limit: int) -> ApiError:
     return ApiError(f"Request body exceeds the limit of {limit} bytes.", status=413, code="request_too_large")
 
 
-async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
-    reject_oversized(request)
+@contextlib.asynccontextmanager
+async def body_deadline(request: web.Request, limit: int) -> AsyncIterator[None]:
+    """Bound the time a body may take to arrive: a base allowance plus its declared size (or,
+    chunked, its limit) at the slowest upload rate served; a trickling client gets 408."""
+    transport = request.app[CTX].config.transport
+    size = request.content_length if request.content_length is not None else limit
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise body_too_large(request.app[CTX].config.transport.max_http_body_bytes) from None
+        async with asyncio.timeout(transport.http_body_timeout_s + size / transport.http_body_min_bytes_per_s):
+            yield
+    except TimeoutError:
+        raise ApiError("The request body did not arrive in time.", status=408, code="request_timeout",
+                       type_="invalid_request_error") from None
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refused (413) from its declared length or once it grows past ``limit``."""
+    reject_oversized(request, limit)
+    chunks: list[bytes] = []
+    size = 0
+    async with body_deadline(request, limit):
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
+    # A JSON request has its own bound, far below an upload's: parsing costs memory many times its size.
+    config = request.app[CTX].config
+    raw = await read_body(request, min(config.http.max_json_body_bytes, config.transport.max_http_body_bytes))
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
@@ -190,6 +219,19 @@ class GenerationLimiter:
 
 LIMITER = web.AppKey("http_generation_limiter", GenerationLimiter)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def generation_route(handler: Handler) -> Handler:
+    """Hold a concurrency slot for the whole request, taken before its body is read: a refused
+    request costs no reading or parsing (a slow body holds its slot only until ``body_deadline``)."""
+    @functools.wraps(handler)
+    async def route(request: web.Request) -> web.StreamResponse:
+        with request.app[LIMITER].slot():
+            return await handler(request)
+
+    return route
+
 
 def client_gone(request: web.Request) -> bool:
     transport = request.transport
@@ -198,33 +240,32 @@ def client_gone(request: web.Request) -> bool:
 
 async def run_generation(request: web.Request, request_id: str,
                          work: Callable[[], Coroutine[Any, Any, web.StreamResponse]]) -> web.StreamResponse:
-    """Run ``work()`` inside a concurrency slot; cancel it if the client disconnects.
+    """Run ``work()`` (inside a ``generation_route``); cancel it if the client disconnects.
 
     aiohttp does not cancel handlers when a client goes away, so a generation would run to
     the end for nobody. Cancelling the task raises inside the engine iterator it awaits,
     which closes it (and frees the engine's slot) at once.
     """
     ctx = request.app[CTX]
-    with request.app[LIMITER].slot():
-        session_id_var.set(request_id)  # copied into the task: every log line of this generation is tagged
-        task = asyncio.ensure_future(work())
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=ctx.config.http.disconnect_poll_s)
-                if not task.done() and client_gone(request):
-                    task.cancel()
-                    break
-            try:
-                return await task
-            except (asyncio.CancelledError, ConnectionError):
-                if asyncio.current_task().cancelling():  # the server itself is stopping
-                    raise
-                log.info("client disconnected; generation cancelled")
-                return web.Response(status=499)  # never reaches anyone; keeps the access log honest
-        finally:
-            if not task.done():
+    session_id_var.set(request_id)  # copied into the task: every log line of this generation is tagged
+    task = asyncio.ensure_future(work())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=ctx.config.http.disconnect_poll_s)
+            if not task.done() and client_gone(request):
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                break
+        try:
+            return await task
+        except (asyncio.CancelledError, ConnectionError):
+            if asyncio.current_task().cancelling():  # the server itself is stopping
+                raise
+            log.info("client disconnected; generation cancelled")
+            return web.Response(status=499)  # never reaches anyone; keeps the access log honest
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 # ---------------------------------------------------------------------------

@@ -31,7 +31,14 @@ from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechEncoder, SpeechFormat, open_speech_encoder
-from rtserve.web.http.common import SseStream, first_item, read_json, require_tts, run_generation
+from rtserve.web.http.common import (
+    SseStream,
+    first_item,
+    generation_route,
+    read_json,
+    require_tts,
+    run_generation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ class SpeechRequest(BaseModel):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
+@generation_route
 async def create_speech(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     body = await read_json(request, SpeechRequest)

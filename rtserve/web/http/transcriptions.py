@@ -35,9 +35,11 @@ from rtserve.web.errors import ApiError
 from rtserve.web.http.audio import AudioDecodeError, AudioTooLong, decode_audio
 from rtserve.web.http.common import (
     SseStream,
+    body_deadline,
     body_too_large,
     engine_errors,
     first_item,
+    generation_route,
     reject_oversized,
     require_asr,
     run_generation,
@@ -61,6 +63,7 @@ class TranscriptionForm(BaseModel):
     temperature: float = Field(0.0, ge=0, le=1)
 
 
+@generation_route
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     upload, form = await _read_form(request)
@@ -70,14 +73,16 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
 
 
 async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]:
-    reject_oversized(request)
+    limit = request.app[CTX].config.transport.max_http_body_bytes
+    reject_oversized(request, limit)
     if request.content_type != "multipart/form-data":
         raise ApiError("Send the audio as multipart/form-data with a 'file' field.", param="file",
                        code="invalid_content_type")
     try:
-        fields = await request.post()  # bounded by the app's client_max_size
+        async with body_deadline(request, limit):
+            fields = await request.post()  # bounded by the app's client_max_size (= limit)
     except web.HTTPRequestEntityTooLarge:
-        raise body_too_large(request.app[CTX].config.transport.max_http_body_bytes) from None
+        raise body_too_large(limit) from None
     except ValueError:
         raise ApiError("The multipart body could not be parsed.", code="invalid_multipart") from None
     upload = fields.get("file")
