@@ -142,6 +142,14 @@ class MoshiConfig(_Section):
                                                             "CPU per audio second vs ~10-14 at 10 (libopus default), "
                                                             "for a small quality loss; lower it when encoding is the "
                                                             "bottleneck at many concurrent streams")
+    idle_timeout_s: float = Field(30.0, gt=0, description="a live conversation with no client audio this long is "
+                                                          "closed (1000, 'idle timeout') and its engine slot freed")
+    open_timeout_s: float = Field(10.0, gt=0, description="/v1/audio/duplex: a socket that sent no valid 'open' this "
+                                                          "long after connecting is closed (1000, 'open timeout')")
+    send_timeout_s: float = Field(10.0, gt=0, description="a socket whose reader took no bytes for this long (a frame, "
+                                                          "'done' or the close frame stuck behind a full send buffer) "
+                                                          "is dropped; with aiohttp's 64 KiB write limit this also "
+                                                          "bounds the unsent bytes held for it")
 
 
 class MoshiEngineConfig(_Section):
@@ -171,6 +179,11 @@ class CodecLimits(_Section):
     ogg_max_packet_bytes: int = Field(65536, ge=1024, description="largest packet reassembled across pages")
     ogg_max_feed_audio_s: float = Field(60.0, gt=0, description="audio one received chunk may decode to; "
                                                                  "beyond -> audio_limit_exceeded")
+    max_decoded_audio_ratio: float = Field(2.0, gt=0, description="Ogg-Opus audio one connection may decode per "
+                                           "second of wall time (a live client needs 1.0); beyond the burst -> "
+                                           "decode_rate_exceeded, /api/chat closes with 1008")
+    decoded_audio_burst_s: float = Field(10.0, gt=0, description="decoded audio a connection may run ahead of that "
+                                                                 "rate (network jitter, a client catching up)")
 
 
 class ModelPaths(_Section):

@@ -14,8 +14,9 @@ libopus (``opus.py``). Both sides work on live streams:
   pre-skip, output gain and end trimming. Chained streams (a new BOS after EOS) are
   accepted; multiplexed streams are not. Buffering is bounded by ``max_page_bytes`` (one
   page) and ``max_packet_bytes`` (a packet spanning pages); decoded audio per ``feed``
-  call by ``max_feed_seconds`` (``AudioLimitError``). Any error is a ``CodecError`` and
-  ends the stream: later calls raise it again.
+  call by ``max_feed_seconds`` (``AudioLimitError``), and per second of wall time by an
+  optional ``DecodeRateLimit`` charged packet by packet, so decoding stops within a page.
+  Any error is a ``CodecError`` and ends the stream: later calls raise it again.
 
 Granule positions and pre-skip count 48 kHz samples whatever the PCM rate (RFC 7845 §4).
 """
@@ -29,6 +30,7 @@ from enum import Enum
 
 import numpy as np
 
+from rtserve.codecs.decode_rate import DecodeRateLimit
 from rtserve.codecs.errors import AudioLimitError, CodecError, InvalidOggError, UnsupportedFormatError
 from rtserve.codecs.ogg import FLAG_BOS, FLAG_EOS, MAX_PAGE_BYTES, OggPage, OggPageReader, build_page
 from rtserve.codecs.opus import OPUS_GRANULE_RATE, OpusApplication, OpusDecoder, OpusEncoder, check_opus_rate
@@ -176,12 +178,14 @@ class OggOpusReader:
         max_page_bytes: int = MAX_PAGE_BYTES,
         max_packet_bytes: int = 65536,
         max_feed_seconds: float = 60.0,
+        rate_limit: DecodeRateLimit | None = None,
     ) -> None:
         check_opus_rate(sample_rate)
         self.sample_rate = sample_rate
         self.max_packet_bytes = max_packet_bytes
         # Tiny Opus packets decode to ~1000x their size in samples: bound the audio per call.
         self.max_feed_samples = int(max_feed_seconds * sample_rate)
+        self._rate_limit = rate_limit
         self._pages = OggPageReader(max_page_bytes)
         self._state = _State.EXPECT_HEAD
         self._failed: CodecError | None = None
@@ -245,7 +249,10 @@ class OggOpusReader:
                 self._state = _State.AUDIO
             else:
                 assert self._decoder is not None  # AUDIO state implies a decoder
-                out.append(self._emit(self._decoder.decode(packet)))
+                decoded = self._decoder.decode(packet)
+                if self._rate_limit is not None:
+                    self._rate_limit.charge(len(decoded) / self.sample_rate)
+                out.append(self._emit(decoded))
         pcm = np.concatenate(out) if out else _EMPTY
         return self._end_stream(page, pcm) if page.eos else pcm
 

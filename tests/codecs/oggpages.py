@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from rtserve.codecs.ogg import ogg_crc32
+from rtserve.codecs.ogg import FLAG_BOS, build_page, ogg_crc32
+from rtserve.codecs.oggopus import OpusHead, opus_tags_packet
 
 
 def raw_page(*, lacing: bytes, body: bytes, flags: int = 0, granule: int = 0, serial: int = 1,
@@ -42,3 +43,20 @@ def lacing_for(*lengths: int, last_continues: bool = False) -> bytes:
         elif rest:
             raise ValueError("an open packet piece must be a multiple of 255 bytes")
     return bytes(lacing)
+
+
+# Opus TOC 0xFB: CELT fullband 20 ms frames, code 3; count byte 6 -> six empty frames. Two bytes
+# that decode to 120 ms: the smallest packet of the most audio.
+AMPLIFYING_PACKET = bytes((0xFB, 6))
+AMPLIFYING_PACKET_S = 0.12
+
+
+def amplifying_stream(pages: int, packets_per_page: int, serial: int = 7) -> list[bytes]:
+    """A valid mono Ogg-Opus stream: head, tags, then ``pages`` small pages each of
+    ``packets_per_page`` x 120 ms (255 packets: ~800 bytes that decode to 30.6 s)."""
+    stream = [build_page(serial=serial, sequence=0, granule=0, packets=[OpusHead(1, 0, 24000).to_bytes()],
+                         flags=FLAG_BOS),
+              build_page(serial=serial, sequence=1, granule=0, packets=[opus_tags_packet("test")])]
+    stream += [build_page(serial=serial, sequence=2 + index, granule=0, packets=[AMPLIFYING_PACKET] * packets_per_page)
+               for index in range(pages)]
+    return stream

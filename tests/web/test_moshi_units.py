@@ -134,7 +134,7 @@ async def test_a_stalled_client_drops_its_own_oldest_frames_and_never_holds_the_
         async def send_frame(frame: AgentFrame) -> None:
             await stalled.wait()  # a client whose socket never drains
 
-        output = asyncio.create_task(service.stream_output("/test", conversation, send_frame))
+        output = asyncio.create_task(service.stream_output("/test", conversation, send_frame, None))
         lease = session.lease
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while lease.underruns < 12:  # ~1 s of ticks, all while the client is stalled

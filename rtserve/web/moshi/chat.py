@@ -8,7 +8,9 @@ Every binary message starts with a tag byte:
 * server -> client ``0x01`` + Ogg-Opus pages of agent audio (one page per engine frame,
   sent as soon as the frame exists) and ``0x02`` + a UTF-8 text piece.
 
-Unknown tags and text messages are ignored (the protocol says to discard them). Query
+Unknown tags and text messages are ignored (the protocol says to discard them); only audio
+holds the slot: none for ``moshi.idle_timeout_s`` closes the socket (``deadlines.py``). Audio
+decoded faster than ``codecs.max_decoded_audio_ratio`` closes it with 1008. Query
 parameters (PersonaPlex's: ``text_prompt``, ``voice_prompt``, ``seed``, the sampling
 temperatures and top-k; ``prompt.py``) condition the slot; a bad one closes with 1008. Decoded
 audio goes to the engine as it arrives; the slot frames it at each tick, so a page is
@@ -17,10 +19,12 @@ stepped at the next tick whatever its size.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
+from rtserve.codecs.decode_rate import DecodeRateError, DecodeRateLimit
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
 from rtserve.web.codec_executor import CodecExecutor
@@ -28,6 +32,7 @@ from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, AgentFrame, EngineBridge
+from rtserve.web.moshi.deadlines import ReceiveDeadline, receive_before
 from rtserve.web.moshi.prompt import PromptError, prompt_from_query
 from rtserve.web.moshi.service import MoshiService
 
@@ -45,6 +50,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
     codecs = request.app[CTX].codecs
     ws = service.websocket(request)
     await ws.prepare(request)
+    transport = request.transport
     async with service.connections.track(ws):
         try:
             prompt = prompt_from_query(request.query, service.config.models.voice_prompt_dir)
@@ -72,21 +78,26 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
                 await ws.send_bytes(TAG_HANDSHAKE)
             except ConnectionError:
                 return ws
-            output = service.spawn_output(ws, ROUTE, conversation, send_frame)
+            output = service.spawn_output(ws, transport, ROUTE, conversation, send_frame)
             try:
-                await _receive_audio(ws, service, codecs, conversation)
+                await _receive_audio(ws, transport, service, codecs, conversation)
             finally:
                 await service.stop_output(output)
     return ws
 
 
-async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codecs: CodecExecutor,
-                         conversation: EngineBridge) -> None:
-    """Client messages until the socket closes; malformed audio closes this socket only."""
-    limits = service.config.codecs
+async def _receive_audio(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, service: MoshiService,
+                         codecs: CodecExecutor, conversation: EngineBridge) -> None:
+    """Client messages until the socket closes; malformed audio, audio decoded too fast or
+    none for ``moshi.idle_timeout_s`` closes this socket only."""
+    limits, settings = service.config.codecs, service.config.moshi
+    rate_limit = DecodeRateLimit(limits.max_decoded_audio_ratio, limits.decoded_audio_burst_s)
     reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,
-                           max_packet_bytes=limits.ogg_max_packet_bytes, max_feed_seconds=limits.ogg_max_feed_audio_s)
-    async for message in ws:
+                           max_packet_bytes=limits.ogg_max_packet_bytes, max_feed_seconds=limits.ogg_max_feed_audio_s,
+                           rate_limit=rate_limit)
+    idle_reason = f"idle timeout: no audio for {settings.idle_timeout_s:g} s"
+    deadline = ReceiveDeadline.after(settings.idle_timeout_s, idle_reason)
+    while (message := await receive_before(ws, deadline, transport, settings.send_timeout_s)) is not None:
         if message.type is WSMsgType.BINARY:
             data: bytes = message.data
             if len(data) < 2 or data[0] != TAG_AUDIO:
@@ -94,10 +105,12 @@ async def _receive_audio(ws: web.WebSocketResponse, service: MoshiService, codec
             try:
                 pcm = await codecs.run(reader.feed, data[1:])
             except CodecError as exc:
-                log.info("closing: malformed Ogg-Opus from client (%s: %s)", exc.code, exc)
-                await close_socket(ws, close_code(exc), f"{exc.code}: {exc}")
+                log.info("closing: refused Ogg-Opus from client (%s: %s)", exc.code, exc)
+                code = WSCloseCode.POLICY_VIOLATION if isinstance(exc, DecodeRateError) else close_code(exc)
+                await close_socket(ws, code, f"{exc.code}: {exc}")
                 return
             conversation.push(pcm)
-        elif message.type is WSMsgType.ERROR:
+            deadline = ReceiveDeadline.after(settings.idle_timeout_s, idle_reason)
+        elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             return
         # TEXT: not part of the protocol, discarded like unknown tags

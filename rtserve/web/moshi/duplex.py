@@ -10,6 +10,11 @@
   to it is forwarded (an explicit drain, bounded by ``moshi.flush_timeout_s``), then
   ``{"type":"done"}`` and a normal close.
 
+Deadlines (``deadlines.py``): no valid ``open`` within ``moshi.open_timeout_s`` of connecting,
+or no audio for ``moshi.idle_timeout_s`` on an open conversation, closes the socket (1000 and
+the reason); a reader that takes nothing for ``moshi.send_timeout_s`` (agent audio, ``done``
+or the close frame) loses the connection.
+
 Bad input (malformed JSON, an unknown type, a refused voice, misaligned or non-finite
 PCM) gets ``{"type":"error","error":<message>,"code":<stable code>}`` and the
 connection stays usable.
@@ -30,9 +35,9 @@ from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
 from rtserve.errors import RtserveError
-from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import moshi_error_message
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
+from rtserve.web.moshi.deadlines import ReceiveDeadline, close_within, receive_before, send_within
 from rtserve.web.moshi.prompt import PromptError, resolve_voice
 from rtserve.web.moshi.service import MoshiService
 
@@ -85,23 +90,29 @@ def parse_client_message(text: str) -> OpenMessage | CloseMessage:
 class DuplexConnection:
     """One ``/v1/audio/duplex`` socket: at most one conversation, opened by ``open``."""
 
-    def __init__(self, ws: web.WebSocketResponse, service: MoshiService) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None,
+                 service: MoshiService) -> None:
         self.ws = ws
+        self.transport = transport
         self.service = service
+        self.settings = service.config.moshi
+        self.deadline = ReceiveDeadline.after(self.settings.open_timeout_s,
+                                              f"open timeout: no 'open' within {self.settings.open_timeout_s:g} s")
         self.conversation: EngineBridge | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 
     async def run(self) -> None:
         try:
-            async for message in self.ws:
+            while (message := await receive_before(self.ws, self.deadline, self.transport,
+                                                   self.settings.send_timeout_s)) is not None:
                 if message.type is WSMsgType.TEXT:
                     finished = await self._on_text(message.data)
                     if finished:
                         return
                 elif message.type is WSMsgType.BINARY:
                     await self._on_audio(message.data)
-                elif message.type is WSMsgType.ERROR:
+                elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                     return
         finally:
             await self._end_conversation()
@@ -136,7 +147,8 @@ class DuplexConnection:
             await self.ws.send_json({"type": "ready"})
         except ConnectionError:
             return True
-        self._output = self.service.spawn_output(self.ws, ROUTE, conversation, self._send_frame)
+        self._output = self.service.spawn_output(self.ws, self.transport, ROUTE, conversation, self._send_frame)
+        self._heard_audio()
         return False
 
     async def _on_audio(self, data: bytes) -> None:
@@ -148,22 +160,29 @@ class DuplexConnection:
             await self._send_error(exc)
             return
         self.conversation.push(pcm)
+        self._heard_audio()
+
+    def _heard_audio(self) -> None:
+        timeout_s = self.settings.idle_timeout_s
+        self.deadline = ReceiveDeadline.after(timeout_s, f"idle timeout: no audio for {timeout_s:g} s")
 
     async def _close(self) -> None:
         """``close``: drain (tail stepped, its answer read), then ``done``."""
         conversation = self.conversation
         if conversation is not None:
-            timeout_s = self.service.config.moshi.flush_timeout_s
+            timeout_s = self.settings.flush_timeout_s
             if not await conversation.drain(timeout_s):
                 log.warning("drain did not finish within %.1fs", timeout_s)
             await conversation.close()  # ends the engine's events: the output task sends the frame it holds
             if self._output is not None:
                 await asyncio.gather(self._output, return_exceptions=True)
+        send_timeout_s = self.settings.send_timeout_s
         try:
-            await self.ws.send_json({"type": "done"})
+            if not await send_within(self.ws.send_json({"type": "done"}), self.transport, send_timeout_s):
+                return
         except ConnectionError:
             return
-        await close_socket(self.ws, WSCloseCode.OK, "done")
+        await close_within(self.ws, self.transport, WSCloseCode.OK, "done", send_timeout_s)
 
     async def _end_conversation(self) -> None:
         if self._output is not None:
@@ -187,5 +206,5 @@ async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebS
     ws = service.websocket(request)
     await ws.prepare(request)
     async with service.connections.track(ws):
-        await DuplexConnection(ws, service).run()
+        await DuplexConnection(ws, request.transport, service).run()
     return ws

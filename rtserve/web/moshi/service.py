@@ -3,12 +3,17 @@ output path (engine hand-off -> socket), metrics, and the open sockets (shutdown
 
 Close codes (RFC 6455 §7.4.1) used by both routes:
 
-* 1000 normal end; 1001 server shutting down;
+* 1000 normal end, or a deadline passed: no client audio for ``moshi.idle_timeout_s``, no
+  ``open`` within ``moshi.open_timeout_s`` (``deadlines.py``); 1001 server shutting down;
 * 1007 malformed audio (an invalid Ogg-Opus stream);
-* 1008 a refused prompt (unknown or unsafe voice name, bad seed);
+* 1008 a refused prompt (unknown or unsafe voice name, bad seed), or audio decoded faster
+  than ``codecs.max_decoded_audio_ratio`` allows;
 * 1009 a message over ``transport.max_ws_message_bytes`` (aiohttp closes it);
 * 1011 the engine failed this conversation (or an unexpected server error);
 * 1013 every conversation slot is busy, or the engine is not running ("try again later").
+
+A reader that takes no bytes for ``moshi.send_timeout_s`` loses its connection (no close
+frame: it could not be sent).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
+from rtserve.web.moshi.deadlines import send_within
 from rtserve.web.moshi.metrics import MoshiMetrics
 
 log = logging.getLogger(__name__)
@@ -100,12 +106,15 @@ class MoshiService:
 
     # ------------------------------------------------------------------ output
 
-    def spawn_output(self, ws: web.WebSocketResponse, route: str, conversation: EngineBridge,
+    def spawn_output(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, route: str,
+                     conversation: EngineBridge,
                      send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
-        """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails."""
+        """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails, drop
+        the connection if its reader stalls."""
 
         async def run() -> None:
-            await self.stream_output(route, conversation, send_frame)
+            if not await self.stream_output(route, conversation, send_frame, transport):
+                return
             if conversation.failure is not None:
                 log.warning("engine failed the conversation: %s", conversation.failure.message)
                 await close_socket(ws, WSCloseCode.INTERNAL_ERROR, conversation.failure.message)
@@ -118,18 +127,23 @@ class MoshiService:
         await asyncio.gather(output, return_exceptions=True)
 
     async def stream_output(self, route: str, conversation: EngineBridge,
-                            send_frame: Callable[[AgentFrame], Awaitable[None]]) -> None:
-        """Engine frames -> ``send_frame`` until the session ends or the socket closes. A
+                            send_frame: Callable[[AgentFrame], Awaitable[None]],
+                            transport: asyncio.BaseTransport | None) -> bool:
+        """Engine frames -> ``send_frame`` until the session ends or the socket closes; False
+        when the reader stalled past ``moshi.send_timeout_s`` and the connection was dropped. A
         slow client only backs up its own slot's output hand-off (drop-oldest audio, text
         kept); the engine never waits for it."""
+        send_timeout_s = self.config.moshi.send_timeout_s
         loop = asyncio.get_running_loop()
         frames_out = self.metrics.frames_out.labels(route)
         latency = self.metrics.egress_latency.labels(route)
         try:
             async for frame in conversation.frames():
-                await send_frame(frame)
+                if not await send_within(send_frame(frame), transport, send_timeout_s):
+                    return False
                 if frame.pcm.size:
                     frames_out.inc()
                     latency.observe(loop.time() - frame.produced_at)
         except ConnectionError:
             pass  # the socket is closing; the receive side ends the connection
+        return True
