@@ -45,7 +45,7 @@ class RemoteEngineSession:
         self._emptied.set()
         self._epoch = 0
         self._closed = False
-        self.dropped_events = 0
+        self._dropped_audio = 0
         link.register_session(handle, self._receive)
 
     # ------------------------------------------------------------------ engine -> session
@@ -66,7 +66,9 @@ class RemoteEngineSession:
         for index, queued in enumerate(self._events):
             if isinstance(queued, OutputAudio) and not queued.text:
                 del self._events[index]
-                self.dropped_events += 1
+                if self._dropped_audio == 0:  # once per session: the count is in the warning at close
+                    log.warning("engine session %d: its reader fell behind; dropping its oldest audio", self._handle)
+                self._dropped_audio += 1
                 return
 
     async def events(self) -> AsyncIterator[EngineEvent]:
@@ -121,6 +123,9 @@ class RemoteEngineSession:
         if self._closed:
             return
         self._closed = True
+        if self._dropped_audio:
+            log.warning("engine session %d closed; %d audio frames were dropped for a slow reader",
+                        self._handle, self._dropped_audio)
         self._link.uplink.drop(self._handle)
         try:
             await self._call("close")

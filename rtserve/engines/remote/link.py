@@ -63,9 +63,6 @@ class EngineLink:
         if self._task is None:
             self._task = asyncio.create_task(self._run())
 
-    async def wait_connected(self, timeout_s: float) -> None:
-        await asyncio.wait_for(self.connected.wait(), timeout_s)
-
     async def close(self) -> None:
         self._closing = True
         if self._task is not None:
