@@ -59,10 +59,6 @@ class ServerProcess:
         async with http.get(self.base + "/health") as response:
             return response.status == 200
 
-    def cpu_seconds(self) -> float:
-        """utime + stime of the server and every process under it (children still running)."""
-        return sum(self.cpu_by_process().values())
-
     def cpu_by_process(self) -> dict[int, float]:
         """CPU seconds of the server and each process under it, by pid."""
         stats = {}

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.protocols import SessionEngine
-from rtserve.engines.remote.in_process import linked_in_process
+from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
@@ -62,7 +62,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     registry = registry or CollectorRegistry()
     if engines is None:
         local = EngineSet(config, registry, session_engine=engine)
-        engines = local if engine_client == "local" else linked_in_process(local, config)
+        engines = local if engine_client == "local" else LinkedEngines(local, config)
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(config.api_key)],
         client_max_size=config.transport.max_http_body_bytes,

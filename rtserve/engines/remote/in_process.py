@@ -48,7 +48,3 @@ class LinkedEngines(RemoteEngines):
         await super().stop()
         await self._server.close()
         await self._local.stop()
-
-
-def linked_in_process(local: EngineSet, config: ServerConfig) -> LinkedEngines:
-    return LinkedEngines(local, config)
