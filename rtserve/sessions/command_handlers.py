@@ -62,6 +62,8 @@ class CommandHandlers:
             self._session_update(c)
         elif isinstance(c, cmd.ConversationItemCreate):
             self._item_create(c)
+        elif isinstance(c, cmd.FunctionItemCreate):
+            self._function_item_create(c)
         elif isinstance(c, cmd.ConversationItemTruncate):
             self._item_truncate(c)
         elif isinstance(c, cmd.ConversationItemDelete):
@@ -203,6 +205,35 @@ class CommandHandlers:
         session_id = self._output.session_id
         self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
         self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
+
+    def _function_item_create(self, c: cmd.FunctionItemCreate) -> None:
+        """A call result (or a restored call) joins the conversation; the next response sees it."""
+        item_id = c.item_id or new_item_id()
+        text = c.arguments if c.kind == "function_call" else c.output
+        if item_id in self._conversation:
+            self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
+                               param="item.id")
+        elif c.kind == "function_call_output" and not self._conversation.has_call(c.call_id):
+            self._output.error(errors.INVALID_VALUE, f"No function call with call_id {c.call_id[:64]!r} in this "
+                               "conversation", related=c.event_id, param="item.call_id")
+        elif not self._conversation.admits(text):
+            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED,
+                               f"The conversation holds at most {self._conversation.max_items} items and "
+                               f"{self._conversation.max_bytes} bytes of text; delete items to add more",
+                               related=c.event_id, param="item")
+        else:
+            role = "assistant" if c.kind == "function_call" else "user"
+            item = ConversationItem(item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id,
+                                    call_id=c.call_id, name=c.name or None)
+            try:
+                previous = self._conversation.add(item, c.previous_item_id)
+            except KeyError:
+                self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
+                return
+            snapshot = item.snapshot()
+            session_id = self._output.session_id
+            self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
+            self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
 
     def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
         item = self._conversation.get(c.item_id)

@@ -107,6 +107,20 @@ class ConversationItemCreate(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class FunctionItemCreate(Command):
+    """A ``function_call`` item (the client restores a call) or a ``function_call_output``
+    item (the result of a call the assistant made) added to the conversation."""
+
+    kind: Literal["function_call", "function_call_output"]
+    call_id: str
+    name: str = ""  # function_call
+    arguments: str = ""  # function_call
+    output: str = ""  # function_call_output
+    previous_item_id: str | None = None
+    item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class ConversationItemTruncate(Command):
     item_id: str
     audio_end_ms: int
