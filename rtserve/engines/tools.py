@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rtserve.engines.protocols import EngineError, ToolChoice, ToolSpec
+from rtserve.engines.protocols import ChatMessage, EngineError, ToolChoice, ToolSpec
 from rtserve.errors import INVALID_VALUE
 
 MAX_TOOLS = 128  # OpenAI's own limit on tools per request
@@ -33,6 +33,35 @@ def arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     schema = {"type": "object", **tool.parameters}
     schema.setdefault("additionalProperties", False)
     return schema
+
+
+def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """``tools`` as chat templates (transformers, vLLM) take them: OpenAI's chat shape."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": dict(t.parameters)}} for t in tools]
+
+
+def openai_turns(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates that know tools take them: assistant ``tool_calls`` with
+    their arguments parsed (templates index them), ``tool`` turns with ``tool_call_id``."""
+    turns = []
+    for m in messages:
+        turn: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            turn["tool_calls"] = [{"id": c.call_id, "type": "function",
+                                   "function": {"name": c.name, "arguments": _parsed(c.arguments)}}
+                                  for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            turn["tool_call_id"] = m.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:  # a client's own malformed call: the template gets it as written
+        return arguments
 
 
 def check_tools(tools: Sequence[ToolSpec], choice: ToolChoice, param: str = "tools") -> None:

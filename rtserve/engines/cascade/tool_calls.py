@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtserve.engines.protocols import ChatMessage, SamplingParams, ToolCallDelta, ToolSpec
-from rtserve.engines.tools import arguments_schema
+from rtserve.engines.tools import arguments_schema, openai_tools, openai_turns
 
 CALL_OPEN = "<tool_call>"
 _CALL_HEAD = re.compile(r'^\s*\{"name": "([A-Za-z0-9_-]{1,64})", "arguments": ')
@@ -52,11 +52,6 @@ def template_knows_tools(tokenizer: Any) -> bool:
     return "tools" in (tokenizer.chat_template or "")
 
 
-def _openai_tool(tool: ToolSpec) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                             "parameters": dict(tool.parameters)}}
-
-
 def _call_json(name: str, arguments: str) -> str:
     return f'{{"name": {json.dumps(name)}, "arguments": {arguments or "{}"}}}'
 
@@ -66,17 +61,7 @@ def render(messages: Sequence[ChatMessage], params: SamplingParams,
     """Chat-template turns (and the ``tools`` argument, for a template that takes it)."""
     show_tools = uses_tools(params)
     if native:
-        turns = []
-        for m in messages:
-            turn: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.tool_calls:
-                turn["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                       "function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")}}
-                                      for c in m.tool_calls]
-            if m.tool_call_id is not None:
-                turn["tool_call_id"] = m.tool_call_id
-            turns.append(turn)
-        return turns, [_openai_tool(t) for t in params.tools] if show_tools else None
+        return openai_turns(messages), openai_tools(params.tools) if show_tools else None
     turns = []
     for m in messages:
         if m.role == "tool":
