@@ -5,8 +5,10 @@ transformers passes them (``apply_chat_template(tools=...)``, OpenAI-shaped assi
 ``tool_calls`` and ``tool`` turns). SmolLM2's template has no tool format, so for such
 templates the server uses one documented JSON convention (README "Function calling"), the
 Hermes/Qwen one: the system turn lists the tools as JSON inside ``<tools>``; a call is
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; a result is a user turn
-``<tool_response>\\n...\\n</tool_response>``.
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; a result is a ``tool``
+turn holding the result as the client wrote it (SmolLM2's template renders any role;
+measured on it, a result in Hermes' ``<tool_response>`` user turn is parroted back verbatim,
+a bare ``tool`` turn is answered in words).
 
 Decoding. A 135M model cannot be trusted to write a call, so every call is generated under
 a grammar (llguidance, a logits mask per token on the LLM thread): the text after
@@ -64,9 +66,7 @@ def render(messages: Sequence[ChatMessage], params: SamplingParams,
         return openai_turns(messages), openai_tools(params.tools) if show_tools else None
     turns = []
     for m in messages:
-        if m.role == "tool":
-            turns.append({"role": "user", "content": f"<tool_response>\n{m.content}\n</tool_response>"})
-        elif m.tool_calls:
+        if m.tool_calls:
             calls = "\n".join(f"{CALL_OPEN}\n{_call_json(c.name, c.arguments)}\n</tool_call>" for c in m.tool_calls)
             turns.append({"role": "assistant", "content": f"{m.content}\n{calls}" if m.content else calls})
         else:
