@@ -35,8 +35,7 @@ WEATHER_SCHEMA = {
 }
 REALTIME_TOOL = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
                  "parameters": WEATHER_SCHEMA}
-CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a "
-                                                                                    "city", "parameters": WEATHER_SCHEMA}}
+CHAT_TOOL = {"type": "function", "function": {key: value for key, value in REALTIME_TOOL.items() if key != "type"}}
 QUESTION = "What is the weather in Paris?"
 LOAD_TIMEOUT_S = 300
 MODEL_EVENT_TIMEOUT_S = 120  # real models on a loaded 2-core CPU: only a hung test should hit it

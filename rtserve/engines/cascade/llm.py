@@ -31,6 +31,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CALL_OPEN, CallDecoding, CallGuide, forced, render, template_knows_tools
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.tools import check_tools
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,7 @@ class SmolLlm:
         if not self._ready:
             raise ModelNotReady("the language model is still loading")
         check_params(params)
+        check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:
             raise EngineError("messages must not be empty", code="invalid_value")
         loop = asyncio.get_running_loop()

@@ -85,14 +85,15 @@ def render(messages: Sequence[ChatMessage], params: SamplingParams,
 
 
 def call_grammar(tools: Sequence[ToolSpec]) -> str:
-    """Lark grammar (llguidance) for what follows ``<tool_call>``: one call to one of ``tools``."""
+    """Lark grammar (llguidance) for what follows ``<tool_call>``: one call to one of ``tools``
+    (a few blank characters first, bounded so a model cannot idle in whitespace)."""
     rules, alternatives = [], []
     for i, tool in enumerate(tools):
         schema = {**arguments_schema(tool), "x-guidance": {"whitespace_flexible": False}}
         head = json.dumps(f'{{"name": "{tool.name}", "arguments": ')
         alternatives.append(f"call{i}")
         rules.append(f'call{i}: {head} args{i} "}}"\nargs{i}: %json {json.dumps(schema)}')
-    return "start: /[ \\t\\n]*/ (" + " | ".join(alternatives) + ")\n" + "\n".join(rules)
+    return "start: /[ \\t\\n]{0,4}/ (" + " | ".join(alternatives) + ")\n" + "\n".join(rules)
 
 
 @dataclass
