@@ -45,6 +45,7 @@ class EngineCapabilities:
     supports_text_output: bool = True
     supports_server_vad: bool = False
     modalities: tuple[str, ...] = ("audio", "text")
+    supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
 
     @property
     def input_frame_samples(self) -> int:
@@ -63,6 +64,7 @@ class EngineCapabilities:
             "supports_text_output": self.supports_text_output,
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
+            "supports_tools": self.supports_tools,
         }
 
 

@@ -169,6 +169,11 @@ class CommandHandlers:
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
+        if config.tools and not self.capabilities.supports_tools:  # not accepted only to be ignored
+            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions; "
+                               "tools need an engine with supports_tools (the cascade)", related=c.event_id,
+                               param="session.tools")
+            return
         if config.turn_detection != self.config.turn_detection:
             self._configure_turn_detection(config)  # an EngineError leaves the config as it was
         self.config = config

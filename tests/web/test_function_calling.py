@@ -1,8 +1,8 @@
 """Function calling end to end with the official ``openai`` SDK over real sockets.
 
-Without models: the realtime session keeps and echoes ``tools``/``tool_choice`` (every event
-validated by the SDK's types), and refuses what it cannot serve with typed errors; chat
-completions carries tools, assistant ``tool_calls`` and ``tool`` messages to the engine.
+Without models: the realtime session refuses tools it cannot serve with typed errors (every
+event validated by the SDK's types) and keeps function items; chat completions carries
+tools, assistant ``tool_calls`` and ``tool`` messages to the engine.
 With the real SmolLM2-135M (``models``): a forced call's arguments parse and validate against
 the tool's JSON schema (realtime and both chat forms), and the call's result continues the
 conversation.
@@ -50,24 +50,21 @@ def realtime_sdk(base: str, timeout: float = 15) -> openai.AsyncOpenAI:
 # ---------------------------------------------------------------------------
 
 
-async def test_realtime_session_keeps_echoes_and_checks_tools(config) -> None:
+async def test_realtime_refuses_tools_it_cannot_serve(config) -> None:
     async with running(loopback_config(config)) as base:
         async with realtime_sdk(base).realtime.connect(model="loopback") as conn:
             reader = SdkReader(conn)
             await reader.until("session.created")
-            await conn.session.update(session={"type": "realtime", "tools": [REALTIME_TOOL],
-                                               "tool_choice": {"type": "function", "name": "get_weather"}})
-            session = (await reader.until("session.updated"))["session"]
-            assert session["tools"] == [REALTIME_TOOL]
-            assert session["tool_choice"] == {"type": "function", "name": "get_weather"}
-
             bad_schema = {**REALTIME_TOOL, "parameters": {"type": "object", "required": "city"}}
             refusals = [
                 ({"tools": [bad_schema]}, "session.tools[0].parameters", "Invalid schema for function 'get_weather'"),
-                ({"tool_choice": {"type": "function", "name": "get_time"}}, "session.tool_choice", "not in tools"),
+                ({"tools": [REALTIME_TOOL], "tool_choice": {"type": "function", "name": "get_time"}},
+                 "session.tool_choice", "not in tools"),
                 ({"tools": [{"type": "mcp", "server_label": "x", "name": "m"}]}, "session.tools[0].type",
                  "not supported"),
                 ({"tools": [], "tool_choice": "required"}, "session.tool_choice", "no tools"),
+                # Valid tools on an engine that cannot call them: refused, not kept and ignored.
+                ({"tools": [REALTIME_TOOL]}, "session.tools", "loopback engine cannot call functions"),
             ]
             for i, (change, param, fragment) in enumerate(refusals):
                 await conn.session.update(session={"type": "realtime", **change}, event_id=f"bad-{i}")
@@ -75,7 +72,7 @@ async def test_realtime_session_keeps_echoes_and_checks_tools(config) -> None:
                 assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param, f"bad-{i}")
                 assert fragment in error["message"]
 
-            # A result for a call nobody made is refused; the session is still usable.
+            # A result for a call nobody made is refused; a restored call and its result are kept.
             await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_nope",
                                                       "output": "{}"}, event_id="orphan")
             error = (await reader.until("error"))["error"]
@@ -90,8 +87,8 @@ async def test_realtime_session_keeps_echoes_and_checks_tools(config) -> None:
             added = (await reader.until("conversation.item.added"))["item"]
             assert (added["type"], added["call_id"], added["output"]) == ("function_call_output", "call_1",
                                                                           '{"temp": 3}')
-            await conn.session.update(session={"type": "realtime", "tool_choice": "none"})
-            assert (await reader.until("session.updated"))["session"]["tool_choice"] == "none"
+            await conn.session.update(session={"type": "realtime", "instructions": "still usable"})
+            assert (await reader.until("session.updated"))["session"]["tools"] == []
 
 
 async def test_chat_tools_and_tool_messages_reach_the_engine(config) -> None:
@@ -196,7 +193,8 @@ async def test_realtime_forced_call_output_and_next_response(base) -> None:
         await conn.session.update(session={
             "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},
             "tools": [REALTIME_TOOL], "tool_choice": "required", "max_output_tokens": 60, "temperature": 0})
-        await reader.until("session.updated")
+        session = (await reader.until("session.updated"))["session"]
+        assert (session["tools"], session["tool_choice"]) == ([REALTIME_TOOL], "required")
         await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": QUESTION}]})
         await conn.response.create()
@@ -222,6 +220,10 @@ async def test_realtime_forced_call_output_and_next_response(base) -> None:
                                                   "output": json.dumps({"city": arguments["city"], "temperature": 21,
                                                                         "sky": "sunny"})})
         assert (await reader.until("conversation.item.done"))["item"]["type"] == "function_call_output"
+        await conn.session.update(session={"type": "realtime", "tool_choice": {"type": "function",
+                                                                               "name": "get_weather"}})
+        assert (await reader.until("session.updated"))["session"]["tool_choice"] == {"type": "function",
+                                                                                    "name": "get_weather"}
         await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
         await reader.until("session.updated")
         await conn.response.create()
