@@ -65,6 +65,7 @@ class _Request:
     logits: Any = None
     generator: Any = None
     calls: CallDecoding | None = None  # tools offered: the call grammar and text/call split
+    fed: int = 0  # generated tokens already in the KV cache (more than one behind after a fast-forward)
 
 
 class _Decoder:
@@ -126,7 +127,8 @@ class _Decoder:
         import torch
 
         started = time.perf_counter()
-        out = self.model(input_ids=torch.tensor([[request.generated[-1]]]), cache=request.cache, use_cache=True)
+        new, request.fed = request.generated[request.fed:], len(request.generated)
+        out = self.model(input_ids=torch.tensor([new]), cache=request.cache, use_cache=True)
         request.logits = out.logits[0, -1]
         self._metrics.model_call_seconds.labels("llm_token").observe(time.perf_counter() - started)
         return self.emit_next(request)
@@ -162,6 +164,10 @@ class _Decoder:
             self._metrics.llm_tokens.inc()
             if calls is not None:
                 calls.consume(token)
+                limit = min(params.max_tokens, self.context_tokens - request.prompt_tokens)
+                forced = calls.fast_forward(limit - len(request.generated) - 1)
+                request.generated.extend(forced)
+                self._metrics.llm_tokens.inc(len(forced))
             if (len(request.generated) >= params.max_tokens
                     or request.prompt_tokens + len(request.generated) >= self.context_tokens):
                 finish = "length"

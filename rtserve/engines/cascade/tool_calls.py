@@ -123,9 +123,23 @@ class CallDecoding:
 
     def consume(self, token: int) -> None:
         if self.constraining:
-            self.matcher.consume_token(token)
-            self.complete = self.matcher.is_stopped()
-            self.failed = self.matcher.is_error()
+            self._consume([token])
+
+    def fast_forward(self, room: int) -> list[int]:
+        """The tokens the grammar allows no alternative to (a call's ``{"name": ..., "arguments":``
+        head, a forced key), at most ``room``, consumed now: the decoder feeds them to the model
+        in one forward pass instead of one pass each."""
+        if not self.constraining or self.complete or self.failed or room <= 0:
+            return []
+        tokens = list(self.matcher.compute_ff_tokens())[:room]
+        if tokens:
+            self._consume(tokens)
+        return tokens
+
+    def _consume(self, tokens: list[int]) -> None:
+        self.matcher.consume_tokens(tokens)
+        self.complete = self.matcher.is_stopped()
+        self.failed = self.matcher.is_error()
 
     def visible_end(self, text: str) -> int:
         """How much of ``text`` (the decoded reply so far) is ordinary text the client may
