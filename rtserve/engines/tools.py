@@ -81,11 +81,11 @@ def check_tools(tools: Sequence[ToolSpec], choice: ToolChoice, param: str = "too
             raise InvalidTools(f"Invalid schema for function {tool.name!r}: {problem}",
                                param=f"{param}[{i}].parameters")
     choice_param = "tool_choice" if param == "tools" else param.rsplit(".", 1)[0] + ".tool_choice"
-    if choice.mode == "required" and not tools:
-        raise InvalidTools("tool_choice requires a tool call but no tools are given", param=choice_param)
     if choice.name is not None and choice.name not in seen:
         raise InvalidTools(f"tool_choice names function {choice.name[:64]!r}, which is not in tools",
                            param=choice_param)
+    if choice.mode == "required" and not tools:
+        raise InvalidTools("tool_choice requires a tool call but no tools are given", param=choice_param)
 
 
 def schema_problem(schema: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from rtserve.config import SessionLimits
 from rtserve.engines.protocols import EngineCapabilities, EngineSession
+from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
@@ -46,7 +47,8 @@ class CommandHandlers:
         elif isinstance(c, cmd.Heartbeat):
             self._output.emit(ev.HeartbeatAck(session_id=self._output.session_id))
         elif isinstance(c, cmd.ResponseCreate):
-            self._response_create(c)
+            if self._response_tools_usable(c):
+                self._response_create(c)
         elif isinstance(c, cmd.ResponseCancel):
             self._response_cancel(c)
         elif isinstance(c, cmd.Clear):
@@ -210,6 +212,23 @@ class CommandHandlers:
         session_id = self._output.session_id
         self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
         self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
+
+    def _response_tools_usable(self, c: cmd.ResponseCreate) -> bool:
+        """A response's own ``tools``/``tool_choice``, with the session's for what it leaves out,
+        must be a set this engine can serve (else a typed refusal naming the response field)."""
+        if c.tools is None and c.tool_choice is None:
+            return True
+        tools = self.config.tools if c.tools is None else c.tools
+        try:
+            check_tools(tools, self.config.tool_choice if c.tool_choice is None else c.tool_choice, "response.tools")
+        except InvalidTools as exc:
+            self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
+            return False
+        if tools and not self.capabilities.supports_tools:
+            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions",
+                               related=c.event_id, param="response.tools")
+            return False
+        return True
 
     def _function_item_create(self, c: cmd.FunctionItemCreate) -> None:
         """A call result (or a restored call) joins the conversation; the next response sees it."""

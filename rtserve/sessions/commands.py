@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rtserve.engines.protocols import ToolChoice, ToolSpec
+
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Command:
@@ -55,6 +57,8 @@ class ResponseCreate(Command):
     temperature: float | None = None
     max_output_tokens: int | None = None
     metadata: Mapping[str, Any] | None = None
+    tools: tuple[ToolSpec, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

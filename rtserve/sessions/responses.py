@@ -109,7 +109,8 @@ class ResponseTracker:
         max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
         params = SamplingParams(
             temperature=o.temperature if o and o.temperature is not None else config.temperature,
-            tools=config.tools, tool_choice=config.tool_choice,
+            tools=o.tools if o and o.tools is not None else config.tools,
+            tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
             **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
         self._engine.respond(ResponseRequest(
             response_id=response.id, epoch=self._output.epoch, messages=tuple(messages),

@@ -72,6 +72,19 @@ async def test_realtime_refuses_tools_it_cannot_serve(config) -> None:
                 assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param, f"bad-{i}")
                 assert fragment in error["message"]
 
+            # The same checks hold for a response's own tools and tool_choice.
+            refusals = [
+                ({"tools": [bad_schema]}, "response.tools[0].parameters", "Invalid schema"),
+                ({"tool_choice": {"type": "function", "name": "get_time"}}, "response.tool_choice", "not in tools"),
+                ({"tools": [REALTIME_TOOL]}, "response.tools", "loopback engine cannot call functions"),
+            ]
+            for i, (change, param, fragment) in enumerate(refusals):
+                await conn.response.create(response=change, event_id=f"bad-response-{i}")
+                error = (await reader.until("error"))["error"]
+                assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param,
+                                                                              f"bad-response-{i}")
+                assert fragment in error["message"]
+
             # A result for a call nobody made is refused; a restored call and its result are kept.
             await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_nope",
                                                       "output": "{}"}, event_id="orphan")
@@ -224,9 +237,8 @@ async def test_realtime_forced_call_output_and_next_response(base) -> None:
                                                                                "name": "get_weather"}})
         assert (await reader.until("session.updated"))["session"]["tool_choice"] == {"type": "function",
                                                                                     "name": "get_weather"}
-        await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
-        await reader.until("session.updated")
-        await conn.response.create()
+        # The session still forces the call; this response's own tool_choice lets it answer.
+        await conn.response.create(response={"tool_choice": "auto"})
         start = len(reader.events)
         done = (await reader.until("response.done"))["response"]
     assert done["status"] == "completed"

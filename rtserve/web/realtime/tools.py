@@ -11,6 +11,7 @@ the session has after it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
@@ -47,21 +48,35 @@ def _parse(adapter: TypeAdapter[Any], value: Any, param: str) -> Any:
                             param=param) from None
 
 
-def tool_changes(raw: dict[str, Any]) -> dict[str, Any]:
-    """``SessionConfig`` changes for the ``tools``/``tool_choice`` a session object names."""
+def tool_changes(raw: dict[str, Any], where: str = "session") -> dict[str, Any]:
+    """The ``tools``/``tool_choice`` a session (or ``response.create``'s response) object names."""
     changes: dict[str, Any] = {}
     if raw.get("tools") is not None:
-        tools = _parse(_TOOLS, raw["tools"], "session.tools")
+        tools = _parse(_TOOLS, raw["tools"], f"{where}.tools")
         for i, tool in enumerate(tools):
             if tool.type != "function":
                 raise WireError(INVALID_VALUE, f"Tools of type {tool.type[:MAX_ECHOED_CHARS]!r} are not supported; "
-                                "use 'function' tools", param=f"session.tools[{i}].type")
+                                "use 'function' tools", param=f"{where}.tools[{i}].type")
         changes["tools"] = tuple(ToolSpec(t.name, t.description, t.parameters) for t in tools)
     if raw.get("tool_choice") is not None:
-        choice = _parse(_CHOICE, raw["tool_choice"], "session.tool_choice")
+        choice = _parse(_CHOICE, raw["tool_choice"], f"{where}.tool_choice")
         changes["tool_choice"] = (ToolChoice("required", choice.name) if isinstance(choice, _NamedChoice)
                                   else ToolChoice(choice))
     return changes
+
+
+def with_response_tools(command: cmd.ResponseCreate, data: dict[str, Any]) -> cmd.ResponseCreate:
+    """``response.create`` with the response's own ``tools``/``tool_choice`` (OpenAI's
+    per-response overrides; checked against the session's tools when the session applies it)."""
+    response = data.get("response")
+    if not isinstance(response, dict):
+        return command
+    try:
+        overrides = tool_changes(response, "response")
+    except WireError as exc:
+        exc.event_id = command.event_id
+        raise
+    return dataclasses.replace(command, **overrides) if overrides else command
 
 
 class _FunctionCallItem(BaseModel):
