@@ -28,12 +28,16 @@ WEATHER = ToolSpec("get_weather", "Weather in a city", {
     "required": ["city", "unit"]})
 
 
-def scripted(cascade: Loaded, reply: str, choice: ToolChoice) -> list[TokenDelta]:
+CLOCK = ToolSpec("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}})
+
+
+def scripted(cascade: Loaded, reply: str, choice: ToolChoice,
+             tools: tuple[ToolSpec, ...] = (WEATHER,)) -> list[TokenDelta]:
     """Decode ``reply`` token by token through the decoder with tools offered."""
     loaded = cascade.engine.llm.loaded
     assert loaded is not None
     decoder = _Decoder(loaded, 2048, CascadeMetrics(CollectorRegistry()))
-    params = SamplingParams(temperature=0.0, max_tokens=200, tools=(WEATHER,), tool_choice=choice)
+    params = SamplingParams(temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice)
     request = _Request((ChatMessage("user", "hi"),), params, False, lambda item: None)
     vocab = loaded.model.config.vocab_size
     request.calls = CallGuide(loaded.tokenizer, vocab).start(params)
@@ -80,3 +84,13 @@ def test_the_mask_keeps_a_call_to_the_schema(cascade: Loaded) -> None:
     assert deltas[-1].finish_reason == "tool_calls"
     parsed = json.loads(arguments)
     assert set(parsed) == {"city", "unit"} and parsed["unit"] in ("celsius", "fahrenheit")
+
+
+def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(cascade: Loaded) -> None:
+    # With "required" the reply is a call from its first token (the prompt ends with the marker).
+    deltas = scripted(cascade, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"),
+                      (WEATHER, CLOCK))
+    assert not "".join(d.text for d in deltas)
+    calls = [d.tool_call for d in deltas if d.tool_call is not None]
+    assert calls[0].name == "get_time" and json.loads("".join(c.arguments for c in calls)) == {"zone": "UTC"}
+    assert deltas[-1].finish_reason == "tool_calls"
