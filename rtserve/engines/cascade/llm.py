@@ -28,8 +28,9 @@ from typing import Any, Literal
 from rtserve.engines.cascade.errors import ModelNotReady
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.tool_calls import CALL_OPEN, CallDecoding, CallGuide, forced, render, template_knows_tools
 from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.tool_calls import (CALL_OPEN, CallDecoding, CallGuide, forced, render,
+                                                template_knows_tools, uses_tools)
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
 from rtserve.engines.tools import check_tools
 
@@ -83,12 +84,15 @@ class _Decoder:
             eos_ids.add(llm.tokenizer.eos_token_id)
         self._eos = frozenset(eos_ids)
         self._native_tools = template_knows_tools(llm.tokenizer)
-        self._guide: CallGuide | None = None  # built on the first request with tools (a fraction of a second)
+        # Built by the first request with tools, which pays ~4 s once (llguidance's token trie
+        # and first mask); requests without tools never pay it.
+        self._guide: CallGuide | None = None
 
     def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool,
                    params: SamplingParams = SamplingParams()) -> list[int]:
         """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits.
-        Tools are rendered as ``tool_calls`` documents; a forced call's marker ends the prompt."""
+        Tools, calls and results are rendered by ``tool_calls.render``; a forced call's marker
+        ends the prompt."""
         turns, tools = render(messages, params, self._native_tools)
         suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
         budget = self.context_tokens - max_tokens
@@ -110,7 +114,7 @@ class _Decoder:
 
         started = time.perf_counter()
         ids = self.prompt_ids(request.messages, request.params.max_tokens, request.fit_history, request.params)
-        if request.params.tools and request.params.tool_choice.mode != "none":
+        if uses_tools(request.params):
             if self._guide is None:
                 self._guide = CallGuide(self.tokenizer, self.model.config.vocab_size)
             request.calls = self._guide.start(request.params)
