@@ -5,7 +5,8 @@ Each call is its own output item after the response's message item (``output_ind
 names the call, ``response.function_call_arguments.delta`` per piece, and at the end of the
 response ``response.function_call_arguments.done``, ``response.output_item.done`` and
 ``conversation.item.done``. A call enters history only when its response completes; the
-calls of a cancelled or failed response leave the conversation.
+calls of a cancelled or failed response leave the conversation (``response.output_item.done``
+with status ``incomplete``, then ``conversation.item.deleted``).
 """
 
 from __future__ import annotations
@@ -49,17 +50,20 @@ class ResponseCalls:
         batch: list[ev.SessionEvent] = []
         session_id = self._output.session_id
         for index, item in sorted(self._items.items()):
-            item.status = "completed" if outcome == "completed" else "incomplete"
-            if item.status != "completed":
+            completed = outcome == "completed"
+            item.status = "completed" if completed else "incomplete"
+            if not completed:  # a half-written call is no call: it leaves the conversation
                 self._conversation.remove(item.id)
             snapshot = item.snapshot()
-            batch += [ev.FunctionCallArgumentsDone(session_id=session_id, response_id=self._response_id,
-                                                   item_id=item.id, call_id=item.call_id or "",
-                                                   name=item.name or "", arguments=item.text or "",
-                                                   output_index=self._index(index)),
-                      ev.OutputItemDone(session_id=session_id, response_id=self._response_id, item=snapshot,
-                                        output_index=self._index(index)),
-                      ev.ItemDone(session_id=session_id, item=snapshot)]
+            if completed:
+                batch.append(ev.FunctionCallArgumentsDone(
+                    session_id=session_id, response_id=self._response_id, item_id=item.id,
+                    call_id=item.call_id or "", name=item.name or "", arguments=item.text or "",
+                    output_index=self._index(index)))
+            batch.append(ev.OutputItemDone(session_id=session_id, response_id=self._response_id, item=snapshot,
+                                           output_index=self._index(index)))
+            batch.append(ev.ItemDone(session_id=session_id, item=snapshot) if completed
+                         else ev.ItemDeleted(session_id=session_id, item_id=item.id))
         return batch
 
     def snapshots(self) -> tuple[ev.ItemSnapshot, ...]:

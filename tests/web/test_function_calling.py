@@ -241,8 +241,18 @@ async def test_realtime_forced_call_output_and_next_response(base) -> None:
         await conn.response.create(response={"tool_choice": "auto"})
         start = len(reader.events)
         done = (await reader.until("response.done"))["response"]
+        answered = reader.events[start:]
+
+        # A voice response that calls speaks nothing: the call is not read out.
+        await conn.response.create(response={"output_modalities": ["audio"]})
+        start = len(reader.events)
+        spoken = (await reader.until("response.done"))["response"]
     assert done["status"] == "completed"
     [message] = done["output"]
     answer = message["content"][0]["text"]
     assert message["type"] == "message" and uses_the_result(answer)
-    assert not any(e["type"].startswith("response.function_call") for e in reader.events[start:])
+    assert not any(e["type"].startswith("response.function_call") for e in answered)
+    assert spoken["status"] == "completed"
+    assert [item["type"] for item in spoken["output"]] == ["message", "function_call"]
+    assert spoken["output"][0]["content"][0] == {"type": "output_audio", "transcript": ""}
+    assert not any(e["type"] == "response.output_audio.delta" for e in reader.events[start:])
