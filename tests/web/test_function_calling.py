@@ -25,7 +25,7 @@ from rtserve.app import build_app
 from rtserve.config import load_config
 from tests.support import serve_app
 from tests.web.http_support import sdk, serve_doubles
-from tests.web.realtime_support import loopback_config, running
+from tests.web.realtime_support import loopback_config, receive_event, running, ws_url
 from tests.web.test_realtime_sdk import SdkReader
 
 WEATHER_SCHEMA = {
@@ -102,6 +102,17 @@ async def test_realtime_refuses_tools_it_cannot_serve(config) -> None:
                                                                           '{"temp": 3}')
             await conn.session.update(session={"type": "realtime", "instructions": "still usable"})
             assert (await reader.until("session.updated"))["session"]["tools"] == []
+
+
+async def test_a_duplex_session_opened_with_tools_on_an_engine_without_them_is_refused(config) -> None:
+    async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(ws_url(base, duplex="1", autostart="0")) as ws:
+            await ws.send_json({"type": "session.update", "event_id": "open",
+                                "session": {"tools": [REALTIME_TOOL]}})
+            error = (await receive_event(ws))["error"]
+            assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", "session.tools", "open")
+            await ws.send_json({"type": "session.update", "session": {"instructions": "no tools then"}})
+            assert (await receive_event(ws))["type"] == "session.created"
 
 
 async def test_chat_tools_and_tool_messages_reach_the_engine(config) -> None:
