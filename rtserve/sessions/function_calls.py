@@ -5,11 +5,14 @@ Each call is its own output item after the response's message item (``output_ind
 names the call, ``response.function_call_arguments.delta`` per piece, and at the end of the
 response ``response.function_call_arguments.done``, ``response.output_item.done`` and
 ``conversation.item.done``. A call enters history only when its response completes; the
-calls of a cancelled or failed response leave the conversation (``response.output_item.done``
-with status ``incomplete``, then ``conversation.item.deleted``).
+calls of a cancelled or failed response, and a call whose arguments were cut off (by
+``max_output_tokens``), leave the conversation (``response.output_item.done`` with status
+``incomplete``, then ``conversation.item.deleted``).
 """
 
 from __future__ import annotations
+
+import json
 
 from rtserve.engines.protocols import ToolCallDelta
 from rtserve.sessions import events as ev
@@ -50,7 +53,7 @@ class ResponseCalls:
         batch: list[ev.SessionEvent] = []
         session_id = self._output.session_id
         for index, item in sorted(self._items.items()):
-            completed = outcome == "completed"
+            completed = outcome == "completed" and _is_json(item.text or "")
             item.status = "completed" if completed else "incomplete"
             if not completed:  # a half-written call is no call: it leaves the conversation
                 self._conversation.remove(item.id)
@@ -72,3 +75,12 @@ class ResponseCalls:
     @staticmethod
     def _index(call_index: int) -> int:
         return 1 + call_index  # the response's message item is output 0
+
+
+def _is_json(arguments: str) -> bool:
+    """Whether a call's arguments are whole (a reply cut by ``max_output_tokens`` leaves them open)."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True

@@ -71,3 +71,14 @@ async def test_a_call_cut_off_by_a_cancel_leaves_the_conversation(engine, make_m
     assert (error.code, error.param, error.related_event_id) == ("invalid_value", "item.call_id", "r")
     await start_response(handle, session)
     assert all(not m.tool_calls for m in session.responses[-1].messages)
+
+
+async def test_a_call_cut_off_by_the_token_limit_is_not_kept(engine, make_manager) -> None:
+    _, handle, session = await open_session(make_manager, engine, CONFIG)
+    response_id = await start_response(handle, session)
+    call_piece(session, response_id, '{"city":"Os', first=True)
+    session.finish(response_id)  # the engine ran out of max_output_tokens mid-call
+    events = await take_ready(handle.attachment)
+    [call_done] = [e for e in of_type(events, ev.OutputItemDone) if e.item.kind == "function_call"]
+    assert call_done.item.status == "incomplete" and of_type(events, ev.ItemDeleted)
+    assert of_type(events, ev.FunctionCallArgumentsDone) == []
