@@ -97,8 +97,7 @@ class _Decoder:
         suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
         budget = self.context_tokens - max_tokens
         while True:
-            ids = self.tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False) + suffix
+            ids = self._render(turns, tools, suffix)
             if len(ids) <= budget:
                 return list(ids)
             droppable = [i for i, t in enumerate(turns[:-1]) if t["role"] != "system"]
@@ -107,6 +106,13 @@ class _Decoder:
                                   f"exceeds this model's context of {self.context_tokens} tokens",
                                   code="context_length_exceeded")
             del turns[droppable[0]]
+
+    def _render(self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                suffix: Sequence[int] = ()) -> list[int]:
+        """Token ids of ``turns`` with the generation prompt (``tools`` for a template that takes
+        them), then ``suffix``."""
+        return list(self.tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False)) + list(suffix)
 
     def prefill(self, request: _Request) -> TokenDelta | None:
         import torch
