@@ -173,8 +173,8 @@ class CallDecoding:
         first = self.name is None
         self.name = head.group(1)
         args = body[head.end():]
-        # The wrapper's closing brace follows the arguments: hold one character back until done.
-        ready = args[:-1] if self.complete and args.endswith("}") else args if self.complete else args[:-1]
+        # The last character is held back: once the call is complete it is the wrapper's closing brace.
+        ready = args[:-1]
         piece = ready[self.sent_args:]
         self.sent_args = max(self.sent_args, len(ready))
         if not piece and not first:
