@@ -88,7 +88,7 @@ class VllmTextEngine:
         if forced:
             deltas = forced_call(raw, params)
         elif parser is not None:
-            deltas = parsed_calls(raw, parser, turns, params, self.model_name)
+            deltas = parsed_calls(raw, parser, params, self.model_name)
         try:
             async for delta in deltas:
                 yield delta

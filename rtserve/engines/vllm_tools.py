@@ -89,8 +89,8 @@ def auto_parser(parser_name: str | None, tokenizer: Any) -> Any:
     return ToolParserManager.get_tool_parser(parser_name)(tokenizer)
 
 
-async def parsed_calls(deltas: AsyncIterator[TokenDelta], parser: Any, turns: list[dict[str, Any]],
-                       params: SamplingParams, model: str) -> AsyncIterator[TokenDelta]:
+async def parsed_calls(deltas: AsyncIterator[TokenDelta], parser: Any, params: SamplingParams,
+                       model: str) -> AsyncIterator[TokenDelta]:
     """The finished reply through vLLM's tool parser: its text, then each call it found."""
     from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 
@@ -99,8 +99,10 @@ async def parsed_calls(deltas: AsyncIterator[TokenDelta], parser: Any, turns: li
         text.append(delta.text)
         if delta.finish_reason is None:
             continue
-        request = ChatCompletionRequest(model=model, messages=turns, tools=openai_tools(params.tools),
-                                        tool_choice="auto")
+        # The parsers read the request's tools, not its history (whose template form, with parsed
+        # arguments, is not the request's own).
+        request = ChatCompletionRequest(model=model, messages=[{"role": "user", "content": ""}],
+                                        tools=openai_tools(params.tools), tool_choice="auto")
         found = parser.extract_tool_calls("".join(text), request)
         if not found.tools_called:
             yield TokenDelta("".join(text), delta.finish_reason, delta.prompt_tokens, delta.completion_tokens)
