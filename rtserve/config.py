@@ -224,6 +224,9 @@ class VllmSettings(_Section):
     max_model_len: int | None = Field(None, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool parser for tool_choice 'auto' (as vllm serve --tool-call-parser: hermes, "
+                          "llama3_json, mistral, ...); None refuses 'auto' with tools, as vLLM does")
 
 
 ModelTask = Literal["chat", "speech", "transcription"]
