@@ -112,11 +112,14 @@ class KVCache:
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, offset: torch.Tensor,
-                   context: int | None) -> torch.Tensor:
+                   context: int | None, span: int | None = None) -> torch.Tensor:
     """Write ``k, v`` (``[B, H, T, D]``) at each row's ``offset`` and attend causally over the ring.
 
     A ring slot's absolute position is recovered from the row's offset, so rows at different
     positions (a recycled slot next to a long-running one) share one batched call.
+    ``span`` (when every row's ``offset + T`` is at most ``span``, i.e. no row has wrapped
+    past it) attends over the first ``span`` slots only: the slots beyond hold nothing yet,
+    so a young batch pays for its real context instead of the whole ring.
     """
     batch, heads, steps, head_dim = k.shape
     capacity = cache.keys.shape[2]
@@ -125,7 +128,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVC
     index = write.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim)
     cache.keys.scatter_(2, index, k)
     cache.values.scatter_(2, index, v)
-    slots = torch.arange(capacity, device=q.device, dtype=torch.long)
+    keys, values = cache.keys, cache.values
+    if span is not None and span < capacity:
+        keys, values = keys[:, :, :span], values[:, :, :span]
+    slots = torch.arange(keys.shape[2], device=q.device, dtype=torch.long)
     last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
     delta = slots - last % capacity
     pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, C]
@@ -135,7 +141,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVC
     allowed = (pos_k[:, None] >= 0) & (rel >= 0)
     if context is not None:
         allowed = allowed & (rel < context)
-    return F.scaled_dot_product_attention(q, cache.keys, cache.values, allowed[:, None], dropout_p=0.0)
+    return F.scaled_dot_product_attention(q, keys, values, allowed[:, None], dropout_p=0.0)
 
 
 class Attention(nn.Module):
@@ -151,13 +157,14 @@ class Attention(nn.Module):
         self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
         self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
 
-    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0,
+                span: int | None = None) -> torch.Tensor:
         batch, steps, _ = x.shape
         projected = self.in_projs[weight_index](x)
         q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if self.rope_max_period is not None:
             q, k = apply_rope(q, k, offset, self.rope_max_period)
-        out = ring_attention(q, k, v, cache, offset, self.context)
+        out = ring_attention(q, k, v, cache, offset, self.context, span)
         out = out.transpose(1, 2).reshape(batch, steps, self.dim)
         return self.out_projs[weight_index](out)
 
@@ -190,8 +197,9 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
         self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
-        update = self.self_attn(self.norm1(x), cache, offset, weight_index)
+    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0,
+                span: int | None = None) -> torch.Tensor:
+        update = self.self_attn(self.norm1(x), cache, offset, weight_index, span)
         x = x.to(update) + self.layer_scale_1(update)
         update = self.mlp[weight_index](self.norm2(x))
         return x.to(update) + self.layer_scale_2(update)
@@ -199,7 +207,11 @@ class TransformerLayer(nn.Module):
 
 class Transformer(nn.Module):
     """A stack of ``TransformerLayer`` with its streaming state: per-layer ring caches and
-    one position per row."""
+    one position per row.
+
+    ``span`` (None: the whole ring) bounds the ring slots attention reads; whoever sets it
+    guarantees no row's position has reached it (``FrameStep`` tracks positions on the host).
+    """
 
     def __init__(self, dim: int, heads: int, layers: int, dim_feedforward: int, *, norm: str, gating: bool,
                  layer_scale: bool, num_weights: int = 1, rope_max_period: float | None, context: int | None,
@@ -214,6 +226,7 @@ class Transformer(nn.Module):
             for _ in range(layers))
         self.caches: list[KVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
+        self.span: int | None = None
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
         """Allocate the streaming state for ``batch`` rows, all fresh."""
@@ -230,6 +243,6 @@ class Transformer(nn.Module):
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
         for layer, cache in zip(self.layers, self.caches):
-            x = layer(x, cache, self.offset, weight_index)
+            x = layer(x, cache, self.offset, weight_index, self.span)
         self.offset.add_(x.shape[1])
         return x.to(dtype_in)
