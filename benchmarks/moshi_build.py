@@ -73,6 +73,16 @@ def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, An
 
 
 
+def share_weights(lm: MoshiLM, ref_lm: Any) -> None:
+    """Point our parameters at the reference's (equal after ``build``) so one copy of the 7B
+    weights serves both sides: the GPU memory goes to KV rings, as it would for either alone."""
+    ours = dict(lm.named_parameters())
+    for name, param in ref_lm.named_parameters():
+        mine = ours.get(lm_rename(name) or "")
+        if mine is not None and mine.shape == param.shape and mine.dtype == param.dtype:
+            mine.data = param.data
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -85,8 +95,7 @@ def module_bytes(module: torch.nn.Module) -> int:
 def set_ours_ring(lm: MoshiLM, ring: int) -> None:
     """Temporal KV ring of ``ring`` frames (attention window too, as the reference does); takes effect at ``start``."""
     lm.transformer.capacity = ring
-    for layer in lm.transformer.layers:
-        layer.self_attn.context = ring
+    lm.transformer.context = ring
 
 
 def set_reference_ring(ref_lm: Any, ring: int) -> None:
