@@ -55,7 +55,8 @@ class MoshiFrameModel:
         # later, after the acoustic delay and the decoder finishing the frame's samples.
         self.output_delay_frames = self.config.max_delay + self.mimi.decoder_delay_frames
         self.sampler = SlotSampler(batch_size, self.device, sampling)
-        self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size)
+        # On a GPU the whole tick replays as CUDA graphs (captured here, before any slot opens).
+        self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=self.device.type == "cuda")
         self.stream = self.frame.stream
         self._plans: dict[int, list[PrefillStep]] = {}
         self._staged: dict[int, PrefillStep] = {}

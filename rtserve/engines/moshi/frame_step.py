@@ -40,9 +40,9 @@ class FrameTensors:
 class FrameStep:
     """Owns the batched streaming state of ``lm`` and ``mimi`` for ``batch`` rows.
 
-    ``graph=True`` (CUDA only) captures the step at construction, once per attention span;
-    the sampler must then be greedy for every row (its per-row generators run on the host's
-    schedule). Outputs of a graphed step are static buffers, overwritten by the next call.
+    ``graph=True`` (CUDA only) captures the step at construction, once per attention span
+    (sampling settings are tensors the graph reads, so slots may change them at any time).
+    Outputs of a graphed step are static buffers, overwritten by the next call.
     """
 
     def __init__(self, lm: MoshiLM, mimi: Mimi, sampler: SlotSampler, batch: int, *, graph: bool = False,
@@ -114,11 +114,10 @@ class FrameStep:
         return FrameTensors(result.tokens, result.ready, audio)
 
     def _capture(self) -> None:
-        if not all(params.greedy for params in self.stream.sampler.params):
-            raise ValueError("a graphed frame step samples greedily only")
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
+        draws = self.stream.sampler.draws.clone()
         # One eager step per span first: kernel loading and algorithm choice stay out of capture.
         with torch.no_grad(), torch.cuda.stream(side):
             for span in self.spans:
@@ -130,5 +129,7 @@ class FrameStep:
             with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
                 out = self._step(span)
             self._graphs[span] = (graph, out)
-        # The warm-up steps advanced every row (capture itself runs nothing): start all fresh.
+        # The warm-up steps advanced every row and its random stream (capture itself runs
+        # nothing): start all rows fresh, each stream where it was.
         self.reset_rows(torch.ones(self.batch, dtype=torch.bool, device=self.device))
+        self.stream.sampler.draws.copy_(draws)

@@ -1,0 +1,60 @@
+"""``FrameStep``: the whole tick as one callable. Attention sized to the real context must
+decode exactly what whole-ring attention does, and on a GPU the CUDA-graph replay must give
+the eager step's tokens and audio (sampling rows, a recycled slot and span changes included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rtserve.engines.moshi.frame_step import FrameStep
+from rtserve.engines.moshi.loader import LoadedModel, load_folder
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from tests.engines.moshi.tiny import TinyCheckpoint
+
+# Past the tiny model's 40-frame ring, so spans grow, then the ring wraps.
+FRAMES = 50
+RECYCLE_AT = 30
+
+
+def _run(model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int, graph: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    device = inputs.device
+    sampler = SlotSampler(3, device, SamplingParams())
+    sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), seed=5)
+    frame = FrameStep(model.lm, model.mimi, sampler, 3, graph=graph, span_bucket=span_bucket)
+    outs = []
+    for t in range(inputs.shape[0]):
+        if t == RECYCLE_AT:  # a new conversation in slot 2 while the others run on
+            frame.reset_rows(torch.tensor([False, False, True], device=device))
+            sampler.configure(2, SamplingParams(use_sampling=True, temperature=0.9, top_k=5, temperature_text=0.9,
+                                                top_k_text=5), seed=11)
+        out = frame(inputs[t])
+        outs.append((out.tokens.cpu().numpy(), out.audio.float().cpu().numpy()))
+    return outs
+
+
+def _inputs(model: LoadedModel, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(4)
+    return (0.3 * torch.randn(FRAMES, 3, model.mimi.frame_size, generator=gen)).to(device)
+
+
+def test_attention_over_the_context_in_use_decodes_what_the_whole_ring_does(loaded: LoadedModel) -> None:
+    inputs = _inputs(loaded, torch.device("cpu"))
+    capacity = loaded.lm.transformer.capacity
+    bucketed = _run(loaded, inputs, span_bucket=16)
+    whole = _run(loaded, inputs, span_bucket=capacity)
+    for t, ((tokens_a, audio_a), (tokens_b, audio_b)) in enumerate(zip(bucketed, whole)):
+        assert np.array_equal(tokens_a, tokens_b), f"frame {t}: tokens differ"
+        np.testing.assert_allclose(audio_a, audio_b, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_the_cuda_graph_replay_gives_the_eager_steps_tokens_and_audio(tiny: TinyCheckpoint) -> None:
+    model = load_folder(tiny.folder, device=torch.device("cuda"), dtype=torch.float32)
+    inputs = _inputs(model, torch.device("cuda"))
+    eager = _run(model, inputs, span_bucket=16)
+    graphed = _run(model, inputs, span_bucket=16, graph=True)
+    for t, ((tokens_a, audio_a), (tokens_b, audio_b)) in enumerate(zip(eager, graphed)):
+        assert np.array_equal(tokens_a, tokens_b), f"frame {t}: tokens differ"
+        np.testing.assert_allclose(audio_a, audio_b, atol=1e-5)
