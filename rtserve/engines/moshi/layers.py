@@ -55,7 +55,8 @@ def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -
     return torch.cos(freqs * ts), torch.sin(freqs * ts)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``[B, H, T, D]`` queries/keys by tables from ``rope_tables`` (computed in fp32)."""
     dim = q.shape[-1]
 

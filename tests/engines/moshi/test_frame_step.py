@@ -18,7 +18,8 @@ FRAMES = 50
 RECYCLE_AT = 30
 
 
-def _run(model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int, graph: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+def _run(model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int,
+         graph: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     device = inputs.device
     sampler = SlotSampler(3, device, SamplingParams())
     sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), seed=5)
