@@ -85,6 +85,8 @@ def main() -> None:
             row["temporal_tb_per_s"] = moved / 1e12 / (row["temporal_ms"] / 1000)
             rows.append(row)
             print(json.dumps(row), flush=True)
+        lm.start(0)  # free this batch's KV rings before the next batch allocates its own
+        mimi.start(0)
         torch.cuda.empty_cache()
     print(f"{'B':>4} {'fill':>5} {'encode':>7} {'temporal':>9} {'depf+samp':>10} {'decode':>7} {'temporal GB':>12} "
           f"{'TB/s':>6}")
