@@ -58,6 +58,9 @@ class MoshiFrameModel:
         # On a GPU the whole tick replays as CUDA graphs (captured here, before any slot opens).
         self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=self.device.type == "cuda")
         self.stream = self.frame.stream
+        # Slots between open_slot and release (prefilling or live): the rows whose context
+        # attention must cover; idle rows would otherwise grow the span for nothing.
+        self._open = np.zeros(batch_size, bool)
         self._plans: dict[int, list[PrefillStep]] = {}
         self._staged: dict[int, PrefillStep] = {}
         self._voices: OrderedDict[str, list[PrefillStep]] = OrderedDict()
@@ -73,6 +76,7 @@ class MoshiFrameModel:
         self.frame.reset_rows(mask)
         sampling = None if prompt.sampling is None else self.sampler.default.requested(prompt.sampling)
         self.sampler.configure(slot, sampling, prompt.seed)
+        self._open[slot] = True
         self._staged.pop(slot, None)
         if plan:
             self._plans[slot] = plan
@@ -91,6 +95,7 @@ class MoshiFrameModel:
         return True
 
     def release(self, slot: int) -> None:
+        self._open[slot] = False
         self._plans.pop(slot, None)
         self._staged.pop(slot, None)
 
@@ -100,7 +105,7 @@ class MoshiFrameModel:
     def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         self._stage_overrides()
-        result = self.frame(pcm)
+        result = self.frame(pcm, self._open)
         audio = result.audio
         audio_host = audio.float().cpu().numpy()
         text_host = result.tokens[:, 0].tolist()

@@ -80,16 +80,21 @@ class FrameStep:
         self.mimi.reset_decoder_rows(mask)
         self.positions[mask.cpu().numpy()] = 0
 
-    def span(self) -> int:
-        """The fewest ring slots (a bucket) that hold every row's context for the next step."""
-        needed = int(self.positions.max()) + 1
+    def span(self, active: np.ndarray | None = None) -> int:
+        """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all
+        rows when None) for the next step. An inactive row past the span still sees some valid
+        slots (with the window as long as the ring, slot 0 always holds a position inside it),
+        so its output is finite garbage that nobody reads, and opening it resets its state."""
+        positions = self.positions if active is None else self.positions[active]
+        needed = int(positions.max()) + 1 if positions.size else 1
         return next((s for s in self.spans if s >= needed), self.spans[-1])
 
     @torch.no_grad()
-    def __call__(self, pcm: torch.Tensor) -> FrameTensors:
-        """``pcm`` ``[B, frame_size]``; ``self.overrides`` staged by the caller apply to this step only."""
+    def __call__(self, pcm: torch.Tensor, active: np.ndarray | None = None) -> FrameTensors:
+        """``pcm`` ``[B, frame_size]``; ``self.overrides`` staged by the caller apply to this step
+        only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all)."""
         self.pcm.copy_(pcm)
-        span = self.span()
+        span = self.span(active)
         self.positions += 1
         if not self._graphs:
             return self._step(span)

@@ -59,3 +59,26 @@ def test_the_cuda_graph_replay_gives_the_eager_steps_tokens_and_audio(tiny: Tiny
     for t, ((tokens_a, audio_a), (tokens_b, audio_b)) in enumerate(zip(eager, graphed)):
         assert np.array_equal(tokens_a, tokens_b), f"frame {t}: tokens differ"
         np.testing.assert_allclose(audio_a, audio_b, atol=1e-5)
+
+
+def test_an_idle_row_does_not_widen_attention_for_the_active_ones(loaded: LoadedModel) -> None:
+    """Row 1 idles on (never reopened) while row 0 starts a new conversation: the span follows
+    row 0 only, row 0 decodes exactly what whole-ring attention gives, and row 1 stays finite."""
+    inputs = _inputs(loaded, torch.device("cpu"))[:, :2]
+    active = np.array([True, False])
+    runs = []
+    for bucket in (16, loaded.lm.transformer.capacity):
+        frame = FrameStep(loaded.lm, loaded.mimi, SlotSampler(2, torch.device("cpu"), SamplingParams()), 2,
+                          span_bucket=bucket)
+        outs = []
+        for t in range(36):
+            if t == 20:
+                frame.reset_rows(torch.tensor([True, False]))
+            if t >= 20 and bucket == 16:
+                assert frame.span(active) == 16, "the idle row (position > 20) widened the span"
+            out = frame(inputs[t], active)
+            assert torch.isfinite(out.audio).all()
+            outs.append(out.tokens[0].clone())
+        runs.append(outs)
+    for t, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(a, b), f"frame {t}: the active row's tokens differ"
