@@ -34,7 +34,8 @@ EMBEDDING_SUFFIXES = (".pt", ".pth")
 class MoshiFrameModel:
     def __init__(self, model: LoadedModel, batch_size: int, *, sampling: SamplingParams = SamplingParams(),
                  max_prompt_tokens: int = 512, max_voice_seconds: float = 30.0,
-                 voice_dir: str | Path | None = None) -> None:
+                 voice_dir: str | Path | None = None, graph: bool | None = None) -> None:
+        """``graph``: replay the tick as CUDA graphs (default: on a CUDA device)."""
         self.loaded = model
         self.config = model.lm_config
         self.batch_size = batch_size
@@ -56,7 +57,8 @@ class MoshiFrameModel:
         self.output_delay_frames = self.config.max_delay + self.mimi.decoder_delay_frames
         self.sampler = SlotSampler(batch_size, self.device, sampling)
         # On a GPU the whole tick replays as CUDA graphs (captured here, before any slot opens).
-        self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=self.device.type == "cuda")
+        graph = self.device.type == "cuda" if graph is None else graph
+        self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=graph)
         self.stream = self.frame.stream
         # Slots between open_slot and release (prefilling or live): the rows whose context
         # attention must cover; idle rows would otherwise grow the span for nothing.

@@ -82,3 +82,36 @@ def test_an_idle_row_does_not_widen_attention_for_the_active_ones(loaded: Loaded
         runs.append(outs)
     for t, (a, b) in enumerate(zip(*runs)):
         assert torch.equal(a, b), f"frame {t}: the active row's tokens differ"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_the_served_frame_model_replays_graphs_with_prompts_sampling_and_recycling(tiny: TinyCheckpoint) -> None:
+    """MoshiFrameModel on a GPU (graphed by default) against the same model stepped eagerly:
+    a persona prefill (teacher forcing), a sampling slot, and a slot reopened mid-run."""
+    from rtserve.engines.moshi.frame_model import MoshiFrameModel
+    from rtserve.engines.protocols import SlotPrompt, SlotSampling
+
+    loaded = load_folder(tiny.folder, device=torch.device("cuda"), dtype=torch.float32)
+    inputs = (0.3 * np.random.default_rng(5).standard_normal((FRAMES, 2, loaded.mimi.frame_size))).astype(np.float32)
+    hot = SlotSampling(text_temperature=1.0, audio_temperature=0.9, audio_top_k=8)
+    traces = []
+    for graph in (False, True):
+        model = MoshiFrameModel(loaded, 2, sampling=SamplingParams(), graph=graph)
+        assert model.frame.graphed == graph
+        prefill = model.open_slot(0, SlotPrompt(text="you are kind"))
+        model.open_slot(1, SlotPrompt(seed=3, sampling=hot))
+        trace = []
+        for t in range(FRAMES):
+            if t == RECYCLE_AT:
+                model.open_slot(1, SlotPrompt(seed=4, sampling=hot))
+            if t < prefill:
+                model.prefill_step(0)
+            outs = model.step(inputs[t], np.array([t >= prefill, True]))
+            trace.append([(o.audio.copy(), o.text) if o is not None else None for o in outs])
+        traces.append(trace)
+    for t, (eager, graphed) in enumerate(zip(*traces)):
+        for slot, (a, b) in enumerate(zip(eager, graphed)):
+            assert (a is None) == (b is None), f"frame {t} slot {slot}"
+            if a is not None and b is not None:
+                assert a[1] == b[1], f"frame {t} slot {slot}: text differs"
+                np.testing.assert_allclose(a[0], b[0], atol=1e-5, err_msg=f"frame {t} slot {slot}")
