@@ -8,9 +8,10 @@ capture (KV caches, offsets, the token ring, the override buffers, ``pcm``), so 
 is a pure function of their contents and the only host sync left is the caller's copy of
 the outputs.
 
-Cost follows the real context: temporal attention reads only the ring slots some row has
-reached, rounded up to ``span_bucket`` frames (one graph per such span, captured up
-front). The host mirrors every row's position, so picking the span needs no device sync.
+Cost follows the real context: temporal attention reads only the ring slots the active
+rows (the frame model's open slots) have reached, rounded up to ``span_bucket`` frames
+(one graph per such span, captured up front). The host mirrors every row's position, so
+picking the span needs no device sync.
 """
 
 from __future__ import annotations
