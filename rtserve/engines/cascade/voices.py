@@ -27,6 +27,8 @@ from rtserve.engines.protocols import EngineError, VoiceInfo
 from rtserve.engines.voice_names import check_voice_name, is_voice_name
 from rtserve.errors import INVALID_VOICE_MODEL, VOICE_EXISTS, VOICE_LIMIT_EXCEEDED, VOICE_NOT_FOUND
 
+_MIN_RATE, _MAX_RATE = 8_000, 48_000  # what Piper voices are trained at, with room both ways
+
 
 class VoiceUploadError(EngineError):
     code = INVALID_VOICE_MODEL

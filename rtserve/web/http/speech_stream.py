@@ -37,7 +37,7 @@ import json
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
