@@ -36,11 +36,9 @@ import contextlib
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from rtserve.config import SpeechStreamConfig
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
@@ -51,61 +49,17 @@ from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http.audio import SPEECH_SAMPLE_RATE, SpeechFormat
-from rtserve.web.http.common import require_tts, validation_error
-from rtserve.web.http.speech import SpeechPipeline, VoiceRef
+from rtserve.web.http.audio import SPEECH_SAMPLE_RATE
+from rtserve.web.http.common import require_tts
+from rtserve.web.http.speech import SpeechPipeline
+from rtserve.web.http.speech_stream_events import (SESSION_BUSY, Close, Item, Sentence, StreamConfig, StreamError,
+                                                   TextEvent, UtteranceEnd, parse_event)
 from rtserve.web.moshi.deadlines import send_within
 
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/audio/speech/stream"
 DISCARD = "discard"
-SESSION_BUSY = "session_busy"
-
-
-class StreamConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    voice: str | VoiceRef | None = None
-    response_format: SpeechFormat = "pcm"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
-
-    @property
-    def voice_name(self) -> str | None:
-        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
-
-    def public(self) -> dict[str, Any]:
-        return {"model": self.model, "voice": self.voice_name, "response_format": self.response_format,
-                "speed": self.speed, "sample_rate": SPEECH_SAMPLE_RATE}
-
-
-class TextEvent(BaseModel):
-    text: StrictStr
-
-
-@dataclass(frozen=True)
-class _Sentence:
-    utterance: int
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class _UtteranceEnd:
-    utterance: int
-    sentences: int
-
-
-class _Close:
-    """Queued by ``session.close``: the speaker stops after what came before it."""
-
-
-_Item = _Sentence | _UtteranceEnd | _Close
-
-
-class StreamError(RtserveError):
-    """An error event for this connection (it stays open)."""
 
 
 class SpeechStream:
@@ -114,14 +68,13 @@ class SpeechStream:
     def __init__(self, ws: web.WebSocketResponse, request: web.Request, tts: TTSEngine,
                  limits: SpeechStreamConfig) -> None:
         self._ws = ws
-        self._request = request
         self._ctx = request.app[CTX]
         self._tts = tts
         self._limits = limits
         self._transport = request.transport
         self._config = StreamConfig()
         self._splitter = SentenceSplitter()
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[Item] = deque()
         self._queued_sentences = 0
         self._item_ready = asyncio.Event()
         self._pending_chars = 0  # received and not yet spoken (or dropped)
@@ -172,14 +125,14 @@ class SpeechStream:
         if kind == "session.config":
             await self._configure(event)
         elif kind == "input.text":
-            self._add_text(_parse(TextEvent, event).text)
+            self._add_text(parse_event(TextEvent, event).text)
         elif kind == "input.done":
             self._flush()
         elif kind == "cancel":
             await self._cancel()
         elif kind == "session.close":
             self._flush(end_utterance=False)
-            self._enqueue(_Close())
+            self._enqueue(Close())
             if self._speaker is not None:
                 await asyncio.shield(self._speaker)
             await close_socket(self._ws, WSCloseCode.OK, "session closed")
@@ -192,7 +145,7 @@ class SpeechStream:
         if self._busy:
             raise StreamError("session.config is refused while text is waiting to be spoken; send input.done "
                               "and wait for session.done, or cancel", code=SESSION_BUSY)
-        config = _parse(StreamConfig, event)
+        config = parse_event(StreamConfig, event)
         try:
             tts = require_tts(self._ctx, config.model)
         except ApiError as exc:
@@ -212,7 +165,7 @@ class SpeechStream:
         sentences = self._splitter.feed(text)
         if self._queued_sentences + len(sentences) > self._limits.max_queued_sentences:
             self._splitter = SentenceSplitter()  # the dropped text must not resurface with the next delta
-            self._pending_chars = sum(len(item.text) for item in self._queue if isinstance(item, _Sentence))
+            self._pending_chars = sum(len(item.text) for item in self._queue if isinstance(item, Sentence))
             raise StreamError(f"more than {self._limits.max_queued_sentences} sentences are waiting for the "
                               "speech engine; this text was dropped (speech_stream.max_queued_sentences)",
                               code=INPUT_BACKPRESSURE)
@@ -224,19 +177,19 @@ class SpeechStream:
         if tail := self._splitter.flush():
             self._enqueue_sentence(tail)
         if end_utterance:
-            self._enqueue(_UtteranceEnd(self._utterance, self._sentence))
+            self._enqueue(UtteranceEnd(self._utterance, self._sentence))
             self._utterance += 1
             self._sentence = 0
-        self._pending_chars = sum(len(item.text) for item in self._queue if isinstance(item, _Sentence))
+        self._pending_chars = sum(len(item.text) for item in self._queue if isinstance(item, Sentence))
 
     def _enqueue_sentence(self, text: str) -> None:
         if spoken := speakable(text):
-            self._enqueue(_Sentence(self._utterance, self._sentence, spoken))
+            self._enqueue(Sentence(self._utterance, self._sentence, spoken))
             self._sentence += 1
 
-    def _enqueue(self, item: _Item) -> None:
+    def _enqueue(self, item: Item) -> None:
         self._queue.append(item)
-        self._queued_sentences += isinstance(item, _Sentence)
+        self._queued_sentences += isinstance(item, Sentence)
         self._item_ready.set()
 
     async def _cancel(self) -> None:
@@ -278,9 +231,9 @@ class SpeechStream:
                 self._item_ready.clear()
                 await self._item_ready.wait()
             item = self._queue.popleft()
-            if isinstance(item, _Close):
+            if isinstance(item, Close):
                 return
-            if isinstance(item, _UtteranceEnd):
+            if isinstance(item, UtteranceEnd):
                 await self._send_json({"type": "session.done", "utterance_index": item.utterance,
                                        "total_sentences": item.sentences})
                 continue
@@ -294,7 +247,7 @@ class SpeechStream:
             if self._dropped:
                 return
 
-    async def _speak(self, sentence: _Sentence) -> None:
+    async def _speak(self, sentence: Sentence) -> None:
         config = self._config
         where = {"utterance_index": sentence.utterance, "sentence_index": sentence.index}
         await self._send_json({"type": "audio.start", **where, "sentence_text": sentence.text,
@@ -335,14 +288,6 @@ class SpeechStream:
         error = api_error(exc).body()["error"]
         await self._send_json({"type": "error", "message": error["message"], "code": error["code"],
                                "param": error["param"], "error": error, **extra})
-
-
-def _parse(model: type[Any], event: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate({k: v for k, v in event.items() if k != "type"})
-    except ValidationError as exc:
-        error = validation_error(exc)
-        raise StreamError(error.message, code=error.code or INVALID_EVENT, param=error.param) from None
 
 
 async def _voice_names(tts: TTSEngine) -> set[str]:
