@@ -248,7 +248,8 @@ class HttpGenerationConfig(_Section):
                                 "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
                                 "context (cascade.llm_context_tokens, or vllm.max_model_len)")
     max_speech_input_chars: int = Field(4096, ge=1)
-    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; more -> 400")
+    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; "
+                                                              "more -> 400")
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")

@@ -53,7 +53,8 @@ async def test_the_request_as_a_whole_is_bounded(config):
             async with http.post(f"{base}/v1/audio/speech/batch", json=body) as resp:
                 assert resp.status == 400
                 assert (await resp.json())["error"]["param"] == param
-        async with http.post(f"{base}/v1/audio/speech/batch", json={"items": [{"input": "a"}], "model": "nope"}) as resp:
+        unknown_model = {"items": [{"input": "a"}], "model": "nope"}
+        async with http.post(f"{base}/v1/audio/speech/batch", json=unknown_model) as resp:
             assert resp.status == 404
     assert engine.tts.control.calls == 0
 
@@ -61,8 +62,8 @@ async def test_the_request_as_a_whole_is_bounded(config):
 async def test_an_engine_failure_fails_only_its_item(config):
     async with serve_doubles(config) as (base, engine), aiohttp.ClientSession() as http:
         engine.tts.control.fail_after = 2
-        async with http.post(f"{base}/v1/audio/speech/batch",
-                             json={"items": [{"input": "one"}, {"input": "two three four"}, {"input": "five"}]}) as resp:
+        items = [{"input": "one"}, {"input": "two three four"}, {"input": "five"}]
+        async with http.post(f"{base}/v1/audio/speech/batch", json={"items": items}) as resp:
             body = await resp.json()
     assert [r["status"] for r in body["results"]] == ["success", "error", "success"]
     assert body["results"][1]["error"]["code"] == "engine_error"

@@ -75,7 +75,8 @@ async def test_a_registered_voice_speaks_at_once_everywhere_and_can_be_deleted(c
     async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base, aiohttp.ClientSession() as http:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=300)
         joe_s = await speech_seconds(client, "joe")
-        voice = await client.audio.voices.create(consent="own-voice", name="slowjoe", audio_sample=("slowjoe.onnx", model),
+        voice = await client.audio.voices.create(consent="own-voice", name="slowjoe",
+                                                 audio_sample=("slowjoe.onnx", model),
                                                  extra_body={"config": json.dumps(slow_config)})
         assert voice.id == "slowjoe" and voice.object == "audio.voice"
         assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["slowjoe.onnx", "slowjoe.onnx.json"]
@@ -95,7 +96,8 @@ async def test_a_registered_voice_speaks_at_once_everywhere_and_can_be_deleted(c
                 ("broken", b"not an onnx model" * 100, json.dumps(joe_config), "model"),
                 ("badrate", model, json.dumps({**joe_config, "audio": {"sample_rate": 100}}), "config")]:
             with pytest.raises(openai.BadRequestError) as refused:
-                await client.audio.voices.create(consent="own-voice", name=name, audio_sample=(f"{name}.onnx", model_bytes),
+                await client.audio.voices.create(consent="own-voice", name=name,
+                                                 audio_sample=(f"{name}.onnx", model_bytes),
                                                  extra_body={"config": config_text})
             assert refused.value.code == "invalid_voice_model" and refused.value.param == param
         with pytest.raises(openai.APIStatusError) as taken:

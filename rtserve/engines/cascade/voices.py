@@ -5,8 +5,8 @@ A voice is a Piper ``.onnx`` model and its ``.onnx.json`` config, stored flat in
 (``engines/voice_names.py``), so none can leave the folder. An upload is written to a
 private temporary folder inside ``voices.dir``, proven (the config parses with sane values,
 the model loads with Piper and speaks a word of finite, non-silent audio) and only then
-renamed into place, so a half-written or broken voice is never listed. Every method here blocks (file I/O, model loading): callers run it
-off the event loop.
+renamed into place, so a half-written or broken voice is never listed. Every method here
+blocks (file I/O, model loading): callers run it off the event loop.
 """
 
 from __future__ import annotations
