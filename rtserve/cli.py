@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--workers", type=int, help="front-end worker processes beside one engine process "
                                                    "(default: from the CPU count; 1 = one process)")
+    serve.add_argument("--enable-sleep-mode", dest="enable_sleep_mode", action="store_true", default=None,
+                       help="serve POST /v1/omni/sleep and /v1/omni/wakeup")
     return parser
 
 
@@ -96,7 +98,8 @@ def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handle
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers")}
+    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
+                                          "enable_sleep_mode")}
     try:
         config = load_config(args.config, overrides=flags)
     except ConfigError as exc:

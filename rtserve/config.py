@@ -255,6 +255,8 @@ class HttpGenerationConfig(_Section):
                                 "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
                                 "context (cascade.llm_context_tokens, or vllm.max_model_len)")
     max_speech_input_chars: int = Field(4096, ge=1)
+    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; "
+                                                              "more -> 400")
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
@@ -276,6 +278,35 @@ class EngineLinkConfig(_Section):
                                                           "consumer; beyond, the oldest audio without text is dropped")
     max_send_buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
                                        description="the engine drops a worker link that stopped reading past this")
+
+
+class SpeechStreamConfig(_Section):
+    """``WS /v1/audio/speech/stream``: streamed text in, speech out (serving.md §4.1, App. A)."""
+
+    max_connections: int = Field(64, ge=1, description="open streaming-speech sockets; beyond -> refused (1013)")
+    max_event_bytes: int = Field(64 * 1024, ge=1024, description="one client text event; larger -> close 1009")
+    max_buffered_chars: int = Field(16 * 1024, ge=64, description="text received but not yet spoken; more -> "
+                                                                   "input_backpressure error, that text dropped")
+    max_queued_sentences: int = Field(64, ge=1, description="sentences waiting for the TTS; more -> "
+                                                            "input_backpressure error, that text dropped")
+    idle_timeout_s: float = Field(60.0, gt=0, description="no client event and nothing to speak this long -> "
+                                                          "close 1000 'idle timeout'")
+    send_timeout_s: float = Field(10.0, gt=0, description="a write the reader has not taken this long (it stopped "
+                                                          "reading) drops the connection")
+
+
+class VoiceStoreConfig(_Section):
+    """Piper voices registered at run time (``POST /v1/audio/voices``)."""
+
+    dir: str = Field(str(Path.home() / ".cache" / "rtserve" / "voices"),
+                     description="folder registered voices are stored in (created on first use)")
+    max_voices: int = Field(16, ge=0, description="registered voices kept; more -> 400 voice_limit_exceeded")
+    max_model_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="one uploaded .onnx voice model; "
+                                                                          "larger -> 413")
+    max_config_bytes: int = Field(256 * 1024, ge=256, description="one uploaded .onnx.json voice config; "
+                                                                 "larger -> 413")
+    max_loaded_voices: int = Field(4, ge=1, description="voice models held in memory at once (least recently "
+                                                        "used unloaded, reloaded on use)")
 
 
 def default_workers() -> int:
@@ -305,6 +336,10 @@ class ServerConfig(_Section):
     cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()
     http: HttpGenerationConfig = HttpGenerationConfig()
+    speech_stream: SpeechStreamConfig = SpeechStreamConfig()
+    voices: VoiceStoreConfig = VoiceStoreConfig()
+    enable_sleep_mode: bool = Field(False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup "
+                                                       "(--enable-sleep-mode)")
 
 
 class ConfigError(Exception):

@@ -252,13 +252,41 @@ class LLMEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class VoiceInfo:
+    """One voice a TTS engine speaks with (``GET /v1/audio/voices``)."""
+
+    name: str
+    builtin: bool  # shipped or configured: not deletable
+    sample_rate: int = 0  # the voice model's own rate (0: not known)
+    file_size: int = 0  # registered voices: bytes of the model file
+    created_at: int = 0  # registered voices: unix time of registration
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "builtin": self.builtin, "sample_rate": self.sample_rate,
+                "file_size": self.file_size, "created_at": self.created_at}
+
+
 class TTSEngine(Protocol):
     model_name: str  # listed by GET /v1/models, matched against a request's ``model``
     sample_rate: int
-    voices: tuple[str, ...]
+    voices: tuple[str, ...]  # the built-in voices
 
     def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
         """Audio chunks as they are produced (sentence-level or finer)."""
+        ...
+
+    async def voice_list(self) -> list[VoiceInfo]:
+        """Every voice ``synthesize`` accepts now: built-in, then registered."""
+        ...
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        """Register a voice (checked, stored, usable at once); an engine that cannot refuses
+        with ``EngineError`` code ``voice_registration_unsupported``."""
+        ...
+
+    async def remove_voice(self, name: str) -> None:
+        """Forget a registered voice (``voice_not_found``; built-in: ``voice_not_deletable``)."""
         ...
 
 
@@ -495,6 +523,31 @@ class SessionEngine(Protocol):
     def turn_engines(self) -> TurnEngines:
         """The loaded turn engines this engine lends to the HTTP generation routes, so a
         server holds one copy of each model; empty for an engine without any."""
+        ...
+
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        """The stages sleep mode may unload (``POST /v1/omni/sleep``), in stage-id order;
+        empty for an engine that cannot sleep."""
+        ...
+
+
+class SleepStage(Protocol):
+    """One model of an engine that sleep mode unloads and wake restores (serving.md §3.10).
+
+    While a stage sleeps its engine refuses new work with ``engine_sleeping``; work in
+    flight when it fell asleep ends with that error too."""
+
+    stage: str  # "vad", "asr", ...
+
+    @property
+    def asleep(self) -> bool: ...
+
+    async def release(self) -> None:
+        """Drop the model's weights and caches (waits for the model's running job)."""
+        ...
+
+    async def restore(self) -> None:
+        """Load the weights again; the stage serves once this returns."""
         ...
 
 

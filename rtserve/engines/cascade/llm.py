@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
@@ -220,6 +220,7 @@ class _DecodeLoop:
         self._active_count = 0  # written by the thread under the lock
         self._cond = threading.Condition()
         self._stopping = False
+        self._stop_reason: EngineError = ModelNotReady("the language model stopped")
         self._decoder: _Decoder | None = None
         self._thread: threading.Thread | None = None
 
@@ -238,9 +239,11 @@ class _DecodeLoop:
             self._waiting.append(request)
             self._cond.notify()
 
-    def stop(self) -> None:
+    def stop(self, reason: EngineError | None = None) -> None:
+        """End the thread; requests still waiting or running get ``reason``."""
         with self._cond:
             self._stopping = True
+            self._stop_reason = reason or ModelNotReady("the language model stopped")
             self._cond.notify()
 
     def join(self, timeout: float | None = None) -> None:
@@ -271,7 +274,8 @@ class _DecodeLoop:
                         active.append(request)
                 active = [r for r in active if self._advance(r, self._decoder.step)]
         for request in pending:
-            request.deliver(ModelNotReady("the language model stopped"))
+            request.deliver(self._stop_reason)
+        self._decoder = None  # the model goes with it (sleep mode frees it)
 
     @staticmethod
     def _advance(request: _Request, move: Callable[[_Request], TokenDelta | None]) -> bool:
@@ -307,8 +311,10 @@ class SmolLlm:
         self._cpu_threads = cpu_threads
         self._context_tokens = context_tokens
         self._metrics = metrics
+        self._max_active, self._max_waiting = max_active, max_waiting
         self._loop = _DecodeLoop(max_active, max_waiting)
         self._ready = False
+        self._asleep = False
         self.loaded: LoadedLlm | None = None
 
     @property
@@ -328,6 +334,26 @@ class SmolLlm:
         self._ready = False
         self._loop.stop()
 
+    # Sleep mode (``SleepStage``): the decode thread ends (its requests get engine_sleeping)
+    # and takes the model with it; wake loads the model (from the converted cache) and a new thread.
+    stage = "llm"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True
+        self._ready = False
+        loop, self._loop = self._loop, _DecodeLoop(self._max_active, self._max_waiting)
+        loop.stop(EngineSleeping())
+        await asyncio.to_thread(loop.join)
+        self.loaded = None
+
+    async def restore(self) -> None:
+        await self.start()
+        self._asleep = False
+
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
                        fit_history: bool = False) -> AsyncIterator[TokenDelta]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
@@ -336,7 +362,7 @@ class SmolLlm:
         the conversation outgrows the context; without it that is ``context_length_exceeded``.
         """
         if not self._ready:
-            raise ModelNotReady("the language model is still loading")
+            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
         check_params(params)
         check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:

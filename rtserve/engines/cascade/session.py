@@ -298,7 +298,8 @@ class CascadeSession:
         try:
             if speak:
                 self._models.tts.check_request(request.voice, 1.0)
-            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak)
+            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak,
+                                           voice=request.voice)
             async with contextlib.aclosing(items):
                 async for item in items:
                     if isinstance(item, SpokenChunk):
