@@ -29,6 +29,7 @@ from rtserve.engines.cascade.errors import ModelNotReady
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.prompt_fit import fit_prompt, max_token_chars, turn_overhead
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -78,22 +79,22 @@ class _Decoder:
         if llm.tokenizer.eos_token_id is not None:
             eos_ids.add(llm.tokenizer.eos_token_id)
         self._eos = frozenset(eos_ids)
+        self._token_chars = max_token_chars(llm.tokenizer.get_vocab())
+        self._turn_overhead = turn_overhead(self._render, self._count)
 
     def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool) -> list[int]:
         """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits."""
         turns = [{"role": m.role, "content": m.content} for m in messages]
-        budget = self.context_tokens - max_tokens
-        while True:
-            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False)
-            if len(ids) <= budget:
-                return list(ids)
-            droppable = [i for i, t in enumerate(turns[:-1]) if t["role"] != "system"]
-            if not fit_history or not droppable:
-                raise EngineError(f"the prompt needs {len(ids)} tokens; with max_tokens={max_tokens} it "
-                                  f"exceeds this model's context of {self.context_tokens} tokens",
-                                  code="context_length_exceeded")
-            del turns[droppable[0]]
+        return fit_prompt(turns, context=self.context_tokens, max_tokens=max_tokens, fit_history=fit_history,
+                          render=self._render, count=self._count, token_chars=self._token_chars,
+                          overhead=self._turn_overhead)
+
+    def _render(self, turns: list[dict[str, Any]]) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))
+
+    def _count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prefill(self, request: _Request) -> TokenDelta | None:
         import torch
