@@ -1,5 +1,5 @@
 """Fuzzing the HTTP generation routes through the real socket: JSON bodies of
-``/v1/chat/completions`` and ``/v1/audio/speech`` (schema-shaped with random values, any
+``/v1/chat/completions`` (and ``/batch``) and ``/v1/audio/speech`` (schema-shaped with random values, any
 JSON, non-JSON, odd content types) and multipart uploads of ``/v1/audio/transcriptions``
 (random fields, valid audio mutated, malformed multipart). Every answer is a 2xx or a 4xx
 with a typed OpenAI error body, never a 5xx; the log stays clean; a client connected before
@@ -108,11 +108,17 @@ def form(fields: dict[str, str], upload: bytes, name: str) -> aiohttp.FormData:
     return data
 
 
+batch_bodies = st.tuples(chat_bodies, st.lists(messages, max_size=3) | json_values()).map(
+    lambda t: {**t[0], "messages": t[1]})
+
+
 @FUZZ
-@given(st.one_of(chat_bodies.map(json.dumps), json_values().map(json.dumps), st.text(max_size=80)), content_types)
-def test_chat_bodies_get_2xx_or_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, body: str, ctype: str) -> None:
-    post(server, client, "/v1/chat/completions", data=body.encode("utf-8", "surrogatepass"),
-         headers={"Content-Type": ctype})
+@given(st.sampled_from(["/v1/chat/completions", "/v1/chat/completions/batch"]),
+       st.one_of(chat_bodies.map(json.dumps), batch_bodies.map(json.dumps), json_values().map(json.dumps),
+                 st.text(max_size=80)), content_types)
+def test_chat_bodies_get_2xx_or_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, path: str, body: str,
+                                          ctype: str) -> None:
+    post(server, client, path, data=body.encode("utf-8", "surrogatepass"), headers={"Content-Type": ctype})
 
 
 @FUZZ
