@@ -40,11 +40,15 @@ def max_token_chars(vocabulary: dict[str, int]) -> int:
 
 
 def turn_overhead(render: Render, count: Count) -> int:
-    """Tokens the template adds around one turn's content (role markers, separators)."""
-    base: list[Turn] = [{"role": "system", "content": "a"}]
-    alone = len(render(base))
-    return max(0, max(len(render([*base, {"role": role, "content": "a"}])) - alone - count("a")
-                      for role in ("user", "assistant")))
+    """Tokens the template adds around one turn's content (role markers, separators), measured
+    on an alternating user/assistant exchange (the one order every chat template accepts).
+    0 when the template refuses even that: a lower estimate only costs step 3 another pass."""
+    exchange: list[Turn] = [{"role": role, "content": "a"} for role in ("user", "assistant", "user")]
+    try:
+        lengths = [len(render(exchange[:n])) for n in (1, 2, 3)]
+    except Exception:  # noqa: BLE001 - a template's own refusal (jinja raise_exception), whatever its type
+        return 0
+    return max(0, min(lengths[1] - lengths[0], lengths[2] - lengths[1]) - count("a"))
 
 
 def _text(turn: Turn) -> str:

@@ -118,3 +118,18 @@ def test_same_prompt_as_dropping_oldest_turns_one_by_one(shape: list[tuple[str, 
 def test_the_longest_vocabulary_token_bounds_characters_per_token() -> None:
     assert max_token_chars({"a": 0, "Ġhello": 1, "<|im_start|>": 2}) == 12
     assert max_token_chars({}) == 1
+
+
+def test_a_template_that_refuses_the_probe_still_fits_within_the_budget() -> None:
+    class Strict(WordTokenizer):  # e.g. a template that raises on a user turn after a user turn
+        def render(self, turns: list[Turn]) -> list[int]:
+            if len(turns) <= 3 and [t["role"] for t in turns] == ["user", "assistant", "user"][:len(turns)]:
+                raise ValueError("Conversation roles must alternate")
+            return super().render(turns)
+
+    tok = Strict()
+    assert turn_overhead(tok.render, tok.count) == 0
+    turns = [turn("system", 10), *[turn("user", 40) for _ in range(30)], turn("user", 5)]
+    ids = fit_prompt(turns, context=512, max_tokens=64, fit_history=True, render=tok.render, count=tok.count,
+                     token_chars=TOKEN_CHARS, overhead=0)
+    assert len(ids) == naive_fit(WordTokenizer(), turns, 448)
