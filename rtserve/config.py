@@ -96,6 +96,10 @@ class LockstepConfig(_Section):
                                                              "cushion against network jitter")
     drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per tick while standing latency stays above "
                                                         "the cushion (quietest samples first)")
+    underrun_repay_ms: float = Field(20.0, ge=0, description="after the engine stepped silence for a slot (its audio "
+                                                             "came late), input dropped per tick at once, without the "
+                                                             "trim window, while that audio stands above the cushion; "
+                                                             "0 waits for the window")
     output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
                                                           "writer or session runner); drop-oldest audio beyond, "
                                                           "text carried into the next frame")
@@ -220,6 +224,9 @@ class VllmSettings(_Section):
     max_model_len: int | None = Field(None, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool parser for tool_choice 'auto' (as vllm serve --tool-call-parser: hermes, "
+                          "llama3_json, mistral, ...); None refuses 'auto' with tools, as vLLM does")
 
 
 ModelTask = Literal["chat", "speech", "transcription"]

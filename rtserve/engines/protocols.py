@@ -45,6 +45,7 @@ class EngineCapabilities:
     supports_text_output: bool = True
     supports_server_vad: bool = False
     modalities: tuple[str, ...] = ("audio", "text")
+    supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
 
     @property
     def input_frame_samples(self) -> int:
@@ -63,6 +64,7 @@ class EngineCapabilities:
             "supports_text_output": self.supports_text_output,
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
+            "supports_tools": self.supports_tools,
         }
 
 
@@ -167,9 +169,49 @@ class TranscriptPiece:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call (OpenAI ``{"type": "function", ...}``); ``parameters``
+    is the JSON schema its arguments follow (checked by ``rtserve.engines.tools``)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """OpenAI ``tool_choice``: ``auto`` (text or a call), ``none`` (text only), ``required``
+    (a call to any tool) or, with ``name``, a call to that one function."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None  # a forced function (mode "required")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made: ``arguments`` is its JSON text, as the model wrote it."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a call being generated: the first piece of call ``index`` names it."""
+
+    index: int
+    arguments: str  # the next characters of the JSON arguments
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
 
 
 @dataclass(frozen=True)
@@ -179,14 +221,17 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
 
 
 @dataclass(frozen=True)
 class TokenDelta:
     text: str
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_call: ToolCallDelta | None = None  # set on deltas of a function call (``text`` is then "")
 
 
 class ASREngine(Protocol):
@@ -286,6 +331,15 @@ class OutputText:
 
 
 @dataclass(frozen=True)
+class OutputToolCall:
+    """A piece of a function call the response makes (``ToolCallDelta``); text stays in ``OutputText``."""
+
+    delta: ToolCallDelta
+    epoch: int
+    response_id: str | None = None
+
+
+@dataclass(frozen=True)
 class ResponseFinished:
     response_id: str
     epoch: int
@@ -301,7 +355,7 @@ class EngineFailure:
 
 
 EngineEvent = (SpeechStarted | SpeechStopped | InputTranscript | OutputAudio | OutputText
-               | ResponseFinished | EngineFailure)
+               | ResponseFinished | EngineFailure | OutputToolCall)
 
 
 @dataclass(frozen=True)

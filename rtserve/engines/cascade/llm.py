@@ -30,7 +30,10 @@ from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.prompt_fit import fit_prompt, max_token_chars, turn_overhead
+from rtserve.engines.cascade.tool_calls import (CALL_OPEN, CallDecoding, CallGuide, forced, render,
+                                                template_knows_tools, uses_tools)
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.tools import check_tools
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,8 @@ class _Request:
     cache: Any = None
     logits: Any = None
     generator: Any = None
+    calls: CallDecoding | None = None  # tools offered: the call grammar and text/call split
+    fed: int = 0  # generated tokens already in the KV cache (more than one behind after a fast-forward)
 
 
 class _Decoder:
@@ -79,29 +84,44 @@ class _Decoder:
         if llm.tokenizer.eos_token_id is not None:
             eos_ids.add(llm.tokenizer.eos_token_id)
         self._eos = frozenset(eos_ids)
+        self._native_tools = template_knows_tools(llm.tokenizer)
+        # Built by the first request with tools, which pays ~4 s once (llguidance's token trie
+        # and first mask); requests without tools never pay it.
+        self._guide: CallGuide | None = None
         self._token_chars = max_token_chars(llm.tokenizer.get_vocab())
         self._turn_overhead = turn_overhead(self._render, self._count)
 
-    def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool) -> list[int]:
-        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits."""
-        turns = [{"role": m.role, "content": m.content} for m in messages]
+    def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool,
+                   params: SamplingParams = SamplingParams()) -> list[int]:
+        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits
+        (``prompt_fit``: tokenizer work bounded by the budget). Tools, calls and results are
+        rendered by ``tool_calls.render``; a forced call's marker ends the prompt."""
+        turns, tools = render(messages, params, self._native_tools)
+        suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
         return fit_prompt(turns, context=self.context_tokens, max_tokens=max_tokens, fit_history=fit_history,
-                          render=self._render, count=self._count, token_chars=self._token_chars,
-                          overhead=self._turn_overhead)
-
-    def _render(self, turns: list[dict[str, Any]]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False))
+                          render=lambda kept: self._render(kept, tools, suffix), count=self._count,
+                          token_chars=self._token_chars, overhead=self._turn_overhead)
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _render(self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                suffix: Sequence[int] = ()) -> list[int]:
+        """Token ids of ``turns`` with the generation prompt (``tools`` for a template that takes
+        them), then ``suffix``."""
+        return list(self.tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False)) + list(suffix)
 
     def prefill(self, request: _Request) -> TokenDelta | None:
         import torch
         from transformers import DynamicCache
 
         started = time.perf_counter()
-        ids = self.prompt_ids(request.messages, request.params.max_tokens, request.fit_history)
+        ids = self.prompt_ids(request.messages, request.params.max_tokens, request.fit_history, request.params)
+        if uses_tools(request.params):
+            if self._guide is None:
+                self._guide = CallGuide(self.tokenizer, self.model.config.vocab_size)
+            request.calls = self._guide.start(request.params)
         request.prompt_tokens = len(ids)
         if request.params.seed is not None:
             request.generator = torch.Generator().manual_seed(request.params.seed)
@@ -115,7 +135,8 @@ class _Decoder:
         import torch
 
         started = time.perf_counter()
-        out = self.model(input_ids=torch.tensor([[request.generated[-1]]]), cache=request.cache, use_cache=True)
+        new, request.fed = request.generated[request.fed:], len(request.generated)
+        out = self.model(input_ids=torch.tensor([new]), cache=request.cache, use_cache=True)
         request.logits = out.logits[0, -1]
         self._metrics.model_call_seconds.labels("llm_token").observe(time.perf_counter() - started)
         return self.emit_next(request)
@@ -124,6 +145,8 @@ class _Decoder:
         import torch
 
         logits = request.logits.float()
+        if request.calls is not None:
+            request.calls.mask(logits)
         params = request.params
         if params.temperature < _GREEDY_BELOW:
             return int(torch.argmax(logits))
@@ -136,35 +159,53 @@ class _Decoder:
         return int(torch.multinomial(probs, 1, generator=request.generator))
 
     def emit_next(self, request: _Request) -> TokenDelta | None:
-        """Sample one token; the text it completes (if any) as a delta, final when finished."""
+        """Sample one token; the text it completes (if any) as a delta, final when finished.
+        With tools, text from the call marker on is a call, delivered as ``tool_call`` pieces."""
         token = self._sample(request)
         params = request.params
-        finish: Literal["stop", "length"] | None = None
+        calls = request.calls
+        finish: Literal["stop", "length", "tool_calls"] | None = None
         if token in self._eos:
             finish = "stop"
         else:
             request.generated.append(token)
             self._metrics.llm_tokens.inc()
+            if calls is not None:
+                calls.consume(token)
+                limit = min(params.max_tokens, self.context_tokens - request.prompt_tokens)
+                forced = calls.fast_forward(limit - len(request.generated) - 1)
+                request.generated.extend(forced)
+                self._metrics.llm_tokens.inc(len(forced))
             if (len(request.generated) >= params.max_tokens
                     or request.prompt_tokens + len(request.generated) >= self.context_tokens):
                 finish = "length"
         text = self.tokenizer.decode(request.generated, skip_special_tokens=True)
+        visible, call = len(text), None
+        if calls is not None:
+            visible = calls.visible_end(text)
+            call = calls.call_delta(text)
+            if calls.call_start is not None:  # a call is being written: the text before it is all there is
+                text = text[:visible]
+                if calls.complete:
+                    finish = "tool_calls"
+                elif calls.failed:
+                    finish = finish or "stop"
         for stop in params.stop:
             at = text.find(stop, max(0, request.emitted_chars - len(stop)))
             if stop and at >= 0:
                 text, finish = text[:at], "stop"
         end = len(text)
         if finish is None:
-            if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+            if text.endswith("\ufffd") and call is None:  # a multi-byte character is still incomplete
                 return None
-            # Hold back a tail that could still become a stop string.
-            end -= max((len(s) - 1 for s in params.stop), default=0)
+            # Hold back a tail that could still become a stop string (or the call marker).
+            end = min(end - max((len(s) - 1 for s in params.stop), default=0), visible)
         delta = text[request.emitted_chars:end] if end > request.emitted_chars else ""
         request.emitted_chars = max(request.emitted_chars, end)
-        if not delta and finish is None:
+        if not delta and finish is None and call is None:
             return None
         return TokenDelta(delta, finish_reason=finish, prompt_tokens=request.prompt_tokens,
-                          completion_tokens=len(request.generated))
+                          completion_tokens=len(request.generated), tool_call=call)
 
 
 class _DecodeLoop:
@@ -295,6 +336,7 @@ class SmolLlm:
         if not self._ready:
             raise ModelNotReady("the language model is still loading")
         check_params(params)
+        check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:
             raise EngineError("messages must not be empty", code="invalid_value")
         loop = asyncio.get_running_loop()

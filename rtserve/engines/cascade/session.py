@@ -48,6 +48,7 @@ from rtserve.engines.protocols import (
     InputTranscript,
     OutputAudio,
     OutputText,
+    OutputToolCall,
     ResponseFinished,
     ResponseRequest,
     SessionOptions,
@@ -310,6 +311,9 @@ class CascadeSession:
                     delta: TokenDelta = item
                     if delta.text and (show_text or not speak):
                         await self._channel.put_output(OutputText(delta.text, request.epoch, request.response_id))
+                    if delta.tool_call is not None:
+                        await self._channel.put_output(OutputToolCall(delta.tool_call, request.epoch,
+                                                                      request.response_id))
                     if delta.finish_reason is not None:
                         usage = {"input_tokens": delta.prompt_tokens, "output_tokens": delta.completion_tokens,
                                  "total_tokens": delta.prompt_tokens + delta.completion_tokens}
