@@ -59,22 +59,32 @@ class ServerProcess:
         async with http.get(self.base + "/health") as response:
             return response.status == 200
 
-    def cpu_by_process(self) -> dict[int, float]:
-        """CPU seconds of the server and each process under it, by pid."""
-        stats = {}
+    def pids(self) -> list[int]:
+        """The server and every process under it (supervisor, engine process, workers)."""
+        parents = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
+                parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
         tree = {self.proc.pid}
         while True:
-            grown = tree | {pid for pid, fields in stats.items() if int(fields[1]) in tree}
+            grown = tree | {pid for pid, parent in parents.items() if parent in tree}
             if grown == tree:
-                break
+                return sorted(tree)
             tree = grown
+
+    def cpu_by_process(self) -> dict[int, float]:
+        """CPU seconds of the server and each process under it, by pid."""
         tick = os.sysconf("SC_CLK_TCK")
-        return {pid: (int(stats[pid][11]) + int(stats[pid][12])) / tick for pid in tree if pid in stats}
+        cpu = {}
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+        return cpu
 
     def busiest_pct(self, before: dict[int, float], after: dict[int, float], seconds: float) -> float:
         """The busiest single process between two ``cpu_by_process`` readings, in % of one core."""

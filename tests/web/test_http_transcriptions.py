@@ -230,3 +230,15 @@ async def test_engine_failure_mid_stream_is_an_sse_error(config):
             events = [json.loads(e[6:]) for e in (await resp.read()).decode().split("\n\n") if e]
     assert [e["type"] for e in events] == ["transcript.text.delta", "error"]
     assert events[-1]["error"]["code"] == "engine_error"
+
+
+async def test_a_tag_that_is_not_utf8_does_not_stop_valid_audio(config):
+    # Found by the socket fuzz suite: PyAV decoded container tags strictly, so one stray byte
+    # in a WAV's INFO chunk (or an Ogg comment) made a valid upload a 500 with a traceback.
+    wav = bytearray(audio_file("wav", "pcm_s16le", 16000, seconds=1.9))
+    at = wav.index(b"Lavf")  # FFmpeg's encoder tag
+    wav[at + 4] = 0xA5
+    async with serve_doubles(config) as (base, _):
+        result = await asyncio.to_thread(
+            sdk(base).audio.transcriptions.create, model="double-asr", file=("a.wav", bytes(wav)))
+    assert result.text == "500hz 500hz"

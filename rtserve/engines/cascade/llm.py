@@ -29,6 +29,7 @@ from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.prompt_fit import fit_prompt, max_token_chars, turn_overhead
 from rtserve.engines.cascade.tool_calls import (CALL_OPEN, CallDecoding, CallGuide, forced, render,
                                                 template_knows_tools, uses_tools)
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
@@ -87,25 +88,22 @@ class _Decoder:
         # Built by the first request with tools, which pays ~4 s once (llguidance's token trie
         # and first mask); requests without tools never pay it.
         self._guide: CallGuide | None = None
+        self._token_chars = max_token_chars(llm.tokenizer.get_vocab())
+        self._turn_overhead = turn_overhead(self._render, self._count)
 
     def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool,
                    params: SamplingParams = SamplingParams()) -> list[int]:
-        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits.
-        Tools, calls and results are rendered by ``tool_calls.render``; a forced call's marker
-        ends the prompt."""
+        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits
+        (``prompt_fit``: tokenizer work bounded by the budget). Tools, calls and results are
+        rendered by ``tool_calls.render``; a forced call's marker ends the prompt."""
         turns, tools = render(messages, params, self._native_tools)
         suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
-        budget = self.context_tokens - max_tokens
-        while True:
-            ids = self._render(turns, tools, suffix)
-            if len(ids) <= budget:
-                return list(ids)
-            droppable = [i for i, t in enumerate(turns[:-1]) if t["role"] != "system"]
-            if not fit_history or not droppable:
-                raise EngineError(f"the prompt needs {len(ids)} tokens; with max_tokens={max_tokens} it "
-                                  f"exceeds this model's context of {self.context_tokens} tokens",
-                                  code="context_length_exceeded")
-            del turns[droppable[0]]
+        return fit_prompt(turns, context=self.context_tokens, max_tokens=max_tokens, fit_history=fit_history,
+                          render=lambda kept: self._render(kept, tools, suffix), count=self._count,
+                          token_chars=self._token_chars, overhead=self._turn_overhead)
+
+    def _count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _render(self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                 suffix: Sequence[int] = ()) -> list[int]:

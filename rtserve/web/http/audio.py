@@ -169,7 +169,8 @@ def decode_audio(source: BinaryIO, sample_rate: int, max_seconds: float) -> np.n
     pieces: list[np.ndarray] = []
     total = 0
     try:
-        with av.open(source, mode="r") as container:
+        # Tags are never read, and a tag that is not UTF-8 must not make valid audio a 500.
+        with av.open(source, mode="r", metadata_errors="replace") as container:
             stream = next((s for s in container.streams if s.type == "audio"), None)
             if stream is None:
                 raise AudioDecodeError("the file has no audio stream")
