@@ -7,8 +7,10 @@ of both nonces under its role) runs on raw fixed-size bytes; only after both MAC
 does either side hand the stream to the link. The front-end proves itself first, and
 checks the engine too, because it unpickles what the engine sends.
 
-The engine's reply also carries its monotonic clock: the front-end times its per-tick
+After the proofs the front-end learns the engine's monotonic clock: it times its per-tick
 uplink by the engine's tick stamps, and another host's monotonic clock has another origin.
+On one host (same boot id) the offset is exactly 0; otherwise it is the probe with the
+shortest round trip out of a few (NTP's rule: the shortest exchange has the least error).
 """
 
 from __future__ import annotations
@@ -25,8 +27,19 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger(__name__)
 
 NONCE_BYTES = 32
+CLOCK_PROBES = 5
 _MAC_BYTES = hashlib.sha256().digest_size
 _CLOCK = struct.Struct(">d")
+_BOOT_ID_BYTES = 36
+
+
+def _boot_id() -> bytes:
+    """This host's boot id (Linux): equal ids share one monotonic clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip()[:_BOOT_ID_BYTES].ljust(_BOOT_ID_BYTES, b"-")
+    except OSError:
+        return os.urandom(_BOOT_ID_BYTES // 2).hex().encode()  # unknown: never "the same host"
 _FRONT_END, _ENGINE = b"rtserve-front-end", b"rtserve-engine"
 
 
@@ -56,8 +69,10 @@ async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sec
         proof = await _read(reader, _MAC_BYTES)
         if not hmac.compare_digest(proof, _mac(secret, _FRONT_END, engine_nonce, front_nonce)):
             raise HandshakeRefused("the front-end did not prove the cluster secret")
-        writer.write(_mac(secret, _ENGINE, engine_nonce, front_nonce) + _CLOCK.pack(time.monotonic()))
-        await writer.drain()
+        writer.write(_mac(secret, _ENGINE, engine_nonce, front_nonce) + _boot_id())
+        for _ in range(CLOCK_PROBES):  # the front-end asks; each answer is our clock at once
+            await _read(reader, 1)
+            writer.write(_CLOCK.pack(time.monotonic()))
 
     try:
         await asyncio.wait_for(exchange(), timeout_s)
@@ -67,21 +82,25 @@ async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sec
 
 async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
                   timeout_s: float) -> float:
-    """Front-end side: returns the engine's monotonic clock minus ours (at the midpoint of the
-    exchange); raises ``HandshakeRefused`` when the engine does not prove the secret."""
+    """Front-end side: returns the engine's monotonic clock minus ours; raises
+    ``HandshakeRefused`` when the engine does not prove the secret."""
 
     async def exchange() -> float:
         engine_nonce = await _read(reader, NONCE_BYTES)
         front_nonce = os.urandom(NONCE_BYTES)
-        sent = time.monotonic()
         writer.write(front_nonce + _mac(secret, _FRONT_END, engine_nonce, front_nonce))
-        await writer.drain()
         proof = await _read(reader, _MAC_BYTES)
-        (engine_clock,) = _CLOCK.unpack(await _read(reader, _CLOCK.size))
-        received = time.monotonic()
         if not hmac.compare_digest(proof, _mac(secret, _ENGINE, engine_nonce, front_nonce)):
             raise HandshakeRefused("the engine did not prove the cluster secret")
-        return engine_clock - (sent + received) / 2
+        same_host = await _read(reader, _BOOT_ID_BYTES) == _boot_id()
+        probes = []
+        for _ in range(CLOCK_PROBES):
+            sent = time.monotonic()
+            writer.write(b"?")
+            (engine_clock,) = _CLOCK.unpack(await _read(reader, _CLOCK.size))
+            received = time.monotonic()
+            probes.append((received - sent, engine_clock - (sent + received) / 2))
+        return 0.0 if same_host else min(probes)[1]
 
     try:
         return await asyncio.wait_for(exchange(), timeout_s)

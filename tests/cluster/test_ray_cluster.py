@@ -25,7 +25,7 @@ from rtserve.cluster.engines import ClusterEngines
 from rtserve.config import ServerConfig, load_config
 from tests.cluster.clients import eventually, open_session
 from tests.support import serve_app
-from tests.test_cli import CLEAN_ENV
+from tests.test_cli import CLEAN_ENV, _free_port
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -107,6 +107,46 @@ async def test_one_engine_actor_per_node_and_admission_across_them(ray_cluster: 
             assert f'rtserve_lockstep_live_slots{{engine="{PREFIX}-{index}"}} 2.0' in text
         for client in clients:
             await client.close()
+
+
+async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_actors(ray_cluster: Cluster) -> None:
+    """The CLI path: ``--ray-address`` with two front-end workers and no local engine process;
+    the detached actors outlive the front-end."""
+    port = _free_port()
+    env = {**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_LOCKSTEP__BATCH_SIZE": str(SLOTS),
+           "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE, "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
+           "RTSERVE_CLUSTER__ENGINES": "2", "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
+           "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD", "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
+           "RTSERVE_CLUSTER__SECRET": "test-cluster-secret-0123456789"}
+    pids_before = [(await _actor(i).placement.remote())["pid"] for i in range(2)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(port), "--workers", "2",
+        "--ray-address", ray_cluster.address, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def healthy() -> bool:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{base}/health") as response:
+                        return response.status == 200
+                return False
+
+            for _ in range(600):
+                if await healthy():
+                    break
+                assert proc.returncode is None, (await proc.stdout.read()).decode()
+                await asyncio.sleep(0.2)
+            client = await open_session(http, base)
+            assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"]
+            assert await client.echoes_grow(0.6) > 0
+            async with http.get(f"{base}/metrics") as response:
+                assert f'engine="{PREFIX}-0"' in await response.text()
+            await client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    assert [(await _actor(i).placement.remote())["pid"] for i in range(2)] == pids_before
 
 
 async def test_a_killed_engine_actor_ends_only_its_sessions_and_ray_brings_it_back(ray_cluster: Cluster) -> None:
