@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 import ray
+from prometheus_client import CollectorRegistry
 
 from rtserve.cluster import auth
 from rtserve.config import ServerConfig
@@ -29,22 +30,19 @@ from rtserve.process_metrics import ProcessMetrics
 
 log = logging.getLogger("rtserve.cluster.engine")
 
-_HANDSHAKE_TIMEOUT_S = 5.0
-
 
 class EngineActor:
     async def __init__(self, settings: dict[str, Any], name: str, secret: str) -> None:
         config = ServerConfig.model_validate(settings)
         configure_logging(config.log_level)
-        from prometheus_client import CollectorRegistry
-
         self.name = name
         registry = CollectorRegistry()
         self._process_metrics = ProcessMetrics(registry)
         self._engines = EngineSet(config, registry)
         self._server = EngineServer(self._engines, max_send_buffer_bytes=config.engine_link.max_send_buffer_bytes)
         host = config.cluster.engine_host or ray.util.get_node_ip_address()
-        serve = auth.authenticated(self._server.serve_connection, secret.encode(), _HANDSHAKE_TIMEOUT_S)
+        serve = auth.authenticated(self._server.serve_connection, secret.encode(),
+                                    config.cluster.connect_timeout_s)
         self._listener = await asyncio.start_server(serve, host, 0)
         self._address: tuple[str, int] = self._listener.sockets[0].getsockname()[:2]
         self._engines.start()

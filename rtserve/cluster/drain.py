@@ -16,8 +16,12 @@ _GRACE_S = 30.0  # beyond the deadline: closing the link and stopping the engine
 
 
 def drain(address: str, namespace: str, engine: str, deadline_s: float) -> int:
-    """Exit status: 0 once the engine left, 1 when no such engine, 3 when it is still there."""
-    ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+    """Exit status: 0 once the engine left, 1 when no such engine (or cluster), 3 when it is still there."""
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        print(f"rtserve: cannot reach the Ray cluster at {address}: {exc}".splitlines()[0])
+        return 1
     try:
         try:
             actor = ray.get_actor(engine, namespace=namespace)

@@ -57,7 +57,7 @@ class ActorConnector:
     async def __call__(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             host, port = await asyncio.wait_for(self._handle.address.remote(), self._timeout_s)
-        except (ray.exceptions.RayActorError, TimeoutError) as exc:
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # restarting, gone, or Ray itself unreachable
             await self._look_up_again(exc)
             raise ConnectionError(f"engine actor {self.name} is not reachable") from None
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self._timeout_s)

@@ -58,6 +58,11 @@ def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
     settings = config.model_dump(mode="json")
     handles = []
     for index, name in enumerate(engine_names(cluster)):
+        try:  # the usual case after the first front-end: nothing to create
+            handles.append((name, ray.get_actor(name, namespace=cluster.namespace)))
+            continue
+        except ValueError:
+            pass
         handle = remote_class.options(
             name=name, namespace=cluster.namespace, lifetime="detached", get_if_exists=True,
             max_restarts=cluster.max_restarts, max_concurrency=64,

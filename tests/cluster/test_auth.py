@@ -80,3 +80,15 @@ async def test_a_front_end_with_another_secret_is_refused_at_once(loopback: Serv
         with pytest.raises(auth.HandshakeRefused):
             await tcp_connect(engine.port, b"another-cluster-secret!!")
         assert time.monotonic() - started < 5
+
+
+async def test_an_engine_on_another_host_gets_its_clock_offset_from_the_probes(loopback: ServerConfig,
+                                                                               monkeypatch) -> None:
+    boot_ids = iter([b"engine-host".ljust(36, b"-"), b"front-end-host".ljust(36, b"-")])
+    monkeypatch.setattr(auth, "_boot_id", lambda: next(boot_ids))  # the engine's is read first
+    async with tcp_engines(loopback, 1) as (engine,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", engine.port)
+        offset = await auth.connect(reader, writer, SECRET, 5.0)
+        writer.close()
+    # Both "hosts" share this process's clock: the shortest probe's estimate is within its round trip.
+    assert offset != 0.0 and abs(offset) < 0.05
