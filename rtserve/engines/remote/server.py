@@ -113,6 +113,7 @@ class WorkerLink:
         self.worker_index = -1
         self.metrics_text = b""
         self._sessions: dict[int, EngineSession] = {}
+        self._releasing = 0  # sessions closing: their slots are not free yet
         self._pumps: dict[int, asyncio.Task[None]] = {}
         self._handles = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -142,7 +143,7 @@ class WorkerLink:
 
     @property
     def session_count(self) -> int:
-        return len(self._sessions)
+        return len(self._sessions) + self._releasing
 
     # ------------------------------------------------------------------ sending
 
@@ -281,11 +282,15 @@ class WorkerLink:
         session = self._sessions.pop(handle, None)
         if session is None:
             return
-        self._server.sessions_changed()
-        await session.close()
-        pump = self._pumps.pop(handle, None)
-        if pump is not None:  # the pump ends by itself once the session's events end
-            await asyncio.gather(pump, return_exceptions=True)
+        self._releasing += 1  # still counted until its slot is free: a front-end told sooner would be refused
+        try:
+            await session.close()
+            pump = self._pumps.pop(handle, None)
+            if pump is not None:  # the pump ends by itself once the session's events end
+                await asyncio.gather(pump, return_exceptions=True)
+        finally:
+            self._releasing -= 1
+            self._server.sessions_changed()
 
     def _session_call(self, method: str) -> Callable[..., Any]:
         def call(handle: int, *args: Any) -> Any:
