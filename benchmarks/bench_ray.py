@@ -20,7 +20,9 @@ Reported per mode and N over the steady window (after ``--warmup`` s):
 its engine actor afterwards.
 
     .venv/bin/python benchmarks/bench_ray.py --sessions 64 256 --duration 20
-    .venv/bin/python benchmarks/bench_ray.py --sessions 16 64 --duration 8 --json out.json
+    .venv/bin/python benchmarks/bench_ray.py --sessions 16 64 --duration 8
+
+Writes benchmarks/results/bench_ray.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
@@ -204,7 +206,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["unix", "ray"], default=["unix", "ray"])
     parser.add_argument("--duration", type=float, default=20.0, help="steady window, seconds")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "bench_ray.json"),
+                        help="where the rows are written")
     args = parser.parse_args()
     print(f"{'mode':<30} {'N':>5} {'frames':>8} {'lost':>6} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'front us/fr':>12} {'engine us/fr':>12}")
@@ -215,9 +218,10 @@ def main() -> None:
             import ray
 
             ray.shutdown()
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
-                                               "rows": [asdict(r) for r in rows]}, indent=2))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
+                               "rows": [asdict(r) for r in rows]}, indent=2))
 
 
 if __name__ == "__main__":
