@@ -3,8 +3,8 @@ versus over a Unix socket to a local engine process (``--workers`` layout), loop
 
 The benchmark process is the front-end: it opens ``--sessions`` lockstep sessions through the
 engine client (no WebSockets, no codecs: only the boundary is measured) and pushes one 80 ms
-frame per session per period, all sessions in one pass as a front-end's transports would
-(the link batches them into one ``FRAMES_IN`` per tick). Every frame carries its sequence
+frame per session per period, sessions spread over the period like independent callers
+(the link batches whatever arrived into one ``FRAMES_IN`` per tick). Every frame carries its sequence
 number in its sample values; the loopback engine (delay 0) returns it at the next tick, so
 each returned frame is matched to the push it echoes.
 
@@ -104,21 +104,25 @@ async def _drive(engines, mode: str, sessions: int, duration_s: float, warmup_s:
     readers = [asyncio.create_task(s.read()) for s in opened]
     loop = asyncio.get_running_loop()
     start = loop.time()
-    seq = pushed_in_window = 0
-    cpu_front = cpu_engine = 0.0
-    while (now := loop.time()) < start + warmup_s + duration_s:
-        if not opened[0].measuring and now >= start + warmup_s:
-            cpu_front, cpu_engine = time.process_time(), _cpu_seconds(engine_pid)
-            for s in opened:
-                s.measuring = True
-        frame = np.full(FRAME, (seq % _SEQ_RING + 1) / 8192, np.float32)
-        for s in opened:
+    end = start + warmup_s + duration_s
+    pushed = [0] * sessions
+
+    async def pace(index: int) -> None:
+        """One session's frames on an absolute schedule; sessions spread over the period, as
+        independent callers are (so the wait for the engine's tick averages over phases)."""
+        s, phase, seq = opened[index], index * PERIOD_S / sessions, 0
+        while (now := loop.time()) < end:
+            s.measuring = now >= start + warmup_s
             s.sent[seq % _SEQ_RING] = time.perf_counter()
-            s.session.push_audio(frame)
-        if opened[0].measuring:
-            pushed_in_window += sessions
-        seq += 1
-        await asyncio.sleep(max(0.0, start + seq * PERIOD_S - loop.time()))
+            s.session.push_audio(np.full(FRAME, (seq % _SEQ_RING + 1) / 8192, np.float32))
+            pushed[index] += s.measuring
+            seq += 1
+            await asyncio.sleep(max(0.0, start + phase + seq * PERIOD_S - loop.time()))
+
+    pacers = [asyncio.create_task(pace(i)) for i in range(sessions)]
+    await asyncio.sleep(warmup_s)
+    cpu_front, cpu_engine = time.process_time(), _cpu_seconds(engine_pid)
+    await asyncio.gather(*pacers)
     cpu_front, cpu_engine = time.process_time() - cpu_front, _cpu_seconds(engine_pid) - cpu_engine
     await asyncio.sleep(3 * PERIOD_S)  # the last echoes
     latencies = np.array([x for s in opened for x in s.latencies]) * 1000
@@ -127,11 +131,11 @@ async def _drive(engines, mode: str, sessions: int, duration_s: float, warmup_s:
     for task in readers:
         task.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
-    frames = max(1, pushed_in_window)
-    return Row(mode, sessions, pushed_in_window, max(0, pushed_in_window - len(latencies)),
+    frames = sum(pushed)
+    return Row(mode, sessions, frames, max(0, frames - len(latencies)),
                float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
                float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
-               cpu_front / frames * 1e6, cpu_engine / frames * 1e6)
+               cpu_front / max(1, frames) * 1e6, cpu_engine / max(1, frames) * 1e6)
 
 
 async def _unix(config: ServerConfig, sessions: int, duration_s: float, warmup_s: float) -> Row:
