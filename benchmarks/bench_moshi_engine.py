@@ -16,7 +16,6 @@ Run on a CUDA machine for the published shape (7B LM in bf16, full Mimi):
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
@@ -29,70 +28,14 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise 
 
 import torch  # noqa: E402
 
-from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename  # noqa: E402
+from moshi_build import build, sync  # noqa: E402
+
 from rtserve.engines.moshi.generator import TokenStream  # noqa: E402
 from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
-from rtserve.engines.moshi.lm_config import LMConfig, MimiConfig  # noqa: E402
 from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "bench_moshi_engine.json"
-TINY_LM = {"dim": 64, "text_card": 128, "n_q": 16, "dep_q": 8, "card": 64, "num_heads": 4, "num_layers": 2,
-           "context": 100, "depformer_dim": 32, "depformer_dim_feedforward": 132, "depformer_num_heads": 2,
-           "depformer_num_layers": 2}
-
-
-def lm_kwargs(shape: str) -> dict[str, Any]:
-    from moshi.models.loaders import _lm_kwargs
-    kwargs = dict(_lm_kwargs)
-    if shape == "tiny":
-        kwargs.update(TINY_LM)
-    return kwargs
-
-
-def mimi_config(shape: str, card: int) -> dict[str, Any]:
-    from moshi.models.loaders import _mimi_config
-    cfg = copy.deepcopy(_mimi_config)
-    cfg["quantizer"]["bins"] = card
-    if shape == "tiny":
-        cfg["seanet"].update(dimension=32, n_filters=4)
-        cfg["quantizer"].update(dimension=16, input_dimension=32, output_dimension=32, n_q=8)
-        cfg["transformer"].update(d_model=32, num_heads=2, num_layers=1, dim_feedforward=64, input_dimension=32,
-                                  output_dimensions=[32])
-    return cfg
-
-
-def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, MoshiLM, Mimi, LMConfig]:
-    from moshi.models.lm import LMModel
-    from moshi.models.loaders import get_mimi
-    kwargs = lm_kwargs(shape)
-    torch.manual_seed(0)
-    ref_lm = LMModel(device=device, dtype=dtype, **kwargs).eval()
-    with torch.no_grad():  # the reference init leaves some weights at defaults; randomise everything
-        for param in ref_lm.parameters():
-            param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
-    mcfg = mimi_config(shape, kwargs["card"])
-    ref_mimi = get_mimi(None, copy.deepcopy(mcfg), device=device, num_codebooks=8)
-    config = LMConfig.from_dict(kwargs)
-    with torch.device("meta"):
-        ours = MoshiLM(config)
-    ours.to_empty(device=device)
-    load_into(ours, ref_lm.state_dict(), Path("reference-lm"), lm_rename, dtype=dtype)
-    mimi = Mimi(MimiConfig.from_dict(mcfg), 8).to(device)
-    state = ref_mimi.state_dict()
-    load_into(mimi, state, Path("reference-mimi"), mimi_rename, dtype=torch.float32)
-    with torch.no_grad():
-        for part, n in (("rvq_first", 1), ("rvq_rest", 7)):
-            for i in range(n):
-                p = f"quantizer.{part}.vq.layers.{i}._codebook."
-                getattr(mimi.quantizer, part).codebooks[i] = (
-                    state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None])
-    return ref_lm.eval(), ref_mimi.eval(), ours.eval(), mimi.eval(), config
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()

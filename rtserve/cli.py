@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--workers", type=int, help="front-end worker processes beside one engine process "
                                                    "(default: from the CPU count; 1 = one process)")
+    serve.add_argument("--enable-sleep-mode", dest="enable_sleep_mode", action="store_true", default=None,
+                       help="serve POST /v1/omni/sleep and /v1/omni/wakeup")
     serve.add_argument("--ray-address", dest="ray_address", help="run the engines as Ray actors on this cluster "
                                                                  "('auto' or HOST:PORT); needs the 'ray' extra")
     drain = sub.add_parser("drain", help="drain one engine actor of a Ray cluster: no new sessions, then it leaves")
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         from rtserve.cluster.drain import drain
 
         return drain(args.ray_address, args.namespace, args.engine, args.deadline)
-    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers")}
+    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
+                                          "enable_sleep_mode")}
     if args.ray_address is not None:
         flags["cluster"] = {"address": args.ray_address}
     try:

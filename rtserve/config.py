@@ -96,6 +96,10 @@ class LockstepConfig(_Section):
                                                              "cushion against network jitter")
     drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per tick while standing latency stays above "
                                                         "the cushion (quietest samples first)")
+    underrun_repay_ms: float = Field(20.0, ge=0, description="after the engine stepped silence for a slot (its audio "
+                                                             "came late), input dropped per tick at once, without the "
+                                                             "trim window, while that audio stands above the cushion; "
+                                                             "0 waits for the window")
     output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
                                                           "writer or session runner); drop-oldest audio beyond, "
                                                           "text carried into the next frame")
@@ -220,6 +224,9 @@ class VllmSettings(_Section):
     max_model_len: int | None = Field(None, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool parser for tool_choice 'auto' (as vllm serve --tool-call-parser: hermes, "
+                          "llama3_json, mistral, ...); None refuses 'auto' with tools, as vLLM does")
 
 
 ModelTask = Literal["chat", "speech", "transcription"]
@@ -248,6 +255,8 @@ class HttpGenerationConfig(_Section):
                                 "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
                                 "context (cascade.llm_context_tokens, or vllm.max_model_len)")
     max_speech_input_chars: int = Field(4096, ge=1)
+    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; "
+                                                              "more -> 400")
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
@@ -270,6 +279,34 @@ class EngineLinkConfig(_Section):
     max_send_buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
                                        description="the engine drops a worker link that stopped reading past this")
 
+
+class SpeechStreamConfig(_Section):
+    """``WS /v1/audio/speech/stream``: streamed text in, speech out (serving.md §4.1, App. A)."""
+
+    max_connections: int = Field(64, ge=1, description="open streaming-speech sockets; beyond -> refused (1013)")
+    max_event_bytes: int = Field(64 * 1024, ge=1024, description="one client text event; larger -> close 1009")
+    max_buffered_chars: int = Field(16 * 1024, ge=64, description="text received but not yet spoken; more -> "
+                                                                   "input_backpressure error, that text dropped")
+    max_queued_sentences: int = Field(64, ge=1, description="sentences waiting for the TTS; more -> "
+                                                            "input_backpressure error, that text dropped")
+    idle_timeout_s: float = Field(60.0, gt=0, description="no client event and nothing to speak this long -> "
+                                                          "close 1000 'idle timeout'")
+    send_timeout_s: float = Field(10.0, gt=0, description="a write the reader has not taken this long (it stopped "
+                                                          "reading) drops the connection")
+
+
+class VoiceStoreConfig(_Section):
+    """Piper voices registered at run time (``POST /v1/audio/voices``)."""
+
+    dir: str = Field(str(Path.home() / ".cache" / "rtserve" / "voices"),
+                     description="folder registered voices are stored in (created on first use)")
+    max_voices: int = Field(16, ge=0, description="registered voices kept; more -> 400 voice_limit_exceeded")
+    max_model_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="one uploaded .onnx voice model; "
+                                                                          "larger -> 413")
+    max_config_bytes: int = Field(256 * 1024, ge=256, description="one uploaded .onnx.json voice config; "
+                                                                 "larger -> 413")
+    max_loaded_voices: int = Field(4, ge=1, description="voice models held in memory at once (least recently "
+                                                        "used unloaded, reloaded on use)")
 
 
 class ClusterConfig(_Section):
@@ -301,6 +338,7 @@ class ClusterConfig(_Section):
     startup_timeout_s: float = Field(120.0, gt=0, description="a front-end waits this long for every engine actor "
                                      "to answer at startup; those that have not are admitted once they do")
 
+
 def default_workers() -> int:
     """One front-end process per two cores beyond the first two: codec work scales with cores,
     and small machines keep everything in one process."""
@@ -328,6 +366,10 @@ class ServerConfig(_Section):
     cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()
     http: HttpGenerationConfig = HttpGenerationConfig()
+    speech_stream: SpeechStreamConfig = SpeechStreamConfig()
+    voices: VoiceStoreConfig = VoiceStoreConfig()
+    enable_sleep_mode: bool = Field(False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup "
+                                                       "(--enable-sleep-mode)")
     cluster: ClusterConfig = ClusterConfig()
 
 

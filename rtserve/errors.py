@@ -46,6 +46,15 @@ ENGINE_ERROR = "engine_error"
 ENGINE_UNAVAILABLE = "engine_unavailable"
 MODEL_NOT_READY = "model_not_ready"
 MODEL_UNAVAILABLE = "model_unavailable"
+ENGINE_SLEEPING = "engine_sleeping"  # sleep mode unloaded the models (POST /v1/omni/wakeup)
+NOT_IMPLEMENTED = "not_implemented"  # e.g. wake after sleep(level=2)
+# Voices (POST/DELETE /v1/audio/voices)
+VOICE_EXISTS = "voice_exists"
+VOICE_NOT_FOUND = "voice_not_found"
+VOICE_NOT_DELETABLE = "voice_not_deletable"
+VOICE_LIMIT_EXCEEDED = "voice_limit_exceeded"
+INVALID_VOICE_MODEL = "invalid_voice_model"
+VOICE_REGISTRATION_UNSUPPORTED = "voice_registration_unsupported"
 # Anything unexpected
 INTERNAL_ERROR = "internal_error"
 

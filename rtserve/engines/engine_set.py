@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +21,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.policy.batcher import PolicyBatcher
 from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
+from rtserve.engines.sleep import SleepController
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class EngineSet:
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_loading: asyncio.Task[PolicyBatcher | None] | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._sleep: SleepController | None = None  # built on first use: only sleep mode asks for stages
 
     @property
     def ready(self) -> bool:
@@ -86,6 +89,30 @@ class EngineSet:
         if self.policy_batcher is not None:
             await asyncio.to_thread(self.policy_batcher.stop)
         await self.session_engine.stop()
+
+    # ------------------------------------------------------------------ sleep mode (serving.md §3.10)
+
+    @property
+    def sleeping(self) -> tuple[int, ...]:
+        """Stage ids asleep now; while any is, the engine refuses new work (``engine_sleeping``)."""
+        return () if self._sleep is None else self._sleep.sleeping
+
+    def _sleep_controller(self) -> SleepController:
+        if self._sleep is None:
+            self._sleep = SleepController(self.session_engine.capabilities.name, self.session_engine.sleep_stages())
+        return self._sleep
+
+    async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
+        try:
+            return await self._sleep_controller().sleep(stage_ids, level)
+        finally:
+            self._changed()  # workers learn the sleeping set, to refuse work before reaching the engine
+
+    async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+        try:
+            return await self._sleep_controller().wake_up(stage_ids)
+        finally:
+            self._changed()
 
     def _changed(self) -> None:
         for listener in self._listeners:

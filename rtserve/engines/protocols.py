@@ -45,6 +45,7 @@ class EngineCapabilities:
     supports_text_output: bool = True
     supports_server_vad: bool = False
     modalities: tuple[str, ...] = ("audio", "text")
+    supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
 
     @property
     def input_frame_samples(self) -> int:
@@ -63,6 +64,7 @@ class EngineCapabilities:
             "supports_text_output": self.supports_text_output,
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
+            "supports_tools": self.supports_tools,
         }
 
 
@@ -167,9 +169,49 @@ class TranscriptPiece:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call (OpenAI ``{"type": "function", ...}``); ``parameters``
+    is the JSON schema its arguments follow (checked by ``rtserve.engines.tools``)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """OpenAI ``tool_choice``: ``auto`` (text or a call), ``none`` (text only), ``required``
+    (a call to any tool) or, with ``name``, a call to that one function."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None  # a forced function (mode "required")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made: ``arguments`` is its JSON text, as the model wrote it."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a call being generated: the first piece of call ``index`` names it."""
+
+    index: int
+    arguments: str  # the next characters of the JSON arguments
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
 
 
 @dataclass(frozen=True)
@@ -179,14 +221,17 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
 
 
 @dataclass(frozen=True)
 class TokenDelta:
     text: str
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_call: ToolCallDelta | None = None  # set on deltas of a function call (``text`` is then "")
 
 
 class ASREngine(Protocol):
@@ -207,13 +252,41 @@ class LLMEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class VoiceInfo:
+    """One voice a TTS engine speaks with (``GET /v1/audio/voices``)."""
+
+    name: str
+    builtin: bool  # shipped or configured: not deletable
+    sample_rate: int = 0  # the voice model's own rate (0: not known)
+    file_size: int = 0  # registered voices: bytes of the model file
+    created_at: int = 0  # registered voices: unix time of registration
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "builtin": self.builtin, "sample_rate": self.sample_rate,
+                "file_size": self.file_size, "created_at": self.created_at}
+
+
 class TTSEngine(Protocol):
     model_name: str  # listed by GET /v1/models, matched against a request's ``model``
     sample_rate: int
-    voices: tuple[str, ...]
+    voices: tuple[str, ...]  # the built-in voices
 
     def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
         """Audio chunks as they are produced (sentence-level or finer)."""
+        ...
+
+    async def voice_list(self) -> list[VoiceInfo]:
+        """Every voice ``synthesize`` accepts now: built-in, then registered."""
+        ...
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        """Register a voice (checked, stored, usable at once); an engine that cannot refuses
+        with ``EngineError`` code ``voice_registration_unsupported``."""
+        ...
+
+    async def remove_voice(self, name: str) -> None:
+        """Forget a registered voice (``voice_not_found``; built-in: ``voice_not_deletable``)."""
         ...
 
 
@@ -286,6 +359,15 @@ class OutputText:
 
 
 @dataclass(frozen=True)
+class OutputToolCall:
+    """A piece of a function call the response makes (``ToolCallDelta``); text stays in ``OutputText``."""
+
+    delta: ToolCallDelta
+    epoch: int
+    response_id: str | None = None
+
+
+@dataclass(frozen=True)
 class ResponseFinished:
     response_id: str
     epoch: int
@@ -301,7 +383,7 @@ class EngineFailure:
 
 
 EngineEvent = (SpeechStarted | SpeechStopped | InputTranscript | OutputAudio | OutputText
-               | ResponseFinished | EngineFailure)
+               | ResponseFinished | EngineFailure | OutputToolCall)
 
 
 @dataclass(frozen=True)
@@ -441,6 +523,31 @@ class SessionEngine(Protocol):
     def turn_engines(self) -> TurnEngines:
         """The loaded turn engines this engine lends to the HTTP generation routes, so a
         server holds one copy of each model; empty for an engine without any."""
+        ...
+
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        """The stages sleep mode may unload (``POST /v1/omni/sleep``), in stage-id order;
+        empty for an engine that cannot sleep."""
+        ...
+
+
+class SleepStage(Protocol):
+    """One model of an engine that sleep mode unloads and wake restores (serving.md §3.10).
+
+    While a stage sleeps its engine refuses new work with ``engine_sleeping``; work in
+    flight when it fell asleep ends with that error too."""
+
+    stage: str  # "vad", "asr", ...
+
+    @property
+    def asleep(self) -> bool: ...
+
+    async def release(self) -> None:
+        """Drop the model's weights and caches (waits for the model's running job)."""
+        ...
+
+    async def restore(self) -> None:
+        """Load the weights again; the stage serves once this returns."""
         ...
 
 

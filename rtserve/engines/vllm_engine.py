@@ -3,7 +3,8 @@
 Implements ``LLMEngine`` with ``vllm.AsyncLLMEngine`` (from vLLM 0.10 on an alias of the
 V1 ``AsyncLLM``). vLLM is imported only in ``start``/``generate``; constructing the engine
 checks that it is installed, so selecting it without vLLM fails at startup with the fix.
-vLLM batches concurrent ``generate`` calls itself (continuous batching).
+vLLM batches concurrent ``generate`` calls itself (continuous batching). Tools go through
+the model's chat template, vLLM's structured outputs and its tool parsers (``vllm_tools``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Literal
 
 from rtserve.config import ConfigError, VllmSettings
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.tools import openai_tools, openai_turns
+from rtserve.engines.vllm_tools import auto_parser, forced_call, forced_schema, parsed_calls, structured_json
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +74,29 @@ class VllmTextEngine:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        prompt = self._tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], tokenize=False, add_generation_prompt=True)
+        turns = openai_turns(messages)
+        tools = params.tools if params.tool_choice.mode != "none" else ()
+        forced = bool(tools) and params.tool_choice.mode == "required"
+        parser = auto_parser(self._settings.tool_call_parser, self._tokenizer) if tools and not forced else None
+        prompt = self._tokenizer.apply_chat_template(turns, tools=openai_tools(tools) or None, tokenize=False,
+                                                     add_generation_prompt=True)
         sampling = VllmSamplingParams(
             temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens, seed=params.seed,
-            stop=list(params.stop) or None, output_kind=RequestOutputKind.DELTA)
+            stop=list(params.stop) or None, output_kind=RequestOutputKind.DELTA,
+            **(structured_json(forced_schema(params)) if forced else {}))
+        raw = deltas = self._stream(prompt, sampling)
+        if forced:
+            deltas = forced_call(raw, params)
+        elif parser is not None:
+            deltas = parsed_calls(raw, parser, params, self.model_name)
+        try:
+            async for delta in deltas:
+                yield delta
+        finally:
+            await deltas.aclose()
+            await raw.aclose()  # a wrapper closed mid-stream leaves vLLM's stream open: abort it here
+
+    async def _stream(self, prompt: str, sampling: Any) -> AsyncIterator[TokenDelta]:
         prompt_tokens = completion_tokens = 0
         # Closing this generator closes vLLM's, which aborts the request inside the engine.
         outputs = self._engine.generate(prompt, sampling, request_id=f"rtserve-{uuid.uuid4().hex}")

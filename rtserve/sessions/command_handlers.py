@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from rtserve.config import SessionLimits
 from rtserve.engines.protocols import EngineCapabilities, EngineSession
+from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
@@ -46,7 +47,8 @@ class CommandHandlers:
         elif isinstance(c, cmd.Heartbeat):
             self._output.emit(ev.HeartbeatAck(session_id=self._output.session_id))
         elif isinstance(c, cmd.ResponseCreate):
-            self._response_create(c)
+            if self._response_tools_usable(c):
+                self._response_create(c)
         elif isinstance(c, cmd.ResponseCancel):
             self._response_cancel(c)
         elif isinstance(c, cmd.Clear):
@@ -62,6 +64,8 @@ class CommandHandlers:
             self._session_update(c)
         elif isinstance(c, cmd.ConversationItemCreate):
             self._item_create(c)
+        elif isinstance(c, cmd.FunctionItemCreate):
+            self._function_item_create(c)
         elif isinstance(c, cmd.ConversationItemTruncate):
             self._item_truncate(c)
         elif isinstance(c, cmd.ConversationItemDelete):
@@ -167,6 +171,11 @@ class CommandHandlers:
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
+        if config.tools and not self.capabilities.supports_tools:  # not accepted only to be ignored
+            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions; "
+                               "tools need an engine with supports_tools (the cascade)", related=c.event_id,
+                               param="session.tools")
+            return
         if config.turn_detection != self.config.turn_detection:
             self._configure_turn_detection(config)  # an EngineError leaves the config as it was
         self.config = config
@@ -203,6 +212,52 @@ class CommandHandlers:
         session_id = self._output.session_id
         self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
         self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
+
+    def _response_tools_usable(self, c: cmd.ResponseCreate) -> bool:
+        """A response's own ``tools``/``tool_choice``, with the session's for what it leaves out,
+        must be a set this engine can serve (else a typed refusal naming the response field)."""
+        if c.tools is None and c.tool_choice is None:
+            return True
+        tools = self.config.tools if c.tools is None else c.tools
+        try:
+            check_tools(tools, self.config.tool_choice if c.tool_choice is None else c.tool_choice, "response.tools")
+        except InvalidTools as exc:
+            self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
+            return False
+        if tools and not self.capabilities.supports_tools:
+            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions",
+                               related=c.event_id, param="response.tools")
+            return False
+        return True
+
+    def _function_item_create(self, c: cmd.FunctionItemCreate) -> None:
+        """A call result (or a restored call) joins the conversation; the next response sees it."""
+        item_id = c.item_id or new_item_id()
+        text = c.arguments if c.kind == "function_call" else c.output
+        if item_id in self._conversation:
+            self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
+                               param="item.id")
+        elif c.kind == "function_call_output" and not self._conversation.has_call(c.call_id):
+            self._output.error(errors.INVALID_VALUE, f"No function call with call_id {c.call_id[:64]!r} in this "
+                               "conversation", related=c.event_id, param="item.call_id")
+        elif not self._conversation.admits(text):
+            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED,
+                               f"The conversation holds at most {self._conversation.max_items} items and "
+                               f"{self._conversation.max_bytes} bytes of text; delete items to add more",
+                               related=c.event_id, param="item")
+        else:
+            role = "assistant" if c.kind == "function_call" else "user"
+            item = ConversationItem(item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id,
+                                    call_id=c.call_id, name=c.name or None)
+            try:
+                previous = self._conversation.add(item, c.previous_item_id)
+            except KeyError:
+                self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
+                return
+            snapshot = item.snapshot()
+            session_id = self._output.session_id
+            self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
+            self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
 
     def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
         item = self._conversation.get(c.item_id)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rtserve.engines.protocols import ToolChoice, ToolSpec
+
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Command:
@@ -55,6 +57,8 @@ class ResponseCreate(Command):
     temperature: float | None = None
     max_output_tokens: int | None = None
     metadata: Mapping[str, Any] | None = None
+    tools: tuple[ToolSpec, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -104,6 +108,20 @@ class ConversationItemCreate(Command):
     text: str
     previous_item_id: str | None = None  # None: append at the end
     item_id: str | None = None  # None: server-allocated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class FunctionItemCreate(Command):
+    """A ``function_call`` item (the client restores a call) or a ``function_call_output``
+    item (the result of a call the assistant made) added to the conversation."""
+
+    kind: Literal["function_call", "function_call_output"]
+    call_id: str
+    name: str = ""  # function_call
+    arguments: str = ""  # function_call
+    output: str = ""  # function_call_output
+    previous_item_id: str | None = None
+    item_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

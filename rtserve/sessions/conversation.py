@@ -12,6 +12,10 @@ contributes to history (``committed_text``) follows what the client actually hea
 
 A failed response never enters history: its item is removed.
 
+Function calling: a ``function_call`` item (``text`` = its JSON arguments) enters history
+as an assistant call once complete; a ``function_call_output`` item (``text`` = the
+client's result) as the ``tool`` message answering that call.
+
 The conversation is bounded (``sessions.max_conversation_items`` / ``_bytes``, issue 17):
 ``admits`` says whether a client item still fits; items the session makes itself (turns,
 responses) are not refused, they are bounded by the turns that make them.
@@ -22,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rtserve.engines.protocols import ChatMessage
+from rtserve.engines.protocols import ChatMessage, ToolCall
 from rtserve.sessions.events import ItemSnapshot
 from rtserve.sessions.session_config import PlaybackCommitPolicy
 
@@ -41,7 +45,7 @@ def spoken_prefix(text: str, heard_ms: float, audio_ms: float) -> str:
 class ConversationItem:
     id: str
     role: Role
-    kind: Literal["audio", "text"]
+    kind: Literal["audio", "text", "function_call", "function_call_output"]
     text: str | None = None  # transcript / generated text; None while a transcript is pending
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
     committed_text: str | None = None  # what the engine sees as history; None = not in history
@@ -52,9 +56,13 @@ class ConversationItem:
     played_ms: int = 0
     committed_ms: int = 0
     truncated_ms: int | None = None
+    # function items only
+    call_id: str | None = None
+    name: str | None = None
 
     def snapshot(self) -> ItemSnapshot:
-        return ItemSnapshot(id=self.id, role=self.role, kind=self.kind, text=self.text, status=self.status)
+        return ItemSnapshot(id=self.id, role=self.role, kind=self.kind, text=self.text, status=self.status,
+                            call_id=self.call_id, name=self.name)
 
     def acknowledge(self, played_ms: int, committed_ms: int, policy: PlaybackCommitPolicy) -> bool:
         """Record playback progress; True when history changed."""
@@ -106,6 +114,9 @@ class Conversation:
     def for_response(self, response_id: str) -> ConversationItem | None:
         return self._by_response.get(response_id)
 
+    def has_call(self, call_id: str) -> bool:
+        return any(item.kind == "function_call" and item.call_id == call_id for item in self._items)
+
     def admits(self, text: str) -> bool:
         """Whether one more item holding ``text`` stays within the item and byte bounds."""
         if len(self._items) >= self.max_items:
@@ -145,6 +156,14 @@ class Conversation:
         """Committed messages in conversation order (what the engine is given)."""
         out = []
         for item in self._items:
+            if item.kind == "function_call":
+                if item.status == "completed":
+                    call = ToolCall(item.call_id or "", item.name or "", item.text or "")
+                    out.append(ChatMessage(role="assistant", content="", tool_calls=(call,)))
+                continue
+            if item.kind == "function_call_output":
+                out.append(ChatMessage(role="tool", content=item.text or "", tool_call_id=item.call_id))
+                continue
             text = item.committed_text if item.role == "assistant" else item.text
             if text:
                 out.append(ChatMessage(role=item.role, content=text))

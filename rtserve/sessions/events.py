@@ -49,9 +49,11 @@ class ItemSnapshot:
 
     id: str
     role: Literal["user", "assistant", "system"]
-    kind: Literal["audio", "text"]
-    text: str | None  # transcript or text; None while a transcript is pending
+    kind: Literal["audio", "text", "function_call", "function_call_output"]
+    text: str | None  # transcript or text (a function call's arguments, a call output); None while pending
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    call_id: str | None = None  # function items
+    name: str | None = None  # function_call items
 
 
 # ---------------------------------------------------------------------------
@@ -310,6 +312,25 @@ class TranscriptDone(ResponsePartEvent):
 @dataclass(slots=True, kw_only=True, eq=False)
 class TextDone(ResponsePartEvent):
     text: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class FunctionCallArgumentsDelta(SessionEvent):
+    response_id: str
+    item_id: str
+    call_id: str
+    delta: str
+    output_index: int = 0
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class FunctionCallArgumentsDone(SessionEvent):
+    response_id: str
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+    output_index: int = 0
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

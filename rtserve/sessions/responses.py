@@ -14,16 +14,17 @@ from typing import Any
 
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineSession, OutputAudio, OutputText,
-                                       ResponseFinished, ResponseRequest, SamplingParams)
+                                       OutputToolCall, ResponseFinished, ResponseRequest, SamplingParams)
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
+from rtserve.sessions.function_calls import ResponseCalls
 from rtserve.sessions.ids import item_id_for_response, new_response_id
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.session_config import SessionConfig
 
-ResponseOutput = OutputAudio | OutputText | ResponseFinished
+ResponseOutput = OutputAudio | OutputText | ResponseFinished | OutputToolCall
 
 
 @dataclass(eq=False)
@@ -34,6 +35,7 @@ class ActiveResponse:
     overrides: cmd.ResponseCreate | None
     continuous: bool
     resampler: StreamResampler | None
+    calls: ResponseCalls
     engine_started: bool = False
     announced: bool = False  # response.created was queued: the client knows this response
     ending_queued: bool = False
@@ -73,7 +75,8 @@ class ResponseTracker:
                                 response_id=response_id, turn_id=self._ledger.turn_id)
         rate_in, rate_out = self._capabilities.output_sample_rate, config.output_sample_rate
         response = ActiveResponse(response_id, item, modalities, overrides, self.continuous,
-                                  StreamResampler(rate_in, rate_out) if rate_in != rate_out else None)
+                                  StreamResampler(rate_in, rate_out) if rate_in != rate_out else None,
+                                  ResponseCalls(response_id, self._ledger.turn_id, self._conversation, self._output))
         previous = self._conversation.add(item)
         self.active = response
         metadata = dict(overrides.metadata) if overrides and overrides.metadata else {}
@@ -106,6 +109,8 @@ class ResponseTracker:
         max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
         params = SamplingParams(
             temperature=o.temperature if o and o.temperature is not None else config.temperature,
+            tools=o.tools if o and o.tools is not None else config.tools,
+            tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
             **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
         self._engine.respond(ResponseRequest(
             response_id=response.id, epoch=self._output.epoch, messages=tuple(messages),
@@ -153,11 +158,12 @@ class ResponseTracker:
         batch += [ev.ContentPartDone(**ids, kind=item.kind, text=text),
                   ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot),
                   ev.ItemDone(session_id=session_id, item=snapshot)]
+        batch += response.calls.finish(status)
         for event in batch:
             if not emit(event):
                 return
         done = ev.ResponseDone(session_id=session_id, response_id=response.id, status=status,
-                               status_details=details, output=(snapshot,), usage=usage,
+                               status_details=details, output=(snapshot, *response.calls.snapshots()), usage=usage,
                                committed=status != "failed" and bool(item.committed_text))
         if not emit(done):
             return
@@ -185,6 +191,7 @@ class ResponseTracker:
             self._output.buffer.invalidate(response.id, self._output.epoch)
             self._conversation.remove(response.item.id)
             response.item.status = "incomplete"
+            response.calls.finish("failed")  # its calls leave the conversation too; no events
         return response
 
     def on_output(self, e: ResponseOutput) -> bool:
@@ -197,6 +204,8 @@ class ResponseTracker:
                 self._emit_audio(response, e.pcm, e.text)
         elif isinstance(e, OutputText):
             self._emit_text(response, e.text)
+        elif isinstance(e, OutputToolCall):
+            response.calls.on_delta(e.delta)
         elif not response.continuous:
             details = None if e.status == "completed" else {"type": e.status, "reason": e.reason}
             self.end(e.status, details, dict(e.usage) or None)

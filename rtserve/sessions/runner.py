@@ -25,7 +25,7 @@ from typing import Any
 from rtserve.clock import Clock
 from rtserve.config import SessionLimits
 from rtserve.engines.protocols import (ChatMessage, EngineError, EngineFailure, EngineSession, InputTranscript,
-                                       OutputAudio, OutputText, ResponseFinished)
+                                       OutputAudio, OutputText, OutputToolCall, ResponseFinished)
 from rtserve.engines.protocols import SpeechStarted as EngineSpeechStarted
 from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
 from rtserve.sessions import commands as cmd
@@ -50,7 +50,7 @@ _STOP = object()
 _PUMP_ENDED = object()
 _FAIR_BATCH = 16  # mailbox items applied before the runner yields to other tasks
 ENGINE_EVENTS = (OutputAudio, OutputText, ResponseFinished, EngineSpeechStarted, EngineSpeechStopped,
-                 InputTranscript, EngineFailure)
+                 InputTranscript, EngineFailure, OutputToolCall)
 
 
 class StopKind(StrEnum):
@@ -208,7 +208,7 @@ class SessionRunner:
             self._turns.on_transcript_timeout(item)
 
     def _on_engine_event(self, e: Any) -> None:
-        if isinstance(e, OutputAudio | OutputText | ResponseFinished):
+        if isinstance(e, OutputAudio | OutputText | ResponseFinished | OutputToolCall):
             if not self._responses.on_output(e):
                 self.metrics.stale_outputs.inc()
         elif isinstance(e, EngineSpeechStarted):

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import TurnDetection
+from rtserve.engines.protocols import ToolChoice, ToolSpec, TurnDetection
+from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.errors import INVALID_VALUE, RtserveError
 
 AudioFormat = Literal["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"]
@@ -41,6 +42,8 @@ class SessionConfig(BaseModel):
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_output_tokens: int | Literal["inf"] = "inf"
     playback_commit_policy: PlaybackCommitPolicy = "commit_all_on_done"
+    tools: tuple[ToolSpec, ...] = ()  # functions responses may call (checked by check_tools)
+    tool_choice: ToolChoice = ToolChoice()
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:
@@ -65,10 +68,16 @@ class SessionConfig(BaseModel):
             fmt = str(changes["output_audio_format"])
             data["output_sample_rate"] = G711_RATE if fmt.startswith("g711") else WIRE_SAMPLE_RATE
         try:
-            return SessionConfig.model_validate(data)
+            config = SessionConfig.model_validate(data)
         except ValidationError as exc:
             err = exc.errors()[0]
             raise ConfigUpdateError(".".join(str(p) for p in err["loc"]) or "session", err["msg"]) from None
+        if "tools" in changes or "tool_choice" in changes:
+            try:  # a forced name must be among the tools the session has after this update
+                check_tools(config.tools, config.tool_choice)
+            except InvalidTools as exc:
+                raise ConfigUpdateError(exc.param or "tools", exc.message) from None
+        return config
 
 
 def check_bounds(limits: SessionLimits, *, instructions: object = None, voice: object = None,

@@ -41,6 +41,11 @@ class Connections:
         self._open: dict[web.WebSocketResponse, tuple[asyncio.Task[object], Callable[[], bool]]] = {}
         self.closing = False  # shutdown began: admit nothing new
 
+    @property
+    def count(self) -> int:
+        """Sockets open now (a route bounds its connections with it)."""
+        return len(self._open)
+
     @contextlib.asynccontextmanager
     async def track(self, ws: web.WebSocketResponse, *,
                     close_at_shutdown: Callable[[], bool] = _always) -> AsyncIterator[None]:

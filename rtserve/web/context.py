@@ -3,6 +3,7 @@ metrics registry. The app (``rtserve.app``) builds and runs everything in it; we
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +33,15 @@ class Engines(Protocol):
     async def policy(self) -> Any: ...
 
     async def exposition(self, own: bytes) -> bytes: ...
+
+    @property
+    def sleeping(self) -> tuple[int, ...]:
+        """Sleep mode: stage ids asleep now (new work is refused while any is)."""
+        ...
+
+    async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]: ...
+
+    async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]: ...
 
 
 @dataclass

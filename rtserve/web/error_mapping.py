@@ -39,6 +39,16 @@ _HTTP_BY_CODE: dict[str, tuple[int, str | None]] = {
     errors.RESOURCE_EXHAUSTED: (429, None),
     errors.MODEL_NOT_READY: (503, None),
     errors.MODEL_UNAVAILABLE: (503, None),
+    errors.ENGINE_SLEEPING: (503, None),
+    errors.NOT_IMPLEMENTED: (501, None),
+    "sleep_unsupported": (400, None),
+    "request_too_large": (413, None),
+    errors.VOICE_EXISTS: (409, "name"),
+    errors.VOICE_NOT_FOUND: (404, "name"),
+    errors.VOICE_NOT_DELETABLE: (400, "name"),
+    errors.VOICE_LIMIT_EXCEEDED: (400, None),
+    errors.INVALID_VOICE_MODEL: (400, "model"),
+    errors.VOICE_REGISTRATION_UNSUPPORTED: (400, None),
 }
 
 
@@ -83,6 +93,7 @@ _CLOSE_BY_CODE: dict[str, WSCloseCode] = {
     errors.SHUTTING_DOWN: WSCloseCode.GOING_AWAY,
     errors.ENGINE_UNAVAILABLE: WSCloseCode.TRY_AGAIN_LATER,
     errors.MODEL_NOT_READY: WSCloseCode.TRY_AGAIN_LATER,
+    errors.ENGINE_SLEEPING: WSCloseCode.TRY_AGAIN_LATER,
     errors.INVALID_PROMPT: WSCloseCode.POLICY_VIOLATION,
 }
 

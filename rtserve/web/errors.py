@@ -21,7 +21,9 @@ _TYPE_BY_STATUS = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    409: "invalid_request_error",
     429: "rate_limit_error",
+    501: "server_error",
     503: "server_error",
 }
 

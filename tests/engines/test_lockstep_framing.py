@@ -117,3 +117,35 @@ def test_last_tick_started_is_set_by_each_tick() -> None:
     first = scheduler.last_tick_started()
     scheduler.tick()
     assert first is not None and scheduler.last_tick_started() >= first
+
+
+def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() -> None:
+    """An 80 ms packet arriving just after its tick: the engine steps silence, then the packet
+    and its successor stand. The standing frame is latency the server added; it goes within
+    a few ticks (repay) instead of standing for the whole trim window."""
+    quarter = FRAME // 4
+    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=25, cushion=0, trim_samples=1, repay_samples=quarter)
+    row = np.empty(FRAME, np.float32)
+    backlog.push(np.full(FRAME, 0.5, np.float32))
+    assert backlog.take_into(row) == (FRAME, 0)
+    assert backlog.take_into(row) == (0, 0)  # the next packet is late: silence stepped
+    backlog.push(np.full(FRAME, 0.5, np.float32))  # it arrives; the stream goes on on time
+    trimmed = []
+    for _ in range(5):
+        backlog.push(np.full(FRAME, 0.5, np.float32))
+        trimmed.append(backlog.take_into(row)[1])
+    assert trimmed == [quarter, quarter, quarter, quarter, 0]  # the late frame repaid over four ticks
+    assert len(backlog) == 0
+
+
+def test_a_client_pause_is_not_a_debt_for_its_next_burst() -> None:
+    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=25, cushion=0, trim_samples=1, repay_samples=FRAME)
+    row = np.empty(FRAME, np.float32)
+    backlog.push(np.full(FRAME, 0.5, np.float32))
+    backlog.take_into(row)
+    for _ in range(10):
+        backlog.take_into(row)  # a pause: silence stepped, at most one frame of debt
+    backlog.push(np.full(FRAME, 0.5, np.float32))
+    assert backlog.take_into(row) == (FRAME, 0)  # stood within the cushion: the debt is gone
+    backlog.push(np.full(3 * FRAME, 0.5, np.float32))  # a later burst is the client's own
+    assert backlog.take_into(row) == (FRAME, 0)

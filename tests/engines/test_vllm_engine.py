@@ -10,7 +10,9 @@ import contextlib
 import enum
 import importlib.machinery
 import importlib.util
+import json
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -85,7 +87,13 @@ class _RequestOutput:
 
 
 class VllmApiDouble:
-    """Installed as the ``vllm`` module: words of the prompt's last line, one per output."""
+    """Installed as the ``vllm`` module: words of the prompt's last line, one per output.
+
+    Tool calling as vLLM does it: the chat template takes ``tools``; structured outputs
+    (``StructuredOutputsParams(json=schema)``) make the output an instance of the schema;
+    the ``hermes`` tool parser reads ``<tool_call>{...}</tool_call>`` (which the double writes
+    when the last message says CALL).
+    """
 
     class RequestOutputKind(enum.Enum):
         CUMULATIVE = 0
@@ -98,11 +106,14 @@ class VllmApiDouble:
         self.aborted: list[str] = []
         self.hold: asyncio.Event | None = None
         self.shut_down = False
+        self.template_tools: list = []
+        self.parsers: list[str] = []
         double = self
 
         class Tokenizer:
-            def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            def apply_chat_template(self, messages, tools=None, *, tokenize, add_generation_prompt):
                 assert tokenize is False and add_generation_prompt is True
+                double.template_tools.append(tools)
                 return "\n".join(f"<{m['role']}> {m['content']}" for m in messages)
 
         class Engine:
@@ -116,6 +127,11 @@ class VllmApiDouble:
             async def generate(self, prompt, sampling, request_id):
                 assert sampling["output_kind"] is double.RequestOutputKind.DELTA
                 words = prompt.splitlines()[-1].split()[1:][:sampling["max_tokens"]]
+                if "structured_outputs" in sampling:
+                    text = json.dumps(_instance(sampling["structured_outputs"].json, words[-1]))
+                    words = [text[:len(text) // 2], text[len(text) // 2:]]
+                elif "CALL" in words:
+                    words = ['<tool_call>{"name": "get_weather",', '"arguments": {"city": "Paris"}}</tool_call>']
                 try:
                     for i, word in enumerate(words):
                         last = i == len(words) - 1
@@ -146,6 +162,44 @@ class VllmApiDouble:
         self.module.SamplingParams = sampling_params
         self.submodule = types.ModuleType("vllm.sampling_params")
         self.submodule.RequestOutputKind = self.RequestOutputKind
+        self.submodule.StructuredOutputsParams = lambda json: types.SimpleNamespace(json=json)
+
+        class HermesParser:
+            def __init__(self, tokenizer):
+                assert isinstance(tokenizer, Tokenizer)
+
+            def extract_tool_calls(self, text, request):
+                assert request.tool_choice == "auto" and request.tools
+                calls = [json.loads(m) for m in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)]
+                return types.SimpleNamespace(
+                    tools_called=bool(calls), content=text.split("<tool_call>")[0] or None,
+                    tool_calls=[types.SimpleNamespace(id=f"chatcmpl-tool-{i}", function=types.SimpleNamespace(
+                        name=c["name"], arguments=json.dumps(c["arguments"]))) for i, c in enumerate(calls)])
+
+        class ToolParserManager:
+            @staticmethod
+            def get_tool_parser(name):
+                double.parsers.append(name)
+                return HermesParser
+
+        self.parsers_module = types.ModuleType("vllm.entrypoints.openai.tool_parsers")
+        self.parsers_module.ToolParserManager = ToolParserManager
+        self.protocol_module = types.ModuleType("vllm.entrypoints.openai.protocol")
+        self.protocol_module.ChatCompletionRequest = lambda **kwargs: types.SimpleNamespace(**kwargs)
+
+
+def _instance(schema: dict, word: str):
+    """A value following ``schema`` (objects, enums, strings; the first of an anyOf)."""
+    if "anyOf" in schema:
+        return _instance(schema["anyOf"][0], word)
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    if schema.get("type") == "object":
+        return {key: _instance(sub, word) for key, sub in schema.get("properties", {}).items()
+                if key in schema.get("required", ())}
+    return word
 
 
 @pytest.fixture
@@ -155,6 +209,8 @@ def vllm_double(monkeypatch) -> VllmApiDouble:
     double = VllmApiDouble()
     monkeypatch.setitem(sys.modules, "vllm", double.module)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", double.submodule)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.tool_parsers", double.parsers_module)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.protocol", double.protocol_module)
     return double
 
 
@@ -201,3 +257,78 @@ def test_selecting_vllm_without_a_model_path_fails_at_startup(config, vllm_doubl
     config.http.text_engine = "vllm"
     with pytest.raises(ConfigError, match=r"'http.vllm.model': a local model folder is required"):
         build_app(config, engine=TurnEnginesSessionDouble())
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+
+
+async def _ready_sdk(base: str):
+    client = sdk(base)
+    for _ in range(200):  # the adapter starts in the background with the app
+        if "Tiny-Chat" in await asyncio.to_thread(lambda: [m.id for m in client.models.list()]):
+            try:
+                await asyncio.to_thread(client.chat.completions.create, model="Tiny-Chat", max_tokens=1,
+                                        messages=[{"role": "user", "content": "warm"}])
+                return client
+            except openai.APIStatusError as exc:
+                assert exc.body["code"] == "model_not_ready"
+        await asyncio.sleep(0.01)
+    raise AssertionError("the vLLM adapter never became ready")
+
+
+async def test_tools_through_the_vllm_adapter(config, vllm_double):
+    config.http.text_engine = "vllm"
+    config.http.vllm.model = "/models/Tiny-Chat"
+    config.http.vllm.tool_call_parser = "hermes"
+    async with serve_app(build_app(config, engine=TurnEnginesSessionDouble())) as base:
+        client = await _ready_sdk(base)
+        ask = [{"role": "user", "content": "weather in Paris"}]
+
+        # A named function: structured outputs make the text the arguments, streamed as one call.
+        chunks = await asyncio.to_thread(lambda: list(client.chat.completions.create(
+            model="Tiny-Chat", messages=ask, tools=[WEATHER_TOOL], stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})))
+        pieces = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+        assert pieces[0].function.name == "get_weather" and pieces[0].id.startswith("call_")
+        assert json.loads("".join(p.function.arguments for p in pieces)) == {"city": "Paris", "unit": "celsius"}
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert vllm_double.sampling[-1]["structured_outputs"].json == {**WEATHER, "additionalProperties": False}
+        assert vllm_double.template_tools[-1] == [{"type": "function", "function": {
+            "name": "get_weather", "description": "", "parameters": WEATHER}}]
+
+        # "required": the name is chosen under the schema too.
+        done = await asyncio.to_thread(client.chat.completions.create, model="Tiny-Chat", messages=ask,
+                                       tools=[WEATHER_TOOL], tool_choice="required")
+        [call] = done.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == (
+            "get_weather", {"city": "Paris", "unit": "celsius"})
+        assert done.choices[0].finish_reason == "tool_calls"
+
+        # "auto": vLLM's tool parser finds the call in the text; the result goes back as a tool message.
+        done = await asyncio.to_thread(client.chat.completions.create, model="Tiny-Chat", tools=[WEATHER_TOOL],
+                                       messages=[{"role": "user", "content": "please CALL"}])
+        [call] = done.choices[0].message.tool_calls
+        assert (call.id, call.function.name, call.function.arguments) == (
+            "chatcmpl-tool-0", "get_weather", '{"city": "Paris"}')
+        assert done.choices[0].message.content is None and done.choices[0].finish_reason == "tool_calls"
+        assert vllm_double.parsers == ["hermes"]
+        done = await asyncio.to_thread(client.chat.completions.create, model="Tiny-Chat", tools=[WEATHER_TOOL],
+                                       messages=[{"role": "user", "content": "please CALL"},
+                                                 done.choices[0].message.model_dump(exclude_none=True),
+                                                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+        assert done.choices[0].message.content == "sunny" and done.choices[0].message.tool_calls is None
+
+
+async def test_vllm_auto_tool_choice_without_a_parser_is_refused_with_the_fix(config, vllm_double):
+    config.http.text_engine = "vllm"
+    config.http.vllm.model = "/models/Tiny-Chat"
+    async with serve_app(build_app(config, engine=TurnEnginesSessionDouble())) as base:
+        client = await _ready_sdk(base)
+        with pytest.raises(openai.BadRequestError) as err:
+            await asyncio.to_thread(client.chat.completions.create, model="Tiny-Chat", tools=[WEATHER_TOOL],
+                                    messages=[{"role": "user", "content": "hi"}])
+    assert (err.value.body["code"], err.value.body["param"]) == ("invalid_value", "tool_choice")
+    assert "http.vllm.tool_call_parser" in err.value.body["message"]

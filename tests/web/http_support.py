@@ -31,6 +31,7 @@ from rtserve.engines.protocols import (
     TokenDelta,
     TranscriptPiece,
     TurnEngines,
+    VoiceInfo,
 )
 from tests.support import serve_app
 
@@ -111,6 +112,15 @@ class ToneTTSDouble:
                 await asyncio.sleep(0)
         finally:
             self.control.closed.set()
+
+    async def voice_list(self) -> list[VoiceInfo]:
+        return [VoiceInfo(name, builtin=True, sample_rate=self.sample_rate) for name in self.voices]
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        raise EngineError("this double cannot register voices", code="voice_registration_unsupported")
+
+    async def remove_voice(self, name: str) -> None:
+        raise EngineError(f"{name!r} is built in", code="voice_not_deletable", param="name")
 
 
 class ToneASRDouble:

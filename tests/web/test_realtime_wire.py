@@ -42,6 +42,7 @@ def test_ga_beta_and_native_session_objects_map_to_the_same_config() -> None:
     native = session_changes({"instructions": "hi", "modalities": ["text"], "max_output_tokens": 50,
                               "input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw",
                               "voice": "joe", "turn_detection": None}, supports_server_vad=True)
+    assert ga.pop("tools") == ()  # GA clients send their (here: no) function tools
     assert ga == beta == native
     config = SessionConfig().updated(ga, SessionLimits())
     assert (config.input_audio_format, config.output_audio_format, config.output_sample_rate) == (

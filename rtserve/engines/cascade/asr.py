@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from rtserve.engines.cascade.audio import AudioBuffer, as_pcm
-from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.worker import PRIORITY_HIGH, PRIORITY_LOW, ModelWorker
@@ -43,6 +43,7 @@ class WhisperAsr:
         self._worker = ModelWorker("asr", max_queue)
         self._model = None  # faster_whisper.WhisperModel, touched only on the worker thread
         self._multilingual = False
+        self._asleep = False
 
     @property
     def ready(self) -> bool:
@@ -73,6 +74,27 @@ class WhisperAsr:
     def stop(self) -> None:
         self._worker.stop()
 
+    # Sleep mode (``SleepStage``): the model object is dropped on its own thread.
+    stage = "asr"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True
+        await self._worker.run(self._unload)
+
+    def _unload(self) -> None:
+        self._model = None
+
+    async def restore(self) -> None:
+        await self._worker.run(self._load)
+        self._asleep = False
+
+    def _not_loaded(self) -> EngineError:
+        return EngineSleeping() if self._asleep else ModelNotReady("the speech model is still loading")
+
     def check_language(self, language: str | None) -> None:
         if language not in (None, "en") and not self._multilingual:
             raise EngineError(f"the speech model {self.model_name} is English-only; language "
@@ -82,7 +104,7 @@ class WhisperAsr:
                      prompt: str | None = None) -> str:
         """Transcribe one utterance (16 kHz float32); finals run before waiting partials."""
         if self._model is None:
-            raise ModelNotReady("the speech model is still loading")
+            raise self._not_loaded()
         self.check_language(language)
         if len(audio) < _MIN_SAMPLES:
             return ""
@@ -91,7 +113,8 @@ class WhisperAsr:
 
     def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None) -> str:
         started = time.perf_counter()
-        assert self._model is not None
+        if self._model is None:  # unloaded by sleep mode while this job waited
+            raise self._not_loaded()
         segments, _ = self._model.transcribe(
             audio, language=language or "en", beam_size=1, temperature=0.0,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
@@ -105,7 +128,7 @@ class WhisperAsr:
                          prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
         """Partials while audio arrives (when the model has time), then one final piece."""
         if self._model is None:
-            raise ModelNotReady("the speech model is still loading")
+            raise self._not_loaded()
         self.check_language(language)
         buffer = AudioBuffer(self._max_samples)
         decoded_at = 0

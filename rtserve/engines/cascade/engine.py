@@ -22,7 +22,7 @@ from rtserve.engines.cascade import asr as asr_module
 from rtserve.engines.cascade import tts as tts_module
 from rtserve.engines.cascade import vad as vad_module
 from rtserve.engines.cascade.asr import WhisperAsr
-from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
@@ -30,7 +30,8 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions, TurnEngines
+from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage,
+                                       TurnEngines)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class CascadeEngine:
         self.capabilities = EngineCapabilities(
             name="cascade", mode="turn", input_sample_rate=asr_module.SAMPLE_RATE,
             output_sample_rate=tts_module.SAMPLE_RATE, chunk_period_ms=CHUNK_PERIOD_MS,
-            max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True)
+            max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True,
+            supports_tools=True)
         self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
         self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                               partial_interval_ms=limits.asr_partial_interval_ms,
@@ -57,7 +59,7 @@ class CascadeEngine:
                            max_waiting=limits.llm_max_waiting, context_tokens=limits.llm_context_tokens,
                            metrics=self._metrics)
         self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
-                                metrics=self._metrics)
+                                metrics=self._metrics, voice_store=config.voices)
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(self.vad, self.asr, self.tts,
                                      ReplyChain(self.llm, self.tts, registry, chunk_samples=chunk_samples))
@@ -75,6 +77,8 @@ class CascadeEngine:
     async def open_session(self, session_id: str, options: SessionOptions) -> CascadeSession:
         if not self._ready:
             raise ModelNotReady("the cascade models are still loading")
+        if any(stage.asleep for stage in self.sleep_stages()):
+            raise EngineSleeping()
         if len(self._sessions) >= self.capabilities.max_sessions:
             raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
         session = CascadeSession(session_id, self.capabilities, self._models, options, self._config.cascade,
@@ -99,6 +103,10 @@ class CascadeEngine:
 
     def turn_engines(self) -> TurnEngines:
         return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
+
+    def sleep_stages(self) -> tuple[SleepStage, ...]:
+        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS."""
+        return (self.vad, self.asr, self.llm, self.tts)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rtserve.config import ConfigError
+from rtserve.errors import ENGINE_SLEEPING
 from rtserve.engines.protocols import EngineError
 
 
@@ -19,3 +20,12 @@ class ModelNotReady(EngineError):
     """A model was called before ``start()`` finished loading it."""
 
     code = "model_not_ready"
+
+
+class EngineSleeping(EngineError):
+    """Sleep mode unloaded the model (``POST /v1/omni/sleep``); wake it to serve again."""
+
+    code = ENGINE_SLEEPING
+
+    def __init__(self) -> None:
+        super().__init__("the engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it")

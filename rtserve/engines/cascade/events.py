@@ -18,11 +18,12 @@ import asyncio
 import logging
 from collections import deque
 
-from rtserve.engines.protocols import EngineEvent, InputTranscript, OutputAudio, OutputText, ResponseFinished
+from rtserve.engines.protocols import (EngineEvent, InputTranscript, OutputAudio, OutputText, OutputToolCall,
+                                       ResponseFinished)
 
 log = logging.getLogger(__name__)
 
-ReplyEvent = OutputAudio | OutputText | ResponseFinished
+ReplyEvent = OutputAudio | OutputText | ResponseFinished | OutputToolCall
 
 
 class EventChannel:

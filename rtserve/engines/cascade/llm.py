@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.tool_calls import (CALL_OPEN, CallDecoding, CallGuide, forced, render,
+                                                template_knows_tools, uses_tools)
 from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.tools import check_tools
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class _Request:
     cache: Any = None
     logits: Any = None
     generator: Any = None
+    calls: CallDecoding | None = None  # tools offered: the call grammar and text/call split
+    fed: int = 0  # generated tokens already in the KV cache (more than one behind after a fast-forward)
 
 
 class _Decoder:
@@ -78,14 +83,21 @@ class _Decoder:
         if llm.tokenizer.eos_token_id is not None:
             eos_ids.add(llm.tokenizer.eos_token_id)
         self._eos = frozenset(eos_ids)
+        self._native_tools = template_knows_tools(llm.tokenizer)
+        # Built by the first request with tools, which pays ~4 s once (llguidance's token trie
+        # and first mask); requests without tools never pay it.
+        self._guide: CallGuide | None = None
 
-    def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool) -> list[int]:
-        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits."""
-        turns = [{"role": m.role, "content": m.content} for m in messages]
+    def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool,
+                   params: SamplingParams = SamplingParams()) -> list[int]:
+        """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits.
+        Tools, calls and results are rendered by ``tool_calls.render``; a forced call's marker
+        ends the prompt."""
+        turns, tools = render(messages, params, self._native_tools)
+        suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
         budget = self.context_tokens - max_tokens
         while True:
-            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False)
+            ids = self._render(turns, tools, suffix)
             if len(ids) <= budget:
                 return list(ids)
             droppable = [i for i, t in enumerate(turns[:-1]) if t["role"] != "system"]
@@ -95,12 +107,23 @@ class _Decoder:
                                   code="context_length_exceeded")
             del turns[droppable[0]]
 
+    def _render(self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                suffix: Sequence[int] = ()) -> list[int]:
+        """Token ids of ``turns`` with the generation prompt (``tools`` for a template that takes
+        them), then ``suffix``."""
+        return list(self.tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False)) + list(suffix)
+
     def prefill(self, request: _Request) -> TokenDelta | None:
         import torch
         from transformers import DynamicCache
 
         started = time.perf_counter()
-        ids = self.prompt_ids(request.messages, request.params.max_tokens, request.fit_history)
+        ids = self.prompt_ids(request.messages, request.params.max_tokens, request.fit_history, request.params)
+        if uses_tools(request.params):
+            if self._guide is None:
+                self._guide = CallGuide(self.tokenizer, self.model.config.vocab_size)
+            request.calls = self._guide.start(request.params)
         request.prompt_tokens = len(ids)
         if request.params.seed is not None:
             request.generator = torch.Generator().manual_seed(request.params.seed)
@@ -114,7 +137,8 @@ class _Decoder:
         import torch
 
         started = time.perf_counter()
-        out = self.model(input_ids=torch.tensor([[request.generated[-1]]]), cache=request.cache, use_cache=True)
+        new, request.fed = request.generated[request.fed:], len(request.generated)
+        out = self.model(input_ids=torch.tensor([new]), cache=request.cache, use_cache=True)
         request.logits = out.logits[0, -1]
         self._metrics.model_call_seconds.labels("llm_token").observe(time.perf_counter() - started)
         return self.emit_next(request)
@@ -123,6 +147,8 @@ class _Decoder:
         import torch
 
         logits = request.logits.float()
+        if request.calls is not None:
+            request.calls.mask(logits)
         params = request.params
         if params.temperature < _GREEDY_BELOW:
             return int(torch.argmax(logits))
@@ -135,35 +161,53 @@ class _Decoder:
         return int(torch.multinomial(probs, 1, generator=request.generator))
 
     def emit_next(self, request: _Request) -> TokenDelta | None:
-        """Sample one token; the text it completes (if any) as a delta, final when finished."""
+        """Sample one token; the text it completes (if any) as a delta, final when finished.
+        With tools, text from the call marker on is a call, delivered as ``tool_call`` pieces."""
         token = self._sample(request)
         params = request.params
-        finish: Literal["stop", "length"] | None = None
+        calls = request.calls
+        finish: Literal["stop", "length", "tool_calls"] | None = None
         if token in self._eos:
             finish = "stop"
         else:
             request.generated.append(token)
             self._metrics.llm_tokens.inc()
+            if calls is not None:
+                calls.consume(token)
+                limit = min(params.max_tokens, self.context_tokens - request.prompt_tokens)
+                forced = calls.fast_forward(limit - len(request.generated) - 1)
+                request.generated.extend(forced)
+                self._metrics.llm_tokens.inc(len(forced))
             if (len(request.generated) >= params.max_tokens
                     or request.prompt_tokens + len(request.generated) >= self.context_tokens):
                 finish = "length"
         text = self.tokenizer.decode(request.generated, skip_special_tokens=True)
+        visible, call = len(text), None
+        if calls is not None:
+            visible = calls.visible_end(text)
+            call = calls.call_delta(text)
+            if calls.call_start is not None:  # a call is being written: the text before it is all there is
+                text = text[:visible]
+                if calls.complete:
+                    finish = "tool_calls"
+                elif calls.failed:
+                    finish = finish or "stop"
         for stop in params.stop:
             at = text.find(stop, max(0, request.emitted_chars - len(stop)))
             if stop and at >= 0:
                 text, finish = text[:at], "stop"
         end = len(text)
         if finish is None:
-            if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+            if text.endswith("\ufffd") and call is None:  # a multi-byte character is still incomplete
                 return None
-            # Hold back a tail that could still become a stop string.
-            end -= max((len(s) - 1 for s in params.stop), default=0)
+            # Hold back a tail that could still become a stop string (or the call marker).
+            end = min(end - max((len(s) - 1 for s in params.stop), default=0), visible)
         delta = text[request.emitted_chars:end] if end > request.emitted_chars else ""
         request.emitted_chars = max(request.emitted_chars, end)
-        if not delta and finish is None:
+        if not delta and finish is None and call is None:
             return None
         return TokenDelta(delta, finish_reason=finish, prompt_tokens=request.prompt_tokens,
-                          completion_tokens=len(request.generated))
+                          completion_tokens=len(request.generated), tool_call=call)
 
 
 class _DecodeLoop:
@@ -176,6 +220,7 @@ class _DecodeLoop:
         self._active_count = 0  # written by the thread under the lock
         self._cond = threading.Condition()
         self._stopping = False
+        self._stop_reason: EngineError = ModelNotReady("the language model stopped")
         self._decoder: _Decoder | None = None
         self._thread: threading.Thread | None = None
 
@@ -194,9 +239,11 @@ class _DecodeLoop:
             self._waiting.append(request)
             self._cond.notify()
 
-    def stop(self) -> None:
+    def stop(self, reason: EngineError | None = None) -> None:
+        """End the thread; requests still waiting or running get ``reason``."""
         with self._cond:
             self._stopping = True
+            self._stop_reason = reason or ModelNotReady("the language model stopped")
             self._cond.notify()
 
     def join(self, timeout: float | None = None) -> None:
@@ -227,7 +274,8 @@ class _DecodeLoop:
                         active.append(request)
                 active = [r for r in active if self._advance(r, self._decoder.step)]
         for request in pending:
-            request.deliver(ModelNotReady("the language model stopped"))
+            request.deliver(self._stop_reason)
+        self._decoder = None  # the model goes with it (sleep mode frees it)
 
     @staticmethod
     def _advance(request: _Request, move: Callable[[_Request], TokenDelta | None]) -> bool:
@@ -263,8 +311,10 @@ class SmolLlm:
         self._cpu_threads = cpu_threads
         self._context_tokens = context_tokens
         self._metrics = metrics
+        self._max_active, self._max_waiting = max_active, max_waiting
         self._loop = _DecodeLoop(max_active, max_waiting)
         self._ready = False
+        self._asleep = False
         self.loaded: LoadedLlm | None = None
 
     @property
@@ -284,6 +334,26 @@ class SmolLlm:
         self._ready = False
         self._loop.stop()
 
+    # Sleep mode (``SleepStage``): the decode thread ends (its requests get engine_sleeping)
+    # and takes the model with it; wake loads the model (from the converted cache) and a new thread.
+    stage = "llm"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True
+        self._ready = False
+        loop, self._loop = self._loop, _DecodeLoop(self._max_active, self._max_waiting)
+        loop.stop(EngineSleeping())
+        await asyncio.to_thread(loop.join)
+        self.loaded = None
+
+    async def restore(self) -> None:
+        await self.start()
+        self._asleep = False
+
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
                        fit_history: bool = False) -> AsyncIterator[TokenDelta]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
@@ -292,8 +362,9 @@ class SmolLlm:
         the conversation outgrows the context; without it that is ``context_length_exceeded``.
         """
         if not self._ready:
-            raise ModelNotReady("the language model is still loading")
+            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
         check_params(params)
+        check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:
             raise EngineError("messages must not be empty", code="invalid_value")
         loop = asyncio.get_running_loop()

@@ -32,6 +32,14 @@ FIRST_PIECE_MAX_CHARS = 80
 class ReplyRequest:
     messages: tuple[ChatMessage, ...]
     params: SamplingParams
+    voice: str | None = None
+
+
+@dataclass(frozen=True)
+class _Voice:
+    """Leads a run through the stages: the voice the TTS stage speaks it with."""
+
+    name: str | None
 
 
 @dataclass(frozen=True)
@@ -60,35 +68,45 @@ class ReplyChain:
         self._text_only = Pipeline("cascade_reply_text", [llm_stage], registry)
 
     def run(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
-            speak: bool) -> AsyncIterator[TokenDelta | SpokenChunk]:
+            speak: bool, voice: str | None = None) -> AsyncIterator[TokenDelta | SpokenChunk]:
         pipeline = self._spoken if speak else self._text_only
-        return pipeline.run(_once(ReplyRequest(tuple(messages), params)))
+        # Only the spoken pipeline has a TTS stage to take the voice marker.
+        return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None)))
 
-    async def _generate(self, requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta]:
+    async def _generate(self, requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta | _Voice]:
         async for request in requests:
+            if request.voice is not None:
+                yield _Voice(request.voice)
             async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
                 yield delta
 
     @staticmethod
-    async def _sentences(deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta | _Sentence]:
+    async def _sentences(deltas: AsyncIterator[TokenDelta | _Voice]) -> AsyncIterator[TokenDelta | _Voice | _Sentence]:
         splitter = SentenceSplitter(first_max_chars=FIRST_PIECE_MAX_CHARS)
         async for delta in deltas:
             yield delta
+            if isinstance(delta, _Voice):
+                continue
             for sentence in splitter.feed(delta.text):
                 yield _Sentence(sentence)
         if tail := splitter.flush():
             yield _Sentence(tail)
 
-    async def _speak(self, items: AsyncIterator[TokenDelta | _Sentence]) -> AsyncIterator[TokenDelta | SpokenChunk]:
+    async def _speak(self, items: AsyncIterator[TokenDelta | _Voice | _Sentence]
+                     ) -> AsyncIterator[TokenDelta | SpokenChunk]:
         spoke = False
+        voice: str | None = None
         async for item in items:
+            if isinstance(item, _Voice):
+                voice = item.name
+                continue
             if not isinstance(item, _Sentence):
                 yield item
                 continue
             spoken = speakable(item.text)
             if not spoken:
                 continue
-            pcm = await self._tts.render(spoken)
+            pcm = await self._tts.render(spoken, voice=voice)
             text = f" {spoken}" if spoke else spoken
             spoke = True
             for start in range(0, len(pcm), self._chunk):

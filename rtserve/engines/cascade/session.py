@@ -48,6 +48,7 @@ from rtserve.engines.protocols import (
     InputTranscript,
     OutputAudio,
     OutputText,
+    OutputToolCall,
     ResponseFinished,
     ResponseRequest,
     SessionOptions,
@@ -297,7 +298,8 @@ class CascadeSession:
         try:
             if speak:
                 self._models.tts.check_request(request.voice, 1.0)
-            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak)
+            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak,
+                                           voice=request.voice)
             async with contextlib.aclosing(items):
                 async for item in items:
                     if isinstance(item, SpokenChunk):
@@ -310,6 +312,9 @@ class CascadeSession:
                     delta: TokenDelta = item
                     if delta.text and (show_text or not speak):
                         await self._channel.put_output(OutputText(delta.text, request.epoch, request.response_id))
+                    if delta.tool_call is not None:
+                        await self._channel.put_output(OutputToolCall(delta.tool_call, request.epoch,
+                                                                      request.response_id))
                     if delta.finish_reason is not None:
                         usage = {"input_tokens": delta.prompt_tokens, "output_tokens": delta.completion_tokens,
                                  "total_tokens": delta.prompt_tokens + delta.completion_tokens}

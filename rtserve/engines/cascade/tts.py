@@ -8,16 +8,22 @@ OpenAI Realtime/speech wire rate, so the common transports pass it through untou
 
 espeak-ng is the fallback when the GPL voice wheel (the ``voice`` extra) is absent, or
 when ``models.tts`` is ``espeak-ng``; it runs as the system ``espeak-ng`` program.
+
+Voices registered at run time (``voices.py``) are loaded on the TTS thread when first
+used; at most ``voices.max_loaded_voices`` stay loaded (least recently used unloaded).
+Sleep mode (``release``/``restore``) unloads every voice and loads the built-in one again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
 import subprocess
 import time
 import wave
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
@@ -25,22 +31,23 @@ from typing import Protocol
 import numpy as np
 
 from rtserve.engines.cascade.audio import resample
-from rtserve.engines.cascade.errors import ModelNotReady, ModelUnavailable
+from rtserve.config import VoiceStoreConfig
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady, ModelUnavailable
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.engines.cascade.model_paths import ESPEAK, ModelLocation
 from rtserve.engines.cascade.sentences import speakable, split_sentences
+from rtserve.engines.cascade.voices import VoiceStore
 from rtserve.engines.cascade.worker import ModelWorker
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.protocols import EngineError, VoiceInfo
+from rtserve.engines.voice_names import OPENAI_VOICES
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = WIRE_SAMPLE_RATE
-# OpenAI's built-in voice names: clients send them by default, so each selects our voice.
-OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
-                           "shimmer", "verse", "marin", "cedar"})
 _ESPEAK_TIMEOUT_S = 30.0
 _ESPEAK_WPM = 175
+_PROOF_TEXT = "Hello."
 
 
 class _Backend(Protocol):
@@ -96,18 +103,22 @@ class _EspeakBackend:
 
 
 class TextToSpeech:
-    """The ``TTSEngine``; several sessions share its one voice copy and thread."""
+    """The ``TTSEngine``; several sessions share its voice copies and its one thread."""
 
     sample_rate = SAMPLE_RATE
 
     def __init__(self, location: ModelLocation, *, cpu_threads: int, max_queue: int,
-                 metrics: CascadeMetrics) -> None:
+                 metrics: CascadeMetrics, voice_store: VoiceStoreConfig | None = None) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
         self._metrics = metrics
         self._worker = ModelWorker("tts", max_queue)
         self._backend: _Backend | None = None
+        self._asleep = False
+        self._store_config = voice_store or VoiceStoreConfig()
+        self._store = VoiceStore(self._store_config)
+        self._loaded: OrderedDict[str, _Backend] = OrderedDict()  # registered voices; TTS thread only
         voice = "espeak" if location.path is None else location.model_id.removeprefix("piper-")
         self.voices: tuple[str, ...] = (voice,)
 
@@ -132,21 +143,93 @@ class TextToSpeech:
     def stop(self) -> None:
         self._worker.stop()
 
+    # ------------------------------------------------------------------ sleep mode (``SleepStage``)
+
+    stage = "tts"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True
+        await self._worker.run(self._unload)
+
+    def _unload(self) -> None:
+        self._backend = None
+        self._loaded.clear()
+
+    async def restore(self) -> None:
+        self._backend = await self._worker.run(self._load)
+        self._asleep = False
+
+    # ------------------------------------------------------------------ voices
+
+    def _reserved(self) -> frozenset[str]:
+        return frozenset(self.voices) | OPENAI_VOICES
+
+    async def voice_list(self) -> list[VoiceInfo]:
+        rate = 0 if self._backend is None else self._backend.sample_rate
+        return [*(VoiceInfo(name, builtin=True, sample_rate=rate) for name in self.voices), *self._store.list()]
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        # Proving an upload loads a whole model: its own thread, so speech goes on meanwhile.
+        stored = await asyncio.to_thread(self._store.add, name, model, config, reserved=self._reserved(),
+                                         prove=self._prove)
+        log.info("voice %r registered (%d bytes)", name, stored.info.file_size)
+        return stored.info
+
+    def _prove(self, model_path: Path) -> np.ndarray:
+        return _PiperBackend(model_path, self._cpu_threads).render(_PROOF_TEXT, 1.0)
+
+    async def remove_voice(self, name: str) -> None:
+        if name in self._reserved():
+            raise EngineError(f"the voice {name!r} is built in and cannot be deleted", code="voice_not_deletable",
+                              param="name")
+        await asyncio.to_thread(self._store.remove, name)
+        await self._worker.run(self._loaded.pop, name, None)
+        log.info("voice %r deleted", name)
+
+    def _backend_for(self, voice: str | None) -> _Backend:
+        """The voice's model, loaded on first use (TTS thread only)."""
+        if self._backend is None:
+            raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
+        if voice is None or voice in self._reserved():
+            return self._backend
+        if (backend := self._loaded.get(voice)) is not None:
+            self._loaded.move_to_end(voice)
+            return backend
+        stored = self._store.get(voice)
+        if stored is None:
+            raise EngineError(f"the voice {voice!r} was deleted", code="invalid_voice")
+        backend = _PiperBackend(stored.model_path, self._cpu_threads)
+        self._loaded[voice] = backend
+        while len(self._loaded) > self._store_config.max_loaded_voices:
+            self._loaded.popitem(last=False)
+        return backend
+
     def check_request(self, voice: str | None, speed: float) -> None:
-        if voice is not None and voice not in self.voices and voice not in OPENAI_VOICES:
-            raise EngineError(f"unknown voice {voice!r}; this server speaks with {', '.join(self.voices)} "
-                              "(OpenAI voice names select it too)", code="invalid_voice")
+        if self._asleep:
+            raise EngineSleeping()
+        if voice is not None and voice not in self._reserved() and self._store.get(voice) is None:
+            registered = [v.name for v in self._store.list()]
+            raise EngineError(f"unknown voice {voice!r}; this server speaks with "
+                              f"{', '.join([*self.voices, *registered])} (OpenAI voice names select "
+                              f"{self.voices[0]} too)", code="invalid_voice")
         if not 0.25 <= speed <= 4.0:
             raise EngineError(f"speed must be in [0.25, 4.0], got {speed}", code="invalid_value")
 
-    async def render(self, sentence: str, speed: float = 1.0) -> np.ndarray:
+    # ------------------------------------------------------------------ speech
+
+    async def render(self, sentence: str, speed: float = 1.0, voice: str | None = None) -> np.ndarray:
         """One sentence of speech at 24 kHz (one job on the TTS thread)."""
         if self._backend is None:
-            raise ModelNotReady("the speech synthesizer is still loading")
-        return await self._worker.run(self._render, self._backend, sentence, speed)
+            raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
+        return await self._worker.run(self._render, voice, sentence, speed)
 
-    def _render(self, backend: _Backend, sentence: str, speed: float) -> np.ndarray:
+    def _render(self, voice: str | None, sentence: str, speed: float) -> np.ndarray:
         started = time.perf_counter()
+        backend = self._backend_for(voice)
         audio = resample(backend.render(sentence, speed), backend.sample_rate, SAMPLE_RATE)
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
@@ -158,4 +241,4 @@ class TextToSpeech:
             raise ModelNotReady("the speech synthesizer is still loading")
         for sentence in split_sentences(text):
             if spoken := speakable(sentence):
-                yield await self.render(spoken, speed)
+                yield await self.render(spoken, speed, voice)

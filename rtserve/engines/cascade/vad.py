@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtserve.engines.cascade.errors import ModelNotReady
+from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.worker import ModelWorker
@@ -91,6 +91,7 @@ class VadEngine:
         self._metrics = metrics
         self._worker = ModelWorker("vad", max_queue)
         self._vad: SileroVad | None = None
+        self._asleep = False
 
     @property
     def ready(self) -> bool:
@@ -104,9 +105,25 @@ class VadEngine:
     def stop(self) -> None:
         self._worker.stop()
 
+    # Sleep mode (``SleepStage``): jobs already queued keep their reference and finish.
+    stage = "vad"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True
+        self._vad = None
+
+    async def restore(self) -> None:
+        assert self._path is not None
+        self._vad = await self._worker.run(SileroVad, self._path)
+        self._asleep = False
+
     async def process(self, stream: VadStream, pcm: np.ndarray) -> VadScores:
         if self._vad is None:
-            raise ModelNotReady("the voice activity detector is still loading")
+            raise EngineSleeping() if self._asleep else ModelNotReady("the voice activity detector is still loading")
         return await self._worker.run(self._process, self._vad, stream, pcm)
 
     def _process(self, vad: SileroVad, stream: VadStream, pcm: np.ndarray) -> VadScores:

@@ -42,7 +42,8 @@ class SlotLease:
         rate = scheduler.sample_rate
         self.input = InputBacklog(scheduler.frame_size, config.max_input_backlog_frames,
                                   config.latency_trim_window_frames, round(config.jitter_cushion_ms * rate / 1000),
-                                  max(1, round(config.drift_trim_ms * rate / 1000)))
+                                  max(1, round(config.drift_trim_ms * rate / 1000)),
+                                  round(config.underrun_repay_ms * rate / 1000))
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.samples_pushed = 0

@@ -141,3 +141,6 @@ class LockstepSessionEngine:
 
     def turn_engines(self) -> TurnEngines:
         return TurnEngines()  # a lockstep model is one frame model, not separate turn engines
+
+    def sleep_stages(self) -> tuple[()]:
+        return ()  # the engine thread steps its model every tick: there is no idle model to unload

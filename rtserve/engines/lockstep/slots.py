@@ -42,10 +42,18 @@ class InputBacklog:
     each take drops up to ``trim_samples`` of the quietest queued samples, until the backlog
     is back within the cushion (a late 80 ms packet costs a second or two of +80 ms, not
     the rest of the session).
+
+    Silence the backlog itself stepped (an underrun, or a partial frame's padding) is a debt:
+    when the late audio then stands above the cushion it is latency the server added, not the
+    client's drift, so up to ``repay_samples`` of the quietest queued samples go at every tick
+    at once, without waiting out the window, until the debt is repaid or the backlog is back
+    within the cushion (a packet a few ms late then costs a few ticks of extra latency). Debt
+    starts once a whole frame was taken on time (silence before a stream's first audio is no
+    debt) and is cleared by the next such take: later bursts are the client's own.
     """
 
     def __init__(self, frame_size: int, limit_frames: int, trim_window: int | None = None, cushion: int = 0,
-                 trim_samples: int = 0) -> None:
+                 trim_samples: int = 0, repay_samples: int = 0) -> None:
         if frame_size < 1 or limit_frames < 1:
             raise ValueError("frame size and input backlog limit must be >= 1")
         if trim_window is not None and trim_window < 1:
@@ -55,6 +63,9 @@ class InputBacklog:
         self.trim_window = trim_window
         self.cushion = cushion  # samples
         self.trim_samples = trim_samples
+        self.repay_samples = repay_samples
+        self._silence_debt = 0  # silence stepped since the backlog last stood within the cushion
+        self._in_cadence = False  # a whole frame was on time: silence before that is no debt
         self._buf = np.zeros(self.limit, np.float32)
         self._size = 0
         self._lock = threading.Lock()
@@ -84,6 +95,11 @@ class InputBacklog:
                 row[:frame - taken] = 0.0
                 row[frame - taken:] = self._buf[:taken]
                 self._shift_locked(taken)
+            if taken == frame and self._size <= self.cushion:
+                self._in_cadence = True
+                self._silence_debt = 0  # on time again: later bursts are the client's own
+            elif self._in_cadence:  # capped at a frame: a late packet, not a pause in the stream
+                self._silence_debt = min(frame, self._silence_debt + frame - taken)
             trimmed = self._trim_standing_latency_locked() if self.trim_window is not None else 0
         return taken, trimmed
 
@@ -99,15 +115,23 @@ class InputBacklog:
             self._standing_takes = 0
             return 0
         self._standing_takes += 1
+        repay = min(self.repay_samples, self._silence_debt, excess)
+        if repay:
+            self._silence_debt -= repay
+            self._drop_quietest_locked(repay)
+            return repay
         if self._standing_takes < self.trim_window:
             return 0
         count = min(self.trim_samples, excess)
+        self._drop_quietest_locked(count)
+        return count
+
+    def _drop_quietest_locked(self, count: int) -> None:
         # The quietest run of ``count`` samples: dropping silence is inaudible.
         energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[:self._size], dtype=np.float64))))
         start = int(np.argmin(energy[count:] - energy[:-count]))
         self._buf[start:self._size - count] = self._buf[start + count:self._size]
         self._size -= count
-        return count
 
     def clear(self) -> int:
         """Drop everything queued; return how many samples that was."""
@@ -115,6 +139,8 @@ class InputBacklog:
             count = self._size
             self._size = 0
             self._standing_takes = 0
+            self._silence_debt = 0
+            self._in_cadence = False
         return count
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rtserve.engines.moshi.generator import StepOverrides, TokenStream
+from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.mimi import Mimi
 from rtserve.engines.moshi.prompts import (PrefillStep, PromptError, audio_steps, embedding_steps,
@@ -34,7 +34,8 @@ EMBEDDING_SUFFIXES = (".pt", ".pth")
 class MoshiFrameModel:
     def __init__(self, model: LoadedModel, batch_size: int, *, sampling: SamplingParams = SamplingParams(),
                  max_prompt_tokens: int = 512, max_voice_seconds: float = 30.0,
-                 voice_dir: str | Path | None = None) -> None:
+                 voice_dir: str | Path | None = None, graph: bool | None = None) -> None:
+        """``graph``: replay the tick as CUDA graphs (default: on a CUDA device)."""
         self.loaded = model
         self.config = model.lm_config
         self.batch_size = batch_size
@@ -51,14 +52,17 @@ class MoshiFrameModel:
         self._prompt_mimi.start(1)
         self.silence = self._silence_codes()
         self.mimi = model.mimi
-        self.mimi.start(batch_size)
         # Read by drains (the scheduler): the answer to an input frame is out this many ticks
         # later, after the acoustic delay and the decoder finishing the frame's samples.
         self.output_delay_frames = self.config.max_delay + self.mimi.decoder_delay_frames
         self.sampler = SlotSampler(batch_size, self.device, sampling)
-        self.stream = TokenStream(model.lm, batch_size, self.sampler)
-        self._overrides = StepOverrides.none(batch_size, 1 + self.config.dep_q, self.config.dim, self.device,
-                                             self.dtype)
+        # On a GPU the whole tick replays as CUDA graphs (captured here, before any slot opens).
+        graph = self.device.type == "cuda" if graph is None else graph
+        self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=graph)
+        self.stream = self.frame.stream
+        # Slots between open_slot and release (prefilling or live): the rows whose context
+        # attention must cover; idle rows would otherwise grow the span for nothing.
+        self._open = np.zeros(batch_size, bool)
         self._plans: dict[int, list[PrefillStep]] = {}
         self._staged: dict[int, PrefillStep] = {}
         self._voices: OrderedDict[str, list[PrefillStep]] = OrderedDict()
@@ -71,11 +75,10 @@ class MoshiFrameModel:
         plan = self._plan(prompt)  # may raise PromptError before any state is touched
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         mask[slot] = True
-        self.stream.reset_rows(mask)
-        self.mimi.reset_encoder_rows(mask)
-        self.mimi.reset_decoder_rows(mask)
+        self.frame.reset_rows(mask)
         sampling = None if prompt.sampling is None else self.sampler.default.requested(prompt.sampling)
         self.sampler.configure(slot, sampling, prompt.seed)
+        self._open[slot] = True
         self._staged.pop(slot, None)
         if plan:
             self._plans[slot] = plan
@@ -94,6 +97,7 @@ class MoshiFrameModel:
         return True
 
     def release(self, slot: int) -> None:
+        self._open[slot] = False
         self._plans.pop(slot, None)
         self._staged.pop(slot, None)
 
@@ -102,15 +106,9 @@ class MoshiFrameModel:
     @torch.no_grad()
     def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
-        user_codes = self.mimi.encode(pcm)[:, :self.config.user_codebooks]
-        overrides = self._stage_overrides()
-        result = self.stream.step(user_codes, overrides)
-        agent = result.tokens[:, 1:1 + self.config.agent_codebooks]
-        audio = self.mimi.decode(agent.clamp(min=0))
-        # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
-        not_ready = ~result.ready
-        self.mimi.reset_decoder_rows(not_ready)
-        audio = torch.where(not_ready[:, None], torch.zeros_like(audio), audio)
+        self._stage_overrides()
+        result = self.frame(pcm, self._open)
+        audio = result.audio
         audio_host = audio.float().cpu().numpy()
         text_host = result.tokens[:, 0].tolist()
         ready_host = result.ready.tolist()
@@ -120,11 +118,9 @@ class MoshiFrameModel:
             outputs[slot] = FrameOutput(audio_host[slot].copy(), text)
         return outputs
 
-    def _stage_overrides(self) -> StepOverrides | None:
-        if not self._staged:
-            return None
-        o = self._overrides
-        o.clear()
+    def _stage_overrides(self) -> None:
+        """Write this tick's prefill steps into the frame step's override buffers (cleared by the step)."""
+        o = self.frame.overrides
         for slot, step in self._staged.items():
             o.force_mask[slot] = torch.from_numpy(step.mask)
             o.force_tokens[slot] = torch.from_numpy(step.tokens)
@@ -132,7 +128,6 @@ class MoshiFrameModel:
                 o.embed_mask[slot] = True
                 o.embeddings[slot] = step.embedding.to(o.embeddings)
         self._staged.clear()
-        return o
 
     def _piece(self, token: int) -> str | None:
         if token in (self.config.text_padding_id, self.config.text_end_padding_id) or not 0 <= token < len(self._pieces):

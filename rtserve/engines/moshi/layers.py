@@ -45,14 +45,20 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"unsupported norm {kind!r}")
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interleaved rotary embedding of ``[B, H, T, D]`` queries/keys at per-row positions ``offset + t``."""
-    batch, _, steps, dim = q.shape
-    half = torch.arange(dim // 2, device=q.device, dtype=torch.float32)
+def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[B, 1, T, dim/2]`` of the interleaved rotary embedding at per-row positions ``offset + t``."""
+    batch = offset.shape[0]
+    half = torch.arange(dim // 2, device=offset.device, dtype=torch.float32)
     freqs = torch.exp(half * (-math.log(max_period) * 2 / dim))
-    ts = offset.float().view(-1, 1) + torch.arange(steps, device=q.device, dtype=torch.float32)
+    ts = offset.float().view(-1, 1) + torch.arange(steps, device=offset.device, dtype=torch.float32)
     ts = ts.view(batch, 1, -1, 1)
-    cos, sin = torch.cos(freqs * ts), torch.sin(freqs * ts)
+    return torch.cos(freqs * ts), torch.sin(freqs * ts)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``[B, H, T, D]`` queries/keys by tables from ``rope_tables`` (computed in fp32)."""
+    dim = q.shape[-1]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         pairs = x.view(*x.shape[:-1], dim // 2, 2)
@@ -111,53 +117,74 @@ class KVCache:
         self.values.masked_fill_(rows, 0.0)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, offset: torch.Tensor,
-                   context: int | None) -> torch.Tensor:
-    """Write ``k, v`` (``[B, H, T, D]``) at each row's ``offset`` and attend causally over the ring.
+@dataclass(frozen=True)
+class StepPlan:
+    """What every layer of one transformer step shares, computed once per step instead of
+    once per layer (at the 7B shape that is ~1,000 fewer small kernels per frame): where the
+    new keys go in the ring, which ring slots each query may see, and the RoPE tables.
 
-    A ring slot's absolute position is recovered from the row's offset, so rows at different
-    positions (a recycled slot next to a long-running one) share one batched call.
+    ``span`` (when every row's ``offset + T`` is at most ``span``, i.e. no row has wrapped
+    past it) limits attention to the first ``span`` ring slots: the slots beyond hold
+    nothing yet, so a young batch pays for its real context instead of the whole ring.
     """
-    batch, heads, steps, head_dim = k.shape
-    capacity = cache.keys.shape[2]
-    arange_t = torch.arange(steps, device=q.device, dtype=torch.long)
-    write = (offset.view(-1, 1) + arange_t) % capacity  # [B, T]
-    index = write.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim)
-    cache.keys.scatter_(2, index, k)
-    cache.values.scatter_(2, index, v)
-    slots = torch.arange(capacity, device=q.device, dtype=torch.long)
-    last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
-    delta = slots - last % capacity
-    pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, C]
-    pos_k = torch.where(slots >= (offset + steps).view(-1, 1), torch.full_like(pos_k, -1), pos_k)
-    pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
-    rel = pos_q - pos_k[:, None]  # [B, T, C]
-    allowed = (pos_k[:, None] >= 0) & (rel >= 0)
-    if context is not None:
-        allowed = allowed & (rel < context)
-    return F.scaled_dot_product_attention(q, cache.keys, cache.values, allowed[:, None], dropout_p=0.0)
+
+    write: torch.Tensor  # [B, H, T, D] ring slot of each new key/value
+    mask: torch.Tensor  # [B, 1, T, span] bool: query t may attend to ring slot s
+    span: int
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def build(cls, offset: torch.Tensor, steps: int, heads: int, head_dim: int, capacity: int, context: int | None,
+              span: int | None, rope_max_period: float | None) -> StepPlan:
+        """A ring slot's absolute position is recovered from the row's offset, so rows at
+        different positions (a recycled slot next to a long-running one) share one batched call."""
+        batch = offset.shape[0]
+        device = offset.device
+        arange_t = torch.arange(steps, device=device, dtype=torch.long)
+        write = (offset.view(-1, 1) + arange_t) % capacity  # [B, T]
+        index = write.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim)
+        span = capacity if span is None else min(span, capacity)
+        slots = torch.arange(span, device=device, dtype=torch.long)
+        last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
+        delta = slots - last % capacity
+        pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, S]
+        pos_k = torch.where(slots >= (offset + steps).view(-1, 1), torch.full_like(pos_k, -1), pos_k)
+        pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
+        rel = pos_q - pos_k[:, None]  # [B, T, S]
+        allowed = (pos_k[:, None] >= 0) & (rel >= 0)
+        if context is not None:
+            allowed = allowed & (rel < context)
+        rope = None if rope_max_period is None else rope_tables(offset, steps, head_dim, rope_max_period)
+        return cls(index, allowed[:, None], span, rope)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
+    """Write ``k, v`` (``[B, H, T, D]``) into the ring and attend over the slots ``plan`` allows."""
+    cache.keys.scatter_(2, plan.write, k)
+    cache.values.scatter_(2, plan.write, v)
+    keys, values = cache.keys, cache.values
+    if plan.span < keys.shape[2]:
+        keys, values = keys[:, :, :plan.span], values[:, :, :plan.span]
+    return F.scaled_dot_product_attention(q, keys, values, plan.mask, dropout_p=0.0)
 
 
 class Attention(nn.Module):
     """Multi-head self-attention with one or several (per-step) projection sets."""
 
-    def __init__(self, dim: int, heads: int, *, num_weights: int = 1, rope_max_period: float | None,
-                 context: int | None) -> None:
+    def __init__(self, dim: int, heads: int, *, num_weights: int = 1) -> None:
         super().__init__()
         self.dim = dim
         self.heads = heads
-        self.context = context
-        self.rope_max_period = rope_max_period
         self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
         self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
 
-    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache, plan: StepPlan, weight_index: int = 0) -> torch.Tensor:
         batch, steps, _ = x.shape
         projected = self.in_projs[weight_index](x)
         q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        if self.rope_max_period is not None:
-            q, k = apply_rope(q, k, offset, self.rope_max_period)
-        out = ring_attention(q, k, v, cache, offset, self.context)
+        if plan.rope is not None:
+            q, k = apply_rope(q, k, *plan.rope)
+        out = ring_attention(q, k, v, cache, plan)
         out = out.transpose(1, 2).reshape(batch, steps, self.dim)
         return self.out_projs[weight_index](out)
 
@@ -179,10 +206,9 @@ class TransformerLayer(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int, dim_feedforward: int, *, norm: str, gating: bool,
-                 layer_scale: bool, num_weights: int, rope_max_period: float | None, context: int | None) -> None:
+                 layer_scale: bool, num_weights: int) -> None:
         super().__init__()
-        self.self_attn = Attention(dim, heads, num_weights=num_weights, rope_max_period=rope_max_period,
-                                   context=context)
+        self.self_attn = Attention(dim, heads, num_weights=num_weights)
         self.norm1 = make_norm(norm, dim)
         self.norm2 = make_norm(norm, dim)
         self.mlp: nn.ModuleList = nn.ModuleList(
@@ -190,8 +216,8 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
         self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: KVCache, offset: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
-        update = self.self_attn(self.norm1(x), cache, offset, weight_index)
+    def forward(self, x: torch.Tensor, cache: KVCache, plan: StepPlan, weight_index: int = 0) -> torch.Tensor:
+        update = self.self_attn(self.norm1(x), cache, plan, weight_index)
         x = x.to(update) + self.layer_scale_1(update)
         update = self.mlp[weight_index](self.norm2(x))
         return x.to(update) + self.layer_scale_2(update)
@@ -199,7 +225,12 @@ class TransformerLayer(nn.Module):
 
 class Transformer(nn.Module):
     """A stack of ``TransformerLayer`` with its streaming state: per-layer ring caches and
-    one position per row."""
+    one position per row.
+
+    ``context`` is the attention window and ``capacity`` the ring length; ``span`` (None:
+    the whole ring) bounds the ring slots attention reads, and whoever sets it guarantees no
+    row's position has reached it (``FrameStep`` tracks positions on the host).
+    """
 
     def __init__(self, dim: int, heads: int, layers: int, dim_feedforward: int, *, norm: str, gating: bool,
                  layer_scale: bool, num_weights: int = 1, rope_max_period: float | None, context: int | None,
@@ -208,12 +239,15 @@ class Transformer(nn.Module):
         self.dim = dim
         self.heads = heads
         self.capacity = capacity
+        self.context = context
+        self.rope_max_period = rope_max_period
         self.layers = nn.ModuleList(
             TransformerLayer(dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale,
-                             num_weights=num_weights, rope_max_period=rope_max_period, context=context)
+                             num_weights=num_weights)
             for _ in range(layers))
         self.caches: list[KVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
+        self.span: int | None = None
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
         """Allocate the streaming state for ``batch`` rows, all fresh."""
@@ -229,7 +263,9 @@ class Transformer(nn.Module):
     def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
+        plan = StepPlan.build(self.offset, x.shape[1], self.heads, self.dim // self.heads, self.capacity, self.context,
+                              self.span, self.rope_max_period)
         for layer, cache in zip(self.layers, self.caches):
-            x = layer(x, cache, self.offset, weight_index)
+            x = layer(x, cache, plan, weight_index)
         self.offset.add_(x.shape[1])
         return x.to(dtype_in)

@@ -1,8 +1,11 @@
-"""Token sampling with per-slot settings and per-slot random generators.
+"""Token sampling with per-slot settings and per-slot random streams, all on the GPU.
 
-Greedy rows take the argmax (what the parity gates pin). Sampling rows draw through their
-own ``torch.Generator`` so one slot's draws never depend on how many other slots are live
-or on what they drew (isolation, design.md "Frame engine").
+Greedy rows take the argmax (what the parity gates pin). Sampling rows draw by an
+exponential race whose noise is a counter-based hash of (slot seed, draw count, token
+rank): one slot's draws never depend on how many other slots are live or what they drew
+(isolation, design.md "Frame engine"), and the whole batch samples in a fixed sequence of
+kernels with no host sync, so the step can be replayed as a CUDA graph (``FrameStep``).
+Per-slot settings live in ``[B]`` tensors written when a slot opens.
 """
 
 from __future__ import annotations
@@ -50,40 +53,68 @@ def _given(value: _T | None, default: _T) -> _T:
     return default if value is None else value
 
 
+# 62-bit odd multipliers (splitmix64 / PCG constants cut to fit a signed int64 once masked).
+_MIX = (0x1E3779B97F4A7C15, 0x3F58476D1CE4E5B9, 0x14D049BB133111EB)
+_MASK62 = (1 << 62) - 1
+
+
+def _hash_uniform(seed: torch.Tensor, draw: torch.Tensor, count: int) -> torch.Tensor:
+    """``[B, count]`` uniforms in (0, 1), a pure function of each row's ``seed`` and ``draw`` (``[B]`` int64).
+
+    Products wrap modulo 2**64 and are masked to 62 bits, so every shift sees a non-negative
+    value (a logical shift) on both CPU and CUDA.
+    """
+    index = torch.arange(count, device=seed.device, dtype=torch.int64)
+    x = ((seed[:, None] * _MIX[0]) & _MASK62) ^ ((draw[:, None] * _MIX[1]) & _MASK62) ^ index * 2 + 1
+    for multiplier in _MIX:
+        x = ((x ^ (x >> 29)) * multiplier) & _MASK62
+    return (((x >> 38) & 0xFFFFFF).float() + 0.5) / float(1 << 24)
+
+
 class SlotSampler:
-    """Per-row sampling state: parameters and generators, indexed by slot."""
+    """Per-row sampling state: parameters on the host (``params``) and mirrored in ``[B]`` tensors."""
 
     def __init__(self, batch: int, device: torch.device, default: SamplingParams) -> None:
         self.device = device
         self.default = default
         self.params = [default] * batch
-        self.generators = [torch.Generator(device=device) for _ in range(batch)]
+        # Per row: temperature (0: greedy) and top-k (0: whole vocabulary) of the text and audio streams.
+        self.temperature = torch.zeros(2, batch, device=device)
+        self.top_k = torch.zeros(2, batch, dtype=torch.int64, device=device)
+        self.seed = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.draws = torch.zeros(batch, dtype=torch.int64, device=device)
+        for slot in range(batch):
+            self._write(slot, default, 0)
 
     def configure(self, slot: int, params: SamplingParams | None, seed: int | None) -> None:
         self.params[slot] = params or self.default
-        # An unseeded slot still gets its own generator, seeded from the OS.
-        self.generators[slot].manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        # An unseeded slot still gets its own stream, seeded from the OS.
+        self._write(slot, self.params[slot], seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 2)
+
+    def _write(self, slot: int, params: SamplingParams, seed: int) -> None:
+        greedy = params.greedy
+        self.temperature[0, slot] = 0.0 if greedy else max(params.temperature_text, 0.0)
+        self.temperature[1, slot] = 0.0 if greedy else max(params.temperature, 0.0)
+        self.top_k[0, slot] = params.top_k_text
+        self.top_k[1, slot] = params.top_k
+        self.seed[slot] = seed & _MASK62
+        self.draws[slot] = 0
 
     def sample(self, logits: torch.Tensor, text: bool) -> torch.Tensor:
-        """``[B, V]`` logits -> ``[B]`` tokens."""
-        tokens = torch.argmax(logits.float(), dim=-1)
-        for row, params in enumerate(self.params):
-            if params.greedy:
-                continue
-            temperature = params.temperature_text if text else params.temperature
-            top_k = params.top_k_text if text else params.top_k
-            if temperature <= 0:
-                continue
-            tokens[row] = self._draw(logits[row].float(), temperature, top_k, self.generators[row])
-        return tokens
-
-    @staticmethod
-    def _draw(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> torch.Tensor:
-        probs = torch.softmax(logits / temperature, dim=-1)
-        indices: torch.Tensor | None = None
-        if top_k > 0:
-            probs, indices = torch.topk(probs, min(top_k, probs.shape[-1]), dim=-1)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p without a host sync.
-        race = probs / torch.empty_like(probs).exponential_(1, generator=generator)
-        choice = race.argmax(dim=-1)
-        return choice if indices is None else indices[choice]
+        """``[B, V]`` logits -> ``[B]`` tokens; every row advances its draw counter."""
+        logits = logits.float()
+        tokens = torch.argmax(logits, dim=-1)
+        stream = 0 if text else 1
+        temperature = self.temperature[stream]
+        vocab = logits.shape[-1]
+        # softmax(logits / T) sorted descending; ranks past the row's top-k get probability 0.
+        scaled = logits / temperature.clamp(min=1e-6)[:, None]
+        probs, order = torch.sort(torch.softmax(scaled, dim=-1), dim=-1, descending=True)
+        top_k = torch.where(self.top_k[stream] > 0, self.top_k[stream], vocab)
+        ranks = torch.arange(vocab, device=logits.device)
+        probs = torch.where(ranks[None] < top_k[:, None], probs, torch.zeros_like(probs))
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+        race = probs / -torch.log(_hash_uniform(self.seed, self.draws, vocab))
+        drawn = order.gather(1, race.argmax(dim=-1, keepdim=True))[:, 0]
+        self.draws.add_(1)
+        return torch.where(temperature > 0, drawn, tokens)

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEvent, EngineFailure,
                                        OutputAudio, Pcm, ResponseRequest, SamplingParams, SessionOptions,
-                                       TokenDelta, TranscriptPiece, TurnEngines)
+                                       TokenDelta, TranscriptPiece, TurnEngines, VoiceInfo)
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
 from rtserve.engines.remote.wire import Kind
@@ -206,6 +206,16 @@ class RemoteTTS(_RemoteTurnEngine):
     def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
         return self._link.stream("tts", "synthesize", text, {"voice": voice, "speed": speed})
 
+    # Voices live where the TTS runs: every worker sees a registration at once.
+    async def voice_list(self) -> list[VoiceInfo]:
+        return await self._link.call("tts", "voice_list")
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        return await self._link.call("tts", "add_voice", name, model, config)
+
+    async def remove_voice(self, name: str) -> None:
+        await self._link.call("tts", "remove_voice", name)
+
 
 class RemoteASR(_RemoteTurnEngine):
     def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
@@ -296,6 +306,17 @@ class RemoteEngines:
             await asyncio.sleep(_METRICS_PUSH_S)
             with contextlib.suppress(EngineUnavailable):
                 self._link.send((Kind.METRICS, self._link.worker_index, generate_latest(registry)))
+
+    @property
+    def sleeping(self) -> tuple[int, ...]:
+        offer = self._link.offer
+        return () if offer is None else offer.sleeping
+
+    async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
+        return await self._link.call("engine", "sleep", stage_ids, level)
+
+    async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+        return await self._link.call("engine", "wake_up", stage_ids)
 
     async def policy(self) -> RemotePolicy | None:
         while (offer := self._link.offer) is None or offer.policy_loading:

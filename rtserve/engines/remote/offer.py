@@ -32,6 +32,7 @@ class EngineOffer:
     tts: TurnEngineInfo | None = None
     policy_loading: bool = False  # a configured robot policy is still loading
     policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
+    sleeping: tuple[int, ...] = ()  # sleep mode: the stage ids asleep now
     # Load, for front-ends choosing among several engines (cluster admission): sessions open
     # on this engine from every front-end, and whether it takes new ones.
     sessions: int = 0
@@ -52,4 +53,5 @@ def offer_of(engines: EngineSet) -> EngineOffer:
         llm=None if turn.llm is None else TurnEngineInfo(turn.llm.model_name),
         tts=None if turn.tts is None else TurnEngineInfo(turn.tts.model_name, turn.tts.sample_rate, turn.tts.voices),
         policy_loading=engines.policy_loading,
-        policy_config=None if batcher is None else batcher.policy.server_config())
+        policy_config=None if batcher is None else batcher.policy.server_config(),
+        sleeping=engines.sleeping)

@@ -57,20 +57,20 @@ class RemoteError(EngineError):
     @classmethod
     def wrap(cls, exc: BaseException) -> RemoteError:
         if isinstance(exc, EngineError):
-            return cls(str(exc), code=exc.code)
+            return cls(str(exc), code=exc.code, param=exc.param)
         return cls("the engine failed", code="engine_error")  # internals stay in the engine's log
 
     def unwrap(self) -> EngineError:
         if self.code == CapacityExhausted.code:
             return CapacityExhausted(str(self))
-        return EngineError(str(self), code=self.code)
+        return EngineError(str(self), code=self.code, param=self.param)  # param: the request field at fault
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_error, (str(self), self.code))
+        return (_rebuild_error, (str(self), self.code, self.param))
 
 
-def _rebuild_error(message: str, code: str) -> RemoteError:
-    return RemoteError(message, code=code)
+def _rebuild_error(message: str, code: str, param: str | None = None) -> RemoteError:
+    return RemoteError(message, code=code, param=param)
 
 
 def write(writer: asyncio.StreamWriter, message: tuple[Any, ...], metrics: LinkMetrics | None, side: str) -> None:

@@ -45,6 +45,8 @@ NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.OverlapDecided: "overlap.decision",
     ev.OutputAudioCleared: "audio.cancelled",
     ev.PlaybackAcknowledged: "playback.acknowledged",
+    ev.FunctionCallArgumentsDelta: "response.function_call_arguments.delta",
+    ev.FunctionCallArgumentsDone: "response.function_call_arguments.done",
 }
 
 # Identity fields every native event starts with; the rest follow in declaration order.
@@ -66,6 +68,9 @@ def _plain(value: Any) -> Any:
         return {"id": value.id, **value.config.model_dump(mode="json"), "epoch": value.epoch,
                 "turn_id": value.turn_id,
                 "capabilities": {**value.capabilities, "supports_session_resume": value.resumable}}
+    if isinstance(value, ev.ItemSnapshot):  # function fields only on function items
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) is not None or f.name not in ("call_id", "name")}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):

@@ -46,6 +46,8 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.TranscriptDone: "response.output_audio_transcript.done",
     ev.TextDone: "response.output_text.done",
     ev.ResponseDone: "response.done",
+    ev.FunctionCallArgumentsDelta: "response.function_call_arguments.delta",
+    ev.FunctionCallArgumentsDone: "response.function_call_arguments.done",
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
     ev.OutputAudioCleared: "output_audio_buffer.cleared",
@@ -136,6 +138,12 @@ class RealtimeProjection:
             ev.TranscriptDone: lambda e: {**_part_ids(e), "transcript": e.transcript},
             ev.TextDone: lambda e: {**_part_ids(e), "text": e.text},
             ev.ResponseDone: self._response_done,
+            ev.FunctionCallArgumentsDelta: lambda e: {"response_id": e.response_id, "item_id": e.item_id,
+                                                      "output_index": e.output_index, "call_id": e.call_id,
+                                                      "delta": e.delta},
+            ev.FunctionCallArgumentsDone: lambda e: {"response_id": e.response_id, "item_id": e.item_id,
+                                                     "output_index": e.output_index, "call_id": e.call_id,
+                                                     "name": e.name, "arguments": e.arguments},
             ev.RateLimitsUpdated: lambda e: {"rate_limits": [dict(r) for r in e.rate_limits]},
             ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
                                           "reason": e.reason, "overlap_ms": e.overlap_ms},
@@ -183,6 +191,7 @@ class RealtimeProjection:
                 "turn_detection": _turn_detection(c), "temperature": c.temperature,
                 "max_response_output_tokens": c.max_output_tokens,
             }
+        body.update(_tools(c))
         body.update({"epoch": s.epoch, "turn_id": s.turn_id, "temperature": c.temperature,
                      "output_sample_rate": c.output_sample_rate,
                      "playback_commit_policy": c.playback_commit_policy,
@@ -203,6 +212,12 @@ class RealtimeProjection:
         return {"type": "input_text", "text": text}
 
     def _item(self, item: ev.ItemSnapshot) -> dict[str, Any]:
+        if item.kind == "function_call":
+            return {"id": item.id, "object": "realtime.item", "type": "function_call", "status": item.status,
+                    "call_id": item.call_id, "name": item.name, "arguments": item.text or ""}
+        if item.kind == "function_call_output":
+            return {"id": item.id, "object": "realtime.item", "type": "function_call_output",
+                    "status": item.status, "call_id": item.call_id, "output": item.text or ""}
         return {"id": item.id, "object": "realtime.item", "type": "message", "status": item.status,
                 "role": item.role, "content": [self._part(item.kind, item.role, item.text)]}
 
@@ -242,6 +257,14 @@ _OPENAI_CANCEL_REASONS = {
     "client_cancelled": "client_cancelled",
     "output_cleared": "client_cancelled",
 }
+
+
+def _tools(config: SessionConfig) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` as the client set them (OpenAI's realtime shapes)."""
+    choice = config.tool_choice
+    return {"tools": [{"type": "function", "name": t.name, "description": t.description,
+                       "parameters": dict(t.parameters)} for t in config.tools],
+            "tool_choice": {"type": "function", "name": choice.name} if choice.name else choice.mode}
 
 
 def _content_part(kind: str, text: str) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """``POST /v1/chat/completions`` (JSON or SSE) and ``POST /v1/chat/completions/batch``.
 
-OpenAI Chat Completions shapes, text only, one choice. Streaming sends a role chunk, one
-chunk per engine delta, a chunk with ``finish_reason``, the usage chunk when
-``stream_options.include_usage`` asks for it, then ``data: [DONE]``. The batch route takes
+OpenAI Chat Completions shapes (function calls: ``chat_tools``), one choice. Streaming sends a
+role chunk, one chunk per engine delta (text or a piece of a call), a chunk with
+``finish_reason``, the usage chunk when ``stream_options.include_usage`` asks for it, then
+``data: [DONE]``. The batch route takes
 a list of conversations in ``messages`` and answers one choice per conversation, in input
 order (serving.md §3.3); its conversations go to the engine together (the engine batches
 them) and the request holds one concurrency slot, its size bounded by
@@ -21,13 +22,14 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from rtserve.config import HttpGenerationConfig, ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
+from rtserve.web.http.chat_tools import CallsSoFar, ToolCallIn, ToolChoiceIn, ToolIn, engine_tools, stream_delta
 from rtserve.web.http.common import (
     SseStream,
     engine_errors,
@@ -53,13 +55,26 @@ class TextPart(BaseModel):
 class MessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None  # None: an assistant message that only calls tools
+    tool_calls: list[ToolCallIn] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_need_no_content(cls, data: Any) -> Any:
+        # OpenAI lets an assistant message that calls tools leave out its content; others must have it.
+        if isinstance(data, dict) and data.get("role") == "assistant" and "content" not in data:
+            return {**data, "content": None}
+        return data
 
     def to_engine(self) -> ChatMessage:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
         # "developer" is OpenAI's newer name for the system role.
-        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
+        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text,
+                           tool_calls=tuple(c.to_engine() for c in self.tool_calls or ()),
+                           tool_call_id=self.tool_call_id)
 
 
 class StreamOptions(BaseModel):
@@ -81,7 +96,8 @@ class _GenerationFields(BaseModel):
     n: int = 1
     seed: Annotated[StrictInt, Field(ge=0, lt=2**63)] | None = None  # what a torch generator takes
     stop: str | list[str] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
 
     @field_validator("n")
     @classmethod
@@ -97,13 +113,6 @@ class _GenerationFields(BaseModel):
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
         return stop
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> None:
-        if tools:
-            raise ValueError("tool calling is not supported")
-        return None
-
     def sampling(self, limits: HttpGenerationConfig) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens or limits.default_max_tokens
         if max_tokens > limits.max_completion_tokens:
@@ -112,10 +121,11 @@ class _GenerationFields(BaseModel):
                            f"{limits.max_completion_tokens}.", param=param, code="invalid_value")
         defaults = SamplingParams()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        tools, tool_choice = engine_tools(self.tools, self.tool_choice)
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
-            max_tokens=max_tokens, seed=self.seed, stop=stop)
+            max_tokens=max_tokens, seed=self.seed, stop=stop, tools=tools, tool_choice=tool_choice)
 
 
 class ChatCompletionRequest(_GenerationFields):
@@ -147,7 +157,7 @@ def prompt_char_limit(config: ServerConfig) -> int:
 def check_prompt_size(messages: Sequence[ChatMessage], limit: int, param: str) -> None:
     """Refuse a conversation over ``limit`` characters before any model work (tokenizing it
     whole would hold the model thread for everyone)."""
-    if sum(len(m.content) for m in messages) > limit:
+    if sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages) > limit:
         raise ApiError(f"The messages in '{param}' hold more than {limit} characters, more than this model's "
                        "context can take; shorten the conversation.", param=param, code="context_length_exceeded")
 
@@ -164,13 +174,20 @@ class _Completion:
     def __init__(self) -> None:
         self.text: list[str] = []
         self.last: TokenDelta | None = None
+        self.calls = CallsSoFar()
 
     def add(self, delta: TokenDelta) -> None:
         self.text.append(delta.text)
+        if delta.tool_call is not None:
+            self.calls.add(delta.tool_call)
         self.last = delta
 
     def choice(self, index: int) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": "".join(self.text)},
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.calls:
+            message["content"] = message["content"] or None  # OpenAI: null content beside calls
+            message["tool_calls"] = self.calls.message_field()
+        return {"index": index, "message": message,
                 "logprobs": None, "finish_reason": (self.last and self.last.finish_reason) or "stop"}
 
 
@@ -229,6 +246,8 @@ async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessa
             while last is not None:
                 if last.text:
                     await sse.send(chunk({"content": last.text}))
+                if last.tool_call is not None:
+                    await sse.send(chunk(stream_delta(last.tool_call)))
                 if last.finish_reason is not None:
                     break
                 last = await anext(deltas, None)

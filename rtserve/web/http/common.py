@@ -160,12 +160,20 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model
     if not _names_served_model(ctx, task, model, engine.model_name):
         raise ApiError(f"The model '{model}' does not exist; this server's {task_name} model is "
                        f"'{engine.model_name}'.", status=404, code="model_not_found", param="model")
+    if ctx.engines.sleeping:
+        raise engine_sleeping()
     if not ctx.engine.ready:
         if ctx.engine_failure:
             raise ApiError("The server's models failed to load; see /health.", status=503, code="engine_failed")
         raise ApiError("Models are still loading; retry when /health reports ok.", status=503,
                        code="model_not_ready", headers={"Retry-After": "5"})
     return engine
+
+
+def engine_sleeping() -> ApiError:
+    """Sleep mode unloaded the models: refused at once, never queued until a wake."""
+    return ApiError("The engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it.", status=503,
+                    code="engine_sleeping")
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from rtserve.web.context import CTX
 from rtserve.web.http import chat, speech, transcriptions
+from rtserve.web.http import sleep, speech_batch, speech_stream, voices
 from rtserve.web.http.common import LIMITER, GenerationLimiter
 
 
@@ -18,3 +19,7 @@ def setup(app: web.Application) -> None:
     chat.setup(app)
     speech.setup(app)
     transcriptions.setup(app)
+    speech_batch.setup(app)
+    speech_stream.setup(app)
+    voices.setup(app)
+    sleep.setup(app)

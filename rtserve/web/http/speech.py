@@ -85,7 +85,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     return await run_generation(request, speech_id, functools.partial(_speak, request, tts, body))
 
 
-class _SpeechPipeline:
+class SpeechPipeline:
     """Engine PCM -> 24 kHz -> encoded bytes; resampling and encoding run on the codec executor."""
 
     def __init__(self, codecs: CodecExecutor, engine_rate: int, response_format: SpeechFormat) -> None:
@@ -112,7 +112,7 @@ class _SpeechPipeline:
 
 
 async def _speak(request: web.Request, tts: TTSEngine, body: SpeechRequest) -> web.StreamResponse:
-    pipeline = _SpeechPipeline(request.app[CTX].codecs, tts.sample_rate, body.response_format)
+    pipeline = SpeechPipeline(request.app[CTX].codecs, tts.sample_rate, body.response_format)
     async with contextlib.aclosing(tts.synthesize(body.input, voice=body.voice_name, speed=body.speed)) as chunks:
         first = await first_item(chunks)
         if body.stream_format == "sse":
@@ -120,7 +120,7 @@ async def _speak(request: web.Request, tts: TTSEngine, body: SpeechRequest) -> w
         return await _stream_audio(request, chunks, first, pipeline, body.response_format)
 
 
-async def _stream_audio(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: _SpeechPipeline,
+async def _stream_audio(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: SpeechPipeline,
                         response_format: SpeechFormat) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[response_format]})
     response.enable_chunked_encoding()
@@ -142,7 +142,7 @@ async def _stream_audio(request: web.Request, chunks: AsyncIterator[Pcm], first:
     return response
 
 
-async def _stream_sse(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: _SpeechPipeline,
+async def _stream_sse(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: SpeechPipeline,
                       body: SpeechRequest) -> web.StreamResponse:
     sse = SseStream(request)
     await sse.start()

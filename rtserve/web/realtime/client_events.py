@@ -35,6 +35,7 @@ from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat
 from rtserve.web.realtime.errors import INVALID_VALUE, MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.session_object import FormatField, MaxTokens, audio_format, session_changes
+from rtserve.web.realtime.tools import function_item, with_response_tools
 
 # ---------------------------------------------------------------------------
 # Transport actions (resolved by the connection, not by the session core)
@@ -252,7 +253,9 @@ def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     return AppendInput(e.audio, chunk_format, rate, e.is_speech, e.event_id)
 
 
-def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate:
+def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate | cmd.FunctionItemCreate:
+    if (function := function_item(data)) is not None:
+        return function
     e = _validated(_ItemCreate, data)
     texts = []
     for part in e.item.content:
@@ -310,7 +313,7 @@ _REALTIME: dict[str, _Parser] = {
         item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
     "conversation.item.retrieve": lambda d, r: cmd.ConversationItemRetrieve(
         item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
-    "response.create": _response_create,
+    "response.create": lambda d, r: with_response_tools(_response_create(d, r), d),
     "response.cancel": lambda d, r: cmd.ResponseCancel(response_id=_validated(_ResponseCancel, d).response_id,
                                                        event_id=_event_id_of(d)),
 }

@@ -37,7 +37,7 @@ from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, Ses
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
-from rtserve.errors import SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
+from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime.audio import InputAudioDecoder
@@ -180,6 +180,10 @@ class RealtimeConnection:
             config = self._initial.updated(changes, self.service.limits)
         except ConfigUpdateError as exc:
             await self._report(realtime_error(exc, event_id=event_id))
+            return True
+        if config.tools and not self.service.engine_capabilities.supports_tools:  # as session.update refuses them
+            await self._report(WireError(INVALID_VALUE, "This engine cannot call functions", param="session.tools",
+                                         event_id=event_id))
             return True
         try:
             handle = await self.service.sessions.open(config, projection=self.dialect.projection,

@@ -16,6 +16,7 @@ from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
 from rtserve.web.realtime.errors import (INVALID_VALUE, MAX_ECHOED_CHARS, UNSUPPORTED_TURN_DETECTION, WireError,
                                          field_path, invalid_event)
+from rtserve.web.realtime.tools import tool_changes
 
 _FORMAT_NAMES: dict[str, AudioFormat] = {
     "pcm16": "pcm16", "pcm_s16le": "pcm16", "s16le": "pcm16", "audio/pcm": "pcm16",
@@ -83,7 +84,8 @@ class SessionObject(BaseModel):
     """The ``session`` of ``session.update`` in any spelling: GA (``audio.input.format``,
     ``output_modalities``), beta (``input_audio_format``, ``modalities``,
     ``max_response_output_tokens``) or native (the ``SessionConfig`` field names).
-    Fields this server has no use for (tools, tracing, noise reduction, ...) are ignored."""
+    Fields this server has no use for (tracing, noise reduction, ...) are ignored; ``tools``
+    and ``tool_choice`` are read by ``rtserve.web.realtime.tools``."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["realtime"] | None = None
@@ -165,6 +167,7 @@ def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
             changes.update(_output_format(audio.output.format, "session.audio.output.format"))
         if audio.output.voice is not None:
             changes["voice"] = audio.output.voice
+    changes.update(tool_changes(raw))
     return changes
 
 

@@ -4,10 +4,11 @@ leaves out keep the engine's defaults, and a slot without any stays on the engin
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.loader import LoadedModel
-from rtserve.engines.moshi.sampling import SamplingParams
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 from rtserve.engines.protocols import SlotPrompt, SlotSampling
 
 FRAME = 1920
@@ -48,3 +49,16 @@ def test_zero_temperatures_decode_greedily_and_reopening_forgets_the_last_client
     assert np.array_equal(cold, greedy)
     _audio(model, [SlotPrompt(seed=1, sampling=SlotSampling(text_temperature=2.0, audio_temperature=2.0))], inputs)
     assert np.array_equal(_audio(model, [SlotPrompt()], inputs)[0], greedy)
+
+
+def test_a_sampling_row_draws_from_the_softmax_within_its_top_k() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    sampler = SlotSampler(2, torch.device("cpu"), GREEDY)
+    sampler.configure(0, SamplingParams(use_sampling=True, temperature=1.0, top_k=0), seed=3)
+    sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, top_k=3), seed=4)
+    draws = torch.stack([sampler.sample(logits.expand(2, -1), text=False) for _ in range(4000)])
+    freq = torch.bincount(draws[:, 0], minlength=6).float() / draws.shape[0]
+    assert torch.allclose(freq, torch.softmax(logits, dim=0), atol=0.03), freq
+    top3 = torch.bincount(draws[:, 1], minlength=6).float() / draws.shape[0]
+    assert top3[3:].sum() == 0, "a token outside the row's top-k was drawn"
+    assert torch.allclose(top3[:3], torch.softmax(logits[:3], dim=0), atol=0.03), top3

@@ -1,0 +1,123 @@
+"""Shared set-up for the Moshi engine benchmarks: the reference ``moshi`` modules and ours
+built on the same random weights, and direct access to both sides' temporal KV state.
+
+Both sides get the same random weights (no download): the reference modules are built
+with random init, and ours load their state dicts through the same Kyutai-name mapping
+the folder loader uses. Needs ``moshi==0.2.13`` (installed ``--no-deps``) and ``einops``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename
+from rtserve.engines.moshi.lm import MoshiLM
+from rtserve.engines.moshi.lm_config import LMConfig, MimiConfig
+from rtserve.engines.moshi.mimi import Mimi
+
+TINY_LM = {"dim": 64, "text_card": 128, "n_q": 16, "dep_q": 8, "card": 64, "num_heads": 4, "num_layers": 2,
+           "context": 100, "depformer_dim": 32, "depformer_dim_feedforward": 132, "depformer_num_heads": 2,
+           "depformer_num_layers": 2}
+
+
+def lm_kwargs(shape: str) -> dict[str, Any]:
+    from moshi.models.loaders import _lm_kwargs
+    kwargs = dict(_lm_kwargs)
+    if shape == "tiny":
+        kwargs.update(TINY_LM)
+    return kwargs
+
+
+def mimi_config(shape: str, card: int) -> dict[str, Any]:
+    from moshi.models.loaders import _mimi_config
+    cfg = copy.deepcopy(_mimi_config)
+    cfg["quantizer"]["bins"] = card
+    if shape == "tiny":
+        cfg["seanet"].update(dimension=32, n_filters=4)
+        cfg["quantizer"].update(dimension=16, input_dimension=32, output_dimension=32, n_q=8)
+        cfg["transformer"].update(d_model=32, num_heads=2, num_layers=1, dim_feedforward=64, input_dimension=32,
+                                  output_dimensions=[32])
+    return cfg
+
+
+def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, MoshiLM, Mimi, LMConfig]:
+    from moshi.models.lm import LMModel
+    from moshi.models.loaders import get_mimi
+    kwargs = lm_kwargs(shape)
+    torch.manual_seed(0)
+    ref_lm = LMModel(device=device, dtype=dtype, **kwargs).eval()
+    with torch.no_grad():  # the reference init leaves some weights at defaults; randomise everything
+        for param in ref_lm.parameters():
+            param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
+    mcfg = mimi_config(shape, kwargs["card"])
+    ref_mimi = get_mimi(None, copy.deepcopy(mcfg), device=device, num_codebooks=8)
+    config = LMConfig.from_dict(kwargs)
+    with torch.device("meta"):
+        ours = MoshiLM(config)
+    ours.to_empty(device=device)
+    load_into(ours, ref_lm.state_dict(), Path("reference-lm"), lm_rename, dtype=dtype)
+    mimi = Mimi(MimiConfig.from_dict(mcfg), 8).to(device)
+    state = ref_mimi.state_dict()
+    load_into(mimi, state, Path("reference-mimi"), mimi_rename, dtype=torch.float32)
+    with torch.no_grad():
+        for part, n in (("rvq_first", 1), ("rvq_rest", 7)):
+            for i in range(n):
+                p = f"quantizer.{part}.vq.layers.{i}._codebook."
+                getattr(mimi.quantizer, part).codebooks[i] = (
+                    state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None])
+    return ref_lm.eval(), ref_mimi.eval(), ours.eval(), mimi.eval(), config
+
+
+
+def share_weights(lm: MoshiLM, ref_lm: Any) -> None:
+    """Point our parameters at the reference's (equal after ``build``) so one copy of the 7B
+    weights serves both sides: the GPU memory goes to KV rings, as it would for either alone."""
+    ours = dict(lm.named_parameters())
+    for name, param in ref_lm.named_parameters():
+        mine = ours.get(lm_rename(name) or "")
+        if mine is not None and mine.shape == param.shape and mine.dtype == param.dtype:
+            mine.data = param.data
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+def set_ours_ring(lm: MoshiLM, ring: int) -> None:
+    """Temporal KV ring of ``ring`` frames (attention window too, as the reference does); takes effect at ``start``."""
+    lm.transformer.capacity = ring
+    lm.transformer.context = ring
+
+
+def set_reference_ring(ref_lm: Any, ring: int) -> None:
+    """The reference's ring is its attention ``context``; takes effect when streaming starts."""
+    for layer in ref_lm.transformer.layers:
+        layer.self_attn.context = ring
+
+
+def prefill_ours(lm: MoshiLM, fill: int) -> None:
+    """Every row as if ``fill`` frames had been stepped: positions advanced, ring filled with random K/V."""
+    lm.transformer.offset.fill_(fill)
+    for cache in lm.transformer.caches:
+        cache.keys.normal_()
+        cache.values.normal_()
+
+
+def prefill_reference(ref_lm: Any, fill: int) -> None:
+    """The same for the reference's temporal transformer (its ring caches and both offset counters)."""
+    ref_lm.transformer._streaming_state.offsets.fill_(fill)
+    for layer in ref_lm.transformer.layers:
+        state = layer.self_attn._streaming_state
+        state.offset.fill_(fill)
+        state.offset_cpu = fill
+        state.kv_cache.cache.normal_()
+        state.kv_cache.end_offset.fill_(fill)

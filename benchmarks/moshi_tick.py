@@ -1,0 +1,271 @@
+"""Moshi per-frame tick, rtserve engine vs the reference ``moshi`` package, side by side:
+p50/p99 ms per frame and peak GPU memory at batch B, KV ring R and context fill F.
+
+One frame = Mimi encode of B user frames + one temporal step + ``dep_q`` depformer steps
++ Mimi decode of B agent frames, then the token copy to the host. Ours runs as one CUDA
+graph per batch (``FrameStep(graph=True)``); the reference as its own ``LMGen`` and
+``MimiModel`` streaming with their CUDA graphs. Both sides use the same random weights
+(``moshi_build``). A fill of F frames is set directly in the temporal KV caches (random
+keys/values, positions advanced by F) rather than by stepping F frames; a fill past the
+ring means a full, wrapped ring.
+
+Memory is reported as if each side ran alone: its own weights plus the peak it allocated
+for this batch (KV ring, activations, graph pool); the two sides share one copy of the
+weights so that either can use the memory it would have alone. A configuration whose KV ring alone
+would not fit in free memory is skipped (``"skipped": "oom"``); a real OOM is caught too.
+
+CUDA: ``python benchmarks/moshi_tick.py`` (7B shape, bf16). CPU: a tiny shape, eager
+only, so the script itself stays testable. Prints a table; JSON to
+``benchmarks/results/moshi_tick.json`` (or ``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
+
+import torch  # noqa: E402
+from moshi_build import (build, module_bytes, prefill_ours, prefill_reference, set_ours_ring,  # noqa: E402
+                         set_reference_ring, share_weights, sync)
+
+from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep  # noqa: E402
+from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
+from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "moshi_tick.json"
+GIB = 2 ** 30
+# Headroom left free when deciding whether a configuration's KV ring fits (activations, graph pools).
+FIT_MARGIN_BYTES = 3 * GIB
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def time_frames(step: Callable[[], None], prefill: Callable[[int], None], fills: list[int], frames: int,
+                warmup: int, device: torch.device) -> dict[int, dict[str, float]]:
+    """p50/p99 ms per frame at each fill, after ``warmup`` untimed frames per fill."""
+    out: dict[int, dict[str, float]] = {}
+    for fill in fills:
+        prefill(fill)
+        times = []
+        for i in range(warmup + frames):
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            if i >= warmup:
+                times.append(1000 * (time.perf_counter() - start))
+        out[fill] = {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
+    return out
+
+
+@contextmanager
+def measured_memory(device: torch.device, result: dict[str, Any], weights: int) -> Iterator[None]:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    try:
+        yield
+    finally:
+        if device.type == "cuda":
+            state = torch.cuda.max_memory_allocated(device) - before
+            result["state_gib"] = state / GIB
+            result["peak_gib"] = (state + weights) / GIB
+
+
+def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[int], args: argparse.Namespace,
+             device: torch.device, side: str) -> dict[str, Any]:
+    """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
+    ring, like the reference) or ours-eager (no graphs)."""
+    result: dict[str, Any] = {}
+    with measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)):
+        bucket = lm.transformer.capacity if side == "ours-fullring" else DEFAULT_SPAN_BUCKET
+        frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch, graph=side != "ours-eager",
+                          span_bucket=bucket)
+        pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
+
+        def step() -> None:
+            frame(pcm).tokens.cpu()
+
+        def prefill(fill: int) -> None:
+            prefill_ours(lm, fill)
+            frame.positions[:] = fill
+
+        result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device)
+        result["spans"] = len(frame.spans)
+    return result
+
+
+def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[int], args: argparse.Namespace,
+                  device: torch.device) -> dict[str, Any]:
+    from moshi.models.lm import LMGen
+    result: dict[str, Any] = {}
+    with measured_memory(device, result, module_bytes(ref_lm) + module_bytes(ref_mimi)):
+        gen = LMGen(ref_lm, use_sampling=False)
+        pcm = torch.randn(batch, 1, ref_mimi.frame_size, device=device) * 0.1
+
+        def step() -> None:
+            codes = ref_mimi.encode(pcm)
+            out = gen.step(codes[:, :8])
+            if out is not None:
+                ref_mimi.decode(out[:, 1:9])
+                out.cpu()
+
+        with gen.streaming(batch), ref_mimi.streaming(batch):
+            result["fills"] = time_frames(step, lambda fill: prefill_reference(ref_lm, fill), fills, args.frames,
+                                          args.warmup, device)
+    return result
+
+
+def release(lm: MoshiLM, mimi: Mimi, device: torch.device) -> None:
+    """Drop our streaming state (KV rings) so the other side gets the memory back."""
+    lm.start(0)
+    mimi.start(0)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def fits(batch: int, ring: int, kv_bytes_per_frame: int, device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return batch * ring * kv_bytes_per_frame + FIT_MARGIN_BYTES < free
+
+
+@torch.no_grad()
+def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> dict[str, Any]:
+    """The graphed step must give the eager step's tokens and audio on the same inputs (B=2, fresh rows)."""
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    inputs = [(torch.randn(2, mimi.frame_size, generator=gen) * 0.1).to(device) for _ in range(frames)]
+    runs = []
+    for graph in (False, True):
+        frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2, graph=graph)
+        outs = []
+        for pcm in inputs:
+            out = frame(pcm)  # a graphed step's outputs are static buffers: copy each frame's
+            outs.append((out.tokens.cpu(), out.audio.float().cpu()))
+        runs.append(outs)
+        del frame
+        release(lm, mimi, device)
+    same = sum(torch.equal(a[0], b[0]) for a, b in zip(*runs))
+    err = max(float((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)) for a, b in zip(*runs))
+    return {"frames": frames, "identical_token_frames": same, "max_audio_rel_err": err}
+
+
+@torch.no_grad()
+def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
+    """GPU kernels one eager frame launches (what a graph replays): the launch-count floor at small B.
+    Run after the timings: the profiler's hooks can stay active and slow later launches."""
+    from torch.profiler import ProfilerActivity, profile
+    frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2)
+    pcm = torch.zeros(2, mimi.frame_size, device=device)
+    frame(pcm)
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        frame(pcm)
+        sync(device)
+    del frame
+    release(lm, mimi, device)
+    return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("7b", "tiny"), default=None)
+    parser.add_argument("--batches", default=None, help="comma list (default 1,16,64,80,128,160,256 on CUDA)")
+    parser.add_argument("--rings", default=None, help="KV ring frames, comma list (default 3000,1500)")
+    parser.add_argument("--fills", default=None, help="context fill frames, comma list (default 0,1500,3000)")
+    parser.add_argument("--sides", default="ours,reference", help="ours, ours-fullring, ours-eager, reference")
+    parser.add_argument("--frames", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--check-frames", type=int, default=20, help="graphed vs eager frames (0: skip)")
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    shape = args.shape or ("7b" if cuda else "tiny")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    big = shape == "7b"
+    batches = [int(b) for b in (args.batches or ("1,16,64,80,128,160,256" if cuda else "1,2")).split(",")]
+    rings = [int(r) for r in (args.rings or ("3000,1500" if big else "100,50")).split(",")]
+    fills = [int(f) for f in (args.fills or ("0,1500,3000" if big else "0,50,100")).split(",")]
+    sides = args.sides.split(",")
+    if not cuda:  # no graphs on CPU
+        sides = list(dict.fromkeys("ours-eager" if s.startswith("ours") else s for s in sides))
+    ref_lm, ref_mimi, lm, mimi, config = build(shape, device, dtype)
+    share_weights(lm, ref_lm)
+    gc.collect()
+    kv_frame = config.num_layers * 2 * config.dim * torch.finfo(dtype).bits // 8
+    check = graph_check(lm, mimi, args.check_frames, device) if cuda and args.check_frames else None
+    rows: list[dict[str, Any]] = []
+    for ring in rings:
+        set_ours_ring(lm, ring)
+        set_reference_ring(ref_lm, ring)
+        too_big: set[str] = set()
+        for batch in batches:
+            row: dict[str, Any] = {"ring": ring, "batch": batch}
+            for side in sides:
+                if side in too_big or not fits(batch, ring, kv_frame, device):
+                    row[side] = {"skipped": "oom"}
+                    too_big.add(side)
+                    continue
+                try:
+                    if side == "reference":
+                        row[side] = run_reference(ref_lm, ref_mimi, batch, fills, args, device)
+                    else:
+                        row[side] = run_ours(lm, mimi, batch, fills, args, device, side)
+                except torch.OutOfMemoryError:
+                    row[side] = {"skipped": "oom"}
+                    too_big.add(side)
+                release(lm, mimi, device)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if check is not None:
+        check["kernels_per_frame"] = kernels_per_frame(lm, mimi, device)
+    print_table(rows, sides, fills, shape, dtype, device)
+    if check is not None:
+        print(f"graphed vs eager over {check['frames']} frames: {check['identical_token_frames']} identical token "
+              f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame")
+    result = {"shape": shape, "dtype": str(dtype), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "warmup": args.warmup,
+              "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "rows": rows}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+
+
+def print_table(rows: list[dict[str, Any]], sides: list[str], fills: list[int], shape: str, dtype: torch.dtype,
+                device: torch.device) -> None:
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"moshi tick, shape={shape}, dtype={dtype}, device={name}; ms/frame p50/p99 (peak GiB as if alone)")
+    header = f"{'ring':>5} {'B':>4} {'fill':>5}" + "".join(f" {side:>24}" for side in sides)
+    print(header)
+    for row in rows:
+        for fill in fills:
+            cells = []
+            for side in sides:
+                r = row.get(side, {})
+                f = r.get("fills", {}).get(fill)
+                if f is None:
+                    cells.append(f" {r.get('skipped', '-'):>24}")
+                else:
+                    mem = f" ({r['peak_gib']:.0f})" if "peak_gib" in r else ""
+                    cells.append(f" {f['p50_ms']:>8.2f}/{f['p99_ms']:<8.2f}{mem:>7}")
+            print(f"{row['ring']:>5} {row['batch']:>4} {fill:>5}" + "".join(cells))
+
+
+if __name__ == "__main__":
+    main()

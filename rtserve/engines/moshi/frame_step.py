@@ -1,0 +1,141 @@
+"""The whole per-frame computation for B slots (Mimi encode -> temporal + depformer step ->
+Mimi decode) as one callable, replayed as one CUDA graph on a GPU (engine.md §8.1).
+
+Why one graph: at the 7B shape one frame is a few thousand small kernels (32 temporal
+layers, ``dep_q`` x 6 depformer layers, the SEANet codec); launched one by one from Python
+they cost ~200 ms whatever B is. Every tensor the step reads or writes is allocated before
+capture (KV caches, offsets, the token ring, the override buffers, ``pcm``), so a replay
+is a pure function of their contents and the only host sync left is the caller's copy of
+the outputs.
+
+Cost follows the real context: temporal attention reads only the ring slots the active
+rows (the frame model's open slots) have reached, rounded up to ``span_bucket`` frames
+(one graph per such span, captured up front). The host mirrors every row's position, so
+picking the span needs no device sync.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rtserve.engines.moshi.generator import StepOverrides, TokenStream
+from rtserve.engines.moshi.lm import MoshiLM
+from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.sampling import SlotSampler
+
+# Temporal attention spans are multiples of this many frames (each one graph).
+DEFAULT_SPAN_BUCKET = 256
+
+
+@dataclass(frozen=True)
+class FrameTensors:
+    tokens: torch.Tensor  # [B, 1 + dep_q]: text + agent codebooks, delays undone
+    ready: torch.Tensor  # [B] bool: the row has emitted its first frame
+    audio: torch.Tensor  # [B, frame_size] float: decoded agent audio (zeros while not ready)
+
+
+class FrameStep:
+    """Owns the batched streaming state of ``lm`` and ``mimi`` for ``batch`` rows.
+
+    ``graph=True`` (CUDA only) captures the step at construction, once per attention span
+    (sampling settings are tensors the graph reads, so slots may change them at any time).
+    Outputs of a graphed step are static buffers, overwritten by the next call.
+    """
+
+    def __init__(self, lm: MoshiLM, mimi: Mimi, sampler: SlotSampler, batch: int, *, graph: bool = False,
+                 span_bucket: int = DEFAULT_SPAN_BUCKET) -> None:
+        self.config = lm.config
+        self.lm = lm
+        self.mimi = mimi
+        self.batch = batch
+        device = lm.text_linear.weight.device
+        self.device = device
+        mimi.start(batch)
+        self.stream = TokenStream(lm, batch, sampler)
+        self.overrides = StepOverrides.none(batch, 1 + self.config.dep_q, self.config.dim, device,
+                                            lm.text_linear.weight.dtype)
+        self.pcm = torch.zeros(batch, mimi.frame_size, device=device)
+        capacity = lm.transformer.capacity
+        self.spans = sorted({min(capacity, k * span_bucket) for k in range(1, math.ceil(capacity / span_bucket) + 1)})
+        # Host mirror of every row's temporal position (lm.transformer.offset); writable by
+        # whoever sets the device positions directly (the benchmarks' cache prefill).
+        self.positions = np.zeros(batch, np.int64)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, FrameTensors]] = {}
+        if graph:
+            if device.type != "cuda":
+                raise ValueError("CUDA graphs need a CUDA device")
+            self._capture()
+
+    @property
+    def graphed(self) -> bool:
+        return bool(self._graphs)
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        """Return the masked rows to a fresh conversation (in place: graph addresses stay valid)."""
+        self.stream.reset_rows(mask)
+        self.mimi.reset_encoder_rows(mask)
+        self.mimi.reset_decoder_rows(mask)
+        self.positions[mask.cpu().numpy()] = 0
+
+    def span(self, active: np.ndarray | None = None) -> int:
+        """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all
+        rows when None) for the next step. An inactive row past the span still sees some valid
+        slots (with the window as long as the ring, slot 0 always holds a position inside it),
+        so its output is finite garbage that nobody reads, and opening it resets its state."""
+        positions = self.positions if active is None else self.positions[active]
+        needed = int(positions.max()) + 1 if positions.size else 1
+        return next((s for s in self.spans if s >= needed), self.spans[-1])
+
+    @torch.no_grad()
+    def __call__(self, pcm: torch.Tensor, active: np.ndarray | None = None) -> FrameTensors:
+        """``pcm`` ``[B, frame_size]``; ``self.overrides`` staged by the caller apply to this step
+        only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all)."""
+        self.pcm.copy_(pcm)
+        span = self.span(active)
+        self.positions += 1
+        if not self._graphs:
+            return self._step(span)
+        graph, out = self._graphs[span]
+        graph.replay()
+        return out
+
+    def _step(self, span: int) -> FrameTensors:
+        c = self.config
+        user = self.mimi.encode(self.pcm)[:, :c.user_codebooks]
+        self.lm.transformer.span = span
+        try:
+            result = self.stream.step(user, self.overrides)
+        finally:
+            self.lm.transformer.span = None  # the lm may be shared (prompt encoding, tests): leave it unbounded
+        audio = self.mimi.decode(result.tokens[:, 1:1 + c.agent_codebooks].clamp(min=0))
+        # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
+        not_ready = ~result.ready
+        self.mimi.reset_decoder_rows(not_ready)
+        audio = torch.where(not_ready[:, None], torch.zeros_like(audio), audio)
+        self.overrides.clear()
+        return FrameTensors(result.tokens, result.ready, audio)
+
+    def _capture(self) -> None:
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        draws = self.stream.sampler.draws.clone()
+        # One eager step per span first: kernel loading and algorithm choice stay out of capture.
+        with torch.no_grad(), torch.cuda.stream(side):
+            for span in self.spans:
+                self._step(span)
+        current.wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()  # spans replay one at a time: one memory pool for all
+        for span in self.spans:
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                out = self._step(span)
+            self._graphs[span] = (graph, out)
+        # The warm-up steps advanced every row and its random stream (capture itself runs
+        # nothing): start all rows fresh, each stream where it was.
+        self.reset_rows(torch.ones(self.batch, dtype=torch.bool, device=self.device))
+        self.stream.sampler.draws.copy_(draws)

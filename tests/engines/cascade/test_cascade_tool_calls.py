@@ -1,0 +1,96 @@
+"""Tool calls in the SmolLM2 decode loop with its real tokenizer and the real llguidance mask.
+
+The model's next-token logits are replaced by a script (one-hot on the scripted token), so
+what is tested is exactly the decoder's own work: masking, the split of the reply into
+visible text and call pieces, and the finish reason. The model itself writing a forced
+call is tested over HTTP and realtime (``tests/web/test_function_calling.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from cascade_support import Loaded
+from prometheus_client import CollectorRegistry
+
+from rtserve.engines.cascade.llm import _Decoder, _Request
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.tool_calls import CallGuide
+from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta, ToolChoice, ToolSpec
+
+pytestmark = pytest.mark.models
+
+WEATHER = ToolSpec("get_weather", "Weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]})
+
+
+CLOCK = ToolSpec("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}})
+
+
+def scripted(cascade: Loaded, reply: str, choice: ToolChoice,
+             tools: tuple[ToolSpec, ...] = (WEATHER,)) -> list[TokenDelta]:
+    """Decode ``reply`` token by token through the decoder with tools offered."""
+    loaded = cascade.engine.llm.loaded
+    assert loaded is not None
+    decoder = _Decoder(loaded, 2048, CascadeMetrics(CollectorRegistry()))
+    params = SamplingParams(temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice)
+    request = _Request((ChatMessage("user", "hi"),), params, False, lambda item: None)
+    vocab = loaded.model.config.vocab_size
+    request.calls = CallGuide(loaded.tokenizer, vocab).start(params)
+    script = [*loaded.tokenizer.encode(reply, add_special_tokens=False), loaded.tokenizer.eos_token_id]
+    deltas: list[TokenDelta] = []
+    while not deltas or deltas[-1].finish_reason is None:
+        # The next scripted token is the one after what was generated: tokens the grammar
+        # forced (fast-forwarded) stand in for the script's own.
+        request.logits = torch.full((vocab,), -10.0)
+        request.logits[script[min(len(request.generated), len(script) - 1)]] = 10.0
+        if (delta := decoder.emit_next(request)) is not None:
+            deltas.append(delta)
+    return deltas
+
+
+def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_marker(cascade: Loaded) -> None:
+    arguments = '{"city":"Paris","unit":"celsius"}'
+    deltas = scripted(cascade, f'Let me check. <tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}'
+                               "\n</tool_call> and more", ToolChoice("auto"))
+    text = "".join(d.text for d in deltas)
+    assert text == "Let me check. "  # nothing of "<tool_call>" leaked, even held-back prefixes of it
+    calls = [d.tool_call for d in deltas if d.tool_call is not None]
+    assert (calls[0].name, calls[0].index) == ("get_weather", 0) and calls[0].call_id.startswith("call_")
+    assert all(c.name is None and c.call_id is None for c in calls[1:])
+    assert "".join(c.arguments for c in calls) == arguments
+    assert deltas[-1].finish_reason == "tool_calls"  # the reply ends with the call
+    # The call's fixed head ({"name": "get_weather", "arguments": {"city) is forced by the
+    # grammar: it enters the model in one forward pass, not one pass per token.
+    assert max(b.completion_tokens - a.completion_tokens for a, b in itertools.pairwise(deltas)) >= 10
+
+
+def test_auto_reply_without_a_call_keeps_every_character(cascade: Loaded) -> None:
+    deltas = scripted(cascade, "Is 1 <tool or 2 < 3? <tool_c", ToolChoice("auto"))
+    assert "".join(d.text for d in deltas) == "Is 1 <tool or 2 < 3? <tool_c"
+    assert deltas[-1].finish_reason == "stop" and all(d.tool_call is None for d in deltas)
+
+
+def test_the_mask_keeps_a_call_to_the_schema(cascade: Loaded) -> None:
+    # The script tries an argument the schema does not declare and an unknown unit: the mask
+    # refuses those tokens, so what comes out still follows the schema.
+    deltas = scripted(cascade, '<tool_call>\n{"name": "get_weather", "arguments": {"town":"Paris","unit":"kelvin"}}',
+                      ToolChoice("auto"))
+    arguments = "".join(d.tool_call.arguments for d in deltas if d.tool_call is not None)
+    assert deltas[-1].finish_reason == "tool_calls"
+    parsed = json.loads(arguments)
+    assert set(parsed) == {"city", "unit"} and parsed["unit"] in ("celsius", "fahrenheit")
+
+
+def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(cascade: Loaded) -> None:
+    # With "required" the reply is a call from its first token (the prompt ends with the marker).
+    deltas = scripted(cascade, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"),
+                      (WEATHER, CLOCK))
+    assert not "".join(d.text for d in deltas)
+    calls = [d.tool_call for d in deltas if d.tool_call is not None]
+    assert calls[0].name == "get_time" and json.loads("".join(c.arguments for c in calls)) == {"zone": "UTC"}
+    assert deltas[-1].finish_reason == "tool_calls"
