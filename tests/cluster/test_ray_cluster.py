@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -41,9 +39,7 @@ _NODE = {"num_cpus": 1, "resources": {"rtserve_engine": 1}, "object_store_memory
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Cluster]:
-    temp_dir = tempfile.mkdtemp(prefix="rt-ray-")
-    cluster = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False,
-                                                           "temp_dir": temp_dir})
+    cluster = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False})
     try:
         cluster.add_node(**_NODE)
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
@@ -54,7 +50,6 @@ def ray_cluster() -> Iterator[Cluster]:
                 ray.kill(ray.get_actor(f"{PREFIX}-{index}", namespace=NAMESPACE), no_restart=True)
         ray.shutdown()
         cluster.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _config(address: str) -> ServerConfig:
