@@ -25,7 +25,7 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml
 # moshi==0.2.13 is the moshi engine's parity oracle (tests only). It pins torch<2.10, so it
 # goes in --no-deps; its real needs (einops, sentencepiece, safetensors, sphn) are in [dev].
 $(VENV)/.deps-dev: $(VENV)/.deps
-	$(PIP) install --quiet -e '.[gpu,models,voice,moshi,dev]'
+	$(PIP) install --quiet -e '.[gpu,models,voice,moshi,ray,dev]'
 	$(PIP) install --quiet --no-deps moshi==0.2.13
 	touch $@
 

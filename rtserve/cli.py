@@ -1,4 +1,4 @@
-"""``rtserve serve|--version``."""
+"""``rtserve serve|drain|--version``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def _parser() -> argparse.ArgumentParser:
                                                    "(default: from the CPU count; 1 = one process)")
     serve.add_argument("--enable-sleep-mode", dest="enable_sleep_mode", action="store_true", default=None,
                        help="serve POST /v1/omni/sleep and /v1/omni/wakeup")
+    serve.add_argument("--ray-address", dest="ray_address", help="run the engines as Ray actors on this cluster "
+                                                                 "('auto' or HOST:PORT); needs the 'ray' extra")
+    drain = sub.add_parser("drain", help="drain one engine actor of a Ray cluster: no new sessions, then it leaves")
+    drain.add_argument("--ray-address", dest="ray_address", required=True)
+    drain.add_argument("--engine", required=True, help="engine actor name (cluster.engine_prefix-N)")
+    drain.add_argument("--deadline", type=float, default=300.0, help="seconds its open sessions may go on")
+    drain.add_argument("--namespace", default="rtserve", help="Ray namespace of the engine actors")
     return parser
 
 
@@ -48,7 +55,13 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     from rtserve.web.runner import app_runner
 
     registry = CollectorRegistry()
-    engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index, registry)
+    engines = None
+    if config.cluster.address is not None:  # the engines are Ray actors; Ray is imported only here
+        from rtserve.cluster.frontend import cluster_engines
+
+        engines = await cluster_engines(config, registry, worker_index)
+    elif engine_socket is not None:
+        engines = await _remote_engines(config, engine_socket, worker_index, registry)
     app = build_app(config, engines=engines, registry=registry)
     if engine_socket is not None:
         app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
@@ -98,8 +111,14 @@ def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handle
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "drain":
+        from rtserve.cluster.drain import drain
+
+        return drain(args.ray_address, args.namespace, args.engine, args.deadline)
     flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
                                           "enable_sleep_mode")}
+    if args.ray_address is not None:
+        flags["cluster"] = {"address": args.ray_address}
     try:
         config = load_config(args.config, overrides=flags)
     except ConfigError as exc:
@@ -110,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.workers > 1:
             from rtserve.processes.supervisor import Supervisor
 
-            return Supervisor(config, config.workers).run()
+            return Supervisor(config, config.workers, engine_process=config.cluster.address is None).run()
         asyncio.run(serve(config))
     except ConfigError as exc:  # e.g. an unknown engine name, found when building the app
         print(f"rtserve: {exc}", file=sys.stderr)

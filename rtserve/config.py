@@ -309,6 +309,36 @@ class VoiceStoreConfig(_Section):
                                                         "used unloaded, reloaded on use)")
 
 
+class ClusterConfig(_Section):
+    """Engines as Ray actors (``rtserve serve --ray-address ADDR``; rtserve/cluster/). Unset address: no Ray."""
+
+    address: str | None = Field(None, description="Ray cluster address ('auto', 'HOST:6379'); set, the engines run "
+                                                  "as Ray actors and this process is a front-end of them")
+    namespace: str = Field("rtserve", min_length=1, description="Ray namespace of the named engine actors")
+    engine_prefix: str = Field("rtserve-engine", pattern=r"^[A-Za-z0-9_.-]+$",
+                               description="engine actors are named PREFIX-0 .. PREFIX-(engines-1)")
+    engines: int = Field(1, ge=1, le=1024, description="engine actors: one per accelerator (engine_num_gpus: 1) "
+                                                       "or per CPU engine")
+    engine_num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for each engine actor")
+    engine_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1: one actor per GPU; Ray sets "
+                                                          "its CUDA_VISIBLE_DEVICES, so lockstep.device 'cuda')")
+    engine_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per engine "
+                                               "actor, e.g. {rtserve_engine: 1} on the nodes meant for engines")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "SPREAD", description="Ray placement group strategy of the engine actors' bundles")
+    placement_timeout_s: float = Field(120.0, gt=0, description="wait this long for the cluster to have room for "
+                                                                "every engine actor, then refuse to start")
+    max_restarts: int = Field(-1, ge=-1, description="times Ray restarts a dead engine actor (-1: always)")
+    secret: str | None = Field(None, min_length=16, description="the cluster's shared secret: engine links over TCP "
+                               "prove it (HMAC) before any message is read; required with address "
+                               "(set RTSERVE_CLUSTER__SECRET rather than writing it in a file)")
+    engine_host: str | None = Field(None, description="address engine actors listen on; null: their node's IP")
+    connect_timeout_s: float = Field(5.0, gt=0, description="one attempt to reach an engine actor (address, TCP, "
+                                                            "handshake); a failed one is retried")
+    startup_timeout_s: float = Field(120.0, gt=0, description="a front-end waits this long for every engine actor "
+                                     "to answer at startup; those that have not are admitted once they do")
+
+
 def default_workers() -> int:
     """One front-end process per two cores beyond the first two: codec work scales with cores,
     and small machines keep everything in one process."""
@@ -340,6 +370,7 @@ class ServerConfig(_Section):
     voices: VoiceStoreConfig = VoiceStoreConfig()
     enable_sleep_mode: bool = Field(False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup "
                                                        "(--enable-sleep-mode)")
+    cluster: ClusterConfig = ClusterConfig()
 
 
 class ConfigError(Exception):

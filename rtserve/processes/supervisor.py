@@ -70,7 +70,9 @@ class _Child:
 
 
 class Supervisor:
-    def __init__(self, config: ServerConfig, workers: int) -> None:
+    def __init__(self, config: ServerConfig, workers: int, *, engine_process: bool = True) -> None:
+        """``engine_process`` False: the engines run elsewhere (Ray actors, ``cluster/``); each
+        worker reaches them itself."""
         if config.engine not in ENGINES:  # fail now, not in an engine process restarted forever
             raise ConfigError(f"invalid config field 'engine': unknown engine {config.engine!r} "
                               f"(known: {', '.join(sorted(ENGINES))})")
@@ -85,10 +87,11 @@ class Supervisor:
         self._workers = [_Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent, listener))
                          for i, listener in enumerate(self._listeners)]
         self._stop = threading.Event()
+        self._engine_process = engine_process
 
     @property
     def children(self) -> list[_Child]:
-        return [self._engine, *self._workers]
+        return [self._engine, *self._workers] if self._engine_process else list(self._workers)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -17,8 +17,9 @@ from rtserve.web.codec_executor import CodecExecutor
 
 
 class Engines(Protocol):
-    """The engine client: an ``EngineSet`` in this process, or ``RemoteEngines`` reaching the
-    engine process. Routes see only this surface."""
+    """The engine client: an ``EngineSet`` in this process, ``RemoteEngines`` reaching the
+    engine process, or ``ClusterEngines`` reaching Ray engine actors (``rtserve/cluster``).
+    Routes see only this surface."""
 
     session_engine: SessionEngine
     turn_engines: TurnEngines

@@ -56,6 +56,9 @@ class EngineLink:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._metrics = metrics
+        # The engine's monotonic clock minus this process's: 0 on one host; a connect() to an
+        # engine on another host measures it (cluster/auth.py) so tick stamps mean our time.
+        self.clock_offset_s = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -122,7 +125,7 @@ class EngineLink:
             if kind is Kind.EVENTS_OUT:
                 events, tick_started = message[1], message[2]
                 if tick_started is not None:
-                    self.uplink.tick_started(tick_started)
+                    self.uplink.tick_started(tick_started - self.clock_offset_s)
                 for handle, event in events:
                     sink = self._sessions.get(handle)
                     if sink is not None:

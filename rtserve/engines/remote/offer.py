@@ -33,6 +33,14 @@ class EngineOffer:
     policy_loading: bool = False  # a configured robot policy is still loading
     policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
     sleeping: tuple[int, ...] = ()  # sleep mode: the stage ids asleep now
+    # Load, for front-ends choosing among several engines (cluster admission): sessions open
+    # on this engine from every front-end, and whether it takes new ones.
+    sessions: int = 0
+    draining: bool = False
+
+    @property
+    def free_slots(self) -> int:
+        return 0 if self.draining else max(0, self.capabilities.max_sessions - self.sessions)
 
 
 def offer_of(engines: EngineSet) -> EngineOffer:

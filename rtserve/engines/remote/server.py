@@ -6,6 +6,10 @@ turn. The lockstep scheduler wakes this loop once per tick, so for lockstep engi
 is one message per worker per tick. Audio arrives the same way, one ``FRAMES_IN`` per
 worker per tick, and is pushed into the sessions in order with the control calls.
 
+Every session opened or closed re-sends the offer (with the engine's session count) to
+every link, the opener's before its open call's answer: front-ends choosing among several
+engines (``cluster/``) see each engine's load. A draining engine opens no new sessions.
+
 A link that stops reading (its worker is stuck or gone) is dropped once its send buffer
 passes ``max_send_buffer_bytes``: its sessions close, no other worker is affected.
 """
@@ -18,14 +22,15 @@ import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import generate_latest
 
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.policy.batcher import PolicyInferenceError
-from rtserve.engines.protocols import EngineError, EngineSession, OutputAudio
-from rtserve.engines.remote.offer import offer_of
+from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineSession, OutputAudio
+from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
 from rtserve.process_metrics import merge_expositions
 
@@ -41,6 +46,9 @@ class EngineServer:
         self.links: set[WorkerLink] = set()
         self.metrics = LinkMetrics(engines.registry)
         self._server: asyncio.AbstractServer | None = None
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         engines.on_change(self.broadcast_status)
 
     async def serve_unix(self, path: str) -> None:
@@ -48,11 +56,33 @@ class EngineServer:
             os.unlink(path)
         self._server = await asyncio.start_unix_server(self.serve_connection, path)
 
+    def offer(self) -> EngineOffer:
+        return replace(offer_of(self.engines), sessions=self.session_count(), draining=self.draining)
+
+    def session_count(self) -> int:
+        return sum(link.session_count for link in self.links)
+
     def broadcast_status(self) -> None:
-        """Tell every worker what the engine offers now (ready, failure, models)."""
-        offer = offer_of(self.engines)
+        """Tell every worker what the engine offers now (ready, failure, models, load)."""
+        offer = self.offer()
         for link in list(self.links):
             link.send((Kind.STATUS, offer))
+
+    def sessions_changed(self) -> None:
+        if self.session_count() == 0:
+            self._idle.set()
+        else:
+            self._idle.clear()
+        self.broadcast_status()
+
+    def drain(self) -> None:
+        """Open no new sessions (front-ends see ``draining`` and go elsewhere); live ones go on."""
+        self.draining = True
+        self.broadcast_status()
+
+    async def wait_idle(self) -> None:
+        """Until no session is open on this engine."""
+        await self._idle.wait()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -69,6 +99,7 @@ class EngineServer:
         finally:
             self.links.discard(link)
             await link.close()
+            self.sessions_changed()
 
 
 class WorkerLink:
@@ -82,6 +113,7 @@ class WorkerLink:
         self.worker_index = -1
         self.metrics_text = b""
         self._sessions: dict[int, EngineSession] = {}
+        self._releasing = 0  # sessions closing: their slots are not free yet
         self._pumps: dict[int, asyncio.Task[None]] = {}
         self._handles = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -113,6 +145,10 @@ class WorkerLink:
             ("tts", "synthesize"): lambda text, kwargs: self._turn_engine("tts").synthesize(text, **kwargs),
             ("asr", "transcribe"): lambda audio, kwargs: self._turn_engine("asr").transcribe(audio, **kwargs),
         }
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions) + self._releasing
 
     # ------------------------------------------------------------------ sending
 
@@ -171,7 +207,7 @@ class WorkerLink:
                 self.metrics_text = message[2]
             elif kind is Kind.HELLO:
                 self.worker_index = message[1]
-                self.send((Kind.STATUS, offer_of(self._engines)))
+                self.send((Kind.STATUS, self._server.offer()))
 
     async def close(self) -> None:
         self._closed = True
@@ -228,6 +264,8 @@ class WorkerLink:
         return merge_expositions(generate_latest(self._engines.registry), workers)
 
     async def _open_session(self, session_id: str, options: Any) -> tuple[int, Any]:
+        if self._server.draining:  # a front-end that had not seen the drain yet tries another engine
+            raise CapacityExhausted("this engine is draining")
         session = await self._engines.session_engine.open_session(session_id, options)
         if self._closed:
             await session.close()
@@ -235,6 +273,7 @@ class WorkerLink:
         handle = next(self._handles)
         self._sessions[handle] = session
         self._pumps[handle] = asyncio.create_task(self._pump(handle, session))
+        self._server.sessions_changed()  # the new load reaches this worker before the answer
         return handle, session.capabilities
 
     async def _pump(self, handle: int, session: EngineSession) -> None:
@@ -248,10 +287,15 @@ class WorkerLink:
         session = self._sessions.pop(handle, None)
         if session is None:
             return
-        await session.close()
-        pump = self._pumps.pop(handle, None)
-        if pump is not None:  # the pump ends by itself once the session's events end
-            await asyncio.gather(pump, return_exceptions=True)
+        self._releasing += 1  # still counted until its slot is free: a front-end told sooner would be refused
+        try:
+            await session.close()
+            pump = self._pumps.pop(handle, None)
+            if pump is not None:  # the pump ends by itself once the session's events end
+                await asyncio.gather(pump, return_exceptions=True)
+        finally:
+            self._releasing -= 1
+            self._server.sessions_changed()
 
     def _session_call(self, method: str) -> Callable[..., Any]:
         def call(handle: int, *args: Any) -> Any:

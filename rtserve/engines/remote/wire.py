@@ -3,8 +3,10 @@
 One ordered byte stream per worker (a Unix socket today; ``EngineLink`` takes any
 ``connect()`` giving asyncio streams, so a TCP socket to an engine process on another host
 needs no change in the front-ends). Each message is a 4-byte
-big-endian length and a pickled tuple whose first item is a ``Kind``. The stream is
-private to one server (a socket in a 0700 directory), so pickle is trusted here.
+big-endian length and a pickled tuple whose first item is a ``Kind``. The Unix socket is
+private to one server (a socket in a 0700 directory), so pickle is trusted there; over TCP
+(engines as Ray actors, ``rtserve/cluster``) both ends first prove a shared secret
+(``cluster/auth.py``) and no message is read from a peer that has not.
 
 Two paths share the stream, as in vLLM's engine core (``EngineCoreRequestType``):
 

@@ -1,0 +1,188 @@
+"""Engines as Ray actors on a local cluster of two raylets (one engine actor each, loopback engine).
+
+One cluster for the module (starting Ray is the slow part); each test joins it as a front-end
+(``cluster_engines``: find or create the named actors, link to each over TCP + handshake).
+Order matters: the kill test restarts engine 1, the drain test removes it for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rtserve.app import build_app
+from rtserve.cluster.engines import ClusterEngines
+from rtserve.config import ServerConfig, load_config
+from tests.cluster.clients import eventually, open_session
+from tests.support import serve_app
+from tests.test_cli import CLEAN_ENV, _free_port
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rtserve.cluster.frontend import cluster_engines  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+NAMESPACE = "rtserve-test"
+PREFIX = "rtserve-test-engine"
+SLOTS = 2
+_NODE = {"num_cpus": 1, "resources": {"rtserve_engine": 1}, "object_store_memory": 80 * 1024 * 1024}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Cluster]:
+    cluster = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False})
+    try:
+        cluster.add_node(**_NODE)
+        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        yield cluster
+    finally:
+        for index in range(2):  # detached: they would outlive the cluster's driver
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(f"{PREFIX}-{index}", namespace=NAMESPACE), no_restart=True)
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _config(address: str) -> ServerConfig:
+    config = load_config(environ={})
+    config.engine = "loopback"
+    config.lockstep.batch_size = SLOTS
+    config.sessions.disconnect_grace_s = 0.2
+    config.sessions.reaper_interval_s = 0.05
+    config.cluster = config.cluster.model_copy(update={
+        "address": address, "namespace": NAMESPACE, "engine_prefix": PREFIX, "engines": 2,
+        "engine_resources": {"rtserve_engine": 1}, "placement_strategy": "STRICT_SPREAD",
+        "secret": "test-cluster-secret-0123456789", "engine_host": "127.0.0.1", "startup_timeout_s": 90})
+    return config
+
+
+@contextlib.asynccontextmanager
+async def front_end(cluster: Cluster) -> AsyncIterator[tuple[str, ClusterEngines]]:
+    config = _config(cluster.address)
+    registry = CollectorRegistry()
+    engines = await cluster_engines(config, registry, worker_index=0)
+    async with serve_app(build_app(config, engines=engines, registry=registry)) as base:
+        await eventually(lambda: all(m.serving for m in engines.members), 90, "every engine actor to serve")
+        yield base, engines
+
+
+def _sessions(engines: ClusterEngines) -> list[int | None]:
+    return [state["sessions"] for state in engines.placement().values()]
+
+
+def _actor(index: int):
+    return ray.get_actor(f"{PREFIX}-{index}", namespace=NAMESPACE)
+
+
+async def test_one_engine_actor_per_node_and_admission_across_them(ray_cluster: Cluster) -> None:
+    async with front_end(ray_cluster) as (base, engines), aiohttp.ClientSession() as http:
+        placed = await asyncio.gather(*(_actor(i).placement.remote() for i in range(2)))
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert {p["node_id"] for p in placed} == nodes and len(nodes) == 2
+        clients = [await open_session(http, base) for _ in range(2)]
+        assert all(c.admitted for c in clients) and _sessions(engines) == [1, 1]
+        clients += [await open_session(http, base) for _ in range(2)]
+        assert all(c.admitted for c in clients) and _sessions(engines) == [2, 2]
+        refused = await open_session(http, base)
+        assert refused.first["error"]["code"] == "resource_exhausted"
+        for client in clients:
+            assert await client.echoes_grow(0.5) > 0
+        async with http.get(f"{base}/metrics") as response:
+            text = await response.text()
+        for index in range(2):
+            assert f'rtserve_lockstep_live_slots{{engine="{PREFIX}-{index}"}} 2.0' in text
+        for client in clients:
+            await client.close()
+
+
+async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_actors(ray_cluster: Cluster) -> None:
+    """The CLI path: ``--ray-address`` with two front-end workers and no local engine process;
+    the detached actors outlive the front-end."""
+    port = _free_port()
+    env = {**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_LOCKSTEP__BATCH_SIZE": str(SLOTS),
+           "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE, "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
+           "RTSERVE_CLUSTER__ENGINES": "2", "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
+           "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD", "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
+           "RTSERVE_CLUSTER__SECRET": "test-cluster-secret-0123456789"}
+    pids_before = [(await _actor(i).placement.remote())["pid"] for i in range(2)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(port), "--workers", "2",
+        "--ray-address", ray_cluster.address, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def healthy() -> bool:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{base}/health") as response:
+                        return response.status == 200
+                return False
+
+            for _ in range(600):
+                if await healthy():
+                    break
+                assert proc.returncode is None, (await proc.stdout.read()).decode()
+                await asyncio.sleep(0.2)
+            client = await open_session(http, base)
+            assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"]
+            assert await client.echoes_grow(0.6) > 0
+            async with http.get(f"{base}/metrics") as response:
+                assert f'engine="{PREFIX}-0"' in await response.text()
+            await client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    assert [(await _actor(i).placement.remote())["pid"] for i in range(2)] == pids_before
+
+
+async def test_a_killed_engine_actor_ends_only_its_sessions_and_ray_brings_it_back(ray_cluster: Cluster) -> None:
+    async with front_end(ray_cluster) as (base, engines), aiohttp.ClientSession() as http:
+        await eventually(lambda: _sessions(engines) == [0, 0], what="earlier sessions to be gone")
+        on_0, on_1 = await open_session(http, base), await open_session(http, base)
+        assert _sessions(engines) == [1, 1]
+        doomed = await _actor(1).placement.remote()
+        os.kill(doomed["pid"], signal.SIGKILL)
+        await eventually(lambda: bool(on_1.errors), what="engine_failure on the killed engine's session")
+        assert [e["code"] for e in on_1.errors] == ["engine_failure"]
+        assert await on_0.echoes_grow(0.5) > 0 and not on_0.errors
+        await eventually(lambda: engines.members[1].serving, 90, "Ray to restart the engine actor")
+        restarted = await _actor(1).placement.remote()
+        assert restarted["pid"] != doomed["pid"] and restarted["address"] != doomed["address"]
+        newcomer = await open_session(http, base)  # the restarted engine is the emptier one
+        assert newcomer.admitted and _sessions(engines) == [1, 1]
+        assert await newcomer.echoes_grow(0.5) > 0
+        for client in (on_0, on_1, newcomer):
+            await client.close()
+
+
+async def test_rtserve_drain_moves_new_sessions_away_and_the_engine_leaves_at_its_deadline(
+        ray_cluster: Cluster) -> None:
+    async with front_end(ray_cluster) as (base, engines), aiohttp.ClientSession() as http:
+        await eventually(lambda: _sessions(engines) == [0, 0], what="earlier sessions to be gone")
+        on_0, on_1 = await open_session(http, base), await open_session(http, base)
+        drain = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rtserve.cli", "drain", "--ray-address", ray_cluster.address, "--namespace",
+            NAMESPACE, "--engine", f"{PREFIX}-1", "--deadline", "4", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env={**CLEAN_ENV, "PYTHONPATH": os.getcwd()})
+        await eventually(lambda: engines.placement()[f"{PREFIX}-1"]["draining"], 60, "the drain to be seen")
+        newcomer = await open_session(http, base)
+        assert newcomer.admitted and _sessions(engines) == [2, 1]
+        assert await on_1.echoes_grow(0.5) > 0 and not on_1.errors  # its own session goes on until the deadline
+        output, _ = await asyncio.wait_for(drain.communicate(), 90)
+        assert drain.returncode == 0, output.decode()
+        assert "left the cluster" in output.decode()
+        assert [e["code"] for e in on_1.errors] == ["engine_failure"]  # cut at the deadline
+        with pytest.raises(ValueError):
+            _actor(1)
+        assert await on_0.echoes_grow(0.5) > 0 and not on_0.errors
+        for client in (on_0, on_1, newcomer):
+            await client.close()
