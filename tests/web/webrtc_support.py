@@ -125,21 +125,24 @@ class Caller:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
         return self.call_id
 
-    async def next_event(self, index: int) -> dict[str, Any]:
+    async def next_event(self, index: int, timeout_s: float = HANG_GUARD_S) -> dict[str, Any]:
         while len(self.events) <= index:
             self._arrived.clear()
-            await asyncio.wait_for(self._arrived.wait(), HANG_GUARD_S)
+            await asyncio.wait_for(self._arrived.wait(), timeout_s)
         return self.events[index]
 
     async def until(self, event_type: str, *, start: int = 0, timeout_s: float = HANG_GUARD_S) -> dict[str, Any]:
         """The first event of ``event_type`` at or after index ``start``."""
-        async with asyncio.timeout(timeout_s):
-            i = start
-            while True:
-                event = await self.next_event(i)
-                if event["type"] == event_type:
-                    return event
-                i += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                i = start
+                while True:
+                    event = await self.next_event(i, timeout_s)
+                    if event["type"] == event_type:
+                        return event
+                    i += 1
+        except TimeoutError:
+            raise AssertionError(f"no {event_type} after event {start}; got {self.types()[start:][-30:]}") from None
 
     def types(self) -> list[str]:
         return [e["type"] for e in self.events]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from prometheus_client import Counter
 
 from rtserve.codecs.pcm import FloatArray, float_to_int16
 from rtserve.codecs.resample import StreamResampler
@@ -45,7 +46,7 @@ class OutboundAudioTrack(MediaStreamTrack):
     kind = "audio"
 
     def __init__(self, max_queue_ms: int, on_started: Callable[[str], None],
-                 on_stopped: Callable[[str], None]) -> None:
+                 on_stopped: Callable[[str], None], late_frames: Counter) -> None:
         super().__init__()
         self._max_frames = max(1, max_queue_ms * RATE // 1000 // FRAME_SAMPLES)
         self._queue: deque[_Frame] = deque()
@@ -61,7 +62,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._pts = 0
         self.frames_sent = 0
         self.audio_frames_sent = 0
-        self.late_frames = 0  # frames sent more than one frame period late (the loop was busy)
+        self._late_frames = late_frames  # frames sent over one frame period late (the loop was busy)
 
     # ---------------------------------------------------------------- producer side
 
@@ -139,7 +140,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         if wait > 0:
             await asyncio.sleep(wait)
         elif wait < -FRAME_S:
-            self.late_frames += 1
+            self._late_frames.inc()
         samples = self._next_samples()
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE

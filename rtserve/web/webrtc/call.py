@@ -56,7 +56,7 @@ class Call:
                                         max_buffered_bytes=settings.data_channel_buffer_bytes,
                                         on_overflow=self._events_overflow, on_client_event=self._webrtc_event)
         self.track = OutboundAudioTrack(settings.outbound_queue_ms, on_started=self._audio_started,
-                                        on_stopped=self._audio_stopped)
+                                        on_stopped=self._audio_stopped, late_frames=metrics.late_frames)
         self.connection = CallConnection(self.socket, self.track, realtime, dialect, handle.config)
         self.inbound: InboundAudio | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -161,7 +161,6 @@ class Call:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._metrics.ended.labels(reason).inc()
-        self._metrics.late_frames.inc(self.track.late_frames)
         log.info("call %s ended (%s)", self.call_id, reason)
         self._on_done(self)
 

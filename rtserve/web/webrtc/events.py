@@ -17,11 +17,12 @@ except that agent audio plays on the media track.
 
 from __future__ import annotations
 
-from rtserve.sessions import Delivery
+from rtserve.sessions import Delivery, SessionConfig
 from rtserve.sessions import events as ev
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
-from rtserve.web.realtime.connection import RealtimeConnection
+from rtserve.web.realtime.connection import Dialect, RealtimeConnection
+from rtserve.web.realtime.service import RealtimeService
 from rtserve.web.webrtc.audio_out import OutboundAudioTrack
 from rtserve.web.webrtc.channel import DataChannelSocket
 
@@ -35,8 +36,9 @@ def buffer_event(kind: str, response_id: str) -> str:
 class CallConnection(RealtimeConnection):
     socket: DataChannelSocket
 
-    def __init__(self, socket: DataChannelSocket, track: OutboundAudioTrack, *args, **kwargs) -> None:
-        super().__init__(socket, None, *args, **kwargs)  # type: ignore[arg-type]  # the WebSocket surface
+    def __init__(self, socket: DataChannelSocket, track: OutboundAudioTrack, service: RealtimeService,
+                 dialect: Dialect, initial: SessionConfig) -> None:
+        super().__init__(socket, None, service, dialect, initial)  # type: ignore[arg-type]  # the WebSocket surface
         self.socket = socket
         self._track = track
         self._announced: set[str] = set()  # responses announced cleared here since the last audio

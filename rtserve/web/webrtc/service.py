@@ -63,8 +63,8 @@ class WebRtcService:
                     expects_channel="m=application" in offer.sdp, on_done=self._forget)
         try:
             await call.answer(offer.sdp)
-        except BaseException:
-            await call.end("invalid_sdp")
+        except BaseException as exc:
+            await asyncio.shield(call.end("invalid_sdp" if isinstance(exc, ApiError) else "internal_error"))
             raise
         self.calls[call.call_id] = call
         self._metrics.calls.set(len(self.calls))
