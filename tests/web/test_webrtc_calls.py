@@ -95,6 +95,8 @@ async def test_browser_shaped_raw_sdp_call_and_client_clear_and_peer_close(confi
         caller.channel.send('{"type":"output_audio_buffer.clear","event_id":"clear-1"}')
         cleared = await caller.until("output_audio_buffer.cleared")
         assert cleared["response_id"] == started["response_id"]
+        await caller.until("output_audio_buffer.started", start=caller.events.index(cleared))  # flows on
+        assert "error" not in caller.types()  # nothing was refused (the open stream is not truncated)
         await caller.close()  # the peer goes away: the session ends with it
         await wait_metric(base, 'rtserve_webrtc_calls_ended_total{reason="peer_closed"}', 1)
         assert await metric(base, "rtserve_webrtc_calls ") == 0

@@ -80,4 +80,9 @@ async def test_spoken_answer_on_the_track_and_speaking_over_it_clears_it(config:
         done = next(e for e in events if e["type"] == "response.done" and e["response"]["id"] == first)
         assert done["response"]["status"] == "cancelled"
         assert stopped["response_id"] == second["response_id"] != first
+        # The story keeps only what was played before the cut, as on OpenAI's WebRTC calls.
+        truncated = next(e for e in events if e["type"] == "conversation.item.truncated")
+        played_s = sum(len(f) for t, f in caller.audio if t < cleared_at and rms(f) > 0.003) / RATE
+        assert truncated["item_id"] == done["response"]["output"][0]["id"]
+        assert 0 < truncated["audio_end_ms"] and abs(truncated["audio_end_ms"] / 1000 - played_s) < 1.0
         await caller.close()

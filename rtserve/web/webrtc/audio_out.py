@@ -58,6 +58,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._pending = np.zeros(0, dtype=np.int16)  # resampled audio short of a whole frame
         self._pending_response: str | None = None
         self._playing: str | None = None  # the response whose audio is going out
+        self._played: tuple[str, int] = ("", 0)  # the last response played, and its frames sent so far
         self._start: float | None = None
         self._pts = 0
         self.frames_sent = 0
@@ -109,6 +110,11 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._room.set()
         return cut
 
+    def played_ms(self, response_id: str) -> int:
+        """How much of ``response_id`` has gone out (whole frames, tail padding included)."""
+        response, frames = self._played
+        return frames * FRAME_SAMPLES * 1000 // RATE if response == response_id else 0
+
     def _finish_pending(self) -> None:
         if self._pending_response is None or self._resampler is None:
             return
@@ -158,7 +164,9 @@ class OutboundAudioTrack(MediaStreamTrack):
             self._room.set()
         if self._playing != frame.response_id:
             self._playing = frame.response_id
+            self._played = (frame.response_id, 0)
             self._on_started(frame.response_id)
+        self._played = (frame.response_id, self._played[1] + 1)
         self.audio_frames_sent += 1
         if frame.last:
             self._playing = None

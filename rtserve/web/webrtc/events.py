@@ -13,13 +13,17 @@ except that agent audio plays on the media track.
   where it is purged. The ``cleared`` the core sends for the same cut (no audio between)
   is not repeated.
 * The client event ``output_audio_buffer.clear`` (WebRTC only) purges the same way.
+* A response cut off here after it ended in the session keeps, in the conversation, only
+  the audio that was played (``conversation.item.truncated``), as OpenAI's WebRTC server
+  does: the transport, not the client, knows what was heard.
 """
 
 from __future__ import annotations
 
 from rtserve.sessions import Delivery, SessionConfig
 from rtserve.sessions import events as ev
-from rtserve.sessions.ids import new_event_id
+from rtserve.sessions import commands as cmd
+from rtserve.sessions.ids import item_id_for_response, new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.web.realtime.connection import Dialect, RealtimeConnection
 from rtserve.web.realtime.service import RealtimeService
@@ -42,11 +46,14 @@ class CallConnection(RealtimeConnection):
         self.socket = socket
         self._track = track
         self._announced: set[str] = set()  # responses announced cleared here since the last audio
+        self._queued: tuple[str, float] = ("", 0.0)  # the latest response's audio handed to the track, ms
 
     async def _deliver(self, delivery: Delivery) -> None:
         event = delivery.event
         if isinstance(event, ev.AudioDelta):
             self._announced.clear()
+            queued = self._queued[1] if self._queued[0] == event.response_id else 0.0
+            self._queued = (event.response_id, queued + event.duration_ms)
             await self._track.push(event.response_id, event.pcm, event.sample_rate)
             return
         if isinstance(event, ev.AudioDone | ev.ResponseDone):
@@ -70,3 +77,12 @@ class CallConnection(RealtimeConnection):
             if response_id not in self._announced:
                 self._announced.add(response_id)
                 await self.socket.send_str(buffer_event("cleared", response_id))
+                self._truncate(response_id)
+
+    def _truncate(self, response_id: str) -> None:
+        handle = self.handle
+        if handle is None or handle.active_response_id == response_id:
+            return  # still generating: the session's own cancel or fence applies (a continuous stream stays open)
+        queued = self._queued[1] if self._queued[0] == response_id else 0.0
+        heard_ms = int(min(self._track.played_ms(response_id), queued))
+        handle.submit(cmd.ConversationItemTruncate(item_id=item_id_for_response(response_id), audio_end_ms=heard_ms))
