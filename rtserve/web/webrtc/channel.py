@@ -61,7 +61,7 @@ class DataChannelSocket:
         channel.bufferedAmountLowThreshold = self._max_buffered // 2
         channel.on("message", self._on_message)
         channel.on("bufferedamountlow", self._drained.set)
-        channel.on("close", on_peer_close)
+        channel.on("close", lambda: None if self._closed else on_peer_close())  # not our own close
         if channel.readyState == "open":
             self._usable.set()
         else:
