@@ -55,6 +55,9 @@ VOICE_NOT_DELETABLE = "voice_not_deletable"
 VOICE_LIMIT_EXCEEDED = "voice_limit_exceeded"
 INVALID_VOICE_MODEL = "invalid_voice_model"
 VOICE_REGISTRATION_UNSUPPORTED = "voice_registration_unsupported"
+# WebRTC calls (/v1/realtime/calls)
+INVALID_SDP = "invalid_sdp"
+UNKNOWN_CALL = "unknown_call"
 # Anything unexpected
 INTERNAL_ERROR = "internal_error"
 
