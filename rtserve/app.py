@@ -19,6 +19,7 @@ from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
+from rtserve.web.browser import routes as browser
 from rtserve.web.realtime import routes as realtime
 from rtserve.web.auth import auth_middleware
 from rtserve.web.codec_executor import CodecExecutor
@@ -76,6 +77,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     openpi.setup(app)
     moshi.setup(app)
     realtime.setup(app)
+    browser.setup(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_on_cleanup)

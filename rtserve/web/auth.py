@@ -1,6 +1,7 @@
 """Optional API-key check on every route except liveness probes.
 
-Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
+The browser page, dashboard and their files are public (``is_page_request``): a page load
+cannot carry a key, and they hold none; what they call asks for one. Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
 sends); the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers); ``?api_key=<key>``.
 """
@@ -11,6 +12,7 @@ import hmac
 
 from aiohttp import web
 
+from rtserve.web.browser.paths import is_page_request
 from rtserve.web.errors import error_response
 
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -48,7 +50,8 @@ def is_authorized(request: web.Request, api_key: str) -> bool:
 def auth_middleware(api_key: str | None):
     @web.middleware
     async def check(request: web.Request, handler):
-        if api_key is None or request.path in EXEMPT_PATHS or is_authorized(request, api_key):
+        if (api_key is None or request.path in EXEMPT_PATHS or is_page_request(request)
+                or is_authorized(request, api_key)):
             return await handler(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             # Browsers cannot read an HTTP 401 on a WebSocket upgrade: accept, then close 4001.
