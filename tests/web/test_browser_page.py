@@ -46,9 +46,9 @@ async def open_page(context, base: str, *, transport: str, key: str = "", instru
 async def assert_agent_heard_and_seen(page) -> dict:
     """The agent's transcript is on the page and its audio played; returns the page's stats."""
     await until(page, "rtservePage.state === 'connected'", what="connected")
-    text = await until(page, "document.querySelector('#transcript .turn.agent .text')?.textContent",
-                       what="an agent transcript on the page")
+    text = await until(page, "rtservePage.agentText()", what="an agent transcript on the page")
     assert text.strip()
+    assert text in await page.text_content("#transcript")  # what the page shows, not only what it holds
     stats = await until(page, "rtservePage.stats && rtservePage.stats.playedSeconds > 0.5 "
                               "&& rtservePage.stats.energy > 0 && rtservePage.stats", what="agent audio played")
     mic_db = await until(page, "parseFloat(document.querySelector('#mic-db').textContent) > -60 "

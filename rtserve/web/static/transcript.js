@@ -42,6 +42,7 @@ export class Transcript {
   }
 
   set(itemId, who, value, { final = false } = {}) {
+    if (!value && !this.entries.has(itemId)) return;  // an answer cut off before it said anything
     const entry = this.entry(itemId, who);
     entry.value = value.length > MAX_CHARS ? "\u2026" + value.slice(-MAX_CHARS) : value;
     entry.text.textContent = entry.value;
