@@ -21,6 +21,8 @@ from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
 from rtserve.web.browser import routes as browser
 from rtserve.web.realtime import routes as realtime
+from rtserve.web.webrtc import routes as webrtc
+from rtserve.web.webrtc.client_secrets import ClientSecrets
 from rtserve.web.auth import auth_middleware
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.context import CTX, AppContext, Engines
@@ -64,8 +66,9 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     if engines is None:
         local = EngineSet(config, registry, session_engine=engine)
         engines = local if engine_client == "local" else LinkedEngines(local, config)
+    client_secrets = ClientSecrets(config)  # short-lived keys the auth check accepts for placing calls
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(config.api_key)],
+        middlewares=[error_middleware, auth_middleware(config.api_key, client_secrets.admits)],
         client_max_size=config.transport.max_http_body_bytes,
     )
     sessions = SessionManager(engines.session_engine, config.sessions, registry=registry)
@@ -77,6 +80,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     openpi.setup(app)
     moshi.setup(app)
     realtime.setup(app)
+    webrtc.setup(app, client_secrets)
     browser.setup(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_close_sessions)

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--workers", type=int, help="front-end worker processes beside one engine process "
                                                    "(default: from the CPU count; 1 = one process)")
+    serve.add_argument("--ssl-certfile", dest="ssl_certfile", help="PEM certificate (chain): serve HTTPS and WSS")
+    serve.add_argument("--ssl-keyfile", dest="ssl_keyfile", help="PEM private key of --ssl-certfile")
     return parser
 
 
@@ -43,7 +45,7 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     With ``engine_socket`` this is one front-end worker of several: engines run in the engine
     process behind that socket, and ``listener`` is its share of the port (bound by the supervisor)."""
     from rtserve.app import build_app  # heavy imports only for the serve path
-    from rtserve.web.runner import app_runner
+    from rtserve.web.runner import app_runner, server_ssl_context
 
     registry = CollectorRegistry()
     engines = None if engine_socket is None else await _remote_engines(config, engine_socket, worker_index, registry)
@@ -52,11 +54,13 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
         app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
     runner = app_runner(app)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port) if listener is None else web.SockSite(runner, listener)
+    tls = server_ssl_context(config)
+    site = (web.TCPSite(runner, config.host, config.port, ssl_context=tls) if listener is None
+            else web.SockSite(runner, listener, ssl_context=tls))
     await site.start()
     if engine_socket is None:
-        log.info("rtserve %s listening on http://%s:%d (engine %s)", __version__, config.host, config.port,
-                 config.engine)
+        log.info("rtserve %s listening on %s://%s:%d (engine %s)", __version__, "https" if tls else "http",
+                 config.host, config.port, config.engine)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -96,9 +100,13 @@ def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handle
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers")}
+    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
+                                           "ssl_certfile", "ssl_keyfile")}
     try:
         config = load_config(args.config, overrides=flags)
+        from rtserve.web.runner import server_ssl_context
+
+        server_ssl_context(config)  # a bad certificate or key is a config error, before anything starts
     except ConfigError as exc:
         print(f"rtserve: {exc}", file=sys.stderr)
         return 2

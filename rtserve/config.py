@@ -271,6 +271,39 @@ class EngineLinkConfig(_Section):
                                        description="the engine drops a worker link that stopped reading past this")
 
 
+class IceServer(_Section):
+    """One STUN or TURN server, as in the browser's ``RTCIceServer``."""
+
+    urls: list[str] = Field(min_length=1, description="stun:host:port, turn:host:port?transport=udp|tcp, turns:...")
+    username: str | None = None
+    credential: str | None = None
+
+
+class WebRtcConfig(_Section):
+    """``POST /v1/realtime/calls`` (WebRTC, aiortc) and ``POST /v1/realtime/client_secrets``."""
+
+    ice_servers: list[IceServer] = Field(default_factory=list, description="STUN/TURN servers the server's ICE "
+                                         "agent uses; [] = host candidates only (aiortc's public STUN default is off)")
+    host_addresses: list[str] | None = Field(None, description="the only local addresses offered as host "
+                                             "candidates (process-wide); null = every interface but loopback")
+    connect_timeout_s: float = Field(15.0, gt=0, description="offer answered -> ICE+DTLS connected; else the call "
+                                     "ends with reason connect_timeout")
+    max_calls: int = Field(64, ge=1, description="live WebRTC calls per front-end process; beyond -> 429 "
+                           "resource_exhausted (sessions.max_sessions also applies)")
+    inbound_backlog_frames: int = Field(25, ge=1, description="decoded 20 ms microphone frames waiting for the "
+                                        "reader; beyond, the oldest are dropped (counted)")
+    outbound_queue_ms: int = Field(4000, ge=100, description="agent audio queued for the paced 20 ms track; when "
+                                   "full the call reads no further events until it drains")
+    max_pending_events: int = Field(256, ge=1, description="data channel client events awaiting the session; "
+                                    "beyond, new ones are dropped with an input_backpressure error")
+    data_channel_buffer_bytes: int = Field(1024 * 1024, ge=16 * 1024, description="unsent data channel bytes "
+                                           "before the event sender waits for the peer")
+    client_secret_ttl_s: int = Field(600, ge=10, description="lifetime of a client secret without expires_after")
+    client_secret_max_ttl_s: int = Field(7200, ge=10, description="longest expires_after.seconds accepted")
+    max_client_secret_session_bytes: int = Field(8 * 1024, ge=256, description="JSON session bound into a client "
+                                                 "secret; larger -> 400 invalid_value")
+
+
 def default_workers() -> int:
     """One front-end process per two cores beyond the first two: codec work scales with cores,
     and small machines keep everything in one process."""
@@ -298,6 +331,9 @@ class ServerConfig(_Section):
     cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()
     http: HttpGenerationConfig = HttpGenerationConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
+    ssl_certfile: str | None = Field(None, description="PEM certificate chain: serve HTTPS/WSS (with ssl_keyfile)")
+    ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
 
 
 class ConfigError(Exception):

@@ -9,6 +9,7 @@ sends); the WebSocket subprotocol
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -47,11 +48,13 @@ def is_authorized(request: web.Request, api_key: str) -> bool:
                for k in presented_keys(request))
 
 
-def auth_middleware(api_key: str | None):
+def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bool] | None = None):
+    """``also_admits``: a second check for requests the key did not admit (a client secret
+    may place a WebRTC call, ``web/webrtc/client_secrets.py``)."""
     @web.middleware
     async def check(request: web.Request, handler):
         if (api_key is None or request.path in EXEMPT_PATHS or is_page_request(request)
-                or is_authorized(request, api_key)):
+                or is_authorized(request, api_key) or (also_admits is not None and also_admits(request))):
             return await handler(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             # Browsers cannot read an HTTP 401 on a WebSocket upgrade: accept, then close 4001.

@@ -9,8 +9,11 @@ slow-header and silent sockets; request bodies are bounded where handlers read t
 
 from __future__ import annotations
 
+import ssl
+
 from aiohttp import web
 
+from rtserve.config import ConfigError, ServerConfig
 from rtserve.web.context import CTX
 
 
@@ -20,3 +23,19 @@ def app_runner(app: web.Application) -> web.AppRunner:
                          shutdown_timeout=config.sessions.shutdown_timeout_s,
                          keepalive_timeout=config.transport.http_keepalive_timeout_s,
                          lingering_time=config.transport.http_lingering_s)
+
+
+def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """HTTPS/WSS from ``ssl_certfile`` + ``ssl_keyfile`` (a browser on another machine gets the
+    microphone only on a secure origin); None serves plain HTTP. Raises ``ConfigError``."""
+    if config.ssl_certfile is None and config.ssl_keyfile is None:
+        return None
+    if config.ssl_certfile is None or config.ssl_keyfile is None:
+        raise ConfigError("invalid config: ssl_certfile and ssl_keyfile must be given together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate {config.ssl_certfile} / key {config.ssl_keyfile}: "
+                          f"{getattr(exc, 'strerror', None) or exc.args[-1]}") from None
+    return context

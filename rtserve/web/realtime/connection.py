@@ -31,7 +31,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
 from rtserve.log import session_id_var
-from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
+from rtserve.sessions import Attachment, Delivery, Projection, SessionConfig, SessionError, SessionHandle
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, SessionExpired, SessionReplaced
 from rtserve.sessions.ids import new_event_id
@@ -88,9 +88,14 @@ class RealtimeConnection:
         self._server_closing = False  # the sender is closing the socket after the session's last event
         self._sending = False  # the sender is waiting for the socket to take an event
 
-    async def run(self) -> None:
+    async def run(self, opened: SessionHandle | None = None) -> None:
+        """Serve until the peer leaves or the session ends. ``opened``: a session the caller
+        already admitted (a WebRTC call opens its session before it answers the offer)."""
         try:
-            if self.dialect.autostart and not await self._open({}, None):
+            if opened is not None:
+                assert opened.attachment is not None
+                self._attach(opened, opened.attachment)
+            elif self.dialect.autostart and not await self._open({}, None):
                 return
             await self._receive_loop()
         finally:
@@ -229,7 +234,7 @@ class RealtimeConnection:
         try:
             async for delivery in attachment.deliveries():
                 self._sending = True
-                await self.ws.send_str(delivery.text)
+                await self._deliver(delivery)
                 self._sending = False
                 if last is None and self.dialect.conversation_created:
                     await self.ws.send_str(self._conversation_created())
@@ -242,6 +247,10 @@ class RealtimeConnection:
         elif isinstance(last, SessionReplaced):
             self._server_closing = True
             await close_socket(self.ws, WSCloseCode.OK, "session resumed on another connection")
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        """Put one event on the wire (a WebRTC call plays agent audio on its media track instead)."""
+        await self.ws.send_str(delivery.text)
 
     def _conversation_created(self) -> str:
         return compact_json({"type": "conversation.created", "event_id": new_event_id(),

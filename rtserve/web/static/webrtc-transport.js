@@ -130,9 +130,10 @@ export async function connectWebRtc({ key, micStream, audioElement, onEvent, onC
   }
 }
 
-// Best effort: the server also ends the call when the peer connection closes.
+// Best effort: the server also ends the call when the peer connection closes. An ek_ key
+// admits only placing calls, so a call placed with one ends by that close alone.
 function hangUp(callUrl, key) {
-  if (!callUrl) return;
+  if (!callUrl || (key && key.startsWith("ek_"))) return;
   fetch(`${callUrl}/hangup`, { method: "POST", keepalive: true, headers: authHeaders(key) }).catch(() => {});
 }
 

@@ -1,0 +1,92 @@
+"""The caller's microphone into the session: Opus 48 kHz (decoded by aiortc) -> engine rate.
+
+aiortc decodes each RTP packet on its own thread and appends the frame to the remote
+track's queue, which has no bound: a track nobody reads grows for the life of the call.
+One task per call therefore reads the track from the moment it appears, converts each
+frame to mono float32, resamples it (the project's soxr ``StreamResampler``) and submits
+it as session input. The task only falls behind when the event loop is starved; then the
+backlog beyond ``webrtc.inbound_backlog_frames`` is dropped, oldest first, and counted —
+old microphone audio is worth less than keeping the conversation in real time.
+A frame the session refuses (its input bound, ``input_backpressure``) is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcrtpreceiver import RemoteStreamTrack
+from prometheus_client import Counter
+
+from rtserve.codecs.pcm import FloatArray, int16_to_float
+from rtserve.codecs.resample import StreamResampler
+from rtserve.sessions import SessionHandle
+from rtserve.sessions import commands as cmd
+
+log = logging.getLogger(__name__)
+
+
+def frame_to_mono(frame: av.AudioFrame) -> FloatArray:
+    """A decoded audio frame (s16, packed or planar, any channel count) as mono float32."""
+    channels = len(frame.layout.channels)
+    data = frame.to_ndarray()
+    data = data.reshape(channels, -1) if frame.format.is_planar else data.reshape(-1, channels).T
+    if frame.format.name.startswith("s16"):
+        mono = int16_to_float(data[0]) if channels == 1 else int16_to_float(data).mean(axis=0)
+    else:  # float formats
+        mono = data.astype(np.float32).mean(axis=0)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+class InboundAudio:
+    def __init__(self, track: MediaStreamTrack, handle: SessionHandle, engine_rate: int, backlog_frames: int,
+                 dropped: Counter) -> None:
+        self._track = track
+        self._handle = handle
+        self._engine_rate = engine_rate
+        self._backlog_frames = backlog_frames
+        self._dropped = dropped
+        self._resampler: StreamResampler | None = None
+        self.frames = 0
+        self.dropped_frames = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                frame = await self._track.recv()
+            except MediaStreamError:  # the track ended (peer gone, call closed)
+                return
+            self._shed_backlog()
+            if not isinstance(frame, av.AudioFrame):
+                continue
+            if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
+                self._resampler = StreamResampler(frame.sample_rate, self._engine_rate)
+            pcm = self._resampler.process(frame_to_mono(frame))
+            self.frames += 1
+            if self._handle.closed:
+                return
+            if pcm.size and self._handle.submit(cmd.AppendAudio(audio=pcm)) is not None:
+                self._drop(1)
+
+    def _shed_backlog(self) -> None:
+        # aiortc's RemoteStreamTrack keeps decoded frames in ``_queue`` (an unbounded
+        # asyncio.Queue) and offers no public way to bound or inspect it (aiortc 1.16).
+        if not isinstance(self._track, RemoteStreamTrack):
+            return
+        queue: asyncio.Queue[object] = self._track._queue
+        excess = queue.qsize() - self._backlog_frames
+        for _ in range(max(0, excess)):
+            item = queue.get_nowait()
+            if item is None:  # the end-of-track marker: keep it for the next recv()
+                queue.put_nowait(None)
+                break
+            self._drop(1)
+
+    def _drop(self, frames: int) -> None:
+        if not self.dropped_frames:
+            log.info("dropping microphone audio the session cannot take in time")
+        self.dropped_frames += frames
+        self._dropped.inc(frames)

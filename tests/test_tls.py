@@ -1,0 +1,75 @@
+"""``rtserve serve --ssl-certfile/--ssl-keyfile``: HTTPS and WSS with a self-signed pair made by
+openssl exactly as the README shows, in one process and with ``--workers 2``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.test_cli import CLEAN_ENV, CLI, _free_port
+
+START_TIMEOUT_S = 90
+
+
+def self_signed_pair(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    return cert, key
+
+
+async def _healthy(url: str, tls: ssl.SSLContext) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(f"{url}/health", ssl=tls) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, "server never became healthy over TLS"
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serves_https_and_wss_with_a_self_signed_pair(tmp_path: Path, workers: int) -> None:
+    cert, key = self_signed_pair(tmp_path)
+    port = _free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port), "--workers", str(workers),
+                             "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    try:
+        tls = ssl.create_default_context(cafile=str(cert))  # the client trusts exactly this certificate
+        await _healthy(f"https://127.0.0.1:{port}", tls)
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"wss://127.0.0.1:{port}/v1/realtime", ssl=tls) as ws:
+                created = json.loads((await asyncio.wait_for(ws.receive(), 15)).data)
+                assert created["type"] == "session.created"
+            with pytest.raises(aiohttp.ClientError):  # plain HTTP is not served on a TLS port
+                async with http.get(f"http://127.0.0.1:{port}/health") as resp:
+                    await resp.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_bad_key_file_is_a_one_line_config_error(tmp_path: Path) -> None:
+    cert, _ = self_signed_pair(tmp_path)
+    result = subprocess.run([*CLI, "serve", "--engine", "loopback", "--port", str(_free_port()),
+                             "--ssl-certfile", str(cert), "--ssl-keyfile", str(tmp_path / "missing.pem")],
+                            capture_output=True, text=True, env=CLEAN_ENV, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "cannot load the TLS certificate" in result.stderr
