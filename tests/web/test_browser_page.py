@@ -8,6 +8,7 @@ audio "played" means samples that reached the page's audio output, with energy i
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +18,7 @@ from rtserve.config import ServerConfig
 from tests.web.browser_support import HANG_GUARD_S, chromium, console_errors, needs_chromium, tiny_config, until
 from tests.web.browser_support import write_voice_wav
 from tests.web.realtime_support import running, ws_url
+from tests.web.webrtc_support import webrtc_config
 
 pytestmark = [needs_chromium, pytest.mark.slow]
 
@@ -55,6 +57,37 @@ async def assert_agent_heard_and_seen(page) -> dict:
                                "&& document.querySelector('#mic-db').textContent", what="a microphone level")
     assert float(mic_db.split()[0]) > -60
     return stats
+
+
+async def test_webrtc_call_shows_the_reply_plays_it_and_measures_the_path(config: ServerConfig, wav: Path,
+                                                                          tmp_path: Path) -> None:
+    async with running(webrtc_config(tiny_config(config))) as base, chromium(wav) as context:
+        page, errors = await open_page(context, base, transport="webrtc", instructions=INSTRUCTIONS)
+        stats = await assert_agent_heard_and_seen(page)
+        # getStats: the inbound Opus stream and the selected ICE pair's round trip.
+        assert stats["transport"] == "webrtc" and stats["connection"] == "connected"
+        assert stats["bytesIn"] > 1000
+        stats = await until(page, "rtservePage.stats.rttMs !== null && rtservePage.stats.jitterMs !== null "
+                                  "&& rtservePage.stats", what="round trip and jitter")
+        assert 0 <= stats["rttMs"] < 1000 and 0 <= stats["jitterMs"] < 1000
+        assert (await page.text_content("#stat-rtt")).endswith(" ms")
+        await until(page, f"rtservePage.session && rtservePage.session.instructions === {INSTRUCTIONS!r}",
+                    what="session.updated with the page's instructions")
+        assert await page.evaluate("rtservePage.fallbackReason") is None
+        await page.screenshot(path=str(tmp_path / "page-webrtc.png"), full_page=True)
+        assert (tmp_path / "page-webrtc.png").stat().st_size > 10_000
+
+        await page.click("#hangup")
+        await until(page, "rtservePage.state === 'idle'", what="hung up")
+        async with aiohttp.ClientSession() as http:  # the server ended the call too
+            for _ in range(int(HANG_GUARD_S * 10)):
+                async with http.get(base + "/metrics") as resp:
+                    if "rtserve_webrtc_calls 0.0" in await resp.text():
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the call is still live on the server after hang-up")
+        assert errors() == []
 
 
 async def test_websocket_call_shows_the_reply_plays_it_and_applies_settings(config: ServerConfig, wav: Path,
@@ -103,6 +136,31 @@ async def test_a_full_server_says_so(config: ServerConfig, wav: Path) -> None:
             assert await page.get_attribute("#notice", "data-kind") == "full"
             assert await page.is_enabled("#connect")  # the user may try again
             assert errors() == []
+
+
+async def test_a_full_server_refuses_a_webrtc_call_with_a_message(config: ServerConfig, wav: Path) -> None:
+    config.sessions.max_sessions = 1
+    async with running(webrtc_config(tiny_config(config))) as base, chromium(wav) as context:
+        async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(base)) as holder:
+            assert (await holder.receive_json(timeout=HANG_GUARD_S))["type"] == "session.created"
+            page, errors = await open_page(context, base, transport="auto")
+            await until(page, "rtservePage.state === 'full'", what="the server-full state")
+            assert (await page.text_content("#notice")).startswith("The server is full")
+            assert await page.evaluate("rtservePage.fallbackReason") is None  # full is not a reason to fall back
+            assert errors() == []
+
+
+async def test_the_page_places_its_call_with_a_minted_ek_key_not_the_server_key(config: ServerConfig,
+                                                                                wav: Path) -> None:
+    config.api_key = "sk-page-test"
+    async with running(webrtc_config(tiny_config(config))) as base, chromium(wav) as context:
+        calls: list[str] = []
+        context.on("request", lambda r: calls.append(r.headers.get("authorization", ""))
+                   if r.url.endswith("/v1/realtime/calls") else None)
+        page, errors = await open_page(context, base, transport="webrtc", key=config.api_key)
+        await assert_agent_heard_and_seen(page)
+        assert len(calls) == 1 and calls[0].startswith("Bearer ek_") and config.api_key not in calls[0]
+        assert errors() == []
 
 
 async def test_a_server_with_an_api_key_needs_it_in_the_key_field(config: ServerConfig, wav: Path) -> None:
