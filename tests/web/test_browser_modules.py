@@ -94,8 +94,23 @@ async def test_resampling_keeps_pitch_and_length_across_chunk_boundaries(page) -
         };
         const down = convert(48000, 24000, tone(48000, 48000));
         const up = convert(24000, 44100, tone(24000, 24000));
-        return {down: down.length, downCross: crossings(down), up: up.length, upCross: crossings(up)};""")
+        // Agent audio as the cascade sends it (960-sample deltas, a short tail) into a 44.1 kHz
+        // context: the rate ratio is inexact in floating point, and no sample may be lost or NaN.
+        const r = new pcm.LinearResampler(24000, 44100);
+        let produced = 0;
+        let fed = 0;
+        let finite = true;
+        for (let k = 0; k < 200; k++) {
+          const x = tone(24000, k % 7 === 6 ? 21 : 960);
+          fed += x.length;
+          const y = r.process(x);
+          produced += y.length;
+          finite = finite && y.every(Number.isFinite);
+        }
+        return {down: down.length, downCross: crossings(down), up: up.length, upCross: crossings(up),
+                finite, produced, wanted: fed * 44100 / 24000};""")
     assert abs(got["down"] - 24000) <= 2 and abs(got["up"] - 44100) <= 2
+    assert got["finite"] is True and abs(got["produced"] - got["wanted"]) <= 2
     for key in ("downCross", "upCross"):
         assert abs(got[key] - 2000) <= 4, got  # one second of 1 kHz: 2000 sign changes
 

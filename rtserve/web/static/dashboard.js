@@ -34,6 +34,8 @@ const DROPS = {
   "output overflows": "rtserve_session_output_overflows_total",
   "tick overruns": "rtserve_lockstep_overruns_total",
   "deadlines skipped": "rtserve_lockstep_skipped_deadlines_total",
+  "WebRTC mic frames dropped": "rtserve_webrtc_inbound_dropped_frames_total",
+  "WebRTC agent frames late": "rtserve_webrtc_outbound_late_frames_total",
 };
 const TICK = "rtserve_lockstep_tick_seconds";
 const STEP = "rtserve_lockstep_step_seconds";

@@ -18,6 +18,7 @@ const settings = new Settings($("settings"));
 const transcript = new Transcript($("transcript"));
 const page = {
   state: "idle", transport: null, stats: null, notice: null, fallbackReason: null, session: null, events: 0,
+  connectMs: null,  // Connect pressed -> call up (microphone granted, offer answered, data channel open)
   agentText: () => transcript.text("agent"), userText: () => transcript.text("user"),
 };
 window.rtservePage = page;
@@ -171,7 +172,7 @@ async function connect() {
     return;
   }
   // Created in the click handler: a page may start audio only from a user gesture.
-  const c = { audio: new AudioContext(), mic: null, transport: null, timers: [] };
+  const c = { audio: new AudioContext(), mic: null, transport: null, timers: [], started: performance.now() };
   call = c;
   setState("connecting", "opening the microphone\u2026");
   try {
@@ -184,6 +185,8 @@ async function connect() {
     }
     c.transport = transport;
     page.transport = transport.kind;
+    page.connectMs = performance.now() - c.started;
+    $("stat-connect").textContent = `${page.connectMs.toFixed(0)} ms`;
     c.agentMeter = agentMeter(c, transport);
     setState("connected", `connected \u00b7 ${transport.kind === "webrtc" ? "WebRTC" : "WebSocket"}`);
     const update = settings.sessionUpdate();

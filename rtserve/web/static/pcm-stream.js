@@ -19,10 +19,12 @@ export class LinearResampler {
 
   process(input) {
     const src = this.smoothing < 1 ? this.lowpass(input) : input;
-    const out = new Float32Array(Math.max(0, Math.ceil((src.length - this.pos) / this.step)));
+    // One spare slot: the count is computed in floating point, the loop is bounded by `pos`
+    // alone, so `pos` always ends at or past the chunk (never reading before the next one).
+    const out = new Float32Array(Math.max(0, Math.ceil((src.length - this.pos) / this.step)) + 1);
     let n = 0;
     let pos = this.pos;
-    while (pos < src.length && n < out.length) {
+    while (pos < src.length) {
       const i = Math.floor(pos);
       const frac = pos - i;
       const a = i === 0 ? this.last : src[i - 1];
