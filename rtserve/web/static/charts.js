@@ -7,7 +7,7 @@ const PALETTE = ["#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#db2777
 function niceCeil(value) {
   if (!(value > 0)) return 1;
   const magnitude = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 2.5, 5, 10]) {
+  for (const step of [1, 2, 4, 8, 10]) {  // quarters of these are round numbers (the grid has four rows)
     if (value <= step * magnitude) return step * magnitude;
   }
   return 10 * magnitude;
@@ -60,10 +60,11 @@ export class LineChart {
       if (s.points.length > HISTORY) s.points.shift();
     }
     this.points = Math.min(this.points + 1, HISTORY);
-    this.readout.textContent = Object.entries(values)
-      .filter(([, v]) => v !== null && v !== undefined)
+    let shown = Object.entries(values).filter(([, v]) => v !== null && v !== undefined);
+    if (shown.length > 3) shown = shown.sort((a, b) => b[1] - a[1]).slice(0, 3);  // the largest, of many
+    this.readout.textContent = shown
       .map(([name, v]) => (this.series.size > 1 ? `${name} ` : "") + `${format(v)} ${this.unit}`)
-      .slice(0, 3).join(" \u00b7 ");
+      .join(" \u00b7 ");
     this.renderLegend();
     this.draw();
   }
