@@ -19,6 +19,7 @@ const transcript = new Transcript($("transcript"));
 const page = {
   state: "idle", transport: null, stats: null, notice: null, fallbackReason: null, session: null, events: 0,
   connectMs: null,  // Connect pressed -> call up (microphone granted, offer answered, data channel open)
+  firstAudioMs: null,  // Connect pressed -> the server's first agent audio (WebRTC: output_audio_buffer.started)
   agentText: () => transcript.text("agent"), userText: () => transcript.text("user"),
 };
 window.rtservePage = page;
@@ -60,6 +61,10 @@ function explain(err) {
 
 function onServerEvent(event) {
   page.events += 1;
+  if (page.firstAudioMs === null && call
+      && (event.type === "output_audio_buffer.started" || event.type === "response.output_audio.delta")) {
+    page.firstAudioMs = performance.now() - call.started;
+  }
   if (transcript.apply(event)) return;
   switch (event.type) {
     case "session.created":
@@ -165,6 +170,8 @@ async function connect() {
   if (call) return;
   showNotice(null);
   page.fallbackReason = null;
+  page.connectMs = null;
+  page.firstAudioMs = null;
   transcript.clear();
   if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
     showNotice("error", "The microphone needs a secure page: open it over https:// (rtserve serve --ssl-certfile "
