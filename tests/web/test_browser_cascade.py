@@ -1,6 +1,7 @@
 """The voice page in headless Chromium on the embedded default cascade (Silero VAD, Whisper
-tiny.en, SmolLM2, Piper): the fake microphone asks a spoken question (made by the server's
-own TTS), and the page shows the user's transcript, the agent's reply and plays it."""
+tiny.en, SmolLM2, Piper), over WebRTC and over the WebSocket fallback: the fake microphone asks
+a spoken question (made by the server's own TTS), and the page shows the user's transcript, the
+agent's reply and plays it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rtserve.config import ServerConfig
 from tests.web.browser_support import chromium, needs_chromium, until
 from tests.web.realtime_support import running
 from tests.web.test_browser_page import open_page
+from tests.web.webrtc_support import webrtc_config
 
 pytestmark = [needs_chromium, pytest.mark.models, pytest.mark.slow]
 
@@ -41,18 +43,20 @@ async def question_wav(base: str, path: Path) -> Path:
     return path
 
 
-async def test_spoken_question_shows_both_transcripts_and_plays_the_answer(config: ServerConfig,
-                                                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+async def test_spoken_question_shows_both_transcripts_and_plays_the_answer(config: ServerConfig, tmp_path: Path,
+                                                                           transport: str) -> None:
     config.engine = "cascade"
-    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+    async with running(webrtc_config(config), ready_timeout_s=LOAD_TIMEOUT_S) as base:
         wav = await question_wav(base, tmp_path / "question.wav")
         async with chromium(wav) as context:
-            page, errors = await open_page(context, base, transport="websocket")
+            page, errors = await open_page(context, base, transport=transport)
             heard = await until(page, "document.querySelector('#transcript .turn.user:not(.partial) .text')"
                                       "?.textContent", timeout_s=ANSWER_TIMEOUT_S, what="the user's transcript")
             assert {"capital", "france"} <= set(heard.lower().replace("?", "").split())
             await until(page, "rtservePage.agentText().trim()", timeout_s=ANSWER_TIMEOUT_S, what="the agent's reply")
             await until(page, "rtservePage.stats && rtservePage.stats.playedSeconds > 0.5 "
                               "&& rtservePage.stats.energy > 0", timeout_s=ANSWER_TIMEOUT_S, what="the answer played")
-            await page.screenshot(path=str(tmp_path / "cascade.png"), full_page=True)
+            assert await page.evaluate("rtservePage.transport") == transport
+            await page.screenshot(path=str(tmp_path / f"cascade-{transport}.png"), full_page=True)
             assert errors() == []
