@@ -1,7 +1,9 @@
-"""Optional API-key check on every route except liveness probes.
+"""Optional API-key check on every route except liveness probes and the browser files.
 
 The browser page, dashboard and their files are public (``is_page_request``): a page load
-cannot carry a key, and they hold none; what they call asks for one. Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
+cannot carry a key, and they hold none; what they call asks for one.
+
+Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
 sends); the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers); ``?api_key=<key>``.
 """
