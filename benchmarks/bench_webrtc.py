@@ -3,7 +3,7 @@
 
 For each call count N of ``--calls`` (a step up), N aiortc callers place their calls at
 once (the browser shape: raw ``application/sdp``), each with a paced 48 kHz microphone that
-speaks a tone burst every second; the loopback engine sends it back on the agent's track.
+speaks a tone burst every 2 s; the loopback engine sends it back on the agent's track.
 Opus both ways, the soxr resamplers, the paced outbound track and the data channel all run
 as in a browser call. Reported per N:
 
@@ -13,8 +13,10 @@ as in a browser call. Reported per N:
 * server CPU over the steady window (``--duration`` s), total and per call, in % of one core;
 * gaps: agent-track RTP timestamp jumps (lost or late-dropped 20 ms frames) and frames that
   arrived over 100 ms after the previous one (both seen by the callers), plus the server's
-  own counts: outbound frames paced over 20 ms late, microphone frames dropped, engine
-  underruns. "Held" = no gaps of any kind.
+  own counts: outbound frames paced over 20 ms late (in % of the frames it sent), microphone
+  frames dropped, engine underruns. "Held" = every call connected, no RTP gap, no frame
+  over 100 ms late at a caller, no microphone frame dropped, and under 1 % of the server's
+  frames late (on a shared machine a few scheduling hiccups are not the server's doing).
 
 The callers run in this process (``--client-procs`` spreads them over more), so on a small
 machine they compete with the server for the same cores: client CPU is reported too.
@@ -51,6 +53,8 @@ from rtserve.web.webrtc.ice import use_host_addresses  # noqa: E402
 RATE = 48000
 FRAME = 960
 TONE_S = 0.3
+BURST_PERIOD_S = 2  # longer than any echo delay: each echo matches its own burst
+MAX_LATE_SHARE = 0.01
 LATE_ARRIVAL_S = 0.1
 SERVER_COUNTERS = {"late": "rtserve_webrtc_outbound_late_frames_total",
                    "dropped_in": "rtserve_webrtc_inbound_dropped_frames_total",
@@ -58,7 +62,7 @@ SERVER_COUNTERS = {"late": "rtserve_webrtc_outbound_late_frames_total",
 
 
 class BurstMicrophone(MediaStreamTrack):
-    """Paced 20 ms frames: a 440 Hz burst at the start of every second, silence otherwise."""
+    """Paced 20 ms frames: a 440 Hz burst at the start of every period, silence otherwise."""
 
     kind = "audio"
 
@@ -78,7 +82,7 @@ class BurstMicrophone(MediaStreamTrack):
         delay = self._start + self.sent * FRAME / RATE - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        offset = (self.sent * FRAME) % RATE
+        offset = (self.sent * FRAME) % (BURST_PERIOD_S * RATE)
         if offset == 0:
             self.bursts.append(loop.time())
         samples = np.zeros(FRAME, np.int16)
@@ -174,7 +178,7 @@ class Step:
     client_cpu_pct: float
     pts_gaps: int
     late_arrivals: int
-    server_late_frames: float
+    server_late_frames_pct: float
     server_dropped_mic_frames: float
     engine_underruns: float
 
@@ -232,7 +236,9 @@ async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_
 
     gaps = sum(log.pts_gaps for log in ok)
     late = sum(log.late_arrivals for log in ok)
-    held = (len(ok) == calls and gaps == 0 and late == 0 and delta["late"] == 0 and delta["dropped_in"] == 0)
+    late_share = delta["late"] / max(1.0, calls * elapsed / 0.02)
+    held = (len(ok) == calls and gaps == 0 and late == 0 and late_share < MAX_LATE_SHARE
+            and delta["dropped_in"] == 0)
     return Step(calls=calls, held=held, failed_calls=calls - len(ok),
                 answer_p50_ms=pct([log.answer_s for log in ok], 50), answer_max_ms=pct([log.answer_s for log in ok], 100),
                 first_audio_p50_ms=pct([log.first_audio_s for log in ok], 50),
@@ -240,18 +246,18 @@ async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_
                 echo_p50_ms=pct([e for log in ok for e in (log.echoes_s or [])], 50),
                 server_cpu_pct=server_cpu, server_cpu_per_call_pct=server_cpu / max(1, calls),
                 client_cpu_pct=100 * client_cpu / (warmup_s + duration_s), pts_gaps=gaps, late_arrivals=late,
-                server_late_frames=delta["late"], server_dropped_mic_frames=delta["dropped_in"],
+                server_late_frames_pct=100 * late_share, server_dropped_mic_frames=delta["dropped_in"],
                 engine_underruns=delta["underruns"])
 
 
 def print_table(steps: list[Step]) -> None:
     header = ["calls", "held", "failed", "answer p50/max ms", "first audio p50/max ms", "echo p50 ms",
-              "server CPU % (per call)", "client CPU %", "gaps (rtp/late)", "server late/mic drops/underruns"]
+              "server CPU % (per call)", "client CPU %", "gaps (rtp/late)", "server late % / mic drops / underruns"]
     rows = [[str(s.calls), "yes" if s.held else "NO", str(s.failed_calls),
              f"{s.answer_p50_ms:.0f} / {s.answer_max_ms:.0f}", f"{s.first_audio_p50_ms:.0f} / {s.first_audio_max_ms:.0f}",
              f"{s.echo_p50_ms:.0f}", f"{s.server_cpu_pct:.0f} ({s.server_cpu_per_call_pct:.1f})",
              f"{s.client_cpu_pct:.0f}", f"{s.pts_gaps} / {s.late_arrivals}",
-             f"{s.server_late_frames:.0f} / {s.server_dropped_mic_frames:.0f} / {s.engine_underruns:.0f}"]
+             f"{s.server_late_frames_pct:.1f} / {s.server_dropped_mic_frames:.0f} / {s.engine_underruns:.0f}"]
             for s in steps]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")

@@ -46,10 +46,9 @@ ENGINE_ERROR = "engine_error"
 ENGINE_UNAVAILABLE = "engine_unavailable"
 MODEL_NOT_READY = "model_not_ready"
 MODEL_UNAVAILABLE = "model_unavailable"
-# WebRTC calls (/v1/realtime/calls) and client secrets
+# WebRTC calls (/v1/realtime/calls)
 INVALID_SDP = "invalid_sdp"
 UNKNOWN_CALL = "unknown_call"
-INVALID_API_KEY = "invalid_api_key"
 # Anything unexpected
 INTERNAL_ERROR = "internal_error"
 

@@ -1,9 +1,11 @@
-"""``rtserve serve --ssl-certfile/--ssl-keyfile``: HTTPS and WSS with a self-signed pair made by
-openssl exactly as the README shows, in one process and with ``--workers 2``."""
+"""``rtserve serve --ssl-certfile/--ssl-keyfile``: HTTPS and WSS with a self-signed pair like the
+README's, in one process and with ``--workers 2``."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
 import signal
 import ssl
@@ -13,6 +15,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.test_cli import CLEAN_ENV, CLI, _free_port
 
@@ -20,11 +26,25 @@ START_TIMEOUT_S = 90
 
 
 def self_signed_pair(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
-    return cert, key
+    """What the README's openssl command makes: an EC P-256 key and a self-signed certificate
+    for localhost / 127.0.0.1 (made with ``cryptography``, an aiortc dependency, so the test
+    needs no openssl binary)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 async def _healthy(url: str, tls: ssl.SSLContext) -> None:

@@ -37,5 +37,5 @@ def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
         context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate {config.ssl_certfile} / key {config.ssl_keyfile}: "
-                          f"{getattr(exc, 'strerror', None) or exc.args[-1]}") from None
+                          f"{exc.strerror or exc}") from None
     return context

@@ -18,6 +18,9 @@ from rtserve.web.webrtc.audio_out import FRAME_SAMPLES, OutboundAudioTrack
 ENGINE_RATE = 24000
 
 
+REGISTRY = CollectorRegistry()
+
+
 def counter(name: str) -> Counter:
     return Counter(name, name, registry=CollectorRegistry())
 
@@ -86,10 +89,10 @@ async def test_reader_drops_the_oldest_backlog_beyond_its_bound_and_resamples_th
         remote._queue.put_nowait(mic_frame(i))
     remote._queue.put_nowait(None)  # end of track
     handle = _Handle()
-    dropped = counter("dropped")
+    dropped = Counter("dropped", "dropped", registry=REGISTRY)
     reader = InboundAudio(remote, handle, ENGINE_RATE, backlog_frames=10, dropped=dropped)  # type: ignore[arg-type]
     await asyncio.wait_for(reader.run(), 5)
     assert reader.frames + reader.dropped_frames == 40 and reader.frames <= 11
-    assert dropped._value.get() == reader.dropped_frames >= 29
+    assert REGISTRY.get_sample_value("dropped_total") == reader.dropped_frames >= 29
     audio = np.concatenate(handle.submitted)
     assert 0 < len(audio) <= 11 * 480 and np.allclose(audio[-100:], 1000 / 32768, atol=1e-3)  # 24 kHz mono

@@ -152,3 +152,19 @@ async def test_full_server_answers_429_and_unconnected_call_times_out(config: Se
         await caller.until("session.created")
         await caller.close()
         await silent.close()
+
+
+async def test_calls_share_the_session_managers_admission_with_websocket_sessions(config: ServerConfig) -> None:
+    config = webrtc_config(loopback_config(config, max_sessions=1))
+    async with running(config) as base:
+        client = sdk(base)
+        async with client.realtime.connect(model="loopback") as conn:  # a WebSocket session holds the one slot
+            assert (await asyncio.wait_for(conn.recv(), HANG_GUARD_S)).type == "session.created"
+            with pytest.raises(openai.RateLimitError) as full:
+                await client.realtime.calls.create(sdp=await Caller().offer())
+            assert full.value.code == "resource_exhausted"
+        await wait_metric(base, "rtserve_sessions_slots_in_use ", 0)
+        caller = Caller()
+        await caller.call(client)
+        await caller.until("session.created")
+        await caller.close()
