@@ -174,3 +174,31 @@ async def test_a_server_with_an_api_key_needs_it_in_the_key_field(config: Server
         await page.click("#connect")
         await assert_agent_heard_and_seen(page)
         assert errors() == []
+
+
+async def test_settings_the_engine_refuses_are_shown_and_settings_are_remembered(config: ServerConfig,
+                                                                                  wav: Path) -> None:
+    async with running(webrtc_config(tiny_config(config))) as base, chromium(wav) as context:
+        page = await context.new_page()
+        errors = console_errors(page)
+        await page.goto(base + "/")
+        await page.fill("textarea[name=instructions]", INSTRUCTIONS)
+        await page.select_option("select[name=turn_detection]", "server_vad")  # the tiny engine has no VAD
+        assert await page.is_hidden("#send-turn")
+        await page.reload()  # remembered in this browser
+        assert await page.input_value("textarea[name=instructions]") == INSTRUCTIONS
+        assert await page.input_value("select[name=turn_detection]") == "server_vad"
+
+        await page.select_option("select[name=transport]", "webrtc")
+        await page.uncheck("input[name=echo_cancellation]")
+        await page.click("#connect")
+        await until(page, "rtservePage.notice && rtservePage.notice.kind === 'error'", what="the refusal")
+        assert "server VAD" in await page.text_content("#notice")
+        assert await page.evaluate("rtservePage.state") == "connected"  # a refused setting keeps the call
+
+        await page.select_option("select[name=turn_detection]", "none")
+        assert await page.is_visible("#send-turn") and await page.is_enabled("#send-turn")
+        await page.click("#apply")
+        await until(page, "rtservePage.session && rtservePage.session.audio.input.turn_detection === null "
+                          f"&& rtservePage.session.instructions === {INSTRUCTIONS!r}", what="the applied settings")
+        assert errors() == []
