@@ -156,7 +156,7 @@ function release(c) {
   for (const timer of c.timers) clearInterval(timer);
   for (const track of c.mic ? c.mic.getTracks() : []) track.stop();
   $("agent-audio").srcObject = null;
-  c.audio.close();
+  c.audio.close().catch(() => {});  // already closed: nothing left to release
   if (call === c) call = null;
 }
 
