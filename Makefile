@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-APT_PACKAGES = espeak-ng
+# chromium: the browser tests drive Debian's Chromium through Playwright (which cannot fetch its own here)
+APT_PACKAGES = espeak-ng chromium
 
 .PHONY: serve test deps deps-dev apt clean
 
@@ -30,7 +31,7 @@ $(VENV)/.deps-dev: $(VENV)/.deps
 	touch $@
 
 apt:
-	@if ! command -v espeak-ng >/dev/null; then \
+	@if ! command -v espeak-ng >/dev/null || ! test -x /usr/bin/chromium; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 

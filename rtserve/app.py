@@ -19,6 +19,7 @@ from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
+from rtserve.web.browser import routes as browser
 from rtserve.web.realtime import routes as realtime
 from rtserve.web.webrtc import routes as webrtc
 from rtserve.web.webrtc.client_secrets import ClientSecrets
@@ -80,6 +81,7 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     moshi.setup(app)
     realtime.setup(app)
     webrtc.setup(app, client_secrets)
+    browser.setup(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_on_cleanup)

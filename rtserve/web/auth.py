@@ -1,4 +1,7 @@
-"""Optional API-key check on every route except liveness probes.
+"""Optional API-key check on every route except liveness probes and the browser files.
+
+The browser page, dashboard and their files are public (``is_page_request``): a page load
+cannot carry a key, and they hold none; what they call asks for one.
 
 Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
 sends); the WebSocket subprotocol
@@ -12,6 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from rtserve.web.browser.paths import is_page_request
 from rtserve.web.errors import error_response
 
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -51,8 +55,8 @@ def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bo
     may place a WebRTC call, ``web/webrtc/client_secrets.py``)."""
     @web.middleware
     async def check(request: web.Request, handler):
-        if (api_key is None or request.path in EXEMPT_PATHS or is_authorized(request, api_key)
-                or (also_admits is not None and also_admits(request))):
+        if (api_key is None or request.path in EXEMPT_PATHS or is_page_request(request)
+                or is_authorized(request, api_key) or (also_admits is not None and also_admits(request))):
             return await handler(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             # Browsers cannot read an HTTP 401 on a WebSocket upgrade: accept, then close 4001.

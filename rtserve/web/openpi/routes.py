@@ -1,8 +1,9 @@
-"""Registers ``WS /v1/realtime/robot/openpi``, ``WS /`` and openpi's ``GET /healthz``.
+"""Registers ``WS /v1/realtime/robot/openpi`` and openpi's ``GET /healthz``.
 
 Upstream's ``WebsocketPolicyServer`` answers at any path, and openpi-client's
 ``WebsocketClientPolicy(host, port)`` connects to ``/``: a WebSocket upgrade at ``/`` is
-the robot route too. Only upgrades: a plain ``GET /`` is left free (404 today) for a page.
+the robot route too (``web/browser`` owns ``/`` and hands upgrades to ``openpi_socket``;
+a plain ``GET /`` is the browser page).
 
 The policy and its batcher are built and run by the app (``AppContext.policy_batcher``);
 a connection waits for the policy to finish loading, and is refused with an error frame
@@ -63,12 +64,6 @@ async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-async def root(request: web.Request) -> web.StreamResponse:
-    if request.headers.get("Upgrade", "").lower() != "websocket":
-        raise web.HTTPNotFound()
-    return await openpi_socket(request)
-
-
 async def healthz(request: web.Request) -> web.Response:
     """openpi's liveness probe: plain 200 while the process serves HTTP."""
     return web.Response(text="OK")
@@ -83,6 +78,5 @@ def setup(app: web.Application) -> None:
     connections = Connections("openpi", ctx.config.sessions.shutdown_timeout_s)
     app[OPENPI] = OpenPIService(OpenPIMetrics(ctx.registry), connections)
     app.router.add_get(ROUTE, openpi_socket)
-    app.router.add_get("/", root)
     app.router.add_get("/healthz", healthz)
     app.on_shutdown.append(_on_shutdown)

@@ -1,0 +1,194 @@
+// The operator dashboard: scrapes this server's /metrics once a second and charts what an
+// operator watches live. Rates and quantiles come from the difference of two scrapes, as
+// Prometheus' rate() and histogram_quantile() compute them. With workers, /metrics holds
+// every process (worker samples labelled worker="i"; unlabelled: the engine process).
+// `window.rtserveDashboard` mirrors the latest numbers for scripts and the browser tests.
+import { LineChart } from "./charts.js";
+import { Exposition, quantile, rate } from "./prometheus-text.js";
+
+const INTERVAL_MS = 1000;
+const TIMEOUT_MS = 5000;
+const $ = (id) => document.getElementById(id);
+
+const grid = $("charts");
+const charts = {
+  tick: new LineChart(grid, { title: "Lockstep tick time", unit: "ms", minMax: 10,
+                              limits: [{ name: "budget", color: "#dc2626" }] }),
+  sessions: new LineChart(grid, { title: "Live sessions per route", unit: "", minMax: 2 }),
+  underruns: new LineChart(grid, { title: "Underruns (slot ticks stepped on silence)", unit: "/s", minMax: 1 }),
+  drops: new LineChart(grid, { title: "Drops and overruns", unit: "/s", minMax: 1 }),
+  cpu: new LineChart(grid, { title: "CPU per process", unit: "%", minMax: 10 }),
+  lag: new LineChart(grid, { title: "Event loop lag, p99", unit: "ms", minMax: 5 }),
+};
+
+const dashboard = { scrapes: 0, error: null, latest: null };
+window.rtserveDashboard = dashboard;
+
+let previous = null;  // {at: seconds, scrape: Exposition}
+
+// Live-session gauges: one line per route (label) or per family (rtserve_X_connections).
+const SESSION_GAUGE = /^rtserve_(.+?)_(?:open_)?(connections|calls)$/;
+const DROPS = {
+  "input frames dropped": "rtserve_lockstep_dropped_input_frames_total",
+  "output frames dropped": "rtserve_lockstep_dropped_output_frames_total",
+  "output overflows": "rtserve_session_output_overflows_total",
+  "tick overruns": "rtserve_lockstep_overruns_total",
+  "deadlines skipped": "rtserve_lockstep_skipped_deadlines_total",
+  "WebRTC mic frames dropped": "rtserve_webrtc_inbound_dropped_frames_total",
+  "WebRTC agent frames late": "rtserve_webrtc_outbound_late_frames_total",
+};
+const TICK = "rtserve_lockstep_tick_seconds";
+const STEP = "rtserve_lockstep_step_seconds";
+const LAG = "rtserve_event_loop_lag_seconds";
+const CPU = "process_cpu_seconds_total";
+
+function ms(seconds) {
+  return seconds === null || seconds === undefined ? null : seconds * 1000;
+}
+
+// Increase of counter `name` between the scrapes, per second (null on the first scrape).
+function perSecond(now, before, seconds, name) {
+  return rate(now.total(name), before ? before.total(name) : undefined, seconds);
+}
+
+// Mean of a histogram's observations made between the two scrapes.
+function meanBetween(now, before, name) {
+  if (!before || !now.has(`${name}_count`)) return null;
+  const count = now.total(`${name}_count`) - (before.total(`${name}_count`) ?? 0);
+  const sum = now.total(`${name}_sum`) - (before.total(`${name}_sum`) ?? 0);
+  return count > 0 ? sum / count : null;
+}
+
+function tickTimes(now, before, seconds) {
+  if (!now.has(`${TICK}_count`)) return null;
+  const byLe = (scrape) => scrape.sum(`${TICK}_bucket`, (l) => l.le);
+  return {
+    mean: ms(meanBetween(now, before, TICK)),
+    p99: before ? ms(quantile(0.99, byLe(now), byLe(before))) : null,
+    step: ms(meanBetween(now, before, STEP)),
+    budget: ms(now.total("rtserve_lockstep_frame_budget_seconds") ?? null),
+    perSecond: perSecond(now, before, seconds, `${TICK}_count`),
+  };
+}
+
+function liveSessions(now) {
+  const out = {};
+  for (const [name, samples] of now.samples) {
+    const match = SESSION_GAUGE.exec(name);
+    if (!match || now.types.get(name) !== "gauge") continue;
+    for (const s of samples) {
+      const route = s.labels.route || match[1];
+      out[route] = (out[route] || 0) + s.value;
+    }
+  }
+  if (now.has("rtserve_lockstep_live_slots")) out["engine slots"] = now.total("rtserve_lockstep_live_slots");
+  return out;
+}
+
+// Process names: "worker i" for samples a worker pushed; the rest are the engine process's
+// (with workers) or the one server process's.
+function processOf(scrape) {
+  const withWorkers = (scrape.samples.get(CPU) || []).some((s) => s.labels.worker !== undefined);
+  return (labels) => (labels.worker !== undefined ? `worker ${labels.worker}` : withWorkers ? "engine" : "server");
+}
+
+function cpuPercent(now, before, seconds) {
+  const current = now.sum(CPU, processOf(now));
+  const earlier = before ? before.sum(CPU, processOf(before)) : new Map();
+  const out = {};
+  for (const [process, value] of current) {
+    const r = rate(value, earlier.get(process), seconds);
+    out[process] = r === null ? null : 100 * r;
+  }
+  return out;
+}
+
+function loopLagP99(now, before) {
+  const buckets = (scrape) => {
+    const name = processOf(scrape);
+    const out = new Map();
+    for (const s of scrape.samples.get(`${LAG}_bucket`) || []) {
+      const process = name(s.labels);
+      if (!out.has(process)) out.set(process, new Map());
+      const le = out.get(process);
+      le.set(s.labels.le, (le.get(s.labels.le) || 0) + s.value);
+    }
+    return out;
+  };
+  const current = buckets(now);
+  const earlier = before ? buckets(before) : new Map();
+  const out = {};
+  for (const [process, le] of current) out[process] = before ? ms(quantile(0.99, le, earlier.get(process))) : null;
+  return out;
+}
+
+function update(now, at) {
+  const before = previous && previous.scrape;
+  const seconds = previous ? at - previous.at : 0;
+  const ticks = tickTimes(now, before, seconds);
+  const drops = {};
+  for (const [label, name] of Object.entries(DROPS)) {
+    if (now.has(name)) drops[label] = perSecond(now, before, seconds, name);
+  }
+  const underruns = now.has("rtserve_lockstep_underruns_total")
+    ? { underruns: perSecond(now, before, seconds, "rtserve_lockstep_underruns_total") } : {};
+  const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, drops,
+                   cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before) };
+  previous = { at, scrape: now };
+  dashboard.latest = latest;
+  dashboard.scrapes += 1;
+
+  if (ticks) {
+    if (ticks.budget !== null) charts.tick.setLimit("budget", ticks.budget);
+    charts.tick.push({ "mean tick": ticks.mean, "p99 tick": ticks.p99, "mean model step": ticks.step });
+  } else {
+    charts.tick.push({});
+    charts.tick.readout.textContent = "no lockstep engine on this server";
+  }
+  charts.sessions.push(latest.sessions);
+  charts.underruns.push(underruns);
+  charts.drops.push(drops);
+  charts.cpu.push(latest.cpuPercent);
+  charts.lag.push(latest.lagP99Ms);
+}
+
+function setState(state, text) {
+  const badge = $("state");
+  badge.dataset.state = state;
+  badge.textContent = text;
+}
+
+async function scrape() {
+  const key = $("api-key").value.trim();
+  try {
+    const response = await fetch("/metrics", {
+      headers: key ? { Authorization: `Bearer ${key}` } : {}, cache: "no-store",
+      signal: AbortSignal.timeout(TIMEOUT_MS),
+    });
+    if (response.status === 401) {
+      dashboard.error = "the server needs its API key";
+      setState("failed", "enter the server's API key");
+      return;
+    }
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const text = await response.text();
+    update(new Exposition(text), performance.now() / 1000);
+    dashboard.error = null;
+    setState("connected", "live");
+    $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    dashboard.error = String(err.message || err);
+    setState("failed", `cannot read /metrics: ${dashboard.error}`);
+  }
+}
+
+async function loop() {
+  for (;;) {
+    const started = performance.now();
+    await scrape();
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, INTERVAL_MS - (performance.now() - started))));
+  }
+}
+
+window.addEventListener("resize", () => Object.values(charts).forEach((chart) => chart.draw()));
+loop();
