@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
+APT_PACKAGES = espeak-ng
 # chromium: the browser tests drive Debian's Chromium through Playwright (which cannot fetch its own here)
-APT_PACKAGES = espeak-ng chromium
+APT_TEST_PACKAGES = chromium
 
-.PHONY: serve test deps deps-dev apt clean
+.PHONY: serve test deps deps-dev apt apt-test clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +32,17 @@ $(VENV)/.deps-dev: $(VENV)/.deps
 	touch $@
 
 apt:
-	@if ! command -v espeak-ng >/dev/null || ! test -x /usr/bin/chromium; then \
+	@if ! command -v espeak-ng >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 
+apt-test: apt
+	@if ! test -x /usr/bin/chromium; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST_PACKAGES) >/dev/null; \
+	fi
+
 deps: apt $(VENV)/.deps
-deps-dev: apt $(VENV)/.deps-dev
+deps-dev: apt-test $(VENV)/.deps-dev
 
 serve: deps
 	$(VENV)/bin/rtserve serve
