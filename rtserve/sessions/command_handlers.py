@@ -22,6 +22,9 @@ from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig, check_bounds
 from rtserve.sessions.turns import TurnTracker
 
+# OpenAI refuses a manual commit of less audio than this (``input_audio_buffer_commit_empty``).
+MIN_COMMIT_MS = 100
+
 
 class CommandHandlers:
     def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities, config: SessionConfig,
@@ -79,16 +82,23 @@ class CommandHandlers:
     def _append(self, c: cmd.AppendAudio) -> None:
         if c.audio.size:
             self.engine.push_audio(c.audio)
-            self._ledger.uncommitted_ms += 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+            audio_ms = 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+            self._ledger.uncommitted_ms += audio_ms
+            self._ledger.received_ms += audio_ms
         if self._responses.continuous and self._responses.active is None and not self._output.failed:
             self._responses.begin(None)
 
     def _commit(self, c: cmd.Commit) -> None:
-        if self._ledger.uncommitted_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
+        buffered_ms = self._ledger.uncommitted_ms
+        if buffered_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
             self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
         elif self._responses.continuous:
             self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
                                related=c.event_id)
+        elif buffered_ms < MIN_COMMIT_MS:
+            self._output.error(errors.INPUT_BUFFER_EMPTY, "Error committing input audio buffer: buffer too small. "
+                               f"Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
+                               f"{buffered_ms:.2f}ms of audio.", related=c.event_id)
         else:
             self._turns.commit(response_create=c.response_create)
 

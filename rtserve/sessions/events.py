@@ -187,6 +187,15 @@ class InputCleared(SessionEvent):
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
+class InputTimeoutTriggered(SessionEvent):
+    """``server_vad`` ``idle_timeout_ms`` ran out: the buffered input is committed and answered."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class InputTranscriptDelta(SessionEvent):
     item_id: str
     delta: str

@@ -41,6 +41,7 @@ from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import SessionConfig
+from rtserve.sessions.idle_timer import IdleTimeoutFired
 from rtserve.sessions.turns import CommitFinished, TranscriptTimeout, TurnTracker
 
 log = logging.getLogger(__name__)
@@ -206,11 +207,18 @@ class SessionRunner:
             self._turns.on_commit_finished(item)
         elif isinstance(item, TranscriptTimeout):
             self._turns.on_transcript_timeout(item)
+        elif isinstance(item, IdleTimeoutFired):
+            self._turns.on_idle_timeout(item)
 
     def _on_engine_event(self, e: Any) -> None:
         if isinstance(e, OutputAudio | OutputText | ResponseFinished):
+            answering = self._responses.active
             if not self._responses.on_output(e):
                 self.metrics.stale_outputs.inc()
+            elif isinstance(e, OutputAudio):
+                self._turns.idle.on_agent_audio()
+            elif isinstance(e, ResponseFinished) and answering is not None and not answering.continuous:
+                self._turns.on_response_finished(e.status, answering.item.audio_ms)
         elif isinstance(e, EngineSpeechStarted):
             self._turns.on_speech_started(e)
         elif isinstance(e, EngineSpeechStopped):

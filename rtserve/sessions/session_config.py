@@ -23,6 +23,8 @@ Modality = Literal["audio", "text"]
 PlaybackCommitPolicy = Literal["commit_all_on_done", "ack_only"]
 
 G711_RATE = 8000
+# What ``transcription.model`` reads when the client named none: the engine's own recognizer.
+DEFAULT_TRANSCRIPTION_MODEL = "default"
 
 
 class SessionConfig(BaseModel):
@@ -41,6 +43,10 @@ class SessionConfig(BaseModel):
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_output_tokens: int | Literal["inf"] = "inf"
     playback_commit_policy: PlaybackCommitPolicy = "commit_all_on_done"
+    # Input transcription events (OpenAI ``audio.input.transcription``): the model name the
+    # client gave, echoed; None = no ``input_audio_transcription`` events (turns are still
+    # transcribed for the LLM). On by default, unlike OpenAI: this server always has the text.
+    transcription_model: str | None = DEFAULT_TRANSCRIPTION_MODEL
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:

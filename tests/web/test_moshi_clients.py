@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve import app as app_module
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SpeechStarted, SpeechStopped
 from rtserve.engines.registry import create_engine
@@ -105,13 +104,6 @@ async def _until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.01)
 
 
-@pytest.fixture
-def local_engine_client() -> None:
-    if app_module.engine_client != "local":
-        pytest.skip("the scripted engine's events are emitted in this process; the real cascade test covers the link")
-
-
-@pytest.mark.usefixtures("local_engine_client")
 async def test_chat_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfig) -> None:
     engine = TestDoubleEngine(mode="turn", supports_server_vad=True, input_sample_rate=16000)
     config = moshi_config(config)
@@ -139,7 +131,6 @@ async def test_chat_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfig)
     await _until(lambda: session.closed, "the session was not closed with the socket")
 
 
-@pytest.mark.usefixtures("local_engine_client")
 async def test_duplex_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfig) -> None:
     engine = TestDoubleEngine(mode="turn", supports_server_vad=True)
     async with moshi_server(moshi_config(config), engine) as server, aiohttp.ClientSession() as http:

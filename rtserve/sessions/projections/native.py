@@ -22,6 +22,7 @@ NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.SpeechStopped: "input.speech_stopped",
     ev.InputCommitted: "input.committed",
     ev.InputCleared: "input.cleared",
+    ev.InputTimeoutTriggered: "input.timeout_triggered",
     ev.InputTranscriptDelta: "input.transcript.delta",
     ev.InputTranscriptCompleted: "input.transcript.done",
     ev.ItemAdded: "conversation.item.added",
