@@ -109,7 +109,11 @@ class CommandHandlers:
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=f"response.{exc.param}")
             return
-        if self._responses.continuous:
+        if c.input is not None and not self._input_within_bounds(c.input):
+            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED, "response.input exceeds the conversation limits "
+                               f"({self._limits.max_conversation_items} items, {self._limits.max_conversation_bytes} "
+                               "bytes)", related=c.event_id, param="response.input")
+        elif self._responses.continuous:
             self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
                                related=c.event_id)
         elif self._responses.active is not None:
@@ -118,6 +122,11 @@ class CommandHandlers:
                                related=c.event_id)
         else:
             self._responses.begin(c)
+
+    def _input_within_bounds(self, items: tuple[cmd.ResponseInput, ...]) -> bool:
+        """An out-of-band context is held to the bounds of a conversation."""
+        held = sum(len(entry.text.encode()) for entry in items)
+        return len(items) <= self._limits.max_conversation_items and held <= self._limits.max_conversation_bytes
 
     def _response_cancel(self, c: cmd.ResponseCancel) -> None:
         active = self._responses.active

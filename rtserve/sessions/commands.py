@@ -45,6 +45,16 @@ class Clear(Command):
     target: Literal["input", "output"] = "input"
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseInput:
+    """One item of an out-of-band response's own ``input``: a message, or a reference to a
+    conversation item (``item_id``; its text is looked up when the response starts)."""
+
+    role: Literal["user", "assistant", "system"] = "user"
+    text: str = ""
+    item_id: str | None = None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class ResponseCreate(Command):
     """Per-response overrides; ``None`` keeps the session value."""
@@ -55,6 +65,14 @@ class ResponseCreate(Command):
     temperature: float | None = None
     max_output_tokens: int | None = None
     metadata: Mapping[str, Any] | None = None
+    # Out-of-band (OpenAI): "none" keeps the output out of the conversation; ``input`` replaces
+    # the conversation as the response's context (None: the conversation is the context).
+    conversation: Literal["auto", "none"] = "auto"
+    input: tuple[ResponseInput, ...] | None = None
+
+    @property
+    def out_of_band(self) -> bool:
+        return self.conversation == "none"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -211,3 +211,53 @@ async def test_a_listening_client_is_not_expired_for_silence_but_at_the_maximum_
                      "event_id": None}
     assert lived >= 0.4  # not the 0.1 s idle TTL
     assert "session.expired" not in [e["type"] for e in reader.events]
+
+
+async def test_out_of_band_response_has_its_own_context_and_stays_out_of_the_conversation(
+        config: ServerConfig) -> None:
+    from rtserve.engines.protocols import OutputText
+    async with scripted(config) as (client, engine), client.realtime.connect(model="x") as conn:
+        reader = await open_session(conn, instructions="Be kind.", audio={"input": {"turn_detection": None}})
+        session = await engine_session(engine)
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "I love bananas."}]})
+        user_item = (await reader.until("conversation.item.added"))["item"]["id"]
+        await conn.response.create(response={
+            "conversation": "none", "metadata": {"topic": "classification"}, "output_modalities": ["text"],
+            "instructions": "Classify the topic.",
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Topic?"}]},
+                      {"type": "item_reference", "id": user_item}]})
+        created = (await reader.until("response.created"))["response"]
+        while not session.responses:
+            await asyncio.sleep(0.01)
+        oob = session.responses[0]
+        session.emit(OutputText("fruit", session.epoch, oob.response_id))
+        session.finish(oob.response_id)
+        done = (await reader.until("response.done"))["response"]
+        oob_events = reader.events[-8:]
+
+        await conn.response.create()
+        await reader.until("response.created")
+        while len(session.responses) < 2:
+            await asyncio.sleep(0.01)
+        regular = session.responses[1]
+    assert [(m.role, m.content) for m in oob.messages] == [
+        ("system", "Classify the topic."), ("user", "Topic?"), ("user", "I love bananas.")]
+    assert created["metadata"] == done["metadata"] == {"topic": "classification"}
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "fruit"
+    added = [e for e in oob_events if e["type"] in ("conversation.item.added", "conversation.item.done")]
+    assert added == []  # never part of the default conversation
+    assert [(m.role, m.content) for m in regular.messages] == [("system", "Be kind."), ("user", "I love bananas.")]
+
+
+async def test_response_input_is_held_to_the_conversation_bounds(config: ServerConfig) -> None:
+    config.sessions.max_conversation_items = 2
+    async with scripted(config) as (client, _), client.realtime.connect(model="x") as conn:
+        reader = await open_session(conn)
+        message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+        await conn.response.create(response={"conversation": "none", "input": [message] * 3}, event_id="big")
+        error = (await reader.until("error"))["error"]
+        await conn.response.create(response={"conversation": "elsewhere"}, event_id="bad")
+        bad = (await reader.until("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == ("conversation_limit_exceeded", "response.input", "big")
+    assert (bad["code"], bad["param"]) == ("invalid_value", "response.conversation")

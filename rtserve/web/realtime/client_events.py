@@ -267,12 +267,7 @@ def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationIte
 def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCreate:
     e = _validated(_ResponseCreate, data)
     r = e.response or _ResponseBody()
-    if r.conversation not in (None, "auto"):
-        raise WireError(INVALID_VALUE, "Out-of-band responses (conversation other than 'auto') are not supported",
-                        param="response.conversation", event_id=e.event_id)
-    if r.input is not None:
-        raise WireError(INVALID_VALUE, "Custom response input is not supported; the conversation is the input",
-                        param="response.input", event_id=e.event_id)
+    conversation, response_input = _out_of_band(r, e.event_id)
     audio_out = r.audio.output if r.audio is not None else None
     if r.output_audio_format is not None or (audio_out is not None and audio_out.format is not None):
         raise WireError(INVALID_VALUE, "Per-response audio formats are not supported; set the format with "
@@ -283,7 +278,54 @@ def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCre
         instructions=r.instructions, modalities=tuple(dict.fromkeys(modalities)) if modalities else None,
         voice=(audio_out.voice if audio_out is not None else None) or r.voice, temperature=r.temperature,
         max_output_tokens=tokens if isinstance(tokens, int) else None,  # "inf": the session's own limit
-        metadata=r.metadata, event_id=e.event_id)
+        metadata=r.metadata, conversation=conversation, input=response_input, event_id=e.event_id)
+
+
+class _InputItem(BaseModel):
+    """One item of ``response.input``: a message (text parts) or an ``item_reference``."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["message", "item_reference"] = "message"
+    id: StrictStr | None = None
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[_ContentPart] = []
+
+
+def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto", "none"],
+                                                                  tuple[cmd.ResponseInput, ...] | None]:
+    """``conversation`` ("auto" or "none") and ``input`` of an out-of-band ``response.create``."""
+    if r.conversation not in (None, "auto", "none"):
+        raise WireError(INVALID_VALUE, "conversation must be 'auto' or 'none'", param="response.conversation",
+                        event_id=event_id)
+    conversation: Literal["auto", "none"] = "none" if r.conversation == "none" else "auto"
+    if r.input is None:
+        return conversation, None
+    items = []
+    for index, raw in enumerate(r.input):
+        param = f"response.input.{index}"
+        try:
+            item = _InputItem.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = field_path(err["loc"])
+            raise invalid_event(f"'{param}.{where}': {err['msg']}", param=f"{param}.{where}",
+                                event_id=event_id) from None
+        if item.type == "item_reference":
+            if item.id is None:
+                raise invalid_event(f"'{param}.id' is required", param=f"{param}.id", event_id=event_id)
+            items.append(cmd.ResponseInput(item_id=item.id))
+            continue
+        if item.role is None:
+            raise invalid_event(f"'{param}.role' is required", param=f"{param}.role", event_id=event_id)
+        texts = []
+        for part in item.content:
+            if part.type not in ("input_text", "text", "output_text"):
+                raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported "
+                                "in response.input; use input_text / output_text", param=f"{param}.content",
+                                event_id=event_id)
+            texts.append(part.text or "")
+        items.append(cmd.ResponseInput(role=item.role, text="".join(texts)))
+    return conversation, tuple(items)
 
 
 def _resume(data: dict[str, Any], rules: EventRules) -> ResumeSession:
