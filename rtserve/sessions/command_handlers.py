@@ -211,7 +211,7 @@ class CommandHandlers:
                                f"{self._conversation.max_bytes} bytes of text; delete items to add more",
                                related=c.event_id, param="item")
             return
-        item = ConversationItem(item_id, c.role, "text", text=c.text, committed_text=c.text,
+        item = ConversationItem(item_id, c.role, "audio" if c.audio else "text", text=c.text, committed_text=c.text,
                                 turn_id=self._ledger.turn_id)
         try:
             previous = self._conversation.add(item, c.previous_item_id)

@@ -122,6 +122,7 @@ class ConversationItemCreate(Command):
     text: str
     previous_item_id: str | None = None  # None: append at the end
     item_id: str | None = None  # None: server-allocated
+    audio: bool = False  # the client sent audio: ``text`` is its transcript
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

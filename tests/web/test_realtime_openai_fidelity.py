@@ -261,3 +261,22 @@ async def test_response_input_is_held_to_the_conversation_bounds(config: ServerC
         bad = (await reader.until("error"))["error"]
     assert (error["code"], error["param"], error["event_id"]) == ("conversation_limit_exceeded", "response.input", "big")
     assert (bad["code"], bad["param"]) == ("invalid_value", "response.conversation")
+
+
+async def test_input_audio_item_with_its_transcript_enters_the_conversation(config: ServerConfig) -> None:
+    async with scripted(config) as (client, engine), client.realtime.connect(model="x") as conn:
+        reader = await open_session(conn, audio={"input": {"turn_detection": None}})
+        session = await engine_session(engine)
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": ms(200), "transcript": "Is it raining?"}]})
+        added = (await reader.until("conversation.item.added"))["item"]
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": ms(200)}]}, event_id="no-asr")
+        refused = (await reader.until("error"))["error"]
+        await conn.response.create()
+        await reader.until("response.created")
+        while not session.responses:
+            await asyncio.sleep(0.01)
+    assert added["content"] == [{"type": "input_audio", "transcript": "Is it raining?"}]
+    assert (refused["code"], refused["param"], refused["event_id"]) == ("invalid_value", "item.content", "no-asr")
+    assert [(m.role, m.content) for m in session.responses[0].messages][-1] == ("user", "Is it raining?")

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat
+from rtserve.web.realtime.audio_items import CreateAudioItem, ItemPart
 from rtserve.web.realtime.errors import INVALID_VALUE, MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.session_object import FormatField, MaxTokens, audio_format, session_changes
 
@@ -79,7 +80,7 @@ class ClearInput:
     event_id: str | None = None
 
 
-ClientAction = UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | cmd.Command
+ClientAction = UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CreateAudioItem | cmd.Command
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class _ContentPart(BaseModel):
     type: StrictStr
     text: StrictStr | None = None
     transcript: StrictStr | None = None
+    audio: StrictStr | None = None  # input_audio: base64 in the session's input format
 
 
 class _Item(BaseModel):
@@ -252,8 +254,10 @@ def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     return AppendInput(e.audio, chunk_format, rate, e.is_speech, e.event_id)
 
 
-def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate:
+def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate | CreateAudioItem:
     e = _validated(_ItemCreate, data)
+    if any(part.type == "input_audio" for part in e.item.content):
+        return _audio_item(e)
     texts = []
     for part in e.item.content:
         if part.type not in ("input_text", "text", "output_text"):
@@ -262,6 +266,25 @@ def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationIte
         texts.append(part.text or "")
     return cmd.ConversationItemCreate(role=e.item.role, text="".join(texts), previous_item_id=e.previous_item_id,
                                       item_id=e.item.id, event_id=e.event_id)
+
+
+def _audio_item(e: _ItemCreate) -> CreateAudioItem:
+    """A message with ``input_audio`` parts: transcribed by the connection (``audio_items``)."""
+    parts = []
+    for part in e.item.content:
+        if part.type == "input_audio":
+            if part.audio is None and part.transcript is None:
+                raise invalid_event("'item.content.audio' is required", param="item.content", event_id=e.event_id)
+            parts.append(ItemPart(text=part.transcript) if part.transcript is not None else ItemPart(audio=part.audio))
+        elif part.type in ("input_text", "text"):
+            parts.append(ItemPart(text=part.text or ""))
+        else:
+            raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} cannot be mixed with "
+                            "input_audio; use input_text", param="item.content", event_id=e.event_id)
+    if e.item.role != "user":
+        raise WireError(INVALID_VALUE, "input_audio content is for user messages", param="item.role",
+                        event_id=e.event_id)
+    return CreateAudioItem(e.item.role, tuple(parts), e.previous_item_id, e.item.id, e.event_id)
 
 
 def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCreate:

@@ -41,6 +41,7 @@ from rtserve.errors import SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime.audio import InputAudioDecoder
+from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
 from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
                                                 ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
@@ -149,6 +150,9 @@ class RealtimeConnection:
         elif isinstance(action, ClearInput):
             self._decoder.reset()
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
+        elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
+            handle.submit(await resolve_audio_item(action, self.service.asr(), self._config.input_audio_format,
+                                                   self.service.codecs))
         else:
             # Refusals of a live session are on its stream; a closed one's stream has ended.
             handle.submit(action)

@@ -13,12 +13,13 @@ With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` even
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.protocols import ASREngine, EngineCapabilities
 from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
 from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
@@ -51,6 +52,8 @@ class RealtimeService:
         self.engine_capabilities = capabilities
         self.metrics = RealtimeMetrics(registry)
         self.connections = Connections("realtime", config.sessions.shutdown_timeout_s)
+        # The recognizer for ``input_audio`` items (``audio_items.py``); set by ``routes.setup``.
+        self.asr: Callable[[], ASREngine | None] = lambda: None
 
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
