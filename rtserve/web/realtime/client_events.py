@@ -73,6 +73,7 @@ class AppendInput:
 class CommitInput:
     response_create: bool = False
     event_id: str | None = None
+    final: bool | None = None  # vLLM's transcription flow (``vllm_transcription``); None: an OpenAI commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,7 @@ class _Append(_Event):
 
 class _Commit(_Event):
     response_create: StrictBool = False
+    final: StrictBool | None = None
 
 
 class _ContentPart(BaseModel):
@@ -227,8 +229,14 @@ def _validated(model: type[_Event], data: dict[str, Any]) -> Any:
                             event_id=_event_id_of(data)) from None
 
 
+def _commit(e: _Commit, rules: EventRules) -> CommitInput:
+    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final)
+
+
 def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
     e = _validated(_SessionUpdate, data)
+    if "session" not in data and isinstance(data.get("model"), str):
+        return UpdateSession({"model": data["model"][:MAX_ECHOED_CHARS * 4]}, e.event_id)  # vLLM's flat form
     if "session" not in data:
         raise invalid_event("'session' is required", param="session", event_id=e.event_id)
     try:
@@ -240,8 +248,8 @@ def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
 
 def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     e = _validated(_Append, data)
-    if not rules.duplex:
-        return AppendInput(e.audio, event_id=e.event_id)
+    if not rules.duplex:  # vLLM clients name their rate on plain OpenAI connections too
+        return AppendInput(e.audio, sample_rate=e.sample_rate_hz, event_id=e.event_id)
     fmt = e.format or e.input_audio_format
     chunk_format, rate = None, e.sample_rate_hz
     if fmt is not None:
@@ -365,8 +373,7 @@ _Parser = Callable[[dict[str, Any], EventRules], ClientAction]
 _REALTIME: dict[str, _Parser] = {
     "session.update": _session_update,
     "input_audio_buffer.append": _append,
-    "input_audio_buffer.commit": lambda d, r: CommitInput(_validated(_Commit, d).response_create and r.duplex,
-                                                          _event_id_of(d)),
+    "input_audio_buffer.commit": lambda d, r: _commit(_validated(_Commit, d), r),
     "input_audio_buffer.clear": lambda d, r: ClearInput(_validated(_Event, d).event_id),
     "output_audio_buffer.clear": lambda d, r: cmd.Clear(target="output", event_id=_validated(_Event, d).event_id),
     "conversation.item.create": _item_create,

@@ -45,6 +45,7 @@ from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
 from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
                                                 ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
+from rtserve.web.realtime.vllm_transcription import TranscriptionFlow
 
 if TYPE_CHECKING:
     from rtserve.web.realtime.service import RealtimeService
@@ -88,6 +89,7 @@ class RealtimeConnection:
         self._sender: asyncio.Task[None] | None = None
         self._server_closing = False  # the sender is closing the socket after the session's last event
         self._sending = False  # the sender is waiting for the socket to take an event
+        self._transcription = TranscriptionFlow()  # vLLM's transcription events, once a client asks
 
     async def run(self) -> None:
         try:
@@ -142,6 +144,9 @@ class RealtimeConnection:
         if isinstance(action, AppendInput):
             pcm = await self._decode(action)
             handle.submit(cmd.AppendAudio(audio=pcm, is_speech=action.is_speech, event_id=action.event_id))
+        elif isinstance(action, CommitInput) and action.final is False:
+            if self._transcription.start():  # vLLM: the stream opens; turns end at final: true only
+                handle.submit(cmd.SessionUpdate(changes={"turn_detection": None}, event_id=action.event_id))
         elif isinstance(action, CommitInput):
             tail = self._decoder.flush()  # the resampler's held-back end of the turn
             if tail.size:
@@ -234,6 +239,8 @@ class RealtimeConnection:
             async for delivery in attachment.deliveries():
                 self._sending = True
                 await self.ws.send_str(delivery.text)
+                for frame in self._transcription.frames_after(delivery.event):
+                    await self.ws.send_str(frame)
                 self._sending = False
                 if last is None and self.dialect.conversation_created:
                     await self.ws.send_str(self._conversation_created())
