@@ -63,6 +63,13 @@ class EngineCapabilities:
             "supports_text_output": self.supports_text_output,
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
+            # The keys vLLM-Omni's duplex clients read (duplex.md §1.3.5, U.1): a lockstep model owns
+            # its duplex behaviour; a turn engine's turns come from server VAD in the session core.
+            "implementation_level": "model_native_duplex" if self.mode == "lockstep" else "server_vad_turns",
+            "input_modes": ["append_audio_chunk"],
+            "supports_multi_session": self.max_sessions >= 2,
+            "supports_multi_session_same_replica": self.max_sessions >= 2,
+            "supports_playback_ack": True,
         }
 
 

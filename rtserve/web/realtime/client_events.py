@@ -81,7 +81,16 @@ class ClearInput:
     event_id: str | None = None
 
 
-ClientAction = UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CreateAudioItem | cmd.Command
+@dataclass(frozen=True, slots=True)
+class CancelInput:
+    """``input.cancel`` (vLLM-Omni duplex): drop the uncommitted input and advance the epoch
+    (agent output in flight is cancelled, as ``output_audio_buffer.clear`` does)."""
+
+    event_id: str | None = None
+
+
+ClientAction = (UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CancelInput | CreateAudioItem
+                | cmd.Command)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +149,15 @@ class _ItemTruncate(_Event):
     item_id: StrictStr
     content_index: Annotated[StrictInt, Field(ge=0)] = 0
     audio_end_ms: Annotated[StrictInt, Field(ge=0)]
+
+
+class _TextAppend(_Event):
+    text: StrictStr
+
+
+def _text_append(e: _TextAppend) -> cmd.ConversationItemCreate:
+    """``input.text.append``: typed user input, a user message in the conversation."""
+    return cmd.ConversationItemCreate(role="user", text=e.text, event_id=e.event_id)
 
 
 class _ItemRef(_Event):
@@ -398,12 +416,16 @@ _DUPLEX: dict[str, _Parser] = {
     "overlap.decision": lambda d, r: _overlap(_validated(_OverlapDecision, d)),
     "turn.signal": lambda d, r: _barge_in(_validated(_TurnSignal, d)),
     "barge_in": lambda d, r: cmd.BargeIn(event_id=_validated(_Event, d).event_id),
+    # vLLM-Omni duplex input events (duplex.md U.1)
+    "input.cancel": lambda d, r: CancelInput(_validated(_Event, d).event_id),
+    "input.text.append": lambda d, r: _text_append(_validated(_TextAppend, d)),
 }
 
 _DUPLEX_ALIASES = {
     "input.commit": "input_audio_buffer.commit", "input.audio.append": "input_audio_buffer.append",
     "audio.playback_ack": "playback.ack", "signal_turn": "turn.signal", "close_session": "session.close",
     "session_close": "session.close", "close": "session.close",
+    "input_text.append": "input.text.append", "push_text": "input.text.append",
 }
 
 

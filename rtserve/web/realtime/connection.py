@@ -42,7 +42,7 @@ from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
-from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
+from rtserve.web.realtime.client_events import (AppendInput, CancelInput, ClearInput, ClientAction, CommitInput, EventRules,
                                                 ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
 from rtserve.web.realtime.vllm_transcription import TranscriptionFlow
@@ -152,9 +152,11 @@ class RealtimeConnection:
             if tail.size:
                 handle.submit(cmd.AppendAudio(audio=tail))
             handle.submit(cmd.Commit(response_create=action.response_create, event_id=action.event_id))
-        elif isinstance(action, ClearInput):
+        elif isinstance(action, ClearInput | CancelInput):
             self._decoder.reset()
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
+            if isinstance(action, CancelInput):
+                handle.submit(cmd.Clear(target="output", event_id=action.event_id))
         elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
             handle.submit(await resolve_audio_item(action, self.service.asr(), self._config.input_audio_format,
                                                    self.service.codecs))

@@ -1,0 +1,45 @@
+"""What vLLM-Omni's duplex clients read and send on ``WS /v1/realtime?duplex=1`` (duplex.md
+§1.3.5, U.1), over a raw ``websockets`` socket as their ``DuplexClient`` uses (issue 16):
+the capability keys, ``input.text.append`` (and its aliases) and ``input.cancel``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import websockets
+
+from rtserve.config import ServerConfig
+from tests.web.realtime_support import HANG_GUARD_S, loopback_config, running, ws_url
+
+
+async def next_of(ws: Any, kind: str, role: str | None = None) -> dict:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S))
+        if event["type"] == kind and (role is None or event["item"]["role"] == role):
+            return event
+
+
+async def test_capability_keys_text_append_and_input_cancel(config: ServerConfig) -> None:
+    async with running(loopback_config(config)) as base:
+        async with websockets.connect(ws_url(base, duplex="1")) as ws:
+            created = await next_of(ws, "session.created")
+            await ws.send(json.dumps({"type": "input.text.append", "text": "turn left", "event_id": "t1"}))
+            added = await next_of(ws, "conversation.item.added", "user")
+            await ws.send(json.dumps({"type": "push_text", "text": "then stop"}))
+            alias = await next_of(ws, "conversation.item.added", "user")
+            epoch_before = alias["epoch"]
+            await ws.send(json.dumps({"type": "input.cancel", "event_id": "c1"}))
+            cleared = await next_of(ws, "input_audio_buffer.cleared")
+            await ws.send(json.dumps({"type": "session.heartbeat"}))
+            after = await next_of(ws, "session.heartbeat_ack")
+    capabilities = created["session"]["capabilities"]
+    assert capabilities["implementation_level"] == "model_native_duplex"
+    assert capabilities["input_modes"] == ["append_audio_chunk"]
+    assert capabilities["supports_multi_session"] is True
+    assert capabilities["supports_multi_session_same_replica"] is True
+    assert capabilities["supports_playback_ack"] is True
+    assert added["item"]["role"] == "user" and added["item"]["content"][0]["text"] == "turn left"
+    assert alias["item"]["content"][0]["text"] == "then stop"
+    assert cleared["epoch"] == epoch_before and after["epoch"] == epoch_before + 1  # the cancel advanced it
