@@ -233,6 +233,7 @@ OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
     "gpt-4o": "chat", "gpt-4o-mini": "chat",
     "tts-1": "speech", "tts-1-hd": "speech", "gpt-4o-mini-tts": "speech",
     "whisper-1": "transcription", "gpt-4o-transcribe": "transcription", "gpt-4o-mini-transcribe": "transcription",
+    "gpt-4o-audio-preview": "chat", "gpt-4o-mini-audio-preview": "chat",  # chat with audio in/out (chat_audio)
 }
 
 
