@@ -64,8 +64,30 @@ async def test_text_only_completion_is_unchanged_and_bad_audio_requests_are_type
                 await asyncio.to_thread(lambda r=request: list(client.chat.completions.create(**r)))
             failures.append((caught.value.code, caught.value.param))
     assert plain.choices[0].message.content == "echo: 1000hz" and plain.choices[0].message.audio is None
-    assert failures == [("invalid_value", "audio"), ("audio_stream_unsupported", "stream"),
+    assert failures == [("invalid_value", "audio"), ("invalid_value", "audio.format"),
                         ("invalid_base64", "messages[0].content")]
+
+
+async def test_streamed_audio_reply_sends_transcript_then_pcm16(config: ServerConfig) -> None:
+    async with serve_doubles(config) as (base, _):
+        client = sdk(base)
+
+        def run() -> list:
+            stream = client.chat.completions.create(
+                model="gpt-4o-audio-preview", modalities=["text", "audio"], audio={"voice": "low", "format": "pcm16"},
+                stream=True, stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": "say two words"}])
+            return list(stream)
+
+        chunks = await asyncio.to_thread(run)
+    audio = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio is not None]
+    transcript = "".join(a.transcript or "" for a in audio)
+    pcm = b"".join(base64.b64decode(a.data) for a in audio if a.data)
+    ids = {a.id for a in audio if a.id}
+    assert transcript == "echo: say two words"
+    assert abs(len(pcm) / 2 / 24000 - 0.4) < 0.05  # four words, 0.1 s each, at 24 kHz PCM16
+    assert len(ids) == 1 and audio[-1].expires_at is not None and audio[-1].id is None
+    assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == 4
 
 
 @pytest.mark.models

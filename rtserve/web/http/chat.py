@@ -28,7 +28,8 @@ from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, Sampl
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http.chat_audio import AudioOutput, InputAudioPart, engine_messages, spoken_message, wants_audio
+from rtserve.web.http.chat_audio import (AudioOutput, InputAudioPart, check_stream_format, engine_messages,
+                                         spoken_message, stream_spoken, wants_audio)
 from rtserve.web.http.common import (
     SseStream,
     engine_errors,
@@ -203,12 +204,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = body.sampling(ctx.config.http)
     spoken = wants_audio(body.modalities, body.audio)
     if spoken is not None and body.stream:
-        raise ApiError("Streaming is not supported with audio output; set stream to false.", param="stream",
-                       code="audio_stream_unsupported")
+        check_stream_format(spoken)
     messages = await engine_messages(ctx, body.messages)
     check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    if spoken is not None:
+    if spoken is not None and body.stream:
+        work = functools.partial(stream_spoken, request, ctx, llm, messages, params,
+                                 _envelope(completion_id, llm.model_name, "chat.completion.chunk"), spoken,
+                                 bool(body.stream_options and body.stream_options.include_usage))
+    elif spoken is not None:
         work = functools.partial(_respond, llm, messages, params, completion_id,
                                  speak=functools.partial(spoken_message, ctx, audio=spoken))
     elif body.stream:

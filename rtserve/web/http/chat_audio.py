@@ -9,8 +9,11 @@ take and return it.
 * Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}`` speaks the
   reply with the server's synthesizer and returns it as OpenAI does: ``message.content``
   null and ``message.audio`` = ``{id, data (base64), expires_at, transcript}``. Formats:
-  ``wav``, ``mp3``, ``flac``, ``opus``, ``aac``, ``pcm16`` (24 kHz). Streamed requests with
-  audio output are refused (``audio_stream_unsupported``): the reply is spoken whole.
+  ``wav``, ``mp3``, ``flac``, ``opus``, ``aac``, ``pcm16`` (24 kHz).
+* Streamed (``stream: true``; ``pcm16`` only, as OpenAI): the role chunk, then
+  ``delta.audio`` chunks: ``{id, transcript}`` pieces as the model writes, ``{id, data}``
+  PCM16 pieces as the synthesizer speaks each sentence, ``{expires_at}`` last; then the
+  ``finish_reason`` chunk, usage when asked, ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import base64
 import binascii
 import contextlib
 import io
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -27,14 +31,21 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from aiohttp import web
+
+from rtserve.codecs.pcm import float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import ASREngine, ChatMessage, Pcm, TTSEngine
+from rtserve.engines.protocols import (ASREngine, ChatMessage, EngineError, LLMEngine, Pcm, SamplingParams, TTSEngine,
+                                       TokenDelta)
 from rtserve.web.context import AppContext
 from rtserve.web.errors import ApiError
 from rtserve.web.http.audio import (SPEECH_SAMPLE_RATE, AudioDecodeError, AudioTooLong, SpeechFormat, decode_audio,
                                     open_speech_encoder)
-from rtserve.web.http.common import engine_errors, require_asr, require_tts
+from rtserve.web.error_mapping import api_error
+from rtserve.web.http.common import SseStream, engine_errors, first_item, require_asr, require_tts
 from rtserve.web.http.transcriptions import split_windows
+
+log = logging.getLogger(__name__)
 
 AUDIO_TTL_S = 3600  # ``expires_at``: how long OpenAI keeps an audio reply referable (one hour)
 ChatAudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
@@ -131,6 +142,68 @@ async def spoken_message(ctx: AppContext, text: str, audio: AudioOutput) -> dict
     return {"role": "assistant", "content": None, "refusal": None,
             "audio": {"id": f"audio_{uuid.uuid4().hex}", "data": base64.b64encode(bytes(encoded)).decode("ascii"),
                       "expires_at": int(time.time()) + AUDIO_TTL_S, "transcript": text}}
+
+
+def check_stream_format(audio: AudioOutput) -> None:
+    if audio.format != "pcm16":
+        raise ApiError("Invalid value for 'audio.format': streamed audio output must be 'pcm16'.",
+                       param="audio.format", code="invalid_value")
+
+
+async def stream_spoken(request: web.Request, ctx: AppContext, llm: LLMEngine, messages: Sequence[ChatMessage],
+                        params: SamplingParams, envelope: dict[str, Any], audio: AudioOutput,
+                        include_usage: bool) -> web.StreamResponse:
+    """``stream: true`` with audio output (see the module note)."""
+    tts: TTSEngine = require_tts(ctx, None)
+    audio_id = f"audio_{uuid.uuid4().hex}"
+    usage_field = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {**envelope, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish_reason}], **usage_field}
+
+    text: list[str] = []
+    last: TokenDelta | None = None
+    async with contextlib.aclosing(llm.generate(messages, params)) as deltas:
+        last = await first_item(deltas)
+        sse = SseStream(request)
+        await sse.start()
+        await sse.send(chunk({"role": "assistant", "content": None}))
+        try:
+            while last is not None:
+                if last.text:
+                    text.append(last.text)
+                    await sse.send(chunk({"audio": {"id": audio_id, "transcript": last.text}}))
+                if last.finish_reason is not None:
+                    break
+                last = await anext(deltas, None)
+            resampler = StreamResampler(tts.sample_rate, SPEECH_SAMPLE_RATE)
+            async with contextlib.aclosing(tts.synthesize("".join(text), voice=audio.voice_name)) as chunks:
+                async for pcm in chunks:
+                    samples = await ctx.codecs.run(resampler.process, np.asarray(pcm, dtype=np.float32).reshape(-1))
+                    await sse.send(chunk({"audio": {"id": audio_id, "data": _pcm16_b64(samples)}}))
+            tail = resampler.flush()
+            if tail.size:
+                await sse.send(chunk({"audio": {"id": audio_id, "data": _pcm16_b64(tail)}}))
+        except EngineError as exc:
+            log.warning("spoken reply failed mid-stream: %s", exc)
+            await sse.send(api_error(exc).body())
+            await sse.send_done_marker()
+            return await sse.finish()
+    await sse.send(chunk({"audio": {"expires_at": int(time.time()) + AUDIO_TTL_S}}))  # the last update: expiry only
+    await sse.send(chunk({}, (last and last.finish_reason) or "stop"))
+    if include_usage:
+        prompt = last.prompt_tokens if last else 0
+        completion = last.completion_tokens if last else 0
+        await sse.send({**envelope, "choices": [],
+                        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                  "total_tokens": prompt + completion}})
+    await sse.send_done_marker()
+    return await sse.finish()
+
+
+def _pcm16_b64(samples: Pcm) -> str:
+    return base64.b64encode(float_to_pcm16(samples)).decode("ascii")
 
 
 async def engine_messages(ctx: AppContext, messages: Sequence[Any]) -> list[ChatMessage]:
