@@ -89,6 +89,11 @@ class CommandHandlers:
             self._responses.begin(None)
 
     def _commit(self, c: cmd.Commit) -> None:
+        if c.is_speech is False:  # duplex.md U.1: a declared silence is committed, and answered by listening
+            if self._ledger.uncommitted_ms > 0 and not self._responses.continuous:
+                self._turns.commit(response_create=False)
+            self._output.emit(ev.ResponseListen(session_id=self._output.session_id, reason="silence_declared"))
+            return
         buffered_ms = self._ledger.uncommitted_ms
         if buffered_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
             self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)

@@ -36,6 +36,7 @@ class Commit(Command):
     """End of the user's turn (``input_audio_buffer.commit``)."""
 
     response_create: bool = False  # also start a response once the turn is transcribed
+    is_speech: bool | None = None  # False: the client declares silence (duplex): no turn, ``response.listen``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

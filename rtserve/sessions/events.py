@@ -354,6 +354,13 @@ class OverlapDecided(SessionEvent):
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
+class ResponseListen(SessionEvent):
+    """The model keeps listening: a commit ended with no response (``response.listen``)."""
+
+    reason: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class OutputAudioCleared(SessionEvent):
     """Queued agent audio of ``response_id`` was discarded; the client stops its playback."""
 

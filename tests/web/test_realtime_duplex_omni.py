@@ -43,3 +43,19 @@ async def test_capability_keys_text_append_and_input_cancel(config: ServerConfig
     assert added["item"]["role"] == "user" and added["item"]["content"][0]["text"] == "turn left"
     assert alias["item"]["content"][0]["text"] == "then stop"
     assert cleared["epoch"] == epoch_before and after["epoch"] == epoch_before + 1  # the cancel advanced it
+
+
+async def test_declared_silence_commit_is_answered_by_response_listen(config: ServerConfig) -> None:
+    async with running(loopback_config(config)) as base:
+        async with websockets.connect(ws_url(base, duplex="1")) as ws:
+            created = await next_of(ws, "session.created")
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "is_speech": False, "event_id": "s1"}))
+            listen = await next_of(ws, "response.listen")
+            await ws.send(json.dumps({"type": "session.heartbeat"}))
+            seen = []
+            while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))["type"] != \
+                    "session.heartbeat_ack":
+                seen.append(event)
+    assert listen["session_id"] == created["session"]["id"]
+    assert listen["response"] == {"status": "listening", "metadata": {"reason": "silence_declared"}}
+    assert "error" not in [e["type"] for e in seen]

@@ -44,6 +44,7 @@ NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.ResponseDone: "response.done",
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
+    ev.ResponseListen: "response.listen",
     ev.OutputAudioCleared: "audio.cancelled",
     ev.PlaybackAcknowledged: "playback.acknowledged",
 }

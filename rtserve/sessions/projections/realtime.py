@@ -50,6 +50,7 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.ResponseDone: "response.done",
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
+    ev.ResponseListen: "response.listen",
     ev.OutputAudioCleared: "output_audio_buffer.cleared",
     ev.PlaybackAcknowledged: "playback.acknowledged",
 }
@@ -153,6 +154,8 @@ class RealtimeProjection:
             ev.TextDone: lambda e: {**_part_ids(e), "text": e.text},
             ev.ResponseDone: self._response_done,
             ev.RateLimitsUpdated: lambda e: {"rate_limits": [dict(r) for r in e.rate_limits]},
+            ev.ResponseListen: lambda e: {"session_id": e.session_id,
+                                          "response": {"status": "listening", "metadata": {"reason": e.reason}}},
             ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
                                           "reason": e.reason, "overlap_ms": e.overlap_ms},
             ev.OutputAudioCleared: lambda e: {"response_id": e.response_id},

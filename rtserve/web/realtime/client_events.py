@@ -74,6 +74,7 @@ class CommitInput:
     response_create: bool = False
     event_id: str | None = None
     final: bool | None = None  # vLLM's transcription flow (``vllm_transcription``); None: an OpenAI commit
+    is_speech: bool | None = None  # duplex: False declares silence
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,7 @@ class _Append(_Event):
 class _Commit(_Event):
     response_create: StrictBool = False
     final: StrictBool | None = None
+    is_speech: StrictBool | None = None  # duplex: False declares silence (answered by response.listen)
 
 
 class _ContentPart(BaseModel):
@@ -248,7 +250,8 @@ def _validated(model: type[_Event], data: dict[str, Any]) -> Any:
 
 
 def _commit(e: _Commit, rules: EventRules) -> CommitInput:
-    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final)
+    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final,
+                       e.is_speech if rules.duplex else None)
 
 
 def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:

@@ -151,7 +151,8 @@ class RealtimeConnection:
             tail = self._decoder.flush()  # the resampler's held-back end of the turn
             if tail.size:
                 handle.submit(cmd.AppendAudio(audio=tail))
-            handle.submit(cmd.Commit(response_create=action.response_create, event_id=action.event_id))
+            handle.submit(cmd.Commit(response_create=action.response_create, is_speech=action.is_speech,
+                                     event_id=action.event_id))
         elif isinstance(action, ClearInput | CancelInput):
             self._decoder.reset()
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
