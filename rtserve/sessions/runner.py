@@ -35,13 +35,13 @@ from rtserve.sessions.attachment import SessionOutlet
 from rtserve.sessions.backpressure import InputGate
 from rtserve.sessions.command_handlers import CommandHandlers
 from rtserve.sessions.conversation import Conversation
+from rtserve.sessions.idle_timer import IdleTimeoutFired
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.mailbox import Mailbox
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import SessionConfig
-from rtserve.sessions.idle_timer import IdleTimeoutFired
 from rtserve.sessions.turns import CommitFinished, TranscriptTimeout, TurnTracker
 
 log = logging.getLogger(__name__)
