@@ -158,3 +158,15 @@ async def test_duplex_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfi
             assert await next_json(ws) == {"type": "done"}
     np.testing.assert_allclose(np.frombuffer(bytes(audio[:2400 * 4]), "<f4"), 0.5, atol=1e-6)
     assert texts == [{"type": "text", "text": "Sure."}]
+
+
+async def test_a_turn_conversation_the_server_ends_closes_the_socket(config: ServerConfig) -> None:
+    engine = TestDoubleEngine(mode="turn", supports_server_vad=True)
+    config = moshi_config(config)
+    config.sessions.max_session_duration_s = 0.3
+    config.sessions.reaper_interval_s = 0.05
+    async with moshi_server(config, engine) as server, aiohttp.ClientSession() as http:
+        async with http.ws_connect(server.ws_url(CHAT)) as ws:
+            await MoshiClient(ws).handshake()
+            await MoshiClient(ws).send_pcm(noise_signal(1))
+            assert await expect_close(ws) == (1000, "session ended: max_duration_reached")

@@ -155,6 +155,8 @@ class MoshiService:
             if conversation.failure is not None:
                 log.warning("engine failed the conversation: %s", conversation.failure.message)
                 await close_socket(ws, WSCloseCode.INTERNAL_ERROR, conversation.failure.message)
+            elif conversation.ended_by_server is not None:  # e.g. sessions.max_session_duration_s
+                await close_socket(ws, WSCloseCode.OK, conversation.ended_by_server)
 
         return asyncio.create_task(run())
 

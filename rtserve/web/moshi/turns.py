@@ -55,6 +55,7 @@ class TurnBridge:
         caps = handle.capabilities
         self.handle = handle
         self.failure: EngineFailure | None = None
+        self.ended_by_server: str | None = None  # why the core ended the session (e.g. max duration)
         self._frame_samples = caps.input_frame_samples
         self._to_engine = StreamResampler(WIRE_SAMPLE_RATE, caps.input_sample_rate)
         self._frames_in = metrics.frames_in.labels(route)
@@ -91,6 +92,8 @@ class TurnBridge:
             elif isinstance(event, ev.SessionClosed | ev.SessionExpired):
                 if event.reason in _FAILED_REASONS:
                     self.failure = EngineFailure(ENGINE_ERROR, f"session ended: {event.reason}")
+                elif not self._closed:
+                    self.ended_by_server = f"session ended: {event.reason}"
                 return
 
     async def close(self) -> None:
