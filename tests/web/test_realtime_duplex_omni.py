@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 import websockets
 
 from rtserve.config import ServerConfig
@@ -59,3 +60,16 @@ async def test_declared_silence_commit_is_answered_by_response_listen(config: Se
     assert listen["session_id"] == created["session"]["id"]
     assert listen["response"] == {"status": "listening", "metadata": {"reason": "silence_declared"}}
     assert "error" not in [e["type"] for e in seen]
+
+
+async def test_native_duplex_query_is_met_or_refused(config: ServerConfig) -> None:
+    async with running(loopback_config(config)) as base:
+        async with websockets.connect(ws_url(base, duplex="1", native_duplex="1")) as ws:
+            created = await next_of(ws, "session.created")
+        async with websockets.connect(ws_url(base, duplex="1", minicpmo45_native_duplex="false")) as ws:
+            error = json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S))
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), HANG_GUARD_S)
+    assert created["session"]["capabilities"]["implementation_level"] == "model_native_duplex"
+    assert error["type"] == "error" and error["error"]["code"] == "native_duplex_unavailable"
+    assert closed.value.rcvd.code == 1008
