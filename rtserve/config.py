@@ -27,6 +27,10 @@ class SessionLimits(_Section):
     max_sessions: int = Field(64, ge=1, description="live sessions admitted at once; beyond -> resource_exhausted")
     idle_ttl_s: float | None = Field(300.0, gt=0, description="expire a session idle this long; null disables")
     disconnect_grace_s: float = Field(30.0, ge=0, description="keep a detached session resumable this long")
+    max_session_duration_s: float | None = Field(
+        3600.0, gt=0, description="a turn-based OpenAI Realtime session (not resumable) ends this long after it "
+                                  "opened, as OpenAI's do (error session_expired); idle_ttl_s applies to resumable "
+                                  "(duplex) sessions only: an attached turn-based client may listen silently")
     reaper_interval_s: float = Field(5.0, gt=0)
     resume_replay_ttl_s: float = Field(60.0, ge=0, description="how long journal entries stay replayable")
     resume_replay_max_bytes_per_session: int = Field(8 * 1024 * 1024, ge=0)
@@ -236,6 +240,7 @@ OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
     "gpt-4o": "chat", "gpt-4o-mini": "chat",
     "tts-1": "speech", "tts-1-hd": "speech", "gpt-4o-mini-tts": "speech",
     "whisper-1": "transcription", "gpt-4o-transcribe": "transcription", "gpt-4o-mini-transcribe": "transcription",
+    "gpt-4o-audio-preview": "chat", "gpt-4o-mini-audio-preview": "chat",  # chat with audio in/out (chat_audio)
 }
 
 

@@ -37,6 +37,7 @@ ITEM_NOT_FOUND = "item_not_found"
 CONVERSATION_LIMIT_EXCEEDED = "conversation_limit_exceeded"
 BARGE_IN_UNSUPPORTED = "barge_in_unsupported"
 TURN_CONTROL_UNSUPPORTED = "turn_control_unsupported"
+NATIVE_DUPLEX_UNAVAILABLE = "native_duplex_unavailable"  # ?native_duplex= asks for what the engine is not
 PLAYBACK_ACK_OUT_OF_ORDER = "playback_ack_out_of_order"
 # Audio input (codecs)
 INVALID_AUDIO = "invalid_audio"

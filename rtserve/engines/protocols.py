@@ -65,6 +65,13 @@ class EngineCapabilities:
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
             "supports_tools": self.supports_tools,
+            # The keys vLLM-Omni's duplex clients read (duplex.md §1.3.5, U.1): a lockstep model owns
+            # its duplex behaviour; a turn engine's turns come from server VAD in the session core.
+            "implementation_level": "model_native_duplex" if self.mode == "lockstep" else "server_vad_turns",
+            "input_modes": ["append_audio_chunk"],
+            "supports_multi_session": self.max_sessions >= 2,
+            "supports_multi_session_same_replica": self.max_sessions >= 2,
+            "supports_playback_ack": True,
         }
 
 
@@ -396,6 +403,11 @@ class ResponseRequest:
     params: SamplingParams = SamplingParams()
 
 
+# ``semantic_vad`` eagerness -> end-of-turn silence: ``high`` ends a turn at server_vad's
+# default pause, ``low`` lets the user pause for two seconds (OpenAI's own maximum waits are
+# 2, 4 and 8 s; a pause-based detector cannot wait for a thought to finish, so these are shorter).
+SEMANTIC_SILENCE_MS: dict[str, int] = {"high": 500, "medium": 1000, "auto": 1000, "low": 2000}
+
 # The one typed form of OpenAI's ``turn_detection`` object: the session config holds one and
 # hands it to the engine as is, so it is validated once, where it enters.
 
@@ -412,20 +424,34 @@ class TurnDetection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=10_000)
     silence_duration_ms: int = Field(500, ge=0, le=60_000)
     create_response: bool = True
     interrupt_response: bool = True
+    # ``semantic_vad``: no turn model here, so eagerness picks the silence that ends a turn
+    # (``SEMANTIC_SILENCE_MS``); the VAD's threshold and padding keep their defaults.
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    # ``server_vad`` only (as OpenAI): with no speech this long after the agent's audio ended,
+    # the session core triggers a response (``input_audio_buffer.timeout_triggered``).
+    idle_timeout_ms: int | None = Field(None, ge=1, le=3_600_000)
+
+    @property
+    def stop_silence_ms(self) -> int:
+        """The silence after speech that ends a turn."""
+        if self.type == "semantic_vad":
+            return SEMANTIC_SILENCE_MS[self.eagerness or "auto"]
+        return self.silence_duration_ms
 
     @classmethod
     def parse(cls, value: Mapping[str, Any]) -> TurnDetection:
         """An OpenAI ``turn_detection`` object -> settings; fields this server has no use
-        for (``idle_timeout_ms``, ...) are ignored. Raises ``InvalidTurnDetection``."""
-        if value.get("type", "server_vad") != "server_vad":
+        for are ignored. Raises ``InvalidTurnDetection``."""
+        if value.get("type", "server_vad") not in ("server_vad", "semantic_vad"):
             raise InvalidTurnDetection(f"turn_detection type {value.get('type')!r} is not supported by this "
-                                       "engine; use 'server_vad' or null", code=UNSUPPORTED_TURN_DETECTION)
+                                       "engine; use 'server_vad', 'semantic_vad' or null",
+                                       code=UNSUPPORTED_TURN_DETECTION)
         try:
             return cls.model_validate({k: v for k, v in value.items() if k in cls.model_fields})
         except ValidationError as exc:

@@ -23,6 +23,9 @@ from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig, check_bounds
 from rtserve.sessions.turns import TurnTracker
 
+# OpenAI refuses a manual commit of less audio than this (``input_audio_buffer_commit_empty``).
+MIN_COMMIT_MS = 100
+
 
 class CommandHandlers:
     def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities, config: SessionConfig,
@@ -83,16 +86,28 @@ class CommandHandlers:
     def _append(self, c: cmd.AppendAudio) -> None:
         if c.audio.size:
             self.engine.push_audio(c.audio)
-            self._ledger.uncommitted_ms += 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+            audio_ms = 1000.0 * c.audio.size / self.capabilities.input_sample_rate
+            self._ledger.uncommitted_ms += audio_ms
+            self._ledger.received_ms += audio_ms
         if self._responses.continuous and self._responses.active is None and not self._output.failed:
             self._responses.begin(None)
 
     def _commit(self, c: cmd.Commit) -> None:
-        if self._ledger.uncommitted_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
+        if c.is_speech is False:  # duplex.md U.1: a declared silence is committed, and answered by listening
+            if self._ledger.uncommitted_ms > 0 and not self._responses.continuous:
+                self._turns.commit(response_create=False)
+            self._output.emit(ev.ResponseListen(session_id=self._output.session_id, reason="silence_declared"))
+            return
+        buffered_ms = self._ledger.uncommitted_ms
+        if buffered_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
             self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
         elif self._responses.continuous:
             self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
                                related=c.event_id)
+        elif buffered_ms < MIN_COMMIT_MS:
+            self._output.error(errors.INPUT_BUFFER_EMPTY, "Error committing input audio buffer: buffer too small. "
+                               f"Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
+                               f"{buffered_ms:.2f}ms of audio.", related=c.event_id)
         else:
             self._turns.commit(response_create=c.response_create)
 
@@ -103,7 +118,11 @@ class CommandHandlers:
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=f"response.{exc.param}")
             return
-        if self._responses.continuous:
+        if c.input is not None and not self._input_within_bounds(c.input):
+            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED, "response.input exceeds the conversation limits "
+                               f"({self._limits.max_conversation_items} items, {self._limits.max_conversation_bytes} "
+                               "bytes)", related=c.event_id, param="response.input")
+        elif self._responses.continuous:
             self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
                                related=c.event_id)
         elif self._responses.active is not None:
@@ -112,6 +131,11 @@ class CommandHandlers:
                                related=c.event_id)
         else:
             self._responses.begin(c)
+
+    def _input_within_bounds(self, items: tuple[cmd.ResponseInput, ...]) -> bool:
+        """An out-of-band context is held to the bounds of a conversation."""
+        held = sum(len(entry.text.encode()) for entry in items)
+        return len(items) <= self._limits.max_conversation_items and held <= self._limits.max_conversation_bytes
 
     def _response_cancel(self, c: cmd.ResponseCancel) -> None:
         active = self._responses.active
@@ -201,7 +225,7 @@ class CommandHandlers:
                                f"{self._conversation.max_bytes} bytes of text; delete items to add more",
                                related=c.event_id, param="item")
             return
-        item = ConversationItem(item_id, c.role, "text", text=c.text, committed_text=c.text,
+        item = ConversationItem(item_id, c.role, "audio" if c.audio else "text", text=c.text, committed_text=c.text,
                                 turn_id=self._ledger.turn_id)
         try:
             previous = self._conversation.add(item, c.previous_item_id)

@@ -38,6 +38,7 @@ class Commit(Command):
     """End of the user's turn (``input_audio_buffer.commit``)."""
 
     response_create: bool = False  # also start a response once the turn is transcribed
+    is_speech: bool | None = None  # False: the client declares silence (duplex): no turn, ``response.listen``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -45,6 +46,16 @@ class Clear(Command):
     """``input``: drop uncommitted input audio. ``output``: stop agent audio (advances the epoch)."""
 
     target: Literal["input", "output"] = "input"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInput:
+    """One item of an out-of-band response's own ``input``: a message, or a reference to a
+    conversation item (``item_id``; its text is looked up when the response starts)."""
+
+    role: Literal["user", "assistant", "system"] = "user"
+    text: str = ""
+    item_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -59,6 +70,14 @@ class ResponseCreate(Command):
     metadata: Mapping[str, Any] | None = None
     tools: tuple[ToolSpec, ...] | None = None
     tool_choice: ToolChoice | None = None
+    # Out-of-band (OpenAI): "none" keeps the output out of the conversation; ``input`` replaces
+    # the conversation as the response's context (None: the conversation is the context).
+    conversation: Literal["auto", "none"] = "auto"
+    input: tuple[ResponseInput, ...] | None = None
+
+    @property
+    def out_of_band(self) -> bool:
+        return self.conversation == "none"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -108,6 +127,7 @@ class ConversationItemCreate(Command):
     text: str
     previous_item_id: str | None = None  # None: append at the end
     item_id: str | None = None  # None: server-allocated
+    audio: bool = False  # the client sent audio: ``text`` is its transcript
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -189,6 +189,15 @@ class InputCleared(SessionEvent):
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
+class InputTimeoutTriggered(SessionEvent):
+    """``server_vad`` ``idle_timeout_ms`` ran out: the buffered input is committed and answered."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class InputTranscriptDelta(SessionEvent):
     item_id: str
     delta: str
@@ -363,6 +372,13 @@ class OverlapDecided(SessionEvent):
     reason: str
     policy: str
     overlap_ms: int | None = None
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class ResponseListen(SessionEvent):
+    """The model keeps listening: a commit ended with no response (``response.listen``)."""
+
+    reason: str
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -16,6 +16,7 @@ class InputLedger:
     def __init__(self) -> None:
         self.turn_id = 0
         self.uncommitted_ms = 0.0
+        self.received_ms = 0.0  # all input audio so far: the end of the session's input timeline
         self.speech_item_id: str | None = None
         self.awaiting_transcripts: deque[str] = deque()
 

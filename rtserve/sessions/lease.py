@@ -23,6 +23,7 @@ from rtserve.sessions.ids import new_resume_token
 
 IDLE_TTL_EXPIRED = "idle_ttl_expired"
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
+MAX_DURATION_REACHED = "max_duration_reached"
 
 
 UNKNOWN_SESSION_MESSAGE = "Unknown or expired session"
@@ -50,6 +51,7 @@ class Lease:
         self.generation = 0
         self.resume_token = new_resume_token()
         self.last_activity = now
+        self.opened_at = now
         self.detached_at: float | None = None
         self._grants: OrderedDict[str, Grant] = OrderedDict()
         self._remembered = remembered_grants
@@ -91,6 +93,10 @@ class Lease:
         _remember(self._grants, control_id, grant, self._remembered)
         _remember(self._issued, self.resume_token, None, self._remembered)
         return grant
+
+    def duration_expired(self, now: float, max_duration_s: float | None) -> bool:
+        """A turn-based session's fixed lifetime (OpenAI's maximum session duration) is over."""
+        return max_duration_s is not None and now - self.opened_at >= max_duration_s
 
     def expiry_reason(self, now: float, idle_ttl_s: float | None, disconnect_grace_s: float) -> str | None:
         if self.detached_at is not None and now - self.detached_at >= disconnect_grace_s:

@@ -40,7 +40,7 @@ from rtserve.sessions.errors import SessionError
 from rtserve.sessions.handle import SessionHandle
 from rtserve.sessions.ids import new_session_id
 from rtserve.sessions.journal import ReplayJournal
-from rtserve.sessions.lease import Lease, unknown_session
+from rtserve.sessions.lease import MAX_DURATION_REACHED, Lease, unknown_session
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.projections.base import Projection
 from rtserve.sessions.projections.realtime import RealtimeProjection
@@ -300,9 +300,10 @@ class SessionManager:
         await asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, reason))
         return True
 
-    def _begin_stop(self, entry: _Entry, kind: StopKind, reason: str) -> asyncio.Future[bool]:
+    def _begin_stop(self, entry: _Entry, kind: StopKind, reason: str,
+                    details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
         self._mark_closing(entry)
-        return entry.runner.request_stop(kind, reason)
+        return entry.runner.request_stop(kind, reason, details)
 
     def _mark_closing(self, entry: _Entry) -> None:
         if entry.state is _EntryState.LIVE:
@@ -336,6 +337,13 @@ class SessionManager:
         now = self.clock.monotonic()
         waits: list[asyncio.Future[bool]] = []
         for entry in list(self._live.values()):
+            if not entry.runner.resumable:
+                # Turn-based (OpenAI) sessions live while their socket does, up to a fixed duration.
+                max_s = self.limits.max_session_duration_s
+                if entry.lease.duration_expired(now, max_s):
+                    waits.append(asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, MAX_DURATION_REACHED,
+                                                                 {"max_duration_s": max_s})))
+                continue
             reason = entry.lease.expiry_reason(now, self.limits.idle_ttl_s, self.limits.disconnect_grace_s)
             if reason is not None:
                 waits.append(asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, reason)))

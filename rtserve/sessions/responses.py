@@ -77,13 +77,15 @@ class ResponseTracker:
         response = ActiveResponse(response_id, item, modalities, overrides, self.continuous,
                                   StreamResampler(rate_in, rate_out) if rate_in != rate_out else None,
                                   ResponseCalls(response_id, self._ledger.turn_id, self._conversation, self._output))
-        previous = self._conversation.add(item)
+        in_conversation = not (overrides and overrides.out_of_band)
+        previous = self._conversation.add(item) if in_conversation else None
         self.active = response
         metadata = dict(overrides.metadata) if overrides and overrides.metadata else {}
         session_id, emit = self._output.session_id, self._output.emit
         response.announced = emit(ev.ResponseCreated(session_id=session_id, response_id=response_id,
                                                      modalities=modalities, metadata=metadata))
-        emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
+        if in_conversation:
+            emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
         emit(ev.OutputItemAdded(session_id=session_id, response_id=response_id, item=item.snapshot()))
         emit(ev.ContentPartAdded(session_id=session_id, response_id=response_id, item_id=item.id, kind=kind))
         self.start_engine_response()
@@ -105,7 +107,7 @@ class ResponseTracker:
         config, o = self._config(), response.overrides
         instructions = o.instructions if o and o.instructions is not None else config.instructions
         messages = [ChatMessage("system", instructions)] if instructions else []
-        messages.extend(self._conversation.history())
+        messages.extend(self._conversation.history() if o is None or o.input is None else self._context_of(o.input))
         max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
         params = SamplingParams(
             temperature=o.temperature if o and o.temperature is not None else config.temperature,
@@ -118,6 +120,21 @@ class ResponseTracker:
             # An audio answer's text is its transcript, carried by the audio chunks: asking for
             # "text" as well would make an engine stream the same words twice.
             modalities=("audio",) if response.audio else ("text",), params=params))
+
+    def _context_of(self, items: tuple[cmd.ResponseInput, ...]) -> list[ChatMessage]:
+        """An out-of-band ``input``: its messages, references resolved to the items' text now."""
+        out = []
+        for entry in items:
+            if entry.item_id is None:
+                role, text = entry.role, entry.text
+            else:
+                item = self._conversation.get(entry.item_id)
+                if item is None:
+                    continue  # deleted since the request was accepted
+                role, text = item.role, (item.committed_text if item.role == "assistant" else item.text)
+            if text:
+                out.append(ChatMessage(role, text))
+        return out
 
     def advance_epoch(self) -> None:
         """New fence: queued and held audio of the old epoch is dropped before the engine
@@ -155,16 +172,20 @@ class ResponseTracker:
             [ev.AudioDone(**ids), ev.TranscriptDone(**ids, transcript=text)] if response.audio
             else [ev.TextDone(**ids, text=text)])
         snapshot = item.snapshot()
+        overrides = response.overrides
+        in_conversation = not (overrides and overrides.out_of_band)
         batch += [ev.ContentPartDone(**ids, kind=item.kind, text=text),
-                  ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot),
-                  ev.ItemDone(session_id=session_id, item=snapshot)]
+                  ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot)]
+        if in_conversation:
+            batch.append(ev.ItemDone(session_id=session_id, item=snapshot))
         batch += response.calls.finish(status)
         for event in batch:
             if not emit(event):
                 return
         done = ev.ResponseDone(session_id=session_id, response_id=response.id, status=status,
                                status_details=details, output=(snapshot, *response.calls.snapshots()), usage=usage,
-                               committed=status != "failed" and bool(item.committed_text))
+                               committed=in_conversation and status != "failed" and bool(item.committed_text),
+                               metadata=dict(overrides.metadata) if overrides and overrides.metadata else {})
         if not emit(done):
             return
         response.ending_queued = True

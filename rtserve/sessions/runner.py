@@ -35,6 +35,7 @@ from rtserve.sessions.attachment import SessionOutlet
 from rtserve.sessions.backpressure import InputGate
 from rtserve.sessions.command_handlers import CommandHandlers
 from rtserve.sessions.conversation import Conversation
+from rtserve.sessions.idle_timer import IdleTimeoutFired
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.mailbox import Mailbox
 from rtserve.sessions.metrics import SessionMetrics
@@ -206,11 +207,18 @@ class SessionRunner:
             self._turns.on_commit_finished(item)
         elif isinstance(item, TranscriptTimeout):
             self._turns.on_transcript_timeout(item)
+        elif isinstance(item, IdleTimeoutFired):
+            self._turns.on_idle_timeout(item)
 
     def _on_engine_event(self, e: Any) -> None:
         if isinstance(e, OutputAudio | OutputText | ResponseFinished | OutputToolCall):
+            answering = self._responses.active
             if not self._responses.on_output(e):
                 self.metrics.stale_outputs.inc()
+            elif isinstance(e, OutputAudio):
+                self._turns.idle.on_agent_audio()
+            elif isinstance(e, ResponseFinished) and answering is not None and not answering.continuous:
+                self._turns.on_response_finished(e.status, answering.item.audio_ms)
         elif isinstance(e, EngineSpeechStarted):
             self._turns.on_speech_started(e)
         elif isinstance(e, EngineSpeechStopped):

@@ -24,6 +24,8 @@ Modality = Literal["audio", "text"]
 PlaybackCommitPolicy = Literal["commit_all_on_done", "ack_only"]
 
 G711_RATE = 8000
+# What ``transcription.model`` reads when the client named none: the engine's own recognizer.
+DEFAULT_TRANSCRIPTION_MODEL = "default"
 
 
 class SessionConfig(BaseModel):
@@ -44,6 +46,10 @@ class SessionConfig(BaseModel):
     playback_commit_policy: PlaybackCommitPolicy = "commit_all_on_done"
     tools: tuple[ToolSpec, ...] = ()  # functions responses may call (checked by check_tools)
     tool_choice: ToolChoice = ToolChoice()
+    # Input transcription events (OpenAI ``audio.input.transcription``): the model name the
+    # client gave, echoed; None = no ``input_audio_transcription`` events (turns are still
+    # transcribed for the LLM). On by default, unlike OpenAI: this server always has the text.
+    transcription_model: str | None = DEFAULT_TRANSCRIPTION_MODEL
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:

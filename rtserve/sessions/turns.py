@@ -23,6 +23,7 @@ from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem
+from rtserve.sessions.idle_timer import IdleTimeoutFired, IdleTimer
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
@@ -62,8 +63,10 @@ class TurnTracker:
         self._post = post  # into the runner's mailbox: completions come back in order
         self._spawn = spawn
         self._transcript_timers: dict[str, asyncio.Task[None]] = {}
+        self.idle = IdleTimer(clock=clock, post=post, spawn=spawn)  # server_vad ``idle_timeout_ms``
 
     def commit(self, *, response_create: bool) -> None:
+        self.idle.disarm()
         item_id, audio_ms = self._ledger.commit()
         turn_id = self._ledger.turn_id
         item = ConversationItem(item_id, "user", "audio", text=None, turn_id=turn_id, audio_ms=audio_ms)
@@ -101,14 +104,38 @@ class TurnTracker:
         item = self._conversation.get(item_id)
         if item is not None:
             item.text = text
+        if item is not None and self._config().transcription_model is not None:
             self._output.emit(ev.InputTranscriptCompleted(session_id=self._output.session_id, item_id=item_id,
                                                           transcript=text, audio_seconds=item.audio_ms / 1000.0))
         self._responses.start_engine_response()
+
+    def on_response_finished(self, status: str, audio_ms: float) -> None:
+        """A response ended: with ``idle_timeout_ms`` set, the silence after its playback is timed."""
+        vad = self._config().turn_detection
+        if status == "completed" and vad is not None and vad.type == "server_vad" and vad.idle_timeout_ms:
+            self.idle.arm(vad.idle_timeout_ms, audio_ms)
+        else:
+            self.idle.disarm()
+
+    def on_idle_timeout(self, fired: IdleTimeoutFired) -> None:
+        """No speech for ``idle_timeout_ms`` after the agent finished: say so, commit what the
+        buffer holds (maybe nothing) and answer, as OpenAI does."""
+        vad = self._config().turn_detection
+        if (not self.idle.is_current(fired) or vad is None or vad.type != "server_vad" or not vad.idle_timeout_ms
+                or self._responses.active is not None):
+            return
+        ledger = self._ledger
+        item_id = ledger.speech_item()  # the item the commit below creates
+        self._output.emit(ev.InputTimeoutTriggered(
+            session_id=self._output.session_id, audio_start_ms=int(ledger.received_ms - ledger.uncommitted_ms),
+            audio_end_ms=int(ledger.received_ms), item_id=item_id))
+        self.commit(response_create=True)
 
     def on_speech_started(self, e: EngineSpeechStarted) -> None:
         vad = self._config().turn_detection
         if vad is None:
             return
+        self.idle.disarm()
         session_id = self._output.session_id
         self._output.emit(ev.SpeechStarted(session_id=session_id, audio_start_ms=e.audio_ms,
                                            item_id=self._ledger.speech_item()))
@@ -139,6 +166,8 @@ class TurnTracker:
             if awaiting:
                 self.resolve_transcript(awaiting[0], e.text)
             return
+        if self._config().transcription_model is None:
+            return  # transcription events off (``transcription: null``)
         item_id = awaiting[0] if awaiting else self._ledger.speech_item()
         self._output.emit(ev.InputTranscriptDelta(session_id=self._output.session_id, item_id=item_id,
                                                   delta=e.text))

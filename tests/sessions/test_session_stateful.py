@@ -29,7 +29,7 @@ from rtserve.sessions import events as ev
 from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine
 
-SPEECH = np.full(480, 0.1, dtype=np.float32)
+SPEECH = np.full(2400, 0.1, dtype=np.float32)  # 100 ms: OpenAI's smallest commit
 
 
 async def _settle() -> None:

@@ -19,7 +19,7 @@ from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine
 
 SESSIONS = 500
-SPEECH = np.full(240, 0.1, dtype=np.float32)
+SPEECH = np.full(2400, 0.1, dtype=np.float32)  # 100 ms: OpenAI's smallest commit
 
 
 async def _yield(n: int = 3) -> None:

@@ -112,7 +112,7 @@ async def test_unknown_model_is_404_model_not_found(config):
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "Input should be"),
     ({"messages": [{"role": "user"}]}, "messages[0].content", "Missing required parameter"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].content[0].type", "Input should be 'text'"),
+     "messages[0].content[0]", "does not match any of the expected tags: 'text', 'input_audio'"),
     ({"stream": "sometimes"}, "stream", "valid boolean"),
 ])
 async def test_invalid_parameters_are_400_naming_the_param(config, patch, param, fragment):

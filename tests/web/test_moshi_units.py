@@ -62,9 +62,11 @@ def test_absolute_path_to_a_real_voice_is_still_refused(voice_dir: Path) -> None
         resolve_voice(os.fspath(voice_dir / "NATF2.pt"), str(voice_dir))
 
 
-def test_voices_need_a_configured_directory() -> None:
+def test_voices_need_a_configured_directory_except_personaplex_stock_names() -> None:
     with pytest.raises(PromptError, match="not configured"):
-        resolve_voice("NATF2", None)
+        resolve_voice("my_clone", None)
+    assert resolve_voice("NATF2", None) is None  # the engine's default voice (PersonaPlex's UI sends it)
+    assert resolve_voice("VARM4.pt", None) is None
 
 
 @given(st.text(max_size=40))

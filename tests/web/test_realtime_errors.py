@@ -58,7 +58,7 @@ async def test_unsupported_values_get_typed_errors_with_param(config: ServerConf
         ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "invalid_value", "session.audio.input.format"),
         ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "invalid_value",
          "session.audio.input.format.rate"),
-        ({"turn_detection": {"type": "semantic_vad"}}, "unsupported_turn_detection", "session.turn_detection.type"),
+        ({"turn_detection": {"type": "turn_model"}}, "unsupported_turn_detection", "session.turn_detection.type"),
         ({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}, "unsupported_turn_detection",
          "session.audio.input.turn_detection"),  # loopback has no VAD
         ({"type": "transcription"}, "invalid_value", "session.type"),

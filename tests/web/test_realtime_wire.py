@@ -117,8 +117,10 @@ def test_duplex_extensions_only_on_duplex_connections() -> None:
 
 
 def test_unsupported_response_shapes_are_refused() -> None:
-    for response, param in (({"conversation": "none"}, "response.conversation"),
-                            ({"input": []}, "response.input"),
+    for response, param in (({"conversation": "conv_123"}, "response.conversation"),
+                            ({"input": [{"type": "message", "role": "user",
+                                         "content": [{"type": "input_image", "image_url": "x"}]}]},
+                             "response.input.0.content"),
                             ({"audio": {"output": {"format": {"type": "audio/pcmu"}}}},
                              "response.audio.output.format")):
         with pytest.raises(WireError) as caught:

@@ -6,7 +6,7 @@ of the current turn (with ``prefix_padding_ms`` of lead-in) for the recognizer.
 
 * start: the first window scoring ``>= threshold``; ``SpeechStarted.audio_ms`` is that
   window's start in the session's input timeline.
-* stop: ``silence_duration_ms`` of windows scoring below ``threshold - 0.15`` (Silero's own
+* stop: ``silence_duration_ms`` (``semantic_vad``: by eagerness) of windows scoring below ``threshold - 0.15`` (Silero's own
   hysteresis, so a wavering score does not chop a word); ``SpeechStopped.audio_ms`` is the
   end of the last voiced window. The turn's audio (including the trailing silence the
   decision waited for, which helps the recognizer end cleanly) is then sealed.
@@ -96,7 +96,7 @@ class TurnDetector(_TurnAudio):
         """Consume ``[n, window]`` audio with its ``n`` scores; ``first_sample`` is the offset of
         ``windows[0]`` in the session's input. Returns what happened, in order."""
         out: list[SpeechStarted | SpeechStopped | SealedTurn] = []
-        stop_after = self._windows(self.settings.silence_duration_ms)
+        stop_after = self._windows(self.settings.stop_silence_ms)
         for i, (window, score) in enumerate(zip(windows, scores, strict=True)):
             start = first_sample + i * self._window
             if not self._speaking:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from rtserve.sessions import events as ev
 from rtserve.sessions.projections.audio import encode_audio_b64
 from rtserve.sessions.projections.base import SESSION_EVENT_NAMES, compact_json, compact_json_with_blob
+from rtserve.sessions.lease import MAX_DURATION_REACHED
 from rtserve.sessions.session_config import SessionConfig
 
 Naming = Literal["ga", "beta"]
@@ -27,6 +28,7 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.SpeechStopped: "input_audio_buffer.speech_stopped",
     ev.InputCommitted: "input_audio_buffer.committed",
     ev.InputCleared: "input_audio_buffer.cleared",
+    ev.InputTimeoutTriggered: "input_audio_buffer.timeout_triggered",
     ev.InputTranscriptDelta: "conversation.item.input_audio_transcription.delta",
     ev.InputTranscriptCompleted: "conversation.item.input_audio_transcription.completed",
     ev.ItemAdded: "conversation.item.added",
@@ -50,6 +52,7 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.FunctionCallArgumentsDone: "response.function_call_arguments.done",
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
+    ev.ResponseListen: "response.listen",
     ev.OutputAudioCleared: "output_audio_buffer.cleared",
     ev.PlaybackAcknowledged: "playback.acknowledged",
 }
@@ -77,8 +80,20 @@ def _ga_format(audio_format: str, rate: int) -> dict[str, Any]:
     return {"type": "audio/pcm", "rate": rate}
 
 
+def _transcription(config: SessionConfig) -> dict[str, Any] | None:
+    return None if config.transcription_model is None else {"model": config.transcription_model}
+
+
 def _turn_detection(config: SessionConfig) -> dict[str, Any] | None:
-    return None if config.turn_detection is None else config.turn_detection.model_dump()
+    """OpenAI's shape of each type: ``semantic_vad`` has eagerness and no VAD tuning; unset
+    optional fields are left out."""
+    vad = config.turn_detection
+    if vad is None:
+        return None
+    if vad.type == "semantic_vad":
+        return {"type": "semantic_vad", "eagerness": vad.eagerness or "auto", "create_response": vad.create_response,
+                "interrupt_response": vad.interrupt_response}
+    return vad.model_dump(exclude={"eagerness"}, exclude_none=True)
 
 
 class RealtimeProjection:
@@ -111,6 +126,8 @@ class RealtimeProjection:
             ev.InputCommitted: lambda e: {"previous_item_id": e.previous_item_id, "item_id": e.item_id,
                                           "turn_id": e.turn_id},
             ev.InputCleared: lambda e: {},
+            ev.InputTimeoutTriggered: lambda e: {"audio_start_ms": e.audio_start_ms, "audio_end_ms": e.audio_end_ms,
+                                                 "item_id": e.item_id},
             ev.InputTranscriptDelta: lambda e: {"item_id": e.item_id, "content_index": e.content_index,
                                                 "delta": e.delta},
             ev.InputTranscriptCompleted: lambda e: {"item_id": e.item_id, "content_index": e.content_index,
@@ -145,6 +162,8 @@ class RealtimeProjection:
                                                      "output_index": e.output_index, "call_id": e.call_id,
                                                      "name": e.name, "arguments": e.arguments},
             ev.RateLimitsUpdated: lambda e: {"rate_limits": [dict(r) for r in e.rate_limits]},
+            ev.ResponseListen: lambda e: {"session_id": e.session_id,
+                                          "response": {"status": "listening", "metadata": {"reason": e.reason}}},
             ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
                                           "reason": e.reason, "overlap_ms": e.overlap_ms},
             ev.OutputAudioCleared: lambda e: {"response_id": e.response_id},
@@ -155,6 +174,8 @@ class RealtimeProjection:
 
     def render(self, event: ev.SessionEvent) -> dict[str, Any]:
         cls = type(event)
+        if cls is ev.SessionExpired and not self.duplex and event.reason == MAX_DURATION_REACHED:
+            return _max_duration_error(event)  # type: ignore[arg-type]
         out: dict[str, Any] = {"type": self._names[cls], "event_id": event.event_id}
         out.update(self._fields[cls](event))
         if self.duplex:
@@ -177,7 +198,8 @@ class RealtimeProjection:
                 "output_modalities": list(c.modalities), "instructions": c.instructions,
                 "audio": {
                     "input": {"format": _ga_format(c.input_audio_format, _INPUT_RATE),
-                              "turn_detection": _turn_detection(c), "transcription": None},
+                              "turn_detection": _turn_detection(c),
+                              "transcription": _transcription(c)},
                     "output": {"format": _ga_format(c.output_audio_format, c.output_sample_rate),
                                "voice": c.voice, "speed": 1.0},
                 },
@@ -282,6 +304,15 @@ def _terminal(e: ev.SessionClosed | ev.SessionExpired) -> dict[str, Any]:
     if e.details:
         out["details"] = dict(e.details)
     return out
+
+
+def _max_duration_error(e: ev.SessionExpired) -> dict[str, Any]:
+    """What OpenAI sends when a session reaches its maximum duration (the socket closes after it)."""
+    minutes = f'{round(float(e.details.get("max_duration_s", 3600)) / 60, 2):g}'
+    return {"type": "error", "event_id": e.event_id,
+            "error": {"type": "invalid_request_error", "code": "session_expired",
+                      "message": f"Your session hit the maximum duration of {minutes} minutes.", "param": None,
+                      "event_id": None}}
 
 
 def _error(e: ev.ErrorEvent) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
@@ -30,6 +30,8 @@ from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.chat_tools import CallsSoFar, ToolCallIn, ToolChoiceIn, ToolIn, engine_tools, stream_delta
+from rtserve.web.http.chat_audio import (AudioOutput, InputAudioPart, check_stream_format, engine_messages,
+                                         spoken_message, stream_spoken, wants_audio)
 from rtserve.web.http.common import (
     SseStream,
     engine_errors,
@@ -56,7 +58,8 @@ class MessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None  # None: an assistant message that only calls tools
+    # None: an assistant message that only calls tools
+    content: str | list[Annotated[TextPart | InputAudioPart, Field(discriminator="type")]] | None
     tool_calls: list[ToolCallIn] | None = None  # assistant
     tool_call_id: str | None = None  # tool
 
@@ -68,9 +71,14 @@ class MessageIn(BaseModel):
             return {**data, "content": None}
         return data
 
-    def to_engine(self) -> ChatMessage:
+    def to_engine(self, text: str | None = None) -> ChatMessage:
+        """``text``: the content with its audio parts transcribed (``chat_audio``)."""
         content = self.content or ""
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        if text is None and isinstance(content, list) and not all(isinstance(p, TextPart) for p in content):
+            raise ApiError("Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
+                           param="messages", code="invalid_value")
+        if text is None:
+            text = content if isinstance(content, str) else "".join(p.text for p in content)
         # "developer" is OpenAI's newer name for the system role.
         return ChatMessage(role="system" if self.role == "developer" else self.role, content=text,
                            tool_calls=tuple(c.to_engine() for c in self.tool_calls or ()),
@@ -132,6 +140,8 @@ class ChatCompletionRequest(_GenerationFields):
     messages: list[MessageIn] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio"]] | None = None  # audio output: ``chat_audio``
+    audio: AudioOutput | None = None
 
 
 class BatchChatCompletionRequest(_GenerationFields):
@@ -210,10 +220,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ChatCompletionRequest)
     llm = require_llm(ctx, body.model)
     params = body.sampling(ctx.config.http)
-    messages = [m.to_engine() for m in body.messages]
+    spoken = wants_audio(body.modalities, body.audio)
+    if spoken is not None and body.stream:
+        check_stream_format(spoken)
+    messages = await engine_messages(ctx, body.messages)
     check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    if body.stream:
+    if spoken is not None and body.stream:
+        work = functools.partial(stream_spoken, request, ctx, llm, messages, params,
+                                 _envelope(completion_id, llm.model_name, "chat.completion.chunk"), spoken,
+                                 bool(body.stream_options and body.stream_options.include_usage))
+    elif spoken is not None:
+        work = functools.partial(_respond, llm, messages, params, completion_id,
+                                 speak=functools.partial(spoken_message, ctx, audio=spoken))
+    elif body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         work = functools.partial(_stream, request, llm, messages, params, completion_id, include_usage)
     else:
@@ -222,10 +242,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _respond(llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,
-                   completion_id: str) -> web.Response:
+                   completion_id: str, speak: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+                   ) -> web.Response:
     done = await _complete(llm, messages, params)
+    choice = done.choice(0)
+    if speak is not None:  # audio output: the reply spoken, as ``message.audio``
+        choice["message"] = await speak("".join(done.text))
     return web.json_response({**_envelope(completion_id, llm.model_name, "chat.completion"),
-                              "choices": [done.choice(0)], "usage": _usage(done.last)})
+                              "choices": [choice], "usage": _usage(done.last)})
 
 
 async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,

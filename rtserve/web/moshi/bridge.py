@@ -31,6 +31,8 @@ class AgentFrame:
 
 
 class EngineBridge:
+    ended_by_server: str | None = None  # a lockstep slot ends only by close or failure
+
     def __init__(self, session: EngineSession, *, route: str, metrics: MoshiMetrics) -> None:
         caps = session.capabilities
         self.session = session

@@ -31,10 +31,10 @@ from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, AgentFrame, EngineBridge
+from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, AgentFrame
 from rtserve.web.moshi.deadlines import ReceiveDeadline, receive_before
 from rtserve.web.moshi.prompt import PromptError, prompt_from_query
-from rtserve.web.moshi.service import MoshiService
+from rtserve.web.moshi.service import Conversation, MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
 
 async def _receive_audio(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, service: MoshiService,
-                         codecs: CodecExecutor, conversation: EngineBridge) -> None:
+                         codecs: CodecExecutor, conversation: Conversation) -> None:
     """Client messages until the socket closes; malformed audio, audio decoded too fast or
     none for ``moshi.idle_timeout_s`` closes this socket only."""
     limits, settings = service.config.codecs, service.config.moshi

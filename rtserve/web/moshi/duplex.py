@@ -36,10 +36,10 @@ from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.protocols import SlotPrompt
 from rtserve.errors import RtserveError
 from rtserve.web.error_mapping import moshi_error_message
-from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
+from rtserve.web.moshi.bridge import AgentFrame
 from rtserve.web.moshi.deadlines import ReceiveDeadline, close_within, receive_before, send_within
-from rtserve.web.moshi.prompt import PromptError, resolve_voice
-from rtserve.web.moshi.service import MoshiService
+from rtserve.web.moshi.prompt import UNSEEDED, PromptError, parse_seed, resolve_voice
+from rtserve.web.moshi.service import Conversation, MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class OpenMessage(BaseModel):
     type: Literal["open"]
     persona: str | None = None
     voice: str | None = None
-    seed: Annotated[StrictInt, Field(ge=0, lt=2**63)] | None = None
+    seed: Annotated[StrictInt, Field(ge=UNSEEDED, lt=2**63)] | None = None  # -1: unseeded, as on /api/chat
 
 
 class CloseMessage(BaseModel):
@@ -98,7 +98,7 @@ class DuplexConnection:
         self.settings = service.config.moshi
         self.deadline = ReceiveDeadline.after(self.settings.open_timeout_s,
                                               f"open timeout: no 'open' within {self.settings.open_timeout_s:g} s")
-        self.conversation: EngineBridge | None = None
+        self.conversation: Conversation | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 
@@ -135,7 +135,7 @@ class DuplexConnection:
         try:
             prompt = SlotPrompt(text=message.persona or None,
                                 voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
-                                seed=message.seed)
+                                seed=parse_seed(message.seed))
         except PromptError as exc:
             raise ClientError(str(exc), exc.code) from None
         conversation = await self.service.open_conversation(self.ws, ROUTE, prompt)

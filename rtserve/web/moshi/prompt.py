@@ -9,10 +9,17 @@ Voice names come straight from the network, so they are resolved strictly inside
 ``models.voice_prompt_dir``: no absolute paths, no ``..``, and a symlink that points
 outside the directory is refused like any unknown name (PersonaPlex joins the name to
 its directory unsanitised; peers.md §2).
+
+PersonaPlex's web UI always sends one of its stock voices (``voice_prompt=NATF2.pt`` by
+default). On a server without ``models.voice_prompt_dir`` (the embedded cascade, a Moshi
+checkpoint without voice embeddings) those names get the engine's default voice, so the
+UI connects as it does upstream; the fallback is logged at INFO once per process. Any
+other name there, and any name missing from a configured directory, is still refused.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -24,6 +31,12 @@ from rtserve.errors import INVALID_PROMPT, RtserveError
 VOICE_SUFFIXES = (".pt", ".wav")
 MAX_VOICE_NAME_CHARS = 255
 UNSEEDED = -1  # PersonaPlex's seed for "draw a fresh one"
+# The voice embeddings PersonaPlex ships (its web UI offers exactly these).
+STOCK_VOICES = frozenset({*(f"NAT{g}{i}" for g in "FM" for i in range(4)),
+                          *(f"VAR{g}{i}" for g in "FM" for i in range(5))})
+
+log = logging.getLogger(__name__)
+_fallback_logged = False
 
 
 class PromptError(RtserveError, ValueError):
@@ -37,6 +50,9 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
     if not name:
         return None
     if voice_dir is None:
+        if is_stock_voice(name):
+            _log_default_voice(name)
+            return None
         raise PromptError("voice prompts are not configured on this server")
     if len(name) > MAX_VOICE_NAME_CHARS or "\x00" in name or "\\" in name:
         raise PromptError("invalid voice prompt name")
@@ -51,6 +67,20 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
         if path.is_relative_to(root) and path.is_file():
             return str(path)
     raise PromptError(f"unknown voice prompt {name!r}")
+
+
+def is_stock_voice(name: str) -> bool:
+    """``NATF2``, ``NATF2.pt`` and the other names of PersonaPlex's stock voices."""
+    stem = name[:-len(".pt")] if name.endswith(".pt") else name
+    return stem in STOCK_VOICES
+
+
+def _log_default_voice(name: str) -> None:
+    global _fallback_logged
+    if not _fallback_logged:
+        _fallback_logged = True
+        log.info("voice prompt %r asked for, but models.voice_prompt_dir is not set: using the engine's default "
+                 "voice (logged once)", name)
 
 
 def parse_seed(raw: str | int | None) -> int | None:

@@ -32,7 +32,7 @@ async def _on_shutdown(app: web.Application) -> None:
 
 def setup(app: web.Application) -> None:
     ctx = app[CTX]
-    app[MOSHI] = MoshiService(ctx.config, ctx.engine, MoshiMetrics(ctx.registry))
+    app[MOSHI] = MoshiService(ctx.config, ctx.engine, MoshiMetrics(ctx.registry), ctx.sessions)
     app.router.add_get(chat.ROUTE, _chat)
     app.router.add_get(duplex.ROUTE, _duplex)
     app.on_shutdown.append(_on_shutdown)

@@ -1,5 +1,7 @@
 """What ``/api/chat`` and ``/v1/audio/duplex`` share: admission onto the engine, the
-output path (engine hand-off -> socket), metrics, and the open sockets (shutdown).
+output path (engine hand-off -> socket), metrics, and the open sockets (shutdown). A
+lockstep engine's slot is held directly (``EngineBridge``); a turn engine (the cascade)
+runs in the session core with server VAD (``TurnBridge``, ``turns.py``).
 
 Close codes (RFC 6455 §7.4.1) used by both routes:
 
@@ -28,13 +30,20 @@ from aiohttp import WSCloseCode, web
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
+from rtserve.errors import RESOURCE_EXHAUSTED
 from rtserve.log import session_id_var
+from rtserve.sessions import SessionError, SessionManager
+from rtserve.sessions.session_config import ConfigUpdateError
 from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.deadlines import send_within
 from rtserve.web.moshi.metrics import MoshiMetrics
+from rtserve.web.moshi.turns import TurnBridge, turn_session_config
+
+# What a route holds: frames from a lockstep engine, or turns through the session core.
+Conversation = EngineBridge | TurnBridge
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +51,12 @@ BUSY_REASON = "all conversation slots busy"
 
 
 class MoshiService:
-    def __init__(self, config: ServerConfig, engine: SessionEngine, metrics: MoshiMetrics) -> None:
+    def __init__(self, config: ServerConfig, engine: SessionEngine, metrics: MoshiMetrics,
+                 sessions: SessionManager | None = None) -> None:
         self.config = config
         self.engine = engine
         self.metrics = metrics
+        self.sessions = sessions  # turn engines: conversations run in the session core (``turns.py``)
         self.connections = Connections("Moshi-protocol", config.sessions.shutdown_timeout_s)
 
     # ------------------------------------------------------------------ sockets
@@ -58,13 +69,15 @@ class MoshiService:
     # ------------------------------------------------------------------ admission
 
     async def open_conversation(self, ws: web.WebSocketResponse, route: str,
-                                prompt: SlotPrompt) -> EngineBridge | None:
+                                prompt: SlotPrompt) -> Conversation | None:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
         if self.connections.closing:
             await close_socket(ws, WSCloseCode.GOING_AWAY, SHUTDOWN_REASON)
             return None
+        if self.engine.capabilities.mode == "turn" and self.sessions is not None:
+            return await self._open_turns(ws, route, prompt)
         session_id = f"moshi-{uuid.uuid4().hex[:16]}"
         session_id_var.set(session_id)
         try:
@@ -92,8 +105,32 @@ class MoshiService:
                  prompt.text is not None)
         return conversation
 
+    async def _open_turns(self, ws: web.WebSocketResponse, route: str, prompt: SlotPrompt) -> TurnBridge | None:
+        """A turn engine's conversation: a session-core session with server VAD (``turns.py``)."""
+        assert self.sessions is not None
+        outcomes = self.metrics.connections_total
+        try:
+            handle = await self.sessions.open(turn_session_config(prompt, self.sessions), resumable=False)
+        except ConfigUpdateError as exc:
+            outcomes.labels(route, "refused").inc()
+            await close_socket(ws, WSCloseCode.POLICY_VIOLATION, exc.message)
+            return None
+        except SessionError as exc:
+            outcomes.labels(route, "busy" if exc.code == RESOURCE_EXHAUSTED else "engine_error").inc()
+            log.info("session refused a conversation: %s (%s)", exc, exc.code)
+            await close_socket(ws, close_code(exc), BUSY_REASON if exc.code == RESOURCE_EXHAUSTED else str(exc))
+            return None
+        session_id_var.set(handle.session_id)
+        conversation = TurnBridge(handle, route=route, metrics=self.metrics)
+        if ws.closed:
+            await conversation.close()
+            return None
+        outcomes.labels(route, "accepted").inc()
+        log.info("%s conversation opened on the session core (server VAD, persona=%s)", route, prompt.text is not None)
+        return conversation
+
     @contextlib.asynccontextmanager
-    async def live(self, route: str, conversation: EngineBridge) -> AsyncIterator[None]:
+    async def live(self, route: str, conversation: Conversation) -> AsyncIterator[None]:
         """Counts the conversation as open; releases its engine slot on the way out."""
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
@@ -107,7 +144,7 @@ class MoshiService:
     # ------------------------------------------------------------------ output
 
     def spawn_output(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, route: str,
-                     conversation: EngineBridge,
+                     conversation: Conversation,
                      send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
         """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails, drop
         the connection if its reader stalls."""
@@ -118,6 +155,8 @@ class MoshiService:
             if conversation.failure is not None:
                 log.warning("engine failed the conversation: %s", conversation.failure.message)
                 await close_socket(ws, WSCloseCode.INTERNAL_ERROR, conversation.failure.message)
+            elif conversation.ended_by_server is not None:  # e.g. sessions.max_session_duration_s
+                await close_socket(ws, WSCloseCode.OK, conversation.ended_by_server)
 
         return asyncio.create_task(run())
 
@@ -126,7 +165,7 @@ class MoshiService:
         output.cancel()
         await asyncio.gather(output, return_exceptions=True)
 
-    async def stream_output(self, route: str, conversation: EngineBridge,
+    async def stream_output(self, route: str, conversation: Conversation,
                             send_frame: Callable[[AgentFrame], Awaitable[None]],
                             transport: asyncio.BaseTransport | None) -> bool:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes; False

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat
+from rtserve.web.realtime.audio_items import CreateAudioItem, ItemPart
 from rtserve.web.realtime.errors import INVALID_VALUE, MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.session_object import FormatField, MaxTokens, audio_format, session_changes
 from rtserve.web.realtime.tools import function_item, with_response_tools
@@ -73,6 +74,8 @@ class AppendInput:
 class CommitInput:
     response_create: bool = False
     event_id: str | None = None
+    final: bool | None = None  # vLLM's transcription flow (``vllm_transcription``); None: an OpenAI commit
+    is_speech: bool | None = None  # duplex: False declares silence
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,16 @@ class ClearInput:
     event_id: str | None = None
 
 
-ClientAction = UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | cmd.Command
+@dataclass(frozen=True, slots=True)
+class CancelInput:
+    """``input.cancel`` (vLLM-Omni duplex): drop the uncommitted input and advance the epoch
+    (agent output in flight is cancelled, as ``output_audio_buffer.clear`` does)."""
+
+    event_id: str | None = None
+
+
+ClientAction = (UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CancelInput | CreateAudioItem
+                | cmd.Command)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,8 @@ class _Append(_Event):
 
 class _Commit(_Event):
     response_create: StrictBool = False
+    final: StrictBool | None = None
+    is_speech: StrictBool | None = None  # duplex: False declares silence (answered by response.listen)
 
 
 class _ContentPart(BaseModel):
@@ -118,6 +132,7 @@ class _ContentPart(BaseModel):
     type: StrictStr
     text: StrictStr | None = None
     transcript: StrictStr | None = None
+    audio: StrictStr | None = None  # input_audio: base64 in the session's input format
 
 
 class _Item(BaseModel):
@@ -137,6 +152,15 @@ class _ItemTruncate(_Event):
     item_id: StrictStr
     content_index: Annotated[StrictInt, Field(ge=0)] = 0
     audio_end_ms: Annotated[StrictInt, Field(ge=0)]
+
+
+class _TextAppend(_Event):
+    text: StrictStr
+
+
+def _text_append(e: _TextAppend) -> cmd.ConversationItemCreate:
+    """``input.text.append``: typed user input, a user message in the conversation."""
+    return cmd.ConversationItemCreate(role="user", text=e.text, event_id=e.event_id)
 
 
 class _ItemRef(_Event):
@@ -226,8 +250,15 @@ def _validated(model: type[_Event], data: dict[str, Any]) -> Any:
                             event_id=_event_id_of(data)) from None
 
 
+def _commit(e: _Commit, rules: EventRules) -> CommitInput:
+    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final,
+                       e.is_speech if rules.duplex else None)
+
+
 def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
     e = _validated(_SessionUpdate, data)
+    if "session" not in data and isinstance(data.get("model"), str):
+        return UpdateSession({"model": data["model"][:MAX_ECHOED_CHARS * 4]}, e.event_id)  # vLLM's flat form
     if "session" not in data:
         raise invalid_event("'session' is required", param="session", event_id=e.event_id)
     try:
@@ -239,8 +270,8 @@ def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
 
 def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     e = _validated(_Append, data)
-    if not rules.duplex:
-        return AppendInput(e.audio, event_id=e.event_id)
+    if not rules.duplex:  # vLLM clients name their rate on plain OpenAI connections too
+        return AppendInput(e.audio, sample_rate=e.sample_rate_hz, event_id=e.event_id)
     fmt = e.format or e.input_audio_format
     chunk_format, rate = None, e.sample_rate_hz
     if fmt is not None:
@@ -253,10 +284,13 @@ def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     return AppendInput(e.audio, chunk_format, rate, e.is_speech, e.event_id)
 
 
-def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationItemCreate | cmd.FunctionItemCreate:
+def _item_create(data: dict[str, Any], rules: EventRules
+                 ) -> cmd.ConversationItemCreate | cmd.FunctionItemCreate | CreateAudioItem:
     if (function := function_item(data)) is not None:
         return function
     e = _validated(_ItemCreate, data)
+    if any(part.type == "input_audio" for part in e.item.content):
+        return _audio_item(e)
     texts = []
     for part in e.item.content:
         if part.type not in ("input_text", "text", "output_text"):
@@ -267,15 +301,29 @@ def _item_create(data: dict[str, Any], rules: EventRules) -> cmd.ConversationIte
                                       item_id=e.item.id, event_id=e.event_id)
 
 
+def _audio_item(e: _ItemCreate) -> CreateAudioItem:
+    """A message with ``input_audio`` parts: transcribed by the connection (``audio_items``)."""
+    parts = []
+    for part in e.item.content:
+        if part.type == "input_audio":
+            if part.audio is None and part.transcript is None:
+                raise invalid_event("'item.content.audio' is required", param="item.content", event_id=e.event_id)
+            parts.append(ItemPart(text=part.transcript) if part.transcript is not None else ItemPart(audio=part.audio))
+        elif part.type in ("input_text", "text"):
+            parts.append(ItemPart(text=part.text or ""))
+        else:
+            raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} cannot be mixed with "
+                            "input_audio; use input_text", param="item.content", event_id=e.event_id)
+    if e.item.role != "user":
+        raise WireError(INVALID_VALUE, "input_audio content is for user messages", param="item.role",
+                        event_id=e.event_id)
+    return CreateAudioItem(e.item.role, tuple(parts), e.previous_item_id, e.item.id, e.event_id)
+
+
 def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCreate:
     e = _validated(_ResponseCreate, data)
     r = e.response or _ResponseBody()
-    if r.conversation not in (None, "auto"):
-        raise WireError(INVALID_VALUE, "Out-of-band responses (conversation other than 'auto') are not supported",
-                        param="response.conversation", event_id=e.event_id)
-    if r.input is not None:
-        raise WireError(INVALID_VALUE, "Custom response input is not supported; the conversation is the input",
-                        param="response.input", event_id=e.event_id)
+    conversation, response_input = _out_of_band(r, e.event_id)
     audio_out = r.audio.output if r.audio is not None else None
     if r.output_audio_format is not None or (audio_out is not None and audio_out.format is not None):
         raise WireError(INVALID_VALUE, "Per-response audio formats are not supported; set the format with "
@@ -286,7 +334,54 @@ def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCre
         instructions=r.instructions, modalities=tuple(dict.fromkeys(modalities)) if modalities else None,
         voice=(audio_out.voice if audio_out is not None else None) or r.voice, temperature=r.temperature,
         max_output_tokens=tokens if isinstance(tokens, int) else None,  # "inf": the session's own limit
-        metadata=r.metadata, event_id=e.event_id)
+        metadata=r.metadata, conversation=conversation, input=response_input, event_id=e.event_id)
+
+
+class _InputItem(BaseModel):
+    """One item of ``response.input``: a message (text parts) or an ``item_reference``."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["message", "item_reference"] = "message"
+    id: StrictStr | None = None
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[_ContentPart] = []
+
+
+def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto", "none"],
+                                                                  tuple[cmd.ResponseInput, ...] | None]:
+    """``conversation`` ("auto" or "none") and ``input`` of an out-of-band ``response.create``."""
+    if r.conversation not in (None, "auto", "none"):
+        raise WireError(INVALID_VALUE, "conversation must be 'auto' or 'none'", param="response.conversation",
+                        event_id=event_id)
+    conversation: Literal["auto", "none"] = "none" if r.conversation == "none" else "auto"
+    if r.input is None:
+        return conversation, None
+    items = []
+    for index, raw in enumerate(r.input):
+        param = f"response.input.{index}"
+        try:
+            item = _InputItem.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = field_path(err["loc"])
+            raise invalid_event(f"'{param}.{where}': {err['msg']}", param=f"{param}.{where}",
+                                event_id=event_id) from None
+        if item.type == "item_reference":
+            if item.id is None:
+                raise invalid_event(f"'{param}.id' is required", param=f"{param}.id", event_id=event_id)
+            items.append(cmd.ResponseInput(item_id=item.id))
+            continue
+        if item.role is None:
+            raise invalid_event(f"'{param}.role' is required", param=f"{param}.role", event_id=event_id)
+        texts = []
+        for part in item.content:
+            if part.type not in ("input_text", "text", "output_text"):
+                raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported "
+                                "in response.input; use input_text / output_text", param=f"{param}.content",
+                                event_id=event_id)
+            texts.append(part.text or "")
+        items.append(cmd.ResponseInput(role=item.role, text="".join(texts)))
+    return conversation, tuple(items)
 
 
 def _resume(data: dict[str, Any], rules: EventRules) -> ResumeSession:
@@ -303,8 +398,7 @@ _Parser = Callable[[dict[str, Any], EventRules], ClientAction]
 _REALTIME: dict[str, _Parser] = {
     "session.update": _session_update,
     "input_audio_buffer.append": _append,
-    "input_audio_buffer.commit": lambda d, r: CommitInput(_validated(_Commit, d).response_create and r.duplex,
-                                                          _event_id_of(d)),
+    "input_audio_buffer.commit": lambda d, r: _commit(_validated(_Commit, d), r),
     "input_audio_buffer.clear": lambda d, r: ClearInput(_validated(_Event, d).event_id),
     "output_audio_buffer.clear": lambda d, r: cmd.Clear(target="output", event_id=_validated(_Event, d).event_id),
     "conversation.item.create": _item_create,
@@ -329,12 +423,16 @@ _DUPLEX: dict[str, _Parser] = {
     "overlap.decision": lambda d, r: _overlap(_validated(_OverlapDecision, d)),
     "turn.signal": lambda d, r: _barge_in(_validated(_TurnSignal, d)),
     "barge_in": lambda d, r: cmd.BargeIn(event_id=_validated(_Event, d).event_id),
+    # vLLM-Omni duplex input events (duplex.md U.1)
+    "input.cancel": lambda d, r: CancelInput(_validated(_Event, d).event_id),
+    "input.text.append": lambda d, r: _text_append(_validated(_TextAppend, d)),
 }
 
 _DUPLEX_ALIASES = {
     "input.commit": "input_audio_buffer.commit", "input.audio.append": "input_audio_buffer.append",
     "audio.playback_ack": "playback.ack", "signal_turn": "turn.signal", "close_session": "session.close",
     "session_close": "session.close", "close": "session.close",
+    "input_text.append": "input.text.append", "push_text": "input.text.append",
 }
 
 

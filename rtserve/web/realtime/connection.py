@@ -41,9 +41,11 @@ from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime.audio import InputAudioDecoder
-from rtserve.web.realtime.client_events import (AppendInput, ClearInput, ClientAction, CommitInput, EventRules,
+from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
+from rtserve.web.realtime.client_events import (AppendInput, CancelInput, ClearInput, ClientAction, CommitInput, EventRules,
                                                 ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
+from rtserve.web.realtime.vllm_transcription import TranscriptionFlow
 
 if TYPE_CHECKING:
     from rtserve.web.realtime.service import RealtimeService
@@ -87,6 +89,7 @@ class RealtimeConnection:
         self._sender: asyncio.Task[None] | None = None
         self._server_closing = False  # the sender is closing the socket after the session's last event
         self._sending = False  # the sender is waiting for the socket to take an event
+        self._transcription = TranscriptionFlow()  # vLLM's transcription events, once a client asks
 
     async def run(self, opened: SessionHandle | None = None) -> None:
         """Serve until the peer leaves or the session ends. ``opened``: a session the caller
@@ -146,14 +149,23 @@ class RealtimeConnection:
         if isinstance(action, AppendInput):
             pcm = await self._decode(action)
             handle.submit(cmd.AppendAudio(audio=pcm, is_speech=action.is_speech, event_id=action.event_id))
+        elif isinstance(action, CommitInput) and action.final is False:
+            if self._transcription.start():  # vLLM: the stream opens; turns end at final: true only
+                handle.submit(cmd.SessionUpdate(changes={"turn_detection": None}, event_id=action.event_id))
         elif isinstance(action, CommitInput):
             tail = self._decoder.flush()  # the resampler's held-back end of the turn
             if tail.size:
                 handle.submit(cmd.AppendAudio(audio=tail))
-            handle.submit(cmd.Commit(response_create=action.response_create, event_id=action.event_id))
-        elif isinstance(action, ClearInput):
+            handle.submit(cmd.Commit(response_create=action.response_create, is_speech=action.is_speech,
+                                     event_id=action.event_id))
+        elif isinstance(action, ClearInput | CancelInput):
             self._decoder.reset()
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
+            if isinstance(action, CancelInput):
+                handle.submit(cmd.Clear(target="output", event_id=action.event_id))
+        elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
+            handle.submit(await resolve_audio_item(action, self.service.asr(), self._config.input_audio_format,
+                                                   self.service.codecs))
         else:
             # Refusals of a live session are on its stream; a closed one's stream has ended.
             handle.submit(action)
@@ -239,6 +251,8 @@ class RealtimeConnection:
             async for delivery in attachment.deliveries():
                 self._sending = True
                 await self._deliver(delivery)
+                for frame in self._transcription.frames_after(delivery.event):
+                    await self.ws.send_str(frame)
                 self._sending = False
                 if last is None and self.dialect.conversation_created:
                     await self.ws.send_str(self._conversation_created())

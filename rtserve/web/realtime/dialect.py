@@ -8,6 +8,9 @@
 * Event names: GA by default; beta (``response.audio.delta``, ``conversation.item.created``,
   ...) with ``?api=beta``, the header ``OpenAI-Beta: realtime=v1`` or the subprotocol
   ``openai-beta.realtime-v1``.
+* ``?native_duplex=`` (vLLM-Omni; alias ``minicpmo45_native_duplex``) states whether the
+  client needs a model-native duplex engine (a lockstep model) or a turn engine; a request
+  the engine cannot meet is refused (``native_duplex_unavailable``), never ignored.
 * ``?autostart=0`` opens no session on connect: the first ``session.update`` opens one
   (answered by ``session.created``) or ``session.resume`` takes over a detached one.
   Default: on for ``/v1/realtime`` (what OpenAI clients expect), off for ``/v1/duplex``
@@ -69,6 +72,19 @@ def wants_beta(request: web.Request) -> bool:
         return False
     return ("realtime=v1" in request.headers.get("OpenAI-Beta", "").replace(" ", "")
             or BETA_SUBPROTOCOL in offered_subprotocols(request))
+
+
+def native_duplex_mismatch(request: web.Request, capabilities: EngineCapabilities) -> str | None:
+    """Why ``?native_duplex=`` cannot be met by this engine; None when absent or met."""
+    wanted = _flag(request, "native_duplex")
+    if wanted is None:
+        wanted = _flag(request, "minicpmo45_native_duplex")
+    native = capabilities.mode == "lockstep"
+    if wanted is None or wanted == native:
+        return None
+    if wanted:
+        return "native_duplex=1 needs a model-native duplex engine; this server runs turns with server VAD"
+    return "native_duplex=0 asks for turn-based serving; this server's model is natively full duplex"
 
 
 def select_dialect(request: web.Request, route: str, capabilities: EngineCapabilities,

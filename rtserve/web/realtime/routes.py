@@ -27,6 +27,7 @@ def setup(app: web.Application) -> None:
     ctx = app[CTX]
     app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.codecs,
                                      ctx.registry)
+    app[SERVICE].asr = lambda: ctx.turn_engines.asr
     app.router.add_get(REALTIME_ROUTE, _realtime)
     app.router.add_get(DUPLEX_ROUTE, _duplex)
     app.on_shutdown.append(_on_shutdown)

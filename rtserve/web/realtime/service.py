@@ -13,19 +13,21 @@ With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` even
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.protocols import ASREngine, EngineCapabilities
+from rtserve.errors import NATIVE_DUPLEX_UNAVAILABLE
 from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
 from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.realtime.connection import RealtimeConnection
-from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, select_dialect
+from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, native_duplex_mismatch, select_dialect
 
 DUPLEX_UNAVAILABLE = "Duplex API is not available"
 _MAX_MODEL_CHARS = 256
@@ -51,6 +53,8 @@ class RealtimeService:
         self.engine_capabilities = capabilities
         self.metrics = RealtimeMetrics(registry)
         self.connections = Connections("realtime", config.sessions.shutdown_timeout_s)
+        # The recognizer for ``input_audio`` items (``audio_items.py``); set by ``routes.setup``.
+        self.asr: Callable[[], ASREngine | None] = lambda: None
 
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
@@ -83,6 +87,10 @@ class RealtimeService:
         if route == DUPLEX_ROUTE and not self.config.transport.duplex_sessions:
             await self._refuse_duplex(ws)
             return ws
+        mismatch = native_duplex_mismatch(request, self.engine_capabilities)
+        if mismatch is not None:
+            await self._refuse(ws, NATIVE_DUPLEX_UNAVAILABLE, mismatch)
+            return ws
         dialect = select_dialect(request, route, self.engine_capabilities, self.config.transport.duplex_sessions)
         connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request))
         gauge = self.metrics.connections.labels(route)
@@ -95,11 +103,15 @@ class RealtimeService:
             gauge.dec()
         return ws
 
-    async def _refuse_duplex(self, ws: web.WebSocketResponse) -> None:
-        self.metrics.client_errors.labels("duplex_unavailable").inc()
-        error = ErrorEvent(session_id="", code="duplex_unavailable", message=DUPLEX_UNAVAILABLE)
+    async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str) -> None:
+        """An ``error`` event, then close 1008: the connection asked for what this server is not."""
+        self.metrics.client_errors.labels(code).inc()
+        error = ErrorEvent(session_id="", code=code, message=message)
         try:
             await ws.send_str(NativeDuplexProjection().render_text(error))
         except ConnectionError:
             return
-        await close_socket(ws, WSCloseCode.POLICY_VIOLATION, DUPLEX_UNAVAILABLE)
+        await close_socket(ws, WSCloseCode.POLICY_VIOLATION, message)
+
+    async def _refuse_duplex(self, ws: web.WebSocketResponse) -> None:
+        await self._refuse(ws, "duplex_unavailable", DUPLEX_UNAVAILABLE)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
-from rtserve.sessions.session_config import G711_RATE, AudioFormat, TurnDetection
+from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat, TurnDetection
 from rtserve.web.realtime.errors import (INVALID_VALUE, MAX_ECHOED_CHARS, UNSUPPORTED_TURN_DETECTION, WireError,
                                          field_path, invalid_event)
 from rtserve.web.realtime.tools import tool_changes
@@ -63,12 +63,15 @@ class _AudioInput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: FormatField | None = None
     turn_detection: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+    transcription: dict[str, Any] | None = None
 
 
 class _AudioOutput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: FormatField | None = None
     voice: StrictStr | None = None
+    speed: float | None = None
 
 
 class _Audio(BaseModel):
@@ -84,7 +87,8 @@ class SessionObject(BaseModel):
     """The ``session`` of ``session.update`` in any spelling: GA (``audio.input.format``,
     ``output_modalities``), beta (``input_audio_format``, ``modalities``,
     ``max_response_output_tokens``) or native (the ``SessionConfig`` field names).
-    Fields this server has no use for (tracing, noise reduction, ...) are ignored; ``tools``
+    Fields this server has no use for (tracing, ...) are ignored; audio options it cannot
+    honour (noise reduction, a speed other than 1.0) are refused (``_audio_options``); ``tools``
     and ``tool_choice`` are read by ``rtserve.web.realtime.tools``."""
 
     model_config = ConfigDict(extra="ignore")
@@ -103,6 +107,13 @@ class SessionObject(BaseModel):
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None
     playback_commit_policy: Literal["commit_all_on_done", "ack_only"] | None = None
+    input_audio_noise_reduction: dict[str, Any] | None = None  # beta spellings of the audio.* fields
+    input_audio_transcription: dict[str, Any] | None = None
+    speed: float | None = None
+
+
+_SERVER_VAD_FIELDS = frozenset(TurnDetection.model_fields) - {"eagerness"}
+_SEMANTIC_FIELDS = frozenset({"type", "eagerness", "create_response", "interrupt_response"})
 
 
 def turn_detection(value: dict[str, Any] | None, param: str, *, supports_server_vad: bool) -> dict[str, Any] | None:
@@ -110,13 +121,18 @@ def turn_detection(value: dict[str, Any] | None, param: str, *, supports_server_
     if value is None:
         return None
     kind = value.get("type", "server_vad")
-    if kind != "server_vad":
+    if kind not in ("server_vad", "semantic_vad"):
         raise WireError(UNSUPPORTED_TURN_DETECTION, f"Turn detection {str(kind)[:MAX_ECHOED_CHARS]!r} is not "
-                        "supported; use server_vad or null", param=f"{param}.type")
+                        "supported; use server_vad, semantic_vad or null", param=f"{param}.type")
     if not supports_server_vad:
         raise WireError(UNSUPPORTED_TURN_DETECTION, "This engine has no server VAD; set turn_detection to null and "
                         "commit input yourself", param=param)
-    known = {k: v for k, v in value.items() if k in TurnDetection.model_fields}
+    # Each type takes OpenAI's own fields for it (semantic_vad: eagerness, no idle timeout).
+    fields = _SEMANTIC_FIELDS if kind == "semantic_vad" else _SERVER_VAD_FIELDS
+    if kind == "semantic_vad" and value.get("idle_timeout_ms") is not None:
+        raise WireError(INVALID_VALUE, "idle_timeout_ms is only supported with server_vad, as on OpenAI",
+                        param=f"{param}.idle_timeout_ms")
+    known = {k: v for k, v in value.items() if k in fields}
     try:
         return TurnDetection.model_validate(known).model_dump()
     except ValidationError as exc:
@@ -156,6 +172,7 @@ def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
         changes["turn_detection"] = turn_detection(body.turn_detection, "session.turn_detection",
                                                    supports_server_vad=supports_server_vad)
     audio = body.audio
+    changes.update(_audio_options(body))
     if audio is not None and audio.input is not None:
         if audio.input.format is not None:
             changes["input_audio_format"] = _input_format(audio.input.format, "session.audio.input.format")
@@ -174,3 +191,53 @@ def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
 def _output_format(value: FormatField, param: str) -> dict[str, Any]:
     fmt, rate = audio_format(value, param)
     return {"output_audio_format": fmt} if rate is None else {"output_audio_format": fmt, "output_sample_rate": rate}
+
+
+def _audio_options(body: SessionObject) -> dict[str, Any]:
+    """Noise reduction, output speed and input transcription, in either spelling: what the
+    server honours becomes a change; what it cannot do is refused, never ignored.
+
+    * ``noise_reduction``: none here (the VAD and Whisper take the raw input) -> only null;
+    * ``speed``: replies are spoken at the voice's own rate -> only 1.0;
+    * ``transcription``: the engine's own recognizer transcribes every committed turn (the
+      LLM needs the text); an object (any ``model``; ``language`` English, no ``prompt``:
+      Whisper tiny.en) turns the ``input_audio_transcription`` events on, null turns them off.
+    """
+    changes: dict[str, Any] = {}
+    audio_in = body.audio.input if body.audio is not None else None
+    audio_out = body.audio.output if body.audio is not None else None
+    noise = [(body.input_audio_noise_reduction, "session.input_audio_noise_reduction")]
+    if audio_in is not None:
+        noise.append((audio_in.noise_reduction, "session.audio.input.noise_reduction"))
+    for value, param in noise:
+        if value is not None:
+            raise WireError(INVALID_VALUE, "Input noise reduction is not supported by this server; set it to null",
+                            param=param)
+    speeds = [(body.speed, "session.speed")]
+    if audio_out is not None:
+        speeds.append((audio_out.speed, "session.audio.output.speed"))
+    for speed, param in speeds:
+        if speed is not None and speed != 1.0:
+            raise WireError(INVALID_VALUE, "Only speed 1.0 is supported by this server", param=param)
+    given: list[tuple[dict[str, Any] | None, str]] = []
+    if "input_audio_transcription" in body.model_fields_set:
+        given.append((body.input_audio_transcription, "session.input_audio_transcription"))
+    if audio_in is not None and "transcription" in audio_in.model_fields_set:
+        given.append((audio_in.transcription, "session.audio.input.transcription"))
+    for value, param in given:
+        changes["transcription_model"] = _transcription_model(value, param)
+    return changes
+
+
+def _transcription_model(value: dict[str, Any] | None, param: str) -> str | None:
+    if value is None:
+        return None
+    model, language, prompt = value.get("model"), value.get("language"), value.get("prompt")
+    if model is not None and not isinstance(model, str):
+        raise invalid_event(f"{param}.model must be a string", param=f"{param}.model")
+    if language is not None and (not isinstance(language, str) or not language.lower().startswith("en")):
+        raise WireError(INVALID_VALUE, "The input recognizer is English-only; set language to 'en' or leave it out",
+                        param=f"{param}.language")
+    if prompt:
+        raise WireError(INVALID_VALUE, "Transcription prompts are not supported by this server", param=f"{param}.prompt")
+    return (model or DEFAULT_TRANSCRIPTION_MODEL)[:MAX_ECHOED_CHARS]

@@ -194,7 +194,7 @@ async def test_manual_turns_commit_clear_and_text_only_replies(cascade: Loaded, 
 async def test_bad_input_is_typed_and_capacity_is_bounded(cascade: Loaded) -> None:
     engine = cascade.engine
     with pytest.raises(EngineError) as raised:
-        await engine.open_session("bad-vad", SessionOptions(server_vad={"type": "semantic_vad"}))
+        await engine.open_session("bad-vad", SessionOptions(server_vad={"type": "turn_model"}))
     assert raised.value.code == "unsupported_turn_detection"
     sessions = [await engine.open_session(f"cap-{i}", SERVER_VAD) for i in range(MAX_SESSIONS)]
     assert all(isinstance(s, EngineSession) for s in sessions)

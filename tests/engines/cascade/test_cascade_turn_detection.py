@@ -93,7 +93,7 @@ def test_turn_audio_is_capped_oldest_first() -> None:
 
 
 @pytest.mark.parametrize("value, code", [
-    ({"type": "semantic_vad"}, "unsupported_turn_detection"),
+    ({"type": "turn_model"}, "unsupported_turn_detection"),
     ({"type": "server_vad", "threshold": 1.5}, "invalid_turn_detection"),
     ({"type": "server_vad", "silence_duration_ms": -1}, "invalid_turn_detection"),
     ({"type": "server_vad", "prefix_padding_ms": "long"}, "invalid_turn_detection"),
