@@ -227,10 +227,14 @@ class CommandHandlers:
             return
         item = ConversationItem(item_id, c.role, "audio" if c.audio else "text", text=c.text, committed_text=c.text,
                                 turn_id=self._ledger.turn_id)
+        self._insert_item(item, c.previous_item_id, c.event_id)
+
+    def _insert_item(self, item: ConversationItem, previous_item_id: str | None, event_id: str | None) -> None:
+        """A client-created item into the conversation after ``previous_item_id``, announced."""
         try:
-            previous = self._conversation.add(item, c.previous_item_id)
+            previous = self._conversation.add(item, previous_item_id)
         except KeyError:
-            self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
+            self._item_not_found(previous_item_id or "", event_id, param="previous_item_id")
             return
         snapshot = item.snapshot()
         session_id = self._output.session_id
@@ -273,15 +277,7 @@ class CommandHandlers:
             role = "assistant" if c.kind == "function_call" else "user"
             item = ConversationItem(item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id,
                                     call_id=c.call_id, name=c.name or None)
-            try:
-                previous = self._conversation.add(item, c.previous_item_id)
-            except KeyError:
-                self._item_not_found(c.previous_item_id or "", c.event_id, param="previous_item_id")
-                return
-            snapshot = item.snapshot()
-            session_id = self._output.session_id
-            self._output.emit(ev.ItemAdded(session_id=session_id, item=snapshot, previous_item_id=previous))
-            self._output.emit(ev.ItemDone(session_id=session_id, item=snapshot, previous_item_id=previous))
+            self._insert_item(item, c.previous_item_id, c.event_id)
 
     def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
         item = self._conversation.get(c.item_id)
