@@ -170,3 +170,31 @@ async def test_calls_share_the_session_managers_admission_with_websocket_session
         await caller.call(client)
         await caller.until("session.created")
         await caller.close()
+
+
+async def test_offers_aiortc_cannot_take_get_typed_400s_not_500s(config: ServerConfig,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Found by tests/fuzz/test_fuzz_sdp.py: each of these made aiortc's parser or peer connection
+    raise (AssertionError, AttributeError, a connect task failing in the background): a 500."""
+    async with running(webrtc_config(loopback_config(config))) as base:
+        caller = Caller()
+        offer = await caller.offer()
+        await caller.close()
+        lines = offer.splitlines()
+        broken = [
+            [line for line in lines if line != "a=mid:0"],  # the audio section loses its mid
+            [line for line in lines if line != "a=mid:1"],  # the data channel's mid, named by BUNDLE
+            [line.replace("a=mid:1", "a=mid:999999999") for line in lines],
+            [line.replace("c=IN IP4 127.0.0.1", "c=IN IP5 127.0.0.1") for line in lines],
+            [line.replace("a=fingerprint:sha-256 ", "a=fingerprint:sha-256") for line in lines],
+            [line for line in lines if line != "a=sendrecv"],  # no direction on the audio section
+        ]
+        async with aiohttp.ClientSession() as http:
+            for case, sdp in enumerate(broken):
+                async with http.post(f"{base}/v1/realtime/calls", data="\r\n".join(sdp) + "\r\n",
+                                     headers={"Content-Type": "application/sdp"}) as resp:
+                    assert resp.status == 400, case
+                    error = (await resp.json())["error"]
+                    assert (error["code"], error["param"]) == ("invalid_sdp", "sdp")
+        await wait_metric(base, "rtserve_sessions_slots_in_use ", 0)
+        assert not [r for r in caplog.records if r.levelno >= 30], caplog.records

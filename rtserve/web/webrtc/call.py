@@ -74,8 +74,9 @@ class Call:
         self.pc.on("connectionstatechange", self._on_state)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        except ValueError as exc:  # aiortc's SDP checks (missing ICE credentials, DTLS fingerprint, ...)
-            raise invalid_sdp(f"The SDP offer was refused: {exc}") from None
+        except ValueError:  # aiortc's SDP checks; its text names internals, so it stays out of the answer
+            raise invalid_sdp("The SDP offer was refused: its media sections do not describe a call this "
+                              "server can answer.") from None
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise invalid_sdp("The SDP offer has no audio section (m=audio).")
         self.pc.addTrack(self.track)

@@ -21,6 +21,7 @@ from email.message import Message
 from typing import Any
 
 from aiohttp import web
+from aiortc import sdp as aiortc_sdp
 
 from rtserve import errors
 from rtserve.web.context import CTX
@@ -50,7 +51,31 @@ def check_sdp(sdp: str) -> str:
         if not any(line.startswith(attribute) for line in lines):
             raise invalid_sdp(f"The SDP offer has no '{attribute[:-1]}' line (ICE credentials and the DTLS "
                               "fingerprint are required).")
-    return "\r\n".join(lines) + "\r\n"
+    text = "\r\n".join(lines) + "\r\n"
+    # aiortc's own parser, before any session or peer connection exists: it asserts, indexes and
+    # converts its way through each line, so a malformed line raises whatever it hits first
+    # (AssertionError, ValueError, IndexError, KeyError, ...); none of that text reaches the client.
+    try:
+        description = aiortc_sdp.SessionDescription.parse(text)
+    except Exception:  # noqa: BLE001 - every failure of this pure parser is a malformed offer
+        raise invalid_sdp("The SDP offer is malformed: a line does not follow the SDP grammar "
+                          "(RFC 8866, RFC 8839 for ICE, RFC 8122 for fingerprints).") from None
+    # aiortc's peer connection trusts what its parser let through: a section without its own
+    # mid, ICE credentials or DTLS fingerprint breaks it midway (AttributeError, and a
+    # connect task failing in the background), so each is required here, per section.
+    mids = [media.rtp.muxId for media in description.media]
+    if not mids or any(not mid for mid in mids) or len(set(mids)) != len(mids):
+        raise invalid_sdp("Each media section of the SDP offer needs its own 'a=mid' line.")
+    for group in description.group:  # aiortc bundles every section on the transport of the group's first
+        if group.semantic == "BUNDLE" and sorted(map(str, group.items)) != sorted(mids):
+            raise invalid_sdp("The SDP offer's 'a=group:BUNDLE' line must name each media section's mid.")
+    for media in description.media:
+        if (media.dtls is None or not media.dtls.fingerprints or media.ice is None
+                or not media.ice.usernameFragment or not media.ice.password):
+            raise invalid_sdp(f"The SDP offer's '{media.kind}' section has no ICE credentials or DTLS fingerprint.")
+        if media.kind in ("audio", "video") and media.direction is None:
+            raise invalid_sdp(f"The SDP offer's '{media.kind}' section has no direction (a=sendrecv, ...).")
+    return text
 
 
 async def read_offer(request: web.Request) -> CallOffer:
