@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "drain":
         from rtserve.cluster.drain import drain
 
+        configure_logging("info")  # its progress and errors go to the log, as the server's do
         return drain(args.ray_address, args.namespace, args.engine, args.deadline)
     flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
                                           "enable_sleep_mode", "ssl_certfile", "ssl_keyfile")}

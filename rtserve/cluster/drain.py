@@ -11,6 +11,8 @@ import time
 
 import ray
 
+log = logging.getLogger("rtserve.drain")
+
 _POLL_S = 0.5
 _GRACE_S = 30.0  # beyond the deadline: closing the link and stopping the engines
 
@@ -20,26 +22,26 @@ def drain(address: str, namespace: str, engine: str, deadline_s: float) -> int:
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
     except ConnectionError as exc:
-        print(f"rtserve: cannot reach the Ray cluster at {address}: {exc}".splitlines()[0])
+        log.error("cannot reach the Ray cluster at %s: %s", address, (str(exc).splitlines() or [""])[0])
         return 1
     try:
         try:
             actor = ray.get_actor(engine, namespace=namespace)
         except ValueError:
-            print(f"rtserve: no engine actor named {engine!r} in namespace {namespace!r}")
+            log.error("no engine actor named %r in namespace %r", engine, namespace)
             return 1
         open_now = ray.get(actor.drain.remote(deadline_s))
-        print(f"engine {engine} draining: {open_now} sessions open; it leaves when they end "
-              f"or in {deadline_s:g} s")
+        log.info("engine %s draining: %d sessions open; it leaves when they end or in %g s", engine, open_now,
+                 deadline_s)
         give_up = time.monotonic() + deadline_s + _GRACE_S
         while time.monotonic() < give_up:
             try:
                 ray.get_actor(engine, namespace=namespace)
             except ValueError:
-                print(f"engine {engine} left the cluster")
+                log.info("engine %s left the cluster", engine)
                 return 0
             time.sleep(_POLL_S)
-        print(f"rtserve: engine {engine} is still there {_GRACE_S:g} s after its deadline")
+        log.error("engine %s is still there %g s after its deadline", engine, _GRACE_S)
         return 3
     finally:
         ray.shutdown()
