@@ -54,9 +54,11 @@ class UpdateSession:
 
 @dataclass(frozen=True, slots=True)
 class ResumeSession:
+    """``session.resume``, or a connection opened with ``?session_id=...&resume=<token>``."""
+
     session_id: str
     resume_token: str
-    generation: int
+    generation: int | None  # None: the generation the token was issued with (vLLM-Omni sends none)
     last_received_seq: int | None
     event_id: str | None = None
 
@@ -387,9 +389,6 @@ def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto"
 def _resume(data: dict[str, Any], rules: EventRules) -> ResumeSession:
     e = _validated(_Resume, data)
     generation = e.attachment_generation if e.attachment_generation is not None else e.lease_generation
-    if generation is None:
-        raise invalid_event("'attachment_generation' is required", param="attachment_generation",
-                            event_id=e.event_id)
     return ResumeSession(e.session_id, e.resume_token, generation, e.last_received_server_event_seq, e.event_id)
 
 
