@@ -112,6 +112,8 @@ class CommandHandlers:
             self._turns.commit(response_create=c.response_create)
 
     def _response_create(self, c: cmd.ResponseCreate) -> None:
+        if c.speak is not None and not self._speakable(c):
+            return
         try:
             check_bounds(self._limits, instructions=c.instructions, voice=c.voice,
                          max_output_tokens=c.max_output_tokens)
@@ -131,6 +133,19 @@ class CommandHandlers:
                                related=c.event_id)
         else:
             self._responses.begin(c)
+
+    def _speakable(self, c: cmd.ResponseCreate) -> bool:
+        """``response.speak`` needs an engine that can be made to say given text, within bounds."""
+        assert c.speak is not None
+        if not self.capabilities.supports_speak:
+            self._output.error(errors.RESPONSE_SPEAK_UNSUPPORTED, "This model produces its own speech and cannot "
+                               "be made to say given text", related=c.event_id)
+            return False
+        if len(c.speak) > self._limits.max_speak_chars:
+            self._output.error(errors.INVALID_VALUE, f"text is longer than {self._limits.max_speak_chars} "
+                               "characters", related=c.event_id, param="text")
+            return False
+        return True
 
     def _input_within_bounds(self, items: tuple[cmd.ResponseInput, ...]) -> bool:
         """An out-of-band context is held to the bounds of a conversation."""

@@ -382,6 +382,16 @@ class ResponseListen(SessionEvent):
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
+class ResponseSpeak(SessionEvent):
+    """The response speaks (``response.speak``, duplex.md U.1): sent once, before its first
+    audio delta, for a response that says client-given ``text``."""
+
+    response_id: str
+    item_id: str
+    text: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class OutputAudioCleared(SessionEvent):
     """Queued agent audio of ``response_id`` was discarded; the client stops its playback."""
 

@@ -53,6 +53,7 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
     ev.ResponseListen: "response.listen",
+    ev.ResponseSpeak: "response.speak",
     ev.OutputAudioCleared: "output_audio_buffer.cleared",
     ev.PlaybackAcknowledged: "playback.acknowledged",
 }
@@ -164,6 +165,9 @@ class RealtimeProjection:
             ev.RateLimitsUpdated: lambda e: {"rate_limits": [dict(r) for r in e.rate_limits]},
             ev.ResponseListen: lambda e: {"session_id": e.session_id,
                                           "response": {"status": "listening", "metadata": {"reason": e.reason}}},
+            ev.ResponseSpeak: lambda e: {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0,
+                                         "content_index": 0, "text": e.text,
+                                         "metadata": {"session_id": e.session_id, "model_speak": False}},
             ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
                                           "reason": e.reason, "overlap_ms": e.overlap_ms},
             ev.OutputAudioCleared: lambda e: {"response_id": e.response_id},
