@@ -46,6 +46,7 @@ NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.OverlapDecided: "overlap.decision",
     ev.ResponseListen: "response.listen",
     ev.ResponseSpeak: "response.speak",
+    ev.RuntimeControl: "runtime.control",
     ev.OutputAudioCleared: "audio.cancelled",
     ev.PlaybackAcknowledged: "playback.acknowledged",
     ev.FunctionCallArgumentsDelta: "response.function_call_arguments.delta",

@@ -54,6 +54,7 @@ _GA_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.OverlapDecided: "overlap.decision",
     ev.ResponseListen: "response.listen",
     ev.ResponseSpeak: "response.speak",
+    ev.RuntimeControl: "runtime.control",
     ev.OutputAudioCleared: "output_audio_buffer.cleared",
     ev.PlaybackAcknowledged: "playback.acknowledged",
 }
@@ -168,6 +169,7 @@ class RealtimeProjection:
             ev.ResponseSpeak: lambda e: {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0,
                                          "content_index": 0, "text": e.text,
                                          "metadata": {"session_id": e.session_id, "model_speak": False}},
+            ev.RuntimeControl: lambda e: {"session_id": e.session_id, "result": dict(e.result)},
             ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
                                           "reason": e.reason, "overlap_ms": e.overlap_ms},
             ev.OutputAudioCleared: lambda e: {"response_id": e.response_id},
