@@ -54,6 +54,11 @@ class SessionLimits(_Section):
                                                                 "item beyond -> conversation_limit_exceeded")
     max_conversation_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="UTF-8 text bytes a session's "
                                         "conversation holds; a client item beyond -> conversation_limit_exceeded")
+    max_speak_chars: int = Field(4096, ge=1, description="longest text a duplex 'response.speak' may ask the engine "
+                                                         "to say; longer -> invalid_value")
+    client_session_ids: bool = Field(True, description="a duplex connection's '?session_id=' names the session it "
+                                     "opens (else ids are always server-allocated and the parameter is refused)")
+    max_session_id_chars: int = Field(128, ge=8, description="longest client-chosen session id; longer -> invalid_value")
 
 
 class TransportLimits(_Section):

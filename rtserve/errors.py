@@ -18,6 +18,7 @@ SESSION_RESUME_CONFLICT = "session_resume_conflict"
 SHUTTING_DOWN = "server_shutting_down"
 SESSION_NOT_OPEN = "session_not_open"
 SESSION_ALREADY_OPEN = "session_already_open"
+SESSION_EXISTS = "session_exists"  # ?session_id= names a session that is still held (duplex.md §6.2)
 # Input
 INPUT_BACKPRESSURE = "input_backpressure"
 INPUT_BUFFER_EMPTY = "input_audio_buffer_commit_empty"
@@ -37,6 +38,7 @@ ITEM_NOT_FOUND = "item_not_found"
 CONVERSATION_LIMIT_EXCEEDED = "conversation_limit_exceeded"
 BARGE_IN_UNSUPPORTED = "barge_in_unsupported"
 TURN_CONTROL_UNSUPPORTED = "turn_control_unsupported"
+RESPONSE_SPEAK_UNSUPPORTED = "response_speak_unsupported"  # the engine cannot be made to say given text
 NATIVE_DUPLEX_UNAVAILABLE = "native_duplex_unavailable"  # ?native_duplex= asks for what the engine is not
 PLAYBACK_ACK_OUT_OF_ORDER = "playback_ack_out_of_order"
 # Audio input (codecs)

@@ -46,6 +46,7 @@ class EngineCapabilities:
     supports_server_vad: bool = False
     modalities: tuple[str, ...] = ("audio", "text")
     supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
+    supports_speak: bool = False  # a response can say given text verbatim (``ResponseRequest.speak``)
 
     @property
     def input_frame_samples(self) -> int:
@@ -72,6 +73,9 @@ class EngineCapabilities:
             "supports_multi_session": self.max_sessions >= 2,
             "supports_multi_session_same_replica": self.max_sessions >= 2,
             "supports_playback_ack": True,
+            # ``response.speak`` (say this text): only an engine with its own text-to-speech stage
+            # can be made to; a lockstep model's speech is its own (response_speak_unsupported).
+            "supports_response_speak": self.supports_speak,
         }
 
 
@@ -401,6 +405,9 @@ class ResponseRequest:
     voice: str | None = None
     modalities: tuple[str, ...] = ("audio", "text")
     params: SamplingParams = SamplingParams()
+    # Say exactly this (``response.speak``): no generation, the text goes to speech as is.
+    # Only sent to engines whose capabilities say ``supports_speak``.
+    speak: str | None = None
 
 
 # ``semantic_vad`` eagerness -> end-of-turn silence: ``high`` ends a turn at server_vad's

@@ -1,7 +1,9 @@
 """How a runner applies each client command (duplex.md §2.3-§2.5, U.1).
 
 Refusals become ``ErrorEvent``s on the session's stream with the command's
-``event_id`` as ``related_event_id``; the session stays usable. The session
+``event_id`` as ``related_event_id``; the session stays usable. Control signals (clears,
+cancels, barge-in) report what they did to the engine in ``runtime.control`` when asked,
+or unasked when the engine could honour them only in part. The session
 configuration lives here: ``session.update`` is its only writer.
 """
 
@@ -58,7 +60,7 @@ class CommandHandlers:
             self._clear(c)
         elif isinstance(c, cmd.BargeIn):
             if self._require_barge_in(c):
-                self._responses.interrupt("barge_in", source=c.source)
+                self._interrupt("barge_in", "barge_in", source=c.source)
         elif isinstance(c, cmd.OverlapDecision):
             self._overlap_decision(c)
         elif isinstance(c, cmd.PlaybackAck):
@@ -112,6 +114,8 @@ class CommandHandlers:
             self._turns.commit(response_create=c.response_create)
 
     def _response_create(self, c: cmd.ResponseCreate) -> None:
+        if c.speak is not None and not self._speakable(c):
+            return
         try:
             check_bounds(self._limits, instructions=c.instructions, voice=c.voice,
                          max_output_tokens=c.max_output_tokens)
@@ -132,6 +136,19 @@ class CommandHandlers:
         else:
             self._responses.begin(c)
 
+    def _speakable(self, c: cmd.ResponseCreate) -> bool:
+        """``response.speak`` needs an engine that can be made to say given text, within bounds."""
+        assert c.speak is not None
+        if not self.capabilities.supports_speak:
+            self._output.error(errors.RESPONSE_SPEAK_UNSUPPORTED, "This model produces its own speech and cannot "
+                               "be made to say given text", related=c.event_id)
+            return False
+        if len(c.speak) > self._limits.max_speak_chars:
+            self._output.error(errors.INVALID_VALUE, f"text is longer than {self._limits.max_speak_chars} "
+                               "characters", related=c.event_id, param="text")
+            return False
+        return True
+
     def _input_within_bounds(self, items: tuple[cmd.ResponseInput, ...]) -> bool:
         """An out-of-band context is held to the bounds of a conversation."""
         held = sum(len(entry.text.encode()) for entry in items)
@@ -142,15 +159,31 @@ class CommandHandlers:
         if active is None or (c.response_id is not None and c.response_id != active.id):
             self._output.error(errors.RESPONSE_NOT_ACTIVE, "No active response to cancel", related=c.event_id)
             return
-        self._responses.interrupt("client_cancelled")
+        self._interrupt("cancel_response", "client_cancelled")
 
     def _clear(self, c: cmd.Clear) -> None:
         if c.target == "input":
             self.engine.clear_input()
             self._ledger.clear_uncommitted()
             self._output.emit(ev.InputCleared(session_id=self._output.session_id))
+            self._control_result("clear_input", ["input_cleared"])
             return
-        self._responses.interrupt("output_cleared")
+        self._interrupt("clear_output", "output_cleared")
+
+    def _interrupt(self, signal: str, reason: str, **details: str) -> None:
+        """Advance the epoch and cancel the active response; a lockstep model's eternal stream
+        keeps flowing (it cannot be stopped or rewound), which ``runtime.control`` reports."""
+        active = self._responses.active is not None and not self._responses.continuous
+        self._responses.interrupt(reason, **details)
+        applied = ["epoch_advanced", *(["response_cancelled"] if active else [])]
+        self._control_result(signal, applied, ("stop_output",) if self._responses.continuous else ())
+
+    def _control_result(self, signal: str, applied: list[str], unsupported: tuple[str, ...] = ()) -> None:
+        """``runtime.control`` (duplex.md U.1): after a signal the engine honoured only in part,
+        or after every signal when the session asked (``emit_duplex_control_results``)."""
+        if unsupported or self.config.emit_control_results:
+            self._output.emit(ev.RuntimeControl(session_id=self._output.session_id, result={
+                "signal": signal, "ok": not unsupported, "applied": applied, "unsupported": list(unsupported)}))
 
     def _require_barge_in(self, c: cmd.Command) -> bool:
         if self.capabilities.supports_barge_in:
@@ -164,7 +197,7 @@ class CommandHandlers:
         self._output.emit(ev.OverlapDecided(session_id=self._output.session_id, action=c.action,
                                             reason="client_decision", policy="client", overlap_ms=c.overlap_ms))
         if c.action == "barge_in":
-            self._responses.interrupt("barge_in", source="client_decision")
+            self._interrupt("barge_in", "barge_in", source="client_decision")
         elif c.action == "drop":
             self._clear(cmd.Clear(target="input"))
 

@@ -74,6 +74,9 @@ class ResponseCreate(Command):
     # the conversation as the response's context (None: the conversation is the context).
     conversation: Literal["auto", "none"] = "auto"
     input: tuple[ResponseInput, ...] | None = None
+    # ``response.speak`` (duplex): the response says exactly this text (no generation); only
+    # engines whose capabilities say ``supports_speak`` can.
+    speak: str | None = None
 
     @property
     def out_of_band(self) -> bool:

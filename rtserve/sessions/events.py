@@ -382,6 +382,25 @@ class ResponseListen(SessionEvent):
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
+class ResponseSpeak(SessionEvent):
+    """The response speaks (``response.speak``, duplex.md U.1): sent once, before its first
+    audio delta, for a response that says client-given ``text``."""
+
+    response_id: str
+    item_id: str
+    text: str
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class RuntimeControl(SessionEvent):
+    """What a control signal did to the engine runtime (``runtime.control``, duplex.md U.1):
+    ``result`` = ``{signal, ok, applied, unsupported}``. Sent when the engine could honour
+    the signal only in part, and after every signal when the session asked for results."""
+
+    result: dict[str, Any]
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class OutputAudioCleared(SessionEvent):
     """Queued agent audio of ``response_id`` was discarded; the client stops its playback."""
 

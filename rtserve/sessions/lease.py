@@ -4,7 +4,8 @@
 for a generation older than the current one (a stale socket cannot detach a session
 resumed elsewhere). Resume is a compare-and-swap on the generation keyed by the
 caller's control id: a retry of the same control id with the same credentials returns
-what it was granted the first time; a caller presenting a token this lease issued with a
+what it was granted the first time; a caller that names no generation (a reconnect URL
+carrying only the token) presents the generation its token was issued with; a caller presenting a token this lease issued with a
 stale generation gets ``session_resume_conflict``. Anything else, a repeated control id
 included, is ``unknown_session`` with the same message as an id that does not exist, so
 a guess learns nothing (issue 17). Each grant rotates the resume token; tokens are
@@ -55,7 +56,8 @@ class Lease:
         self.detached_at: float | None = None
         self._grants: OrderedDict[str, Grant] = OrderedDict()
         self._remembered = remembered_grants
-        self._issued: OrderedDict[str, None] = OrderedDict({self.resume_token: None})  # earlier tokens too
+        # Every token issued (earlier ones too, bounded) -> the generation it was issued with.
+        self._issued: OrderedDict[str, int] = OrderedDict({self.resume_token: 0})
 
     @property
     def detached(self) -> bool:
@@ -71,7 +73,10 @@ class Lease:
             self.detached_at = now
         return True
 
-    def resume(self, control_id: str, expected_generation: int, resume_token: str | None, now: float) -> Grant:
+    def resume(self, control_id: str, expected_generation: int | None, resume_token: str | None,
+               now: float) -> Grant:
+        if expected_generation is None:  # the token names its generation
+            expected_generation = self._generation_of(resume_token)
         # Credentials first: a remembered grant is replayed only to the caller that earned it.
         replay = self._grants.get(control_id)
         if (replay is not None and replay.presented[0] == expected_generation
@@ -91,8 +96,15 @@ class Lease:
         self.last_activity = now
         grant = Grant(self.generation, self.resume_token, presented)
         _remember(self._grants, control_id, grant, self._remembered)
-        _remember(self._issued, self.resume_token, None, self._remembered)
+        _remember(self._issued, self.resume_token, self.generation, self._remembered)
         return grant
+
+    def _generation_of(self, resume_token: str | None) -> int:
+        """The generation ``resume_token`` was issued with; refused like any wrong credential."""
+        for issued, generation in self._issued.items():
+            if _same_token(resume_token, issued):
+                return generation
+        raise unknown_session()
 
     def duration_expired(self, now: float, max_duration_s: float | None) -> bool:
         """A turn-based session's fixed lifetime (OpenAI's maximum session duration) is over."""

@@ -80,6 +80,7 @@ class SessionManager:
         self._live: dict[str, _Entry] = {}
         self._closing: dict[str, _Entry] = {}
         self._opening = 0
+        self._opening_ids: set[str] = set()  # client-named sessions being opened
         self._background: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._shutting_down = False
@@ -107,20 +108,33 @@ class SessionManager:
     # ------------------------------------------------------------------
 
     async def open(self, config: SessionConfig | None = None, *, projection: Projection | None = None,
-                   resumable: bool = True) -> SessionHandle:
+                   resumable: bool = True, session_id: str | None = None) -> SessionHandle:
         """Admit and open a session. The handle's ``attachment`` is the first consumer; its
-        first event is ``SessionCreated``. Raises ``SessionError``: ``resource_exhausted``
-        when every slot is held, the engine's code when it refuses."""
+        first event is ``SessionCreated``. ``session_id``: the client's name for it (the
+        transport validated it); None allocates one. Raises ``SessionError``:
+        ``session_exists`` when that name is held (opening, live, or still closing),
+        ``resource_exhausted`` when every slot is held, the engine's code when it refuses."""
         if self._shutting_down:
             raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down")
+        if session_id is not None and (session_id in self._live or session_id in self._closing
+                                       or session_id in self._opening_ids):
+            self.metrics.refused.labels(errors.SESSION_EXISTS).inc()
+            raise SessionError(errors.SESSION_EXISTS, "A session with this id is still open or closing")
         if self.active_count() >= self.limits.max_sessions:
             self.metrics.refused.labels(errors.RESOURCE_EXHAUSTED).inc()
             raise SessionError(errors.RESOURCE_EXHAUSTED,
                                f"All {self.limits.max_sessions} session slots are in use; try again later")
+        session_id = session_id or new_session_id()
+        try:
+            self._opening_ids.add(session_id)
+            return await self._open(session_id, config or SessionConfig(), projection, resumable)
+        finally:
+            self._opening_ids.discard(session_id)
+
+    async def _open(self, session_id: str, config: SessionConfig, projection: Projection | None,
+                    resumable: bool) -> SessionHandle:
         self._opening += 1
         self._update_gauge()
-        config = config or SessionConfig()
-        session_id = new_session_id()
         caps = self.engine.capabilities
         vad = config.turn_detection if caps.supports_server_vad else None
         options = SessionOptions(prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
@@ -260,9 +274,10 @@ class SessionManager:
             self._begin_stop(entry, StopKind.CLOSED, "disconnect")
         return True
 
-    def resume(self, session_id: str, *, resume_token: str | None, expected_generation: int, control_id: str,
+    def resume(self, session_id: str, *, resume_token: str | None, expected_generation: int | None, control_id: str,
                last_received_seq: int | None = None, projection: Projection | None = None) -> Attachment:
-        """Lease compare-and-swap keyed by ``control_id``; returns the new attachment, which
+        """Lease compare-and-swap keyed by ``control_id`` (``expected_generation`` None: the
+        one ``resume_token`` was issued with); returns the new attachment, which
         starts with ``SessionResumed`` and replays journaled events after
         ``last_received_seq`` (or says ``ResyncRequired``). A replayed ``control_id`` gets
         the same attachment again. Raises ``SessionError``."""

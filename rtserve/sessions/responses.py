@@ -37,6 +37,7 @@ class ActiveResponse:
     resampler: StreamResampler | None
     calls: ResponseCalls
     engine_started: bool = False
+    spoke: bool = False  # its first audio went out (``response.speak`` precedes it, once)
     announced: bool = False  # response.created was queued: the client knows this response
     ending_queued: bool = False
 
@@ -119,7 +120,7 @@ class ResponseTracker:
             voice=(o.voice if o and o.voice else None) or config.voice,
             # An audio answer's text is its transcript, carried by the audio chunks: asking for
             # "text" as well would make an engine stream the same words twice.
-            modalities=("audio",) if response.audio else ("text",), params=params))
+            modalities=("audio",) if response.audio else ("text",), params=params, speak=o.speak if o else None))
 
     def _context_of(self, items: tuple[cmd.ResponseInput, ...]) -> list[ChatMessage]:
         """An out-of-band ``input``: its messages, references resolved to the items' text now."""
@@ -242,6 +243,10 @@ class ResponseTracker:
         if resample and response.resampler is not None:
             pcm = response.resampler.process(pcm)
         ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
+        if pcm.size and not response.spoke and response.overrides and response.overrides.speak is not None:
+            # U.1: ``response.speak`` at most once per response, before its first audio delta.
+            self._output.emit(ev.ResponseSpeak(**ids, text=response.overrides.speak))
+        response.spoke = response.spoke or bool(pcm.size)
         if pcm.size:
             if not self._output.emit_audio(ev.AudioDelta(**ids, pcm=pcm, sample_rate=rate,
                                                          audio_format=config.output_audio_format)):

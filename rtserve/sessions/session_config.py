@@ -50,6 +50,9 @@ class SessionConfig(BaseModel):
     # client gave, echoed; None = no ``input_audio_transcription`` events (turns are still
     # transcribed for the LLM). On by default, unlike OpenAI: this server always has the text.
     transcription_model: str | None = DEFAULT_TRANSCRIPTION_MODEL
+    # ``runtime.control`` after every control signal (vLLM-Omni ``extra_body.emit_duplex_control_results``);
+    # off: only after one the engine could honour only in part.
+    emit_control_results: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:

@@ -80,7 +80,8 @@ def realtime_error(exc: RtserveError, *, event_id: str | None = None, opening: b
         return WireError(exc.code, exc.message, param=f"session.{exc.param}", event_id=event_id)
     error_type = errors.INVALID_REQUEST
     if opening:
-        error_type = errors.RATE_LIMIT if exc.code == errors.RESOURCE_EXHAUSTED else errors.SERVER_ERROR
+        error_type = {errors.RESOURCE_EXHAUSTED: errors.RATE_LIMIT,
+                      errors.SESSION_EXISTS: errors.INVALID_REQUEST}.get(exc.code, errors.SERVER_ERROR)
     return WireError(exc.code, exc.message, param=exc.param, event_id=event_id, error_type=error_type)
 
 
@@ -95,6 +96,10 @@ _CLOSE_BY_CODE: dict[str, WSCloseCode] = {
     errors.MODEL_NOT_READY: WSCloseCode.TRY_AGAIN_LATER,
     errors.ENGINE_SLEEPING: WSCloseCode.TRY_AGAIN_LATER,
     errors.INVALID_PROMPT: WSCloseCode.POLICY_VIOLATION,
+    # A connection whose URL named a session it cannot have (``?session_id=``, ``?resume=``).
+    errors.SESSION_EXISTS: WSCloseCode.POLICY_VIOLATION,
+    errors.UNKNOWN_SESSION: WSCloseCode.POLICY_VIOLATION,
+    errors.SESSION_RESUME_CONFLICT: WSCloseCode.POLICY_VIOLATION,
 }
 
 

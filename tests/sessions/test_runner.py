@@ -446,6 +446,24 @@ async def test_clear_input_and_clear_output(engine, make_manager) -> None:
     assert handle.epoch == 1
 
 
+async def test_control_signals_report_their_effect_when_asked(engine, make_manager) -> None:
+    """``runtime.control`` (duplex.md U.1): with ``emit_control_results`` every control signal
+    says what it did; a turn engine honours a cancel in full."""
+    _, handle, session = await open_session(make_manager, engine, SessionConfig(emit_control_results=True))
+    response_id = await start_response(handle, session)
+    session.audio(response_id)
+    await settle()
+    handle.submit(cmd.ResponseCancel(event_id="stop"))
+    handle.submit(cmd.ResponseCancel(event_id="again"))  # nothing left to cancel: an error, no result
+    events = await take_ready(handle.attachment)
+    results = [e.result for e in of_type(events, ev.RuntimeControl)]
+    assert results == [{"signal": "cancel_response", "ok": True, "applied": ["epoch_advanced", "response_cancelled"],
+                        "unsupported": []}]
+    assert of_type(events, ev.ResponseDone)[0].status == "cancelled"
+    assert of_type(events, ev.ErrorEvent)[0].related_event_id == "again"
+    assert session.epochs[-1] == 1
+
+
 async def test_speech_after_the_answer_was_delivered_is_an_ordinary_turn(engine, make_manager) -> None:
     config = SessionConfig(turn_detection=TurnDetection())
     _, handle, session = await open_session(make_manager, engine, config)

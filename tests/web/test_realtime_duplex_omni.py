@@ -73,3 +73,34 @@ async def test_native_duplex_query_is_met_or_refused(config: ServerConfig) -> No
     assert created["session"]["capabilities"]["implementation_level"] == "model_native_duplex"
     assert error["type"] == "error" and error["error"]["code"] == "native_duplex_unavailable"
     assert closed.value.rcvd.code == 1008
+
+
+async def test_runtime_control_reports_what_a_control_signal_did(config: ServerConfig) -> None:
+    """``runtime.control``: unasked when the engine honours a signal only in part (a lockstep
+    stream cannot be stopped), after every signal once ``extra_body.emit_duplex_control_results``."""
+    async with running(loopback_config(config)) as base:
+        async with websockets.connect(ws_url(base, duplex="1")) as ws:
+            await next_of(ws, "session.created")
+            await ws.send(json.dumps({"type": "output_audio_buffer.clear", "event_id": "x1"}))
+            partial = await next_of(ws, "runtime.control")
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            await ws.send(json.dumps({"type": "session.heartbeat"}))
+            quiet = []
+            while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))["type"] != \
+                    "session.heartbeat_ack":
+                quiet.append(event["type"])
+            await ws.send(json.dumps({"type": "session.update", "event_id": "u1",
+                                      "session": {"extra_body": {"emit_duplex_control_results": "yes"}}}))
+            refused = await next_of(ws, "error")
+            await ws.send(json.dumps({"type": "session.update",
+                                      "session": {"extra_body": {"emit_duplex_control_results": True}}}))
+            await next_of(ws, "session.updated")
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            asked = await next_of(ws, "runtime.control")
+    assert partial["result"] == {"signal": "clear_output", "ok": False, "applied": ["epoch_advanced"],
+                                 "unsupported": ["stop_output"]}
+    assert partial["epoch"] == 1 and partial["session_id"]
+    assert "input_audio_buffer.cleared" in quiet and "runtime.control" not in quiet  # honoured in full: unasked
+    assert (refused["error"]["code"], refused["error"]["param"], refused["error"]["event_id"]) == (
+        "invalid_event", "session.extra_body.emit_duplex_control_results", "u1")
+    assert asked["result"] == {"signal": "clear_input", "ok": True, "applied": ["input_cleared"], "unsupported": []}

@@ -49,7 +49,7 @@ class CascadeEngine:
             name="cascade", mode="turn", input_sample_rate=asr_module.SAMPLE_RATE,
             output_sample_rate=tts_module.SAMPLE_RATE, chunk_period_ms=CHUNK_PERIOD_MS,
             max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True,
-            supports_tools=True)
+            supports_tools=True, supports_speak=True)
         self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
         self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                               partial_interval_ms=limits.asr_partial_interval_ms,

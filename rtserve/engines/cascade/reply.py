@@ -6,7 +6,8 @@ the whole chain instead of buffering. Token deltas travel through every stage (t
 session turns them into ``OutputText`` as they come); the last stage adds the audio of
 each sentence, cut into ``chunk_samples`` pieces, the first piece carrying the sentence's
 text. Closing the run cancels every stage, which closes the LLM stream (the decode thread
-drops the request) and drops TTS jobs not yet started.
+drops the request) and drops TTS jobs not yet started. ``speak`` runs given text through
+the same sentence and TTS stages, with no LLM (``response.speak``).
 """
 
 from __future__ import annotations
@@ -60,18 +61,30 @@ class ReplyChain:
         self._tts = tts
         self._chunk = chunk_samples
         llm_stage = Stage("llm", self._generate, queue_size=1)
-        self._spoken = Pipeline("cascade_reply", [
-            llm_stage,
-            Stage("sentences", self._sentences, queue_size=64),  # token deltas
-            Stage("tts", self._speak, queue_size=sentence_queue),
-        ], registry)
+        sentences = Stage("sentences", self._sentences, queue_size=64)  # token deltas
+        tts = Stage("tts", self._speak, queue_size=sentence_queue)
+        self._spoken = Pipeline("cascade_reply", [llm_stage, sentences, tts], registry)
         self._text_only = Pipeline("cascade_reply_text", [llm_stage], registry)
+        # ``response.speak``: given text instead of the LLM's, through the same sentences and TTS.
+        self._given = Pipeline("cascade_speak", [Stage("text", self._given_text, queue_size=1), sentences, tts],
+                               registry)
 
     def run(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
             speak: bool, voice: str | None = None) -> AsyncIterator[TokenDelta | SpokenChunk]:
         pipeline = self._spoken if speak else self._text_only
         # Only the spoken pipeline has a TTS stage to take the voice marker.
         return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None)))
+
+    def speak(self, text: str, *, voice: str | None = None) -> AsyncIterator[TokenDelta | SpokenChunk]:
+        """Say ``text`` as is: one token delta carrying it (then its audio, sentence by sentence)."""
+        return self._given.run(_once(ReplyRequest((ChatMessage("assistant", text),), SamplingParams(), voice)))
+
+    @staticmethod
+    async def _given_text(requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta | _Voice]:
+        async for request in requests:
+            if request.voice is not None:
+                yield _Voice(request.voice)
+            yield TokenDelta(request.messages[-1].content, finish_reason="stop")
 
     async def _generate(self, requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta | _Voice]:
         async for request in requests:

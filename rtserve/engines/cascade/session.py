@@ -10,7 +10,8 @@ final decode so ``commit_input`` usually finds it done.
 Output side: ``respond`` runs the reply chain (LLM -> sentences -> TTS) and emits
 ``OutputText`` (token deltas, when text is a requested modality), ``OutputAudio`` at
 24 kHz in 40 ms chunks (the first chunk of each sentence carries that sentence's text),
-then ``ResponseFinished`` with token usage. ``set_epoch`` fences: queued reply output of
+then ``ResponseFinished`` with token usage. A request with ``speak`` text skips the LLM:
+the text goes through the same sentence splitter and TTS. ``set_epoch`` fences: queued reply output of
 older epochs is purged, the running reply is cancelled (LLM request dropped, TTS jobs not
 yet started skipped) and no older-epoch event is emitted after it returns — not even that
 reply's ``ResponseFinished`` (the session core, which cancelled it, reports it).
@@ -298,8 +299,11 @@ class CascadeSession:
         try:
             if speak:
                 self._models.tts.check_request(request.voice, 1.0)
-            items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak,
-                                           voice=request.voice)
+            if request.speak is not None:
+                items = self._models.reply.speak(request.speak, voice=request.voice)
+            else:
+                items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak,
+                                               voice=request.voice)
             async with contextlib.aclosing(items):
                 async for item in items:
                     if isinstance(item, SpokenChunk):

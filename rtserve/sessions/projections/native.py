@@ -45,6 +45,8 @@ NATIVE_NAMES: dict[type[ev.SessionEvent], str] = {
     ev.RateLimitsUpdated: "rate_limits.updated",
     ev.OverlapDecided: "overlap.decision",
     ev.ResponseListen: "response.listen",
+    ev.ResponseSpeak: "response.speak",
+    ev.RuntimeControl: "runtime.control",
     ev.OutputAudioCleared: "audio.cancelled",
     ev.PlaybackAcknowledged: "playback.acknowledged",
     ev.FunctionCallArgumentsDelta: "response.function_call_arguments.delta",

@@ -19,7 +19,9 @@ Event names accepted on every realtime connection are the OpenAI Realtime client
 (GA and beta spellings share them). Duplex connections also accept the duplex
 extensions (U.1): ``session.heartbeat``, ``session.event_ack``, ``session.close``,
 ``session.resume``, ``playback.ack``, ``overlap.decision``, ``turn.signal``/``barge_in``,
-the native opener ``session.create`` and a few legacy aliases.
+``input.cancel``, ``input.text.append``, ``response.speak`` (say this text: a response
+whose audio is the engine's TTS of it), the native opener ``session.create`` and a few
+legacy aliases.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ class UpdateSession:
 
 @dataclass(frozen=True, slots=True)
 class ResumeSession:
+    """``session.resume``, or a connection opened with ``?session_id=...&resume=<token>``."""
+
     session_id: str
     resume_token: str
-    generation: int
+    generation: int | None  # None: the generation the token was issued with (vLLM-Omni sends none)
     last_received_seq: int | None
     event_id: str | None = None
 
@@ -161,6 +165,18 @@ class _TextAppend(_Event):
 def _text_append(e: _TextAppend) -> cmd.ConversationItemCreate:
     """``input.text.append``: typed user input, a user message in the conversation."""
     return cmd.ConversationItemCreate(role="user", text=e.text, event_id=e.event_id)
+
+
+class _Speak(_Event):
+    text: StrictStr
+    voice: StrictStr | None = None
+
+
+def _speak(e: _Speak) -> cmd.ResponseCreate:
+    """``response.speak``: a response that says ``text`` as is (engines with their own TTS)."""
+    if not e.text.strip():
+        raise WireError(INVALID_VALUE, "text must contain something to say", param="text", event_id=e.event_id)
+    return cmd.ResponseCreate(speak=e.text, modalities=("audio", "text"), voice=e.voice, event_id=e.event_id)
 
 
 class _ItemRef(_Event):
@@ -387,9 +403,6 @@ def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto"
 def _resume(data: dict[str, Any], rules: EventRules) -> ResumeSession:
     e = _validated(_Resume, data)
     generation = e.attachment_generation if e.attachment_generation is not None else e.lease_generation
-    if generation is None:
-        raise invalid_event("'attachment_generation' is required", param="attachment_generation",
-                            event_id=e.event_id)
     return ResumeSession(e.session_id, e.resume_token, generation, e.last_received_server_event_seq, e.event_id)
 
 
@@ -426,6 +439,7 @@ _DUPLEX: dict[str, _Parser] = {
     # vLLM-Omni duplex input events (duplex.md U.1)
     "input.cancel": lambda d, r: CancelInput(_validated(_Event, d).event_id),
     "input.text.append": lambda d, r: _text_append(_validated(_TextAppend, d)),
+    "response.speak": lambda d, r: _speak(_validated(_Speak, d)),
 }
 
 _DUPLEX_ALIASES = {

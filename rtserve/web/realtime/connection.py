@@ -11,6 +11,10 @@ Errors found here (a malformed frame, bad base64) go onto the session's own stre
 (``SessionHandle.report``) so they keep their order and sequence numbers; before a
 session exists they are sent directly.
 
+A connection whose URL carries ``session_id`` and ``resume`` (``connect_query``) takes
+over that session at once instead of opening one; ``session_id`` alone names the session
+it opens.
+
 When the socket goes away the attachment detaches: a duplex session waits out its
 disconnect grace for a ``session.resume``; a turn-based one closes (``disconnect``).
 After the session's last event (``session.closed``/``session.expired``, or
@@ -42,6 +46,7 @@ from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
+from rtserve.web.realtime.connect_query import ConnectQuery
 from rtserve.web.realtime.client_events import (AppendInput, CancelInput, ClearInput, ClientAction, CommitInput, EventRules,
                                                 ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
@@ -76,8 +81,9 @@ class Dialect:
 
 class RealtimeConnection:
     def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, service: RealtimeService,
-                 dialect: Dialect, initial: SessionConfig) -> None:
+                 dialect: Dialect, initial: SessionConfig, query: ConnectQuery = ConnectQuery()) -> None:
         self.ws = ws
+        self._query = query  # the URL's session name, or the session it resumes
         self._transport = transport
         self.service = service
         self.dialect = dialect
@@ -98,6 +104,9 @@ class RealtimeConnection:
             if opened is not None:
                 assert opened.attachment is not None
                 self._attach(opened, opened.attachment)
+            elif self._query.resume is not None:
+                if not await self._resume_on_connect(self._query.resume):
+                    return
             elif self.dialect.autostart and not await self._open({}, None):
                 return
             await self._receive_loop()
@@ -204,7 +213,7 @@ class RealtimeConnection:
             return True
         try:
             handle = await self.service.sessions.open(config, projection=self.dialect.projection,
-                                                      resumable=self.dialect.duplex)
+                                                      resumable=self.dialect.duplex, session_id=self._query.session_id)
         except SessionError as exc:
             await self._report(realtime_error(exc, event_id=event_id, opening=True))
             await close_socket(self.ws, close_code(exc), exc.code)
@@ -215,6 +224,16 @@ class RealtimeConnection:
         assert handle.attachment is not None
         self._attach(handle, handle.attachment)
         log.info("%s session opened (%s)", self.dialect.route, self.dialect.projection.name)
+        return True
+
+    async def _resume_on_connect(self, action: ResumeSession) -> bool:
+        """The URL's ``resume``: as a first ``session.resume``; refused -> error, close 1008."""
+        try:
+            self._resume(action)
+        except WireError as exc:
+            await self._report(exc)
+            await close_socket(self.ws, WSCloseCode.POLICY_VIOLATION, exc.code)
+            return False
         return True
 
     def _resume(self, action: ResumeSession) -> None:

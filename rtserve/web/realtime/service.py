@@ -6,6 +6,8 @@ Connections are served by ``RealtimeConnection``; what each one speaks is decide
 ``transport.max_ws_message_bytes`` close the socket with 1009; WebSocket pings every
 ``transport.ws_heartbeat_s`` (a peer that misses its pong is dropped); admission and idle
 expiry come from ``sessions`` (``resource_exhausted`` error then close 1013 at capacity).
+The URL's ``session_id``/``resume`` are read by ``connect_query``; a bad one is an
+``error`` event then close 1008.
 With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` event
 "Duplex API is not available" (code ``duplex_unavailable``) and closes with 1008.
 """
@@ -26,8 +28,10 @@ from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import Connections, close_socket
+from rtserve.web.realtime.connect_query import connect_query
 from rtserve.web.realtime.connection import RealtimeConnection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, native_duplex_mismatch, select_dialect
+from rtserve.web.realtime.errors import WireError
 
 DUPLEX_UNAVAILABLE = "Duplex API is not available"
 _MAX_MODEL_CHARS = 256
@@ -92,7 +96,12 @@ class RealtimeService:
             await self._refuse(ws, NATIVE_DUPLEX_UNAVAILABLE, mismatch)
             return ws
         dialect = select_dialect(request, route, self.engine_capabilities, self.config.transport.duplex_sessions)
-        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request))
+        try:
+            query = connect_query(request, duplex=dialect.duplex, limits=self.limits)
+        except WireError as exc:
+            await self._refuse(ws, exc.code, exc.message, param=exc.param)
+            return ws
+        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request), query)
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
         try:
@@ -103,10 +112,10 @@ class RealtimeService:
             gauge.dec()
         return ws
 
-    async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str) -> None:
+    async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str, *, param: str | None = None) -> None:
         """An ``error`` event, then close 1008: the connection asked for what this server is not."""
         self.metrics.client_errors.labels(code).inc()
-        error = ErrorEvent(session_id="", code=code, message=message)
+        error = ErrorEvent(session_id="", code=code, message=message, param=param)
         try:
             await ws.send_str(NativeDuplexProjection().render_text(error))
         except ConnectionError:

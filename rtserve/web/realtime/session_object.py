@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat, TurnDetection
@@ -83,6 +83,13 @@ class _Audio(BaseModel):
 MaxTokens = Annotated[StrictInt, Field(ge=1)] | Literal["inf"]
 
 
+class _ExtraBody(BaseModel):
+    """vLLM-Omni's model-specific ``extra_body``: what this server honours; the rest is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    emit_duplex_control_results: StrictBool | None = None  # ``runtime.control`` after every control signal
+
+
 class SessionObject(BaseModel):
     """The ``session`` of ``session.update`` in any spelling: GA (``audio.input.format``,
     ``output_modalities``), beta (``input_audio_format``, ``modalities``,
@@ -110,6 +117,7 @@ class SessionObject(BaseModel):
     input_audio_noise_reduction: dict[str, Any] | None = None  # beta spellings of the audio.* fields
     input_audio_transcription: dict[str, Any] | None = None
     speed: float | None = None
+    extra_body: _ExtraBody | None = None
 
 
 _SERVER_VAD_FIELDS = frozenset(TurnDetection.model_fields) - {"eagerness"}
@@ -185,6 +193,8 @@ def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
         if audio.output.voice is not None:
             changes["voice"] = audio.output.voice
     changes.update(tool_changes(raw))
+    if body.extra_body is not None and body.extra_body.emit_duplex_control_results is not None:
+        changes["emit_control_results"] = body.extra_body.emit_duplex_control_results
     return changes
 
 
