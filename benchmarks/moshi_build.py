@@ -12,6 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename
@@ -110,6 +111,31 @@ def prefill_ours(lm: MoshiLM, fill: int) -> None:
     for cache in lm.transformer.caches:
         cache.keys.normal_()
         cache.values.normal_()
+
+
+def prefill_paged(lm: MoshiLM, fills: np.ndarray) -> bool:
+    """Paged KV: row ``r`` as if ``fills[r]`` frames had been stepped, holding the blocks those frames
+    (and the next write) need, filled with random int8 K/V; False when the pool has too few blocks."""
+    transformer = lm.transformer
+    blocks = transformer.blocks
+    assert blocks is not None and transformer.floor is not None
+    size = blocks.spec.block_size
+    for row in range(len(fills)):
+        blocks.release(row)
+    needed = [min(blocks.width, int(fill) // size + 1) for fill in fills]
+    if sum(needed) > blocks.free_blocks:
+        return False
+    for row, count in enumerate(needed):
+        for entry in range(count):
+            blocks.table[row, entry] = blocks.free.pop()
+    blocks.sync()
+    transformer.offset.copy_(torch.from_numpy(np.asarray(fills, np.int64)))
+    for cache in transformer.caches:
+        for pool in (cache.keys, cache.values):
+            pool.random_(-127, 128)
+        for scales in (cache.key_scales, cache.value_scales):
+            scales.fill_(3.0 / 127)  # what N(0, 1) entries quantize to
+    return True
 
 
 def prefill_reference(ref_lm: Any, fill: int) -> None:

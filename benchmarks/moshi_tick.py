@@ -9,6 +9,14 @@ graph per batch (``FrameStep(graph=True)``); the reference as its own ``LMGen`` 
 keys/values, positions advanced by F) rather than by stepping F frames; a fill past the
 ring means a full, wrapped ring.
 
+``ours-paged8`` is our engine with paged int8 KV (``Transformer.use_paged_kv``): sessions may
+grow to the model's context (3000 frames) whatever the ring column says, blocks come from one
+pool sized to the free memory, and attention reads only the blocks each row holds. Its extra
+fill ``mixN`` spreads the rows' fills evenly over 0..2N (average N), the issue's 256-session
+case; a fill whose blocks do not fit in the pool is skipped (``"skipped": "kv pool"``).
+``--agreement-frames`` also reports greedy-token agreement of paged int8 KV against bf16 rings
+(same inputs, fresh rows, free-running).
+
 Memory is reported as if each side ran alone: its own weights plus the peak it allocated
 for this batch (KV ring, activations, graph pool); the two sides share one copy of the
 weights so that either can use the memory it would have alone. A configuration whose KV ring alone
@@ -22,6 +30,7 @@ only, so the script itself stays testable. Prints a table; JSON to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -29,24 +38,30 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from moshi_build import (build, module_bytes, prefill_ours, prefill_reference, set_ours_ring,  # noqa: E402
-                         set_reference_ring, share_weights, sync)
+from moshi_build import (build, module_bytes, prefill_ours, prefill_paged, prefill_reference,  # noqa: E402
+                         set_ours_ring, set_reference_ring, share_weights, sync)
 
 from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep  # noqa: E402
 from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
 from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
+from rtserve.engines.moshi.paged_kv import PagedKVSpec  # noqa: E402
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "moshi_tick.json"
 GIB = 2 ** 30
 # Headroom left free when deciding whether a configuration's KV ring fits (activations, graph pools).
 FIT_MARGIN_BYTES = 3 * GIB
+# Paged KV: frames per block, and the activation/graph memory left free per row beside the pool.
+PAGED_BLOCK = 64
+PAGED_MARGIN_PER_ROW = 48 * 2 ** 20
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -54,12 +69,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def time_frames(step: Callable[[], None], prefill: Callable[[int], None], fills: list[int], frames: int,
-                warmup: int, device: torch.device) -> dict[int, dict[str, float]]:
-    """p50/p99 ms per frame at each fill, after ``warmup`` untimed frames per fill."""
-    out: dict[int, dict[str, float]] = {}
+def time_frames(step: Callable[[], None], prefill: Callable[[str], str | None], fills: list[str], frames: int,
+                warmup: int, device: torch.device) -> dict[str, dict[str, Any]]:
+    """p50/p99 ms per frame at each fill, after ``warmup`` untimed frames per fill (``prefill``
+    returns why a fill cannot run, or None)."""
+    out: dict[str, dict[str, Any]] = {}
     for fill in fills:
-        prefill(fill)
+        skipped = prefill(fill)
+        if skipped is not None:
+            out[fill] = {"skipped": skipped}
+            continue
         times = []
         for i in range(warmup + frames):
             sync(device)
@@ -86,30 +105,81 @@ def measured_memory(device: torch.device, result: dict[str, Any], weights: int) 
             result["peak_gib"] = (state + weights) / GIB
 
 
-def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[int], args: argparse.Namespace,
+def row_fills(fill: str, batch: int) -> np.ndarray:
+    """Per-row fills of a fill label: ``N`` (every row at N) or ``mixN`` (evenly over 0..2N)."""
+    if fill.startswith("mix"):
+        return np.linspace(0, 2 * int(fill[3:]), batch).round().astype(np.int64)
+    return np.full(batch, int(fill), np.int64)
+
+
+def paged_spec(lm: MoshiLM, batch: int, device: torch.device) -> PagedKVSpec:
+    """As many blocks as fit in free memory (minus the margin), and no more than ``batch`` full contexts."""
+    t = lm.transformer
+    spec = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK)
+    wanted = batch * spec.width(lm.config.context)
+    if device.type != "cuda":
+        return replace(spec, num_blocks=wanted)
+    block_bytes = PagedKVSpec.bytes_per_frame(len(t.layers), t.heads, t.dim // t.heads) * PAGED_BLOCK
+    free, _ = torch.cuda.mem_get_info(device)
+    margin = FIT_MARGIN_BYTES + batch * PAGED_MARGIN_PER_ROW
+    return replace(spec, num_blocks=max(1, min(wanted, (free - margin) // block_bytes)))
+
+
+@contextmanager
+def paged_kv(lm: MoshiLM, spec: PagedKVSpec | None, context: int) -> Iterator[None]:
+    """Paged KV with a ``context``-frame window while inside (bf16 rings as before after)."""
+    if spec is None:
+        yield
+        return
+    t = lm.transformer
+    saved = (t.capacity, t.context)
+    t.context = context
+    t.use_paged_kv(spec)
+    try:
+        yield
+    finally:
+        t.use_paged_kv(None)
+        t.capacity, t.context = saved
+
+
+def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argparse.Namespace,
              device: torch.device, side: str) -> dict[str, Any]:
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
-    ring, like the reference) or ours-eager (no graphs)."""
+    ring, like the reference), ours-eager (no graphs) or ours-paged8 (graphed, paged int8 KV)."""
     result: dict[str, Any] = {}
-    with measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)):
+    paged = side == "ours-paged8"
+    spec = paged_spec(lm, batch, device) if paged else None
+    with measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)), \
+            paged_kv(lm, spec, lm.config.context):
         bucket = lm.transformer.capacity if side == "ours-fullring" else DEFAULT_SPAN_BUCKET
-        frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch, graph=side != "ours-eager",
-                          span_bucket=bucket)
+        frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch,
+                          graph=side != "ours-eager" and device.type == "cuda", span_bucket=bucket)
         pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
 
         def step() -> None:
             frame(pcm).tokens.cpu()
 
-        def prefill(fill: int) -> None:
-            prefill_ours(lm, fill)
-            frame.positions[:] = fill
+        def prefill(fill: str) -> str | None:
+            fills_now = row_fills(fill, batch)
+            if paged:
+                if not prefill_paged(lm, fills_now):
+                    return "kv pool"
+            elif fill.startswith("mix"):
+                return "n/a"
+            else:
+                prefill_ours(lm, int(fill))
+            frame.positions[:] = fills_now
+            return None
 
         result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device)
         result["spans"] = len(frame.spans)
+        if spec is not None:
+            result["kv_blocks"] = spec.num_blocks
+            result["kv_block_frames"] = spec.block_size
     return result
 
 
-def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[int], args: argparse.Namespace,
+def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[str], args: argparse.Namespace,
                   device: torch.device) -> dict[str, Any]:
     from moshi.models.lm import LMGen
     result: dict[str, Any] = {}
@@ -124,9 +194,14 @@ def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[int], args
                 ref_mimi.decode(out[:, 1:9])
                 out.cpu()
 
+        def prefill(fill: str) -> str | None:
+            if fill.startswith("mix"):
+                return "n/a"  # a fixed ring costs the same whatever the rows' fills
+            prefill_reference(ref_lm, int(fill))
+            return None
+
         with gen.streaming(batch), ref_mimi.streaming(batch):
-            result["fills"] = time_frames(step, lambda fill: prefill_reference(ref_lm, fill), fills, args.frames,
-                                          args.warmup, device)
+            result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device)
     return result
 
 
@@ -167,6 +242,38 @@ def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> d
 
 
 @torch.no_grad()
+def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: torch.device) -> dict[str, Any]:
+    """Free-running greedy tokens with paged int8 KV against bf16 rings over ``frames`` frames
+    (same user audio, fresh rows): share of identical token frames and each row's first
+    divergence. The noise floor beside it: bf16 rings through another attention kernel (the
+    math SDPA backend instead of the fused one), i.e. the same precision, other rounding."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    inputs = [(torch.randn(batch, mimi.frame_size, generator=gen) * 0.1).to(device) for _ in range(frames)]
+    width = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK).width(lm.config.context)
+    paged = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK)
+    runs = []
+    for spec, backends in ((None, None), (paged, None), (None, [SDPBackend.MATH])):
+        with paged_kv(lm, spec, lm.config.context), sdpa_kernel(backends) if backends else contextlib.nullcontext():
+            frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch,
+                              graph=device.type == "cuda")
+            runs.append(torch.stack([frame(pcm).tokens.cpu() for pcm in inputs]))  # [frames, B, 1 + dep_q]
+            del frame
+            release(lm, mimi, device)
+
+    def compare(other: torch.Tensor) -> dict[str, Any]:
+        same = (runs[0] == other).all(-1)  # [frames, B]
+        return {"identical_token_frames": float(same.float().mean()),
+                "text_token_agreement": float((runs[0][..., 0] == other[..., 0]).float().mean()),
+                "audio_token_agreement": float((runs[0][..., 1:] == other[..., 1:]).float().mean()),
+                "first_divergence_per_row": [int(np.argmin(col)) if not col.all() else frames
+                                             for col in same.T.numpy()]}
+
+    return {"frames": frames, "batch": batch, "int8_paged_vs_bf16": compare(runs[1]),
+            "bf16_math_sdpa_vs_bf16": compare(runs[2])}
+
+
+@torch.no_grad()
 def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
     """GPU kernels one eager frame launches (what a graph replays): the launch-count floor at small B.
     Run after the timings: the profiler's hooks can stay active and slow later launches."""
@@ -188,8 +295,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=("7b", "tiny"), default=None)
     parser.add_argument("--batches", default=None, help="comma list (default 1,16,64,80,128,160,256 on CUDA)")
     parser.add_argument("--rings", default=None, help="KV ring frames, comma list (default 3000,1500)")
-    parser.add_argument("--fills", default=None, help="context fill frames, comma list (default 0,1500,3000)")
-    parser.add_argument("--sides", default="ours,reference", help="ours, ours-fullring, ours-eager, reference")
+    parser.add_argument("--fills", default=None, help="context fill frames, comma list (default 0,1500,3000,mix1500);"
+                                                       " mixN: rows evenly over 0..2N (paged side only)")
+    parser.add_argument("--sides", default="ours-paged8,ours,reference",
+                        help="ours-paged8, ours, ours-fullring, ours-eager, reference")
+    parser.add_argument("--agreement-frames", type=int, default=200, help="paged int8 vs bf16 greedy frames (0: skip)")
+    parser.add_argument("--agreement-batch", type=int, default=4)
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--check-frames", type=int, default=20, help="graphed vs eager frames (0: skip)")
@@ -202,15 +313,19 @@ def main() -> None:
     big = shape == "7b"
     batches = [int(b) for b in (args.batches or ("1,16,64,80,128,160,256" if cuda else "1,2")).split(",")]
     rings = [int(r) for r in (args.rings or ("3000,1500" if big else "100,50")).split(",")]
-    fills = [int(f) for f in (args.fills or ("0,1500,3000" if big else "0,50,100")).split(",")]
+    fills = (args.fills or ("0,1500,3000,mix1500" if big else "0,50,100,mix50")).split(",")
     sides = args.sides.split(",")
     if not cuda:  # no graphs on CPU
-        sides = list(dict.fromkeys("ours-eager" if s.startswith("ours") else s for s in sides))
+        sides = list(dict.fromkeys("ours-eager" if s in ("ours", "ours-fullring") else s for s in sides))
     ref_lm, ref_mimi, lm, mimi, config = build(shape, device, dtype)
     share_weights(lm, ref_lm)
     gc.collect()
     kv_frame = config.num_layers * 2 * config.dim * torch.finfo(dtype).bits // 8
     check = graph_check(lm, mimi, args.check_frames, device) if cuda and args.check_frames else None
+    agreement = (greedy_agreement(lm, mimi, args.agreement_frames, args.agreement_batch, device)
+                 if args.agreement_frames else None)
+    if agreement is not None:
+        print(json.dumps({"greedy_agreement": agreement}), flush=True)
     rows: list[dict[str, Any]] = []
     for ring in rings:
         set_ours_ring(lm, ring)
@@ -219,7 +334,7 @@ def main() -> None:
         for batch in batches:
             row: dict[str, Any] = {"ring": ring, "batch": batch}
             for side in sides:
-                if side in too_big or not fits(batch, ring, kv_frame, device):
+                if side in too_big or (side != "ours-paged8" and not fits(batch, ring, kv_frame, device)):
                     row[side] = {"skipped": "oom"}
                     too_big.add(side)
                     continue
@@ -237,21 +352,28 @@ def main() -> None:
     if check is not None:
         check["kernels_per_frame"] = kernels_per_frame(lm, mimi, device)
     print_table(rows, sides, fills, shape, dtype, device)
+    if agreement is not None:
+        for name in ("int8_paged_vs_bf16", "bf16_math_sdpa_vs_bf16"):
+            a = agreement[name]
+            print(f"greedy {name}, {agreement['frames']} frames x B={agreement['batch']}: "
+                  f"{a['identical_token_frames']:.1%} identical token frames, text {a['text_token_agreement']:.1%}, "
+                  f"audio {a['audio_token_agreement']:.1%}; first divergence {a['first_divergence_per_row']}")
     if check is not None:
         print(f"graphed vs eager over {check['frames']} frames: {check['identical_token_frames']} identical token "
               f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame")
     result = {"shape": shape, "dtype": str(dtype), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "warmup": args.warmup,
-              "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "rows": rows}
+              "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "greedy_agreement": agreement,
+              "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
 
 
-def print_table(rows: list[dict[str, Any]], sides: list[str], fills: list[int], shape: str, dtype: torch.dtype,
+def print_table(rows: list[dict[str, Any]], sides: list[str], fills: list[str], shape: str, dtype: torch.dtype,
                 device: torch.device) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"moshi tick, shape={shape}, dtype={dtype}, device={name}; ms/frame p50/p99 (peak GiB as if alone)")
-    header = f"{'ring':>5} {'B':>4} {'fill':>5}" + "".join(f" {side:>24}" for side in sides)
+    header = f"{'ring':>5} {'B':>4} {'fill':>8}" + "".join(f" {side:>24}" for side in sides)
     print(header)
     for row in rows:
         for fill in fills:
@@ -259,12 +381,12 @@ def print_table(rows: list[dict[str, Any]], sides: list[str], fills: list[int], 
             for side in sides:
                 r = row.get(side, {})
                 f = r.get("fills", {}).get(fill)
-                if f is None:
-                    cells.append(f" {r.get('skipped', '-'):>24}")
+                if f is None or "skipped" in f:
+                    cells.append(f" {(f or r).get('skipped', '-'):>24}")
                 else:
                     mem = f" ({r['peak_gib']:.0f})" if "peak_gib" in r else ""
                     cells.append(f" {f['p50_ms']:>8.2f}/{f['p99_ms']:<8.2f}{mem:>7}")
-            print(f"{row['ring']:>5} {row['batch']:>4} {fill:>5}" + "".join(cells))
+            print(f"{row['ring']:>5} {row['batch']:>4} {fill:>8}" + "".join(cells))
 
 
 if __name__ == "__main__":

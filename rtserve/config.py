@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "RTSERVE_"
 
@@ -183,6 +183,22 @@ class MoshiEngineConfig(_Section):
     top_k_text: int = Field(25, ge=0, description="text token top-k (0: no cut)")
     max_prompt_tokens: int = Field(512, ge=1, description="longest persona text, in tokens; longer is refused")
     max_voice_seconds: float = Field(30.0, gt=0, description="longest voice prompt audio")
+    kv_cache: Literal["ring", "paged_int8"] = Field(
+        "ring", description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
+                            "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
+                            "taken as each conversation grows; a session that finds no free block is refused "
+                            "with resource_exhausted)")
+    kv_pool_frames: int | None = Field(None, ge=1, description="paged_int8: frames of context the pool holds for "
+                                                               "all slots together (null: batch_size x the model's "
+                                                               "context, so every slot can reach it)")
+    kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
+
+    @field_validator("kv_block_frames")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("must be a power of two")
+        return value
 
 
 class CodecLimits(_Section):

@@ -43,6 +43,8 @@ def test_env_null_disables_idle_expiry():
         ("port: 70000\n", "port"),
         ("sessions:\n  max_sesions: 3\n", "sessions.max_sesions"),
         ("transport:\n  ws_heartbeat_s: fast\n", "transport.ws_heartbeat_s"),
+        ("moshi_engine:\n  kv_block_frames: 48\n", "moshi_engine.kv_block_frames"),
+        ("moshi_engine:\n  kv_cache: fp8\n", "moshi_engine.kv_cache"),
     ],
 )
 def test_invalid_config_names_the_field_in_one_line(tmp_path, text, field):

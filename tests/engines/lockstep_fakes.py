@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import LockstepScheduler
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
+from rtserve.engines.protocols import CapacityExhausted, FrameOutput, SlotPrompt
 
 
 FRAME = 8  # samples per frame of the fake models
@@ -33,6 +33,7 @@ class RecordingModel:
         self.steps = 0
         self.step_hook: Callable[[int], None] | None = None
         self.fail_open_for: set[int] = set()
+        self.refuse_open_for: set[int] = set()
         self.fail_next_step = False
         self._prefill_left: dict[int, int] = {}
         self._in_step = False
@@ -48,6 +49,8 @@ class RecordingModel:
         self._record("open", slot)
         if slot in self.fail_open_for:
             raise RuntimeError("open failed")
+        if slot in self.refuse_open_for:
+            raise CapacityExhausted("no KV memory for this slot")
         self._prefill_left[slot] = len(prompt.text or "")
         return self._prefill_left[slot]
 

@@ -263,6 +263,22 @@ def test_a_failing_open_fails_only_that_session() -> None:
     assert out.audio[0] == 1.0 and good.output.failure is None
 
 
+def test_a_typed_refusal_at_open_reaches_the_session_with_its_code_and_is_no_engine_failure() -> None:
+    scheduler, model, registry = make_scheduler()
+    model.refuse_open_for = {0}
+    refused = scheduler.acquire()
+    scheduler.tick()
+    assert refused.output.failure == EngineFailure(CapacityExhausted.code, "no KV memory for this slot")
+    assert metric(registry, "rtserve_lockstep_engine_failures_total") == 0
+    model.refuse_open_for = set()
+    scheduler.tick()  # the refused slot is free again
+    fresh = scheduler.acquire()
+    fresh.push_samples(frame(2.0))
+    scheduler.tick()
+    [(out, _)] = drain(fresh)
+    assert out.audio[0] == 2.0
+
+
 def test_stop_fails_remaining_sessions_and_refuses_new_ones() -> None:
     scheduler, model, _ = make_scheduler()
     lease = scheduler.acquire()

@@ -371,6 +371,11 @@ class LockstepScheduler:
             return  # released before it was ever opened
         try:
             prefill_steps = self.model.open_slot(op.slot, op.prompt or SlotPrompt())
+        except EngineError as exc:  # a typed refusal (no KV memory, bad prompt): the model is fine
+            log.warning("%s refused slot %d: %s", self.name, op.slot, exc, extra={"session_id": op.lease.session_id})
+            op.lease.output.close(EngineFailure(exc.code, str(exc)))
+            self.release(op.lease)
+            return
         except Exception:
             self._fail([op.lease], "open_slot")
             return

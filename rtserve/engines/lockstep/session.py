@@ -22,8 +22,10 @@ from rtserve.config import ServerConfig
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
-from rtserve.engines.protocols import (EngineCapabilities, EngineError, EngineEvent, EngineFailure, FrameModel,
-                                       OutputAudio, Pcm, ResponseRequest, SessionOptions, TurnDetection, TurnEngines)
+from rtserve.engines.lockstep.slots import SlotPhase
+from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, EngineError, EngineEvent, EngineFailure,
+                                       FrameModel, OutputAudio, Pcm, ResponseRequest, SessionOptions, TurnDetection,
+                                       TurnEngines)
 from rtserve.errors import TURN_CONTROL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,11 @@ class LockstepSessionEngine:
         except BaseException:
             await session.close()
             raise
+        refused = lease.output.failure if lease.phase is not SlotPhase.LIVE else None
+        if refused is not None:  # the model refused the slot (open_slot raised): say why, typed
+            await session.close()
+            error = CapacityExhausted if refused.code == CapacityExhausted.code else EngineError
+            raise error(refused.message, code=refused.code)
         return session
 
     async def stop(self) -> None:

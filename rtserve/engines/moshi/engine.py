@@ -10,6 +10,7 @@ from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.loader import load_folder
+from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.sampling import SamplingParams
 from rtserve.engines.tiny_torch import resolve_device
 
@@ -31,8 +32,14 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
                               top_k=settings.top_k, temperature_text=settings.temperature_text,
                               top_k_text=settings.top_k_text)
     voice_dir = settings.voice_dir or config.models.voice_prompt_dir
+    paged_kv = None
+    if settings.kv_cache == "paged_int8":
+        block = settings.kv_block_frames
+        frames = settings.kv_pool_frames or settings.batch_size * loaded.lm_config.context
+        paged_kv = PagedKVSpec(num_blocks=-(-frames // block), block_size=block)
     return MoshiFrameModel(loaded, settings.batch_size, sampling=sampling, voice_dir=voice_dir,
-                           max_prompt_tokens=settings.max_prompt_tokens, max_voice_seconds=settings.max_voice_seconds)
+                           max_prompt_tokens=settings.max_prompt_tokens, max_voice_seconds=settings.max_voice_seconds,
+                           paged_kv=paged_kv)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> LockstepSessionEngine:

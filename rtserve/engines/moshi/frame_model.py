@@ -20,6 +20,7 @@ import torch
 from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.prompts import (PrefillStep, PromptError, audio_steps, embedding_steps,
                                            load_voice_audio, load_voice_embeddings, persona_tokens, text_steps)
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
@@ -34,8 +35,11 @@ EMBEDDING_SUFFIXES = (".pt", ".pth")
 class MoshiFrameModel:
     def __init__(self, model: LoadedModel, batch_size: int, *, sampling: SamplingParams = SamplingParams(),
                  max_prompt_tokens: int = 512, max_voice_seconds: float = 30.0,
-                 voice_dir: str | Path | None = None, graph: bool | None = None) -> None:
-        """``graph``: replay the tick as CUDA graphs (default: on a CUDA device)."""
+                 voice_dir: str | Path | None = None, graph: bool | None = None,
+                 paged_kv: PagedKVSpec | None = None) -> None:
+        """``graph``: replay the tick as CUDA graphs (default: on a CUDA device); ``paged_kv``:
+        int8 KV blocks from one pool instead of a ring per slot (``open_slot`` then raises
+        ``KVMemoryExhausted`` when no block is free)."""
         self.loaded = model
         self.config = model.lm_config
         self.batch_size = batch_size
@@ -58,6 +62,7 @@ class MoshiFrameModel:
         self.sampler = SlotSampler(batch_size, self.device, sampling)
         # On a GPU the whole tick replays as CUDA graphs (captured here, before any slot opens).
         graph = self.device.type == "cuda" if graph is None else graph
+        model.lm.transformer.use_paged_kv(paged_kv)
         self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=graph)
         self.stream = self.frame.stream
         # Slots between open_slot and release (prefilling or live): the rows whose context
@@ -73,6 +78,7 @@ class MoshiFrameModel:
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
         plan = self._plan(prompt)  # may raise PromptError before any state is touched
+        self.frame.admit(slot)  # may raise KVMemoryExhausted (paged KV): the row then holds no blocks
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         mask[slot] = True
         self.frame.reset_rows(mask)
@@ -97,6 +103,7 @@ class MoshiFrameModel:
         return True
 
     def release(self, slot: int) -> None:
+        self.frame.release(slot)
         self._open[slot] = False
         self._plans.pop(slot, None)
         self._staged.pop(slot, None)

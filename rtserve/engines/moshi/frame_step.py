@@ -12,6 +12,12 @@ Cost follows the real context: temporal attention reads only the ring slots the 
 rows (the frame model's open slots) have reached, rounded up to ``span_bucket`` frames
 (one graph per such span, captured up front). The host mirrors every row's position, so
 picking the span needs no device sync.
+
+With paged KV (``Transformer.use_paged_kv``) the host also hands out KV blocks: before each
+step every active row gets the block its next position writes to (``BlockAllocator``), and
+the block table is copied to the device only when it changed. ``admit`` takes a fresh
+conversation's first block (``KVMemoryExhausted`` when none is free), ``release`` gives a
+row's blocks back.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from rtserve.engines.moshi.generator import StepOverrides, TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.paged_kv import BlockAllocator
 from rtserve.engines.moshi.sampling import SlotSampler
 
 # Temporal attention spans are multiples of this many frames (each one graph).
@@ -81,6 +88,21 @@ class FrameStep:
         self.mimi.reset_decoder_rows(mask)
         self.positions[mask.cpu().numpy()] = 0
 
+    @property
+    def blocks(self) -> BlockAllocator | None:
+        """The temporal transformer's KV block allocator (None: bf16 rings)."""
+        return self.lm.transformer.blocks
+
+    def admit(self, row: int) -> None:
+        """Give ``row`` its first KV block (paged KV; no-op with rings) or raise ``KVMemoryExhausted``."""
+        if self.blocks is not None:
+            self.blocks.admit(row)
+
+    def release(self, row: int) -> None:
+        """Give ``row``'s KV blocks back to the pool (paged KV; no-op with rings)."""
+        if self.blocks is not None:
+            self.blocks.release(row)
+
     def span(self, active: np.ndarray | None = None) -> int:
         """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all
         rows when None) for the next step. An inactive row past the span still sees some valid
@@ -96,6 +118,10 @@ class FrameStep:
         only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all)."""
         self.pcm.copy_(pcm)
         span = self.span(active)
+        if self.blocks is not None:
+            rows = np.arange(self.batch) if active is None else np.flatnonzero(active)
+            self.blocks.ensure(rows, self.positions)
+            self.blocks.sync()
         self.positions += 1
         if not self._graphs:
             return self._step(span)
@@ -138,4 +164,6 @@ class FrameStep:
         # The warm-up steps advanced every row and its random stream (capture itself runs
         # nothing): start all rows fresh, each stream where it was.
         self.reset_rows(torch.ones(self.batch, dtype=torch.bool, device=self.device))
+        for row in range(self.batch):
+            self.release(row)
         self.stream.sampler.draws.copy_(draws)

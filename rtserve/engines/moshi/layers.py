@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, PagedKVSpec
+
 
 class RMSNorm(nn.Module):
     """RMSNorm whose statistics are always taken in fp32 (``rms_norm_f32``)."""
@@ -132,10 +134,15 @@ class StepPlan:
     mask: torch.Tensor  # [B, 1, T, span] bool: query t may attend to ring slot s
     span: int
     rope: tuple[torch.Tensor, torch.Tensor] | None
+    slot: torch.Tensor  # [B, T] ring slot of each new key/value
+    offset: torch.Tensor  # [B] position of each row's first new entry
+    floor: torch.Tensor | None  # [B] first position each row may attend to (paged KV), None: 0
+    capacity: int
+    context: int | None
 
     @classmethod
     def build(cls, offset: torch.Tensor, steps: int, heads: int, head_dim: int, capacity: int, context: int | None,
-              span: int | None, rope_max_period: float | None) -> StepPlan:
+              span: int | None, rope_max_period: float | None, floor: torch.Tensor | None = None) -> StepPlan:
         """A ring slot's absolute position is recovered from the row's offset, so rows at
         different positions (a recycled slot next to a long-running one) share one batched call."""
         batch = offset.shape[0]
@@ -152,14 +159,21 @@ class StepPlan:
         pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
         rel = pos_q - pos_k[:, None]  # [B, T, S]
         allowed = (pos_k[:, None] >= 0) & (rel >= 0)
+        if floor is not None:
+            allowed = allowed & (pos_k >= floor.view(-1, 1))[:, None]
         if context is not None:
             allowed = allowed & (rel < context)
         rope = None if rope_max_period is None else rope_tables(offset, steps, head_dim, rope_max_period)
-        return cls(index, allowed[:, None], span, rope)
+        return cls(index, allowed[:, None], span, rope, write, offset, floor, capacity, context)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, plan: StepPlan) -> torch.Tensor:
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PagedKVCache,
+                   plan: StepPlan) -> torch.Tensor:
     """Write ``k, v`` (``[B, H, T, D]``) into the ring and attend over the slots ``plan`` allows."""
+    if isinstance(cache, PagedKVCache):
+        assert plan.floor is not None
+        return cache.attend(q, k, v, plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity,
+                            plan.context)
     cache.keys.scatter_(2, plan.write, k)
     cache.values.scatter_(2, plan.write, v)
     keys, values = cache.keys, cache.values
@@ -178,7 +192,8 @@ class Attention(nn.Module):
         self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
         self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
 
-    def forward(self, x: torch.Tensor, cache: KVCache, plan: StepPlan, weight_index: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan,
+                weight_index: int = 0) -> torch.Tensor:
         batch, steps, _ = x.shape
         projected = self.in_projs[weight_index](x)
         q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
@@ -216,7 +231,8 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
         self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: KVCache, plan: StepPlan, weight_index: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan,
+                weight_index: int = 0) -> torch.Tensor:
         update = self.self_attn(self.norm1(x), cache, plan, weight_index)
         x = x.to(update) + self.layer_scale_1(update)
         update = self.mlp[weight_index](self.norm2(x))
@@ -230,6 +246,10 @@ class Transformer(nn.Module):
     ``context`` is the attention window and ``capacity`` the ring length; ``span`` (None:
     the whole ring) bounds the ring slots attention reads, and whoever sets it guarantees no
     row's position has reached it (``FrameStep`` tracks positions on the host).
+
+    ``use_paged_kv(spec)`` swaps the per-row bf16 rings for paged int8 pools (``paged_kv``)
+    from the next ``start``: the ring becomes ``width`` blocks, and ``blocks`` (the host
+    allocator) must give a row the block of each position before the step that writes it.
     """
 
     def __init__(self, dim: int, heads: int, layers: int, dim_feedforward: int, *, norm: str, gating: bool,
@@ -245,15 +265,34 @@ class Transformer(nn.Module):
             TransformerLayer(dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale,
                              num_weights=num_weights)
             for _ in range(layers))
-        self.caches: list[KVCache] = []
+        self.caches: list[KVCache] | list[PagedKVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
         self.span: int | None = None
+        self.paged: PagedKVSpec | None = None
+        self.floor: torch.Tensor | None = None
+        self.blocks: BlockAllocator | None = None
+
+    def use_paged_kv(self, spec: PagedKVSpec | None) -> None:
+        """Paged int8 KV from the next ``start`` (None: back to bf16 rings of ``context`` frames)."""
+        if self.context is None:
+            raise ValueError("paged KV needs an attention window (context)")
+        self.paged = spec
+        self.capacity = self.context if spec is None else spec.width(self.context) * spec.block_size
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
         """Allocate the streaming state for ``batch`` rows, all fresh."""
         head_dim = self.dim // self.heads
-        self.caches = [KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype) for _ in self.layers]
+        self.caches, self.floor, self.blocks = [], None, None  # free the old pools before allocating new ones
         self.offset = torch.zeros(batch, dtype=torch.long, device=device)
+        if self.paged is None:
+            self.caches = [KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype)
+                           for _ in self.layers]
+            return
+        width = self.capacity // self.paged.block_size
+        table = torch.zeros(batch, width, dtype=torch.int32, device=device)
+        self.floor = torch.zeros(batch, dtype=torch.long, device=device)
+        self.caches = [PagedKVCache.empty(self.paged, self.heads, head_dim, table) for _ in self.layers]
+        self.blocks = BlockAllocator(self.paged, batch, width, table, self.floor)
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         for cache in self.caches:
@@ -264,7 +303,7 @@ class Transformer(nn.Module):
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
         plan = StepPlan.build(self.offset, x.shape[1], self.heads, self.dim // self.heads, self.capacity, self.context,
-                              self.span, self.rope_max_period)
+                              self.span, self.rope_max_period, self.floor)
         for layer, cache in zip(self.layers, self.caches):
             x = layer(x, cache, plan, weight_index)
         self.offset.add_(x.shape[1])

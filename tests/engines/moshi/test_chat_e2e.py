@@ -51,3 +51,24 @@ async def test_personaplex_query_parameters_reach_the_slot(moshi_config: ServerC
     assert prompt.sampling == SlotSampling(text_temperature=0.9, text_top_k=20, audio_temperature=0.6, audio_top_k=40)
     assert refused[0] == WSCloseCode.POLICY_VIOLATION and "audio_temperature" in refused[1]
     assert len(engine.opened) == 1  # the refused one never took a slot
+
+
+async def test_a_conversation_that_finds_no_kv_block_is_refused_as_busy(
+        moshi_config: ServerConfig) -> None:
+    """Paged int8 KV with a pool of one block (two engine slots): the second client gets 1013
+    (busy), never a crash, while the first keeps talking past its block (it recycles its own)."""
+    config = moshi_config.model_copy(update={"moshi_engine": moshi_config.moshi_engine.model_copy(update={
+        "kv_cache": "paged_int8", "kv_block_frames": 8, "kv_pool_frames": 8})})
+    registry = CollectorRegistry()
+    engine = create_engine("moshi", config, registry)
+    async with moshi_server(config, engine, registry) as server, aiohttp.ClientSession() as http:
+        url = server.ws_url("/api/chat") + "?seed=3"
+        async with http.ws_connect(url) as first:
+            client = MoshiClient(first)
+            await client.handshake()
+            await client.send_pcm(noise_signal(12, seed=4))
+            audio = await client.receive_audio(10 * FRAME)  # past its first 8-frame block: it kept going
+            async with http.ws_connect(url) as second:
+                refused = await expect_close(second)
+    assert refused[0] == WSCloseCode.TRY_AGAIN_LATER
+    assert float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4
