@@ -71,8 +71,10 @@ class _Entry:
 class SessionManager:
     def __init__(self, engine: SessionEngine, limits: SessionLimits | None = None, *, clock: Clock | None = None,
                  registry: CollectorRegistry | None = None,
-                 orphan_sink: Callable[[SessionEvent], None] | None = None) -> None:
+                 orphan_sink: Callable[[SessionEvent], None] | None = None, owner: str | None = None) -> None:
+        """``owner``: this front-end's tag, carried in every session id (``ids.new_session_id``)."""
         self.engine = engine
+        self.owner = owner
         self.limits = limits or SessionLimits()
         self.clock = clock or SystemClock()
         self.metrics = SessionMetrics(registry if registry is not None else CollectorRegistry())
@@ -83,6 +85,9 @@ class SessionManager:
         self._background: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._shutting_down = False
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ------------------------------------------------------------------
     # observation
@@ -111,8 +116,9 @@ class SessionManager:
         """Admit and open a session. The handle's ``attachment`` is the first consumer; its
         first event is ``SessionCreated``. Raises ``SessionError``: ``resource_exhausted``
         when every slot is held, the engine's code when it refuses."""
-        if self._shutting_down:
-            raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down")
+        if self._shutting_down or self._draining:
+            raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down" if self._shutting_down else
+                               "This front-end is draining; connect again to reach another one")
         if self.active_count() >= self.limits.max_sessions:
             self.metrics.refused.labels(errors.RESOURCE_EXHAUSTED).inc()
             raise SessionError(errors.RESOURCE_EXHAUSTED,
@@ -120,7 +126,7 @@ class SessionManager:
         self._opening += 1
         self._update_gauge()
         config = config or SessionConfig()
-        session_id = new_session_id()
+        session_id = new_session_id(self.owner)
         caps = self.engine.capabilities
         vad = config.turn_detection if caps.supports_server_vad else None
         options = SessionOptions(prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
@@ -370,6 +376,18 @@ class SessionManager:
             except Exception:
                 log.exception("session reaper pass failed")
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> None:
+        """Admit no new session (``server_shutting_down``); open ones go on, resumes included."""
+        self._draining = True
+
+    async def wait_idle(self) -> None:
+        """Returns once no session holds a slot (at once when none does)."""
+        await self._idle.wait()
+
     async def start(self) -> None:
         """Start the reaper (idempotent)."""
         if self._reaper is None:
@@ -419,7 +437,12 @@ class SessionManager:
         return task
 
     def _update_gauge(self) -> None:
-        self.metrics.slots.set(self.active_count())
+        active = self.active_count()
+        self.metrics.slots.set(active)
+        if active:
+            self._idle.clear()
+        else:
+            self._idle.set()
 
 
 def _in_session_context(session_id: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,0 +1,184 @@
+"""Relaying a client's socket to the front-end that owns its session.
+
+The receiving front-end opens a WebSocket to the owner's peer site on the client's own path
+and query (so the owner chooses the same dialect), then copies frames both ways until either
+side closes. Backpressure carries through: a client that reads slowly stops this relay
+reading the owner, whose own sender then waits and whose output buffer applies its policy.
+
+Two entry points:
+* ``relay_resume``: a ``session.resume`` arrived on a socket without a session; the frame goes
+  to the owner and the owner's first answer decides. ``session.resumed``: the socket is
+  relayed for its life. An ``error`` (wrong token, say): it is passed on and the socket stays
+  here, sessionless, exactly as a local refusal leaves it.
+* ``relay_socket``: the URL itself names another front-end's session (``?session_id=``); the
+  whole socket is relayed from its first frame.
+
+An owner that is not in the directory, or does not answer, is treated as gone: the caller
+answers locally (``unknown_session``), the same answer a guessed id gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from rtserve.config import PeersConfig
+from rtserve.web.connections import close_socket
+from rtserve.web.peers import signing
+from rtserve.web.peers.directory import Directory, PeerAddress
+from rtserve.web.peers.owner import owner_of
+from rtserve.web.peers.signing import PeerSigner
+
+log = logging.getLogger(__name__)
+
+_FORWARDED_HEADERS = ("Sec-WebSocket-Protocol", "OpenAI-Beta")  # what the dialect choice reads
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What the owner must see of the client's request to serve it the same way."""
+
+    path_qs: str
+    headers: Mapping[str, str]
+
+    @classmethod
+    def of(cls, request: web.Request) -> Origin:
+        return cls(request.path_qs, {name: request.headers[name] for name in _FORWARDED_HEADERS
+                                     if name in request.headers})
+
+
+class RelayOutcome(enum.Enum):
+    NO_OWNER = enum.auto()  # not another front-end's session, or its owner is gone: answer here
+    REFUSED = enum.auto()  # the owner refused the resume; its error was passed on
+    RELAYED = enum.auto()  # the socket was relayed until it closed
+
+
+class Peers:
+    """This front-end (``tag``) among the others of its ``directory``."""
+
+    def __init__(self, tag: str, directory: Directory, settings: PeersConfig, *,
+                 signer: PeerSigner | None = None) -> None:
+        self.tag = tag
+        self.directory = directory
+        self.settings = settings
+        self.signer = signer  # TCP peers sign their requests; Unix-socket peers need not
+        self.heartbeat_s: float | None = None
+
+    def remote_owner(self, session_id: str | None) -> str | None:
+        owner = owner_of(session_id)
+        return owner if owner is not None and owner != self.tag else None
+
+    async def relay_resume(self, ws: web.WebSocketResponse, first: str, owner: str, origin: Origin) -> RelayOutcome:
+        upstream = await self._connect(owner, origin)
+        if upstream is None:
+            return RelayOutcome.NO_OWNER
+        async with upstream:
+            try:
+                await upstream.ws.send_str(first)
+                answer = await upstream.ws.receive(timeout=self.settings.connect_timeout_s)
+            except (aiohttp.ClientError, ConnectionError, TimeoutError):
+                log.warning("front-end %s did not answer a relayed resume", owner)
+                return RelayOutcome.NO_OWNER
+            if answer.type is not WSMsgType.TEXT:
+                return RelayOutcome.NO_OWNER
+            await ws.send_str(answer.data)
+            if json.loads(answer.data).get("type") != "session.resumed":
+                return RelayOutcome.REFUSED
+            log.info("session resumed through this front-end; relaying to its owner %s", owner)
+            await _copy_both_ways(ws, upstream.ws)
+        return RelayOutcome.RELAYED
+
+    async def relay_socket(self, ws: web.WebSocketResponse, owner: str, origin: Origin) -> bool:
+        """False (nothing sent) when the owner cannot be reached."""
+        upstream = await self._connect(owner, origin)
+        if upstream is None:
+            return False
+        async with upstream:
+            log.info("socket for a session of front-end %s; relaying it there", owner)
+            await _copy_both_ways(ws, upstream.ws)
+        return True
+
+    async def _connect(self, owner: str, origin: Origin) -> _Upstream | None:
+        try:
+            address = await asyncio.wait_for(self.directory.lookup(owner), self.settings.connect_timeout_s)
+        except Exception:  # the directory itself unreachable: as if the owner were gone
+            log.warning("front-end directory lookup of %s failed", owner, exc_info=True)
+            return None
+        if address is None:
+            return None
+        upstream = _Upstream(address)
+        headers = dict(origin.headers)
+        protocols = [p.strip() for p in headers.pop("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        if self.signer is not None:
+            headers[signing.HEADER] = self.signer.sign("GET", origin.path_qs)
+        try:
+            upstream.ws = await upstream.http.ws_connect(
+                address.base_url + origin.path_qs, headers=headers, protocols=protocols, autoping=True,
+                heartbeat=self.heartbeat_s, timeout=aiohttp.ClientWSTimeout(ws_close=self.settings.connect_timeout_s),
+                max_msg_size=0, compress=0)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("front-end %s at %s is not reachable: %s", owner, address, exc)
+            await upstream.http.close()
+            return None
+        return upstream
+
+
+class _Upstream:
+    """One relay's client session and socket to the owner."""
+
+    def __init__(self, address: PeerAddress) -> None:
+        connector = aiohttp.UnixConnector(address.path) if address.path is not None else aiohttp.TCPConnector()
+        self.http = aiohttp.ClientSession(connector=connector)
+        self.ws: aiohttp.ClientWebSocketResponse
+
+    async def __aenter__(self) -> _Upstream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+            await self.ws.close()
+        await self.http.close()
+
+
+async def _copy_both_ways(client: web.WebSocketResponse, owner: aiohttp.ClientWebSocketResponse) -> None:
+    """Until either side closes; the other is then closed with the same code."""
+
+    async def upward() -> None:
+        while True:
+            message = await client.receive()
+            if message.type is WSMsgType.TEXT:
+                await owner.send_str(message.data)
+            elif message.type is WSMsgType.BINARY:
+                await owner.send_bytes(message.data)
+            else:  # the client left (or broke the protocol): the owner sees the socket go
+                return
+
+    async def downward() -> None:
+        while True:
+            message = await owner.receive()
+            if message.type is WSMsgType.TEXT:
+                await client.send_str(message.data)
+            elif message.type is WSMsgType.BINARY:
+                await client.send_bytes(message.data)
+            else:
+                code = owner.close_code or aiohttp.WSCloseCode.OK
+                await close_socket(client, code, message.extra if isinstance(message.extra, str) else "")
+                return
+
+    tasks = [asyncio.ensure_future(upward()), asyncio.ensure_future(downward())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+            await owner.close()
