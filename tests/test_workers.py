@@ -21,7 +21,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tests.cluster.clients import drop_and_resume
 from tests.test_cli import CLEAN_ENV, CLI, _free_port, _health
+from tests.web.realtime_support import echoed_tags
 
 pytestmark = pytest.mark.slow
 FRAME = 1920  # 80 ms at 24 kHz
@@ -153,6 +155,33 @@ async def test_a_killed_worker_loses_only_its_sessions_and_comes_back(server) ->
             assert time.monotonic() < deadline, "the killed worker was not replaced"
             await asyncio.sleep(0.2)
         await survivor.ws.close()
+
+
+async def test_a_resume_the_kernel_hands_to_the_other_worker_reaches_the_session(server) -> None:
+    """The session lives in the worker that opened it; a resume socket that lands on the other
+    worker is relayed there (``web/peers``): resumed, journal replayed, the same engine slot."""
+    _, port = server
+    await _wait_health(port, 200)
+    base = f"http://127.0.0.1:{port}"
+
+    async def on_the_other_worker(first: aiohttp.ClientWebSocketResponse) -> aiohttp.ClientWebSocketResponse:
+        owner = first._response.headers["X-Rtserve-Worker"]
+        for _ in range(40):
+            ws = await http.ws_connect(f"{base}/v1/realtime?duplex=1&autostart=0")
+            if ws._response.headers["X-Rtserve-Worker"] != owner:
+                return ws
+            await ws.close()
+        pytest.fail("every connection landed on one worker")
+
+    async with aiohttp.ClientSession() as http:
+        result = await drop_and_resume(http, base, on_the_other_worker)
+        async with http.get(f"{base}/metrics") as response:
+            metrics = await response.text()
+    assert result.resumed["type"] == "session.resumed", result.resumed
+    assert result.resumed["session_id"] == result.created["session"]["id"]
+    assert echoed_tags(result.replayed)[-3:] == [11, 12, 13] and echoed_tags(result.flowing)[-1] == 21
+    opened = [line for line in metrics.splitlines() if line.startswith("rtserve_sessions_opened_total")]
+    assert sum(float(line.split()[-1]) for line in opened) == 1.0  # resumed, never reopened
 
 
 async def test_a_killed_engine_ends_sessions_with_engine_failure_and_health_recovers(server) -> None:

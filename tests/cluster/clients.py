@@ -94,10 +94,11 @@ class Resumed:
 
 
 async def drop_and_resume(http: aiohttp.ClientSession, owner_base: str,
-                          connect_elsewhere: Callable[[], Awaitable[aiohttp.ClientWebSocketResponse]]) -> Resumed:
+                          connect_elsewhere: Callable[[aiohttp.ClientWebSocketResponse],
+                                                      Awaitable[aiohttp.ClientWebSocketResponse]]) -> Resumed:
     """Open a duplex session on ``owner_base``, send three tagged frames, drop the socket (their
-    echoes go only to the journal), resume on the socket ``connect_elsewhere`` opens (another
-    front-end) and send one more frame there."""
+    echoes go only to the journal), resume on the socket ``connect_elsewhere(first_socket)``
+    opens (on another front-end) and send one more frame there."""
     first = await http.ws_connect(ws_url(owner_base, duplex="1"))
     created = await receive_event(first)
     assert created is not None and created["type"] == "session.created", created
@@ -105,7 +106,7 @@ async def drop_and_resume(http: aiohttp.ClientSession, owner_base: str,
     for tag in (11, 12, 13):
         await first.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(tag))})
     await first.close()
-    async with await connect_elsewhere() as second:
+    async with await connect_elsewhere(first) as second:
         await second.send_json({"type": "session.resume", "event_id": "resume-elsewhere",
                                 "session_id": created["session"]["id"], "resume_token": created["resume_token"],
                                 "attachment_generation": 0,

@@ -75,7 +75,7 @@ async def test_a_resume_through_the_other_front_end_reaches_the_session_where_it
         config: ServerConfig) -> None:
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
         result = await drop_and_resume(http, a.base,
-                                       lambda: http.ws_connect(ws_url(b.base, duplex="1", autostart="0")))
+                                       lambda _: http.ws_connect(ws_url(b.base, duplex="1", autostart="0")))
         assert result.resumed["type"] == "session.resumed", result.resumed
         assert result.resumed["session_id"] == result.created["session"]["id"]
         assert result.resumed["attachment_generation"] == 1

@@ -34,8 +34,8 @@ class Directory(Protocol):
         """The private site this front-end serves its peers on (not started)."""
         ...
 
-    async def publish(self, tag: str, site: web.BaseSite) -> None:
-        """Tell the peers where the started ``site`` is."""
+    async def publish(self, tag: str, runner: web.AppRunner) -> None:
+        """Tell the peers where ``runner``'s started site is."""
         ...
 
     async def withdraw(self, tag: str) -> None: ...
@@ -57,7 +57,7 @@ class SocketDirectory:
     def site(self, runner: web.AppRunner, tag: str) -> web.BaseSite:
         return web.UnixSite(runner, self._path(tag))
 
-    async def publish(self, tag: str, site: web.BaseSite) -> None:
+    async def publish(self, tag: str, runner: web.AppRunner) -> None:
         """Bound is published."""
 
     async def withdraw(self, tag: str) -> None:

@@ -75,7 +75,7 @@ def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: D
         site = peers.directory.site(runner, peers.tag)
         await site.start()
         app[_RUNNER] = runner
-        await peers.directory.publish(peers.tag, site)
+        await peers.directory.publish(peers.tag, runner)
         log.info("front-end %s serves its peers on %s", peers.tag, site.name)
 
     async def stop(app: web.Application) -> None:
