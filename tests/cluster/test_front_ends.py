@@ -27,7 +27,7 @@ from rtserve.web.peers.site import DRAIN_ROUTE
 from tests.cluster.clients import drop_and_resume, eventually, open_session
 from tests.cluster.engines import connect_to, tcp_engines
 from tests.support import serve_app
-from tests.web.realtime_support import echoed_tags, read_until, receive_event, ws_url
+from tests.web.realtime_support import echoed_tags, pcm16_b64, read_until, receive_event, tagged_frame, ws_url
 
 SLOTS = 2
 
@@ -151,3 +151,25 @@ async def test_a_drained_front_end_stops_at_its_deadline_with_sessions_still_ope
         await eventually(a.app[CTX].stop.is_set, what="the drain deadline")
         assert a.sessions.active_count() == 1  # the serve loop now stops: shutdown closes it
         await kept.close()
+
+
+async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_there_whole(
+        config: ServerConfig) -> None:
+    """``?session_id=`` (the resume query parameters): the socket is the owner's from its first frame."""
+    async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
+        async with (http.ws_connect(ws_url(a.base, duplex="1")) as on_a,
+                    http.ws_connect(ws_url(b.base, duplex="1")) as on_b):
+            created_a, created_b = await receive_event(on_a), await receive_event(on_b)
+            url = ws_url(b.base, duplex="1", autostart="0", session_id=created_a["session"]["id"])
+            async with http.ws_connect(url) as relayed:
+                # B's own session is not reachable on this socket: every frame goes to A.
+                await relayed.send_json({"type": "session.resume", "session_id": created_b["session"]["id"],
+                                         "resume_token": created_b["resume_token"], "attachment_generation": 0})
+                not_here = await receive_event(relayed)
+                await relayed.send_json({"type": "session.resume", "session_id": created_a["session"]["id"],
+                                         "resume_token": created_a["resume_token"], "attachment_generation": 0})
+                resumed = await receive_event(relayed)
+                await relayed.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(31))})
+                await read_until(relayed, lambda e: 31 in echoed_tags([e]))
+    assert not_here["type"] == "error" and not_here["error"]["code"] == "unknown_session"
+    assert resumed["type"] == "session.resumed" and resumed["session_id"] == created_a["session"]["id"]
