@@ -14,11 +14,11 @@ restarted worker takes over its predecessor's socket, connections queued meanwhi
 This parent only supervises. A worker that dies loses its own sockets and is started
 again; the others keep streaming. An engine process that dies ends its sessions with
 ``engine_failure`` (the workers see the link break; ``/health`` is 503) and is started
-again; the workers reconnect. A worker drained on purpose (``rtserve drain --front-end``, ``web/peers``) leaves for good: its
-socket is closed so the kernel sends its share to the others, and the server exits once no
-worker is left. Workers reach each other through sockets in the same private folder as the
-engine link, so a ``session.resume`` that the kernel hands to another worker is relayed to
-the one that holds the session. SIGTERM/SIGINT drain the workers first (their sessions
+again; the workers reconnect. A worker drained on purpose (``web/peers``: its drain route)
+leaves for good: its socket is closed so the kernel sends its share to the others, and the
+server exits once no worker is left. Workers reach each other through sockets in the same
+private folder as the engine link, so a ``session.resume`` that the kernel hands to another
+worker is relayed to the one that holds the session. SIGTERM/SIGINT drain the workers first (their sessions
 close with ``shutdown``), then stop the engine. Children die with this process even if it
 is SIGKILLed (``PR_SET_PDEATHSIG``, see ``orphans.py``).
 """
