@@ -18,8 +18,8 @@ again; the workers reconnect. A worker drained on purpose (``web/peers``: its dr
 leaves for good: its socket is closed so the kernel sends its share to the others, and the
 server exits once no worker is left. Workers reach each other through sockets in the same
 private folder as the engine link, so a ``session.resume`` that the kernel hands to another
-worker is relayed to the one that holds the session. SIGTERM/SIGINT drain the workers first (their sessions
-close with ``shutdown``), then stop the engine. Children die with this process even if it
+worker is relayed to the one that holds the session. SIGTERM/SIGINT drain the workers first
+(their sessions close with ``shutdown``), then stop the engine. Children die with this process even if it
 is SIGKILLed (``PR_SET_PDEATHSIG``, see ``orphans.py``).
 """
 
