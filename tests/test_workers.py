@@ -207,13 +207,13 @@ async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server)
         survivor = next(c for c in others if c.ws._response.headers["X-Rtserve-Worker"] != drained)
         for client in others:
             if client is not survivor:
-                await client.close()
+                await client.end()
         path = _peer_socket(kept.first["session"]["id"].split("-")[1])
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path)) as peer:
             async with peer.post("http://peer/_rtserve/drain", json={"deadline_s": 60}) as response:
                 assert response.status == 202 and (await response.json())["sessions"] == 1
         assert await kept.echoes_grow(0.5) > 0 and not kept.errors  # its session goes on
-        await kept.ws.send_json({"type": "session.close"})
+        await kept.end()
         pid = int(drained.split(":")[1])
         deadline = time.monotonic() + START_TIMEOUT_S
         while _alive(pid):

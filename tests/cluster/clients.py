@@ -61,6 +61,12 @@ class DuplexClient:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def end(self) -> None:
+        """End the session itself (a dropped duplex socket leaves it waiting for a resume)."""
+        await self.ws.send_json({"type": "session.close"})
+        if self._task is not None:
+            await asyncio.wait_for(asyncio.gather(self._task, return_exceptions=True), 30)
+
     async def echoes_grow(self, seconds: float) -> int:
         before = self.echoes
         await asyncio.sleep(seconds)
