@@ -148,32 +148,29 @@ class _Upstream:
         await self.http.close()
 
 
+async def _pass_on(source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+                   sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage:
+    """Copies data frames until another kind arrives (close, error); returns that one."""
+    while True:
+        message = await source.receive()
+        if message.type is WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type is WSMsgType.BINARY:
+            await sink.send_bytes(message.data)
+        else:
+            return message
+
+
 async def _copy_both_ways(client: web.WebSocketResponse, owner: aiohttp.ClientWebSocketResponse) -> None:
     """Until either side closes; the other is then closed with the same code."""
 
-    async def upward() -> None:
-        while True:
-            message = await client.receive()
-            if message.type is WSMsgType.TEXT:
-                await owner.send_str(message.data)
-            elif message.type is WSMsgType.BINARY:
-                await owner.send_bytes(message.data)
-            else:  # the client left (or broke the protocol): the owner sees the socket go
-                return
-
     async def downward() -> None:
-        while True:
-            message = await owner.receive()
-            if message.type is WSMsgType.TEXT:
-                await client.send_str(message.data)
-            elif message.type is WSMsgType.BINARY:
-                await client.send_bytes(message.data)
-            else:
-                code = owner.close_code or aiohttp.WSCloseCode.OK
-                await close_socket(client, code, message.extra if isinstance(message.extra, str) else "")
-                return
+        ended = await _pass_on(owner, client)
+        await close_socket(client, owner.close_code or aiohttp.WSCloseCode.OK,
+                           ended.extra if isinstance(ended.extra, str) else "")
 
-    tasks = [asyncio.ensure_future(upward()), asyncio.ensure_future(downward())]
+    # Upward: the client left (or broke the protocol); closing the owner's socket below detaches there.
+    tasks = [asyncio.ensure_future(_pass_on(client, owner)), asyncio.ensure_future(downward())]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
