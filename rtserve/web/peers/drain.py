@@ -36,6 +36,11 @@ class FrontEndDrain:
                      self.deadline_s)
         return {"status": "draining", "sessions": self._sessions.active_count(), "deadline_s": self.deadline_s}
 
+    def cancel(self) -> None:
+        """The front-end stops anyway (a signal): nothing left to wait for."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def _leave(self, deadline_s: float) -> None:
         try:
             await asyncio.wait_for(self._sessions.wait_idle(), deadline_s)

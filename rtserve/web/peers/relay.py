@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from rtserve.config import PeersConfig
+from rtserve.web.auth import SUBPROTOCOL_PREFIX
 from rtserve.web.connections import close_socket
 from rtserve.web.peers import signing
 from rtserve.web.peers.directory import Directory, PeerAddress
@@ -39,20 +40,26 @@ from rtserve.web.peers.signing import PeerSigner
 
 log = logging.getLogger(__name__)
 
-_FORWARDED_HEADERS = ("Sec-WebSocket-Protocol", "OpenAI-Beta")  # what the dialect choice reads
-
-
 @dataclass(frozen=True)
 class Origin:
-    """What the owner must see of the client's request to serve it the same way."""
+    """What the owner must see of the client's request to serve it the same way: the path and
+    query, the offered subprotocols and the beta header (what the dialect choice reads). Not
+    the API key in any form: this front-end checked it, and it need not travel further."""
 
     path_qs: str
     headers: Mapping[str, str]
 
     @classmethod
     def of(cls, request: web.Request) -> Origin:
-        return cls(request.path_qs, {name: request.headers[name] for name in _FORWARDED_HEADERS
-                                     if name in request.headers})
+        from rtserve.web.realtime.dialect import offered_subprotocols  # realtime/ imports this module
+
+        headers = {}
+        offered = [p for p in offered_subprotocols(request) if not p.startswith(SUBPROTOCOL_PREFIX)]
+        if offered:
+            headers["Sec-WebSocket-Protocol"] = ", ".join(offered)
+        if "OpenAI-Beta" in request.headers:
+            headers["OpenAI-Beta"] = request.headers["OpenAI-Beta"]
+        return cls(request.rel_url.without_query_params("api_key").path_qs, headers)
 
 
 class RelayOutcome(enum.Enum):

@@ -10,13 +10,12 @@ front-end that relays: the client proved itself there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
 
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError, error_middleware
 from rtserve.web.peers import signing
+from rtserve.web.peers.drain import FrontEndDrain
 from rtserve.web.peers.relay import Peers
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, REALTIME_ROUTE
 from rtserve.web.realtime.service import RealtimeService
@@ -28,10 +27,9 @@ DRAIN_ROUTE = "/_rtserve/drain"
 PEERS = web.AppKey("peers", Peers)
 _RUNNER = web.AppKey("peer_runner", web.AppRunner)
 
-Drain = Callable[[float | None], Awaitable[dict]]
 
 
-def _peer_app(peers: Peers, service: RealtimeService, drain: Drain) -> web.Application:
+def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> web.Application:
     @web.middleware
     async def signed_only(request: web.Request, handler):
         if peers.signer is not None and not peers.signer.verify(request.headers.get(signing.HEADER),
@@ -47,9 +45,13 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: Drain) -> web.Appli
         return await service.handle(request, DUPLEX_ROUTE)
 
     async def drain_route(request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            raise ApiError("The body is not JSON", code="invalid_json") from None
         deadline = body.get("deadline_s") if isinstance(body, dict) else None
-        if deadline is not None and (not isinstance(deadline, int | float) or deadline <= 0):
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)
+                                     or deadline <= 0):
             raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s",
                            code="invalid_value")
         return web.json_response(await drain(deadline), status=202)
@@ -61,7 +63,7 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: Drain) -> web.Appli
     return app
 
 
-def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: Drain) -> None:
+def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> None:
     """Serve ``app``'s peers from its startup to its cleanup."""
     app[PEERS] = peers
     peers.heartbeat_s = service.config.transport.ws_heartbeat_s
@@ -79,7 +81,11 @@ def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: D
         log.info("front-end %s serves its peers on %s", peers.tag, site.name)
 
     async def stop(app: web.Application) -> None:
-        await peers.directory.withdraw(peers.tag)
+        drain.cancel()
+        try:
+            await peers.directory.withdraw(peers.tag)
+        except Exception:  # the directory itself gone (the cluster down): nothing left to tell
+            log.warning("front-end %s could not withdraw from the directory", peers.tag, exc_info=True)
         if _RUNNER in app:
             await app[_RUNNER].cleanup()
 
