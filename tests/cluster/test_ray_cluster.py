@@ -63,6 +63,7 @@ def _config(address: str) -> ServerConfig:
     config.lockstep.batch_size = SLOTS
     config.sessions.disconnect_grace_s = 0.2
     config.sessions.reaper_interval_s = 0.05
+    config.peers.host = "127.0.0.1"
     config.cluster = config.cluster.model_copy(update={
         "address": address, "namespace": NAMESPACE, "engine_prefix": PREFIX, "engines": 2,
         "engine_resources": {"rtserve_engine": 1}, "placement_strategy": "STRICT_SPREAD",
@@ -121,7 +122,7 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
            "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE, "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
            "RTSERVE_CLUSTER__ENGINES": "2", "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
            "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD", "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
-           "RTSERVE_CLUSTER__SECRET": SECRET}
+           "RTSERVE_CLUSTER__SECRET": SECRET, "RTSERVE_PEERS__HOST": "127.0.0.1"}
     pids_before = [(await _actor(i).placement.remote())["pid"] for i in range(2)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(port), "--workers", "2",
