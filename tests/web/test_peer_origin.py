@@ -15,5 +15,5 @@ def test_the_owner_sees_the_clients_dialect_but_not_its_key() -> None:
                  "OpenAI-Beta": "realtime=v1", "Authorization": "Bearer sk-secret", "Cookie": "a=b"})
     origin = Origin.of(request)
     assert origin.path_qs == "/v1/realtime?duplex=1&session_id=duplex-x&autostart=0"
-    assert dict(origin.headers) == {"Sec-WebSocket-Protocol": "realtime, openai-beta.realtime-v1",
-                                    "OpenAI-Beta": "realtime=v1"}
+    assert origin.protocols == ("realtime", "openai-beta.realtime-v1")
+    assert dict(origin.headers) == {"OpenAI-Beta": "realtime=v1"}

@@ -47,19 +47,16 @@ class Origin:
     the API key in any form: this front-end checked it, and it need not travel further."""
 
     path_qs: str
+    protocols: tuple[str, ...]
     headers: Mapping[str, str]
 
     @classmethod
     def of(cls, request: web.Request) -> Origin:
         from rtserve.web.realtime.dialect import offered_subprotocols  # realtime/ imports this module
 
-        headers = {}
-        offered = [p for p in offered_subprotocols(request) if not p.startswith(SUBPROTOCOL_PREFIX)]
-        if offered:
-            headers["Sec-WebSocket-Protocol"] = ", ".join(offered)
-        if "OpenAI-Beta" in request.headers:
-            headers["OpenAI-Beta"] = request.headers["OpenAI-Beta"]
-        return cls(request.rel_url.without_query_params("api_key").path_qs, headers)
+        protocols = tuple(p for p in offered_subprotocols(request) if not p.startswith(SUBPROTOCOL_PREFIX))
+        headers = {name: request.headers[name] for name in ("OpenAI-Beta",) if name in request.headers}
+        return cls(request.rel_url.without_query_params("api_key").path_qs, protocols, headers)
 
 
 class RelayOutcome(enum.Enum):
@@ -123,14 +120,14 @@ class Peers:
             return None
         upstream = _Upstream(address)
         headers = dict(origin.headers)
-        protocols = [p.strip() for p in headers.pop("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
         if self.signer is not None:
             headers[signing.HEADER] = self.signer.sign("GET", origin.path_qs)
+        timeout_s = self.settings.connect_timeout_s
         try:
-            upstream.ws = await upstream.http.ws_connect(
-                address.base_url + origin.path_qs, headers=headers, protocols=protocols, autoping=True,
-                heartbeat=self.heartbeat_s, timeout=aiohttp.ClientWSTimeout(ws_close=self.settings.connect_timeout_s),
-                max_msg_size=0, compress=0)
+            upstream.ws = await asyncio.wait_for(upstream.http.ws_connect(
+                address.base_url + origin.path_qs, headers=headers, protocols=origin.protocols, autoping=True,
+                heartbeat=self.heartbeat_s, timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
+                max_msg_size=0, compress=0), timeout_s)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("front-end %s at %s is not reachable: %s", owner, address, exc)
             await upstream.http.close()
