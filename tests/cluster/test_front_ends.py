@@ -86,6 +86,9 @@ async def test_a_resume_through_the_other_front_end_reaches_the_session_where_it
         assert result.created["session"]["id"].split("-")[1] == a.peers.tag
         assert b.sessions.metrics.opened._value.get() == 0 and a.sessions.metrics.opened._value.get() == 1
         await eventually(lambda: a.sessions.active_count() == 0, what="the closed session to be released")
+        metrics = await _metrics(http, b)
+        assert 'rtserve_peer_relays_total{outcome="relayed"} 1.0' in metrics
+        assert "rtserve_peer_relayed_sockets 0.0" in metrics  # the relay ended with the socket
 
 
 async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owners_answer_alike(
@@ -107,9 +110,17 @@ async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owner
                 resumed = await receive_event(elsewhere)  # the same socket, now with the right token
             assert resumed["type"] == "session.resumed"
             assert (await read_until(owner_socket, "session.replaced"))[-1]["attachment_generation"] == 1
+        metrics = await _metrics(http, b)
+    for outcome in ("refused", "no_owner", "relayed"):
+        assert f'rtserve_peer_relays_total{{outcome="{outcome}"}} 1.0' in metrics
     for refusal in (wrong_token, unknown_owner):
         assert refusal["type"] == "error" and refusal["error"]["code"] == "unknown_session"
     assert wrong_token["error"]["message"] == unknown_owner["error"]["message"]  # no oracle for guessed ids
+
+
+async def _metrics(http: aiohttp.ClientSession, front_end: FrontEnd) -> str:
+    async with http.get(f"{front_end.base}/metrics") as response:
+        return await response.text()
 
 
 async def _drain(http: aiohttp.ClientSession, front_end: FrontEnd, **body: float) -> dict:

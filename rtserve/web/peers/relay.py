@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import WSMsgType, web
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtserve.config import PeersConfig
 from rtserve.web.auth import SUBPROTOCOL_PREFIX
@@ -65,6 +66,14 @@ class RelayOutcome(enum.Enum):
     RELAYED = enum.auto()  # the socket was relayed until it closed
 
 
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.relays = Counter("rtserve_peer_relays", "Sockets for another front-end's session, by outcome "
+                              "(relayed, refused by the owner, owner gone)", ["outcome"], registry=registry)
+        self.open = Gauge("rtserve_peer_relayed_sockets", "Client sockets relayed to their session's owner now",
+                          registry=registry)
+
+
 class Peers:
     """This front-end (``tag``) among the others of its ``directory``."""
 
@@ -75,12 +84,24 @@ class Peers:
         self.settings = settings
         self.signer = signer  # TCP peers sign their requests; Unix-socket peers need not
         self.heartbeat_s: float | None = None
+        self.metrics = RelayMetrics(CollectorRegistry())
+
+    def serve_app(self, registry: CollectorRegistry, heartbeat_s: float | None) -> None:
+        """Count into the app's registry; ping relayed sockets as the app pings its own."""
+        self.metrics = RelayMetrics(registry)
+        self.heartbeat_s = heartbeat_s
 
     def remote_owner(self, session_id: str | None) -> str | None:
         owner = owner_of(session_id)
         return owner if owner is not None and owner != self.tag else None
 
     async def relay_resume(self, ws: web.WebSocketResponse, first: str, owner: str, origin: Origin) -> RelayOutcome:
+        outcome = await self._relay_resume(ws, first, owner, origin)
+        self.metrics.relays.labels(outcome.name.lower()).inc()
+        return outcome
+
+    async def _relay_resume(self, ws: web.WebSocketResponse, first: str, owner: str,
+                            origin: Origin) -> RelayOutcome:
         upstream = await self._connect(owner, origin)
         if upstream is None:
             return RelayOutcome.NO_OWNER
@@ -97,18 +118,24 @@ class Peers:
             if json.loads(answer.data).get("type") != "session.resumed":
                 return RelayOutcome.REFUSED
             log.info("session resumed through this front-end; relaying to its owner %s", owner)
-            await _copy_both_ways(ws, upstream.ws)
+            await self._copy(ws, upstream)
         return RelayOutcome.RELAYED
 
     async def relay_socket(self, ws: web.WebSocketResponse, owner: str, origin: Origin) -> bool:
         """False (nothing sent) when the owner cannot be reached."""
         upstream = await self._connect(owner, origin)
         if upstream is None:
+            self.metrics.relays.labels(RelayOutcome.NO_OWNER.name.lower()).inc()
             return False
+        self.metrics.relays.labels(RelayOutcome.RELAYED.name.lower()).inc()
         async with upstream:
             log.info("socket for a session of front-end %s; relaying it there", owner)
-            await _copy_both_ways(ws, upstream.ws)
+            await self._copy(ws, upstream)
         return True
+
+    async def _copy(self, ws: web.WebSocketResponse, upstream: _Upstream) -> None:
+        with self.metrics.open.track_inprogress():
+            await _copy_both_ways(ws, upstream.ws)
 
     async def _connect(self, owner: str, origin: Origin) -> _Upstream | None:
         try:

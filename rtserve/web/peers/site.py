@@ -66,7 +66,7 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> w
 def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> None:
     """Serve ``app``'s peers from its startup to its cleanup."""
     app[PEERS] = peers
-    peers.heartbeat_s = service.config.transport.ws_heartbeat_s
+    peers.serve_app(app[CTX].registry, service.config.transport.ws_heartbeat_s)
     service.peers = peers
 
     async def start(app: web.Application) -> None:
