@@ -39,32 +39,46 @@ def _parser() -> argparse.ArgumentParser:
                        help="serve POST /v1/omni/sleep and /v1/omni/wakeup")
     serve.add_argument("--ray-address", dest="ray_address", help="run the engines as Ray actors on this cluster "
                                                                  "('auto' or HOST:PORT); needs the 'ray' extra")
-    drain = sub.add_parser("drain", help="drain one engine actor of a Ray cluster: no new sessions, then it leaves")
+    drain = sub.add_parser("drain", help="drain an engine actor or a front-end of a Ray cluster: no new sessions, "
+                                          "then it leaves")
     drain.add_argument("--ray-address", dest="ray_address", required=True)
-    drain.add_argument("--engine", required=True, help="engine actor name (cluster.engine_prefix-N)")
+    target = drain.add_mutually_exclusive_group(required=True)
+    target.add_argument("--engine", help="engine actor name (cluster.engine_prefix-N)")
+    target.add_argument("--front-end", dest="front_end", help="front-end tag (the part after 'duplex-' in its "
+                                                              "session ids, also in its log), or a host name: every "
+                                                              "front-end on it; needs RTSERVE_CLUSTER__SECRET")
     drain.add_argument("--deadline", type=float, default=300.0, help="seconds its open sessions may go on")
     drain.add_argument("--namespace", default="rtserve", help="Ray namespace of the engine actors")
     return parser
 
 
 async def serve(config: ServerConfig, *, engine_socket: str | None = None, worker_index: int = 0,
-                listener: socket.socket | None = None) -> None:
-    """Run until SIGTERM/SIGINT, then drain: stop accepting, close sessions, exit.
+                listener: socket.socket | None = None, peer_folder: str | None = None) -> bool:
+    """Run until SIGTERM/SIGINT or the end of a front-end drain, then stop accepting, close
+    sessions, exit. True when it stopped because it was drained.
 
     With ``engine_socket`` this is one front-end worker of several: engines run in the engine
-    process behind that socket, and ``listener`` is its share of the port (bound by the supervisor)."""
+    process behind that socket, ``listener`` is its share of the port (bound by the supervisor)
+    and ``peer_folder`` is where the workers reach each other (resume relays, drain)."""
     from rtserve.app import build_app  # heavy imports only for the serve path
+    from rtserve.web.context import CTX
+    from rtserve.web.peers import Peers, SocketDirectory, new_front_end_tag
     from rtserve.web.runner import app_runner, server_ssl_context
 
     registry = CollectorRegistry()
     engines = None
+    peers = None
     if config.cluster.address is not None:  # the engines are Ray actors; Ray is imported only here
+        from rtserve.cluster.directory import cluster_peers
         from rtserve.cluster.frontend import cluster_engines
 
         engines = await cluster_engines(config, registry, worker_index)
+        peers = await cluster_peers(config)
     elif engine_socket is not None:
         engines = await _remote_engines(config, engine_socket, worker_index, registry)
-    app = build_app(config, engines=engines, registry=registry)
+    if peers is None and peer_folder is not None:
+        peers = Peers(new_front_end_tag(), SocketDirectory(peer_folder), config.peers)
+    app = build_app(config, engines=engines, registry=registry, peers=peers)
     if engine_socket is not None:
         app.on_response_prepare.append(_worker_header(f"{worker_index}:{os.getpid()}"))
     runner = app_runner(app)
@@ -77,16 +91,18 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
         log.info("rtserve %s listening on %s://%s:%d (engine %s)", __version__, "https" if tls else "http",
                  config.host, config.port, config.engine)
 
-    stop = asyncio.Event()
+    stop = app[CTX].stop  # also set when a front-end drain ends
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down")
+    drained = app[CTX].sessions.draining
+    log.info("shutting down%s", " (drained)" if drained else "")
     try:
         await asyncio.wait_for(runner.cleanup(), timeout=config.sessions.shutdown_timeout_s + 5)
     except TimeoutError:
         log.warning("shutdown exceeded its bound; exiting anyway")
+    return drained
 
 
 async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index: int,
@@ -119,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         from rtserve.cluster.drain import drain
 
         configure_logging("info")  # its progress and errors go to the log, as the server's do
-        return drain(args.ray_address, args.namespace, args.engine, args.deadline)
+        return drain(args.ray_address, args.namespace, args.deadline, engine=args.engine, front_end=args.front_end)
     flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
                                           "enable_sleep_mode", "ssl_certfile", "ssl_keyfile")}
     if args.ray_address is not None:

@@ -365,6 +365,21 @@ class ClusterConfig(_Section):
                                      "to answer at startup; those that have not are admitted once they do")
 
 
+class PeersConfig(_Section):
+    """Front-ends reaching each other (``web/peers``): resume relays and the front-end drain route."""
+
+    host: str | None = Field(None, description="address a cluster front-end serves its peers on (TCP, signed "
+                                               "requests); null: its node's IP. One host's workers use Unix sockets")
+    connect_timeout_s: float = Field(5.0, gt=0, description="a front-end reaching the owner of a session to relay "
+                                                            "a resume (lookup, connect, the owner's first answer)")
+    max_clock_skew_s: float = Field(30.0, gt=0, description="a signed peer request older or newer than this (wall "
+                                                            "clock) is refused; its nonce is remembered this long")
+    max_remembered_nonces: int = Field(4096, ge=16, description="signed peer requests remembered against replay; "
+                                       "beyond, new ones are refused until old ones age out")
+    drain_deadline_s: float = Field(300.0, gt=0, description="a drained front-end's sessions may go on this long "
+                                    "(when the drain request names no deadline), then close with reason shutdown")
+
+
 class IceServer(_Section):
     """One STUN or TURN server, as in the browser's ``RTCIceServer``."""
 
@@ -430,6 +445,7 @@ class ServerConfig(_Section):
     enable_sleep_mode: bool = Field(False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup "
                                                        "(--enable-sleep-mode)")
     cluster: ClusterConfig = ClusterConfig()
+    peers: PeersConfig = PeersConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
     ssl_certfile: str | None = Field(None, description="PEM certificate chain: serve HTTPS/WSS (with ssl_keyfile)")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")

@@ -21,7 +21,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tests.cluster.clients import drop_and_resume, open_session
 from tests.test_cli import CLEAN_ENV, CLI, _free_port, _health
+from tests.web.realtime_support import echoed_tags
 
 pytestmark = pytest.mark.slow
 FRAME = 1920  # 80 ms at 24 kHz
@@ -153,6 +155,77 @@ async def test_a_killed_worker_loses_only_its_sessions_and_comes_back(server) ->
             assert time.monotonic() < deadline, "the killed worker was not replaced"
             await asyncio.sleep(0.2)
         await survivor.ws.close()
+
+
+async def test_a_resume_the_kernel_hands_to_the_other_worker_reaches_the_session(server) -> None:
+    """The session lives in the worker that opened it; a resume socket that lands on the other
+    worker is relayed there (``web/peers``): resumed, journal replayed, the same engine slot."""
+    _, port = server
+    await _wait_health(port, 200)
+    base = f"http://127.0.0.1:{port}"
+
+    async def on_the_other_worker(first: aiohttp.ClientWebSocketResponse) -> aiohttp.ClientWebSocketResponse:
+        owner = first._response.headers["X-Rtserve-Worker"]
+        for _ in range(40):
+            ws = await http.ws_connect(f"{base}/v1/realtime?duplex=1&autostart=0")
+            if ws._response.headers["X-Rtserve-Worker"] != owner:
+                return ws
+            await ws.close()
+        pytest.fail("every connection landed on one worker")
+
+    async with aiohttp.ClientSession() as http:
+        result = await drop_and_resume(http, base, on_the_other_worker)
+    assert result.resumed["type"] == "session.resumed", result.resumed
+    assert result.resumed["session_id"] == result.created["session"]["id"]
+    assert echoed_tags(result.replayed)[-3:] == [11, 12, 13] and echoed_tags(result.flowing)[-1] == 21
+    # The owner's journal, continued: a session opened anew would start its sequence again.
+    seqs = [e["server_event_seq"] for e in result.replayed + result.flowing]
+    assert seqs == list(range(result.last_seq + 1, result.last_seq + 1 + len(seqs)))
+
+
+def _peer_socket(tag: str) -> str:
+    """The worker's peer socket (``web/peers``), found by the tag in its session ids."""
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 8 and fields[7].endswith(f"/{tag}.sock"):
+            return fields[7]
+    raise AssertionError(f"no peer socket for front-end {tag}")
+
+
+async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server) -> None:
+    proc, port = server
+    await _wait_health(port, 200)
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as http:
+        clients = [await open_session(http, base)]
+        while len({c.ws._response.headers["X-Rtserve-Worker"] for c in clients}) < 2:
+            assert len(clients) < 40, "every connection landed on one worker"
+            clients.append(await open_session(http, base))
+        kept, *others = clients
+        drained = kept.ws._response.headers["X-Rtserve-Worker"]
+        survivor = next(c for c in others if c.ws._response.headers["X-Rtserve-Worker"] != drained)
+        for client in others:
+            if client is not survivor:
+                await client.end()
+        path = _peer_socket(kept.first["session"]["id"].split("-")[1])
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path)) as peer:
+            async with peer.post("http://peer/_rtserve/drain", json={"deadline_s": 60}) as response:
+                assert response.status == 202 and (await response.json())["sessions"] == 1
+        assert await kept.echoes_grow(0.5) > 0 and not kept.errors  # its session goes on
+        await kept.end()
+        pid = int(drained.split(":")[1])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while _alive(pid):
+            assert time.monotonic() < deadline, "the drained worker did not leave"
+            await asyncio.sleep(0.1)
+        assert len(_children(proc.pid)) == 2  # the engine and the other worker: no replacement
+        for _ in range(10):  # its socket is closed: every new connection goes to the other worker
+            client = await open_session(http, base)
+            assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"] != drained
+            await client.close()
+        assert await survivor.echoes_grow(0.5) > 0 and not survivor.errors
+        await survivor.close()
+        await kept.close()
 
 
 async def test_a_killed_engine_ends_sessions_with_engine_failure_and_health_recovers(server) -> None:

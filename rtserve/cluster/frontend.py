@@ -63,10 +63,10 @@ class ActorConnector:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self._timeout_s)
         try:
             offset = await auth.connect(reader, writer, self._secret, self._timeout_s)
-        except ConnectionError:
+        except ConnectionError as exc:  # a wrong secret, or a handshake that did not finish in time
             writer.close()
-            log.error("engine actor %s at %s:%d did not prove the cluster secret (is cluster.secret the same "
-                      "on every front-end?)", self.name, host, port)
+            log.error("engine actor %s at %s:%d: %s (is cluster.secret the same on every front-end?)", self.name,
+                      host, port, exc)
             raise
         if self.link is not None:
             self.link.clock_offset_s = offset

@@ -14,8 +14,12 @@ restarted worker takes over its predecessor's socket, connections queued meanwhi
 This parent only supervises. A worker that dies loses its own sockets and is started
 again; the others keep streaming. An engine process that dies ends its sessions with
 ``engine_failure`` (the workers see the link break; ``/health`` is 503) and is started
-again; the workers reconnect. SIGTERM/SIGINT drain the workers first (their sessions
-close with ``shutdown``), then stop the engine. Children die with this process even if it
+again; the workers reconnect. A worker drained on purpose (``web/peers``: its drain route)
+leaves for good: its socket is closed so the kernel sends its share to the others, and the
+server exits once no worker is left. Workers reach each other through sockets in the same
+private folder as the engine link, so a ``session.resume`` that the kernel hands to another
+worker is relayed to the one that holds the session. SIGTERM/SIGINT drain the workers first
+(their sessions close with ``shutdown``), then stop the engine. Children die with this process even if it
 is SIGKILLed (``PR_SET_PDEATHSIG``, see ``orphans.py``).
 """
 
@@ -84,7 +88,9 @@ class Supervisor:
         parent = os.getpid()
         self._listeners = _listening_sockets(config.host, config.port, workers)
         self._engine = _Child("engine", engine_main.run, (settings, socket_path, parent))
-        self._workers = [_Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent, listener))
+        # The workers reach each other through sockets in the same private folder (web/peers).
+        self._workers = [_Child(f"worker-{i}", worker_main.run,
+                                (settings, socket_path, i, parent, listener, self._socket_dir))
                          for i, listener in enumerate(self._listeners)]
         self._stop = threading.Event()
         self._engine_process = engine_process
@@ -113,6 +119,17 @@ class Supervisor:
                 if process is not None and not process.is_alive():
                     if child is self._engine and process.exitcode == engine_main.EXIT_CONFIG_ERROR:
                         return 2  # the engine process printed the one-line reason
+                    if child is not self._engine and process.exitcode == worker_main.EXIT_DRAINED:
+                        log.info("%s (pid %s) was drained and left", child.name, process.pid)
+                        process.close()
+                        child.process = None
+                        self._workers.remove(child)
+                        listener = child.args[4]  # the kernel must stop queueing connections for it
+                        self._listeners.remove(listener)
+                        listener.close()
+                        if not self._workers:
+                            return 0  # every front-end left: so does the server
+                        break
                     log.error("%s (pid %s) exited with %s; restarting", child.name, process.pid, process.exitcode)
                     process.close()
                     child.process = None

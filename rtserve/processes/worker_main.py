@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from typing import Any
 
 from rtserve.config import ServerConfig
@@ -14,11 +15,18 @@ from rtserve.processes.orphans import die_with_parent
 log = logging.getLogger("rtserve.worker")
 
 
+# A worker that was drained (``rtserve drain --front-end``) exits with this status; the
+# supervisor does not start it again.
+EXIT_DRAINED = 3
+
+
 def run(settings: dict[str, Any], socket_path: str, worker_index: int, parent_pid: int,
-        listener: socket.socket) -> None:
+        listener: socket.socket, peer_folder: str) -> None:
     die_with_parent(parent_pid)
     config = ServerConfig.model_validate(settings)
     configure_logging(config.log_level)
     from rtserve.cli import serve  # the single-process server loop, reused as is
 
-    asyncio.run(serve(config, engine_socket=socket_path, worker_index=worker_index, listener=listener))
+    if asyncio.run(serve(config, engine_socket=socket_path, worker_index=worker_index, listener=listener,
+                         peer_folder=peer_folder)):
+        sys.exit(EXIT_DRAINED)

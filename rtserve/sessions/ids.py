@@ -13,8 +13,10 @@ _EVENT_PREFIX = secrets.token_hex(4)
 _event_counter = itertools.count(1)
 
 
-def new_session_id() -> str:
-    return f"duplex-{uuid.uuid4().hex}"
+def new_session_id(owner: str | None = None) -> str:
+    """``owner``: the front-end that admitted the session (``web/peers``), so any other
+    front-end can tell from the id alone where a ``session.resume`` must go."""
+    return f"duplex-{owner}-{uuid.uuid4().hex}" if owner else f"duplex-{uuid.uuid4().hex}"
 
 
 def new_response_id() -> str:

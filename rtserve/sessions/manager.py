@@ -71,8 +71,10 @@ class _Entry:
 class SessionManager:
     def __init__(self, engine: SessionEngine, limits: SessionLimits | None = None, *, clock: Clock | None = None,
                  registry: CollectorRegistry | None = None,
-                 orphan_sink: Callable[[SessionEvent], None] | None = None) -> None:
+                 orphan_sink: Callable[[SessionEvent], None] | None = None, owner: str | None = None) -> None:
+        """``owner``: this front-end's tag, carried in every session id (``ids.new_session_id``)."""
         self.engine = engine
+        self.owner = owner
         self.limits = limits or SessionLimits()
         self.clock = clock or SystemClock()
         self.metrics = SessionMetrics(registry if registry is not None else CollectorRegistry())
@@ -84,6 +86,9 @@ class SessionManager:
         self._background: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._shutting_down = False
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ------------------------------------------------------------------
     # observation
@@ -114,8 +119,9 @@ class SessionManager:
         transport validated it); None allocates one. Raises ``SessionError``:
         ``session_exists`` when that name is held (opening, live, or still closing),
         ``resource_exhausted`` when every slot is held, the engine's code when it refuses."""
-        if self._shutting_down:
-            raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down")
+        if self._shutting_down or self._draining:
+            raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down" if self._shutting_down else
+                               "This front-end is draining; connect again to reach another one")
         if session_id is not None and (session_id in self._live or session_id in self._closing
                                        or session_id in self._opening_ids):
             self.metrics.refused.labels(errors.SESSION_EXISTS).inc()
@@ -124,7 +130,7 @@ class SessionManager:
             self.metrics.refused.labels(errors.RESOURCE_EXHAUSTED).inc()
             raise SessionError(errors.RESOURCE_EXHAUSTED,
                                f"All {self.limits.max_sessions} session slots are in use; try again later")
-        session_id = session_id or new_session_id()
+        session_id = session_id or new_session_id(self.owner)
         try:
             self._opening_ids.add(session_id)
             return await self._open(session_id, config or SessionConfig(), projection, resumable)
@@ -385,6 +391,18 @@ class SessionManager:
             except Exception:
                 log.exception("session reaper pass failed")
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> None:
+        """Admit no new session (``server_shutting_down``); open ones go on, resumes included."""
+        self._draining = True
+
+    async def wait_idle(self) -> None:
+        """Returns once no session holds a slot (at once when none does)."""
+        await self._idle.wait()
+
     async def start(self) -> None:
         """Start the reaper (idempotent)."""
         if self._reaper is None:
@@ -434,7 +452,12 @@ class SessionManager:
         return task
 
     def _update_gauge(self) -> None:
-        self.metrics.slots.set(self.active_count())
+        active = self.active_count()
+        self.metrics.slots.set(active)
+        if active:
+            self._idle.clear()
+        else:
+            self._idle.set()
 
 
 def _in_session_context(session_id: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -3,6 +3,7 @@ metrics registry. The app (``rtserve.app``) builds and runs everything in it; we
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ class AppContext:
     codecs: CodecExecutor  # the one pool every route moves codec work to
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     started_at: float = 0.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: the serve loop stops (a drain ended)
 
     @property
     def engine(self) -> SessionEngine:

@@ -6,10 +6,14 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
+
+from tests.web.realtime_support import (echoed_tags, pcm16_b64, read_to_close, read_until, receive_event,
+                                        tagged_frame, ws_url)
 
 FRAME = 1920  # 80 ms at 24 kHz
 
@@ -57,6 +61,12 @@ class DuplexClient:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def end(self) -> None:
+        """End the session itself (a dropped duplex socket leaves it waiting for a resume)."""
+        await self.ws.send_json({"type": "session.close"})
+        if self._task is not None:
+            await asyncio.wait_for(asyncio.gather(self._task, return_exceptions=True), 30)
+
     async def echoes_grow(self, seconds: float) -> int:
         before = self.echoes
         await asyncio.sleep(seconds)
@@ -78,3 +88,42 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 30.0, what: s
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+@dataclass
+class Resumed:
+    created: dict  # session.created on the front-end that admitted the session
+    last_seq: int  # the last event the client read before dropping the socket
+    resumed: dict  # session.resumed on the other one
+    replayed: list[dict]  # what came after it, up to the echo of the frames sent while detached
+    flowing: list[dict]  # events up to the echo of a frame sent on the resumed socket
+
+
+async def drop_and_resume(http: aiohttp.ClientSession, owner_base: str,
+                          connect_elsewhere: Callable[[aiohttp.ClientWebSocketResponse],
+                                                      Awaitable[aiohttp.ClientWebSocketResponse]]) -> Resumed:
+    """Open a duplex session on ``owner_base``, send three tagged frames, drop the socket (their
+    echoes go only to the journal), resume on the socket ``connect_elsewhere(first_socket)``
+    opens (on another front-end) and send one more frame there."""
+    first = await http.ws_connect(ws_url(owner_base, duplex="1"))
+    created = await receive_event(first)
+    assert created is not None and created["type"] == "session.created", created
+    seen = await read_until(first, "response.output_audio.delta")
+    for tag in (11, 12, 13):
+        await first.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(tag))})
+    await first.close()
+    async with await connect_elsewhere(first) as second:
+        await second.send_json({"type": "session.resume", "event_id": "resume-elsewhere",
+                                "session_id": created["session"]["id"], "resume_token": created["resume_token"],
+                                "attachment_generation": 0,
+                                "last_received_server_event_seq": seen[-1]["server_event_seq"]})
+        resumed = await receive_event(second)
+        assert resumed is not None
+        if resumed["type"] != "session.resumed":
+            return Resumed(created, seen[-1]["server_event_seq"], resumed, [], [])
+        replayed = await read_until(second, lambda e: 13 in echoed_tags([e]))
+        await second.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(21))})
+        flowing = await read_until(second, lambda e: 21 in echoed_tags([e]))
+        await second.send_json({"type": "session.close"})
+        await read_to_close(second)
+    return Resumed(created, seen[-1]["server_event_seq"], resumed, replayed, flowing)

@@ -16,24 +16,29 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.app import build_app
 from rtserve.cluster.engines import ClusterEngines
 from rtserve.config import ServerConfig, load_config
-from tests.cluster.clients import eventually, open_session
+from rtserve.web.context import CTX
+from tests.cluster.clients import drop_and_resume, eventually, open_session
+from tests.web.realtime_support import echoed_tags, ws_url
 from tests.support import serve_app
 from tests.test_cli import CLEAN_ENV, _free_port
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from rtserve.cluster.directory import DIRECTORY_NAME, cluster_peers  # noqa: E402
 from rtserve.cluster.frontend import cluster_engines  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 NAMESPACE = "rtserve-test"
 PREFIX = "rtserve-test-engine"
 SLOTS = 2
+SECRET = "test-cluster-secret-0123456789"
 _NODE = {"num_cpus": 1, "resources": {"rtserve_engine": 1}, "object_store_memory": 80 * 1024 * 1024}
 
 
@@ -58,19 +63,24 @@ def _config(address: str) -> ServerConfig:
     config.lockstep.batch_size = SLOTS
     config.sessions.disconnect_grace_s = 0.2
     config.sessions.reaper_interval_s = 0.05
+    config.peers.host = "127.0.0.1"
     config.cluster = config.cluster.model_copy(update={
         "address": address, "namespace": NAMESPACE, "engine_prefix": PREFIX, "engines": 2,
         "engine_resources": {"rtserve_engine": 1}, "placement_strategy": "STRICT_SPREAD",
-        "secret": "test-cluster-secret-0123456789", "engine_host": "127.0.0.1", "startup_timeout_s": 90})
+        "secret": SECRET, "engine_host": "127.0.0.1", "startup_timeout_s": 90})
     return config
 
 
 @contextlib.asynccontextmanager
-async def front_end(cluster: Cluster) -> AsyncIterator[tuple[str, ClusterEngines]]:
+async def front_end(cluster: Cluster, worker_index: int = 0,
+                    apps: list[web.Application] | None = None) -> AsyncIterator[tuple[str, ClusterEngines]]:
     config = _config(cluster.address)
     registry = CollectorRegistry()
-    engines = await cluster_engines(config, registry, worker_index=0)
-    async with serve_app(build_app(config, engines=engines, registry=registry)) as base:
+    engines = await cluster_engines(config, registry, worker_index=worker_index)
+    app = build_app(config, engines=engines, registry=registry, peers=await cluster_peers(config))
+    if apps is not None:
+        apps.append(app)
+    async with serve_app(app) as base:
         await eventually(lambda: all(m.serving for m in engines.members), 90, "every engine actor to serve")
         yield base, engines
 
@@ -112,7 +122,7 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
            "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE, "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
            "RTSERVE_CLUSTER__ENGINES": "2", "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
            "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD", "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
-           "RTSERVE_CLUSTER__SECRET": "test-cluster-secret-0123456789"}
+           "RTSERVE_CLUSTER__SECRET": SECRET, "RTSERVE_PEERS__HOST": "127.0.0.1"}
     pids_before = [(await _actor(i).placement.remote())["pid"] for i in range(2)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(port), "--workers", "2",
@@ -142,6 +152,54 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     assert [(await _actor(i).placement.remote())["pid"] for i in range(2)] == pids_before
+
+
+async def test_a_resume_through_another_front_end_reaches_the_same_engine_slot(ray_cluster: Cluster) -> None:
+    """Front-ends A and B (as if on two hosts: TCP peers, signed requests, the Ray directory)."""
+    apps: list[web.Application] = []
+    async with (front_end(ray_cluster, 0, apps) as (a, a_engines), front_end(ray_cluster, 1, apps) as (b, _),
+                aiohttp.ClientSession() as http):
+        await eventually(lambda: _sessions(a_engines) == [0, 0], what="earlier sessions to be gone")
+        directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+        published = await directory.front_ends.remote()
+        assert {app[CTX].sessions.owner for app in apps} <= set(published)
+
+        def b_socket(_first: aiohttp.ClientWebSocketResponse):
+            return http.ws_connect(ws_url(b, duplex="1", autostart="0"))
+
+        result = await drop_and_resume(http, a, b_socket)
+        assert result.resumed["type"] == "session.resumed", result.resumed
+        assert echoed_tags(result.replayed)[-3:] == [11, 12, 13] and echoed_tags(result.flowing)[-1] == 21
+        # Admitted once, on A, and never reopened: the echo after the resume is A's engine session's.
+        assert [app[CTX].sessions.metrics.opened._value.get() for app in apps] == [1, 0]
+        async with aiohttp.ClientSession() as stranger:  # the peer site serves only signed requests
+            entry = published[apps[0][CTX].sessions.owner]
+            async with stranger.get(f"http://{entry['host']}:{entry['port']}/v1/realtime") as response:
+                assert response.status == 403
+
+
+async def test_rtserve_drain_of_a_front_end_stops_its_admission_and_it_leaves_when_its_sessions_end(
+        ray_cluster: Cluster) -> None:
+    apps: list[web.Application] = []
+    async with aiohttp.ClientSession() as http:
+        async with front_end(ray_cluster, 0, apps) as (base, _):
+            kept = await open_session(http, base)
+            tag = apps[0][CTX].sessions.owner
+            drain = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "rtserve.cli", "drain", "--ray-address", ray_cluster.address, "--namespace",
+                NAMESPACE, "--front-end", tag, "--deadline", "120", stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_CLUSTER__SECRET": SECRET})
+            await eventually(lambda: apps[0][CTX].sessions.draining, 60, "the drain to arrive")
+            refused = await open_session(http, base)
+            assert refused.first["error"]["code"] == "server_shutting_down"
+            assert await kept.echoes_grow(0.5) > 0 and not kept.errors
+            await kept.close()
+            await eventually(apps[0][CTX].stop.is_set, 30, "the front-end to stop after its last session")
+        # The serve loop stopped (here: the context's cleanup): it withdrew, so the drain is done.
+        output, _ = await asyncio.wait_for(drain.communicate(), 60)
+        assert drain.returncode == 0, output.decode()
+        assert "left the cluster" in output.decode()
 
 
 async def test_a_killed_engine_actor_ends_only_its_sessions_and_ray_brings_it_back(ray_cluster: Cluster) -> None:

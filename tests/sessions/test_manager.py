@@ -52,6 +52,23 @@ async def test_open_answers_with_capabilities_and_emits_session_created(engine, 
     assert (options.prompt.text, options.prompt.voice) == ("be brief", "alloy")
 
 
+async def test_a_front_ends_sessions_carry_its_tag_and_a_drain_admits_none_until_idle(engine, make_manager) -> None:
+    manager = make_manager(engine)
+    manager.owner = "0a1b2c3d"
+    handle = await manager.open(SessionConfig())
+    assert re.fullmatch(r"duplex-0a1b2c3d-[0-9a-f]{32}", handle.session_id)  # web/peers reads the owner here
+    manager.drain()
+    with pytest.raises(SessionError) as refused:
+        await manager.open(SessionConfig())
+    assert refused.value.code == "server_shutting_down" and "draining" in refused.value.message
+    idle = asyncio.ensure_future(manager.wait_idle())
+    await settle()
+    assert not idle.done()  # the open session still holds its slot
+    await handle.close()
+    await asyncio.wait_for(idle, 5)
+    assert manager.active_count() == 0
+
+
 async def test_engine_rejection_rolls_back_the_open_completely(engine, make_manager) -> None:
     manager = make_manager(engine, max_sessions=1)
     engine.open_error = EngineError("voice 'nope' is not installed", code="invalid_voice")

@@ -86,6 +86,16 @@ def frame_tag(frame: np.ndarray) -> int | None:
     return int(frame[0]) | (int(frame[1]) << 15)
 
 
+def echoed_tags(events: list[dict[str, Any]]) -> list[int]:
+    tags = []
+    for event in events:
+        if event["type"] == "response.output_audio.delta":
+            tag = frame_tag(b64_pcm16(event["delta"]))
+            if tag is not None:
+                tags.append(tag)
+    return tags
+
+
 async def receive_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any] | None:
     """The next JSON event, or None once the server closed the socket (its close code is
     then in ``closing_codes[ws]``)."""

@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
 
 import aiohttp
 import numpy as np
 
 from rtserve.config import ServerConfig
-from tests.web.realtime_support import (HANG_GUARD_S, b64_pcm16, close_code, closing_codes, frame_tag, loopback_config,
-                                        pcm16_b64, read_to_close, read_until, receive_event, running, tagged_frame,
-                                        types, ws_url)
-
-
-def echoed_tags(events: list[dict[str, Any]]) -> list[int]:
-    tags = []
-    for event in events:
-        if event["type"] == "response.output_audio.delta":
-            tag = frame_tag(b64_pcm16(event["delta"]))
-            if tag is not None:
-                tags.append(tag)
-    return tags
+from tests.web.realtime_support import (HANG_GUARD_S, b64_pcm16, close_code, closing_codes, echoed_tags, frame_tag,
+                                        loopback_config, pcm16_b64, read_to_close, read_until, receive_event, running,
+                                        tagged_frame, types, ws_url)
 
 
 async def metric(http: aiohttp.ClientSession, base: str, line: str) -> bool:

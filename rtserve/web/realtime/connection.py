@@ -15,6 +15,10 @@ A connection whose URL carries ``session_id`` and ``resume`` (``connect_query``)
 over that session at once instead of opening one; ``session_id`` alone names the session
 it opens.
 
+A ``session.resume`` for a session another front-end owns (``web/peers``) is relayed there:
+on ``session.resumed`` this connection only copies frames to and from the owner until it
+closes; a refusal is passed on and the connection stays sessionless here.
+
 When the socket goes away the attachment detaches: a duplex session waits out its
 disconnect grace for a ``session.resume``; a turn-based one closes (``disconnect``).
 After the session's last event (``session.closed``/``session.expired``, or
@@ -44,6 +48,7 @@ from rtserve.sessions.session_config import ConfigUpdateError
 from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
+from rtserve.web.peers import Origin, RelayOutcome
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
 from rtserve.web.realtime.connect_query import ConnectQuery
@@ -81,9 +86,12 @@ class Dialect:
 
 class RealtimeConnection:
     def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, service: RealtimeService,
-                 dialect: Dialect, initial: SessionConfig, query: ConnectQuery = ConnectQuery()) -> None:
+                 dialect: Dialect, initial: SessionConfig, query: ConnectQuery = ConnectQuery(), *,
+                 origin: Origin | None = None) -> None:
         self.ws = ws
         self._query = query  # the URL's session name, or the session it resumes
+        self._origin = origin  # the client's request as a peer must see it (None: nothing to relay)
+        self._relayed = False  # the socket was relayed to the front-end that owns its session
         self._transport = transport
         self.service = service
         self.dialect = dialect
@@ -116,7 +124,7 @@ class RealtimeConnection:
     # ------------------------------------------------------------------ receive
 
     async def _receive_loop(self) -> None:
-        while True:
+        while not self._relayed:
             # Without a session nothing else bounds an idle socket.
             timeout = None if self.handle is not None else self.service.limits.idle_ttl_s
             try:
@@ -137,6 +145,8 @@ class RealtimeConnection:
                 action = await self.service.codecs.run(parse_client_event, text, self.dialect.rules)
             else:
                 action = parse_client_event(text, self.dialect.rules)
+            if isinstance(action, ResumeSession) and await self._resumed_elsewhere(action, text):
+                return
             await self._apply(action)
         except WireError as exc:
             await self._report(exc)
@@ -235,6 +245,16 @@ class RealtimeConnection:
             await close_socket(self.ws, WSCloseCode.POLICY_VIOLATION, exc.code)
             return False
         return True
+
+    async def _resumed_elsewhere(self, action: ResumeSession, text: str) -> bool:
+        """True when another front-end owns the session and answered (relayed, or refused)."""
+        peers = self.service.peers
+        owner = peers.remote_owner(action.session_id) if peers is not None and self.handle is None else None
+        if owner is None or self._origin is None:
+            return False
+        outcome = await peers.relay_resume(self.ws, text, owner, self._origin)
+        self._relayed = outcome is RelayOutcome.RELAYED
+        return outcome is not RelayOutcome.NO_OWNER
 
     def _resume(self, action: ResumeSession) -> None:
         if self.handle is not None:

@@ -29,6 +29,7 @@ from rtserve.sessions.projections import NativeDuplexProjection
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.realtime.connect_query import connect_query
+from rtserve.web.peers import Origin, Peers
 from rtserve.web.realtime.connection import RealtimeConnection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, native_duplex_mismatch, select_dialect
 from rtserve.web.realtime.errors import WireError
@@ -59,6 +60,7 @@ class RealtimeService:
         self.connections = Connections("realtime", config.sessions.shutdown_timeout_s)
         # The recognizer for ``input_audio`` items (``audio_items.py``); set by ``routes.setup``.
         self.asr: Callable[[], ASREngine | None] = lambda: None
+        self.peers: Peers | None = None  # the other front-ends (``web/peers``); set by its ``setup``
 
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
@@ -95,14 +97,25 @@ class RealtimeService:
         if mismatch is not None:
             await self._refuse(ws, NATIVE_DUPLEX_UNAVAILABLE, mismatch)
             return ws
+        origin = Origin.of(request)
+        owner = self.peers.remote_owner(request.query.get("session_id")) if self.peers is not None else None
+        gauge = self.metrics.connections.labels(route)
+        if owner is not None:  # the URL names another front-end's session: the whole socket goes there
+            gauge.inc()
+            try:
+                async with self.connections.track(ws):
+                    if await self.peers.relay_socket(ws, owner, origin):
+                        return ws
+            finally:
+                gauge.dec()
         dialect = select_dialect(request, route, self.engine_capabilities, self.config.transport.duplex_sessions)
         try:
             query = connect_query(request, duplex=dialect.duplex, limits=self.limits)
         except WireError as exc:
             await self._refuse(ws, exc.code, exc.message, param=exc.param)
             return ws
-        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request), query)
-        gauge = self.metrics.connections.labels(route)
+        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request), query,
+                                        origin=origin)
         gauge.inc()
         try:
             # A socket with a session ends after the session's last event (the manager's shutdown).

@@ -1,7 +1,9 @@
 // The operator dashboard: scrapes this server's /metrics once a second and charts what an
 // operator watches live. Rates and quantiles come from the difference of two scrapes, as
 // Prometheus' rate() and histogram_quantile() compute them. With workers, /metrics holds
-// every process (worker samples labelled worker="i"; unlabelled: the engine process).
+// every process (worker samples labelled worker="i"; unlabelled: the engine process); with
+// engines as Ray actors it holds every engine actor's samples labelled engine="NAME", and the
+// cluster charts show slots used and free and the mean tick time per engine.
 // `window.rtserveDashboard` mirrors the latest numbers for scripts and the browser tests.
 import { LineChart } from "./charts.js";
 import { Exposition, quantile, rate } from "./prometheus-text.js";
@@ -19,6 +21,8 @@ const charts = {
   drops: new LineChart(grid, { title: "Drops and overruns", unit: "/s", minMax: 1 }),
   cpu: new LineChart(grid, { title: "CPU per process", unit: "%", minMax: 10 }),
   lag: new LineChart(grid, { title: "Event loop lag, p99", unit: "ms", minMax: 5 }),
+  engineSlots: new LineChart(grid, { title: "Cluster: slots used and free per engine", unit: "", minMax: 2 }),
+  engineTick: new LineChart(grid, { title: "Cluster: mean tick time per engine", unit: "ms", minMax: 10 }),
 };
 
 const dashboard = { scrapes: 0, error: null, latest: null };
@@ -41,6 +45,8 @@ const TICK = "rtserve_lockstep_tick_seconds";
 const STEP = "rtserve_lockstep_step_seconds";
 const LAG = "rtserve_event_loop_lag_seconds";
 const CPU = "process_cpu_seconds_total";
+const SLOTS = "rtserve_lockstep_slots";
+const LIVE_SLOTS = "rtserve_lockstep_live_slots";
 
 function ms(seconds) {
   return seconds === null || seconds === undefined ? null : seconds * 1000;
@@ -85,11 +91,34 @@ function liveSessions(now) {
   return out;
 }
 
-// Process names: "worker i" for samples a worker pushed; the rest are the engine process's
-// (with workers) or the one server process's.
+// Process names: "worker i" for samples a worker pushed, "engine NAME" for an engine actor's;
+// the rest are the engine process's (with workers) or the one front-end process's.
 function processOf(scrape) {
-  const withWorkers = (scrape.samples.get(CPU) || []).some((s) => s.labels.worker !== undefined);
-  return (labels) => (labels.worker !== undefined ? `worker ${labels.worker}` : withWorkers ? "engine" : "server");
+  const cpu = scrape.samples.get(CPU) || [];
+  const withWorkers = cpu.some((s) => s.labels.worker !== undefined);
+  const withEngines = cpu.some((s) => s.labels.engine !== undefined);
+  return (labels) => (labels.engine !== undefined ? `engine ${labels.engine}`
+    : labels.worker !== undefined ? `worker ${labels.worker}`
+      : withWorkers ? "engine" : withEngines ? "front-end" : "server");
+}
+
+// Per engine actor (samples labelled engine="NAME"): slots used and free, and the mean tick
+// time between the two scrapes. Empty without a cluster.
+function engines(now, before) {
+  const byEngine = (scrape, name) => (scrape ? scrape.sum(name, (l) => l.engine) : new Map());
+  const slots = byEngine(now, SLOTS);
+  const live = byEngine(now, LIVE_SLOTS);
+  const [count, sum] = [byEngine(now, `${TICK}_count`), byEngine(now, `${TICK}_sum`)];
+  const [countBefore, sumBefore] = [byEngine(before, `${TICK}_count`), byEngine(before, `${TICK}_sum`)];
+  const out = {};
+  for (const [engine, capacity] of slots) {
+    if (engine === undefined) continue;
+    const used = live.get(engine) ?? 0;
+    const ticks = before ? (count.get(engine) ?? 0) - (countBefore.get(engine) ?? 0) : 0;
+    const seconds = (sum.get(engine) ?? 0) - (sumBefore.get(engine) ?? 0);
+    out[engine] = { slots: capacity, used, free: capacity - used, meanTickMs: ticks > 0 ? ms(seconds / ticks) : null };
+  }
+  return out;
 }
 
 function cpuPercent(now, before, seconds) {
@@ -133,7 +162,8 @@ function update(now, at) {
   const underruns = now.has("rtserve_lockstep_underruns_total")
     ? { underruns: perSecond(now, before, seconds, "rtserve_lockstep_underruns_total") } : {};
   const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, drops,
-                   cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before) };
+                   cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before),
+                   engines: engines(now, before) };
   previous = { at, scrape: now };
   dashboard.latest = latest;
   dashboard.scrapes += 1;
@@ -150,6 +180,19 @@ function update(now, at) {
   charts.drops.push(drops);
   charts.cpu.push(latest.cpuPercent);
   charts.lag.push(latest.lagP99Ms);
+  const slotSeries = {};
+  const tickSeries = {};
+  for (const [engine, e] of Object.entries(latest.engines)) {
+    slotSeries[`${engine} used`] = e.used;
+    slotSeries[`${engine} free`] = e.free;
+    tickSeries[engine] = e.meanTickMs;
+  }
+  charts.engineSlots.push(slotSeries);
+  charts.engineTick.push(tickSeries);
+  if (!Object.keys(latest.engines).length) {
+    charts.engineSlots.readout.textContent = "no engine actors (not a Ray cluster front-end)";
+    charts.engineTick.readout.textContent = "no engine actors (not a Ray cluster front-end)";
+  }
 }
 
 function setState(state, text) {
