@@ -40,7 +40,7 @@ def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
 
 
 def test_backlog_cap_drops_oldest_frames_and_counts_them() -> None:
-    scheduler, model, registry = make_scheduler(max_input_backlog_frames=3)
+    scheduler, model, registry = make_scheduler(max_input_backlog_ms=3 * 80)
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(float(v)) for v in range(5)]))
     for _ in range(4):
