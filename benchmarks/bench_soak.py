@@ -25,15 +25,16 @@ what the server still holds (sessions, slots, connections: all must drop to zero
 Lost chunks are told apart by where they were held up. The load generator is one process on
 the same loaded machine: when its event loop stalls, the chunks due meanwhile go out late, in
 a burst. A lost chunk that left the generator later than the server's input bound
-(``lockstep.max_input_backlog_ms``) less two frames could be pushed out by that bound however
-well the server kept time: it is counted as lost after a load-generator stall, and the
-generator's own loop stalls and send lag are reported. Every other lost chunk is the server's,
+(``--input-backlog-ms``, the server's ``lockstep.max_input_backlog_ms``) less two frames could
+be pushed out by that bound however well the server kept time: it is counted as lost after a
+load-generator stall, and the generator's own loop stalls and send lag are reported. Every other lost chunk is the server's,
 and so are its engine counters (input dropped over the bound, output dropped for a slow
 reader) and its event-loop lag (``rtserve_event_loop_lag_seconds``). Only the server's losses
 fail the run.
 
     .venv/bin/python benchmarks/bench_soak.py                     # 10 minutes
     .venv/bin/python benchmarks/bench_soak.py --duration 120      # 2-minute smoke
+    .venv/bin/python benchmarks/bench_soak.py --input-backlog-ms 320   # the former 4-frame bound
 """
 
 from __future__ import annotations
@@ -79,9 +80,6 @@ WARMUP_S = 90.0
 LEFTOVER_GAUGES = ("rtserve_sessions_slots_in_use", "rtserve_lockstep_occupied_slots",
                    "rtserve_realtime_connections", "rtserve_robot_connections", "rtserve_moshi_open_connections")
 WAIT_S = 10.0
-# A chunk that left the load generator this late can be dropped by the server's input bound
-# even when the server kept time (less two frames: what may already stand in its backlog).
-CLIENT_HELD_S = LockstepConfig().max_input_backlog_ms / 1000 - 2 * PERIOD_S
 LOOP_PROBE_S = 0.05  # the load generator's own event-loop lag probe
 CLIENT_STALL_S = 0.25  # generator loop lags above this are listed
 SERVER_LAG_BUCKETS = ("0.32", "0.64", "1.28")  # rtserve_event_loop_lag_seconds buckets reported
@@ -96,7 +94,10 @@ class Load:
     counts: Counter[str] = field(default_factory=Counter)
     chunks_sent: int = 0
     chunks_lost: int = 0  # by the server
-    chunks_lost_client_held: int = 0  # sent more than CLIENT_HELD_S late by the load generator
+    # A chunk that left the load generator this late can be dropped by the server's input bound
+    # even when the server kept time (the bound less two frames: what may already stand there).
+    client_held_s: float = 0.0
+    chunks_lost_client_held: int = 0  # sent more than client_held_s late by the load generator
     send_lag_ms: list[float] = field(default_factory=list)  # every chunk: how late it left the generator
     client_stalls_ms: list[float] = field(default_factory=list)  # generator loop lags above CLIENT_STALL_S
 
@@ -181,7 +182,7 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                             echo.clear()
                             await echo.wait()
                 lost = set(range(seq)) - echoed
-                held = sum(send_lag[s] > CLIENT_HELD_S for s in lost)
+                held = sum(send_lag[s] > load.client_held_s for s in lost)
                 load.chunks_lost += len(lost) - held
                 load.chunks_lost_client_held += held
                 load.send_lag_ms.extend(1000 * lag for lag in send_lag)
@@ -313,9 +314,10 @@ class Churn:
 
 async def soak(args: argparse.Namespace) -> dict:
     slots = args.sessions + 16  # the steady sessions and the churn's
-    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots), "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots)},
+    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots), "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots),
+                            "RTSERVE_LOCKSTEP__MAX_INPUT_BACKLOG_MS": str(args.input_backlog_ms)},
                            name="bench_soak", workers=args.workers)
-    load = Load()
+    load = Load(client_held_s=args.input_backlog_ms / 1000 - 2 * PERIOD_S)
     samples: list[tuple[float, list[ProcessSample]]] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -422,10 +424,10 @@ def report(args: argparse.Namespace, load: Load, samples: list[tuple[float, list
         "counts": dict(load.counts) | {"duplex chunks sent": load.chunks_sent},
         "duplex_chunks_lost": load.chunks_lost,
         "duplex_chunks_lost_after_client_stall": load.chunks_lost_client_held,
-        "client_held_threshold_ms": round(1000 * CLIENT_HELD_S),
+        "client_held_threshold_ms": round(1000 * load.client_held_s),
         "client_send_lag_ms": {"p99": float(np.percentile(load.send_lag_ms, 99)) if load.send_lag_ms else 0.0,
                                "max": max(load.send_lag_ms, default=0.0),
-                               "over_threshold": sum(lag > 1000 * CLIENT_HELD_S for lag in load.send_lag_ms)},
+                               "over_threshold": sum(lag > 1000 * load.client_held_s for lag in load.send_lag_ms)},
         "client_loop_stalls_ms": sorted(load.client_stalls_ms, reverse=True)[:20],
         "client_loop_stall_count": len(load.client_stalls_ms),
         "errors": dict(load.errors.most_common()),
@@ -485,6 +487,8 @@ def main() -> int:
     parser.add_argument("--http-rps", type=float, default=5.0, help="HTTP requests per second")
     parser.add_argument("--churn-per-s", type=float, default=2.0, help="short connections per second")
     parser.add_argument("--workers", type=int, default=1, help="front-end worker processes of the server")
+    parser.add_argument("--input-backlog-ms", type=float, default=LockstepConfig().max_input_backlog_ms,
+                        help="the server's lockstep.max_input_backlog_ms")
     parser.add_argument("--sample-s", type=float, default=10.0, help="process sampling period")
     parser.add_argument("--settle-s", type=float, default=15.0,
                         help="after the load, how long the server may take to release everything")
