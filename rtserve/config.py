@@ -109,9 +109,11 @@ class LockstepConfig(_Section):
                                                              "came late), input dropped per tick at once, without the "
                                                              "trim window, while that audio stands above the cushion; "
                                                              "0 waits for the window")
-    output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
+    output_queue_frames: int = Field(16, ge=1, description="per-slot output frames awaiting their reader (socket "
                                                           "writer or session runner); drop-oldest audio beyond, "
-                                                          "text carried into the next frame")
+                                                          "text carried into the next frame; 16 frames of 80 ms "
+                                                          "outlast max_input_backlog_ms, so an event-loop stall "
+                                                          "that loses no input loses no output either")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
