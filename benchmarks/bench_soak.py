@@ -5,7 +5,8 @@ Load, all at once:
 
 * ``--sessions`` full-duplex sessions on ``WS /v1/realtime?duplex=1``, each sending one 80 ms
   PCM16 chunk every 80 ms on an absolute schedule; each chunk is numbered and the loopback
-  engine echoes it, so latency is measured per chunk and a chunk that never comes back is lost;
+  engine echoes it, so latency is measured per chunk and a chunk that never comes back is lost
+  (a session's last chunk is awaited, bounded, before the count);
 * ``--robots`` robots with the real ``openpi-client`` (``WebsocketClientPolicy``, one thread
   each) in a closed loop at ``--robot-hz``;
 * HTTP traffic at ``--http-rps``: ``/health``, ``/v1/models``, ``/metrics``, a chat completion
@@ -21,14 +22,26 @@ the end, per process; p99 latency of each traffic kind in the first and the last
 drift); lost chunks; errors by type (anything unexpected); and, once the load has stopped,
 what the server still holds (sessions, slots, connections: all must drop to zero).
 
+Lost chunks are told apart by where they were held up. The load generator is one process on
+the same loaded machine: when its event loop stalls, the chunks due meanwhile go out late, in
+a burst. A lost chunk that left the generator later than the server's input bound
+(``--input-backlog-ms``, the server's ``lockstep.max_input_backlog_ms``) less two frames could
+be pushed out by that bound however well the server kept time: it is counted as lost after a
+load-generator stall, and the generator's own loop stalls and send lag are reported. Every other lost chunk is the server's,
+and so are its engine counters (input dropped over the bound, output dropped for a slow
+reader) and its event-loop lag (``rtserve_event_loop_lag_seconds``). Only the server's losses
+fail the run.
+
     .venv/bin/python benchmarks/bench_soak.py                     # 10 minutes
     .venv/bin/python benchmarks/bench_soak.py --duration 120      # 2-minute smoke
+    .venv/bin/python benchmarks/bench_soak.py --input-backlog-ms 320   # the former 4-frame bound
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -57,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
+from rtserve.config import LockstepConfig  # noqa: E402
 from rtserve.engines.policy.demo import example_observation  # noqa: E402
 
 DRIFT_WINDOW_S = 60.0  # "first minute" vs "last minute" (a quarter of the run when shorter than 4 minutes)
@@ -65,8 +79,10 @@ DRIFT_WINDOW_S = 60.0  # "first minute" vs "last minute" (a quarter of the run w
 WARMUP_S = 90.0
 LEFTOVER_GAUGES = ("rtserve_sessions_slots_in_use", "rtserve_lockstep_occupied_slots",
                    "rtserve_realtime_connections", "rtserve_robot_connections", "rtserve_moshi_open_connections")
-DRAIN_S = 1.0
 WAIT_S = 10.0
+LOOP_PROBE_S = 0.05  # the load generator's own event-loop lag probe
+CLIENT_STALL_S = 0.25  # generator loop lags above this are listed
+SERVER_LAG_BUCKETS = ("0.32", "0.64", "1.28")  # rtserve_event_loop_lag_seconds buckets reported
 
 
 @dataclass
@@ -77,7 +93,13 @@ class Load:
     errors: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)
     chunks_sent: int = 0
-    chunks_lost: int = 0
+    chunks_lost: int = 0  # by the server
+    # A chunk that left the load generator this late can be dropped by the server's input bound
+    # even when the server kept time (the bound less two frames: what may already stand there).
+    client_held_s: float = 0.0
+    chunks_lost_client_held: int = 0  # sent more than client_held_s late by the load generator
+    send_lag_ms: list[float] = field(default_factory=list)  # every chunk: how late it left the generator
+    client_stalls_ms: list[float] = field(default_factory=list)  # generator loop lags above CLIENT_STALL_S
 
     def record(self, kind: str, started: float) -> None:
         now = time.monotonic()
@@ -117,6 +139,8 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
     while not stop.is_set():
         sent: dict[int, float] = {}
         echoed: set[int] = set()
+        echo = asyncio.Event()
+        send_lag: list[float] = []  # seconds, by seq
         try:
             async with http.ws_connect(url, max_msg_size=0) as ws:
                 created = json.loads((await asyncio.wait_for(ws.receive(), WAIT_S)).data)
@@ -133,6 +157,7 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                         if event["type"] == "response.output_audio.delta":
                             seqs = echoed_seqs(event["delta"])
                             echoed.update(seqs)
+                            echo.set()
                             if seqs and max(seqs) in sent:
                                 at = sent.pop(max(seqs))
                                 load.latency["duplex echo"].append((time.monotonic(), (time.monotonic() - at) * 1000))
@@ -145,12 +170,22 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                 seq, due = 0, loop.time() + phase
                 while not stop.is_set() and not receiver.done():
                     await asyncio.sleep(max(0.0, due - loop.time()))
+                    send_lag.append(loop.time() - due)
                     await ws.send_str(append_message(seq, FRAME))
                     sent[seq] = time.monotonic()
                     load.chunks_sent += 1
                     seq, due = seq + 1, due + PERIOD_S
-                await asyncio.sleep(DRAIN_S)
-                load.chunks_lost += len(set(range(seq)) - echoed)
+                # The echo is in order: once the last chunk is back, every other one is back or lost.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WAIT_S):
+                        while seq and seq - 1 not in echoed and not receiver.done():
+                            echo.clear()
+                            await echo.wait()
+                lost = set(range(seq)) - echoed
+                held = sum(send_lag[s] > load.client_held_s for s in lost)
+                load.chunks_lost += len(lost) - held
+                load.chunks_lost_client_held += held
+                load.send_lag_ms.extend(1000 * lag for lag in send_lag)
                 await ws.send_json({"type": "session.close"})  # frees the slot now, not after the resume grace
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
@@ -205,6 +240,16 @@ async def http_traffic(http: aiohttp.ClientSession, base: str, rps: float, load:
             load.errors[f"http {type(exc).__name__}"] += 1
         due += 1 / rps
         await asyncio.sleep(max(0.0, due - loop.time()))
+
+
+async def watch_loop(load: Load, stop: asyncio.Event) -> None:
+    """The load generator's own event-loop lag: how late a short timer fires."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + LOOP_PROBE_S
+        await asyncio.sleep(LOOP_PROBE_S)
+        if (lag := loop.time() - due) > CLIENT_STALL_S:
+            load.client_stalls_ms.append(1000 * lag)
 
 
 class Churn:
@@ -269,9 +314,10 @@ class Churn:
 
 async def soak(args: argparse.Namespace) -> dict:
     slots = args.sessions + 16  # the steady sessions and the churn's
-    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots), "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots)},
+    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots), "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots),
+                            "RTSERVE_LOCKSTEP__MAX_INPUT_BACKLOG_MS": str(args.input_backlog_ms)},
                            name="bench_soak", workers=args.workers)
-    load = Load()
+    load = Load(client_held_s=args.input_backlog_ms / 1000 - 2 * PERIOD_S)
     samples: list[tuple[float, list[ProcessSample]]] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -279,6 +325,7 @@ async def soak(args: argparse.Namespace) -> dict:
             ws_base = server.base.replace("http://", "ws://")
             stop, robots_stop = asyncio.Event(), threading.Event()
             counters_before, client_cpu_before = await scrape(http, server.base), time.process_time()
+            load_before = os.getloadavg()
             started = time.monotonic()
             samples.append((0.0, sample_processes(server)))
             tasks = [asyncio.create_task(duplex_session(http, ws_base + "/v1/realtime?duplex=1", load,
@@ -286,6 +333,7 @@ async def soak(args: argparse.Namespace) -> dict:
                      for i in range(args.sessions)]
             tasks.append(asyncio.create_task(http_traffic(http, server.base, args.http_rps, load, stop)))
             tasks.append(asyncio.create_task(Churn(http, ws_base, load).run(args.churn_per_s, stop)))
+            tasks.append(asyncio.create_task(watch_loop(load, stop)))
             threads = [threading.Thread(target=robot, args=(ws_base + "/v1/realtime/robot/openpi", i, args.robot_hz,
                                                               load, robots_stop), daemon=True)
                        for i in range(args.robots)]
@@ -297,6 +345,7 @@ async def soak(args: argparse.Namespace) -> dict:
                 print(f"  {samples[-1][0]:6.0f} s  rss {sum(p.rss_mib for p in samples[-1][1]):7.1f} MiB  "
                       f"fds {sum(p.fds for p in samples[-1][1]):4d}  errors {sum(load.errors.values())}", flush=True)
             client_cpu = (time.process_time() - client_cpu_before) / (time.monotonic() - started)
+            load_after = os.getloadavg()
             stop.set()
             robots_stop.set()
             await asyncio.gather(*tasks)
@@ -309,7 +358,21 @@ async def soak(args: argparse.Namespace) -> dict:
         server.stop()
     engine = {k.removeprefix("rtserve_lockstep_").removesuffix("_total"): counters_after.get(k, 0.0)
               - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS}
-    return report(args, load, samples, leftover) | {"engine_counters": engine, "client_cpu_pct": 100 * client_cpu}
+    return report(args, load, samples, leftover) | {
+        "engine_counters": engine, "client_cpu_pct": 100 * client_cpu,
+        "server_loop_lags_over_s": server_loop_lags(counters_before, counters_after),
+        "load_average_1_5_15": {"before": [round(v, 2) for v in load_before],
+                                "after": [round(v, 2) for v in load_after]}}
+
+
+def server_loop_lags(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How many of the server's 100 ms loop-lag probes (every process summed) fired later than each bound."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    name = "rtserve_event_loop_lag_seconds_bucket"
+    total = delta(f'{name}{{le="+Inf"}}')
+    return {bound: total - delta(f'{name}{{le="{bound}"}}') for bound in SERVER_LAG_BUCKETS}
 
 
 async def settle(http: aiohttp.ClientSession, base: str, within_s: float) -> dict[str, float]:
@@ -360,13 +423,20 @@ def report(args: argparse.Namespace, load: Load, samples: list[tuple[float, list
         "latency": {kind: p99_drift(points, run_start, args.duration) for kind, points in load.latency.items()},
         "counts": dict(load.counts) | {"duplex chunks sent": load.chunks_sent},
         "duplex_chunks_lost": load.chunks_lost,
+        "duplex_chunks_lost_after_client_stall": load.chunks_lost_client_held,
+        "client_held_threshold_ms": round(1000 * load.client_held_s),
+        "client_send_lag_ms": {"p99": float(np.percentile(load.send_lag_ms, 99)) if load.send_lag_ms else 0.0,
+                               "max": max(load.send_lag_ms, default=0.0),
+                               "over_threshold": sum(lag > 1000 * load.client_held_s for lag in load.send_lag_ms)},
+        "client_loop_stalls_ms": sorted(load.client_stalls_ms, reverse=True)[:20],
+        "client_loop_stall_count": len(load.client_stalls_ms),
         "errors": dict(load.errors.most_common()),
         "held_after_load": leftover,
     }
 
 
 def print_table(result: dict) -> None:
-    s = result["server"]
+    s, lag = result["server"], result["client_send_lag_ms"]
     rows = [
         ("server RSS start / after warm-up / end",
          f"{s['start']['rss_mib']} / {s['after_warmup']['rss_mib']} / {s['end']['rss_mib']} MiB"),
@@ -377,10 +447,25 @@ def print_table(result: dict) -> None:
         *[(f"{kind} p99 first / last {d['window_s']:.0f} s (p50, n)",
            f"{d['first_p99_ms']:.1f} / {d['last_p99_ms']:.1f} ms ({d['all_p50_ms']:.1f} ms, {d['count']})")
           for kind, d in result["latency"].items()],
-        ("duplex chunks sent / lost", f"{result['counts']['duplex chunks sent']} / {result['duplex_chunks_lost']}"),
-        ("engine: underruns / dropped in / overruns / trimmed input",
-         " / ".join(f"{result['engine_counters'][k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
-                                                                    "trimmed_input_samples"))),
+        ("duplex chunks sent / lost by the server", f"{result['counts']['duplex chunks sent']} / "
+                                                    f"{result['duplex_chunks_lost']}"),
+        (f"duplex chunks lost after a load-generator stall (sent > {result['client_held_threshold_ms']} ms late)",
+         f"{result['duplex_chunks_lost_after_client_stall']}"),
+        ("load generator: send lag p99 / max; chunks sent over that",
+         f"{lag['p99']:.1f} / {lag['max']:.0f} ms; {lag['over_threshold']}"),
+        (f"load generator: loop stalls > {CLIENT_STALL_S * 1000:.0f} ms (longest)",
+         f"{result['client_loop_stall_count']} ({max(result['client_loop_stalls_ms'], default=0):.0f} ms)"),
+        ("server: loop-lag probes later than " + " / ".join(f"{b} s" for b in SERVER_LAG_BUCKETS),
+         " / ".join(f"{v:.0f}" for v in result["server_loop_lags_over_s"].values())),
+        ("engine: underruns / dropped in / dropped out / overruns / catch-up / skipped",
+         " / ".join(f"{result['engine_counters'][k]:.0f}" for k in (
+             "underruns", "dropped_input_frames", "dropped_output_frames", "overruns", "catch_up_ticks",
+             "skipped_deadlines"))),
+        ("engine: input trimmed (repaid or drift-trimmed, quietest first)",
+         f"{result['engine_counters']['trimmed_input_samples'] / RATE:.1f} s of audio"),
+        ("machine load average 1/5/15 min before / after",
+         f"{' '.join(map(str, result['load_average_1_5_15']['before']))} / "
+         f"{' '.join(map(str, result['load_average_1_5_15']['after']))} ({os.cpu_count()} cores)"),
         ("load generator CPU (one core = 100 %)", f"{result['client_cpu_pct']:.0f} %"),
         ("errors", ", ".join(f"{k}: {v}" for k, v in result["errors"].items()) or "none"),
         ("held after the load stopped", ", ".join(f"{k.removeprefix('rtserve_')} {v:g}"
@@ -402,6 +487,8 @@ def main() -> int:
     parser.add_argument("--http-rps", type=float, default=5.0, help="HTTP requests per second")
     parser.add_argument("--churn-per-s", type=float, default=2.0, help="short connections per second")
     parser.add_argument("--workers", type=int, default=1, help="front-end worker processes of the server")
+    parser.add_argument("--input-backlog-ms", type=float, default=LockstepConfig().max_input_backlog_ms,
+                        help="the server's lockstep.max_input_backlog_ms")
     parser.add_argument("--sample-s", type=float, default=10.0, help="process sampling period")
     parser.add_argument("--settle-s", type=float, default=15.0,
                         help="after the load, how long the server may take to release everything")

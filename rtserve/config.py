@@ -96,7 +96,12 @@ class LockstepConfig(_Section):
     """The lockstep frame scheduler (engine.md §8.1, §8.7)."""
 
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
-    max_input_backlog_frames: int = Field(4, ge=1, description="drop-oldest beyond this many queued frames")
+    max_input_backlog_ms: float = Field(
+        1200.0, gt=0, description="input a slot may hold queued (at least one frame): enough for a stall of about "
+                                  "a second of the engine thread (its missed ticks are then caught up back to back, "
+                                  "at most this many ms of them) or of the event loop (a burst, brought back within "
+                                  "jitter_cushion_ms by underrun_repay_ms and drift_trim_ms); beyond it the oldest "
+                                  "input is dropped, counted and logged")
     latency_trim_window_frames: int | None = Field(
         25, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
                               "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
@@ -109,9 +114,11 @@ class LockstepConfig(_Section):
                                                              "came late), input dropped per tick at once, without the "
                                                              "trim window, while that audio stands above the cushion; "
                                                              "0 waits for the window")
-    output_queue_frames: int = Field(12, ge=1, description="per-slot output frames awaiting their reader (socket "
+    output_queue_frames: int = Field(16, ge=1, description="per-slot output frames awaiting their reader (socket "
                                                           "writer or session runner); drop-oldest audio beyond, "
-                                                          "text carried into the next frame")
+                                                          "text carried into the next frame; 16 frames of 80 ms "
+                                                          "outlast max_input_backlog_ms, so an event-loop stall "
+                                                          "that loses no input loses no output either")
     release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
                                                             "to free its slot")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",

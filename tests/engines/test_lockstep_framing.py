@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from lockstep_fakes import FRAME, frame, make_scheduler, metric
+from prometheus_client import CollectorRegistry
 
+from rtserve.config import LockstepConfig
+from rtserve.engines.lockstep import SlotLease
 from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff
 from rtserve.engines.protocols import FrameOutput
+
+CUSHION = round(LockstepConfig().jitter_cushion_ms * 100 / 1000)  # samples at the fakes' 100 Hz
 
 
 def ramp(start: int, count: int) -> np.ndarray:
@@ -43,7 +49,7 @@ def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first()
 
 
 def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
-    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=2, cushion=FRAME, trim_samples=2)
+    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=2, cushion=FRAME, trim_samples=2)
     loud = np.full(3 * FRAME, 0.5, np.float32)
     loud[FRAME + 4:FRAME + 6] = 0.001  # a quiet spot in the standing backlog
     backlog.push(loud)
@@ -124,7 +130,7 @@ def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() 
     and its successor stand. The standing frame is latency the server added; it goes within
     a few ticks (repay) instead of standing for the whole trim window."""
     quarter = FRAME // 4
-    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=25, cushion=0, trim_samples=1, repay_samples=quarter)
+    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=quarter)
     row = np.empty(FRAME, np.float32)
     backlog.push(np.full(FRAME, 0.5, np.float32))
     assert backlog.take_into(row) == (FRAME, 0)
@@ -139,7 +145,7 @@ def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() 
 
 
 def test_a_client_pause_is_not_a_debt_for_its_next_burst() -> None:
-    backlog = InputBacklog(FRAME, limit_frames=8, trim_window=25, cushion=0, trim_samples=1, repay_samples=FRAME)
+    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=FRAME)
     row = np.empty(FRAME, np.float32)
     backlog.push(np.full(FRAME, 0.5, np.float32))
     backlog.take_into(row)
@@ -149,3 +155,70 @@ def test_a_client_pause_is_not_a_debt_for_its_next_burst() -> None:
     assert backlog.take_into(row) == (FRAME, 0)  # stood within the cushion: the debt is gone
     backlog.push(np.full(3 * FRAME, 0.5, np.float32))  # a later burst is the client's own
     assert backlog.take_into(row) == (FRAME, 0)
+
+
+def spoken(value: float) -> np.ndarray:
+    """A frame of "speech": six loud samples worth ``value``, then a two-sample pause."""
+    out = np.full(FRAME, value, np.float32)
+    out[-2:] = 0.001
+    return out
+
+
+def run_stalled_event_loop(stall_ticks: int) -> tuple[SlotLease, list[np.ndarray], list[int], CollectorRegistry]:
+    """Default config: a client sending frame k (``spoken(k)``) every tick whose frames 10 ..
+    10 + stall_ticks - 1 are held up by a stalled event loop and pushed at once after it; the
+    engine thread kept ticking meanwhile (silence). Returns the lease, every stepped frame and
+    the backlog after each tick."""
+    scheduler, _, registry = make_scheduler()
+    lease = scheduler.acquire(session_id="s1")
+    scheduler.tick()  # opens the slot
+    lease.output.pop()
+    stepped: list[np.ndarray] = []
+    standing: list[int] = []
+    for tick in range(1, 120):
+        if tick < 10 or tick >= 10 + stall_ticks:
+            for k in range(10, 10 + stall_ticks + 1) if tick == 10 + stall_ticks else (tick,):
+                lease.push_samples(spoken(float(k)))
+        scheduler.tick()
+        stepped.append(lease.output.pop()[0].audio)
+        standing.append(len(lease.input))
+    return lease, stepped, standing, registry
+
+
+def test_a_burst_after_a_one_second_event_loop_stall_loses_no_speech_and_its_latency_is_repaid() -> None:
+    """The loop stalls for 12 ticks (960 ms) while the engine thread steps silence, then delivers
+    the held-up frames at once. None of them is dropped; the standing second is repaid from the
+    pauses (quietest samples) within a few seconds instead of standing for the session."""
+    lease, stepped, standing, registry = run_stalled_event_loop(12)
+
+    assert lease.samples_dropped == 0 and lease.samples_discarded == 0
+    assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == 0
+    audio = np.concatenate(stepped)
+    loud = audio[audio > 0.5]
+    # Every loud sample of every frame was stepped, once, in order: only pauses were trimmed.
+    np.testing.assert_array_equal(loud, np.repeat(np.arange(1.0, 120.0, dtype=np.float32), FRAME - 2))
+    assert lease.samples_trimmed == 12 * FRAME - CUSHION  # the standing burst, from pauses only
+    assert metric(registry, "rtserve_lockstep_trimmed_input_samples_total") == lease.samples_trimmed
+    assert max(standing) > 11 * FRAME  # the burst stood...
+    back = next(i for i, n in enumerate(standing) if i > 22 and n <= CUSHION)
+    assert back <= 22 + 50  # ...and was repaid at underrun_repay_ms a tick (4 s here), not drift-trimmed for 16 s
+    assert all(n <= CUSHION for n in standing[back:])
+
+
+def test_input_beyond_the_backlog_bound_is_dropped_oldest_first_counted_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A 2 s stall: more than the default 1.2 s bound arrives at once. The oldest part goes,
+    never silently: counted per session and in the metric, and logged with the session id."""
+    lease, stepped, _, registry = run_stalled_event_loop(25)
+
+    limit = round(LockstepConfig().max_input_backlog_ms * 100 / 1000)
+    dropped = 26 * FRAME - limit  # frames 10..35 arrived at once
+    assert lease.samples_dropped == lease.samples_discarded == dropped
+    assert metric(registry, "rtserve_lockstep_dropped_input_frames_total") == dropped / FRAME
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "backlog bound" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].session_id == "s1"
+    assert "dropped" in warnings[0].getMessage()
+    audio = np.concatenate(stepped)
+    loud = audio[audio > 0.5]
+    assert np.all(np.diff(loud) >= 0)  # what is left is in order
+    assert set(np.unique(loud)) == set(np.arange(1.0, 120.0)) - set(np.arange(10.0, 10.0 + dropped // FRAME))

@@ -40,7 +40,7 @@ def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
 
 
 def test_backlog_cap_drops_oldest_frames_and_counts_them() -> None:
-    scheduler, model, registry = make_scheduler(max_input_backlog_frames=3)
+    scheduler, model, registry = make_scheduler(max_input_backlog_ms=3 * 80)
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(float(v)) for v in range(5)]))
     for _ in range(4):
@@ -230,6 +230,20 @@ def test_slow_reader_loses_the_oldest_output_not_the_newest() -> None:
     assert [float(out.audio[0]) for out, _ in drain(lease)] == [3.0, 4.0]
     assert lease.dropped_output_frames == 2
     assert metric(registry, "rtserve_lockstep_dropped_output_frames_total") == 2
+
+
+def test_an_event_loop_stall_the_input_bound_absorbs_loses_no_output() -> None:
+    """Default config: the loop (the output's reader) stalls for as long as the input backlog
+    bound lasts while the engine thread keeps ticking; every frame is still there to read."""
+    scheduler, _, registry = make_scheduler()
+    lease = scheduler.acquire()
+    stall_ticks = scheduler.input_backlog_samples // FRAME
+    lease.push_samples(np.concatenate([frame(float(v)) for v in range(1, stall_ticks + 1)]))
+    for _ in range(stall_ticks):
+        scheduler.tick()
+    assert [float(out.audio[0]) for out, _ in drain(lease)] == [float(v) for v in range(1, stall_ticks + 1)]
+    assert lease.dropped_output_frames == 0
+    assert metric(registry, "rtserve_lockstep_dropped_output_frames_total") == 0
 
 
 def test_a_failing_step_fails_its_sessions_and_the_engine_keeps_serving() -> None:

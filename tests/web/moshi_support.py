@@ -30,11 +30,11 @@ WAIT_S = 10.0  # bound on every wait in these tests
 
 
 def moshi_config(config: ServerConfig, *, batch_size: int = 4, delay_frames: int = 1,
-                 backlog_frames: int = 4, **moshi: object) -> ServerConfig:
+                 backlog_ms: float = 320.0, **moshi: object) -> ServerConfig:
     return config.model_copy(update={
         "engine": "loopback",
         "lockstep": config.lockstep.model_copy(update={
-            "batch_size": batch_size, "max_input_backlog_frames": backlog_frames}),
+            "batch_size": batch_size, "max_input_backlog_ms": backlog_ms}),
         "reference": config.reference.model_copy(update={"loopback_delay_frames": delay_frames}),
         "moshi": config.moshi.model_copy(update=moshi),
     })

@@ -26,7 +26,7 @@ OPUS_DELAY_TOLERANCE = 1200  # samples (50 ms)
 @pytest.mark.engine_clock
 async def test_echo_comes_back_frame_aligned_after_the_loopback_delay(config: ServerConfig) -> None:
     delay_frames, frames = 2, 25
-    config = moshi_config(config, delay_frames=delay_frames, backlog_frames=64)
+    config = moshi_config(config, delay_frames=delay_frames, backlog_ms=64 * 80)
     registry = CollectorRegistry()
     clock = HeldTickClock()
     engine = held_loopback_engine(config, registry, clock)
@@ -99,7 +99,7 @@ async def test_capacity_plus_one_is_closed_with_1013_until_a_slot_frees(config: 
 
 
 async def test_malformed_ogg_closes_that_connection_only(config: ServerConfig) -> None:
-    config = moshi_config(config, delay_frames=0, backlog_frames=64)
+    config = moshi_config(config, delay_frames=0, backlog_ms=64 * 80)
     first, second = noise_signal(10, seed=1), noise_signal(20, seed=2)
     async with moshi_server(config) as server, aiohttp.ClientSession() as http:
         async with http.ws_connect(server.ws_url(CHAT)) as good_ws, http.ws_connect(server.ws_url(CHAT)) as bad_ws:

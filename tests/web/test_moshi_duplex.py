@@ -29,7 +29,7 @@ async def next_json(ws: aiohttp.ClientWebSocketResponse) -> dict:
 
 async def test_open_ready_pcm_close_flushes_the_tail_then_done(config: ServerConfig) -> None:
     # No grace period: 'close' drains explicitly (tail stepped, the loopback's delayed answer read).
-    config = moshi_config(config, delay_frames=1, backlog_frames=64)
+    config = moshi_config(config, delay_frames=1, backlog_ms=64 * 80)
     signal = noise_signal(3, seed=4)[:int(2.5 * FRAME)]  # two and a half frames
     async with moshi_server(config) as server, aiohttp.ClientSession() as http:
         async with http.ws_connect(server.ws_url(DUPLEX)) as ws:
@@ -139,7 +139,7 @@ async def test_shutdown_closes_duplex_connections_with_1001(config: ServerConfig
 
 
 async def test_an_engine_at_another_rate_is_resampled_both_ways(config: ServerConfig) -> None:
-    config = moshi_config(config, delay_frames=0, backlog_frames=64)
+    config = moshi_config(config, delay_frames=0, backlog_ms=64 * 80)
     registry = CollectorRegistry()
     model = LoopbackModel(batch_size=2, delay_frames=0, frame_size=1280, sample_rate=16_000)  # 80 ms at 16 kHz
     engine = LockstepSessionEngine("loopback16k", model, config, registry, supports_text_output=False)

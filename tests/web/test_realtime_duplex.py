@@ -89,6 +89,18 @@ async def test_duplex_control_events_and_client_close(config: ServerConfig) -> N
     assert all(e["epoch"] == 0 for e in tail)  # duplex events carry the epoch
 
 
+async def test_a_second_of_audio_arriving_at_once_is_echoed_whole_and_in_order(config: ServerConfig) -> None:
+    """A client (or its network, or the server's event loop) held up for a second, then the held
+    audio arriving at once: within lockstep.max_input_backlog_ms nothing is dropped."""
+    async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(ws_url(base, duplex="1")) as ws:
+            await receive_event(ws)
+            for tag in range(1, 13):  # 12 frames of 80 ms, back to back
+                await ws.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(tag))})
+            seen = await read_until(ws, lambda e: 12 in echoed_tags([e]))
+    assert echoed_tags(seen) == list(range(1, 13))
+
+
 async def test_resume_replays_what_the_client_missed_and_rotates_the_token(config: ServerConfig) -> None:
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         first = await http.ws_connect(ws_url(base, duplex="1"))

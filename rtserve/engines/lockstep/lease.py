@@ -9,6 +9,8 @@ thread boundary (engine.md, "lockstep slot tables").
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -21,12 +23,18 @@ from rtserve.engines.protocols import EngineFailure, FrameOutput
 if TYPE_CHECKING:
     from rtserve.engines.lockstep.scheduler import LockstepScheduler
 
+log = logging.getLogger(__name__)
+
+# Input dropped over the backlog bound is logged at once, then at most once per interval per slot.
+_DROP_LOG_INTERVAL_S = 5.0
+
 
 class SlotLease:
     """A session's hold on one slot.
 
-    Loop-side methods never block. Counters have one writer each: ``samples_pushed`` and
-    ``samples_discarded`` the loop; ``samples_consumed`` (stepped or trimmed),
+    Loop-side methods never block. Counters have one writer each: ``samples_pushed``,
+    ``samples_discarded`` (cleared, or dropped over the backlog bound) and ``samples_dropped``
+    (over the bound) the loop; ``samples_consumed`` (stepped or trimmed),
     ``samples_trimmed``, ``ticks_stepped``, ``last_input_tick``, ``underruns`` and
     ``dropped_output_frames`` the engine thread. The async methods need the lease to have
     been acquired on a running loop.
@@ -40,7 +48,7 @@ class SlotLease:
         self.loop = loop
         self.epoch = 0
         rate = scheduler.sample_rate
-        self.input = InputBacklog(scheduler.frame_size, config.max_input_backlog_frames,
+        self.input = InputBacklog(scheduler.frame_size, scheduler.input_backlog_samples,
                                   config.latency_trim_window_frames, round(config.jitter_cushion_ms * rate / 1000),
                                   max(1, round(config.drift_trim_ms * rate / 1000)),
                                   round(config.underrun_repay_ms * rate / 1000))
@@ -48,6 +56,7 @@ class SlotLease:
         self.released = False
         self.samples_pushed = 0
         self.samples_discarded = 0
+        self.samples_dropped = 0  # over the backlog bound (part of samples_discarded)
         self.samples_consumed = 0
         self.samples_trimmed = 0
         self.ticks_stepped = 0
@@ -55,6 +64,8 @@ class SlotLease:
         self.underruns = 0
         self.dropped_output_frames = 0
         self._changed = asyncio.Event()
+        self._last_drop_log = -float("inf")
+        self._unlogged_drop = 0
 
     @property
     def scheduler(self) -> LockstepScheduler:
@@ -65,7 +76,8 @@ class SlotLease:
         return self._scheduler.phase_of(self)
 
     def push_samples(self, samples: np.ndarray) -> None:
-        """Queue float32 mono samples of any length; beyond the backlog cap the oldest are dropped."""
+        """Queue float32 mono samples of any length; beyond the backlog bound the oldest are
+        dropped, counted (``rtserve_lockstep_dropped_input_frames``) and logged."""
         if self.released or not samples.size:
             return
         if samples.ndim != 1 or samples.dtype != np.float32:
@@ -73,14 +85,27 @@ class SlotLease:
         dropped = self.input.push(samples)
         self.samples_pushed += samples.size
         if dropped:
-            self._discard(dropped)
+            self.samples_discarded += dropped
+            self.samples_dropped += dropped
+            self._scheduler.metrics.dropped_input_frames.inc(dropped / self._scheduler.frame_size)
+            self._report_drop(dropped)
 
     def clear_input(self) -> None:
-        self._discard(self.input.clear())
+        self.samples_discarded += self.input.clear()
 
-    def _discard(self, count: int) -> None:
-        self.samples_discarded += count
-        self._scheduler.metrics.dropped_input_frames.inc(count / self._scheduler.frame_size)
+    def _report_drop(self, count: int) -> None:
+        self._unlogged_drop += count
+        now = time.monotonic()
+        if now - self._last_drop_log < _DROP_LOG_INTERVAL_S:
+            return
+        rate = self._scheduler.sample_rate
+        log.warning("%s slot %d: input arrived faster than the engine stepped it; %.0f ms of the oldest audio "
+                    "went over the %.0f ms backlog bound and was dropped (%.0f ms in this session)",
+                    self._scheduler.name, self.slot, self._unlogged_drop * 1000 / rate,
+                    self.input.limit * 1000 / rate, self.samples_dropped * 1000 / rate,
+                    extra={"session_id": self.session_id})
+        self._last_drop_log = now
+        self._unlogged_drop = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""

@@ -31,7 +31,8 @@ class LockstepMetrics:
             "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input",
             registry=registry)
         self.dropped_input_frames = Counter(
-            "rtserve_lockstep_dropped_input_frames", "Input dropped (oldest first) over the backlog cap, in frames' worth of samples",
+            "rtserve_lockstep_dropped_input_frames", "Input dropped (oldest first) over the backlog bound "
+            "(max_input_backlog_ms), in frames' worth of samples",
             registry=registry)
         self.trimmed_input_samples = Counter(
             "rtserve_lockstep_trimmed_input_samples", "Quietest queued input samples dropped (drift_trim_ms a "
@@ -47,7 +48,7 @@ class LockstepMetrics:
             "deadline had passed (consuming input queued during an overrun)", registry=registry)
         self.skipped_deadlines = Counter(
             "rtserve_lockstep_skipped_deadlines", "Tick deadlines given up for being more than "
-            "max_input_backlog_frames behind (their input frames were dropped by the backlog cap)",
+            "max_input_backlog_ms behind (their input was dropped by the backlog bound)",
             registry=registry)
         self.engine_failures = Counter(
             "rtserve_lockstep_engine_failures", "Model calls that raised (sessions involved were failed)",

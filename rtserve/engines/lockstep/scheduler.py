@@ -20,8 +20,9 @@ Ticks are paced by ``TickPacer`` on a drift-free grid (tick n due at start + n *
 period). After an overrun the missed ticks run back to back, because clients kept
 sending a frame per period meanwhile: each catch-up tick consumes one of those frames,
 so an overrun is measured and logged but never turns into lasting input latency. The
-pacer never chases more than ``max_input_backlog_frames`` deadlines (the backlog cap
-dropped older frames anyway); deadlines beyond that are skipped and counted.
+pacer never chases more deadlines than the input backlog holds frames
+(``max_input_backlog_ms``: the backlog bound dropped older input anyway); deadlines beyond
+that are skipped and counted.
 Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
 lateness are metrics; overruns and skips also log a rate-limited warning. Admission
 (``acquire``) answers at once: a lease, or ``CapacityExhausted``.
@@ -76,7 +77,7 @@ class TickReport:
     overrun_s: float  # how much longer than one period the tick took; 0 within budget
     catch_up: bool  # ran back to back after the previous tick because its deadline had passed
     behind: int  # deadlines already passed when it ended, to be caught up back to back
-    skipped: int  # deadlines given up when it ended (more than max_input_backlog_frames behind)
+    skipped: int  # deadlines given up when it ended (more than the input backlog's frames behind)
 
     @property
     def lateness_s(self) -> float:
@@ -141,6 +142,10 @@ class LockstepScheduler:
         # line); optional on models, 0 when not declared. Drains wait for that output too.
         self.output_delay_frames: int = getattr(model, "output_delay_frames", 0)
         self.period_s = model.frame_size / model.sample_rate
+        # Every slot's input bound (at least a frame); the pacer catches up at most its whole frames.
+        self.input_backlog_samples = max(model.frame_size,
+                                         round(config.max_input_backlog_ms * model.sample_rate / 1000))
+        self.catch_up_frames = self.input_backlog_samples // model.frame_size
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
         self._clock = clock or SystemTickClock()
@@ -255,7 +260,7 @@ class LockstepScheduler:
             self._shut_down(EngineFailure("engine_error", "the engine failed"))
 
     def _loop(self) -> None:
-        pacer = TickPacer(self._clock, self.period_s, self._config.max_input_backlog_frames)
+        pacer = TickPacer(self._clock, self.period_s, self.catch_up_frames)
         scheduled = False
         while True:
             with self._cond:
@@ -303,7 +308,7 @@ class LockstepScheduler:
         log.warning("%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
                     "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
                     "last report)", self.name, outcome.duration_s * 1e3, self.period_s * 1e3,
-                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self._config.max_input_backlog_frames,
+                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self.catch_up_frames,
                     self._unlogged_overruns)
         self._last_overrun_log = now
         self._unlogged_overruns = 0

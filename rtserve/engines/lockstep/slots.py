@@ -33,7 +33,10 @@ class InputBacklog:
     Transports push samples of any length; each tick ``take_into`` takes what arrived: a
     whole frame (oldest samples first) when there is one, else the partial frame padded
     with silence at its start, so the newest samples end at the tick (20 ms packets wait
-    one packet, not a frame). Capped at ``limit_frames`` frames by dropping the oldest.
+    one packet, not a frame). Capped at ``limit`` samples (at least a frame) by dropping the
+    oldest: the cap is sized to hold what a stall of about a second leaves queued, so a stalled
+    engine thread or event loop delays a user's audio instead of losing it; ``push`` returns what
+    went over it.
 
     With ``trim_window`` set it also absorbs jitter and clock drift. A late packet, a burst
     after a stall, or a client slightly faster than the engine leaves samples standing after
@@ -47,19 +50,22 @@ class InputBacklog:
     when the late audio then stands above the cushion it is latency the server added, not the
     client's drift, so up to ``repay_samples`` of the quietest queued samples go at every tick
     at once, without waiting out the window, until the debt is repaid or the backlog is back
-    within the cushion (a packet a few ms late then costs a few ticks of extra latency). Debt
-    starts once a whole frame was taken on time (silence before a stream's first audio is no
-    debt) and is cleared by the next such take: later bursts are the client's own.
+    within the cushion (a packet a few ms late then costs a few ticks of extra latency; a burst
+    after a stall of the event loop, whose every tick stepped silence, is repaid the same way, at
+    ``repay_samples`` a tick). Debt starts once a whole frame was taken on time (silence before a
+    stream's first audio is no debt), is capped at the backlog limit, and is cleared by the next
+    such take: a client pause followed by an on-time stream leaves none, later bursts are the
+    client's own.
     """
 
-    def __init__(self, frame_size: int, limit_frames: int, trim_window: int | None = None, cushion: int = 0,
+    def __init__(self, frame_size: int, limit: int, trim_window: int | None = None, cushion: int = 0,
                  trim_samples: int = 0, repay_samples: int = 0) -> None:
-        if frame_size < 1 or limit_frames < 1:
-            raise ValueError("frame size and input backlog limit must be >= 1")
+        if frame_size < 1 or limit < frame_size:
+            raise ValueError("frame size must be >= 1 and the input backlog limit at least one frame")
         if trim_window is not None and trim_window < 1:
             raise ValueError("trim window must be >= 1 frame")
         self.frame_size = frame_size
-        self.limit = limit_frames * frame_size  # samples
+        self.limit = limit  # samples
         self.trim_window = trim_window
         self.cushion = cushion  # samples
         self.trim_samples = trim_samples
@@ -98,13 +104,13 @@ class InputBacklog:
             if taken == frame and self._size <= self.cushion:
                 self._in_cadence = True
                 self._silence_debt = 0  # on time again: later bursts are the client's own
-            elif self._in_cadence:  # capped at a frame: a late packet, not a pause in the stream
-                self._silence_debt = min(frame, self._silence_debt + frame - taken)
+            elif self._in_cadence:  # a late packet, or every tick of a stall
+                self._silence_debt = min(self.limit, self._silence_debt + frame - taken)
             trimmed = self._trim_standing_latency_locked() if self.trim_window is not None else 0
         return taken, trimmed
 
     def _shift_locked(self, count: int) -> None:
-        # numpy copes with the overlap; at most limit_frames frames are moved per take.
+        # numpy copes with the overlap; at most ``limit`` samples are moved per take.
         self._buf[:self._size - count] = self._buf[count:self._size]
         self._size -= count
 

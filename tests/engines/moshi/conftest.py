@@ -34,7 +34,7 @@ def moshi_config(config: ServerConfig, weights: Path) -> ServerConfig:
     """``--engine moshi`` on the tiny checkpoint: two slots, greedy, room for a burst of input."""
     return config.model_copy(update={
         "engine": "moshi",
-        "lockstep": config.lockstep.model_copy(update={"max_input_backlog_frames": 64}),
+        "lockstep": config.lockstep.model_copy(update={"max_input_backlog_ms": 64 * 80}),
         "moshi_engine": config.moshi_engine.model_copy(update={
             "weights": str(weights), "batch_size": 2, "use_sampling": False}),
     })
