@@ -1,17 +1,21 @@
 """The vLLM engine where no vLLM runs: selecting it without its server's address or model is a
 startup error naming the field; a server that never answers makes it unavailable (typed,
-saying where it looked) instead of hanging. Against a real vLLM: ``tests/vllm_lane``."""
+saying where it looked) instead of hanging, and /health says so. Against a real vLLM:
+``tests/vllm_lane``."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
+import aiohttp
 import pytest
 
 from rtserve.app import build_app
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
+from tests.support import serve_app
 from tests.web.http_support import TurnEnginesSessionDouble
 
 
@@ -54,3 +58,24 @@ async def test_a_server_that_never_answers_leaves_the_engine_unavailable(config:
     with pytest.raises(EngineError) as refused:
         await anext(engine.generate(messages, SamplingParams()))
     assert refused.value.code == "model_unavailable" and f"127.0.0.1:{port}" in refused.value.message
+
+
+async def test_health_waits_for_the_vllm_server_and_says_when_it_failed(config: ServerConfig) -> None:
+    """Chat on vLLM is part of what the server serves: /health is not ok before vLLM is."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config.engine = "loopback"
+    config.http.text_engine = "vllm"
+    config.http.vllm.url, config.http.vllm.model = f"http://127.0.0.1:{port}", "m"
+    config.http.vllm.startup_timeout_s = 0.5
+    seen = []
+    async with serve_app(build_app(config)) as base, aiohttp.ClientSession() as http:
+        for _ in range(200):  # the loopback engine is up at once; vLLM never answers
+            async with http.get(f"{base}/health") as response:
+                seen.append((response.status, (await response.json())["status"]))
+            if seen[-1][1] == "failed":
+                break
+            await asyncio.sleep(0.05)
+    assert set(seen) == {(503, "starting"), (503, "failed")} or set(seen) == {(503, "failed")}
+    assert seen[-1] == (503, "failed")
