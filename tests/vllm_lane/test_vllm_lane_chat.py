@@ -26,9 +26,9 @@ from tests.web.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 pytestmark = pytest.mark.slow
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+TIME_SCHEMA = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
 TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "Get the current time in a time zone",
-                                              "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
-                                                             "required": ["zone"]}}}
+                                              "parameters": TIME_SCHEMA}}
 READY_TIMEOUT_S = 120  # the app waits for vLLM's /v1/models (vLLM is already up)
 
 
@@ -82,7 +82,8 @@ async def test_batch_route_answers_each_conversation(vllm_config: ServerConfig) 
 async def test_forced_function_call_has_arguments_following_the_schema(client: openai.AsyncOpenAI) -> None:
     reply = await client.chat.completions.create(
         model="smollm2-135m-instruct", messages=[{"role": "user", "content": QUESTION}], temperature=0,
-        max_tokens=200, tools=[CHAT_TOOL, TIME_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        max_tokens=200, tools=[CHAT_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -99,7 +100,7 @@ async def test_required_call_streams_and_names_one_of_the_tools(client: openai.A
     names = [c.function.name for c in calls if c.function.name]
     arguments = json.loads("".join(c.function.arguments or "" for c in calls))
     assert len(names) == 1 and {c.index for c in calls} == {0}
-    schema = WEATHER_SCHEMA if names[0] == "get_weather" else TIME_TOOL["function"]["parameters"]
+    schema = WEATHER_SCHEMA if names[0] == "get_weather" else TIME_SCHEMA
     jsonschema.validate(arguments, schema)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
