@@ -1,8 +1,8 @@
 """``/v1/chat/completions`` through rtserve with ``http.text_engine: vllm``, against a real
 vLLM server on CPU (``conftest.vllm_server``) serving SmolLM2-135M-Instruct, driven by the
-official ``openai`` SDK: plain and streamed replies, concurrent requests (vLLM batches
-them), forced function calls decoded by vLLM under the tool's schema, a call's result
-continuing the conversation, vLLM's refusals as typed errors. The session engine is
+official ``openai`` SDK: plain and streamed replies, concurrent requests (batched: vLLM's
+step counter says so), forced function calls decoded by vLLM under the tool's schema, a
+call's result continuing the conversation, vLLM's refusals as typed errors. The session engine is
 ``loopback``, which has no LLM: every answer here comes from vLLM."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from vllm_lane_support import VllmServer, vllm_metrics
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
@@ -59,11 +60,20 @@ async def test_streamed_reply_arrives_in_pieces_then_usage(client: openai.AsyncO
     assert 0 < chunks[-1].usage.completion_tokens <= 24 and chunks[-1].usage.prompt_tokens > 10
 
 
-async def test_concurrent_requests_are_all_answered(client: openai.AsyncOpenAI) -> None:
+async def test_concurrent_requests_are_batched_and_all_answered(client: openai.AsyncOpenAI,
+                                                                 vllm_server: VllmServer) -> None:
+    before = await vllm_metrics(vllm_server)
     replies = await asyncio.gather(*(client.chat.completions.create(
         model="smollm2-135m-instruct", messages=CAPITAL, temperature=0, max_tokens=24) for _ in range(8)))
+    after = await vllm_metrics(vllm_server)
     assert all("Paris" in r.choices[0].message.content for r in replies)
     assert len({r.id for r in replies}) == 8
+    # One request at a time, every engine step would yield at most one token: fewer steps than
+    # tokens means steps that decoded several requests at once.
+    steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
+    tokens = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert tokens == sum(r.usage.completion_tokens for r in replies)
+    assert steps < tokens
 
 
 async def test_batch_route_answers_each_conversation(vllm_config: ServerConfig) -> None:

@@ -16,8 +16,16 @@ class VllmServer:
     log: Path
 
 
-async def vllm_requests(server: VllmServer) -> float:
-    """Requests vLLM finished (its Prometheus counter, summed over finish reasons)."""
+async def vllm_metrics(server: VllmServer) -> dict[str, float]:
+    """vLLM's Prometheus samples by name, summed over their labels."""
     async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as response:
         text = await response.text()
-    return sum(float(m) for m in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+    totals: dict[str, float] = {}
+    for name, value in re.findall(r"^(vllm:[a-z_:]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+async def vllm_requests(server: VllmServer) -> float:
+    """Requests vLLM finished (every finish reason)."""
+    return (await vllm_metrics(server))["vllm:request_success_total"]
