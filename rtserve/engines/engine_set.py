@@ -37,7 +37,7 @@ class EngineSet:
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
         self.turn_engines = lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine,
                                                                                tts=lent.tts)
-        self.failure: str | None = None  # why the session engine could not start: /health says it
+        self.failure: str | None = None  # why an engine (session, or vLLM text) could not start: /health says it
         self.policy_batcher: PolicyBatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_loading: asyncio.Task[PolicyBatcher | None] | None = None
@@ -46,7 +46,8 @@ class EngineSet:
 
     @property
     def ready(self) -> bool:
-        return self.session_engine.ready
+        """The session engine serves, and so does the text engine (vLLM) where one is configured."""
+        return self.session_engine.ready and (self._text_engine is None or self._text_engine.ready)
 
     @property
     def policy_configured(self) -> bool:
@@ -82,7 +83,7 @@ class EngineSet:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._text_engine is not None:
-            await self._text_engine.stop()
+            self._text_engine.stop()
         if self._policy_loading is not None:
             self._policy_loading.cancel()  # a cancelled wait leaves a still-running load thread to finish alone
             await asyncio.gather(self._policy_loading, return_exceptions=True)
@@ -132,8 +133,10 @@ class EngineSet:
         assert self._text_engine is not None
         try:
             await self._text_engine.start()
-        except Exception:  # chat keeps answering 503 model_not_ready; the log says why
+        except Exception as exc:  # chat answers 503 model_unavailable, saying why; /health says failed
+            self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("vLLM text engine failed to start")
+        self._changed()
 
     async def _load_policy(self) -> PolicyBatcher | None:
         robot = self.config.robot

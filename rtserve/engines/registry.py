@@ -1,6 +1,6 @@
 """Every engine the app runs is built here: the session engine by name, the optional text
 engine, the robot policy. Factories are imported lazily so an engine's heavy dependencies
-(torch, model wheels, vLLM) load only when that engine is selected."""
+(torch, model wheels) load only when that engine is selected."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def create_text_engine(config: ServerConfig) -> VllmTextEngine | None:
     """The separate text engine behind chat (``http.text_engine``); None = the session engine's own LLM."""
     if config.http.text_engine == "session":
         return None
-    from rtserve.engines.vllm_engine import VllmTextEngine  # vLLM itself is imported only at start
+    from rtserve.engines.vllm_engine import VllmTextEngine
 
-    return VllmTextEngine(config.http.vllm)  # ConfigError here when vllm is missing
+    return VllmTextEngine(config.http.vllm)  # ConfigError here without the server's url or model
 
 
 def load_policy_batcher(config: RobotConfig, registry: CollectorRegistry) -> PolicyBatcher:

@@ -35,21 +35,27 @@ def arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """``tools`` as chat templates (transformers, vLLM) take them: OpenAI's chat shape."""
+def openai_tools(tools: Sequence[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:
+    """``tools`` as chat templates (transformers, vLLM) take them: OpenAI's chat shape.
+    ``strict``: OpenAI's strict mode, the arguments constrained to ``arguments_schema``."""
+    if strict:
+        return [{"type": "function", "function": {"name": t.name, "description": t.description, "strict": True,
+                                                  "parameters": arguments_schema(t)}} for t in tools]
     return [{"type": "function", "function": {"name": t.name, "description": t.description,
                                               "parameters": dict(t.parameters)}} for t in tools]
 
 
-def openai_turns(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def openai_turns(messages: Sequence[ChatMessage], *, arguments_as_text: bool = False) -> list[dict[str, Any]]:
     """Messages as chat templates that know tools take them: assistant ``tool_calls`` with
-    their arguments parsed (templates index them), ``tool`` turns with ``tool_call_id``."""
+    their arguments parsed (templates index them), ``tool`` turns with ``tool_call_id``.
+    ``arguments_as_text``: the arguments as the JSON text they are (the OpenAI HTTP wire)."""
     turns = []
     for m in messages:
         turn: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
             turn["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                   "function": {"name": c.name, "arguments": _parsed(c.arguments)}}
+                                   "function": {"name": c.name, "arguments": c.arguments if arguments_as_text
+                                                else _parsed(c.arguments)}}
                                   for c in m.tool_calls]
         if m.tool_call_id is not None:
             turn["tool_call_id"] = m.tool_call_id

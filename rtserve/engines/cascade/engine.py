@@ -30,6 +30,7 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
+from rtserve.engines.vllm_engine import VllmTextEngine
 from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage,
                                        TurnEngines)
 
@@ -54,10 +55,11 @@ class CascadeEngine:
         self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                               partial_interval_ms=limits.asr_partial_interval_ms,
                               max_audio_s=limits.max_turn_audio_s, metrics=self._metrics)
-        self.llm = SmolLlm(locations.llm, cache_dir=Path(paths.cache_dir).expanduser(),
-                           cpu_threads=paths.cpu_threads, max_active=limits.llm_max_active,
-                           max_waiting=limits.llm_max_waiting, context_tokens=limits.llm_context_tokens,
-                           metrics=self._metrics)
+        self.llm: SmolLlm | VllmTextEngine = SmolLlm(
+            locations.llm, cache_dir=Path(paths.cache_dir).expanduser(), cpu_threads=paths.cpu_threads,
+            max_active=limits.llm_max_active, max_waiting=limits.llm_max_waiting,
+            context_tokens=limits.llm_context_tokens, metrics=self._metrics,
+        ) if limits.llm_engine == "embedded" else VllmTextEngine(config.http.vllm)
         self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                                 metrics=self._metrics, voice_store=config.voices)
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000

@@ -152,15 +152,15 @@ class BatchChatCompletionRequest(_GenerationFields):
 # No tokenizer yields a token per more than a few characters on real text; this bound only
 # has to stop a prompt far past the context before the tokenizer sees it.
 CHARS_PER_TOKEN_BOUND = 8
-VLLM_FALLBACK_CONTEXT_TOKENS = 131072  # vLLM reads its context from the model when max_model_len is null
+VLLM_CONTEXT_BOUND_TOKENS = 131072  # vLLM checks its own context; this only bounds what rtserve forwards
 
 
 def prompt_char_limit(config: ServerConfig) -> int:
     """``http.max_prompt_chars``, or 8 characters per token of the text engine's context."""
     if config.http.max_prompt_chars is not None:
         return config.http.max_prompt_chars
-    if config.http.text_engine == "vllm":
-        return (config.http.vllm.max_model_len or VLLM_FALLBACK_CONTEXT_TOKENS) * CHARS_PER_TOKEN_BOUND
+    if "vllm" in (config.http.text_engine, config.cascade.llm_engine):
+        return VLLM_CONTEXT_BOUND_TOKENS * CHARS_PER_TOKEN_BOUND
     return config.cascade.llm_context_tokens * CHARS_PER_TOKEN_BOUND
 
 
