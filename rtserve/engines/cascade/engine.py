@@ -64,7 +64,9 @@ class CascadeEngine:
                                 metrics=self._metrics, voice_store=config.voices)
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(self.vad, self.asr, self.tts,
-                                     ReplyChain(self.llm, self.tts, registry, chunk_samples=chunk_samples))
+                                     ReplyChain(self.llm, self.tts, registry, chunk_samples=chunk_samples,
+                                                first_piece_max_chars=limits.first_piece_max_chars,
+                                                first_clause_min_chars=limits.first_clause_min_chars))
         self._sessions: set[CascadeSession] = set()
         self._ready = False
 

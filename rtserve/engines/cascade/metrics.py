@@ -20,4 +20,7 @@ class CascadeMetrics:
         self.dropped_input_samples = Counter(
             "rtserve_cascade_dropped_input_samples", "User audio dropped (oldest first) over a backlog cap",
             registry=registry)
+        self.preemptive_replies = Counter(
+            "rtserve_cascade_preemptive_replies", "Replies started before the turn ended (started), then adopted "
+            "(the session asked for exactly that reply) or dropped (never heard)", ["outcome"], registry=registry)
         self.sessions = Gauge("rtserve_cascade_sessions", "Open cascade engine sessions", registry=registry)

@@ -5,9 +5,11 @@ keeps generating while the TTS speaks the previous sentence, and a slow consumer
 the whole chain instead of buffering. Token deltas travel through every stage (the
 session turns them into ``OutputText`` as they come); the last stage adds the audio of
 each sentence, cut into ``chunk_samples`` pieces, the first piece carrying the sentence's
-text. Closing the run cancels every stage, which closes the LLM stream (the decode thread
-drops the request) and drops TTS jobs not yet started. ``speak`` runs given text through
-the same sentence and TTS stages, with no LLM (``response.speak``).
+text. The reply's first spoken piece is its first clause (``first_clause_min_chars``), so
+its audio starts while the LLM is still writing the first sentence. Closing the run cancels
+every stage, which closes the LLM stream (the decode thread drops the request) and drops TTS
+jobs not yet started. ``speak`` runs given text through the same sentence and TTS stages,
+with no LLM (``response.speak``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,6 @@ from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.pipeline import Pipeline, Stage
 from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
-
-# The first spoken piece is cut at a comma (else a space) past this length: on a CPU that
-# decodes ~10-15 tokens/s, a 240-character opening sentence would hold the first audio ~5 s.
-FIRST_PIECE_MAX_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -56,10 +54,15 @@ class SpokenChunk:
 
 class ReplyChain:
     def __init__(self, llm: SmolLlm, tts: TextToSpeech, registry: CollectorRegistry, *,
-                 chunk_samples: int, sentence_queue: int = 8) -> None:
+                 chunk_samples: int, first_piece_max_chars: int, first_clause_min_chars: int,
+                 sentence_queue: int = 8) -> None:
         self._llm = llm
         self._tts = tts
         self._chunk = chunk_samples
+        # The first piece alone delays the first audio: on a CPU decoding ~10-15 tokens/s a
+        # 240-character opening sentence would hold it ~5 s, so it is a clause, and bounded.
+        self._first_max_chars = first_piece_max_chars
+        self._first_clause_chars = first_clause_min_chars or None
         llm_stage = Stage("llm", self._generate, queue_size=1)
         sentences = Stage("sentences", self._sentences, queue_size=64)  # token deltas
         tts = Stage("tts", self._speak, queue_size=sentence_queue)
@@ -93,9 +96,10 @@ class ReplyChain:
             async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
                 yield delta
 
-    @staticmethod
-    async def _sentences(deltas: AsyncIterator[TokenDelta | _Voice]) -> AsyncIterator[TokenDelta | _Voice | _Sentence]:
-        splitter = SentenceSplitter(first_max_chars=FIRST_PIECE_MAX_CHARS)
+    async def _sentences(self, deltas: AsyncIterator[TokenDelta | _Voice]
+                         ) -> AsyncIterator[TokenDelta | _Voice | _Sentence]:
+        splitter = SentenceSplitter(first_max_chars=self._first_max_chars,
+                                    first_clause_chars=self._first_clause_chars)
         async for delta in deltas:
             yield delta
             if isinstance(delta, _Voice):

@@ -5,6 +5,13 @@ whitespace, or at a line break. Common abbreviations ("Dr.", "e.g.") and decimal
 ("3.14", no space) do not end one. A run longer than ``max_chars`` without an end is cut
 at its last comma (else space), so one endless sentence cannot hold audio back; the first
 piece has a tighter bound (``first_max_chars``), because it alone delays the first audio.
+
+For the same reason the first piece may end at the first clause: with ``first_clause_chars``
+set, a comma, semicolon, colon or dash followed by whitespace ends it once at least that
+many characters came before it ("Sure, the capital of France is Paris." speaks "Sure, the
+capital of France is Paris." whole at 12, but "The capital of France, as you know, is Paris."
+starts speaking at "The capital of France,"). Later pieces are whole sentences: the reply
+is already playing, and a sentence sounds better than its clauses.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import re
 
 _END = re.compile(r"""([.!?…]+["'”’)\]]*)(\s+)|(\n+)""")
+_CLAUSE_END = re.compile(r"[,;:]\s|\s[-–—]+\s")
 _ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "jr", "sr"})
 _MARKUP = re.compile(r"[*_#`~|<>\[\]]+")
 _SPACES = re.compile(r"\s+")
@@ -23,9 +31,11 @@ def speakable(text: str) -> str:
 
 
 class SentenceSplitter:
-    def __init__(self, max_chars: int = 240, first_max_chars: int | None = None) -> None:
+    def __init__(self, max_chars: int = 240, first_max_chars: int | None = None,
+                 first_clause_chars: int | None = None) -> None:
         self._max_chars = max_chars
         self._first_max_chars = first_max_chars or max_chars
+        self._first_clause_chars = first_clause_chars
         self._emitted = False
         self._buffer = ""
 
@@ -40,6 +50,11 @@ class SentenceSplitter:
             sentences.append(self._buffer[start:match.end() - len(match.group(2) or match.group(3) or "")])
             start = match.end()
         self._buffer = self._buffer[start:]
+        if not sentences and not self._emitted and self._first_clause_chars is not None:
+            clause = self._first_clause()
+            if clause:
+                sentences.append(self._buffer[:clause])
+                self._buffer = self._buffer[clause:]
         while len(self._buffer) > (limit := self._max_chars if self._emitted or sentences else self._first_max_chars):
             cut = self._buffer.rfind(",", 0, limit)
             if cut <= 0:
@@ -55,6 +70,15 @@ class SentenceSplitter:
         """The unfinished tail at the end of the text, if any."""
         tail, self._buffer = self._buffer.strip(), ""
         return tail or None
+
+    def _first_clause(self) -> int:
+        """End (exclusive) of the first clause long enough to speak on its own; 0 when none yet."""
+        assert self._first_clause_chars is not None
+        for match in _CLAUSE_END.finditer(self._buffer):
+            end = match.end() - 1  # after the comma or dash
+            if len(self._buffer[:end].strip()) >= self._first_clause_chars:
+                return end
+        return 0
 
     @staticmethod
     def _is_abbreviation(before: str) -> bool:

@@ -5,7 +5,9 @@ on the shared VAD thread, feeds the ``TurnDetector`` (server VAD) or the ``Manua
 (``turn_detection: null``), emits ``SpeechStarted``/``SpeechStopped``, re-decodes the
 growing utterance for partial ``InputTranscript``s (each carries the whole hypothesis so
 far and replaces the previous one), and, the moment VAD ends a turn, starts that turn's
-final decode so ``commit_input`` usually finds it done.
+final decode so ``commit_input`` usually finds it done. A pause long enough is transcribed
+at once; that transcript is the final when the turn ends in the pause, and it starts a
+preemptive reply, kept unheard until ``respond`` asks for exactly it (``preemption``).
 
 Output side: ``respond`` runs the reply chain (LLM -> sentences -> TTS) and emits
 ``OutputText`` (token deltas, when text is a requested modality), ``OutputAudio`` at
@@ -35,6 +37,7 @@ from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
 from rtserve.engines.cascade.events import EventChannel
 from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.preemption import BufferedRun, Preemption, ReplyPlan
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
@@ -52,6 +55,7 @@ from rtserve.engines.protocols import (
     OutputToolCall,
     ResponseFinished,
     ResponseRequest,
+    SamplingParams,
     SessionOptions,
     TokenDelta,
     TurnDetection,
@@ -106,6 +110,10 @@ class CascadeSession:
         self._response: asyncio.Task[None] | None = None
         self._response_meta: tuple[str, int] | None = None  # (response_id, epoch) of the running reply
         self._closed = False
+        first_plan = ReplyPlan(self._with_instructions(()), options.sampling or SamplingParams(),
+                               options.prompt.voice, speak=True)
+        self._preemption = Preemption(models.asr, models.reply, limits, first_plan, metrics.preemptive_replies,
+                                      _consume_outcome)
         self._input_task = asyncio.create_task(self._input_loop(), name=f"cascade-input:{session_id}")
 
     # -- configuration -------------------------------------------------------------------
@@ -185,6 +193,7 @@ class CascadeSession:
                     self._seal(happened)
                 else:
                     self._channel.put_control(happened)
+            self._preemption.follow(turn)
         self._maybe_partial()
 
     def _maybe_partial(self) -> None:
@@ -215,8 +224,10 @@ class CascadeSession:
             dropped.cancel()
             log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id,
                         self._max_pending_turns)
-        task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True))
-        task.add_done_callback(_consume_outcome)
+        task = self._preemption.final_transcript(turn)
+        if task is None:
+            task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True))
+            task.add_done_callback(_consume_outcome)
         self._sealed.append((turn.turn_id, task))
 
     def _reset_partials(self) -> None:
@@ -264,6 +275,7 @@ class CascadeSession:
         self._backlog_samples = 0
         self._turn.reset()
         self._reset_partials()
+        self._preemption.clear()
         while self._sealed:
             self._sealed.popleft()[1].cancel()
 
@@ -279,7 +291,17 @@ class CascadeSession:
                 self._channel.put_finished(ResponseFinished(previous_id, previous_epoch, "cancelled",
                                                             reason="superseded by a new response"))
         self._response_meta = (request.response_id, request.epoch)
-        self._response = asyncio.create_task(self._reply(request), name=f"cascade-reply:{request.response_id}")
+        speak = "audio" in request.modalities
+        plan = ReplyPlan(self._with_instructions(request.messages), request.params,
+                         request.voice if speak else None, speak)
+        if request.speak is None:
+            run = self._preemption.take(plan)
+        else:  # given text to say: no LLM reply, so none started in the pause can stand
+            self._preemption.clear()
+            run = None
+        self._preemption.replying()
+        self._response = asyncio.create_task(self._reply(request, plan, run),
+                                             name=f"cascade-reply:{request.response_id}")
 
     def _with_instructions(self, messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
         if messages and messages[0].role == "system":
@@ -287,26 +309,30 @@ class CascadeSession:
         instructions = self._options.prompt.text or DEFAULT_INSTRUCTIONS
         return (ChatMessage("system", instructions), *messages)
 
-    async def _reply(self, request: ResponseRequest) -> None:
+    async def _reply(self, request: ResponseRequest, plan: ReplyPlan, preempted: BufferedRun | None) -> None:
+        """Stream one reply (the preemptive run when it is this one) and report how it ended."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        speak = "audio" in request.modalities
-        show_text = "text" in request.modalities
+        speak, show_text = plan.speak, "text" in request.modalities
         status: str = "completed"
         reason: str | None = None
         usage: dict[str, int] = {}
         first_audio = True
+        said: list[str] = []  # what the session core will keep as this answer's text
+        called = False
         try:
             if speak:
                 self._models.tts.check_request(request.voice, 1.0)
             if request.speak is not None:
                 items = self._models.reply.speak(request.speak, voice=request.voice)
+            elif preempted is not None:
+                items = preempted.items()
             else:
-                items = self._models.reply.run(self._with_instructions(request.messages), request.params, speak=speak,
-                                               voice=request.voice)
+                items = self._models.reply.run(plan.messages, plan.params, speak=speak, voice=plan.voice)
             async with contextlib.aclosing(items):
                 async for item in items:
                     if isinstance(item, SpokenChunk):
+                        said.append(item.text or "")
                         await self._channel.put_output(OutputAudio(item.pcm, request.epoch, request.response_id,
                                                                    item.text))
                         if first_audio:
@@ -315,8 +341,10 @@ class CascadeSession:
                         continue
                     delta: TokenDelta = item
                     if delta.text and (show_text or not speak):
+                        said.append(delta.text)
                         await self._channel.put_output(OutputText(delta.text, request.epoch, request.response_id))
                     if delta.tool_call is not None:
+                        called = True
                         await self._channel.put_output(OutputToolCall(delta.tool_call, request.epoch,
                                                                       request.response_id))
                     if delta.finish_reason is not None:
@@ -328,6 +356,8 @@ class CascadeSession:
             status, reason = "failed", str(exc)
         except Exception as exc:
             status, reason = "failed", _failure_reason(exc)
+        if status == "completed" and not called:
+            self._preemption.replied(plan, "".join(said))
         await self._channel.put_output(ResponseFinished(request.response_id, request.epoch,
                                                         status, usage, reason))  # type: ignore[arg-type]
 
@@ -350,6 +380,7 @@ class CascadeSession:
         if self._closed:
             return
         self._closed = True
+        self._preemption.clear()
         tasks = [self._input_task, *(task for _, task in self._sealed)]
         tasks += [t for t in (self._partial, self._response) if t is not None]
         for task in tasks:

@@ -10,6 +10,10 @@ of the current turn (with ``prefix_padding_ms`` of lead-in) for the recognizer.
   hysteresis, so a wavering score does not chop a word); ``SpeechStopped.audio_ms`` is the
   end of the last voiced window. The turn's audio (including the trailing silence the
   decision waited for, which helps the recognizer end cleanly) is then sealed.
+* early stop: ``end_pause_after(ms)`` lets the current pause end the turn sooner (the
+  session calls it when the transcript of the pause reads as a finished sentence); speech
+  resuming cancels it. ``pause_key`` names one pause: it changes whenever speech resumes or
+  the turn changes, so work started for a pause can tell whether it still stands.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class SealedTurn:
 
     turn_id: int
     audio: np.ndarray
+    pause_key: tuple[int, int]  # the detector's ``pause_key`` while the turn's final silence ran
 
 
 class _TurnAudio:
@@ -57,9 +62,18 @@ class _TurnAudio:
     def turn_audio(self) -> np.ndarray:
         return self._turn.audio()
 
+    @property
+    def pause_key(self) -> tuple[int, int]:
+        """(turn id, samples the turn had taken up to its last voiced window): one value per
+        pause, changing whenever speech resumes or the turn changes."""
+        return self._turn_id, len(self._turn) + self._turn.dropped_samples - self._trailing_silence()
+
+    def _trailing_silence(self) -> int:
+        return 0
+
     def take_turn(self) -> SealedTurn:
         """End the current turn now (a manual commit) and hand over its audio."""
-        sealed = SealedTurn(self._turn_id, self.turn_audio())
+        sealed = SealedTurn(self._turn_id, self.turn_audio(), self.pause_key)
         self.reset()
         return sealed
 
@@ -78,6 +92,7 @@ class TurnDetector(_TurnAudio):
         self._prefix: deque[np.ndarray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
         self._speaking = False
         self._silent_windows = 0
+        self._early_stop_windows: int | None = None
 
     def _windows(self, ms: int) -> int:
         return -(-ms * self._rate // (1000 * self._window))  # ceil
@@ -90,6 +105,20 @@ class TurnDetector(_TurnAudio):
     def pausing(self) -> bool:
         """In a turn, but the latest window was silence (the stop may be coming)."""
         return self._speaking and self._silent_windows > 0
+
+    @property
+    def pause_ms(self) -> int:
+        """Silence since the last voiced window of the turn (0 while voiced or between turns)."""
+        return self._silent_windows * self._window * 1000 // self._rate if self._speaking else 0
+
+    def _trailing_silence(self) -> int:
+        return self._silent_windows * self._window
+
+    def end_pause_after(self, silence_ms: int) -> None:
+        """Let the current pause end the turn after ``silence_ms`` of silence if that is sooner
+        than the settings' wait; speech resuming cancels it."""
+        if self.pausing:
+            self._early_stop_windows = max(self._windows(silence_ms), 1)
 
     def feed(self, windows: np.ndarray, scores: np.ndarray, first_sample: int,
              ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
@@ -116,10 +145,11 @@ class TurnDetector(_TurnAudio):
                 self._silent_windows += 1
             else:
                 self._silent_windows = 0
-            if self._silent_windows >= max(stop_after, 1):
+                self._early_stop_windows = None
+            if self._silent_windows >= max(min(stop_after, self._early_stop_windows or stop_after), 1):
                 voiced_end = start + self._window - self._silent_windows * self._window
                 out.append(SpeechStopped(self._ms(voiced_end)))
-                out.append(SealedTurn(self._turn_id, self.turn_audio()))
+                out.append(SealedTurn(self._turn_id, self.turn_audio(), self.pause_key))
                 self.reset()
         return out
 
@@ -128,6 +158,7 @@ class TurnDetector(_TurnAudio):
         self._prefix.clear()
         self._speaking = False
         self._silent_windows = 0
+        self._early_stop_windows = None
 
     def _ms(self, sample: int) -> int:
         return sample * 1000 // self._rate

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,9 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
+from rtserve.engines.protocols import EngineEvent, EngineSession, SessionOptions
 
 QUESTION = "What is the capital of France?"
 MAX_SESSIONS = 3
+CHUNK = 480  # 30 ms at 16 kHz
 
 
 @dataclass(frozen=True)
@@ -31,3 +36,49 @@ async def speak_16k(engine: CascadeEngine, text: str) -> np.ndarray:
 
 def words(text: str) -> set[str]:
     return {w.strip(".,!?;:\"'").lower() for w in text.split()} - {""}
+
+
+class Recorder:
+    """Collects a session's events in a task; ``wait_for`` returns once a matching one came."""
+
+    def __init__(self, session: EngineSession) -> None:
+        self.events: list[EngineEvent] = []
+        self.on_event: Callable[[EngineEvent], None] | None = None
+        self._new = asyncio.Event()
+        self._task = asyncio.create_task(self._read(session.events()))
+
+    async def _read(self, events: AsyncIterator[EngineEvent]) -> None:
+        async for event in events:
+            self.events.append(event)
+            if self.on_event is not None:
+                self.on_event(event)
+            self._new.set()
+
+    async def wait_for(self, match: Callable[[EngineEvent], bool], timeout: float = 60) -> EngineEvent:
+        async with asyncio.timeout(timeout):
+            while True:
+                for event in self.events:
+                    if match(event):
+                        return event
+                self._new.clear()
+                await self._new.wait()
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def speak_into(session: EngineSession, audio: np.ndarray, *, silence_ms: int = 900) -> None:
+    """Push like a live client: 30 ms chunks, roughly paced, then trailing silence."""
+    padded = np.concatenate([audio, np.zeros(16 * silence_ms, np.float32)])
+    for start in range(0, len(padded), CHUNK):
+        session.push_audio(padded[start:start + CHUNK])
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def opened(cascade: Loaded, options: SessionOptions, name: str) -> AsyncIterator[EngineSession]:
+    session = await cascade.engine.open_session(name, options)
+    try:
+        yield session
+    finally:
+        await session.close()

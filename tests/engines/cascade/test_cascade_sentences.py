@@ -53,3 +53,39 @@ def test_the_first_piece_has_a_tighter_bound() -> None:
     pieces = [p for start in range(0, len(text), 3) for p in splitter.feed(text[start:start + 3])]
     assert pieces[0] == "Well,"
     assert all(len(p) <= 60 for p in pieces[1:]) and any(len(p) > 20 for p in pieces[1:])
+
+
+def test_the_first_piece_ends_at_its_first_long_enough_clause() -> None:
+    splitter = SentenceSplitter(max_chars=240, first_max_chars=80, first_clause_chars=12)
+    text = "Sure, the capital of France, as you know, is Paris. It is big, and old. Yes"
+    pieces = [p for word in text.split(" ") for p in splitter.feed(" " + word)]
+    # "Sure," is too short to speak alone; later pieces are whole sentences again.
+    assert pieces == ["Sure, the capital of France,", "as you know, is Paris.", "It is big, and old."]
+    assert splitter.flush() == "Yes"
+
+
+def test_clause_marks_inside_words_and_numbers_do_not_cut() -> None:
+    splitter = SentenceSplitter(first_clause_chars=5)
+    assert splitter.feed("It costs 1,000 dollars") == []  # no space after the comma
+    assert splitter.feed(" - or so; ") == ["It costs 1,000 dollars -"]
+    assert splitter.flush() == "or so;"
+    for mark in (";", ":", " —"):
+        clause = SentenceSplitter(first_clause_chars=5)
+        assert clause.feed(f"First part{mark} second part") == [f"First part{mark}"]
+
+
+def test_a_sentence_that_ends_first_wins_and_no_clause_setting_keeps_sentences() -> None:
+    splitter = SentenceSplitter(first_clause_chars=5)
+    assert splitter.feed("Hello there, friend. And then,") == ["Hello there, friend."]
+    assert splitter.feed(" more") == []  # past the first piece: sentences only
+    whole = SentenceSplitter()
+    assert whole.feed("Hello there, my friend, how") == []
+
+
+@given(st.text(alphabet="ab .!?,;\n", max_size=200), st.integers(1, 7), st.integers(1, 30))
+def test_clause_cuts_lose_nothing(text: str, step: int, clause: int) -> None:
+    splitter = SentenceSplitter(max_chars=60, first_max_chars=30, first_clause_chars=clause)
+    streamed = [p for start in range(0, len(text), step) for p in splitter.feed(text[start:start + step])]
+    tail = splitter.flush()
+    streamed += [tail] if tail else []
+    assert "".join(streamed).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")

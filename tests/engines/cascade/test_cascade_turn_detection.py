@@ -124,3 +124,42 @@ def test_a_pause_is_visible_before_the_stop() -> None:
     assert turn.pausing
     turn.feed(*windows_for([0.9]), first_sample=5 * WINDOW)
     assert not turn.pausing
+
+
+def test_a_pause_can_end_the_turn_early_until_speech_resumes() -> None:
+    turn = detector()  # 500 ms (16 windows) of silence end a turn
+    assert [type(h) for h in turn.feed(*windows_for([0.9] * 10 + [0.02] * 5), first_sample=0)] == [SpeechStarted]
+    assert turn.pausing and turn.pause_ms == 5 * WINDOW * 1000 // RATE
+    turn.end_pause_after(200)  # 7 windows: two more silent windows end it
+    stopped, sealed = turn.feed(*windows_for([0.02] * 2), first_sample=15 * WINDOW)
+    assert stopped == SpeechStopped(audio_ms=10 * WINDOW * 1000 // RATE)
+    assert isinstance(sealed, SealedTurn) and len(sealed.audio) == 17 * WINDOW
+
+    # Speech resuming in the pause cancels the early end: the next pause waits the full 500 ms.
+    turn.feed(*windows_for([0.9] * 10 + [0.02] * 3), first_sample=0)
+    turn.end_pause_after(200)
+    assert turn.feed(*windows_for([0.9] * 3 + [0.02] * 10), first_sample=13 * WINDOW) == []
+    assert [type(h) for h in turn.feed(*windows_for([0.02] * 6), first_sample=26 * WINDOW)] == [
+        SpeechStopped, SealedTurn]
+
+
+def test_end_pause_after_outside_a_pause_does_nothing() -> None:
+    turn = detector()
+    turn.end_pause_after(100)  # no turn
+    turn.feed(*windows_for([0.9] * 5), first_sample=0)
+    turn.end_pause_after(100)  # speaking, not pausing
+    assert turn.feed(*windows_for([0.02] * 10), first_sample=5 * WINDOW) == []
+
+
+def test_pause_key_names_one_pause() -> None:
+    turn = detector()
+    turn.feed(*windows_for([0.9] * 5 + [0.02] * 3), first_sample=0)
+    key = turn.pause_key
+    turn.feed(*windows_for([0.02] * 2), first_sample=8 * WINDOW)
+    assert turn.pause_key == key  # the same pause, longer
+    turn.feed(*windows_for([0.9] + [0.02]), first_sample=10 * WINDOW)
+    assert turn.pause_key != key  # speech resumed: another pause
+    last = turn.pause_key
+    *_, sealed = turn.feed(*windows_for([0.02] * 16), first_sample=12 * WINDOW)
+    assert isinstance(sealed, SealedTurn) and sealed.pause_key == last
+    assert turn.pause_key != last  # the next turn
