@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.llm_stage import LlmStage
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +35,23 @@ def cascade() -> Iterator[Loaded]:
 @pytest.fixture(scope="session")
 def question_16k(cascade: Loaded) -> np.ndarray:
     return asyncio.run(speak_16k(cascade.engine, QUESTION))
+
+
+@pytest.fixture(scope="session")
+def transformers_llm(cascade: Loaded) -> SmolLlm:
+    """The transformers runtime over the engine's model: the engine's own LLM stage when
+    configured so, else the one the CTranslate2 stage hands function calls to."""
+    llm = cascade.engine.llm
+    if isinstance(llm, Ct2Llm):
+        return asyncio.run(llm.constrained())
+    assert isinstance(llm, SmolLlm)
+    return llm
+
+
+@pytest.fixture(params=["ctranslate2", "transformers"])
+def llm(request: pytest.FixtureRequest, cascade: Loaded) -> LlmStage:
+    """Each runtime (``cascade.llm_runtime``) over the shipped model, same limits."""
+    if request.param == "transformers":
+        return request.getfixturevalue("transformers_llm")
+    assert isinstance(cascade.engine.llm, Ct2Llm)  # the default
+    return cascade.engine.llm

@@ -1,0 +1,23 @@
+"""The cascade LLM stage for ``config.cascade.llm_runtime`` (the one place a runtime is chosen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rtserve.config import ServerConfig
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.model_paths import ModelLocation
+
+
+def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMetrics) -> LlmStage:
+    paths, limits = config.models, config.cascade
+    common = dict(cache_dir=Path(paths.cache_dir).expanduser(), cpu_threads=paths.cpu_threads,
+                  max_active=limits.llm_max_active, max_waiting=limits.llm_max_waiting,
+                  context_tokens=limits.llm_context_tokens, metrics=metrics,
+                  sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p))
+    if limits.llm_runtime == "transformers":
+        return SmolLlm(location, **common)  # type: ignore[arg-type]
+    return Ct2Llm(location, compute_type=limits.llm_compute_type, **common)  # type: ignore[arg-type]
