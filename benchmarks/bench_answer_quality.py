@@ -21,8 +21,10 @@ Rubric (``RUBRIC`` below; no judging by eye). An answer passes when ALL of these
 3. length: between 1 and ``MAX_WORDS`` words, and the reply ended by itself (finish
    ``stop``, not ``length`` at ``MAX_TOKENS``): a voice answer is one or two short sentences.
 
-Sampled configurations are asked with ``SEEDS`` seeds; the score is passes / asked,
-per configuration (20 = every question right every time). Run:
+Each question is asked ``DRAWS`` times per configuration, without a seed (as voice
+sessions ask: a seed would send a CTranslate2 request to transformers); the score is
+20 x passes / asked (20 = every question right every time). Sampling makes two runs differ
+by a point or so. Run:
 ``.venv/bin/python benchmarks/bench_answer_quality.py [--json PATH]``.
 """
 
@@ -54,7 +56,7 @@ from rtserve.engines.protocols import ChatMessage, SamplingParams
 
 DEFAULT_RESULTS = Path(__file__).parent / "results" / "bench_answer_quality.json"
 SESSION_TEMPERATURE = 0.8  # the realtime session's default (sessions/session_config.py)
-SEEDS = (1, 2)
+DRAWS = 2  # answers sampled per question and configuration
 MAX_TOKENS = 80
 MAX_WORDS = 45
 ALWAYS_AVOID = (r"\*\*", r"^\s*[-*#]\s", r"^\s*\d+\.\s", r"<\|", r"\bassistant\s*:", r"\buser\s*:")
@@ -163,19 +165,19 @@ async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
     llm = create_llm(config, resolve_models(config.models).llm, CascadeMetrics(CollectorRegistry()))
     await llm.start()
 
-    async def ask(text: str, seed: int) -> tuple[str, str | None]:
+    async def ask(text: str) -> tuple[str, str | None]:
         messages = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", text))
-        params = SamplingParams(temperature=SESSION_TEMPERATURE, max_tokens=MAX_TOKENS, seed=seed)
+        params = SamplingParams(temperature=SESSION_TEMPERATURE, max_tokens=MAX_TOKENS)
         deltas = [d async for d in llm.generate(messages, params, fit_history=True)]
         return "".join(d.text for d in deltas).strip(), deltas[-1].finish_reason
 
     started = time.perf_counter()
     try:
         rows = []
-        for seed in SEEDS:
-            answers = await asyncio.gather(*(ask(text, seed) for text in heard))
+        for draw in range(DRAWS):
+            answers = await asyncio.gather(*(ask(text) for text in heard))
             for question, text, (answer, finish) in zip(RUBRIC, heard, answers, strict=True):
-                rows.append({"question": question.text, "heard": text, "seed": seed, "answer": answer,
+                rows.append({"question": question.text, "heard": text, "draw": draw, "answer": answer,
                              "finish": finish, "problems": score(question, answer, finish)})
     finally:
         llm.stop()
@@ -194,7 +196,7 @@ async def main() -> None:
     results = [await ask_all(variant, heard) for variant in (*VARIANTS, *(MIXED if args.all else ()))]
     capped = load_config(environ={}).cascade
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
-          f"{len(RUBRIC)} spoken questions x {len(SEEDS)} seeds, requests at temperature {SESSION_TEMPERATURE}; "
+          f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
           f"capped = llm_max_temperature {capped.llm_max_temperature}, llm_max_top_p {capped.llm_max_top_p}")
     print(f"{'configuration':42} {'score /20':>9} {'passed':>8} {'seconds':>8}")
     for result in results:
@@ -205,7 +207,7 @@ async def main() -> None:
             print(f"\n== {result['variant']}")
             for row in result["rows"]:  # type: ignore[attr-defined]
                 mark = "ok " if not row["problems"] else "BAD"
-                print(f"{mark} [{row['seed']}] {row['heard']!r} -> {row['answer']!r} {row['problems'] or ''}")
+                print(f"{mark} [{row['draw']}] {row['heard']!r} -> {row['answer']!r} {row['problems'] or ''}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
                                      "load": os.getloadavg()[0], "heard": heard,

@@ -14,12 +14,13 @@ the newcomers: the running requests resume from their prompt plus what they gene
 far (one prefill more each), so a newcomer's first token never waits for others' whole
 replies. Each request is restarted at most ``llm_max_active`` times that way. Requests
 with another temperature or top_p wait for the running group (oldest request's group
-first). A batch samples from one random stream, seeded by its oldest request's ``seed``:
-a seed makes a reply reproducible when it is decoded alone (OpenAI's seed is best effort too).
+first).
 
-Function calls need llguidance's mask on every step's logits, which ``generate_batch``
-does not expose: requests offering tools are decoded by the transformers runtime
-(``llm.SmolLlm``) over the same weights, loaded on the first such request.
+Two kinds of request are decoded by the transformers runtime (``llm.SmolLlm``) over the
+same weights, loaded on the first such request: requests offering tools (function calls
+need llguidance's mask on every step's logits, which ``generate_batch`` does not expose),
+and sampled requests with a ``seed`` (CTranslate2 draws from one random stream per worker
+thread that cannot be re-seeded per request, so a seed could not make a reply reproducible).
 """
 
 from __future__ import annotations
@@ -101,15 +102,11 @@ class _Batches(DecodeQueue):
         return min(request.params.max_tokens, self._context - request.prompt_tokens)
 
     def _run(self, active: list[_Request]) -> None:
-        import ctranslate2
-
         assert self._llm is not None
         key = active[0].group  # the oldest request's group
         batch = [r for r in active if r.group == key]
         room = len(active) < self.max_active
         temperature, top_p = key
-        if batch[0].params.seed is not None:
-            ctranslate2.set_random_seed(batch[0].params.seed)
         tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or []), *r.generated]) for r in batch]
         for request in batch:
             request.steps = 0
@@ -157,8 +154,13 @@ class _Batches(DecodeQueue):
             request.finished = True
 
 
+def needs_transformers(params: SamplingParams) -> bool:
+    """Requests this runtime hands to transformers: tools offered, or seeded sampling."""
+    return uses_tools(params) or (params.seed is not None and params.temperature >= _GREEDY_BELOW)
+
+
 class Ct2Llm(LlmStage):
-    """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools go to transformers."""
+    """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools and seeds go to transformers."""
 
     def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
                  max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
@@ -182,7 +184,7 @@ class Ct2Llm(LlmStage):
         return queue
 
     async def constrained(self) -> SmolLlm:
-        """The transformers runtime that decodes requests with tools (started on first use)."""
+        """The transformers runtime for ``needs_transformers`` requests (started on first use)."""
         async with self._constrained_lock:
             if self._constrained is None:
                 stage = SmolLlm(self._location, cache_dir=self._cache_dir, cpu_threads=self._cpu_threads,
@@ -194,7 +196,7 @@ class Ct2Llm(LlmStage):
             return self._constrained
 
     async def _submit(self, request: LlmRequest) -> None:
-        if uses_tools(request.params):
+        if needs_transformers(request.params):
             stage = await self.constrained()
             await stage._submit(request)
             return
@@ -213,6 +215,6 @@ class Ct2Llm(LlmStage):
 
     def new_request(self, messages: tuple[ChatMessage, ...], params: SamplingParams, fit_history: bool,
                     deliver: Callable[[TokenDelta | EngineError], None]) -> LlmRequest:
-        if uses_tools(params):  # decoded by the transformers runtime: its request kind
+        if needs_transformers(params):  # decoded by the transformers runtime: its request kind
             return SmolLlm.new_request(messages, params, fit_history, deliver)
         return _Request(messages, params, fit_history, deliver)
