@@ -121,7 +121,7 @@ class _Batches(DecodeQueue):
             except Exception as exc:
                 request.finished = True
                 fail_request(request, exc)
-            return request.finished or request.cancelled or (room and self.has_waiting)
+            return request.finished or request.cancelled or self.stopping or (room and self.has_waiting)
 
         started = time.perf_counter()
         self._llm.generator.generate_batch(

@@ -182,6 +182,10 @@ class DecodeQueue(ABC):
             self._thread.join(timeout)
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
     def has_waiting(self) -> bool:
         """Requests wait for admission (a lock-free read, for a decode loop deciding to yield)."""
         return bool(self._waiting) and not self._stopping
@@ -270,9 +274,12 @@ class LlmStage(ABC):
         self._ready = True
 
     def stop(self) -> None:
+        """Stop decoding and wait for the thread to let go of the model (it ends at its next
+        token): a native runtime torn down by the interpreter's exit instead aborts the process."""
         self._ready = False
         if self._queue is not None:
             self._queue.stop()
+            self._queue.join()
 
     async def release(self) -> None:
         """The decode thread ends (its requests get engine_sleeping) and takes the model with it."""
