@@ -193,7 +193,10 @@ async def main() -> None:
     parser.add_argument("--all", action="store_true", help="also the runtime/sampling cross combinations")
     args = parser.parse_args()
     heard = await transcripts(config_for(VARIANTS[0]))
-    results = [await ask_all(variant, heard) for variant in (*VARIANTS, *(MIXED if args.all else ()))]
+    results = []
+    for variant in (*VARIANTS, *(MIXED if args.all else ())):
+        results.append(await ask_all(variant, heard))
+        print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
     capped = load_config(environ={}).cascade
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
           f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
