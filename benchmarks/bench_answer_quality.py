@@ -90,7 +90,7 @@ RUBRIC: tuple[Question, ...] = (
     # Instruction-following
     Question("Say hello to my friend Anna.", (r"hello|hi|hey", r"anna")),
     Question("Give me one word that rhymes with cat.",
-             (r"hat|bat|mat|rat|sat|fat|pat|chat|flat|that|vat|gnat|brat|spat|splat",)),
+             (r"hat|bat|mat|rat|sat|fat|pat|chat|flat|vat|gnat|brat|spat|splat",)),
     Question("Name three colors.", (COLOURS,), need_count=3),
     Question("Tell me a fruit that is yellow.", (r"bananas?|lemons?|pineapples?|mangos?|mangoes",),
              (r"\b(apple|strawberr(y|ies)|cherr(y|ies)|grapes?) (is|are) yellow",)),
