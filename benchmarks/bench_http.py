@@ -9,7 +9,9 @@ waits for ``/health``, warms each route once, then measures with a raw aiohttp c
   factor = response time / audio duration;
 * chat (``/v1/chat/completions``, streamed, ``max_tokens`` CHAT_TOKENS): completion
   tokens/s at 1 and 8 concurrent requests, aggregate (all tokens / wall time) and per
-  request, plus time to first token.
+  request, plus time to first token (median and p95), once per LLM runtime
+  (``cascade.llm_runtime``: transformers = before, ctranslate2 = after), each on its own
+  server started one after the other in this run; speech and transcription on the default.
 
 Medians of RUNS runs (chat: of RUNS rounds). Results go to benchmarks/results/bench_http.json.
 Run: ``.venv/bin/python benchmarks/bench_http.py``.
@@ -33,7 +35,7 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_http.json"
-RUNS = 5
+RUNS = 3
 CHAT_TOKENS = 64
 CONCURRENCY = (1, 8)
 STARTUP_TIMEOUT_S = 600.0
@@ -106,9 +108,10 @@ async def bench_transcription(http: aiohttp.ClientSession, base: str) -> dict:
             "rtf_runs": [round(r, 3) for r in rtfs]}
 
 
-async def chat_once(http: aiohttp.ClientSession, base: str, prompt: str, seed: int) -> tuple[float, float, int]:
-    """(seconds to first content, seconds in all, completion tokens) of one streamed chat."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": CHAT_TOKENS, "seed": seed,
+async def chat_once(http: aiohttp.ClientSession, base: str, prompt: str) -> tuple[float, float, int]:
+    """(seconds to first content, seconds in all, completion tokens) of one streamed chat, at the
+    default sampling and without a seed, as chat clients send them."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": CHAT_TOKENS,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     ttft, tokens = None, 0
@@ -129,35 +132,39 @@ async def chat_once(http: aiohttp.ClientSession, base: str, prompt: str, seed: i
 
 
 async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -> dict:
-    aggregate, per_request, ttfts = [], [], []
-    for round_ in range(RUNS):
+    aggregate, per_request, ttfts = [], [], []  # type: ignore[var-annotated]
+    for _ in range(RUNS):
         started = time.perf_counter()
         results = await asyncio.gather(*(
-            chat_once(http, base, CHAT_PROMPTS[i % len(CHAT_PROMPTS)], seed=round_ * 100 + i)
+            chat_once(http, base, CHAT_PROMPTS[i % len(CHAT_PROMPTS)])
             for i in range(concurrency)))
         wall = time.perf_counter() - started
         aggregate.append(sum(tokens for _, _, tokens in results) / wall)
         per_request.extend(tokens / total for _, total, tokens in results)
         ttfts.extend(ttft for ttft, _, _ in results)
     return {"concurrency": concurrency, "aggregate_tokens_per_s": statistics.median(aggregate),
-            "per_request_tokens_per_s": statistics.median(per_request), "ttft_ms": 1000 * statistics.median(ttfts)}
+            "per_request_tokens_per_s": statistics.median(per_request), "ttft_ms": 1000 * statistics.median(ttfts),
+            "ttft_p95_ms": 1000 * statistics.quantiles(ttfts, n=20, method="inclusive")[-1]}
 
 
-async def main() -> dict:
-    load_before = os.getloadavg()[0]  # other work on the machine skews every number below
+async def serve(runtime: str, measure: bool) -> dict:
+    """Start a server on ``runtime``; chat figures (and, with ``measure``, speech and transcription)."""
     port = free_port()
-    env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning"}
+    env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning", "RTSERVE_CASCADE__LLM_RUNTIME": runtime}
     server = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             load_s = await wait_healthy(http, base, server)
-            await speech_once(http, base)  # warm every route once: first calls pay one-off costs
-            await chat_once(http, base, CHAT_PROMPTS[0], seed=0)
-            speech = await bench_speech(http, base)
-            transcription = await bench_transcription(http, base)
-            chat = [await bench_chat(http, base, c) for c in CONCURRENCY]
+            await chat_once(http, base, CHAT_PROMPTS[0])  # first calls pay one-off costs
+            found = {"model_load_s": load_s}
+            if measure:
+                await speech_once(http, base)
+                found.update(speech=await bench_speech(http, base),
+                             transcription=await bench_transcription(http, base))
+            found["chat"] = [await bench_chat(http, base, c) for c in CONCURRENCY]
+            return found
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -165,10 +172,17 @@ async def main() -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+async def main() -> dict:
+    load_before = os.getloadavg()[0]  # other work on the machine skews every number below
+    after = await serve("ctranslate2", measure=True)
+    before = await serve("transformers", measure=False)
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]}}
-    return {"machine": machine,
-            "runs": RUNS, "model_load_s": load_s, "speech": speech, "transcription": transcription, "chat": chat}
+    return {"machine": machine, "runs": RUNS, "model_load_s": after["model_load_s"], "speech": after["speech"],
+            "transcription": after["transcription"], "chat": after["chat"],
+            "chat_by_runtime": {"transformers": before["chat"], "ctranslate2": after["chat"]}}
 
 
 def print_table(results: dict) -> None:
@@ -176,10 +190,16 @@ def print_table(results: dict) -> None:
     rows = [("speech time to first byte", f"{speech['ttfb_ms']:.0f} ms", f"{speech['audio_s']:.1f} s of audio, pcm"),
             ("speech real-time factor", f"{speech['rtf']:.3f}", "wall / audio duration (lower is faster)"),
             ("transcription real-time factor", f"{asr['rtf']:.3f}", f"{asr['audio_s']:.1f} s WAV upload")]
-    for chat in results["chat"]:
-        rows.append((f"chat tokens/s @ {chat['concurrency']} concurrent", f"{chat['aggregate_tokens_per_s']:.1f}",
-                     f"per request {chat['per_request_tokens_per_s']:.1f} tok/s, "
-                     f"first token {chat['ttft_ms']:.0f} ms"))
+    for runtime, chats in results["chat_by_runtime"].items():
+        for chat in chats:
+            rows.append((f"chat tokens/s @ {chat['concurrency']} concurrent, {runtime}",
+                         f"{chat['aggregate_tokens_per_s']:.1f}",
+                         f"per request {chat['per_request_tokens_per_s']:.1f} tok/s, first token "
+                         f"{chat['ttft_ms']:.0f} ms (p95 {chat['ttft_p95_ms']:.0f} ms)"))
+    for runtime, chats in results["chat_by_runtime"].items():
+        single, most = chats[0]["aggregate_tokens_per_s"], chats[-1]["aggregate_tokens_per_s"]
+        rows.append((f"chat batching gain, {runtime}", f"{most / single:.2f}x",
+                     f"{chats[-1]['concurrency']} concurrent aggregate / 1 request"))
     width = max(len(r[0]) for r in rows)
     machine = results["machine"]
     print(f"\nHTTP routes, cascade engine, medians of {results['runs']} runs ({machine['cpus']} CPUs, "

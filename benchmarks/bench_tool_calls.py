@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
+from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.tool_calls import CallGuide
 from rtserve.engines.protocols import ChatMessage, SamplingParams, ToolChoice, ToolSpec
 
@@ -63,6 +64,7 @@ async def timed(engine: CascadeEngine, question: str, params: SamplingParams) ->
 def mask_us(engine: CascadeEngine, repeats: int = 200) -> float:
     import torch
 
+    assert isinstance(engine.llm, SmolLlm)
     loaded = engine.llm.loaded
     assert loaded is not None
     guide = CallGuide(loaded.tokenizer, loaded.model.config.vocab_size)
@@ -80,7 +82,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_RESULTS, help="where the JSON results go")
     args = parser.parse_args()
-    config = load_config(environ={})
+    # Calls are always decoded by the transformers runtime (the CTranslate2 one hands them over).
+    config = load_config(environ={}, overrides={"cascade": {"llm_runtime": "transformers"}})
     engine = CascadeEngine(config, CollectorRegistry())
     await engine.start()
     first_forced = await timed(engine, QUESTIONS[0], FORCED)

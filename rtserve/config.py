@@ -242,7 +242,13 @@ class CascadeLimits(_Section):
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
     output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
     worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
-    llm_max_active: int = Field(4, ge=1, description="LLM requests decoded in round-robin at once; more wait")
+    llm_runtime: Literal["ctranslate2", "transformers"] = Field(
+        "ctranslate2", description="the LLM's CPU runtime: ctranslate2 (batched, quantized; function calls still "
+                                   "decode on transformers) or transformers (everything, unbatched)")
+    llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
+        "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)")
+    llm_max_active: int = Field(8, ge=1, description="LLM requests decoded together (one CTranslate2 batch, or "
+                                                     "transformers round-robin); more wait")
     llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
     llm_engine: Literal["embedded", "vllm"] = Field(
@@ -263,6 +269,10 @@ class CascadeLimits(_Section):
                               "dash) this long, not at the end of its sentence (0 = whole sentence)")
     first_piece_max_chars: int = Field(80, ge=8, description="longest first spoken piece of a reply; cut at a "
                                                              "comma or space beyond")
+    llm_max_temperature: float = Field(0.3, ge=0, le=2, description="LLM sampling temperature ceiling: requests "
+                                       "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
+                                       "requests as sent (benchmarks/bench_answer_quality.py)")
+    llm_max_top_p: float = Field(0.9, gt=0, le=1, description="LLM nucleus ceiling, applied like llm_max_temperature")
 
 
 class VllmSettings(_Section):

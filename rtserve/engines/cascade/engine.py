@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -23,14 +22,13 @@ from rtserve.engines.cascade import tts as tts_module
 from rtserve.engines.cascade import vad as vad_module
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
-from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
 from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.vllm_engine import VllmTextEngine
 from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage,
                                        TurnEngines)
 
@@ -55,11 +53,7 @@ class CascadeEngine:
         self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                               partial_interval_ms=limits.asr_partial_interval_ms,
                               max_audio_s=limits.max_turn_audio_s, metrics=self._metrics)
-        self.llm: SmolLlm | VllmTextEngine = SmolLlm(
-            locations.llm, cache_dir=Path(paths.cache_dir).expanduser(), cpu_threads=paths.cpu_threads,
-            max_active=limits.llm_max_active, max_waiting=limits.llm_max_waiting,
-            context_tokens=limits.llm_context_tokens, metrics=self._metrics,
-        ) if limits.llm_engine == "embedded" else VllmTextEngine(config.http.vllm)
+        self.llm = create_llm(config, locations.llm, self._metrics)
         self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                                 metrics=self._metrics, voice_store=config.voices)
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000

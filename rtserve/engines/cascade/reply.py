@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.pipeline import Pipeline, Stage
+from rtserve.engines.vllm_engine import VllmTextEngine
 from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
 
 
@@ -53,7 +54,7 @@ class SpokenChunk:
 
 
 class ReplyChain:
-    def __init__(self, llm: SmolLlm, tts: TextToSpeech, registry: CollectorRegistry, *,
+    def __init__(self, llm: LlmStage | VllmTextEngine, tts: TextToSpeech, registry: CollectorRegistry, *,
                  chunk_samples: int, first_piece_max_chars: int, first_clause_min_chars: int,
                  sentence_queue: int = 8) -> None:
         self._llm = llm

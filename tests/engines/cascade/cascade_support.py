@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.protocols import EngineEvent, EngineSession, SessionOptions
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 
 QUESTION = "What is the capital of France?"
 MAX_SESSIONS = 3
@@ -26,6 +27,12 @@ class Loaded:
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
+
+
+@dataclass(frozen=True)
+class Float32Ct2:
+    llm: Ct2Llm
+    registry: CollectorRegistry
 
 
 async def speak_16k(engine: CascadeEngine, text: str) -> np.ndarray:

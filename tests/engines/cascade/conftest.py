@@ -12,11 +12,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from cascade_support import MAX_SESSIONS, QUESTION, Loaded, speak_16k
+from cascade_support import MAX_SESSIONS, QUESTION, Float32Ct2, Loaded, speak_16k
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.llm_runtime import create_llm
+from rtserve.engines.cascade.llm_stage import LlmStage
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.model_paths import resolve_llm
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +38,45 @@ def cascade() -> Iterator[Loaded]:
 @pytest.fixture(scope="session")
 def question_16k(cascade: Loaded) -> np.ndarray:
     return asyncio.run(speak_16k(cascade.engine, QUESTION))
+
+
+@pytest.fixture(scope="session")
+def transformers_llm(cascade: Loaded) -> SmolLlm:
+    """The transformers runtime over the engine's model: the engine's own LLM stage when
+    configured so, else the one the CTranslate2 stage hands function calls to."""
+    llm = cascade.engine.llm
+    if isinstance(llm, Ct2Llm):
+        return asyncio.run(llm.constrained())
+    assert isinstance(llm, SmolLlm)
+    return llm
+
+
+@pytest.fixture(params=["ctranslate2", "transformers"])
+def llm(request: pytest.FixtureRequest, cascade: Loaded) -> LlmStage:
+    """Each runtime (``cascade.llm_runtime``) over the shipped model, same limits."""
+    if request.param == "transformers":
+        return request.getfixturevalue("transformers_llm")
+    assert isinstance(cascade.engine.llm, Ct2Llm)  # the default
+    return cascade.engine.llm
+
+
+@pytest.fixture(scope="session")
+def float32_ct2() -> Iterator[Float32Ct2]:
+    """CTranslate2 on float32 weights: batch-invariant, so batching can be checked token for token.
+    (int8 quantizes activations with kernels whose rounding depends on the batch's shape: a
+    greedy reply may take another near-tie token when decoded in a batch, alone or resumed.)"""
+    config = load_config(environ={}, overrides={"cascade": {"llm_compute_type": "float32"}})
+    registry = CollectorRegistry()
+    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(registry))
+    assert isinstance(llm, Ct2Llm)
+    asyncio.run(llm.start())
+    yield Float32Ct2(llm, registry)
+    llm.stop()
+
+
+@pytest.fixture(params=["ctranslate2-float32", "transformers"])
+def exact_llm(request: pytest.FixtureRequest) -> LlmStage:
+    """A runtime whose greedy text does not depend on what else is decoded with it."""
+    if request.param == "transformers":
+        return request.getfixturevalue("transformers_llm")
+    return request.getfixturevalue("float32_ct2").llm

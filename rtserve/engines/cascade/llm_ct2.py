@@ -1,0 +1,220 @@
+"""The CTranslate2 runtime of the cascade LLM (``cascade.llm_runtime: ctranslate2``, the default).
+
+Why: transformers pays ~67 ms of Python per token on SmolLM2-135M and decodes concurrent
+requests one forward pass each. CTranslate2 (already installed with faster-whisper) runs the
+same weights quantized (``cascade.llm_compute_type``, int8 by default) in C++ and decodes a
+batch of requests in one pass per token (``benchmarks/bench_http.py`` measures both).
+
+Batching (step-level, with restarts): the one decode thread runs ``generate_batch`` over the
+active requests that share sampling settings (CTranslate2 samples a whole batch alike),
+streaming every token through the callback. A request finishes (end token, ``max_tokens``,
+context, stop string) or is cancelled by returning True for its row. When requests wait
+and the batch has room, every row stops at its next token and the loop starts again with
+the newcomers: the running requests resume from their prompt plus what they generated so
+far (one prefill more each), so a newcomer's first token never waits for others' whole
+replies. Each request is restarted at most ``llm_max_active`` times that way. Requests
+with another temperature or top_p wait for the running group (oldest request's group
+first).
+
+Two kinds of request are decoded by the transformers runtime (``llm.SmolLlm``) over the
+same weights, loaded on the first such request: requests offering tools (function calls
+need llguidance's mask on every step's logits, which ``generate_batch`` does not expose),
+and sampled requests with a ``seed`` (CTranslate2 draws from one random stream per worker
+thread that cannot be re-seeded per request, so a seed could not make a reply reproducible).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
+from rtserve.engines.cascade.llm_stage import (DecodeQueue, Finish, LlmRequest, LlmStage, Prompter, SamplingLimits,
+                                               eos_ids, fail_request, text_delta)
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.tool_calls import uses_tools
+from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
+
+log = logging.getLogger(__name__)
+
+_GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
+
+
+@dataclass(eq=False)
+class _Request(LlmRequest):
+    prompt: list[int] | None = None  # prompt ids, once templated on the thread
+    finished: bool = False
+    steps: int = 0  # tokens the current batch gave this request
+
+    @property
+    def group(self) -> tuple[float, float]:
+        """Requests decoded in one batch share these (CTranslate2 samples a batch alike)."""
+        p = self.params
+        return (0.0, 1.0) if p.temperature < _GREEDY_BELOW else (p.temperature, p.top_p)
+
+
+class _Batches(DecodeQueue):
+    """The dedicated LLM thread: admit, then one ``generate_batch`` per group of alike requests."""
+
+    def __init__(self, llm: LoadedCt2, context_tokens: int, metrics: CascadeMetrics, max_active: int,
+                 max_waiting: int) -> None:
+        super().__init__(max_active, max_waiting)
+        self._llm: LoadedCt2 | None = llm
+        self._tokenizer = llm.tokenizer
+        context = min(context_tokens, llm.max_positions or context_tokens)
+        self._prompter = Prompter(llm.tokenizer, context)
+        self._context = context
+        self._eos = eos_ids(llm.tokenizer, llm.eos)
+        self._metrics = metrics
+
+    def serve(self) -> None:
+        active: list[_Request] = []
+        while (admitted := self.admit(active)) is not None:
+            for request in admitted:
+                assert isinstance(request, _Request)
+                if not request.cancelled and self._prepare(request):
+                    active.append(request)
+            active = [r for r in active if not (r.cancelled or r.finished)]
+            if active:
+                self._run(active)
+                active = [r for r in active if not (r.cancelled or r.finished)]
+
+    def release_model(self) -> None:
+        self._llm = None  # the generator goes with the thread that used it
+
+    def _prepare(self, request: _Request) -> bool:
+        try:
+            request.prompt = self._prompter.prompt_ids(request.messages, request.params.max_tokens,
+                                                       request.fit_history, request.params)
+        except Exception as exc:
+            fail_request(request, exc)
+            return False
+        request.prompt_tokens = len(request.prompt)
+        return True
+
+    def _limit(self, request: _Request) -> int:
+        return min(request.params.max_tokens, self._context - request.prompt_tokens)
+
+    def _run(self, active: list[_Request]) -> None:
+        assert self._llm is not None
+        key = active[0].group  # the oldest request's group
+        batch = [r for r in active if r.group == key]
+        room = len(active) < self.max_active
+        temperature, top_p = key
+        tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or []), *r.generated]) for r in batch]
+        for request in batch:
+            request.steps = 0
+
+        def on_token(step: Any) -> bool:
+            request = batch[step.batch_id]
+            if request.finished or request.cancelled:
+                return True
+            request.steps += 1
+            try:
+                self._take(request, step.token_id)
+            except Exception as exc:
+                request.finished = True
+                fail_request(request, exc)
+            return request.finished or request.cancelled or self.stopping or (room and self.has_waiting)
+
+        started = time.perf_counter()
+        self._llm.generator.generate_batch(
+            tokens, max_length=max(self._limit(r) - len(r.generated) for r in batch), include_prompt_in_result=False,
+            end_token=sorted(self._eos), callback=on_token,
+            sampling_topk=1 if temperature == 0.0 else 0, sampling_topp=top_p,
+            sampling_temperature=temperature or 1.0)
+        self._metrics.model_call_seconds.labels("llm_batch").observe(time.perf_counter() - started)
+        for request in batch:
+            if not (request.finished or request.cancelled or request.steps):
+                request.finished = True  # CTranslate2 gave it nothing: never spin on it
+                request.deliver(EngineError("text generation stopped without a reply", code="generation_failed"))
+
+    def _take(self, request: _Request, token: int) -> None:
+        """One generated token of ``request``: its text delta delivered, finished when done."""
+        finish: Finish | None = None
+        if token in self._eos:
+            finish = "stop"
+        else:
+            request.generated.append(token)
+            self._metrics.llm_tokens.inc()
+            if len(request.generated) >= self._limit(request):
+                finish = "length"
+        text = self._tokenizer.decode(request.generated, skip_special_tokens=True)
+        delta = text_delta(request, text, finish)
+        if delta is None:
+            return
+        request.deliver(delta)
+        if delta.finish_reason is not None:
+            request.finished = True
+
+
+def needs_transformers(params: SamplingParams) -> bool:
+    """Requests this runtime hands to transformers: tools offered, or seeded sampling."""
+    return uses_tools(params) or (params.seed is not None and params.temperature >= _GREEDY_BELOW)
+
+
+class Ct2Llm(LlmStage):
+    """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools and seeds go to transformers."""
+
+    def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
+                 max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
+                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8") -> None:
+        super().__init__(location, cache_dir=cache_dir, cpu_threads=cpu_threads, max_active=max_active,
+                         max_waiting=max_waiting, context_tokens=context_tokens, metrics=metrics, sampling=sampling)
+        self._compute_type = compute_type
+        self._location = location
+        self._constrained: SmolLlm | None = None
+        self._constrained_lock = asyncio.Lock()
+
+    async def _open(self) -> DecodeQueue:
+        assert self._path is not None
+        started = time.perf_counter()
+        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._cpu_threads,
+                                         self._compute_type)
+        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting)
+        queue.start()
+        log.info("LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)", self.model_name, self._compute_type,
+                 time.perf_counter() - started, loaded.folder, ", converted now" if loaded.converted else "")
+        return queue
+
+    async def constrained(self) -> SmolLlm:
+        """The transformers runtime for ``needs_transformers`` requests (started on first use)."""
+        async with self._constrained_lock:
+            if self._constrained is None:
+                stage = SmolLlm(self._location, cache_dir=self._cache_dir, cpu_threads=self._cpu_threads,
+                                max_active=self._max_active, max_waiting=self._max_waiting,
+                                context_tokens=self._context_tokens, metrics=self._metrics,
+                                sampling=self._sampling)
+                await stage.start()
+                self._constrained = stage
+            return self._constrained
+
+    async def _submit(self, request: LlmRequest) -> None:
+        if needs_transformers(request.params):
+            stage = await self.constrained()
+            await stage._submit(request)
+            return
+        await super()._submit(request)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._constrained is not None:
+            self._constrained.stop()
+
+    async def release(self) -> None:
+        await super().release()
+        constrained, self._constrained = self._constrained, None
+        if constrained is not None:
+            await constrained.release()
+
+    def new_request(self, messages: tuple[ChatMessage, ...], params: SamplingParams, fit_history: bool,
+                    deliver: Callable[[TokenDelta | EngineError], None]) -> LlmRequest:
+        if needs_transformers(params):  # decoded by the transformers runtime: its request kind
+            return SmolLlm.new_request(messages, params, fit_history, deliver)
+        return _Request(messages, params, fit_history, deliver)

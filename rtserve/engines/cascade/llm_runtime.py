@@ -1,0 +1,27 @@
+"""The cascade LLM stage for ``config.cascade.llm_engine`` / ``llm_runtime`` (the one place a runtime is
+chosen): a vLLM server, or the embedded model on CTranslate2 or transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rtserve.config import ServerConfig
+from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
+from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.vllm_engine import VllmTextEngine
+
+
+def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMetrics) -> LlmStage | VllmTextEngine:
+    if config.cascade.llm_engine == "vllm":
+        return VllmTextEngine(config.http.vllm)
+    paths, limits = config.models, config.cascade
+    common = dict(cache_dir=Path(paths.cache_dir).expanduser(), cpu_threads=paths.cpu_threads,
+                  max_active=limits.llm_max_active, max_waiting=limits.llm_max_waiting,
+                  context_tokens=limits.llm_context_tokens, metrics=metrics,
+                  sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p))
+    if limits.llm_runtime == "transformers":
+        return SmolLlm(location, **common)  # type: ignore[arg-type]
+    return Ct2Llm(location, compute_type=limits.llm_compute_type, **common)  # type: ignore[arg-type]
