@@ -1,6 +1,8 @@
-"""Paced Moshi clients against the real server's ``/api/chat`` on the loopback engine.
+"""Paced Moshi clients against the real server's ``/api/chat``, on the loopback engine or,
+with ``--engine moshi --config FILE``, on the real Moshi engine (``moshi_engine`` section of
+FILE: weights or ``random_weights``, device, dtype, kv_cache; the batch is set to N).
 
-For each client count N this starts ``rtserve serve --engine loopback`` (batch = N) in its
+For each client count N this starts ``rtserve serve --engine ENGINE`` (batch = N) in its
 own process and runs N clients for ``--duration`` seconds. A client speaks what Moshi's
 own CLI does: sphn Ogg-Opus pages, one 80 ms frame sent every 80 ms on an absolute
 schedule (clients start at spread phases, like independent callers). To keep the load
@@ -11,21 +13,35 @@ silence or frame slips the server inserts.
 
 Reported per N (steady-state window: after ``--warmup`` s, before the senders stop):
 
-* latency: for every echoed 80 ms page, its arrival time minus the send time of the
+* server path p50/p99 (any lockstep engine; a server histogram, so it holds for a model whose
+  output is no echo): for every agent frame whose tick stepped new input, from the moment
+  the newest input sample that tick stepped was decoded and handed to the engine session
+  (front end) to the moment that tick's Ogg-Opus page was written to the socket: the wait
+  for the tick (uplink to the engine process, tick phase, any standing backlog), the tick
+  (Mimi encode, LM, Mimi decode), the hand-off back and the Opus encode. The engine says,
+  with each frame, how many input samples were gone from its backlog after that tick; the
+  front end stamped every push. Not in it: the client's socket and the Opus decode on the
+  way in (about a millisecond); on the loopback engine the echo latency below includes
+  them (4 clients on 2 CPU cores: path p50/p99 46/88 ms against echo 51/83 ms, within the
+  histogram's 10 ms buckets);
+* tick and step p50/p99: the lockstep's histograms (whole tick; the batched model step);
+* latency (loopback only): for every echoed 80 ms page, its arrival time minus the send time of the
   newest input audio it carries, minus the loopback delay: what the server path adds
   (tick phase wait, Opus decode/encode incl. codec lookahead, queues, sockets); p50/p99;
 * egress p50/p99: engine frame produced -> bytes written, from the server's histogram;
 * underruns: live-slot ticks stepped with silence because a frame was not there in time
   (server counter), as a share of live ticks;
-* lateness: arrival of echoed page k minus its ideal cadence time (first page + k*80 ms,
+* lateness: arrival of agent page k minus its ideal cadence time (first page + k*80 ms,
   anchored at the earliest page); p99 and pages > 80 ms late (a one-frame playout
   buffer would starve);
 * drops (server input backlog + per-connection output), skipped tick deadlines, send lag
   p99 (client timer slip: checks the load generator itself kept up), server CPU (share of
-  one core), and the share of 1 s windows whose echo could be located.
+  one core), and (loopback) the share of 1 s windows whose echo could be located.
 
     .venv/bin/python benchmarks/bench_moshi.py                  # N = 8, 32, 64; 30 s each
     .venv/bin/python benchmarks/bench_moshi.py --duration 5     # quick look
+    python benchmarks/bench_moshi.py --engine moshi --config moshi.yaml --clients 128 256 \
+        --workers 8 --client-procs 4                            # the real engine on a GPU
 
 ``--client-procs K`` runs the clients in K load-generator processes (``load_shards.py``):
 one process sending 256 paced streams nears a core of its own, and its timer slip then
@@ -54,7 +70,7 @@ from server_process import ServerProcess, scrape
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rtserve.config import ServerConfig  # noqa: E402  (the defaults the server child runs with)
+from rtserve.config import ServerConfig, load_config  # noqa: E402  (what the server child runs with)
 
 RATE = 24_000
 FRAME = 1920
@@ -78,6 +94,12 @@ class Point:
     workers: int
     clients: int
     duration_s: float
+    server_path_p50_ms: float
+    server_path_p99_ms: float
+    tick_p50_ms: float
+    tick_p99_ms: float
+    step_p50_ms: float
+    step_p99_ms: float
     latency_p50_ms: float
     latency_p99_ms: float
     egress_p50_ms: float
@@ -199,10 +221,10 @@ def _lag_in(output: np.ndarray, reference: np.ndarray, lo: int, hi: int) -> tupl
     return lo + best, score
 
 
-def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tuple[list[float], list[float], int, int]:
-    """(latencies ms, lateness ms, aligned windows, windows) of one client's steady state."""
+def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tuple[list[float], int, int]:
+    """(echo latencies ms, aligned windows, windows) of one client's steady state (loopback engine)."""
     if not log.pages or log.signal is None:
-        return [], [], 0, 0
+        return [], 0, 0
     chunks = decode_stream(log.pages)
     output = np.concatenate(chunks)
     ends = np.cumsum([len(c) for c in chunks])  # output sample index where each page ends
@@ -235,13 +257,17 @@ def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tupl
             j = newest_input // FRAME
             if 0 <= j < frames:
                 latencies.append((arrivals[page] - sent[j] - delay_s) * 1e3)
-    in_window = (arrivals >= window[0]) & (arrivals <= window[1])
-    lateness: list[float] = []
-    if in_window.sum() > 1:
-        index = np.flatnonzero(in_window)
-        cadence = arrivals[index] - (index - index[0]) * PERIOD_S
-        lateness = list((cadence - cadence.min()) * 1e3)
-    return latencies, lateness, aligned, windows
+    return latencies, aligned, windows
+
+
+def cadence_lateness(log: ClientLog, window: tuple[float, float]) -> list[float]:
+    """ms each page in ``window`` arrived after its slot on the 80 ms grid (anchored at the earliest)."""
+    arrivals = np.asarray(log.arrivals)
+    index = np.flatnonzero((arrivals >= window[0]) & (arrivals <= window[1]))
+    if len(index) < 2:
+        return []
+    cadence = arrivals[index] - (index - index[0]) * PERIOD_S
+    return list((cadence - cadence.min()) * 1e3)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -260,14 +286,18 @@ def shard(url: str, messages: list[bytes], starts: list[float], window: tuple[fl
     return run_shard(lambda: run_clients(url, messages, starts), window)
 
 
-async def run_point(workers: int, clients: int, duration_s: float, warmup_s: float, delay_frames: int,
-                    client_procs: int) -> Point:
-    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(clients),
+BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI_ENGINE__BATCH_SIZE"}
+
+
+async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
+    duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
+    echo = args.engine == "loopback"
+    server = ServerProcess({BATCH_ENV[args.engine]: str(clients),
                             "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi",
-                           workers=workers)
+                           engine=args.engine, workers=workers, config=args.config)
     try:
         async with aiohttp.ClientSession() as http:
-            await server.wait_ready(http)
+            await server.wait_ready(http, timeout_s=args.ready_timeout)
             frames = int(round(duration_s / PERIOD_S))
             # Every client sends the same encoded stream (connections are independent; encoding
             # it once keeps the load generator light) at its own phase.
@@ -277,7 +307,7 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
             start_at = time.monotonic() + 3.0 + 0.002 * clients
             url = server.base.replace("http", "ws") + "/api/chat"
             window = (start_at + warmup_s + PERIOD_S, start_at + frames * PERIOD_S - 0.2)
-            ranges = split(clients, client_procs)
+            ranges = split(clients, args.client_procs)
             shards = asyncio.create_task(gather_shards(shard, [
                 (url, messages, [start_at + PERIOD_S * i / clients for i in indices], window)
                 for indices in ranges]))
@@ -291,15 +321,14 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
         server.stop()
 
     logs = merge_logs(results, ranges, clients)
-    for log in logs:
-        log.signal = signal_  # what every client sent, for the echo alignment
     latencies: list[float] = []
     lateness: list[float] = []
     aligned = windows = 0
     for log in logs:
-        lat, late, ok, total = analyse(log, window, delay_frames * PERIOD_S)
+        log.signal = signal_ if echo else None  # what every client sent, for the echo alignment
+        lat, ok, total = analyse(log, window, delay_frames * PERIOD_S)
         latencies += lat
-        lateness += late
+        lateness += cadence_lateness(log, window)
         aligned += ok
         windows += total
 
@@ -308,8 +337,18 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
 
     underruns = int(delta("rtserve_lockstep_underruns_total"))
     live_ticks = int(round(measured_s / PERIOD_S)) * clients
+    def quantile_ms(name: str, q: float) -> float:
+        return histogram_quantile(before, after, name, q) * 1e3
+
     return Point(
         workers=workers, clients=clients, duration_s=duration_s,
+        server_path_p50_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.5),
+        server_path_p99_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.99),
+        tick_p50_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.5),
+        tick_p99_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.99),
+        step_p50_ms=quantile_ms("rtserve_lockstep_step_seconds", 0.5),
+        step_p99_ms=quantile_ms("rtserve_lockstep_step_seconds", 0.99),
+
         latency_p50_ms=_pct(latencies, 50), latency_p99_ms=_pct(latencies, 99),
         egress_p50_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.5) * 1e3,
         egress_p99_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.99) * 1e3,
@@ -331,42 +370,48 @@ async def run_point(workers: int, clients: int, duration_s: float, warmup_s: flo
 
 
 def print_table(points: list[Point]) -> None:
-    columns = [("workers", 7), ("N", 4), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
+    columns = [("workers", 7), ("N", 4), ("path p50", 8), ("path p99", 8), ("tick p50", 8), ("tick p99", 8),
+               ("step p50", 8), ("step p99", 8), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
                ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("trim", 7), ("skipped", 7),
                ("send p99", 8), ("cpu", 5), ("busiest", 7), ("client/max", 10), ("aligned", 7), ("errors", 6)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
-        cells = [str(p.workers), str(p.clients), f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
+        cells = [str(p.workers), str(p.clients), f"{p.server_path_p50_ms:.1f}ms", f"{p.server_path_p99_ms:.1f}ms",
+                 f"{p.tick_p50_ms:.1f}ms", f"{p.tick_p99_ms:.1f}ms", f"{p.step_p50_ms:.1f}ms", f"{p.step_p99_ms:.1f}ms",
+                 f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
                  f"{p.egress_p50_ms:.2f}ms", f"{p.egress_p99_ms:.2f}ms",
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
                  str(p.dropped_input + p.dropped_output), f"{p.trimmed_input_ms:.0f}ms", str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
                  f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
-    print("lat: echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
+    print("path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); tick/step: lockstep histograms (bucket-interpolated); "
+          "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
           "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
           "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
           "aligned: 1 s windows whose echo was located (lat is measured in those)")
 
 
 async def main_async(args: argparse.Namespace) -> dict:
+    config = load_config(args.config) if args.config else ServerConfig()
     points = []
     for clients in args.clients:
         for workers in args.workers:  # side by side in one run: the machine is shared and noisy
-            point = await run_point(workers, clients, args.duration, args.warmup, args.delay_frames,
-                                    args.client_procs)
+            point = await run_point(args, workers, clients)
             points.append(point)
             print(f"N={clients} workers={workers}: done", file=sys.stderr)
     print_table(points)
     return {
         "benchmark": "bench_moshi",
         "route": "/api/chat",
-        "engine": "loopback",
+        "engine": args.engine,
+        "config_file": None if args.config is None else str(args.config),
         "loopback_delay_frames": args.delay_frames,
         "frame_ms": PERIOD_S * 1e3,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
-        "server_config": {"moshi": ServerConfig().moshi.model_dump(), "lockstep": ServerConfig().lockstep.model_dump()},
+        "server_config": {"moshi": config.moshi.model_dump(), "lockstep": config.lockstep.model_dump(),
+                          "moshi_engine": config.moshi_engine.model_dump()},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "load_average_at_end": os.getloadavg()},
         "points": [asdict(p) for p in points],
@@ -381,12 +426,19 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of paced audio per client")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the statistics")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback engine delay")
+    parser.add_argument("--engine", choices=sorted(BATCH_ENV), default="loopback",
+                        help="loopback (echo: latency by cross-correlation too) or moshi (the real engine)")
+    parser.add_argument("--config", type=Path, help="server YAML config (--engine moshi: its moshi_engine section)")
+    parser.add_argument("--ready-timeout", type=float, default=60.0,
+                        help="seconds to wait for the server to load (a 7B model and its CUDA graphs take a while)")
     parser.add_argument("--client-procs", type=int, default=1,
                         help="load generator processes (one process tops out near 256 paced clients)")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_moshi.json")
     args = parser.parse_args()
     if args.duration <= args.warmup + 1:
         parser.error("--duration must exceed --warmup by more than 1 s")
+    if args.engine == "moshi" and args.config is None:
+        parser.error("--engine moshi needs --config FILE (its moshi_engine section: weights, device, ...)")
     result = asyncio.run(main_async(args))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

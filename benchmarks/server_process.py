@@ -30,13 +30,13 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, env: dict[str, str], *, engine: str = "loopback", name: str = "bench",
-                 workers: int = 1) -> None:
+                 workers: int = 1, config: Path | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix=f"{name}_server_", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtserve.cli", "serve", "--engine", engine, "--port", str(self.port),
-             "--log-level", "warning", "--workers", str(workers)],
+             "--log-level", "warning", "--workers", str(workers), *(["--config", str(config)] if config else [])],
             cwd=ROOT, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT)
 
     async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0,

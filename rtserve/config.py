@@ -199,6 +199,10 @@ class MoshiEngineConfig(_Section):
                                                                "all slots together (null: batch_size x the model's "
                                                                "context, so every slot can reach it)")
     kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
+    random_weights: bool = Field(False, description="benchmarking only: random weights instead of a checkpoint, "
+                                                   "at the shape of weights/config.json (and its Mimi config) or, "
+                                                   "with weights null, the published 7B shape; no tokenizer, so "
+                                                   "no text output and no persona text")
 
     @field_validator("kv_block_frames")
     @classmethod

@@ -126,6 +126,9 @@ class FrameOutput:
 
     audio: Pcm
     text: str | None = None
+    # Set by the lockstep scheduler, not the model: the slot's input samples gone from its
+    # backlog (stepped, trimmed or discarded) once the tick that made this frame took its own.
+    input_samples: int | None = None
 
 
 class FrameModel(Protocol):
@@ -360,6 +363,7 @@ class OutputAudio:
     response_id: str | None = None
     text: str | None = None  # text spoken with this chunk (transcript piece), if any
     tick_started: float | None = None  # lockstep: when (time.monotonic) a tick of its engine began
+    input_samples: int | None = None  # lockstep: ``FrameOutput.input_samples`` of this frame
 
 
 @dataclass(frozen=True)

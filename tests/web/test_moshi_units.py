@@ -19,7 +19,7 @@ from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.prompt import PromptError, parse_seed, prompt_from_query, resolve_voice
 from rtserve.web.moshi.service import MoshiService
-from tests.web.moshi_support import WAIT_S, moshi_config
+from tests.web.moshi_support import WAIT_S, moshi_config, noise_signal
 
 # ---------------------------------------------------------------------------- voices
 
@@ -148,5 +148,37 @@ async def test_a_stalled_client_drops_its_own_oldest_frames_and_never_holds_the_
         assert len(lease.output) == 2
         await service.stop_output(output)
         await conversation.close()
+    finally:
+        await engine.stop()
+
+
+# ---------------------------------------------------------------------------- server path
+
+
+async def test_each_agent_frame_says_when_the_input_its_tick_stepped_arrived(config: ServerConfig) -> None:
+    """The server-path metric's stamp: a frame whose tick stepped a push carries that push's
+    arrival; frames of ticks that found no new input carry none."""
+    config = moshi_config(config)
+    registry = CollectorRegistry()
+    engine = create_engine("loopback", config, registry)
+    metrics = MoshiMetrics(registry)
+    await engine.start()
+    try:
+        session = await engine.open_session("stamped", SessionOptions())
+        bridge = EngineBridge(session, route="/test", metrics=metrics)
+        frames = bridge.frames()
+        loop = asyncio.get_running_loop()
+        silent_ticks = 0
+        for seed in range(3):
+            pushed_from = loop.time()
+            bridge.push(noise_signal(1, seed=seed))
+            pushed_by = loop.time()
+            while (frame := await asyncio.wait_for(anext(frames), WAIT_S)).input_at is None:
+                silent_ticks += 1
+            assert pushed_from <= frame.input_at <= pushed_by
+        # Between pushes the engine kept ticking on silence: those frames carried no stamp.
+        next_frame = await asyncio.wait_for(anext(frames), WAIT_S)
+        assert next_frame.input_at is None and session.lease.underruns >= 1
+        await bridge.close()
     finally:
         await engine.stop()

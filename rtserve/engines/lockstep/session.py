@@ -83,7 +83,8 @@ class LockstepSession:
                 return
             output, epoch = item
             yield OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
-                              tick_started=self._lease.scheduler.last_tick_started())
+                              tick_started=self._lease.scheduler.last_tick_started(),
+                              input_samples=output.input_samples)
 
     async def close(self) -> None:
         if self._closed:

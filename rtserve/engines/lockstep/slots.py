@@ -184,7 +184,8 @@ class OutputHandoff:
                 if oldest.text:
                     following, following_epoch = self._items[0] if self._items else (output, epoch)
                     if following_epoch == oldest_epoch:  # older epochs' text is fenced off anyway
-                        carried = FrameOutput(following.audio, oldest.text + (following.text or ""))
+                        carried = FrameOutput(following.audio, oldest.text + (following.text or ""),
+                                              following.input_samples)
                         if self._items:
                             self._items[0] = (carried, following_epoch)
                         else:

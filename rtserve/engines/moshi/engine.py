@@ -9,7 +9,7 @@ from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.lm_config import CheckpointError
-from rtserve.engines.moshi.loader import load_folder
+from rtserve.engines.moshi.loader import load_folder, random_model
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.sampling import SamplingParams
 from rtserve.engines.tiny_torch import resolve_device
@@ -19,12 +19,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     settings = config.moshi_engine
-    if not settings.weights:
+    if not settings.weights and not settings.random_weights:
         raise ConfigError("invalid config field 'moshi_engine.weights': the moshi engine needs a local weight "
                           "folder (config.json, model and Mimi safetensors, tokenizer); nothing is downloaded")
     device = resolve_device(settings.device)
     try:
-        loaded = load_folder(settings.weights, device=device, dtype=DTYPES[settings.dtype])
+        if settings.random_weights:
+            loaded = random_model(settings.weights, device=device, dtype=DTYPES[settings.dtype])
+        else:
+            loaded = load_folder(settings.weights, device=device, dtype=DTYPES[settings.dtype])
     except CheckpointError as exc:
         # Startup reports config problems as one line naming the field; keep the loader's detail.
         raise ConfigError(f"invalid config field 'moshi_engine.weights': {exc}") from None

@@ -71,8 +71,9 @@ class MoshiFrameModel:
         self._plans: dict[int, list[PrefillStep]] = {}
         self._staged: dict[int, PrefillStep] = {}
         self._voices: OrderedDict[str, list[PrefillStep]] = OrderedDict()
-        self._pieces = [self.tokenizer.id_to_piece(i).replace("\u2581", " ")
-                        for i in range(self.tokenizer.vocab_size())]
+        # No tokenizer (random weights): no text out, persona text refused.
+        self._pieces = [] if self.tokenizer is None else [self.tokenizer.id_to_piece(i).replace("\u2581", " ")
+                                                          for i in range(self.tokenizer.vocab_size())]
 
     # -- slot lifecycle ---------------------------------------------------------------
 
@@ -148,6 +149,8 @@ class MoshiFrameModel:
         if prompt.voice:
             plan += self._voice_steps(prompt.voice)
         if prompt.text:
+            if self.tokenizer is None:
+                raise PromptError("persona text needs a tokenizer; this engine runs random weights")
             ids = persona_tokens(prompt.text, self.tokenizer.encode, self.max_prompt_tokens)
             plan += text_steps(ids, self.silence, self.config)
         return plan

@@ -5,6 +5,9 @@ A folder holds ``config.json`` (Kyutai format: LM shape plus ``moshi_name``, ``m
 safetensors and the SentencePiece text tokenizer. Without ``config.json`` the published
 Moshi 7B layout and file names are assumed. Every failure is a ``CheckpointError`` that
 names the file, tensor or field at fault.
+
+``random_model`` is for benchmarking only (``moshi_engine.random_weights``): the same modules
+at a folder's shape (or the published 7B shape) with random weights and no tokenizer.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ _CODEBOOK_EPS = 1e-5  # the published codebook normalisation: sum / max(usage, e
 class LoadedModel:
     lm: MoshiLM
     mimi: Mimi
-    tokenizer: sentencepiece.SentencePieceProcessor
+    tokenizer: sentencepiece.SentencePieceProcessor | None  # None: random weights (no text)
     lm_config: LMConfig
     mimi_config: MimiConfig
-    folder: Path
+    folder: Path | None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -66,17 +69,25 @@ def _inside(folder: Path, name: object, field: str) -> Path:
     return path
 
 
-def read_configs(folder: Path) -> tuple[LMConfig, MimiConfig, dict[str, Path]]:
+def _raw_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise CheckpointError(f"moshi weight folder {folder} does not exist")
     config_path = folder / "config.json"
-    raw = _read_json(config_path) if config_path.is_file() else {}
-    names = {key: raw.get(key, default) for key, default in DEFAULT_NAMES.items()}
-    files = {key: _inside(folder, value, key) for key, value in names.items()}
+    return _read_json(config_path) if config_path.is_file() else {}
+
+
+def _shapes(folder: Path, raw: dict[str, Any]) -> tuple[LMConfig, MimiConfig]:
     mimi_raw = None
     if raw.get("mimi_config_name"):
         mimi_raw = _read_json(_inside(folder, raw["mimi_config_name"], "mimi_config_name"))
-    return LMConfig.from_dict(raw), MimiConfig.from_dict(mimi_raw), files
+    return LMConfig.from_dict(raw), MimiConfig.from_dict(mimi_raw)
+
+
+def read_configs(folder: Path) -> tuple[LMConfig, MimiConfig, dict[str, Path]]:
+    raw = _raw_config(folder)
+    names = {key: raw.get(key, default) for key, default in DEFAULT_NAMES.items()}
+    files = {key: _inside(folder, value, key) for key, value in names.items()}
+    return *_shapes(folder, raw), files
 
 
 def load_lm(config: LMConfig, path: Path, device: torch.device, dtype: torch.dtype) -> MoshiLM:
@@ -131,3 +142,42 @@ def load_folder(folder: str | Path, *, device: torch.device, dtype: torch.dtype)
     mimi = load_mimi(mimi_config, lm_config.mimi_codebooks, files["mimi_name"], device)
     tokenizer = load_tokenizer(files["tokenizer_name"], lm_config.text_card)
     return LoadedModel(lm, mimi, tokenizer, lm_config, mimi_config, root)
+
+
+def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
+    """Matrices ~ N(0, 1/fan_in); norm weights and scales one; biases zero."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.dim() >= 2:
+                std = (param.numel() // param.shape[0]) ** -0.5
+                param.copy_(torch.randn(param.shape, generator=generator, device=generator.device,
+                                        dtype=param.dtype).mul_(std))
+            elif name.endswith(("alpha", "scale", "weight")):
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+
+def random_model(folder: str | Path | None, *, device: torch.device, dtype: torch.dtype,
+                 seed: int = 0) -> LoadedModel:
+    """Benchmarking only: the LM and Mimi at ``folder``'s shape (its ``config.json`` and Mimi
+    config; no weight files needed) or, with no folder, the published 7B shape, with random
+    weights (seeded) and no tokenizer. What it says is noise; what it costs is the real model's."""
+    root = None if folder is None else Path(folder)
+    lm_config, mimi_config = (LMConfig.from_dict({}), MimiConfig.from_dict(None)) if root is None \
+        else _shapes(root, _raw_config(root))
+    if mimi_config.bins != lm_config.card:
+        raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {lm_config.card}")
+    log.warning("moshi engine on RANDOM weights (moshi_engine.random_weights): benchmarking only")
+    generator = torch.Generator(device=device).manual_seed(seed)  # drawn where the weights live: 7B is a lot
+    with torch.device("meta"):
+        lm = MoshiLM(lm_config)
+    lm = lm.to(dtype).to_empty(device=device)
+    _randomize(lm, generator)
+    mimi = Mimi(mimi_config, lm_config.mimi_codebooks).to(device)
+    _randomize(mimi, generator)
+    with torch.no_grad():
+        for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
+            rvq.codebooks.copy_(torch.randn(rvq.codebooks.shape, generator=generator, device=device))
+    return LoadedModel(lm.eval().requires_grad_(False), mimi.eval().requires_grad_(False), None,
+                       lm_config, mimi_config, root)

@@ -10,6 +10,7 @@ one output hand-off is the only queue: ``frames`` reads it as the socket is read
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ from rtserve.engines.protocols import EngineFailure, EngineSession, OutputAudio,
 from rtserve.web.moshi.metrics import MoshiMetrics
 
 _NO_AUDIO = np.zeros(0, np.float32)
+# Input arrivals kept for the server-path metric while their tick is pending: far more than
+# an engine backlog holds (a few seconds of 20-80 ms pushes); beyond it the oldest go.
+_MAX_ARRIVALS = 4096
 
 
 @dataclass
@@ -28,6 +32,9 @@ class AgentFrame:
     pcm: np.ndarray  # float32 mono at the wire rate (24 kHz)
     text: str | None
     produced_at: float  # loop.time() when the frame was read from the engine's hand-off
+    # loop.time() the newest input sample the frame's tick stepped reached this bridge (after
+    # decoding); None when that tick stepped no new input or the engine does not say (not lockstep).
+    input_at: float | None = None
 
 
 class EngineBridge:
@@ -42,6 +49,11 @@ class EngineBridge:
         self._to_wire = StreamResampler(caps.output_sample_rate, WIRE_SAMPLE_RATE)
         self._frames_in = metrics.frames_in.labels(route)
         self._closed = False
+        # (engine-rate samples pushed in all after a push, its loop.time()); None once the
+        # engine's output says nothing about the input it stepped.
+        self._arrivals: deque[tuple[int, float]] | None = deque(maxlen=_MAX_ARRIVALS)
+        self._pushed = 0
+        self._stepped = 0  # input_samples of the last frame
 
     def push(self, pcm: np.ndarray) -> None:
         """User audio at 24 kHz, any length: straight to the engine session."""
@@ -66,7 +78,8 @@ class EngineBridge:
         loop = asyncio.get_running_loop()
         async for event in self.session.events():
             if isinstance(event, OutputAudio):
-                yield AgentFrame(self._to_wire.process(event.pcm), event.text or None, loop.time())
+                yield AgentFrame(self._to_wire.process(event.pcm), event.text or None, loop.time(),
+                                 self._arrival_of(event.input_samples))
             elif isinstance(event, OutputText):
                 yield AgentFrame(_NO_AUDIO, event.text or None, loop.time())
             elif isinstance(event, EngineFailure):
@@ -85,8 +98,25 @@ class EngineBridge:
         self._closed = True
         await self.session.close()
 
+    def _arrival_of(self, stepped: int | None) -> float | None:
+        """When the newest of the first ``stepped`` input samples arrived; None when no new
+        input was stepped since the last frame. Exact while the front end and the engine count
+        the same samples: audio cleared before it reached the engine (``clear_input`` over the
+        link) makes later stamps read older than they are."""
+        if stepped is None:
+            self._arrivals = None
+        if self._arrivals is None or stepped is None or stepped <= self._stepped:
+            return None
+        self._stepped = stepped
+        while self._arrivals and self._arrivals[0][0] < stepped:  # pushes that ended before that sample
+            self._arrivals.popleft()
+        return self._arrivals[0][1] if self._arrivals else None
+
     def _push_engine_rate(self, pcm: np.ndarray) -> None:
         if not pcm.size:
             return
+        self._pushed += pcm.size
+        if self._arrivals is not None:
+            self._arrivals.append((self._pushed, asyncio.get_running_loop().time()))
         self.session.push_audio(pcm)
         self._frames_in.inc(pcm.size / self._frame_samples)

@@ -176,6 +176,7 @@ class MoshiService:
         loop = asyncio.get_running_loop()
         frames_out = self.metrics.frames_out.labels(route)
         latency = self.metrics.egress_latency.labels(route)
+        server_path = self.metrics.server_path.labels(route)
         try:
             async for frame in conversation.frames():
                 if not await send_within(send_frame(frame), transport, send_timeout_s):
@@ -183,6 +184,8 @@ class MoshiService:
                 if frame.pcm.size:
                     frames_out.inc()
                     latency.observe(loop.time() - frame.produced_at)
+                if frame.input_at is not None:
+                    server_path.observe(loop.time() - frame.input_at)
         except ConnectionError:
             pass  # the socket is closing; the receive side ends the connection
         return True

@@ -32,6 +32,8 @@ async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(moshi
     assert client.audio_messages >= 12
     assert client.text, "the inner-monologue text stream sent nothing"
     assert server.metric("rtserve_moshi_frames_in_total", route="/api/chat") >= 12
+    # Every page whose tick stepped user audio timed its server path (audio in -> page out).
+    assert server.metric("rtserve_moshi_server_path_seconds_count", route="/api/chat") >= 8
 
 
 async def test_personaplex_query_parameters_reach_the_slot(moshi_config: ServerConfig) -> None:
