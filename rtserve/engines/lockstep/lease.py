@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rtserve.config import LockstepConfig
+from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff, SlotPhase
 from rtserve.engines.protocols import EngineFailure, FrameOutput
 
@@ -64,8 +65,7 @@ class SlotLease:
         self.underruns = 0
         self.dropped_output_frames = 0
         self._changed = asyncio.Event()
-        self._last_drop_log = -float("inf")
-        self._unlogged_drop = 0
+        self._drop_log = LogThrottle(_DROP_LOG_INTERVAL_S)
 
     @property
     def scheduler(self) -> LockstepScheduler:
@@ -94,18 +94,15 @@ class SlotLease:
         self.samples_discarded += self.input.clear()
 
     def _report_drop(self, count: int) -> None:
-        self._unlogged_drop += count
-        now = time.monotonic()
-        if now - self._last_drop_log < _DROP_LOG_INTERVAL_S:
+        unlogged = self._drop_log.due(count, time.monotonic())
+        if unlogged is None:
             return
         rate = self._scheduler.sample_rate
         log.warning("%s slot %d: input arrived faster than the engine stepped it; %.0f ms of the oldest audio "
                     "went over the %.0f ms backlog bound and was dropped (%.0f ms in this session)",
-                    self._scheduler.name, self.slot, self._unlogged_drop * 1000 / rate,
+                    self._scheduler.name, self.slot, unlogged * 1000 / rate,
                     self.input.limit * 1000 / rate, self.samples_dropped * 1000 / rate,
                     extra={"session_id": self.session_id})
-        self._last_drop_log = now
-        self._unlogged_drop = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""

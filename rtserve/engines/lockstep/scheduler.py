@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -51,6 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep.lease import SlotLease
+from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.metrics import LockstepMetrics
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
 from rtserve.engines.lockstep.slots import LoopNotifier, SlotPhase
@@ -162,8 +162,7 @@ class LockstepScheduler:
         self._frames = np.zeros((self.batch_size, self.frame_size), np.float32)
         self._live_mask = np.zeros(self.batch_size, bool)
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
-        self._last_overrun_log = -math.inf
-        self._unlogged_overruns = 0
+        self._overrun_log = LogThrottle(_OVERRUN_LOG_INTERVAL_S)
         self._last_tick_started: float | None = None
 
     # ------------------------------------------------------------------ loop side
@@ -301,17 +300,13 @@ class LockstepScheduler:
             self._note_overrun(outcome)
 
     def _note_overrun(self, outcome: TickOutcome) -> None:
-        self._unlogged_overruns += 1
-        now = self._clock.monotonic()
-        if now - self._last_overrun_log < _OVERRUN_LOG_INTERVAL_S:
+        overruns = self._overrun_log.due(1, self._clock.monotonic())
+        if overruns is None:
             return
         log.warning("%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
                     "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
                     "last report)", self.name, outcome.duration_s * 1e3, self.period_s * 1e3,
-                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self.catch_up_frames,
-                    self._unlogged_overruns)
-        self._last_overrun_log = now
-        self._unlogged_overruns = 0
+                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self.catch_up_frames, overruns)
 
     def _run_tick(self) -> _TickWork | None:
         clock = self._clock
