@@ -133,7 +133,7 @@ class EngineSet:
         assert self._text_engine is not None
         try:
             await self._text_engine.start()
-        except Exception as exc:  # chat answers 503 model_unavailable, saying why; /health says failed
+        except Exception as exc:  # chat answers 503 model_unavailable, /health failed; the log says why
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("vLLM text engine failed to start")
         self._changed()

@@ -125,8 +125,8 @@ class VllmTextEngine:
         ``fit_history`` drops the oldest non-system turns when the conversation outgrows
         vLLM's context; without it vLLM's refusal is ``context_length_exceeded``."""
         if self._context is None:
-            if self._failure is not None:
-                raise EngineError(f"The LLM is unavailable: {self._failure}.", code=MODEL_UNAVAILABLE)
+            if self._failure is not None:  # the reason names vLLM's address: it stays in the server log
+                raise EngineError("The LLM server (vLLM) is unavailable.", code=MODEL_UNAVAILABLE)
             raise EngineError("The LLM (vLLM) is still loading.", code=MODEL_NOT_READY)
         if fit_history:
             messages = await self._fitted(messages, params)
@@ -224,7 +224,8 @@ async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
         return EngineError(f"The LLM server (vLLM) is not ready: {message}", code=MODEL_NOT_READY)
     if response.status == 401:
         return EngineError("vLLM refused rtserve's key (http.vllm.api_key)", code=MODEL_UNAVAILABLE)
-    return EngineError(f"The LLM server (vLLM) answered {response.status}: {message}", code=MODEL_UNAVAILABLE)
+    log.warning("vLLM answered %d: %s", response.status, message)  # its own words may name internals
+    return EngineError(f"The LLM server (vLLM) answered {response.status}.", code=MODEL_UNAVAILABLE)
 
 
 async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[TokenDelta]:

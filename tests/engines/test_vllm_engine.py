@@ -57,7 +57,7 @@ async def test_a_server_that_never_answers_leaves_the_engine_unavailable(config:
     assert f"127.0.0.1:{port}" in failed.value.message and "startup_timeout_s" in failed.value.message
     with pytest.raises(EngineError) as refused:
         await anext(engine.generate(messages, SamplingParams()))
-    assert refused.value.code == "model_unavailable" and f"127.0.0.1:{port}" in refused.value.message
+    assert refused.value.code == "model_unavailable" and "127.0.0.1" not in refused.value.message  # no internals
 
 
 async def test_health_waits_for_the_vllm_server_and_says_when_it_failed(config: ServerConfig) -> None:
