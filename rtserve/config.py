@@ -27,6 +27,10 @@ class SessionLimits(_Section):
     max_sessions: int = Field(64, ge=1, description="live sessions admitted at once; beyond -> resource_exhausted")
     idle_ttl_s: float | None = Field(300.0, gt=0, description="expire a session idle this long; null disables")
     disconnect_grace_s: float = Field(30.0, ge=0, description="keep a detached session resumable this long")
+    max_detached_sessions: int = Field(
+        32, ge=0, description="detached sessions kept resumable at once (they hold admission slots); beyond, the one "
+                              "detached longest ends (detached_limit), so clients that drop connections cannot "
+                              "fill the server")
     max_session_duration_s: float | None = Field(
         3600.0, gt=0, description="a turn-based OpenAI Realtime session (not resumable) ends this long after it "
                                   "opened, as OpenAI's do (error session_expired); idle_ttl_s applies to resumable "

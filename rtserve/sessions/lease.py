@@ -25,6 +25,7 @@ from rtserve.sessions.ids import new_resume_token
 IDLE_TTL_EXPIRED = "idle_ttl_expired"
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
 MAX_DURATION_REACHED = "max_duration_reached"
+DETACHED_LIMIT = "detached_limit"
 
 
 UNKNOWN_SESSION_MESSAGE = "Unknown or expired session"

@@ -40,7 +40,7 @@ from rtserve.sessions.errors import SessionError
 from rtserve.sessions.handle import SessionHandle
 from rtserve.sessions.ids import new_session_id
 from rtserve.sessions.journal import ReplayJournal
-from rtserve.sessions.lease import MAX_DURATION_REACHED, Lease, unknown_session
+from rtserve.sessions.lease import DETACHED_LIMIT, MAX_DURATION_REACHED, Lease, unknown_session
 from rtserve.sessions.metrics import SessionMetrics
 from rtserve.sessions.projections.base import Projection
 from rtserve.sessions.projections.realtime import RealtimeProjection
@@ -279,7 +279,17 @@ class SessionManager:
             entry.outlet.detach(current)
         if not entry.runner.resumable:
             self._begin_stop(entry, StopKind.CLOSED, "disconnect")
+        else:
+            self._bound_detached()
         return True
+
+    def _bound_detached(self) -> None:
+        """Detached sessions hold slots for clients that may never come back: keep at most
+        ``max_detached_sessions``, ending the ones detached longest."""
+        detached = sorted((e for e in self._live.values() if e.lease.detached and e.runner.resumable),
+                          key=lambda e: e.lease.detached_at or 0.0)
+        for entry in detached[:max(len(detached) - self.limits.max_detached_sessions, 0)]:
+            self._begin_stop(entry, StopKind.EXPIRED, DETACHED_LIMIT)
 
     def resume(self, session_id: str, *, resume_token: str | None, expected_generation: int | None, control_id: str,
                last_received_seq: int | None = None, projection: Projection | None = None) -> Attachment:

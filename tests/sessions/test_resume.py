@@ -188,6 +188,24 @@ async def test_expired_detached_session_cannot_be_resumed(engine, make_manager, 
     assert refused.value.code == "unknown_session"
 
 
+async def test_clients_that_drop_connections_cannot_hold_every_slot(engine, make_manager, clock) -> None:
+    manager = make_manager(engine, max_sessions=4, max_detached_sessions=2)
+    dropped = []
+    for _ in range(3):
+        handle = await manager.open()
+        handle.attachment.detach()
+        dropped.append(handle)
+        clock.advance(1.0)
+    await settle()
+    await manager.open()  # the longest-detached session gave its slot back
+    await manager.open()
+    with pytest.raises(SessionError) as refused:
+        resume(manager, dropped[0])
+    assert refused.value.code == "unknown_session"
+    assert resume(manager, dropped[1]).generation == 1 and resume(manager, dropped[2], control_id="c2")
+    assert manager.metrics.ended.labels("expired", "detached_limit")._value.get() == 1
+
+
 # -- units ------------------------------------------------------------------------
 
 
