@@ -118,11 +118,11 @@ class WhisperAsr:
         if self._model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()
         text = None
+        window = "full"
         if fits(len(audio), SAMPLE_RATE, self._window_s):
             text = decode_in_window(self._model, audio, self._window_s, language or "en", prompt)
-            if text is None:
-                log.debug("the %.0f s window's decode looped or was unsure; decoding in the full window",
-                          self._window_s)
+            window = "short" if text is not None else "redone"
+        self._metrics.asr_windows.labels(window).inc()
         if text is None:
             segments, _ = self._model.transcribe(
                 audio, language=language or "en", beam_size=1, temperature=0.0,

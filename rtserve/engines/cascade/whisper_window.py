@@ -53,6 +53,9 @@ def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: s
         return None  # no end token: looping
     text: str = tokenizer.decode(ids).strip()
     avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # length_penalty 1: score = cum / len
-    if get_compression_ratio(text) > MAX_COMPRESSION_RATIO or avg_logprob < MIN_AVG_LOGPROB:
-        return None
-    return text
+    return text if trusted(text, avg_logprob) else None
+
+
+def trusted(text: str, avg_logprob: float) -> bool:
+    """A decode that does not repeat itself and that the decoder was sure enough of."""
+    return get_compression_ratio(text) <= MAX_COMPRESSION_RATIO and avg_logprob >= MIN_AVG_LOGPROB
