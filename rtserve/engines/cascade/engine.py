@@ -52,7 +52,8 @@ class CascadeEngine:
         self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
         self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                               partial_interval_ms=limits.asr_partial_interval_ms,
-                              max_audio_s=limits.max_turn_audio_s, metrics=self._metrics)
+                              max_audio_s=limits.max_turn_audio_s, window_s=limits.asr_window_s,
+                              metrics=self._metrics)
         self.llm = create_llm(config, locations.llm, self._metrics)
         self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
                                 metrics=self._metrics, voice_store=config.voices)

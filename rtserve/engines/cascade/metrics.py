@@ -23,4 +23,8 @@ class CascadeMetrics:
         self.preemptive_replies = Counter(
             "rtserve_cascade_preemptive_replies", "Replies started before the turn ended (started), then adopted "
             "(the session asked for exactly that reply) or dropped (never heard)", ["outcome"], registry=registry)
+        self.asr_windows = Counter(
+            "rtserve_cascade_asr_windows", "Whisper decodes by window: short (cascade.asr_window_s), full (30 s: "
+            "audio too long or the short window off), redone (the short window's decode looped or was unsure, "
+            "decoded again in 30 s)", ["window"], registry=registry)
         self.sessions = Gauge("rtserve_cascade_sessions", "Open cascade engine sessions", registry=registry)

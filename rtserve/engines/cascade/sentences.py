@@ -3,7 +3,8 @@
 A sentence ends at ``.``, ``!``, ``?`` or ``…`` (plus closing quotes/brackets) followed by
 whitespace, or at a line break. Common abbreviations ("Dr.", "e.g.") and decimals
 ("3.14", no space) do not end one. A run longer than ``max_chars`` without an end is cut
-at its last comma (else space), so one endless sentence cannot hold audio back; the first
+after its last comma between words (else at a space; never inside "384,400"), so one
+endless sentence cannot hold audio back; the first
 piece has a tighter bound (``first_max_chars``), because it alone delays the first audio.
 
 For the same reason the first piece may end at the first clause: with ``first_clause_chars``
@@ -56,7 +57,7 @@ class SentenceSplitter:
                 sentences.append(self._buffer[:clause])
                 self._buffer = self._buffer[clause:]
         while len(self._buffer) > (limit := self._max_chars if self._emitted or sentences else self._first_max_chars):
-            cut = self._buffer.rfind(",", 0, limit)
+            cut = self._buffer.rfind(", ", 0, limit + 1)  # a comma between words, not one in "384,400"
             if cut <= 0:
                 cut = self._buffer.rfind(" ", 0, limit)
             cut = cut + 1 if cut > 0 else limit

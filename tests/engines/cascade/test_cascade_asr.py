@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from cascade_support import Loaded, words
 
+from rtserve.engines.cascade.whisper_window import fits, trusted
 from rtserve.engines.protocols import EngineError
+
+WINDOWS = "rtserve_cascade_asr_windows_total"
 
 pytestmark = pytest.mark.models
 
@@ -46,3 +49,24 @@ async def test_english_only_model_refuses_another_language(cascade: Loaded, ques
 
 async def test_too_short_audio_is_an_empty_transcript(cascade: Loaded) -> None:
     assert await cascade.engine.asr.decode(np.zeros(800, np.float32), final=True) == ""
+
+
+async def test_a_short_question_is_heard_in_the_short_window(cascade: Loaded, question_16k: np.ndarray) -> None:
+    """The fast path (``cascade.asr_window_s``) is the one a spoken question takes, and it hears it."""
+    short = cascade.metric(WINDOWS, window="short")
+    text = await cascade.engine.asr.decode(question_16k, final=True)
+    assert {"capital", "france"} <= words(text)
+    assert cascade.metric(WINDOWS, window="short") == short + 1
+
+
+def test_long_audio_and_the_full_window_take_the_full_decode() -> None:
+    rate = 16_000
+    assert not fits(6 * rate, rate, 10.0)  # more than half the window: too little silence after it
+    assert not fits(rate, rate, 30.0)  # 30 s is Whisper's own window: the short one is off
+
+
+def test_a_transcript_that_repeats_itself_is_not_trusted() -> None:
+    """What a too-short window does to Whisper: it loops; the full window decodes such audio again."""
+    assert trusted("What is the capital of France?", -0.2)
+    assert not trusted(" ".join(["What is the capital of France?"] * 8), -0.2)
+    assert not trusted("What is the capital of France?", -1.5)  # the decoder was unsure

@@ -30,6 +30,15 @@ def test_a_run_without_an_end_is_cut_at_a_comma_or_space() -> None:
     assert all(len(p) <= 40 for p in pieces)
 
 
+def test_a_long_first_sentence_is_never_cut_inside_a_number() -> None:
+    """The voice would say "three hundred eighty-four" ... "four hundred": a wrong number."""
+    splitter = SentenceSplitter(first_max_chars=48, first_clause_chars=12)
+    text = "The moon is approximately 384,400 kilometres away from the Earth on average."
+    pieces = [p for word in text.split(" ") for p in splitter.feed(word + " ")]
+    assert pieces[0] == "The moon is approximately 384,400 kilometres"
+    assert " ".join(pieces) == text
+
+
 @given(st.text(alphabet="ab .!?,\n", max_size=200), st.integers(1, 7))
 def test_streaming_in_any_pieces_gives_the_same_sentences(text: str, step: int) -> None:
     splitter = SentenceSplitter()
