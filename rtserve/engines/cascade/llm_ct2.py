@@ -4,6 +4,10 @@ Why: transformers pays ~67 ms of Python per token on SmolLM2-135M and decodes co
 requests one forward pass each. CTranslate2 (already installed with faster-whisper) runs the
 same weights quantized (``cascade.llm_compute_type``, int8 by default) in C++ and decodes a
 batch of requests in one pass per token (``benchmarks/bench_http.py`` measures both).
+Sampled tokens come from the ``cascade.llm_top_k`` most likely (then top_p): a full-vocabulary
+top_p sorts 49k logits per row per step, which halved batched throughput. The runtime has its
+own thread count (``cascade.llm_threads``, 1): on two cores, a second intra-op thread fights
+TTS and the event loop for the CPU and measured slower.
 
 Batching (step-level, with restarts): the one decode thread runs ``generate_batch`` over the
 active requests that share sampling settings (CTranslate2 samples a whole batch alike),
@@ -63,8 +67,9 @@ class _Batches(DecodeQueue):
     """The dedicated LLM thread: admit, then one ``generate_batch`` per group of alike requests."""
 
     def __init__(self, llm: LoadedCt2, context_tokens: int, metrics: CascadeMetrics, max_active: int,
-                 max_waiting: int) -> None:
+                 max_waiting: int, top_k: int) -> None:
         super().__init__(max_active, max_waiting)
+        self._top_k = top_k  # 0: the whole vocabulary
         self._llm: LoadedCt2 | None = llm
         self._tokenizer = llm.tokenizer
         context = min(context_tokens, llm.max_positions or context_tokens)
@@ -127,7 +132,7 @@ class _Batches(DecodeQueue):
         self._llm.generator.generate_batch(
             tokens, max_length=max(self._limit(r) - len(r.generated) for r in batch), include_prompt_in_result=False,
             end_token=sorted(self._eos), callback=on_token,
-            sampling_topk=1 if temperature == 0.0 else 0, sampling_topp=top_p,
+            sampling_topk=1 if temperature == 0.0 else self._top_k, sampling_topp=top_p,
             sampling_temperature=temperature or 1.0)
         self._metrics.model_call_seconds.labels("llm_batch").observe(time.perf_counter() - started)
         for request in batch:
@@ -164,10 +169,11 @@ class Ct2Llm(LlmStage):
 
     def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
                  max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
-                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8") -> None:
+                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8", threads: int = 1) -> None:
         super().__init__(location, cache_dir=cache_dir, cpu_threads=cpu_threads, max_active=max_active,
                          max_waiting=max_waiting, context_tokens=context_tokens, metrics=metrics, sampling=sampling)
         self._compute_type = compute_type
+        self._threads = threads  # CTranslate2's own (cpu_threads stays the transformers fallback's)
         self._location = location
         self._constrained: SmolLlm | None = None
         self._constrained_lock = asyncio.Lock()
@@ -175,9 +181,9 @@ class Ct2Llm(LlmStage):
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
         started = time.perf_counter()
-        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._cpu_threads,
-                                         self._compute_type)
-        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting)
+        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._threads, self._compute_type)
+        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting,
+                         self._sampling.top_k)
         queue.start()
         log.info("LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)", self.model_name, self._compute_type,
                  time.perf_counter() - started, loaded.folder, ", converted now" if loaded.converted else "")
