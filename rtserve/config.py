@@ -279,6 +279,9 @@ class CascadeLimits(_Section):
     llm_max_top_p: float = Field(0.9, gt=0, le=1, description="LLM nucleus ceiling, applied like llm_max_temperature")
     llm_top_k: int = Field(50, ge=0, description="LLM sampling draws from the k most likely tokens (then top_p); "
                                                  "0 = the whole vocabulary, which CTranslate2 sorts every step")
+    llm_cached_openings: int = Field(16, ge=0, description="distinct conversation openings (system prompts) whose "
+                                     "computed state CTranslate2 keeps, skipping their prefill on later requests; "
+                                     "kept until the model is released (0 = off)")
     llm_threads: int = Field(1, ge=1, description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
                                                   "and the server need the other cores; benchmarks/bench_http.py)")
 

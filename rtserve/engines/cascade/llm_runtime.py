@@ -24,4 +24,5 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
                   sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p, limits.llm_top_k))
     if limits.llm_runtime == "transformers":
         return SmolLlm(location, **common)  # type: ignore[arg-type]
-    return Ct2Llm(location, compute_type=limits.llm_compute_type, threads=limits.llm_threads, **common)  # type: ignore[arg-type]
+    return Ct2Llm(location, compute_type=limits.llm_compute_type, threads=limits.llm_threads,
+                  cached_openings=limits.llm_cached_openings, **common)  # type: ignore[arg-type]

@@ -136,6 +136,21 @@ class Prompter:
                           render=lambda kept: self._render(kept, tools, suffix), count=self._count,
                           token_chars=self._token_chars, overhead=self._turn_overhead)
 
+    def opening_length(self, messages: Sequence[ChatMessage], params: SamplingParams, prompt: Sequence[int]) -> int:
+        """How many leading ids of ``prompt`` every conversation with the same system message
+        (or, without one, every conversation) starts with: the template's opening and the system
+        turn, up to the first user turn's text. Found as the common prefix with a probe
+        conversation (that system message, then an empty user turn), so it holds for any template."""
+        system = messages[:1] if messages and messages[0].role == "system" else ()
+        turns, tools = render(system, params, self.native_tools)
+        probe = self._render([*turns, {"role": "user", "content": ""}], tools)
+        shared = 0
+        for ours, theirs in zip(prompt, probe):
+            if ours != theirs:
+                break
+            shared += 1
+        return shared
+
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -139,6 +139,27 @@ async def test_eight_concurrent_requests_are_batched_and_keep_their_greedy_text(
     assert batches < len(QUESTIONS)  # decoded together, not one request after another
 
 
+KEPT = "rtserve_cascade_llm_cached_prompt_tokens_total"
+
+
+async def test_a_kept_system_prompt_gives_the_same_greedy_reply(float32_ct2: Float32Ct2) -> None:
+    llm, registry = float32_ct2.llm, float32_ct2.registry
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    voice = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?"))
+    other = (ChatMessage("system", "You are a pirate."), ChatMessage("user", "Name a colour."))
+
+    async def reply(messages: tuple[ChatMessage, ...]) -> str:
+        return "".join([d.text async for d in llm.generate(messages, params)])
+
+    # Openings that differ share no kept state: each prompt is computed in full.
+    full, _ = await asyncio.gather(reply(voice), reply(other))
+    await reply(voice)  # its opening's state is kept from here on (or already was)
+    before = registry.get_sample_value(KEPT) or 0.0
+    kept = await reply(voice)
+    assert (registry.get_sample_value(KEPT) or 0.0) - before > 20  # the system prompt was not computed again
+    assert kept == full and "paris" in kept.lower()
+
+
 async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage) -> None:
     limits = load_config(environ={}).cascade
     assert SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p).apply(
