@@ -282,6 +282,9 @@ class CascadeLimits(_Section):
     llm_cached_openings: int = Field(16, ge=0, description="distinct conversation openings (system prompts) whose "
                                      "computed state CTranslate2 keeps, skipping their prefill on later requests; "
                                      "kept until the model is released (0 = off)")
+    llm_gather_ms: float = Field(10.0, ge=0, description="CTranslate2: a request reaching an idle LLM waits up to "
+                                 "this long for others, so that a burst is one batch, not a batch restarted by "
+                                 "each newcomer (0 = start at once)")
     llm_threads: int = Field(1, ge=1, description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
                                                   "and the server need the other cores; benchmarks/bench_http.py)")
 

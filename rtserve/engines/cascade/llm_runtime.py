@@ -25,4 +25,5 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
     if limits.llm_runtime == "transformers":
         return SmolLlm(location, **common)  # type: ignore[arg-type]
     return Ct2Llm(location, compute_type=limits.llm_compute_type, threads=limits.llm_threads,
-                  cached_openings=limits.llm_cached_openings, **common)  # type: ignore[arg-type]
+                  cached_openings=limits.llm_cached_openings, gather_s=limits.llm_gather_ms / 1000,
+                  **common)  # type: ignore[arg-type]

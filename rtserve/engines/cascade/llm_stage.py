@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -165,9 +166,10 @@ class Prompter:
 class DecodeQueue(ABC):
     """The dedicated LLM thread's bounded intake; ``serve`` is the runtime's decode loop."""
 
-    def __init__(self, max_active: int, max_waiting: int) -> None:
+    def __init__(self, max_active: int, max_waiting: int, gather_s: float = 0.0) -> None:
         self.max_active = max_active
         self._max_waiting = max_waiting
+        self._gather_s = gather_s  # an idle loop waits this long after a first request for others
         self._waiting: deque[LlmRequest] = deque()
         self._active_count = 0  # written by the thread under the lock
         self._cond = threading.Condition()
@@ -211,11 +213,18 @@ class DecodeQueue(ABC):
 
     def admit(self, active: Sequence[LlmRequest]) -> list[LlmRequest] | None:
         """Block until there is work; the newly admitted requests (up to ``max_active`` in all),
-        or None once stopping (then every waiting and ``active`` request gets the stop reason)."""
+        or None once stopping (then every waiting and ``active`` request gets the stop reason).
+        With ``gather_s``, work that arrives at an idle loop waits up to that long for more
+        (until ``max_active`` wait), so that a burst starts as one batch."""
         with self._cond:
             self._active_count = len(active)
             while not self._stopping and not self._waiting and not active:
                 self._cond.wait()
+            if not active and self._gather_s > 0:  # idle until now: let a burst of requests start as one batch
+                deadline = time.monotonic() + self._gather_s
+                while (not self._stopping and len(self._waiting) < self.max_active
+                       and (left := deadline - time.monotonic()) > 0):
+                    self._cond.wait(left)
             if self._stopping:
                 pending = list(self._waiting) + list(active)
                 self._waiting.clear()
