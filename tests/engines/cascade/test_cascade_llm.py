@@ -172,6 +172,25 @@ async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage
     assert first == "".join([d.text async for d in llm.generate(STORY, at_ceiling)])
 
 
+async def test_top_k_bounds_what_both_runtimes_sample() -> None:
+    # Ceilings lifted so that sampling is wild; llm_top_k=1 leaves it one token to draw.
+    config = load_config(environ={}, overrides={"cascade": {"llm_top_k": 1, "llm_max_temperature": 2.0,
+                                                             "llm_max_top_p": 1.0}})
+    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(CollectorRegistry()))
+    assert isinstance(llm, Ct2Llm)
+    await llm.start()
+    try:
+        async def reply(params: SamplingParams) -> str:
+            return "".join([d.text async for d in llm.generate(STORY, params)])
+
+        greedy = await reply(SamplingParams(temperature=0.0, max_tokens=24))
+        assert await reply(SamplingParams(temperature=1.5, max_tokens=24)) == greedy  # CTranslate2
+        seeded = [await reply(SamplingParams(temperature=1.5, max_tokens=24, seed=s)) for s in (1, 2)]
+        assert seeded[0] == seeded[1]  # transformers (seeded): no seed changes the only choice
+    finally:
+        llm.stop()
+
+
 async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
     weather = ToolSpec("get_weather", "Weather in a city", {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
