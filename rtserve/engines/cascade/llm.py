@@ -46,7 +46,7 @@ class _Request(LlmRequest):
 class _Decoder:
     """Everything that runs on the LLM thread: prefill, steps, sampling."""
 
-    def __init__(self, llm: LoadedLlm, context_tokens: int, metrics: CascadeMetrics, top_k: int) -> None:
+    def __init__(self, llm: LoadedLlm, context_tokens: int, metrics: CascadeMetrics, top_k: int = 0) -> None:
         self.model = llm.model
         self._top_k = top_k  # 0: the whole vocabulary
         self.tokenizer = llm.tokenizer
