@@ -16,7 +16,8 @@
   session core opens one (``SessionOptions.sampling`` = the reply's sampling), so a
   preemptive reply it started is adopted when it is exactly the one asked for.
 * Stage speed: VAD and ASR real-time factor (compute time / audio time, lower is
-  better), LLM prefill latency and decode tokens/s, TTS real-time factor per sentence.
+  better), LLM first token (prefill) latency and decode tokens/s for a voice session's request
+  (instructions, question, no seed), TTS real-time factor per sentence.
 
 Medians are quoted (p95 too for the turn latency). Run:
 ``.venv/bin/python benchmarks/bench_cascade.py``; JSON goes to
@@ -40,6 +41,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
+from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.vad import VadStream
 from rtserve.engines.protocols import (
     ChatMessage,
@@ -158,8 +160,9 @@ async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions
     for question in QUESTIONS[:5]:
         started = time.perf_counter()
         first_at, count = 0.0, 0
-        async for delta in engine.llm.generate((ChatMessage("user", question),),
-                                               SamplingParams(temperature=0.7, max_tokens=64)):
+        # As a voice session asks (its instructions first; no seed: a seed sends sampling to transformers).
+        asked = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", question))
+        async for delta in engine.llm.generate(asked, SamplingParams(temperature=0.7, max_tokens=64)):
             if not first_at:
                 first_at = time.perf_counter()
             count = delta.completion_tokens

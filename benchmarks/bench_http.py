@@ -9,9 +9,12 @@ waits for ``/health``, warms each route once, then measures with a raw aiohttp c
   factor = response time / audio duration;
 * chat (``/v1/chat/completions``, streamed, ``max_tokens`` CHAT_TOKENS): completion
   tokens/s at 1 and 8 concurrent requests, aggregate (all tokens / wall time) and per
-  request, plus time to first token (median and p95), once per LLM runtime
-  (``cascade.llm_runtime``: transformers = before, ctranslate2 = after), each on its own
-  server started one after the other in this run; speech and transcription on the default.
+  request, plus time to first token (median and p95) and the model calls per round (CTranslate2
+  batches, more than one means restarts; approximate, since a reply's last token can reach the
+  client before its batch is counted), once per LLM setup in CHAT_SETUPS
+  (transformers = before; CTranslate2 with session 24's settings; CTranslate2 as configured now),
+  each on its own server started one after the other in this run; speech and transcription on
+  the default.
 
 Medians of RUNS runs (chat: of RUNS rounds). Results go to benchmarks/results/bench_http.json.
 Run: ``.venv/bin/python benchmarks/bench_http.py``.
@@ -42,6 +45,16 @@ STARTUP_TIMEOUT_S = 600.0
 SPEECH_RATE = 24000  # pcm responses are s16le at 24 kHz
 SPEECH_TEXT = ("The quick brown fox jumps over the lazy dog. It was a bright cold day in April, "
                "and the clocks were striking thirteen.")
+# (label, environment of its server): the LLM setups whose chat figures are compared side by side.
+CHAT_SETUPS = [
+    ("transformers", {"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}),
+    ("ctranslate2 as in session 24 (2 threads, full-vocabulary top_p, no kept openings, no gathering)",
+     {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2", "RTSERVE_CASCADE__LLM_THREADS": "2",
+      "RTSERVE_CASCADE__LLM_TOP_K": "0", "RTSERVE_CASCADE__LLM_CACHED_OPENINGS": "0",
+      "RTSERVE_CASCADE__LLM_GATHER_MS": "0"}),
+    ("ctranslate2", {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2"}),  # the defaults: measured last, with speech
+]
+BATCH_CALLS = 'rtserve_cascade_model_call_seconds_count{stage="llm_batch"}'
 CHAT_PROMPTS = ["Tell me a short story about a robot who learns to paint.",
                 "Explain why the sky is blue to a child.",
                 "Write a few sentences about the ocean at night.",
@@ -131,8 +144,19 @@ async def chat_once(http: aiohttp.ClientSession, base: str, prompt: str) -> tupl
     return (ttft if ttft is not None else total), total, tokens
 
 
+async def model_calls(http: aiohttp.ClientSession, base: str) -> float:
+    """CTranslate2 ``generate_batch`` calls so far (0 on transformers), from ``/metrics``."""
+    async with http.get(f"{base}/metrics") as resp:
+        resp.raise_for_status()
+        for line in (await resp.text()).splitlines():
+            if line.startswith(BATCH_CALLS):
+                return float(line.split()[-1])
+    return 0.0
+
+
 async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -> dict:
     aggregate, per_request, ttfts = [], [], []  # type: ignore[var-annotated]
+    calls_before = await model_calls(http, base)
     for _ in range(RUNS):
         started = time.perf_counter()
         results = await asyncio.gather(*(
@@ -144,13 +168,15 @@ async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -
         ttfts.extend(ttft for ttft, _, _ in results)
     return {"concurrency": concurrency, "aggregate_tokens_per_s": statistics.median(aggregate),
             "per_request_tokens_per_s": statistics.median(per_request), "ttft_ms": 1000 * statistics.median(ttfts),
-            "ttft_p95_ms": 1000 * statistics.quantiles(ttfts, n=20, method="inclusive")[-1]}
+            "ttft_p95_ms": 1000 * statistics.quantiles(ttfts, n=20, method="inclusive")[-1],
+            "model_calls_per_round": (await model_calls(http, base) - calls_before) / RUNS}
 
 
-async def serve(runtime: str, measure: bool) -> dict:
-    """Start a server on ``runtime``; chat figures (and, with ``measure``, speech and transcription)."""
+async def serve(setup: dict[str, str], measure: bool) -> dict:
+    """Start a server with the environment ``setup``; chat figures (and, with ``measure``, speech
+    and transcription)."""
     port = free_port()
-    env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning", "RTSERVE_CASCADE__LLM_RUNTIME": runtime}
+    env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning", **setup}
     server = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -176,13 +202,13 @@ async def serve(runtime: str, measure: bool) -> dict:
 
 async def main() -> dict:
     load_before = os.getloadavg()[0]  # other work on the machine skews every number below
-    after = await serve("ctranslate2", measure=True)
-    before = await serve("transformers", measure=False)
+    found = {label: await serve(setup, measure=label == CHAT_SETUPS[-1][0]) for label, setup in CHAT_SETUPS}
+    after = found[CHAT_SETUPS[-1][0]]
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]}}
     return {"machine": machine, "runs": RUNS, "model_load_s": after["model_load_s"], "speech": after["speech"],
             "transcription": after["transcription"], "chat": after["chat"],
-            "chat_by_runtime": {"transformers": before["chat"], "ctranslate2": after["chat"]}}
+            "chat_by_runtime": {label: setup["chat"] for label, setup in found.items()}}
 
 
 def print_table(results: dict) -> None:
@@ -195,11 +221,15 @@ def print_table(results: dict) -> None:
             rows.append((f"chat tokens/s @ {chat['concurrency']} concurrent, {runtime}",
                          f"{chat['aggregate_tokens_per_s']:.1f}",
                          f"per request {chat['per_request_tokens_per_s']:.1f} tok/s, first token "
-                         f"{chat['ttft_ms']:.0f} ms (p95 {chat['ttft_p95_ms']:.0f} ms)"))
+                         f"{chat['ttft_ms']:.0f} ms (p95 {chat['ttft_p95_ms']:.0f} ms), "
+                         f"{chat['model_calls_per_round']:.1f} batches/round"))
+    base = results["chat_by_runtime"]["transformers"]
     for runtime, chats in results["chat_by_runtime"].items():
         single, most = chats[0]["aggregate_tokens_per_s"], chats[-1]["aggregate_tokens_per_s"]
         rows.append((f"chat batching gain, {runtime}", f"{most / single:.2f}x",
-                     f"{chats[-1]['concurrency']} concurrent aggregate / 1 request"))
+                     f"{chats[-1]['concurrency']} concurrent aggregate / 1 request; vs transformers: 1 request "
+                     f"{single / base[0]['aggregate_tokens_per_s']:.2f}x, {chats[-1]['concurrency']} concurrent "
+                     f"{most / base[-1]['aggregate_tokens_per_s']:.2f}x"))
     width = max(len(r[0]) for r in rows)
     machine = results["machine"]
     print(f"\nHTTP routes, cascade engine, medians of {results['runs']} runs ({machine['cpus']} CPUs, "

@@ -287,6 +287,16 @@ class CascadeLimits(_Section):
                                        "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
                                        "requests as sent (benchmarks/bench_answer_quality.py)")
     llm_max_top_p: float = Field(0.9, gt=0, le=1, description="LLM nucleus ceiling, applied like llm_max_temperature")
+    llm_top_k: int = Field(50, ge=0, description="LLM sampling draws from the k most likely tokens (then top_p); "
+                                                 "0 = the whole vocabulary, which CTranslate2 sorts every step")
+    llm_cached_openings: int = Field(16, ge=0, description="distinct conversation openings (system prompts) whose "
+                                     "computed state CTranslate2 keeps, skipping their prefill on later requests; "
+                                     "kept until the model is released (0 = off)")
+    llm_gather_ms: float = Field(10.0, ge=0, description="CTranslate2: a request reaching an idle LLM waits up to "
+                                 "this long for others, so that a burst is one batch, not a batch restarted by "
+                                 "each newcomer (0 = start at once)")
+    llm_threads: int = Field(1, ge=1, description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
+                                                  "and the server need the other cores; benchmarks/bench_http.py)")
 
 
 class VllmSettings(_Section):

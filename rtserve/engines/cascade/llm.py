@@ -46,8 +46,9 @@ class _Request(LlmRequest):
 class _Decoder:
     """Everything that runs on the LLM thread: prefill, steps, sampling."""
 
-    def __init__(self, llm: LoadedLlm, context_tokens: int, metrics: CascadeMetrics) -> None:
+    def __init__(self, llm: LoadedLlm, context_tokens: int, metrics: CascadeMetrics, top_k: int = 0) -> None:
         self.model = llm.model
+        self._top_k = top_k  # 0: the whole vocabulary
         self.tokenizer = llm.tokenizer
         self._metrics = metrics
         context = min(context_tokens, int(getattr(llm.model.config, "max_position_embeddings", context_tokens)))
@@ -97,6 +98,8 @@ class _Decoder:
         params = request.params
         if params.temperature < _GREEDY_BELOW:
             return int(torch.argmax(logits))
+        if 0 < self._top_k < logits.numel():
+            logits = logits.masked_fill(logits < torch.topk(logits, self._top_k).values[-1], float("-inf"))
         probs = torch.softmax(logits / params.temperature, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
@@ -194,7 +197,7 @@ class SmolLlm(LlmStage):
         assert self._path is not None
         started = time.perf_counter()
         self.loaded = await asyncio.to_thread(load_llm, self._path, self._cache_dir, self._cpu_threads)
-        queue = _RoundRobin(_Decoder(self.loaded, self._context_tokens, self._metrics),
+        queue = _RoundRobin(_Decoder(self.loaded, self._context_tokens, self._metrics, self._sampling.top_k),
                             self._max_active, self._max_waiting)
         queue.start()
         log.info("LLM %s (transformers) ready in %.1f s (from %s%s)", self.model_name, time.perf_counter() - started,

@@ -4,6 +4,10 @@ Why: transformers pays ~67 ms of Python per token on SmolLM2-135M and decodes co
 requests one forward pass each. CTranslate2 (already installed with faster-whisper) runs the
 same weights quantized (``cascade.llm_compute_type``, int8 by default) in C++ and decodes a
 batch of requests in one pass per token (``benchmarks/bench_http.py`` measures both).
+Sampled tokens come from the ``cascade.llm_top_k`` most likely (then top_p): a full-vocabulary
+top_p sorts 49k logits per row per step, which halved batched throughput. The runtime has its
+own thread count (``cascade.llm_threads``, 1): on two cores, a second intra-op thread fights
+TTS and the event loop for the CPU and measured slower.
 
 Batching (step-level, with restarts): the one decode thread runs ``generate_batch`` over the
 active requests that share sampling settings (CTranslate2 samples a whole batch alike),
@@ -12,9 +16,17 @@ context, stop string) or is cancelled by returning True for its row. When reques
 and the batch has room, every row stops at its next token and the loop starts again with
 the newcomers: the running requests resume from their prompt plus what they generated so
 far (one prefill more each), so a newcomer's first token never waits for others' whole
-replies. Each request is restarted at most ``llm_max_active`` times that way. Requests
-with another temperature or top_p wait for the running group (oldest request's group
-first).
+replies. Each request is restarted at most ``llm_max_active`` times that way. A burst that
+reaches an idle loop is gathered for up to ``cascade.llm_gather_ms`` first, so that it starts
+as one batch (restarts for 8 near-simultaneous chat requests cost up to a seventh of their
+throughput). Requests with another temperature or top_p wait for the running group (oldest
+request's group first).
+
+Conversation openings (the template's start and the system prompt, ``Prompter.opening_length``)
+are prefilled once: a batch whose requests share one passes it as CTranslate2's
+``static_prompt``, whose computed state CTranslate2 keeps and copies into later batches (a voice
+agent's every reply starts with the same instructions). CTranslate2 never evicts that state, so
+at most ``cascade.llm_cached_openings`` distinct openings are kept; other batches prefill in full.
 
 Two kinds of request are decoded by the transformers runtime (``llm.SmolLlm``) over the
 same weights, loaded on the first such request: requests offering tools (function calls
@@ -49,6 +61,7 @@ _GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
 @dataclass(eq=False)
 class _Request(LlmRequest):
     prompt: list[int] | None = None  # prompt ids, once templated on the thread
+    opening: tuple[int, ...] = ()  # the prompt's conversation opening (``Prompter.opening_length``)
     finished: bool = False
     steps: int = 0  # tokens the current batch gave this request
 
@@ -63,8 +76,11 @@ class _Batches(DecodeQueue):
     """The dedicated LLM thread: admit, then one ``generate_batch`` per group of alike requests."""
 
     def __init__(self, llm: LoadedCt2, context_tokens: int, metrics: CascadeMetrics, max_active: int,
-                 max_waiting: int) -> None:
-        super().__init__(max_active, max_waiting)
+                 max_waiting: int, top_k: int, cached_openings: int, gather_s: float) -> None:
+        super().__init__(max_active, max_waiting, gather_s)
+        self._top_k = top_k  # 0: the whole vocabulary
+        self._openings: set[tuple[int, ...]] = set()  # kept by CTranslate2 (never evicted): at most this many
+        self._max_openings = cached_openings
         self._llm: LoadedCt2 | None = llm
         self._tokenizer = llm.tokenizer
         context = min(context_tokens, llm.max_positions or context_tokens)
@@ -96,7 +112,24 @@ class _Batches(DecodeQueue):
             fail_request(request, exc)
             return False
         request.prompt_tokens = len(request.prompt)
+        opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
+        if 0 < opening < len(request.prompt):  # a start token must remain for the decoding loop
+            request.opening = tuple(request.prompt[:opening])
         return True
+
+    def _opening(self, batch: list[_Request]) -> tuple[int, ...]:
+        """The opening every request of ``batch`` shares and CTranslate2 keeps the state of
+        (computed once, then copied), or () when they differ or the kept set is full."""
+        opening = batch[0].opening
+        if not opening or any(r.opening != opening for r in batch):
+            return ()
+        if opening in self._openings:
+            self._metrics.llm_cached_prompt_tokens.inc(len(opening) * len(batch))
+        elif len(self._openings) < self._max_openings:
+            self._openings.add(opening)
+        else:
+            return ()
+        return opening
 
     def _limit(self, request: _Request) -> int:
         return min(request.params.max_tokens, self._context - request.prompt_tokens)
@@ -107,7 +140,9 @@ class _Batches(DecodeQueue):
         batch = [r for r in active if r.group == key]
         room = len(active) < self.max_active
         temperature, top_p = key
-        tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or []), *r.generated]) for r in batch]
+        opening = self._opening(batch)
+        tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening):], *r.generated])
+                  for r in batch]
         for request in batch:
             request.steps = 0
 
@@ -127,7 +162,8 @@ class _Batches(DecodeQueue):
         self._llm.generator.generate_batch(
             tokens, max_length=max(self._limit(r) - len(r.generated) for r in batch), include_prompt_in_result=False,
             end_token=sorted(self._eos), callback=on_token,
-            sampling_topk=1 if temperature == 0.0 else 0, sampling_topp=top_p,
+            static_prompt=self._tokenizer.convert_ids_to_tokens(list(opening)) if opening else None,
+            sampling_topk=1 if temperature == 0.0 else self._top_k, sampling_topp=top_p,
             sampling_temperature=temperature or 1.0)
         self._metrics.model_call_seconds.labels("llm_batch").observe(time.perf_counter() - started)
         for request in batch:
@@ -164,10 +200,14 @@ class Ct2Llm(LlmStage):
 
     def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
                  max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
-                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8") -> None:
+                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8", threads: int = 1,
+                 cached_openings: int = 16, gather_s: float = 0.0) -> None:
         super().__init__(location, cache_dir=cache_dir, cpu_threads=cpu_threads, max_active=max_active,
                          max_waiting=max_waiting, context_tokens=context_tokens, metrics=metrics, sampling=sampling)
         self._compute_type = compute_type
+        self._threads = threads  # CTranslate2's own (cpu_threads stays the transformers fallback's)
+        self._cached_openings = cached_openings
+        self._gather_s = gather_s
         self._location = location
         self._constrained: SmolLlm | None = None
         self._constrained_lock = asyncio.Lock()
@@ -175,9 +215,9 @@ class Ct2Llm(LlmStage):
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
         started = time.perf_counter()
-        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._cpu_threads,
-                                         self._compute_type)
-        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting)
+        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._threads, self._compute_type)
+        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting,
+                         self._sampling.top_k, self._cached_openings, self._gather_s)
         queue.start()
         log.info("LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)", self.model_name, self._compute_type,
                  time.perf_counter() - started, loaded.folder, ", converted now" if loaded.converted else "")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -54,10 +55,14 @@ def check_params(params: SamplingParams) -> None:
 class SamplingLimits:
     """The embedded model's sensible sampling range (``config.cascade.llm_max_temperature``,
     ``llm_max_top_p``): a request asking for more is decoded at the bound. Small models
-    (135M parameters) drift into nonsense at the temperatures chat clients default to."""
+    (135M parameters) drift into nonsense at the temperatures chat clients default to.
+    ``top_k`` (``llm_top_k``, 0 = off) limits every sampled token to the k most likely
+    before ``top_p`` applies: the tail of a 49k vocabulary holds next to no probability,
+    and sorting all of it every step costs batched CTranslate2 a third of its throughput."""
 
     max_temperature: float = 2.0
     max_top_p: float = 1.0
+    top_k: int = 0
 
     def apply(self, params: SamplingParams) -> SamplingParams:
         if params.temperature <= self.max_temperature and params.top_p <= self.max_top_p:
@@ -132,6 +137,21 @@ class Prompter:
                           render=lambda kept: self._render(kept, tools, suffix), count=self._count,
                           token_chars=self._token_chars, overhead=self._turn_overhead)
 
+    def opening_length(self, messages: Sequence[ChatMessage], params: SamplingParams, prompt: Sequence[int]) -> int:
+        """How many leading ids of ``prompt`` every conversation with the same system message
+        (or, without one, every conversation) starts with: the template's opening and the system
+        turn, up to the first user turn's text. Found as the common prefix with a probe
+        conversation (that system message, then an empty user turn), so it holds for any template."""
+        system = messages[:1] if messages and messages[0].role == "system" else ()
+        turns, tools = render(system, params, self.native_tools)
+        probe = self._render([*turns, {"role": "user", "content": ""}], tools)
+        shared = 0
+        for ours, theirs in zip(prompt, probe):
+            if ours != theirs:
+                break
+            shared += 1
+        return shared
+
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -146,9 +166,10 @@ class Prompter:
 class DecodeQueue(ABC):
     """The dedicated LLM thread's bounded intake; ``serve`` is the runtime's decode loop."""
 
-    def __init__(self, max_active: int, max_waiting: int) -> None:
+    def __init__(self, max_active: int, max_waiting: int, gather_s: float = 0.0) -> None:
         self.max_active = max_active
         self._max_waiting = max_waiting
+        self._gather_s = gather_s  # an idle loop waits this long after a first request for others
         self._waiting: deque[LlmRequest] = deque()
         self._active_count = 0  # written by the thread under the lock
         self._cond = threading.Condition()
@@ -192,11 +213,18 @@ class DecodeQueue(ABC):
 
     def admit(self, active: Sequence[LlmRequest]) -> list[LlmRequest] | None:
         """Block until there is work; the newly admitted requests (up to ``max_active`` in all),
-        or None once stopping (then every waiting and ``active`` request gets the stop reason)."""
+        or None once stopping (then every waiting and ``active`` request gets the stop reason).
+        With ``gather_s``, work that arrives at an idle loop waits up to that long for more
+        (until ``max_active`` wait), so that a burst starts as one batch."""
         with self._cond:
             self._active_count = len(active)
             while not self._stopping and not self._waiting and not active:
                 self._cond.wait()
+            if not active and self._gather_s > 0:  # idle until now: let a burst of requests start as one batch
+                deadline = time.monotonic() + self._gather_s
+                while (not self._stopping and len(self._waiting) < self.max_active
+                       and (left := deadline - time.monotonic()) > 0):
+                    self._cond.wait(left)
             if self._stopping:
                 pending = list(self._waiting) + list(active)
                 self._waiting.clear()

@@ -139,6 +139,27 @@ async def test_eight_concurrent_requests_are_batched_and_keep_their_greedy_text(
     assert batches < len(QUESTIONS)  # decoded together, not one request after another
 
 
+KEPT = "rtserve_cascade_llm_cached_prompt_tokens_total"
+
+
+async def test_a_kept_system_prompt_gives_the_same_greedy_reply(float32_ct2: Float32Ct2) -> None:
+    llm, registry = float32_ct2.llm, float32_ct2.registry
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    voice = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?"))
+    other = (ChatMessage("system", "You are a pirate."), ChatMessage("user", "Name a colour."))
+
+    async def reply(messages: tuple[ChatMessage, ...]) -> str:
+        return "".join([d.text async for d in llm.generate(messages, params)])
+
+    # Openings that differ share no kept state: each prompt is computed in full.
+    full, _ = await asyncio.gather(reply(voice), reply(other))
+    await reply(voice)  # its opening's state is kept from here on (or already was)
+    before = registry.get_sample_value(KEPT) or 0.0
+    kept = await reply(voice)
+    assert (registry.get_sample_value(KEPT) or 0.0) - before > 20  # the system prompt was not computed again
+    assert kept == full and "paris" in kept.lower()
+
+
 async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage) -> None:
     limits = load_config(environ={}).cascade
     assert SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p).apply(
@@ -149,6 +170,25 @@ async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage
                                 max_tokens=16, seed=7)
     first = "".join([d.text async for d in llm.generate(STORY, hot)])
     assert first == "".join([d.text async for d in llm.generate(STORY, at_ceiling)])
+
+
+async def test_top_k_bounds_what_both_runtimes_sample() -> None:
+    # Ceilings lifted so that sampling is wild; llm_top_k=1 leaves it one token to draw.
+    config = load_config(environ={}, overrides={"cascade": {"llm_top_k": 1, "llm_max_temperature": 2.0,
+                                                             "llm_max_top_p": 1.0}})
+    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(CollectorRegistry()))
+    assert isinstance(llm, Ct2Llm)
+    await llm.start()
+    try:
+        async def reply(params: SamplingParams) -> str:
+            return "".join([d.text async for d in llm.generate(STORY, params)])
+
+        greedy = await reply(SamplingParams(temperature=0.0, max_tokens=24))
+        assert await reply(SamplingParams(temperature=1.5, max_tokens=24)) == greedy  # CTranslate2
+        seeded = [await reply(SamplingParams(temperature=1.5, max_tokens=24, seed=s)) for s in (1, 2)]
+        assert seeded[0] == seeded[1]  # transformers (seeded): no seed changes the only choice
+    finally:
+        llm.stop()
 
 
 async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
