@@ -8,7 +8,7 @@ own CLI does: sphn Ogg-Opus pages, one 80 ms frame sent every 80 ms on an absolu
 schedule (clients start at spread phases, like independent callers). To keep the load
 generator light, the stream is sphn-encoded once before the clock starts and the echo is
 timestamped on arrival and sphn-decoded afterwards. Clients send band-limited noise, so
-where its audio lands in the echo is found by cross-correlation (per 1 s window), whatever
+where its audio lands in the echo is found by cross-correlation (per echoed page), whatever
 silence or frame slips the server inserts.
 
 Reported per N (steady-state window: after ``--warmup`` s, before the senders stop):
@@ -36,7 +36,7 @@ Reported per N (steady-state window: after ``--warmup`` s, before the senders st
   buffer would starve);
 * drops (server input backlog + per-connection output), skipped tick deadlines, send lag
   p99 (client timer slip: checks the load generator itself kept up), server CPU (share of
-  one core), and (loopback) the share of 1 s windows whose echo could be located.
+  one core), and (loopback) the share of echoed pages whose input could be located.
 
     .venv/bin/python benchmarks/bench_moshi.py                  # N = 8, 32, 64; 30 s each
     .venv/bin/python benchmarks/bench_moshi.py --duration 5     # quick look
@@ -75,8 +75,10 @@ from rtserve.config import ServerConfig, load_config  # noqa: E402  (what the se
 RATE = 24_000
 FRAME = 1920
 PERIOD_S = FRAME / RATE
-WINDOW_FRAMES = 12  # ~1 s of input per alignment window
-MIN_SCORE = 0.5  # normalized correlation below which a window is not trusted
+FIRST_SEARCH_S = 3.0  # how far back the first echoed page may lie
+SEARCH_FRAMES = 16  # how much further back than the previous page an echoed page may lie
+MAX_MISSES = 4  # pages in a row not found near the previous one before searching everything again
+MIN_SCORE = 0.5  # normalized correlation below which a page's location is not trusted
 
 
 @dataclass
@@ -116,7 +118,7 @@ class Point:
     dropped_output: int
     skipped_ticks: int
     send_lag_p99_ms: float
-    aligned_windows_pct: float
+    aligned_pages_pct: float
     server_cpu_pct: float
     busiest_process_pct: float  # the busiest server process (one core = 100 %): a saturated one is the limit
     client_cpu_pct: float  # the load generator, all its processes
@@ -222,42 +224,41 @@ def _lag_in(output: np.ndarray, reference: np.ndarray, lo: int, hi: int) -> tupl
 
 
 def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tuple[list[float], int, int]:
-    """(echo latencies ms, aligned windows, windows) of one client's steady state (loopback engine)."""
+    """(echo latencies ms, aligned pages, pages) of one client's steady state (loopback engine).
+
+    Every echoed page that arrived in ``window`` is located in the input on its own, near where
+    the previous page was found: an underrun's silence or a trim moves only the pages after it.
+    (Aligning 1 s windows instead dropped every window with a trim or slip inside, which is
+    where latency stands high, and so read well below the server-path histogram.)"""
     if not log.pages or log.signal is None:
         return [], 0, 0
     chunks = decode_stream(log.pages)
-    output = np.concatenate(chunks)
     ends = np.cumsum([len(c) for c in chunks])  # output sample index where each page ends
     arrivals = np.asarray(log.arrivals)
     sent = np.asarray(log.send_times)
-    frames = len(sent)
     latencies: list[float] = []
-    aligned = windows = 0
-    previous_lag: int | None = None
-    for first in range(0, frames - WINDOW_FRAMES + 1, WINDOW_FRAMES):
-        if not (window[0] <= sent[first] and sent[first + WINDOW_FRAMES - 1] <= window[1]):
+    aligned = pages = 0
+    offset: int | None = None  # input index minus output index, as the previous aligned page had it
+    misses = 0
+    for page, chunk in enumerate(chunks):
+        if len(chunk) < FRAME // 2 or not window[0] <= arrivals[page] <= window[1]:
             continue
-        windows += 1
-        reference = log.signal[first * FRAME:(first + WINDOW_FRAMES) * FRAME]
-        if previous_lag is None:
-            lo, hi = first * FRAME - 2 * FRAME, first * FRAME + int(3.0 * RATE)
-        else:
-            lo, hi = first * FRAME + previous_lag - 2 * FRAME, first * FRAME + previous_lag + 8 * FRAME
-        position, score = _lag_in(output, reference, lo, hi)
+        pages += 1
+        start = int(ends[page]) - len(chunk)
+        # Latency grows by whole frames (silence stepped on underruns) and shrinks by trims of a
+        # few ms a tick; after repeated misses, search the whole span again.
+        lo, hi = ((-int(FIRST_SEARCH_S * RATE), FRAME) if offset is None or misses > MAX_MISSES
+                  else (offset - SEARCH_FRAMES * FRAME, offset + FRAME))
+        position, score = _lag_in(log.signal, chunk, start + lo, start + hi)
         if score < MIN_SCORE:
+            misses += 1
             continue
         aligned += 1
-        lag = position - first * FRAME  # output index of input sample 0 under this window's alignment
-        previous_lag = lag
-        # Each echoed page in this window: newest input sample it carries -> the frame that sent it.
-        start_page = int(np.searchsorted(ends, (first * FRAME) + lag, side="right"))
-        stop_page = int(np.searchsorted(ends, ((first + WINDOW_FRAMES) * FRAME) + lag, side="left"))
-        for page in range(start_page, min(stop_page, len(ends))):
-            newest_input = int(ends[page]) - 1 - lag
-            j = newest_input // FRAME
-            if 0 <= j < frames:
-                latencies.append((arrivals[page] - sent[j] - delay_s) * 1e3)
-    return latencies, aligned, windows
+        offset, misses = position - start, 0
+        j = (position + len(chunk) - 1) // FRAME  # the client frame that carried the page's newest input
+        if 0 <= j < len(sent):
+            latencies.append((arrivals[page] - sent[j] - delay_s) * 1e3)
+    return latencies, aligned, pages
 
 
 def cadence_lateness(log: ClientLog, window: tuple[float, float]) -> list[float]:
@@ -323,14 +324,14 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
     logs = merge_logs(results, ranges, clients)
     latencies: list[float] = []
     lateness: list[float] = []
-    aligned = windows = 0
+    aligned = echoed = 0
     for log in logs:
         log.signal = signal_ if echo else None  # what every client sent, for the echo alignment
         lat, ok, total = analyse(log, window, delay_frames * PERIOD_S)
         latencies += lat
         lateness += cadence_lateness(log, window)
         aligned += ok
-        windows += total
+        echoed += total
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -360,7 +361,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),
         skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
         send_lag_p99_ms=_pct([v for log in logs for v in log.send_lag_ms], 99),
-        aligned_windows_pct=100.0 * aligned / max(1, windows),
+        aligned_pages_pct=100.0 * aligned / max(1, echoed),
         server_cpu_pct=100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
         client_cpu_pct=100.0 * sum(r.cpu_s for r in results) / measured_s,
@@ -383,13 +384,13 @@ def print_table(points: list[Point]) -> None:
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
                  str(p.dropped_input + p.dropped_output), f"{p.trimmed_input_ms:.0f}ms", str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
-                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_windows_pct:.0f}%", str(p.errors)]
+                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_pages_pct:.0f}%", str(p.errors)]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print("path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); tick/step: lockstep histograms (bucket-interpolated); "
           "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
           "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
           "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
-          "aligned: 1 s windows whose echo was located (lat is measured in those)")
+          "aligned: echoed pages located in the input, each on its own (lat is measured in those)")
 
 
 async def main_async(args: argparse.Namespace) -> dict:

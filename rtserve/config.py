@@ -166,6 +166,10 @@ class MoshiConfig(_Section):
                                                             "CPU per audio second vs ~10-14 at 10 (libopus default), "
                                                             "for a small quality loss; lower it when encoding is the "
                                                             "bottleneck at many concurrent streams")
+    inline_decode_packets: int = Field(4, ge=0, description="/api/chat: a client message of at most this many Opus "
+                                                           "packets (each at most 120 ms of audio) is decoded on the "
+                                                           "event loop (~0.1 ms per 80 ms page), larger ones on the "
+                                                           "codec executor; 0 sends every message there")
     idle_timeout_s: float = Field(30.0, gt=0, description="a live conversation with no client audio this long is "
                                                           "closed (1000, 'idle timeout') and its engine slot freed")
     open_timeout_s: float = Field(10.0, gt=0, description="/v1/audio/duplex: a socket that sent no valid 'open' this "

@@ -65,6 +65,11 @@ class OggPage:
     def eos(self) -> bool:
         return bool(self.flags & FLAG_EOS)
 
+    @property
+    def packets_ending(self) -> int:
+        """Packets that end on this page (lacing values below 255)."""
+        return sum(value < 255 for value in self.lacing)
+
     def segments(self) -> list[tuple[bytes, bool]]:
         """Split the body into packet pieces: ``(data, ends_here)``. Only the last piece can
         have ``ends_here == False`` (its packet continues on the next page)."""

@@ -13,7 +13,7 @@ libopus (``opus.py``). Both sides work on live streams:
   version, CRC, sequence numbers, continuation flags), the header packets, and applies
   pre-skip, output gain and end trimming. Chained streams (a new BOS after EOS) are
   accepted; multiplexed streams are not. Buffering is bounded by ``max_page_bytes`` (one
-  page) and ``max_packet_bytes`` (a packet spanning pages); decoded audio per ``feed``
+  page) and ``max_packet_bytes`` (a packet spanning pages); decoded audio per ``feed`` (or ``decode``)
   call by ``max_feed_seconds`` (``AudioLimitError``), and per second of wall time by an
   optional ``DecodeRateLimit`` charged packet by packet, so decoding stops within a page.
   Any error is a ``CodecError`` and ends the stream: later calls raise it again.
@@ -200,12 +200,26 @@ class OggOpusReader:
 
     def feed(self, data: bytes) -> FloatArray:
         """Consume bytes; return the PCM of every page completed by them (maybe empty)."""
-        if self._failed is not None:
-            raise type(self._failed)(f"stream already rejected: {self._failed}")
+        return self.decode(self.read_pages(data))
+
+    def read_pages(self, data: bytes) -> list[OggPage]:
+        """The first half of ``feed``: the pages ``data`` completes, framing and CRC checked but
+        nothing decoded yet (cheap; ``OggPage.packets_ending`` bounds the decoding work, at most
+        120 ms of audio per Opus packet). Pass them to ``decode`` in the order they came."""
+        self._raise_if_failed()
+        try:
+            return self._pages.feed(data)
+        except CodecError as exc:
+            self._failed = exc
+            raise
+
+    def decode(self, pages: list[OggPage]) -> FloatArray:
+        """The second half of ``feed``: the PCM of ``pages`` (maybe empty)."""
+        self._raise_if_failed()
         try:
             chunks: list[FloatArray] = []
             budget = self.max_feed_samples
-            for page in self._pages.feed(data):
+            for page in pages:
                 pcm = self._on_page(page)
                 budget -= len(pcm)
                 if budget < 0:
@@ -216,6 +230,10 @@ class OggOpusReader:
             self._failed = exc
             raise
         return np.concatenate(chunks) if chunks else _EMPTY
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise type(self._failed)(f"stream already rejected: {self._failed}")
 
     def flush(self) -> FloatArray:
         """The stream stopped without EOS: return the decoder's held-back tail."""

@@ -18,6 +18,12 @@ tuned for microphone speech, perceptually good but only ~6 dB waveform SNR) and
 Complexity: libopus's default 10 costs ~14 ms CPU per second of 24 kHz audio; 5 costs
 ~5 ms (see benchmarks/bench_codecs.py), the knob for many concurrent streams.
 
+Digital silence: after ~20 frames of exact zeros libopus's float encoder state decays into
+denormal numbers and every frame then costs 4-10x a frame of speech (PyAV's libopus 1.6:
+~1 ms instead of ~0.1-0.25 ms per 80 ms at complexity 5). An all-zero frame is therefore
+encoded as a constant of ``SILENCE_FLOOR`` (-180 dBFS, the classic anti-denormal offset):
+libopus codes it as the same silence frame (identical packets), without the denormals.
+
 Codec delay: libopus output lags its input by ``pre_skip_48k`` samples at 48 kHz (6.5 ms
 for the default application). Ogg-Opus carries it as pre-skip; raw-packet users drop it or
 accept it.
@@ -43,6 +49,7 @@ OPUS_GRANULE_RATE = 48000  # Opus timestamps (Ogg granules, pre-skip) always cou
 _MIN_BITRATE, _MAX_BITRATE = 6000, 510000
 
 _EMPTY = np.zeros(0, dtype=np.float32)
+SILENCE_FLOOR = np.float32(1e-9)  # what an all-zero frame is encoded as (module doc: digital silence)
 
 
 def check_opus_rate(sample_rate: int) -> None:
@@ -90,6 +97,7 @@ class OpusEncoder:
         self._lookahead = -(-self.pre_skip_48k * sample_rate // OPUS_GRANULE_RATE)
         self._pending = _EMPTY
         self._frames_encoded = 0
+        self._silence = np.full(self.frame_samples, SILENCE_FLOOR, dtype=np.float32)
 
     @property
     def frame_duration_48k(self) -> int:
@@ -120,6 +128,8 @@ class OpusEncoder:
         return self.encode(padding)
 
     def _encode_frame(self, frame_samples: FloatArray) -> list[bytes]:
+        if not frame_samples.any():
+            frame_samples = self._silence
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(frame_samples)[None, :], format="flt", layout="mono")
         frame.sample_rate = self.sample_rate
         frame.pts = self._frames_encoded * self.frame_samples

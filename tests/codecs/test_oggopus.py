@@ -90,6 +90,24 @@ def test_chunking_of_the_byte_stream_does_not_change_the_pcm() -> None:
     np.testing.assert_array_equal(_read(stream, seed=5), reference)
 
 
+def test_reading_pages_then_decoding_them_is_feed_and_counts_the_packets() -> None:
+    # The Moshi route reads a message's pages first and decodes small ones on the loop: the
+    # two halves give feed's audio, and packets_ending tells how much work decoding is.
+    messages = _write(speechlike(24000, 0.6), frame_ms=20)
+    reference = OggOpusReader()
+    split = OggOpusReader()
+    for message in messages:
+        pages = split.read_pages(message)
+        assert sum(page.packets_ending for page in pages) == len(pages)  # one packet per page
+        np.testing.assert_array_equal(split.decode(pages), reference.feed(message))
+    flood = raw_page(lacing=b"\x01" * 255, body=b"\x08" * 255, serial=99, sequence=2)
+    assert OggPageReader().feed(flood)[0].packets_ending == 255
+    with pytest.raises(InvalidOggError):
+        split.read_pages(b"this is not an Ogg page")
+    with pytest.raises(InvalidOggError):  # a rejected stream stays rejected, whichever half is called
+        split.decode([])
+
+
 def test_pcm_comes_out_as_soon_as_each_page_completes() -> None:
     messages = _write(speechlike(48000, 0.5), rate=48000, frame_ms=20)
     reader = OggOpusReader(48000)  # 48 kHz: no resampler, so nothing is held back

@@ -38,6 +38,22 @@ def test_lower_complexity_still_codes_speech_well() -> None:
     assert snr_db(x, y, best_lag(x, y, 2400)) > 12
 
 
+def test_long_digital_silence_stays_silent_and_speech_after_it_codes_well() -> None:
+    # Seconds of exact zeros (an agent that listens, a muted microphone) between speech: the
+    # encoder codes them as silence, and the speech after them as well as before.
+    rate = 24000
+    speech = speechlike(rate, 1.0)
+    x = np.concatenate([speech, np.zeros(3 * rate, np.float32), speech])
+    encoder = OpusEncoder(rate, 80, application="lowdelay", complexity=5)
+    y = _round_trip(encoder, OpusDecoder(rate), x)
+    delay = encoder.pre_skip_48k * rate // 48000
+    silence = y[delay + len(speech) + rate // 5:delay + len(speech) + 3 * rate - rate // 5]
+    assert np.abs(silence).max() < 1e-4
+    tail_start = len(speech) + 3 * rate
+    tail = y[delay + tail_start:delay + tail_start + len(speech)]
+    assert snr_db(speech, tail, 0) > 12
+
+
 @pytest.mark.parametrize("rate", RATES)
 def test_voip_application_keeps_the_waveform_shape(rate: int) -> None:
     x = speechlike(rate, 1.0)

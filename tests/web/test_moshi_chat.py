@@ -8,6 +8,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+import sphn
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
@@ -69,6 +70,22 @@ async def test_each_80ms_page_reaches_the_engine_on_arrival(config: ServerConfig
                 # This page's audio is with the engine now (the next tick steps it), less only
                 # the decoder's hold-back: no transport-side chunker waits for a whole frame.
                 await server.wait_metric("rtserve_moshi_frames_in_total", page - 0.5, route=CHAT)
+
+
+@pytest.mark.parametrize("inline_packets", [4, 64])
+async def test_a_message_carrying_a_second_of_audio_reaches_the_engine_whole(config: ServerConfig,
+                                                                            inline_packets: int) -> None:
+    # A client that batches pages: over moshi.inline_decode_packets they decode on the codec
+    # executor (4), within it on the loop (64); either way every frame reaches the engine.
+    config = moshi_config(config, backlog_ms=64 * 80, inline_decode_packets=inline_packets)
+    signal = noise_signal(14, seed=7)
+    writer = sphn.OpusStreamWriter(24_000)
+    pages = b"".join(writer.append_pcm(signal[i * FRAME:(i + 1) * FRAME]) for i in range(14))
+    async with moshi_server(config) as server, aiohttp.ClientSession() as http:
+        async with http.ws_connect(server.ws_url(CHAT)) as ws:
+            await MoshiClient(ws).handshake()
+            await ws.send_bytes(b"\x01" + pages)
+            await server.wait_metric("rtserve_moshi_frames_in_total", 12, route=CHAT)
 
 
 async def test_capacity_plus_one_is_closed_with_1013_until_a_slot_frees(config: ServerConfig) -> None:
