@@ -154,7 +154,7 @@ async def transcripts(config: ServerConfig) -> list[str]:
     try:
         for question in RUBRIC:
             audio = np.concatenate([chunk async for chunk in tts.synthesize(question.text)])
-            heard.append(await asr.decode(resample(audio, tts.sample_rate, ASR_RATE), final=True))
+            heard.append(await asr.decode(resample(audio, tts.sample_rate, ASR_RATE), final=True, live_turn=True))
     finally:
         tts.stop()
         asr.stop()

@@ -141,7 +141,7 @@ async def asr_rtf(engine: CascadeEngine, questions: list[np.ndarray]) -> float:
     rtf = []
     for question in questions:
         started = time.perf_counter()
-        await engine.asr.decode(question, final=True)
+        await engine.asr.decode(question, final=True, live_turn=True)
         rtf.append((time.perf_counter() - started) / (len(question) / engine.capabilities.input_sample_rate))
     return statistics.median(rtf)
 

@@ -251,7 +251,7 @@ class CascadeLimits(_Section):
 
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     asr_window_s: float = Field(
-        10.0, ge=2, le=30, description="Whisper reads an utterance up to half this long in a window of this length "
+        10.0, ge=2, le=30, description="Whisper reads a voice session's utterance up to half this long in a window of this length "
                                        "instead of its 30 s one (10 s: ~5x faster, word error rate 7.4% -> 11.1% on "
                                        "bench_answer_quality's questions); a decode there that loops or is unsure "
                                        "is redone in 30 s (30 = off)")

@@ -103,23 +103,27 @@ class WhisperAsr:
                               f"{language!r} is not supported", code="unsupported_language")
 
     async def decode(self, audio: np.ndarray, *, final: bool, language: str | None = None,
-                     prompt: str | None = None) -> str:
-        """Transcribe one utterance (16 kHz float32); finals run before waiting partials."""
+                     prompt: str | None = None, live_turn: bool = False) -> str:
+        """Transcribe one utterance (16 kHz float32); finals run before waiting partials.
+        ``live_turn``: a voice session waits on it, so a short utterance is read in the short
+        window (``cascade.asr_window_s``), trading some accuracy for time; transcription
+        requests keep Whisper's full window."""
         if self._model is None:
             raise self._not_loaded()
         self.check_language(language)
         if len(audio) < _MIN_SAMPLES:
             return ""
         priority = PRIORITY_HIGH if final else PRIORITY_LOW
-        return await self._worker.run(self._decode, audio, final, language, prompt, priority=priority)
+        return await self._worker.run(self._decode, audio, final, language, prompt, live_turn, priority=priority)
 
-    def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None) -> str:
+    def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None,
+                live_turn: bool) -> str:
         started = time.perf_counter()
         if self._model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()
         text = None
         window = "full"
-        if fits(len(audio), SAMPLE_RATE, self._window_s):
+        if live_turn and fits(len(audio), SAMPLE_RATE, self._window_s):
             text = decode_in_window(self._model, audio, self._window_s, language or "en", prompt)
             window = "short" if text is not None else "redone"
         self._metrics.asr_windows.labels(window).inc()

@@ -162,7 +162,7 @@ class Preemption:
         pause.transcript.add_done_callback(self._consume)
 
     async def _transcribe(self, pause: _Pause, turn: TurnDetector, audio: np.ndarray) -> str:
-        text = await self._asr.decode(audio, final=True)
+        text = await self._asr.decode(audio, final=True, live_turn=True)
         if self._pause is not pause or not text:
             return text
         settings = turn.settings

@@ -208,7 +208,7 @@ class CascadeSession:
 
     async def _decode_partial(self, turn_id: int, audio: np.ndarray) -> None:
         try:
-            text = await self._models.asr.decode(audio, final=False)
+            text = await self._models.asr.decode(audio, final=False, live_turn=True)
         except EngineError as exc:
             log.debug("partial transcript skipped: %s", exc)
             return
@@ -226,7 +226,7 @@ class CascadeSession:
                         self._max_pending_turns)
         task = self._preemption.final_transcript(turn)
         if task is None:
-            task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True))
+            task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True, live_turn=True))
             task.add_done_callback(_consume_outcome)
         self._sealed.append((turn.turn_id, task))
 
@@ -264,7 +264,7 @@ class CascadeSession:
             else:
                 sealed = self._turn.take_turn()
                 self._reset_partials()
-                text = await self._models.asr.decode(sealed.audio, final=True) if len(sealed.audio) else ""
+                text = await self._models.asr.decode(sealed.audio, final=True, live_turn=True) if len(sealed.audio) else ""
             self._channel.put_control(InputTranscript(text, final=True))
 
     def clear_input(self) -> None:
