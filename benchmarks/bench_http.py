@@ -12,7 +12,7 @@ waits for ``/health``, warms each route once, then measures with a raw aiohttp c
   request, plus time to first token (median and p95) and the model calls per round (CTranslate2
   batches, more than one means restarts; approximate, since a reply's last token can reach the
   client before its batch is counted), once per LLM setup in CHAT_SETUPS
-  (transformers = before; CTranslate2 with session 24's settings; CTranslate2 as configured now),
+  (transformers = before; CTranslate2 with session 24's settings; CTranslate2 now with one decode lane; as configured now),
   each on its own server started one after the other in this run; speech and transcription on
   the default.
 
@@ -48,10 +48,11 @@ SPEECH_TEXT = ("The quick brown fox jumps over the lazy dog. It was a bright col
 # (label, environment of its server): the LLM setups whose chat figures are compared side by side.
 CHAT_SETUPS = [
     ("transformers", {"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}),
-    ("ctranslate2 as in session 24 (2 threads, full-vocabulary top_p, no kept openings, no gathering)",
+    ("ctranslate2 as in session 24 (2 threads, full-vocabulary top_p, no kept openings, no gathering, one lane)",
      {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2", "RTSERVE_CASCADE__LLM_THREADS": "2",
       "RTSERVE_CASCADE__LLM_TOP_K": "0", "RTSERVE_CASCADE__LLM_CACHED_OPENINGS": "0",
-      "RTSERVE_CASCADE__LLM_GATHER_MS": "0"}),
+      "RTSERVE_CASCADE__LLM_GATHER_MS": "0", "RTSERVE_CASCADE__LLM_LANES": "1"}),
+    ("ctranslate2, one lane", {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2", "RTSERVE_CASCADE__LLM_LANES": "1"}),
     ("ctranslate2", {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2"}),  # the defaults: measured last, with speech
 ]
 BATCH_CALLS = 'rtserve_cascade_model_call_seconds_count{stage="llm_batch"}'

@@ -301,6 +301,9 @@ class CascadeLimits(_Section):
                                  "each newcomer (0 = start at once)")
     llm_threads: int = Field(1, ge=1, description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
                                                   "and the server need the other cores; benchmarks/bench_http.py)")
+    llm_lanes: int = Field(2, ge=1, description="CTranslate2 batches decoded at once, llm_threads each; "
+                                                "llm_max_active is shared among them (2 cores: two batches of 4 "
+                                                "decode ~1.5x one of 8; one request still decodes alone in a lane)")
 
 
 class VllmSettings(_Section):

@@ -9,11 +9,14 @@ top_p sorts 49k logits per row per step, which halved batched throughput. The ru
 own thread count (``cascade.llm_threads``, 1): on two cores, a second intra-op thread fights
 TTS and the event loop for the CPU and measured slower.
 
-Batching (step-level, with restarts): the one decode thread runs ``generate_batch`` over the
-active requests that share sampling settings (CTranslate2 samples a whole batch alike),
-streaming every token through the callback. A request finishes (end token, ``max_tokens``,
-context, stop string) or is cancelled by returning True for its row. When requests wait
-and the batch has room, every row stops at its next token and the loop starts again with
+Batching (step-level, with restarts, in lanes): each of ``cascade.llm_lanes`` decode threads
+runs ``generate_batch`` over its active requests (up to its share of ``llm_max_active``) that
+share sampling settings (CTranslate2 samples a whole batch alike), streaming every token
+through the callback; CTranslate2 runs the lanes' batches at once, one core each (on two cores
+two batches of 4 decode ~1.5x one batch of 8), and a request that finds a lane idle starts
+there without restarting anyone. A request finishes (end token, ``max_tokens``,
+context, stop string) or is cancelled by returning True for its row. When requests wait,
+no lane is idle and the batch has room, every row stops at its next token and the loop starts again with
 the newcomers: the running requests resume from their prompt plus what they generated so
 far (one prefill more each), so a newcomer's first token never waits for others' whole
 replies. Each request is restarted at most ``llm_max_active`` times that way. A burst that
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,12 +77,14 @@ class _Request(LlmRequest):
 
 
 class _Batches(DecodeQueue):
-    """The dedicated LLM thread: admit, then one ``generate_batch`` per group of alike requests."""
+    """The LLM lanes: each admits, then runs one ``generate_batch`` per group of alike requests."""
 
     def __init__(self, llm: LoadedCt2, context_tokens: int, metrics: CascadeMetrics, max_active: int,
-                 max_waiting: int, top_k: int, cached_openings: int, gather_s: float) -> None:
-        super().__init__(max_active, max_waiting, gather_s)
+                 max_waiting: int, top_k: int, cached_openings: int, gather_s: float, lanes: int) -> None:
+        super().__init__(max_active, max_waiting, gather_s, lanes)
         self._top_k = top_k  # 0: the whole vocabulary
+        # The lanes share the tokenizer (its Rust side refuses concurrent mutable use) and the openings.
+        self._shared = threading.Lock()
         self._openings: set[tuple[int, ...]] = set()  # kept by CTranslate2 (never evicted): at most this many
         self._max_openings = cached_openings
         self._llm: LoadedCt2 | None = llm
@@ -105,6 +111,10 @@ class _Batches(DecodeQueue):
         self._llm = None  # the generator goes with the thread that used it
 
     def _prepare(self, request: _Request) -> bool:
+        with self._shared:
+            return self._prompt(request)
+
+    def _prompt(self, request: _Request) -> bool:
         try:
             request.prompt = self._prompter.prompt_ids(request.messages, request.params.max_tokens,
                                                        request.fit_history, request.params)
@@ -123,8 +133,12 @@ class _Batches(DecodeQueue):
         opening = batch[0].opening
         if not opening or any(r.opening != opening for r in batch):
             return ()
+        with self._shared:
+            return self._keep(opening, len(batch))
+
+    def _keep(self, opening: tuple[int, ...], rows: int) -> tuple[int, ...]:
         if opening in self._openings:
-            self._metrics.llm_cached_prompt_tokens.inc(len(opening) * len(batch))
+            self._metrics.llm_cached_prompt_tokens.inc(len(opening) * rows)
         elif len(self._openings) < self._max_openings:
             self._openings.add(opening)
         else:
@@ -138,11 +152,13 @@ class _Batches(DecodeQueue):
         assert self._llm is not None
         key = active[0].group  # the oldest request's group
         batch = [r for r in active if r.group == key]
-        room = len(active) < self.max_active
+        room = len(active) < self.lane_capacity
         temperature, top_p = key
         opening = self._opening(batch)
-        tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening):], *r.generated])
-                  for r in batch]
+        with self._shared:
+            tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening):], *r.generated])
+                      for r in batch]
+            static_prompt = self._tokenizer.convert_ids_to_tokens(list(opening)) if opening else None
         for request in batch:
             request.steps = 0
 
@@ -162,7 +178,7 @@ class _Batches(DecodeQueue):
         self._llm.generator.generate_batch(
             tokens, max_length=max(self._limit(r) - len(r.generated) for r in batch), include_prompt_in_result=False,
             end_token=sorted(self._eos), callback=on_token,
-            static_prompt=self._tokenizer.convert_ids_to_tokens(list(opening)) if opening else None,
+            static_prompt=static_prompt,
             sampling_topk=1 if temperature == 0.0 else self._top_k, sampling_topp=top_p,
             sampling_temperature=temperature or 1.0)
         self._metrics.model_call_seconds.labels("llm_batch").observe(time.perf_counter() - started)
@@ -181,7 +197,8 @@ class _Batches(DecodeQueue):
             self._metrics.llm_tokens.inc()
             if len(request.generated) >= self._limit(request):
                 finish = "length"
-        text = self._tokenizer.decode(request.generated, skip_special_tokens=True)
+        with self._shared:
+            text = self._tokenizer.decode(request.generated, skip_special_tokens=True)
         delta = text_delta(request, text, finish)
         if delta is None:
             return
@@ -201,13 +218,14 @@ class Ct2Llm(LlmStage):
     def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
                  max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
                  sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8", threads: int = 1,
-                 cached_openings: int = 16, gather_s: float = 0.0) -> None:
+                 cached_openings: int = 16, gather_s: float = 0.0, lanes: int = 1) -> None:
         super().__init__(location, cache_dir=cache_dir, cpu_threads=cpu_threads, max_active=max_active,
                          max_waiting=max_waiting, context_tokens=context_tokens, metrics=metrics, sampling=sampling)
         self._compute_type = compute_type
         self._threads = threads  # CTranslate2's own (cpu_threads stays the transformers fallback's)
         self._cached_openings = cached_openings
         self._gather_s = gather_s
+        self._lanes = lanes
         self._location = location
         self._constrained: SmolLlm | None = None
         self._constrained_lock = asyncio.Lock()
@@ -215,9 +233,10 @@ class Ct2Llm(LlmStage):
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
         started = time.perf_counter()
-        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._threads, self._compute_type)
+        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._threads, self._compute_type,
+                                         self._lanes)
         queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting,
-                         self._sampling.top_k, self._cached_openings, self._gather_s)
+                         self._sampling.top_k, self._cached_openings, self._gather_s, self._lanes)
         queue.start()
         log.info("LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)", self.model_name, self._compute_type,
                  time.perf_counter() - started, loaded.folder, ", converted now" if loaded.converted else "")

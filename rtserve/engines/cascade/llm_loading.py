@@ -170,8 +170,9 @@ def convert_ct2(plain: Path, target: Path, compute_type: str) -> None:
     _publish(target, "model.bin", write)
 
 
-def load_ct2(path: Path, cache_dir: Path, cpu_threads: int, compute_type: str) -> LoadedCt2:
-    """``path`` as for ``load_llm``; converted for CTranslate2 on first use, then memory-mapped."""
+def load_ct2(path: Path, cache_dir: Path, cpu_threads: int, compute_type: str, lanes: int = 1) -> LoadedCt2:
+    """``path`` as for ``load_llm``; converted for CTranslate2 on first use, then memory-mapped.
+    ``lanes``: batches CTranslate2 decodes at once (its inter_threads), ``cpu_threads`` each."""
     import ctranslate2
     from transformers import GenerationConfig
 
@@ -183,7 +184,7 @@ def load_ct2(path: Path, cache_dir: Path, cpu_threads: int, compute_type: str) -
         converted = True
     try:
         generator = ctranslate2.Generator(str(folder), device="cpu", compute_type=compute_type,
-                                          intra_threads=cpu_threads, inter_threads=1)
+                                          intra_threads=cpu_threads, inter_threads=lanes)
     except (RuntimeError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: CTranslate2 cannot load {folder}: {exc}") from None
     try:

@@ -26,4 +26,5 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
         return SmolLlm(location, **common)  # type: ignore[arg-type]
     return Ct2Llm(location, compute_type=limits.llm_compute_type, threads=limits.llm_threads,
                   cached_openings=limits.llm_cached_openings, gather_s=limits.llm_gather_ms / 1000,
+                  lanes=limits.llm_lanes,
                   **common)  # type: ignore[arg-type]

@@ -164,29 +164,37 @@ class Prompter:
 
 
 class DecodeQueue(ABC):
-    """The dedicated LLM thread's bounded intake; ``serve`` is the runtime's decode loop."""
+    """The dedicated LLM threads' bounded intake; ``serve`` is the runtime's decode loop, run by
+    each of ``lanes`` threads at once (each decodes up to ``lane_capacity`` requests, its share
+    of ``max_active``)."""
 
-    def __init__(self, max_active: int, max_waiting: int, gather_s: float = 0.0) -> None:
+    def __init__(self, max_active: int, max_waiting: int, gather_s: float = 0.0, lanes: int = 1) -> None:
         self.max_active = max_active
+        self.lane_capacity = -(-max_active // lanes)
         self._max_waiting = max_waiting
         self._gather_s = gather_s  # an idle loop waits this long after a first request for others
         self._waiting: deque[LlmRequest] = deque()
-        self._active_count = 0  # written by the thread under the lock
+        self._active_counts: dict[int, int] = {}  # per lane thread, written by it under the lock
         self._cond = threading.Condition()
         self._stopping = False
         self._stop_reason: EngineError = ModelNotReady("the language model stopped")
-        self._thread: threading.Thread | None = None
+        self._threads = [threading.Thread(target=self._thread_main, name=f"rtserve-llm-{lane}", daemon=True)
+                         for lane in range(lanes)]
+        self._lanes_running = 0
+        self._idle_lanes = 0  # lanes blocked in ``admit`` with nothing to decode
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._thread_main, name="rtserve-llm", daemon=True)
-        self._thread.start()
+        self._lanes_running = len(self._threads)
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, request: LlmRequest) -> None:
         with self._cond:
             if self._stopping:
                 raise ModelNotReady("the language model is shutting down")
-            if len(self._waiting) + self._active_count >= self._max_waiting + self.max_active:
-                raise CapacityExhausted(f"the language model is busy ({self._active_count} requests running, "
+            running = sum(self._active_counts.values())
+            if len(self._waiting) + running >= self._max_waiting + self.max_active:
+                raise CapacityExhausted(f"the language model is busy ({running} requests running, "
                                         f"{len(self._waiting)} waiting); retry shortly")
             self._waiting.append(request)
             self._cond.notify()
@@ -196,11 +204,12 @@ class DecodeQueue(ABC):
         with self._cond:
             self._stopping = True
             self._stop_reason = reason or ModelNotReady("the language model stopped")
-            self._cond.notify()
+            self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            if thread.ident is not None:
+                thread.join(timeout)
 
     @property
     def stopping(self) -> bool:
@@ -208,23 +217,28 @@ class DecodeQueue(ABC):
 
     @property
     def has_waiting(self) -> bool:
-        """Requests wait for admission (a lock-free read, for a decode loop deciding to yield)."""
-        return bool(self._waiting) and not self._stopping
+        """Requests wait for admission that no idle lane is about to take (a lock-free read, for
+        a decode loop deciding to yield)."""
+        return bool(self._waiting) and not self._stopping and not self._idle_lanes
 
     def admit(self, active: Sequence[LlmRequest]) -> list[LlmRequest] | None:
-        """Block until there is work; the newly admitted requests (up to ``max_active`` in all),
-        or None once stopping (then every waiting and ``active`` request gets the stop reason).
-        With ``gather_s``, work that arrives at an idle loop waits up to that long for more
-        (until ``max_active`` wait), so that a burst starts as one batch."""
+        """Block until there is work; the newly admitted requests (up to ``lane_capacity`` in
+        the calling lane), or None once stopping (then every waiting and ``active`` request gets
+        the stop reason). With ``gather_s``, work that arrives at an idle lane waits up to that
+        long for more (until ``lane_capacity`` wait), so that a burst starts as one batch per lane."""
+        lane = threading.get_ident()
         with self._cond:
-            self._active_count = len(active)
-            while not self._stopping and not self._waiting and not active:
-                self._cond.wait()
-            if not active and self._gather_s > 0:  # idle until now: let a burst of requests start as one batch
-                deadline = time.monotonic() + self._gather_s
-                while (not self._stopping and len(self._waiting) < self.max_active
-                       and (left := deadline - time.monotonic()) > 0):
-                    self._cond.wait(left)
+            self._active_counts[lane] = len(active)
+            if not active:
+                self._idle_lanes += 1
+                while not self._stopping and not self._waiting:
+                    self._cond.wait()
+                if self._gather_s > 0:  # idle until now: let a burst of requests start as one batch
+                    deadline = time.monotonic() + self._gather_s
+                    while (not self._stopping and 0 < len(self._waiting) < self.lane_capacity
+                           and (left := deadline - time.monotonic()) > 0):
+                        self._cond.wait(left)
+                self._idle_lanes -= 1
             if self._stopping:
                 pending = list(self._waiting) + list(active)
                 self._waiting.clear()
@@ -232,9 +246,11 @@ class DecodeQueue(ABC):
                     request.deliver(self._stop_reason)
                 return None
             admitted: list[LlmRequest] = []
-            while self._waiting and len(active) + len(admitted) < self.max_active:
+            while self._waiting and len(active) + len(admitted) < self.lane_capacity:
                 admitted.append(self._waiting.popleft())
-            self._active_count = len(active) + len(admitted)
+            self._active_counts[lane] = len(active) + len(admitted)
+            if self._waiting:
+                self._cond.notify()  # another lane may be idle
             return admitted
 
     def _thread_main(self) -> None:
@@ -245,7 +261,11 @@ class DecodeQueue(ABC):
             self.stop(EngineError("the language model failed", code="generation_failed"))
             self.admit(())
         finally:
-            self.release_model()
+            with self._cond:
+                self._lanes_running -= 1
+                last = self._lanes_running == 0
+            if last:  # the other lanes may still be inside a model call until they see the stop
+                self.release_model()
 
     @abstractmethod
     def serve(self) -> None:
@@ -253,7 +273,7 @@ class DecodeQueue(ABC):
 
     @abstractmethod
     def release_model(self) -> None:
-        """Drop the model with the thread (sleep mode frees it)."""
+        """Drop the model with the last lane (sleep mode frees it)."""
 
 
 def fail_request(request: LlmRequest, exc: Exception) -> None:
