@@ -111,34 +111,28 @@ class _Batches(DecodeQueue):
         self._llm = None  # the generator goes with the thread that used it
 
     def _prepare(self, request: _Request) -> bool:
-        with self._shared:
-            return self._prompt(request)
-
-    def _prompt(self, request: _Request) -> bool:
         try:
-            request.prompt = self._prompter.prompt_ids(request.messages, request.params.max_tokens,
-                                                       request.fit_history, request.params)
+            with self._shared:
+                request.prompt = self._prompter.prompt_ids(request.messages, request.params.max_tokens,
+                                                           request.fit_history, request.params)
+                opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
         except Exception as exc:
             fail_request(request, exc)
             return False
         request.prompt_tokens = len(request.prompt)
-        opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
         if 0 < opening < len(request.prompt):  # a start token must remain for the decoding loop
             request.opening = tuple(request.prompt[:opening])
         return True
 
     def _opening(self, batch: list[_Request]) -> tuple[int, ...]:
         """The opening every request of ``batch`` shares and CTranslate2 keeps the state of
-        (computed once, then copied), or () when they differ or the kept set is full."""
+        (computed once, then copied), or () when they differ or the kept set is full. Under
+        ``_shared``."""
         opening = batch[0].opening
         if not opening or any(r.opening != opening for r in batch):
             return ()
-        with self._shared:
-            return self._keep(opening, len(batch))
-
-    def _keep(self, opening: tuple[int, ...], rows: int) -> tuple[int, ...]:
         if opening in self._openings:
-            self._metrics.llm_cached_prompt_tokens.inc(len(opening) * rows)
+            self._metrics.llm_cached_prompt_tokens.inc(len(opening) * len(batch))
         elif len(self._openings) < self._max_openings:
             self._openings.add(opening)
         else:
@@ -154,8 +148,8 @@ class _Batches(DecodeQueue):
         batch = [r for r in active if r.group == key]
         room = len(active) < self.lane_capacity
         temperature, top_p = key
-        opening = self._opening(batch)
         with self._shared:
+            opening = self._opening(batch)
             tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening):], *r.generated])
                       for r in batch]
             static_prompt = self._tokenizer.convert_ids_to_tokens(list(opening)) if opening else None
