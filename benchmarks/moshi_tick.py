@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import gc
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -42,18 +41,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from moshi_build import (build, module_bytes, prefill_ours, prefill_paged, prefill_reference,  # noqa: E402
+import numpy as np
+import torch
+from moshi_build import (build, module_bytes, prefill_ours, prefill_paged, prefill_reference,
                          set_ours_ring, set_reference_ring, share_weights, sync)
 
-from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep  # noqa: E402
-from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
-from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
-from rtserve.engines.moshi.paged_kv import PagedKVSpec  # noqa: E402
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
+from rtserve.engines.moshi import fused
+from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep
+from rtserve.engines.moshi.lm import MoshiLM
+from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.paged_kv import PagedKVSpec
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "moshi_tick.json"
 GIB = 2 ** 30
@@ -126,6 +124,16 @@ def paged_spec(lm: MoshiLM, batch: int, device: torch.device) -> PagedKVSpec:
 
 
 @contextmanager
+def glue_fused(enabled: bool) -> Iterator[None]:
+    """``fused`` kernels on or off while inside (on after)."""
+    fused.set_enabled(enabled)
+    try:
+        yield
+    finally:
+        fused.set_enabled(True)
+
+
+@contextmanager
 def paged_kv(lm: MoshiLM, spec: PagedKVSpec | None, context: int) -> Iterator[None]:
     """Paged KV with a ``context``-frame window while inside (bf16 rings as before after)."""
     if spec is None:
@@ -145,12 +153,13 @@ def paged_kv(lm: MoshiLM, spec: PagedKVSpec | None, context: int) -> Iterator[No
 def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argparse.Namespace,
              device: torch.device, side: str) -> dict[str, Any]:
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
-    ring, like the reference), ours-eager (no graphs) or ours-paged8 (graphed, paged int8 KV)."""
+    ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV) or
+    ours-paged8-unfused (the same with the elementwise glue left to eager kernels, ``fused``)."""
     result: dict[str, Any] = {}
-    paged = side == "ours-paged8"
+    paged = side.startswith("ours-paged8")
     spec = paged_spec(lm, batch, device) if paged else None
     with measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)), \
-            paged_kv(lm, spec, lm.config.context):
+            paged_kv(lm, spec, lm.config.context), glue_fused(side != "ours-paged8-unfused"):
         bucket = lm.transformer.capacity if side == "ours-fullring" else DEFAULT_SPAN_BUCKET
         frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch,
                           graph=side != "ours-eager" and device.type == "cuda", span_bucket=bucket)
@@ -180,10 +189,14 @@ def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argpar
 
 
 def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[str], args: argparse.Namespace,
-                  device: torch.device) -> dict[str, Any]:
+                  device: torch.device, side: str) -> dict[str, Any]:
+    """``side``: reference (as shipped: its norms, RoPE and gating compiled by ``torch.compile``)
+    or reference-nocompile (those left eager, as in this file's runs before session 26)."""
     from moshi.models.lm import LMGen
+    from moshi.utils.compile import no_compile
     result: dict[str, Any] = {}
-    with measured_memory(device, result, module_bytes(ref_lm) + module_bytes(ref_mimi)):
+    with measured_memory(device, result, module_bytes(ref_lm) + module_bytes(ref_mimi)), \
+            no_compile() if side == "reference-nocompile" else contextlib.nullcontext():
         gen = LMGen(ref_lm, use_sampling=False)
         pcm = torch.randn(batch, 1, ref_mimi.frame_size, device=device) * 0.1
 
@@ -223,22 +236,31 @@ def fits(batch: int, ring: int, kv_bytes_per_frame: int, device: torch.device) -
 
 @torch.no_grad()
 def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> dict[str, Any]:
-    """The graphed step must give the eager step's tokens and audio on the same inputs (B=2, fresh rows)."""
+    """The graphed step must give the eager step's tokens and audio on the same inputs (B=2, fresh
+    rows); beside it, how far eager steps with the glue unfused drift from fused ones (rounding)."""
     gen = torch.Generator(device="cpu").manual_seed(3)
     inputs = [(torch.randn(2, mimi.frame_size, generator=gen) * 0.1).to(device) for _ in range(frames)]
     runs = []
-    for graph in (False, True):
-        frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2, graph=graph)
-        outs = []
-        for pcm in inputs:
-            out = frame(pcm)  # a graphed step's outputs are static buffers: copy each frame's
-            outs.append((out.tokens.cpu(), out.audio.float().cpu()))
+    for graph, fuse in ((False, True), (True, True), (False, False)):
+        with glue_fused(fuse):
+            frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2, graph=graph)
+            outs = []
+            for pcm in inputs:
+                out = frame(pcm)  # a graphed step's outputs are static buffers: copy each frame's
+                outs.append((out.tokens.cpu(), out.audio.float().cpu()))
         runs.append(outs)
         del frame
         release(lm, mimi, device)
-    same = sum(torch.equal(a[0], b[0]) for a, b in zip(*runs))
-    err = max(float((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)) for a, b in zip(*runs))
-    return {"frames": frames, "identical_token_frames": same, "max_audio_rel_err": err}
+
+    def compare(a_run: list[Any], b_run: list[Any]) -> tuple[int, float]:
+        same = sum(torch.equal(a[0], b[0]) for a, b in zip(a_run, b_run))
+        err = max(float((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)) for a, b in zip(a_run, b_run))
+        return same, err
+
+    same, err = compare(runs[0], runs[1])
+    unfused_same, unfused_err = compare(runs[0], runs[2])
+    return {"frames": frames, "identical_token_frames": same, "max_audio_rel_err": err,
+            "unfused_identical_token_frames": unfused_same, "unfused_max_audio_rel_err": unfused_err}
 
 
 @torch.no_grad()
@@ -298,7 +320,8 @@ def main() -> None:
     parser.add_argument("--fills", default=None, help="context fill frames, comma list (default 0,1500,3000,mix1500);"
                                                        " mixN: rows evenly over 0..2N (paged side only)")
     parser.add_argument("--sides", default="ours-paged8,ours,reference",
-                        help="ours-paged8, ours, ours-fullring, ours-eager, reference")
+                        help="ours-paged8, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference, "
+                             "reference-nocompile")
     parser.add_argument("--agreement-frames", type=int, default=200, help="paged int8 vs bf16 greedy frames (0: skip)")
     parser.add_argument("--agreement-batch", type=int, default=4)
     parser.add_argument("--frames", type=int, default=30)
@@ -334,13 +357,13 @@ def main() -> None:
         for batch in batches:
             row: dict[str, Any] = {"ring": ring, "batch": batch}
             for side in sides:
-                if side in too_big or (side != "ours-paged8" and not fits(batch, ring, kv_frame, device)):
+                if side in too_big or (not side.startswith("ours-paged8") and not fits(batch, ring, kv_frame, device)):
                     row[side] = {"skipped": "oom"}
                     too_big.add(side)
                     continue
                 try:
-                    if side == "reference":
-                        row[side] = run_reference(ref_lm, ref_mimi, batch, fills, args, device)
+                    if side.startswith("reference"):
+                        row[side] = run_reference(ref_lm, ref_mimi, batch, fills, args, device, side)
                     else:
                         row[side] = run_ours(lm, mimi, batch, fills, args, device, side)
                 except torch.OutOfMemoryError:
@@ -351,6 +374,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if check is not None:
         check["kernels_per_frame"] = kernels_per_frame(lm, mimi, device)
+        with glue_fused(False):
+            check["kernels_per_frame_unfused"] = kernels_per_frame(lm, mimi, device)
     print_table(rows, sides, fills, shape, dtype, device)
     if agreement is not None:
         for name in ("int8_paged_vs_bf16", "bf16_math_sdpa_vs_bf16"):
@@ -360,7 +385,10 @@ def main() -> None:
                   f"audio {a['audio_token_agreement']:.1%}; first divergence {a['first_divergence_per_row']}")
     if check is not None:
         print(f"graphed vs eager over {check['frames']} frames: {check['identical_token_frames']} identical token "
-              f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame")
+              f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame "
+              f"({check['kernels_per_frame_unfused']} unfused); eager unfused vs fused: "
+              f"{check['unfused_identical_token_frames']} identical token frames, max audio rel err "
+              f"{check['unfused_max_audio_rel_err']:.2e}")
     result = {"shape": shape, "dtype": str(dtype), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "warmup": args.warmup,
               "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "greedy_agreement": agreement,

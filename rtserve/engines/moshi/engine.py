@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
+from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.loader import load_folder, random_model
@@ -23,6 +24,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
         raise ConfigError("invalid config field 'moshi_engine.weights': the moshi engine needs a local weight "
                           "folder (config.json, model and Mimi safetensors, tokenizer); nothing is downloaded")
     device = resolve_device(settings.device)
+    fused.set_enabled(settings.fuse_glue)
     try:
         if settings.random_weights:
             loaded = random_model(settings.weights, device=device, dtype=DTYPES[settings.dtype])

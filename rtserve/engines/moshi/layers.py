@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, PagedKVSpec
 
 
@@ -31,9 +32,7 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        var = self.eps + torch.mean(x32 ** 2, dim=-1, keepdim=True)
-        return (x32 * (self.alpha.to(var) * torch.rsqrt(var))).to(x.dtype)
+        return fused.rms_norm(x, self.alpha, self.eps)
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
@@ -57,20 +56,6 @@ def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -
     return torch.cos(freqs * ts), torch.sin(freqs * ts)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``[B, H, T, D]`` queries/keys by tables from ``rope_tables`` (computed in fp32)."""
-    dim = q.shape[-1]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.view(*x.shape[:-1], dim // 2, 2)
-        re, im = pairs[..., 0].float(), pairs[..., 1].float()
-        out_re, out_im = re * cos - im * sin, re * sin + im * cos
-        return torch.stack([out_re.to(x.dtype), out_im.to(x.dtype)], dim=-1).view(*x.shape[:-1], dim)
-
-    return rotate(q), rotate(k)
-
-
 class GatedMLP(nn.Module):
     """``linear_out(silu(a) * b)`` where ``[a, b] = linear_in(x)``."""
 
@@ -85,7 +70,7 @@ class GatedMLP(nn.Module):
         h = F.linear(x, self.linear_in.weight)
         batch, steps, _ = h.shape
         h = h.view(batch, steps, 2, -1)
-        return F.linear(F.silu(h[..., 0, :]) * h[..., 1, :], self.linear_out.weight)
+        return F.linear(fused.silu_gate(h), self.linear_out.weight)
 
 
 class GeluMLP(nn.Module):
@@ -198,19 +183,18 @@ class Attention(nn.Module):
         projected = self.in_projs[weight_index](x)
         q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if plan.rope is not None:
-            q, k = apply_rope(q, k, *plan.rope)
+            q, k = fused.apply_rope(q, k, *plan.rope)
         out = ring_attention(q, k, v, cache, plan)
         out = out.transpose(1, 2).reshape(batch, steps, self.dim)
         return self.out_projs[weight_index](out)
 
 
 class LayerScale(nn.Module):
+    """The learned per-channel scale of a residual branch (applied by ``fused.scaled_residual``)."""
+
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class TransformerLayer(nn.Module):
@@ -234,9 +218,15 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan,
                 weight_index: int = 0) -> torch.Tensor:
         update = self.self_attn(self.norm1(x), cache, plan, weight_index)
-        x = x.to(update) + self.layer_scale_1(update)
+        x = _residual(x, update, self.layer_scale_1)
         update = self.mlp[weight_index](self.norm2(x))
-        return x.to(update) + self.layer_scale_2(update)
+        return _residual(x, update, self.layer_scale_2)
+
+
+def _residual(x: torch.Tensor, update: torch.Tensor, scale: nn.Module) -> torch.Tensor:
+    if isinstance(scale, LayerScale):
+        return fused.scaled_residual(x, update, scale.scale)
+    return x.to(update) + update
 
 
 class Transformer(nn.Module):

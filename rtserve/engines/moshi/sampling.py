@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import torch
 
+from rtserve.engines.moshi.fused import fused
 from rtserve.engines.protocols import SlotSampling
 
 _T = TypeVar("_T")
@@ -102,19 +103,26 @@ class SlotSampler:
 
     def sample(self, logits: torch.Tensor, text: bool) -> torch.Tensor:
         """``[B, V]`` logits -> ``[B]`` tokens; every row advances its draw counter."""
-        logits = logits.float()
-        tokens = torch.argmax(logits, dim=-1)
         stream = 0 if text else 1
-        temperature = self.temperature[stream]
-        vocab = logits.shape[-1]
-        # softmax(logits / T) sorted descending; ranks past the row's top-k get probability 0.
-        scaled = logits / temperature.clamp(min=1e-6)[:, None]
-        probs, order = torch.sort(torch.softmax(scaled, dim=-1), dim=-1, descending=True)
-        top_k = torch.where(self.top_k[stream] > 0, self.top_k[stream], vocab)
-        ranks = torch.arange(vocab, device=logits.device)
-        probs = torch.where(ranks[None] < top_k[:, None], probs, torch.zeros_like(probs))
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-        race = probs / -torch.log(_hash_uniform(self.seed, self.draws, vocab))
-        drawn = order.gather(1, race.argmax(dim=-1, keepdim=True))[:, 0]
+        tokens = _draw(logits, self.temperature[stream], self.top_k[stream], self.seed, self.draws)
         self.draws.add_(1)
-        return torch.where(temperature > 0, drawn, tokens)
+        return tokens
+
+
+@fused
+def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
+          draws: torch.Tensor) -> torch.Tensor:
+    """Each row's token: the argmax where its temperature is 0, else a top-k draw by the race."""
+    logits = logits.float()
+    greedy = torch.argmax(logits, dim=-1)
+    vocab = logits.shape[-1]
+    # softmax(logits / T) sorted descending; ranks past the row's top-k get probability 0.
+    scaled = logits / temperature.clamp(min=1e-6)[:, None]
+    probs, order = torch.sort(torch.softmax(scaled, dim=-1), dim=-1, descending=True)
+    top_k = torch.where(top_k > 0, top_k, vocab)
+    ranks = torch.arange(vocab, device=logits.device)
+    probs = torch.where(ranks[None] < top_k[:, None], probs, torch.zeros_like(probs))
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+    race = probs / -torch.log(_hash_uniform(seed, draws, vocab))
+    drawn = order.gather(1, race.argmax(dim=-1, keepdim=True))[:, 0]
+    return torch.where(temperature > 0, drawn, greedy)

@@ -1,0 +1,88 @@
+"""The elementwise glue around the matrix products, one kernel per function on CUDA.
+
+In eager PyTorch an fp32 RMSNorm is ~8 kernels, interleaved RoPE on queries and keys ~20,
+the gated SiLU 2 and a sampling draw ~25 (the counter hash, the race). At the 7B shape that
+is thousands of tiny kernels per frame, and even replayed from a CUDA graph each costs a
+launch and a round trip of its operands through memory (moshi_speed.md, "v5"). Inductor
+(``torch.compile``) turns each function below into one or two Triton kernels with the same
+math and the same fp32 accumulation; only the order of the terms of a reduction may differ,
+in the last bit.
+
+CPU keeps the eager functions: the fp32 parity gates and the tests run there, and compiling
+for the CPU would cost minutes per shape. ``set_enabled(False)`` turns fusion off (the
+``moshi_engine.fuse_glue`` setting, the benchmarks' A/B); it takes effect for kernels run or
+graphs captured after the call. The first call of each shape compiles (seconds): ``FrameStep``
+runs one eager step per graph before capture, so compilation never happens inside one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch.nn import functional as F
+
+_F = TypeVar("_F", bound=Callable[..., object])
+_enabled = True
+
+
+def set_enabled(enabled: bool) -> None:
+    global _enabled
+    _enabled = enabled
+
+
+def fused(fn: _F) -> _F:
+    """``fn`` (a pure function of tensors, first argument on the device that decides) compiled
+    once on first use with a CUDA tensor while fusion is enabled; eager otherwise."""
+    compiled: Callable[..., object] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: object) -> object:
+        nonlocal compiled
+        first = args[0]
+        if not (_enabled and isinstance(first, torch.Tensor) and first.is_cuda):
+            return fn(*args)
+        if compiled is None:
+            # dynamic=None: the first shape is specialised, a second one makes the changing
+            # dimensions symbolic, so a handful of batch buckets costs two compiles, not one each.
+            compiled = torch.compile(fn, fullgraph=True)
+        return compiled(*args)
+
+    return call  # type: ignore[return-value]
+
+
+@fused
+def rms_norm(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with its statistics in fp32 (``rms_norm_f32``), back in ``x``'s dtype."""
+    x32 = x.float()
+    var = eps + torch.mean(x32 ** 2, dim=-1, keepdim=True)
+    return (x32 * (alpha.to(var) * torch.rsqrt(var))).to(x.dtype)
+
+
+@fused
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``[B, H, T, D]`` queries/keys by tables from ``layers.rope_tables`` (in fp32)."""
+    dim = q.shape[-1]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        pairs = x.view(*x.shape[:-1], dim // 2, 2)
+        re, im = pairs[..., 0].float(), pairs[..., 1].float()
+        out_re, out_im = re * cos - im * sin, re * sin + im * cos
+        return torch.stack([out_re.to(x.dtype), out_im.to(x.dtype)], dim=-1).view(*x.shape[:-1], dim)
+
+    return rotate(q), rotate(k)
+
+
+@fused
+def silu_gate(h: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` for ``h`` = ``[..., 2, hidden]`` holding ``a`` then ``b``."""
+    return F.silu(h[..., 0, :]) * h[..., 1, :]
+
+
+@fused
+def scaled_residual(x: torch.Tensor, update: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x + scale * update`` in ``update``'s dtype (a layer-scaled residual branch)."""
+    return x.to(update) + scale * update
