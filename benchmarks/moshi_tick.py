@@ -254,12 +254,17 @@ def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> d
 
     def compare(a_run: list[Any], b_run: list[Any]) -> tuple[int, float]:
         same = sum(torch.equal(a[0], b[0]) for a, b in zip(a_run, b_run))
-        err = max(float((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)) for a, b in zip(a_run, b_run))
+        # NaN counts as the largest error (max() would skip it).
+        err = max(float(((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)).nan_to_num(float("inf")))
+                  for a, b in zip(a_run, b_run))
         return same, err
 
+    silent = sum(not bool(out[1].abs().gt(0).any()) for out in runs[0])
+    nonfinite = sum(not bool(out[1].isfinite().all()) for out in runs[0])
     same, err = compare(runs[0], runs[1])
     unfused_same, unfused_err = compare(runs[0], runs[2])
-    return {"frames": frames, "identical_token_frames": same, "max_audio_rel_err": err,
+    return {"frames": frames, "silent_audio_frames": silent, "nonfinite_audio_frames": nonfinite,
+            "identical_token_frames": same, "max_audio_rel_err": err,
             "unfused_identical_token_frames": unfused_same, "unfused_max_audio_rel_err": unfused_err}
 
 
@@ -388,7 +393,8 @@ def main() -> None:
               f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame "
               f"({check['kernels_per_frame_unfused']} unfused); eager unfused vs fused: "
               f"{check['unfused_identical_token_frames']} identical token frames, max audio rel err "
-              f"{check['unfused_max_audio_rel_err']:.2e}")
+              f"{check['unfused_max_audio_rel_err']:.2e}; eager audio: {check['silent_audio_frames']} silent, "
+              f"{check['nonfinite_audio_frames']} non-finite frames")
     result = {"shape": shape, "dtype": str(dtype), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "warmup": args.warmup,
               "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "greedy_agreement": agreement,
