@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -71,3 +72,19 @@ def test_serve_answers_health_and_drains_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_server_starts_without_the_models_extra() -> None:
+    """The embedded models' libraries (the ``models`` extra) are optional: without them the server
+    still imports its app, workers and engine process (the cascade reports its models missing)."""
+    probe = textwrap.dedent("""
+        import importlib.abc, sys
+        class Missing(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in {"faster_whisper", "ctranslate2", "transformers", "piper"}:
+                    raise ModuleNotFoundError(name)
+        sys.meta_path.insert(0, Missing())
+        import rtserve.app, rtserve.processes.engine_main, rtserve.processes.worker_main
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

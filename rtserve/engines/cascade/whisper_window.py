@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from faster_whisper.tokenizer import Tokenizer
-from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
 
 MAX_COMPRESSION_RATIO = 2.4  # faster-whisper's compression_ratio_threshold
 MIN_AVG_LOGPROB = -1.0  # faster-whisper's log_prob_threshold
@@ -38,6 +36,11 @@ def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: s
                      prompt: str | None) -> str | None:
     """``audio`` (16 kHz) transcribed in a ``window_s`` window; None when the decode is not to
     be trusted (the caller decodes in the full window). ``model``: a faster_whisper.WhisperModel."""
+    # faster-whisper is the optional "models" extra: imported where a model is in use, so the
+    # server (and a machine without it) can import the cascade modules.
+    from faster_whisper.tokenizer import Tokenizer
+    from faster_whisper.transcribe import get_suppressed_tokens
+
     features = model.feature_extractor(audio)
     window = int(window_s * model.frames_per_second)
     features = np.pad(features, ((0, 0), (0, max(window - features.shape[-1], 0))))[:, :window]
@@ -59,4 +62,6 @@ def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: s
 
 def trusted(text: str, avg_logprob: float) -> bool:
     """A decode that does not repeat itself and that the decoder was sure enough of."""
+    from faster_whisper.transcribe import get_compression_ratio
+
     return get_compression_ratio(text) <= MAX_COMPRESSION_RATIO and avg_logprob >= MIN_AVG_LOGPROB
