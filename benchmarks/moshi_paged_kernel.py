@@ -54,7 +54,7 @@ def main() -> None:
         int8_bytes = batch * HEADS * frames * 2 * (DIM + 4)
         row: dict = {"batch": batch, "fill": args.fill, "int8_bytes": int8_bytes}
         keys, values = cache.gather(span, torch.bfloat16)
-        plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor)
+        plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor, dtype=q.dtype)
         want = F.scaled_dot_product_attention(q, keys, values, plan.mask)
         ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, keys, values, plan.mask),
                                      return_mode="median")

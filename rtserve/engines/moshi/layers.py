@@ -116,7 +116,7 @@ class StepPlan:
     """
 
     write: torch.Tensor  # [B, H, T, D] ring slot of each new key/value
-    mask: torch.Tensor  # [B, 1, T, span] bool: query t may attend to ring slot s
+    mask: torch.Tensor  # [B, 1, T, span] added to the scores: 0 where query t may attend to ring slot s, else -inf
     span: int
     rope: tuple[torch.Tensor, torch.Tensor] | None
     slot: torch.Tensor  # [B, T] ring slot of each new key/value
@@ -127,9 +127,12 @@ class StepPlan:
 
     @classmethod
     def build(cls, offset: torch.Tensor, steps: int, heads: int, head_dim: int, capacity: int, context: int | None,
-              span: int | None, rope_max_period: float | None, floor: torch.Tensor | None = None) -> StepPlan:
+              span: int | None, rope_max_period: float | None, floor: torch.Tensor | None = None,
+              dtype: torch.dtype = torch.float32) -> StepPlan:
         """A ring slot's absolute position is recovered from the row's offset, so rows at
-        different positions (a recycled slot next to a long-running one) share one batched call."""
+        different positions (a recycled slot next to a long-running one) share one batched call.
+        The mask is additive in ``dtype`` (the queries'): attention would otherwise turn a bool mask
+        into that in every layer (two kernels each)."""
         batch = offset.shape[0]
         device = offset.device
         arange_t = torch.arange(steps, device=device, dtype=torch.long)
@@ -149,7 +152,8 @@ class StepPlan:
         if context is not None:
             allowed = allowed & (rel < context)
         rope = None if rope_max_period is None else rope_tables(offset, steps, head_dim, rope_max_period)
-        return cls(index, allowed[:, None], span, rope, write, offset, floor, capacity, context)
+        mask = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        return cls(index, mask[:, None], span, rope, write, offset, floor, capacity, context)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PagedKVCache,
@@ -293,7 +297,8 @@ class Transformer(nn.Module):
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
         plan = StepPlan.build(self.offset, x.shape[1], self.heads, self.dim // self.heads, self.capacity, self.context,
-                              self.span, self.rope_max_period, self.floor)
+                              self.span, self.rope_max_period, self.floor,
+                              dtype=self.layers[0].self_attn.in_projs[0].weight.dtype)
         for layer, cache in zip(self.layers, self.caches):
             x = layer(x, cache, plan, weight_index)
         self.offset.add_(x.shape[1])
