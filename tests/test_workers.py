@@ -279,3 +279,21 @@ def test_a_sigkilled_supervisor_leaves_no_orphans(server) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     assert _all_gone(children, 10), "children outlived a SIGKILLed supervisor"
+
+
+def test_a_package_missing_from_the_install_stops_the_server_instead_of_restarting_workers(tmp_path) -> None:
+    """A worker that cannot import the app would fail the same way after every restart: the
+    server exits 2 with the reason in one line, not a crash loop that never becomes ready."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class Missing(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'aioice':\n"
+        "            raise ModuleNotFoundError(\"No module named 'aioice'\")\n"
+        "sys.meta_path.insert(0, Missing())\n")
+    env = {**CLEAN_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), CLEAN_ENV.get("PYTHONPATH")]))}
+    out = subprocess.run([*CLI, "serve", "--engine", "loopback", "--workers", "2", "--port", str(_free_port())],
+                         capture_output=True, text=True, env=env, timeout=START_TIMEOUT_S)
+    assert out.returncode == 2
+    assert "rtserve: a worker cannot start: No module named 'aioice'" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -18,8 +18,9 @@ from rtserve.processes.orphans import die_with_parent
 log = logging.getLogger("rtserve.engine")
 
 
-# A configuration the engines refuse (a missing weight folder, say) cannot heal by a restart:
-# the engine process exits with this status and the supervisor stops the server (exit 2).
+# A configuration the engines refuse (a missing weight folder, say) or a package missing from
+# the install cannot heal by a restart: the process (engine or worker) exits with this status and
+# the supervisor stops the server (exit 2) instead of restarting it forever.
 EXIT_CONFIG_ERROR = 78  # EX_CONFIG (sysexits.h)
 
 
@@ -31,6 +32,9 @@ def run(settings: dict[str, Any], socket_path: str, parent_pid: int) -> None:
         asyncio.run(_serve(config, socket_path))
     except ConfigError as exc:
         sys.stderr.write(f"rtserve: {exc}\n")  # the one line the CLI prints for a config error
+        sys.exit(EXIT_CONFIG_ERROR)
+    except ImportError as exc:
+        sys.stderr.write(f"rtserve: the engine process cannot start: {exc}\n")
         sys.exit(EXIT_CONFIG_ERROR)
 
 

@@ -112,13 +112,13 @@ class Supervisor:
             self._shut_down()
 
     def _watch(self) -> int:
-        """Until a stop signal (0) or an engine configuration error (2); restarts what dies."""
+        """Until a stop signal (0) or a configuration or install error (2); restarts what dies."""
         while not self._stop.wait(_POLL_S):
             for child in self.children:
                 process = child.process
                 if process is not None and not process.is_alive():
-                    if child is self._engine and process.exitcode == engine_main.EXIT_CONFIG_ERROR:
-                        return 2  # the engine process printed the one-line reason
+                    if process.exitcode == engine_main.EXIT_CONFIG_ERROR:
+                        return 2  # the child printed the one-line reason; a restart would fail the same way
                     if child is not self._engine and process.exitcode == worker_main.EXIT_DRAINED:
                         log.info("%s (pid %s) was drained and left", child.name, process.pid)
                         process.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 from rtserve.config import ServerConfig
 from rtserve.log import configure_logging
+from rtserve.processes.engine_main import EXIT_CONFIG_ERROR
 from rtserve.processes.orphans import die_with_parent
 
 log = logging.getLogger("rtserve.worker")
@@ -25,8 +26,12 @@ def run(settings: dict[str, Any], socket_path: str, worker_index: int, parent_pi
     die_with_parent(parent_pid)
     config = ServerConfig.model_validate(settings)
     configure_logging(config.log_level)
-    from rtserve.cli import serve  # the single-process server loop, reused as is
-
+    try:
+        import rtserve.app  # noqa: F401  (what serve() builds: a package missing from the install fails here)
+        from rtserve.cli import serve  # the single-process server loop, reused as is
+    except ImportError as exc:
+        sys.stderr.write(f"rtserve: a worker cannot start: {exc}\n")
+        sys.exit(EXIT_CONFIG_ERROR)
     if asyncio.run(serve(config, engine_socket=socket_path, worker_index=worker_index, listener=listener,
                          peer_folder=peer_folder)):
         sys.exit(EXIT_DRAINED)
