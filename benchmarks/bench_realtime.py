@@ -44,7 +44,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, scrape
+from server_process import ServerProcess, histogram_max, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24_000
@@ -95,6 +95,7 @@ class Result:
     busiest_process_pct: float  # the busiest server process (one core = 100 %)
     client_cpu_pct: float  # the load generator, all its processes
     busiest_client_pct: float  # its busiest process: near 100 % it, not the server, is the limit
+    loop_lag_max_ms: float  # worst event-loop stall of any server process (bucket bound; 0: none over 1 ms)
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
     error_codes: dict[str, int]  # what the errors were (event codes, client-side failures)
@@ -243,6 +244,7 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
         client_cpu_pct=100 * sum(r.cpu_s for r in results) / measured_s,
         busiest_client_pct=100 * max(r.cpu_s for r in results) / measured_s,
+        loop_lag_max_ms=histogram_max(counters_before, counters_after, "rtserve_event_loop_lag_seconds") * 1e3,
         engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
                          counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
         error_events=sum(len(log.errors) for log in logs),
@@ -270,6 +272,7 @@ def print_table(results: list[Result]) -> None:
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
             ("server CPU all / busiest process", f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} % of one core"),
             ("client CPU all / busiest process", f"{r.client_cpu_pct:.0f} / {r.busiest_client_pct:.0f} % of one core"),
+            ("worst event-loop stall, any server process", f"{r.loop_lag_max_ms:.0f} ms (highest bucket reached)"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
             ("error codes", ", ".join(f"{k} {v}" for k, v in r.error_codes.items()) or "-"),
         ]

@@ -117,3 +117,15 @@ async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
             key = match.group(1) + ("" if labels == "{}" else labels)
             samples[key] = samples.get(key, 0.0) + float(match.group(3))
     return samples
+
+
+def histogram_max(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    """Upper bound of the highest bucket that gained observations between two scrapes (0: none;
+    inf: past the last bound): how bad the worst one was, e.g. one stall among thousands."""
+    worst, previous = 0.0, 0.0
+    for bound, count in sorted((float(re.search(r'le="([^"]+)"', key).group(1)), value - before.get(key, 0.0))
+                               for key, value in after.items() if key.startswith(name + "_bucket")):
+        if count > previous:
+            worst = bound
+        previous = count
+    return worst
