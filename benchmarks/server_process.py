@@ -119,12 +119,14 @@ async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
     return samples
 
 
-def histogram_max(before: dict[str, float], after: dict[str, float], name: str) -> float:
+def histogram_max(before: dict[str, float], after: dict[str, float], name: str, labels: str = "") -> float:
     """Upper bound of the highest bucket that gained observations between two scrapes (0: none;
-    inf: past the last bound): how bad the worst one was, e.g. one stall among thousands."""
+    inf: past the last bound): how bad the worst one was, e.g. one stall among thousands.
+    ``labels`` (``generation="2"``) picks one series of a labelled histogram."""
+    prefix = name + "_bucket" + ("{" + labels + "," if labels else "")
     worst, previous = 0.0, 0.0
     for bound, count in sorted((float(re.search(r'le="([^"]+)"', key).group(1)), value - before.get(key, 0.0))
-                               for key, value in after.items() if key.startswith(name + "_bucket")):
+                               for key, value in after.items() if key.startswith(prefix)):
         if count > previous:
             worst = bound
         previous = count

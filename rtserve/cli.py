@@ -61,6 +61,8 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     process behind that socket, ``listener`` is its share of the port (bound by the supervisor)
     and ``peer_folder`` is where the workers reach each other (resume relays, drain)."""
     from rtserve.app import build_app  # heavy imports only for the serve path
+    from rtserve.engines.engine_set import EngineSet
+    from rtserve.heap import freeze_long_lived, freeze_when_ready
     from rtserve.web.context import CTX
     from rtserve.web.peers import Peers, SocketDirectory, new_front_end_tag
     from rtserve.web.runner import app_runner, server_ssl_context
@@ -87,6 +89,11 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     site = (web.TCPSite(runner, config.host, config.port, ssl_context=tls) if listener is None
             else web.SockSite(runner, listener, ssl_context=tls))
     await site.start()
+    served = app[CTX].engines
+    if isinstance(served, EngineSet):  # the models load here, in the background
+        freeze_when_ready(served)
+    else:  # a worker: its engines live in the engine process (or Ray actors)
+        freeze_long_lived()
     if engine_socket is None:
         log.info("rtserve %s listening on %s://%s:%d (engine %s)", __version__, "https" if tls else "http",
                  config.host, config.port, config.engine)

@@ -1,9 +1,9 @@
 """Metrics every rtserve process exports about itself, and merging several processes' metrics.
 
 Each process (the single server, every worker, the engine process) reports its CPU
-seconds and memory (prometheus-client's ``ProcessCollector``) and its event-loop lag: how
-late a timer fires, the direct measure of a saturated loop. With workers, any worker's
-``/metrics`` shows every process: the engine process merges the expositions workers push
+seconds and memory (prometheus-client's ``ProcessCollector``), its event-loop lag (how
+late a timer fires, the direct measure of a saturated loop) and its garbage-collection
+pauses. With workers, any worker's ``/metrics`` shows every process: the engine process merges the expositions workers push
 to it, each worker's samples labelled ``worker="i"`` (prometheus-client's multiprocess mode
 needs one shared directory and process-global metrics; this needs neither).
 """
@@ -11,6 +11,8 @@ needs one shared directory and process-global metrics; this needs neither).
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
@@ -27,15 +29,29 @@ class ProcessMetrics:
         ProcessCollector(registry=registry)
         self.loop_lag = Histogram("rtserve_event_loop_lag_seconds", "How late a 100 ms timer of this process's "
                                   "event loop fired", buckets=_LAG_BUCKETS, registry=registry)
+        # A collection holds the GIL: every thread of the process (engine thread, event loop) waits it out.
+        self.gc_pause = Histogram("rtserve_gc_pause_seconds", "Garbage collections of this process, by "
+                                  "generation (2: full), and how long each held it", ["generation"],
+                                  buckets=_LAG_BUCKETS, registry=registry)
         self._task: asyncio.Task[None] | None = None
+        self._gc_started = 0.0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._probe())
+        gc.callbacks.append(self._on_gc)
 
     async def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pause.labels(str(info["generation"])).observe(time.perf_counter() - self._gc_started)
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()

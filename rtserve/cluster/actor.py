@@ -25,6 +25,7 @@ from rtserve.cluster import auth
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.remote.server import EngineServer
+from rtserve.heap import freeze_when_ready
 from rtserve.log import configure_logging
 from rtserve.process_metrics import ProcessMetrics
 
@@ -47,6 +48,7 @@ class EngineActor:
         self._address: tuple[str, int] = self._listener.sockets[0].getsockname()[:2]
         self._engines.start()
         self._process_metrics.start()
+        freeze_when_ready(self._engines)
         self._drained: asyncio.Task[None] | None = None
         log.info("engine actor %s serving on %s:%d (pid %d)", name, *self._address, os.getpid())
 

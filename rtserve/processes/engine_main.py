@@ -42,6 +42,7 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
     # Heavy imports (torch, model wheels) only in the process that runs engines.
     from rtserve.engines.engine_set import EngineSet
     from rtserve.engines.remote.server import EngineServer
+    from rtserve.heap import freeze_when_ready
 
     registry = CollectorRegistry()
     process_metrics = ProcessMetrics(registry)
@@ -50,6 +51,7 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
     await server.serve_unix(socket_path)  # workers connect at once and learn what is served
     engines.start()
     process_metrics.start()
+    freeze_when_ready(engines)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
