@@ -15,7 +15,7 @@ import gc
 import time
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -33,6 +33,8 @@ class ProcessMetrics:
         self.gc_pause = Histogram("rtserve_gc_pause_seconds", "Garbage collections of this process, by "
                                   "generation (2: full), and how long each held it", ["generation"],
                                   buckets=_LAG_BUCKETS, registry=registry)
+        Gauge("rtserve_gc_frozen_objects", "Objects this process loaded before serving, kept out of garbage "
+              "collections (rtserve/heap.py)", registry=registry).set_function(gc.get_freeze_count)
         self._task: asyncio.Task[None] | None = None
         self._gc_started = 0.0
 

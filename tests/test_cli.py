@@ -88,3 +88,22 @@ def test_the_server_starts_without_the_models_extra() -> None:
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_single_process_server_keeps_what_it_loaded_out_of_garbage_collections():
+    port = _free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while _health(port) != 200:  # ready: the engine loaded, so its objects are frozen too
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server never became healthy"
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        frozen = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rtserve_gc_frozen_objects ")]
+        assert frozen and frozen[0] > 10_000
+    finally:
+        proc.kill()
+        proc.wait()

@@ -297,3 +297,24 @@ def test_a_package_missing_from_the_install_stops_the_server_instead_of_restarti
     assert out.returncode == 2
     assert "rtserve: a worker cannot start: No module named 'aioice'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_every_process_keeps_what_it_loaded_out_of_garbage_collections(server) -> None:
+    """A full collection over the startup heap (~80 ms with torch loaded) would stall every session
+    of a process at once; the engine process and each worker freeze that heap once serving."""
+    proc, port = server
+    await _wait_health(port, 200)
+    every_process = {"rtserve_gc_frozen_objects", 'rtserve_gc_frozen_objects{worker="0"}',
+                     'rtserve_gc_frozen_objects{worker="1"}'}
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while True:  # workers push their metrics to the engine process now and then
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+            frozen = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                      if line.startswith("rtserve_gc_frozen_objects")}
+            if set(frozen) >= every_process or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert set(frozen) >= every_process, frozen
+    assert min(frozen.values()) > 10_000, frozen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import aiohttp
 import pytest
@@ -140,3 +141,14 @@ async def test_websocket_without_key_is_closed_4001(config):
             msg = await ws.receive()
             assert msg.type == aiohttp.WSMsgType.CLOSE
             assert ws.close_code == 4001
+
+
+async def test_metrics_show_the_processs_full_garbage_collections(config):
+    """A collection holds the GIL for every thread of the process: /metrics counts them and how long they took."""
+    app = build_app(config, engine=GatedStartEngine())
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        gc.collect()
+        async with http.get(f"{base}/metrics") as resp:
+            text = await resp.text()
+    full = [line for line in text.splitlines() if line.startswith('rtserve_gc_pause_seconds_count{generation="2"}')]
+    assert full and float(full[0].split()[-1]) >= 1
