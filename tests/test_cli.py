@@ -12,6 +12,8 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 import rtserve
 
 CLI = [sys.executable, "-m", "rtserve.cli"]
@@ -55,16 +57,23 @@ def test_unknown_engine_is_a_config_error():
     assert "unknown engine 'nope'" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_serve_answers_health_and_drains_on_sigterm():
+def _healthy_loopback_server() -> tuple[subprocess.Popen[str], int]:
+    """``rtserve serve --engine loopback`` in one process, once /health answers 200."""
     port = _free_port()
     proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    deadline = time.monotonic() + 60
+    while _health(port) != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server never became healthy: {proc.communicate()[0][-2000:]}")
+        time.sleep(0.1)
+    return proc, port
+
+
+def test_serve_answers_health_and_drains_on_sigterm():
+    proc, port = _healthy_loopback_server()
     try:
-        deadline = time.monotonic() + 60
-        while _health(port) != 200:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert _health(port) is None  # no longer accepting
@@ -91,15 +100,8 @@ def test_the_server_starts_without_the_models_extra() -> None:
 
 
 def test_the_single_process_server_keeps_what_it_loaded_out_of_garbage_collections():
-    port = _free_port()
-    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    proc, port = _healthy_loopback_server()  # ready: the engine loaded, so its objects are frozen too
     try:
-        deadline = time.monotonic() + 60
-        while _health(port) != 200:  # ready: the engine loaded, so its objects are frozen too
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         frozen = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rtserve_gc_frozen_objects ")]
