@@ -209,7 +209,7 @@ class MoshiEngineConfig(_Section):
     kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
     fuse_glue: bool = Field(True, description="on CUDA, compile the elementwise work between the matrix "
                                               "products (norms, RoPE, gated SiLU, embeddings, sampling) into single "
-                                              "kernels with torch.compile (seconds of compiling at startup; 6 ms "
+                                              "kernels with torch.compile (compiled once at startup; 6 ms "
                                               "less per frame at the 7B shape and batch 64 on an H200, see "
                                               "benchmarks/notes/moshi_speed.md); no effect on CPU")
     random_weights: bool = Field(False, description="benchmarking only: random weights instead of a checkpoint, "
