@@ -4,9 +4,10 @@ In eager PyTorch an fp32 RMSNorm is ~8 kernels, interleaved RoPE on queries and 
 the gated SiLU 2 and a sampling draw ~25 (the counter hash, the race). At the 7B shape that
 is thousands of tiny kernels per frame, and even replayed from a CUDA graph each costs a
 launch and a round trip of its operands through memory (moshi_speed.md, "v5"). Inductor
-(``torch.compile``) turns each function below into one or two Triton kernels with the same
-math and the same fp32 accumulation; only the order of the terms of a reduction may differ,
-in the last bit.
+(``torch.compile``) turns each function decorated with ``fused`` (those below, the summed token
+embeddings in ``lm.py``, the sampling draw in ``sampling.py``) into one or a few Triton kernels
+with the same math and the same fp32 accumulation; only the order of the terms of a reduction
+may differ, in the last bit.
 
 CPU keeps the eager functions: the fp32 parity gates and the tests run there, and compiling
 for the CPU would cost minutes per shape. ``set_enabled(False)`` turns fusion off (the
