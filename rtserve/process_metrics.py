@@ -3,9 +3,10 @@
 Each process (the single server, every worker, the engine process) reports its CPU
 seconds and memory (prometheus-client's ``ProcessCollector``), its event-loop lag (how
 late a timer fires, the direct measure of a saturated loop) and its garbage-collection
-pauses. With workers, any worker's ``/metrics`` shows every process: the engine process merges the expositions workers push
-to it, each worker's samples labelled ``worker="i"`` (prometheus-client's multiprocess mode
-needs one shared directory and process-global metrics; this needs neither).
+pauses. With workers, any worker's ``/metrics`` shows every process: the engine process
+merges the expositions workers push to it, each worker's samples labelled ``worker="i"``
+(prometheus-client's multiprocess mode needs one shared directory and process-global
+metrics; this needs neither).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ class ProcessMetrics:
         self.loop_lag = Histogram("rtserve_event_loop_lag_seconds", "How late a 100 ms timer of this process's "
                                   "event loop fired", buckets=_LAG_BUCKETS, registry=registry)
         # A collection holds the GIL: every thread of the process (engine thread, event loop) waits it out.
-        self.gc_pause = Histogram("rtserve_gc_pause_seconds", "Garbage collections of this process, by "
-                                  "generation (2: full), and how long each held it", ["generation"],
-                                  buckets=_LAG_BUCKETS, registry=registry)
+        gc_pause = Histogram("rtserve_gc_pause_seconds", "Garbage collections of this process, by "
+                             "generation (2: full), and how long each held it", ["generation"],
+                             buckets=_LAG_BUCKETS, registry=registry)
+        # Bound once: the callback runs inside every collection, young ones hundreds of times a second.
+        self._gc_pause = [gc_pause.labels(str(generation)) for generation in range(3)]
         Gauge("rtserve_gc_frozen_objects", "Objects this process loaded before serving, kept out of garbage "
               "collections (rtserve/heap.py)", registry=registry).set_function(gc.get_freeze_count)
         self._task: asyncio.Task[None] | None = None
@@ -53,7 +56,7 @@ class ProcessMetrics:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self.gc_pause.labels(str(info["generation"])).observe(time.perf_counter() - self._gc_started)
+            self._gc_pause[info["generation"]].observe(time.perf_counter() - self._gc_started)
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
