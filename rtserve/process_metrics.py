@@ -21,6 +21,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from rtserve import heap
+
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _LAG_PROBE_S = 0.1
 
@@ -37,7 +39,7 @@ class ProcessMetrics:
         # Bound once: the callback runs inside every collection, young ones hundreds of times a second.
         self._gc_pause = [gc_pause.labels(str(generation)) for generation in range(3)]
         Gauge("rtserve_gc_frozen_objects", "Objects this process loaded before serving, kept out of garbage "
-              "collections (rtserve/heap.py)", registry=registry).set_function(gc.get_freeze_count)
+              "collections (rtserve/heap.py)", registry=registry).set_function(heap.frozen_objects)
         self._task: asyncio.Task[None] | None = None
         self._gc_started = 0.0
 
