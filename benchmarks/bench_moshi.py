@@ -65,7 +65,7 @@ import aiohttp
 import numpy as np
 import sphn
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, histogram_max, scrape
+from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -121,6 +121,7 @@ class Point:
     aligned_pages_pct: float
     server_cpu_pct: float
     busiest_process_pct: float  # the busiest server process (one core = 100 %): a saturated one is the limit
+    engine_process_pct: float  # the engine process (with one worker: the whole server)
     client_cpu_pct: float  # the load generator, all its processes
     busiest_client_pct: float  # its busiest process: near 100 % it, not the server, is the limit
     loop_lag_max_ms: float  # worst event-loop stall of any server process (bucket bound; 0: none over 1 ms)
@@ -367,6 +368,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         aligned_pages_pct=100.0 * aligned / max(1, echoed),
         server_cpu_pct=100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
+        engine_process_pct=100.0 * delta(ENGINE_PROCESS + "process_cpu_seconds_total") / measured_s,
         client_cpu_pct=100.0 * sum(r.cpu_s for r in results) / measured_s,
         busiest_client_pct=100.0 * max(r.cpu_s for r in results) / measured_s,
         loop_lag_max_ms=histogram_max(before, after, "rtserve_event_loop_lag_seconds") * 1e3,
@@ -380,7 +382,7 @@ def print_table(points: list[Point]) -> None:
     columns = [("workers", 7), ("N", 4), ("path p50", 8), ("path p99", 8), ("tick p50", 8), ("tick p99", 8),
                ("step p50", 8), ("step p99", 8), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
                ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("trim", 7), ("skipped", 7),
-               ("send p99", 8), ("cpu", 5), ("busiest", 7), ("client/max", 10), ("aligned", 7), ("loop lag", 8), ("tick late", 9), ("full gc", 7),
+               ("send p99", 8), ("cpu", 5), ("busiest", 7), ("engine", 6), ("client/max", 10), ("aligned", 7), ("loop lag", 8), ("tick late", 9), ("full gc", 7),
                ("errors", 6)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
@@ -391,7 +393,7 @@ def print_table(points: list[Point]) -> None:
                  f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
                  f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
                  str(p.dropped_input + p.dropped_output), f"{p.trimmed_input_ms:.0f}ms", str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
-                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_pages_pct:.0f}%",
+                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.engine_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_pages_pct:.0f}%",
                  f"{p.loop_lag_max_ms:.0f}ms", f"{p.tick_late_max_ms:.1f}ms",
                  f"{p.full_gc_max_ms:.0f}ms", str(p.errors)]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
@@ -400,6 +402,7 @@ def print_table(points: list[Point]) -> None:
           "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
           "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
           "aligned: echoed pages located in the input, each on its own (lat is measured in those); "
+          "cpu / busiest / engine: every server process, the busiest one, the engine process (% of one core); "
           "loop lag / tick late / full gc: the worst event-loop stall of any server process, the worst engine tick "
           "start past its deadline and the longest full garbage collection (upper bound of the highest histogram "
           "bucket reached: one stall, however rare)")

@@ -105,17 +105,25 @@ _SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.e]+|[+-]Inf|NaN)$")
 _WORKER_LABEL = re.compile(r',?worker="[^"]*"')
 
 
+ENGINE_PROCESS = "engine process:"  # key prefix of the samples the engine's own process reported
+
+
 async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    """Every sample of /metrics keyed ``name{labels}``, summed over workers (``worker`` label dropped)."""
+    """Every sample of /metrics keyed ``name{labels}``, summed over workers (``worker`` label
+    dropped); the engine process's own samples (no ``worker`` label; with one process, that
+    process's) also under ``ENGINE_PROCESS + key``."""
     async with http.get(base + "/metrics") as response:
         text = await response.text()
     samples: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match:
-            labels = _WORKER_LABEL.sub("", match.group(2) or "").replace("{,", "{")
+            raw_labels = match.group(2) or ""
+            labels = _WORKER_LABEL.sub("", raw_labels).replace("{,", "{")
             key = match.group(1) + ("" if labels == "{}" else labels)
             samples[key] = samples.get(key, 0.0) + float(match.group(3))
+            if labels == raw_labels:
+                samples[ENGINE_PROCESS + key] = float(match.group(3))
     return samples
 
 

@@ -19,7 +19,7 @@ capabilities name; transports resample before and after.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -526,6 +526,16 @@ class EngineSession(Protocol):
 
     async def close(self) -> None:
         """Release the slot and every resource. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ForwardsEvents(Protocol):
+    """An ``EngineSession`` that can push its events instead of being iterated: what a
+    consumer of many sessions uses to take one batch per tick without a task per session."""
+
+    def forward_events(self, sink: Callable[[EngineEvent | None], None]) -> None:
+        """From now on call ``sink`` with each event, on the loop, and with ``None`` after the last."""
         ...
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import LockstepConfig, ReferenceEngineConfig, ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine
 from rtserve.engines.lockstep.framing import InvalidAudio
-from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, EngineSession, OutputAudio,
-                                       SessionOptions)
+from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineEvent, EngineFailure, EngineSession,
+                                       OutputAudio, SessionOptions)
 from rtserve.engines.lockstep.slots import SlotPhase
 from rtserve.engines.protocols import SlotPrompt
 from rtserve.engines.registry import create_engine
@@ -187,3 +187,43 @@ async def test_open_session_returns_only_once_the_prefill_is_done() -> None:
         await session.close()
     finally:
         await engine.stop()
+
+
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), 10)
+
+
+async def test_forwarded_events_carry_the_echo_and_end_with_none_on_close(engine: LockstepSessionEngine) -> None:
+    """The engine process forwards lockstep frames without a task per session: the same frames,
+    fenced by epoch, then ``None``."""
+    session = await engine.open_session("s1", SessionOptions())
+    await asyncio.sleep(0.2)  # epoch-0 frames queue up meanwhile
+    session.set_epoch(1)
+    forwarded: list[EngineEvent | None] = []
+    session.forward_events(forwarded.append)
+    audio = noise(2, seed=7)
+    session.push_audio(audio)
+    await session.commit_input()
+    await wait_for(lambda: sum(isinstance(e, OutputAudio) and e.pcm.any() for e in forwarded) == 2)
+    frames = [e for e in forwarded if isinstance(e, OutputAudio)]
+    assert {f.epoch for f in frames} == {1}
+    assert np.array_equal(np.concatenate([f.pcm for f in frames if f.pcm.any()]), audio)
+    await session.close()
+    await wait_for(lambda: forwarded[-1] is None)
+    assert forwarded.count(None) == 1
+
+
+async def test_forwarded_events_end_with_the_failure_when_the_engine_stops() -> None:
+    engine = create_engine("loopback", ServerConfig(lockstep=LockstepConfig(batch_size=1)), CollectorRegistry())
+    await engine.start()
+    session = await engine.open_session("s1", SessionOptions())
+    forwarded: list[EngineEvent | None] = []
+    session.forward_events(forwarded.append)
+    await engine.stop()
+    await wait_for(lambda: forwarded and forwarded[-1] is None)
+    assert forwarded[-2] == EngineFailure("engine_unavailable", "the engine stopped")
+    await session.close()

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # Input dropped over the backlog bound is logged at once, then at most once per interval per slot.
 _DROP_LOG_INTERVAL_S = 5.0
 
+NOTHING_YET = object()  # ``poll_output``: no frame queued, the lease still open
+
 
 class SlotLease:
     """A session's hold on one slot.
@@ -65,6 +67,7 @@ class SlotLease:
         self.underruns = 0
         self.dropped_output_frames = 0
         self._changed = asyncio.Event()
+        self._listener: Callable[[], None] | None = None
         self._drop_log = LogThrottle(_DROP_LOG_INTERVAL_S)
 
     @property
@@ -115,20 +118,29 @@ class SlotLease:
 
     def wake(self) -> None:
         self._changed.set()
+        if self._listener is not None:
+            self._listener()
+
+    def on_wake(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` on the loop whenever the engine thread hands over output or the lease
+        changes (the push-style alternative to awaiting ``next_output``)."""
+        self._listener = listener
+
+    def poll_output(self) -> tuple[FrameOutput, int] | EngineFailure | None | object:
+        """Without waiting: the next ``(frame, epoch)`` of the current epoch; the failure or
+        ``None`` once closed; ``NOTHING_YET`` while the lease is open and nothing is queued."""
+        while (item := self.output.pop()) is not None:
+            if not len(self.output):
+                self._changed.set()  # wait_drained() may be waiting for the reader to catch up
+            if item[1] == self.epoch:
+                return item
+        return self.output.failure if self.output.closed else NOTHING_YET
 
     async def next_output(self) -> tuple[FrameOutput, int] | EngineFailure | None:
         """The next ``(frame, epoch)`` of the current epoch; the failure or ``None`` once closed."""
-        while True:
-            item = self.output.pop()
-            if item is not None:
-                if not len(self.output):
-                    self._changed.set()  # wait_drained() may be waiting for the reader to catch up
-                if item[1] == self.epoch:
-                    return item
-                continue
-            if self.output.closed:
-                return self.output.failure
+        while (item := self.poll_output()) is NOTHING_YET:
             await self._wait_until(lambda: len(self.output) > 0 or self.output.closed)
+        return item
 
     async def wait_live(self) -> None:
         """Until the slot finished its prefill and is stepped every tick (or the lease ended)."""

@@ -20,12 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.lockstep.framing import check_audio
+from rtserve.engines.lockstep.lease import NOTHING_YET
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
 from rtserve.engines.lockstep.slots import SlotPhase
 from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, EngineError, EngineEvent, EngineFailure,
-                                       FrameModel, OutputAudio, Pcm, ResponseRequest, SessionOptions, TurnDetection,
-                                       TurnEngines)
+                                       FrameModel, FrameOutput, OutputAudio, Pcm, ResponseRequest, SessionOptions,
+                                       TurnDetection, TurnEngines)
 from rtserve.errors import TURN_CONTROL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,32 @@ class LockstepSession:
             if isinstance(item, EngineFailure):
                 yield item
                 return
-            output, epoch = item
-            yield OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
-                              tick_started=self._lease.scheduler.last_tick_started(),
-                              input_samples=output.input_samples)
+            yield self._audio_event(*item)
+
+    def forward_events(self, sink: Callable[[EngineEvent | None], None]) -> None:
+        """``events()`` pushed instead of pulled: from now on each event goes to ``sink`` on the
+        loop as soon as the engine thread hands it over, ``None`` after the last. Every slot of a
+        tick is handed over in one wake-up, so a consumer of many sessions (the engine process's
+        worker links) forwards a whole tick in one callback instead of waking a task per session."""
+        lease = self._lease
+
+        def deliver() -> None:
+            while (item := lease.poll_output()) is not NOTHING_YET:
+                if isinstance(item, tuple):
+                    sink(self._audio_event(*item))
+                    continue
+                lease.on_wake(None)
+                if item is not None:  # the failure that ended the session
+                    sink(item)
+                sink(None)
+                return
+
+        lease.on_wake(deliver)
+        deliver()
+
+    def _audio_event(self, output: FrameOutput, epoch: int) -> OutputAudio:
+        return OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
+                           tick_started=self._lease.scheduler.last_tick_started(), input_samples=output.input_samples)
 
     async def close(self) -> None:
         if self._closed:

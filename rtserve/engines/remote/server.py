@@ -2,8 +2,10 @@
 
 Each connected worker gets a ``WorkerLink``. Engine sessions it opens live here; their
 output events are collected per link and sent as ONE ``EVENTS_OUT`` message per event-loop
-turn. The lockstep scheduler wakes this loop once per tick, so for lockstep engines that
-is one message per worker per tick. Audio arrives the same way, one ``FRAMES_IN`` per
+turn. The lockstep scheduler wakes this loop once per tick, and lockstep sessions forward
+their frames (``ForwardsEvents``) inside that one wake-up, so for lockstep engines that is
+one message per worker per tick, sent without first waking a task per session (other
+sessions are pumped by a task each). Audio arrives the same way, one ``FRAMES_IN`` per
 worker per tick, and is pushed into the sessions in order with the control calls.
 
 Every session opened or closed re-sends the offer (with the engine's session count) to
@@ -29,7 +31,7 @@ from prometheus_client import generate_latest
 
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.policy.batcher import PolicyInferenceError
-from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineSession, OutputAudio
+from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineSession, ForwardsEvents, OutputAudio
 from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
 from rtserve.process_metrics import merge_expositions
@@ -272,7 +274,10 @@ class WorkerLink:
             raise EngineError("the worker link closed", code="engine_unavailable")
         handle = next(self._handles)
         self._sessions[handle] = session
-        self._pumps[handle] = asyncio.create_task(self._pump(handle, session))
+        if isinstance(session, ForwardsEvents):  # lockstep: a tick's frames of every session in one callback
+            session.forward_events(lambda event: self._queue_event(handle, event))
+        else:
+            self._pumps[handle] = asyncio.create_task(self._pump(handle, session))
         self._server.sessions_changed()  # the new load reaches this worker before the answer
         return handle, session.capabilities
 
