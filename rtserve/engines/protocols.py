@@ -362,7 +362,7 @@ class OutputAudio:
     epoch: int
     response_id: str | None = None
     text: str | None = None  # text spoken with this chunk (transcript piece), if any
-    tick_started: float | None = None  # lockstep: when (time.monotonic) a tick of its engine began
+    tick_due: float | None = None  # lockstep: when (time.monotonic) a tick of its engine was due
     input_samples: int | None = None  # lockstep: ``FrameOutput.input_samples`` of this frame
 
 

@@ -25,7 +25,7 @@ def test_flush_points_sit_just_before_the_engines_ticks() -> None:
     uplink = Uplink(link=None, lead_s=0.015, last_call_s=0.002)  # type: ignore[arg-type]
     assert uplink._next_flush(5.0) == 5.0  # no tick seen yet: at once
     uplink.set_period(0.08)
-    uplink.tick_started(10.0)
+    uplink.tick_due(10.0)
     assert uplink._next_flush(10.01) == pytest.approx(10.065)  # the main send before the next tick
     assert uplink._next_flush(10.07) == pytest.approx(10.078)  # after it: the last call
     assert uplink._next_flush(10.079) == pytest.approx(10.145)  # too late for this tick: the next one's

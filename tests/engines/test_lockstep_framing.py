@@ -115,14 +115,14 @@ async def test_wait_drained_waits_for_the_delayed_answer_and_its_reader() -> Non
     await asyncio.wait_for(drained, 1)
 
 
-def test_last_tick_started_is_set_by_each_tick() -> None:
+def test_last_tick_due_is_set_by_each_tick() -> None:
     scheduler, _, _ = make_scheduler()
-    assert scheduler.last_tick_started() is None
+    assert scheduler.last_tick_due() is None
     scheduler.acquire()
     scheduler.tick()
-    first = scheduler.last_tick_started()
+    first = scheduler.last_tick_due()
     scheduler.tick()
-    assert first is not None and scheduler.last_tick_started() >= first
+    assert first is not None and scheduler.last_tick_due() >= first
 
 
 def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() -> None:

@@ -368,3 +368,23 @@ def test_a_one_frame_cushion_absorbs_late_frames_and_never_grows() -> None:
     assert max(latency.values()) <= 2.5 * PERIOD + 1e-9
     assert all(latency[i] == pytest.approx(1.5 * PERIOD) for i in range(38, 40))
     assert_in_order_with_missing(stepped, 1)
+
+
+def test_a_late_tick_reports_when_it_was_due_not_when_it_started() -> None:
+    """Workers aim their uplink at the ticks' schedule (``last_tick_due``); a catch-up tick that
+    started late must not shift it, or their next flush would miss the following tick."""
+    clock = FakeTickClock(start=50.0)
+    model = RecordingModel(batch_size=2, frame_size=8, sample_rate=100)  # 80 ms frames
+    schedulers: list[LockstepScheduler] = []
+    ages: list[tuple[float, float]] = []  # (real seconds since the reported due time, the tick's lateness)
+
+    def observe(report: TickReport) -> None:
+        due = schedulers[0].last_tick_due()
+        assert due is not None
+        ages.append((time.monotonic() - due, report.lateness_s))
+
+    run_scheduler_on_fake_clock(clock, model, CollectorRegistry(), 60, step_seconds, observe,
+                                prepare=lambda lease: schedulers.append(lease.scheduler))
+    assert any(lateness > PERIOD / 4 for _, lateness in ages)  # some ticks ran late, catching up
+    for age, lateness in ages:
+        assert lateness - 1e-3 <= age < lateness + 0.5  # the due time: its lateness ago, on the tick clock

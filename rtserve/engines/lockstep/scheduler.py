@@ -163,7 +163,7 @@ class LockstepScheduler:
         self._live_mask = np.zeros(self.batch_size, bool)
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
         self._overrun_log = LogThrottle(_OVERRUN_LOG_INTERVAL_S)
-        self._last_tick_started: float | None = None
+        self._last_tick_due: float | None = None
 
     # ------------------------------------------------------------------ loop side
 
@@ -176,9 +176,11 @@ class LockstepScheduler:
         """True while the engine thread sleeps for lack of PREFILL/LIVE slots."""
         return self._idle
 
-    def last_tick_started(self) -> float | None:
-        """``time.monotonic()`` when the latest tick's gather began; None before the first."""
-        return self._last_tick_started
+    def last_tick_due(self) -> float | None:
+        """When the latest tick was due on the drift-free schedule (``time.monotonic()`` time;
+        an unpaced ``tick()``: when it ran); None before the first. Front ends time their uplink
+        by it: a tick that started late must not shift the grid they aim at."""
+        return self._last_tick_due
 
     def phase_of(self, lease: SlotLease) -> SlotPhase:
         slot = self._slots[lease.slot]
@@ -272,8 +274,8 @@ class LockstepScheduler:
             if not scheduled:
                 pacer.restart()
                 scheduled = True
-            pacer.wait()
-            work = self._run_tick()
+            due = pacer.wait()
+            work = self._run_tick(due)
             if work is None:
                 scheduled = False  # idle again: the next session starts a fresh schedule
                 continue
@@ -308,7 +310,7 @@ class LockstepScheduler:
                     "last report)", self.name, outcome.duration_s * 1e3, self.period_s * 1e3,
                     outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self.catch_up_frames, overruns)
 
-    def _run_tick(self) -> _TickWork | None:
+    def _run_tick(self, due: float | None = None) -> _TickWork | None:
         clock = self._clock
         tick_started = clock.monotonic()
         self._apply_control_ops()
@@ -328,7 +330,8 @@ class LockstepScheduler:
             except Exception:
                 self._fail([lease], "prefill_step")
 
-        self._last_tick_started = time.monotonic()
+        late_s = 0.0 if due is None else max(0.0, clock.monotonic() - due)  # on the tick clock, maybe a test's
+        self._last_tick_due = time.monotonic() - late_s
         rows = self._gather(live)
         step_started = clock.monotonic()
         try:

@@ -107,7 +107,7 @@ class LockstepSession:
 
     def _audio_event(self, output: FrameOutput, epoch: int) -> OutputAudio:
         return OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
-                           tick_started=self._lease.scheduler.last_tick_started(), input_samples=output.input_samples)
+                           tick_due=self._lease.scheduler.last_tick_due(), input_samples=output.input_samples)
 
     async def close(self) -> None:
         if self._closed:

@@ -6,8 +6,9 @@ session ends with ``engine_failure``; the offer says not ready, so ``/health`` i
 
 Audio pushed by sessions waits in ``Uplink`` and crosses as one ``FRAMES_IN`` per tick,
 flushed ``uplink_lead_s`` before the engine's next tick, plus a last-call top-up for audio
-that arrived after that (the engine reports when its ticks start; both processes read the
-same monotonic clock). Engines without ticks get one message per event-loop turn.
+that arrived after that (the engine reports when its ticks are due on its drift-free
+schedule, so a tick that started late does not shift the flush points; both processes read
+the same monotonic clock). Engines without ticks get one message per event-loop turn.
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ class EngineLink:
         while (message := await read_message(reader)) is not None:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
-                events, tick_started = message[1], message[2]
-                if tick_started is not None:
-                    self.uplink.tick_started(tick_started - self.clock_offset_s)
+                events, tick_due = message[1], message[2]
+                if tick_due is not None:
+                    self.uplink.tick_due(tick_due - self.clock_offset_s)
                 for handle, event in events:
                     sink = self._sessions.get(handle)
                     if sink is not None:
@@ -250,7 +251,7 @@ class Uplink:
     def set_period(self, period_s: float | None) -> None:
         self._period_s = period_s
 
-    def tick_started(self, at: float) -> None:
+    def tick_due(self, at: float) -> None:
         self._tick_origin = at
 
     def push(self, handle: int, pcm: Any) -> None:

@@ -172,8 +172,8 @@ class WorkerLink:
 
     def _flush_events(self) -> None:
         events, self._events = self._events, []
-        # Lockstep output says when its engine's ticks start: the worker times its uplink by it.
-        tick = next((e.tick_started for _, e in reversed(events) if isinstance(e, OutputAudio)), None)
+        # Lockstep output says when its engine's ticks are due: the worker times its uplink by it.
+        tick = next((e.tick_due for _, e in reversed(events) if isinstance(e, OutputAudio)), None)
         self.send((Kind.EVENTS_OUT, events, tick))
 
     # ------------------------------------------------------------------ receiving
