@@ -44,7 +44,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, histogram_max, scrape
+from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24_000
@@ -93,6 +93,7 @@ class Result:
     send_lag_p99_ms: float
     server_cpu_pct: float
     busiest_process_pct: float  # the busiest server process (one core = 100 %)
+    engine_process_pct: float  # the engine process (with one worker: the whole server)
     client_cpu_pct: float  # the load generator, all its processes
     busiest_client_pct: float  # its busiest process: near 100 % it, not the server, is the limit
     loop_lag_max_ms: float  # worst event-loop stall of any server process (bucket bound; 0: none over 1 ms)
@@ -242,6 +243,8 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"),
         server_cpu_pct=100 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
+        engine_process_pct=100 * (counters_after.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)
+                                  - counters_before.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)) / measured_s,
         client_cpu_pct=100 * sum(r.cpu_s for r in results) / measured_s,
         busiest_client_pct=100 * max(r.cpu_s for r in results) / measured_s,
         loop_lag_max_ms=histogram_max(counters_before, counters_after, "rtserve_event_loop_lag_seconds") * 1e3,
@@ -270,7 +273,8 @@ def print_table(results: list[Result]) -> None:
             ("input trimmed (standing latency, all sessions)",
              f"{r.engine_counters['trimmed_input_samples'] * 1000 / RATE:.0f} ms"),
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
-            ("server CPU all / busiest process", f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} % of one core"),
+            ("server CPU all / busiest / engine process",
+             f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / {r.engine_process_pct:.0f} % of one core"),
             ("client CPU all / busiest process", f"{r.client_cpu_pct:.0f} / {r.busiest_client_pct:.0f} % of one core"),
             ("worst event-loop stall, any server process", f"{r.loop_lag_max_ms:.0f} ms (highest bucket reached)"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
