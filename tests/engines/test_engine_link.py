@@ -85,3 +85,26 @@ async def test_many_sessions_cross_in_per_tick_batches_and_come_back_whole(confi
             await asyncio.wait_for(task, 5)
     finally:
         await engines.stop()
+
+
+class _SentMessages:
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def send(self, message: tuple) -> None:
+        self.sent.append(message)
+
+
+async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_first() -> None:
+    """One tick's frames reach a worker together; the session whose input arrived just after
+    the previous tick has waited a period already and is served first."""
+    uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_call_s=0.002)  # type: ignore[arg-type]
+    for handle in (3, 1, 2):  # arrival order: 3, then 1, then 2 (a new loop time each)
+        uplink.push(handle, np.zeros(CHUNK, np.float32))
+        await asyncio.sleep(0.002)
+    uplink.flush()
+    uplink.push(1, np.zeros(CHUNK, np.float32))  # after the flush: not in this tick
+    events = [(1, "a1"), (2, "a2"), (4, "no audio"), (3, "a3"), (1, "b1")]
+    assert uplink.in_delivery_order(events) == [(3, "a3"), (1, "a1"), (1, "b1"), (2, "a2"), (4, "no audio")]
+    uplink.drop(3)  # a closed session is forgotten
+    assert uplink.in_delivery_order([(3, "x"), (2, "y")]) == [(2, "y"), (3, "x")]

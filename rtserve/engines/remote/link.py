@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -125,8 +126,9 @@ class EngineLink:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
                 events, tick_due = message[1], message[2]
-                if tick_due is not None:
+                if tick_due is not None:  # a lockstep tick's frames
                     self.uplink.tick_due(tick_due - self.clock_offset_s)
+                    events = self.uplink.in_delivery_order(events)
                 for handle, event in events:
                     sink = self._sessions.get(handle)
                     if sink is not None:
@@ -238,12 +240,17 @@ class Uplink:
     The main flush goes ``lead_s`` before the engine's next tick, with margin for a busy
     loop on either side; audio that arrives after it still catches the tick in a small
     last-call message ``last_call_s`` before it (at most two messages a tick, usually one).
+
+    It also remembers when each session's newest sent audio arrived, so a tick's output can
+    be handed to the sessions oldest input first (``in_delivery_order``).
     """
 
     def __init__(self, link: EngineLink, lead_s: float, last_call_s: float) -> None:
         self._link = link
         self._leads = sorted({lead_s, last_call_s}, reverse=True)
         self._pending: list[tuple[int, Any]] = []
+        self._pending_at: dict[int, float] = {}  # handle -> loop time of its newest pending audio
+        self._sent_at: dict[int, float] = {}  # handle -> loop time of its newest audio sent
         self._timer: asyncio.TimerHandle | None = None
         self._tick_origin: float | None = None
         self._period_s: float | None = None
@@ -255,10 +262,23 @@ class Uplink:
         self._tick_origin = at
 
     def push(self, handle: int, pcm: Any) -> None:
+        loop = asyncio.get_running_loop()
         self._pending.append((handle, pcm))
+        self._pending_at[handle] = loop.time()
         if self._timer is None:
-            loop = asyncio.get_running_loop()
             self._timer = loop.call_at(self._next_flush(loop.time()), self.flush)
+
+    def in_delivery_order(self, events: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """A tick's ``(handle, event)`` pairs, the sessions whose newest stepped audio arrived
+        earliest first (sessions without audio last; each session's own events keep their order).
+
+        Every frame of a tick reaches this worker at once and the loop serves the sessions one
+        after another, tens of milliseconds apart with dozens of sessions. Audio that arrived
+        just after the previous tick has already waited a whole period, audio that arrived just
+        before this one almost nothing: serving them in that order keeps wait plus service time
+        near one period for every session, instead of adding the whole burst to the unluckiest."""
+        sent_at = self._sent_at
+        return sorted(events, key=lambda item: sent_at.get(item[0], math.inf))
 
     def _next_flush(self, now: float) -> float:
         """The next flush point before one of the engine's ticks; now when the engine has no ticks."""
@@ -280,6 +300,8 @@ class Uplink:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
+        self._sent_at.update(self._pending_at)
+        self._pending_at.clear()
         with contextlib.suppress(EngineUnavailable):  # sessions fail with engine_failure meanwhile
             self._link.send((Kind.FRAMES_IN, _joined_per_session(batch)))
 
@@ -288,9 +310,13 @@ class Uplink:
             self._timer.cancel()
             self._timer = None
         self._pending.clear()
+        self._pending_at.clear()
+        self._sent_at.clear()
 
     def drop(self, handle: int) -> None:
         self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
+        self._pending_at.pop(handle, None)
+        self._sent_at.pop(handle, None)
 
 
 def _joined_per_session(batch: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
