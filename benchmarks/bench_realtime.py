@@ -97,6 +97,8 @@ class Result:
     client_cpu_pct: float  # the load generator, all its processes
     busiest_client_pct: float  # its busiest process: near 100 % it, not the server, is the limit
     loop_lag_max_ms: float  # worst event-loop stall of any server process (bucket bound; 0: none over 1 ms)
+    engine_loop_lag_max_ms: float  # the same, of the engine process alone
+    gc_max_ms: tuple[float, float]  # longest generation 1 and generation 2 (full) collection, any process
     engine_counters: dict[str, float]  # lockstep counters over the run (underruns, drops, overruns, ...)
     error_events: int
     error_codes: dict[str, int]  # what the errors were (event codes, client-side failures)
@@ -248,6 +250,10 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
         client_cpu_pct=100 * sum(r.cpu_s for r in results) / measured_s,
         busiest_client_pct=100 * max(r.cpu_s for r in results) / measured_s,
         loop_lag_max_ms=histogram_max(counters_before, counters_after, "rtserve_event_loop_lag_seconds") * 1e3,
+        engine_loop_lag_max_ms=histogram_max(counters_before, counters_after,
+                                             ENGINE_PROCESS + "rtserve_event_loop_lag_seconds") * 1e3,
+        gc_max_ms=tuple(histogram_max(counters_before, counters_after, "rtserve_gc_pause_seconds",
+                                      f'generation="{generation}"') * 1e3 for generation in (1, 2)),
         engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
                          counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
         error_events=sum(len(log.errors) for log in logs),
@@ -276,7 +282,9 @@ def print_table(results: list[Result]) -> None:
             ("server CPU all / busiest / engine process",
              f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / {r.engine_process_pct:.0f} % of one core"),
             ("client CPU all / busiest process", f"{r.client_cpu_pct:.0f} / {r.busiest_client_pct:.0f} % of one core"),
-            ("worst event-loop stall, any server process", f"{r.loop_lag_max_ms:.0f} ms (highest bucket reached)"),
+            ("worst event-loop stall, any server process / engine process",
+             f"{r.loop_lag_max_ms:.0f} / {r.engine_loop_lag_max_ms:.0f} ms (highest bucket reached)"),
+            ("longest collection, generation 1 / 2 (full)", f"{r.gc_max_ms[0]:.1f} / {r.gc_max_ms[1]:.1f} ms"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
             ("error codes", ", ".join(f"{k} {v}" for k, v in r.error_codes.items()) or "-"),
         ]
