@@ -100,11 +100,18 @@ def test_the_server_starts_without_the_models_extra() -> None:
 
 
 def test_the_single_process_server_keeps_what_it_loaded_out_of_garbage_collections():
-    proc, port = _healthy_loopback_server()  # ready: the engine loaded, so its objects are frozen too
+    proc, port = _healthy_loopback_server()
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        frozen = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rtserve_gc_frozen_objects ")]
+        # Frozen once everything has loaded: the robot policy loads in the background after /health is 200.
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            frozen = [float(line.split()[-1]) for line in text.splitlines()
+                      if line.startswith("rtserve_gc_frozen_objects ")]
+            if (frozen and frozen[0] > 10_000) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert frozen and frozen[0] > 10_000
     finally:
         proc.kill()
