@@ -4,6 +4,7 @@ comes back whole and in order; the uplink's flush points sit just before the eng
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.protocols import OutputAudio, SessionOptions
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.engines.remote.link import Uplink
+from rtserve.engines.remote.wire import Kind, encode, read_message
 
 RATE = 24_000
 FRAME = 1920  # 80 ms
@@ -108,3 +110,18 @@ async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_fi
     assert uplink.in_delivery_order(events) == [(3, "a3"), (1, "a1"), (1, "b1"), (2, "a2"), (4, "no audio")]
     uplink.drop(3)  # a closed session is forgotten
     assert uplink.in_delivery_order([(3, "x"), (2, "y")]) == [(2, "y"), (3, "x")]
+
+
+async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector() -> None:
+    """Realtime sessions keep a minute of received audio for resumes; every object it drags along
+    that the collector tracks lengthens every full collection, which stalls all sessions of a worker."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode((Kind.EVENTS_OUT, [(1, OutputAudio(pcm=np.ones(FRAME, np.float32), epoch=0))], 2.0)))
+    reader.feed_eof()
+    message = await read_message(reader)
+    pcm = message[1][0][1].pcm
+    np.testing.assert_array_equal(pcm, np.ones(FRAME, np.float32))
+    held = pcm
+    while isinstance(held, np.ndarray):
+        held = held.base
+    assert held is None or not gc.is_tracked(held)
