@@ -222,3 +222,22 @@ def test_input_beyond_the_backlog_bound_is_dropped_oldest_first_counted_and_logg
     loud = audio[audio > 0.5]
     assert np.all(np.diff(loud) >= 0)  # what is left is in order
     assert set(np.unique(loud)) == set(np.arange(1.0, 120.0)) - set(np.arange(10.0, 10.0 + dropped // FRAME))
+
+
+async def test_a_ticks_sessions_are_woken_oldest_stepped_input_first() -> None:
+    """The loop serves a tick's sessions one after another; input that arrived just after the
+    previous tick has waited longest, so its session is woken (and its frame sent) first."""
+    scheduler, _, _ = make_scheduler()
+    leases = [scheduler.acquire() for _ in range(3)]
+    scheduler.tick()  # opens the slots
+    for lease in (leases[2], leases[0], leases[1]):  # arrival order
+        lease.push_samples(frame(1))
+        await asyncio.sleep(0.002)
+    woken: list[int] = []
+    for lease in leases:
+        while lease.output.pop() is not None:
+            pass
+        lease.wake = lambda lease=lease: woken.append(lease.slot)  # type: ignore[method-assign]
+    scheduler.tick()
+    await asyncio.sleep(0.05)  # the notifier's wake-up runs on this loop
+    assert woken == [leases[2].slot, leases[0].slot, leases[1].slot]

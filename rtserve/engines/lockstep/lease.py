@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -36,10 +37,10 @@ class SlotLease:
     """A session's hold on one slot.
 
     Loop-side methods never block. Counters have one writer each: ``samples_pushed``,
-    ``samples_discarded`` (cleared, or dropped over the backlog bound) and ``samples_dropped``
-    (over the bound) the loop; ``samples_consumed`` (stepped or trimmed),
-    ``samples_trimmed``, ``ticks_stepped``, ``last_input_tick``, ``underruns`` and
-    ``dropped_output_frames`` the engine thread. The async methods need the lease to have
+    ``samples_discarded`` (cleared, or dropped over the backlog bound), ``samples_dropped``
+    (over the bound) and ``pushed_at`` the loop; ``samples_consumed`` (stepped or trimmed),
+    ``samples_trimmed``, ``ticks_stepped``, ``last_input_tick``, ``underruns``,
+    ``dropped_output_frames`` and ``wake_order`` the engine thread. The async methods need the lease to have
     been acquired on a running loop.
     """
 
@@ -66,6 +67,10 @@ class SlotLease:
         self.last_input_tick = 0  # ticks_stepped when this slot last stepped some of its input
         self.underruns = 0
         self.dropped_output_frames = 0
+        self.pushed_at = math.inf  # time.monotonic() of the newest push
+        # When the newest input the last tick stepped arrived: a tick's leases are woken oldest
+        # input first (LoopNotifier), as workers order their sessions (Uplink.in_delivery_order).
+        self.wake_order = math.inf
         self._changed = asyncio.Event()
         self._listener: Callable[[], None] | None = None
         self._drop_log = LogThrottle(_DROP_LOG_INTERVAL_S)
@@ -86,6 +91,7 @@ class SlotLease:
         if samples.ndim != 1 or samples.dtype != np.float32:
             raise ValueError("input must be a 1-D float32 array")
         dropped = self.input.push(samples)
+        self.pushed_at = time.monotonic()
         self.samples_pushed += samples.size
         if dropped:
             self.samples_discarded += dropped

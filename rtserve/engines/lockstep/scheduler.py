@@ -410,7 +410,10 @@ class LockstepScheduler:
         underruns = trimmed = 0
         for index, lease in live:
             mask[index] = True
+            arrived = lease.pushed_at  # read first: what the take finds arrived by then
             taken, trimmed_here = lease.input.take_into(frames[index])
+            if taken:
+                lease.wake_order = arrived
             if trimmed_here:
                 trimmed += trimmed_here
                 lease.samples_trimmed += trimmed_here

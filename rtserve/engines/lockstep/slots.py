@@ -218,6 +218,10 @@ class OutputHandoff:
 
 
 class Wakeable(Protocol):
+    # Targets of one wake-up are woken in ascending order (a lease's: when the newest input its
+    # last tick stepped arrived, so the session whose input waited longest is served first).
+    wake_order: float
+
     def wake(self) -> None:
         """Runs on the event loop: tell loop-side waiters that something changed."""
         ...
@@ -228,7 +232,7 @@ class LoopNotifier:
 
     The engine thread marks targets dirty; each loop gets at most one pending
     ``call_soon_threadsafe`` callback, which runs ``target.wake()`` for every dirty
-    target on that loop. A stalled loop therefore costs one pending callback and a set
+    target on that loop, in ``wake_order``. A stalled loop therefore costs one pending callback and a set
     of targets, never an ever-growing callback queue.
     """
 
@@ -256,5 +260,9 @@ class LoopNotifier:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             dirty = self._pending.pop(loop, set())
-        for target in dirty:
+        for target in sorted(dirty, key=_wake_order):
             target.wake()
+
+
+def _wake_order(target: Wakeable) -> float:
+    return target.wake_order
