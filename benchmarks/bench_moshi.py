@@ -64,7 +64,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import sphn
-from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
+from load_shards import ShardResult, gather_shards, in_processes, merge_logs, run_shard, split  # benchmarks/ is on sys.path
 from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,6 +266,18 @@ def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tupl
     return latencies, aligned, pages
 
 
+def analyse_logs(logs: list[ClientLog], window: tuple[float, float], delay_s: float) -> tuple[list[float], int, int]:
+    """``analyse`` of several clients, summed: one process's share of the (CPU-heavy) alignment."""
+    latencies: list[float] = []
+    aligned = echoed = 0
+    for log in logs:
+        lat, ok, total = analyse(log, window, delay_s)
+        latencies += lat
+        aligned += ok
+        echoed += total
+    return latencies, aligned, echoed
+
+
 def cadence_lateness(log: ClientLog, window: tuple[float, float]) -> list[float]:
     """ms each page in ``window`` arrived after its slot on the 80 ms grid (anchored at the earliest)."""
     arrivals = np.asarray(log.arrivals)
@@ -327,16 +339,18 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         server.stop()
 
     logs = merge_logs(results, ranges, clients)
+    lateness = [v for log in logs for v in cadence_lateness(log, window)]
     latencies: list[float] = []
-    lateness: list[float] = []
     aligned = echoed = 0
-    for log in logs:
-        log.signal = signal_ if echo else None  # what every client sent, for the echo alignment
-        lat, ok, total = analyse(log, window, delay_frames * PERIOD_S)
-        latencies += lat
-        lateness += cadence_lateness(log, window)
-        aligned += ok
-        echoed += total
+    if echo:  # every echoed page aligned on its own: seconds of CPU per client, so on every core
+        for log in logs:
+            log.signal = signal_  # what every client sent
+        cores = min(len(logs), os.cpu_count() or 1)
+        for lat, ok, total in await in_processes(analyse_logs, [(logs[k::cores], window, delay_frames * PERIOD_S)
+                                                                 for k in range(cores)]):
+            latencies += lat
+            aligned += ok
+            echoed += total
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 Log = TypeVar("Log")
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -52,8 +54,15 @@ def run_shard(clients: Callable[[], Coroutine[Any, Any, list[Log]]], window: tup
 async def gather_shards(shard: Callable[..., ShardResult[Log]], jobs: list[tuple[Any, ...]]) -> list[ShardResult[Log]]:
     """Run ``shard(*job)`` for each job in its own spawned process (a fresh interpreter: no
     event loop or sockets inherited from the parent) and collect the results."""
-    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(await asyncio.gather(*(asyncio.wrap_future(pool.submit(shard, *job)) for job in jobs)))
+    return await in_processes(shard, jobs, len(jobs))
+
+
+async def in_processes(function: Callable[..., Result], jobs: list[tuple[Any, ...]],
+                       processes: int | None = None) -> list[Result]:
+    """``function(*job)`` for each job, in spawned processes (default: one per core), results in job order."""
+    processes = processes or min(len(jobs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(await asyncio.gather(*(asyncio.wrap_future(pool.submit(function, *job)) for job in jobs)))
 
 
 def merge_logs(results: list[ShardResult[Log]], ranges: list[range], clients: int) -> list[Log]:
