@@ -263,10 +263,11 @@ class Uplink:
 
     def push(self, handle: int, pcm: Any) -> None:
         loop = asyncio.get_running_loop()
+        now = loop.time()
         self._pending.append((handle, pcm))
-        self._pending_at[handle] = loop.time()
+        self._pending_at[handle] = now
         if self._timer is None:
-            self._timer = loop.call_at(self._next_flush(loop.time()), self.flush)
+            self._timer = loop.call_at(self._next_flush(now), self.flush)
 
     def in_delivery_order(self, events: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
         """A tick's ``(handle, event)`` pairs, the sessions whose newest stepped audio arrived
