@@ -110,8 +110,11 @@ class LockstepConfig(_Section):
         25, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
                               "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
                               "it is back within the cushion (jitter, clock drift); null disables")
-    jitter_cushion_ms: float = Field(20.0, ge=0, description="input a slot may keep queued after a tick as a "
-                                                             "cushion against network jitter")
+    jitter_cushion_ms: float = Field(
+        10.0, ge=0, description="input a slot may keep queued after a tick as a cushion against network jitter; "
+                                "all of it is added latency. 10 ms is half a 20 ms packet: a late packet steps 10 ms "
+                                "of silence, then 10 ms of the quietest queued audio goes, where a whole-packet cushion "
+                                "adds 20 ms to every frame after the first late packet")
     drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per tick while standing latency stays above "
                                                         "the cushion (quietest samples first)")
     underrun_repay_ms: float = Field(20.0, ge=0, description="after the engine stepped silence for a slot (its audio "

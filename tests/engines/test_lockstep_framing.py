@@ -64,6 +64,48 @@ def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
     assert np.count_nonzero(backlog._buf[:len(backlog)] < 0.01) == 2
 
 
+def test_late_20ms_packets_cost_half_a_packet_and_no_speech_with_the_default_cushion() -> None:
+    """WebRTC-style 20 ms packets, four a tick, every fifth tick one of them arrives just after
+    it. Once settled, each late packet steps half a packet of silence and leaves at most half a
+    packet standing (the default 10 ms cushion): latency does not grow by a packet per event,
+    and only pauses are trimmed."""
+    scheduler, _, _ = make_scheduler()
+    lease = scheduler.acquire()
+    scheduler.tick()  # opens the slot
+    lease.output.pop()
+    packet = FRAME // 4
+    sent = 0
+
+    def next_packet() -> np.ndarray:
+        nonlocal sent
+        sent += 1
+        return np.array([float(sent)] + [0.001] * (packet - 1), np.float32)  # speech, then a pause
+
+    silent, standing, stepped = [], [], []
+    late: np.ndarray | None = None
+    for tick in range(60):
+        packets = [next_packet() for _ in range(4)]
+        if late is not None:
+            packets.insert(0, late)
+            late = None
+        if tick % 5 == 4:
+            late = packets.pop()  # lands just after this tick
+        for p in packets:
+            lease.push_samples(p)
+        scheduler.tick()
+        audio = lease.output.pop()[0].audio
+        stepped.append(audio)
+        silent.append(int(np.count_nonzero(audio == 0.0)))
+        standing.append(len(lease.input))
+    settled = range(20, 60)
+    assert {silent[i] for i in settled if i % 5 == 4} == {CUSHION}  # half a packet of silence per late packet
+    assert max(standing[i] for i in settled) <= CUSHION
+    loud = np.concatenate(stepped)
+    loud = loud[loud >= 1.0]
+    np.testing.assert_array_equal(loud, np.arange(1.0, loud.size + 1))  # every word stepped, in order
+    assert loud.size >= sent - 4  # all but the last tick's standing packets
+
+
 def test_trimmed_samples_are_counted() -> None:
     scheduler, _, registry = make_scheduler(latency_trim_window_frames=1, jitter_cushion_ms=0,
                                             drift_trim_ms=20)  # 2 samples at 100 Hz
