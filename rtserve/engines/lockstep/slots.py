@@ -13,6 +13,7 @@ import enum
 import threading
 from collections import deque
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -260,9 +261,5 @@ class LoopNotifier:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             dirty = self._pending.pop(loop, set())
-        for target in sorted(dirty, key=_wake_order):
+        for target in sorted(dirty, key=attrgetter("wake_order")):
             target.wake()
-
-
-def _wake_order(target: Wakeable) -> float:
-    return target.wake_order
