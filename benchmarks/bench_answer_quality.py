@@ -77,8 +77,11 @@ RUBRIC: tuple[Question, ...] = (
     Question("What is the capital of France?", (r"paris",), (r"london|berlin|rome|madrid|lyon",)),
     Question("How many days are there in a week?", (r"seven|7",), (r"\b(five|six|eight|5|6|8) days",)),
     Question("What color is the sky on a clear day?", (r"blue",), (r"\bgreen sky|\bred sky",)),
-    Question("What is the largest planet in our solar system?", (r"jupiter",),
-             (r"(neptune|saturn|uranus|earth|mars) is the largest",)),
+    Question(
+        "What is the largest planet in our solar system?",
+        (r"jupiter",),
+        (r"(neptune|saturn|uranus|earth|mars) is the largest",),
+    ),
     Question("Which animal is known as the king of the jungle?", (r"lions?",), (r"tiger is|elephant is",)),
     Question("What do bees make?", (r"honey",)),
     Question("How many legs does a spider have?", (r"eight|8",), (r"\b(six|ten|6|10) legs",)),
@@ -89,11 +92,15 @@ RUBRIC: tuple[Question, ...] = (
     Question("What is two plus three?", (r"five|5",), (r"\b(four|six|4|6)\b(?! plus)",)),
     # Instruction-following
     Question("Say hello to my friend Anna.", (r"hello|hi|hey", r"anna")),
-    Question("Give me one word that rhymes with cat.",
-             (r"hat|bat|mat|rat|sat|fat|pat|chat|flat|vat|gnat|brat|spat|splat",)),
+    Question(
+        "Give me one word that rhymes with cat.", (r"hat|bat|mat|rat|sat|fat|pat|chat|flat|vat|gnat|brat|spat|splat",)
+    ),
     Question("Name three colors.", (COLOURS,), need_count=3),
-    Question("Tell me a fruit that is yellow.", (r"bananas?|lemons?|pineapples?|mangos?|mangoes",),
-             (r"\b(apple|strawberr(y|ies)|cherr(y|ies)|grapes?) (is|are) yellow",)),
+    Question(
+        "Tell me a fruit that is yellow.",
+        (r"bananas?|lemons?|pineapples?|mangos?|mangoes",),
+        (r"\b(apple|strawberr(y|ies)|cherr(y|ies)|grapes?) (is|are) yellow",),
+    ),
     Question("What day comes after Monday?", (r"tuesday",), (r"(sunday|wednesday) comes after monday",)),
     Question("Count from one to five.", NUMBERS_1_5, (r"\bsix\b|\b6\b",)),
     Question("Answer with yes or no. Is the sun hot?", (r"yes",), (r"^\W*no\b",)),
@@ -127,10 +134,14 @@ class Variant:
     capped: bool  # the sampling ceilings of the configured defaults; else none (today)
 
 
-VARIANTS = (Variant("before: transformers, t=0.8 uncapped", "transformers", False),
-            Variant("after: ctranslate2, capped defaults", "ctranslate2", True))
-MIXED = (Variant("transformers, capped defaults", "transformers", True),
-         Variant("ctranslate2, t=0.8 uncapped", "ctranslate2", False))
+VARIANTS = (
+    Variant("before: transformers, t=0.8 uncapped", "transformers", False),
+    Variant("after: ctranslate2, capped defaults", "ctranslate2", True),
+)
+MIXED = (
+    Variant("transformers, capped defaults", "transformers", True),
+    Variant("ctranslate2, t=0.8 uncapped", "ctranslate2", False),
+)
 
 
 def config_for(variant: Variant) -> ServerConfig:
@@ -145,10 +156,15 @@ async def transcripts(config: ServerConfig) -> list[str]:
     models = resolve_models(config.models)
     metrics = CascadeMetrics(CollectorRegistry())
     tts = TextToSpeech(models.tts, cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)
-    asr = WhisperAsr(models.asr, cpu_threads=config.models.cpu_threads, max_queue=64,
-                     partial_interval_ms=config.cascade.asr_partial_interval_ms,
-                     max_audio_s=config.cascade.max_turn_audio_s, window_s=config.cascade.asr_window_s,
-                     metrics=metrics)
+    asr = WhisperAsr(
+        models.asr,
+        cpu_threads=config.models.cpu_threads,
+        max_queue=64,
+        partial_interval_ms=config.cascade.asr_partial_interval_ms,
+        max_audio_s=config.cascade.max_turn_audio_s,
+        window_s=config.cascade.asr_window_s,
+        metrics=metrics,
+    )
     await asyncio.gather(tts.start(), asr.start())
     heard = []
     try:
@@ -178,13 +194,27 @@ async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
         for draw in range(DRAWS):
             answers = await asyncio.gather(*(ask(text) for text in heard))
             for question, text, (answer, finish) in zip(RUBRIC, heard, answers, strict=True):
-                rows.append({"question": question.text, "heard": text, "draw": draw, "answer": answer,
-                             "finish": finish, "problems": score(question, answer, finish)})
+                rows.append(
+                    {
+                        "question": question.text,
+                        "heard": text,
+                        "draw": draw,
+                        "answer": answer,
+                        "finish": finish,
+                        "problems": score(question, answer, finish),
+                    }
+                )
     finally:
         llm.stop()
     passed = sum(not row["problems"] for row in rows)
-    return {"variant": variant.name, "score": 20 * passed / len(rows), "passed": passed, "asked": len(rows),
-            "seconds": time.perf_counter() - started, "rows": rows}
+    return {
+        "variant": variant.name,
+        "score": 20 * passed / len(rows),
+        "passed": passed,
+        "asked": len(rows),
+        "seconds": time.perf_counter() - started,
+        "rows": rows,
+    }
 
 
 async def main() -> None:
@@ -199,13 +229,17 @@ async def main() -> None:
         results.append(await ask_all(variant, heard))
         print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
     capped = load_config(environ={}).cascade
-    print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
-          f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
-          f"capped = llm_max_temperature {capped.llm_max_temperature}, llm_max_top_p {capped.llm_max_top_p}")
+    print(
+        f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
+        f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
+        f"capped = llm_max_temperature {capped.llm_max_temperature}, llm_max_top_p {capped.llm_max_top_p}"
+    )
     print(f"{'configuration':42} {'score /20':>9} {'passed':>8} {'seconds':>8}")
     for result in results:
-        print(f"{result['variant']:42} {result['score']:9.1f} {result['passed']:>4}/{result['asked']:<3} "
-              f"{result['seconds']:8.1f}")
+        print(
+            f"{result['variant']:42} {result['score']:9.1f} {result['passed']:>4}/{result['asked']:<3} "
+            f"{result['seconds']:8.1f}"
+        )
     if args.show:
         for result in results:
             print(f"\n== {result['variant']}")
@@ -213,9 +247,18 @@ async def main() -> None:
                 mark = "ok " if not row["problems"] else "BAD"
                 print(f"{mark} [{row['draw']}] {row['heard']!r} -> {row['answer']!r} {row['problems'] or ''}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
-                                     "load": os.getloadavg()[0], "heard": heard,
-                                     "results": results}, indent=1))
+    args.json.write_text(
+        json.dumps(
+            {
+                "machine": platform.node(),
+                "cpus": os.cpu_count(),
+                "load": os.getloadavg()[0],
+                "heard": heard,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,10 @@ async def one_call(browser, base: str, transport: str, settle_s: float) -> Run:
                 break
             await asyncio.sleep(0.05)
         else:
-            raise RuntimeError(f"{transport}: no call within {TIMEOUT_S} s: "
-                               f"{await page.evaluate('JSON.stringify(rtservePage.notice)')}")
+            raise RuntimeError(
+                f"{transport}: no call within {TIMEOUT_S} s: "
+                f"{await page.evaluate('JSON.stringify(rtservePage.notice)')}"
+            )
         await asyncio.sleep(settle_s)
         got = await page.evaluate("({c: rtservePage.connectMs, a: rtservePage.firstAudioMs, s: rtservePage.stats})")
         await page.click("#hangup")
@@ -85,9 +87,14 @@ async def one_call(browser, base: str, transport: str, settle_s: float) -> Run:
 
 
 async def run_all(base: str, wav: Path, transports: list[str], runs: int, settle_s: float) -> list[Run]:
-    flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-             f"--use-file-for-fake-audio-capture={wav}", "--allow-loopback-in-peer-connection",
-             "--disable-features=WebRtcHideLocalIpsWithMdns", "--autoplay-policy=no-user-gesture-required"]
+    flags = [
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
     results = []
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=flags)
@@ -108,20 +115,28 @@ def summary(runs: list[Run]) -> dict[str, dict[str, float | None]]:
     out = {}
     for transport in dict.fromkeys(r.transport for r in runs):
         mine = [r for r in runs if r.transport == transport]
-        out[transport] = {"runs": len(mine), "connect_p50_ms": p50([r.connect_ms for r in mine]),
-                          "connect_max_ms": max(r.connect_ms for r in mine),
-                          "first_audio_p50_ms": p50([r.first_audio_ms for r in mine]),
-                          "rtt_p50_ms": p50([r.rtt_ms for r in mine]), "jitter_p50_ms": p50([r.jitter_ms for r in mine])}
+        out[transport] = {
+            "runs": len(mine),
+            "connect_p50_ms": p50([r.connect_ms for r in mine]),
+            "connect_max_ms": max(r.connect_ms for r in mine),
+            "first_audio_p50_ms": p50([r.first_audio_ms for r in mine]),
+            "rtt_p50_ms": p50([r.rtt_ms for r in mine]),
+            "jitter_p50_ms": p50([r.jitter_ms for r in mine]),
+        }
     return out
 
 
 def print_table(table: dict[str, dict[str, float | None]]) -> None:
     cell = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-    print(f"{'transport':<10} {'runs':>4} {'connect p50':>12} {'connect max':>12} {'1st audio p50':>14} "
-          f"{'rtt p50':>8} {'jitter p50':>11}   (ms)")
+    print(
+        f"{'transport':<10} {'runs':>4} {'connect p50':>12} {'connect max':>12} {'1st audio p50':>14} "
+        f"{'rtt p50':>8} {'jitter p50':>11}   (ms)"
+    )
     for transport, row in table.items():
-        print(f"{transport:<10} {row['runs']:>4} {cell(row['connect_p50_ms']):>12} {cell(row['connect_max_ms']):>12} "
-              f"{cell(row['first_audio_p50_ms']):>14} {cell(row['rtt_p50_ms']):>8} {cell(row['jitter_p50_ms']):>11}")
+        print(
+            f"{transport:<10} {row['runs']:>4} {cell(row['connect_p50_ms']):>12} {cell(row['connect_max_ms']):>12} "
+            f"{cell(row['first_audio_p50_ms']):>14} {cell(row['rtt_p50_ms']):>8} {cell(row['jitter_p50_ms']):>11}"
+        )
 
 
 def main() -> int:
@@ -137,22 +152,38 @@ def main() -> int:
         return 2
     server = ServerProcess({"RTSERVE_WEBRTC__HOST_ADDRESSES": "[127.0.0.1]"}, engine=args.engine, name="bench_browser")
     try:
+
         async def ready() -> None:
             async with aiohttp.ClientSession() as http:
                 await server.wait_ready(http)
+
         asyncio.run(ready())
         with tempfile.TemporaryDirectory() as tmp:
-            runs = asyncio.run(run_all(server.base, fake_microphone(Path(tmp) / "mic.wav"), args.transports,
-                                       args.runs, args.settle))
+            runs = asyncio.run(
+                run_all(server.base, fake_microphone(Path(tmp) / "mic.wav"), args.transports, args.runs, args.settle)
+            )
     finally:
         server.stop()
     table = summary(runs)
     print_table(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "bench_browser", "engine": args.engine, "machine": {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "summary": table, "runs": [asdict(r) for r in runs]}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_browser",
+                "engine": args.engine,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "summary": table,
+                "runs": [asdict(r) for r in runs],
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

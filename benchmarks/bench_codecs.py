@@ -41,7 +41,7 @@ def speech_like(rate: int, seconds: float) -> np.ndarray:
 
 def chunks(data, rate: int, item_bytes: int = 1) -> list:
     step = rate * CHUNK_MS // 1000 * item_bytes
-    return [data[i:i + step] for i in range(0, len(data), step)]
+    return [data[i : i + step] for i in range(0, len(data), step)]
 
 
 def measure(setup: Callable[[], Callable[[], object]]) -> list[float]:
@@ -72,6 +72,7 @@ def opus_decode(rate: int, frame_ms: int) -> Callable[[], Callable[[], object]]:
     def setup() -> Callable[[], object]:
         decoder = OpusDecoder(rate)
         return lambda: ([decoder.decode(p) for p in packets], decoder.flush())
+
     return setup
 
 
@@ -81,6 +82,7 @@ def resample_stream(in_rate: int, out_rate: int) -> Callable[[], Callable[[], ob
     def setup() -> Callable[[], object]:
         resampler = StreamResampler(in_rate, out_rate)
         return lambda: ([resampler.process(p) for p in pieces], resampler.flush())
+
     return setup
 
 
@@ -90,6 +92,7 @@ def ogg_opus_write(rate: int, frame_ms: int) -> Callable[[], Callable[[], object
     def setup() -> Callable[[], object]:
         writer = OggOpusWriter(rate, frame_ms)
         return lambda: ([writer.write(p) for p in pieces], writer.close())
+
     return setup
 
 
@@ -104,6 +107,7 @@ def ogg_opus_read(rate: int, frame_ms: int) -> Callable[[], Callable[[], object]
     def setup() -> Callable[[], object]:
         reader = OggOpusReader(rate)
         return lambda: ([reader.feed(m) for m in messages], reader.flush())
+
     return setup
 
 
@@ -119,7 +123,9 @@ def ogg_framing_only(rate: int, frame_ms: int) -> Callable[[], Callable[[], obje
                 page = build_page(serial=1, sequence=sequence, granule=sequence * 960, packets=[packet])
                 for parsed in reader.feed(page):
                     parsed.segments()
+
         return work
+
     return setup
 
 
@@ -166,23 +172,42 @@ def main() -> None:
     for name, setup in CASES:
         timings = measure(setup)
         median = statistics.median(timings)
-        rows.append({"case": name, "cpu_ms_per_audio_s_median": round(median, 4),
-                     "min": round(min(timings), 4), "max": round(max(timings), 4),
-                     "streams_per_core": round(1000.0 / median) if median > 0 else None})
+        rows.append(
+            {
+                "case": name,
+                "cpu_ms_per_audio_s_median": round(median, 4),
+                "min": round(min(timings), 4),
+                "max": round(max(timings), 4),
+                "streams_per_core": round(1000.0 / median) if median > 0 else None,
+            }
+        )
     width = max(len(r["case"]) for r in rows)
     print(f"{'case':<{width}}  {'CPU ms / audio s (median)':>26}  {'min':>8}  {'max':>8}  {'streams/core':>12}")
     for r in rows:
-        print(f"{r['case']:<{width}}  {r['cpu_ms_per_audio_s_median']:>26.3f}  {r['min']:>8.3f}  {r['max']:>8.3f}  "
-              f"{r['streams_per_core'] or '-':>12}")
+        print(
+            f"{r['case']:<{width}}  {r['cpu_ms_per_audio_s_median']:>26.3f}  {r['min']:>8.3f}  {r['max']:>8.3f}  "
+            f"{r['streams_per_core'] or '-':>12}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "bench_codecs",
-        "unit": "CPU milliseconds per second of audio (time.process_time), median of runs",
-        "audio_seconds": AUDIO_SECONDS, "runs": RUNS, "chunk_ms": CHUNK_MS,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "processor": platform.processor() or platform.machine()},
-        "results": rows,
-    }, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_codecs",
+                "unit": "CPU milliseconds per second of audio (time.process_time), median of runs",
+                "audio_seconds": AUDIO_SECONDS,
+                "runs": RUNS,
+                "chunk_ms": CHUNK_MS,
+                "machine": {
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                    "processor": platform.processor() or platform.machine(),
+                },
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {RESULTS}")
 
 

@@ -43,23 +43,34 @@ CHAT_TOKENS = 64
 CONCURRENCY = (1, 8)
 STARTUP_TIMEOUT_S = 600.0
 SPEECH_RATE = 24000  # pcm responses are s16le at 24 kHz
-SPEECH_TEXT = ("The quick brown fox jumps over the lazy dog. It was a bright cold day in April, "
-               "and the clocks were striking thirteen.")
+SPEECH_TEXT = (
+    "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, "
+    "and the clocks were striking thirteen."
+)
 # (label, environment of its server): the LLM setups whose chat figures are compared side by side.
 CHAT_SETUPS = [
     ("transformers", {"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}),
-    ("ctranslate2 as in session 24 (2 threads, full-vocabulary top_p, no kept openings, no gathering, one lane)",
-     {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2", "RTSERVE_CASCADE__LLM_THREADS": "2",
-      "RTSERVE_CASCADE__LLM_TOP_K": "0", "RTSERVE_CASCADE__LLM_CACHED_OPENINGS": "0",
-      "RTSERVE_CASCADE__LLM_GATHER_MS": "0", "RTSERVE_CASCADE__LLM_LANES": "1"}),
+    (
+        "ctranslate2 as in session 24 (2 threads, full-vocabulary top_p, no kept openings, no gathering, one lane)",
+        {
+            "RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2",
+            "RTSERVE_CASCADE__LLM_THREADS": "2",
+            "RTSERVE_CASCADE__LLM_TOP_K": "0",
+            "RTSERVE_CASCADE__LLM_CACHED_OPENINGS": "0",
+            "RTSERVE_CASCADE__LLM_GATHER_MS": "0",
+            "RTSERVE_CASCADE__LLM_LANES": "1",
+        },
+    ),
     ("ctranslate2, one lane", {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2", "RTSERVE_CASCADE__LLM_LANES": "1"}),
     ("ctranslate2", {"RTSERVE_CASCADE__LLM_RUNTIME": "ctranslate2"}),  # the defaults: measured last, with speech
 ]
 BATCH_CALLS = 'rtserve_cascade_model_call_seconds_count{stage="llm_batch"}'
-CHAT_PROMPTS = ["Tell me a short story about a robot who learns to paint.",
-                "Explain why the sky is blue to a child.",
-                "Write a few sentences about the ocean at night.",
-                "Describe a busy market in the morning."]
+CHAT_PROMPTS = [
+    "Tell me a short story about a robot who learns to paint.",
+    "Explain why the sky is blue to a child.",
+    "Write a few sentences about the ocean at night.",
+    "Describe a busy market in the morning.",
+]
 
 
 def free_port() -> int:
@@ -83,11 +94,14 @@ async def wait_healthy(http: aiohttp.ClientSession, base: str, server: subproces
     raise SystemExit(f"the server was not healthy after {STARTUP_TIMEOUT_S:.0f} s")
 
 
-async def speech_once(http: aiohttp.ClientSession, base: str, response_format: str = "pcm") -> tuple[float, float, bytes]:
+async def speech_once(
+    http: aiohttp.ClientSession, base: str, response_format: str = "pcm"
+) -> tuple[float, float, bytes]:
     """(seconds to first body byte, seconds for the whole body, body)."""
     started = time.perf_counter()
-    async with http.post(f"{base}/v1/audio/speech",
-                         json={"input": SPEECH_TEXT, "response_format": response_format}) as resp:
+    async with http.post(
+        f"{base}/v1/audio/speech", json={"input": SPEECH_TEXT, "response_format": response_format}
+    ) as resp:
         resp.raise_for_status()
         first = await resp.content.readany()
         ttfb = time.perf_counter() - started
@@ -102,8 +116,13 @@ async def bench_speech(http: aiohttp.ClientSession, base: str) -> dict:
         audio_s = len(body) / 2 / SPEECH_RATE
         ttfbs.append(ttfb)
         rtfs.append(total / audio_s)
-    return {"ttfb_ms": 1000 * statistics.median(ttfbs), "rtf": statistics.median(rtfs), "audio_s": audio_s,
-            "ttfb_ms_runs": [round(1000 * t, 1) for t in ttfbs], "rtf_runs": [round(r, 3) for r in rtfs]}
+    return {
+        "ttfb_ms": 1000 * statistics.median(ttfbs),
+        "rtf": statistics.median(rtfs),
+        "audio_s": audio_s,
+        "ttfb_ms_runs": [round(1000 * t, 1) for t in ttfbs],
+        "rtf_runs": [round(r, 3) for r in rtfs],
+    }
 
 
 async def bench_transcription(http: aiohttp.ClientSession, base: str) -> dict:
@@ -118,15 +137,18 @@ async def bench_transcription(http: aiohttp.ClientSession, base: str) -> dict:
             resp.raise_for_status()
             text = (await resp.json())["text"]
         rtfs.append((time.perf_counter() - started) / audio_s)
-    return {"rtf": statistics.median(rtfs), "audio_s": audio_s, "text": text,
-            "rtf_runs": [round(r, 3) for r in rtfs]}
+    return {"rtf": statistics.median(rtfs), "audio_s": audio_s, "text": text, "rtf_runs": [round(r, 3) for r in rtfs]}
 
 
 async def chat_once(http: aiohttp.ClientSession, base: str, prompt: str) -> tuple[float, float, int]:
     """(seconds to first content, seconds in all, completion tokens) of one streamed chat, at the
     default sampling and without a seed, as chat clients send them."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": CHAT_TOKENS,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": CHAT_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started = time.perf_counter()
     ttft, tokens = None, 0
     async with http.post(f"{base}/v1/chat/completions", json=body) as resp:
@@ -160,17 +182,21 @@ async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -
     calls_before = await model_calls(http, base)
     for _ in range(RUNS):
         started = time.perf_counter()
-        results = await asyncio.gather(*(
-            chat_once(http, base, CHAT_PROMPTS[i % len(CHAT_PROMPTS)])
-            for i in range(concurrency)))
+        results = await asyncio.gather(
+            *(chat_once(http, base, CHAT_PROMPTS[i % len(CHAT_PROMPTS)]) for i in range(concurrency))
+        )
         wall = time.perf_counter() - started
         aggregate.append(sum(tokens for _, _, tokens in results) / wall)
         per_request.extend(tokens / total for _, total, tokens in results)
         ttfts.extend(ttft for ttft, _, _ in results)
-    return {"concurrency": concurrency, "aggregate_tokens_per_s": statistics.median(aggregate),
-            "per_request_tokens_per_s": statistics.median(per_request), "ttft_ms": 1000 * statistics.median(ttfts),
-            "ttft_p95_ms": 1000 * statistics.quantiles(ttfts, n=20, method="inclusive")[-1],
-            "model_calls_per_round": (await model_calls(http, base) - calls_before) / RUNS}
+    return {
+        "concurrency": concurrency,
+        "aggregate_tokens_per_s": statistics.median(aggregate),
+        "per_request_tokens_per_s": statistics.median(per_request),
+        "ttft_ms": 1000 * statistics.median(ttfts),
+        "ttft_p95_ms": 1000 * statistics.quantiles(ttfts, n=20, method="inclusive")[-1],
+        "model_calls_per_round": (await model_calls(http, base) - calls_before) / RUNS,
+    }
 
 
 async def serve(setup: dict[str, str], measure: bool) -> dict:
@@ -188,8 +214,7 @@ async def serve(setup: dict[str, str], measure: bool) -> dict:
             found = {"model_load_s": load_s}
             if measure:
                 await speech_once(http, base)
-                found.update(speech=await bench_speech(http, base),
-                             transcription=await bench_transcription(http, base))
+                found.update(speech=await bench_speech(http, base), transcription=await bench_transcription(http, base))
             found["chat"] = [await bench_chat(http, base, c) for c in CONCURRENCY]
             return found
     finally:
@@ -205,37 +230,60 @@ async def main() -> dict:
     load_before = os.getloadavg()[0]  # other work on the machine skews every number below
     found = {label: await serve(setup, measure=label == CHAT_SETUPS[-1][0]) for label, setup in CHAT_SETUPS}
     after = found[CHAT_SETUPS[-1][0]]
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-               "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]}}
-    return {"machine": machine, "runs": RUNS, "model_load_s": after["model_load_s"], "speech": after["speech"],
-            "transcription": after["transcription"], "chat": after["chat"],
-            "chat_by_runtime": {label: setup["chat"] for label, setup in found.items()}}
+    machine = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]},
+    }
+    return {
+        "machine": machine,
+        "runs": RUNS,
+        "model_load_s": after["model_load_s"],
+        "speech": after["speech"],
+        "transcription": after["transcription"],
+        "chat": after["chat"],
+        "chat_by_runtime": {label: setup["chat"] for label, setup in found.items()},
+    }
 
 
 def print_table(results: dict) -> None:
     speech, asr = results["speech"], results["transcription"]
-    rows = [("speech time to first byte", f"{speech['ttfb_ms']:.0f} ms", f"{speech['audio_s']:.1f} s of audio, pcm"),
-            ("speech real-time factor", f"{speech['rtf']:.3f}", "wall / audio duration (lower is faster)"),
-            ("transcription real-time factor", f"{asr['rtf']:.3f}", f"{asr['audio_s']:.1f} s WAV upload")]
+    rows = [
+        ("speech time to first byte", f"{speech['ttfb_ms']:.0f} ms", f"{speech['audio_s']:.1f} s of audio, pcm"),
+        ("speech real-time factor", f"{speech['rtf']:.3f}", "wall / audio duration (lower is faster)"),
+        ("transcription real-time factor", f"{asr['rtf']:.3f}", f"{asr['audio_s']:.1f} s WAV upload"),
+    ]
     for runtime, chats in results["chat_by_runtime"].items():
         for chat in chats:
-            rows.append((f"chat tokens/s @ {chat['concurrency']} concurrent, {runtime}",
-                         f"{chat['aggregate_tokens_per_s']:.1f}",
-                         f"per request {chat['per_request_tokens_per_s']:.1f} tok/s, first token "
-                         f"{chat['ttft_ms']:.0f} ms (p95 {chat['ttft_p95_ms']:.0f} ms), "
-                         f"{chat['model_calls_per_round']:.1f} batches/round"))
+            rows.append(
+                (
+                    f"chat tokens/s @ {chat['concurrency']} concurrent, {runtime}",
+                    f"{chat['aggregate_tokens_per_s']:.1f}",
+                    f"per request {chat['per_request_tokens_per_s']:.1f} tok/s, first token "
+                    f"{chat['ttft_ms']:.0f} ms (p95 {chat['ttft_p95_ms']:.0f} ms), "
+                    f"{chat['model_calls_per_round']:.1f} batches/round",
+                )
+            )
     base = results["chat_by_runtime"]["transformers"]
     for runtime, chats in results["chat_by_runtime"].items():
         single, most = chats[0]["aggregate_tokens_per_s"], chats[-1]["aggregate_tokens_per_s"]
-        rows.append((f"chat batching gain, {runtime}", f"{most / single:.2f}x",
-                     f"{chats[-1]['concurrency']} concurrent aggregate / 1 request; vs transformers: 1 request "
-                     f"{single / base[0]['aggregate_tokens_per_s']:.2f}x, {chats[-1]['concurrency']} concurrent "
-                     f"{most / base[-1]['aggregate_tokens_per_s']:.2f}x"))
+        rows.append(
+            (
+                f"chat batching gain, {runtime}",
+                f"{most / single:.2f}x",
+                f"{chats[-1]['concurrency']} concurrent aggregate / 1 request; vs transformers: 1 request "
+                f"{single / base[0]['aggregate_tokens_per_s']:.2f}x, {chats[-1]['concurrency']} concurrent "
+                f"{most / base[-1]['aggregate_tokens_per_s']:.2f}x",
+            )
+        )
     width = max(len(r[0]) for r in rows)
     machine = results["machine"]
-    print(f"\nHTTP routes, cascade engine, medians of {results['runs']} runs ({machine['cpus']} CPUs, "
-          f"1-min load {machine['load_average_1m']['before']:.1f} before / "
-          f"{machine['load_average_1m']['after']:.1f} after; models loaded in {results['model_load_s']:.1f} s)")
+    print(
+        f"\nHTTP routes, cascade engine, medians of {results['runs']} runs ({machine['cpus']} CPUs, "
+        f"1-min load {machine['load_average_1m']['before']:.1f} before / "
+        f"{machine['load_average_1m']['after']:.1f} after; models loaded in {results['model_load_s']:.1f} s)"
+    )
     print(f"{'metric':<{width}}  {'median':>10}  notes")
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>10}  {note}")

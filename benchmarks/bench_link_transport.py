@@ -60,8 +60,14 @@ def frames_in(sessions: int) -> tuple[Any, ...]:
 
 def events_out(frames: list[tuple[int, np.ndarray]]) -> tuple[Any, ...]:
     """The engine's answer: each session's frame as the lockstep engine forwards it."""
-    return (Kind.EVENTS_OUT, [(handle, OutputAudio(pcm=pcm, epoch=0, text=None, tick_due=time.monotonic(),
-                                                   input_samples=FRAME)) for handle, pcm in frames], time.monotonic())
+    return (
+        Kind.EVENTS_OUT,
+        [
+            (handle, OutputAudio(pcm=pcm, epoch=0, text=None, tick_due=time.monotonic(), input_samples=FRAME))
+            for handle, pcm in frames
+        ],
+        time.monotonic(),
+    )
 
 
 class Channel(Protocol):
@@ -123,7 +129,7 @@ def join_batch(head: tuple[Any, ...], audio: np.ndarray) -> tuple[Any, ...]:
     kind, index, *rest = head
     items, at = [], 0
     for handle, size, fields in index:
-        pcm = audio[at:at + size].copy()
+        pcm = audio[at : at + size].copy()
         items.append((handle, pcm if fields is None else OutputAudio(pcm, fields[0], None, *fields[1:])))
         at += size
     return (kind, items, *rest)
@@ -166,7 +172,7 @@ class ShmDoorbell:
         head, audio = split_batch(message)
         at = 0
         for pcm in audio:
-            self.out_view[at:at + pcm.size] = pcm
+            self.out_view[at : at + pcm.size] = pcm
             at += pcm.size
         await self.stream.send(head)
 
@@ -184,6 +190,7 @@ class ShmDoorbell:
 
 
 # ---------------------------------------------------------------------------- the two processes
+
 
 async def open_channel(transport: str, place: str, sessions: int, engine_side: bool) -> Channel:
     """Connect (worker) or accept (engine) the transport's channel at ``place``."""
@@ -259,16 +266,20 @@ async def worker(transport: str, place: str, sessions: int, exchanges: int) -> d
     await channel.send((Kind.HELLO, None))
     channel.close()
     measured = np.array(round_trips[WARMUP:]) * 1e6
-    return {"round_trip_p50_us": float(np.percentile(measured, 50)),
-            "round_trip_p99_us": float(np.percentile(measured, 99)),
-            "worker_cpu_us": worker_cpu_s / exchanges * 1e6, "engine_cpu_us": engine_cpu_us}
+    return {
+        "round_trip_p50_us": float(np.percentile(measured, 50)),
+        "round_trip_p99_us": float(np.percentile(measured, 99)),
+        "worker_cpu_us": worker_cpu_s / exchanges * 1e6,
+        "engine_cpu_us": engine_cpu_us,
+    }
 
 
 def run_point(transport: str, sessions: int, exchanges: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rtlink") as folder:
         place = os.path.join(folder, "link")
         engine = multiprocessing.get_context("spawn").Process(
-            target=engine_process, args=(transport, place, sessions, exchanges))
+            target=engine_process, args=(transport, place, sessions, exchanges)
+        )
         engine.start()
         try:
             figures = asyncio.run(worker(transport, place, sessions, exchanges))
@@ -276,8 +287,13 @@ def run_point(transport: str, sessions: int, exchanges: int) -> dict[str, Any]:
             engine.join(30)
             if engine.is_alive():
                 engine.kill()
-    return {"transport": transport, "sessions": sessions, "exchanges": exchanges,
-            "bytes_per_direction": sessions * FRAME * 4, **figures}
+    return {
+        "transport": transport,
+        "sessions": sessions,
+        "exchanges": exchanges,
+        "bytes_per_direction": sessions * FRAME * 4,
+        **figures,
+    }
 
 
 TRANSPORTS = ("unix-pickle", "unix-raw", "zmq-oob", "shm-doorbell")
@@ -296,23 +312,38 @@ def main() -> None:
             for transport in TRANSPORTS:
                 rows.append(run_point(transport, sessions, args.exchanges))
     summary = []
-    print(f"| transport | sessions | KiB each way | round trip p50 / p99 us | worker CPU us | engine CPU us |")
+    print("| transport | sessions | KiB each way | round trip p50 / p99 us | worker CPU us | engine CPU us |")
     print("|---|---|---|---|---|---|")
     for sessions in args.sessions:
         for transport in TRANSPORTS:
             runs = [r for r in rows if r["transport"] == transport and r["sessions"] == sessions]
-            median = {key: float(np.median([r[key] for r in runs]))
-                      for key in ("round_trip_p50_us", "round_trip_p99_us", "worker_cpu_us", "engine_cpu_us")}
+            median = {
+                key: float(np.median([r[key] for r in runs]))
+                for key in ("round_trip_p50_us", "round_trip_p99_us", "worker_cpu_us", "engine_cpu_us")
+            }
             summary.append({"transport": transport, "sessions": sessions, **median})
-            print(f"| {transport} | {sessions} | {sessions * FRAME * 4 // 1024} | {median['round_trip_p50_us']:.0f} / "
-                  f"{median['round_trip_p99_us']:.0f} | {median['worker_cpu_us']:.0f} | {median['engine_cpu_us']:.0f} |")
+            print(
+                f"| {transport} | {sessions} | {sessions * FRAME * 4 // 1024} | {median['round_trip_p50_us']:.0f} / "
+                f"{median['round_trip_p99_us']:.0f} | {median['worker_cpu_us']:.0f} | {median['engine_cpu_us']:.0f} |"
+            )
     print(f"(medians over {args.rounds} alternating rounds of {args.exchanges} exchanges; CPU per exchange)")
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "bench_link_transport",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "zmq": zmq.zmq_version()},
-        "summary": summary, "runs": rows}, indent=1))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_link_transport",
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                    "zmq": zmq.zmq_version(),
+                },
+                "summary": summary,
+                "runs": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {RESULTS}")
 
 

@@ -51,8 +51,14 @@ async def run_config(slots: int, ticks: int, model: FrameModel | None = None) ->
     """Measure ``model`` (default: the loopback engine's) with ``slots`` live, fed sessions."""
     config = ServerConfig(lockstep=LockstepConfig(batch_size=slots))
     reports: list[TickReport] = []
-    engine = LockstepSessionEngine("bench", model or LoopbackModel(slots, 1), config, CollectorRegistry(),
-                                   supports_text_output=False, on_tick=reports.append)
+    engine = LockstepSessionEngine(
+        "bench",
+        model or LoopbackModel(slots, 1),
+        config,
+        CollectorRegistry(),
+        supports_text_output=False,
+        on_tick=reports.append,
+    )
     await engine.start()
     # Concurrently: each open waits for the tick that makes its slot live.
     sessions = await asyncio.gather(*(engine.open_session(f"s{i}", SessionOptions()) for i in range(slots)))
@@ -69,7 +75,7 @@ async def run_config(slots: int, ticks: int, model: FrameModel | None = None) ->
             session.push_audio(frame)
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * period - loop.time()))
-    measured = reports[first:first + ticks]
+    measured = reports[first : first + ticks]
     underruns = sum(s.lease.underruns for s in sessions) - underruns_before  # includes the warm-up ticks
     await asyncio.gather(*(s.close() for s in sessions))  # one tick frees them all; one by one is a tick each
     await asyncio.gather(*readers)
@@ -97,10 +103,34 @@ async def run_config(slots: int, ticks: int, model: FrameModel | None = None) ->
 
 
 def print_table(rows: list[dict[str, float]]) -> None:
-    header = ("slots", "ticks", "overhead p50 ms", "overhead p99 ms", "step p50 ms", "tick p50 ms",
-              "jitter p50 ms", "jitter p99 ms", "overruns", "catch-up", "skipped", "underruns/slot")
-    keys = ("slots", "ticks", "overhead_p50_ms", "overhead_p99_ms", "step_p50_ms", "tick_p50_ms",
-            "jitter_p50_ms", "jitter_p99_ms", "overruns", "catch_up_ticks", "skipped_deadlines", "underruns_per_slot")
+    header = (
+        "slots",
+        "ticks",
+        "overhead p50 ms",
+        "overhead p99 ms",
+        "step p50 ms",
+        "tick p50 ms",
+        "jitter p50 ms",
+        "jitter p99 ms",
+        "overruns",
+        "catch-up",
+        "skipped",
+        "underruns/slot",
+    )
+    keys = (
+        "slots",
+        "ticks",
+        "overhead_p50_ms",
+        "overhead_p99_ms",
+        "step_p50_ms",
+        "tick_p50_ms",
+        "jitter_p50_ms",
+        "jitter_p99_ms",
+        "overruns",
+        "catch_up_ticks",
+        "skipped_deadlines",
+        "underruns_per_slot",
+    )
     print(" | ".join(header))
     print(" | ".join("-" * len(h) for h in header))
     for row in rows:
@@ -116,8 +146,9 @@ async def main() -> None:
     print(f"loopback engine, 24 kHz, 80 ms frames; {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
     print_table(rows)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"frame_ms": 80, "warmup_ticks": WARMUP_TICKS, "cpus": os.cpu_count(),
-                                   "results": rows}, indent=2))
+    RESULTS.write_text(
+        json.dumps({"frame_ms": 80, "warmup_ticks": WARMUP_TICKS, "cpus": os.cpu_count(), "results": rows}, indent=2)
+    )
     print(f"wrote {RESULTS}")
 
 

@@ -31,24 +31,44 @@ from bench_lockstep import WARMUP_TICKS, run_config
 from rtserve.engines.tiny_torch import TinyRecurrentFrameModel, resolve_device
 
 RESULTS = Path(__file__).parent / "results" / "bench_lockstep_gpu.json"
-COLUMNS = (("device", "device"), ("slots", "slots"), ("step p50 ms", "step_p50_ms"), ("step p99 ms", "step_p99_ms"),
-           ("overhead p50 ms", "overhead_p50_ms"), ("overhead p99 ms", "overhead_p99_ms"),
-           ("jitter p50 ms", "jitter_p50_ms"), ("jitter p99 ms", "jitter_p99_ms"), ("overruns", "overruns"),
-           ("catch-up", "catch_up_ticks"), ("skipped", "skipped_deadlines"), ("underruns/slot", "underruns_per_slot"))
+COLUMNS = (
+    ("device", "device"),
+    ("slots", "slots"),
+    ("step p50 ms", "step_p50_ms"),
+    ("step p99 ms", "step_p99_ms"),
+    ("overhead p50 ms", "overhead_p50_ms"),
+    ("overhead p99 ms", "overhead_p99_ms"),
+    ("jitter p50 ms", "jitter_p50_ms"),
+    ("jitter p99 ms", "jitter_p99_ms"),
+    ("overruns", "overruns"),
+    ("catch-up", "catch_up_ticks"),
+    ("skipped", "skipped_deadlines"),
+    ("underruns/slot", "underruns_per_slot"),
+)
 
 
 def environment(devices: list[torch.device]) -> dict[str, Any]:
     env: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-        "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
     }
     if any(d.type == "cuda" for d in devices):
         index = next(d.index for d in devices if d.type == "cuda")
         props = torch.cuda.get_device_properties(index)
-        env.update({"gpu": props.name, "gpu_multiprocessors": props.multi_processor_count,
-                    "gpu_memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-                    "cudnn": torch.backends.cudnn.version(), "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32})
+        env.update(
+            {
+                "gpu": props.name,
+                "gpu_multiprocessors": props.multi_processor_count,
+                "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(),
+                "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            }
+        )
     return env
 
 
@@ -76,8 +96,9 @@ async def main() -> None:
     print("tiny GRU frame model, 24 kHz, 80 ms frames; " + ", ".join(f"{k} {v}" for k, v in env.items()))
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"frame_ms": 80, "warmup_ticks": WARMUP_TICKS, "environment": env,
-                                    "results": rows}, indent=2))
+    args.out.write_text(
+        json.dumps({"frame_ms": 80, "warmup_ticks": WARMUP_TICKS, "environment": env, "results": rows}, indent=2)
+    )
     print(f"wrote {args.out}")
 
 

@@ -64,7 +64,14 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import sphn
-from load_shards import ShardResult, gather_shards, in_processes, merge_logs, run_shard, split  # benchmarks/ is on sys.path
+from load_shards import (
+    ShardResult,
+    gather_shards,
+    in_processes,
+    merge_logs,
+    run_shard,
+    split,
+)  # benchmarks/ is on sys.path
 from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +175,7 @@ def encode_stream(signal_: np.ndarray) -> list[bytes]:
     """The client's Ogg-Opus messages, one per 80 ms frame, encoded before the clock starts so
     the load generator only sends bytes on time."""
     writer = sphn.OpusStreamWriter(RATE)
-    return [writer.append_pcm(signal_[j * FRAME:(j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
+    return [writer.append_pcm(signal_[j * FRAME : (j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
 
 
 def decode_stream(pages: list[bytes]) -> list[np.ndarray]:
@@ -181,8 +188,9 @@ def decode_stream(pages: list[bytes]) -> list[np.ndarray]:
     return out
 
 
-async def run_client(http: aiohttp.ClientSession, url: str, messages: list[bytes], start_at: float,
-                     log: ClientLog) -> None:
+async def run_client(
+    http: aiohttp.ClientSession, url: str, messages: list[bytes], start_at: float, log: ClientLog
+) -> None:
     loop = asyncio.get_running_loop()
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
@@ -219,11 +227,11 @@ def _lag_in(output: np.ndarray, reference: np.ndarray, lo: int, hi: int) -> tupl
     hi = min(hi, len(output) - len(reference))
     if hi < lo:
         return -1, 0.0
-    segment = output[lo:hi + len(reference)]
+    segment = output[lo : hi + len(reference)]
     size = 1 << int(np.ceil(np.log2(len(segment) + len(reference))))
-    corr = np.fft.irfft(np.fft.rfft(segment, size) * np.conj(np.fft.rfft(reference, size)), size)[:hi - lo + 1]
+    corr = np.fft.irfft(np.fft.rfft(segment, size) * np.conj(np.fft.rfft(reference, size)), size)[: hi - lo + 1]
     best = int(np.argmax(corr))
-    window = segment[best:best + len(reference)]
+    window = segment[best : best + len(reference)]
     score = float(np.dot(window, reference) / (np.linalg.norm(window) * np.linalg.norm(reference) + 1e-12))
     return lo + best, score
 
@@ -252,8 +260,11 @@ def analyse(log: ClientLog, window: tuple[float, float], delay_s: float) -> tupl
         start = int(ends[page]) - len(chunk)
         # Latency grows by whole frames (silence stepped on underruns) and shrinks by trims of a
         # few ms a tick; after repeated misses, search the whole span again.
-        lo, hi = ((-int(FIRST_SEARCH_S * RATE), FRAME) if offset is None or misses > MAX_MISSES
-                  else (offset - SEARCH_FRAMES * FRAME, offset + FRAME))
+        lo, hi = (
+            (-int(FIRST_SEARCH_S * RATE), FRAME)
+            if offset is None or misses > MAX_MISSES
+            else (offset - SEARCH_FRAMES * FRAME, offset + FRAME)
+        )
         position, score = _lag_in(log.signal, chunk, start + lo, start + hi)
         if score < MIN_SCORE:
             misses += 1
@@ -310,9 +321,13 @@ BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI
 async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
     duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
     echo = args.engine == "loopback"
-    server = ServerProcess({BATCH_ENV[args.engine]: str(clients),
-                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_moshi",
-                           engine=args.engine, workers=workers, config=args.config)
+    server = ServerProcess(
+        {BATCH_ENV[args.engine]: str(clients), "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)},
+        name="bench_moshi",
+        engine=args.engine,
+        workers=workers,
+        config=args.config,
+    )
     try:
         async with aiohttp.ClientSession() as http:
             await server.wait_ready(http, timeout_s=args.ready_timeout)
@@ -326,9 +341,15 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
             url = server.base.replace("http", "ws") + "/api/chat"
             window = (start_at + warmup_s + PERIOD_S, start_at + frames * PERIOD_S - 0.2)
             ranges = split(clients, args.client_procs)
-            shards = asyncio.create_task(gather_shards(shard, [
-                (url, messages, [start_at + PERIOD_S * i / clients for i in indices], window)
-                for indices in ranges]))
+            shards = asyncio.create_task(
+                gather_shards(
+                    shard,
+                    [
+                        (url, messages, [start_at + PERIOD_S * i / clients for i in indices], window)
+                        for indices in ranges
+                    ],
+                )
+            )
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             before, cpu_before = await scrape(http, server.base), server.cpu_by_process()
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
@@ -346,8 +367,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         for log in logs:
             log.signal = signal_  # what every client sent
         cores = min(len(logs), os.cpu_count() or 1)
-        for lat, ok, total in await in_processes(analyse_logs, [(logs[k::cores], window, delay_frames * PERIOD_S)
-                                                                 for k in range(cores)]):
+        for lat, ok, total in await in_processes(
+            analyse_logs, [(logs[k::cores], window, delay_frames * PERIOD_S) for k in range(cores)]
+        ):
             latencies += lat
             aligned += ok
             echoed += total
@@ -357,24 +379,31 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
 
     underruns = int(delta("rtserve_lockstep_underruns_total"))
     live_ticks = int(round(measured_s / PERIOD_S)) * clients
+
     def quantile_ms(name: str, q: float) -> float:
         return histogram_quantile(before, after, name, q) * 1e3
 
     return Point(
-        workers=workers, clients=clients, duration_s=duration_s,
+        workers=workers,
+        clients=clients,
+        duration_s=duration_s,
         server_path_p50_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.5),
         server_path_p99_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.99),
         tick_p50_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.5),
         tick_p99_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.99),
         step_p50_ms=quantile_ms("rtserve_lockstep_step_seconds", 0.5),
         step_p99_ms=quantile_ms("rtserve_lockstep_step_seconds", 0.99),
-
-        latency_p50_ms=_pct(latencies, 50), latency_p99_ms=_pct(latencies, 99),
+        latency_p50_ms=_pct(latencies, 50),
+        latency_p99_ms=_pct(latencies, 99),
         egress_p50_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.5) * 1e3,
         egress_p99_ms=histogram_quantile(before, after, "rtserve_moshi_egress_latency_seconds", 0.99) * 1e3,
-        underruns=underruns, live_ticks=live_ticks, underrun_pct=100.0 * underruns / max(1, live_ticks),
-        lateness_p50_ms=_pct(lateness, 50), lateness_p99_ms=_pct(lateness, 99),
-        late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)), pages=len(lateness),
+        underruns=underruns,
+        live_ticks=live_ticks,
+        underrun_pct=100.0 * underruns / max(1, live_ticks),
+        lateness_p50_ms=_pct(lateness, 50),
+        lateness_p99_ms=_pct(lateness, 99),
+        late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)),
+        pages=len(lateness),
         dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
         trimmed_input_ms=delta("rtserve_lockstep_trimmed_input_samples_total") * 1000 / 24_000,
         dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),
@@ -395,34 +424,85 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
 
 
 def print_table(points: list[Point]) -> None:
-    columns = [("workers", 7), ("N", 4), ("path p50", 8), ("path p99", 8), ("tick p50", 8), ("tick p99", 8),
-               ("step p50", 8), ("step p99", 8), ("lat p50", 8), ("lat p99", 8), ("egress p50", 10), ("egress p99", 10),
-               ("underruns", 16), ("late p50", 8), ("late p99", 8), (">80ms", 9), ("drops", 6), ("trim", 7), ("skipped", 7),
-               ("send p99", 8), ("cpu", 5), ("busiest", 7), ("engine", 6), ("client/max", 10), ("aligned", 7), ("loop lag", 8), ("eng lag", 7), ("tick late", 9), ("full gc", 7),
-               ("errors", 6)]
+    columns = [
+        ("workers", 7),
+        ("N", 4),
+        ("path p50", 8),
+        ("path p99", 8),
+        ("tick p50", 8),
+        ("tick p99", 8),
+        ("step p50", 8),
+        ("step p99", 8),
+        ("lat p50", 8),
+        ("lat p99", 8),
+        ("egress p50", 10),
+        ("egress p99", 10),
+        ("underruns", 16),
+        ("late p50", 8),
+        ("late p99", 8),
+        (">80ms", 9),
+        ("drops", 6),
+        ("trim", 7),
+        ("skipped", 7),
+        ("send p99", 8),
+        ("cpu", 5),
+        ("busiest", 7),
+        ("engine", 6),
+        ("client/max", 10),
+        ("aligned", 7),
+        ("loop lag", 8),
+        ("eng lag", 7),
+        ("tick late", 9),
+        ("full gc", 7),
+        ("errors", 6),
+    ]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for p in points:
-        cells = [str(p.workers), str(p.clients), f"{p.server_path_p50_ms:.1f}ms", f"{p.server_path_p99_ms:.1f}ms",
-                 f"{p.tick_p50_ms:.1f}ms", f"{p.tick_p99_ms:.1f}ms", f"{p.step_p50_ms:.1f}ms", f"{p.step_p99_ms:.1f}ms",
-                 f"{p.latency_p50_ms:.1f}ms", f"{p.latency_p99_ms:.1f}ms",
-                 f"{p.egress_p50_ms:.2f}ms", f"{p.egress_p99_ms:.2f}ms",
-                 f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
-                 f"{p.lateness_p50_ms:.1f}ms", f"{p.lateness_p99_ms:.1f}ms", f"{p.late_pages}/{p.pages}",
-                 str(p.dropped_input + p.dropped_output), f"{p.trimmed_input_ms:.0f}ms", str(p.skipped_ticks), f"{p.send_lag_p99_ms:.1f}ms",
-                 f"{p.server_cpu_pct:.0f}%", f"{p.busiest_process_pct:.0f}%", f"{p.engine_process_pct:.0f}%", f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%", f"{p.aligned_pages_pct:.0f}%",
-                 f"{p.loop_lag_max_ms:.0f}ms", f"{p.engine_loop_lag_max_ms:.0f}ms", f"{p.tick_late_max_ms:.1f}ms",
-                 f"{p.full_gc_max_ms:.0f}ms", str(p.errors)]
+        cells = [
+            str(p.workers),
+            str(p.clients),
+            f"{p.server_path_p50_ms:.1f}ms",
+            f"{p.server_path_p99_ms:.1f}ms",
+            f"{p.tick_p50_ms:.1f}ms",
+            f"{p.tick_p99_ms:.1f}ms",
+            f"{p.step_p50_ms:.1f}ms",
+            f"{p.step_p99_ms:.1f}ms",
+            f"{p.latency_p50_ms:.1f}ms",
+            f"{p.latency_p99_ms:.1f}ms",
+            f"{p.egress_p50_ms:.2f}ms",
+            f"{p.egress_p99_ms:.2f}ms",
+            f"{p.underruns}/{p.live_ticks} {p.underrun_pct:.2f}%",
+            f"{p.lateness_p50_ms:.1f}ms",
+            f"{p.lateness_p99_ms:.1f}ms",
+            f"{p.late_pages}/{p.pages}",
+            str(p.dropped_input + p.dropped_output),
+            f"{p.trimmed_input_ms:.0f}ms",
+            str(p.skipped_ticks),
+            f"{p.send_lag_p99_ms:.1f}ms",
+            f"{p.server_cpu_pct:.0f}%",
+            f"{p.busiest_process_pct:.0f}%",
+            f"{p.engine_process_pct:.0f}%",
+            f"{p.client_cpu_pct:.0f}/{p.busiest_client_pct:.0f}%",
+            f"{p.aligned_pages_pct:.0f}%",
+            f"{p.loop_lag_max_ms:.0f}ms",
+            f"{p.engine_loop_lag_max_ms:.0f}ms",
+            f"{p.tick_late_max_ms:.1f}ms",
+            f"{p.full_gc_max_ms:.0f}ms",
+            str(p.errors),
+        ]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
-    print("path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); tick/step: lockstep histograms (bucket-interpolated); "
-          "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
-          "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
-          "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
-          "aligned: echoed pages located in the input, each on its own (lat is measured in those); "
-          "cpu / busiest / engine: every server process, the busiest one, the engine process (% of one core); "
-          "loop lag / eng lag / tick late / full gc: the worst event-loop stall of any server process and of the engine "
-          "process, the worst engine tick "
-          "start past its deadline and the longest full garbage collection (upper bound of the highest histogram "
-          "bucket reached: one stall, however rare)")
+    print(
+        "path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); tick/step: lockstep histograms (bucket-interpolated); "
+        "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
+        "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
+        "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "
+        "aligned: echoed pages located in the input, each on its own (lat is measured in those); "
+        "cpu / busiest / engine: every server process, the busiest one, the engine process (% of one core); "
+        "loop lag / eng lag / tick late / full gc: the worst event-loop stall of any server process and of the engine "
+        "process, the worst engine tick "
+        "start past its deadline and the longest full garbage collection (upper bound of the highest histogram "
+        "bucket reached: one stall, however rare)"
+    )
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -443,10 +523,17 @@ async def main_async(args: argparse.Namespace) -> dict:
         "frame_ms": PERIOD_S * 1e3,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
-        "server_config": {"moshi": config.moshi.model_dump(), "lockstep": config.lockstep.model_dump(),
-                          "moshi_engine": config.moshi_engine.model_dump()},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_average_at_end": os.getloadavg()},
+        "server_config": {
+            "moshi": config.moshi.model_dump(),
+            "lockstep": config.lockstep.model_dump(),
+            "moshi_engine": config.moshi_engine.model_dump(),
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_at_end": os.getloadavg(),
+        },
         "points": [asdict(p) for p in points],
     }
 
@@ -454,18 +541,35 @@ async def main_async(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64])
-    parser.add_argument("--workers", type=int, nargs="+", default=[1],
-                        help="front-end worker counts to compare (1 = one process; >1 adds an engine process)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="front-end worker counts to compare (1 = one process; >1 adds an engine process)",
+    )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of paced audio per client")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the statistics")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback engine delay")
-    parser.add_argument("--engine", choices=sorted(BATCH_ENV), default="loopback",
-                        help="loopback (echo: latency by cross-correlation too) or moshi (the real engine)")
+    parser.add_argument(
+        "--engine",
+        choices=sorted(BATCH_ENV),
+        default="loopback",
+        help="loopback (echo: latency by cross-correlation too) or moshi (the real engine)",
+    )
     parser.add_argument("--config", type=Path, help="server YAML config (--engine moshi: its moshi_engine section)")
-    parser.add_argument("--ready-timeout", type=float, default=60.0,
-                        help="seconds to wait for the server to load (a 7B model and its CUDA graphs take a while)")
-    parser.add_argument("--client-procs", type=int, default=1,
-                        help="load generator processes (one process tops out near 256 paced clients)")
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the server to load (a 7B model and its CUDA graphs take a while)",
+    )
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load generator processes (one process tops out near 256 paced clients)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_moshi.json")
     args = parser.parse_args()
     if args.duration <= args.warmup + 1:

@@ -27,7 +27,6 @@ from typing import Any
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
 
 import torch  # noqa: E402
-
 from moshi_build import build, sync  # noqa: E402
 
 from rtserve.engines.moshi.generator import TokenStream  # noqa: E402
@@ -58,6 +57,7 @@ def time_ours(lm: MoshiLM, mimi: Mimi, batch: int, frames: int, device: torch.de
 @torch.no_grad()
 def time_reference(ref_lm: Any, ref_mimi: Any, batch: int, frames: int, device: torch.device) -> list[float]:
     from moshi.models.lm import LMGen
+
     gen = LMGen(ref_lm, use_sampling=False)
     pcm = torch.randn(batch, 1, ref_mimi.frame_size, device=device) * 0.1
     times = []
@@ -78,6 +78,7 @@ def time_reference(ref_lm: Any, ref_mimi: Any, batch: int, frames: int, device: 
 def agreement(ref_lm: Any, lm: MoshiLM, frames: int, device: torch.device, card: int) -> dict[str, Any]:
     """Greedy tokens from both LMs fed the same user codes (Mimi excluded: it is fp32 on both sides)."""
     from moshi.models.lm import LMGen
+
     gen = LMGen(ref_lm, use_sampling=False)
     stream = TokenStream(lm, 1, SlotSampler(1, device, SamplingParams()))
     generator = torch.Generator(device="cpu").manual_seed(1)
@@ -98,8 +99,12 @@ def agreement(ref_lm: Any, lm: MoshiLM, frames: int, device: torch.device, card:
                 same_frames += 1
             elif first_diff is None:
                 first_diff = t
-    return {"frames_compared": compared, "frames_identical": same_frames, "token_agreement": same_tokens / total_tokens,
-            "first_divergent_frame": first_diff}
+    return {
+        "frames_compared": compared,
+        "frames_identical": same_frames,
+        "token_agreement": same_tokens / total_tokens,
+        "first_divergent_frame": first_diff,
+    }
 
 
 def main() -> None:
@@ -117,8 +122,10 @@ def main() -> None:
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         row: dict[str, Any] = {"batch": batch}
-        for name, fn in (("ours", lambda: time_ours(lm, mimi, batch, args.frames, device)),
-                         ("reference", lambda: time_reference(ref_lm, ref_mimi, batch, args.frames, device))):
+        for name, fn in (
+            ("ours", lambda: time_ours(lm, mimi, batch, args.frames, device)),
+            ("reference", lambda: time_reference(ref_lm, ref_mimi, batch, args.frames, device)),
+        ):
             try:
                 times = fn()[3:]  # warm-up frames (kernel loads, CUDA-graph capture) excluded
                 row[f"{name}_ms"] = 1000 * statistics.median(times)
@@ -129,18 +136,31 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     agree = agreement(ref_lm, lm, args.agreement_frames, device, config.card)
-    print(f"moshi engine, shape={shape}, dtype={dtype}, device={torch.cuda.get_device_name() if cuda else platform.processor()}")
+    print(
+        f"moshi engine, shape={shape}, dtype={dtype}, device={torch.cuda.get_device_name() if cuda else platform.processor()}"
+    )
     print(f"{'B':>4} {'ours ms/frame':>14} {'ref ms/frame':>14} {'ours p95':>10} {'ref p95':>10}")
     for r in rows:
-        print(f"{r['batch']:>4} {r.get('ours_ms', float('nan')):>14.2f} {r.get('reference_ms', float('nan')):>14.2f} "
-              f"{r.get('ours_p95_ms', float('nan')):>10.2f} {r.get('reference_p95_ms', float('nan')):>10.2f}"
-              + "".join(f"  {k}={v}" for k, v in r.items() if k.endswith("error")))
-    print(f"greedy agreement over {agree['frames_compared']} frames: {agree['frames_identical']} identical frames, "
-          f"token agreement {agree['token_agreement']:.4f}, first divergent frame {agree['first_divergent_frame']}")
+        print(
+            f"{r['batch']:>4} {r.get('ours_ms', float('nan')):>14.2f} {r.get('reference_ms', float('nan')):>14.2f} "
+            f"{r.get('ours_p95_ms', float('nan')):>10.2f} {r.get('reference_p95_ms', float('nan')):>10.2f}"
+            + "".join(f"  {k}={v}" for k, v in r.items() if k.endswith("error"))
+        )
+    print(
+        f"greedy agreement over {agree['frames_compared']} frames: {agree['frames_identical']} identical frames, "
+        f"token agreement {agree['token_agreement']:.4f}, first divergent frame {agree['first_divergent_frame']}"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    result = {"shape": shape, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "rows": rows,
-              "agreement": agree}
+    result = {
+        "shape": shape,
+        "dtype": str(dtype),
+        "device": str(device),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "frames": args.frames,
+        "rows": rows,
+        "agreement": agree,
+    }
     out = Path(os.environ.get("BENCH_OUT", RESULTS))
     out.write_text(json.dumps(result, indent=2))
 

@@ -87,6 +87,7 @@ Reader = Callable[[bytes], np.ndarray]
 
 # --- opuslib behind the hand-written Ogg layer -------------------------------------------
 
+
 class _OpuslibEncoder:
     """Drop-in for ``rtserve.codecs.opus.OpusEncoder`` (whole frames only: the bench feeds them)."""
 
@@ -103,8 +104,10 @@ class _OpuslibEncoder:
 
     def encode(self, samples: np.ndarray) -> list[bytes]:
         n = self.frame_samples
-        return [self._enc.encode_float(np.ascontiguousarray(samples[i:i + n], np.float32).tobytes(), n)
-                for i in range(0, len(samples) - n + 1, n)]
+        return [
+            self._enc.encode_float(np.ascontiguousarray(samples[i : i + n], np.float32).tobytes(), n)
+            for i in range(0, len(samples) - n + 1, n)
+        ]
 
     def finish(self) -> list[bytes]:
         return self.encode(np.zeros(self.frame_samples, np.float32))
@@ -133,9 +136,15 @@ class _OpuslibOggReader(OggOpusReader):
 
 # --- the implementations -----------------------------------------------------------------
 
+
 def pyav_writer() -> Writer:
-    return OggOpusWriter(RATE, FRAME_MS, bitrate=SETTINGS.opus_bitrate, application=SETTINGS.opus_application,
-                         complexity=SETTINGS.opus_complexity).write
+    return OggOpusWriter(
+        RATE,
+        FRAME_MS,
+        bitrate=SETTINGS.opus_bitrate,
+        application=SETTINGS.opus_application,
+        complexity=SETTINGS.opus_complexity,
+    ).write
 
 
 def pyav_reader() -> Reader:
@@ -144,8 +153,13 @@ def pyav_reader() -> Reader:
 
 def opuslib_writer() -> Writer:
     writer = OggOpusWriter(RATE, FRAME_MS)
-    writer._encoder = _OpuslibEncoder(RATE, FRAME_MS, SETTINGS.opus_bitrate,  # type: ignore[assignment]
-                                      SETTINGS.opus_application, SETTINGS.opus_complexity)
+    writer._encoder = _OpuslibEncoder(
+        RATE,
+        FRAME_MS,
+        SETTINGS.opus_bitrate,  # type: ignore[assignment]
+        SETTINGS.opus_application,
+        SETTINGS.opus_complexity,
+    )
     return writer.write
 
 
@@ -179,7 +193,7 @@ IMPLS.append(Impl("sphn", sphn_writer, sphn_reader, "encoder: fixed VoIP setting
 # --- workloads ---------------------------------------------------------------------------
 
 SIGNAL = speech_like(RATE, AUDIO_SECONDS)
-FRAMES = [SIGNAL[i:i + FRAME] for i in range(0, len(SIGNAL) - FRAME + 1, FRAME)]
+FRAMES = [SIGNAL[i : i + FRAME] for i in range(0, len(SIGNAL) - FRAME + 1, FRAME)]
 
 
 def client_messages() -> list[bytes]:
@@ -248,18 +262,22 @@ def calibration() -> dict[str, float]:
     def sha256_work() -> None:  # one GIL release per 16 MiB call
         for _ in range(8):
             hashlib.sha256(blob).digest()
-    return {"pure_python": round(max(off_gil_share(pure_python) for _ in range(PROBE_RUNS)), 3),
-            "sha256": round(max(off_gil_share(sha256_work) for _ in range(PROBE_RUNS)), 3)}
+
+    return {
+        "pure_python": round(max(off_gil_share(pure_python) for _ in range(PROBE_RUNS)), 3),
+        "sha256": round(max(off_gil_share(sha256_work) for _ in range(PROBE_RUNS)), 3),
+    }
 
 
 # --- interop -----------------------------------------------------------------------------
+
 
 def _best_corr(x: np.ndarray, y: np.ndarray, max_lag: int = 2400) -> tuple[int, float]:
     """Lag L (|L| < max_lag) where ``y[L + i]`` best matches ``x[i]``, and the correlation there."""
     size = 1 << int(np.ceil(np.log2(len(x) + len(y))))
     corr = np.fft.irfft(np.fft.rfft(y, size) * np.conj(np.fft.rfft(x, size)), size)
     lags = np.r_[np.arange(0, max_lag), np.arange(-max_lag + 1, 0)]
-    lag = int(lags[np.argmax(np.r_[corr[:max_lag], corr[size - max_lag + 1:]])])
+    lag = int(lags[np.argmax(np.r_[corr[:max_lag], corr[size - max_lag + 1 :]])])
     a, b = (x, y[lag:]) if lag >= 0 else (x[-lag:], y)
     n = min(len(a), len(b))
     a, b = a[:n].astype(np.float64), b[:n].astype(np.float64)
@@ -268,8 +286,8 @@ def _best_corr(x: np.ndarray, y: np.ndarray, max_lag: int = 2400) -> tuple[int, 
 
 def interop() -> list[dict[str, object]]:
     rows = []
-    x = SIGNAL[:RATE * 2]
-    frames = [x[i:i + FRAME] for i in range(0, len(x), FRAME)]
+    x = SIGNAL[: RATE * 2]
+    frames = [x[i : i + FRAME] for i in range(0, len(x), FRAME)]
     for w in IMPLS:
         write = w.writer()
         stream = [write(f) for f in frames]
@@ -277,12 +295,21 @@ def interop() -> list[dict[str, object]]:
             feed = r.reader()
             y = np.concatenate([np.asarray(feed(m), np.float32).reshape(-1) for m in stream])
             lag, corr = _best_corr(x, y)
-            rows.append({"writer": w.name, "reader": r.name, "samples": len(y), "lag": lag,
-                         "correlation": round(corr, 3), "ok": corr > 0.8})
+            rows.append(
+                {
+                    "writer": w.name,
+                    "reader": r.name,
+                    "samples": len(y),
+                    "lag": lag,
+                    "correlation": round(corr, 3),
+                    "ok": corr > 0.8,
+                }
+            )
     return rows
 
 
 # --- main --------------------------------------------------------------------------------
+
 
 def main() -> None:
     cpu: dict[tuple[str, str], list[float]] = {}
@@ -302,62 +329,95 @@ def main() -> None:
     rows = []
     for impl in IMPLS:
         enc, dec = (statistics.median(cpu[(impl.name, k)]) for k in ("encode", "decode"))
-        f_enc, f_dec = (min(1.0, max(0.0, *gil[(impl.name, k)])) if probe_valid else None
-                        for k in ("encode", "decode"))
+        f_enc, f_dec = (min(1.0, max(0.0, *gil[(impl.name, k)])) if probe_valid else None for k in ("encode", "decode"))
         held = enc * (1 - f_enc) + dec * (1 - f_dec) if f_enc is not None and f_dec is not None else None
-        rows.append({
-            "impl": impl.name, "note": impl.note,
-            "encode_cpu_ms_per_s": round(enc, 3), "decode_cpu_ms_per_s": round(dec, 3),
-            "encode_cpu_ms_per_s_runs": [round(v, 3) for v in cpu[(impl.name, "encode")]],
-            "decode_cpu_ms_per_s_runs": [round(v, 3) for v in cpu[(impl.name, "decode")]],
-            "total_cpu_ms_per_s": round(enc + dec, 3),
-            "encode_off_gil": None if f_enc is None else round(f_enc, 3),
-            "decode_off_gil": None if f_dec is None else round(f_dec, 3),
-            "gil_held_ms_per_s": None if held is None else round(held, 3),
-            "sessions_per_core": round(1000.0 / (enc + dec), 1),
-            "sessions_per_gil": round(1000.0 / held, 1) if held else None,
-        })
+        rows.append(
+            {
+                "impl": impl.name,
+                "note": impl.note,
+                "encode_cpu_ms_per_s": round(enc, 3),
+                "decode_cpu_ms_per_s": round(dec, 3),
+                "encode_cpu_ms_per_s_runs": [round(v, 3) for v in cpu[(impl.name, "encode")]],
+                "decode_cpu_ms_per_s_runs": [round(v, 3) for v in cpu[(impl.name, "decode")]],
+                "total_cpu_ms_per_s": round(enc + dec, 3),
+                "encode_off_gil": None if f_enc is None else round(f_enc, 3),
+                "decode_off_gil": None if f_dec is None else round(f_dec, 3),
+                "gil_held_ms_per_s": None if held is None else round(held, 3),
+                "sessions_per_core": round(1000.0 / (enc + dec), 1),
+                "sessions_per_gil": round(1000.0 / held, 1) if held else None,
+            }
+        )
 
-    head = (f"{'implementation':<16} {'enc ms/s':>9} {'dec ms/s':>9} {'total':>7} {'enc off-GIL':>11} "
-            f"{'dec off-GIL':>11} {'GIL ms/s':>9} {'sess/core':>10} {'sess/GIL':>9}")
-    print(f"/api/chat codec work per session-second: 24 kHz mono, 80 ms pages, bitrate {SETTINGS.opus_bitrate}, "
-          f"{SETTINGS.opus_application}, complexity {SETTINGS.opus_complexity}; CPU: median of {RUNS} runs, "
-          f"off-GIL: best of {PROBE_RUNS} probes")
+    head = (
+        f"{'implementation':<16} {'enc ms/s':>9} {'dec ms/s':>9} {'total':>7} {'enc off-GIL':>11} "
+        f"{'dec off-GIL':>11} {'GIL ms/s':>9} {'sess/core':>10} {'sess/GIL':>9}"
+    )
+    print(
+        f"/api/chat codec work per session-second: 24 kHz mono, 80 ms pages, bitrate {SETTINGS.opus_bitrate}, "
+        f"{SETTINGS.opus_application}, complexity {SETTINGS.opus_complexity}; CPU: median of {RUNS} runs, "
+        f"off-GIL: best of {PROBE_RUNS} probes"
+    )
     print(head)
+
     def cell(value: float | None, spec: str) -> str:
         return "n/a" if value is None else format(value, spec)
+
     for r in rows:
-        print(f"{r['impl']:<16} {r['encode_cpu_ms_per_s']:>9.2f} {r['decode_cpu_ms_per_s']:>9.2f} "
-              f"{r['total_cpu_ms_per_s']:>7.2f} {cell(r['encode_off_gil'], '.0%'):>11} "
-              f"{cell(r['decode_off_gil'], '.0%'):>11} {cell(r['gil_held_ms_per_s'], '.2f'):>9} "
-              f"{r['sessions_per_core']:>10.1f} {cell(r['sessions_per_gil'], '.1f'):>9}")
+        print(
+            f"{r['impl']:<16} {r['encode_cpu_ms_per_s']:>9.2f} {r['decode_cpu_ms_per_s']:>9.2f} "
+            f"{r['total_cpu_ms_per_s']:>7.2f} {cell(r['encode_off_gil'], '.0%'):>11} "
+            f"{cell(r['decode_off_gil'], '.0%'):>11} {cell(r['gil_held_ms_per_s'], '.2f'):>9} "
+            f"{r['sessions_per_core']:>10.1f} {cell(r['sessions_per_gil'], '.1f'):>9}"
+        )
     if opuslib is None:
         print("opuslib: not installed (pip install opuslib==3.0.1, needs libopus0): row skipped")
-    print(f"probe calibration (off-GIL share): pure Python {calib['pure_python']:.0%}, "
-          f"hashlib.sha256 {calib['sha256']:.0%}" + ("" if probe_valid else
-          " -> no free second core during the probe: off-GIL shares not measurable on this run"))
+    print(
+        f"probe calibration (off-GIL share): pure Python {calib['pure_python']:.0%}, "
+        f"hashlib.sha256 {calib['sha256']:.0%}"
+        + ("" if probe_valid else " -> no free second core during the probe: off-GIL shares not measurable on this run")
+    )
     print("interop (writer -> reader: best-lag correlation with the input):")
     for c in checks:
-        print(f"  {c['writer']:<16} -> {c['reader']:<16} corr {c['correlation']:.3f} lag {c['lag']:>4} "
-              f"{'ok' if c['ok'] else 'FAIL'}")
+        print(
+            f"  {c['writer']:<16} -> {c['reader']:<16} corr {c['correlation']:.3f} lag {c['lag']:>4} "
+            f"{'ok' if c['ok'] else 'FAIL'}"
+        )
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "bench_opus_codecs",
-        "unit": "CPU milliseconds (time.thread_time) per second of one /api/chat session, median of runs",
-        "workload": {"sample_rate": RATE, "frame_ms": FRAME_MS, "audio_seconds": AUDIO_SECONDS,
-                     "bitrate": SETTINGS.opus_bitrate, "application": SETTINGS.opus_application,
-                     "complexity": SETTINGS.opus_complexity, "client_stream": "sphn.OpusStreamWriter pages"},
-        "runs": RUNS, "probe_runs": PROBE_RUNS,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_opus_codecs",
+                "unit": "CPU milliseconds (time.thread_time) per second of one /api/chat session, median of runs",
+                "workload": {
+                    "sample_rate": RATE,
+                    "frame_ms": FRAME_MS,
+                    "audio_seconds": AUDIO_SECONDS,
+                    "bitrate": SETTINGS.opus_bitrate,
+                    "application": SETTINGS.opus_application,
+                    "complexity": SETTINGS.opus_complexity,
+                    "client_stream": "sphn.OpusStreamWriter pages",
+                },
+                "runs": RUNS,
+                "probe_runs": PROBE_RUNS,
+                "machine": {
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
                     "processor": platform.processor() or platform.machine(),
-                    "cpus": len(__import__("os").sched_getaffinity(0))},
-        "gil_method": "probe: off-GIL share = (C_codec + C_spinner - wall) / C_codec, best of probe runs",
-        "off_gil_runs": {f"{name} {kind}": [round(v, 3) for v in values] for (name, kind), values in gil.items()},
-        "calibration_off_gil": calib,
-        "results": rows,
-        "interop": checks,
-    }, indent=2) + "\n")
+                    "cpus": len(__import__("os").sched_getaffinity(0)),
+                },
+                "gil_method": "probe: off-GIL share = (C_codec + C_spinner - wall) / C_codec, best of probe runs",
+                "off_gil_runs": {
+                    f"{name} {kind}": [round(v, 3) for v in values] for (name, kind), values in gil.items()
+                },
+                "calibration_off_gil": calib,
+                "results": rows,
+                "interop": checks,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {RESULTS}")
     if not all(c["ok"] for c in checks):
         sys.exit(1)

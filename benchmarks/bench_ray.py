@@ -99,8 +99,9 @@ class _Session:
 
 
 async def _drive(engines, mode: str, sessions: int, duration_s: float, warmup_s: float, engine_pid: int) -> Row:
-    opened = [_Session(await engines.session_engine.open_session(f"bench-{i}", SessionOptions()))
-              for i in range(sessions)]
+    opened = [
+        _Session(await engines.session_engine.open_session(f"bench-{i}", SessionOptions())) for i in range(sessions)
+    ]
     readers = [asyncio.create_task(s.read()) for s in opened]
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -132,10 +133,16 @@ async def _drive(engines, mode: str, sessions: int, duration_s: float, warmup_s:
         task.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
     frames = sum(pushed)
-    return Row(mode, sessions, frames, max(0, frames - len(latencies)),
-               float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
-               float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
-               cpu_front / max(1, frames) * 1e6, cpu_engine / max(1, frames) * 1e6)
+    return Row(
+        mode,
+        sessions,
+        frames,
+        max(0, frames - len(latencies)),
+        float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
+        float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
+        cpu_front / max(1, frames) * 1e6,
+        cpu_engine / max(1, frames) * 1e6,
+    )
 
 
 async def _unix(config: ServerConfig, sessions: int, duration_s: float, warmup_s: float) -> Row:
@@ -143,14 +150,19 @@ async def _unix(config: ServerConfig, sessions: int, duration_s: float, warmup_s
     folder = tempfile.mkdtemp(prefix="rtserve-bench-")
     path = os.path.join(folder, "engine.sock")
     child = multiprocessing.get_context("spawn").Process(
-        target=engine_main.run, args=(config.model_dump(mode="json"), path, os.getpid()))
+        target=engine_main.run, args=(config.model_dump(mode="json"), path, os.getpid())
+    )
     child.start()
     try:
         while not os.path.exists(path):
             await asyncio.sleep(0.05)
         settings = config.engine_link
-        link = EngineLink(lambda: asyncio.open_unix_connection(path), 0, uplink_lead_s=settings.uplink_lead_ms / 1000,
-                          uplink_last_call_s=settings.uplink_last_call_ms / 1000)
+        link = EngineLink(
+            lambda: asyncio.open_unix_connection(path),
+            0,
+            uplink_lead_s=settings.uplink_lead_ms / 1000,
+            uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+        )
         link.start()
         await link.connected.wait()
         assert link.offer is not None
@@ -173,9 +185,17 @@ async def _ray(config: ServerConfig, sessions: int, duration_s: float, warmup_s:
 
     from rtserve.cluster.frontend import cluster_engines
 
-    config.cluster = config.cluster.model_copy(update={
-        "address": "local", "namespace": "rtserve-bench", "engine_prefix": f"bench-{sessions}", "engines": 1,
-        "engine_num_cpus": 1, "secret": os.urandom(16).hex(), "engine_host": "127.0.0.1"})
+    config.cluster = config.cluster.model_copy(
+        update={
+            "address": "local",
+            "namespace": "rtserve-bench",
+            "engine_prefix": f"bench-{sessions}",
+            "engines": 1,
+            "engine_num_cpus": 1,
+            "secret": os.urandom(16).hex(),
+            "engine_host": "127.0.0.1",
+        }
+    )
     engines = await cluster_engines(config, CollectorRegistry(), worker_index=0)
     actor = ray.get_actor(f"bench-{sessions}-0", namespace="rtserve-bench")
     try:
@@ -200,8 +220,10 @@ async def _main(args: argparse.Namespace) -> list[Row]:
 
 
 def _format(row: Row) -> str:
-    return (f"{row.mode:<30} {row.sessions:>5} {row.frames:>8} {row.lost:>6} {row.p50_ms:>8.1f} {row.p99_ms:>8.1f} "
-            f"{row.front_end_us_per_frame:>12.1f} {row.engine_us_per_frame:>12.1f}")
+    return (
+        f"{row.mode:<30} {row.sessions:>5} {row.frames:>8} {row.lost:>6} {row.p50_ms:>8.1f} {row.p99_ms:>8.1f} "
+        f"{row.front_end_us_per_frame:>12.1f} {row.engine_us_per_frame:>12.1f}"
+    )
 
 
 def main() -> None:
@@ -210,11 +232,14 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["unix", "ray"], default=["unix", "ray"])
     parser.add_argument("--duration", type=float, default=20.0, help="steady window, seconds")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "bench_ray.json"),
-                        help="where the rows are written")
+    parser.add_argument(
+        "--json", default=str(Path(__file__).parent / "results" / "bench_ray.json"), help="where the rows are written"
+    )
     args = parser.parse_args()
-    print(f"{'mode':<30} {'N':>5} {'frames':>8} {'lost':>6} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'front us/fr':>12} {'engine us/fr':>12}")
+    print(
+        f"{'mode':<30} {'N':>5} {'frames':>8} {'lost':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'front us/fr':>12} {'engine us/fr':>12}"
+    )
     try:
         rows = asyncio.run(_main(args))
     finally:
@@ -224,8 +249,9 @@ def main() -> None:
             ray.shutdown()
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
-                               "rows": [asdict(r) for r in rows]}, indent=2))
+    out.write_text(
+        json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "rows": [asdict(r) for r in rows]}, indent=2)
+    )
 
 
 if __name__ == "__main__":

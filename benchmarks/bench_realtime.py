@@ -55,10 +55,15 @@ DRAIN_S = 1.0  # after the senders stop, wait this long for the last echoes
 # numbers must never be the quietest thing in the stream (trims are reported on their own).
 MARK = (24242, -24242)
 _SEQ_BASE = 8192  # seq digits are stored as 8192 + (0..8191): louder than the 1000-level fill
-ENGINE_COUNTERS = ("rtserve_lockstep_underruns_total", "rtserve_lockstep_dropped_input_frames_total",
-                   "rtserve_lockstep_dropped_output_frames_total", "rtserve_lockstep_overruns_total",
-                   "rtserve_lockstep_catch_up_ticks_total", "rtserve_lockstep_skipped_deadlines_total",
-                   "rtserve_lockstep_trimmed_input_samples_total")
+ENGINE_COUNTERS = (
+    "rtserve_lockstep_underruns_total",
+    "rtserve_lockstep_dropped_input_frames_total",
+    "rtserve_lockstep_dropped_output_frames_total",
+    "rtserve_lockstep_overruns_total",
+    "rtserve_lockstep_catch_up_ticks_total",
+    "rtserve_lockstep_skipped_deadlines_total",
+    "rtserve_lockstep_trimmed_input_samples_total",
+)
 
 
 @dataclass
@@ -121,8 +126,9 @@ def echoed_seqs(payload: str) -> list[int]:
     return [(int(pcm[i]) - _SEQ_BASE) | ((int(pcm[i + 1]) - _SEQ_BASE) << 13) for i in at]
 
 
-async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, stop_at: float,
-                     log: ClientLog, append_s: float) -> None:
+async def run_client(
+    http: aiohttp.ClientSession, url: str, start_at: float, stop_at: float, log: ClientLog, append_s: float
+) -> None:
     loop = asyncio.get_running_loop()
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
@@ -165,28 +171,44 @@ async def run_client(http: aiohttp.ClientSession, url: str, start_at: float, sto
                 log.errors.append(f"receiver ended: {receiver.exception()!r}")
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
-    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         log.errors.append(f"{type(exc).__name__}: {exc}")
 
 
 async def run_clients(url: str, starts: list[float], stop_at: float, append_s: float) -> list[ClientLog]:
     logs = [ClientLog() for _ in starts]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await asyncio.gather(*(run_client(http, url, start, stop_at, log, append_s) for start, log in zip(starts, logs)))
+        await asyncio.gather(
+            *(run_client(http, url, start, stop_at, log, append_s) for start, log in zip(starts, logs))
+        )
     return logs
 
 
-def shard(url: str, starts: list[float], stop_at: float, append_s: float,
-          window: tuple[float, float]) -> ShardResult[ClientLog]:
+def shard(
+    url: str, starts: list[float], stop_at: float, append_s: float, window: tuple[float, float]
+) -> ShardResult[ClientLog]:
     """One load-generator process: its sessions, each at its own phase."""
     return run_shard(lambda: run_clients(url, starts, stop_at, append_s), window)
 
 
-async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, delay_frames: int,
-              append_ms: int, client_procs: int) -> Result:
-    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions), "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
-                            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}, name="bench_realtime",
-                           workers=workers)
+async def run(
+    workers: int,
+    sessions: int,
+    duration_s: float,
+    warmup_s: float,
+    delay_frames: int,
+    append_ms: int,
+    client_procs: int,
+) -> Result:
+    server = ServerProcess(
+        {
+            "RTSERVE_LOCKSTEP__BATCH_SIZE": str(sessions),
+            "RTSERVE_SESSIONS__MAX_SESSIONS": str(sessions),
+            "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames),
+        },
+        name="bench_realtime",
+        workers=workers,
+    )
     try:
         async with aiohttp.ClientSession() as http:
             await server.wait_ready(http)
@@ -196,9 +218,15 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
             stop_at = start_at + warmup_s + duration_s
             window = (start_at + warmup_s, stop_at)
             ranges = split(sessions, client_procs)
-            shards = asyncio.create_task(gather_shards(shard, [
-                (url, [start_at + PERIOD_S * i / sessions for i in indices], stop_at, append_ms / 1000, window)
-                for indices in ranges]))
+            shards = asyncio.create_task(
+                gather_shards(
+                    shard,
+                    [
+                        (url, [start_at + PERIOD_S * i / sessions for i in indices], stop_at, append_ms / 1000, window)
+                        for indices in ranges
+                    ],
+                )
+            )
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             cpu_before, counters_before = server.cpu_by_process(), await scrape(http, server.base)
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
@@ -234,56 +262,94 @@ async def run(workers: int, sessions: int, duration_s: float, warmup_s: float, d
     first = lat[at < window_start + 5]
     last = lat[at >= stop_at - 5]
     return Result(
-        workers=workers, append_ms=append_ms, sessions=sessions, duration_s=duration_s, warmup_s=warmup_s, loopback_delay_frames=delay_frames,
-        frames_sent=sent, frames_back=back, lost=lost, duplicates=sum(log.duplicates for log in logs),
-        latency_p50_ms=float(np.percentile(lat, 50)), latency_p99_ms=float(np.percentile(lat, 99)),
-        latency_max_ms=float(lat.max()), server_path_p50_ms=float(np.percentile(lat, 50)) - delay_ms,
+        workers=workers,
+        append_ms=append_ms,
+        sessions=sessions,
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        loopback_delay_frames=delay_frames,
+        frames_sent=sent,
+        frames_back=back,
+        lost=lost,
+        duplicates=sum(log.duplicates for log in logs),
+        latency_p50_ms=float(np.percentile(lat, 50)),
+        latency_p99_ms=float(np.percentile(lat, 99)),
+        latency_max_ms=float(lat.max()),
+        server_path_p50_ms=float(np.percentile(lat, 50)) - delay_ms,
         server_path_p99_ms=float(np.percentile(lat, 99)) - delay_ms,
         queued_ticks_pct=queued,
-        latency_p50_first_last_5s_ms=(float(np.median(first)) if first.size else float("nan"),
-                                      float(np.median(last)) if last.size else float("nan")),
+        latency_p50_first_last_5s_ms=(
+            float(np.median(first)) if first.size else float("nan"),
+            float(np.median(last)) if last.size else float("nan"),
+        ),
         send_lag_p99_ms=float(np.percentile(lags, 99)) if lags else float("nan"),
         server_cpu_pct=100 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         busiest_process_pct=server.busiest_pct(cpu_before, cpu_after, measured_s),
-        engine_process_pct=100 * (counters_after.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)
-                                  - counters_before.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)) / measured_s,
+        engine_process_pct=100
+        * (
+            counters_after.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)
+            - counters_before.get(ENGINE_PROCESS + "process_cpu_seconds_total", 0.0)
+        )
+        / measured_s,
         client_cpu_pct=100 * sum(r.cpu_s for r in results) / measured_s,
         busiest_client_pct=100 * max(r.cpu_s for r in results) / measured_s,
         loop_lag_max_ms=histogram_max(counters_before, counters_after, "rtserve_event_loop_lag_seconds") * 1e3,
-        engine_loop_lag_max_ms=histogram_max(counters_before, counters_after,
-                                             ENGINE_PROCESS + "rtserve_event_loop_lag_seconds") * 1e3,
-        gc_max_ms=tuple(histogram_max(counters_before, counters_after, "rtserve_gc_pause_seconds",
-                                      f'generation="{generation}"') * 1e3 for generation in (1, 2)),
-        engine_counters={k.removeprefix("rtserve_lockstep_").removesuffix("_total"):
-                         counters_after.get(k, 0.0) - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS},
+        engine_loop_lag_max_ms=histogram_max(
+            counters_before, counters_after, ENGINE_PROCESS + "rtserve_event_loop_lag_seconds"
+        )
+        * 1e3,
+        gc_max_ms=tuple(
+            histogram_max(counters_before, counters_after, "rtserve_gc_pause_seconds", f'generation="{generation}"')
+            * 1e3
+            for generation in (1, 2)
+        ),
+        engine_counters={
+            k.removeprefix("rtserve_lockstep_").removesuffix("_total"): counters_after.get(k, 0.0)
+            - counters_before.get(k, 0.0)
+            for k in ENGINE_COUNTERS
+        },
         error_events=sum(len(log.errors) for log in logs),
-        error_codes=dict(Counter(e.split(':')[0][:60] for log in logs for e in log.errors)),
-        failed_sessions=sum(not log.sent for log in logs))
+        error_codes=dict(Counter(e.split(":")[0][:60] for log in logs for e in log.errors)),
+        failed_sessions=sum(not log.sent for log in logs),
+    )
 
 
 def print_table(results: list[Result]) -> None:
     """One column per run (worker counts side by side)."""
+
     def rows(r: Result) -> list[tuple[str, str]]:
         return [
             ("workers / sessions / append", f"{r.workers} / {r.sessions} / {r.append_ms} ms"),
             ("frames sent / back", f"{r.frames_sent} / {r.frames_back}"),
             ("lost / duplicate", f"{r.lost} / {r.duplicates}"),
             ("latency p50 / p99 / max", f"{r.latency_p50_ms:.1f} / {r.latency_p99_ms:.1f} / {r.latency_max_ms:.1f} ms"),
-            (f"server path p50 / p99 (minus {r.loopback_delay_frames}-frame delay)",
-             f"{r.server_path_p50_ms:.1f} / {r.server_path_p99_ms:.1f} ms"),
+            (
+                f"server path p50 / p99 (minus {r.loopback_delay_frames}-frame delay)",
+                f"{r.server_path_p50_ms:.1f} / {r.server_path_p99_ms:.1f} ms",
+            ),
             ("echoes by extra ticks waited (0, 1, ...)", " / ".join(f"{v:.0f}%" for v in r.queued_ticks_pct.values())),
             ("latency p50 first 5 s / last 5 s", "{:.1f} / {:.1f} ms".format(*r.latency_p50_first_last_5s_ms)),
-            ("underruns / dropped in / overruns / catch-up",
-             " / ".join(f"{r.engine_counters[k]:.0f}" for k in ("underruns", "dropped_input_frames", "overruns",
-                                                               "catch_up_ticks"))),
-            ("input trimmed (standing latency, all sessions)",
-             f"{r.engine_counters['trimmed_input_samples'] * 1000 / RATE:.0f} ms"),
+            (
+                "underruns / dropped in / overruns / catch-up",
+                " / ".join(
+                    f"{r.engine_counters[k]:.0f}"
+                    for k in ("underruns", "dropped_input_frames", "overruns", "catch_up_ticks")
+                ),
+            ),
+            (
+                "input trimmed (standing latency, all sessions)",
+                f"{r.engine_counters['trimmed_input_samples'] * 1000 / RATE:.0f} ms",
+            ),
             ("client send lag p99", f"{r.send_lag_p99_ms:.1f} ms"),
-            ("server CPU all / busiest / engine process",
-             f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / {r.engine_process_pct:.0f} % of one core"),
+            (
+                "server CPU all / busiest / engine process",
+                f"{r.server_cpu_pct:.0f} / {r.busiest_process_pct:.0f} / {r.engine_process_pct:.0f} % of one core",
+            ),
             ("client CPU all / busiest process", f"{r.client_cpu_pct:.0f} / {r.busiest_client_pct:.0f} % of one core"),
-            ("worst event-loop stall, any server process / engine process",
-             f"{r.loop_lag_max_ms:.0f} / {r.engine_loop_lag_max_ms:.0f} ms (highest bucket reached)"),
+            (
+                "worst event-loop stall, any server process / engine process",
+                f"{r.loop_lag_max_ms:.0f} / {r.engine_loop_lag_max_ms:.0f} ms (highest bucket reached)",
+            ),
             ("longest collection, generation 1 / 2 (full)", f"{r.gc_max_ms[0]:.1f} / {r.gc_max_ms[1]:.1f} ms"),
             ("error events / failed sessions", f"{r.error_events} / {r.failed_sessions}"),
             ("error codes", ", ".join(f"{k} {v}" for k, v in r.error_codes.items()) or "-"),
@@ -293,7 +359,9 @@ def print_table(results: list[Result]) -> None:
     names = [name for name, _ in table[0]]
     width = max(len(n) for n in names)
     cols = [max(len(v) for _, v in col) for col in table]
-    print("| " + " | ".join([f"{'metric':<{width}}", *(f"{'run ' + str(i + 1):<{w}}" for i, w in enumerate(cols))]) + " |")
+    print(
+        "| " + " | ".join([f"{'metric':<{width}}", *(f"{'run ' + str(i + 1):<{w}}" for i, w in enumerate(cols))]) + " |"
+    )
     print("| " + " | ".join(["-" * width, *("-" * w for w in cols)]) + " |")
     for k, name in enumerate(names):
         print("| " + " | ".join([f"{name:<{width}}", *(f"{col[k][1]:<{w}}" for col, w in zip(table, cols))]) + " |")
@@ -302,26 +370,56 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1],
-                        help="front-end worker counts to compare side by side (1 = one process)")
-    parser.add_argument("--append-ms", type=int, default=80, choices=(20, 40, 80),
-                        help="audio per input_audio_buffer.append (each sent on its own schedule)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="front-end worker counts to compare side by side (1 = one process)",
+    )
+    parser.add_argument(
+        "--append-ms",
+        type=int,
+        default=80,
+        choices=(20, 40, 80),
+        help="audio per input_audio_buffer.append (each sent on its own schedule)",
+    )
     parser.add_argument("--duration", type=float, default=30.0, help="steady-state seconds measured")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback delay of the server's engine")
-    parser.add_argument("--client-procs", type=int, default=1,
-                        help="load generator processes (one process tops out near 256 paced sessions)")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load generator processes (one process tops out near 256 paced sessions)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_realtime.json"))
     args = parser.parse_args()
-    results = [asyncio.run(run(workers, args.sessions, args.duration, args.warmup, args.delay_frames, args.append_ms,
-                           args.client_procs))
-               for workers in args.workers]
+    results = [
+        asyncio.run(
+            run(
+                workers, args.sessions, args.duration, args.warmup, args.delay_frames, args.append_ms, args.client_procs
+            )
+        )
+        for workers in args.workers
+    ]
     print_table(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "bench_realtime", "machine": {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "results": [asdict(r) for r in results]}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_realtime",
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "results": [asdict(r) for r in results],
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0 if all(r.lost == 0 and r.failed_sessions == 0 for r in results) else 1
 

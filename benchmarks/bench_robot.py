@@ -87,8 +87,9 @@ async def _batch_counters(http: aiohttp.ClientSession, base: str) -> tuple[float
     return values["rtserve_robot_batch_size_count"], values["rtserve_robot_batch_size_sum"]
 
 
-async def _robot(http: aiohttp.ClientSession, url: str, index: int, rate_hz: float, stop_at: float,
-                 phase_s: float, log: RobotLog) -> None:
+async def _robot(
+    http: aiohttp.ClientSession, url: str, index: int, rate_hz: float, stop_at: float, phase_s: float, log: RobotLog
+) -> None:
     frame = msgpack_numpy.packb({**example_observation(index), "session_id": f"robot-{index}"})
     period = 1.0 / rate_hz
     async with http.ws_connect(url, max_msg_size=0, compress=0) as ws:
@@ -120,14 +121,22 @@ async def _robot(http: aiohttp.ClientSession, url: str, index: int, rate_hz: flo
             log.late += rtt > period
 
 
-async def _run_point(http: aiohttp.ClientSession, server: ServerProcess, mode: str, robots: int,
-                     rate_hz: float, duration_s: float, rng: random.Random) -> Point:
+async def _run_point(
+    http: aiohttp.ClientSession,
+    server: ServerProcess,
+    mode: str,
+    robots: int,
+    rate_hz: float,
+    duration_s: float,
+    rng: random.Random,
+) -> Point:
     url = server.base.replace("http", "ws") + ROUTE
     logs = [RobotLog() for _ in range(robots)]
     calls_before, served_before = await _batch_counters(http, server.base)
     stop_at = time.perf_counter() + duration_s + WARMUP_STEPS / rate_hz
-    await asyncio.gather(*(_robot(http, url, i, rate_hz, stop_at, rng.uniform(0, 1 / rate_hz), logs[i])
-                           for i in range(robots)))
+    await asyncio.gather(
+        *(_robot(http, url, i, rate_hz, stop_at, rng.uniform(0, 1 / rate_hz), logs[i]) for i in range(robots))
+    )
     calls_after, served_after = await _batch_counters(http, server.base)
     rtt = np.concatenate([log.rtt_ms for log in logs])
     requests = len(rtt)
@@ -135,10 +144,14 @@ async def _run_point(http: aiohttp.ClientSession, server: ServerProcess, mode: s
     if not requests:
         raise RuntimeError(f"no successful replies; server said: {failures}")
     return Point(
-        mode=mode, robots=robots, duration_s=duration_s, requests=requests,
+        mode=mode,
+        robots=robots,
+        duration_s=duration_s,
+        requests=requests,
         errors=sum(log.errors for log in logs),
         achieved_hz_per_robot=requests / duration_s / robots,
-        rtt_p50_ms=float(np.percentile(rtt, 50)), rtt_p99_ms=float(np.percentile(rtt, 99)),
+        rtt_p50_ms=float(np.percentile(rtt, 50)),
+        rtt_p99_ms=float(np.percentile(rtt, 99)),
         queue_p50_ms=float(np.median(np.concatenate([log.queue_ms for log in logs]))),
         policy_p50_ms=float(np.median(np.concatenate([log.policy_ms for log in logs]))),
         batch_mean=(served_after - served_before) / max(1.0, calls_after - calls_before),
@@ -148,21 +161,27 @@ async def _run_point(http: aiohttp.ClientSession, server: ServerProcess, mode: s
 
 
 def _print_table(points: list[Point], rate_hz: float) -> None:
-    header = (f"{'mode':<10} {'robots':>6} {'req/s':>7} {'Hz/robot':>8} {'rtt p50':>8} {'rtt p99':>8} "
-              f"{'queue p50':>9} {'policy p50':>10} {'batch mean':>10} {'batch max':>9} {'late %':>7}")
+    header = (
+        f"{'mode':<10} {'robots':>6} {'req/s':>7} {'Hz/robot':>8} {'rtt p50':>8} {'rtt p99':>8} "
+        f"{'queue p50':>9} {'policy p50':>10} {'batch mean':>10} {'batch max':>9} {'late %':>7}"
+    )
     print(f"\nround trip in ms; late = reply after one {1000 / rate_hz:.1f} ms control period")
     print(header)
     print("-" * len(header))
     for p in points:
-        print(f"{p.mode:<10} {p.robots:>6} {p.requests / p.duration_s:>7.1f} {p.achieved_hz_per_robot:>8.2f} "
-              f"{p.rtt_p50_ms:>8.2f} {p.rtt_p99_ms:>8.2f} {p.queue_p50_ms:>9.2f} {p.policy_p50_ms:>10.2f} "
-              f"{p.batch_mean:>10.2f} {p.batch_max:>9d} {p.late_pct:>7.2f}")
+        print(
+            f"{p.mode:<10} {p.robots:>6} {p.requests / p.duration_s:>7.1f} {p.achieved_hz_per_robot:>8.2f} "
+            f"{p.rtt_p50_ms:>8.2f} {p.rtt_p99_ms:>8.2f} {p.queue_p50_ms:>9.2f} {p.policy_p50_ms:>10.2f} "
+            f"{p.batch_mean:>10.2f} {p.batch_max:>9d} {p.late_pct:>7.2f}"
+        )
 
 
 async def main_async(args: argparse.Namespace) -> dict:
     threads = {"torch_threads": str(args.torch_threads)}
-    modes = [("batched", {"max_batch": str(args.max_batch), "batch_window_ms": str(args.window_ms), **threads}),
-             ("unbatched", {"max_batch": "1", "batch_window_ms": "0", **threads})]
+    modes = [
+        ("batched", {"max_batch": str(args.max_batch), "batch_window_ms": str(args.window_ms), **threads}),
+        ("unbatched", {"max_batch": "1", "batch_window_ms": "0", **threads}),
+    ]
     rng = random.Random(args.seed)
     points: list[Point] = []
     async with aiohttp.ClientSession() as http:
@@ -179,9 +198,15 @@ async def main_async(args: argparse.Namespace) -> dict:
     _print_table(points, args.rate)
     return {
         "benchmark": "bench_robot",
-        "settings": {"duration_s": args.duration, "rate_hz": args.rate, "robots": args.robots,
-                     "batched": modes[0][1], "unbatched": modes[1][1], "policy": "demo (DROID)",
-                     "warmup_steps_per_robot": WARMUP_STEPS},
+        "settings": {
+            "duration_s": args.duration,
+            "rate_hz": args.rate,
+            "robots": args.robots,
+            "batched": modes[0][1],
+            "unbatched": modes[1][1],
+            "policy": "demo (DROID)",
+            "warmup_steps_per_robot": WARMUP_STEPS,
+        },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "points": [asdict(p) for p in points],
     }
@@ -194,8 +219,12 @@ def main() -> None:
     parser.add_argument("--robots", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-batch", type=int, default=32, help="batched mode's robot.max_batch")
     parser.add_argument("--window-ms", type=float, default=2.0, help="batched mode's robot.batch_window_ms")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="server's robot.torch_threads (1: the robots share this machine's cores)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="server's robot.torch_threads (1: the robots share this machine's cores)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="robot phase offsets")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_robot.json")
     args = parser.parse_args()

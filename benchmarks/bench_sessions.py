@@ -32,17 +32,22 @@ from pathlib import Path
 import numpy as np
 
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import (EngineCapabilities, EngineEvent, OutputAudio, ResponseRequest,
-                                       SessionOptions)
+from rtserve.engines.protocols import EngineCapabilities, EngineEvent, OutputAudio, ResponseRequest, SessionOptions
 from rtserve.sessions import RealtimeProjection, SessionHandle, SessionManager
 from rtserve.sessions import commands as cmd
 
 RESULTS = Path(__file__).parent / "results" / "bench_sessions.json"
 BATCH = 32  # events per session per round: well inside the 512-event buffer
 FRAME = np.random.default_rng(0).uniform(-0.5, 0.5, 1920).astype(np.float32)
-CAPABILITIES = EngineCapabilities(name="bench-null", mode="lockstep", input_sample_rate=24000,
-                                  output_sample_rate=24000, chunk_period_ms=80, max_sessions=100_000,
-                                  supports_barge_in=False)
+CAPABILITIES = EngineCapabilities(
+    name="bench-null",
+    mode="lockstep",
+    input_sample_rate=24000,
+    output_sample_rate=24000,
+    chunk_period_ms=80,
+    max_sessions=100_000,
+    supports_barge_in=False,
+)
 
 
 class NullEngineSession:
@@ -92,8 +97,9 @@ class NullEngine:
         return self.sessions[session_id]
 
 
-async def consume(handle: SessionHandle, counts: list[int], index: int, wakeups: dict[int, asyncio.Event],
-                  target: list[int]) -> None:
+async def consume(
+    handle: SessionHandle, counts: list[int], index: int, wakeups: dict[int, asyncio.Event], target: list[int]
+) -> None:
     async for delivery in handle.attachment.deliveries():
         _ = delivery.text  # what a transport would send
         counts[index] += 1
@@ -156,17 +162,37 @@ async def main() -> None:
         for path in ("command", "audio"):
             runs = [await run_once(sessions, path, args.rounds) for _ in range(args.repeats)]
             median = statistics.median(runs)
-            rows.append({"sessions": sessions, "path": path, "us_per_event_median": round(median, 2),
-                         "us_per_event_min": round(min(runs), 2), "events_per_s": round(1e6 / median),
-                         "events_per_run": sessions * args.rounds * BATCH * (1 if path == "command" else 2)})
+            rows.append(
+                {
+                    "sessions": sessions,
+                    "path": path,
+                    "us_per_event_median": round(median, 2),
+                    "us_per_event_min": round(min(runs), 2),
+                    "events_per_s": round(1e6 / median),
+                    "events_per_run": sessions * args.rounds * BATCH * (1 if path == "command" else 2),
+                }
+            )
     print(f"{'sessions':>8} {'path':>8} {'us/event (median)':>18} {'min':>8} {'events/s':>10}")
     for row in rows:
-        print(f"{row['sessions']:>8} {row['path']:>8} {row['us_per_event_median']:>18.2f} "
-              f"{row['us_per_event_min']:>8.2f} {row['events_per_s']:>10}")
+        print(
+            f"{row['sessions']:>8} {row['path']:>8} {row['us_per_event_median']:>18.2f} "
+            f"{row['us_per_event_min']:>8.2f} {row['events_per_s']:>10}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "bench_sessions", "rounds": args.rounds, "repeats": args.repeats, "batch": BATCH,
-        "python": platform.python_version(), "cpus": os.cpu_count(), "results": rows}, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_sessions",
+                "rounds": args.rounds,
+                "repeats": args.repeats,
+                "batch": BATCH,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "results": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
 
 

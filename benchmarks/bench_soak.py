@@ -77,8 +77,13 @@ DRIFT_WINDOW_S = 60.0  # "first minute" vs "last minute" (a quarter of the run w
 # RSS "after warm-up" is sampled past the duplex journals' replay window (sessions.resume_replay_ttl_s,
 # 60 s): until then every duplex session's journal grows by design.
 WARMUP_S = 90.0
-LEFTOVER_GAUGES = ("rtserve_sessions_slots_in_use", "rtserve_lockstep_occupied_slots",
-                   "rtserve_realtime_connections", "rtserve_robot_connections", "rtserve_moshi_open_connections")
+LEFTOVER_GAUGES = (
+    "rtserve_sessions_slots_in_use",
+    "rtserve_lockstep_occupied_slots",
+    "rtserve_realtime_connections",
+    "rtserve_robot_connections",
+    "rtserve_moshi_open_connections",
+)
 WAIT_S = 10.0
 LOOP_PROBE_S = 0.05  # the load generator's own event-loop lag probe
 CLIENT_STALL_S = 0.25  # generator loop lags above this are listed
@@ -189,7 +194,7 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                 await ws.send_json({"type": "session.close"})  # frees the slot now, not after the resume grace
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
-        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             load.errors[f"duplex {type(exc).__name__}"] += 1
             await asyncio.sleep(1.0)
 
@@ -217,8 +222,12 @@ HTTP_REQUESTS: list[tuple[str, str, object, frozenset[int]]] = [
     ("GET", "/health", None, frozenset({200})),
     ("GET", "/v1/models", None, frozenset({200})),
     ("GET", "/metrics", None, frozenset({200})),
-    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-     frozenset({200, 503})),  # 503 model_unavailable: the loopback engine has no LLM
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        frozenset({200, 503}),
+    ),  # 503 model_unavailable: the loopback engine has no LLM
     ("POST", "/v1/chat/completions", {"messages": "not a list"}, frozenset({400})),
 ]
 
@@ -236,7 +245,7 @@ async def http_traffic(http: aiohttp.ClientSession, base: str, rps: float, load:
                 if r.status not in expected:
                     load.errors[f"http {method} {path} {r.status}"] += 1
             load.record("http", started)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             load.errors[f"http {type(exc).__name__}"] += 1
         due += 1 / rps
         await asyncio.sleep(max(0.0, due - loop.time()))
@@ -303,7 +312,7 @@ class Churn:
             try:
                 await asyncio.wait_for(connect(), WAIT_S)
                 self.load.record(f"churn {connect.__name__}", started)
-            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ConnectionError, ValueError) as exc:
                 self.load.errors[f"churn {connect.__name__}: {type(exc).__name__} {str(exc)[:60]}"] += 1
             due += 1 / per_s
             await asyncio.sleep(max(0.0, due - loop.time()))
@@ -314,9 +323,15 @@ class Churn:
 
 async def soak(args: argparse.Namespace) -> dict:
     slots = args.sessions + 16  # the steady sessions and the churn's
-    server = ServerProcess({"RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots), "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots),
-                            "RTSERVE_LOCKSTEP__MAX_INPUT_BACKLOG_MS": str(args.input_backlog_ms)},
-                           name="bench_soak", workers=args.workers)
+    server = ServerProcess(
+        {
+            "RTSERVE_LOCKSTEP__BATCH_SIZE": str(slots),
+            "RTSERVE_SESSIONS__MAX_SESSIONS": str(slots),
+            "RTSERVE_LOCKSTEP__MAX_INPUT_BACKLOG_MS": str(args.input_backlog_ms),
+        },
+        name="bench_soak",
+        workers=args.workers,
+    )
     load = Load(client_held_s=args.input_backlog_ms / 1000 - 2 * PERIOD_S)
     samples: list[tuple[float, list[ProcessSample]]] = []
     try:
@@ -328,22 +343,33 @@ async def soak(args: argparse.Namespace) -> dict:
             load_before = os.getloadavg()
             started = time.monotonic()
             samples.append((0.0, sample_processes(server)))
-            tasks = [asyncio.create_task(duplex_session(http, ws_base + "/v1/realtime?duplex=1", load,
-                                                        PERIOD_S * i / args.sessions, stop))
-                     for i in range(args.sessions)]
+            tasks = [
+                asyncio.create_task(
+                    duplex_session(http, ws_base + "/v1/realtime?duplex=1", load, PERIOD_S * i / args.sessions, stop)
+                )
+                for i in range(args.sessions)
+            ]
             tasks.append(asyncio.create_task(http_traffic(http, server.base, args.http_rps, load, stop)))
             tasks.append(asyncio.create_task(Churn(http, ws_base, load).run(args.churn_per_s, stop)))
             tasks.append(asyncio.create_task(watch_loop(load, stop)))
-            threads = [threading.Thread(target=robot, args=(ws_base + "/v1/realtime/robot/openpi", i, args.robot_hz,
-                                                              load, robots_stop), daemon=True)
-                       for i in range(args.robots)]
+            threads = [
+                threading.Thread(
+                    target=robot,
+                    args=(ws_base + "/v1/realtime/robot/openpi", i, args.robot_hz, load, robots_stop),
+                    daemon=True,
+                )
+                for i in range(args.robots)
+            ]
             for thread in threads:
                 thread.start()
             while (elapsed := time.monotonic() - started) < args.duration:
                 await asyncio.sleep(min(args.sample_s, args.duration - elapsed))
                 samples.append((time.monotonic() - started, sample_processes(server)))
-                print(f"  {samples[-1][0]:6.0f} s  rss {sum(p.rss_mib for p in samples[-1][1]):7.1f} MiB  "
-                      f"fds {sum(p.fds for p in samples[-1][1]):4d}  errors {sum(load.errors.values())}", flush=True)
+                print(
+                    f"  {samples[-1][0]:6.0f} s  rss {sum(p.rss_mib for p in samples[-1][1]):7.1f} MiB  "
+                    f"fds {sum(p.fds for p in samples[-1][1]):4d}  errors {sum(load.errors.values())}",
+                    flush=True,
+                )
             client_cpu = (time.process_time() - client_cpu_before) / (time.monotonic() - started)
             load_after = os.getloadavg()
             stop.set()
@@ -356,17 +382,25 @@ async def soak(args: argparse.Namespace) -> dict:
             samples.append((time.monotonic() - started, sample_processes(server)))
     finally:
         server.stop()
-    engine = {k.removeprefix("rtserve_lockstep_").removesuffix("_total"): counters_after.get(k, 0.0)
-              - counters_before.get(k, 0.0) for k in ENGINE_COUNTERS}
+    engine = {
+        k.removeprefix("rtserve_lockstep_").removesuffix("_total"): counters_after.get(k, 0.0)
+        - counters_before.get(k, 0.0)
+        for k in ENGINE_COUNTERS
+    }
     return report(args, load, samples, leftover) | {
-        "engine_counters": engine, "client_cpu_pct": 100 * client_cpu,
+        "engine_counters": engine,
+        "client_cpu_pct": 100 * client_cpu,
         "server_loop_lags_over_s": server_loop_lags(counters_before, counters_after),
-        "load_average_1_5_15": {"before": [round(v, 2) for v in load_before],
-                                "after": [round(v, 2) for v in load_after]}}
+        "load_average_1_5_15": {
+            "before": [round(v, 2) for v in load_before],
+            "after": [round(v, 2) for v in load_after],
+        },
+    }
 
 
 def server_loop_lags(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """How many of the server's 100 ms loop-lag probes (every process summed) fired later than each bound."""
+
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -380,8 +414,10 @@ async def settle(http: aiohttp.ClientSession, base: str, within_s: float) -> dic
     deadline = time.monotonic() + within_s
     while True:
         metrics = await scrape(http, base)
-        held = {name: sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
-                for name in LEFTOVER_GAUGES}
+        held = {
+            name: sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+            for name in LEFTOVER_GAUGES
+        }
         if not any(held.values()) or time.monotonic() > deadline:
             return held
         await asyncio.sleep(0.5)
@@ -395,13 +431,18 @@ def p99_drift(points: list[tuple[float, float]], run_start: float, duration_s: f
     def p99(values: list[float]) -> float:
         return float(np.percentile(values, 99)) if values else float("nan")
 
-    return {"window_s": window, "first_p99_ms": p99(first), "last_p99_ms": p99(last),
-            "all_p50_ms": float(np.percentile([ms for _, ms in points], 50)) if points else float("nan"),
-            "count": len(points)}
+    return {
+        "window_s": window,
+        "first_p99_ms": p99(first),
+        "last_p99_ms": p99(last),
+        "all_p50_ms": float(np.percentile([ms for _, ms in points], 50)) if points else float("nan"),
+        "count": len(points),
+    }
 
 
-def report(args: argparse.Namespace, load: Load, samples: list[tuple[float, list[ProcessSample]]],
-           leftover: dict[str, float]) -> dict:
+def report(
+    args: argparse.Namespace, load: Load, samples: list[tuple[float, list[ProcessSample]]], leftover: dict[str, float]
+) -> dict:
     run_start = min((t for points in load.latency.values() for t, _ in points), default=0.0)
     warm_at, warm = next(((t, s) for t, s in samples if t >= min(WARMUP_S, args.duration / 2)), samples[-1])
     end_at = samples[-2][0] if len(samples) > 2 else samples[-1][0]  # the last sample under load
@@ -413,21 +454,26 @@ def report(args: argparse.Namespace, load: Load, samples: list[tuple[float, list
         "benchmark": "bench_soak",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "server": {"start": totals(samples[0][1]), "after_warmup": totals(warm) | {"t_s": round(warm_at, 1)},
-                   "end": totals(samples[-1][1]),
-                   "rss_growth_after_warmup_mib_per_min": round(
-                       60 * (totals(samples[-2][1])["rss_mib"] - totals(warm)["rss_mib"]) / max(1.0, end_at - warm_at), 2),
-                   "per_process": {"start": [asdict(p) for p in samples[0][1]],
-                                   "end": [asdict(p) for p in samples[-1][1]]},
-                   "timeline": [{"t_s": round(t, 1), **totals(ps)} for t, ps in samples]},
+        "server": {
+            "start": totals(samples[0][1]),
+            "after_warmup": totals(warm) | {"t_s": round(warm_at, 1)},
+            "end": totals(samples[-1][1]),
+            "rss_growth_after_warmup_mib_per_min": round(
+                60 * (totals(samples[-2][1])["rss_mib"] - totals(warm)["rss_mib"]) / max(1.0, end_at - warm_at), 2
+            ),
+            "per_process": {"start": [asdict(p) for p in samples[0][1]], "end": [asdict(p) for p in samples[-1][1]]},
+            "timeline": [{"t_s": round(t, 1), **totals(ps)} for t, ps in samples],
+        },
         "latency": {kind: p99_drift(points, run_start, args.duration) for kind, points in load.latency.items()},
         "counts": dict(load.counts) | {"duplex chunks sent": load.chunks_sent},
         "duplex_chunks_lost": load.chunks_lost,
         "duplex_chunks_lost_after_client_stall": load.chunks_lost_client_held,
         "client_held_threshold_ms": round(1000 * load.client_held_s),
-        "client_send_lag_ms": {"p99": float(np.percentile(load.send_lag_ms, 99)) if load.send_lag_ms else 0.0,
-                               "max": max(load.send_lag_ms, default=0.0),
-                               "over_threshold": sum(lag > 1000 * load.client_held_s for lag in load.send_lag_ms)},
+        "client_send_lag_ms": {
+            "p99": float(np.percentile(load.send_lag_ms, 99)) if load.send_lag_ms else 0.0,
+            "max": max(load.send_lag_ms, default=0.0),
+            "over_threshold": sum(lag > 1000 * load.client_held_s for lag in load.send_lag_ms),
+        },
         "client_loop_stalls_ms": sorted(load.client_stalls_ms, reverse=True)[:20],
         "client_loop_stall_count": len(load.client_stalls_ms),
         "errors": dict(load.errors.most_common()),
@@ -438,38 +484,75 @@ def report(args: argparse.Namespace, load: Load, samples: list[tuple[float, list
 def print_table(result: dict) -> None:
     s, lag = result["server"], result["client_send_lag_ms"]
     rows = [
-        ("server RSS start / after warm-up / end",
-         f"{s['start']['rss_mib']} / {s['after_warmup']['rss_mib']} / {s['end']['rss_mib']} MiB"),
+        (
+            "server RSS start / after warm-up / end",
+            f"{s['start']['rss_mib']} / {s['after_warmup']['rss_mib']} / {s['end']['rss_mib']} MiB",
+        ),
         ("server RSS growth after warm-up (under load)", f"{s['rss_growth_after_warmup_mib_per_min']} MiB/min"),
-        ("server fds start / after warm-up / end", f"{s['start']['fds']} / {s['after_warmup']['fds']} / {s['end']['fds']}"),
-        *[(f"fds / RSS per process: {p['name']}", f"{p['fds']} fds, {p['rss_mib']:.1f} MiB (end)")
-          for p in s["per_process"]["end"]],
-        *[(f"{kind} p99 first / last {d['window_s']:.0f} s (p50, n)",
-           f"{d['first_p99_ms']:.1f} / {d['last_p99_ms']:.1f} ms ({d['all_p50_ms']:.1f} ms, {d['count']})")
-          for kind, d in result["latency"].items()],
-        ("duplex chunks sent / lost by the server", f"{result['counts']['duplex chunks sent']} / "
-                                                    f"{result['duplex_chunks_lost']}"),
-        (f"duplex chunks lost after a load-generator stall (sent > {result['client_held_threshold_ms']} ms late)",
-         f"{result['duplex_chunks_lost_after_client_stall']}"),
-        ("load generator: send lag p99 / max; chunks sent over that",
-         f"{lag['p99']:.1f} / {lag['max']:.0f} ms; {lag['over_threshold']}"),
-        (f"load generator: loop stalls > {CLIENT_STALL_S * 1000:.0f} ms (longest)",
-         f"{result['client_loop_stall_count']} ({max(result['client_loop_stalls_ms'], default=0):.0f} ms)"),
-        ("server: loop-lag probes later than " + " / ".join(f"{b} s" for b in SERVER_LAG_BUCKETS),
-         " / ".join(f"{v:.0f}" for v in result["server_loop_lags_over_s"].values())),
-        ("engine: underruns / dropped in / dropped out / overruns / catch-up / skipped",
-         " / ".join(f"{result['engine_counters'][k]:.0f}" for k in (
-             "underruns", "dropped_input_frames", "dropped_output_frames", "overruns", "catch_up_ticks",
-             "skipped_deadlines"))),
-        ("engine: input trimmed (repaid or drift-trimmed, quietest first)",
-         f"{result['engine_counters']['trimmed_input_samples'] / RATE:.1f} s of audio"),
-        ("machine load average 1/5/15 min before / after",
-         f"{' '.join(map(str, result['load_average_1_5_15']['before']))} / "
-         f"{' '.join(map(str, result['load_average_1_5_15']['after']))} ({os.cpu_count()} cores)"),
+        (
+            "server fds start / after warm-up / end",
+            f"{s['start']['fds']} / {s['after_warmup']['fds']} / {s['end']['fds']}",
+        ),
+        *[
+            (f"fds / RSS per process: {p['name']}", f"{p['fds']} fds, {p['rss_mib']:.1f} MiB (end)")
+            for p in s["per_process"]["end"]
+        ],
+        *[
+            (
+                f"{kind} p99 first / last {d['window_s']:.0f} s (p50, n)",
+                f"{d['first_p99_ms']:.1f} / {d['last_p99_ms']:.1f} ms ({d['all_p50_ms']:.1f} ms, {d['count']})",
+            )
+            for kind, d in result["latency"].items()
+        ],
+        (
+            "duplex chunks sent / lost by the server",
+            f"{result['counts']['duplex chunks sent']} / {result['duplex_chunks_lost']}",
+        ),
+        (
+            f"duplex chunks lost after a load-generator stall (sent > {result['client_held_threshold_ms']} ms late)",
+            f"{result['duplex_chunks_lost_after_client_stall']}",
+        ),
+        (
+            "load generator: send lag p99 / max; chunks sent over that",
+            f"{lag['p99']:.1f} / {lag['max']:.0f} ms; {lag['over_threshold']}",
+        ),
+        (
+            f"load generator: loop stalls > {CLIENT_STALL_S * 1000:.0f} ms (longest)",
+            f"{result['client_loop_stall_count']} ({max(result['client_loop_stalls_ms'], default=0):.0f} ms)",
+        ),
+        (
+            "server: loop-lag probes later than " + " / ".join(f"{b} s" for b in SERVER_LAG_BUCKETS),
+            " / ".join(f"{v:.0f}" for v in result["server_loop_lags_over_s"].values()),
+        ),
+        (
+            "engine: underruns / dropped in / dropped out / overruns / catch-up / skipped",
+            " / ".join(
+                f"{result['engine_counters'][k]:.0f}"
+                for k in (
+                    "underruns",
+                    "dropped_input_frames",
+                    "dropped_output_frames",
+                    "overruns",
+                    "catch_up_ticks",
+                    "skipped_deadlines",
+                )
+            ),
+        ),
+        (
+            "engine: input trimmed (repaid or drift-trimmed, quietest first)",
+            f"{result['engine_counters']['trimmed_input_samples'] / RATE:.1f} s of audio",
+        ),
+        (
+            "machine load average 1/5/15 min before / after",
+            f"{' '.join(map(str, result['load_average_1_5_15']['before']))} / "
+            f"{' '.join(map(str, result['load_average_1_5_15']['after']))} ({os.cpu_count()} cores)",
+        ),
         ("load generator CPU (one core = 100 %)", f"{result['client_cpu_pct']:.0f} %"),
         ("errors", ", ".join(f"{k}: {v}" for k, v in result["errors"].items()) or "none"),
-        ("held after the load stopped", ", ".join(f"{k.removeprefix('rtserve_')} {v:g}"
-                                                  for k, v in result["held_after_load"].items())),
+        (
+            "held after the load stopped",
+            ", ".join(f"{k.removeprefix('rtserve_')} {v:g}" for k, v in result["held_after_load"].items()),
+        ),
     ]
     width = max(len(name) for name, _ in rows)
     print(f"| {'metric':<{width}} | value |")
@@ -487,11 +570,19 @@ def main() -> int:
     parser.add_argument("--http-rps", type=float, default=5.0, help="HTTP requests per second")
     parser.add_argument("--churn-per-s", type=float, default=2.0, help="short connections per second")
     parser.add_argument("--workers", type=int, default=1, help="front-end worker processes of the server")
-    parser.add_argument("--input-backlog-ms", type=float, default=LockstepConfig().max_input_backlog_ms,
-                        help="the server's lockstep.max_input_backlog_ms")
+    parser.add_argument(
+        "--input-backlog-ms",
+        type=float,
+        default=LockstepConfig().max_input_backlog_ms,
+        help="the server's lockstep.max_input_backlog_ms",
+    )
     parser.add_argument("--sample-s", type=float, default=10.0, help="process sampling period")
-    parser.add_argument("--settle-s", type=float, default=15.0,
-                        help="after the load, how long the server may take to release everything")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=15.0,
+        help="after the load, how long the server may take to release everything",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_soak.json"))
     args = parser.parse_args()
     result = asyncio.run(soak(args))

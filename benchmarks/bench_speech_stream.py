@@ -30,8 +30,10 @@ import websockets
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_process import ROOT, ServerProcess  # noqa: E402
 
-TEXT = ("The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "
-        "were striking thirteen. Call me Ishmael.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "
+    "were striking thirteen. Call me Ishmael."
+)
 
 
 def rss_bytes(pid: int) -> int:
@@ -69,8 +71,11 @@ async def stream_once(base: str, words_per_s: float) -> dict[str, float]:
                 finished = time.perf_counter()
                 break
         await feeding
-    return {"first_audio_after_sentence_s": first_audio - sent_first_sentence,
-            "done_after_input_done_s": finished - done_sent, "audio_s": audio / 2 / 24000}
+    return {
+        "first_audio_after_sentence_s": first_audio - sent_first_sentence,
+        "done_after_input_done_s": finished - done_sent,
+        "audio_s": audio / 2 / 24000,
+    }
 
 
 async def http_once(http: aiohttp.ClientSession, base: str) -> float:
@@ -93,10 +98,16 @@ async def sleep_cycle(http: aiohttp.ClientSession, base: str, pid: int) -> dict[
     async with http.post(f"{base}/v1/omni/wakeup", json={}) as resp:
         woke = await resp.json()
     wake_s = time.perf_counter() - started
-    return {"reported_freed_mb": slept["freed_bytes"] / 2**20, "reported_restored_mb": woke["restored_bytes"] / 2**20,
-            "rss_before_mb": before / 2**20, "rss_asleep_mb": asleep / 2**20,
-            "rss_awake_mb": rss_bytes(pid) / 2**20, "sleep_s": sleep_s, "wake_s": wake_s,
-            **{f"freed_{a['stage']}_mb": a["freed_bytes"] / 2**20 for a in slept["acks"]}}
+    return {
+        "reported_freed_mb": slept["freed_bytes"] / 2**20,
+        "reported_restored_mb": woke["restored_bytes"] / 2**20,
+        "rss_before_mb": before / 2**20,
+        "rss_asleep_mb": asleep / 2**20,
+        "rss_awake_mb": rss_bytes(pid) / 2**20,
+        "sleep_s": sleep_s,
+        "wake_s": wake_s,
+        **{f"freed_{a['stage']}_mb": a["freed_bytes"] / 2**20 for a in slept["acks"]},
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -112,9 +123,14 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         server.stop()
     median = {key: statistics.median(s[key] for s in streams) for key in streams[0]}
     sleep = {key: statistics.median(c[key] for c in cycles) for key in cycles[0]}
-    return {"machine": platform.processor() or platform.machine(), "runs": args.runs,
-            "words_per_s": args.words_per_s, "stream": median, "http_first_byte_s": statistics.median(https),
-            "sleep": sleep}
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "runs": args.runs,
+        "words_per_s": args.words_per_s,
+        "stream": median,
+        "http_first_byte_s": statistics.median(https),
+        "sleep": sleep,
+    }
 
 
 def main() -> int:
@@ -127,11 +143,12 @@ def main() -> int:
     stream, sleep = result["stream"], result["sleep"]
     print(f"{'measure':<52} {'median':>10}")
     for label, value in [
-            ("stream: first audio after the first sentence (s)", stream["first_audio_after_sentence_s"]),
-            ("stream: session.done after input.done (s)", stream["done_after_input_done_s"]),
-            ("stream: audio (s)", stream["audio_s"]),
-            ("POST /v1/audio/speech: first byte, whole text (s)", result["http_first_byte_s"]),
-            *((f"sleep: {key}", value) for key, value in sleep.items())]:
+        ("stream: first audio after the first sentence (s)", stream["first_audio_after_sentence_s"]),
+        ("stream: session.done after input.done (s)", stream["done_after_input_done_s"]),
+        ("stream: audio (s)", stream["audio_s"]),
+        ("POST /v1/audio/speech: first byte, whole text (s)", result["http_first_byte_s"]),
+        *((f"sleep: {key}", value) for key, value in sleep.items()),
+    ]:
         print(f"{label:<52} {value:>10.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -36,14 +36,25 @@ from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.tool_calls import CallGuide
 from rtserve.engines.protocols import ChatMessage, SamplingParams, ToolChoice, ToolSpec
 
-WEATHER = ToolSpec("get_weather", "Get the current weather in a city", {
-    "type": "object", "properties": {"city": {"type": "string"},
-                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"]})
-QUESTIONS = ["What is the weather in Paris?", "Is it raining in Tokyo?", "How warm is it in Cairo today?",
-             "Tell me the weather in Oslo, in fahrenheit.", "Should I take an umbrella in London?"]
-FORCED = SamplingParams(temperature=0.0, max_tokens=64, tools=(WEATHER,), tool_choice=ToolChoice("required",
-                                                                                                 "get_weather"))
+WEATHER = ToolSpec(
+    "get_weather",
+    "Get the current weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+)
+QUESTIONS = [
+    "What is the weather in Paris?",
+    "Is it raining in Tokyo?",
+    "How warm is it in Cairo today?",
+    "Tell me the weather in Oslo, in fahrenheit.",
+    "Should I take an umbrella in London?",
+]
+FORCED = SamplingParams(
+    temperature=0.0, max_tokens=64, tools=(WEATHER,), tool_choice=ToolChoice("required", "get_weather")
+)
 DEFAULT_RESULTS = Path(__file__).parent / "results" / "bench_tool_calls.json"
 
 
@@ -56,9 +67,14 @@ async def timed(engine: CascadeEngine, question: str, params: SamplingParams) ->
         last = delta
     total = time.perf_counter() - started
     assert last is not None and first is not None
-    return {"first_delta_ms": 1000 * first, "total_ms": 1000 * total, "prompt_tokens": last.prompt_tokens,
-            "tokens": last.completion_tokens, "ms_per_token": 1000 * total / last.completion_tokens,
-            "finish": last.finish_reason}
+    return {
+        "first_delta_ms": 1000 * first,
+        "total_ms": 1000 * total,
+        "prompt_tokens": last.prompt_tokens,
+        "tokens": last.completion_tokens,
+        "ms_per_token": 1000 * total / last.completion_tokens,
+        "finish": last.finish_reason,
+    }
 
 
 def mask_us(engine: CascadeEngine, repeats: int = 200) -> float:
@@ -98,26 +114,41 @@ async def main() -> None:
     def median(rows: list[dict[str, float]], key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    table = {name: {key: median(rows, key) for key in ("first_delta_ms", "total_ms", "prompt_tokens", "tokens",
-                                                       "ms_per_token")}
-             for name, rows in (("free", free), ("forced", forced))}
+    table = {
+        name: {
+            key: median(rows, key) for key in ("first_delta_ms", "total_ms", "prompt_tokens", "tokens", "ms_per_token")
+        }
+        for name, rows in (("free", free), ("forced", forced))
+    }
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_1m_at_end": os.getloadavg()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m_at_end": os.getloadavg()[0],
+        },
         "versions": {name: metadata.version(name) for name in ("llguidance", "torch", "transformers")},
         "config": {"cpu_threads": config.models.cpu_threads, "questions": len(QUESTIONS)},
-        "first_forced_request": first_forced, "median": table, "mask_us_per_token": per_token_mask_us,
-        "forced_runs": forced, "free_runs": free,
+        "first_forced_request": first_forced,
+        "median": table,
+        "mask_us_per_token": per_token_mask_us,
+        "forced_runs": forced,
+        "free_runs": free,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
-    print(f"{'median over ' + str(len(QUESTIONS)) + ' questions':<28} {'first delta ms':>15} {'total ms':>9} "
-          f"{'prompt':>7} {'tokens':>7} {'ms/token':>9}")
+    print(
+        f"{'median over ' + str(len(QUESTIONS)) + ' questions':<28} {'first delta ms':>15} {'total ms':>9} "
+        f"{'prompt':>7} {'tokens':>7} {'ms/token':>9}"
+    )
     for name, row in table.items():
-        print(f"  {name:<26} {row['first_delta_ms']:15.0f} {row['total_ms']:9.0f} {row['prompt_tokens']:7.0f} "
-              f"{row['tokens']:7.0f} {row['ms_per_token']:9.1f}")
-    print(f"first forced request of the process: {first_forced['total_ms']:.0f} ms; mask alone "
-          f"{per_token_mask_us:.0f} us/token; load average {result['machine']['load_average_1m_at_end']:.1f}")
+        print(
+            f"  {name:<26} {row['first_delta_ms']:15.0f} {row['total_ms']:9.0f} {row['prompt_tokens']:7.0f} "
+            f"{row['tokens']:7.0f} {row['ms_per_token']:9.1f}"
+        )
+    print(
+        f"first forced request of the process: {first_forced['total_ms']:.0f} ms; mask alone "
+        f"{per_token_mask_us:.0f} us/token; load average {result['machine']['load_average_1m_at_end']:.1f}"
+    )
     print(f"wrote {args.json}")
 
 

@@ -56,9 +56,11 @@ TONE_S = 0.3
 BURST_PERIOD_S = 2  # longer than any echo delay: each echo matches its own burst
 MAX_LATE_SHARE = 0.01
 LATE_ARRIVAL_S = 0.1
-SERVER_COUNTERS = {"late": "rtserve_webrtc_outbound_late_frames_total",
-                   "dropped_in": "rtserve_webrtc_inbound_dropped_frames_total",
-                   "underruns": "rtserve_lockstep_underruns_total"}
+SERVER_COUNTERS = {
+    "late": "rtserve_webrtc_outbound_late_frames_total",
+    "dropped_in": "rtserve_webrtc_inbound_dropped_frames_total",
+    "underruns": "rtserve_lockstep_underruns_total",
+}
 
 
 class BurstMicrophone(MediaStreamTrack):
@@ -87,7 +89,7 @@ class BurstMicrophone(MediaStreamTrack):
             self.bursts.append(loop.time())
         samples = np.zeros(FRAME, np.int16)
         if offset < len(self._tone):
-            samples[:] = self._tone[offset:offset + FRAME]
+            samples[:] = self._tone[offset : offset + FRAME]
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate, frame.pts, frame.time_base = RATE, self.sent * FRAME, fractions.Fraction(1, RATE)
         self.sent += 1
@@ -105,8 +107,9 @@ class CallLog:
     failed: str = ""
 
 
-async def one_call(http: aiohttp.ClientSession, base: str, measure_from: asyncio.Event, stop: asyncio.Event,
-                   log: CallLog) -> None:
+async def one_call(
+    http: aiohttp.ClientSession, base: str, measure_from: asyncio.Event, stop: asyncio.Event, log: CallLog
+) -> None:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     mic = BurstMicrophone()
     pc.addTrack(mic)
@@ -141,8 +144,9 @@ async def one_call(http: aiohttp.ClientSession, base: str, measure_from: asyncio
     try:
         await pc.setLocalDescription(await pc.createOffer())
         t0 = time.monotonic()
-        async with http.post(f"{base}/v1/realtime/calls", data=pc.localDescription.sdp,
-                             headers={"Content-Type": "application/sdp"}) as resp:
+        async with http.post(
+            f"{base}/v1/realtime/calls", data=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
+        ) as resp:
             if resp.status != 201:
                 log.failed = f"{resp.status} {(await resp.text())[:200]}"
                 return
@@ -204,8 +208,7 @@ def _callers(base: str, calls: int, warmup_s: float, duration_s: float, results:
     results.put(([asdict(log) for log in logs], time.process_time() - cpu0))
 
 
-async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_s: float,
-                   duration_s: float) -> Step:
+async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_s: float, duration_s: float) -> Step:
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = ctx.Queue()
     shares = [calls // client_procs + (i < calls % client_procs) for i in range(client_procs)]
@@ -237,28 +240,55 @@ async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_
     gaps = sum(log.pts_gaps for log in ok)
     late = sum(log.late_arrivals for log in ok)
     late_share = delta["late"] / max(1.0, calls * elapsed / 0.02)
-    held = (len(ok) == calls and gaps == 0 and late == 0 and late_share < MAX_LATE_SHARE
-            and delta["dropped_in"] == 0)
-    return Step(calls=calls, held=held, failed_calls=calls - len(ok),
-                answer_p50_ms=pct([log.answer_s for log in ok], 50), answer_max_ms=pct([log.answer_s for log in ok], 100),
-                first_audio_p50_ms=pct([log.first_audio_s for log in ok], 50),
-                first_audio_max_ms=pct([log.first_audio_s for log in ok], 100),
-                echo_p50_ms=pct([e for log in ok for e in (log.echoes_s or [])], 50),
-                server_cpu_pct=server_cpu, server_cpu_per_call_pct=server_cpu / max(1, calls),
-                client_cpu_pct=100 * client_cpu / (warmup_s + duration_s), pts_gaps=gaps, late_arrivals=late,
-                server_late_frames_pct=100 * late_share, server_dropped_mic_frames=delta["dropped_in"],
-                engine_underruns=delta["underruns"])
+    held = len(ok) == calls and gaps == 0 and late == 0 and late_share < MAX_LATE_SHARE and delta["dropped_in"] == 0
+    return Step(
+        calls=calls,
+        held=held,
+        failed_calls=calls - len(ok),
+        answer_p50_ms=pct([log.answer_s for log in ok], 50),
+        answer_max_ms=pct([log.answer_s for log in ok], 100),
+        first_audio_p50_ms=pct([log.first_audio_s for log in ok], 50),
+        first_audio_max_ms=pct([log.first_audio_s for log in ok], 100),
+        echo_p50_ms=pct([e for log in ok for e in (log.echoes_s or [])], 50),
+        server_cpu_pct=server_cpu,
+        server_cpu_per_call_pct=server_cpu / max(1, calls),
+        client_cpu_pct=100 * client_cpu / (warmup_s + duration_s),
+        pts_gaps=gaps,
+        late_arrivals=late,
+        server_late_frames_pct=100 * late_share,
+        server_dropped_mic_frames=delta["dropped_in"],
+        engine_underruns=delta["underruns"],
+    )
 
 
 def print_table(steps: list[Step]) -> None:
-    header = ["calls", "held", "failed", "answer p50/max ms", "first audio p50/max ms", "echo p50 ms",
-              "server CPU % (per call)", "client CPU %", "gaps (rtp/late)", "server late % / mic drops / underruns"]
-    rows = [[str(s.calls), "yes" if s.held else "NO", str(s.failed_calls),
-             f"{s.answer_p50_ms:.0f} / {s.answer_max_ms:.0f}", f"{s.first_audio_p50_ms:.0f} / {s.first_audio_max_ms:.0f}",
-             f"{s.echo_p50_ms:.0f}", f"{s.server_cpu_pct:.0f} ({s.server_cpu_per_call_pct:.1f})",
-             f"{s.client_cpu_pct:.0f}", f"{s.pts_gaps} / {s.late_arrivals}",
-             f"{s.server_late_frames_pct:.1f} / {s.server_dropped_mic_frames:.0f} / {s.engine_underruns:.0f}"]
-            for s in steps]
+    header = [
+        "calls",
+        "held",
+        "failed",
+        "answer p50/max ms",
+        "first audio p50/max ms",
+        "echo p50 ms",
+        "server CPU % (per call)",
+        "client CPU %",
+        "gaps (rtp/late)",
+        "server late % / mic drops / underruns",
+    ]
+    rows = [
+        [
+            str(s.calls),
+            "yes" if s.held else "NO",
+            str(s.failed_calls),
+            f"{s.answer_p50_ms:.0f} / {s.answer_max_ms:.0f}",
+            f"{s.first_audio_p50_ms:.0f} / {s.first_audio_max_ms:.0f}",
+            f"{s.echo_p50_ms:.0f}",
+            f"{s.server_cpu_pct:.0f} ({s.server_cpu_per_call_pct:.1f})",
+            f"{s.client_cpu_pct:.0f}",
+            f"{s.pts_gaps} / {s.late_arrivals}",
+            f"{s.server_late_frames_pct:.1f} / {s.server_dropped_mic_frames:.0f} / {s.engine_underruns:.0f}",
+        ]
+        for s in steps
+    ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -274,15 +304,20 @@ def main() -> int:
     parser.add_argument("--client-procs", type=int, default=1, help="processes the callers are spread over")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_webrtc.json"))
     args = parser.parse_args()
-    env = {"RTSERVE_WEBRTC__HOST_ADDRESSES": "[127.0.0.1]", "RTSERVE_LOCKSTEP__BATCH_SIZE": str(max(args.calls)),
-           "RTSERVE_SESSIONS__MAX_SESSIONS": str(max(args.calls) + 1),
-           "RTSERVE_WEBRTC__MAX_CALLS": str(max(args.calls) + 1)}
+    env = {
+        "RTSERVE_WEBRTC__HOST_ADDRESSES": "[127.0.0.1]",
+        "RTSERVE_LOCKSTEP__BATCH_SIZE": str(max(args.calls)),
+        "RTSERVE_SESSIONS__MAX_SESSIONS": str(max(args.calls) + 1),
+        "RTSERVE_WEBRTC__MAX_CALLS": str(max(args.calls) + 1),
+    }
     server = ServerProcess(env, engine="loopback", name="bench_webrtc")
     steps: list[Step] = []
     try:
+
         async def ready() -> None:
             async with aiohttp.ClientSession() as http:
                 await server.wait_ready(http)
+
         asyncio.run(ready())
         for calls in args.calls:
             steps.append(asyncio.run(run_step(server, calls, args.client_procs, args.warmup, args.duration)))
@@ -295,9 +330,21 @@ def main() -> int:
     print(f"largest call count held without gaps: {max(held) if held else 0}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "bench_webrtc", "machine": {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "largest_held": max(held) if held else 0, "steps": [asdict(s) for s in steps]}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_webrtc",
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "largest_held": max(held) if held else 0,
+                "steps": [asdict(s) for s in steps],
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -35,6 +35,7 @@ def split(clients: int, shards: int) -> list[range]:
 
 def run_shard(clients: Callable[[], Coroutine[Any, Any, list[Log]]], window: tuple[float, float]) -> ShardResult[Log]:
     """Entry point inside a shard process: run the clients, timing this process's CPU over ``window``."""
+
     async def main() -> ShardResult[Log]:
         cpu: list[float] = []
 
@@ -57,8 +58,9 @@ async def gather_shards(shard: Callable[..., ShardResult[Log]], jobs: list[tuple
     return await in_processes(shard, jobs, len(jobs))
 
 
-async def in_processes(function: Callable[..., Result], jobs: list[tuple[Any, ...]],
-                       processes: int | None = None) -> list[Result]:
+async def in_processes(
+    function: Callable[..., Result], jobs: list[tuple[Any, ...]], processes: int | None = None
+) -> list[Result]:
     """``function(*job)`` for each job, in spawned processes (default: one per core), results in job order."""
     processes = processes or min(len(jobs), os.cpu_count() or 1)
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -76,7 +76,7 @@ def main() -> None:
             row: dict[str, Any] = {"batch": batch, "fill": fill, "span": span}
             row["mimi_encode_ms"] = graph_ms(lambda: mimi.encode(frame.pcm))
             row["temporal_ms"] = graph_ms(lambda: lm.temporal(x))
-            row["lm_step_ms"] = graph_ms(lambda: frame.stream.step(codes[:, :config.user_codebooks], frame.overrides))
+            row["lm_step_ms"] = graph_ms(lambda: frame.stream.step(codes[:, : config.user_codebooks], frame.overrides))
             row["mimi_decode_ms"] = graph_ms(lambda: mimi.decode(codes))
             lm.transformer.span = None
             row["depformer_and_sampling_ms"] = row["lm_step_ms"] - row["temporal_ms"]
@@ -88,12 +88,16 @@ def main() -> None:
         lm.start(0)  # free this batch's KV rings before the next batch allocates its own
         mimi.start(0)
         torch.cuda.empty_cache()
-    print(f"{'B':>4} {'fill':>5} {'encode':>7} {'temporal':>9} {'depf+samp':>10} {'decode':>7} {'temporal GB':>12} "
-          f"{'TB/s':>6}")
+    print(
+        f"{'B':>4} {'fill':>5} {'encode':>7} {'temporal':>9} {'depf+samp':>10} {'decode':>7} {'temporal GB':>12} "
+        f"{'TB/s':>6}"
+    )
     for r in rows:
-        print(f"{r['batch']:>4} {r['fill']:>5} {r['mimi_encode_ms']:>7.2f} {r['temporal_ms']:>9.2f} "
-              f"{r['depformer_and_sampling_ms']:>10.2f} {r['mimi_decode_ms']:>7.2f} {r['temporal_bytes_gb']:>12.1f} "
-              f"{r['temporal_tb_per_s']:>6.2f}")
+        print(
+            f"{r['batch']:>4} {r['fill']:>5} {r['mimi_encode_ms']:>7.2f} {r['temporal_ms']:>9.2f} "
+            f"{r['depformer_and_sampling_ms']:>10.2f} {r['mimi_decode_ms']:>7.2f} {r['temporal_bytes_gb']:>12.1f} "
+            f"{r['temporal_tb_per_s']:>6.2f}"
+        )
     out = Path(os.environ.get("BENCH_OUT", RESULTS))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"ring": args.ring, "rows": rows}, indent=2))

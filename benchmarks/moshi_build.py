@@ -20,13 +20,25 @@ from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.lm_config import LMConfig, MimiConfig
 from rtserve.engines.moshi.mimi import Mimi
 
-TINY_LM = {"dim": 64, "text_card": 128, "n_q": 16, "dep_q": 8, "card": 64, "num_heads": 4, "num_layers": 2,
-           "context": 100, "depformer_dim": 32, "depformer_dim_feedforward": 132, "depformer_num_heads": 2,
-           "depformer_num_layers": 2}
+TINY_LM = {
+    "dim": 64,
+    "text_card": 128,
+    "n_q": 16,
+    "dep_q": 8,
+    "card": 64,
+    "num_heads": 4,
+    "num_layers": 2,
+    "context": 100,
+    "depformer_dim": 32,
+    "depformer_dim_feedforward": 132,
+    "depformer_num_heads": 2,
+    "depformer_num_layers": 2,
+}
 
 
 def lm_kwargs(shape: str) -> dict[str, Any]:
     from moshi.models.loaders import _lm_kwargs
+
     kwargs = dict(_lm_kwargs)
     if shape == "tiny":
         kwargs.update(TINY_LM)
@@ -35,19 +47,22 @@ def lm_kwargs(shape: str) -> dict[str, Any]:
 
 def mimi_config(shape: str, card: int) -> dict[str, Any]:
     from moshi.models.loaders import _mimi_config
+
     cfg = copy.deepcopy(_mimi_config)
     cfg["quantizer"]["bins"] = card
     if shape == "tiny":
         cfg["seanet"].update(dimension=32, n_filters=4)
         cfg["quantizer"].update(dimension=16, input_dimension=32, output_dimension=32, n_q=8)
-        cfg["transformer"].update(d_model=32, num_heads=2, num_layers=1, dim_feedforward=64, input_dimension=32,
-                                  output_dimensions=[32])
+        cfg["transformer"].update(
+            d_model=32, num_heads=2, num_layers=1, dim_feedforward=64, input_dimension=32, output_dimensions=[32]
+        )
     return cfg
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, MoshiLM, Mimi, LMConfig]:
     from moshi.models.lm import LMModel
     from moshi.models.loaders import get_mimi
+
     kwargs = lm_kwargs(shape)
     torch.manual_seed(0)
     ref_lm = LMModel(device=device, dtype=dtype, **kwargs).eval()
@@ -69,9 +84,9 @@ def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, An
             for i in range(n):
                 p = f"quantizer.{part}.vq.layers.{i}._codebook."
                 getattr(mimi.quantizer, part).codebooks[i] = (
-                    state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None])
+                    state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None]
+                )
     return ref_lm.eval(), ref_mimi.eval(), ours.eval(), mimi.eval(), config
-
 
 
 def share_weights(lm: MoshiLM, ref_lm: Any) -> None:

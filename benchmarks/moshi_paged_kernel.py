@@ -27,8 +27,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--fill", type=int, default=1500)
-    parser.add_argument("--variants", default="512x1x32x2,256x1x32x2,3008x1x32x2,512x2x64x2,512x4x64x2,512x1x16x2",
-                        help="ring slots per program x warps x slots per loop step x stages, comma list")
+    parser.add_argument(
+        "--variants",
+        default="512x1x32x2,256x1x32x2,3008x1x32x2,512x2x64x2,512x4x64x2,512x1x16x2",
+        help="ring slots per program x warps x slots per loop step x stages, comma list",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -56,8 +59,9 @@ def main() -> None:
         keys, values = cache.gather(span, torch.bfloat16)
         plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor, dtype=q.dtype)
         want = F.scaled_dot_product_attention(q, keys, values, plan.mask)
-        ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, keys, values, plan.mask),
-                                     return_mode="median")
+        ms = triton.testing.do_bench(
+            lambda: F.scaled_dot_product_attention(q, keys, values, plan.mask), return_mode="median"
+        )
         bf16_bytes = batch * HEADS * span * 2 * DIM * 2
         row["bf16_sdpa"] = {"ms": ms, "tb_s": bf16_bytes / ms / 1e9}
         del keys, values
@@ -67,8 +71,8 @@ def main() -> None:
             got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)
             err = float((got.float() - want.float()).norm() / want.float().norm())
             ms = triton.testing.do_bench(
-                lambda: paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options),
-                return_mode="median")
+                lambda: paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options), return_mode="median"
+            )
             row[variant] = {"ms": ms, "tb_s": int8_bytes / ms / 1e9, "rel_err_vs_sdpa": err}
         rows.append(row)
         print(json.dumps(row), flush=True)

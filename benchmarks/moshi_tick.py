@@ -43,8 +43,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from moshi_build import (build, module_bytes, prefill_ours, prefill_paged, prefill_reference,
-                         set_ours_ring, set_reference_ring, share_weights, sync)
+from moshi_build import (
+    build,
+    module_bytes,
+    prefill_ours,
+    prefill_paged,
+    prefill_reference,
+    set_ours_ring,
+    set_reference_ring,
+    share_weights,
+    sync,
+)
 
 from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep
@@ -54,12 +63,12 @@ from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "moshi_tick.json"
-GIB = 2 ** 30
+GIB = 2**30
 # Headroom left free when deciding whether a configuration's KV ring fits (activations, graph pools).
 FIT_MARGIN_BYTES = 3 * GIB
 # Paged KV: frames per block, and the activation/graph memory left free per row beside the pool.
 PAGED_BLOCK = 64
-PAGED_MARGIN_PER_ROW = 48 * 2 ** 20
+PAGED_MARGIN_PER_ROW = 48 * 2**20
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,8 +76,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def time_frames(step: Callable[[], None], prefill: Callable[[str], str | None], fills: list[str], frames: int,
-                warmup: int, device: torch.device) -> dict[str, dict[str, Any]]:
+def time_frames(
+    step: Callable[[], None],
+    prefill: Callable[[str], str | None],
+    fills: list[str],
+    frames: int,
+    warmup: int,
+    device: torch.device,
+) -> dict[str, dict[str, Any]]:
     """p50/p99 ms per frame at each fill, after ``warmup`` untimed frames per fill (``prefill``
     returns why a fill cannot run, or None)."""
     out: dict[str, dict[str, Any]] = {}
@@ -150,19 +165,29 @@ def paged_kv(lm: MoshiLM, spec: PagedKVSpec | None, context: int) -> Iterator[No
         t.capacity, t.context = saved
 
 
-def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argparse.Namespace,
-             device: torch.device, side: str) -> dict[str, Any]:
+def run_ours(
+    lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argparse.Namespace, device: torch.device, side: str
+) -> dict[str, Any]:
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
     ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV) or
     ours-paged8-unfused (the same with the elementwise glue left to eager kernels, ``fused``)."""
     result: dict[str, Any] = {}
     paged = side.startswith("ours-paged8")
     spec = paged_spec(lm, batch, device) if paged else None
-    with measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)), \
-            paged_kv(lm, spec, lm.config.context), glue_fused(side != "ours-paged8-unfused"):
+    with (
+        measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)),
+        paged_kv(lm, spec, lm.config.context),
+        glue_fused(side != "ours-paged8-unfused"),
+    ):
         bucket = lm.transformer.capacity if side == "ours-fullring" else DEFAULT_SPAN_BUCKET
-        frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch,
-                          graph=side != "ours-eager" and device.type == "cuda", span_bucket=bucket)
+        frame = FrameStep(
+            lm,
+            mimi,
+            SlotSampler(batch, device, SamplingParams()),
+            batch,
+            graph=side != "ours-eager" and device.type == "cuda",
+            span_bucket=bucket,
+        )
         pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
 
         def step() -> None:
@@ -188,15 +213,19 @@ def run_ours(lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argpar
     return result
 
 
-def run_reference(ref_lm: Any, ref_mimi: Any, batch: int, fills: list[str], args: argparse.Namespace,
-                  device: torch.device, side: str) -> dict[str, Any]:
+def run_reference(
+    ref_lm: Any, ref_mimi: Any, batch: int, fills: list[str], args: argparse.Namespace, device: torch.device, side: str
+) -> dict[str, Any]:
     """``side``: reference (as shipped: its norms, RoPE and gating compiled by ``torch.compile``)
     or reference-nocompile (those left eager, as in this file's runs before session 26)."""
     from moshi.models.lm import LMGen
     from moshi.utils.compile import no_compile
+
     result: dict[str, Any] = {}
-    with measured_memory(device, result, module_bytes(ref_lm) + module_bytes(ref_mimi)), \
-            no_compile() if side == "reference-nocompile" else contextlib.nullcontext():
+    with (
+        measured_memory(device, result, module_bytes(ref_lm) + module_bytes(ref_mimi)),
+        no_compile() if side == "reference-nocompile" else contextlib.nullcontext(),
+    ):
         gen = LMGen(ref_lm, use_sampling=False)
         pcm = torch.randn(batch, 1, ref_mimi.frame_size, device=device) * 0.1
 
@@ -255,17 +284,25 @@ def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> d
     def compare(a_run: list[Any], b_run: list[Any]) -> tuple[int, float]:
         same = sum(torch.equal(a[0], b[0]) for a, b in zip(a_run, b_run))
         # NaN counts as the largest error (max() would skip it).
-        err = max(float(((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)).nan_to_num(float("inf")))
-                  for a, b in zip(a_run, b_run))
+        err = max(
+            float(((a[1] - b[1]).norm() / b[1].norm().clamp(min=1e-12)).nan_to_num(float("inf")))
+            for a, b in zip(a_run, b_run)
+        )
         return same, err
 
     silent = sum(not bool(out[1].abs().gt(0).any()) for out in runs[0])
     nonfinite = sum(not bool(out[1].isfinite().all()) for out in runs[0])
     same, err = compare(runs[0], runs[1])
     unfused_same, unfused_err = compare(runs[0], runs[2])
-    return {"frames": frames, "silent_audio_frames": silent, "nonfinite_audio_frames": nonfinite,
-            "identical_token_frames": same, "max_audio_rel_err": err,
-            "unfused_identical_token_frames": unfused_same, "unfused_max_audio_rel_err": unfused_err}
+    return {
+        "frames": frames,
+        "silent_audio_frames": silent,
+        "nonfinite_audio_frames": nonfinite,
+        "identical_token_frames": same,
+        "max_audio_rel_err": err,
+        "unfused_identical_token_frames": unfused_same,
+        "unfused_max_audio_rel_err": unfused_err,
+    }
 
 
 @torch.no_grad()
@@ -275,6 +312,7 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
     divergence. The noise floor beside it: bf16 rings through another attention kernel (the
     math SDPA backend instead of the fused one), i.e. the same precision, other rounding."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     gen = torch.Generator(device="cpu").manual_seed(5)
     inputs = [(torch.randn(batch, mimi.frame_size, generator=gen) * 0.1).to(device) for _ in range(frames)]
     width = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK).width(lm.config.context)
@@ -282,22 +320,28 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
     runs = []
     for spec, backends in ((None, None), (paged, None), (None, [SDPBackend.MATH])):
         with paged_kv(lm, spec, lm.config.context), sdpa_kernel(backends) if backends else contextlib.nullcontext():
-            frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch,
-                              graph=device.type == "cuda")
+            frame = FrameStep(
+                lm, mimi, SlotSampler(batch, device, SamplingParams()), batch, graph=device.type == "cuda"
+            )
             runs.append(torch.stack([frame(pcm).tokens.cpu() for pcm in inputs]))  # [frames, B, 1 + dep_q]
             del frame
             release(lm, mimi, device)
 
     def compare(other: torch.Tensor) -> dict[str, Any]:
         same = (runs[0] == other).all(-1)  # [frames, B]
-        return {"identical_token_frames": float(same.float().mean()),
-                "text_token_agreement": float((runs[0][..., 0] == other[..., 0]).float().mean()),
-                "audio_token_agreement": float((runs[0][..., 1:] == other[..., 1:]).float().mean()),
-                "first_divergence_per_row": [int(np.argmin(col)) if not col.all() else frames
-                                             for col in same.T.numpy()]}
+        return {
+            "identical_token_frames": float(same.float().mean()),
+            "text_token_agreement": float((runs[0][..., 0] == other[..., 0]).float().mean()),
+            "audio_token_agreement": float((runs[0][..., 1:] == other[..., 1:]).float().mean()),
+            "first_divergence_per_row": [int(np.argmin(col)) if not col.all() else frames for col in same.T.numpy()],
+        }
 
-    return {"frames": frames, "batch": batch, "int8_paged_vs_bf16": compare(runs[1]),
-            "bf16_math_sdpa_vs_bf16": compare(runs[2])}
+    return {
+        "frames": frames,
+        "batch": batch,
+        "int8_paged_vs_bf16": compare(runs[1]),
+        "bf16_math_sdpa_vs_bf16": compare(runs[2]),
+    }
 
 
 @torch.no_grad()
@@ -305,6 +349,7 @@ def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
     """GPU kernels one eager frame launches (what a graph replays): the launch-count floor at small B.
     Run after the timings: the profiler's hooks can stay active and slow later launches."""
     from torch.profiler import ProfilerActivity, profile
+
     frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2)
     pcm = torch.zeros(2, mimi.frame_size, device=device)
     frame(pcm)
@@ -322,11 +367,17 @@ def main() -> None:
     parser.add_argument("--shape", choices=("7b", "tiny"), default=None)
     parser.add_argument("--batches", default=None, help="comma list (default 1,16,64,80,128,160,256 on CUDA)")
     parser.add_argument("--rings", default=None, help="KV ring frames, comma list (default 3000,1500)")
-    parser.add_argument("--fills", default=None, help="context fill frames, comma list (default 0,1500,3000,mix1500);"
-                                                       " mixN: rows evenly over 0..2N (paged side only)")
-    parser.add_argument("--sides", default="ours-paged8,ours,reference",
-                        help="ours-paged8, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference, "
-                             "reference-nocompile")
+    parser.add_argument(
+        "--fills",
+        default=None,
+        help="context fill frames, comma list (default 0,1500,3000,mix1500);"
+        " mixN: rows evenly over 0..2N (paged side only)",
+    )
+    parser.add_argument(
+        "--sides",
+        default="ours-paged8,ours,reference",
+        help="ours-paged8, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference, reference-nocompile",
+    )
     parser.add_argument("--agreement-frames", type=int, default=200, help="paged int8 vs bf16 greedy frames (0: skip)")
     parser.add_argument("--agreement-batch", type=int, default=4)
     parser.add_argument("--frames", type=int, default=30)
@@ -350,8 +401,11 @@ def main() -> None:
     gc.collect()
     kv_frame = config.num_layers * 2 * config.dim * torch.finfo(dtype).bits // 8
     check = graph_check(lm, mimi, args.check_frames, device) if cuda and args.check_frames else None
-    agreement = (greedy_agreement(lm, mimi, args.agreement_frames, args.agreement_batch, device)
-                 if args.agreement_frames else None)
+    agreement = (
+        greedy_agreement(lm, mimi, args.agreement_frames, args.agreement_batch, device)
+        if args.agreement_frames
+        else None
+    )
     if agreement is not None:
         print(json.dumps({"greedy_agreement": agreement}), flush=True)
     rows: list[dict[str, Any]] = []
@@ -385,26 +439,39 @@ def main() -> None:
     if agreement is not None:
         for name in ("int8_paged_vs_bf16", "bf16_math_sdpa_vs_bf16"):
             a = agreement[name]
-            print(f"greedy {name}, {agreement['frames']} frames x B={agreement['batch']}: "
-                  f"{a['identical_token_frames']:.1%} identical token frames, text {a['text_token_agreement']:.1%}, "
-                  f"audio {a['audio_token_agreement']:.1%}; first divergence {a['first_divergence_per_row']}")
+            print(
+                f"greedy {name}, {agreement['frames']} frames x B={agreement['batch']}: "
+                f"{a['identical_token_frames']:.1%} identical token frames, text {a['text_token_agreement']:.1%}, "
+                f"audio {a['audio_token_agreement']:.1%}; first divergence {a['first_divergence_per_row']}"
+            )
     if check is not None:
-        print(f"graphed vs eager over {check['frames']} frames: {check['identical_token_frames']} identical token "
-              f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame "
-              f"({check['kernels_per_frame_unfused']} unfused); eager unfused vs fused: "
-              f"{check['unfused_identical_token_frames']} identical token frames, max audio rel err "
-              f"{check['unfused_max_audio_rel_err']:.2e}; eager audio: {check['silent_audio_frames']} silent, "
-              f"{check['nonfinite_audio_frames']} non-finite frames")
-    result = {"shape": shape, "dtype": str(dtype), "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if cuda else None, "frames": args.frames, "warmup": args.warmup,
-              "kv_bytes_per_frame_per_session": kv_frame, "graph_check": check, "greedy_agreement": agreement,
-              "rows": rows}
+        print(
+            f"graphed vs eager over {check['frames']} frames: {check['identical_token_frames']} identical token "
+            f"frames, max audio rel err {check['max_audio_rel_err']:.2e}; {check['kernels_per_frame']} kernels/frame "
+            f"({check['kernels_per_frame_unfused']} unfused); eager unfused vs fused: "
+            f"{check['unfused_identical_token_frames']} identical token frames, max audio rel err "
+            f"{check['unfused_max_audio_rel_err']:.2e}; eager audio: {check['silent_audio_frames']} silent, "
+            f"{check['nonfinite_audio_frames']} non-finite frames"
+        )
+    result = {
+        "shape": shape,
+        "dtype": str(dtype),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "frames": args.frames,
+        "warmup": args.warmup,
+        "kv_bytes_per_frame_per_session": kv_frame,
+        "graph_check": check,
+        "greedy_agreement": agreement,
+        "rows": rows,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
 
 
-def print_table(rows: list[dict[str, Any]], sides: list[str], fills: list[str], shape: str, dtype: torch.dtype,
-                device: torch.device) -> None:
+def print_table(
+    rows: list[dict[str, Any]], sides: list[str], fills: list[str], shape: str, dtype: torch.dtype, device: torch.device
+) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"moshi tick, shape={shape}, dtype={dtype}, device={name}; ms/frame p50/p99 (peak GiB as if alone)")
     header = f"{'ring':>5} {'B':>4} {'fill':>8}" + "".join(f" {side:>24}" for side in sides)

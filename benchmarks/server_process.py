@@ -29,18 +29,46 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, env: dict[str, str], *, engine: str = "loopback", name: str = "bench",
-                 workers: int = 1, config: Path | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        *,
+        engine: str = "loopback",
+        name: str = "bench",
+        workers: int = 1,
+        config: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix=f"{name}_server_", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtserve.cli", "serve", "--engine", engine, "--port", str(self.port),
-             "--log-level", "warning", "--workers", str(workers), *(["--config", str(config)] if config else [])],
-            cwd=ROOT, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "rtserve.cli",
+                "serve",
+                "--engine",
+                engine,
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--workers",
+                str(workers),
+                *(["--config", str(config)] if config else []),
+            ],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 60.0,
-                         probe: Callable[[aiohttp.ClientSession], Awaitable[bool]] | None = None) -> None:
+    async def wait_ready(
+        self,
+        http: aiohttp.ClientSession,
+        timeout_s: float = 60.0,
+        probe: Callable[[aiohttp.ClientSession], Awaitable[bool]] | None = None,
+    ) -> None:
         """Until ``probe`` (default: ``/health`` answers 200) succeeds."""
         probe = probe or self._healthy
         deadline = time.monotonic() + timeout_s
@@ -50,7 +78,7 @@ class ServerProcess:
             try:
                 if await probe(http):
                     return
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             await asyncio.sleep(0.2)
         raise RuntimeError("server did not become ready")
@@ -133,8 +161,11 @@ def histogram_max(before: dict[str, float], after: dict[str, float], name: str, 
     ``labels`` (``generation="2"``) picks one series of a labelled histogram."""
     prefix = name + "_bucket" + ("{" + labels + "," if labels else "")
     worst, previous = 0.0, 0.0
-    for bound, count in sorted((float(re.search(r'le="([^"]+)"', key).group(1)), value - before.get(key, 0.0))
-                               for key, value in after.items() if key.startswith(prefix)):
+    for bound, count in sorted(
+        (float(re.search(r'le="([^"]+)"', key).group(1)), value - before.get(key, 0.0))
+        for key, value in after.items()
+        if key.startswith(prefix)
+    ):
         if count > previous:
             worst = bound
         previous = count

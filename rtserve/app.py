@@ -19,17 +19,17 @@ from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
 from rtserve.web import base_routes, http, moshi, openpi
-from rtserve.web.browser import routes as browser
-from rtserve.web.realtime import routes as realtime
-from rtserve.web.webrtc import routes as webrtc
-from rtserve.web.webrtc.client_secrets import ClientSecrets
 from rtserve.web.auth import auth_middleware
+from rtserve.web.browser import routes as browser
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.context import CTX, AppContext, Engines
 from rtserve.web.errors import error_middleware
 from rtserve.web.peers import Peers
 from rtserve.web.peers import site as peer_site
 from rtserve.web.peers.drain import FrontEndDrain
+from rtserve.web.realtime import routes as realtime
+from rtserve.web.webrtc import routes as webrtc
+from rtserve.web.webrtc.client_secrets import ClientSecrets
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,14 @@ async def _on_cleanup(app: web.Application) -> None:
     await ctx.engines.stop()
 
 
-def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
-              registry: CollectorRegistry | None = None, engines: Engines | None = None,
-              peers: Peers | None = None) -> web.Application:
+def build_app(
+    config: ServerConfig,
+    *,
+    engine: SessionEngine | None = None,
+    registry: CollectorRegistry | None = None,
+    engines: Engines | None = None,
+    peers: Peers | None = None,
+) -> web.Application:
     """The whole front-end app. ``engines``: reach engines that run elsewhere (a worker passes
     ``RemoteEngines``); otherwise they are built here, around ``engine`` when given. ``peers``:
     the other front-ends of this server or cluster (resume relays, the front-end drain route)."""
@@ -76,10 +81,16 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
         middlewares=[error_middleware, auth_middleware(config.api_key, client_secrets.admits)],
         client_max_size=config.transport.max_http_body_bytes,
     )
-    sessions = SessionManager(engines.session_engine, config.sessions, registry=registry,
-                              owner=peers.tag if peers is not None else None)
-    app[CTX] = AppContext(config=config, engines=engines, sessions=sessions,
-                          codecs=CodecExecutor(config.transport.codec_threads), registry=registry)
+    sessions = SessionManager(
+        engines.session_engine, config.sessions, registry=registry, owner=peers.tag if peers is not None else None
+    )
+    app[CTX] = AppContext(
+        config=config,
+        engines=engines,
+        sessions=sessions,
+        codecs=CodecExecutor(config.transport.codec_threads),
+        registry=registry,
+    )
     app[_PROCESS_METRICS] = ProcessMetrics(registry)
     base_routes.setup(app)
     http.setup(app)
@@ -87,8 +98,9 @@ def build_app(config: ServerConfig, *, engine: SessionEngine | None = None,
     moshi.setup(app)
     realtime.setup(app)
     if peers is not None:
-        peer_site.setup(app, peers, app[realtime.SERVICE],
-                        FrontEndDrain(sessions, app[CTX].stop, config.peers.drain_deadline_s))
+        peer_site.setup(
+            app, peers, app[realtime.SERVICE], FrontEndDrain(sessions, app[CTX].stop, config.peers.drain_deadline_s)
+        )
     webrtc.setup(app, client_secrets)
     browser.setup(app)
     app.on_startup.append(_on_startup)

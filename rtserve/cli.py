@@ -31,29 +31,51 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", help="engine serving realtime sessions (default cascade)")
     serve.add_argument("--api-key", dest="api_key", help="require this key on every route")
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--workers", type=int, help="front-end worker processes beside one engine process "
-                                                   "(default: from the CPU count; 1 = one process)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="front-end worker processes beside one engine process (default: from the CPU count; 1 = one process)",
+    )
     serve.add_argument("--ssl-certfile", dest="ssl_certfile", help="PEM certificate (chain): serve HTTPS and WSS")
     serve.add_argument("--ssl-keyfile", dest="ssl_keyfile", help="PEM private key of --ssl-certfile")
-    serve.add_argument("--enable-sleep-mode", dest="enable_sleep_mode", action="store_true", default=None,
-                       help="serve POST /v1/omni/sleep and /v1/omni/wakeup")
-    serve.add_argument("--ray-address", dest="ray_address", help="run the engines as Ray actors on this cluster "
-                                                                 "('auto' or HOST:PORT); needs the 'ray' extra")
-    drain = sub.add_parser("drain", help="drain an engine actor or a front-end of a Ray cluster: no new sessions, "
-                                          "then it leaves")
+    serve.add_argument(
+        "--enable-sleep-mode",
+        dest="enable_sleep_mode",
+        action="store_true",
+        default=None,
+        help="serve POST /v1/omni/sleep and /v1/omni/wakeup",
+    )
+    serve.add_argument(
+        "--ray-address",
+        dest="ray_address",
+        help="run the engines as Ray actors on this cluster ('auto' or HOST:PORT); needs the 'ray' extra",
+    )
+    drain = sub.add_parser(
+        "drain", help="drain an engine actor or a front-end of a Ray cluster: no new sessions, then it leaves"
+    )
     drain.add_argument("--ray-address", dest="ray_address", required=True)
     target = drain.add_mutually_exclusive_group(required=True)
     target.add_argument("--engine", help="engine actor name (cluster.engine_prefix-N)")
-    target.add_argument("--front-end", dest="front_end", help="front-end tag (the part after 'duplex-' in its "
-                                                              "session ids, also in its log), or a host name: every "
-                                                              "front-end on it; needs RTSERVE_CLUSTER__SECRET")
+    target.add_argument(
+        "--front-end",
+        dest="front_end",
+        help="front-end tag (the part after 'duplex-' in its "
+        "session ids, also in its log), or a host name: every "
+        "front-end on it; needs RTSERVE_CLUSTER__SECRET",
+    )
     drain.add_argument("--deadline", type=float, default=300.0, help="seconds its open sessions may go on")
     drain.add_argument("--namespace", default="rtserve", help="Ray namespace of the engine actors")
     return parser
 
 
-async def serve(config: ServerConfig, *, engine_socket: str | None = None, worker_index: int = 0,
-                listener: socket.socket | None = None, peer_folder: str | None = None) -> bool:
+async def serve(
+    config: ServerConfig,
+    *,
+    engine_socket: str | None = None,
+    worker_index: int = 0,
+    listener: socket.socket | None = None,
+    peer_folder: str | None = None,
+) -> bool:
     """Run until SIGTERM/SIGINT or the end of a front-end drain, then stop accepting, close
     sessions, exit. True when it stopped because it was drained.
 
@@ -86,8 +108,11 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     runner = app_runner(app)
     await runner.setup()
     tls = server_ssl_context(config)
-    site = (web.TCPSite(runner, config.host, config.port, ssl_context=tls) if listener is None
-            else web.SockSite(runner, listener, ssl_context=tls))
+    site = (
+        web.TCPSite(runner, config.host, config.port, ssl_context=tls)
+        if listener is None
+        else web.SockSite(runner, listener, ssl_context=tls)
+    )
     await site.start()
     served = app[CTX].engines
     if isinstance(served, EngineSet):  # the models load here, in the background
@@ -95,8 +120,14 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     else:  # a worker: its engines live in the engine process (or Ray actors)
         freeze_long_lived()
     if engine_socket is None:
-        log.info("rtserve %s listening on %s://%s:%d (engine %s)", __version__, "https" if tls else "http",
-                 config.host, config.port, config.engine)
+        log.info(
+            "rtserve %s listening on %s://%s:%d (engine %s)",
+            __version__,
+            "https" if tls else "http",
+            config.host,
+            config.port,
+            config.engine,
+        )
 
     stop = app[CTX].stop  # also set when a front-end drain ends
     loop = asyncio.get_running_loop()
@@ -112,16 +143,21 @@ async def serve(config: ServerConfig, *, engine_socket: str | None = None, worke
     return drained
 
 
-async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index: int,
-                          registry: CollectorRegistry):  # -> RemoteEngines
+async def _remote_engines(
+    config: ServerConfig, engine_socket: str, worker_index: int, registry: CollectorRegistry
+):  # -> RemoteEngines
     from rtserve.engines.remote.client import RemoteEngines
     from rtserve.engines.remote.link import EngineLink
     from rtserve.engines.remote.wire import LinkMetrics
 
     settings = config.engine_link
-    link = EngineLink(lambda: asyncio.open_unix_connection(engine_socket), worker_index,
-                      uplink_lead_s=settings.uplink_lead_ms / 1000, uplink_last_call_s=settings.uplink_last_call_ms / 1000,
-                      metrics=LinkMetrics(registry))
+    link = EngineLink(
+        lambda: asyncio.open_unix_connection(engine_socket),
+        worker_index,
+        uplink_lead_s=settings.uplink_lead_ms / 1000,
+        uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+        metrics=LinkMetrics(registry),
+    )
     link.start()
     await link.connected.wait()  # the engine process answers at once, before its models load
     assert link.offer is not None
@@ -130,6 +166,7 @@ async def _remote_engines(config: ServerConfig, engine_socket: str, worker_index
 
 def _worker_header(worker: str):  # -> aiohttp on_response_prepare signal handler
     """Which worker answered (index:pid): load balancers and tests can tell workers apart."""
+
     async def add(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["X-Rtserve-Worker"] = worker
 
@@ -143,8 +180,20 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging("info")  # its progress and errors go to the log, as the server's do
         return drain(args.ray_address, args.namespace, args.deadline, engine=args.engine, front_end=args.front_end)
-    flags = {k: getattr(args, k) for k in ("host", "port", "engine", "api_key", "log_level", "workers",
-                                          "enable_sleep_mode", "ssl_certfile", "ssl_keyfile")}
+    flags = {
+        k: getattr(args, k)
+        for k in (
+            "host",
+            "port",
+            "engine",
+            "api_key",
+            "log_level",
+            "workers",
+            "enable_sleep_mode",
+            "ssl_certfile",
+            "ssl_keyfile",
+        )
+    }
     if args.ray_address is not None:
         flags["cluster"] = {"address": args.ray_address}
     try:

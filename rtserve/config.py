@@ -28,13 +28,19 @@ class SessionLimits(_Section):
     idle_ttl_s: float | None = Field(300.0, gt=0, description="expire a session idle this long; null disables")
     disconnect_grace_s: float = Field(30.0, ge=0, description="keep a detached session resumable this long")
     max_detached_sessions: int = Field(
-        32, ge=0, description="detached sessions kept resumable at once (they hold admission slots); beyond, the one "
-                              "detached longest ends (detached_limit), so clients that drop connections cannot "
-                              "fill the server")
+        32,
+        ge=0,
+        description="detached sessions kept resumable at once (they hold admission slots); beyond, the one "
+        "detached longest ends (detached_limit), so clients that drop connections cannot "
+        "fill the server",
+    )
     max_session_duration_s: float | None = Field(
-        3600.0, gt=0, description="a turn-based OpenAI Realtime session (not resumable) ends this long after it "
-                                  "opened, as OpenAI's do (error session_expired); idle_ttl_s applies to resumable "
-                                  "(duplex) sessions only: an attached turn-based client may listen silently")
+        3600.0,
+        gt=0,
+        description="a turn-based OpenAI Realtime session (not resumable) ends this long after it "
+        "opened, as OpenAI's do (error session_expired); idle_ttl_s applies to resumable "
+        "(duplex) sessions only: an attached turn-based client may listen silently",
+    )
     reaper_interval_s: float = Field(5.0, gt=0)
     resume_replay_ttl_s: float = Field(60.0, ge=0, description="how long journal entries stay replayable")
     resume_replay_max_bytes_per_session: int = Field(8 * 1024 * 1024, ge=0)
@@ -46,23 +52,42 @@ class SessionLimits(_Section):
     output_reserve_events: int = Field(8, ge=0)
     close_details_max_bytes: int = Field(4 * 1024, ge=256)
     mailbox_size: int = Field(256, ge=1, description="queued commands + engine events per session runner")
-    engine_close_timeout_s: float = Field(5.0, gt=0, description="one engine-session cleanup attempt; the reaper retries")
+    engine_close_timeout_s: float = Field(
+        5.0, gt=0, description="one engine-session cleanup attempt; the reaper retries"
+    )
     input_transcript_timeout_s: float = Field(10.0, gt=0, description="wait for a committed turn's final transcript")
     shutdown_timeout_s: float = Field(10.0, gt=0, description="bound on the graceful drain at SIGTERM")
-    max_instructions_chars: int = Field(32 * 1024, ge=1, description="longest session or response 'instructions'; "
-                                                                     "longer -> invalid_value")
+    max_instructions_chars: int = Field(
+        32 * 1024, ge=1, description="longest session or response 'instructions'; longer -> invalid_value"
+    )
     max_voice_chars: int = Field(256, ge=1, description="longest 'voice' name; longer -> invalid_value")
-    max_output_tokens: int = Field(4096, ge=1, description="largest 'max_output_tokens' a session or response may ask "
-                                                           "for; larger -> invalid_value")
-    max_conversation_items: int = Field(1024, ge=1, description="items a session's conversation holds; a client "
-                                                                "item beyond -> conversation_limit_exceeded")
-    max_conversation_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="UTF-8 text bytes a session's "
-                                        "conversation holds; a client item beyond -> conversation_limit_exceeded")
-    max_speak_chars: int = Field(4096, ge=1, description="longest text a duplex 'response.speak' may ask the engine "
-                                                         "to say; longer -> invalid_value")
-    client_session_ids: bool = Field(True, description="a duplex connection's '?session_id=' names the session it "
-                                     "opens (else ids are always server-allocated and the parameter is refused)")
-    max_session_id_chars: int = Field(128, ge=8, description="longest client-chosen session id; longer -> invalid_value")
+    max_output_tokens: int = Field(
+        4096, ge=1, description="largest 'max_output_tokens' a session or response may ask for; larger -> invalid_value"
+    )
+    max_conversation_items: int = Field(
+        1024,
+        ge=1,
+        description="items a session's conversation holds; a client item beyond -> conversation_limit_exceeded",
+    )
+    max_conversation_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="UTF-8 text bytes a session's "
+        "conversation holds; a client item beyond -> conversation_limit_exceeded",
+    )
+    max_speak_chars: int = Field(
+        4096,
+        ge=1,
+        description="longest text a duplex 'response.speak' may ask the engine to say; longer -> invalid_value",
+    )
+    client_session_ids: bool = Field(
+        True,
+        description="a duplex connection's '?session_id=' names the session it "
+        "opens (else ids are always server-allocated and the parameter is refused)",
+    )
+    max_session_id_chars: int = Field(
+        128, ge=8, description="longest client-chosen session id; longer -> invalid_value"
+    )
 
 
 class TransportLimits(_Section):
@@ -72,28 +97,53 @@ class TransportLimits(_Section):
     max_http_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     ws_heartbeat_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
     max_concurrent_http_generations: int = Field(8, ge=1, description="beyond -> 429, never an unbounded queue")
-    codec_threads: int = Field(2, ge=1, description="the app's codec executor: threads shared by every route for "
-                                                     "codec work (Opus pages, speech encoding, upload decoding)")
-    duplex_sessions: bool = Field(True, description="serve full-duplex sessions (/v1/duplex, /v1/realtime?duplex=1); "
-                                                    "off: ?duplex=1 falls back to turn-based, /v1/duplex refuses")
+    codec_threads: int = Field(
+        2,
+        ge=1,
+        description="the app's codec executor: threads shared by every route for "
+        "codec work (Opus pages, speech encoding, upload decoding)",
+    )
+    duplex_sessions: bool = Field(
+        True,
+        description="serve full-duplex sessions (/v1/duplex, /v1/realtime?duplex=1); "
+        "off: ?duplex=1 falls back to turn-based, /v1/duplex refuses",
+    )
     ws_send_buffer_bytes: int | None = Field(
-        None, ge=4096, description="realtime WebSockets: kernel send buffer and write high-water mark; small values "
-                                   "make a stalled reader's backlog reach its session's bounded output buffer (and "
-                                   "its overflow policy) sooner; null keeps the OS autotuning")
+        None,
+        ge=4096,
+        description="realtime WebSockets: kernel send buffer and write high-water mark; small values "
+        "make a stalled reader's backlog reach its session's bounded output buffer (and "
+        "its overflow policy) sooner; null keeps the OS autotuning",
+    )
     # aiohttp has one timer for an idle keep-alive connection and for a request head still
     # arriving: it restarts when a connection opens and after each response, not on each byte.
     http_keepalive_timeout_s: float = Field(
-        75.0, gt=0, description="close a connection that has not delivered a whole request head this long after "
-                                "it opened or after its last response (idle keep-alive, slow or silent headers); "
-                                "above a reverse proxy's usual 60 s upstream keep-alive")
-    http_body_timeout_s: float = Field(10.0, gt=0, description="time allowed to read a request body, plus "
-                                                               "its size at http_body_min_bytes_per_s; beyond -> "
-                                                               "408 request_timeout and the connection closes")
-    http_body_min_bytes_per_s: int = Field(64 * 1024, ge=1, description="slowest body upload served: each byte a "
-                                           "body declares (or, chunked, may hold) adds 1/this seconds to its time")
-    http_lingering_s: float = Field(10.0, ge=0, description="after an answer that left the request body unread (401, "
-                                                           "408, 413, 429, ...), discard what still arrives this long, "
-                                                           "then close the connection")
+        75.0,
+        gt=0,
+        description="close a connection that has not delivered a whole request head this long after "
+        "it opened or after its last response (idle keep-alive, slow or silent headers); "
+        "above a reverse proxy's usual 60 s upstream keep-alive",
+    )
+    http_body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="time allowed to read a request body, plus "
+        "its size at http_body_min_bytes_per_s; beyond -> "
+        "408 request_timeout and the connection closes",
+    )
+    http_body_min_bytes_per_s: int = Field(
+        64 * 1024,
+        ge=1,
+        description="slowest body upload served: each byte a "
+        "body declares (or, chunked, may hold) adds 1/this seconds to its time",
+    )
+    http_lingering_s: float = Field(
+        10.0,
+        ge=0,
+        description="after an answer that left the request body unread (401, "
+        "408, 413, 429, ...), discard what still arrives this long, "
+        "then close the connection",
+    )
 
 
 class LockstepConfig(_Section):
@@ -101,42 +151,68 @@ class LockstepConfig(_Section):
 
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_ms: float = Field(
-        1200.0, gt=0, description="input a slot may hold queued (at least one frame): enough for a stall of about "
-                                  "a second of the engine thread (its missed ticks are then caught up back to back, "
-                                  "at most this many ms of them) or of the event loop (a burst, brought back within "
-                                  "jitter_cushion_ms by underrun_repay_ms and drift_trim_ms); beyond it the oldest "
-                                  "input is dropped, counted and logged")
+        1200.0,
+        gt=0,
+        description="input a slot may hold queued (at least one frame): enough for a stall of about "
+        "a second of the engine thread (its missed ticks are then caught up back to back, "
+        "at most this many ms of them) or of the event loop (a burst, brought back within "
+        "jitter_cushion_ms by underrun_repay_ms and drift_trim_ms); beyond it the oldest "
+        "input is dropped, counted and logged",
+    )
     latency_trim_window_frames: int | None = Field(
-        25, ge=1, description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
-                              "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
-                              "it is back within the cushion (jitter, clock drift); null disables")
+        25,
+        ge=1,
+        description="when more than jitter_cushion_ms of a slot's input stood queued through this many "
+        "ticks in a row, drop drift_trim_ms of its quietest queued samples at every tick until "
+        "it is back within the cushion (jitter, clock drift); null disables",
+    )
     jitter_cushion_ms: float = Field(
-        10.0, ge=0, description="input a slot may keep queued after a tick as a cushion against network jitter; "
-                                "all of it is added latency. 10 ms is half a 20 ms packet: a late packet steps 10 ms "
-                                "of silence, then 10 ms of the quietest queued audio goes, where a whole-packet cushion "
-                                "adds 20 ms to every frame after the first late packet")
-    drift_trim_ms: float = Field(5.0, gt=0, description="input dropped per tick while standing latency stays above "
-                                                        "the cushion (quietest samples first)")
-    underrun_repay_ms: float = Field(20.0, ge=0, description="after the engine stepped silence for a slot (its audio "
-                                                             "came late), input dropped per tick at once, without the "
-                                                             "trim window, while that audio stands above the cushion; "
-                                                             "0 waits for the window")
-    output_queue_frames: int = Field(16, ge=1, description="per-slot output frames awaiting their reader (socket "
-                                                          "writer or session runner); drop-oldest audio beyond, "
-                                                          "text carried into the next frame; 16 frames of 80 ms "
-                                                          "outlast max_input_backlog_ms, so an event-loop stall "
-                                                          "that loses no input loses no output either")
-    release_timeout_s: float = Field(2.0, gt=0, description="session close waits this long for the engine thread "
-                                                            "to free its slot")
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
-                        description="torch device the engine thread steps torch frame models on ('tiny'): "
-                                    "'cpu', 'cuda' or 'cuda:N'; a CUDA device that is not there fails at startup")
+        10.0,
+        ge=0,
+        description="input a slot may keep queued after a tick as a cushion against network jitter; "
+        "all of it is added latency. 10 ms is half a 20 ms packet: a late packet steps 10 ms "
+        "of silence, then 10 ms of the quietest queued audio goes, where a whole-packet cushion "
+        "adds 20 ms to every frame after the first late packet",
+    )
+    drift_trim_ms: float = Field(
+        5.0,
+        gt=0,
+        description="input dropped per tick while standing latency stays above the cushion (quietest samples first)",
+    )
+    underrun_repay_ms: float = Field(
+        20.0,
+        ge=0,
+        description="after the engine stepped silence for a slot (its audio "
+        "came late), input dropped per tick at once, without the "
+        "trim window, while that audio stands above the cushion; "
+        "0 waits for the window",
+    )
+    output_queue_frames: int = Field(
+        16,
+        ge=1,
+        description="per-slot output frames awaiting their reader (socket "
+        "writer or session runner); drop-oldest audio beyond, "
+        "text carried into the next frame; 16 frames of 80 ms "
+        "outlast max_input_backlog_ms, so an event-loop stall "
+        "that loses no input loses no output either",
+    )
+    release_timeout_s: float = Field(
+        2.0, gt=0, description="session close waits this long for the engine thread to free its slot"
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+        description="torch device the engine thread steps torch frame models on ('tiny'): "
+        "'cpu', 'cuda' or 'cuda:N'; a CUDA device that is not there fails at startup",
+    )
 
 
 class ReferenceEngineConfig(_Section):
     """The reference lockstep engines (``loopback``, ``tone``; engines/reference.py)."""
 
-    loopback_delay_frames: int = Field(1, ge=0, description="loopback engine: output = input delayed by this many frames")
+    loopback_delay_frames: int = Field(
+        1, ge=0, description="loopback engine: output = input delayed by this many frames"
+    )
     tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
     tone_step_hz: float = Field(90.0, ge=0)
 
@@ -144,56 +220,93 @@ class ReferenceEngineConfig(_Section):
 class RobotConfig(_Section):
     """Robot policy route (serving.md §4.5)."""
 
-    policy: str = Field("demo", description="'demo', 'module:factory', a TorchScript file path, "
-                                            "or 'none' (the route answers 'Robot policy not available')")
+    policy: str = Field(
+        "demo",
+        description="'demo', 'module:factory', a TorchScript file path, "
+        "or 'none' (the route answers 'Robot policy not available')",
+    )
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     idle_timeout_s: float = Field(30.0, gt=0)
     batch_window_ms: float = Field(2.0, ge=0, description="wait this long after a batch's first request for more")
     max_batch: int = Field(32, ge=1, description="observations per policy call; 1 disables batching")
     max_pending_requests: int = Field(256, ge=1, description="queued observations; beyond -> 'overloaded' error")
     max_sessions: int = Field(1024, ge=1, description="per-session policy state kept (least recently used dropped)")
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads for torch policies; "
-                                                              "null keeps torch's default (one per core)")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads for torch policies; null keeps torch's default (one per core)"
+    )
 
 
 class MoshiConfig(_Section):
     """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (duplex.md §1.6, §1.7)."""
 
-    flush_timeout_s: float = Field(5.0, gt=0, description="after a duplex 'close', bound on draining the tail "
-                                                          "(stepped, answered and sent) before 'done'")
+    flush_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="after a duplex 'close', bound on draining the tail (stepped, answered and sent) before 'done'",
+    )
     opus_bitrate: int = Field(32000, ge=6000, le=510000, description="/api/chat agent audio bit rate")
     opus_application: Literal["audio", "voip", "lowdelay"] = Field(
-        "lowdelay", description="/api/chat agent audio: 'lowdelay' (CELT only) has 2.5 ms lookahead instead "
-                                "of 6.5 ms and costs ~40% less CPU per stream than 'audio'")
-    opus_complexity: int = Field(5, ge=0, le=10, description="/api/chat agent audio encoder complexity: 5 costs ~6 ms "
-                                                            "CPU per audio second vs ~10-14 at 10 (libopus default), "
-                                                            "for a small quality loss; lower it when encoding is the "
-                                                            "bottleneck at many concurrent streams")
-    inline_decode_packets: int = Field(4, ge=0, description="/api/chat: a client message of at most this many Opus "
-                                                           "packets (each at most 120 ms of audio) is decoded on the "
-                                                           "event loop (~0.1 ms per 80 ms page), larger ones on the "
-                                                           "codec executor; 0 sends every message there")
-    idle_timeout_s: float = Field(30.0, gt=0, description="a live conversation with no client audio this long is "
-                                                          "closed (1000, 'idle timeout') and its engine slot freed")
-    open_timeout_s: float = Field(10.0, gt=0, description="/v1/audio/duplex: a socket that sent no valid 'open' this "
-                                                          "long after connecting is closed (1000, 'open timeout')")
-    send_timeout_s: float = Field(10.0, gt=0, description="a socket whose reader took no bytes for this long (a frame, "
-                                                          "'done' or the close frame stuck behind a full send buffer) "
-                                                          "is dropped; with aiohttp's 64 KiB write limit this also "
-                                                          "bounds the unsent bytes held for it")
+        "lowdelay",
+        description="/api/chat agent audio: 'lowdelay' (CELT only) has 2.5 ms lookahead instead "
+        "of 6.5 ms and costs ~40% less CPU per stream than 'audio'",
+    )
+    opus_complexity: int = Field(
+        5,
+        ge=0,
+        le=10,
+        description="/api/chat agent audio encoder complexity: 5 costs ~6 ms "
+        "CPU per audio second vs ~10-14 at 10 (libopus default), "
+        "for a small quality loss; lower it when encoding is the "
+        "bottleneck at many concurrent streams",
+    )
+    inline_decode_packets: int = Field(
+        4,
+        ge=0,
+        description="/api/chat: a client message of at most this many Opus "
+        "packets (each at most 120 ms of audio) is decoded on the "
+        "event loop (~0.1 ms per 80 ms page), larger ones on the "
+        "codec executor; 0 sends every message there",
+    )
+    idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a live conversation with no client audio this long is "
+        "closed (1000, 'idle timeout') and its engine slot freed",
+    )
+    open_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="/v1/audio/duplex: a socket that sent no valid 'open' this "
+        "long after connecting is closed (1000, 'open timeout')",
+    )
+    send_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a socket whose reader took no bytes for this long (a frame, "
+        "'done' or the close frame stuck behind a full send buffer) "
+        "is dropped; with aiohttp's 64 KiB write limit this also "
+        "bounds the unsent bytes held for it",
+    )
 
 
 class MoshiEngineConfig(_Section):
     """The native Moshi / PersonaPlex engine (``--engine moshi``; engine.md §8.1). Local files only."""
 
-    weights: str | None = Field(None, description="Kyutai-format weight folder: config.json, LM and Mimi "
-                                                  "safetensors, SentencePiece tokenizer; required for --engine moshi")
-    voice_dir: str | None = Field(None, description="folder that voice prompts (.pt embeddings or audio) must be "
-                                                    "inside; null falls back to models.voice_prompt_dir")
+    weights: str | None = Field(
+        None,
+        description="Kyutai-format weight folder: config.json, LM and Mimi "
+        "safetensors, SentencePiece tokenizer; required for --engine moshi",
+    )
+    voice_dir: str | None = Field(
+        None,
+        description="folder that voice prompts (.pt embeddings or audio) must be "
+        "inside; null falls back to models.voice_prompt_dir",
+    )
     batch_size: int = Field(4, ge=1, description="slots stepped together (concurrent conversations)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="LM weights and activations; Mimi always runs in float32")
+        "float32", description="LM weights and activations; Mimi always runs in float32"
+    )
     use_sampling: bool = Field(True, description="false: greedy decoding (what the parity tests pin)")
     temperature: float = Field(0.8, ge=0, description="audio token temperature")
     temperature_text: float = Field(0.7, ge=0, description="text token temperature")
@@ -202,23 +315,35 @@ class MoshiEngineConfig(_Section):
     max_prompt_tokens: int = Field(512, ge=1, description="longest persona text, in tokens; longer is refused")
     max_voice_seconds: float = Field(30.0, gt=0, description="longest voice prompt audio")
     kv_cache: Literal["ring", "paged_int8"] = Field(
-        "ring", description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
-                            "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
-                            "taken as each conversation grows; a session that finds no free block is refused "
-                            "with resource_exhausted)")
-    kv_pool_frames: int | None = Field(None, ge=1, description="paged_int8: frames of context the pool holds for "
-                                                               "all slots together (null: batch_size x the model's "
-                                                               "context, so every slot can reach it)")
+        "ring",
+        description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
+        "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
+        "taken as each conversation grows; a session that finds no free block is refused "
+        "with resource_exhausted)",
+    )
+    kv_pool_frames: int | None = Field(
+        None,
+        ge=1,
+        description="paged_int8: frames of context the pool holds for "
+        "all slots together (null: batch_size x the model's "
+        "context, so every slot can reach it)",
+    )
     kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
-    fuse_glue: bool = Field(True, description="on CUDA, compile the elementwise work between the matrix "
-                                              "products (norms, RoPE, gated SiLU, embeddings, sampling) into single "
-                                              "kernels with torch.compile (compiled once at startup; 6 ms "
-                                              "less per frame at the 7B shape and batch 64 on an H200, see "
-                                              "benchmarks/notes/moshi_speed.md); no effect on CPU")
-    random_weights: bool = Field(False, description="benchmarking only: random weights instead of a checkpoint, "
-                                                   "at the shape of weights/config.json (and its Mimi config) or, "
-                                                   "with weights null, the published 7B shape; no tokenizer, so "
-                                                   "no text output and no persona text")
+    fuse_glue: bool = Field(
+        True,
+        description="on CUDA, compile the elementwise work between the matrix "
+        "products (norms, RoPE, gated SiLU, embeddings, sampling) into single "
+        "kernels with torch.compile (compiled once at startup; 6 ms "
+        "less per frame at the 7B shape and batch 64 on an H200, see "
+        "benchmarks/notes/moshi_speed.md); no effect on CPU",
+    )
+    random_weights: bool = Field(
+        False,
+        description="benchmarking only: random weights instead of a checkpoint, "
+        "at the shape of weights/config.json (and its Mimi config) or, "
+        "with weights null, the published 7B shape; no tokenizer, so "
+        "no text output and no persona text",
+    )
 
     @field_validator("kv_block_frames")
     @classmethod
@@ -233,13 +358,21 @@ class CodecLimits(_Section):
 
     ogg_max_page_bytes: int = Field(65307, ge=282, le=65307, description="largest Ogg page accepted (format max 65307)")
     ogg_max_packet_bytes: int = Field(65536, ge=1024, description="largest packet reassembled across pages")
-    ogg_max_feed_audio_s: float = Field(60.0, gt=0, description="audio one received chunk may decode to; "
-                                                                 "beyond -> audio_limit_exceeded")
-    max_decoded_audio_ratio: float = Field(2.0, gt=0, description="Ogg-Opus audio one connection may decode per "
-                                           "second of wall time (a live client needs 1.0); beyond the burst -> "
-                                           "decode_rate_exceeded, /api/chat closes with 1008")
-    decoded_audio_burst_s: float = Field(10.0, gt=0, description="decoded audio a connection may run ahead of that "
-                                                                 "rate (network jitter, a client catching up)")
+    ogg_max_feed_audio_s: float = Field(
+        60.0, gt=0, description="audio one received chunk may decode to; beyond -> audio_limit_exceeded"
+    )
+    max_decoded_audio_ratio: float = Field(
+        2.0,
+        gt=0,
+        description="Ogg-Opus audio one connection may decode per "
+        "second of wall time (a live client needs 1.0); beyond the burst -> "
+        "decode_rate_exceeded, /api/chat closes with 1008",
+    )
+    decoded_audio_burst_s: float = Field(
+        10.0,
+        gt=0,
+        description="decoded audio a connection may run ahead of that rate (network jitter, a client catching up)",
+    )
 
 
 class ModelPaths(_Section):
@@ -259,87 +392,154 @@ class CascadeLimits(_Section):
 
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     asr_window_s: float = Field(
-        10.0, ge=2, le=30, description="Whisper reads a voice session's utterance up to half this long in a window of this length "
-                                       "instead of its 30 s one (10 s: ~5x faster, word error rate 7.4% -> 11.1% on "
-                                       "bench_answer_quality's questions); a decode there that loops or is unsure "
-                                       "is redone in 30 s (30 = off)")
+        10.0,
+        ge=2,
+        le=30,
+        description="Whisper reads a voice session's utterance up to half this long in a window of this length "
+        "instead of its 30 s one (10 s: ~5x faster, word error rate 7.4% -> 11.1% on "
+        "bench_answer_quality's questions); a decode there that loops or is unsure "
+        "is redone in 30 s (30 = off)",
+    )
     max_turn_audio_s: float = Field(60.0, gt=0, description="longest user turn kept for ASR; oldest audio dropped")
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
     output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
     worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
     llm_runtime: Literal["ctranslate2", "transformers"] = Field(
-        "ctranslate2", description="the LLM's CPU runtime: ctranslate2 (batched, quantized; function calls still "
-                                   "decode on transformers) or transformers (everything, unbatched)")
+        "ctranslate2",
+        description="the LLM's CPU runtime: ctranslate2 (batched, quantized; function calls still "
+        "decode on transformers) or transformers (everything, unbatched)",
+    )
     llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
-        "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)")
-    llm_max_active: int = Field(8, ge=1, description="LLM requests decoded together (one CTranslate2 batch, or "
-                                                     "transformers round-robin); more wait")
+        "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)"
+    )
+    llm_max_active: int = Field(
+        8,
+        ge=1,
+        description="LLM requests decoded together (one CTranslate2 batch, or transformers round-robin); more wait",
+    )
     llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
     llm_engine: Literal["embedded", "vllm"] = Field(
-        "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm")
+        "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm"
+    )
     pause_transcript_ms: int = Field(
-        96, ge=0, description="silence in a server-VAD turn after which its audio so far is transcribed; the "
-                               "transcript is the turn's final one when the turn ends in that pause (0 = off)")
+        96,
+        ge=0,
+        description="silence in a server-VAD turn after which its audio so far is transcribed; the "
+        "transcript is the turn's final one when the turn ends in that pause (0 = off)",
+    )
     preemptive_reply: bool = Field(
-        True, description="start the reply from the pause transcript before the turn has ended; kept unheard "
-                          "until the session asks for exactly that reply, dropped if the user speaks on")
+        True,
+        description="start the reply from the pause transcript before the turn has ended; kept unheard "
+        "until the session asks for exactly that reply, dropped if the user speaks on",
+    )
     preemptive_buffer_chunks: int = Field(
-        128, ge=1, description="reply pieces (audio chunks, text deltas) a preemptive reply holds before it waits")
+        128, ge=1, description="reply pieces (audio chunks, text deltas) a preemptive reply holds before it waits"
+    )
     complete_turn_silence_ms: int = Field(
-        250, ge=0, description="server_vad with silence_duration_ms left unset: a pause whose transcript reads as "
-                               "a finished sentence ends the turn after this much silence (0 = off)")
+        250,
+        ge=0,
+        description="server_vad with silence_duration_ms left unset: a pause whose transcript reads as "
+        "a finished sentence ends the turn after this much silence (0 = off)",
+    )
     first_clause_min_chars: int = Field(
-        12, ge=0, description="the reply's first spoken piece ends at the first clause (comma, semicolon, colon, "
-                              "dash) this long, not at the end of its sentence (0 = whole sentence)")
-    first_piece_max_chars: int = Field(48, ge=8, description="longest first spoken piece of a reply; cut at a "
-                                                             "comma or space beyond (its LLM and TTS time delay the "
-                                                             "first audio)")
-    llm_max_temperature: float = Field(0.3, ge=0, le=2, description="LLM sampling temperature ceiling: requests "
-                                       "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
-                                       "requests as sent (benchmarks/bench_answer_quality.py)")
+        12,
+        ge=0,
+        description="the reply's first spoken piece ends at the first clause (comma, semicolon, colon, "
+        "dash) this long, not at the end of its sentence (0 = whole sentence)",
+    )
+    first_piece_max_chars: int = Field(
+        48,
+        ge=8,
+        description="longest first spoken piece of a reply; cut at a "
+        "comma or space beyond (its LLM and TTS time delay the "
+        "first audio)",
+    )
+    llm_max_temperature: float = Field(
+        0.3,
+        ge=0,
+        le=2,
+        description="LLM sampling temperature ceiling: requests "
+        "asking for more (chat clients default to 0.7-1.0) decode at this; 2 keeps "
+        "requests as sent (benchmarks/bench_answer_quality.py)",
+    )
     llm_max_top_p: float = Field(0.9, gt=0, le=1, description="LLM nucleus ceiling, applied like llm_max_temperature")
-    llm_top_k: int = Field(50, ge=0, description="LLM sampling draws from the k most likely tokens (then top_p); "
-                                                 "0 = the whole vocabulary, which CTranslate2 sorts every step")
-    llm_cached_openings: int = Field(16, ge=0, description="distinct conversation openings (system prompts) whose "
-                                     "computed state CTranslate2 keeps, skipping their prefill on later requests; "
-                                     "kept until the model is released (0 = off)")
-    llm_gather_ms: float = Field(10.0, ge=0, description="CTranslate2: a request reaching an idle LLM waits up to "
-                                 "this long for others, so that a burst is one batch, not a batch restarted by "
-                                 "each newcomer (0 = start at once)")
-    llm_threads: int = Field(1, ge=1, description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
-                                                  "and the server need the other cores; benchmarks/bench_http.py)")
-    llm_lanes: int = Field(2, ge=1, description="CTranslate2 batches decoded at once, llm_threads each; "
-                                                "llm_max_active is shared among them (2 cores: two batches of 4 "
-                                                "decode ~1.5x one of 8; one request still decodes alone in a lane)")
+    llm_top_k: int = Field(
+        50,
+        ge=0,
+        description="LLM sampling draws from the k most likely tokens (then top_p); "
+        "0 = the whole vocabulary, which CTranslate2 sorts every step",
+    )
+    llm_cached_openings: int = Field(
+        16,
+        ge=0,
+        description="distinct conversation openings (system prompts) whose "
+        "computed state CTranslate2 keeps, skipping their prefill on later requests; "
+        "kept until the model is released (0 = off)",
+    )
+    llm_gather_ms: float = Field(
+        10.0,
+        ge=0,
+        description="CTranslate2: a request reaching an idle LLM waits up to "
+        "this long for others, so that a burst is one batch, not a batch restarted by "
+        "each newcomer (0 = start at once)",
+    )
+    llm_threads: int = Field(
+        1,
+        ge=1,
+        description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
+        "and the server need the other cores; benchmarks/bench_http.py)",
+    )
+    llm_lanes: int = Field(
+        2,
+        ge=1,
+        description="CTranslate2 batches decoded at once, llm_threads each; "
+        "llm_max_active is shared among them (2 cores: two batches of 4 "
+        "decode ~1.5x one of 8; one request still decodes alone in a lane)",
+    )
 
 
 class VllmSettings(_Section):
     """A vLLM server (``vllm serve``) serving the LLM over its OpenAI-compatible API, for chat
     (``http.text_engine: vllm``) and/or the cascade's voice replies (``cascade.llm_engine: vllm``)."""
 
-    url: str | None = Field(None, description="the vLLM server's root, e.g. http://127.0.0.1:8000; required "
-                                              "when vLLM is selected")
-    model: str | None = Field(None, description="the model name vLLM serves (its --served-model-name); required "
-                                                "when vLLM is selected")
+    url: str | None = Field(
+        None, description="the vLLM server's root, e.g. http://127.0.0.1:8000; required when vLLM is selected"
+    )
+    model: str | None = Field(
+        None, description="the model name vLLM serves (its --served-model-name); required when vLLM is selected"
+    )
     served_model_name: str | None = Field(None, description="rtserve's name for it in /v1/models; defaults to model")
     api_key: str | None = Field(None, description="vLLM's --api-key, sent as a bearer token")
     connect_timeout_s: float = Field(10.0, gt=0, description="one connection to vLLM; longer -> model_unavailable")
-    read_timeout_s: float = Field(120.0, gt=0, description="longest wait for vLLM's next bytes (the first token "
-                                                           "included); longer -> model_unavailable")
-    startup_timeout_s: float = Field(900.0, gt=0, description="how long rtserve waits for vLLM to serve the model "
-                                                              "(vLLM on a CPU loads for minutes); then it stays "
-                                                              "unavailable (503 model_unavailable)")
+    read_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="longest wait for vLLM's next bytes (the first token included); longer -> model_unavailable",
+    )
+    startup_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="how long rtserve waits for vLLM to serve the model "
+        "(vLLM on a CPU loads for minutes); then it stays "
+        "unavailable (503 model_unavailable)",
+    )
 
 
 ModelTask = Literal["chat", "speech", "transcription"]
 
 # OpenAI's own model names, so apps written for OpenAI run unchanged.
 OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
-    "gpt-4o": "chat", "gpt-4o-mini": "chat",
-    "tts-1": "speech", "tts-1-hd": "speech", "gpt-4o-mini-tts": "speech",
-    "whisper-1": "transcription", "gpt-4o-transcribe": "transcription", "gpt-4o-mini-transcribe": "transcription",
-    "gpt-4o-audio-preview": "chat", "gpt-4o-mini-audio-preview": "chat",  # chat with audio in/out (chat_audio)
+    "gpt-4o": "chat",
+    "gpt-4o-mini": "chat",
+    "tts-1": "speech",
+    "tts-1-hd": "speech",
+    "gpt-4o-mini-tts": "speech",
+    "whisper-1": "transcription",
+    "gpt-4o-transcribe": "transcription",
+    "gpt-4o-mini-transcribe": "transcription",
+    "gpt-4o-audio-preview": "chat",
+    "gpt-4o-mini-audio-preview": "chat",  # chat with audio in/out (chat_audio)
 }
 
 
@@ -347,41 +547,64 @@ class HttpGenerationConfig(_Section):
     """Batch/streaming HTTP generation routes: chat, speech, transcriptions (serving.md §3)."""
 
     text_engine: Literal["session", "vllm"] = Field(
-        "session", description="LLM behind /v1/chat/completions: the session engine's own, or vLLM")
+        "session", description="LLM behind /v1/chat/completions: the session engine's own, or vLLM"
+    )
     default_max_tokens: int = Field(256, ge=1, description="completion length when a request names none")
     max_completion_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     max_batch_conversations: int = Field(32, ge=1, description="conversations in one /v1/chat/completions/batch")
-    max_json_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON request body (chat, speech); "
-                                     "larger -> 413 request_too_large, judged from Content-Length and while reading; "
-                                     "uploads only by transport.max_http_body_bytes, which bounds every body")
+    max_json_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="JSON request body (chat, speech); "
+        "larger -> 413 request_too_large, judged from Content-Length and while reading; "
+        "uploads only by transport.max_http_body_bytes, which bounds every body",
+    )
     max_prompt_chars: int | None = Field(
-        None, ge=1, description="characters of one chat conversation's messages, checked before tokenization; "
-                                "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
-                                "context (cascade.llm_context_tokens; 131072 on vLLM, which checks its own)")
+        None,
+        ge=1,
+        description="characters of one chat conversation's messages, checked before tokenization; "
+        "larger -> 400 context_length_exceeded; null: 8 per token of the text engine's "
+        "context (cascade.llm_context_tokens; 131072 on vLLM, which checks its own)",
+    )
     max_speech_input_chars: int = Field(4096, ge=1)
-    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; "
-                                                              "more -> 400")
+    max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; more -> 400")
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
-    disconnect_poll_s: float = Field(0.1, gt=0, description="how often a running generation checks its client is still there")
+    disconnect_poll_s: float = Field(
+        0.1, gt=0, description="how often a running generation checks its client is still there"
+    )
     model_aliases: dict[str, ModelTask] = Field(
         default_factory=lambda: dict(OPENAI_MODEL_ALIASES),
         description="model names a request may use for the served model of a task (chat, speech, "
-                    "transcription); defaults to OpenAI's names; {} accepts only the served names")
+        "transcription); defaults to OpenAI's names; {} accepts only the served names",
+    )
     vllm: VllmSettings = VllmSettings()
 
 
 class EngineLinkConfig(_Section):
     """Front-end workers <-> the engine process (``--workers`` > 1)."""
 
-    uplink_lead_ms: float = Field(15.0, ge=0, le=40, description="a worker sends its sessions' audio this long "
-                                                                 "before the engine's next tick (one message a tick)")
-    uplink_last_call_ms: float = Field(2.0, ge=0, le=40, description="audio that arrived after that main send goes in "
-                                                                     "a small top-up this long before the tick")
-    max_queued_events: int = Field(256, ge=8, description="engine events a worker holds per session for a slow "
-                                                          "consumer; beyond, the oldest audio without text is dropped")
-    max_send_buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
-                                       description="the engine drops a worker link that stopped reading past this")
+    uplink_lead_ms: float = Field(
+        15.0,
+        ge=0,
+        le=40,
+        description="a worker sends its sessions' audio this long before the engine's next tick (one message a tick)",
+    )
+    uplink_last_call_ms: float = Field(
+        2.0,
+        ge=0,
+        le=40,
+        description="audio that arrived after that main send goes in a small top-up this long before the tick",
+    )
+    max_queued_events: int = Field(
+        256,
+        ge=8,
+        description="engine events a worker holds per session for a slow "
+        "consumer; beyond, the oldest audio without text is dropped",
+    )
+    max_send_buffer_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024 * 1024, description="the engine drops a worker link that stopped reading past this"
+    )
 
 
 class SpeechStreamConfig(_Section):
@@ -389,73 +612,127 @@ class SpeechStreamConfig(_Section):
 
     max_connections: int = Field(64, ge=1, description="open streaming-speech sockets; beyond -> refused (1013)")
     max_event_bytes: int = Field(64 * 1024, ge=1024, description="one client text event; larger -> close 1009")
-    max_buffered_chars: int = Field(16 * 1024, ge=64, description="text received but not yet spoken; more -> "
-                                                                   "input_backpressure error, that text dropped")
-    max_queued_sentences: int = Field(64, ge=1, description="sentences waiting for the TTS; more -> "
-                                                            "input_backpressure error, that text dropped")
-    idle_timeout_s: float = Field(60.0, gt=0, description="no client event and nothing to speak this long -> "
-                                                          "close 1000 'idle timeout'")
-    send_timeout_s: float = Field(10.0, gt=0, description="a write the reader has not taken this long (it stopped "
-                                                          "reading) drops the connection")
+    max_buffered_chars: int = Field(
+        16 * 1024,
+        ge=64,
+        description="text received but not yet spoken; more -> input_backpressure error, that text dropped",
+    )
+    max_queued_sentences: int = Field(
+        64, ge=1, description="sentences waiting for the TTS; more -> input_backpressure error, that text dropped"
+    )
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="no client event and nothing to speak this long -> close 1000 'idle timeout'"
+    )
+    send_timeout_s: float = Field(
+        10.0, gt=0, description="a write the reader has not taken this long (it stopped reading) drops the connection"
+    )
 
 
 class VoiceStoreConfig(_Section):
     """Piper voices registered at run time (``POST /v1/audio/voices``)."""
 
-    dir: str = Field(str(Path.home() / ".cache" / "rtserve" / "voices"),
-                     description="folder registered voices are stored in (created on first use)")
+    dir: str = Field(
+        str(Path.home() / ".cache" / "rtserve" / "voices"),
+        description="folder registered voices are stored in (created on first use)",
+    )
     max_voices: int = Field(16, ge=0, description="registered voices kept; more -> 400 voice_limit_exceeded")
-    max_model_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="one uploaded .onnx voice model; "
-                                                                          "larger -> 413")
-    max_config_bytes: int = Field(256 * 1024, ge=256, description="one uploaded .onnx.json voice config; "
-                                                                 "larger -> 413")
-    max_loaded_voices: int = Field(4, ge=1, description="voice models held in memory at once (least recently "
-                                                        "used unloaded, reloaded on use)")
+    max_model_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="one uploaded .onnx voice model; larger -> 413"
+    )
+    max_config_bytes: int = Field(256 * 1024, ge=256, description="one uploaded .onnx.json voice config; larger -> 413")
+    max_loaded_voices: int = Field(
+        4, ge=1, description="voice models held in memory at once (least recently used unloaded, reloaded on use)"
+    )
 
 
 class ClusterConfig(_Section):
     """Engines as Ray actors (``rtserve serve --ray-address ADDR``; rtserve/cluster/). Unset address: no Ray."""
 
-    address: str | None = Field(None, description="Ray cluster address ('auto', 'HOST:6379'); set, the engines run "
-                                                  "as Ray actors and this process is a front-end of them")
+    address: str | None = Field(
+        None,
+        description="Ray cluster address ('auto', 'HOST:6379'); set, the engines run "
+        "as Ray actors and this process is a front-end of them",
+    )
     namespace: str = Field("rtserve", min_length=1, description="Ray namespace of the named engine actors")
-    engine_prefix: str = Field("rtserve-engine", pattern=r"^[A-Za-z0-9_.-]+$",
-                               description="engine actors are named PREFIX-0 .. PREFIX-(engines-1)")
-    engines: int = Field(1, ge=1, le=1024, description="engine actors: one per accelerator (engine_num_gpus: 1) "
-                                                       "or per CPU engine")
+    engine_prefix: str = Field(
+        "rtserve-engine",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="engine actors are named PREFIX-0 .. PREFIX-(engines-1)",
+    )
+    engines: int = Field(
+        1, ge=1, le=1024, description="engine actors: one per accelerator (engine_num_gpus: 1) or per CPU engine"
+    )
     engine_num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for each engine actor")
-    engine_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1: one actor per GPU; Ray sets "
-                                                          "its CUDA_VISIBLE_DEVICES, so lockstep.device 'cuda')")
-    engine_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per engine "
-                                               "actor, e.g. {rtserve_engine: 1} on the nodes meant for engines")
+    engine_num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per engine actor (1: one actor per GPU; Ray sets "
+        "its CUDA_VISIBLE_DEVICES, so lockstep.device 'cuda')",
+    )
+    engine_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources per engine actor, e.g. {rtserve_engine: 1} on the nodes meant for engines",
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "SPREAD", description="Ray placement group strategy of the engine actors' bundles")
-    placement_timeout_s: float = Field(120.0, gt=0, description="wait this long for the cluster to have room for "
-                                                                "every engine actor, then refuse to start")
+        "SPREAD", description="Ray placement group strategy of the engine actors' bundles"
+    )
+    placement_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="wait this long for the cluster to have room for every engine actor, then refuse to start",
+    )
     max_restarts: int = Field(-1, ge=-1, description="times Ray restarts a dead engine actor (-1: always)")
-    secret: str | None = Field(None, min_length=16, description="the cluster's shared secret: engine links over TCP "
-                               "prove it (HMAC) before any message is read; required with address "
-                               "(set RTSERVE_CLUSTER__SECRET rather than writing it in a file)")
+    secret: str | None = Field(
+        None,
+        min_length=16,
+        description="the cluster's shared secret: engine links over TCP "
+        "prove it (HMAC) before any message is read; required with address "
+        "(set RTSERVE_CLUSTER__SECRET rather than writing it in a file)",
+    )
     engine_host: str | None = Field(None, description="address engine actors listen on; null: their node's IP")
-    connect_timeout_s: float = Field(5.0, gt=0, description="one attempt to reach an engine actor (address, TCP, "
-                                                            "handshake); a failed one is retried")
-    startup_timeout_s: float = Field(120.0, gt=0, description="a front-end waits this long for every engine actor "
-                                     "to answer at startup; those that have not are admitted once they do")
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="one attempt to reach an engine actor (address, TCP, handshake); a failed one is retried"
+    )
+    startup_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a front-end waits this long for every engine actor "
+        "to answer at startup; those that have not are admitted once they do",
+    )
 
 
 class PeersConfig(_Section):
     """Front-ends reaching each other (``web/peers``): resume relays and the front-end drain route."""
 
-    host: str | None = Field(None, description="address a cluster front-end serves its peers on (TCP, signed "
-                                               "requests); null: its node's IP. One host's workers use Unix sockets")
-    connect_timeout_s: float = Field(5.0, gt=0, description="a front-end reaching the owner of a session to relay "
-                                                            "a resume (lookup, connect, the owner's first answer)")
-    max_clock_skew_s: float = Field(30.0, gt=0, description="a signed peer request older or newer than this (wall "
-                                                            "clock) is refused; its nonce is remembered this long")
-    max_remembered_nonces: int = Field(4096, ge=16, description="signed peer requests remembered against replay; "
-                                       "beyond, new ones are refused until old ones age out")
-    drain_deadline_s: float = Field(300.0, gt=0, description="a drained front-end's sessions may go on this long "
-                                    "(when the drain request names no deadline), then close with reason shutdown")
+    host: str | None = Field(
+        None,
+        description="address a cluster front-end serves its peers on (TCP, signed "
+        "requests); null: its node's IP. One host's workers use Unix sockets",
+    )
+    connect_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a front-end reaching the owner of a session to relay "
+        "a resume (lookup, connect, the owner's first answer)",
+    )
+    max_clock_skew_s: float = Field(
+        30.0,
+        gt=0,
+        description="a signed peer request older or newer than this (wall "
+        "clock) is refused; its nonce is remembered this long",
+    )
+    max_remembered_nonces: int = Field(
+        4096,
+        ge=16,
+        description="signed peer requests remembered against replay; "
+        "beyond, new ones are refused until old ones age out",
+    )
+    drain_deadline_s: float = Field(
+        300.0,
+        gt=0,
+        description="a drained front-end's sessions may go on this long "
+        "(when the drain request names no deadline), then close with reason shutdown",
+    )
 
 
 class IceServer(_Section):
@@ -469,26 +746,50 @@ class IceServer(_Section):
 class WebRtcConfig(_Section):
     """``POST /v1/realtime/calls`` (WebRTC, aiortc) and ``POST /v1/realtime/client_secrets``."""
 
-    ice_servers: list[IceServer] = Field(default_factory=list, description="STUN/TURN servers the server's ICE "
-                                         "agent uses; [] = host candidates only (aiortc's public STUN default is off)")
-    host_addresses: list[str] | None = Field(None, description="the only local addresses offered as host "
-                                             "candidates (process-wide); null = every interface but loopback")
-    connect_timeout_s: float = Field(15.0, gt=0, description="offer answered -> ICE+DTLS connected; else the call "
-                                     "ends with reason connect_timeout")
-    max_calls: int = Field(64, ge=1, description="live WebRTC calls per front-end process; beyond -> 429 "
-                           "resource_exhausted (sessions.max_sessions also applies)")
-    inbound_backlog_frames: int = Field(25, ge=1, description="decoded 20 ms microphone frames waiting for the "
-                                        "reader; beyond, the oldest are dropped (counted)")
-    outbound_queue_ms: int = Field(4000, ge=100, description="agent audio queued for the paced 20 ms track; when "
-                                   "full the call reads no further events until it drains")
-    max_pending_events: int = Field(256, ge=1, description="data channel client events awaiting the session; "
-                                    "beyond, new ones are dropped with an input_backpressure error")
-    data_channel_buffer_bytes: int = Field(1024 * 1024, ge=16 * 1024, description="unsent data channel bytes "
-                                           "before the event sender waits for the peer")
+    ice_servers: list[IceServer] = Field(
+        default_factory=list,
+        description="STUN/TURN servers the server's ICE "
+        "agent uses; [] = host candidates only (aiortc's public STUN default is off)",
+    )
+    host_addresses: list[str] | None = Field(
+        None,
+        description="the only local addresses offered as host "
+        "candidates (process-wide); null = every interface but loopback",
+    )
+    connect_timeout_s: float = Field(
+        15.0, gt=0, description="offer answered -> ICE+DTLS connected; else the call ends with reason connect_timeout"
+    )
+    max_calls: int = Field(
+        64,
+        ge=1,
+        description="live WebRTC calls per front-end process; beyond -> 429 "
+        "resource_exhausted (sessions.max_sessions also applies)",
+    )
+    inbound_backlog_frames: int = Field(
+        25,
+        ge=1,
+        description="decoded 20 ms microphone frames waiting for the reader; beyond, the oldest are dropped (counted)",
+    )
+    outbound_queue_ms: int = Field(
+        4000,
+        ge=100,
+        description="agent audio queued for the paced 20 ms track; when "
+        "full the call reads no further events until it drains",
+    )
+    max_pending_events: int = Field(
+        256,
+        ge=1,
+        description="data channel client events awaiting the session; "
+        "beyond, new ones are dropped with an input_backpressure error",
+    )
+    data_channel_buffer_bytes: int = Field(
+        1024 * 1024, ge=16 * 1024, description="unsent data channel bytes before the event sender waits for the peer"
+    )
     client_secret_ttl_s: int = Field(600, ge=10, description="lifetime of a client secret without expires_after")
     client_secret_max_ttl_s: int = Field(7200, ge=10, description="longest expires_after.seconds accepted")
-    max_client_secret_session_bytes: int = Field(8 * 1024, ge=256, description="JSON session bound into a client "
-                                                 "secret; larger -> 400 invalid_value")
+    max_client_secret_session_bytes: int = Field(
+        8 * 1024, ge=256, description="JSON session bound into a client secret; larger -> 400 invalid_value"
+    )
 
 
 def default_workers() -> int:
@@ -504,8 +805,12 @@ class ServerConfig(_Section):
     engine: str = Field("cascade", description="engine serving realtime sessions: cascade, loopback, tone, ...")
     api_key: str | None = Field(None, description="when set, every route requires it")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    workers: int = Field(default_factory=default_workers, ge=1, le=256,
-                         description="front-end worker processes; 1 = engines and front-end in one process")
+    workers: int = Field(
+        default_factory=default_workers,
+        ge=1,
+        le=256,
+        description="front-end worker processes; 1 = engines and front-end in one process",
+    )
     engine_link: EngineLinkConfig = EngineLinkConfig()
     sessions: SessionLimits = SessionLimits()
     transport: TransportLimits = TransportLimits()
@@ -520,8 +825,9 @@ class ServerConfig(_Section):
     http: HttpGenerationConfig = HttpGenerationConfig()
     speech_stream: SpeechStreamConfig = SpeechStreamConfig()
     voices: VoiceStoreConfig = VoiceStoreConfig()
-    enable_sleep_mode: bool = Field(False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup "
-                                                       "(--enable-sleep-mode)")
+    enable_sleep_mode: bool = Field(
+        False, description="serve POST /v1/omni/sleep and /v1/omni/wakeup (--enable-sleep-mode)"
+    )
     cluster: ClusterConfig = ClusterConfig()
     peers: PeersConfig = PeersConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
@@ -538,7 +844,7 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        path = key[len(ENV_PREFIX):].lower().split("__")
+        path = key[len(ENV_PREFIX) :].lower().split("__")
         node = tree
         for part in path[:-1]:
             node = node.setdefault(part, {})

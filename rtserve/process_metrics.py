@@ -27,16 +27,27 @@ _LAG_PROBE_S = 0.1
 class ProcessMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ProcessCollector(registry=registry)
-        self.loop_lag = Histogram("rtserve_event_loop_lag_seconds", "How late a 100 ms timer of this process's "
-                                  "event loop fired", buckets=_LAG_BUCKETS, registry=registry)
+        self.loop_lag = Histogram(
+            "rtserve_event_loop_lag_seconds",
+            "How late a 100 ms timer of this process's event loop fired",
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
         # A collection holds the GIL: every thread of the process (engine thread, event loop) waits it out.
-        gc_pause = Histogram("rtserve_gc_pause_seconds", "Garbage collections of this process, by "
-                             "generation (2: full), and how long each held it", ["generation"],
-                             buckets=_LAG_BUCKETS, registry=registry)
+        gc_pause = Histogram(
+            "rtserve_gc_pause_seconds",
+            "Garbage collections of this process, by generation (2: full), and how long each held it",
+            ["generation"],
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
         # Bound once: the callback runs inside every collection, young ones hundreds of times a second.
         self._gc_pause = [gc_pause.labels(str(generation)) for generation in range(3)]
-        Gauge("rtserve_gc_frozen_objects", "Objects this process loaded before serving, kept out of garbage "
-              "collections (rtserve/heap.py)", registry=registry).set_function(heap.frozen_objects)
+        Gauge(
+            "rtserve_gc_frozen_objects",
+            "Objects this process loaded before serving, kept out of garbage collections (rtserve/heap.py)",
+            registry=registry,
+        ).set_function(heap.frozen_objects)
         self._task: asyncio.Task[None] | None = None
         self._gc_started = 0.0
 
@@ -89,6 +100,6 @@ def merge_expositions(own: bytes, others: Mapping[str, bytes], label: str = "wor
 
 def _labelled(sample: bytes, tag: bytes) -> bytes:
     name_end = min(i for i in (sample.find(b"{"), sample.find(b" ")) if i >= 0)
-    if sample[name_end:name_end + 1] == b"{":
-        return sample[:name_end + 1] + tag + b"," + sample[name_end + 1:]
+    if sample[name_end : name_end + 1] == b"{":
+        return sample[: name_end + 1] + tag + b"," + sample[name_end + 1 :]
     return sample[:name_end] + b"{" + tag + b"}" + sample[name_end:]

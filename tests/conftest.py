@@ -10,14 +10,21 @@ from rtserve.config import ServerConfig, load_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--engine-client", choices=app.ENGINE_CLIENTS, default="local",
-                     help="how apps built by the tests reach their engines (default: local)")
+    parser.addoption(
+        "--engine-client",
+        choices=app.ENGINE_CLIENTS,
+        default="local",
+        help="how apps built by the tests reach their engines (default: local)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     app.engine_client = config.getoption("--engine-client")
-    config.addinivalue_line("markers", "engine_clock: steers the engine's tick clock by hand, which a worker's "
-                                       "tick-aligned uplink cannot see across the link (skipped with --engine-client=link)")
+    config.addinivalue_line(
+        "markers",
+        "engine_clock: steers the engine's tick clock by hand, which a worker's "
+        "tick-aligned uplink cannot see across the link (skipped with --engine-client=link)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

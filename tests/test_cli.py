@@ -51,8 +51,13 @@ def test_invalid_config_exits_nonzero_with_one_line(tmp_path):
 
 
 def test_unknown_engine_is_a_config_error():
-    out = subprocess.run([*CLI, "serve", "--engine", "nope", "--port", str(_free_port())],
-                         capture_output=True, text=True, env=CLEAN_ENV, timeout=60)
+    out = subprocess.run(
+        [*CLI, "serve", "--engine", "nope", "--port", str(_free_port())],
+        capture_output=True,
+        text=True,
+        env=CLEAN_ENV,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "unknown engine 'nope'" in out.stderr and "Traceback" not in out.stderr
 
@@ -60,8 +65,13 @@ def test_unknown_engine_is_a_config_error():
 def _healthy_loopback_server() -> tuple[subprocess.Popen[str], int]:
     """``rtserve serve --engine loopback`` in one process, once /health answers 200."""
     port = _free_port()
-    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--engine", "loopback", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=CLEAN_ENV,
+    )
     deadline = time.monotonic() + 60
     while _health(port) != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -107,8 +117,9 @@ def test_the_single_process_server_keeps_what_it_loaded_out_of_garbage_collectio
         while True:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                 text = resp.read().decode()
-            frozen = [float(line.split()[-1]) for line in text.splitlines()
-                      if line.startswith("rtserve_gc_frozen_objects ")]
+            frozen = [
+                float(line.split()[-1]) for line in text.splitlines() if line.startswith("rtserve_gc_frozen_objects ")
+            ]
             if (frozen and frozen[0] > 10_000) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -79,7 +79,10 @@ async def test_every_metric_the_dashboard_queries_is_exported(config: ServerConf
         async with http.get(base + "/metrics") as resp:
             exposition = await resp.text()
     # Labelled families with no child yet have no sample line: their names come from # TYPE.
-    exported = {f"{family.name}{suffix}" for family in text_string_to_metric_families(exposition)
-                for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))}
+    exported = {
+        f"{family.name}{suffix}"
+        for family in text_string_to_metric_families(exposition)
+        for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))
+    }
     queried = {name for expr in dashboard_exprs() for name in METRIC.findall(expr)}
     assert queried and queried <= exported, sorted(queried - exported)

@@ -17,11 +17,16 @@ def _exposition(requests: int, *, with_histogram: bool) -> bytes:
 
 
 def test_merged_metrics_parse_and_carry_each_workers_samples_labelled() -> None:
-    merged = merge_expositions(_exposition(1, with_histogram=False),
-                               {"0": _exposition(2, with_histogram=True), "1": _exposition(3, with_histogram=False)})
+    merged = merge_expositions(
+        _exposition(1, with_histogram=False),
+        {"0": _exposition(2, with_histogram=True), "1": _exposition(3, with_histogram=False)},
+    )
     families = {f.name: f for f in text_string_to_metric_families(merged.decode())}
-    requests = {(s.labels.get("worker"), s.labels["route"]): s.value
-                for s in families["app_requests"].samples if s.name == "app_requests_total"}
+    requests = {
+        (s.labels.get("worker"), s.labels["route"]): s.value
+        for s in families["app_requests"].samples
+        if s.name == "app_requests_total"
+    }
     assert requests == {(None, "/a b{c}"): 1, ("0", "/a b{c}"): 2, ("1", "/a b{c}"): 3}
     # A family only one worker has is there once, labelled, with its HELP and TYPE.
     wait = families["app_wait_seconds"]

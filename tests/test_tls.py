@@ -31,19 +31,27 @@ def self_signed_pair(folder: Path) -> tuple[Path, Path]:
     needs no openssl binary)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -65,9 +73,26 @@ async def _healthy(url: str, tls: ssl.SSLContext) -> None:
 async def test_serves_https_and_wss_with_a_self_signed_pair(tmp_path: Path, workers: int) -> None:
     cert, key = self_signed_pair(tmp_path)
     port = _free_port()
-    proc = subprocess.Popen([*CLI, "serve", "--engine", "loopback", "--port", str(port), "--workers", str(workers),
-                             "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "serve",
+            "--engine",
+            "loopback",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--ssl-certfile",
+            str(cert),
+            "--ssl-keyfile",
+            str(key),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=CLEAN_ENV,
+    )
     try:
         tls = ssl.create_default_context(cafile=str(cert))  # the client trusts exactly this certificate
         await _healthy(f"https://127.0.0.1:{port}", tls)
@@ -88,8 +113,23 @@ async def test_serves_https_and_wss_with_a_self_signed_pair(tmp_path: Path, work
 
 def test_a_bad_key_file_is_a_one_line_config_error(tmp_path: Path) -> None:
     cert, _ = self_signed_pair(tmp_path)
-    result = subprocess.run([*CLI, "serve", "--engine", "loopback", "--port", str(_free_port()),
-                             "--ssl-certfile", str(cert), "--ssl-keyfile", str(tmp_path / "missing.pem")],
-                            capture_output=True, text=True, env=CLEAN_ENV, timeout=60)
+    result = subprocess.run(
+        [
+            *CLI,
+            "serve",
+            "--engine",
+            "loopback",
+            "--port",
+            str(_free_port()),
+            "--ssl-certfile",
+            str(cert),
+            "--ssl-keyfile",
+            str(tmp_path / "missing.pem"),
+        ],
+        capture_output=True,
+        text=True,
+        env=CLEAN_ENV,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "cannot load the TLS certificate" in result.stderr

@@ -42,8 +42,7 @@ class EngineActor:
         self._engines = EngineSet(config, registry)
         self._server = EngineServer(self._engines, max_send_buffer_bytes=config.engine_link.max_send_buffer_bytes)
         host = config.cluster.engine_host or ray.util.get_node_ip_address()
-        serve = auth.authenticated(self._server.serve_connection, secret.encode(),
-                                    config.cluster.connect_timeout_s)
+        serve = auth.authenticated(self._server.serve_connection, secret.encode(), config.cluster.connect_timeout_s)
         self._listener = await asyncio.start_server(serve, host, 0)
         self._address: tuple[str, int] = self._listener.sockets[0].getsockname()[:2]
         self._engines.start()
@@ -58,9 +57,14 @@ class EngineActor:
 
     async def placement(self) -> dict[str, Any]:
         """Which node and process this engine runs on, and its load."""
-        return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "address": self._address, "sessions": self._server.session_count(),
-                "draining": self._server.draining}
+        return {
+            "name": self.name,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "address": self._address,
+            "sessions": self._server.session_count(),
+            "draining": self._server.draining,
+        }
 
     async def drain(self, deadline_s: float) -> int:
         """Take no new sessions; leave once the open ones end or at the deadline. Returns the
@@ -68,16 +72,23 @@ class EngineActor:
         self._server.drain()
         if self._drained is None:
             self._drained = asyncio.create_task(self._leave_when_idle(deadline_s))
-        log.info("engine actor %s draining: %d sessions open, deadline %.0f s", self.name,
-                 self._server.session_count(), deadline_s)
+        log.info(
+            "engine actor %s draining: %d sessions open, deadline %.0f s",
+            self.name,
+            self._server.session_count(),
+            deadline_s,
+        )
         return self._server.session_count()
 
     async def _leave_when_idle(self, deadline_s: float) -> None:
         try:
             await asyncio.wait_for(self._server.wait_idle(), deadline_s)
         except TimeoutError:
-            log.warning("engine actor %s: drain deadline passed with %d sessions open; ending them", self.name,
-                        self._server.session_count())
+            log.warning(
+                "engine actor %s: drain deadline passed with %d sessions open; ending them",
+                self.name,
+                self._server.session_count(),
+            )
         self._listener.close()
         await self._server.close()
         await self._process_metrics.stop()

@@ -40,6 +40,8 @@ def _boot_id() -> bytes:
             return f.read().strip()[:_BOOT_ID_BYTES].ljust(_BOOT_ID_BYTES, b"-")
     except OSError:
         return os.urandom(_BOOT_ID_BYTES // 2).hex().encode()  # unknown: never "the same host"
+
+
 _FRONT_END, _ENGINE = b"rtserve-front-end", b"rtserve-engine"
 
 
@@ -58,8 +60,7 @@ async def _read(reader: asyncio.StreamReader, size: int) -> bytes:
         raise HandshakeRefused("the peer closed the connection during the handshake") from None
 
 
-async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
-                 timeout_s: float) -> None:
+async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes, timeout_s: float) -> None:
     """Engine side: returns once the front-end proved the secret; raises ``HandshakeRefused``."""
     engine_nonce = os.urandom(NONCE_BYTES)
     writer.write(engine_nonce)
@@ -80,8 +81,7 @@ async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sec
         raise HandshakeRefused("the front-end did not finish the handshake in time") from None
 
 
-async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
-                  timeout_s: float) -> float:
+async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes, timeout_s: float) -> float:
     """Front-end side: returns the engine's monotonic clock minus ours; raises
     ``HandshakeRefused`` when the engine does not prove the secret."""
 

@@ -46,9 +46,18 @@ DIRECTORY_NAME = "rtserve-front-ends"  # one per Ray namespace
 
 def directory_actor(config: ServerConfig) -> Any:
     """The directory's handle, created by the first front-end. Needs ``ray.init``."""
-    return ray.remote(FrontEndDirectoryActor).options(
-        name=DIRECTORY_NAME, namespace=config.cluster.namespace, lifetime="detached", get_if_exists=True,
-        num_cpus=0, max_restarts=-1).remote()
+    return (
+        ray.remote(FrontEndDirectoryActor)
+        .options(
+            name=DIRECTORY_NAME,
+            namespace=config.cluster.namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_restarts=-1,
+        )
+        .remote()
+    )
 
 
 class RayDirectory:
@@ -63,8 +72,9 @@ class RayDirectory:
 
     async def publish(self, tag: str, runner: web.AppRunner) -> None:
         host, port = runner.addresses[0][:2]
-        await self._handle.publish.remote(tag, {"host": host, "port": port, "hostname": socket.gethostname(),
-                                                "pid": os.getpid()})
+        await self._handle.publish.remote(
+            tag, {"host": host, "port": port, "hostname": socket.gethostname(), "pid": os.getpid()}
+        )
 
     async def withdraw(self, tag: str) -> None:
         await self._handle.withdraw.remote(tag)
@@ -76,8 +86,11 @@ class RayDirectory:
 
 def peer_signer(config: ServerConfig) -> PeerSigner:
     assert config.cluster.secret is not None
-    return PeerSigner(config.cluster.secret.encode(), max_clock_skew_s=config.peers.max_clock_skew_s,
-                      max_remembered=config.peers.max_remembered_nonces)
+    return PeerSigner(
+        config.cluster.secret.encode(),
+        max_clock_skew_s=config.peers.max_clock_skew_s,
+        max_remembered=config.peers.max_remembered_nonces,
+    )
 
 
 async def cluster_peers(config: ServerConfig) -> Peers:

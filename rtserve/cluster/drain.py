@@ -29,8 +29,9 @@ _GRACE_S = 30.0  # beyond the deadline: closing the link and stopping the engine
 _REQUEST_TIMEOUT_S = 10.0
 
 
-def drain(address: str, namespace: str, deadline_s: float, *, engine: str | None = None,
-          front_end: str | None = None) -> int:
+def drain(
+    address: str, namespace: str, deadline_s: float, *, engine: str | None = None, front_end: str | None = None
+) -> int:
     """Exit status: 0 once it left, 1 when no such engine or front-end (or cluster), 3 when it
     is still there after its deadline."""
     try:
@@ -54,8 +55,7 @@ def _drain_engine(namespace: str, engine: str, deadline_s: float) -> int:
         log.error("no engine actor named %r in namespace %r", engine, namespace)
         return 1
     open_now = ray.get(actor.drain.remote(deadline_s))
-    log.info("engine %s draining: %d sessions open; it leaves when they end or in %g s", engine, open_now,
-             deadline_s)
+    log.info("engine %s draining: %d sessions open; it leaves when they end or in %g s", engine, open_now, deadline_s)
 
     def gone() -> bool:
         try:
@@ -77,8 +77,9 @@ def _drain_front_ends(namespace: str, name: str, deadline_s: float) -> int:
     except ValueError:
         log.error("no front-end has joined namespace %r", namespace)
         return 1
-    chosen = {tag: entry for tag, entry in ray.get(directory.front_ends.remote()).items()
-              if name in (tag, entry["hostname"])}
+    chosen = {
+        tag: entry for tag, entry in ray.get(directory.front_ends.remote()).items() if name in (tag, entry["hostname"])
+    }
     if not chosen:
         log.error("no front-end with tag or host %r in namespace %r", name, namespace)
         return 1
@@ -88,18 +89,26 @@ def _drain_front_ends(namespace: str, name: str, deadline_s: float) -> int:
         return 1
     signer = peer_signer(config)
     for tag, entry in chosen.items():
-        request = urllib.request.Request(f"http://{entry['host']}:{entry['port']}{DRAIN_ROUTE}", method="POST",
-                                         data=json.dumps({"deadline_s": deadline_s}).encode(),
-                                         headers={"Content-Type": "application/json",
-                                                  "X-Rtserve-Peer": signer.sign("POST", DRAIN_ROUTE)})
+        request = urllib.request.Request(
+            f"http://{entry['host']}:{entry['port']}{DRAIN_ROUTE}",
+            method="POST",
+            data=json.dumps({"deadline_s": deadline_s}).encode(),
+            headers={"Content-Type": "application/json", "X-Rtserve-Peer": signer.sign("POST", DRAIN_ROUTE)},
+        )
         try:
             with urllib.request.urlopen(request, timeout=_REQUEST_TIMEOUT_S) as response:
                 answer = json.load(response)
         except (urllib.error.URLError, OSError) as exc:
             log.error("front-end %s at %s:%d did not take the drain: %s", tag, entry["host"], entry["port"], exc)
             return 1
-        log.info("front-end %s (%s, pid %s) draining: %d sessions open; it leaves when they end or in %g s", tag,
-                 entry["hostname"], entry["pid"], answer["sessions"], answer["deadline_s"])
+        log.info(
+            "front-end %s (%s, pid %s) draining: %d sessions open; it leaves when they end or in %g s",
+            tag,
+            entry["hostname"],
+            entry["pid"],
+            answer["sessions"],
+            answer["deadline_s"],
+        )
 
     def gone() -> bool:
         return not set(chosen) & set(ray.get(directory.front_ends.remote()))

@@ -26,8 +26,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import EngineLinkConfig
-from rtserve.engines.protocols import (CapacityExhausted, ChatMessage, EngineError, EngineSession, Pcm,
-                                       SamplingParams, SessionOptions, TokenDelta, TranscriptPiece, TurnEngines)
+from rtserve.engines.protocols import (
+    CapacityExhausted,
+    ChatMessage,
+    EngineError,
+    EngineSession,
+    Pcm,
+    SamplingParams,
+    SessionOptions,
+    TokenDelta,
+    TranscriptPiece,
+    TurnEngines,
+)
 from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
@@ -135,8 +145,9 @@ class RoutedTTS(_RoutedTurnEngine):
 
 
 class RoutedASR(_RoutedTurnEngine):
-    async def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
-                         prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+    async def transcribe(
+        self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[TranscriptPiece]:
         asr = self._turn_engines().asr
         if asr is None:
             raise EngineError("the engine has no ASR model loaded", code="model_not_found")
@@ -154,20 +165,37 @@ class ClusterEngines:
         self.turn_engines = TurnEngines(
             asr=RoutedASR(self.members, template.asr) if template.asr else None,
             llm=RoutedLLM(self.members, template.llm) if template.llm else None,
-            tts=RoutedTTS(self.members, template.tts) if template.tts else None)
+            tts=RoutedTTS(self.members, template.tts) if template.tts else None,
+        )
 
     @staticmethod
-    def links(connects: Sequence[tuple[str, Connect]], settings: EngineLinkConfig, *, worker_index: int,
-              registry: CollectorRegistry) -> list[tuple[str, EngineLink]]:
+    def links(
+        connects: Sequence[tuple[str, Connect]],
+        settings: EngineLinkConfig,
+        *,
+        worker_index: int,
+        registry: CollectorRegistry,
+    ) -> list[tuple[str, EngineLink]]:
         """One (not yet started) link per engine."""
         metrics = LinkMetrics(registry)  # one set for every link: a registry takes each name once
-        return [(name, EngineLink(connect, worker_index, uplink_lead_s=settings.uplink_lead_ms / 1000,
-                                  uplink_last_call_s=settings.uplink_last_call_ms / 1000, metrics=metrics))
-                for name, connect in connects]
+        return [
+            (
+                name,
+                EngineLink(
+                    connect,
+                    worker_index,
+                    uplink_lead_s=settings.uplink_lead_ms / 1000,
+                    uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+                    metrics=metrics,
+                ),
+            )
+            for name, connect in connects
+        ]
 
     @classmethod
-    async def connect(cls, links: Sequence[tuple[str, EngineLink]], settings: EngineLinkConfig, *,
-                      startup_timeout_s: float) -> ClusterEngines:
+    async def connect(
+        cls, links: Sequence[tuple[str, EngineLink]], settings: EngineLinkConfig, *, startup_timeout_s: float
+    ) -> ClusterEngines:
         """Starts the links; waits up to ``startup_timeout_s`` for every engine to answer (at
         least one must). One that has not answered yet joins once it does."""
         for _, link in links:
@@ -185,9 +213,12 @@ class ClusterEngines:
         for name, link in links:
             if link.offer is None:
                 log.warning("engine actor %s has not answered yet; it joins once it does", name)
-        members = [EngineMember(name, link, RemoteEngines(link, link.offer or absent,
-                                                          max_queued_events=settings.max_queued_events))
-                   for name, link in links]
+        members = [
+            EngineMember(
+                name, link, RemoteEngines(link, link.offer or absent, max_queued_events=settings.max_queued_events)
+            )
+            for name, link in links
+        ]
         return cls(members, template)
 
     @property
@@ -198,8 +229,9 @@ class ClusterEngines:
     def failure(self) -> str | None:
         if self.ready:
             return None
-        reasons = [f"{m.name}: {(m.link.offer.failure if m.link.offer else None) or 'not reachable'}"
-                   for m in self.members]
+        reasons = [
+            f"{m.name}: {(m.link.offer.failure if m.link.offer else None) or 'not reachable'}" for m in self.members
+        ]
         return "no engine of the cluster is serving (" + "; ".join(reasons) + ")"
 
     def start(self) -> None:
@@ -220,8 +252,7 @@ class ClusterEngines:
     async def exposition(self, own: bytes) -> bytes:
         """This front-end's metrics and every reachable engine actor's, labelled ``engine="NAME"``."""
         texts = await asyncio.gather(*(self._engine_metrics(m) for m in self.members))
-        return merge_expositions(own, {m.name: text for m, text in zip(self.members, texts) if text},
-                                 label="engine")
+        return merge_expositions(own, {m.name: text for m, text in zip(self.members, texts) if text}, label="engine")
 
     @staticmethod
     async def _engine_metrics(member: EngineMember) -> bytes:
@@ -234,5 +265,11 @@ class ClusterEngines:
 
     def placement(self) -> dict[str, Any]:
         """Which engine is serving and how loaded it is (for logs and tests)."""
-        return {m.name: {"serving": m.serving, "sessions": m.link.offer.sessions if m.link.offer else None,
-                         "draining": bool(m.link.offer and m.link.offer.draining)} for m in self.members}
+        return {
+            m.name: {
+                "serving": m.serving,
+                "sessions": m.link.offer.sessions if m.link.offer else None,
+                "draining": bool(m.link.offer and m.link.offer.draining),
+            }
+            for m in self.members
+        }

@@ -31,14 +31,18 @@ def join_cluster(config: ServerConfig) -> None:
     """``ray.init`` once per process (front-ends of one host share nothing but the cluster)."""
     cluster = config.cluster
     if cluster.secret is None:
-        raise ConfigError("invalid config field 'cluster.secret': required with a Ray address "
-                          "(set RTSERVE_CLUSTER__SECRET to the same value on every front-end)")
+        raise ConfigError(
+            "invalid config field 'cluster.secret': required with a Ray address "
+            "(set RTSERVE_CLUSTER__SECRET to the same value on every front-end)"
+        )
     if config.engine not in ENGINES:  # fail here, not in actors Ray would restart forever
-        raise ConfigError(f"invalid config field 'engine': unknown engine {config.engine!r} "
-                          f"(known: {', '.join(sorted(ENGINES))})")
+        raise ConfigError(
+            f"invalid config field 'engine': unknown engine {config.engine!r} (known: {', '.join(sorted(ENGINES))})"
+        )
     if not ray.is_initialized():
-        ray.init(address=cluster.address, namespace=cluster.namespace, log_to_driver=False,
-                 logging_level=logging.WARNING)
+        ray.init(
+            address=cluster.address, namespace=cluster.namespace, log_to_driver=False, logging_level=logging.WARNING
+        )
 
 
 class ActorConnector:
@@ -65,8 +69,13 @@ class ActorConnector:
             offset = await auth.connect(reader, writer, self._secret, self._timeout_s)
         except ConnectionError as exc:  # a wrong secret, or a handshake that did not finish in time
             writer.close()
-            log.error("engine actor %s at %s:%d: %s (is cluster.secret the same on every front-end?)", self.name,
-                      host, port, exc)
+            log.error(
+                "engine actor %s at %s:%d: %s (is cluster.secret the same on every front-end?)",
+                self.name,
+                host,
+                port,
+                exc,
+            )
             raise
         if self.link is not None:
             self.link.clock_offset_s = offset
@@ -92,8 +101,9 @@ async def cluster_engines(config: ServerConfig, registry: CollectorRegistry, wor
     join_cluster(config)
     handles = await asyncio.to_thread(start_engines, config)
     connectors = [ActorConnector(name, handle, config) for name, handle in handles]
-    links = ClusterEngines.links([(c.name, c) for c in connectors], config.engine_link, worker_index=worker_index,
-                                 registry=registry)
+    links = ClusterEngines.links(
+        [(c.name, c) for c in connectors], config.engine_link, worker_index=worker_index, registry=registry
+    )
     for connector, (_, link) in zip(connectors, links):
         connector.link = link
     return await ClusterEngines.connect(links, config.engine_link, startup_timeout_s=config.cluster.startup_timeout_s)

@@ -29,8 +29,10 @@ def _bundle(cluster: ClusterConfig) -> dict[str, float]:
     bundle = {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus, **cluster.engine_resources}
     bundle = {key: amount for key, amount in bundle.items() if amount > 0}
     if not bundle:
-        raise ConfigError("invalid config field 'cluster': an engine actor must reserve some resource "
-                          "(engine_num_cpus, engine_num_gpus or engine_resources)")
+        raise ConfigError(
+            "invalid config field 'cluster': an engine actor must reserve some resource "
+            "(engine_num_cpus, engine_num_gpus or engine_resources)"
+        )
     return bundle
 
 
@@ -39,8 +41,9 @@ def _placement_group(cluster: ClusterConfig) -> PlacementGroup:
     try:
         return get_placement_group(name)
     except ValueError:  # the first front-end: reserve room for every engine
-        return placement_group([_bundle(cluster)] * cluster.engines, strategy=cluster.placement_strategy,
-                               name=name, lifetime="detached")
+        return placement_group(
+            [_bundle(cluster)] * cluster.engines, strategy=cluster.placement_strategy, name=name, lifetime="detached"
+        )
 
 
 def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
@@ -51,8 +54,10 @@ def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
     try:
         ray.get(group.ready(), timeout=cluster.placement_timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise ConfigError(f"the Ray cluster has no room for {cluster.engines} engine actors of "
-                          f"{_bundle(cluster)} each (waited {cluster.placement_timeout_s:g} s)") from None
+        raise ConfigError(
+            f"the Ray cluster has no room for {cluster.engines} engine actors of "
+            f"{_bundle(cluster)} each (waited {cluster.placement_timeout_s:g} s)"
+        ) from None
     remote_class = ray.remote(EngineActor)
     bundle = _bundle(cluster)
     settings = config.model_dump(mode="json")
@@ -64,9 +69,14 @@ def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
         except ValueError:
             pass
         handle = remote_class.options(
-            name=name, namespace=cluster.namespace, lifetime="detached", get_if_exists=True,
-            max_restarts=cluster.max_restarts, max_concurrency=64,
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+            name=name,
+            namespace=cluster.namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=cluster.max_restarts,
+            max_concurrency=64,
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
             resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
         ).remote(settings, name, cluster.secret)

@@ -38,5 +38,4 @@ class DecodeRateLimit:
         self._at = now
         self._allowance -= seconds
         if self._allowance < 0:
-            raise DecodeRateError(f"decoded audio faster than {self.ratio:g} s per second "
-                                  f"(burst {self.burst_s:g} s)")
+            raise DecodeRateError(f"decoded audio faster than {self.ratio:g} s per second (burst {self.burst_s:g} s)")

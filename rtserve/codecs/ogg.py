@@ -140,8 +140,8 @@ class OggPageReader:
         buffer = self._buffer
         available = len(buffer) - offset
         # Check the capture pattern as soon as its bytes arrive, so garbage fails fast.
-        head = bytes(buffer[offset:offset + 4])
-        if head != CAPTURE_PATTERN[:len(head)]:
+        head = bytes(buffer[offset : offset + 4])
+        if head != CAPTURE_PATTERN[: len(head)]:
             raise InvalidOggError("missing Ogg capture pattern 'OggS'")
         if available < HEADER_BYTES:
             return None
@@ -152,15 +152,15 @@ class OggPageReader:
             raise InvalidOggError(f"reserved Ogg header flags set: {flags:#04x}")
         if available < HEADER_BYTES + n_segments:
             return None
-        lacing = bytes(buffer[offset + HEADER_BYTES:offset + HEADER_BYTES + n_segments])
+        lacing = bytes(buffer[offset + HEADER_BYTES : offset + HEADER_BYTES + n_segments])
         size = HEADER_BYTES + n_segments + sum(lacing)
         if size > self.max_page_bytes:
             raise InvalidOggError(f"Ogg page of {size} bytes exceeds the {self.max_page_bytes}-byte limit")
         if available < size:
             return None
-        raw = bytearray(buffer[offset:offset + size])
-        raw[_CRC_OFFSET:_CRC_OFFSET + 4] = b"\x00\x00\x00\x00"
+        raw = bytearray(buffer[offset : offset + size])
+        raw[_CRC_OFFSET : _CRC_OFFSET + 4] = b"\x00\x00\x00\x00"
         if ogg_crc32(bytes(raw)) != crc:
             raise InvalidOggError("Ogg page CRC mismatch")
-        body = bytes(raw[HEADER_BYTES + n_segments:])
+        body = bytes(raw[HEADER_BYTES + n_segments :])
         return OggPage(flags, granule, serial, sequence, lacing, body), size

@@ -50,8 +50,9 @@ class OpusHead:
     output_gain_q8: int = 0  # dB in Q7.8
 
     def to_bytes(self) -> bytes:
-        return _OPUS_HEAD.pack(OPUS_HEAD_MAGIC, 1, self.channels, self.pre_skip,
-                               self.input_sample_rate, self.output_gain_q8, 0)
+        return _OPUS_HEAD.pack(
+            OPUS_HEAD_MAGIC, 1, self.channels, self.pre_skip, self.input_sample_rate, self.output_gain_q8, 0
+        )
 
     @classmethod
     def parse(cls, packet: bytes) -> OpusHead:
@@ -150,7 +151,8 @@ class OggOpusWriter:
         self._headers_sent = True
         head = OpusHead(channels=1, pre_skip=self._encoder.pre_skip_48k, input_sample_rate=self.sample_rate)
         return self._page(head.to_bytes(), flags=FLAG_BOS, granule=0) + self._page(
-            opus_tags_packet(self._vendor), flags=0, granule=0)
+            opus_tags_packet(self._vendor), flags=0, granule=0
+        )
 
     def _audio_page(self, packet: bytes, *, flags: int, end_granule: int | None = None) -> bytearray:
         self._granule += self._encoder.frame_duration_48k
@@ -223,8 +225,7 @@ class OggOpusReader:
                 pcm = self._on_page(page)
                 budget -= len(pcm)
                 if budget < 0:
-                    raise AudioLimitError(
-                        f"one chunk of Ogg-Opus decoded to more than {self.max_feed_samples} samples")
+                    raise AudioLimitError(f"one chunk of Ogg-Opus decoded to more than {self.max_feed_samples} samples")
                 chunks.append(pcm)
         except CodecError as exc:
             self._failed = exc
@@ -327,7 +328,7 @@ class OggOpusReader:
         if page.granule >= 0:
             # End trimming: the EOS granule says how many samples the stream really holds.
             total = max(0, page.granule - self._head.pre_skip) * self.sample_rate // OPUS_GRANULE_RATE
-            pcm = pcm[:max(0, len(pcm) - max(0, self._emitted - total))]
+            pcm = pcm[: max(0, len(pcm) - max(0, self._emitted - total))]
         self._state = _State.EXPECT_HEAD
         self._decoder = None
         return pcm

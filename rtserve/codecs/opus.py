@@ -112,7 +112,7 @@ class OpusEncoder:
         packets = [
             packet
             for start in range(0, whole, self.frame_samples)
-            for packet in self._encode_frame(pending[start:start + self.frame_samples])
+            for packet in self._encode_frame(pending[start : start + self.frame_samples])
         ]
         self._pending = pending[whole:].copy()
         return packets

@@ -46,8 +46,7 @@ class StreamResampler:
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream = (
-            None if in_rate == out_rate
-            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
+            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
         )
 
     def process(self, chunk: FloatArray) -> FloatArray:

@@ -44,15 +44,15 @@ def read_wav(data: bytes) -> WavAudio:
     offset = 12
     fmt: tuple[str, int, int] | None = None
     while offset + 8 <= len(data):
-        chunk_id = data[offset:offset + 4]
+        chunk_id = data[offset : offset + 4]
         (size,) = struct.unpack_from("<I", data, offset + 4)
         body_start = offset + 8
         if chunk_id == b"fmt ":
-            fmt = _parse_fmt(data[body_start:body_start + size])
+            fmt = _parse_fmt(data[body_start : body_start + size])
         elif chunk_id == b"data":
             if fmt is None:
                 raise InvalidWavError("WAV data chunk comes before its fmt chunk")
-            return _decode_data(data[body_start:body_start + size], *fmt)
+            return _decode_data(data[body_start : body_start + size], *fmt)
         offset = body_start + size + (size & 1)  # chunks are padded to even sizes
     raise InvalidWavError("WAV file has no data chunk" if fmt else "WAV file has no fmt chunk")
 
@@ -73,7 +73,8 @@ def _parse_fmt(chunk: bytes) -> tuple[str, int, int]:
     sample_format = _SUPPORTED.get((format_tag, bits))
     if sample_format is None:
         raise UnsupportedFormatError(
-            f"WAV format tag {format_tag} with {bits}-bit samples is not supported (16-bit PCM or 32-bit float)")
+            f"WAV format tag {format_tag} with {bits}-bit samples is not supported (16-bit PCM or 32-bit float)"
+        )
     if block_align != channels * bits // 8:
         raise InvalidWavError(f"WAV block align {block_align} does not match {channels} x {bits}-bit samples")
     return sample_format, channels, rate
@@ -100,9 +101,16 @@ def wav_header(sample_rate: int, sample_format: WavSampleFormat = "pcm16", num_s
     data_size = _STREAMING_SIZE if num_samples is None else num_samples * width
     riff_size = _STREAMING_SIZE if num_samples is None else 4 + (8 + _FMT.size) + 8 + data_size
     fmt = _FMT.pack(format_tag, 1, sample_rate, sample_rate * width, width, width * 8)
-    return (b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
-            + b"fmt " + struct.pack("<I", len(fmt)) + fmt
-            + b"data" + struct.pack("<I", data_size))
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff_size)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", data_size)
+    )
 
 
 def wav_frames(samples: FloatArray, sample_format: WavSampleFormat = "pcm16") -> bytes:

@@ -27,16 +27,18 @@ log = logging.getLogger(__name__)
 
 
 class EngineSet:
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry, *,
-                 session_engine: SessionEngine | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, registry: CollectorRegistry, *, session_engine: SessionEngine | None = None
+    ) -> None:
         self.config = config
         self.registry = registry
         self.session_engine = session_engine or create_engine(config.engine, config, registry)
         self._text_engine = create_text_engine(config)
         lent = self.session_engine.turn_engines()
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
-        self.turn_engines = lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine,
-                                                                               tts=lent.tts)
+        self.turn_engines = (
+            lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine, tts=lent.tts)
+        )
         self.failure: str | None = None  # why an engine (session, or vLLM text) could not start: /health says it
         self.policy_batcher: PolicyBatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -145,11 +147,13 @@ class EngineSet:
         try:
             batcher = await asyncio.to_thread(load_policy_batcher, robot, self.registry)
         except Exception:
-            log.exception("robot policy %r failed to load; the openpi route answers 'Robot policy not available'",
-                          robot.policy)
+            log.exception(
+                "robot policy %r failed to load; the openpi route answers 'Robot policy not available'", robot.policy
+            )
             return None
         batcher.start()
         self.policy_batcher = batcher
-        log.info("robot policy %r ready (max_batch=%d, window=%.1f ms)", robot.policy, robot.max_batch,
-                 robot.batch_window_ms)
+        log.info(
+            "robot policy %r ready (max_batch=%d, window=%.1f ms)", robot.policy, robot.max_batch, robot.batch_window_ms
+        )
         return batcher

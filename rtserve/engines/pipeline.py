@@ -67,9 +67,13 @@ def stage_latency_histogram(registry: CollectorRegistry) -> Histogram:
     """The per-stage latency family of ``registry``, created on first use."""
     family = _latency_families.get(registry)
     if family is None:
-        family = Histogram("rtserve_pipeline_stage_latency_seconds",
-                           "Time from a stage's latest input item to each item it emits",
-                           ["pipeline", "stage"], buckets=_LATENCY_BUCKETS, registry=registry)
+        family = Histogram(
+            "rtserve_pipeline_stage_latency_seconds",
+            "Time from a stage's latest input item to each item it emits",
+            ["pipeline", "stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         _latency_families[registry] = family
     return family
 
@@ -100,8 +104,15 @@ async def _aclose(iterator: object) -> None:
 
 
 class Pipeline:
-    def __init__(self, name: str, stages: Sequence[Stage], registry: CollectorRegistry, *,
-                 output_queue_size: int = 4, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        stages: Sequence[Stage],
+        registry: CollectorRegistry,
+        *,
+        output_queue_size: int = 4,
+        clock: Clock | None = None,
+    ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
         if len({stage.name for stage in stages}) != len(stages):
@@ -123,8 +134,11 @@ class Pipeline:
         tasks = [asyncio.create_task(self._pump(source, inboxes[0], failure), name=f"{self.name}:source")]
         for index, stage in enumerate(self.stages):
             downstream = inboxes[index + 1] if index + 1 < len(self.stages) else outbox
-            tasks.append(asyncio.create_task(self._run_stage(stage, inboxes[index], downstream, failure),
-                                             name=f"{self.name}:{stage.name}"))
+            tasks.append(
+                asyncio.create_task(
+                    self._run_stage(stage, inboxes[index], downstream, failure), name=f"{self.name}:{stage.name}"
+                )
+            )
         try:
             while True:
                 item = await self._next_output(outbox, failure)
@@ -154,8 +168,9 @@ class Pipeline:
         return getter.result()
 
     @staticmethod
-    async def _pump(source: AsyncIterable[Any], inbox: asyncio.Queue[Any],
-                    failure: asyncio.Future[tuple[str, BaseException]]) -> None:
+    async def _pump(
+        source: AsyncIterable[Any], inbox: asyncio.Queue[Any], failure: asyncio.Future[tuple[str, BaseException]]
+    ) -> None:
         iterator: AsyncIterator[Any] | None = None
         try:
             iterator = aiter(source)
@@ -168,8 +183,13 @@ class Pipeline:
         finally:
             await _aclose(iterator)
 
-    async def _run_stage(self, stage: Stage, inbox: asyncio.Queue[Any], downstream: asyncio.Queue[Any],
-                         failure: asyncio.Future[tuple[str, BaseException]]) -> None:
+    async def _run_stage(
+        self,
+        stage: Stage,
+        inbox: asyncio.Queue[Any],
+        downstream: asyncio.Queue[Any],
+        failure: asyncio.Future[tuple[str, BaseException]],
+    ) -> None:
         clock = self._clock
         latency = self._latency[stage.name]
         last_input_at: float | None = None

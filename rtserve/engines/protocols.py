@@ -252,8 +252,9 @@ class ASREngine(Protocol):
     model_name: str  # listed by GET /v1/models, matched against a request's ``model``
     sample_rate: int
 
-    def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
-                   prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+    def transcribe(
+        self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[TranscriptPiece]:
         """Partial pieces while audio arrives, then exactly one ``final=True`` piece."""
         ...
 
@@ -277,8 +278,13 @@ class VoiceInfo:
     created_at: int = 0  # registered voices: unix time of registration
 
     def public(self) -> dict[str, Any]:
-        return {"name": self.name, "builtin": self.builtin, "sample_rate": self.sample_rate,
-                "file_size": self.file_size, "created_at": self.created_at}
+        return {
+            "name": self.name,
+            "builtin": self.builtin,
+            "sample_rate": self.sample_rate,
+            "file_size": self.file_size,
+            "created_at": self.created_at,
+        }
 
 
 class TTSEngine(Protocol):
@@ -397,8 +403,16 @@ class EngineFailure:
     message: str
 
 
-EngineEvent = (SpeechStarted | SpeechStopped | InputTranscript | OutputAudio | OutputText
-               | ResponseFinished | EngineFailure | OutputToolCall)
+EngineEvent = (
+    SpeechStarted
+    | SpeechStopped
+    | InputTranscript
+    | OutputAudio
+    | OutputText
+    | ResponseFinished
+    | EngineFailure
+    | OutputToolCall
+)
 
 
 @dataclass(frozen=True)
@@ -460,9 +474,11 @@ class TurnDetection(BaseModel):
         """An OpenAI ``turn_detection`` object -> settings; fields this server has no use
         for are ignored. Raises ``InvalidTurnDetection``."""
         if value.get("type", "server_vad") not in ("server_vad", "semantic_vad"):
-            raise InvalidTurnDetection(f"turn_detection type {value.get('type')!r} is not supported by this "
-                                       "engine; use 'server_vad', 'semantic_vad' or null",
-                                       code=UNSUPPORTED_TURN_DETECTION)
+            raise InvalidTurnDetection(
+                f"turn_detection type {value.get('type')!r} is not supported by this "
+                "engine; use 'server_vad', 'semantic_vad' or null",
+                code=UNSUPPORTED_TURN_DETECTION,
+            )
         try:
             return cls.model_validate({k: v for k, v in value.items() if k in cls.model_fields})
         except ValidationError as exc:
@@ -599,5 +615,3 @@ class SleepStage(Protocol):
     async def restore(self) -> None:
         """Load the weights again; the stage serves once this returns."""
         ...
-
-

@@ -29,8 +29,9 @@ TONE_AMPLITUDE = 0.2
 class LoopbackModel:
     """Per-slot delay line: output frame t = input frame t - delay."""
 
-    def __init__(self, batch_size: int, delay_frames: int, *, frame_size: int = FRAME_SIZE,
-                 sample_rate: int = SAMPLE_RATE) -> None:
+    def __init__(
+        self, batch_size: int, delay_frames: int, *, frame_size: int = FRAME_SIZE, sample_rate: int = SAMPLE_RATE
+    ) -> None:
         if delay_frames < 0:
             raise ValueError("delay_frames must be >= 0")
         self.batch_size = batch_size
@@ -62,16 +63,26 @@ class LoopbackModel:
 class ToneModel:
     """A phase-continuous sine per slot; the phase restarts when a slot is reopened."""
 
-    def __init__(self, batch_size: int, base_hz: float, step_hz: float, *, frame_size: int = FRAME_SIZE,
-                 sample_rate: int = SAMPLE_RATE, amplitude: float = TONE_AMPLITUDE) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        base_hz: float,
+        step_hz: float,
+        *,
+        frame_size: int = FRAME_SIZE,
+        sample_rate: int = SAMPLE_RATE,
+        amplitude: float = TONE_AMPLITUDE,
+    ) -> None:
         self.batch_size = batch_size
         self.frame_size = frame_size
         self.sample_rate = sample_rate
         self.amplitude = amplitude
         self.frequencies = base_hz + step_hz * np.arange(batch_size, dtype=np.float64)
         if self.frequencies[-1] >= sample_rate / 2:
-            raise ValueError(f"tone for slot {batch_size - 1} ({self.frequencies[-1]:.0f} Hz) "
-                             f"is above the Nyquist frequency ({sample_rate / 2:.0f} Hz)")
+            raise ValueError(
+                f"tone for slot {batch_size - 1} ({self.frequencies[-1]:.0f} Hz) "
+                f"is above the Nyquist frequency ({sample_rate / 2:.0f} Hz)"
+            )
         self._phase = np.zeros(batch_size, np.float64)  # in cycles, kept in [0, 1)
         self._ramp = np.arange(frame_size, dtype=np.float64) / sample_rate
 

@@ -51,6 +51,10 @@ def load_policy_batcher(config: RobotConfig, registry: CollectorRegistry) -> Pol
     from rtserve.engines.policy.batcher import PolicyBatcher
     from rtserve.engines.policy.loading import load_policy
 
-    return PolicyBatcher(load_policy(config), max_batch=config.max_batch,
-                         batch_window_s=config.batch_window_ms / 1000.0, max_pending=config.max_pending_requests,
-                         registry=registry)
+    return PolicyBatcher(
+        load_policy(config),
+        max_batch=config.max_batch,
+        batch_window_s=config.batch_window_ms / 1000.0,
+        max_pending=config.max_pending_requests,
+        registry=registry,
+    )

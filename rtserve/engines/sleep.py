@@ -28,8 +28,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rtserve.errors import INVALID_VALUE, NOT_IMPLEMENTED
 from rtserve.engines.protocols import EngineError, SleepStage
+from rtserve.errors import INVALID_VALUE, NOT_IMPLEMENTED
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,10 @@ class SleepController:
         return tuple(sorted(self._levels))
 
     def stages(self) -> list[dict[str, Any]]:
-        return [{"stage_id": i, "stage": s.stage, "sleeping": i in self._levels, "level": self._levels.get(i)}
-                for i, s in enumerate(self._stages)]
+        return [
+            {"stage_id": i, "stage": s.stage, "sleeping": i in self._levels, "level": self._levels.get(i)}
+            for i, s in enumerate(self._stages)
+        ]
 
     def _ids(self, stage_ids: Sequence[int] | None, verb: str) -> list[int]:
         if not self._stages:
@@ -81,9 +83,12 @@ class SleepController:
             return list(range(len(self._stages)))
         unknown = [i for i in stage_ids if not 0 <= i < len(self._stages)]
         if unknown:
-            raise EngineError(f"cannot {verb} unknown stage_ids {unknown}: this engine has stages "
-                              f"0-{len(self._stages) - 1} ({', '.join(s.stage for s in self._stages)})",
-                              code=INVALID_VALUE, param="stage_ids")
+            raise EngineError(
+                f"cannot {verb} unknown stage_ids {unknown}: this engine has stages "
+                f"0-{len(self._stages) - 1} ({', '.join(s.stage for s in self._stages)})",
+                code=INVALID_VALUE,
+                param="stage_ids",
+            )
         return sorted(set(stage_ids))
 
     async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
@@ -101,8 +106,15 @@ class SleepController:
                     freed = max(0, before - await asyncio.to_thread(resident_bytes))
                 self._levels[i] = max(level, self._levels[i])
                 log.info("stage %d (%s) asleep at level %d; %d bytes freed", i, stage.stage, level, freed)
-                acks.append({"stage_id": i, "stage": stage.stage, "status": SUCCESS, "level": self._levels[i],
-                             "freed_bytes": freed})
+                acks.append(
+                    {
+                        "stage_id": i,
+                        "stage": stage.stage,
+                        "status": SUCCESS,
+                        "level": self._levels[i],
+                        "freed_bytes": freed,
+                    }
+                )
             return acks
 
     async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
@@ -110,9 +122,11 @@ class SleepController:
             asleep = [i for i in self._ids(stage_ids, "wake_up") if i in self._levels]
             discarded = [i for i in asleep if self._levels[i] >= 2]
             if discarded:
-                raise EngineError(f"wake_up after sleep(level=2) is not yet implemented: level 2 discarded the "
-                                  f"weights of stage(s) {discarded}; restart the server to load them",
-                                  code=NOT_IMPLEMENTED)
+                raise EngineError(
+                    f"wake_up after sleep(level=2) is not yet implemented: level 2 discarded the "
+                    f"weights of stage(s) {discarded}; restart the server to load them",
+                    code=NOT_IMPLEMENTED,
+                )
             acks = []
             for i in asleep:
                 stage = self._stages[i]

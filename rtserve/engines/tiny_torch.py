@@ -46,13 +46,16 @@ def resolve_device(spec: str | torch.device) -> torch.device:
     if device.type != "cuda":
         raise ConfigError(f"{field}: {str(spec)!r} is not supported (use 'cpu', 'cuda' or 'cuda:N')")
     if not torch.cuda.is_available():
-        raise ConfigError(f"{field}: {str(spec)!r} was requested but torch.cuda.is_available() is False "
-                          f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); "
-                          f"set it to 'cpu' or run where a CUDA GPU and a CUDA build of torch are present")
+        raise ConfigError(
+            f"{field}: {str(spec)!r} was requested but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); "
+            f"set it to 'cpu' or run where a CUDA GPU and a CUDA build of torch are present"
+        )
     index = torch.cuda.current_device() if device.index is None else device.index
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"{field}: {str(spec)!r} was requested but only {torch.cuda.device_count()} CUDA "
-                          f"device(s) are visible")
+        raise ConfigError(
+            f"{field}: {str(spec)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) are visible"
+        )
     return torch.device("cuda", index)
 
 
@@ -95,9 +98,18 @@ class _PinnedTransfer:
 
 
 class TinyRecurrentFrameModel:
-    def __init__(self, batch_size: int, *, seed: int = 0, frame_size: int = FRAME_SIZE,
-                 sample_rate: int = SAMPLE_RATE, sub_frames: int = 16, features: int = 32,
-                 hidden: int = 64, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        frame_size: int = FRAME_SIZE,
+        sample_rate: int = SAMPLE_RATE,
+        sub_frames: int = 16,
+        features: int = 32,
+        hidden: int = 64,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if frame_size % sub_frames:
             raise ValueError("frame_size must be a multiple of sub_frames")
         self.device = resolve_device(device)
@@ -142,8 +154,8 @@ class TinyRecurrentFrameModel:
         chunk, rest = data[:PROMPT_BYTES_PER_STEP], data[PROMPT_BYTES_PER_STEP:]
         if chunk:
             tokens = torch.tensor(list(chunk), dtype=torch.long, device=self.device).unsqueeze(0)
-            _, hidden = self.gru(self.prompt_embedding(tokens), self.state[:, slot:slot + 1].contiguous())
-            self.state[:, slot:slot + 1] = hidden
+            _, hidden = self.gru(self.prompt_embedding(tokens), self.state[:, slot : slot + 1].contiguous())
+            self.state[:, slot : slot + 1] = hidden
         if rest:
             self._prompts[slot] = rest
             return False

@@ -39,10 +39,25 @@ def openai_tools(tools: Sequence[ToolSpec], *, strict: bool = False) -> list[dic
     """``tools`` as chat templates (transformers, vLLM) take them: OpenAI's chat shape.
     ``strict``: OpenAI's strict mode, the arguments constrained to ``arguments_schema``."""
     if strict:
-        return [{"type": "function", "function": {"name": t.name, "description": t.description, "strict": True,
-                                                  "parameters": arguments_schema(t)}} for t in tools]
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": dict(t.parameters)}} for t in tools]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "strict": True,
+                    "parameters": arguments_schema(t),
+                },
+            }
+            for t in tools
+        ]
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)},
+        }
+        for t in tools
+    ]
 
 
 def openai_turns(messages: Sequence[ChatMessage], *, arguments_as_text: bool = False) -> list[dict[str, Any]]:
@@ -53,10 +68,17 @@ def openai_turns(messages: Sequence[ChatMessage], *, arguments_as_text: bool = F
     for m in messages:
         turn: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
-            turn["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                   "function": {"name": c.name, "arguments": c.arguments if arguments_as_text
-                                                else _parsed(c.arguments)}}
-                                  for c in m.tool_calls]
+            turn["tool_calls"] = [
+                {
+                    "id": c.call_id,
+                    "type": "function",
+                    "function": {
+                        "name": c.name,
+                        "arguments": c.arguments if arguments_as_text else _parsed(c.arguments),
+                    },
+                }
+                for c in m.tool_calls
+            ]
         if m.tool_call_id is not None:
             turn["tool_call_id"] = m.tool_call_id
         turns.append(turn)
@@ -77,19 +99,23 @@ def check_tools(tools: Sequence[ToolSpec], choice: ToolChoice, param: str = "too
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if not _NAME.match(tool.name):
-            raise InvalidTools(f"Invalid function name {tool.name[:64]!r}: use 1-64 letters, digits, '_' or '-'",
-                               param=f"{param}[{i}].name")
+            raise InvalidTools(
+                f"Invalid function name {tool.name[:64]!r}: use 1-64 letters, digits, '_' or '-'",
+                param=f"{param}[{i}].name",
+            )
         if tool.name in seen:
             raise InvalidTools(f"Duplicate function name {tool.name!r}", param=f"{param}[{i}].name")
         seen.add(tool.name)
         problem = schema_problem(tool.parameters)
         if problem:
-            raise InvalidTools(f"Invalid schema for function {tool.name!r}: {problem}",
-                               param=f"{param}[{i}].parameters")
+            raise InvalidTools(
+                f"Invalid schema for function {tool.name!r}: {problem}", param=f"{param}[{i}].parameters"
+            )
     choice_param = "tool_choice" if param == "tools" else param.rsplit(".", 1)[0] + ".tool_choice"
     if choice.name is not None and choice.name not in seen:
-        raise InvalidTools(f"tool_choice names function {choice.name[:64]!r}, which is not in tools",
-                           param=choice_param)
+        raise InvalidTools(
+            f"tool_choice names function {choice.name[:64]!r}, which is not in tools", param=choice_param
+        )
     if choice.mode == "required" and not tools:
         raise InvalidTools("tool_choice requires a tool call but no tools are given", param=choice_param)
 

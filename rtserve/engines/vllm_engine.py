@@ -48,16 +48,19 @@ class VllmTextEngine:
     def __init__(self, settings: VllmSettings) -> None:
         for field in ("url", "model"):
             if getattr(settings, field) is None:
-                raise ConfigError(f"invalid config field 'http.vllm.{field}': required when vLLM serves the LLM "
-                                  "(http.text_engine or cascade.llm_engine 'vllm')")
+                raise ConfigError(
+                    f"invalid config field 'http.vllm.{field}': required when vLLM serves the LLM "
+                    "(http.text_engine or cascade.llm_engine 'vllm')"
+                )
         assert settings.url is not None and settings.model is not None
         self._settings = settings
         self._url = settings.url.rstrip("/")
         self._model = settings.model
         self.model_name = settings.served_model_name or settings.model
         self._headers = {} if settings.api_key is None else {"Authorization": f"Bearer {settings.api_key}"}
-        self._timeout = aiohttp.ClientTimeout(sock_connect=settings.connect_timeout_s,
-                                              sock_read=settings.read_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
+        )
         self._context: int | None = None  # vLLM's max_model_len, learned at start
         self._failure: str | None = None
 
@@ -77,7 +80,7 @@ class VllmTextEngine:
                     self._failure = exc.message
                     raise
                 problem = exc.message
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 self._serving(listed)
@@ -86,8 +89,10 @@ class VllmTextEngine:
             if left <= 0:
                 break
             await asyncio.sleep(min(STARTUP_POLL_S, left))
-        self._failure = (f"vLLM at {self._url} did not serve {self._model!r} within "
-                         f"http.vllm.startup_timeout_s={self._settings.startup_timeout_s:g} ({problem})")
+        self._failure = (
+            f"vLLM at {self._url} did not serve {self._model!r} within "
+            f"http.vllm.startup_timeout_s={self._settings.startup_timeout_s:g} ({problem})"
+        )
         raise EngineError(self._failure, code=MODEL_UNAVAILABLE)
 
     def _serving(self, listed: dict[str, Any]) -> None:
@@ -118,8 +123,9 @@ class VllmTextEngine:
     async def restore(self) -> None:
         raise SleepUnsupported(f"the LLM runs in vLLM at {self._url}; wake that server instead")
 
-    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
-                       fit_history: bool = False) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
+    ) -> AsyncIterator[TokenDelta]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
 
         ``fit_history`` drops the oldest non-system turns when the conversation outgrows
@@ -141,9 +147,14 @@ class VllmTextEngine:
 
     def _body(self, messages: Sequence[ChatMessage], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self._model, "messages": openai_turns(messages, arguments_as_text=True), "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": params.temperature, "top_p": params.top_p,
-            "max_tokens": params.max_tokens}
+            "model": self._model,
+            "messages": openai_turns(messages, arguments_as_text=True),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         if params.stop:
@@ -169,9 +180,15 @@ class VllmTextEngine:
             gone = set(droppable[:dropped])
             kept = [m for i, m in enumerate(messages) if i not in gone]
             with _unreachable_is_unavailable():
-                counted = await self._json("/tokenize", {
-                    "model": self._model, "add_generation_prompt": True, **tools,
-                    "messages": openai_turns(kept, arguments_as_text=True)})
+                counted = await self._json(
+                    "/tokenize",
+                    {
+                        "model": self._model,
+                        "add_generation_prompt": True,
+                        **tools,
+                        "messages": openai_turns(kept, arguments_as_text=True),
+                    },
+                )
             return int(counted["count"]) <= budget
 
         if await fits(0):
@@ -181,8 +198,11 @@ class VllmTextEngine:
             middle = (low + high) // 2
             low, high = (low, middle) if await fits(middle) else (middle, high)
         if not await fits(high):
-            raise EngineError(f"the prompt's system turns and newest turn alone exceed vLLM's context of "
-                              f"{self._context} tokens with max_tokens={max_tokens}", code="context_length_exceeded")
+            raise EngineError(
+                f"the prompt's system turns and newest turn alone exceed vLLM's context of "
+                f"{self._context} tokens with max_tokens={max_tokens}",
+                code="context_length_exceeded",
+            )
         gone = set(droppable[:high])
         return [m for i, m in enumerate(messages) if i not in gone]
 
@@ -199,7 +219,7 @@ class VllmTextEngine:
 def _unreachable_is_unavailable() -> Iterator[None]:
     try:
         yield
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         raise EngineError(f"The LLM server (vLLM) failed: {type(exc).__name__}.", code=MODEL_UNAVAILABLE) from exc
 
 
@@ -236,13 +256,12 @@ async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[TokenDelta]
     async for line in response.content:
         if not line.startswith(b"data: "):
             continue
-        data = line[len(b"data: "):].strip()
+        data = line[len(b"data: ") :].strip()
         if data == b"[DONE]":
             break
         chunk = json.loads(data)
         if "error" in chunk:  # a failure after the stream started
-            raise EngineError(f"The LLM server (vLLM) failed: {chunk['error'].get('message')}",
-                              code=MODEL_UNAVAILABLE)
+            raise EngineError(f"The LLM server (vLLM) failed: {chunk['error'].get('message')}", code=MODEL_UNAVAILABLE)
         usage = chunk.get("usage") or {}
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
@@ -251,16 +270,27 @@ async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[TokenDelta]
             for call in delta.get("tool_calls") or ():
                 called = True
                 function = call.get("function") or {}
-                yield TokenDelta(text="", tool_call=ToolCallDelta(call.get("index", 0), function.get("arguments") or "",
-                                                                  call.get("id"), function.get("name")))
+                yield TokenDelta(
+                    text="",
+                    tool_call=ToolCallDelta(
+                        call.get("index", 0), function.get("arguments") or "", call.get("id"), function.get("name")
+                    ),
+                )
             if choice.get("finish_reason"):
                 # A forced call ends "stop" on vLLM (as on OpenAI): a reply that is a call ends
                 # "tool_calls" here, as on every rtserve engine.
-                finish = "tool_calls" if called and choice["finish_reason"] == "stop" else \
-                    _finish_reason(choice["finish_reason"])
+                finish = (
+                    "tool_calls"
+                    if called and choice["finish_reason"] == "stop"
+                    else _finish_reason(choice["finish_reason"])
+                )
         if usage and finish is not None:
-            yield TokenDelta(text="", finish_reason=finish, prompt_tokens=usage.get("prompt_tokens", 0),
-                             completion_tokens=usage.get("completion_tokens", 0))
+            yield TokenDelta(
+                text="",
+                finish_reason=finish,
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+            )
             return
     raise EngineError("The LLM server (vLLM) ended the stream without finishing the reply.", code=MODEL_UNAVAILABLE)
 

@@ -13,8 +13,9 @@ from rtserve.engines.protocols import EngineError
 from rtserve.errors import INVALID_VALUE
 
 # OpenAI's built-in voice names: clients send them by default, so each selects an engine's own voice.
-OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
-                           "shimmer", "verse", "marin", "cedar"})
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"}
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]|\.(?!\.)){0,62}[A-Za-z0-9]$|^[A-Za-z0-9]$")
 
@@ -25,5 +26,9 @@ def is_voice_name(name: str) -> bool:
 
 def check_voice_name(name: str) -> None:
     if not is_voice_name(name):
-        raise EngineError("voice name must be 1-64 letters, digits, '_', '-' or single inner dots, starting and "
-                          "ending with a letter or digit", code=INVALID_VALUE, param="name")
+        raise EngineError(
+            "voice name must be 1-64 letters, digits, '_', '-' or single inner dots, starting and "
+            "ending with a letter or digit",
+            code=INVALID_VALUE,
+            param="name",
+        )

@@ -78,8 +78,9 @@ class Supervisor:
         """``engine_process`` False: the engines run elsewhere (Ray actors, ``cluster/``); each
         worker reaches them itself."""
         if config.engine not in ENGINES:  # fail now, not in an engine process restarted forever
-            raise ConfigError(f"invalid config field 'engine': unknown engine {config.engine!r} "
-                              f"(known: {', '.join(sorted(ENGINES))})")
+            raise ConfigError(
+                f"invalid config field 'engine': unknown engine {config.engine!r} (known: {', '.join(sorted(ENGINES))})"
+            )
         self.config = config
         self._socket_dir = tempfile.mkdtemp(prefix="rtserve-engine-")  # 0700: the link is private
         socket_path = os.path.join(self._socket_dir, "engine.sock")
@@ -89,9 +90,10 @@ class Supervisor:
         self._listeners = _listening_sockets(config.host, config.port, workers)
         self._engine = _Child("engine", engine_main.run, (settings, socket_path, parent))
         # The workers reach each other through sockets in the same private folder (web/peers).
-        self._workers = [_Child(f"worker-{i}", worker_main.run,
-                                (settings, socket_path, i, parent, listener, self._socket_dir))
-                         for i, listener in enumerate(self._listeners)]
+        self._workers = [
+            _Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent, listener, self._socket_dir))
+            for i, listener in enumerate(self._listeners)
+        ]
         self._stop = threading.Event()
         self._engine_process = engine_process
 
@@ -105,8 +107,13 @@ class Supervisor:
         try:
             for child in self.children:
                 child.start(self._context)
-            log.info("rtserve listening on http://%s:%d with %d workers and one engine process (engine %s)",
-                     self.config.host, self.config.port, len(self._workers), self.config.engine)
+            log.info(
+                "rtserve listening on http://%s:%d with %d workers and one engine process (engine %s)",
+                self.config.host,
+                self.config.port,
+                len(self._workers),
+                self.config.engine,
+            )
             return self._watch()
         finally:
             self._shut_down()

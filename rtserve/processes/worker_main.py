@@ -21,8 +21,14 @@ log = logging.getLogger("rtserve.worker")
 EXIT_DRAINED = 3
 
 
-def run(settings: dict[str, Any], socket_path: str, worker_index: int, parent_pid: int,
-        listener: socket.socket, peer_folder: str) -> None:
+def run(
+    settings: dict[str, Any],
+    socket_path: str,
+    worker_index: int,
+    parent_pid: int,
+    listener: socket.socket,
+    peer_folder: str,
+) -> None:
     die_with_parent(parent_pid)
     config = ServerConfig.model_validate(settings)
     configure_logging(config.log_level)
@@ -32,6 +38,7 @@ def run(settings: dict[str, Any], socket_path: str, worker_index: int, parent_pi
     except ImportError as exc:
         sys.stderr.write(f"rtserve: a worker cannot start: {exc}\n")
         sys.exit(EXIT_CONFIG_ERROR)
-    if asyncio.run(serve(config, engine_socket=socket_path, worker_index=worker_index, listener=listener,
-                         peer_folder=peer_folder)):
+    if asyncio.run(
+        serve(config, engine_socket=socket_path, worker_index=worker_index, listener=listener, peer_folder=peer_folder)
+    ):
         sys.exit(EXIT_DRAINED)

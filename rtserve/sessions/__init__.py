@@ -23,5 +23,17 @@ from rtserve.sessions.manager import SessionManager
 from rtserve.sessions.projections import NativeDuplexProjection, Projection, RealtimeProjection
 from rtserve.sessions.session_config import SessionConfig, TurnDetection
 
-__all__ = ["Attachment", "Delivery", "NativeDuplexProjection", "OutputBuffer", "OutputOverflowError", "Projection",
-           "RealtimeProjection", "SessionConfig", "SessionError", "SessionHandle", "SessionManager", "TurnDetection"]
+__all__ = [
+    "Attachment",
+    "Delivery",
+    "NativeDuplexProjection",
+    "OutputBuffer",
+    "OutputOverflowError",
+    "Projection",
+    "RealtimeProjection",
+    "SessionConfig",
+    "SessionError",
+    "SessionHandle",
+    "SessionManager",
+    "TurnDetection",
+]

@@ -42,8 +42,9 @@ class Delivery:
 
 
 class SessionOutlet:
-    def __init__(self, session_id: str, buffer: OutputBuffer, journal: ReplayJournal | None,
-                 projection: Projection, clock: Clock) -> None:
+    def __init__(
+        self, session_id: str, buffer: OutputBuffer, journal: ReplayJournal | None, projection: Projection, clock: Clock
+    ) -> None:
         self.session_id = session_id
         self.buffer = buffer
         self.journal = journal  # None: the session is not resumable, nothing is kept
@@ -63,12 +64,19 @@ class SessionOutlet:
         event.server_event_seq = seq
         text = with_seq(entry.text, seq)
         if self.journal is not None:
-            self.journal.append(JournalEntry(seq, event, text, entry.nbytes + len(text) - len(entry.text),
-                                             self._clock.monotonic()))
+            self.journal.append(
+                JournalEntry(seq, event, text, entry.nbytes + len(text) - len(entry.text), self._clock.monotonic())
+            )
         return Delivery(event, text, seq)
 
-    def attach(self, generation: int, projection: Projection | None = None, *,
-               preamble: Iterable[SessionEvent] = (), replay: Iterable[JournalEntry] = ()) -> Attachment:
+    def attach(
+        self,
+        generation: int,
+        projection: Projection | None = None,
+        *,
+        preamble: Iterable[SessionEvent] = (),
+        replay: Iterable[JournalEntry] = (),
+    ) -> Attachment:
         """Make a new consumer current; the previous one (if any) is superseded."""
         old = self.current
         attachment = Attachment(self, generation, projection or self.projection, preamble, replay)
@@ -120,8 +128,14 @@ class Attachment:
     ``deliveries()`` for the wire text. Ends after the terminal event, on detach, or
     after ``session.replaced`` when a resume took over."""
 
-    def __init__(self, outlet: SessionOutlet, generation: int, projection: Projection,
-                 preamble: Iterable[SessionEvent], replay: Iterable[JournalEntry]) -> None:
+    def __init__(
+        self,
+        outlet: SessionOutlet,
+        generation: int,
+        projection: Projection,
+        preamble: Iterable[SessionEvent],
+        replay: Iterable[JournalEntry],
+    ) -> None:
         self._outlet = outlet
         self.session_id = outlet.session_id
         self.generation = generation

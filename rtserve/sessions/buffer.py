@@ -57,9 +57,16 @@ INTERRUPTED = _Interrupted()
 
 
 class OutputBuffer:
-    def __init__(self, render: Callable[[SessionEvent], str], *, max_bytes: int, max_events: int,
-                 reserve_bytes: int = 64 * 1024, reserve_events: int = 8,
-                 close_details_max_bytes: int = 4 * 1024) -> None:
+    def __init__(
+        self,
+        render: Callable[[SessionEvent], str],
+        *,
+        max_bytes: int,
+        max_events: int,
+        reserve_bytes: int = 64 * 1024,
+        reserve_events: int = 8,
+        close_details_max_bytes: int = 4 * 1024,
+    ) -> None:
         self._render = render
         self.max_bytes = max_bytes
         self.max_events = max_events
@@ -81,10 +88,14 @@ class OutputBuffer:
 
     @classmethod
     def from_limits(cls, limits: SessionLimits, render: Callable[[SessionEvent], str]) -> OutputBuffer:
-        return cls(render, max_bytes=limits.max_pending_output_bytes_per_session,
-                   max_events=limits.max_pending_output_events_per_session,
-                   reserve_bytes=limits.output_reserve_bytes, reserve_events=limits.output_reserve_events,
-                   close_details_max_bytes=limits.close_details_max_bytes)
+        return cls(
+            render,
+            max_bytes=limits.max_pending_output_bytes_per_session,
+            max_events=limits.max_pending_output_events_per_session,
+            reserve_bytes=limits.output_reserve_bytes,
+            reserve_events=limits.output_reserve_events,
+            close_details_max_bytes=limits.close_details_max_bytes,
+        )
 
     # -- observation ------------------------------------------------------
 
@@ -125,7 +136,8 @@ class OutputBuffer:
             if self._pending_bytes + nbytes > max_bytes or len(self._queue) + 1 > max_events:
                 raise OutputOverflowError(
                     f"{type(event).__name__} of {nbytes} B does not fit: {len(self._queue)} events / "
-                    f"{self._pending_bytes} B pending of {max_events} / {max_bytes}")
+                    f"{self._pending_bytes} B pending of {max_events} / {max_bytes}"
+                )
             self._queue.append(BufferedEvent(event, text, nbytes))
             self._pending_bytes += nbytes
             self._wake_locked()
@@ -210,7 +222,7 @@ class OutputBuffer:
             if entry is None or isinstance(entry, BufferedEvent):
                 return None if entry is None else entry.event
 
-    async def next_entry(self, owner: object | None = None) -> BufferedEvent | None | _Interrupted:
+    async def next_entry(self, owner: object | None = None) -> BufferedEvent | _Interrupted | None:
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:

@@ -30,9 +30,20 @@ MIN_COMMIT_MS = 100
 
 
 class CommandHandlers:
-    def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities, config: SessionConfig,
-                 limits: SessionLimits, conversation: Conversation, output: SessionOutput, ledger: InputLedger,
-                 responses: ResponseTracker, turns: TurnTracker, snapshot: Callable[[], ev.SessionSnapshot]) -> None:
+    def __init__(
+        self,
+        *,
+        engine: EngineSession,
+        capabilities: EngineCapabilities,
+        config: SessionConfig,
+        limits: SessionLimits,
+        conversation: Conversation,
+        output: SessionOutput,
+        ledger: InputLedger,
+        responses: ResponseTracker,
+        turns: TurnTracker,
+        snapshot: Callable[[], ev.SessionSnapshot],
+    ) -> None:
         self.engine = engine
         self.capabilities = capabilities
         self.config = config
@@ -82,8 +93,7 @@ class CommandHandlers:
             else:
                 self._output.emit(ev.ItemRetrieved(session_id=self._output.session_id, item=item.snapshot()))
         else:
-            self._output.error(errors.INVALID_VALUE, f"{type(c).__name__} is not a session command",
-                               related=c.event_id)
+            self._output.error(errors.INVALID_VALUE, f"{type(c).__name__} is not a session command", related=c.event_id)
 
     def _append(self, c: cmd.AppendAudio) -> None:
         if c.audio.size:
@@ -104,12 +114,17 @@ class CommandHandlers:
         if buffered_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
             self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
         elif self._responses.continuous:
-            self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns",
-                               related=c.event_id)
+            self._output.error(
+                errors.TURN_CONTROL_UNSUPPORTED, "This model streams continuously and has no turns", related=c.event_id
+            )
         elif buffered_ms < MIN_COMMIT_MS:
-            self._output.error(errors.INPUT_BUFFER_EMPTY, "Error committing input audio buffer: buffer too small. "
-                               f"Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
-                               f"{buffered_ms:.2f}ms of audio.", related=c.event_id)
+            self._output.error(
+                errors.INPUT_BUFFER_EMPTY,
+                "Error committing input audio buffer: buffer too small. "
+                f"Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
+                f"{buffered_ms:.2f}ms of audio.",
+                related=c.event_id,
+            )
         else:
             self._turns.commit(response_create=c.response_create)
 
@@ -117,22 +132,31 @@ class CommandHandlers:
         if c.speak is not None and not self._speakable(c):
             return
         try:
-            check_bounds(self._limits, instructions=c.instructions, voice=c.voice,
-                         max_output_tokens=c.max_output_tokens)
+            check_bounds(
+                self._limits, instructions=c.instructions, voice=c.voice, max_output_tokens=c.max_output_tokens
+            )
         except ConfigUpdateError as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=f"response.{exc.param}")
             return
         if c.input is not None and not self._input_within_bounds(c.input):
-            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED, "response.input exceeds the conversation limits "
-                               f"({self._limits.max_conversation_items} items, {self._limits.max_conversation_bytes} "
-                               "bytes)", related=c.event_id, param="response.input")
+            self._output.error(
+                errors.CONVERSATION_LIMIT_EXCEEDED,
+                "response.input exceeds the conversation limits "
+                f"({self._limits.max_conversation_items} items, {self._limits.max_conversation_bytes} "
+                "bytes)",
+                related=c.event_id,
+                param="response.input",
+            )
         elif self._responses.continuous:
-            self._output.error(errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response",
-                               related=c.event_id)
+            self._output.error(
+                errors.TURN_CONTROL_UNSUPPORTED, "This model has one continuous response", related=c.event_id
+            )
         elif self._responses.active is not None:
-            self._output.error(errors.RESPONSE_ALREADY_ACTIVE,
-                               f"Conversation already has an active response in progress: {self._responses.active.id}",
-                               related=c.event_id)
+            self._output.error(
+                errors.RESPONSE_ALREADY_ACTIVE,
+                f"Conversation already has an active response in progress: {self._responses.active.id}",
+                related=c.event_id,
+            )
         else:
             self._responses.begin(c)
 
@@ -140,12 +164,19 @@ class CommandHandlers:
         """``response.speak`` needs an engine that can be made to say given text, within bounds."""
         assert c.speak is not None
         if not self.capabilities.supports_speak:
-            self._output.error(errors.RESPONSE_SPEAK_UNSUPPORTED, "This model produces its own speech and cannot "
-                               "be made to say given text", related=c.event_id)
+            self._output.error(
+                errors.RESPONSE_SPEAK_UNSUPPORTED,
+                "This model produces its own speech and cannot be made to say given text",
+                related=c.event_id,
+            )
             return False
         if len(c.speak) > self._limits.max_speak_chars:
-            self._output.error(errors.INVALID_VALUE, f"text is longer than {self._limits.max_speak_chars} "
-                               "characters", related=c.event_id, param="text")
+            self._output.error(
+                errors.INVALID_VALUE,
+                f"text is longer than {self._limits.max_speak_chars} characters",
+                related=c.event_id,
+                param="text",
+            )
             return False
         return True
 
@@ -182,8 +213,17 @@ class CommandHandlers:
         """``runtime.control`` (duplex.md U.1): after a signal the engine honoured only in part,
         or after every signal when the session asked (``emit_duplex_control_results``)."""
         if unsupported or self.config.emit_control_results:
-            self._output.emit(ev.RuntimeControl(session_id=self._output.session_id, result={
-                "signal": signal, "ok": not unsupported, "applied": applied, "unsupported": list(unsupported)}))
+            self._output.emit(
+                ev.RuntimeControl(
+                    session_id=self._output.session_id,
+                    result={
+                        "signal": signal,
+                        "ok": not unsupported,
+                        "applied": applied,
+                        "unsupported": list(unsupported),
+                    },
+                )
+            )
 
     def _require_barge_in(self, c: cmd.Command) -> bool:
         if self.capabilities.supports_barge_in:
@@ -194,8 +234,15 @@ class CommandHandlers:
     def _overlap_decision(self, c: cmd.OverlapDecision) -> None:
         if c.action == "barge_in" and not self._require_barge_in(c):
             return
-        self._output.emit(ev.OverlapDecided(session_id=self._output.session_id, action=c.action,
-                                            reason="client_decision", policy="client", overlap_ms=c.overlap_ms))
+        self._output.emit(
+            ev.OverlapDecided(
+                session_id=self._output.session_id,
+                action=c.action,
+                reason="client_decision",
+                policy="client",
+                overlap_ms=c.overlap_ms,
+            )
+        )
         if c.action == "barge_in":
             self._interrupt("barge_in", "barge_in", source="client_decision")
         elif c.action == "drop":
@@ -204,23 +251,37 @@ class CommandHandlers:
     def _playback_ack(self, c: cmd.PlaybackAck) -> None:
         item = self._conversation.for_response(c.response_id)
         if item is None:
-            self._output.error(errors.UNKNOWN_RESPONSE, f"No response {c.response_id} in this conversation",
-                               related=c.event_id, param="response_id")
+            self._output.error(
+                errors.UNKNOWN_RESPONSE,
+                f"No response {c.response_id} in this conversation",
+                related=c.event_id,
+                param="response_id",
+            )
             return
         committed_ms = c.played_ms if c.committed_ms is None else c.committed_ms
         policy = self.config.playback_commit_policy
         if policy == "ack_only" and item.turn_id < self._ledger.turn_id and committed_ms > item.committed_ms:
             # A newer user turn is committed: extending this answer now would put it after that turn.
-            self._output.error(errors.PLAYBACK_ACK_OUT_OF_ORDER,
-                               "Acknowledge playback before committing the next input", related=c.event_id)
+            self._output.error(
+                errors.PLAYBACK_ACK_OUT_OF_ORDER,
+                "Acknowledge playback before committing the next input",
+                related=c.event_id,
+            )
             return
         changed = item.acknowledge(c.played_ms, committed_ms, policy)
         if c.truncate:
             item.truncate(item.played_ms)
             changed = True
-        self._output.emit(ev.PlaybackAcknowledged(session_id=self._output.session_id, response_id=c.response_id,
-                                                  item_id=item.id, played_ms=item.played_ms,
-                                                  committed_ms=item.committed_ms, history_committed=changed))
+        self._output.emit(
+            ev.PlaybackAcknowledged(
+                session_id=self._output.session_id,
+                response_id=c.response_id,
+                item_id=item.id,
+                played_ms=item.played_ms,
+                committed_ms=item.committed_ms,
+                history_committed=changed,
+            )
+        )
 
     def _session_update(self, c: cmd.SessionUpdate) -> None:
         try:
@@ -229,9 +290,13 @@ class CommandHandlers:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return
         if config.tools and not self.capabilities.supports_tools:  # not accepted only to be ignored
-            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions; "
-                               "tools need an engine with supports_tools (the cascade)", related=c.event_id,
-                               param="session.tools")
+            self._output.error(
+                errors.INVALID_VALUE,
+                f"The {self.capabilities.name} engine cannot call functions; "
+                "tools need an engine with supports_tools (the cascade)",
+                related=c.event_id,
+                param="session.tools",
+            )
             return
         if config.turn_detection != self.config.turn_detection:
             self._configure_turn_detection(config)  # an EngineError leaves the config as it was
@@ -249,17 +314,27 @@ class CommandHandlers:
     def _item_create(self, c: cmd.ConversationItemCreate) -> None:
         item_id = c.item_id or new_item_id()
         if item_id in self._conversation:
-            self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
-                               param="item_id")
+            self._output.error(
+                errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id, param="item_id"
+            )
             return
         if not self._conversation.admits(c.text):
-            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED,
-                               f"The conversation holds at most {self._conversation.max_items} items and "
-                               f"{self._conversation.max_bytes} bytes of text; delete items to add more",
-                               related=c.event_id, param="item")
+            self._output.error(
+                errors.CONVERSATION_LIMIT_EXCEEDED,
+                f"The conversation holds at most {self._conversation.max_items} items and "
+                f"{self._conversation.max_bytes} bytes of text; delete items to add more",
+                related=c.event_id,
+                param="item",
+            )
             return
-        item = ConversationItem(item_id, c.role, "audio" if c.audio else "text", text=c.text, committed_text=c.text,
-                                turn_id=self._ledger.turn_id)
+        item = ConversationItem(
+            item_id,
+            c.role,
+            "audio" if c.audio else "text",
+            text=c.text,
+            committed_text=c.text,
+            turn_id=self._ledger.turn_id,
+        )
         self._insert_item(item, c.previous_item_id, c.event_id)
 
     def _insert_item(self, item: ConversationItem, previous_item_id: str | None, event_id: str | None) -> None:
@@ -286,8 +361,12 @@ class CommandHandlers:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return False
         if tools and not self.capabilities.supports_tools:
-            self._output.error(errors.INVALID_VALUE, f"The {self.capabilities.name} engine cannot call functions",
-                               related=c.event_id, param="response.tools")
+            self._output.error(
+                errors.INVALID_VALUE,
+                f"The {self.capabilities.name} engine cannot call functions",
+                related=c.event_id,
+                param="response.tools",
+            )
             return False
         return True
 
@@ -296,20 +375,29 @@ class CommandHandlers:
         item_id = c.item_id or new_item_id()
         text = c.arguments if c.kind == "function_call" else c.output
         if item_id in self._conversation:
-            self._output.error(errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id,
-                               param="item.id")
+            self._output.error(
+                errors.INVALID_VALUE, f"Item {item_id} already exists", related=c.event_id, param="item.id"
+            )
         elif c.kind == "function_call_output" and not self._conversation.has_call(c.call_id):
-            self._output.error(errors.INVALID_VALUE, f"No function call with call_id {c.call_id[:64]!r} in this "
-                               "conversation", related=c.event_id, param="item.call_id")
+            self._output.error(
+                errors.INVALID_VALUE,
+                f"No function call with call_id {c.call_id[:64]!r} in this conversation",
+                related=c.event_id,
+                param="item.call_id",
+            )
         elif not self._conversation.admits(text):
-            self._output.error(errors.CONVERSATION_LIMIT_EXCEEDED,
-                               f"The conversation holds at most {self._conversation.max_items} items and "
-                               f"{self._conversation.max_bytes} bytes of text; delete items to add more",
-                               related=c.event_id, param="item")
+            self._output.error(
+                errors.CONVERSATION_LIMIT_EXCEEDED,
+                f"The conversation holds at most {self._conversation.max_items} items and "
+                f"{self._conversation.max_bytes} bytes of text; delete items to add more",
+                related=c.event_id,
+                param="item",
+            )
         else:
             role = "assistant" if c.kind == "function_call" else "user"
-            item = ConversationItem(item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id,
-                                    call_id=c.call_id, name=c.name or None)
+            item = ConversationItem(
+                item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id, call_id=c.call_id, name=c.name or None
+            )
             self._insert_item(item, c.previous_item_id, c.event_id)
 
     def _item_truncate(self, c: cmd.ConversationItemTruncate) -> None:
@@ -317,21 +405,36 @@ class CommandHandlers:
         if item is None:
             self._item_not_found(c.item_id, c.event_id)
         elif item.role != "assistant" or item.kind != "audio":
-            self._output.error(errors.INVALID_VALUE, "Only assistant audio items can be truncated",
-                               related=c.event_id, param="item_id")
+            self._output.error(
+                errors.INVALID_VALUE, "Only assistant audio items can be truncated", related=c.event_id, param="item_id"
+            )
         elif c.audio_end_ms < 0 or c.audio_end_ms > item.audio_ms + 1:
-            self._output.error(errors.INVALID_VALUE, f"audio_end_ms {c.audio_end_ms} is beyond the item's "
-                               f"{int(item.audio_ms)} ms of audio", related=c.event_id, param="audio_end_ms")
+            self._output.error(
+                errors.INVALID_VALUE,
+                f"audio_end_ms {c.audio_end_ms} is beyond the item's {int(item.audio_ms)} ms of audio",
+                related=c.event_id,
+                param="audio_end_ms",
+            )
         else:
             item.truncate(c.audio_end_ms)
-            self._output.emit(ev.ItemTruncated(session_id=self._output.session_id, item_id=item.id,
-                                               audio_end_ms=c.audio_end_ms, content_index=c.content_index))
+            self._output.emit(
+                ev.ItemTruncated(
+                    session_id=self._output.session_id,
+                    item_id=item.id,
+                    audio_end_ms=c.audio_end_ms,
+                    content_index=c.content_index,
+                )
+            )
 
     def _item_delete(self, c: cmd.ConversationItemDelete) -> None:
         active = self._responses.active
         if active is not None and active.item.id == c.item_id:
-            self._output.error(errors.INVALID_VALUE, "Cancel the response before deleting its item",
-                               related=c.event_id, param="item_id")
+            self._output.error(
+                errors.INVALID_VALUE,
+                "Cancel the response before deleting its item",
+                related=c.event_id,
+                param="item_id",
+            )
         elif self._conversation.remove(c.item_id) is None:
             self._item_not_found(c.item_id, c.event_id)
         else:

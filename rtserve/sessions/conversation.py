@@ -61,8 +61,15 @@ class ConversationItem:
     name: str | None = None
 
     def snapshot(self) -> ItemSnapshot:
-        return ItemSnapshot(id=self.id, role=self.role, kind=self.kind, text=self.text, status=self.status,
-                            call_id=self.call_id, name=self.name)
+        return ItemSnapshot(
+            id=self.id,
+            role=self.role,
+            kind=self.kind,
+            text=self.text,
+            status=self.status,
+            call_id=self.call_id,
+            name=self.name,
+        )
 
     def acknowledge(self, played_ms: int, committed_ms: int, policy: PlaybackCommitPolicy) -> bool:
         """Record playback progress; True when history changed."""

@@ -7,13 +7,31 @@ calls) with one of these codes; messages are short and never contain internal de
 
 from __future__ import annotations
 
-from rtserve.errors import (BARGE_IN_UNSUPPORTED, ENGINE_ERROR, INPUT_BACKPRESSURE,  # noqa: F401 (re-exported)
-                            CONVERSATION_LIMIT_EXCEEDED, INPUT_BUFFER_EMPTY, INVALID_REQUEST, INVALID_VALUE, ITEM_NOT_FOUND,
-                            OUTPUT_BACKPRESSURE, PLAYBACK_ACK_OUT_OF_ORDER, RATE_LIMIT, RESOURCE_EXHAUSTED,
-                            RESPONSE_ALREADY_ACTIVE, RESPONSE_NOT_ACTIVE, RESPONSE_SPEAK_UNSUPPORTED, SERVER_ERROR,
-                            SESSION_EXISTS,
-                            SESSION_RESUME_CONFLICT, SHUTTING_DOWN, TURN_CONTROL_UNSUPPORTED, UNKNOWN_RESPONSE,
-                            UNKNOWN_SESSION, RtserveError)
+from rtserve.errors import (
+    BARGE_IN_UNSUPPORTED,
+    CONVERSATION_LIMIT_EXCEEDED,
+    ENGINE_ERROR,
+    INPUT_BACKPRESSURE,  # noqa: F401 (re-exported)
+    INPUT_BUFFER_EMPTY,
+    INVALID_REQUEST,
+    INVALID_VALUE,
+    ITEM_NOT_FOUND,
+    OUTPUT_BACKPRESSURE,
+    PLAYBACK_ACK_OUT_OF_ORDER,
+    RATE_LIMIT,
+    RESOURCE_EXHAUSTED,
+    RESPONSE_ALREADY_ACTIVE,
+    RESPONSE_NOT_ACTIVE,
+    RESPONSE_SPEAK_UNSUPPORTED,
+    SERVER_ERROR,
+    SESSION_EXISTS,
+    SESSION_RESUME_CONFLICT,
+    SHUTTING_DOWN,
+    TURN_CONTROL_UNSUPPORTED,
+    UNKNOWN_RESPONSE,
+    UNKNOWN_SESSION,
+    RtserveError,
+)
 
 
 class SessionError(RtserveError):

@@ -35,18 +35,39 @@ class ResponseCalls:
         if item is None:
             if delta.call_id is None:
                 return  # a piece of a call never named: nothing to attach it to
-            item = ConversationItem(new_item_id(), "assistant", "function_call", text="", status="in_progress",
-                                    turn_id=self._turn_id, call_id=delta.call_id, name=delta.name or "")
+            item = ConversationItem(
+                new_item_id(),
+                "assistant",
+                "function_call",
+                text="",
+                status="in_progress",
+                turn_id=self._turn_id,
+                call_id=delta.call_id,
+                name=delta.name or "",
+            )
             previous = self._conversation.add(item)
             self._items[delta.index] = item
-            emit(ev.OutputItemAdded(session_id=session_id, response_id=self._response_id, item=item.snapshot(),
-                                    output_index=self._index(delta.index)))
+            emit(
+                ev.OutputItemAdded(
+                    session_id=session_id,
+                    response_id=self._response_id,
+                    item=item.snapshot(),
+                    output_index=self._index(delta.index),
+                )
+            )
             emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
         if delta.arguments:
             item.text = (item.text or "") + delta.arguments
-            emit(ev.FunctionCallArgumentsDelta(session_id=session_id, response_id=self._response_id,
-                                               item_id=item.id, call_id=item.call_id or "", delta=delta.arguments,
-                                               output_index=self._index(delta.index)))
+            emit(
+                ev.FunctionCallArgumentsDelta(
+                    session_id=session_id,
+                    response_id=self._response_id,
+                    item_id=item.id,
+                    call_id=item.call_id or "",
+                    delta=delta.arguments,
+                    output_index=self._index(delta.index),
+                )
+            )
 
     def finish(self, outcome: Outcome) -> list[ev.SessionEvent]:
         """The done events of every call (to emit before ``response.done``)."""
@@ -59,14 +80,27 @@ class ResponseCalls:
                 self._conversation.remove(item.id)
             snapshot = item.snapshot()
             if completed:
-                batch.append(ev.FunctionCallArgumentsDone(
-                    session_id=session_id, response_id=self._response_id, item_id=item.id,
-                    call_id=item.call_id or "", name=item.name or "", arguments=item.text or "",
-                    output_index=self._index(index)))
-            batch.append(ev.OutputItemDone(session_id=session_id, response_id=self._response_id, item=snapshot,
-                                           output_index=self._index(index)))
-            batch.append(ev.ItemDone(session_id=session_id, item=snapshot) if completed
-                         else ev.ItemDeleted(session_id=session_id, item_id=item.id))
+                batch.append(
+                    ev.FunctionCallArgumentsDone(
+                        session_id=session_id,
+                        response_id=self._response_id,
+                        item_id=item.id,
+                        call_id=item.call_id or "",
+                        name=item.name or "",
+                        arguments=item.text or "",
+                        output_index=self._index(index),
+                    )
+                )
+            batch.append(
+                ev.OutputItemDone(
+                    session_id=session_id, response_id=self._response_id, item=snapshot, output_index=self._index(index)
+                )
+            )
+            batch.append(
+                ev.ItemDone(session_id=session_id, item=snapshot)
+                if completed
+                else ev.ItemDeleted(session_id=session_id, item_id=item.id)
+            )
         return batch
 
     def snapshots(self) -> tuple[ev.ItemSnapshot, ...]:

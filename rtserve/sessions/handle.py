@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 class SessionHandle:
     """``submit`` commands, iterate ``attachment`` for events, ``close`` when done."""
 
-    def __init__(self, manager: SessionManager, runner: SessionRunner, lease: Lease,
-                 attachment: Attachment | None = None) -> None:
+    def __init__(
+        self, manager: SessionManager, runner: SessionRunner, lease: Lease, attachment: Attachment | None = None
+    ) -> None:
         self._manager = manager
         self._runner = runner
         self._lease = lease

@@ -26,8 +26,13 @@ class IdleTimeoutFired:
 
 
 class IdleTimer:
-    def __init__(self, *, clock: Clock, post: Callable[[object], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        post: Callable[[object], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+    ) -> None:
         self._clock = clock
         self._post = post
         self._spawn = spawn

@@ -74,20 +74,21 @@ class Lease:
             self.detached_at = now
         return True
 
-    def resume(self, control_id: str, expected_generation: int | None, resume_token: str | None,
-               now: float) -> Grant:
+    def resume(self, control_id: str, expected_generation: int | None, resume_token: str | None, now: float) -> Grant:
         if expected_generation is None:  # the token names its generation
             expected_generation = self._generation_of(resume_token)
         # Credentials first: a remembered grant is replayed only to the caller that earned it.
         replay = self._grants.get(control_id)
-        if (replay is not None and replay.presented[0] == expected_generation
-                and _same_token(resume_token, replay.presented[1])):
+        if (
+            replay is not None
+            and replay.presented[0] == expected_generation
+            and _same_token(resume_token, replay.presented[1])
+        ):
             return replay
         if not any(_same_token(resume_token, issued) for issued in self._issued):
             raise unknown_session()
         if expected_generation != self.generation:  # a former owner: it may learn it was replaced
-            raise SessionError(SESSION_RESUME_CONFLICT,
-                               f"session was resumed elsewhere (generation {self.generation})")
+            raise SessionError(SESSION_RESUME_CONFLICT, f"session was resumed elsewhere (generation {self.generation})")
         if not _same_token(resume_token, self.resume_token):
             raise unknown_session()
         presented = (expected_generation, self.resume_token)

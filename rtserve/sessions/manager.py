@@ -34,9 +34,15 @@ from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions.attachment import Attachment, SessionOutlet
 from rtserve.sessions.buffer import OutputBuffer
-from rtserve.sessions.events import (ErrorEvent, ResyncRequired, SessionClosed, SessionCreated, SessionEvent,
-                                     SessionResumed)
 from rtserve.sessions.errors import SessionError
+from rtserve.sessions.events import (
+    ErrorEvent,
+    ResyncRequired,
+    SessionClosed,
+    SessionCreated,
+    SessionEvent,
+    SessionResumed,
+)
 from rtserve.sessions.handle import SessionHandle
 from rtserve.sessions.ids import new_session_id
 from rtserve.sessions.journal import ReplayJournal
@@ -70,9 +76,16 @@ class _Entry:
 
 
 class SessionManager:
-    def __init__(self, engine: SessionEngine, limits: SessionLimits | None = None, *, clock: Clock | None = None,
-                 registry: CollectorRegistry | None = None,
-                 orphan_sink: Callable[[SessionEvent], None] | None = None, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: SessionEngine,
+        limits: SessionLimits | None = None,
+        *,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = None,
+        orphan_sink: Callable[[SessionEvent], None] | None = None,
+        owner: str | None = None,
+    ) -> None:
         """``owner``: this front-end's tag, carried in every session id (``ids.new_session_id``)."""
         self.engine = engine
         self.owner = owner
@@ -100,9 +113,13 @@ class SessionManager:
         return self._opening + len(self._live) + len(self._closing)
 
     def stats(self) -> dict[str, int]:
-        return {"opening": self._opening, "live": len(self._live), "closing": len(self._closing),
-                "cleanup_pending": sum(e.state is _EntryState.CLEANUP_PENDING for e in self._closing.values()),
-                "background_tasks": len(self._background)}
+        return {
+            "opening": self._opening,
+            "live": len(self._live),
+            "closing": len(self._closing),
+            "cleanup_pending": sum(e.state is _EntryState.CLEANUP_PENDING for e in self._closing.values()),
+            "background_tasks": len(self._background),
+        }
 
     def get(self, session_id: str) -> SessionHandle | None:
         """The handle of a live session; None once it is closing or gone."""
@@ -113,24 +130,36 @@ class SessionManager:
     # open
     # ------------------------------------------------------------------
 
-    async def open(self, config: SessionConfig | None = None, *, projection: Projection | None = None,
-                   resumable: bool = True, session_id: str | None = None) -> SessionHandle:
+    async def open(
+        self,
+        config: SessionConfig | None = None,
+        *,
+        projection: Projection | None = None,
+        resumable: bool = True,
+        session_id: str | None = None,
+    ) -> SessionHandle:
         """Admit and open a session. The handle's ``attachment`` is the first consumer; its
         first event is ``SessionCreated``. ``session_id``: the client's name for it (the
         transport validated it); None allocates one. Raises ``SessionError``:
         ``session_exists`` when that name is held (opening, live, or still closing),
         ``resource_exhausted`` when every slot is held, the engine's code when it refuses."""
         if self._shutting_down or self._draining:
-            raise SessionError(errors.SHUTTING_DOWN, "The server is shutting down" if self._shutting_down else
-                               "This front-end is draining; connect again to reach another one")
-        if session_id is not None and (session_id in self._live or session_id in self._closing
-                                       or session_id in self._opening_ids):
+            raise SessionError(
+                errors.SHUTTING_DOWN,
+                "The server is shutting down"
+                if self._shutting_down
+                else "This front-end is draining; connect again to reach another one",
+            )
+        if session_id is not None and (
+            session_id in self._live or session_id in self._closing or session_id in self._opening_ids
+        ):
             self.metrics.refused.labels(errors.SESSION_EXISTS).inc()
             raise SessionError(errors.SESSION_EXISTS, "A session with this id is still open or closing")
         if self.active_count() >= self.limits.max_sessions:
             self.metrics.refused.labels(errors.RESOURCE_EXHAUSTED).inc()
-            raise SessionError(errors.RESOURCE_EXHAUSTED,
-                               f"All {self.limits.max_sessions} session slots are in use; try again later")
+            raise SessionError(
+                errors.RESOURCE_EXHAUSTED, f"All {self.limits.max_sessions} session slots are in use; try again later"
+            )
         session_id = session_id or new_session_id(self.owner)
         try:
             self._opening_ids.add(session_id)
@@ -138,14 +167,18 @@ class SessionManager:
         finally:
             self._opening_ids.discard(session_id)
 
-    async def _open(self, session_id: str, config: SessionConfig, projection: Projection | None,
-                    resumable: bool) -> SessionHandle:
+    async def _open(
+        self, session_id: str, config: SessionConfig, projection: Projection | None, resumable: bool
+    ) -> SessionHandle:
         self._opening += 1
         self._update_gauge()
         caps = self.engine.capabilities
         vad = config.turn_detection if caps.supports_server_vad else None
-        options = SessionOptions(prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
-                                 server_vad=vad, sampling=sampling_for(config))
+        options = SessionOptions(
+            prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
+            server_vad=vad,
+            sampling=sampling_for(config),
+        )
         opening = self._spawn(self.engine.open_session(session_id, options), session_id)
         try:
             engine_session = await asyncio.shield(opening)
@@ -162,29 +195,49 @@ class SessionManager:
             elif not isinstance(exc, EngineError):
                 log.exception("engine failed to open session %s", session_id)
             self.metrics.refused.labels(code).inc()
-            raise SessionError(code, str(exc) if isinstance(exc, EngineError) else "The engine could not open "
-                               "a session") from None
+            raise SessionError(
+                code, str(exc) if isinstance(exc, EngineError) else "The engine could not open a session"
+            ) from None
         # From here to the runner start nothing awaits: the session appears atomically.
         self._opening -= 1
         projection = projection or RealtimeProjection()
         buffer = OutputBuffer.from_limits(self.limits, projection.render_text)
-        journal = (ReplayJournal(self.clock, max_bytes=self.limits.resume_replay_max_bytes_per_session,
-                                 ttl_s=self.limits.resume_replay_ttl_s) if resumable else None)
+        journal = (
+            ReplayJournal(
+                self.clock,
+                max_bytes=self.limits.resume_replay_max_bytes_per_session,
+                ttl_s=self.limits.resume_replay_ttl_s,
+            )
+            if resumable
+            else None
+        )
         outlet = SessionOutlet(session_id, buffer, journal, projection, self.clock)
         lease = Lease(self.clock.monotonic())
-        runner = SessionRunner(session_id=session_id, engine=engine_session, config=config, limits=self.limits,
-                               outlet=outlet, clock=self.clock, metrics=self.metrics, resumable=resumable,
-                               # late-bound: ``entry`` exists before the runner calls either
-                               on_closing=lambda _r, _stop: self._mark_closing(entry),
-                               on_finished=lambda _r, ok: self._on_runner_finished(entry, ok))
+        runner = SessionRunner(
+            session_id=session_id,
+            engine=engine_session,
+            config=config,
+            limits=self.limits,
+            outlet=outlet,
+            clock=self.clock,
+            metrics=self.metrics,
+            resumable=resumable,
+            # late-bound: ``entry`` exists before the runner calls either
+            on_closing=lambda _r, _stop: self._mark_closing(entry),
+            on_finished=lambda _r, ok: self._on_runner_finished(entry, ok),
+        )
         entry = _Entry(session_id, runner, outlet, lease)
         outlet.on_detach = lambda attachment: self.detach(session_id, attachment.generation)
         self._live[session_id] = entry
         self._update_gauge()
         self.metrics.opened.inc()
         attachment = outlet.attach(0)
-        created = SessionCreated(session_id=session_id, session=runner.snapshot(), attachment_generation=0,
-                                 resume_token=lease.resume_token if resumable else None)
+        created = SessionCreated(
+            session_id=session_id,
+            session=runner.snapshot(),
+            attachment_generation=0,
+            resume_token=lease.resume_token if resumable else None,
+        )
         _in_session_context(session_id, runner.start, created)
         return SessionHandle(self, runner, lease, attachment)
 
@@ -211,8 +264,12 @@ class SessionManager:
         queued on the session's stream unless the session is gone (``unknown_session``)."""
         entry = self._live.get(session_id)
         if entry is None:
-            error = ErrorEvent(session_id=session_id, code=errors.UNKNOWN_SESSION, related_event_id=command.event_id,
-                               message="Unknown or closed session")
+            error = ErrorEvent(
+                session_id=session_id,
+                code=errors.UNKNOWN_SESSION,
+                related_event_id=command.event_id,
+                message="Unknown or closed session",
+            )
             if self.orphan_sink is not None:
                 self.orphan_sink(error)
             return error
@@ -237,9 +294,15 @@ class SessionManager:
 
     def _refuse_input(self, entry: _Entry, command: cmd.Command, message: str) -> ErrorEvent:
         self.metrics.input_backpressure.inc()
-        error = ErrorEvent(session_id=entry.session_id, epoch=entry.runner.epoch, code=errors.INPUT_BACKPRESSURE,
-                           error_type=errors.RATE_LIMIT, message=message, related_event_id=command.event_id,
-                           uses_reserve=False)
+        error = ErrorEvent(
+            session_id=entry.session_id,
+            epoch=entry.runner.epoch,
+            code=errors.INPUT_BACKPRESSURE,
+            error_type=errors.RATE_LIMIT,
+            message=message,
+            related_event_id=command.event_id,
+            uses_reserve=False,
+        )
         try:
             entry.outlet.buffer.put(error)
         except errors.OutputOverflowError:
@@ -286,13 +349,23 @@ class SessionManager:
     def _bound_detached(self) -> None:
         """Detached sessions hold slots for clients that may never come back: keep at most
         ``max_detached_sessions``, ending the ones detached longest."""
-        detached = sorted((e for e in self._live.values() if e.lease.detached and e.runner.resumable),
-                          key=lambda e: e.lease.detached_at or 0.0)
-        for entry in detached[:max(len(detached) - self.limits.max_detached_sessions, 0)]:
+        detached = sorted(
+            (e for e in self._live.values() if e.lease.detached and e.runner.resumable),
+            key=lambda e: e.lease.detached_at or 0.0,
+        )
+        for entry in detached[: max(len(detached) - self.limits.max_detached_sessions, 0)]:
             self._begin_stop(entry, StopKind.EXPIRED, DETACHED_LIMIT)
 
-    def resume(self, session_id: str, *, resume_token: str | None, expected_generation: int | None, control_id: str,
-               last_received_seq: int | None = None, projection: Projection | None = None) -> Attachment:
+    def resume(
+        self,
+        session_id: str,
+        *,
+        resume_token: str | None,
+        expected_generation: int | None,
+        control_id: str,
+        last_received_seq: int | None = None,
+        projection: Projection | None = None,
+    ) -> Attachment:
         """Lease compare-and-swap keyed by ``control_id`` (``expected_generation`` None: the
         one ``resume_token`` was issued with); returns the new attachment, which
         starts with ``SessionResumed`` and replays journaled events after
@@ -305,9 +378,15 @@ class SessionManager:
         if grant.attachment is not None:
             return grant.attachment
         replay = entry.outlet.journal.replay_after(last_received_seq)
-        preamble: list[SessionEvent] = [SessionResumed(
-            session_id=session_id, epoch=entry.runner.epoch, attachment_generation=grant.generation,
-            resume_token=grant.resume_token, replayed=0 if isinstance(replay, str) else len(replay))]
+        preamble: list[SessionEvent] = [
+            SessionResumed(
+                session_id=session_id,
+                epoch=entry.runner.epoch,
+                attachment_generation=grant.generation,
+                resume_token=grant.resume_token,
+                replayed=0 if isinstance(replay, str) else len(replay),
+            )
+        ]
         if isinstance(replay, str):
             preamble.append(ResyncRequired(session_id=session_id, epoch=entry.runner.epoch, reason=replay))
             replay = []
@@ -332,8 +411,9 @@ class SessionManager:
         await asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, reason))
         return True
 
-    def _begin_stop(self, entry: _Entry, kind: StopKind, reason: str,
-                    details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
+    def _begin_stop(
+        self, entry: _Entry, kind: StopKind, reason: str, details: dict[str, Any] | None = None
+    ) -> asyncio.Future[bool]:
         self._mark_closing(entry)
         return entry.runner.request_stop(kind, reason, details)
 
@@ -373,8 +453,11 @@ class SessionManager:
                 # Turn-based (OpenAI) sessions live while their socket does, up to a fixed duration.
                 max_s = self.limits.max_session_duration_s
                 if entry.lease.duration_expired(now, max_s):
-                    waits.append(asyncio.shield(self._begin_stop(entry, StopKind.EXPIRED, MAX_DURATION_REACHED,
-                                                                 {"max_duration_s": max_s})))
+                    waits.append(
+                        asyncio.shield(
+                            self._begin_stop(entry, StopKind.EXPIRED, MAX_DURATION_REACHED, {"max_duration_s": max_s})
+                        )
+                    )
                 continue
             reason = entry.lease.expiry_reason(now, self.limits.idle_ttl_s, self.limits.disconnect_grace_s)
             if reason is not None:
@@ -438,8 +521,9 @@ class SessionManager:
             if not entry.runner.finished.done():
                 # Past the deadline: stop the runner hard, but still end its stream.
                 leftovers.extend(entry.runner.cancel_tasks())
-                entry.outlet.buffer.close(SessionClosed(session_id=entry.session_id, epoch=entry.runner.epoch,
-                                                        reason="shutdown"))
+                entry.outlet.buffer.close(
+                    SessionClosed(session_id=entry.session_id, epoch=entry.runner.epoch, reason="shutdown")
+                )
             if entry.runner.close_task is not None and not entry.runner.close_task.done():
                 leftovers.append(entry.runner.close_task)
                 entry.runner.close_task.cancel()

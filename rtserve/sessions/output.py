@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class SessionOutput:
-    def __init__(self, session_id: str, buffer: OutputBuffer, metrics: SessionMetrics,
-                 on_overflow: Callable[[], None]) -> None:
+    def __init__(
+        self, session_id: str, buffer: OutputBuffer, metrics: SessionMetrics, on_overflow: Callable[[], None]
+    ) -> None:
         self.session_id = session_id
         self.buffer = buffer
         self._metrics = metrics
@@ -63,10 +64,26 @@ class SessionOutput:
             self._audible.append(event.response_id)
         return True
 
-    def error(self, code: str, message: str, *, error_type: str = errors.INVALID_REQUEST,
-              related: str | None = None, param: str | None = None) -> None:
-        self.emit(ev.ErrorEvent(session_id=self.session_id, code=code, message=message, error_type=error_type,
-                                related_event_id=related, param=param, uses_reserve=error_type == errors.SERVER_ERROR))
+    def error(
+        self,
+        code: str,
+        message: str,
+        *,
+        error_type: str = errors.INVALID_REQUEST,
+        related: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        self.emit(
+            ev.ErrorEvent(
+                session_id=self.session_id,
+                code=code,
+                message=message,
+                error_type=error_type,
+                related_event_id=related,
+                param=param,
+                uses_reserve=error_type == errors.SERVER_ERROR,
+            )
+        )
 
     def playing(self) -> bool:
         """Whether agent audio is still queued for the client."""
@@ -77,7 +94,10 @@ class SessionOutput:
         responses whose audio was cleared (the active one always)."""
         old = self.epoch
         self.epoch += 1
-        cleared = [response_id for response_id in self._audible
-                   if self.buffer.invalidate(response_id, old) or response_id == active_response_id]
+        cleared = [
+            response_id
+            for response_id in self._audible
+            if self.buffer.invalidate(response_id, old) or response_id == active_response_id
+        ]
         self._audible.clear()
         return cleared

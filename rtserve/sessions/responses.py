@@ -13,8 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineSession, OutputAudio, OutputText,
-                                       OutputToolCall, ResponseFinished, ResponseRequest, SamplingParams)
+from rtserve.engines.protocols import (
+    ChatMessage,
+    EngineCapabilities,
+    EngineSession,
+    OutputAudio,
+    OutputText,
+    OutputToolCall,
+    ResponseFinished,
+    ResponseRequest,
+    SamplingParams,
+)
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
@@ -53,15 +62,24 @@ def sampling_for(config: SessionConfig, o: cmd.ResponseCreate | None = None) -> 
         temperature=o.temperature if o and o.temperature is not None else config.temperature,
         tools=o.tools if o and o.tools is not None else config.tools,
         tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
-        **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}))
+        **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}),
+    )
 
 
 class ResponseTracker:
     """The active response of one session, from ``response.created`` to ``response.done``."""
 
-    def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities,
-                 config: Callable[[], SessionConfig], conversation: Conversation, output: SessionOutput,
-                 ledger: InputLedger, stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        engine: EngineSession,
+        capabilities: EngineCapabilities,
+        config: Callable[[], SessionConfig],
+        conversation: Conversation,
+        output: SessionOutput,
+        ledger: InputLedger,
+        stopping: Callable[[], bool],
+    ) -> None:
         self._engine = engine
         self._capabilities = capabilities
         self._config = config
@@ -82,19 +100,33 @@ class ResponseTracker:
         response_id = new_response_id()
         modalities = tuple(overrides.modalities) if overrides and overrides.modalities else config.modalities
         kind = "audio" if "audio" in modalities else "text"
-        item = ConversationItem(item_id_for_response(response_id), "assistant", kind, text="", status="in_progress",
-                                response_id=response_id, turn_id=self._ledger.turn_id)
+        item = ConversationItem(
+            item_id_for_response(response_id),
+            "assistant",
+            kind,
+            text="",
+            status="in_progress",
+            response_id=response_id,
+            turn_id=self._ledger.turn_id,
+        )
         rate_in, rate_out = self._capabilities.output_sample_rate, config.output_sample_rate
-        response = ActiveResponse(response_id, item, modalities, overrides, self.continuous,
-                                  StreamResampler(rate_in, rate_out) if rate_in != rate_out else None,
-                                  ResponseCalls(response_id, self._ledger.turn_id, self._conversation, self._output))
+        response = ActiveResponse(
+            response_id,
+            item,
+            modalities,
+            overrides,
+            self.continuous,
+            StreamResampler(rate_in, rate_out) if rate_in != rate_out else None,
+            ResponseCalls(response_id, self._ledger.turn_id, self._conversation, self._output),
+        )
         in_conversation = not (overrides and overrides.out_of_band)
         previous = self._conversation.add(item) if in_conversation else None
         self.active = response
         metadata = dict(overrides.metadata) if overrides and overrides.metadata else {}
         session_id, emit = self._output.session_id, self._output.emit
-        response.announced = emit(ev.ResponseCreated(session_id=session_id, response_id=response_id,
-                                                     modalities=modalities, metadata=metadata))
+        response.announced = emit(
+            ev.ResponseCreated(session_id=session_id, response_id=response_id, modalities=modalities, metadata=metadata)
+        )
         if in_conversation:
             emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
         emit(ev.OutputItemAdded(session_id=session_id, response_id=response_id, item=item.snapshot()))
@@ -111,21 +143,26 @@ class ResponseTracker:
     def start_engine_response(self) -> None:
         """Ask the engine for the active response once no committed turn awaits its transcript."""
         response = self.active
-        if (response is None or response.engine_started or response.continuous
-                or self._ledger.awaiting_transcripts):
+        if response is None or response.engine_started or response.continuous or self._ledger.awaiting_transcripts:
             return
         response.engine_started = True
         config, o = self._config(), response.overrides
         instructions = o.instructions if o and o.instructions is not None else config.instructions
         messages = [ChatMessage("system", instructions)] if instructions else []
         messages.extend(self._conversation.history() if o is None or o.input is None else self._context_of(o.input))
-        self._engine.respond(ResponseRequest(
-            response_id=response.id, epoch=self._output.epoch, messages=tuple(messages),
-            voice=(o.voice if o and o.voice else None) or config.voice,
-            # An audio answer's text is its transcript, carried by the audio chunks: asking for
-            # "text" as well would make an engine stream the same words twice.
-            modalities=("audio",) if response.audio else ("text",), params=sampling_for(config, o),
-            speak=o.speak if o else None))
+        self._engine.respond(
+            ResponseRequest(
+                response_id=response.id,
+                epoch=self._output.epoch,
+                messages=tuple(messages),
+                voice=(o.voice if o and o.voice else None) or config.voice,
+                # An audio answer's text is its transcript, carried by the audio chunks: asking for
+                # "text" as well would make an engine stream the same words twice.
+                modalities=("audio",) if response.audio else ("text",),
+                params=sampling_for(config, o),
+                speak=o.speak if o else None,
+            )
+        )
 
     def _context_of(self, items: tuple[cmd.ResponseInput, ...]) -> list[ChatMessage]:
         """An out-of-band ``input``: its messages, references resolved to the items' text now."""
@@ -157,8 +194,7 @@ class ResponseTracker:
         if self.active is not None and not self.continuous:
             self.end("cancelled", {"type": "cancelled", "reason": reason, **details})
 
-    def end(self, status: Outcome, details: dict[str, Any] | None = None,
-            usage: dict[str, int] | None = None) -> None:
+    def end(self, status: Outcome, details: dict[str, Any] | None = None, usage: dict[str, int] | None = None) -> None:
         """The completion batch: audio/text done markers, part/item done, ``response.done``,
         ``rate_limits.updated``. Stops early if the batch overflows the buffer."""
         response = self.active
@@ -175,23 +211,33 @@ class ResponseTracker:
         ids = {"session_id": session_id, "response_id": response.id, "item_id": item.id}
         text = item.text or ""
         batch: list[ev.SessionEvent] = (
-            [ev.AudioDone(**ids), ev.TranscriptDone(**ids, transcript=text)] if response.audio
-            else [ev.TextDone(**ids, text=text)])
+            [ev.AudioDone(**ids), ev.TranscriptDone(**ids, transcript=text)]
+            if response.audio
+            else [ev.TextDone(**ids, text=text)]
+        )
         snapshot = item.snapshot()
         overrides = response.overrides
         in_conversation = not (overrides and overrides.out_of_band)
-        batch += [ev.ContentPartDone(**ids, kind=item.kind, text=text),
-                  ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot)]
+        batch += [
+            ev.ContentPartDone(**ids, kind=item.kind, text=text),
+            ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot),
+        ]
         if in_conversation:
             batch.append(ev.ItemDone(session_id=session_id, item=snapshot))
         batch += response.calls.finish(status)
         for event in batch:
             if not emit(event):
                 return
-        done = ev.ResponseDone(session_id=session_id, response_id=response.id, status=status,
-                               status_details=details, output=(snapshot, *response.calls.snapshots()), usage=usage,
-                               committed=in_conversation and status != "failed" and bool(item.committed_text),
-                               metadata=dict(overrides.metadata) if overrides and overrides.metadata else {})
+        done = ev.ResponseDone(
+            session_id=session_id,
+            response_id=response.id,
+            status=status,
+            status_details=details,
+            output=(snapshot, *response.calls.snapshots()),
+            usage=usage,
+            committed=in_conversation and status != "failed" and bool(item.committed_text),
+            metadata=dict(overrides.metadata) if overrides and overrides.metadata else {},
+        )
         if not emit(done):
             return
         response.ending_queued = True
@@ -253,8 +299,9 @@ class ResponseTracker:
             self._output.emit(ev.ResponseSpeak(**ids, text=response.overrides.speak))
         response.spoke = response.spoke or bool(pcm.size)
         if pcm.size:
-            if not self._output.emit_audio(ev.AudioDelta(**ids, pcm=pcm, sample_rate=rate,
-                                                         audio_format=config.output_audio_format)):
+            if not self._output.emit_audio(
+                ev.AudioDelta(**ids, pcm=pcm, sample_rate=rate, audio_format=config.output_audio_format)
+            ):
                 return
             item.audio_ms += 1000.0 * pcm.size / rate
         if text or not response.continuous:

@@ -24,8 +24,17 @@ from typing import Any
 
 from rtserve.clock import Clock
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import (ChatMessage, EngineError, EngineFailure, EngineSession, InputTranscript,
-                                       OutputAudio, OutputText, OutputToolCall, ResponseFinished)
+from rtserve.engines.protocols import (
+    ChatMessage,
+    EngineError,
+    EngineFailure,
+    EngineSession,
+    InputTranscript,
+    OutputAudio,
+    OutputText,
+    OutputToolCall,
+    ResponseFinished,
+)
 from rtserve.engines.protocols import SpeechStarted as EngineSpeechStarted
 from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
 from rtserve.sessions import commands as cmd
@@ -50,8 +59,16 @@ log = logging.getLogger(__name__)
 _STOP = object()
 _PUMP_ENDED = object()
 _FAIR_BATCH = 16  # mailbox items applied before the runner yields to other tasks
-ENGINE_EVENTS = (OutputAudio, OutputText, ResponseFinished, EngineSpeechStarted, EngineSpeechStopped,
-                 InputTranscript, EngineFailure, OutputToolCall)
+ENGINE_EVENTS = (
+    OutputAudio,
+    OutputText,
+    ResponseFinished,
+    EngineSpeechStarted,
+    EngineSpeechStopped,
+    InputTranscript,
+    EngineFailure,
+    OutputToolCall,
+)
 
 
 class StopKind(StrEnum):
@@ -69,10 +86,20 @@ class StopRequest:
 
 
 class SessionRunner:
-    def __init__(self, *, session_id: str, engine: EngineSession, config: SessionConfig, limits: SessionLimits,
-                 outlet: SessionOutlet, clock: Clock, metrics: SessionMetrics, resumable: bool,
-                 on_closing: Callable[[SessionRunner, StopRequest], None],
-                 on_finished: Callable[[SessionRunner, bool], None]) -> None:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        engine: EngineSession,
+        config: SessionConfig,
+        limits: SessionLimits,
+        outlet: SessionOutlet,
+        clock: Clock,
+        metrics: SessionMetrics,
+        resumable: bool,
+        on_closing: Callable[[SessionRunner, StopRequest], None],
+        on_finished: Callable[[SessionRunner, bool], None],
+    ) -> None:
         self.session_id = session_id
         self.engine = engine
         self.capabilities = engine.capabilities
@@ -86,23 +113,45 @@ class SessionRunner:
         self.gate = InputGate(limits.max_pending_input_bytes_per_session, limits.max_pending_turns_per_session)
         # The trackers, wired one way: output <- ledger <- responses <- turns <- commands. Each
         # gets only what it reads; the config is read through the runner (session.update replaces it).
-        self._conversation = Conversation(max_items=limits.max_conversation_items,
-                                          max_bytes=limits.max_conversation_bytes)
+        self._conversation = Conversation(
+            max_items=limits.max_conversation_items, max_bytes=limits.max_conversation_bytes
+        )
         self._output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
         self._ledger = InputLedger()
         self._responses = ResponseTracker(
-            engine=engine, capabilities=self.capabilities, config=lambda: self.config,
-            conversation=self._conversation, output=self._output, ledger=self._ledger,
-            stopping=lambda: self._stop is not None)
-        self._turns = TurnTracker(
-            engine=engine, capabilities=self.capabilities, config=lambda: self.config, limits=limits, clock=clock,
-            conversation=self._conversation, output=self._output, ledger=self._ledger, responses=self._responses,
-            post=self.mailbox.post, spawn=self._spawn)
-        self._commands = CommandHandlers(
-            engine=engine, capabilities=self.capabilities, config=config, limits=limits,
+            engine=engine,
+            capabilities=self.capabilities,
+            config=lambda: self.config,
             conversation=self._conversation,
-            output=self._output, ledger=self._ledger, responses=self._responses, turns=self._turns,
-            snapshot=self.snapshot)
+            output=self._output,
+            ledger=self._ledger,
+            stopping=lambda: self._stop is not None,
+        )
+        self._turns = TurnTracker(
+            engine=engine,
+            capabilities=self.capabilities,
+            config=lambda: self.config,
+            limits=limits,
+            clock=clock,
+            conversation=self._conversation,
+            output=self._output,
+            ledger=self._ledger,
+            responses=self._responses,
+            post=self.mailbox.post,
+            spawn=self._spawn,
+        )
+        self._commands = CommandHandlers(
+            engine=engine,
+            capabilities=self.capabilities,
+            config=config,
+            limits=limits,
+            conversation=self._conversation,
+            output=self._output,
+            ledger=self._ledger,
+            responses=self._responses,
+            turns=self._turns,
+            snapshot=self.snapshot,
+        )
         self.closing = False
         self.stop_request: StopRequest | None = None  # the first close/expiry asked for from outside
         self._stop: StopRequest | None = None  # why the mailbox loop ends (a request, overflow, engine end)
@@ -131,8 +180,14 @@ class SessionRunner:
         return self._responses.active_id
 
     def snapshot(self) -> ev.SessionSnapshot:
-        return ev.SessionSnapshot(id=self.session_id, config=self.config, capabilities=self._public_capabilities,
-                                  epoch=self.epoch, turn_id=self._ledger.turn_id, resumable=self.resumable)
+        return ev.SessionSnapshot(
+            id=self.session_id,
+            config=self.config,
+            capabilities=self._public_capabilities,
+            epoch=self.epoch,
+            turn_id=self._ledger.turn_id,
+            resumable=self.resumable,
+        )
 
     def start(self, created: ev.SessionCreated) -> None:
         self._output.emit(created)
@@ -144,8 +199,7 @@ class SessionRunner:
         """Queue an admitted command; False when the mailbox is full."""
         return self.mailbox.offer(command)
 
-    def request_stop(self, kind: StopKind, reason: str,
-                     details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
+    def request_stop(self, kind: StopKind, reason: str, details: dict[str, Any] | None = None) -> asyncio.Future[bool]:
         """Close or expire the session; only the first request counts. The future
         resolves (with whether engine cleanup succeeded) after the terminal event is queued."""
         if self.stop_request is None:
@@ -197,8 +251,12 @@ class SessionRunner:
             self._output.error(exc.code, str(exc), error_type=errors.SERVER_ERROR, related=related)
         except Exception:
             log.exception("failed to apply %s", type(item).__name__)
-            self._output.error("internal_error", "The server failed to apply this event",
-                              error_type=errors.SERVER_ERROR, related=related)
+            self._output.error(
+                "internal_error",
+                "The server failed to apply this event",
+                error_type=errors.SERVER_ERROR,
+                related=related,
+            )
 
     def _on_internal(self, item: Any) -> None:
         if isinstance(item, ENGINE_EVENTS):
@@ -233,14 +291,25 @@ class SessionRunner:
         history, the error and the failed ``response.done`` use the reserve, and the session
         closes with ``output_backpressure``."""
         response = self._responses.fail_for_overflow()
-        self._output.emit_reserve(ev.ErrorEvent(
-            session_id=self.session_id, code=errors.OUTPUT_BACKPRESSURE, error_type=errors.RATE_LIMIT,
-            message="The client is not reading output fast enough; the session is closed"))
+        self._output.emit_reserve(
+            ev.ErrorEvent(
+                session_id=self.session_id,
+                code=errors.OUTPUT_BACKPRESSURE,
+                error_type=errors.RATE_LIMIT,
+                message="The client is not reading output fast enough; the session is closed",
+            )
+        )
         if response is not None and response.announced and not response.ending_queued:
-            self._output.emit_reserve(ev.ResponseDone(
-                session_id=self.session_id, response_id=response.id, status="failed",
-                status_details={"type": "failed", "reason": errors.OUTPUT_BACKPRESSURE},
-                output=(response.item.snapshot(),), committed=False))
+            self._output.emit_reserve(
+                ev.ResponseDone(
+                    session_id=self.session_id,
+                    response_id=response.id,
+                    status="failed",
+                    status_details={"type": "failed", "reason": errors.OUTPUT_BACKPRESSURE},
+                    output=(response.item.snapshot(),),
+                    committed=False,
+                )
+            )
         if self._stop is None:
             self._stop = StopRequest(StopKind.CLOSED, errors.OUTPUT_BACKPRESSURE)
 
@@ -293,8 +362,9 @@ class SessionRunner:
         stop = self.terminal or StopRequest(StopKind.CLOSED, "internal_error")
         self._on_finished(self, cleanup_ok)
         terminal_cls = ev.SessionExpired if stop.kind is StopKind.EXPIRED else ev.SessionClosed
-        self.outlet.buffer.close(terminal_cls(session_id=self.session_id, epoch=self.epoch, reason=stop.reason,
-                                              details=stop.details))
+        self.outlet.buffer.close(
+            terminal_cls(session_id=self.session_id, epoch=self.epoch, reason=stop.reason, details=stop.details)
+        )
         self.finished.set_result(cleanup_ok)
 
     async def close_engine(self) -> bool:
@@ -318,7 +388,7 @@ class SessionRunner:
         try:
             await asyncio.wait_for(self._drain_engine_output(until=drained), self.limits.engine_close_timeout_s)
             drained.result()
-        except (asyncio.TimeoutError, Exception):
+        except (TimeoutError, Exception):
             log.warning("lockstep tail flush did not finish; closing without it", exc_info=True)
         finally:
             drained.cancel()
@@ -329,8 +399,9 @@ class SessionRunner:
         forwarded), or, without ``until``, until the pump ended (the engine closed its events)."""
         loop = asyncio.get_running_loop()
         while True:
-            if not len(self.mailbox) and ((until is not None and until.done())
-                                          or self._pump is None or self._pump.done()):
+            if not len(self.mailbox) and (
+                (until is not None and until.done()) or self._pump is None or self._pump.done()
+            ):
                 return
             getter = loop.create_task(self.mailbox.get())
             await asyncio.wait({getter} if until is None else {getter, until}, return_when=asyncio.FIRST_COMPLETED)

@@ -68,8 +68,12 @@ class SessionConfig(BaseModel):
     def updated(self, changes: dict[str, Any], limits: SessionLimits) -> SessionConfig:
         """A new config with ``changes`` applied, validated and within ``limits`` (raises
         ``ConfigUpdateError``)."""
-        check_bounds(limits, instructions=changes.get("instructions"), voice=changes.get("voice"),
-                     max_output_tokens=changes.get("max_output_tokens"))
+        check_bounds(
+            limits,
+            instructions=changes.get("instructions"),
+            voice=changes.get("voice"),
+            max_output_tokens=changes.get("max_output_tokens"),
+        )
         data = self.model_dump()
         data.update(changes)
         if "output_audio_format" in changes and "output_sample_rate" not in changes:
@@ -89,18 +93,21 @@ class SessionConfig(BaseModel):
         return config
 
 
-def check_bounds(limits: SessionLimits, *, instructions: object = None, voice: object = None,
-                 max_output_tokens: object = None) -> None:
+def check_bounds(
+    limits: SessionLimits, *, instructions: object = None, voice: object = None, max_output_tokens: object = None
+) -> None:
     """Refuse a client-set value over its configured bound (``ConfigUpdateError`` naming it).
     Checked before any other validation, so an oversized value is never copied or echoed."""
     if isinstance(instructions, str) and len(instructions) > limits.max_instructions_chars:
-        raise ConfigUpdateError("instructions", f"instructions must be at most {limits.max_instructions_chars} "
-                                                "characters")
+        raise ConfigUpdateError(
+            "instructions", f"instructions must be at most {limits.max_instructions_chars} characters"
+        )
     if isinstance(voice, str) and len(voice) > limits.max_voice_chars:
         raise ConfigUpdateError("voice", f"voice must be at most {limits.max_voice_chars} characters")
     if isinstance(max_output_tokens, int) and max_output_tokens > limits.max_output_tokens:
-        raise ConfigUpdateError("max_output_tokens", f"max_output_tokens must be at most {limits.max_output_tokens} "
-                                                     "or 'inf'")
+        raise ConfigUpdateError(
+            "max_output_tokens", f"max_output_tokens must be at most {limits.max_output_tokens} or 'inf'"
+        )
 
 
 class ConfigUpdateError(RtserveError, ValueError):

@@ -46,11 +46,21 @@ class TranscriptTimeout:
 class TurnTracker:
     """Commits user turns and follows each one to its final transcript; reacts to server VAD."""
 
-    def __init__(self, *, engine: EngineSession, capabilities: EngineCapabilities,
-                 config: Callable[[], SessionConfig], limits: SessionLimits, clock: Clock,
-                 conversation: Conversation, output: SessionOutput, ledger: InputLedger,
-                 responses: ResponseTracker, post: Callable[[object], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        engine: EngineSession,
+        capabilities: EngineCapabilities,
+        config: Callable[[], SessionConfig],
+        limits: SessionLimits,
+        clock: Clock,
+        conversation: Conversation,
+        output: SessionOutput,
+        ledger: InputLedger,
+        responses: ResponseTracker,
+        post: Callable[[object], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+    ) -> None:
         self._engine = engine
         self._capabilities = capabilities
         self._config = config
@@ -72,8 +82,9 @@ class TurnTracker:
         item = ConversationItem(item_id, "user", "audio", text=None, turn_id=turn_id, audio_ms=audio_ms)
         previous = self._conversation.add(item)
         session_id = self._output.session_id
-        self._output.emit(ev.InputCommitted(session_id=session_id, item_id=item_id, previous_item_id=previous,
-                                            turn_id=turn_id))
+        self._output.emit(
+            ev.InputCommitted(session_id=session_id, item_id=item_id, previous_item_id=previous, turn_id=turn_id)
+        )
         self._output.emit(ev.ItemAdded(session_id=session_id, item=item.snapshot(), previous_item_id=previous))
         self._spawn(self._finish_commit(item_id))
         if response_create:
@@ -105,8 +116,14 @@ class TurnTracker:
         if item is not None:
             item.text = text
         if item is not None and self._config().transcription_model is not None:
-            self._output.emit(ev.InputTranscriptCompleted(session_id=self._output.session_id, item_id=item_id,
-                                                          transcript=text, audio_seconds=item.audio_ms / 1000.0))
+            self._output.emit(
+                ev.InputTranscriptCompleted(
+                    session_id=self._output.session_id,
+                    item_id=item_id,
+                    transcript=text,
+                    audio_seconds=item.audio_ms / 1000.0,
+                )
+            )
         self._responses.start_engine_response()
 
     def on_response_finished(self, status: str, audio_ms: float) -> None:
@@ -121,14 +138,24 @@ class TurnTracker:
         """No speech for ``idle_timeout_ms`` after the agent finished: say so, commit what the
         buffer holds (maybe nothing) and answer, as OpenAI does."""
         vad = self._config().turn_detection
-        if (not self.idle.is_current(fired) or vad is None or vad.type != "server_vad" or not vad.idle_timeout_ms
-                or self._responses.active is not None):
+        if (
+            not self.idle.is_current(fired)
+            or vad is None
+            or vad.type != "server_vad"
+            or not vad.idle_timeout_ms
+            or self._responses.active is not None
+        ):
             return
         ledger = self._ledger
         item_id = ledger.speech_item()  # the item the commit below creates
-        self._output.emit(ev.InputTimeoutTriggered(
-            session_id=self._output.session_id, audio_start_ms=int(ledger.received_ms - ledger.uncommitted_ms),
-            audio_end_ms=int(ledger.received_ms), item_id=item_id))
+        self._output.emit(
+            ev.InputTimeoutTriggered(
+                session_id=self._output.session_id,
+                audio_start_ms=int(ledger.received_ms - ledger.uncommitted_ms),
+                audio_end_ms=int(ledger.received_ms),
+                item_id=item_id,
+            )
+        )
         self.commit(response_create=True)
 
     def on_speech_started(self, e: EngineSpeechStarted) -> None:
@@ -137,26 +164,30 @@ class TurnTracker:
             return
         self.idle.disarm()
         session_id = self._output.session_id
-        self._output.emit(ev.SpeechStarted(session_id=session_id, audio_start_ms=e.audio_ms,
-                                           item_id=self._ledger.speech_item()))
+        self._output.emit(
+            ev.SpeechStarted(session_id=session_id, audio_start_ms=e.audio_ms, item_id=self._ledger.speech_item())
+        )
         if self._responses.active is None and not self._output.playing():
             return  # nothing is playing: an ordinary turn start
         policy = "barge_in_on_speech" if vad.interrupt_response else "listen"
         if vad.interrupt_response and self._capabilities.supports_barge_in:
-            self._output.emit(ev.OverlapDecided(session_id=session_id, action="barge_in", reason="server_vad",
-                                                policy=policy))
+            self._output.emit(
+                ev.OverlapDecided(session_id=session_id, action="barge_in", reason="server_vad", policy=policy)
+            )
             self._responses.interrupt("barge_in", source="server_vad")
         else:
             reason = "interrupt_disabled" if not vad.interrupt_response else "barge_in_unsupported"
-            self._output.emit(ev.OverlapDecided(session_id=session_id, action="listen", reason=reason,
-                                                policy=policy))
+            self._output.emit(ev.OverlapDecided(session_id=session_id, action="listen", reason=reason, policy=policy))
 
     def on_speech_stopped(self, e: EngineSpeechStopped) -> None:
         vad = self._config().turn_detection
         if vad is None:
             return
-        self._output.emit(ev.SpeechStopped(session_id=self._output.session_id, audio_end_ms=e.audio_ms,
-                                           item_id=self._ledger.speech_item()))
+        self._output.emit(
+            ev.SpeechStopped(
+                session_id=self._output.session_id, audio_end_ms=e.audio_ms, item_id=self._ledger.speech_item()
+            )
+        )
         if not self._responses.continuous:
             self.commit(response_create=vad.create_response)
 
@@ -169,8 +200,7 @@ class TurnTracker:
         if self._config().transcription_model is None:
             return  # transcription events off (``transcription: null``)
         item_id = awaiting[0] if awaiting else self._ledger.speech_item()
-        self._output.emit(ev.InputTranscriptDelta(session_id=self._output.session_id, item_id=item_id,
-                                                  delta=e.text))
+        self._output.emit(ev.InputTranscriptDelta(session_id=self._output.session_id, item_id=item_id, delta=e.text))
 
     async def _finish_commit(self, item_id: str) -> None:
         try:

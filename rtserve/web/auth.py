@@ -30,7 +30,7 @@ def presented_keys(request: web.Request) -> list[str]:
     for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         proto = proto.strip()
         if proto.startswith(SUBPROTOCOL_PREFIX):
-            keys.append(proto[len(SUBPROTOCOL_PREFIX):])
+            keys.append(proto[len(SUBPROTOCOL_PREFIX) :])
     if "api_key" in request.query:
         keys.append(request.query["api_key"])
     return keys
@@ -40,23 +40,33 @@ def key_subprotocols(request: web.Request) -> tuple[str, ...]:
     """The key-form subprotocols the client offered. Every WebSocket route declares them: a
     browser fails a handshake that answers none of its offers, and aiohttp logs unanswered
     offers at WARNING, key included."""
-    return tuple(p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-                 if p.strip().startswith(SUBPROTOCOL_PREFIX))
+    return tuple(
+        p.strip()
+        for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+        if p.strip().startswith(SUBPROTOCOL_PREFIX)
+    )
 
 
 def is_authorized(request: web.Request, api_key: str) -> bool:
     # aiohttp keeps header bytes that are not UTF-8 as surrogates: compare those bytes as they came.
-    return any(hmac.compare_digest(k.encode("utf-8", "surrogateescape"), api_key.encode())
-               for k in presented_keys(request))
+    return any(
+        hmac.compare_digest(k.encode("utf-8", "surrogateescape"), api_key.encode()) for k in presented_keys(request)
+    )
 
 
 def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bool] | None = None):
     """``also_admits``: a second check for requests the key did not admit (a client secret
     may place a WebRTC call, ``web/webrtc/client_secrets.py``)."""
+
     @web.middleware
     async def check(request: web.Request, handler):
-        if (api_key is None or request.path in EXEMPT_PATHS or is_page_request(request)
-                or is_authorized(request, api_key) or (also_admits is not None and also_admits(request))):
+        if (
+            api_key is None
+            or request.path in EXEMPT_PATHS
+            or is_page_request(request)
+            or is_authorized(request, api_key)
+            or (also_admits is not None and also_admits(request))
+        ):
             return await handler(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             # Browsers cannot read an HTTP 401 on a WebSocket upgrade: accept, then close 4001.

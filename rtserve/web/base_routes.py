@@ -17,8 +17,14 @@ async def health(request: web.Request) -> web.Response:
     if ctx.engines.ready:  # every configured engine: the session engine, and vLLM where chat uses it
         return web.json_response({"status": "ok"})
     if ctx.engine_failure:  # the exception text stays in the log: it may name paths and internals
-        return web.json_response({"status": "failed", "code": "engine_failed",
-                                  "error": "The engine is not serving; the server log says why"}, status=503)
+        return web.json_response(
+            {
+                "status": "failed",
+                "code": "engine_failed",
+                "error": "The engine is not serving; the server log says why",
+            },
+            status=503,
+        )
     return web.json_response({"status": "starting"}, status=503)
 
 
@@ -28,11 +34,15 @@ async def models(request: web.Request) -> web.Response:
     turn = ctx.turn_engines
     # The HTTP routes' engines too: a separate text engine (vLLM) is not the session engine's.
     served = [*ctx.engine.model_ids(), *(e.model_name for e in (turn.asr, turn.llm, turn.tts) if e is not None)]
-    return web.json_response({
-        "object": "list",
-        "data": [{"id": mid, "object": "model", "created": created, "owned_by": "rtserve"}
-                 for mid in dict.fromkeys(served)],
-    })
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {"id": mid, "object": "model", "created": created, "owned_by": "rtserve"}
+                for mid in dict.fromkeys(served)
+            ],
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

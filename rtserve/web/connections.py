@@ -47,8 +47,9 @@ class Connections:
         return len(self._open)
 
     @contextlib.asynccontextmanager
-    async def track(self, ws: web.WebSocketResponse, *,
-                    close_at_shutdown: Callable[[], bool] = _always) -> AsyncIterator[None]:
+    async def track(
+        self, ws: web.WebSocketResponse, *, close_at_shutdown: Callable[[], bool] = _always
+    ) -> AsyncIterator[None]:
         """Register a prepared socket while its handler runs. ``close_at_shutdown`` is asked at
         shutdown: False leaves the socket to whoever else ends it (a realtime session's last
         event)."""

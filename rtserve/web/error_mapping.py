@@ -57,8 +57,13 @@ def api_error(exc: RtserveError) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     status, param = _HTTP_BY_CODE.get(exc.code, (500, None))
-    return ApiError(exc.message, status=status, code=exc.code, param=exc.param or param,
-                    type_=errors.SERVER_ERROR if status >= 500 else None)
+    return ApiError(
+        exc.message,
+        status=status,
+        code=exc.code,
+        param=exc.param or param,
+        type_=errors.SERVER_ERROR if status >= 500 else None,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -80,8 +85,9 @@ def realtime_error(exc: RtserveError, *, event_id: str | None = None, opening: b
         return WireError(exc.code, exc.message, param=f"session.{exc.param}", event_id=event_id)
     error_type = errors.INVALID_REQUEST
     if opening:
-        error_type = {errors.RESOURCE_EXHAUSTED: errors.RATE_LIMIT,
-                      errors.SESSION_EXISTS: errors.INVALID_REQUEST}.get(exc.code, errors.SERVER_ERROR)
+        error_type = {errors.RESOURCE_EXHAUSTED: errors.RATE_LIMIT, errors.SESSION_EXISTS: errors.INVALID_REQUEST}.get(
+            exc.code, errors.SERVER_ERROR
+        )
     return WireError(exc.code, exc.message, param=exc.param, event_id=event_id, error_type=error_type)
 
 

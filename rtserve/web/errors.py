@@ -28,21 +28,31 @@ _TYPE_BY_STATUS = {
 }
 
 
-def error_body(message: str, *, status: int = 400, code: str | None = None,
-               param: str | None = None, type_: str | None = None) -> dict:
-    return {"error": {
-        "message": message,
-        "type": type_ or _TYPE_BY_STATUS.get(status, "server_error"),
-        "param": param,
-        "code": code,
-    }}
+def error_body(
+    message: str, *, status: int = 400, code: str | None = None, param: str | None = None, type_: str | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": type_ or _TYPE_BY_STATUS.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
-def error_response(message: str, *, status: int = 400, code: str | None = None,
-                   param: str | None = None, type_: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error_body(message, status=status, code=code, param=param, type_=type_),
-                             status=status, headers=headers)
+def error_response(
+    message: str,
+    *,
+    status: int = 400,
+    code: str | None = None,
+    param: str | None = None,
+    type_: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        error_body(message, status=status, code=code, param=param, type_=type_), status=status, headers=headers
+    )
 
 
 class ApiError(RtserveError):
@@ -50,9 +60,16 @@ class ApiError(RtserveError):
 
     code: str | None = None  # type: ignore[assignment]  # OpenAI bodies may carry "code": null
 
-    def __init__(self, message: str, *, status: int = 400, code: str | None = None,
-                 param: str | None = None, type_: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        code: str | None = None,
+        param: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message, code=code, param=param)
         self.status = status
         self.type_ = type_
@@ -77,8 +94,9 @@ async def error_middleware(request: web.Request, handler):
         # aiohttp's own 404/405/413 pages become OpenAI-shaped bodies.
         reason = exc.reason or "error"
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        return error_response(reason, status=exc.status, code=code, headers={
-            k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+        return error_response(
+            reason, status=exc.status, code=code, headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        )
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response("Internal server error", status=500, code="internal_error", type_="server_error")

@@ -19,10 +19,14 @@ from rtserve.web.context import CTX
 
 def app_runner(app: web.Application) -> web.AppRunner:
     config = app[CTX].config
-    return web.AppRunner(app, handle_signals=False, access_log=None,
-                         shutdown_timeout=config.sessions.shutdown_timeout_s,
-                         keepalive_timeout=config.transport.http_keepalive_timeout_s,
-                         lingering_time=config.transport.http_lingering_s)
+    return web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=config.sessions.shutdown_timeout_s,
+        keepalive_timeout=config.transport.http_keepalive_timeout_s,
+        lingering_time=config.transport.http_lingering_s,
+    )
 
 
 def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
@@ -36,6 +40,7 @@ def server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load the TLS certificate {config.ssl_certfile} / key {config.ssl_keyfile}: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"cannot load the TLS certificate {config.ssl_certfile} / key {config.ssl_keyfile}: {exc.strerror or exc}"
+        ) from None
     return context

@@ -12,8 +12,15 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from tests.web.realtime_support import (echoed_tags, pcm16_b64, read_to_close, read_until, receive_event,
-                                        tagged_frame, ws_url)
+from tests.web.realtime_support import (
+    echoed_tags,
+    pcm16_b64,
+    read_to_close,
+    read_until,
+    receive_event,
+    tagged_frame,
+    ws_url,
+)
 
 FRAME = 1920  # 80 ms at 24 kHz
 
@@ -99,9 +106,11 @@ class Resumed:
     flowing: list[dict]  # events up to the echo of a frame sent on the resumed socket
 
 
-async def drop_and_resume(http: aiohttp.ClientSession, owner_base: str,
-                          connect_elsewhere: Callable[[aiohttp.ClientWebSocketResponse],
-                                                      Awaitable[aiohttp.ClientWebSocketResponse]]) -> Resumed:
+async def drop_and_resume(
+    http: aiohttp.ClientSession,
+    owner_base: str,
+    connect_elsewhere: Callable[[aiohttp.ClientWebSocketResponse], Awaitable[aiohttp.ClientWebSocketResponse]],
+) -> Resumed:
     """Open a duplex session on ``owner_base``, send three tagged frames, drop the socket (their
     echoes go only to the journal), resume on the socket ``connect_elsewhere(first_socket)``
     opens (on another front-end) and send one more frame there."""
@@ -113,10 +122,16 @@ async def drop_and_resume(http: aiohttp.ClientSession, owner_base: str,
         await first.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(tag))})
     await first.close()
     async with await connect_elsewhere(first) as second:
-        await second.send_json({"type": "session.resume", "event_id": "resume-elsewhere",
-                                "session_id": created["session"]["id"], "resume_token": created["resume_token"],
-                                "attachment_generation": 0,
-                                "last_received_server_event_seq": seen[-1]["server_event_seq"]})
+        await second.send_json(
+            {
+                "type": "session.resume",
+                "event_id": "resume-elsewhere",
+                "session_id": created["session"]["id"],
+                "resume_token": created["resume_token"],
+                "attachment_generation": 0,
+                "last_received_server_event_seq": seen[-1]["server_event_seq"],
+            }
+        )
         resumed = await receive_event(second)
         assert resumed is not None
         if resumed["type"] != "session.resumed":

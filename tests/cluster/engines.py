@@ -56,8 +56,9 @@ async def tcp_engines(config: ServerConfig, count: int) -> AsyncIterator[list[Tc
         for _ in range(count):
             engines = EngineSet(config, CollectorRegistry())
             server = EngineServer(engines)
-            listener = await asyncio.start_server(auth.authenticated(server.serve_connection, SECRET, 5.0),
-                                                  "127.0.0.1", 0)
+            listener = await asyncio.start_server(
+                auth.authenticated(server.serve_connection, SECRET, 5.0), "127.0.0.1", 0
+            )
             engines.start()
             started.append(TcpEngine(engines, server, listener))
         yield started

@@ -31,8 +31,12 @@ async def front_end(config: ServerConfig) -> AsyncIterator[tuple[str, ClusterEng
     config.sessions.reaper_interval_s = 0.05
     async with tcp_engines(config, 2) as engines:
         registry = CollectorRegistry()
-        links = ClusterEngines.links([(f"engine-{i}", connect_to(e)) for i, e in enumerate(engines)],
-                                     config.engine_link, worker_index=0, registry=registry)
+        links = ClusterEngines.links(
+            [(f"engine-{i}", connect_to(e)) for i, e in enumerate(engines)],
+            config.engine_link,
+            worker_index=0,
+            registry=registry,
+        )
         cluster = await ClusterEngines.connect(links, config.engine_link, startup_timeout_s=30)
         async with serve_app(build_app(config, engines=cluster, registry=registry)) as base:
             await eventually(lambda: cluster.ready, what="the engines to be ready")
@@ -44,7 +48,8 @@ def _sessions(cluster: ClusterEngines) -> list[int]:
 
 
 async def test_sessions_go_to_the_least_loaded_engine_and_are_refused_only_when_all_are_full(
-        config: ServerConfig) -> None:
+    config: ServerConfig,
+) -> None:
     async with front_end(config) as (base, cluster, _), aiohttp.ClientSession() as http:
         first = await open_session(http, base)
         assert first.admitted and _sessions(cluster) == [1, 0]

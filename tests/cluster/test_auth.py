@@ -41,8 +41,9 @@ async def _peer_gets(port: int, opening: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("opening", ["pickles_at_once", "wrong_secret"])
-async def test_a_peer_without_the_secret_gets_nothing_unpickled(loopback: ServerConfig, tmp_path: pathlib.Path,
-                                                               opening: str) -> None:
+async def test_a_peer_without_the_secret_gets_nothing_unpickled(
+    loopback: ServerConfig, tmp_path: pathlib.Path, opening: str
+) -> None:
     trap = tmp_path / "unpickled"
     evil = encode((Kind.HELLO, _Trap(trap)))
     async with tcp_engines(loopback, 1) as (engine,):
@@ -82,8 +83,9 @@ async def test_a_front_end_with_another_secret_is_refused_at_once(loopback: Serv
         assert time.monotonic() - started < 5
 
 
-async def test_an_engine_on_another_host_gets_its_clock_offset_from_the_probes(loopback: ServerConfig,
-                                                                               monkeypatch) -> None:
+async def test_an_engine_on_another_host_gets_its_clock_offset_from_the_probes(
+    loopback: ServerConfig, monkeypatch
+) -> None:
     boot_ids = iter([b"engine-host".ljust(36, b"-"), b"front-end-host".ljust(36, b"-")])
     monkeypatch.setattr(auth, "_boot_id", lambda: next(boot_ids))  # the engine's is read first
     async with tcp_engines(loopback, 1) as (engine,):

@@ -58,8 +58,12 @@ async def two_front_ends(config: ServerConfig) -> AsyncIterator[tuple[FrontEnd, 
             front_ends = []
             for index in range(2):
                 registry = CollectorRegistry()
-                links = ClusterEngines.links([(f"engine-{i}", connect_to(e)) for i, e in enumerate(engines)],
-                                             config.engine_link, worker_index=index, registry=registry)
+                links = ClusterEngines.links(
+                    [(f"engine-{i}", connect_to(e)) for i, e in enumerate(engines)],
+                    config.engine_link,
+                    worker_index=index,
+                    registry=registry,
+                )
                 cluster = await ClusterEngines.connect(links, config.engine_link, startup_timeout_s=30)
                 peers = Peers(new_front_end_tag(), SocketDirectory(folder), config.peers)
                 app = build_app(config, engines=cluster, registry=registry, peers=peers)
@@ -71,11 +75,11 @@ async def two_front_ends(config: ServerConfig) -> AsyncIterator[tuple[FrontEnd, 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def test_a_resume_through_the_other_front_end_reaches_the_session_where_it_lives(
-        config: ServerConfig) -> None:
+async def test_a_resume_through_the_other_front_end_reaches_the_session_where_it_lives(config: ServerConfig) -> None:
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
-        result = await drop_and_resume(http, a.base,
-                                       lambda _: http.ws_connect(ws_url(b.base, duplex="1", autostart="0")))
+        result = await drop_and_resume(
+            http, a.base, lambda _: http.ws_connect(ws_url(b.base, duplex="1", autostart="0"))
+        )
         assert result.resumed["type"] == "session.resumed", result.resumed
         assert result.resumed["session_id"] == result.created["session"]["id"]
         assert result.resumed["attachment_generation"] == 1
@@ -92,21 +96,40 @@ async def test_a_resume_through_the_other_front_end_reaches_the_session_where_it
 
 
 async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owners_answer_alike(
-        config: ServerConfig) -> None:
+    config: ServerConfig,
+) -> None:
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(a.base, duplex="1")) as owner_socket:
             created = await receive_event(owner_socket)
             session_id = created["session"]["id"]
             async with http.ws_connect(ws_url(b.base, duplex="1", autostart="0")) as elsewhere:
-                await elsewhere.send_json({"type": "session.resume", "session_id": session_id,
-                                           "resume_token": "not-the-token", "attachment_generation": 0})
+                await elsewhere.send_json(
+                    {
+                        "type": "session.resume",
+                        "session_id": session_id,
+                        "resume_token": "not-the-token",
+                        "attachment_generation": 0,
+                    }
+                )
                 wrong_token = await receive_event(elsewhere)
                 nobody = session_id.replace(a.peers.tag, "0badf00d" if a.peers.tag != "0badf00d" else "0badf00e")
-                await elsewhere.send_json({"type": "session.resume", "session_id": nobody,
-                                           "resume_token": created["resume_token"], "attachment_generation": 0})
+                await elsewhere.send_json(
+                    {
+                        "type": "session.resume",
+                        "session_id": nobody,
+                        "resume_token": created["resume_token"],
+                        "attachment_generation": 0,
+                    }
+                )
                 unknown_owner = await receive_event(elsewhere)
-                await elsewhere.send_json({"type": "session.resume", "session_id": session_id,
-                                           "resume_token": created["resume_token"], "attachment_generation": 0})
+                await elsewhere.send_json(
+                    {
+                        "type": "session.resume",
+                        "session_id": session_id,
+                        "resume_token": created["resume_token"],
+                        "attachment_generation": 0,
+                    }
+                )
                 resumed = await receive_event(elsewhere)  # the same socket, now with the right token
             assert resumed["type"] == "session.resumed"
             assert (await read_until(owner_socket, "session.replaced"))[-1]["attachment_generation"] == 1
@@ -134,7 +157,8 @@ async def _drain(http: aiohttp.ClientSession, front_end: FrontEnd, **body: float
 
 
 async def test_a_drained_front_end_admits_nothing_keeps_its_sessions_and_stops_when_they_end(
-        config: ServerConfig) -> None:
+    config: ServerConfig,
+) -> None:
     config.sessions.disconnect_grace_s = 0.2  # a client that left is not waited for long
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
         kept = await open_session(http, a.base)
@@ -164,21 +188,34 @@ async def test_a_drained_front_end_stops_at_its_deadline_with_sessions_still_ope
         await kept.close()
 
 
-async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_there_whole(
-        config: ServerConfig) -> None:
+async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_there_whole(config: ServerConfig) -> None:
     """``?session_id=`` (the resume query parameters): the socket is the owner's from its first frame."""
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
-        async with (http.ws_connect(ws_url(a.base, duplex="1")) as on_a,
-                    http.ws_connect(ws_url(b.base, duplex="1")) as on_b):
+        async with (
+            http.ws_connect(ws_url(a.base, duplex="1")) as on_a,
+            http.ws_connect(ws_url(b.base, duplex="1")) as on_b,
+        ):
             created_a, created_b = await receive_event(on_a), await receive_event(on_b)
             url = ws_url(b.base, duplex="1", autostart="0", session_id=created_a["session"]["id"])
             async with http.ws_connect(url) as relayed:
                 # B's own session is not reachable on this socket: every frame goes to A.
-                await relayed.send_json({"type": "session.resume", "session_id": created_b["session"]["id"],
-                                         "resume_token": created_b["resume_token"], "attachment_generation": 0})
+                await relayed.send_json(
+                    {
+                        "type": "session.resume",
+                        "session_id": created_b["session"]["id"],
+                        "resume_token": created_b["resume_token"],
+                        "attachment_generation": 0,
+                    }
+                )
                 not_here = await receive_event(relayed)
-                await relayed.send_json({"type": "session.resume", "session_id": created_a["session"]["id"],
-                                         "resume_token": created_a["resume_token"], "attachment_generation": 0})
+                await relayed.send_json(
+                    {
+                        "type": "session.resume",
+                        "session_id": created_a["session"]["id"],
+                        "resume_token": created_a["resume_token"],
+                        "attachment_generation": 0,
+                    }
+                )
                 resumed = await receive_event(relayed)
                 await relayed.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(31))})
                 await read_until(relayed, lambda e: 31 in echoed_tags([e]))

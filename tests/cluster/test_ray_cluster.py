@@ -24,9 +24,9 @@ from rtserve.cluster.engines import ClusterEngines
 from rtserve.config import ServerConfig, load_config
 from rtserve.web.context import CTX
 from tests.cluster.clients import drop_and_resume, eventually, open_session
-from tests.web.realtime_support import echoed_tags, ws_url
 from tests.support import serve_app
 from tests.test_cli import CLEAN_ENV, _free_port
+from tests.web.realtime_support import echoed_tags, ws_url
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -64,16 +64,26 @@ def _config(address: str) -> ServerConfig:
     config.sessions.disconnect_grace_s = 0.2
     config.sessions.reaper_interval_s = 0.05
     config.peers.host = "127.0.0.1"
-    config.cluster = config.cluster.model_copy(update={
-        "address": address, "namespace": NAMESPACE, "engine_prefix": PREFIX, "engines": 2,
-        "engine_resources": {"rtserve_engine": 1}, "placement_strategy": "STRICT_SPREAD",
-        "secret": SECRET, "engine_host": "127.0.0.1", "startup_timeout_s": 90})
+    config.cluster = config.cluster.model_copy(
+        update={
+            "address": address,
+            "namespace": NAMESPACE,
+            "engine_prefix": PREFIX,
+            "engines": 2,
+            "engine_resources": {"rtserve_engine": 1},
+            "placement_strategy": "STRICT_SPREAD",
+            "secret": SECRET,
+            "engine_host": "127.0.0.1",
+            "startup_timeout_s": 90,
+        }
+    )
     return config
 
 
 @contextlib.asynccontextmanager
-async def front_end(cluster: Cluster, worker_index: int = 0,
-                    apps: list[web.Application] | None = None) -> AsyncIterator[tuple[str, ClusterEngines]]:
+async def front_end(
+    cluster: Cluster, worker_index: int = 0, apps: list[web.Application] | None = None
+) -> AsyncIterator[tuple[str, ClusterEngines]]:
     config = _config(cluster.address)
     registry = CollectorRegistry()
     engines = await cluster_engines(config, registry, worker_index=worker_index)
@@ -118,19 +128,41 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
     """The CLI path: ``--ray-address`` with two front-end workers and no local engine process;
     the detached actors outlive the front-end."""
     port = _free_port()
-    env = {**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_LOCKSTEP__BATCH_SIZE": str(SLOTS),
-           "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE, "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
-           "RTSERVE_CLUSTER__ENGINES": "2", "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
-           "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD", "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
-           "RTSERVE_CLUSTER__SECRET": SECRET, "RTSERVE_PEERS__HOST": "127.0.0.1"}
+    env = {
+        **CLEAN_ENV,
+        "PYTHONPATH": os.getcwd(),
+        "RTSERVE_LOCKSTEP__BATCH_SIZE": str(SLOTS),
+        "RTSERVE_CLUSTER__NAMESPACE": NAMESPACE,
+        "RTSERVE_CLUSTER__ENGINE_PREFIX": PREFIX,
+        "RTSERVE_CLUSTER__ENGINES": "2",
+        "RTSERVE_CLUSTER__ENGINE_RESOURCES": "{rtserve_engine: 1}",
+        "RTSERVE_CLUSTER__PLACEMENT_STRATEGY": "STRICT_SPREAD",
+        "RTSERVE_CLUSTER__ENGINE_HOST": "127.0.0.1",
+        "RTSERVE_CLUSTER__SECRET": SECRET,
+        "RTSERVE_PEERS__HOST": "127.0.0.1",
+    }
     pids_before = [(await _actor(i).placement.remote())["pid"] for i in range(2)]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rtserve.cli", "serve", "--engine", "loopback", "--port", str(port), "--workers", "2",
-        "--ray-address", ray_cluster.address, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=env)
+        sys.executable,
+        "-m",
+        "rtserve.cli",
+        "serve",
+        "--engine",
+        "loopback",
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+        "--ray-address",
+        ray_cluster.address,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
+
             async def healthy() -> bool:
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(f"{base}/health") as response:
@@ -157,8 +189,11 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
 async def test_a_resume_through_another_front_end_reaches_the_same_engine_slot(ray_cluster: Cluster) -> None:
     """Front-ends A and B (as if on two hosts: TCP peers, signed requests, the Ray directory)."""
     apps: list[web.Application] = []
-    async with (front_end(ray_cluster, 0, apps) as (a, a_engines), front_end(ray_cluster, 1, apps) as (b, _),
-                aiohttp.ClientSession() as http):
+    async with (
+        front_end(ray_cluster, 0, apps) as (a, a_engines),
+        front_end(ray_cluster, 1, apps) as (b, _),
+        aiohttp.ClientSession() as http,
+    ):
         await eventually(lambda: _sessions(a_engines) == [0, 0], what="earlier sessions to be gone")
         directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
         published = await directory.front_ends.remote()
@@ -179,17 +214,30 @@ async def test_a_resume_through_another_front_end_reaches_the_same_engine_slot(r
 
 
 async def test_rtserve_drain_of_a_front_end_stops_its_admission_and_it_leaves_when_its_sessions_end(
-        ray_cluster: Cluster) -> None:
+    ray_cluster: Cluster,
+) -> None:
     apps: list[web.Application] = []
     async with aiohttp.ClientSession() as http:
         async with front_end(ray_cluster, 0, apps) as (base, _):
             kept = await open_session(http, base)
             tag = apps[0][CTX].sessions.owner
             drain = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "rtserve.cli", "drain", "--ray-address", ray_cluster.address, "--namespace",
-                NAMESPACE, "--front-end", tag, "--deadline", "120", stdout=asyncio.subprocess.PIPE,
+                sys.executable,
+                "-m",
+                "rtserve.cli",
+                "drain",
+                "--ray-address",
+                ray_cluster.address,
+                "--namespace",
+                NAMESPACE,
+                "--front-end",
+                tag,
+                "--deadline",
+                "120",
+                stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                env={**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_CLUSTER__SECRET": SECRET})
+                env={**CLEAN_ENV, "PYTHONPATH": os.getcwd(), "RTSERVE_CLUSTER__SECRET": SECRET},
+            )
             await eventually(lambda: apps[0][CTX].sessions.draining, 60, "the drain to arrive")
             refused = await open_session(http, base)
             assert refused.first["error"]["code"] == "server_shutting_down"
@@ -223,14 +271,28 @@ async def test_a_killed_engine_actor_ends_only_its_sessions_and_ray_brings_it_ba
 
 
 async def test_rtserve_drain_moves_new_sessions_away_and_the_engine_leaves_at_its_deadline(
-        ray_cluster: Cluster) -> None:
+    ray_cluster: Cluster,
+) -> None:
     async with front_end(ray_cluster) as (base, engines), aiohttp.ClientSession() as http:
         await eventually(lambda: _sessions(engines) == [0, 0], what="earlier sessions to be gone")
         on_0, on_1 = await open_session(http, base), await open_session(http, base)
         drain = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rtserve.cli", "drain", "--ray-address", ray_cluster.address, "--namespace",
-            NAMESPACE, "--engine", f"{PREFIX}-1", "--deadline", "4", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env={**CLEAN_ENV, "PYTHONPATH": os.getcwd()})
+            sys.executable,
+            "-m",
+            "rtserve.cli",
+            "drain",
+            "--ray-address",
+            ray_cluster.address,
+            "--namespace",
+            NAMESPACE,
+            "--engine",
+            f"{PREFIX}-1",
+            "--deadline",
+            "4",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**CLEAN_ENV, "PYTHONPATH": os.getcwd()},
+        )
         await eventually(lambda: engines.placement()[f"{PREFIX}-1"]["draining"], 60, "the drain to be seen")
         newcomer = await open_session(http, base)
         assert newcomer.admitted and _sessions(engines) == [2, 1]

@@ -26,22 +26,22 @@ def best_lag(reference: np.ndarray, signal: np.ndarray, max_lag: int) -> int:
     size = 1 << int(np.ceil(np.log2(len(reference) + len(signal))))
     corr = np.fft.irfft(np.fft.rfft(signal, size) * np.conj(np.fft.rfft(reference, size)), size)
     lags = np.r_[np.arange(0, max_lag), np.arange(-max_lag + 1, 0)]
-    values = np.r_[corr[:max_lag], corr[size - max_lag + 1:]]
+    values = np.r_[corr[:max_lag], corr[size - max_lag + 1 :]]
     return int(lags[np.argmax(values)])
 
 
 def overlap(reference: np.ndarray, signal: np.ndarray, lag: int) -> tuple[np.ndarray, np.ndarray]:
     if lag >= 0:
         n = min(len(reference), len(signal) - lag)
-        return reference[:n], signal[lag:lag + n]
+        return reference[:n], signal[lag : lag + n]
     n = min(len(reference) + lag, len(signal))
-    return reference[-lag:-lag + n], signal[:n]
+    return reference[-lag : -lag + n], signal[:n]
 
 
 def snr_db(reference: np.ndarray, signal: np.ndarray, lag: int = 0) -> float:
     ref, sig = overlap(np.asarray(reference, np.float64), np.asarray(signal, np.float64), lag)
     noise = np.sum((ref - sig) ** 2)
-    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref**2) / noise))
 
 
 def correlation(reference: np.ndarray, signal: np.ndarray, lag: int = 0) -> float:
@@ -55,5 +55,5 @@ def irregular_chunks(data, seed: int, max_size: int = 700) -> Iterator:
     start = 0
     while start < len(data):
         size = int(rng.integers(1, max_size + 1))
-        yield data[start:start + size]
+        yield data[start : start + size]
         start += size

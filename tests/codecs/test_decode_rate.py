@@ -13,8 +13,9 @@ from tests.codecs.oggpages import amplifying_stream
 
 def test_small_pages_of_long_audio_are_stopped_by_the_rate_not_the_per_feed_bound() -> None:
     clock = FakeClock()
-    reader = OggOpusReader(24000, max_feed_seconds=60.0,
-                           rate_limit=DecodeRateLimit(ratio=2.0, burst_s=10.0, clock=clock.monotonic))
+    reader = OggOpusReader(
+        24000, max_feed_seconds=60.0, rate_limit=DecodeRateLimit(ratio=2.0, burst_s=10.0, clock=clock.monotonic)
+    )
     head, tags, *pages = amplifying_stream(pages=20, packets_per_page=20)  # 2.4 s a page, each under 60 s
     reader.feed(head + tags)
     for page in pages[:4]:  # 9.6 s: within the burst

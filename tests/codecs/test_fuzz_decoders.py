@@ -28,7 +28,7 @@ _X = speechlike(24000, 0.25)
 _writer = OggOpusWriter(24000, 20)
 OUR_STREAM = _writer.write(_X) + _writer.close()
 _sphn_writer = sphn.OpusStreamWriter(24000)
-SPHN_STREAM = b"".join(_sphn_writer.append_pcm(_X[i:i + 1920]) for i in range(0, 4 * 1920, 1920))
+SPHN_STREAM = b"".join(_sphn_writer.append_pcm(_X[i : i + 1920]) for i in range(0, 4 * 1920, 1920))
 _encoder = OpusEncoder(24000, 20)
 GOOD_PACKET = _encoder.encode(_X[:480])[0]
 WAV_FILES = [write_wav(_X[:2000], 24000, "pcm16"), write_wav(_X[:2000], 24000, "float32")]
@@ -52,12 +52,12 @@ def _fix_crcs(stream: bytes) -> bytes:
     """Recompute the CRC of every page still recognisable, so mutations reach the parser."""
     out = bytearray()
     offset = 0
-    while offset + 27 <= len(stream) and stream[offset:offset + 4] == b"OggS":
+    while offset + 27 <= len(stream) and stream[offset : offset + 4] == b"OggS":
         segments = stream[offset + 26]
-        size = 27 + segments + sum(stream[offset + 27:offset + 27 + segments])
+        size = 27 + segments + sum(stream[offset + 27 : offset + 27 + segments])
         if offset + size > len(stream):
             break
-        out += with_fixed_crc(stream[offset:offset + size])
+        out += with_fixed_crc(stream[offset : offset + size])
         offset += size
     return bytes(out + stream[offset:])
 
@@ -112,14 +112,15 @@ def test_ogg_reader_random_bytes(data: bytes, chunk_cuts: list[int]) -> None:
 @FUZZ
 @given(st.sampled_from([OUR_STREAM, SPHN_STREAM]), st.integers(0, 1 << 20), st.binary(max_size=64), cuts)
 def test_ogg_reader_truncated_streams(stream: bytes, cut: int, tail: bytes, chunk_cuts: list[int]) -> None:
-    truncated = stream[:cut % (len(stream) + 1)] + tail
+    truncated = stream[: cut % (len(stream) + 1)] + tail
     only_codec_errors(lambda: _feed_in_chunks(OggOpusReader(), truncated, chunk_cuts))
 
 
 @FUZZ
 @given(st.sampled_from([OUR_STREAM, SPHN_STREAM]), edits, st.booleans(), cuts)
-def test_ogg_reader_mutated_streams(stream: bytes, changes: list[tuple[int, int]], fix_crc: bool,
-                                    chunk_cuts: list[int]) -> None:
+def test_ogg_reader_mutated_streams(
+    stream: bytes, changes: list[tuple[int, int]], fix_crc: bool, chunk_cuts: list[int]
+) -> None:
     mutated = _mutate(stream, changes)
     if fix_crc:
         mutated = _fix_crcs(mutated)
@@ -128,11 +129,13 @@ def test_ogg_reader_mutated_streams(stream: bytes, changes: list[tuple[int, int]
 
 
 @FUZZ
-@given(st.one_of(
-    st.binary(max_size=400),
-    st.tuples(st.sampled_from(WAV_FILES), edits).map(lambda pair: _mutate(pair[0][:64], pair[1]) + pair[0][64:]),
-    st.tuples(st.sampled_from(WAV_FILES), st.integers(0, 5000)).map(lambda pair: pair[0][:pair[1]]),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=400),
+        st.tuples(st.sampled_from(WAV_FILES), edits).map(lambda pair: _mutate(pair[0][:64], pair[1]) + pair[0][64:]),
+        st.tuples(st.sampled_from(WAV_FILES), st.integers(0, 5000)).map(lambda pair: pair[0][: pair[1]]),
+    )
+)
 def test_wav_reader(data: bytes) -> None:
     audio = only_codec_errors(lambda: read_wav(data))
     if audio is not None:

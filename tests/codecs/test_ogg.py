@@ -29,14 +29,19 @@ def test_crc_matches_the_rfc_3533_definition(data: bytes) -> None:
 
 def test_pages_round_trip_through_any_chunking() -> None:
     packets = [b"a" * 10, b"b" * 255, b"", b"c" * 510, b"d" * 300]
-    stream = (build_page(serial=7, sequence=0, granule=0, packets=[b"head"], flags=FLAG_BOS)
-              + build_page(serial=7, sequence=1, granule=1234, packets=packets)
-              + build_page(serial=7, sequence=2, granule=-1, packets=[], flags=FLAG_EOS))
+    stream = (
+        build_page(serial=7, sequence=0, granule=0, packets=[b"head"], flags=FLAG_BOS)
+        + build_page(serial=7, sequence=1, granule=1234, packets=packets)
+        + build_page(serial=7, sequence=2, granule=-1, packets=[], flags=FLAG_EOS)
+    )
     for seed in range(5):
         reader = OggPageReader()
         pages = [page for chunk in irregular_chunks(stream, seed, max_size=40) for page in reader.feed(chunk)]
         assert [(p.bos, p.eos, p.serial, p.sequence, p.granule) for p in pages] == [
-            (True, False, 7, 0, 0), (False, False, 7, 1, 1234), (False, True, 7, 2, -1)]
+            (True, False, 7, 0, 0),
+            (False, False, 7, 1, 1234),
+            (False, True, 7, 2, -1),
+        ]
         assert pages[1].segments() == [(packet, True) for packet in packets]
         assert pages[2].segments() == []
         assert reader.buffered_bytes == 0
@@ -55,12 +60,15 @@ def test_build_page_refuses_packets_that_do_not_fit() -> None:
         build_page(serial=1, sequence=0, granule=0, packets=[b"z" * 255 * 255])
 
 
-@pytest.mark.parametrize(("page", "message"), [
-    (raw_page(lacing=b"\x01", body=b"a", capture=b"OggX"), "capture pattern"),
-    (raw_page(lacing=b"\x01", body=b"a", version=1), "version"),
-    (raw_page(lacing=b"\x01", body=b"a", flags=0x08), "reserved"),
-    (raw_page(lacing=b"\x01", body=b"a")[:-1] + b"b", "CRC"),
-])
+@pytest.mark.parametrize(
+    ("page", "message"),
+    [
+        (raw_page(lacing=b"\x01", body=b"a", capture=b"OggX"), "capture pattern"),
+        (raw_page(lacing=b"\x01", body=b"a", version=1), "version"),
+        (raw_page(lacing=b"\x01", body=b"a", flags=0x08), "reserved"),
+        (raw_page(lacing=b"\x01", body=b"a")[:-1] + b"b", "CRC"),
+    ],
+)
 def test_malformed_pages_are_rejected_and_the_reader_stays_failed(page: bytes, message: str) -> None:
     reader = OggPageReader()
     with pytest.raises(InvalidOggError, match=message) as info:
@@ -77,7 +85,7 @@ def test_garbage_fails_on_the_first_bytes_without_waiting_for_a_header() -> None
 
 def test_oversized_page_is_rejected_from_its_header_alone() -> None:
     reader = OggPageReader(max_page_bytes=4096)
-    header_and_lacing = raw_page(lacing=b"\xff" * 20, body=b"q" * 255 * 20)[:27 + 20]
+    header_and_lacing = raw_page(lacing=b"\xff" * 20, body=b"q" * 255 * 20)[: 27 + 20]
     with pytest.raises(InvalidOggError, match="exceeds"):
         reader.feed(header_and_lacing)
 

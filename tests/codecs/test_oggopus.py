@@ -16,7 +16,7 @@ from tests.codecs.signals import best_lag, irregular_chunks, snr_db, speechlike
 
 def _write(x: np.ndarray, rate: int = 24000, frame_ms: int = 20, chunk: int = 777, **options: Any) -> list[bytes]:
     writer = OggOpusWriter(rate, frame_ms, serial=99, **options)
-    return [writer.write(x[i:i + chunk]) for i in range(0, len(x), chunk)] + [writer.close()]
+    return [writer.write(x[i : i + chunk]) for i in range(0, len(x), chunk)] + [writer.close()]
 
 
 def _read(stream: bytes, rate: int = 24000, seed: int = 0) -> np.ndarray:
@@ -124,7 +124,7 @@ def test_chained_streams_are_decoded_one_after_the_other() -> None:
     a, b = speechlike(24000, 0.3, seed=1), speechlike(24000, 0.4, seed=2)
     y = _read(b"".join(_write(a)) + b"".join(_write(b)))
     assert len(y) == len(a) + len(b)
-    assert snr_db(b, y[len(a):]) > 12
+    assert snr_db(b, y[len(a) :]) > 12
 
 
 def test_multi_packet_pages_and_opus_tags_spanning_pages() -> None:
@@ -138,8 +138,13 @@ def test_multi_packet_pages_and_opus_tags_spanning_pages() -> None:
         raw_page(lacing=lacing_for(510, last_continues=True), body=tags[:510], sequence=1),
         raw_page(lacing=lacing_for(len(tags) - 510), body=tags[510:], flags=FLAG_CONTINUED, sequence=2),
         raw_page(lacing=lacing_for(*map(len, packets[:3])), body=b"".join(packets[:3]), sequence=3, granule=2880),
-        raw_page(lacing=lacing_for(*map(len, packets[3:])), body=b"".join(packets[3:]), sequence=4,
-                 flags=FLAG_EOS, granule=encoder.pre_skip_48k + len(x) * 2),
+        raw_page(
+            lacing=lacing_for(*map(len, packets[3:])),
+            body=b"".join(packets[3:]),
+            sequence=4,
+            flags=FLAG_EOS,
+            granule=encoder.pre_skip_48k + len(x) * 2,
+        ),
     ]
     y = _read(b"".join(pages))
     assert len(y) == len(x) and snr_db(x, y) > 12
@@ -152,11 +157,15 @@ def test_packet_split_across_pages_decodes_like_the_whole_packet() -> None:
     assert len(big) > 255  # 80 ms at 64 kbit/s
     head = OpusHead(channels=1, pre_skip=0, input_sample_rate=24000).to_bytes()
     tags = opus_tags_packet("t")
-    common = [raw_page(lacing=lacing_for(len(head)), body=head, flags=FLAG_BOS, sequence=0),
-              raw_page(lacing=lacing_for(len(tags)), body=tags, sequence=1)]
+    common = [
+        raw_page(lacing=lacing_for(len(head)), body=head, flags=FLAG_BOS, sequence=0),
+        raw_page(lacing=lacing_for(len(tags)), body=tags, sequence=1),
+    ]
     whole = common + [raw_page(lacing=lacing_for(len(big)), body=big, sequence=2)]
-    split = common + [raw_page(lacing=lacing_for(255, last_continues=True), body=big[:255], sequence=2, granule=-1),
-                      raw_page(lacing=lacing_for(len(big) - 255), body=big[255:], sequence=3, flags=FLAG_CONTINUED)]
+    split = common + [
+        raw_page(lacing=lacing_for(255, last_continues=True), body=big[:255], sequence=2, granule=-1),
+        raw_page(lacing=lacing_for(len(big) - 255), body=big[255:], sequence=3, flags=FLAG_CONTINUED),
+    ]
     np.testing.assert_array_equal(_read(b"".join(split)), _read(b"".join(whole)))
 
 
@@ -173,14 +182,20 @@ def test_output_gain_from_the_header_is_applied() -> None:
     np.testing.assert_allclose(louder_pcm, 2 * _read(stream), rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize(("head", "error", "message"), [
-    (b"OpusHeaX" + bytes(11), InvalidOggError, "not an OpusHead"),
-    (b"OpusHead\x01\x01", InvalidOggError, "truncated"),
-    (struct.pack("<8sBBHIhB", b"OpusHead", 0x10, 1, 312, 24000, 0, 0), UnsupportedFormatError, "version"),
-    (struct.pack("<8sBBHIhB", b"OpusHead", 1, 1, 312, 24000, 0, 1) + b"\x01\x00\x00",
-     UnsupportedFormatError, "mapping"),
-    (struct.pack("<8sBBHIhB", b"OpusHead", 1, 3, 312, 24000, 0, 0), InvalidOggError, "channel count"),
-])
+@pytest.mark.parametrize(
+    ("head", "error", "message"),
+    [
+        (b"OpusHeaX" + bytes(11), InvalidOggError, "not an OpusHead"),
+        (b"OpusHead\x01\x01", InvalidOggError, "truncated"),
+        (struct.pack("<8sBBHIhB", b"OpusHead", 0x10, 1, 312, 24000, 0, 0), UnsupportedFormatError, "version"),
+        (
+            struct.pack("<8sBBHIhB", b"OpusHead", 1, 1, 312, 24000, 0, 1) + b"\x01\x00\x00",
+            UnsupportedFormatError,
+            "mapping",
+        ),
+        (struct.pack("<8sBBHIhB", b"OpusHead", 1, 3, 312, 24000, 0, 0), InvalidOggError, "channel count"),
+    ],
+)
 def test_bad_opus_head_is_rejected(head: bytes, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         OggOpusReader().feed(_pages_with_head(head))
@@ -199,17 +214,25 @@ def _mutate_page(stream: bytes, index: int, **fields: object) -> bytes:
 STREAM = b"".join(_write(speechlike(24000, 0.3)))
 
 
-@pytest.mark.parametrize(("stream", "message"), [
-    (split_pages(STREAM)[1], "must start with a BOS"),
-    (_mutate_page(STREAM, 3, sequence=9), "expected 3"),
-    (_mutate_page(STREAM, 3, serial=5), "multiplexed"),
-    (_mutate_page(STREAM, 3, flags=FLAG_BOS), "BOS page in the middle"),
-    (_mutate_page(STREAM, 3, flags=FLAG_CONTINUED), "continuation"),
-    (_mutate_page(STREAM, 0, flags=FLAG_BOS | FLAG_EOS), "ended on its BOS"),
-    (split_pages(STREAM)[0] + raw_page(lacing=b"", body=b"", flags=FLAG_EOS, serial=99, sequence=1),
-     "before its OpusTags"),
-    (b"".join(split_pages(STREAM)[:1]) + raw_page(lacing=b"\x08", body=b"NotTags!", serial=99, sequence=1), "OpusTags"),
-])
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        (split_pages(STREAM)[1], "must start with a BOS"),
+        (_mutate_page(STREAM, 3, sequence=9), "expected 3"),
+        (_mutate_page(STREAM, 3, serial=5), "multiplexed"),
+        (_mutate_page(STREAM, 3, flags=FLAG_BOS), "BOS page in the middle"),
+        (_mutate_page(STREAM, 3, flags=FLAG_CONTINUED), "continuation"),
+        (_mutate_page(STREAM, 0, flags=FLAG_BOS | FLAG_EOS), "ended on its BOS"),
+        (
+            split_pages(STREAM)[0] + raw_page(lacing=b"", body=b"", flags=FLAG_EOS, serial=99, sequence=1),
+            "before its OpusTags",
+        ),
+        (
+            b"".join(split_pages(STREAM)[:1]) + raw_page(lacing=b"\x08", body=b"NotTags!", serial=99, sequence=1),
+            "OpusTags",
+        ),
+    ],
+)
 def test_stream_structure_errors_are_rejected(stream: bytes, message: str) -> None:
     reader = OggOpusReader()
     with pytest.raises(InvalidOggError, match=message) as info:

@@ -33,15 +33,19 @@ def test_sphn_reader_decodes_our_stream(rate: int, frame_ms: int) -> None:
     assert snr_db(ours, theirs, delay) > 30  # the two decoders agree
 
 
-@pytest.mark.parametrize(("rate", "frame_samples", "min_agreement_db"), [
-    (24000, 1920, 30),  # Moshi's 80 ms frames; we decode at 48 kHz and resample, sphn decodes at 24 kHz
-    (48000, 960, 100),  # same libopus at the same rate: bit-for-bit the same samples
-])
+@pytest.mark.parametrize(
+    ("rate", "frame_samples", "min_agreement_db"),
+    [
+        (24000, 1920, 30),  # Moshi's 80 ms frames; we decode at 48 kHz and resample, sphn decodes at 24 kHz
+        (48000, 960, 100),  # same libopus at the same rate: bit-for-bit the same samples
+    ],
+)
 def test_our_reader_decodes_the_sphn_stream(rate: int, frame_samples: int, min_agreement_db: float) -> None:
     x = speechlike(rate, 1.0)
     writer = sphn.OpusStreamWriter(rate)
-    stream = b"".join(writer.append_pcm(x[i:i + frame_samples])
-                      for i in range(0, len(x) - frame_samples + 1, frame_samples))
+    stream = b"".join(
+        writer.append_pcm(x[i : i + frame_samples]) for i in range(0, len(x) - frame_samples + 1, frame_samples)
+    )
     reader = OggOpusReader(rate)
     ours = np.concatenate([reader.feed(c) for c in irregular_chunks(stream, seed=3, max_size=300)] + [reader.flush()])
     theirs = sphn.OpusStreamReader(rate).append_bytes(stream)

@@ -47,10 +47,10 @@ def test_long_digital_silence_stays_silent_and_speech_after_it_codes_well() -> N
     encoder = OpusEncoder(rate, 80, application="lowdelay", complexity=5)
     y = _round_trip(encoder, OpusDecoder(rate), x)
     delay = encoder.pre_skip_48k * rate // 48000
-    silence = y[delay + len(speech) + rate // 5:delay + len(speech) + 3 * rate - rate // 5]
+    silence = y[delay + len(speech) + rate // 5 : delay + len(speech) + 3 * rate - rate // 5]
     assert np.abs(silence).max() < 1e-4
     tail_start = len(speech) + 3 * rate
-    tail = y[delay + tail_start:delay + tail_start + len(speech)]
+    tail = y[delay + tail_start : delay + tail_start + len(speech)]
     assert snr_db(speech, tail, 0) > 12
 
 
@@ -109,8 +109,11 @@ def test_stereo_packets_are_downmixed_to_mono() -> None:
     # Left = signal, right = silence: the downmix is half the signal.
     packets = []
     for start in range(0, len(x), 960):
-        frame = av.AudioFrame.from_ndarray(np.stack([x[start:start + 960], np.zeros(960, np.float32)]).T.reshape(1, -1),
-                                           format="flt", layout="stereo")
+        frame = av.AudioFrame.from_ndarray(
+            np.stack([x[start : start + 960], np.zeros(960, np.float32)]).T.reshape(1, -1),
+            format="flt",
+            layout="stereo",
+        )
         frame.sample_rate = 48000
         frame.pts = start
         packets += [bytes(p) for p in ctx.encode(frame)]

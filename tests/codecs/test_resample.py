@@ -31,8 +31,10 @@ def test_flush_resets_the_stream_for_reuse() -> None:
     np.testing.assert_array_equal(first, second)
 
 
-@pytest.mark.parametrize(("in_rate", "out_rate", "freq"), [(48000, 24000, 1000.0), (24000, 48000, 9000.0),
-                                                           (8000, 24000, 3000.0), (24000, 16000, 7000.0)])
+@pytest.mark.parametrize(
+    ("in_rate", "out_rate", "freq"),
+    [(48000, 24000, 1000.0), (24000, 48000, 9000.0), (8000, 24000, 3000.0), (24000, 16000, 7000.0)],
+)
 def test_in_band_tones_are_resampled_cleanly(in_rate: int, out_rate: int, freq: float) -> None:
     t_in = np.arange(in_rate) / in_rate
     t_out = np.arange(out_rate) / out_rate

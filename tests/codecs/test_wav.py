@@ -78,21 +78,28 @@ def test_streamed_wav_with_unknown_length_reads_to_the_end() -> None:
     assert len(audio.samples) == len(x) and snr_db(x, audio.samples) > 80
 
 
-@pytest.mark.parametrize(("data", "error", "message"), [
-    (b"", InvalidWavError, "not a RIFF"),
-    (b"RIFF\x00\x00\x00\x00AVI ", InvalidWavError, "not a RIFF"),
-    (b"RF64" + bytes(8), UnsupportedFormatError, "RF64"),
-    (_riff((b"data", b"\x00\x00")), InvalidWavError, "before its fmt"),
-    (_riff((b"fmt ", _fmt(1, 1, 8000, 16))), InvalidWavError, "no data chunk"),
-    (_riff((b"LIST", b"abcd")), InvalidWavError, "no fmt chunk"),
-    (_riff((b"fmt ", b"\x01\x00")), InvalidWavError, "truncated"),
-    (_riff((b"fmt ", _fmt(1, 0, 8000, 16))), InvalidWavError, "zero channels"),
-    (_riff((b"fmt ", _fmt(1, 1, 0, 16))), InvalidWavError, "sample rate"),
-    (_riff((b"fmt ", _fmt(1, 1, 8000, 24))), UnsupportedFormatError, "24-bit"),
-    (_riff((b"fmt ", _fmt(6, 1, 8000, 8))), UnsupportedFormatError, "format tag 6"),
-    (_riff((b"fmt ", _fmt(0xFFFE, 1, 8000, 32))), InvalidWavError, "extensible"),
-    (_riff((b"fmt ", _fmt(1, 2, 8000, 16)[:12] + struct.pack("<HH", 3, 16)), (b"data", b"")), InvalidWavError, "align"),
-])
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        (b"", InvalidWavError, "not a RIFF"),
+        (b"RIFF\x00\x00\x00\x00AVI ", InvalidWavError, "not a RIFF"),
+        (b"RF64" + bytes(8), UnsupportedFormatError, "RF64"),
+        (_riff((b"data", b"\x00\x00")), InvalidWavError, "before its fmt"),
+        (_riff((b"fmt ", _fmt(1, 1, 8000, 16))), InvalidWavError, "no data chunk"),
+        (_riff((b"LIST", b"abcd")), InvalidWavError, "no fmt chunk"),
+        (_riff((b"fmt ", b"\x01\x00")), InvalidWavError, "truncated"),
+        (_riff((b"fmt ", _fmt(1, 0, 8000, 16))), InvalidWavError, "zero channels"),
+        (_riff((b"fmt ", _fmt(1, 1, 0, 16))), InvalidWavError, "sample rate"),
+        (_riff((b"fmt ", _fmt(1, 1, 8000, 24))), UnsupportedFormatError, "24-bit"),
+        (_riff((b"fmt ", _fmt(6, 1, 8000, 8))), UnsupportedFormatError, "format tag 6"),
+        (_riff((b"fmt ", _fmt(0xFFFE, 1, 8000, 32))), InvalidWavError, "extensible"),
+        (
+            _riff((b"fmt ", _fmt(1, 2, 8000, 16)[:12] + struct.pack("<HH", 3, 16)), (b"data", b"")),
+            InvalidWavError,
+            "align",
+        ),
+    ],
+)
 def test_malformed_and_unsupported_files_raise_typed_errors(data: bytes, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message) as info:
         read_wav(data)

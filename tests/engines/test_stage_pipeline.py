@@ -42,6 +42,7 @@ class Recorder:
             # Hold the generator, as a stage object would: closing it must not rely on GC.
             self.generators.append(generator := generate(items))
             return generator
+
         return stage
 
 
@@ -52,21 +53,26 @@ def stage_tasks() -> set[asyncio.Task]:
 async def test_items_stream_through_every_stage_in_order() -> None:
     rec = Recorder()
     registry = CollectorRegistry()
-    pipeline = Pipeline("p", [Stage("double", rec.mapper("double", lambda x: 2 * x)),
-                              Stage("inc", rec.mapper("inc", lambda x: x + 1))], registry)
+    pipeline = Pipeline(
+        "p",
+        [Stage("double", rec.mapper("double", lambda x: 2 * x)), Stage("inc", rec.mapper("inc", lambda x: x + 1))],
+        registry,
+    )
     out = [item async for item in pipeline.run(rec.source(20))]
     assert out == [2 * i + 1 for i in range(20)]
     assert sorted(rec.closed) == ["double", "inc", "source"]
     for stage in ("double", "inc"):
-        count = registry.get_sample_value("rtserve_pipeline_stage_latency_seconds_count",
-                                          {"pipeline": "p", "stage": stage})
+        count = registry.get_sample_value(
+            "rtserve_pipeline_stage_latency_seconds_count", {"pipeline": "p", "stage": stage}
+        )
         assert count == 20
 
 
 async def test_outputs_flow_before_the_input_ends() -> None:
     rec = Recorder()
-    pipeline = Pipeline("p", [Stage("a", rec.mapper("a", lambda x: x)), Stage("b", rec.mapper("b", lambda x: x))],
-                        CollectorRegistry())
+    pipeline = Pipeline(
+        "p", [Stage("a", rec.mapper("a", lambda x: x)), Stage("b", rec.mapper("b", lambda x: x))], CollectorRegistry()
+    )
     async with contextlib.aclosing(pipeline.run(rec.source(1000, delay=0.01))) as outputs:
         first = await asyncio.wait_for(anext(outputs), 5)
     assert first == 0
@@ -75,9 +81,15 @@ async def test_outputs_flow_before_the_input_ends() -> None:
 
 async def test_bounded_queues_hold_back_a_fast_source() -> None:
     rec = Recorder()
-    pipeline = Pipeline("p", [Stage("a", rec.mapper("a", lambda x: x), queue_size=1),
-                              Stage("b", rec.mapper("b", lambda x: x), queue_size=1)],
-                        CollectorRegistry(), output_queue_size=1)
+    pipeline = Pipeline(
+        "p",
+        [
+            Stage("a", rec.mapper("a", lambda x: x), queue_size=1),
+            Stage("b", rec.mapper("b", lambda x: x), queue_size=1),
+        ],
+        CollectorRegistry(),
+        output_queue_size=1,
+    )
     async with contextlib.aclosing(pipeline.run(rec.source(10_000))) as outputs:
         await anext(outputs)
         await asyncio.sleep(0.1)  # a slow consumer
@@ -122,15 +134,22 @@ async def test_a_failing_stage_fails_the_run_and_closes_the_others() -> None:
             raise ValueError("bad chunk")
         return x
 
-    pipeline = Pipeline("p", [Stage("a", rec.mapper("a", lambda x: x)), Stage("b", rec.mapper("b", explode)),
-                              Stage("c", rec.mapper("c", lambda x: x))], CollectorRegistry())
+    pipeline = Pipeline(
+        "p",
+        [
+            Stage("a", rec.mapper("a", lambda x: x)),
+            Stage("b", rec.mapper("b", explode)),
+            Stage("c", rec.mapper("c", lambda x: x)),
+        ],
+        CollectorRegistry(),
+    )
     seen = []
     with pytest.raises(StageFailed) as failed:
         async for item in pipeline.run(rec.source(10_000, delay=0.001)):
             seen.append(item)
     assert failed.value.stage == "b" and failed.value.code == "engine_error"
     assert isinstance(failed.value.__cause__, ValueError)
-    assert seen == [0, 1, 2][:len(seen)]
+    assert seen == [0, 1, 2][: len(seen)]
     assert sorted(rec.closed) == ["a", "b", "c", "source"]
     assert stage_tasks() == set()
 
@@ -149,8 +168,9 @@ async def test_a_stage_that_stops_early_ends_the_run() -> None:
         finally:
             rec.closed.append("first_two")
 
-    pipeline = Pipeline("p", [Stage("take", first_two), Stage("inc", rec.mapper("inc", lambda x: x + 1))],
-                        CollectorRegistry())
+    pipeline = Pipeline(
+        "p", [Stage("take", first_two), Stage("inc", rec.mapper("inc", lambda x: x + 1))], CollectorRegistry()
+    )
     assert [x async for x in pipeline.run(rec.source(10_000))] == [1, 2]
     assert sorted(rec.closed) == ["first_two", "inc", "source"]
 
@@ -170,8 +190,7 @@ async def test_a_stage_that_cannot_start_fails_the_run_instead_of_hanging() -> N
         raise TypeError("not a stream")
 
     rec = Recorder()
-    pipeline = Pipeline("p", [Stage("a", rec.mapper("a", lambda x: x)), Stage("broken", broken)],
-                        CollectorRegistry())
+    pipeline = Pipeline("p", [Stage("a", rec.mapper("a", lambda x: x)), Stage("broken", broken)], CollectorRegistry())
     with pytest.raises(StageFailed) as failed:
         await asyncio.wait_for(anext(pipeline.run(rec.source(10))), 5)
     assert failed.value.stage == "broken"

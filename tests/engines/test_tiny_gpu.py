@@ -37,8 +37,9 @@ def run_model(device: str) -> list[list[FrameOutput | None]]:
     outputs = []
     for tick in range(TICKS):
         live = np.array([slot != IDLE or tick >= TICKS // 2 for slot in range(BATCH)])
-        frames = np.stack([sine_frame(slot, tick) if live[slot] else np.zeros_like(sine_frame(0, 0))
-                           for slot in range(BATCH)])
+        frames = np.stack(
+            [sine_frame(slot, tick) if live[slot] else np.zeros_like(sine_frame(0, 0)) for slot in range(BATCH)]
+        )
         outputs.append(model.step(frames, live))
     return outputs
 
@@ -61,8 +62,9 @@ def test_cuda_step_computes_the_same_function_as_the_cpu(monkeypatch: pytest.Mon
                 assert got is None, f"idle slot {slot} produced output at tick {tick}"
                 continue
             assert got is not None and got.audio.dtype == np.float32 and got.audio.shape == expected.audio.shape
-            np.testing.assert_allclose(got.audio, expected.audio, rtol=0, atol=1e-4,
-                                       err_msg=f"slot {slot}, tick {tick}")
+            np.testing.assert_allclose(
+                got.audio, expected.audio, rtol=0, atol=1e-4, err_msg=f"slot {slot}, tick {tick}"
+            )
             assert got.text == expected.text, f"slot {slot}, tick {tick}"
     # The comparison is not vacuous: the model speaks, and its text head emits letters, not "no text".
     assert np.abs(on_cpu[5][0].audio).max() > 1e-3
@@ -73,8 +75,13 @@ def test_cuda_step_computes_the_same_function_as_the_cpu(monkeypatch: pytest.Mon
 def test_cuda_requested_without_cuda_stops_startup_with_a_config_error() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     env["RTSERVE_LOCKSTEP__DEVICE"] = "cuda"
-    out = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--engine", "tiny", "--port", "0"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "rtserve.cli", "serve", "--engine", "tiny", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr

@@ -21,8 +21,7 @@ from tests.web.http_support import TurnEnginesSessionDouble
 
 @pytest.mark.parametrize("missing", ["url", "model"])
 @pytest.mark.parametrize("selected", ["text_engine", "llm_engine"])
-def test_selecting_vllm_without_its_server_fails_at_startup(config: ServerConfig, missing: str,
-                                                            selected: str) -> None:
+def test_selecting_vllm_without_its_server_fails_at_startup(config: ServerConfig, missing: str, selected: str) -> None:
     config.http.vllm.url, config.http.vllm.model = "http://127.0.0.1:8000", "m"
     setattr(config.http.vllm, missing, None)
     if selected == "text_engine":

@@ -37,8 +37,12 @@ T = TypeVar("T")
 
 # Each test module stays within seconds: the whole fuzz suite is meant to run in ~2 minutes on
 # 2 cores, with the rest of the suite.
-FUZZ = settings(deadline=None, max_examples=int(os.environ.get("RTSERVE_FUZZ_EXAMPLES", "60")), database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    deadline=None,
+    max_examples=int(os.environ.get("RTSERVE_FUZZ_EXAMPLES", "60")),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 WAIT_S = 10.0  # bound on every wait for the server
 RSS_GROWTH_BOUND = 256 * 1024 * 1024  # a module's fuzzing may not grow the process by more
 
@@ -204,7 +208,9 @@ class FuzzServer:
     def assert_healthy_after_fuzzing(self) -> None:
         """The module's closing check: canary, log, RSS."""
         if self.canary is not None:
-            assert self.run(self.canary.echoes(2)), f"the canary stopped working (closed with {self.canary.closed_with})"
+            assert self.run(self.canary.echoes(2)), (
+                f"the canary stopped working (closed with {self.canary.closed_with})"
+            )
         self.assert_clean_log()
         grown = rss_bytes() - self.rss_start
         assert grown < RSS_GROWTH_BOUND, f"RSS grew by {grown / 2**20:.0f} MiB"
@@ -223,13 +229,17 @@ async def _wait_healthy(base: str) -> None:
 def fuzz_config(**sections: dict[str, Any]) -> ServerConfig:
     """Loopback engine, room for the canary plus the fuzzed sessions (a dropped duplex session
     frees its slot at once), deadlines that outlast a module."""
-    config = load_config(environ={}, overrides={
-        "engine": "loopback",
-        "lockstep": {"batch_size": 16},
-        "sessions": {"disconnect_grace_s": 0.0, "reaper_interval_s": 0.05},
-        "moshi": {"idle_timeout_s": 600.0, "open_timeout_s": 600.0},
-        "robot": {"idle_timeout_s": 600.0},
-        **sections})
+    config = load_config(
+        environ={},
+        overrides={
+            "engine": "loopback",
+            "lockstep": {"batch_size": 16},
+            "sessions": {"disconnect_grace_s": 0.0, "reaper_interval_s": 0.05},
+            "moshi": {"idle_timeout_s": 600.0, "open_timeout_s": 600.0},
+            "robot": {"idle_timeout_s": 600.0},
+            **sections,
+        },
+    )
     return config
 
 

@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 _scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=30),
@@ -17,9 +18,11 @@ _scalars = st.one_of(
 
 def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     """Any JSON value (NaN and infinities included, as Python's encoder writes them)."""
-    return st.recursive(_scalars, lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-        max_leaves=max_leaves)
+    return st.recursive(
+        _scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+        max_leaves=max_leaves,
+    )
 
 
 def mutated(data: bytes) -> st.SearchStrategy[bytes]:

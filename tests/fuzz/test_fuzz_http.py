@@ -28,35 +28,78 @@ WAV = audio_file("wav", "pcm_s16le", 16_000, seconds=0.3)
 OGG = audio_file("ogg", "libopus", 48_000, seconds=0.3)
 CHAT = {"model": "double-llm", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "developer",
-                                                                    "tool", "x"]) | json_values()},
-                                          optional={"content": st.text(max_size=40) | json_values(),
-                                                    "name": json_values(), "tool_calls": json_values()}),
-                    max_size=4) | json_values()
-chat_bodies = st.fixed_dictionaries({}, optional={
-    "model": st.sampled_from(["double-llm", "gpt-4o", "x"]) | json_values(), "messages": messages,
-    "temperature": st.floats() | json_values(), "top_p": st.floats() | json_values(),
-    "max_tokens": st.integers(-5, 2**70) | json_values(), "max_completion_tokens": json_values(),
-    "n": json_values(), "seed": st.integers(-(2**70), 2**70) | json_values(), "stop": json_values(),
-    "stream": st.booleans() | json_values(), "stream_options": json_values(), "tools": json_values(),
-    "response_format": json_values(),
-})
-speech_bodies = st.fixed_dictionaries({}, optional={
-    "model": st.sampled_from(["double-tts", "tts-1", "x"]) | json_values(),
-    "input": st.text(max_size=60) | json_values(),
-    "voice": st.text(max_size=20) | st.fixed_dictionaries({"id": json_values()}) | json_values(),
-    "response_format": st.sampled_from(["wav", "pcm", "mp3", "opus", "flac", "aac", "x"]) | json_values(),
-    "speed": st.floats() | json_values(), "stream_format": st.sampled_from(["audio", "sse"]) | json_values(),
-    "instructions": json_values(),
-})
-content_types = st.sampled_from(["application/json", "text/plain", "application/json; charset=latin-1",
-                                 "multipart/form-data", "application/x-www-form-urlencoded", ""])
+messages = (
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "x"]) | json_values()},
+            optional={
+                "content": st.text(max_size=40) | json_values(),
+                "name": json_values(),
+                "tool_calls": json_values(),
+            },
+        ),
+        max_size=4,
+    )
+    | json_values()
+)
+chat_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["double-llm", "gpt-4o", "x"]) | json_values(),
+        "messages": messages,
+        "temperature": st.floats() | json_values(),
+        "top_p": st.floats() | json_values(),
+        "max_tokens": st.integers(-5, 2**70) | json_values(),
+        "max_completion_tokens": json_values(),
+        "n": json_values(),
+        "seed": st.integers(-(2**70), 2**70) | json_values(),
+        "stop": json_values(),
+        "stream": st.booleans() | json_values(),
+        "stream_options": json_values(),
+        "tools": json_values(),
+        "response_format": json_values(),
+    },
+)
+speech_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["double-tts", "tts-1", "x"]) | json_values(),
+        "input": st.text(max_size=60) | json_values(),
+        "voice": st.text(max_size=20) | st.fixed_dictionaries({"id": json_values()}) | json_values(),
+        "response_format": st.sampled_from(["wav", "pcm", "mp3", "opus", "flac", "aac", "x"]) | json_values(),
+        "speed": st.floats() | json_values(),
+        "stream_format": st.sampled_from(["audio", "sse"]) | json_values(),
+        "instructions": json_values(),
+    },
+)
+content_types = st.sampled_from(
+    [
+        "application/json",
+        "text/plain",
+        "application/json; charset=latin-1",
+        "multipart/form-data",
+        "application/x-www-form-urlencoded",
+        "",
+    ]
+)
 form_fields = st.dictionaries(
-    st.sampled_from(["model", "language", "prompt", "response_format", "temperature", "stream",
-                     "timestamp_granularities[]", "chunking_strategy", "x"]),
-    st.text(max_size=20) | st.sampled_from(["whisper-1", "json", "text", "verbose_json", "srt", "vtt", "true",
-                                            "en", "xx", "-1", "nan"]),
-    max_size=5)
+    st.sampled_from(
+        [
+            "model",
+            "language",
+            "prompt",
+            "response_format",
+            "temperature",
+            "stream",
+            "timestamp_granularities[]",
+            "chunking_strategy",
+            "x",
+        ]
+    ),
+    st.text(max_size=20)
+    | st.sampled_from(["whisper-1", "json", "text", "verbose_json", "srt", "vtt", "true", "en", "xx", "-1", "nan"]),
+    max_size=5,
+)
 uploads = st.one_of(mutated(WAV), mutated(OGG), st.binary(max_size=300), st.just(WAV), st.just(b""))
 
 
@@ -80,6 +123,7 @@ async def _post(http: aiohttp.ClientSession, path: str, **kwargs: Any) -> tuple[
 def client(server: FuzzServer) -> Iterator[aiohttp.ClientSession]:
     """Kept alive through the module (in the server's loop): the canary client, served before
     and after the fuzzing."""
+
     async def open_client() -> aiohttp.ClientSession:
         return aiohttp.ClientSession(base_url=server.base, timeout=aiohttp.ClientTimeout(total=WAIT_S))
 
@@ -109,44 +153,63 @@ def form(fields: dict[str, str], upload: bytes, name: str) -> aiohttp.FormData:
 
 
 batch_bodies = st.tuples(chat_bodies, st.lists(messages, max_size=3) | json_values()).map(
-    lambda t: {**t[0], "messages": t[1]})
+    lambda t: {**t[0], "messages": t[1]}
+)
 
 
 @FUZZ
-@given(st.sampled_from(["/v1/chat/completions", "/v1/chat/completions/batch"]),
-       st.one_of(chat_bodies.map(json.dumps), batch_bodies.map(json.dumps), json_values().map(json.dumps),
-                 st.text(max_size=80)), content_types)
-def test_chat_bodies_get_2xx_or_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, path: str, body: str,
-                                          ctype: str) -> None:
+@given(
+    st.sampled_from(["/v1/chat/completions", "/v1/chat/completions/batch"]),
+    st.one_of(
+        chat_bodies.map(json.dumps), batch_bodies.map(json.dumps), json_values().map(json.dumps), st.text(max_size=80)
+    ),
+    content_types,
+)
+def test_chat_bodies_get_2xx_or_typed_4xx(
+    server: FuzzServer, client: aiohttp.ClientSession, path: str, body: str, ctype: str
+) -> None:
     post(server, client, path, data=body.encode("utf-8", "surrogatepass"), headers={"Content-Type": ctype})
 
 
 @FUZZ
 @given(st.one_of(speech_bodies.map(json.dumps), json_values().map(json.dumps), st.binary(max_size=80)), content_types)
-def test_speech_bodies_get_2xx_or_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, body: str | bytes,
-                                            ctype: str) -> None:
+def test_speech_bodies_get_2xx_or_typed_4xx(
+    server: FuzzServer, client: aiohttp.ClientSession, body: str | bytes, ctype: str
+) -> None:
     data = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
     post(server, client, "/v1/audio/speech", data=data, headers={"Content-Type": ctype})
 
 
 @FUZZ
 @given(form_fields, uploads, st.sampled_from(["a.wav", "a.ogg", "", "x" * 300, "../../a"]))
-def test_transcription_uploads_get_2xx_or_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, fields: dict[str, str],
-                                                    upload: bytes, name: str) -> None:
+def test_transcription_uploads_get_2xx_or_typed_4xx(
+    server: FuzzServer, client: aiohttp.ClientSession, fields: dict[str, str], upload: bytes, name: str
+) -> None:
     post(server, client, "/v1/audio/transcriptions", data=form(fields, upload, name))
 
 
 @FUZZ
-@given(st.binary(max_size=400), st.sampled_from(["multipart/form-data; boundary=xyz", "multipart/form-data",
-                                                 "multipart/form-data; boundary=", "multipart/mixed; boundary=a"]))
-def test_malformed_multipart_gets_a_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, body: bytes,
-                                              ctype: str) -> None:
-    framed = b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n" + body
+@given(
+    st.binary(max_size=400),
+    st.sampled_from(
+        [
+            "multipart/form-data; boundary=xyz",
+            "multipart/form-data",
+            "multipart/form-data; boundary=",
+            "multipart/mixed; boundary=a",
+        ]
+    ),
+)
+def test_malformed_multipart_gets_a_typed_4xx(
+    server: FuzzServer, client: aiohttp.ClientSession, body: bytes, ctype: str
+) -> None:
+    framed = b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n' + body
     for data in (body, framed):
         post(server, client, "/v1/audio/transcriptions", data=data, headers={"Content-Type": ctype})
 
 
 def test_zz_afterwards_the_client_is_served_the_log_is_clean_and_rss_bounded(
-        server: FuzzServer, client: aiohttp.ClientSession) -> None:
+    server: FuzzServer, client: aiohttp.ClientSession
+) -> None:
     assert server.run(_post(client, "/v1/chat/completions", json=CHAT))[0] == 200
     server.assert_healthy_after_fuzzing()

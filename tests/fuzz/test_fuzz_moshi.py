@@ -19,38 +19,61 @@ from websockets.sync.client import ClientConnection, connect
 
 from rtserve.app import build_app
 from tests.fuzz.fuzz_support import (
-    FUZZ, WAIT_S, FuzzServer, check_close_code, check_error, fuzz_config, fuzz_server, speech_pcm)
+    FUZZ,
+    WAIT_S,
+    FuzzServer,
+    check_close_code,
+    check_error,
+    fuzz_config,
+    fuzz_server,
+    speech_pcm,
+)
 from tests.fuzz.strategies import json_values, mutated
 
 pytestmark = pytest.mark.timeout(240)
 
 _writer = sphn.OpusStreamWriter(24_000)
-VALID_OGG = b"".join(_writer.append_pcm(speech_pcm(1920 * 3)[i:i + 1920]) for i in range(0, 1920 * 3, 1920))
+VALID_OGG = b"".join(_writer.append_pcm(speech_pcm(1920 * 3)[i : i + 1920]) for i in range(0, 1920 * 3, 1920))
 SENTINEL = "fuzz-sentinel-7f3a"
 
 query = st.dictionaries(
-    st.sampled_from(["text_prompt", "voice_prompt", "seed", "text_temperature", "text_topk", "audio_temperature",
-                     "audio_topk", "x"]),
-    st.one_of(st.text(max_size=30), st.integers(-(2**70), 2**70).map(str), st.floats().map(str),
-              st.sampled_from(["../../etc/passwd", "NATF0.pt", "nan", "inf", "-1"])),
-    max_size=4)
+    st.sampled_from(
+        ["text_prompt", "voice_prompt", "seed", "text_temperature", "text_topk", "audio_temperature", "audio_topk", "x"]
+    ),
+    st.one_of(
+        st.text(max_size=30),
+        st.integers(-(2**70), 2**70).map(str),
+        st.floats().map(str),
+        st.sampled_from(["../../etc/passwd", "NATF0.pt", "nan", "inf", "-1"]),
+    ),
+    max_size=4,
+)
 chat_frames = st.one_of(
     mutated(VALID_OGG).map(lambda pages: b"\x01" + pages),
     st.binary(max_size=300).map(lambda data: b"\x01" + data),
     st.tuples(st.integers(0, 255), st.binary(max_size=100)).map(lambda t: bytes((t[0],)) + t[1]),
     st.text(max_size=50),
 )
-open_messages = st.fixed_dictionaries({"type": st.just("open")}, optional={
-    "persona": st.text(max_size=40) | json_values(), "voice": st.text(max_size=30) | json_values(),
-    "seed": st.integers(-(2**70), 2**70) | json_values()})
+open_messages = st.fixed_dictionaries(
+    {"type": st.just("open")},
+    optional={
+        "persona": st.text(max_size=40) | json_values(),
+        "voice": st.text(max_size=30) | json_values(),
+        "seed": st.integers(-(2**70), 2**70) | json_values(),
+    },
+)
 duplex_frames = st.one_of(
     open_messages.map(json.dumps),
-    st.fixed_dictionaries({"type": st.sampled_from(["open", "close", "x"]) | json_values()},
-                          optional={"persona": json_values(), "voice": json_values(), "seed": json_values()}).map(json.dumps),
-    json_values().map(json.dumps), st.text(max_size=60),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["open", "close", "x"]) | json_values()},
+        optional={"persona": json_values(), "voice": json_values(), "seed": json_values()},
+    ).map(json.dumps),
+    json_values().map(json.dumps),
+    st.text(max_size=60),
     st.binary(max_size=400),
     st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), max_size=200).map(
-        lambda xs: np.asarray(xs, dtype="<f4").tobytes()),
+        lambda xs: np.asarray(xs, dtype="<f4").tobytes()
+    ),
 )
 
 
@@ -116,8 +139,9 @@ def duplex_exchange(server: FuzzServer, messages: list[bytes | str]) -> None:
 
 @FUZZ
 @given(query, st.lists(chat_frames, max_size=5))
-def test_chat_frames_and_ogg_pages_close_cleanly(server: FuzzServer, params: dict[str, str],
-                                                  messages: list[bytes | str]) -> None:
+def test_chat_frames_and_ogg_pages_close_cleanly(
+    server: FuzzServer, params: dict[str, str], messages: list[bytes | str]
+) -> None:
     chat_exchange(server, params, messages)
 
 

@@ -30,26 +30,52 @@ pytestmark = pytest.mark.timeout(240)
 ROUTE = "/v1/realtime/robot/openpi"
 OBSERVATION = example_observation(0)
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
-                     st.text(max_size=20), st.binary(max_size=20))
-values = st.recursive(_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10) | st.binary(max_size=10), inner, max_size=4)),
-    max_leaves=8)
-dtypes = st.sampled_from(["<f4", "<f8", "|u1", "<i8", "|b1", "<f2", ">f4", "|O", "|V8", "<c8", "S3", "<U2",
-                          "bogus", "", "<M8[s]"]) | values
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10) | st.binary(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+dtypes = (
+    st.sampled_from(
+        ["<f4", "<f8", "|u1", "<i8", "|b1", "<f2", ">f4", "|O", "|V8", "<c8", "S3", "<U2", "bogus", "", "<M8[s]"]
+    )
+    | values
+)
 ndarray_markers = st.one_of(
-    st.fixed_dictionaries({b"__ndarray__": st.just(True)}, optional={
-        b"data": st.binary(max_size=64) | values, b"dtype": dtypes,
-        b"shape": st.lists(st.integers(-2, 2**40), max_size=5) | values}),
-    st.fixed_dictionaries({"nd": st.booleans()}, optional={
-        "type": dtypes, "kind": st.sampled_from(["f", "u", "", "O", "V"]) | values,
-        "shape": st.lists(st.integers(-2, 2**40), max_size=5) | values, "data": st.binary(max_size=64) | values}),
+    st.fixed_dictionaries(
+        {b"__ndarray__": st.just(True)},
+        optional={
+            b"data": st.binary(max_size=64) | values,
+            b"dtype": dtypes,
+            b"shape": st.lists(st.integers(-2, 2**40), max_size=5) | values,
+        },
+    ),
+    st.fixed_dictionaries(
+        {"nd": st.booleans()},
+        optional={
+            "type": dtypes,
+            "kind": st.sampled_from(["f", "u", "", "O", "V"]) | values,
+            "shape": st.lists(st.integers(-2, 2**40), max_size=5) | values,
+            "data": st.binary(max_size=64) | values,
+        },
+    ),
     st.fixed_dictionaries({b"__npgeneric__": st.just(True)}, optional={b"data": values, b"dtype": dtypes}),
 )
-arrays = st.tuples(st.sampled_from(["float32", "float64", "uint8", "int64", "bool", "float16"]),
-                   st.lists(st.integers(0, 9), max_size=4),
-                   st.sampled_from([0.0, np.nan, np.inf, -1e30, 3.0])).map(
-    lambda t: np.full(t[1], t[2] if t[0].startswith("float") else 1, dtype=t[0]))
+arrays = st.tuples(
+    st.sampled_from(["float32", "float64", "uint8", "int64", "bool", "float16"]),
+    st.lists(st.integers(0, 9), max_size=4),
+    st.sampled_from([0.0, np.nan, np.inf, -1e30, 3.0]),
+).map(lambda t: np.full(t[1], t[2] if t[0].startswith("float") else 1, dtype=t[0]))
 fields = st.one_of(values, ndarray_markers, arrays)
 
 
@@ -58,12 +84,18 @@ def _replace(args: tuple[str, Any, dict[str, Any]]) -> dict[str, Any]:
     return {**OBSERVATION, key: value, **control}
 
 
-control = st.fixed_dictionaries({}, optional={
-    "endpoint": st.sampled_from(["infer", "reset", "x"]) | values,
-    "session_id": st.text(max_size=300) | values, "seed": st.integers(-5, 2**64 - 1) | values})
+control = st.fixed_dictionaries(
+    {},
+    optional={
+        "endpoint": st.sampled_from(["infer", "reset", "x"]) | values,
+        "session_id": st.text(max_size=300) | values,
+        "seed": st.integers(-5, 2**64 - 1) | values,
+    },
+)
 observations = st.tuples(st.sampled_from(sorted(OBSERVATION)) | st.text(max_size=10), fields, control).map(_replace)
 frames = st.one_of(
-    observations.map(msgpack_numpy.packb), observations.map(msgpack_numpy.packb),
+    observations.map(msgpack_numpy.packb),
+    observations.map(msgpack_numpy.packb),
     st.dictionaries(st.text(max_size=10), fields, max_size=5).map(msgpack_numpy.packb),
     values.map(msgpack_numpy.packb),
     st.binary(max_size=200),

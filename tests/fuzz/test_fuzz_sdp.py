@@ -35,31 +35,67 @@ CODES = {value for name, value in vars(errors).items() if name.isupper() and isi
 
 # One line edit: (operation, which line, payload). Applied to the offer's lines in order.
 _huge = st.sampled_from([9, 10_000, 70_000]).map(lambda n: "9" * n)
-_fingerprints = st.sampled_from([
-    "a=fingerprint:", "a=fingerprint:sha-256", "a=fingerprint:sha-256 zz:zz", "a=fingerprint:md5 00:11",
-    "a=fingerprint:sha-256 " + "AB:" * 5000, "a=fingerprint: sha-256", "a=fingerprint:sha-999 00"])
-_edits = st.lists(st.one_of(
-    st.tuples(st.just("drop"), st.integers(0, 200), st.just("")),
-    st.tuples(st.just("duplicate"), st.integers(0, 200), st.just("")),
-    st.tuples(st.just("garble"), st.integers(0, 200), st.text(max_size=40)),
-    st.tuples(st.just("value"), st.integers(0, 200), _huge | st.text(max_size=20) | st.sampled_from(
-        ["-1", "0", "65536", "2" * 30, "nan", "", " ", "audio", "UDP/TLS/RTP/SAVPF 0"])),
-    st.tuples(st.just("fingerprint"), st.integers(0, 200), _fingerprints),
-    st.tuples(st.just("bytes"), st.integers(0, 200), st.binary(min_size=1, max_size=8)),
-), min_size=1, max_size=4)
-_raw_types = st.sampled_from(["application/sdp", "application/sdp", "text/plain", "application/octet-stream",
-                              "application/sdp; charset=latin-1", "application/json", "", "multipart/form-data",
-                              "application/x-www-form-urlencoded"])
+_fingerprints = st.sampled_from(
+    [
+        "a=fingerprint:",
+        "a=fingerprint:sha-256",
+        "a=fingerprint:sha-256 zz:zz",
+        "a=fingerprint:md5 00:11",
+        "a=fingerprint:sha-256 " + "AB:" * 5000,
+        "a=fingerprint: sha-256",
+        "a=fingerprint:sha-999 00",
+    ]
+)
+_edits = st.lists(
+    st.one_of(
+        st.tuples(st.just("drop"), st.integers(0, 200), st.just("")),
+        st.tuples(st.just("duplicate"), st.integers(0, 200), st.just("")),
+        st.tuples(st.just("garble"), st.integers(0, 200), st.text(max_size=40)),
+        st.tuples(
+            st.just("value"),
+            st.integers(0, 200),
+            _huge
+            | st.text(max_size=20)
+            | st.sampled_from(["-1", "0", "65536", "2" * 30, "nan", "", " ", "audio", "UDP/TLS/RTP/SAVPF 0"]),
+        ),
+        st.tuples(st.just("fingerprint"), st.integers(0, 200), _fingerprints),
+        st.tuples(st.just("bytes"), st.integers(0, 200), st.binary(min_size=1, max_size=8)),
+    ),
+    min_size=1,
+    max_size=4,
+)
+_raw_types = st.sampled_from(
+    [
+        "application/sdp",
+        "application/sdp",
+        "text/plain",
+        "application/octet-stream",
+        "application/sdp; charset=latin-1",
+        "application/json",
+        "",
+        "multipart/form-data",
+        "application/x-www-form-urlencoded",
+    ]
+)
 _session_parts = st.one_of(
-    st.fixed_dictionaries({}, optional={
-        "type": st.sampled_from(["realtime", "transcription"]) | json_values(),
-        "model": st.sampled_from(["loopback", "gpt-realtime"]) | json_values(),
-        "instructions": st.text(max_size=40) | json_values(),
-        "output_modalities": st.lists(st.sampled_from(["audio", "text", "x"]), max_size=3) | json_values(),
-        "audio": st.fixed_dictionaries({}, optional={"input": json_values(), "output": json_values()}) | json_values(),
-        "tools": json_values(), "max_output_tokens": st.integers(-5, 2**70) | json_values(),
-        "turn_detection": json_values()}).map(json.dumps),
-    json_values().map(json.dumps), st.text(max_size=40), st.just("[" * 5000))
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["realtime", "transcription"]) | json_values(),
+            "model": st.sampled_from(["loopback", "gpt-realtime"]) | json_values(),
+            "instructions": st.text(max_size=40) | json_values(),
+            "output_modalities": st.lists(st.sampled_from(["audio", "text", "x"]), max_size=3) | json_values(),
+            "audio": st.fixed_dictionaries({}, optional={"input": json_values(), "output": json_values()})
+            | json_values(),
+            "tools": json_values(),
+            "max_output_tokens": st.integers(-5, 2**70) | json_values(),
+            "turn_detection": json_values(),
+        },
+    ).map(json.dumps),
+    json_values().map(json.dumps),
+    st.text(max_size=40),
+    st.just("[" * 5000),
+)
 
 
 def apply_edits(lines: list[str], edits: list[tuple[str, int, Any]]) -> bytes:
@@ -80,7 +116,7 @@ def apply_edits(lines: list[str], edits: list[tuple[str, int, Any]]) -> bytes:
         elif op == "fingerprint":
             out = [payload.encode() if line.startswith(b"a=fingerprint:") else line for line in out]
         else:
-            out[i] = out[i][: len(out[i]) // 2] + payload + out[i][len(out[i]) // 2:]
+            out[i] = out[i][: len(out[i]) // 2] + payload + out[i][len(out[i]) // 2 :]
     return b"\r\n".join(out) + b"\r\n"
 
 
@@ -96,6 +132,7 @@ def server() -> Iterator[FuzzServer]:
 @pytest.fixture(scope="module")
 def offer_lines(server: FuzzServer) -> list[str]:
     """A real browser-shaped offer (audio and the ``oai-events`` data channel), from aiortc."""
+
     async def make() -> str:
         caller = Caller()
         try:
@@ -126,8 +163,10 @@ async def _nothing_left(http: aiohttp.ClientSession) -> None:
     """No call, and no session but the canary's (a hung-up call's session closes within its grace)."""
     try:
         async with asyncio.timeout(WAIT_S):
-            while (await _metric(http, "rtserve_webrtc_calls "), await _metric(
-                    http, "rtserve_sessions_slots_in_use ")) != (0, 1):
+            while (
+                await _metric(http, "rtserve_webrtc_calls "),
+                await _metric(http, "rtserve_sessions_slots_in_use "),
+            ) != (0, 1):
                 await asyncio.sleep(0.02)
     except TimeoutError:
         raise AssertionError("a call or session was left behind") from None
@@ -156,27 +195,48 @@ def post(server: FuzzServer, client: aiohttp.ClientSession, **kwargs: Any) -> in
 
 
 @FUZZ
-@given(st.one_of(st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=200),
-                 st.text(max_size=200).map(lambda t: ("v=0\r\n" + t).encode("utf-8", "surrogatepass"))), _raw_types)
-def test_random_bodies_get_a_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession, body: bytes,
-                                       ctype: str) -> None:
+@given(
+    st.one_of(
+        st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.binary(max_size=200),
+        st.text(max_size=200).map(lambda t: ("v=0\r\n" + t).encode("utf-8", "surrogatepass")),
+    ),
+    _raw_types,
+)
+def test_random_bodies_get_a_typed_4xx(
+    server: FuzzServer, client: aiohttp.ClientSession, body: bytes, ctype: str
+) -> None:
     assert post(server, client, data=body, headers={"Content-Type": ctype}) >= 400
 
 
 @CALL_FUZZ
 @given(_edits, _raw_types)
-def test_mutated_offers_get_a_call_or_a_typed_4xx(server: FuzzServer, client: aiohttp.ClientSession,
-                                                  offer_lines: list[str], edits: list[tuple[str, int, Any]],
-                                                  ctype: str) -> None:
+def test_mutated_offers_get_a_call_or_a_typed_4xx(
+    server: FuzzServer,
+    client: aiohttp.ClientSession,
+    offer_lines: list[str],
+    edits: list[tuple[str, int, Any]],
+    ctype: str,
+) -> None:
     post(server, client, data=apply_edits(offer_lines, edits), headers={"Content-Type": ctype})
 
 
 @CALL_FUZZ
-@given(st.none() | _edits, st.none() | _session_parts, st.sampled_from(["sdp", "SDP", "file"]),
-       st.sampled_from([None, "application/sdp", "text/plain; charset=utf-16", "application/json"]))
+@given(
+    st.none() | _edits,
+    st.none() | _session_parts,
+    st.sampled_from(["sdp", "SDP", "file"]),
+    st.sampled_from([None, "application/sdp", "text/plain; charset=utf-16", "application/json"]),
+)
 def test_multipart_offers_with_random_sessions_get_a_call_or_a_typed_4xx(
-        server: FuzzServer, client: aiohttp.ClientSession, offer_lines: list[str],
-        edits: list[tuple[str, int, Any]] | None, session: str | None, name: str, part_type: str | None) -> None:
+    server: FuzzServer,
+    client: aiohttp.ClientSession,
+    offer_lines: list[str],
+    edits: list[tuple[str, int, Any]] | None,
+    session: str | None,
+    name: str,
+    part_type: str | None,
+) -> None:
     form = aiohttp.FormData()
     sdp = "\r\n".join(offer_lines).encode() + b"\r\n" if edits is None else apply_edits(offer_lines, edits)
     form.add_field(name, sdp, content_type=part_type)
@@ -186,7 +246,9 @@ def test_multipart_offers_with_random_sessions_get_a_call_or_a_typed_4xx(
 
 
 def test_zz_afterwards_a_call_is_placed_the_canary_works_the_log_is_clean_and_rss_bounded(
-        server: FuzzServer, client: aiohttp.ClientSession, offer_lines: list[str]) -> None:
-    assert post(server, client, data="\r\n".join(offer_lines) + "\r\n",
-                headers={"Content-Type": "application/sdp"}) == 201
+    server: FuzzServer, client: aiohttp.ClientSession, offer_lines: list[str]
+) -> None:
+    assert (
+        post(server, client, data="\r\n".join(offer_lines) + "\r\n", headers={"Content-Type": "application/sdp"}) == 201
+    )
     server.assert_healthy_after_fuzzing()

@@ -64,8 +64,13 @@ async def take_ready(attachment: Attachment) -> list[SessionEvent]:
     await settle()
     buffer = attachment._outlet.buffer
     out: list[SessionEvent] = []
-    while attachment._preamble or attachment._replay or buffer.pending_events or (
-            buffer.closed and not buffer.finished and attachment.active) or attachment._state == "superseded":
+    while (
+        attachment._preamble
+        or attachment._replay
+        or buffer.pending_events
+        or (buffer.closed and not buffer.finished and attachment.active)
+        or attachment._state == "superseded"
+    ):
         delivery = await asyncio.wait_for(attachment.next_delivery(), HANG_GUARD_S)
         if delivery is None:
             break

@@ -16,9 +16,18 @@ from typing import Literal
 
 import numpy as np
 
-from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, EngineEvent, InputTranscript,
-                                       OutputAudio, ResponseFinished, ResponseRequest, SessionOptions,
-                                       TurnDetection, TurnEngines)
+from rtserve.engines.protocols import (
+    CapacityExhausted,
+    EngineCapabilities,
+    EngineEvent,
+    InputTranscript,
+    OutputAudio,
+    ResponseFinished,
+    ResponseRequest,
+    SessionOptions,
+    TurnDetection,
+    TurnEngines,
+)
 
 _END = object()
 
@@ -137,13 +146,24 @@ class TestDoubleEngineSession:
         """The engine drops the session on its own (its event stream ends)."""
         self._queue.put_nowait(_END)
 
-    def audio(self, response_id: str | None, samples: int = 480, *, text: str | None = None,
-              epoch: int | None = None, value: float = 0.25) -> None:
+    def audio(
+        self,
+        response_id: str | None,
+        samples: int = 480,
+        *,
+        text: str | None = None,
+        epoch: int | None = None,
+        value: float = 0.25,
+    ) -> None:
         pcm = np.full(samples, value, dtype=np.float32)
         self.emit(OutputAudio(pcm, self.epoch if epoch is None else epoch, response_id, text))
 
-    def finish(self, response_id: str, status: Literal["completed", "cancelled", "failed"] = "completed",
-               epoch: int | None = None) -> None:
+    def finish(
+        self,
+        response_id: str,
+        status: Literal["completed", "cancelled", "failed"] = "completed",
+        epoch: int | None = None,
+    ) -> None:
         self.emit(ResponseFinished(response_id, self.epoch if epoch is None else epoch, status))
 
     def _step(self, frame: np.ndarray) -> None:
@@ -155,13 +175,27 @@ class TestDoubleEngineSession:
 class TestDoubleEngine:
     __test__ = False
 
-    def __init__(self, *, mode: Literal["turn", "lockstep"] = "turn", max_sessions: int = 1024,
-                 supports_barge_in: bool = True, supports_server_vad: bool = True, output_sample_rate: int = 24000,
-                 input_sample_rate: int = 24000, chunk_period_ms: int = 80) -> None:
+    def __init__(
+        self,
+        *,
+        mode: Literal["turn", "lockstep"] = "turn",
+        max_sessions: int = 1024,
+        supports_barge_in: bool = True,
+        supports_server_vad: bool = True,
+        output_sample_rate: int = 24000,
+        input_sample_rate: int = 24000,
+        chunk_period_ms: int = 80,
+    ) -> None:
         self.capabilities = EngineCapabilities(
-            name=f"test-double-{mode}", mode=mode, input_sample_rate=input_sample_rate,
-            output_sample_rate=output_sample_rate, chunk_period_ms=chunk_period_ms, max_sessions=max_sessions,
-            supports_barge_in=supports_barge_in, supports_server_vad=supports_server_vad)
+            name=f"test-double-{mode}",
+            mode=mode,
+            input_sample_rate=input_sample_rate,
+            output_sample_rate=output_sample_rate,
+            chunk_period_ms=chunk_period_ms,
+            max_sessions=max_sessions,
+            supports_barge_in=supports_barge_in,
+            supports_server_vad=supports_server_vad,
+        )
         self.sessions: dict[str, TestDoubleEngineSession] = {}
         self.closed_sessions: list[str] = []
         self.open_gate: asyncio.Event | None = None

@@ -11,8 +11,15 @@ import pytest
 
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.errors import OutputOverflowError
-from rtserve.sessions.events import (AudioDelta, ErrorEvent, ResponseCreated, ResponseDone, SessionClosed,
-                                     SessionExpired, TranscriptDelta)
+from rtserve.sessions.events import (
+    AudioDelta,
+    ErrorEvent,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionExpired,
+    TranscriptDelta,
+)
 from rtserve.sessions.projections import RealtimeProjection, compact_json
 from tests.sessions.conftest import HANG_GUARD_S
 
@@ -26,8 +33,14 @@ def make_buffer(**limits: int) -> OutputBuffer:
 
 
 def audio(response_id: str = "old", epoch: int = 0, samples: int = 8) -> AudioDelta:
-    return AudioDelta(session_id=SID, epoch=epoch, response_id=response_id, item_id=f"item_{response_id}",
-                      pcm=np.full(samples, 0.1, dtype=np.float32), sample_rate=24000)
+    return AudioDelta(
+        session_id=SID,
+        epoch=epoch,
+        response_id=response_id,
+        item_id=f"item_{response_id}",
+        pcm=np.full(samples, 0.1, dtype=np.float32),
+        sample_rate=24000,
+    )
 
 
 def done(response_id: str = "old", status: str = "completed") -> ResponseDone:
@@ -47,8 +60,11 @@ async def drain(buffer: OutputBuffer) -> list:
 
 def test_pending_bytes_are_the_compact_json_utf8_length_including_base64_audio() -> None:
     buffer = make_buffer()
-    events = [audio(samples=100), TranscriptDelta(session_id=SID, response_id="r", item_id="i", delta="héllo ✓"),
-              ResponseCreated(session_id=SID, response_id="r", modalities=("audio", "text"))]
+    events = [
+        audio(samples=100),
+        TranscriptDelta(session_id=SID, response_id="r", item_id="i", delta="héllo ✓"),
+        ResponseCreated(session_id=SID, response_id="r", modalities=("audio", "text")),
+    ]
     for event in events:
         buffer.put(event)
     assert buffer.pending_events == 3
@@ -139,8 +155,9 @@ async def test_oversized_close_still_ends_stream_without_reopening_it(closure_ty
 
 async def test_byte_limit_rejects_audio_without_changing_pending_budget() -> None:
     buffer = make_buffer(max_bytes=128)
-    big = AudioDelta(session_id=SID, response_id="r", item_id="i", pcm=np.zeros(192, np.float32),
-                     sample_rate=24000)  # 256 base64 characters of PCM16
+    big = AudioDelta(
+        session_id=SID, response_id="r", item_id="i", pcm=np.zeros(192, np.float32), sample_rate=24000
+    )  # 256 base64 characters of PCM16
     with pytest.raises(OutputOverflowError):
         buffer.put(big)
     assert (buffer.pending_events, buffer.pending_bytes) == (0, 0)
@@ -194,6 +211,7 @@ async def test_a_non_owner_consumer_is_interrupted_not_served() -> None:
     await asyncio.sleep(0)
     buffer.claim(owner_b)
     from rtserve.sessions.buffer import INTERRUPTED
+
     assert await asyncio.wait_for(waiting, HANG_GUARD_S) is INTERRUPTED
     event = audio()
     buffer.put(event)

@@ -17,8 +17,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.errors import OutputOverflowError
-from rtserve.sessions.events import (ORDINARY, AudioDelta, ErrorEvent, ResponseDone, SessionClosed, SessionEvent,
-                                     TranscriptDelta)
+from rtserve.sessions.events import (
+    ORDINARY,
+    AudioDelta,
+    ErrorEvent,
+    ResponseDone,
+    SessionClosed,
+    SessionEvent,
+    TranscriptDelta,
+)
 from rtserve.sessions.projections import RealtimeProjection
 from rtserve.sessions.projections.base import utf8_len
 
@@ -35,11 +42,20 @@ class BufferMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.loop.close()
 
-    @initialize(max_events=st.integers(1, 6), max_bytes=st.integers(150, 2000), reserve_events=st.integers(0, 3),
-                reserve_bytes=st.integers(0, 1500))
+    @initialize(
+        max_events=st.integers(1, 6),
+        max_bytes=st.integers(150, 2000),
+        reserve_events=st.integers(0, 3),
+        reserve_bytes=st.integers(0, 1500),
+    )
     def create(self, max_events: int, max_bytes: int, reserve_events: int, reserve_bytes: int) -> None:
-        self.buffer = OutputBuffer(PROJECTION.render_text, max_bytes=max_bytes, max_events=max_events,
-                                   reserve_bytes=reserve_bytes, reserve_events=reserve_events)
+        self.buffer = OutputBuffer(
+            PROJECTION.render_text,
+            max_bytes=max_bytes,
+            max_events=max_events,
+            reserve_bytes=reserve_bytes,
+            reserve_events=reserve_events,
+        )
         self.queue: list[tuple[SessionEvent, int]] = []  # model: (event, bytes)
         self.closure: SessionEvent | None = None
         self.closed = False
@@ -71,8 +87,16 @@ class BufferMachine(RuleBasedStateMachine):
 
     @rule(response=RESPONSES, epoch=EPOCHS, samples=st.integers(0, 300))
     def put_audio(self, response: str, epoch: int, samples: int) -> None:
-        self._put(AudioDelta(session_id="s", epoch=epoch, response_id=response, item_id="i",
-                             pcm=np.zeros(samples, np.float32), sample_rate=24000))
+        self._put(
+            AudioDelta(
+                session_id="s",
+                epoch=epoch,
+                response_id=response,
+                item_id="i",
+                pcm=np.zeros(samples, np.float32),
+                sample_rate=24000,
+            )
+        )
 
     @rule(response=RESPONSES, text=st.text(max_size=40))
     def put_transcript(self, response: str, text: str) -> None:
@@ -147,5 +171,6 @@ class BufferMachine(RuleBasedStateMachine):
 
 
 TestBufferMachine = BufferMachine.TestCase
-TestBufferMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                      suppress_health_check=[HealthCheck.too_slow])
+TestBufferMachine.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

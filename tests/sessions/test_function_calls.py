@@ -29,11 +29,19 @@ async def test_a_call_is_an_output_item_with_argument_deltas_and_joins_history(e
     session.finish(response_id)
     events = await take_ready(handle.attachment)
     # The message item's done events, then the call's, then response.done.
-    assert names(events)[-7:] == ["OutputItemDone", "ItemDone", "FunctionCallArgumentsDone", "OutputItemDone",
-                                  "ItemDone", "ResponseDone", "RateLimitsUpdated"]
+    assert names(events)[-7:] == [
+        "OutputItemDone",
+        "ItemDone",
+        "FunctionCallArgumentsDone",
+        "OutputItemDone",
+        "ItemDone",
+        "ResponseDone",
+        "RateLimitsUpdated",
+    ]
     added = [e for e in of_type(events, ev.OutputItemAdded) if e.item.kind == "function_call"]
     assert [(e.output_index, e.item.call_id, e.item.name, e.item.status) for e in added] == [
-        (1, "call_7", "get_weather", "in_progress")]
+        (1, "call_7", "get_weather", "in_progress")
+    ]
     assert [e.delta for e in of_type(events, ev.FunctionCallArgumentsDelta)] == ['{"ci', 'ty":"Oslo"}']
     [args_done] = of_type(events, ev.FunctionCallArgumentsDone)
     assert (args_done.call_id, args_done.name, args_done.arguments) == ("call_7", "get_weather", '{"city":"Oslo"}')
@@ -47,7 +55,8 @@ async def test_a_call_is_an_output_item_with_argument_deltas_and_joins_history(e
     history = session.responses[-1].messages
     assert [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in history[-2:]] == [
         ("assistant", "", (ToolCall("call_7", "get_weather", '{"city":"Oslo"}'),), None),
-        ("tool", "cold", (), "call_7")]
+        ("tool", "cold", (), "call_7"),
+    ]
 
 
 async def test_a_call_cut_off_by_a_cancel_leaves_the_conversation(engine, make_manager) -> None:

@@ -30,7 +30,7 @@ async def test_one_eternal_response_created_on_first_input_and_done_once_at_clos
     assert names(await take_ready(handle.attachment)) == ["SessionCreated"]  # nothing at open
     signal = frames(4)
     handle.submit(cmd.AppendAudio(audio=signal[: 2 * FRAME]))
-    handle.submit(cmd.AppendAudio(audio=signal[2 * FRAME:]))
+    handle.submit(cmd.AppendAudio(audio=signal[2 * FRAME :]))
     await settle()
     await handle.close()
     events = await read_to_end(handle.attachment)
@@ -54,7 +54,8 @@ async def test_close_with_no_input_ever_emits_no_response(lockstep, make_manager
 
 @pytest.mark.parametrize(("chunks", "expected_frames"), [((2.5, 0.5), 3), ((0.5,), 1)])
 async def test_unaligned_input_is_reframed_and_the_partial_tail_is_stepped_at_close(
-        lockstep, make_manager, chunks: tuple[float, ...], expected_frames: int) -> None:
+    lockstep, make_manager, chunks: tuple[float, ...], expected_frames: int
+) -> None:
     manager = make_manager(lockstep)
     handle = await manager.open()
     for i, size in enumerate(chunks):
@@ -95,7 +96,10 @@ async def test_turn_control_is_refused_for_continuous_models(lockstep, make_mana
     handle.submit(cmd.BargeIn(event_id="b"))
     events = await take_ready(handle.attachment)
     assert [(e.code, e.related_event_id) for e in of_type(events, ev.ErrorEvent)] == [
-        ("turn_control_unsupported", "c"), ("turn_control_unsupported", "r"), ("barge_in_unsupported", "b")]
+        ("turn_control_unsupported", "c"),
+        ("turn_control_unsupported", "r"),
+        ("barge_in_unsupported", "b"),
+    ]
 
 
 async def test_an_engine_that_drops_the_session_still_completes_the_response_once(lockstep, make_manager) -> None:
@@ -132,5 +136,11 @@ async def test_output_before_any_input_opens_the_response(lockstep, make_manager
     handle = await manager.open()
     engine_session(lockstep, handle).audio(None, samples=FRAME)  # the model greets first
     events = await take_ready(handle.attachment)
-    assert names(events) == ["SessionCreated", "ResponseCreated", "ItemAdded", "OutputItemAdded",
-                             "ContentPartAdded", "AudioDelta"]
+    assert names(events) == [
+        "SessionCreated",
+        "ResponseCreated",
+        "ItemAdded",
+        "OutputItemAdded",
+        "ContentPartAdded",
+        "AudioDelta",
+    ]

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.registry import create_engine
-from rtserve.sessions import SessionManager, SessionError
+from rtserve.sessions import SessionError, SessionManager
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from tests.sessions.conftest import HANG_GUARD_S, of_type
@@ -59,7 +59,7 @@ async def test_loopback_echoes_input_in_whole_frames_on_one_response(config: Ser
         assert isinstance(received[-1], ev.SessionClosed)
         audio = np.concatenate([d.pcm for d in deltas])
         start = int(np.flatnonzero(audio)[0])
-        np.testing.assert_array_equal(audio[start:start + 3 * FRAME], signal[: 3 * FRAME])  # bit-exact echo
+        np.testing.assert_array_equal(audio[start : start + 3 * FRAME], signal[: 3 * FRAME])  # bit-exact echo
 
         await other.close()
         assert manager.active_count() == 0

@@ -15,8 +15,7 @@ from rtserve.sessions import SessionConfig, SessionError
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.events import ErrorEvent, HeartbeatAck, SessionClosed, SessionCreated, SessionExpired
 from rtserve.sessions.projections import RealtimeProjection
-from tests.sessions.conftest import (engine_session, names, of_type, read_to_end, read_until, settle,
-                                     take_ready)
+from tests.sessions.conftest import engine_session, names, of_type, read_to_end, read_until, settle, take_ready
 
 
 def no_audio() -> np.ndarray:
@@ -100,6 +99,7 @@ async def test_concurrent_opens_cannot_exceed_max_sessions(engine, make_manager)
 
 async def test_engine_capacity_exhaustion_is_resource_exhausted(make_manager) -> None:
     from tests.sessions.engine_double import TestDoubleEngine
+
     engine = TestDoubleEngine(max_sessions=1)
     manager = make_manager(engine, max_sessions=4)
     await manager.open()
@@ -182,8 +182,7 @@ async def test_command_for_closed_session_emits_unknown_session_error(engine, ma
     assert names(events) == ["SessionCreated", "SessionClosed"]  # the refusal is not on the finished stream
 
 
-async def test_admitted_commands_reach_the_runner_in_order_and_refresh_the_lease(engine, make_manager,
-                                                                                clock) -> None:
+async def test_admitted_commands_reach_the_runner_in_order_and_refresh_the_lease(engine, make_manager, clock) -> None:
     manager = make_manager(engine)
     handle = await manager.open()
     clock.advance(5.0)
@@ -342,8 +341,9 @@ async def test_a_runtime_close_racing_a_manager_close_still_emits_one_terminal(e
 async def test_a_terminal_event_is_emitted_once_even_if_expiry_runs_twice(engine, make_manager) -> None:
     manager = make_manager(engine)
     handle = await manager.open()
-    results = await asyncio.gather(manager.expire(handle.session_id, "request_cleanup"),
-                                   manager.expire(handle.session_id, "request_cleanup"))
+    results = await asyncio.gather(
+        manager.expire(handle.session_id, "request_cleanup"), manager.expire(handle.session_id, "request_cleanup")
+    )
     assert sorted(results) == [False, True]
     events = await read_to_end(handle.attachment)
     assert names(events) == ["SessionCreated", "SessionExpired"]
@@ -412,13 +412,11 @@ async def test_reaper_expires_detached_sessions_after_the_disconnect_grace(engin
     clock.advance(0.6)
     assert await manager.reap_expired() == 1
     with pytest.raises(SessionError) as refused:
-        manager.resume(handle.session_id, resume_token=handle.resume_token, expected_generation=0,
-                       control_id="r1")
+        manager.resume(handle.session_id, resume_token=handle.resume_token, expected_generation=0, control_id="r1")
     assert refused.value.code == "unknown_session"
 
 
-async def test_expired_session_retains_the_admission_slot_until_cleanup_succeeds(engine, make_manager,
-                                                                                 clock) -> None:
+async def test_expired_session_retains_the_admission_slot_until_cleanup_succeeds(engine, make_manager, clock) -> None:
     manager = make_manager(engine, max_sessions=1, idle_ttl_s=1.0)
     engine.close_failures = 1
     handle = await manager.open()
@@ -478,8 +476,13 @@ async def test_wire_json_of_refusals_names_the_client_event(engine, make_manager
     refused = handle.submit(cmd.Commit(event_id="evt_42"))
     wire = json.loads(RealtimeProjection("ga").render_text(refused))
     assert wire["type"] == "error"
-    assert wire["error"] == {"type": "rate_limit_error", "code": "input_backpressure",
-                             "message": refused.message, "param": None, "event_id": "evt_42"}
+    assert wire["error"] == {
+        "type": "rate_limit_error",
+        "code": "input_backpressure",
+        "message": refused.message,
+        "param": None,
+        "event_id": "evt_42",
+    }
 
 
 async def test_metrics_are_registered_on_the_given_registry(engine, clock) -> None:
@@ -489,8 +492,9 @@ async def test_metrics_are_registered_on_the_given_registry(engine, clock) -> No
     from rtserve.sessions import SessionManager
 
     registry = CollectorRegistry()
-    manager = SessionManager(engine, SessionLimits(max_sessions=1, max_pending_turns_per_session=1), clock=clock,
-                             registry=registry)
+    manager = SessionManager(
+        engine, SessionLimits(max_sessions=1, max_pending_turns_per_session=1), clock=clock, registry=registry
+    )
     handle = await manager.open()
     assert registry.get_sample_value("rtserve_sessions_slots_in_use") == 1
     with pytest.raises(SessionError):

@@ -58,10 +58,12 @@ async def test_output_overflow_closes_only_its_session_and_releases_capacity(eng
     assert refused.value.code == "unknown_session"
 
 
-@pytest.mark.parametrize(("capacity", "outcome"), [(8, "active-overflow"), (14, "overflow-after-ending"),
-                                                   (64, "sufficient-capacity")])
-async def test_completion_batch_retains_exactly_one_response_done(engine, make_manager, capacity: int,
-                                                                  outcome: str) -> None:
+@pytest.mark.parametrize(
+    ("capacity", "outcome"), [(8, "active-overflow"), (14, "overflow-after-ending"), (64, "sufficient-capacity")]
+)
+async def test_completion_batch_retains_exactly_one_response_done(
+    engine, make_manager, capacity: int, outcome: str
+) -> None:
     manager = make_manager(engine, max_pending_output_events_per_session=capacity)
     handle, session, response_id = await open_with_response(manager, engine)
     for _ in range(4):
@@ -70,8 +72,11 @@ async def test_completion_batch_retains_exactly_one_response_done(engine, make_m
     assert handle._runner.outlet.buffer.pending_events == 8  # [AudioDelta, TranscriptDelta] x 4
     session.finish(response_id)
     await settle()
-    events = await read_to_end(handle.attachment) if outcome != "sufficient-capacity" \
+    events = (
+        await read_to_end(handle.attachment)
+        if outcome != "sufficient-capacity"
         else await take_ready(handle.attachment)
+    )
     dones = of_type(events, ev.ResponseDone)
     assert len(dones) == 1  # exactly one ending, whatever happened
     if outcome == "active-overflow":

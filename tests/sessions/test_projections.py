@@ -23,8 +23,11 @@ from rtserve.sessions.projections.realtime import _GA_NAMES
 from tests.sessions.conftest import engine_session, settle, take_ready
 
 SID = "duplex-abc"
-EVENT_TYPES = [cls for _, cls in inspect.getmembers(ev, inspect.isclass)
-               if issubclass(cls, ev.SessionEvent) and cls not in (ev.SessionEvent, ev.ResponsePartEvent)]
+EVENT_TYPES = [
+    cls
+    for _, cls in inspect.getmembers(ev, inspect.isclass)
+    if issubclass(cls, ev.SessionEvent) and cls not in (ev.SessionEvent, ev.ResponsePartEvent)
+]
 
 
 def sdk_models(union: object) -> dict[str, type]:
@@ -40,26 +43,54 @@ def sdk_models(union: object) -> dict[str, type]:
 
 
 GA_MODELS, BETA_MODELS = sdk_models(GAServerEvent), sdk_models(BetaServerEvent)
-DUPLEX_ONLY = {"session.heartbeat_ack", "session.closed", "session.expired", "session.resumed",
-               "session.replaced", "session.resync_required", "overlap.decision", "playback.acknowledged"}
+DUPLEX_ONLY = {
+    "session.heartbeat_ack",
+    "session.closed",
+    "session.expired",
+    "session.resumed",
+    "session.replaced",
+    "session.resync_required",
+    "overlap.decision",
+    "playback.acknowledged",
+}
 
 
 def test_every_event_type_has_a_name_in_every_dialect() -> None:
     assert set(EVENT_TYPES) == set(_GA_NAMES) == set(NATIVE_NAMES)
 
 
-@pytest.mark.parametrize(("naming", "expected"), [
-    ("ga", ["response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta",
-            "conversation.item.added"]),
-    ("beta", ["response.audio.delta", "response.audio_transcript.delta", "response.text.delta",
-              "conversation.item.created"]),
-])
+@pytest.mark.parametrize(
+    ("naming", "expected"),
+    [
+        (
+            "ga",
+            [
+                "response.output_audio.delta",
+                "response.output_audio_transcript.delta",
+                "response.output_text.delta",
+                "conversation.item.added",
+            ],
+        ),
+        (
+            "beta",
+            [
+                "response.audio.delta",
+                "response.audio_transcript.delta",
+                "response.text.delta",
+                "conversation.item.created",
+            ],
+        ),
+    ],
+)
 def test_ga_and_beta_names(naming: str, expected: list[str]) -> None:
     projection = RealtimeProjection(naming)  # type: ignore[arg-type]
     ids = {"session_id": SID, "response_id": "r", "item_id": "i"}
-    events = [ev.AudioDelta(**ids, pcm=np.zeros(4, np.float32), sample_rate=24000),
-              ev.TranscriptDelta(**ids, delta="a"), ev.TextDelta(**ids, delta="b"),
-              ev.ItemAdded(session_id=SID, item=ev.ItemSnapshot("i", "user", "text", "hi"))]
+    events = [
+        ev.AudioDelta(**ids, pcm=np.zeros(4, np.float32), sample_rate=24000),
+        ev.TranscriptDelta(**ids, delta="a"),
+        ev.TextDelta(**ids, delta="b"),
+        ev.ItemAdded(session_id=SID, item=ev.ItemSnapshot("i", "user", "text", "hi")),
+    ]
     assert [projection.render(e)["type"] for e in events] == expected
 
 
@@ -98,13 +129,27 @@ async def test_a_real_conversation_renders_to_valid_openai_sdk_events(engine, ma
                 continue
             model.model_validate(wire)
             checked.add(wire["type"])
-        assert {"session.created", "response.created", "response.done", "error", "input_audio_buffer.committed",
-                "conversation.item.truncated", "conversation.item.deleted", "rate_limits.updated"} <= checked
+        assert {
+            "session.created",
+            "response.created",
+            "response.done",
+            "error",
+            "input_audio_buffer.committed",
+            "conversation.item.truncated",
+            "conversation.item.deleted",
+            "rate_limits.updated",
+        } <= checked
 
 
 def test_duplex_extensions_add_the_epoch_and_the_history_flag() -> None:
-    done = ev.ResponseDone(session_id=SID, epoch=3, response_id="r", status="failed", committed=False,
-                           status_details={"type": "failed", "reason": "output_backpressure"})
+    done = ev.ResponseDone(
+        session_id=SID,
+        epoch=3,
+        response_id="r",
+        status="failed",
+        committed=False,
+        status_details={"type": "failed", "reason": "output_backpressure"},
+    )
     plain = RealtimeProjection("ga").render(done)
     duplex = RealtimeProjection("ga", duplex=True).render(done)
     assert "epoch" not in plain and plain["response"]["metadata"] is None
@@ -117,8 +162,9 @@ def test_duplex_extensions_add_the_epoch_and_the_history_flag() -> None:
 def test_audio_deltas_carry_the_session_format(audio_format: str) -> None:
     pcm = np.linspace(-0.9, 0.9, 160, dtype=np.float32)
     rate = 8000 if audio_format.startswith("g711") else 24000
-    delta = ev.AudioDelta(session_id=SID, response_id="r", item_id="i", pcm=pcm, sample_rate=rate,
-                          audio_format=audio_format)  # type: ignore[arg-type]
+    delta = ev.AudioDelta(
+        session_id=SID, response_id="r", item_id="i", pcm=pcm, sample_rate=rate, audio_format=audio_format
+    )  # type: ignore[arg-type]
     wire = RealtimeProjection("ga").render(delta)
     raw = base64.b64decode(wire["delta"])
     assert wire["sample_rate_hz"] == rate
@@ -134,8 +180,14 @@ def test_audio_deltas_carry_the_session_format(audio_format: str) -> None:
 
 def test_session_objects_follow_each_dialect() -> None:
     config = SessionConfig(voice="alloy", output_audio_format="g711_ulaw", turn_detection=TurnDetection())
-    snapshot = ev.SessionSnapshot(id=SID, config=config, capabilities={"engine": "x", "supports_barge_in": True},
-                                  epoch=2, turn_id=1, resumable=True)
+    snapshot = ev.SessionSnapshot(
+        id=SID,
+        config=config,
+        capabilities={"engine": "x", "supports_barge_in": True},
+        epoch=2,
+        turn_id=1,
+        resumable=True,
+    )
     created = ev.SessionCreated(session_id=SID, session=snapshot, resume_token="tok")
     ga = RealtimeProjection("ga").render(created)["session"]
     beta = RealtimeProjection("beta").render(created)["session"]
@@ -155,13 +207,18 @@ def test_native_dialect_is_flat_and_names_its_session_and_epoch() -> None:
     assert audio["type"] == "response.output_audio.delta"
     assert (audio["session_id"], audio["epoch"], audio["format"], audio["sample_rate_hz"]) == (SID, 1, "pcm16", 24000)
     assert base64.b64decode(audio["audio"]) == (np.full(4, 16384, "<i2")).tobytes()
-    done = projection.render(ev.ResponseDone(session_id=SID, response_id="r", status="cancelled", committed=True,
-                                             output=(ev.ItemSnapshot("i", "assistant", "audio", "hey"),)))
+    done = projection.render(
+        ev.ResponseDone(
+            session_id=SID,
+            response_id="r",
+            status="cancelled",
+            committed=True,
+            output=(ev.ItemSnapshot("i", "assistant", "audio", "hey"),),
+        )
+    )
     assert (done["type"], done["status"], done["committed"]) == ("response.done", "cancelled", True)
-    assert done["output"] == [{"id": "i", "role": "assistant", "kind": "audio", "text": "hey",
-                               "status": "completed"}]
-    error = projection.render(ev.ErrorEvent(session_id=SID, code="unknown_session", message="m",
-                                            related_event_id="e1"))
+    assert done["output"] == [{"id": "i", "role": "assistant", "kind": "audio", "text": "hey", "status": "completed"}]
+    error = projection.render(ev.ErrorEvent(session_id=SID, code="unknown_session", message="m", related_event_id="e1"))
     assert error["error"]["code"] == "unknown_session" and error["error"]["event_id"] == "e1"
     for cls in (ev.InputCommitted, ev.OutputAudioCleared, ev.SessionClosed):
         assert NATIVE_NAMES[cls] in {"input.committed", "audio.cancelled", "session.closed"}
@@ -173,9 +230,16 @@ def test_sequence_numbers_are_spliced_into_valid_json() -> None:
     assert stamped["server_event_seq"] == 42 and stamped["type"] == "session.heartbeat_ack"
 
 
-@pytest.mark.parametrize("projection", [RealtimeProjection("ga", duplex=True), RealtimeProjection("beta"),
-                                        NativeDuplexProjection()])
+@pytest.mark.parametrize(
+    "projection", [RealtimeProjection("ga", duplex=True), RealtimeProjection("beta"), NativeDuplexProjection()]
+)
 def test_spliced_audio_text_is_byte_identical_to_plain_compact_json(projection) -> None:
-    delta = ev.AudioDelta(session_id=SID, epoch=2, response_id="r", item_id='i"tem', sample_rate=24000,
-                          pcm=np.random.default_rng(3).uniform(-1, 1, 1920).astype(np.float32))
+    delta = ev.AudioDelta(
+        session_id=SID,
+        epoch=2,
+        response_id="r",
+        item_id='i"tem',
+        sample_rate=24000,
+        pcm=np.random.default_rng(3).uniform(-1, 1, 1920).astype(np.float32),
+    )
     assert projection.render_text(delta) == compact_json(projection.render(delta))

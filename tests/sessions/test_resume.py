@@ -22,10 +22,24 @@ async def heartbeats(handle, n: int) -> None:
     await settle()
 
 
-def resume(manager, handle, *, generation: int = 0, control_id: str = "ctl-1", last: int | None = None,
-           token: str | None = None, **kwargs):
-    return manager.resume(handle.session_id, resume_token=token or handle.resume_token,
-                          expected_generation=generation, control_id=control_id, last_received_seq=last, **kwargs)
+def resume(
+    manager,
+    handle,
+    *,
+    generation: int = 0,
+    control_id: str = "ctl-1",
+    last: int | None = None,
+    token: str | None = None,
+    **kwargs,
+):
+    return manager.resume(
+        handle.session_id,
+        resume_token=token or handle.resume_token,
+        expected_generation=generation,
+        control_id=control_id,
+        last_received_seq=last,
+        **kwargs,
+    )
 
 
 async def test_a_resume_replayed_under_its_control_id_reports_what_it_granted(engine, make_manager) -> None:
@@ -170,9 +184,14 @@ async def test_replay_is_rendered_for_the_resuming_connection(engine, make_manag
     texts = []
     while len(texts) < 6 and (delivery := await attachment.next_delivery()) is not None:
         texts.append(json.loads(delivery.text))
-    assert [t["type"] for t in texts] == ["session.resumed", "response.created", "conversation.item.created",
-                                          "response.output_item.added", "response.content_part.added",
-                                          "session.heartbeat_ack"]
+    assert [t["type"] for t in texts] == [
+        "session.resumed",
+        "response.created",
+        "conversation.item.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "session.heartbeat_ack",
+    ]
     assert [t.get("server_event_seq") for t in texts] == [None, 2, 3, 4, 5, 6]
     assert "epoch" not in texts[1]  # the beta connection did not ask for duplex extensions
 

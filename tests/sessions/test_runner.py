@@ -38,10 +38,23 @@ async def test_a_response_streams_audio_with_transcripts_then_one_completion_bat
     session.audio(response_id, text="lo")
     session.finish(response_id)
     events = await take_ready(handle.attachment)
-    assert names(events) == ["ResponseCreated", "ItemAdded", "OutputItemAdded", "ContentPartAdded",
-                             "AudioDelta", "TranscriptDelta", "AudioDelta", "TranscriptDelta",
-                             "AudioDone", "TranscriptDone", "ContentPartDone", "OutputItemDone", "ItemDone",
-                             "ResponseDone", "RateLimitsUpdated"]
+    assert names(events) == [
+        "ResponseCreated",
+        "ItemAdded",
+        "OutputItemAdded",
+        "ContentPartAdded",
+        "AudioDelta",
+        "TranscriptDelta",
+        "AudioDelta",
+        "TranscriptDelta",
+        "AudioDone",
+        "TranscriptDone",
+        "ContentPartDone",
+        "OutputItemDone",
+        "ItemDone",
+        "ResponseDone",
+        "RateLimitsUpdated",
+    ]
     assert all(e.session_id == handle.session_id and e.epoch == 0 for e in events)
     seqs = [e.server_event_seq for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
@@ -119,8 +132,11 @@ async def test_barge_in_drops_active_and_draining_audio_before_the_engine_is_fen
     assert held.event.response_id == draining
 
     seen_at_fence: list[tuple[int, bool]] = []
-    session.on_set_epoch.append(lambda: seen_at_fence.append(
-        (sum(isinstance(e.event, ev.AudioDelta) for e in buffer._queue), buffer.is_valid(held.event))))
+    session.on_set_epoch.append(
+        lambda: seen_at_fence.append(
+            (sum(isinstance(e.event, ev.AudioDelta) for e in buffer._queue), buffer.is_valid(held.event))
+        )
+    )
     handle.submit(cmd.BargeIn())
     await settle()
     assert seen_at_fence == [(0, False)]  # nothing audible survived when the engine was told
@@ -152,8 +168,11 @@ async def test_close_invalidates_draining_audio_before_engine_cleanup(engine, ma
     while held is None or not isinstance(held.event, ev.AudioDelta):
         held = await handle.attachment.next_delivery()
     seen_at_close: list[tuple[int, bool]] = []
-    session.on_close.append(lambda: seen_at_close.append(
-        (sum(isinstance(e.event, ev.AudioDelta) for e in buffer._queue), buffer.is_valid(held.event))))
+    session.on_close.append(
+        lambda: seen_at_close.append(
+            (sum(isinstance(e.event, ev.AudioDelta) for e in buffer._queue), buffer.is_valid(held.event))
+        )
+    )
     await handle.close()
     assert seen_at_close == [(0, False)]
     rest = await read_to_end(handle.attachment)
@@ -272,8 +291,10 @@ async def test_overlap_decision_commands(engine, make_manager) -> None:
     handle.submit(cmd.OverlapDecision(action="barge_in"))
     events = await take_ready(handle.attachment)
     decisions = of_type(events, ev.OverlapDecided)
-    assert [(d.action, d.policy, d.overlap_ms) for d in decisions] == [("drop", "client", 120),
-                                                                       ("barge_in", "client", None)]
+    assert [(d.action, d.policy, d.overlap_ms) for d in decisions] == [
+        ("drop", "client", 120),
+        ("barge_in", "client", None),
+    ]
     assert session.clears == 1 and handle.epoch == 1
 
 
@@ -333,7 +354,9 @@ async def test_session_update_echoes_the_effective_config_or_refuses_with_the_fi
     assert updated.session.config.output_sample_rate == 8000
     errors = of_type(events, ev.ErrorEvent)
     assert [(e.code, e.param, e.related_event_id) for e in errors] == [
-        ("invalid_value", "temperature", "bad"), ("invalid_value", "no_such_field", "worse")]
+        ("invalid_value", "temperature", "bad"),
+        ("invalid_value", "no_such_field", "worse"),
+    ]
     assert handle.config.voice == "verse"
     await start_response(handle, session)
     assert session.responses[-1].voice == "verse"
@@ -342,8 +365,9 @@ async def test_session_update_echoes_the_effective_config_or_refuses_with_the_fi
 async def test_conversation_items_can_be_created_retrieved_truncated_and_deleted(engine, make_manager) -> None:
     _, handle, session = await open_session(make_manager, engine)
     handle.submit(cmd.ConversationItemCreate(role="user", text="What is 2+2?", item_id="q1"))
-    handle.submit(cmd.ConversationItemCreate(role="system", text="Answer briefly.", previous_item_id="nope",
-                                             event_id="e1"))
+    handle.submit(
+        cmd.ConversationItemCreate(role="system", text="Answer briefly.", previous_item_id="nope", event_id="e1")
+    )
     handle.submit(cmd.ConversationItemRetrieve(item_id="q1"))
     response_id = await start_response(handle, session)
     session.audio(response_id, samples=24000, text="Four, of course")  # 1 s
@@ -356,7 +380,10 @@ async def test_conversation_items_can_be_created_retrieved_truncated_and_deleted
     handle.submit(cmd.ConversationItemDelete(item_id="q1", event_id="gone"))
     events = await take_ready(handle.attachment)
     assert [(e.code, e.related_event_id) for e in of_type(events, ev.ErrorEvent)] == [
-        ("item_not_found", "e1"), ("invalid_value", "too-far"), ("item_not_found", "gone")]
+        ("item_not_found", "e1"),
+        ("invalid_value", "too-far"),
+        ("item_not_found", "gone"),
+    ]
     assert of_type(events, ev.ItemRetrieved)[0].item.text == "What is 2+2?"
     assert of_type(events, ev.ItemTruncated)[0].audio_end_ms == 400
     assert of_type(events, ev.ItemDeleted)[0].item_id == "q1"
@@ -392,7 +419,9 @@ async def test_ack_only_rejects_an_ack_that_would_land_after_a_newer_commit(engi
     handle.submit(cmd.PlaybackAck(response_id="resp_unknown", played_ms=1, event_id="who"))
     events = await take_ready(handle.attachment)
     assert [(e.code, e.related_event_id) for e in of_type(events, ev.ErrorEvent)] == [
-        ("playback_ack_out_of_order", "late"), ("unknown_response", "who")]
+        ("playback_ack_out_of_order", "late"),
+        ("unknown_response", "who"),
+    ]
     assert [m.content for m in handle.history] == ["abc", "hello there"]
 
 
@@ -457,8 +486,14 @@ async def test_control_signals_report_their_effect_when_asked(engine, make_manag
     handle.submit(cmd.ResponseCancel(event_id="again"))  # nothing left to cancel: an error, no result
     events = await take_ready(handle.attachment)
     results = [e.result for e in of_type(events, ev.RuntimeControl)]
-    assert results == [{"signal": "cancel_response", "ok": True, "applied": ["epoch_advanced", "response_cancelled"],
-                        "unsupported": []}]
+    assert results == [
+        {
+            "signal": "cancel_response",
+            "ok": True,
+            "applied": ["epoch_advanced", "response_cancelled"],
+            "unsupported": [],
+        }
+    ]
     assert of_type(events, ev.ResponseDone)[0].status == "cancelled"
     assert of_type(events, ev.ErrorEvent)[0].related_event_id == "again"
     assert session.epochs[-1] == 1

@@ -49,8 +49,12 @@ class SessionMachine(RuleBasedStateMachine):
     def open(self, capacity: int) -> None:
         self.clock = FakeClock()
         self.engine = TestDoubleEngine()
-        limits = SessionLimits(max_pending_output_events_per_session=capacity, idle_ttl_s=10.0,
-                               disconnect_grace_s=5.0, engine_close_timeout_s=0.5)
+        limits = SessionLimits(
+            max_pending_output_events_per_session=capacity,
+            idle_ttl_s=10.0,
+            disconnect_grace_s=5.0,
+            engine_close_timeout_s=0.5,
+        )
         self.manager = SessionManager(self.engine, limits, clock=self.clock)
         self.handle = self.run(self.manager.open())
         self.attachment = self.handle.attachment
@@ -131,8 +135,14 @@ class SessionMachine(RuleBasedStateMachine):
 
     @rule(kind=st.sampled_from(["cancel", "barge_in", "clear_output", "heartbeat"]))
     def control(self, kind: str) -> None:
-        self._submit({"cancel": cmd.ResponseCancel(), "barge_in": cmd.BargeIn(),
-                      "clear_output": cmd.Clear(target="output"), "heartbeat": cmd.Heartbeat()}[kind])
+        self._submit(
+            {
+                "cancel": cmd.ResponseCancel(),
+                "barge_in": cmd.BargeIn(),
+                "clear_output": cmd.Clear(target="output"),
+                "heartbeat": cmd.Heartbeat(),
+            }[kind]
+        )
 
     @rule(n=st.integers(1, 50))
     def read(self, n: int) -> None:
@@ -152,8 +162,12 @@ class SessionMachine(RuleBasedStateMachine):
             return  # it ended meanwhile (e.g. overflow)
         self.resumes += 1
         self.attachment = self.manager.resume(
-            handle.session_id, resume_token=handle.resume_token, expected_generation=self.generation,
-            control_id=f"resume-{self.resumes}", last_received_seq=self.last_seq)
+            handle.session_id,
+            resume_token=handle.resume_token,
+            expected_generation=self.generation,
+            control_id=f"resume-{self.resumes}",
+            last_received_seq=self.last_seq,
+        )
         self.generation = self.attachment.generation
 
     @rule()
@@ -193,5 +207,6 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 TestSessionMachine = SessionMachine.TestCase
-TestSessionMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
-                                       suppress_health_check=[HealthCheck.too_slow])
+TestSessionMachine.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -31,8 +31,13 @@ async def test_500_sessions_leak_nothing() -> None:
     rng = random.Random(1234)
     clock = FakeClock()
     engine = TestDoubleEngine()
-    limits = SessionLimits(max_sessions=450, max_pending_output_events_per_session=24, idle_ttl_s=30.0,
-                           disconnect_grace_s=5.0, engine_close_timeout_s=0.5)
+    limits = SessionLimits(
+        max_sessions=450,
+        max_pending_output_events_per_session=24,
+        idle_ttl_s=30.0,
+        disconnect_grace_s=5.0,
+        engine_close_timeout_s=0.5,
+    )
     manager = SessionManager(engine, limits, clock=clock)
     await manager.start()
     buffers: list[weakref.ref] = []
@@ -91,9 +96,13 @@ async def test_500_sessions_leak_nothing() -> None:
                 if manager.detach(handle.session_id, generation):
                     await current
                     try:
-                        attachment = manager.resume(handle.session_id, resume_token=handle.resume_token,
-                                                    expected_generation=generation, control_id=f"{i}-{step}",
-                                                    last_received_seq=len(outcomes[handle.session_id]))
+                        attachment = manager.resume(
+                            handle.session_id,
+                            resume_token=handle.resume_token,
+                            expected_generation=generation,
+                            control_id=f"{i}-{step}",
+                            last_received_seq=len(outcomes[handle.session_id]),
+                        )
                     except SessionError as exc:
                         assert exc.code == "unknown_session"  # it ended while detached: nobody sees the end
                         ended_detached.add(handle.session_id)

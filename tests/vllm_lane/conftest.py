@@ -86,15 +86,36 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(_model_folder()),
-        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", str(CONTEXT_TOKENS),
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(_model_folder()),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(CONTEXT_TOKENS),
         "--enforce-eager",  # no torch.compile warm-up: ready in ~1 min instead of ~3 on 2 cores
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True, text=True, errors="replace")
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
     ready = threading.Event()
 
     def copy_log() -> None:  # drains vLLM's output (a full pipe would stall it) and spots readiness

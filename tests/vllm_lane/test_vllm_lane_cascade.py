@@ -9,12 +9,12 @@ import json
 import jsonschema
 import openai
 import pytest
+from tests.web.test_function_calling import QUESTION, REALTIME_TOOL, WEATHER_SCHEMA
+from tests.web.test_realtime_sdk import SdkReader
 from vllm_lane_support import VllmServer, vllm_requests
 
 from rtserve.config import ServerConfig
 from tests.web.realtime_support import running
-from tests.web.test_function_calling import QUESTION, REALTIME_TOOL, WEATHER_SCHEMA
-from tests.web.test_realtime_sdk import SdkReader
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 
@@ -22,8 +22,9 @@ LOAD_TIMEOUT_S = 300  # VAD, ASR and TTS load here; vLLM is already up
 EVENT_TIMEOUT_S = 120
 
 
-async def test_realtime_text_turn_and_forced_call_are_answered_by_vllm(vllm_config: ServerConfig,
-                                                                       vllm_server: VllmServer) -> None:
+async def test_realtime_text_turn_and_forced_call_are_answered_by_vllm(
+    vllm_config: ServerConfig, vllm_server: VllmServer
+) -> None:
     vllm_config.engine = "cascade"
     vllm_config.http.text_engine = "session"  # chat and voice both reach vLLM through the cascade's LLM stage
     vllm_config.cascade.llm_engine = "vllm"
@@ -33,19 +34,32 @@ async def test_realtime_text_turn_and_forced_call_are_answered_by_vllm(vllm_conf
         async with client.realtime.connect(model="cascade") as conn:
             reader = SdkReader(conn, timeout_s=EVENT_TIMEOUT_S)
             await reader.until("session.created")
-            await conn.session.update(session={
-                "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},
-                "max_output_tokens": 24, "temperature": 0})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "audio": {"input": {"turn_detection": None}},
+                    "max_output_tokens": 24,
+                    "temperature": 0,
+                }
+            )
             await reader.until("session.updated")
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "What is the capital of France?"}]})
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+                }
+            )
             await conn.response.create()
             answer = (await reader.until("response.done"))["response"]
 
-            await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                      "content": [{"type": "input_text", "text": QUESTION}]})
-            await conn.response.create(response={"tools": [REALTIME_TOOL], "tool_choice": "required",
-                                                 "max_output_tokens": 200})
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+            )
+            await conn.response.create(
+                response={"tools": [REALTIME_TOOL], "tool_choice": "required", "max_output_tokens": 200}
+            )
             called = (await reader.until("response.done"))["response"]
     assert answer["status"] == "completed", answer
     text = "".join(part.get("text", "") for item in answer["output"] for part in item.get("content", []))

@@ -16,20 +16,22 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from tests.web.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 from vllm_lane_support import VllmServer, vllm_metrics
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
 from tests.web.realtime_support import running
-from tests.web.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 
 pytestmark = pytest.mark.slow
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 TIME_SCHEMA = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
-TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "Get the current time in a time zone",
-                                              "parameters": TIME_SCHEMA}}
+TIME_TOOL = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "Get the current time in a time zone", "parameters": TIME_SCHEMA},
+}
 READY_TIMEOUT_S = 120  # the app waits for vLLM's /v1/models (vLLM is already up)
 
 
@@ -41,8 +43,9 @@ async def client(vllm_config: ServerConfig) -> AsyncIterator[openai.AsyncOpenAI]
 
 
 async def test_plain_reply_with_usage(client: openai.AsyncOpenAI) -> None:
-    reply = await client.chat.completions.create(model="smollm2-135m-instruct", messages=CAPITAL, temperature=0,
-                                                 max_tokens=24)
+    reply = await client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=CAPITAL, temperature=0, max_tokens=24
+    )
     choice = reply.choices[0]
     assert "Paris" in choice.message.content
     assert choice.finish_reason == "stop"
@@ -51,8 +54,14 @@ async def test_plain_reply_with_usage(client: openai.AsyncOpenAI) -> None:
 
 
 async def test_streamed_reply_arrives_in_pieces_then_usage(client: openai.AsyncOpenAI) -> None:
-    stream = await client.chat.completions.create(model="gpt-4o", messages=CAPITAL, temperature=0, max_tokens=24,
-                                                  stream=True, stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model="gpt-4o",
+        messages=CAPITAL,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [chunk async for chunk in stream]
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(pieces) > 2 and "Paris" in "".join(pieces)
@@ -60,11 +69,18 @@ async def test_streamed_reply_arrives_in_pieces_then_usage(client: openai.AsyncO
     assert 0 < chunks[-1].usage.completion_tokens <= 24 and chunks[-1].usage.prompt_tokens > 10
 
 
-async def test_concurrent_requests_are_batched_and_all_answered(client: openai.AsyncOpenAI,
-                                                                 vllm_server: VllmServer) -> None:
+async def test_concurrent_requests_are_batched_and_all_answered(
+    client: openai.AsyncOpenAI, vllm_server: VllmServer
+) -> None:
     before = await vllm_metrics(vllm_server)
-    replies = await asyncio.gather(*(client.chat.completions.create(
-        model="smollm2-135m-instruct", messages=CAPITAL, temperature=0, max_tokens=24) for _ in range(8)))
+    replies = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="smollm2-135m-instruct", messages=CAPITAL, temperature=0, max_tokens=24
+            )
+            for _ in range(8)
+        )
+    )
     after = await vllm_metrics(vllm_server)
     assert all("Paris" in r.choices[0].message.content for r in replies)
     assert len({r.id for r in replies}) == 8
@@ -79,9 +95,15 @@ async def test_concurrent_requests_are_batched_and_all_answered(client: openai.A
 async def test_batch_route_answers_each_conversation(vllm_config: ServerConfig) -> None:
     vllm_config.engine = "loopback"
     async with running(vllm_config, ready_timeout_s=READY_TIMEOUT_S) as base, aiohttp.ClientSession() as http:
-        async with http.post(f"{base}/v1/chat/completions/batch", json={
-                "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 24,
-                "messages": [CAPITAL, [{"role": "user", "content": "Say hello."}], CAPITAL]}) as response:
+        async with http.post(
+            f"{base}/v1/chat/completions/batch",
+            json={
+                "model": "smollm2-135m-instruct",
+                "temperature": 0,
+                "max_tokens": 24,
+                "messages": [CAPITAL, [{"role": "user", "content": "Say hello."}], CAPITAL],
+            },
+        ) as response:
             body = await response.json()
     assert response.status == 200, body
     texts = [c["message"]["content"] for c in body["choices"]]
@@ -91,9 +113,13 @@ async def test_batch_route_answers_each_conversation(vllm_config: ServerConfig) 
 
 async def test_forced_function_call_has_arguments_following_the_schema(client: openai.AsyncOpenAI) -> None:
     reply = await client.chat.completions.create(
-        model="smollm2-135m-instruct", messages=[{"role": "user", "content": QUESTION}], temperature=0,
-        max_tokens=200, tools=[CHAT_TOOL, TIME_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=200,
+        tools=[CHAT_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -103,8 +129,14 @@ async def test_forced_function_call_has_arguments_following_the_schema(client: o
 
 async def test_required_call_streams_and_names_one_of_the_tools(client: openai.AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
-        model="smollm2-135m-instruct", messages=[{"role": "user", "content": QUESTION}], temperature=0,
-        max_tokens=200, tools=[CHAT_TOOL, TIME_TOOL], tool_choice="required", stream=True)
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=200,
+        tools=[CHAT_TOOL, TIME_TOOL],
+        tool_choice="required",
+        stream=True,
+    )
     chunks = [chunk async for chunk in stream]
     calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()]
     names = [c.function.name for c in calls if c.function.name]
@@ -116,20 +148,33 @@ async def test_required_call_streams_and_names_one_of_the_tools(client: openai.A
 
 
 async def test_call_result_continues_the_conversation(client: openai.AsyncOpenAI) -> None:
-    messages = [{"role": "user", "content": QUESTION},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                    "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees celsius"}]
-    reply = await client.chat.completions.create(model="smollm2-135m-instruct", messages=messages, temperature=0,
-                                                 max_tokens=32, tools=[CHAT_TOOL])
+    messages = [
+        {"role": "user", "content": QUESTION},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees celsius"},
+    ]
+    reply = await client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=messages, temperature=0, max_tokens=32, tools=[CHAT_TOOL]
+    )
     choice = reply.choices[0]
     assert choice.message.content and not choice.message.tool_calls
 
 
 async def test_prompt_over_vllms_context_is_a_typed_400(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        await client.chat.completions.create(model="smollm2-135m-instruct", max_tokens=8,
-                                             messages=[{"role": "user", "content": "hello " * 3000}])
+        await client.chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": "hello " * 3000}]
+        )
     assert refused.value.body["code"] == "context_length_exceeded"
     assert "maximum context length is 2048" in refused.value.body["message"]
 
@@ -142,8 +187,11 @@ async def test_voice_history_is_fitted_to_vllms_context(vllm_config: ServerConfi
     await engine.start()
     filler = " ".join(["weather"] * 150)
     old = [ChatMessage(role=role, content=f"{i} {filler}") for i in range(30) for role in ("user", "assistant")]
-    messages = [ChatMessage(role="system", content="You are brief."), *old,
-                ChatMessage(role="user", content="What is the capital of France?")]
+    messages = [
+        ChatMessage(role="system", content="You are brief."),
+        *old,
+        ChatMessage(role="user", content="What is the capital of France?"),
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=24)
     with pytest.raises(EngineError) as refused:
         await anext(engine.generate(messages, params))

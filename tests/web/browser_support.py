@@ -26,15 +26,21 @@ CHROMIUM = Path("/usr/bin/chromium")
 HANG_GUARD_S = 20.0
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is in the dev extra")
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(),
-                                    reason=f"{CHROMIUM} is absent (apt-get install chromium; make test does)")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (apt-get install chromium; make test does)"
+)
 
 
 def chromium_flags(wav: Path) -> list[str]:
     # Loopback candidates and raw 127.0.0.1 addresses (no mDNS names): ICE stays on this host.
-    return ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}", "--allow-loopback-in-peer-connection",
-            "--disable-features=WebRtcHideLocalIpsWithMdns", "--autoplay-policy=no-user-gesture-required"]
+    return [
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
 
 
 def write_voice_wav(path: Path, seconds: float = 3.0, rate: int = 48000) -> Path:
@@ -75,8 +81,9 @@ async def until(page: Any, expression: str, *, timeout_s: float = HANG_GUARD_S, 
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
-            state = await page.evaluate("window.rtservePage ? {state: rtservePage.state, notice: rtservePage.notice}"
-                                        " : null")
+            state = await page.evaluate(
+                "window.rtservePage ? {state: rtservePage.state, notice: rtservePage.notice} : null"
+            )
             raise AssertionError(f"timed out waiting for {what or expression}; page: {state}")
         await asyncio.sleep(0.1)
 

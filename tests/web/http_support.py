@@ -71,15 +71,19 @@ class EchoLLMDouble:
         words = ["echo:", *last_user.split()]
         prompt_tokens = sum(len(m.content.split()) for m in messages)
         try:
-            for i, word in enumerate(words[:params.max_tokens]):
+            for i, word in enumerate(words[: params.max_tokens]):
                 await self.control.gate(i)
                 finish = None
                 if i == len(words) - 1:
                     finish = "stop"
                 elif i == params.max_tokens - 1:
                     finish = "length"
-                yield TokenDelta(text=word if i == 0 else " " + word, finish_reason=finish,
-                                 prompt_tokens=prompt_tokens, completion_tokens=i + 1)
+                yield TokenDelta(
+                    text=word if i == 0 else " " + word,
+                    finish_reason=finish,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=i + 1,
+                )
                 await asyncio.sleep(0)
         finally:
             self.control.closed.set()
@@ -146,13 +150,14 @@ class ToneASRDouble:
         end = audio.size if with_tail else audio.size // second * second
         words = []
         for start in range(0, end, second):
-            frame = audio[start:min(start + second, end)]
+            frame = audio[start : min(start + second, end)]
             hz = round(float(np.argmax(np.abs(np.fft.rfft(frame)))) * self.sample_rate / frame.size, -1)
             words.append(f"{hz:.0f}hz")
         return " ".join(words)
 
-    async def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
-                         prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+    async def transcribe(
+        self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[TranscriptPiece]:
         self.control.calls += 1
         self.languages.append(language)
         self.prompts.append(prompt)
@@ -176,9 +181,15 @@ class ToneASRDouble:
 class TurnEnginesSessionDouble:
     """Test double SessionEngine that lends the three turn doubles (``turn_engines()``)."""
 
-    capabilities = EngineCapabilities(name="double", mode="turn", input_sample_rate=24000,
-                                      output_sample_rate=24000, chunk_period_ms=20, max_sessions=1,
-                                      supports_barge_in=False)
+    capabilities = EngineCapabilities(
+        name="double",
+        mode="turn",
+        input_sample_rate=24000,
+        output_sample_rate=24000,
+        chunk_period_ms=20,
+        max_sessions=1,
+        supports_barge_in=False,
+    )
 
     def __init__(self) -> None:
         self.asr = ToneASRDouble()
@@ -207,8 +218,9 @@ class TurnEnginesSessionDouble:
 
 
 @contextlib.asynccontextmanager
-async def serve_doubles(config: ServerConfig, engine: TurnEnginesSessionDouble | None = None
-                        ) -> AsyncIterator[tuple[str, TurnEnginesSessionDouble]]:
+async def serve_doubles(
+    config: ServerConfig, engine: TurnEnginesSessionDouble | None = None
+) -> AsyncIterator[tuple[str, TurnEnginesSessionDouble]]:
     """The app over the doubles on 127.0.0.1:<ephemeral>, models "loaded" before the first request."""
     engine = engine or TurnEnginesSessionDouble()
     await engine.start()
@@ -226,8 +238,9 @@ def tone(freq: float, seconds: float, rate: int) -> np.ndarray:
     return (0.5 * np.sin(2 * np.pi * freq * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
 
 
-def audio_file(container: str, codec: str, rate: int, channels: int = 1, seconds: float = 2.0,
-               hz: float = 500.0) -> bytes:
+def audio_file(
+    container: str, codec: str, rate: int, channels: int = 1, seconds: float = 2.0, hz: float = 500.0
+) -> bytes:
     """``seconds`` of a ``hz`` tone encoded by PyAV into ``container``."""
     pcm = tone(hz, seconds, rate)
     out = io.BytesIO()

@@ -29,15 +29,19 @@ FRAME = 1920  # 80 ms
 WAIT_S = 10.0  # bound on every wait in these tests
 
 
-def moshi_config(config: ServerConfig, *, batch_size: int = 4, delay_frames: int = 1,
-                 backlog_ms: float = 320.0, **moshi: object) -> ServerConfig:
-    return config.model_copy(update={
-        "engine": "loopback",
-        "lockstep": config.lockstep.model_copy(update={
-            "batch_size": batch_size, "max_input_backlog_ms": backlog_ms}),
-        "reference": config.reference.model_copy(update={"loopback_delay_frames": delay_frames}),
-        "moshi": config.moshi.model_copy(update=moshi),
-    })
+def moshi_config(
+    config: ServerConfig, *, batch_size: int = 4, delay_frames: int = 1, backlog_ms: float = 320.0, **moshi: object
+) -> ServerConfig:
+    return config.model_copy(
+        update={
+            "engine": "loopback",
+            "lockstep": config.lockstep.model_copy(
+                update={"batch_size": batch_size, "max_input_backlog_ms": backlog_ms}
+            ),
+            "reference": config.reference.model_copy(update={"loopback_delay_frames": delay_frames}),
+            "moshi": config.moshi.model_copy(update=moshi),
+        }
+    )
 
 
 class HeldTickClock(SystemTickClock):
@@ -69,8 +73,9 @@ class HeldTickClock(SystemTickClock):
         self._go.set()
 
 
-def held_loopback_engine(config: ServerConfig, registry: CollectorRegistry,
-                         clock: HeldTickClock) -> LockstepSessionEngine:
+def held_loopback_engine(
+    config: ServerConfig, registry: CollectorRegistry, clock: HeldTickClock
+) -> LockstepSessionEngine:
     """The registry's loopback engine, built by hand only to give it ``clock``."""
     model = LoopbackModel(config.lockstep.batch_size, config.reference.loopback_delay_frames)
     return LockstepSessionEngine("loopback", model, config, registry, supports_text_output=False, clock=clock)
@@ -134,8 +139,9 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def moshi_server(config: ServerConfig, engine: SessionEngine | None = None,
-                       registry: CollectorRegistry | None = None) -> AsyncIterator[Server]:
+async def moshi_server(
+    config: ServerConfig, engine: SessionEngine | None = None, registry: CollectorRegistry | None = None
+) -> AsyncIterator[Server]:
     registry = registry or CollectorRegistry()
     engine = engine or create_engine("loopback", config, registry)
     async with serve_app(build_app(config, engine=engine, registry=registry)) as base:
@@ -160,11 +166,13 @@ def best_lag(output: np.ndarray, reference: np.ndarray, max_lag: int) -> tuple[i
     """The lag (samples) at which ``reference`` best matches ``output``, and the normalized score."""
     n = len(reference)
     size = 1 << int(np.ceil(np.log2(len(output) + n)))
-    corr = np.fft.irfft(np.fft.rfft(output, size) * np.conj(np.fft.rfft(reference, size)), size)[:max_lag + 1]
+    corr = np.fft.irfft(np.fft.rfft(output, size) * np.conj(np.fft.rfft(reference, size)), size)[: max_lag + 1]
     lag = int(np.argmax(corr))
-    window = output[lag:lag + n]
-    score = float(np.dot(window, reference[:len(window)]) /
-                  (np.linalg.norm(window) * np.linalg.norm(reference[:len(window)]) + 1e-12))
+    window = output[lag : lag + n]
+    score = float(
+        np.dot(window, reference[: len(window)])
+        / (np.linalg.norm(window) * np.linalg.norm(reference[: len(window)]) + 1e-12)
+    )
     return lag, score
 
 
@@ -187,8 +195,8 @@ class MoshiClient:
     async def send_pcm(self, pcm: np.ndarray) -> None:
         for start in range(0, len(pcm), FRAME):
             frame = np.zeros(FRAME, np.float32)
-            chunk = pcm[start:start + FRAME]
-            frame[:len(chunk)] = chunk
+            chunk = pcm[start : start + FRAME]
+            frame[: len(chunk)] = chunk
             data = self._writer.append_pcm(frame)
             if data.startswith(b"OggS\x00\x02"):  # the BOS page: OpusHead follows the 28-byte header
                 self.pre_skip_24k = struct.unpack_from("<H", data, 28 + 10)[0] * RATE // 48_000

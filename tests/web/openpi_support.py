@@ -44,7 +44,6 @@ def host_port(base: str) -> tuple[str, int]:
 async def openpi_server(config: ServerConfig, **robot: object) -> AsyncIterator[tuple[str, str]]:
     """Serve ``build_app`` (weightless ``loopback`` realtime engine) with ``config.robot``
     fields overridden; yield (http base URL, openpi WebSocket URL)."""
-    config = config.model_copy(update={"engine": "loopback",
-                                       "robot": config.robot.model_copy(update=robot)})
+    config = config.model_copy(update={"engine": "loopback", "robot": config.robot.model_copy(update=robot)})
     async with serve_app(build_app(config)) as base:
         yield base, base.replace("http://", "ws://") + ROUTE

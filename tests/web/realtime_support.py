@@ -29,8 +29,10 @@ from tests.support import serve_app
 HANG_GUARD_S = 15.0
 FRAME = 1920  # 80 ms at 24 kHz: one loopback frame
 SDK_EVENTS: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
-SDK_EVENT_TYPES = frozenset(typing.get_args(model.model_fields["type"].annotation)[0]
-                            for model in typing.get_args(typing.get_args(RealtimeServerEvent)[0]))
+SDK_EVENT_TYPES = frozenset(
+    typing.get_args(model.model_fields["type"].annotation)[0]
+    for model in typing.get_args(typing.get_args(RealtimeServerEvent)[0])
+)
 
 
 def loopback_config(config: ServerConfig, **sessions: Any) -> ServerConfig:
@@ -112,8 +114,9 @@ async def receive_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any] |
 closing_codes: weakref.WeakKeyDictionary[aiohttp.ClientWebSocketResponse, int | None] = weakref.WeakKeyDictionary()
 
 
-async def read_until(ws: aiohttp.ClientWebSocketResponse, match: str | Callable[[dict[str, Any]], bool],
-                     *, limit: int = 2000) -> list[dict[str, Any]]:
+async def read_until(
+    ws: aiohttp.ClientWebSocketResponse, match: str | Callable[[dict[str, Any]], bool], *, limit: int = 2000
+) -> list[dict[str, Any]]:
     """Events up to and including the first one whose type is ``match`` (or that ``match`` accepts)."""
     accept = (lambda e: e["type"] == match) if isinstance(match, str) else match
     seen: list[dict[str, Any]] = []
@@ -137,8 +140,9 @@ async def read_to_close(ws: aiohttp.ClientWebSocketResponse, *, limit: int = 500
 
 
 def audio_of(events: list[dict[str, Any]]) -> np.ndarray:
-    deltas = [b64_pcm16(e["delta"]) for e in events if e["type"] in ("response.output_audio.delta",
-                                                                      "response.audio.delta")]
+    deltas = [
+        b64_pcm16(e["delta"]) for e in events if e["type"] in ("response.output_audio.delta", "response.audio.delta")
+    ]
     return np.concatenate(deltas) if deltas else np.zeros(0, np.int16)
 
 

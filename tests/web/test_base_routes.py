@@ -17,9 +17,15 @@ class GatedStartEngine:
     """Test double: a SessionEngine whose start() waits until the test opens the gate,
     so readiness before and after model loading can be observed."""
 
-    capabilities = EngineCapabilities(name="gated", mode="lockstep", input_sample_rate=24000,
-                                      output_sample_rate=24000, chunk_period_ms=80, max_sessions=1,
-                                      supports_barge_in=False)
+    capabilities = EngineCapabilities(
+        name="gated",
+        mode="lockstep",
+        input_sample_rate=24000,
+        output_sample_rate=24000,
+        chunk_period_ms=80,
+        max_sessions=1,
+        supports_barge_in=False,
+    )
 
     def __init__(self, fail: bool = False) -> None:
         self.gate = asyncio.Event()
@@ -100,10 +106,9 @@ async def test_metrics_is_prometheus_text(config):
     from rtserve.web.context import CTX
 
     Counter("rtserve_probe_total", "probe", registry=app[CTX].registry).inc(3)
-    async with serve_app(app) as base, aiohttp.ClientSession() as http:
-        async with http.get(f"{base}/metrics") as resp:
-            text = await resp.text()
-            assert resp.headers["Content-Type"].startswith("text/plain")
+    async with serve_app(app) as base, aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/plain")
     assert "rtserve_probe_total 3.0" in text
 
 

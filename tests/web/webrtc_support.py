@@ -48,7 +48,7 @@ class Microphone(MediaStreamTrack):
         """Queue int16 audio; returns its duration in seconds."""
         pcm = np.asarray(pcm48k, dtype=np.int16)
         pcm = np.concatenate([pcm, np.zeros(-len(pcm) % FRAME, np.int16)])
-        self._pending.extend(pcm[i:i + FRAME] for i in range(0, len(pcm), FRAME))
+        self._pending.extend(pcm[i : i + FRAME] for i in range(0, len(pcm), FRAME))
         return len(pcm) / RATE
 
     @property

@@ -33,8 +33,17 @@ class WhisperAsr:
 
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, location: ModelLocation, *, cpu_threads: int, max_queue: int,
-                 partial_interval_ms: int, max_audio_s: float, window_s: float, metrics: CascadeMetrics) -> None:
+    def __init__(
+        self,
+        location: ModelLocation,
+        *,
+        cpu_threads: int,
+        max_queue: int,
+        partial_interval_ms: int,
+        max_audio_s: float,
+        window_s: float,
+        metrics: CascadeMetrics,
+    ) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
@@ -67,8 +76,14 @@ class WhisperAsr:
         from faster_whisper import WhisperModel
 
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
-        model = WhisperModel(str(self._path), device="cpu", compute_type="int8",
-                             cpu_threads=self._cpu_threads, num_workers=1, local_files_only=True)
+        model = WhisperModel(
+            str(self._path),
+            device="cpu",
+            compute_type="int8",
+            cpu_threads=self._cpu_threads,
+            num_workers=1,
+            local_files_only=True,
+        )
         self._multilingual = bool(model.model.is_multilingual)
         self._model = model
         log.info("ASR %s loaded from %s", self.model_name, self._path)
@@ -99,11 +114,20 @@ class WhisperAsr:
 
     def check_language(self, language: str | None) -> None:
         if language not in (None, "en") and not self._multilingual:
-            raise EngineError(f"the speech model {self.model_name} is English-only; language "
-                              f"{language!r} is not supported", code="unsupported_language")
+            raise EngineError(
+                f"the speech model {self.model_name} is English-only; language {language!r} is not supported",
+                code="unsupported_language",
+            )
 
-    async def decode(self, audio: np.ndarray, *, final: bool, language: str | None = None,
-                     prompt: str | None = None, live_turn: bool = False) -> str:
+    async def decode(
+        self,
+        audio: np.ndarray,
+        *,
+        final: bool,
+        language: str | None = None,
+        prompt: str | None = None,
+        live_turn: bool = False,
+    ) -> str:
         """Transcribe one utterance (16 kHz float32); finals run before waiting partials.
         ``live_turn``: a voice session waits on it, so a short utterance is read in the short
         window (``cascade.asr_window_s``), trading some accuracy for time; transcription
@@ -116,8 +140,7 @@ class WhisperAsr:
         priority = PRIORITY_HIGH if final else PRIORITY_LOW
         return await self._worker.run(self._decode, audio, final, language, prompt, live_turn, priority=priority)
 
-    def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None,
-                live_turn: bool) -> str:
+    def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None, live_turn: bool) -> str:
         started = time.perf_counter()
         if self._model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()
@@ -129,16 +152,23 @@ class WhisperAsr:
         self._metrics.asr_windows.labels(window).inc()
         if text is None:
             segments, _ = self._model.transcribe(
-                audio, language=language or "en", beam_size=1, temperature=0.0,
-                condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
-                initial_prompt=prompt or None)
+                audio,
+                language=language or "en",
+                beam_size=1,
+                temperature=0.0,
+                condition_on_previous_text=False,
+                without_timestamps=True,
+                vad_filter=False,
+                initial_prompt=prompt or None,
+            )
             text = "".join(segment.text for segment in segments).strip()
         stage = "asr_final" if final else "asr_partial"
         self._metrics.model_call_seconds.labels(stage).observe(time.perf_counter() - started)
         return text
 
-    async def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
-                         prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+    async def transcribe(
+        self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[TranscriptPiece]:
         """Partials while audio arrives (when the model has time), then one final piece."""
         if self._model is None:
             raise self._not_loaded()
@@ -156,5 +186,6 @@ class WhisperAsr:
                     yield TranscriptPiece(text, final=False)
         if buffer.dropped_samples:
             log.warning("transcription kept only the last %.0f s of audio", self._max_samples / SAMPLE_RATE)
-        yield TranscriptPiece(await self.decode(buffer.audio(), final=True, language=language, prompt=prompt),
-                              final=True)
+        yield TranscriptPiece(
+            await self.decode(buffer.audio(), final=True, language=language, prompt=prompt), final=True
+        )

@@ -14,8 +14,9 @@ def as_pcm(pcm: Pcm) -> np.ndarray:
     """A private float32 copy of mono float audio, or a typed error for anything else."""
     array = np.asarray(pcm)
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.floating):
-        raise EngineError(f"audio must be 1-D float32 PCM, got shape {array.shape} of {array.dtype}",
-                          code="invalid_audio")
+        raise EngineError(
+            f"audio must be 1-D float32 PCM, got shape {array.shape} of {array.dtype}", code="invalid_audio"
+        )
     return np.nan_to_num(array.astype(np.float32, copy=True), nan=0.0, posinf=1.0, neginf=-1.0)
 
 

@@ -12,11 +12,53 @@ from __future__ import annotations
 
 _CLOSERS = "\"')]”’"
 # Words a finished English sentence does not end on: a speaker pausing after one goes on.
-_OPEN_ENDINGS = frozenset({
-    "a", "an", "the", "and", "or", "but", "so", "because", "if", "than", "that", "to", "of", "in", "on", "at",
-    "for", "with", "from", "by", "about", "into", "my", "your", "our", "their", "his", "her", "its", "is",
-    "are", "was", "were", "um", "uh", "er", "like", "which", "who", "whose", "where", "when", "while",
-})
+_OPEN_ENDINGS = frozenset(
+    {
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "so",
+        "because",
+        "if",
+        "than",
+        "that",
+        "to",
+        "of",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "from",
+        "by",
+        "about",
+        "into",
+        "my",
+        "your",
+        "our",
+        "their",
+        "his",
+        "her",
+        "its",
+        "is",
+        "are",
+        "was",
+        "were",
+        "um",
+        "uh",
+        "er",
+        "like",
+        "which",
+        "who",
+        "whose",
+        "where",
+        "when",
+        "while",
+    }
+)
 
 
 def reads_complete(transcript: str) -> bool:

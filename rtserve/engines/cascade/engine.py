@@ -29,8 +29,7 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage,
-                                       TurnEngines)
+from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage, TurnEngines
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +44,49 @@ class CascadeEngine:
         self._config = config
         self._metrics = CascadeMetrics(registry)
         self.capabilities = EngineCapabilities(
-            name="cascade", mode="turn", input_sample_rate=asr_module.SAMPLE_RATE,
-            output_sample_rate=tts_module.SAMPLE_RATE, chunk_period_ms=CHUNK_PERIOD_MS,
-            max_sessions=config.sessions.max_sessions, supports_barge_in=True, supports_server_vad=True,
-            supports_tools=True, supports_speak=True)
+            name="cascade",
+            mode="turn",
+            input_sample_rate=asr_module.SAMPLE_RATE,
+            output_sample_rate=tts_module.SAMPLE_RATE,
+            chunk_period_ms=CHUNK_PERIOD_MS,
+            max_sessions=config.sessions.max_sessions,
+            supports_barge_in=True,
+            supports_server_vad=True,
+            supports_tools=True,
+            supports_speak=True,
+        )
         self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
-        self.asr = WhisperAsr(locations.asr, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
-                              partial_interval_ms=limits.asr_partial_interval_ms,
-                              max_audio_s=limits.max_turn_audio_s, window_s=limits.asr_window_s,
-                              metrics=self._metrics)
+        self.asr = WhisperAsr(
+            locations.asr,
+            cpu_threads=paths.cpu_threads,
+            max_queue=limits.worker_queue_depth,
+            partial_interval_ms=limits.asr_partial_interval_ms,
+            max_audio_s=limits.max_turn_audio_s,
+            window_s=limits.asr_window_s,
+            metrics=self._metrics,
+        )
         self.llm = create_llm(config, locations.llm, self._metrics)
-        self.tts = TextToSpeech(locations.tts, cpu_threads=paths.cpu_threads, max_queue=limits.worker_queue_depth,
-                                metrics=self._metrics, voice_store=config.voices)
+        self.tts = TextToSpeech(
+            locations.tts,
+            cpu_threads=paths.cpu_threads,
+            max_queue=limits.worker_queue_depth,
+            metrics=self._metrics,
+            voice_store=config.voices,
+        )
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
-        self._models = CascadeModels(self.vad, self.asr, self.tts,
-                                     ReplyChain(self.llm, self.tts, registry, chunk_samples=chunk_samples,
-                                                first_piece_max_chars=limits.first_piece_max_chars,
-                                                first_clause_min_chars=limits.first_clause_min_chars))
+        self._models = CascadeModels(
+            self.vad,
+            self.asr,
+            self.tts,
+            ReplyChain(
+                self.llm,
+                self.tts,
+                registry,
+                chunk_samples=chunk_samples,
+                first_piece_max_chars=limits.first_piece_max_chars,
+                first_clause_min_chars=limits.first_clause_min_chars,
+            ),
+        )
         self._sessions: set[CascadeSession] = set()
         self._ready = False
 
@@ -80,9 +105,16 @@ class CascadeEngine:
             raise EngineSleeping()
         if len(self._sessions) >= self.capabilities.max_sessions:
             raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
-        session = CascadeSession(session_id, self.capabilities, self._models, options, self._config.cascade,
-                                 self._config.sessions.max_pending_turns_per_session, self._metrics,
-                                 on_close=self._forget)
+        session = CascadeSession(
+            session_id,
+            self.capabilities,
+            self._models,
+            options,
+            self._config.cascade,
+            self._config.sessions.max_pending_turns_per_session,
+            self._metrics,
+            on_close=self._forget,
+        )
         self._sessions.add(session)
         self._metrics.sessions.set(len(self._sessions))
         return session

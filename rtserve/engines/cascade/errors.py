@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rtserve.config import ConfigError
-from rtserve.errors import ENGINE_SLEEPING
 from rtserve.engines.protocols import EngineError
+from rtserve.errors import ENGINE_SLEEPING
 
 
 class ModelUnavailable(EngineError, ConfigError):

@@ -18,8 +18,14 @@ import asyncio
 import logging
 from collections import deque
 
-from rtserve.engines.protocols import (EngineEvent, InputTranscript, OutputAudio, OutputText, OutputToolCall,
-                                       ResponseFinished)
+from rtserve.engines.protocols import (
+    EngineEvent,
+    InputTranscript,
+    OutputAudio,
+    OutputText,
+    OutputToolCall,
+    ResponseFinished,
+)
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
-from rtserve.engines.cascade.llm_stage import (DecodeQueue, LlmRequest, LlmStage, Prompter, eos_ids, fail_request,
-                                               text_delta)
+from rtserve.engines.cascade.llm_stage import (
+    DecodeQueue,
+    LlmRequest,
+    LlmStage,
+    Prompter,
+    eos_ids,
+    fail_request,
+    text_delta,
+)
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallDecoding, CallGuide, uses_tools
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
@@ -64,8 +71,7 @@ class _Decoder:
         from transformers import DynamicCache
 
         started = time.perf_counter()
-        ids = self.prompter.prompt_ids(request.messages, request.params.max_tokens, request.fit_history,
-                                       request.params)
+        ids = self.prompter.prompt_ids(request.messages, request.params.max_tokens, request.fit_history, request.params)
         if uses_tools(request.params):
             if self._guide is None:
                 self._guide = CallGuide(self.tokenizer, self.model.config.vocab_size)
@@ -83,7 +89,7 @@ class _Decoder:
         import torch
 
         started = time.perf_counter()
-        new, request.fed = request.generated[request.fed:], len(request.generated)
+        new, request.fed = request.generated[request.fed :], len(request.generated)
         out = self.model(input_ids=torch.tensor([new]), cache=request.cache, use_cache=True)
         request.logits = out.logits[0, -1]
         self._metrics.model_call_seconds.labels("llm_token").observe(time.perf_counter() - started)
@@ -126,8 +132,10 @@ class _Decoder:
                 forced = calls.fast_forward(limit - len(request.generated) - 1)
                 request.generated.extend(forced)
                 self._metrics.llm_tokens.inc(len(forced))
-            if (len(request.generated) >= params.max_tokens
-                    or request.prompt_tokens + len(request.generated) >= self.context_tokens):
+            if (
+                len(request.generated) >= params.max_tokens
+                or request.prompt_tokens + len(request.generated) >= self.context_tokens
+            ):
                 finish = "length"
         text = self.tokenizer.decode(request.generated, skip_special_tokens=True)
         if calls is None:
@@ -197,11 +205,19 @@ class SmolLlm(LlmStage):
         assert self._path is not None
         started = time.perf_counter()
         self.loaded = await asyncio.to_thread(load_llm, self._path, self._cache_dir, self._cpu_threads)
-        queue = _RoundRobin(_Decoder(self.loaded, self._context_tokens, self._metrics, self._sampling.top_k),
-                            self._max_active, self._max_waiting)
+        queue = _RoundRobin(
+            _Decoder(self.loaded, self._context_tokens, self._metrics, self._sampling.top_k),
+            self._max_active,
+            self._max_waiting,
+        )
         queue.start()
-        log.info("LLM %s (transformers) ready in %.1f s (from %s%s)", self.model_name, time.perf_counter() - started,
-                 self.loaded.folder, ", converted now" if self.loaded.converted else "")
+        log.info(
+            "LLM %s (transformers) ready in %.1f s (from %s%s)",
+            self.model_name,
+            time.perf_counter() - started,
+            self.loaded.folder,
+            ", converted now" if self.loaded.converted else "",
+        )
         return queue
 
     async def release(self) -> None:
@@ -209,6 +225,10 @@ class SmolLlm(LlmStage):
         self.loaded = None
 
     @staticmethod
-    def new_request(messages: tuple[ChatMessage, ...], params: SamplingParams, fit_history: bool,
-                    deliver: Callable[[TokenDelta | EngineError], None]) -> LlmRequest:
+    def new_request(
+        messages: tuple[ChatMessage, ...],
+        params: SamplingParams,
+        fit_history: bool,
+        deliver: Callable[[TokenDelta | EngineError], None],
+    ) -> LlmRequest:
         return _Request(messages, params, fit_history, deliver)

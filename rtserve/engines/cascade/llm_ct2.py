@@ -50,8 +50,17 @@ from typing import Any
 
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
-from rtserve.engines.cascade.llm_stage import (DecodeQueue, Finish, LlmRequest, LlmStage, Prompter, SamplingLimits,
-                                               eos_ids, fail_request, text_delta)
+from rtserve.engines.cascade.llm_stage import (
+    DecodeQueue,
+    Finish,
+    LlmRequest,
+    LlmStage,
+    Prompter,
+    SamplingLimits,
+    eos_ids,
+    fail_request,
+    text_delta,
+)
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.tool_calls import uses_tools
@@ -79,8 +88,18 @@ class _Request(LlmRequest):
 class _Batches(DecodeQueue):
     """The LLM lanes: each admits, then runs one ``generate_batch`` per group of alike requests."""
 
-    def __init__(self, llm: LoadedCt2, context_tokens: int, metrics: CascadeMetrics, max_active: int,
-                 max_waiting: int, top_k: int, cached_openings: int, gather_s: float, lanes: int) -> None:
+    def __init__(
+        self,
+        llm: LoadedCt2,
+        context_tokens: int,
+        metrics: CascadeMetrics,
+        max_active: int,
+        max_waiting: int,
+        top_k: int,
+        cached_openings: int,
+        gather_s: float,
+        lanes: int,
+    ) -> None:
         super().__init__(max_active, max_waiting, gather_s, lanes)
         self._top_k = top_k  # 0: the whole vocabulary
         # The lanes share the tokenizer (its Rust side refuses concurrent mutable use) and the openings.
@@ -113,8 +132,9 @@ class _Batches(DecodeQueue):
     def _prepare(self, request: _Request) -> bool:
         try:
             with self._shared:
-                request.prompt = self._prompter.prompt_ids(request.messages, request.params.max_tokens,
-                                                           request.fit_history, request.params)
+                request.prompt = self._prompter.prompt_ids(
+                    request.messages, request.params.max_tokens, request.fit_history, request.params
+                )
                 opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
         except Exception as exc:
             fail_request(request, exc)
@@ -150,8 +170,9 @@ class _Batches(DecodeQueue):
         temperature, top_p = key
         with self._shared:
             opening = self._opening(batch)
-            tokens = [self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening):], *r.generated])
-                      for r in batch]
+            tokens = [
+                self._tokenizer.convert_ids_to_tokens([*(r.prompt or [])[len(opening) :], *r.generated]) for r in batch
+            ]
             static_prompt = self._tokenizer.convert_ids_to_tokens(list(opening)) if opening else None
         for request in batch:
             request.steps = 0
@@ -170,11 +191,16 @@ class _Batches(DecodeQueue):
 
         started = time.perf_counter()
         self._llm.generator.generate_batch(
-            tokens, max_length=max(self._limit(r) - len(r.generated) for r in batch), include_prompt_in_result=False,
-            end_token=sorted(self._eos), callback=on_token,
+            tokens,
+            max_length=max(self._limit(r) - len(r.generated) for r in batch),
+            include_prompt_in_result=False,
+            end_token=sorted(self._eos),
+            callback=on_token,
             static_prompt=static_prompt,
-            sampling_topk=1 if temperature == 0.0 else self._top_k, sampling_topp=top_p,
-            sampling_temperature=temperature or 1.0)
+            sampling_topk=1 if temperature == 0.0 else self._top_k,
+            sampling_topp=top_p,
+            sampling_temperature=temperature or 1.0,
+        )
         self._metrics.model_call_seconds.labels("llm_batch").observe(time.perf_counter() - started)
         for request in batch:
             if not (request.finished or request.cancelled or request.steps):
@@ -209,12 +235,33 @@ def needs_transformers(params: SamplingParams) -> bool:
 class Ct2Llm(LlmStage):
     """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools and seeds go to transformers."""
 
-    def __init__(self, location: ModelLocation, *, cache_dir: Any, cpu_threads: int, max_active: int,
-                 max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
-                 sampling: SamplingLimits = SamplingLimits(), compute_type: str = "int8", threads: int = 1,
-                 cached_openings: int = 16, gather_s: float = 0.0, lanes: int = 1) -> None:
-        super().__init__(location, cache_dir=cache_dir, cpu_threads=cpu_threads, max_active=max_active,
-                         max_waiting=max_waiting, context_tokens=context_tokens, metrics=metrics, sampling=sampling)
+    def __init__(
+        self,
+        location: ModelLocation,
+        *,
+        cache_dir: Any,
+        cpu_threads: int,
+        max_active: int,
+        max_waiting: int,
+        context_tokens: int,
+        metrics: CascadeMetrics,
+        sampling: SamplingLimits = SamplingLimits(),
+        compute_type: str = "int8",
+        threads: int = 1,
+        cached_openings: int = 16,
+        gather_s: float = 0.0,
+        lanes: int = 1,
+    ) -> None:
+        super().__init__(
+            location,
+            cache_dir=cache_dir,
+            cpu_threads=cpu_threads,
+            max_active=max_active,
+            max_waiting=max_waiting,
+            context_tokens=context_tokens,
+            metrics=metrics,
+            sampling=sampling,
+        )
         self._compute_type = compute_type
         self._threads = threads  # CTranslate2's own (cpu_threads stays the transformers fallback's)
         self._cached_openings = cached_openings
@@ -227,23 +274,45 @@ class Ct2Llm(LlmStage):
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
         started = time.perf_counter()
-        loaded = await asyncio.to_thread(load_ct2, self._path, self._cache_dir, self._threads, self._compute_type,
-                                         self._lanes)
-        queue = _Batches(loaded, self._context_tokens, self._metrics, self._max_active, self._max_waiting,
-                         self._sampling.top_k, self._cached_openings, self._gather_s, self._lanes)
+        loaded = await asyncio.to_thread(
+            load_ct2, self._path, self._cache_dir, self._threads, self._compute_type, self._lanes
+        )
+        queue = _Batches(
+            loaded,
+            self._context_tokens,
+            self._metrics,
+            self._max_active,
+            self._max_waiting,
+            self._sampling.top_k,
+            self._cached_openings,
+            self._gather_s,
+            self._lanes,
+        )
         queue.start()
-        log.info("LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)", self.model_name, self._compute_type,
-                 time.perf_counter() - started, loaded.folder, ", converted now" if loaded.converted else "")
+        log.info(
+            "LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)",
+            self.model_name,
+            self._compute_type,
+            time.perf_counter() - started,
+            loaded.folder,
+            ", converted now" if loaded.converted else "",
+        )
         return queue
 
     async def constrained(self) -> SmolLlm:
         """The transformers runtime for ``needs_transformers`` requests (started on first use)."""
         async with self._constrained_lock:
             if self._constrained is None:
-                stage = SmolLlm(self._location, cache_dir=self._cache_dir, cpu_threads=self._cpu_threads,
-                                max_active=self._max_active, max_waiting=self._max_waiting,
-                                context_tokens=self._context_tokens, metrics=self._metrics,
-                                sampling=self._sampling)
+                stage = SmolLlm(
+                    self._location,
+                    cache_dir=self._cache_dir,
+                    cpu_threads=self._cpu_threads,
+                    max_active=self._max_active,
+                    max_waiting=self._max_waiting,
+                    context_tokens=self._context_tokens,
+                    metrics=self._metrics,
+                    sampling=self._sampling,
+                )
                 await stage.start()
                 self._constrained = stage
             return self._constrained
@@ -266,8 +335,13 @@ class Ct2Llm(LlmStage):
         if constrained is not None:
             await constrained.release()
 
-    def new_request(self, messages: tuple[ChatMessage, ...], params: SamplingParams, fit_history: bool,
-                    deliver: Callable[[TokenDelta | EngineError], None]) -> LlmRequest:
+    def new_request(
+        self,
+        messages: tuple[ChatMessage, ...],
+        params: SamplingParams,
+        fit_history: bool,
+        deliver: Callable[[TokenDelta | EngineError], None],
+    ) -> LlmRequest:
         if needs_transformers(params):  # decoded by the transformers runtime: its request kind
             return SmolLlm.new_request(messages, params, fit_history, deliver)
         return _Request(messages, params, fit_history, deliver)

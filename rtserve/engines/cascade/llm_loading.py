@@ -61,12 +61,17 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True,
-            quantization_config=GgufConfig(dequantize=True))
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            local_files_only=True,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot read the GGUF file {gguf}: {exc}") from None
-    _publish(target, "config.json", lambda staging: (model.save_pretrained(staging),
-                                                     tokenizer.save_pretrained(staging)))
+    _publish(
+        target, "config.json", lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging))
+    )
 
 
 def _publish(target: Path, marker: str, write: Callable[[Path], object]) -> None:
@@ -77,8 +82,9 @@ def _publish(target: Path, marker: str, write: Callable[[Path], object]) -> None
         os.rename(staging, target)
     except OSError as exc:
         if not (target / marker).is_file():  # else a concurrent start won the race: use its copy
-            raise ModelUnavailable(f"models.cache_dir: cannot write the converted model to {target.parent}: "
-                                   f"{exc.strerror or exc}") from None
+            raise ModelUnavailable(
+                f"models.cache_dir: cannot write the converted model to {target.parent}: {exc.strerror or exc}"
+            ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -183,8 +189,9 @@ def load_ct2(path: Path, cache_dir: Path, cpu_threads: int, compute_type: str, l
         convert_ct2(plain, folder, compute_type)
         converted = True
     try:
-        generator = ctranslate2.Generator(str(folder), device="cpu", compute_type=compute_type,
-                                          intra_threads=cpu_threads, inter_threads=lanes)
+        generator = ctranslate2.Generator(
+            str(folder), device="cpu", compute_type=compute_type, intra_threads=cpu_threads, inter_threads=lanes
+        )
     except (RuntimeError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: CTranslate2 cannot load {folder}: {exc}") from None
     try:
@@ -192,5 +199,11 @@ def load_ct2(path: Path, cache_dir: Path, cpu_threads: int, compute_type: str, l
     except OSError:  # no generation_config.json: the tokenizer's end token alone
         eos = None
     model_config = json.loads((plain / "config.json").read_text())
-    return LoadedCt2(generator=generator, tokenizer=tokenizer, eos=eos,
-                     max_positions=model_config.get("max_position_embeddings"), folder=folder, converted=converted)
+    return LoadedCt2(
+        generator=generator,
+        tokenizer=tokenizer,
+        eos=eos,
+        max_positions=model_config.get("max_position_embeddings"),
+        folder=folder,
+        converted=converted,
+    )

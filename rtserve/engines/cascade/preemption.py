@@ -125,8 +125,15 @@ class _Pause:
 class Preemption:
     """One session's pause transcript and preemptive reply (at most one of each)."""
 
-    def __init__(self, asr: WhisperAsr, chain: ReplyChain, limits: CascadeLimits, first_plan: ReplyPlan,
-                 outcomes: Counter, consume: Callable[[asyncio.Task[Any]], None]) -> None:
+    def __init__(
+        self,
+        asr: WhisperAsr,
+        chain: ReplyChain,
+        limits: CascadeLimits,
+        first_plan: ReplyPlan,
+        outcomes: Counter,
+        consume: Callable[[asyncio.Task[Any]], None],
+    ) -> None:
         self._asr = asr
         self._chain = chain
         self._limits = limits
@@ -153,8 +160,12 @@ class Preemption:
         if pause is not None and not pause.sealed and pause.key != turn.pause_key:
             self._drop()  # the user went on speaking
         limit = self._limits.pause_transcript_ms
-        if (not limit or not turn.pausing or turn.pause_ms < limit
-                or (self._pause is not None and self._pause.key == turn.pause_key)):
+        if (
+            not limit
+            or not turn.pausing
+            or turn.pause_ms < limit
+            or (self._pause is not None and self._pause.key == turn.pause_key)
+        ):
             return
         self._drop()
         pause = self._pause = _Pause(turn.pause_key)
@@ -168,13 +179,19 @@ class Preemption:
         settings = turn.settings
         if self._limits.preemptive_reply and settings.create_response and self._base is not None:
             pause.plan = self._base.answering(text)
-            items = self._chain.run(pause.plan.messages, pause.plan.params, speak=pause.plan.speak,
-                                    voice=pause.plan.voice)
+            items = self._chain.run(
+                pause.plan.messages, pause.plan.params, speak=pause.plan.speak, voice=pause.plan.voice
+            )
             pause.reply = BufferedRun(items, self._limits.preemptive_buffer_chunks)
             self._outcomes.labels("started").inc()
-        if (not pause.sealed and turn.pause_key == pause.key and self._limits.complete_turn_silence_ms
-                and settings.type == "server_vad" and "silence_duration_ms" not in settings.model_fields_set
-                and reads_complete(text)):
+        if (
+            not pause.sealed
+            and turn.pause_key == pause.key
+            and self._limits.complete_turn_silence_ms
+            and settings.type == "server_vad"
+            and "silence_duration_ms" not in settings.model_fields_set
+            and reads_complete(text)
+        ):
             turn.end_pause_after(self._limits.complete_turn_silence_ms)
         return text
 
@@ -220,4 +237,3 @@ class Preemption:
             self._pause = None
         self._outcomes.labels("adopted").inc()
         return run
-

@@ -57,12 +57,24 @@ def _text(turn: Turn) -> str:
 
 
 def _too_long(needed: str, max_tokens: int, context: int) -> EngineError:
-    return EngineError(f"the prompt needs {needed} tokens; with max_tokens={max_tokens} it exceeds this model's "
-                       f"context of {context} tokens", code="context_length_exceeded")
+    return EngineError(
+        f"the prompt needs {needed} tokens; with max_tokens={max_tokens} it exceeds this model's "
+        f"context of {context} tokens",
+        code="context_length_exceeded",
+    )
 
 
-def fit_prompt(turns: Sequence[Turn], *, context: int, max_tokens: int, fit_history: bool, render: Render,
-               count: Count, token_chars: int, overhead: int) -> list[int]:
+def fit_prompt(
+    turns: Sequence[Turn],
+    *,
+    context: int,
+    max_tokens: int,
+    fit_history: bool,
+    render: Render,
+    count: Count,
+    token_chars: int,
+    overhead: int,
+) -> list[int]:
     """The templated prompt ids of ``turns`` within ``context - max_tokens`` tokens.
 
     With ``fit_history`` the oldest non-system turns (never the newest) go until it fits;

@@ -24,8 +24,8 @@ from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.pipeline import Pipeline, Stage
-from rtserve.engines.vllm_engine import VllmTextEngine
 from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
+from rtserve.engines.vllm_engine import VllmTextEngine
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,17 @@ class SpokenChunk:
 
 
 class ReplyChain:
-    def __init__(self, llm: LlmStage | VllmTextEngine, tts: TextToSpeech, registry: CollectorRegistry, *,
-                 chunk_samples: int, first_piece_max_chars: int, first_clause_min_chars: int,
-                 sentence_queue: int = 8) -> None:
+    def __init__(
+        self,
+        llm: LlmStage | VllmTextEngine,
+        tts: TextToSpeech,
+        registry: CollectorRegistry,
+        *,
+        chunk_samples: int,
+        first_piece_max_chars: int,
+        first_clause_min_chars: int,
+        sentence_queue: int = 8,
+    ) -> None:
         self._llm = llm
         self._tts = tts
         self._chunk = chunk_samples
@@ -70,11 +78,13 @@ class ReplyChain:
         self._spoken = Pipeline("cascade_reply", [llm_stage, sentences, tts], registry)
         self._text_only = Pipeline("cascade_reply_text", [llm_stage], registry)
         # ``response.speak``: given text instead of the LLM's, through the same sentences and TTS.
-        self._given = Pipeline("cascade_speak", [Stage("text", self._given_text, queue_size=1), sentences, tts],
-                               registry)
+        self._given = Pipeline(
+            "cascade_speak", [Stage("text", self._given_text, queue_size=1), sentences, tts], registry
+        )
 
-    def run(self, messages: Sequence[ChatMessage], params: SamplingParams, *,
-            speak: bool, voice: str | None = None) -> AsyncIterator[TokenDelta | SpokenChunk]:
+    def run(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, speak: bool, voice: str | None = None
+    ) -> AsyncIterator[TokenDelta | SpokenChunk]:
         pipeline = self._spoken if speak else self._text_only
         # Only the spoken pipeline has a TTS stage to take the voice marker.
         return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None)))
@@ -97,10 +107,10 @@ class ReplyChain:
             async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
                 yield delta
 
-    async def _sentences(self, deltas: AsyncIterator[TokenDelta | _Voice]
-                         ) -> AsyncIterator[TokenDelta | _Voice | _Sentence]:
-        splitter = SentenceSplitter(first_max_chars=self._first_max_chars,
-                                    first_clause_chars=self._first_clause_chars)
+    async def _sentences(
+        self, deltas: AsyncIterator[TokenDelta | _Voice]
+    ) -> AsyncIterator[TokenDelta | _Voice | _Sentence]:
+        splitter = SentenceSplitter(first_max_chars=self._first_max_chars, first_clause_chars=self._first_clause_chars)
         async for delta in deltas:
             yield delta
             if isinstance(delta, _Voice):
@@ -110,8 +120,9 @@ class ReplyChain:
         if tail := splitter.flush():
             yield _Sentence(tail)
 
-    async def _speak(self, items: AsyncIterator[TokenDelta | _Voice | _Sentence]
-                     ) -> AsyncIterator[TokenDelta | SpokenChunk]:
+    async def _speak(
+        self, items: AsyncIterator[TokenDelta | _Voice | _Sentence]
+    ) -> AsyncIterator[TokenDelta | SpokenChunk]:
         spoke = False
         voice: str | None = None
         async for item in items:
@@ -128,7 +139,7 @@ class ReplyChain:
             text = f" {spoken}" if spoke else spoken
             spoke = True
             for start in range(0, len(pcm), self._chunk):
-                yield SpokenChunk(pcm[start:start + self._chunk], text if start == 0 else None)
+                yield SpokenChunk(pcm[start : start + self._chunk], text if start == 0 else None)
 
 
 async def _once(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:

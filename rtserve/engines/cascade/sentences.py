@@ -32,8 +32,9 @@ def speakable(text: str) -> str:
 
 
 class SentenceSplitter:
-    def __init__(self, max_chars: int = 240, first_max_chars: int | None = None,
-                 first_clause_chars: int | None = None) -> None:
+    def __init__(
+        self, max_chars: int = 240, first_max_chars: int | None = None, first_clause_chars: int | None = None
+    ) -> None:
         self._max_chars = max_chars
         self._first_max_chars = first_max_chars or max_chars
         self._first_clause_chars = first_clause_chars
@@ -46,9 +47,9 @@ class SentenceSplitter:
         sentences: list[str] = []
         start = 0
         for match in _END.finditer(self._buffer):
-            if match.group(1) and self._is_abbreviation(self._buffer[start:match.start()]):
+            if match.group(1) and self._is_abbreviation(self._buffer[start : match.start()]):
                 continue
-            sentences.append(self._buffer[start:match.end() - len(match.group(2) or match.group(3) or "")])
+            sentences.append(self._buffer[start : match.end() - len(match.group(2) or match.group(3) or "")])
             start = match.end()
         self._buffer = self._buffer[start:]
         if not sentences and not self._emitted and self._first_clause_chars is not None:

@@ -63,8 +63,9 @@ from rtserve.engines.protocols import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INSTRUCTIONS = ("You are a friendly voice assistant. Answer in one or two short, plain spoken "
-                        "sentences, without lists or markup.")
+DEFAULT_INSTRUCTIONS = (
+    "You are a friendly voice assistant. Answer in one or two short, plain spoken sentences, without lists or markup."
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,17 @@ _Backlog = np.ndarray | int | asyncio.Future  # audio, a gap of dropped samples,
 
 
 class CascadeSession:
-    def __init__(self, session_id: str, capabilities: EngineCapabilities, models: CascadeModels,
-                 options: SessionOptions, limits: CascadeLimits, max_pending_turns: int,
-                 metrics: CascadeMetrics, on_close: Callable[[CascadeSession], None]) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        capabilities: EngineCapabilities,
+        models: CascadeModels,
+        options: SessionOptions,
+        limits: CascadeLimits,
+        max_pending_turns: int,
+        metrics: CascadeMetrics,
+        on_close: Callable[[CascadeSession], None],
+    ) -> None:
         self.session_id = session_id
         self.capabilities = capabilities
         self._models = models
@@ -110,10 +119,12 @@ class CascadeSession:
         self._response: asyncio.Task[None] | None = None
         self._response_meta: tuple[str, int] | None = None  # (response_id, epoch) of the running reply
         self._closed = False
-        first_plan = ReplyPlan(self._with_instructions(()), options.sampling or SamplingParams(),
-                               options.prompt.voice, speak=True)
-        self._preemption = Preemption(models.asr, models.reply, limits, first_plan, metrics.preemptive_replies,
-                                      _consume_outcome)
+        first_plan = ReplyPlan(
+            self._with_instructions(()), options.sampling or SamplingParams(), options.prompt.voice, speak=True
+        )
+        self._preemption = Preemption(
+            models.asr, models.reply, limits, first_plan, metrics.preemptive_replies, _consume_outcome
+        )
         self._input_task = asyncio.create_task(self._input_loop(), name=f"cascade-input:{session_id}")
 
     # -- configuration -------------------------------------------------------------------
@@ -200,8 +211,13 @@ class CascadeSession:
         turn = self._turn
         asr = self._models.asr
         # No partial in a pause: it would add no words and could hold up the final decode.
-        if (not turn.speaking or turn.pausing or (self._partial is not None and not self._partial.done())
-                or turn.turn_samples - self._partial_at < asr.partial_interval_samples or not asr.idle):
+        if (
+            not turn.speaking
+            or turn.pausing
+            or (self._partial is not None and not self._partial.done())
+            or turn.turn_samples - self._partial_at < asr.partial_interval_samples
+            or not asr.idle
+        ):
             return
         self._partial_at = turn.turn_samples
         self._partial = asyncio.create_task(self._decode_partial(turn.turn_id, turn.turn_audio()))
@@ -222,8 +238,7 @@ class CascadeSession:
         if len(self._sealed) >= self._max_pending_turns:
             dropped_id, dropped = self._sealed.popleft()
             dropped.cancel()
-            log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id,
-                        self._max_pending_turns)
+            log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id, self._max_pending_turns)
         task = self._preemption.final_transcript(turn)
         if task is None:
             task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True, live_turn=True))
@@ -264,7 +279,9 @@ class CascadeSession:
             else:
                 sealed = self._turn.take_turn()
                 self._reset_partials()
-                text = await self._models.asr.decode(sealed.audio, final=True, live_turn=True) if len(sealed.audio) else ""
+                text = (
+                    await self._models.asr.decode(sealed.audio, final=True, live_turn=True) if len(sealed.audio) else ""
+                )
             self._channel.put_control(InputTranscript(text, final=True))
 
     def clear_input(self) -> None:
@@ -288,20 +305,23 @@ class CascadeSession:
             self._response.cancel()
             if self._response_meta is not None:
                 previous_id, previous_epoch = self._response_meta
-                self._channel.put_finished(ResponseFinished(previous_id, previous_epoch, "cancelled",
-                                                            reason="superseded by a new response"))
+                self._channel.put_finished(
+                    ResponseFinished(previous_id, previous_epoch, "cancelled", reason="superseded by a new response")
+                )
         self._response_meta = (request.response_id, request.epoch)
         speak = "audio" in request.modalities
-        plan = ReplyPlan(self._with_instructions(request.messages), request.params,
-                         request.voice if speak else None, speak)
+        plan = ReplyPlan(
+            self._with_instructions(request.messages), request.params, request.voice if speak else None, speak
+        )
         if request.speak is None:
             run = self._preemption.take(plan)
         else:  # given text to say: no LLM reply, so none started in the pause can stand
             self._preemption.clear()
             run = None
         self._preemption.replying()
-        self._response = asyncio.create_task(self._reply(request, plan, run),
-                                             name=f"cascade-reply:{request.response_id}")
+        self._response = asyncio.create_task(
+            self._reply(request, plan, run), name=f"cascade-reply:{request.response_id}"
+        )
 
     def _with_instructions(self, messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
         if messages and messages[0].role == "system":
@@ -333,8 +353,9 @@ class CascadeSession:
                 async for item in items:
                     if isinstance(item, SpokenChunk):
                         said.append(item.text or "")
-                        await self._channel.put_output(OutputAudio(item.pcm, request.epoch, request.response_id,
-                                                                   item.text))
+                        await self._channel.put_output(
+                            OutputAudio(item.pcm, request.epoch, request.response_id, item.text)
+                        )
                         if first_audio:
                             first_audio = False
                             self._metrics.first_audio_seconds.observe(loop.time() - started)
@@ -345,11 +366,15 @@ class CascadeSession:
                         await self._channel.put_output(OutputText(delta.text, request.epoch, request.response_id))
                     if delta.tool_call is not None:
                         called = True
-                        await self._channel.put_output(OutputToolCall(delta.tool_call, request.epoch,
-                                                                      request.response_id))
+                        await self._channel.put_output(
+                            OutputToolCall(delta.tool_call, request.epoch, request.response_id)
+                        )
                     if delta.finish_reason is not None:
-                        usage = {"input_tokens": delta.prompt_tokens, "output_tokens": delta.completion_tokens,
-                                 "total_tokens": delta.prompt_tokens + delta.completion_tokens}
+                        usage = {
+                            "input_tokens": delta.prompt_tokens,
+                            "output_tokens": delta.completion_tokens,
+                            "total_tokens": delta.prompt_tokens + delta.completion_tokens,
+                        }
         except StageFailed as exc:
             status, reason = "failed", _failure_reason(exc.__cause__)
         except EngineError as exc:
@@ -358,8 +383,7 @@ class CascadeSession:
             status, reason = "failed", _failure_reason(exc)
         if status == "completed" and not called:
             self._preemption.replied(plan, "".join(said))
-        await self._channel.put_output(ResponseFinished(request.response_id, request.epoch,
-                                                        status, usage, reason))  # type: ignore[arg-type]
+        await self._channel.put_output(ResponseFinished(request.response_id, request.epoch, status, usage, reason))  # type: ignore[arg-type]
 
     def set_epoch(self, epoch: int) -> None:
         if epoch <= self._epoch:

@@ -58,8 +58,9 @@ def _call_json(name: str, arguments: str) -> str:
     return f'{{"name": {json.dumps(name)}, "arguments": {arguments or "{}"}}}'
 
 
-def render(messages: Sequence[ChatMessage], params: SamplingParams,
-           native: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def render(
+    messages: Sequence[ChatMessage], params: SamplingParams, native: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Chat-template turns (and the ``tools`` argument, for a template that takes it)."""
     show_tools = uses_tools(params)
     if native:
@@ -72,11 +73,16 @@ def render(messages: Sequence[ChatMessage], params: SamplingParams,
         else:
             turns.append({"role": m.role, "content": m.content})
     if show_tools:
-        listing = "\n".join(json.dumps({"name": t.name, "description": t.description,
-                                        "parameters": dict(t.parameters)}) for t in params.tools)
-        block = ("You can call functions. Their JSON schemas:\n<tools>\n" + listing + "\n</tools>\n"
-                 "To call one, reply with exactly:\n" + CALL_OPEN +
-                 '\n{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>')
+        listing = "\n".join(
+            json.dumps({"name": t.name, "description": t.description, "parameters": dict(t.parameters)})
+            for t in params.tools
+        )
+        block = (
+            "You can call functions. Their JSON schemas:\n<tools>\n" + listing + "\n</tools>\n"
+            "To call one, reply with exactly:\n"
+            + CALL_OPEN
+            + '\n{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>'
+        )
         if turns and turns[0]["role"] == "system":
             turns[0] = {"role": "system", "content": f"{turns[0]['content']}\n\n{block}"}
         else:
@@ -150,7 +156,7 @@ class CallDecoding:
         if at >= 0:
             self.call_start = at + len(CALL_OPEN)
             self.matcher = self.guide.matcher(self.grammar)
-            tail = self.guide.encode(text[self.call_start:])  # the marker's token may have carried more
+            tail = self.guide.encode(text[self.call_start :])  # the marker's token may have carried more
             if tail and self.matcher.try_consume_tokens(tail) != len(tail):
                 self.failed = True
             self.constraining = True
@@ -166,16 +172,16 @@ class CallDecoding:
         """The next piece of the call in ``text`` (None when nothing new is known yet)."""
         if self.call_start is None:
             return None
-        body = text[self.call_start:]
+        body = text[self.call_start :]
         head = _CALL_HEAD.match(body)
         if head is None:
             return None
         first = self.name is None
         self.name = head.group(1)
-        args = body[head.end():]
+        args = body[head.end() :]
         # The last character is held back: once the call is complete it is the wrapper's closing brace.
         ready = args[:-1]
-        piece = ready[self.sent_args:]
+        piece = ready[self.sent_args :]
         self.sent_args = max(self.sent_args, len(ready))
         if not piece and not first:
             return None

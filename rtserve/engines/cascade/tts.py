@@ -30,11 +30,11 @@ from typing import Protocol
 
 import numpy as np
 
-from rtserve.engines.cascade.audio import resample
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import VoiceStoreConfig
+from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady, ModelUnavailable
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.engines.cascade.model_paths import ESPEAK, ModelLocation
 from rtserve.engines.cascade.sentences import speakable, split_sentences
 from rtserve.engines.cascade.voices import VoiceStore
@@ -71,8 +71,9 @@ class _PiperBackend:
         # -> 276 ms for "The capital of France is Paris." with the LLM decoding; alone 261 -> 209 ms).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # PiperVoice.load() would use onnxruntime's default (all cores): build it with our bound.
-        session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
-                                               providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
         self._voice = PiperVoice(session=session, config=config)
         self.sample_rate = config.sample_rate
 
@@ -80,8 +81,9 @@ class _PiperBackend:
         from piper.config import SynthesisConfig
 
         length_scale = self._voice.config.length_scale / speed
-        chunks = [c.audio_float_array for c in self._voice.synthesize(
-            sentence, SynthesisConfig(length_scale=length_scale))]
+        chunks = [
+            c.audio_float_array for c in self._voice.synthesize(sentence, SynthesisConfig(length_scale=length_scale))
+        ]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
@@ -97,7 +99,11 @@ class _EspeakBackend:
         try:
             result = subprocess.run(
                 [ESPEAK, "--stdout", "-v", self._voice, "-s", str(wpm), "--stdin"],
-                input=sentence.encode(), capture_output=True, timeout=_ESPEAK_TIMEOUT_S, check=True)
+                input=sentence.encode(),
+                capture_output=True,
+                timeout=_ESPEAK_TIMEOUT_S,
+                check=True,
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             raise EngineError(f"espeak-ng failed: {exc}", code="synthesis_failed") from None
         with wave.open(io.BytesIO(result.stdout)) as wav:
@@ -111,8 +117,15 @@ class TextToSpeech:
 
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, location: ModelLocation, *, cpu_threads: int, max_queue: int,
-                 metrics: CascadeMetrics, voice_store: VoiceStoreConfig | None = None) -> None:
+    def __init__(
+        self,
+        location: ModelLocation,
+        *,
+        cpu_threads: int,
+        max_queue: int,
+        metrics: CascadeMetrics,
+        voice_store: VoiceStoreConfig | None = None,
+    ) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
@@ -133,8 +146,7 @@ class TextToSpeech:
     async def start(self) -> None:
         self._worker.start()
         self._backend = await self._worker.run(self._load)
-        log.info("TTS %s loaded (%d Hz voice, %d Hz out)", self.model_name, self._backend.sample_rate,
-                 SAMPLE_RATE)
+        log.info("TTS %s loaded (%d Hz voice, %d Hz out)", self.model_name, self._backend.sample_rate, SAMPLE_RATE)
 
     def _load(self) -> _Backend:
         if self._path is None:
@@ -178,8 +190,9 @@ class TextToSpeech:
 
     async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
         # Proving an upload loads a whole model: its own thread, so speech goes on meanwhile.
-        stored = await asyncio.to_thread(self._store.add, name, model, config, reserved=self._reserved(),
-                                         prove=self._prove)
+        stored = await asyncio.to_thread(
+            self._store.add, name, model, config, reserved=self._reserved(), prove=self._prove
+        )
         log.info("voice %r registered (%d bytes)", name, stored.info.file_size)
         return stored.info
 
@@ -188,8 +201,9 @@ class TextToSpeech:
 
     async def remove_voice(self, name: str) -> None:
         if name in self._reserved():
-            raise EngineError(f"the voice {name!r} is built in and cannot be deleted", code="voice_not_deletable",
-                              param="name")
+            raise EngineError(
+                f"the voice {name!r} is built in and cannot be deleted", code="voice_not_deletable", param="name"
+            )
         await asyncio.to_thread(self._store.remove, name)
         await self._worker.run(self._loaded.pop, name, None)
         log.info("voice %r deleted", name)
@@ -217,9 +231,12 @@ class TextToSpeech:
             raise EngineSleeping()
         if voice is not None and voice not in self._reserved() and self._store.get(voice) is None:
             registered = [v.name for v in self._store.list()]
-            raise EngineError(f"unknown voice {voice!r}; this server speaks with "
-                              f"{', '.join([*self.voices, *registered])} (OpenAI voice names select "
-                              f"{self.voices[0]} too)", code="invalid_voice")
+            raise EngineError(
+                f"unknown voice {voice!r}; this server speaks with "
+                f"{', '.join([*self.voices, *registered])} (OpenAI voice names select "
+                f"{self.voices[0]} too)",
+                code="invalid_voice",
+            )
         if not 0.25 <= speed <= 4.0:
             raise EngineError(f"speed must be in [0.25, 4.0], got {speed}", code="invalid_value")
 

@@ -120,8 +120,12 @@ class TurnDetector(_TurnAudio):
         if self.pausing:
             self._early_stop_windows = max(self._windows(silence_ms), 1)
 
-    def feed(self, windows: np.ndarray, scores: np.ndarray, first_sample: int,
-             ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
+    def feed(
+        self,
+        windows: np.ndarray,
+        scores: np.ndarray,
+        first_sample: int,
+    ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
         """Consume ``[n, window]`` audio with its ``n`` scores; ``first_sample`` is the offset of
         ``windows[0]`` in the session's input. Returns what happened, in order."""
         out: list[SpeechStarted | SpeechStopped | SealedTurn] = []

@@ -57,24 +57,26 @@ class SileroVad:
         # A 300 k-parameter network on 32 ms windows: one thread is the fastest setting.
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
-                                                     providers=["CPUExecutionProvider"])
+        self._session = onnxruntime.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
         self._rate = np.array(SAMPLE_RATE, dtype=np.int64)
 
     def process(self, stream: VadStream, pcm: np.ndarray) -> VadScores:
         """Score every whole window now available; the remainder waits for the next call."""
         audio = np.concatenate([stream.pending, pcm]) if len(stream.pending) else pcm
         count = len(audio) // WINDOW
-        windows = audio[:count * WINDOW].reshape(count, WINDOW)
+        windows = audio[: count * WINDOW].reshape(count, WINDOW)
         scores = np.empty(count, np.float32)
         for i, window in enumerate(windows):
             model_input = np.concatenate([stream.context, window])[None, :]
             prob, stream.state = self._session.run(
-                None, {"input": model_input, "state": stream.state, "sr": self._rate})
+                None, {"input": model_input, "state": stream.state, "sr": self._rate}
+            )
             scores[i] = prob[0, 0]
             stream.context = window[-_CONTEXT:]
         first = stream.next_sample
-        stream.pending = audio[count * WINDOW:].copy()
+        stream.pending = audio[count * WINDOW :].copy()
         stream.next_sample += count * WINDOW
         return VadScores(windows, scores, first)
 

@@ -47,8 +47,9 @@ def check_config(raw: bytes) -> dict[str, Any]:
     try:
         parsed = PiperConfig.from_dict(config)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise VoiceUploadError(f"the voice config is not a Piper config (missing or bad field {exc})",
-                               param="config") from None
+        raise VoiceUploadError(
+            f"the voice config is not a Piper config (missing or bad field {exc})", param="config"
+        ) from None
     if not isinstance(parsed.sample_rate, int) or not _MIN_RATE <= parsed.sample_rate <= _MAX_RATE:
         raise VoiceUploadError(f"audio.sample_rate must be an integer in [{_MIN_RATE}, {_MAX_RATE}]", param="config")
     if not isinstance(parsed.num_symbols, int) or parsed.num_symbols <= 0 or not parsed.phoneme_id_map:
@@ -87,15 +88,17 @@ class VoiceStore:
         with self._lock:
             return [voice.info for voice in self._voices.values()]
 
-    def add(self, name: str, model: bytes, config: bytes, *, reserved: frozenset[str],
-            prove: Callable[[Path], np.ndarray]) -> StoredVoice:
+    def add(
+        self, name: str, model: bytes, config: bytes, *, reserved: frozenset[str], prove: Callable[[Path], np.ndarray]
+    ) -> StoredVoice:
         """Store a new voice once ``prove(model_path)`` made it speak; raises a typed ``EngineError``."""
         check_voice_name(name)
         if name in reserved:
             raise EngineError(f"voice name {name!r} is taken by a built-in voice", code=VOICE_EXISTS, param="name")
         if len(model) > self._config.max_model_bytes or len(config) > self._config.max_config_bytes:
-            raise EngineError("the voice upload is larger than voices.max_model_bytes / max_config_bytes",
-                              code="request_too_large")
+            raise EngineError(
+                "the voice upload is larger than voices.max_model_bytes / max_config_bytes", code="request_too_large"
+            )
         check_config(config)
         with self._lock:
             self._check_room(name)
@@ -131,16 +134,24 @@ class VoiceStore:
 
     def _check_room(self, name: str) -> None:
         if name in self._voices:
-            raise EngineError(f"a voice named {name!r} is already registered; delete it first",
-                              code=VOICE_EXISTS, param="name")
+            raise EngineError(
+                f"a voice named {name!r} is already registered; delete it first", code=VOICE_EXISTS, param="name"
+            )
         if len(self._voices) >= self._config.max_voices:
-            raise EngineError(f"at most {self._config.max_voices} voices can be registered (voices.max_voices)",
-                              code=VOICE_LIMIT_EXCEEDED)
+            raise EngineError(
+                f"at most {self._config.max_voices} voices can be registered (voices.max_voices)",
+                code=VOICE_LIMIT_EXCEEDED,
+            )
 
     @staticmethod
     def _describe(name: str, model: Path) -> StoredVoice:
         config = json.loads(Path(f"{model}.json").read_text(encoding="utf-8"))
         stat = model.stat()
-        info = VoiceInfo(name=name, builtin=False, sample_rate=int(config["audio"]["sample_rate"]),
-                         file_size=stat.st_size, created_at=int(stat.st_mtime))
+        info = VoiceInfo(
+            name=name,
+            builtin=False,
+            sample_rate=int(config["audio"]["sample_rate"]),
+            file_size=stat.st_size,
+            created_at=int(stat.st_mtime),
+        )
         return StoredVoice(info, model)

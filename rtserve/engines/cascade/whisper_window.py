@@ -32,8 +32,7 @@ def fits(samples: int, sample_rate: int, window_s: float) -> bool:
     return window_s < 30 and samples <= sample_rate * window_s / 2
 
 
-def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: str,
-                     prompt: str | None) -> str | None:
+def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: str, prompt: str | None) -> str | None:
     """``audio`` (16 kHz) transcribed in a ``window_s`` window; None when the decode is not to
     be trusted (the caller decodes in the full window). ``model``: a faster_whisper.WhisperModel."""
     # faster-whisper is the optional "models" extra: imported where a model is in use, so the
@@ -47,11 +46,19 @@ def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: s
     tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language)
     previous = tokenizer.encode(" " + prompt.strip()) if prompt and prompt.strip() else []
     tokens = model.get_prompt(tokenizer, previous, without_timestamps=True)
-    budget = min(_MIN_TOKENS + int(_TOKENS_PER_SECOND * len(audio) / model.feature_extractor.sampling_rate),
-                 model.max_length - len(tokens))
+    budget = min(
+        _MIN_TOKENS + int(_TOKENS_PER_SECOND * len(audio) / model.feature_extractor.sampling_rate),
+        model.max_length - len(tokens),
+    )
     result = model.model.generate(
-        model.encode(features), [tokens], beam_size=1, max_length=len(tokens) + budget, return_scores=True,
-        suppress_blank=True, suppress_tokens=list(get_suppressed_tokens(tokenizer, [-1])))[0]
+        model.encode(features),
+        [tokens],
+        beam_size=1,
+        max_length=len(tokens) + budget,
+        return_scores=True,
+        suppress_blank=True,
+        suppress_tokens=list(get_suppressed_tokens(tokenizer, [-1])),
+    )[0]
     ids = result.sequences_ids[0]
     if len(ids) >= budget:
         return None  # no end token: looping

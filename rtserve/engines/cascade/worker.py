@@ -59,8 +59,9 @@ class ModelWorker:
         if self._stopped or not self._started:
             raise CapacityExhausted(f"the {self.name} model is not running")
         if self._jobs.qsize() >= self._max_queue:
-            raise CapacityExhausted(f"the {self.name} model is busy ({self._max_queue} requests waiting); "
-                                    "retry shortly")
+            raise CapacityExhausted(
+                f"the {self.name} model is busy ({self._max_queue} requests waiting); retry shortly"
+            )
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._jobs.put((priority, next(self._order), future, lambda: fn(*args)))
         # Cancelling the awaiting task cancels ``future``; the thread then skips the job.

@@ -5,5 +5,15 @@ from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, Tic
 from rtserve.engines.lockstep.session import LockstepSession, LockstepSessionEngine
 from rtserve.engines.lockstep.slots import SlotPhase
 
-__all__ = ["LockstepScheduler", "LockstepSession", "LockstepSessionEngine", "SlotLease",
-           "SlotPhase", "SystemTickClock", "TickClock", "TickOutcome", "TickPacer", "TickReport"]
+__all__ = [
+    "LockstepScheduler",
+    "LockstepSession",
+    "LockstepSessionEngine",
+    "SlotLease",
+    "SlotPhase",
+    "SystemTickClock",
+    "TickClock",
+    "TickOutcome",
+    "TickPacer",
+    "TickReport",
+]

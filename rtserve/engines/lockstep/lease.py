@@ -44,18 +44,28 @@ class SlotLease:
     been acquired on a running loop.
     """
 
-    def __init__(self, scheduler: LockstepScheduler, slot: int, session_id: str,
-                 loop: asyncio.AbstractEventLoop | None, config: LockstepConfig) -> None:
+    def __init__(
+        self,
+        scheduler: LockstepScheduler,
+        slot: int,
+        session_id: str,
+        loop: asyncio.AbstractEventLoop | None,
+        config: LockstepConfig,
+    ) -> None:
         self._scheduler = scheduler
         self.slot = slot
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
         rate = scheduler.sample_rate
-        self.input = InputBacklog(scheduler.frame_size, scheduler.input_backlog_samples,
-                                  config.latency_trim_window_frames, round(config.jitter_cushion_ms * rate / 1000),
-                                  max(1, round(config.drift_trim_ms * rate / 1000)),
-                                  round(config.underrun_repay_ms * rate / 1000))
+        self.input = InputBacklog(
+            scheduler.frame_size,
+            scheduler.input_backlog_samples,
+            config.latency_trim_window_frames,
+            round(config.jitter_cushion_ms * rate / 1000),
+            max(1, round(config.drift_trim_ms * rate / 1000)),
+            round(config.underrun_repay_ms * rate / 1000),
+        )
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.samples_pushed = 0
@@ -107,11 +117,16 @@ class SlotLease:
         if unlogged is None:
             return
         rate = self._scheduler.sample_rate
-        log.warning("%s slot %d: input arrived faster than the engine stepped it; %.0f ms of the oldest audio "
-                    "went over the %.0f ms backlog bound and was dropped (%.0f ms in this session)",
-                    self._scheduler.name, self.slot, unlogged * 1000 / rate,
-                    self.input.limit * 1000 / rate, self.samples_dropped * 1000 / rate,
-                    extra={"session_id": self.session_id})
+        log.warning(
+            "%s slot %d: input arrived faster than the engine stepped it; %.0f ms of the oldest audio "
+            "went over the %.0f ms backlog bound and was dropped (%.0f ms in this session)",
+            self._scheduler.name,
+            self.slot,
+            unlogged * 1000 / rate,
+            self.input.limit * 1000 / rate,
+            self.samples_dropped * 1000 / rate,
+            extra={"session_id": self.session_id},
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Fence: queued frames of older epochs are dropped now, in-flight ones at scatter."""
@@ -132,7 +147,7 @@ class SlotLease:
         changes (the push-style alternative to awaiting ``next_output``)."""
         self._listener = listener
 
-    def poll_output(self) -> tuple[FrameOutput, int] | EngineFailure | None | object:
+    def poll_output(self) -> tuple[FrameOutput, int] | EngineFailure | object | None:
         """Without waiting: the next ``(frame, epoch)`` of the current epoch; the failure or
         ``None`` once closed; ``NOTHING_YET`` while the lease is open and nothing is queued."""
         while (item := self.output.pop()) is not None:
@@ -158,16 +173,18 @@ class SlotLease:
         A partial frame needs no padding from the caller: the next tick takes it, padded.
         """
         target = self.samples_pushed
-        await self._wait_until(lambda: self.samples_consumed + self.samples_discarded >= target
-                               or self.output.closed or self.released)
+        await self._wait_until(
+            lambda: self.samples_consumed + self.samples_discarded >= target or self.output.closed or self.released
+        )
 
     async def wait_drained(self) -> None:
         """Until all input pushed so far was stepped, the model's answer to it was produced
         (its ``output_delay_frames`` later) and every produced frame was read (or the lease ended)."""
         await self.wait_input_consumed()
         due = self.last_input_tick + self._scheduler.output_delay_frames
-        await self._wait_until(lambda: (self.ticks_stepped >= due and not len(self.output))
-                               or self.output.closed or self.released)
+        await self._wait_until(
+            lambda: (self.ticks_stepped >= due and not len(self.output)) or self.output.closed or self.released
+        )
 
     async def wait_released(self, timeout_s: float) -> bool:
         """Until the engine thread has freed the slot; False on timeout."""

@@ -13,45 +13,70 @@ _JITTER_FRACTIONS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 class LockstepMetrics:
     def __init__(self, registry: CollectorRegistry, period_s: float, total_slots: int) -> None:
         self.tick_seconds = Histogram(
-            "rtserve_lockstep_tick_seconds", "Wall time of one tick: control ops, gather, step, scatter",
-            buckets=[f * period_s for f in _BUDGET_FRACTIONS], registry=registry)
+            "rtserve_lockstep_tick_seconds",
+            "Wall time of one tick: control ops, gather, step, scatter",
+            buckets=[f * period_s for f in _BUDGET_FRACTIONS],
+            registry=registry,
+        )
         self.step_seconds = Histogram(
-            "rtserve_lockstep_step_seconds", "Wall time of the batched model step alone",
-            buckets=[f * period_s for f in _BUDGET_FRACTIONS], registry=registry)
+            "rtserve_lockstep_step_seconds",
+            "Wall time of the batched model step alone",
+            buckets=[f * period_s for f in _BUDGET_FRACTIONS],
+            registry=registry,
+        )
         self.tick_lateness_seconds = Histogram(
-            "rtserve_lockstep_tick_lateness_seconds", "Tick start minus its deadline (jitter)",
-            buckets=[f * period_s for f in _JITTER_FRACTIONS], registry=registry)
+            "rtserve_lockstep_tick_lateness_seconds",
+            "Tick start minus its deadline (jitter)",
+            buckets=[f * period_s for f in _JITTER_FRACTIONS],
+            registry=registry,
+        )
         self.frame_budget_seconds = Gauge(
-            "rtserve_lockstep_frame_budget_seconds", "Tick period: one frame of audio", registry=registry)
+            "rtserve_lockstep_frame_budget_seconds", "Tick period: one frame of audio", registry=registry
+        )
         self.total_slots = Gauge("rtserve_lockstep_slots", "Slots in the batch (capacity)", registry=registry)
         self.live_slots = Gauge("rtserve_lockstep_live_slots", "Slots stepped for a session", registry=registry)
         self.occupied_slots = Gauge(
-            "rtserve_lockstep_occupied_slots", "Slots not free (prefill, live or draining)", registry=registry)
+            "rtserve_lockstep_occupied_slots", "Slots not free (prefill, live or draining)", registry=registry
+        )
         self.underruns = Counter(
-            "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input",
-            registry=registry)
+            "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input", registry=registry
+        )
         self.dropped_input_frames = Counter(
-            "rtserve_lockstep_dropped_input_frames", "Input dropped (oldest first) over the backlog bound "
-            "(max_input_backlog_ms), in frames' worth of samples",
-            registry=registry)
+            "rtserve_lockstep_dropped_input_frames",
+            "Input dropped (oldest first) over the backlog bound (max_input_backlog_ms), in frames' worth of samples",
+            registry=registry,
+        )
         self.trimmed_input_samples = Counter(
-            "rtserve_lockstep_trimmed_input_samples", "Quietest queued input samples dropped (drift_trim_ms a "
+            "rtserve_lockstep_trimmed_input_samples",
+            "Quietest queued input samples dropped (drift_trim_ms a "
             "tick) because more than jitter_cushion_ms stood in the backlog through a whole trim window "
-            "(jitter, clock drift or a burst: standing latency)", registry=registry)
+            "(jitter, clock drift or a burst: standing latency)",
+            registry=registry,
+        )
         self.dropped_output_frames = Counter(
-            "rtserve_lockstep_dropped_output_frames", "Output frames dropped (oldest first) for a slow reader",
-            registry=registry)
+            "rtserve_lockstep_dropped_output_frames",
+            "Output frames dropped (oldest first) for a slow reader",
+            registry=registry,
+        )
         self.overruns = Counter(
-            "rtserve_lockstep_overruns", "Ticks that took longer than the frame period", registry=registry)
+            "rtserve_lockstep_overruns", "Ticks that took longer than the frame period", registry=registry
+        )
         self.catch_up_ticks = Counter(
-            "rtserve_lockstep_catch_up_ticks", "Ticks run back to back, without sleeping, because their "
-            "deadline had passed (consuming input queued during an overrun)", registry=registry)
+            "rtserve_lockstep_catch_up_ticks",
+            "Ticks run back to back, without sleeping, because their "
+            "deadline had passed (consuming input queued during an overrun)",
+            registry=registry,
+        )
         self.skipped_deadlines = Counter(
-            "rtserve_lockstep_skipped_deadlines", "Tick deadlines given up for being more than "
+            "rtserve_lockstep_skipped_deadlines",
+            "Tick deadlines given up for being more than "
             "max_input_backlog_ms behind (their input was dropped by the backlog bound)",
-            registry=registry)
+            registry=registry,
+        )
         self.engine_failures = Counter(
-            "rtserve_lockstep_engine_failures", "Model calls that raised (sessions involved were failed)",
-            registry=registry)
+            "rtserve_lockstep_engine_failures",
+            "Model calls that raised (sessions involved were failed)",
+            registry=registry,
+        )
         self.frame_budget_seconds.set(period_s)
         self.total_slots.set(total_slots)

@@ -116,9 +116,16 @@ class TickPacer:
         missed = max(0, last_passed - index)
         skipped = max(0, missed - self.max_behind)
         duration_s = now - self._started
-        outcome = TickOutcome(index=index, deadline=self.deadline(index), started=self._started,
-                              duration_s=duration_s, overrun_s=max(0.0, duration_s - self.period_s),
-                              catch_up=self._catch_up, behind=missed - skipped, skipped=skipped)
+        outcome = TickOutcome(
+            index=index,
+            deadline=self.deadline(index),
+            started=self._started,
+            duration_s=duration_s,
+            overrun_s=max(0.0, duration_s - self.period_s),
+            catch_up=self._catch_up,
+            behind=missed - skipped,
+            skipped=skipped,
+        )
         self._index = index + 1 + skipped
         self._catch_up = missed > skipped
         return outcome

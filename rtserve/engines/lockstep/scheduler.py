@@ -54,8 +54,7 @@ from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.metrics import LockstepMetrics
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
 from rtserve.engines.lockstep.slots import LoopNotifier, SlotPhase
-from rtserve.engines.protocols import (CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput,
-                                       SlotPrompt)
+from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput, SlotPrompt
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +129,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 class LockstepScheduler:
-    def __init__(self, model: FrameModel, config: LockstepConfig, registry: CollectorRegistry, *,
-                 name: str = "lockstep", clock: TickClock | None = None,
-                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: FrameModel,
+        config: LockstepConfig,
+        registry: CollectorRegistry,
+        *,
+        name: str = "lockstep",
+        clock: TickClock | None = None,
+        on_tick: Callable[[TickReport], None] | None = None,
+    ) -> None:
         self.model = model
         self.name = name
         self.batch_size = model.batch_size
@@ -143,8 +149,9 @@ class LockstepScheduler:
         self.output_delay_frames: int = getattr(model, "output_delay_frames", 0)
         self.period_s = model.frame_size / model.sample_rate
         # Every slot's input bound (at least a frame); the pacer catches up at most its whole frames.
-        self.input_backlog_samples = max(model.frame_size,
-                                         round(config.max_input_backlog_ms * model.sample_rate / 1000))
+        self.input_backlog_samples = max(
+            model.frame_size, round(config.max_input_backlog_ms * model.sample_rate / 1000)
+        )
         self.catch_up_frames = self.input_backlog_samples // model.frame_size
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
@@ -233,8 +240,9 @@ class LockstepScheduler:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                log.error("%s engine thread did not stop within %.1fs; leaving its slots alone",
-                          self.name, timeout_s or 0.0)
+                log.error(
+                    "%s engine thread did not stop within %.1fs; leaving its slots alone", self.name, timeout_s or 0.0
+                )
                 return
         # The thread is gone (or never ran): this caller owns the model now.
         self._shut_down(EngineFailure("engine_unavailable", "the engine stopped"))
@@ -282,9 +290,21 @@ class LockstepScheduler:
             outcome = pacer.finish()
             self._record_timing(outcome)
             if self._on_tick is not None:
-                self._on_tick(TickReport(outcome.index, outcome.deadline, outcome.started, work.step_s,
-                                         work.duration_s, work.live, work.prefill, outcome.overrun_s,
-                                         outcome.catch_up, outcome.behind, outcome.skipped))
+                self._on_tick(
+                    TickReport(
+                        outcome.index,
+                        outcome.deadline,
+                        outcome.started,
+                        work.step_s,
+                        work.duration_s,
+                        work.live,
+                        work.prefill,
+                        outcome.overrun_s,
+                        outcome.catch_up,
+                        outcome.behind,
+                        outcome.skipped,
+                    )
+                )
 
     def _has_work_locked(self) -> bool:
         return bool(self._ops) or any(s.phase in (SlotPhase.PREFILL, SlotPhase.LIVE) for s in self._slots)
@@ -305,10 +325,19 @@ class LockstepScheduler:
         overruns = self._overrun_log.due(1, self._clock.monotonic())
         if overruns is None:
             return
-        log.warning("%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
-                    "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
-                    "last report)", self.name, outcome.duration_s * 1e3, self.period_s * 1e3,
-                    outcome.lateness_s * 1e3, outcome.behind, outcome.skipped, self.catch_up_frames, overruns)
+        log.warning(
+            "%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
+            "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
+            "last report)",
+            self.name,
+            outcome.duration_s * 1e3,
+            self.period_s * 1e3,
+            outcome.lateness_s * 1e3,
+            outcome.behind,
+            outcome.skipped,
+            self.catch_up_frames,
+            overruns,
+        )
 
     def _run_tick(self, due: float | None = None) -> _TickWork | None:
         clock = self._clock
@@ -316,8 +345,11 @@ class LockstepScheduler:
         self._apply_control_ops()
         with self._cond:
             live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
-            prefill = [(s.index, s.lease) for s in self._slots
-                       if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None]
+            prefill = [
+                (s.index, s.lease)
+                for s in self._slots
+                if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
+            ]
         self.metrics.live_slots.set(len(live))
         if not live and not prefill:
             return None
@@ -436,8 +468,9 @@ class LockstepScheduler:
             self.metrics.trimmed_input_samples.inc(trimmed)
         return rows
 
-    def _scatter(self, rows: list[_LiveRow], outputs: Sequence[FrameOutput | None]
-                 ) -> list[tuple[asyncio.AbstractEventLoop, SlotLease]]:
+    def _scatter(
+        self, rows: list[_LiveRow], outputs: Sequence[FrameOutput | None]
+    ) -> list[tuple[asyncio.AbstractEventLoop, SlotLease]]:
         """Hand each row's frame to its lease; return the leases whose loop must be woken."""
         wake: list[tuple[asyncio.AbstractEventLoop, SlotLease]] = []
         dropped = 0

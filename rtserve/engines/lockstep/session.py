@@ -24,9 +24,21 @@ from rtserve.engines.lockstep.lease import NOTHING_YET
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
 from rtserve.engines.lockstep.slots import SlotPhase
-from rtserve.engines.protocols import (CapacityExhausted, EngineCapabilities, EngineError, EngineEvent, EngineFailure,
-                                       FrameModel, FrameOutput, OutputAudio, Pcm, ResponseRequest, SessionOptions,
-                                       TurnDetection, TurnEngines)
+from rtserve.engines.protocols import (
+    CapacityExhausted,
+    EngineCapabilities,
+    EngineError,
+    EngineEvent,
+    EngineFailure,
+    FrameModel,
+    FrameOutput,
+    OutputAudio,
+    Pcm,
+    ResponseRequest,
+    SessionOptions,
+    TurnDetection,
+    TurnEngines,
+)
 from rtserve.errors import TURN_CONTROL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -106,8 +118,13 @@ class LockstepSession:
         deliver()
 
     def _audio_event(self, output: FrameOutput, epoch: int) -> OutputAudio:
-        return OutputAudio(pcm=output.audio, epoch=epoch, text=output.text,
-                           tick_due=self._lease.scheduler.last_tick_due(), input_samples=output.input_samples)
+        return OutputAudio(
+            pcm=output.audio,
+            epoch=epoch,
+            text=output.text,
+            tick_due=self._lease.scheduler.last_tick_due(),
+            input_samples=output.input_samples,
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -116,25 +133,43 @@ class LockstepSession:
         self._lease.release()
         if not await self._lease.wait_released(self._release_timeout_s):
             # Capacity stays honest: the slot remains DRAINING until the thread frees it.
-            log.warning("engine slot %d not freed within %.1fs; it stays reserved until the engine thread frees it",
-                        self._lease.slot, self._release_timeout_s)
+            log.warning(
+                "engine slot %d not freed within %.1fs; it stays reserved until the engine thread frees it",
+                self._lease.slot,
+                self._release_timeout_s,
+            )
 
 
 class LockstepSessionEngine:
     """A lockstep ``SessionEngine``: capacity = the model's batch size."""
 
-    def __init__(self, name: str, model: FrameModel, config: ServerConfig, registry: CollectorRegistry, *,
-                 supports_text_output: bool, supports_barge_in: bool = False, clock: TickClock | None = None,
-                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: FrameModel,
+        config: ServerConfig,
+        registry: CollectorRegistry,
+        *,
+        supports_text_output: bool,
+        supports_barge_in: bool = False,
+        clock: TickClock | None = None,
+        on_tick: Callable[[TickReport], None] | None = None,
+    ) -> None:
         period_ms = model.frame_size * 1000 / model.sample_rate
         if period_ms != int(period_ms):
             raise ValueError(f"frame of {model.frame_size} samples at {model.sample_rate} Hz is not a whole ms")
         self.name = name
         self.capabilities = EngineCapabilities(
-            name=name, mode="lockstep", input_sample_rate=model.sample_rate, output_sample_rate=model.sample_rate,
-            chunk_period_ms=int(period_ms), max_sessions=model.batch_size, supports_barge_in=supports_barge_in,
+            name=name,
+            mode="lockstep",
+            input_sample_rate=model.sample_rate,
+            output_sample_rate=model.sample_rate,
+            chunk_period_ms=int(period_ms),
+            max_sessions=model.batch_size,
+            supports_barge_in=supports_barge_in,
             supports_text_output=supports_text_output,
-            modalities=("audio", "text") if supports_text_output else ("audio",))
+            modalities=("audio", "text") if supports_text_output else ("audio",),
+        )
         self.scheduler = LockstepScheduler(model, config.lockstep, registry, name=name, clock=clock, on_tick=on_tick)
         self._release_timeout_s = config.lockstep.release_timeout_s
 

@@ -59,8 +59,15 @@ class InputBacklog:
     client's own.
     """
 
-    def __init__(self, frame_size: int, limit: int, trim_window: int | None = None, cushion: int = 0,
-                 trim_samples: int = 0, repay_samples: int = 0) -> None:
+    def __init__(
+        self,
+        frame_size: int,
+        limit: int,
+        trim_window: int | None = None,
+        cushion: int = 0,
+        trim_samples: int = 0,
+        repay_samples: int = 0,
+    ) -> None:
         if frame_size < 1 or limit < frame_size:
             raise ValueError("frame size must be >= 1 and the input backlog limit at least one frame")
         if trim_window is not None and trim_window < 1:
@@ -86,7 +93,7 @@ class InputBacklog:
             dropped = max(0, self._size + samples.size - self.limit)
             if dropped:
                 self._shift_locked(dropped)
-            self._buf[self._size:self._size + samples.size] = samples
+            self._buf[self._size : self._size + samples.size] = samples
             self._size += samples.size
         return overflow + dropped
 
@@ -99,8 +106,8 @@ class InputBacklog:
         with self._lock:
             taken = min(self._size, frame)
             if taken:
-                row[:frame - taken] = 0.0
-                row[frame - taken:] = self._buf[:taken]
+                row[: frame - taken] = 0.0
+                row[frame - taken :] = self._buf[:taken]
                 self._shift_locked(taken)
             if taken == frame and self._size <= self.cushion:
                 self._in_cadence = True
@@ -112,7 +119,7 @@ class InputBacklog:
 
     def _shift_locked(self, count: int) -> None:
         # numpy copes with the overlap; at most ``limit`` samples are moved per take.
-        self._buf[:self._size - count] = self._buf[count:self._size]
+        self._buf[: self._size - count] = self._buf[count : self._size]
         self._size -= count
 
     def _trim_standing_latency_locked(self) -> int:
@@ -135,9 +142,9 @@ class InputBacklog:
 
     def _drop_quietest_locked(self, count: int) -> None:
         # The quietest run of ``count`` samples: dropping silence is inaudible.
-        energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[:self._size], dtype=np.float64))))
+        energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[: self._size], dtype=np.float64))))
         start = int(np.argmin(energy[count:] - energy[:-count]))
-        self._buf[start:self._size - count] = self._buf[start + count:self._size]
+        self._buf[start : self._size - count] = self._buf[start + count : self._size]
         self._size -= count
 
     def clear(self) -> int:
@@ -185,8 +192,9 @@ class OutputHandoff:
                 if oldest.text:
                     following, following_epoch = self._items[0] if self._items else (output, epoch)
                     if following_epoch == oldest_epoch:  # older epochs' text is fenced off anyway
-                        carried = FrameOutput(following.audio, oldest.text + (following.text or ""),
-                                              following.input_samples)
+                        carried = FrameOutput(
+                            following.audio, oldest.text + (following.text or ""), following.input_samples
+                        )
                         if self._items:
                             self._items[0] = (carried, following_epoch)
                         else:

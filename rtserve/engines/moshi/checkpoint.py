@@ -41,20 +41,30 @@ def split_stacked(key: str, value: torch.Tensor, counts: Mapping[str, int]) -> l
     if mult is None:
         return [(key, value)]  # reported as unexpected by the caller
     if value.shape[0] % mult:
-        raise CheckpointError(f"tensor {key!r} has shape {tuple(value.shape)}: dim 0 is not a multiple of the "
-                              f"{mult} per-step weight sets")
+        raise CheckpointError(
+            f"tensor {key!r} has shape {tuple(value.shape)}: dim 0 is not a multiple of the {mult} per-step weight sets"
+        )
     target = "in_projs" if match["kind"] != "out_proj.weight" else "out_projs"
     return [(f"{prefix}{target}.{i}.weight", part) for i, part in enumerate(value.view(mult, -1, *value.shape[1:]))]
 
 
-def load_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], source: Path,
-              rename: Callable[[str], str | None], *, dtype: torch.dtype | None = None) -> None:
+def load_into(
+    module: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    source: Path,
+    rename: Callable[[str], str | None],
+    *,
+    dtype: torch.dtype | None = None,
+) -> None:
     """Copy every parameter of ``module`` from ``tensors`` (checkpoint names, mapped by
     ``rename``; None drops a key). Strict: a missing, extra or mis-shaped tensor is a
     ``CheckpointError`` naming it (by its name in the checkpoint)."""
     expected = dict(module.named_parameters())
-    counts = {name[:-len("in_projs")]: len(child) for name, child in module.named_modules()
-              if name.endswith("self_attn.in_projs") and isinstance(child, nn.ModuleList)}
+    counts = {
+        name[: -len("in_projs")]: len(child)
+        for name, child in module.named_modules()
+        if name.endswith("self_attn.in_projs") and isinstance(child, nn.ModuleList)
+    }
     mapped: dict[str, tuple[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         renamed = rename(key)
@@ -66,8 +76,10 @@ def load_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], source: Pa
             mapped[ours] = (key, part)
     missing = [name for name in expected if name not in mapped]
     if missing:
-        raise CheckpointError(f"{source.name}: missing tensor for parameter {missing[0]!r}"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{source.name}: missing tensor for parameter {missing[0]!r}"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     with torch.no_grad():
         for name, param in expected.items():
             key, value = mapped[name]
@@ -76,8 +88,10 @@ def load_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], source: Pa
                 if value.numel() == param.numel() and name.endswith(".alpha"):
                     value = value.reshape(param.shape)
                 else:
-                    raise CheckpointError(f"{source.name}: tensor {key!r} has shape {tuple(value.shape)}, "
-                                          f"the config implies {tuple(param.shape)}")
+                    raise CheckpointError(
+                        f"{source.name}: tensor {key!r} has shape {tuple(value.shape)}, "
+                        f"the config implies {tuple(param.shape)}"
+                    )
             if not value.dtype.is_floating_point:
                 raise CheckpointError(f"{source.name}: tensor {key!r} has dtype {value.dtype}, expected floats")
             param.data = value.to(dtype=dtype or param.dtype, device=param.device).clone()

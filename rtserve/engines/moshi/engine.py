@@ -21,8 +21,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     settings = config.moshi_engine
     if not settings.weights and not settings.random_weights:
-        raise ConfigError("invalid config field 'moshi_engine.weights': the moshi engine needs a local weight "
-                          "folder (config.json, model and Mimi safetensors, tokenizer); nothing is downloaded")
+        raise ConfigError(
+            "invalid config field 'moshi_engine.weights': the moshi engine needs a local weight "
+            "folder (config.json, model and Mimi safetensors, tokenizer); nothing is downloaded"
+        )
     device = resolve_device(settings.device)
     fused.set_enabled(settings.fuse_glue)
     try:
@@ -33,18 +35,28 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     except CheckpointError as exc:
         # Startup reports config problems as one line naming the field; keep the loader's detail.
         raise ConfigError(f"invalid config field 'moshi_engine.weights': {exc}") from None
-    sampling = SamplingParams(use_sampling=settings.use_sampling, temperature=settings.temperature,
-                              top_k=settings.top_k, temperature_text=settings.temperature_text,
-                              top_k_text=settings.top_k_text)
+    sampling = SamplingParams(
+        use_sampling=settings.use_sampling,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        temperature_text=settings.temperature_text,
+        top_k_text=settings.top_k_text,
+    )
     voice_dir = settings.voice_dir or config.models.voice_prompt_dir
     paged_kv = None
     if settings.kv_cache == "paged_int8":
         block = settings.kv_block_frames
         frames = settings.kv_pool_frames or settings.batch_size * loaded.lm_config.context
         paged_kv = PagedKVSpec(num_blocks=-(-frames // block), block_size=block)
-    return MoshiFrameModel(loaded, settings.batch_size, sampling=sampling, voice_dir=voice_dir,
-                           max_prompt_tokens=settings.max_prompt_tokens, max_voice_seconds=settings.max_voice_seconds,
-                           paged_kv=paged_kv)
+    return MoshiFrameModel(
+        loaded,
+        settings.batch_size,
+        sampling=sampling,
+        voice_dir=voice_dir,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_voice_seconds=settings.max_voice_seconds,
+        paged_kv=paged_kv,
+    )
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> LockstepSessionEngine:

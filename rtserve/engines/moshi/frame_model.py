@@ -21,8 +21,16 @@ from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.mimi import Mimi
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
-from rtserve.engines.moshi.prompts import (PrefillStep, PromptError, audio_steps, embedding_steps,
-                                           load_voice_audio, load_voice_embeddings, persona_tokens, text_steps)
+from rtserve.engines.moshi.prompts import (
+    PrefillStep,
+    PromptError,
+    audio_steps,
+    embedding_steps,
+    load_voice_audio,
+    load_voice_embeddings,
+    persona_tokens,
+    text_steps,
+)
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
@@ -33,10 +41,18 @@ EMBEDDING_SUFFIXES = (".pt", ".pth")
 
 
 class MoshiFrameModel:
-    def __init__(self, model: LoadedModel, batch_size: int, *, sampling: SamplingParams = SamplingParams(),
-                 max_prompt_tokens: int = 512, max_voice_seconds: float = 30.0,
-                 voice_dir: str | Path | None = None, graph: bool | None = None,
-                 paged_kv: PagedKVSpec | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        batch_size: int,
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        max_prompt_tokens: int = 512,
+        max_voice_seconds: float = 30.0,
+        voice_dir: str | Path | None = None,
+        graph: bool | None = None,
+        paged_kv: PagedKVSpec | None = None,
+    ) -> None:
         """``graph``: replay the tick as CUDA graphs (default: on a CUDA device); ``paged_kv``:
         int8 KV blocks from one pool instead of a ring per slot (``open_slot`` then raises
         ``KVMemoryExhausted`` when no block is free)."""
@@ -72,8 +88,11 @@ class MoshiFrameModel:
         self._staged: dict[int, PrefillStep] = {}
         self._voices: OrderedDict[str, list[PrefillStep]] = OrderedDict()
         # No tokenizer (random weights): no text out, persona text refused.
-        self._pieces = [] if self.tokenizer is None else [self.tokenizer.id_to_piece(i).replace("\u2581", " ")
-                                                          for i in range(self.tokenizer.vocab_size())]
+        self._pieces = (
+            []
+            if self.tokenizer is None
+            else [self.tokenizer.id_to_piece(i).replace("\u2581", " ") for i in range(self.tokenizer.vocab_size())]
+        )
 
     # -- slot lifecycle ---------------------------------------------------------------
 
@@ -138,7 +157,9 @@ class MoshiFrameModel:
         self._staged.clear()
 
     def _piece(self, token: int) -> str | None:
-        if token in (self.config.text_padding_id, self.config.text_end_padding_id) or not 0 <= token < len(self._pieces):
+        if token in (self.config.text_padding_id, self.config.text_end_padding_id) or not 0 <= token < len(
+            self._pieces
+        ):
             return None
         return self._pieces[token] or None
 
@@ -191,13 +212,13 @@ class MoshiFrameModel:
     def _encode_prompt_audio(self, pcm: np.ndarray) -> np.ndarray:
         frames = -(-pcm.size // self.frame_size)
         padded = np.zeros(frames * self.frame_size, np.float32)
-        padded[:pcm.size] = pcm
+        padded[: pcm.size] = pcm
         mimi = self._prompt_mimi
         mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))
         codes: list[np.ndarray] = []
         for frame in padded.reshape(frames, self.frame_size):
             chunk = torch.from_numpy(frame).to(self.device)[None]
-            codes.append(mimi.encode(chunk)[0, :self.config.agent_codebooks].cpu().numpy())
+            codes.append(mimi.encode(chunk)[0, : self.config.agent_codebooks].cpu().numpy())
         return np.stack(codes)
 
     def _silence_codes(self) -> np.ndarray:
@@ -206,6 +227,5 @@ class MoshiFrameModel:
         mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))
         zeros = torch.zeros(1, self.frame_size, device=self.device)
         mimi.encode(zeros)
-        codes = mimi.encode(zeros)[0, :self.config.agent_codebooks].cpu().numpy()
+        codes = mimi.encode(zeros)[0, : self.config.agent_codebooks].cpu().numpy()
         return codes.astype(np.int64)
-

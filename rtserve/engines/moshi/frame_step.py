@@ -53,8 +53,16 @@ class FrameStep:
     Outputs of a graphed step are static buffers, overwritten by the next call.
     """
 
-    def __init__(self, lm: MoshiLM, mimi: Mimi, sampler: SlotSampler, batch: int, *, graph: bool = False,
-                 span_bucket: int = DEFAULT_SPAN_BUCKET) -> None:
+    def __init__(
+        self,
+        lm: MoshiLM,
+        mimi: Mimi,
+        sampler: SlotSampler,
+        batch: int,
+        *,
+        graph: bool = False,
+        span_bucket: int = DEFAULT_SPAN_BUCKET,
+    ) -> None:
         self.config = lm.config
         self.lm = lm
         self.mimi = mimi
@@ -63,8 +71,9 @@ class FrameStep:
         self.device = device
         mimi.start(batch)
         self.stream = TokenStream(lm, batch, sampler)
-        self.overrides = StepOverrides.none(batch, 1 + self.config.dep_q, self.config.dim, device,
-                                            lm.text_linear.weight.dtype)
+        self.overrides = StepOverrides.none(
+            batch, 1 + self.config.dep_q, self.config.dim, device, lm.text_linear.weight.dtype
+        )
         self.pcm = torch.zeros(batch, mimi.frame_size, device=device)
         capacity = lm.transformer.capacity
         self.spans = sorted({min(capacity, k * span_bucket) for k in range(1, math.ceil(capacity / span_bucket) + 1)})
@@ -131,13 +140,13 @@ class FrameStep:
 
     def _step(self, span: int) -> FrameTensors:
         c = self.config
-        user = self.mimi.encode(self.pcm)[:, :c.user_codebooks]
+        user = self.mimi.encode(self.pcm)[:, : c.user_codebooks]
         self.lm.transformer.span = span
         try:
             result = self.stream.step(user, self.overrides)
         finally:
             self.lm.transformer.span = None  # the lm may be shared (prompt encoding, tests): leave it unbounded
-        audio = self.mimi.decode(result.tokens[:, 1:1 + c.agent_codebooks].clamp(min=0))
+        audio = self.mimi.decode(result.tokens[:, 1 : 1 + c.agent_codebooks].clamp(min=0))
         # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
         not_ready = ~result.ready
         self.mimi.reset_decoder_rows(not_ready)

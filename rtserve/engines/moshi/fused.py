@@ -58,13 +58,14 @@ def fused(fn: _F) -> _F:
 def rms_norm(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with its statistics in fp32 (``rms_norm_f32``), back in ``x``'s dtype."""
     x32 = x.float()
-    var = eps + torch.mean(x32 ** 2, dim=-1, keepdim=True)
+    var = eps + torch.mean(x32**2, dim=-1, keepdim=True)
     return (x32 * (alpha.to(var) * torch.rsqrt(var))).to(x.dtype)
 
 
 @fused
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``[B, H, T, D]`` queries/keys by tables from ``layers.rope_tables`` (in fp32)."""
     dim = q.shape[-1]
 

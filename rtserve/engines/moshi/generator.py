@@ -36,10 +36,12 @@ class StepOverrides:
 
     @classmethod
     def none(cls, batch: int, columns: int, dim: int, device: torch.device, dtype: torch.dtype) -> StepOverrides:
-        return cls(torch.zeros(batch, columns, dtype=torch.bool, device=device),
-                   torch.zeros(batch, columns, dtype=torch.long, device=device),
-                   torch.zeros(batch, dtype=torch.bool, device=device),
-                   torch.zeros(batch, dim, dtype=dtype, device=device))
+        return cls(
+            torch.zeros(batch, columns, dtype=torch.bool, device=device),
+            torch.zeros(batch, columns, dtype=torch.long, device=device),
+            torch.zeros(batch, dtype=torch.bool, device=device),
+            torch.zeros(batch, dim, dtype=dtype, device=device),
+        )
 
     def clear(self) -> None:
         self.force_mask.zero_()
@@ -64,8 +66,7 @@ class TokenStream:
         self.device = device
         lm.start(batch)
         self.ring = c.max_delay + 2
-        self.cache = torch.full((batch, c.num_codebooks, self.ring), UNGENERATED_TOKEN, dtype=torch.long,
-                                device=device)
+        self.cache = torch.full((batch, c.num_codebooks, self.ring), UNGENERATED_TOKEN, dtype=torch.long, device=device)
         self.offsets = torch.zeros(batch, dtype=torch.long, device=device)
         self.delays = torch.tensor(c.delays, dtype=torch.long, device=device)
         self.initial = torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
@@ -88,8 +89,9 @@ class TokenStream:
             # The user's codes enter the ring at their delayed positions.
             user_delays = self.delays[first_user:]
             positions = (self.offsets[:, None] + user_delays[None]) % self.ring
-            self.cache[rows[:, None], torch.arange(first_user, c.num_codebooks, device=self.device)[None],
-                       positions] = user_codes
+            self.cache[
+                rows[:, None], torch.arange(first_user, c.num_codebooks, device=self.device)[None], positions
+            ] = user_codes
         current = self.offsets % self.ring
         column = self.cache[rows, :, current]  # [B, K]
         fresh = self.offsets[:, None] <= self.delays[None]
@@ -115,10 +117,10 @@ class TokenStream:
         generated = torch.stack(tokens, dim=1)  # [B, 1 + dep_q]
 
         self.offsets.add_(1)
-        self.cache[rows, :1 + c.dep_q, self.offsets % self.ring] = generated
+        self.cache[rows, : 1 + c.dep_q, self.offsets % self.ring] = generated
         if c.teacher_forced_user:
             self.previous_user.copy_(user_codes)
-        gen_delays = self.delays[:1 + c.dep_q]
+        gen_delays = self.delays[: 1 + c.dep_q]
         index = (self.offsets[:, None] - c.max_delay + gen_delays[None]) % self.ring
         out = self.cache[rows[:, None], torch.arange(1 + c.dep_q, device=self.device)[None], index]
         return StepResult(out, self.offsets > c.max_delay)

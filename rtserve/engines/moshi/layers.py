@@ -93,8 +93,9 @@ class KVCache:
     values: torch.Tensor
 
     @classmethod
-    def empty(cls, batch: int, heads: int, capacity: int, head_dim: int, device: torch.device,
-              dtype: torch.dtype) -> KVCache:
+    def empty(
+        cls, batch: int, heads: int, capacity: int, head_dim: int, device: torch.device, dtype: torch.dtype
+    ) -> KVCache:
         shape = (batch, heads, capacity, head_dim)
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
@@ -126,9 +127,19 @@ class StepPlan:
     context: int | None
 
     @classmethod
-    def build(cls, offset: torch.Tensor, steps: int, heads: int, head_dim: int, capacity: int, context: int | None,
-              span: int | None, rope_max_period: float | None, floor: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float32) -> StepPlan:
+    def build(
+        cls,
+        offset: torch.Tensor,
+        steps: int,
+        heads: int,
+        head_dim: int,
+        capacity: int,
+        context: int | None,
+        span: int | None,
+        rope_max_period: float | None,
+        floor: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> StepPlan:
         """A ring slot's absolute position is recovered from the row's offset, so rows at
         different positions (a recycled slot next to a long-running one) share one batched call.
         The mask is additive in ``dtype`` (the queries'): attention would otherwise turn a bool mask
@@ -156,18 +167,20 @@ class StepPlan:
         return cls(index, mask[:, None], span, rope, write, offset, floor, capacity, context)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PagedKVCache,
-                   plan: StepPlan) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan
+) -> torch.Tensor:
     """Write ``k, v`` (``[B, H, T, D]``) into the ring and attend over the slots ``plan`` allows."""
     if isinstance(cache, PagedKVCache):
         assert plan.floor is not None
-        return cache.attend(q, k, v, plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity,
-                            plan.context)
+        return cache.attend(
+            q, k, v, plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity, plan.context
+        )
     cache.keys.scatter_(2, plan.write, k)
     cache.values.scatter_(2, plan.write, v)
     keys, values = cache.keys, cache.values
     if plan.span < keys.shape[2]:
-        keys, values = keys[:, :, :plan.span], values[:, :, :plan.span]
+        keys, values = keys[:, :, : plan.span], values[:, :, : plan.span]
     return F.scaled_dot_product_attention(q, keys, values, plan.mask, dropout_p=0.0)
 
 
@@ -181,8 +194,9 @@ class Attention(nn.Module):
         self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
         self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
 
-    def forward(self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan,
-                weight_index: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan, weight_index: int = 0
+    ) -> torch.Tensor:
         batch, steps, _ = x.shape
         projected = self.in_projs[weight_index](x)
         q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
@@ -208,19 +222,30 @@ class TransformerLayer(nn.Module):
     projection set ``schedule[i]``.
     """
 
-    def __init__(self, dim: int, heads: int, dim_feedforward: int, *, norm: str, gating: bool,
-                 layer_scale: bool, num_weights: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        dim_feedforward: int,
+        *,
+        norm: str,
+        gating: bool,
+        layer_scale: bool,
+        num_weights: int,
+    ) -> None:
         super().__init__()
         self.self_attn = Attention(dim, heads, num_weights=num_weights)
         self.norm1 = make_norm(norm, dim)
         self.norm2 = make_norm(norm, dim)
         self.mlp: nn.ModuleList = nn.ModuleList(
-            (GatedMLP(dim, dim_feedforward) if gating else GeluMLP(dim, dim_feedforward)) for _ in range(num_weights))
+            (GatedMLP(dim, dim_feedforward) if gating else GeluMLP(dim, dim_feedforward)) for _ in range(num_weights)
+        )
         self.layer_scale_1: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
         self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan,
-                weight_index: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan, weight_index: int = 0
+    ) -> torch.Tensor:
         update = self.self_attn(self.norm1(x), cache, plan, weight_index)
         x = _residual(x, update, self.layer_scale_1)
         update = self.mlp[weight_index](self.norm2(x))
@@ -246,9 +271,21 @@ class Transformer(nn.Module):
     allocator) must give a row the block of each position before the step that writes it.
     """
 
-    def __init__(self, dim: int, heads: int, layers: int, dim_feedforward: int, *, norm: str, gating: bool,
-                 layer_scale: bool, num_weights: int = 1, rope_max_period: float | None, context: int | None,
-                 capacity: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        layers: int,
+        dim_feedforward: int,
+        *,
+        norm: str,
+        gating: bool,
+        layer_scale: bool,
+        num_weights: int = 1,
+        rope_max_period: float | None,
+        context: int | None,
+        capacity: int,
+    ) -> None:
         super().__init__()
         self.dim = dim
         self.heads = heads
@@ -256,9 +293,11 @@ class Transformer(nn.Module):
         self.context = context
         self.rope_max_period = rope_max_period
         self.layers = nn.ModuleList(
-            TransformerLayer(dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale,
-                             num_weights=num_weights)
-            for _ in range(layers))
+            TransformerLayer(
+                dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale, num_weights=num_weights
+            )
+            for _ in range(layers)
+        )
         self.caches: list[KVCache] | list[PagedKVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
         self.span: int | None = None
@@ -279,8 +318,9 @@ class Transformer(nn.Module):
         self.caches, self.floor, self.blocks = [], None, None  # free the old pools before allocating new ones
         self.offset = torch.zeros(batch, dtype=torch.long, device=device)
         if self.paged is None:
-            self.caches = [KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype)
-                           for _ in self.layers]
+            self.caches = [
+                KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype) for _ in self.layers
+            ]
             return
         width = self.capacity // self.paged.block_size
         table = torch.zeros(batch, width, dtype=torch.int32, device=device)
@@ -296,9 +336,18 @@ class Transformer(nn.Module):
     def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
-        plan = StepPlan.build(self.offset, x.shape[1], self.heads, self.dim // self.heads, self.capacity, self.context,
-                              self.span, self.rope_max_period, self.floor,
-                              dtype=self.layers[0].self_attn.in_projs[0].weight.dtype)
+        plan = StepPlan.build(
+            self.offset,
+            x.shape[1],
+            self.heads,
+            self.dim // self.heads,
+            self.capacity,
+            self.context,
+            self.span,
+            self.rope_max_period,
+            self.floor,
+            dtype=self.layers[0].self_attn.in_projs[0].weight.dtype,
+        )
         for layer, cache in zip(self.layers, self.caches):
             x = layer(x, cache, plan, weight_index)
         self.offset.add_(x.shape[1])

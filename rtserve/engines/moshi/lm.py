@@ -37,7 +37,7 @@ def summed_embeddings(column: torch.Tensor, text_table: torch.Tensor, *audio_tab
     (one kernel on CUDA instead of five per stream)."""
     x: torch.Tensor | None = None
     for k, table in enumerate(audio_tables):
-        audio = _embed(column[:, 1 + k:2 + k], table)
+        audio = _embed(column[:, 1 + k : 2 + k], table)
         x = audio if x is None else x + audio
     text = _embed(column[:, :1], text_table)
     return text if x is None else x + text
@@ -58,19 +58,37 @@ class MoshiLM(nn.Module):
         self.emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.dim) for _ in range(c.n_q))
         self.text_emb = TokenEmbedding(c.text_card + 1, c.dim)
         self.text_linear = nn.Linear(c.dim, c.text_card, bias=False)
-        self.transformer = Transformer(c.dim, c.num_heads, c.num_layers, c.dim_feedforward, norm=c.norm, gating=True,
-                                       layer_scale=False, rope_max_period=c.max_period, context=c.context,
-                                       capacity=c.context)
+        self.transformer = Transformer(
+            c.dim,
+            c.num_heads,
+            c.num_layers,
+            c.dim_feedforward,
+            norm=c.norm,
+            gating=True,
+            layer_scale=False,
+            rope_max_period=c.max_period,
+            context=c.context,
+            capacity=c.context,
+        )
         self.out_norm = make_norm(c.norm, c.dim)
         num_in = (max(c.depformer_schedule) + 1) if c.depformer_multi_linear else 1
         self.depformer_in = nn.ModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(num_in))
         self.depformer_emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1))
         self.depformer_text_emb = TokenEmbedding(c.text_card + 1, c.depformer_dim)
         num_weights = max(c.depformer_schedule) + 1
-        self.depformer = Transformer(c.depformer_dim, c.depformer_num_heads, c.depformer_num_layers,
-                                     c.depformer_dim_feedforward, norm=c.norm, gating=True, layer_scale=False,
-                                     num_weights=num_weights, rope_max_period=None, context=c.depformer_context,
-                                     capacity=c.depformer_context or c.dep_q)
+        self.depformer = Transformer(
+            c.depformer_dim,
+            c.depformer_num_heads,
+            c.depformer_num_layers,
+            c.depformer_dim_feedforward,
+            norm=c.norm,
+            gating=True,
+            layer_scale=False,
+            num_weights=num_weights,
+            rope_max_period=None,
+            context=c.depformer_context,
+            capacity=c.depformer_context or c.dep_q,
+        )
         self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
 
     def start(self, batch: int) -> None:

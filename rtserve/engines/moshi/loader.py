@@ -21,15 +21,18 @@ from typing import Any
 import sentencepiece
 import torch
 
-from rtserve.engines.moshi.checkpoint import load_into, lm_rename, mimi_rename, read_safetensors
+from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename, read_safetensors
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.lm_config import CheckpointError, LMConfig, MimiConfig
 from rtserve.engines.moshi.mimi import Mimi
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMES = {"moshi_name": "model.safetensors", "mimi_name": "tokenizer-e351c8d8-checkpoint125.safetensors",
-                 "tokenizer_name": "tokenizer_spm_32k_3.model"}
+DEFAULT_NAMES = {
+    "moshi_name": "model.safetensors",
+    "mimi_name": "tokenizer-e351c8d8-checkpoint125.safetensors",
+    "tokenizer_name": "tokenizer_spm_32k_3.model",
+}
 _CODEBOOK_EPS = 1e-5  # the published codebook normalisation: sum / max(usage, eps)
 
 
@@ -111,11 +114,14 @@ def load_mimi(config: MimiConfig, codebooks: int, path: Path, device: torch.devi
                 total, usage = tensors.get(prefix + "embedding_sum"), tensors.get(prefix + "cluster_usage")
                 if total is None or usage is None:
                     missing = prefix + ("embedding_sum" if total is None else "cluster_usage")
-                    raise CheckpointError(f"{path.name}: missing tensor {missing!r} "
-                                          f"(the LM needs {codebooks} Mimi codebooks)")
+                    raise CheckpointError(
+                        f"{path.name}: missing tensor {missing!r} (the LM needs {codebooks} Mimi codebooks)"
+                    )
                 if tuple(total.shape) != tuple(rvq.codebooks.shape[1:]):
-                    raise CheckpointError(f"{path.name}: tensor {prefix + 'embedding_sum'!r} has shape "
-                                          f"{tuple(total.shape)}, the config implies {tuple(rvq.codebooks.shape[1:])}")
+                    raise CheckpointError(
+                        f"{path.name}: tensor {prefix + 'embedding_sum'!r} has shape "
+                        f"{tuple(total.shape)}, the config implies {tuple(rvq.codebooks.shape[1:])}"
+                    )
                 rvq.codebooks[layer] = total.float() / usage.float().clamp(min=_CODEBOOK_EPS)[:, None]
     return mimi.to(device).eval().requires_grad_(False)
 
@@ -127,8 +133,9 @@ def load_tokenizer(path: Path, text_card: int) -> sentencepiece.SentencePiecePro
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"{path} is not a SentencePiece model: {exc}") from None
     if processor.vocab_size() > text_card + 1:
-        raise CheckpointError(f"{path.name}: tokenizer has {processor.vocab_size()} pieces, more than the "
-                              f"LM's text_card={text_card}")
+        raise CheckpointError(
+            f"{path.name}: tokenizer has {processor.vocab_size()} pieces, more than the LM's text_card={text_card}"
+        )
     return processor
 
 
@@ -150,22 +157,23 @@ def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
         for name, param in module.named_parameters():
             if param.dim() >= 2:
                 std = (param.numel() // param.shape[0]) ** -0.5
-                param.copy_(torch.randn(param.shape, generator=generator, device=generator.device,
-                                        dtype=param.dtype).mul_(std))
+                param.copy_(
+                    torch.randn(param.shape, generator=generator, device=generator.device, dtype=param.dtype).mul_(std)
+                )
             elif name.endswith(("alpha", "scale", "weight")):
                 param.fill_(1.0)
             else:
                 param.zero_()
 
 
-def random_model(folder: str | Path | None, *, device: torch.device, dtype: torch.dtype,
-                 seed: int = 0) -> LoadedModel:
+def random_model(folder: str | Path | None, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """Benchmarking only: the LM and Mimi at ``folder``'s shape (its ``config.json`` and Mimi
     config; no weight files needed) or, with no folder, the published 7B shape, with random
     weights (seeded) and no tokenizer. What it says is noise; what it costs is the real model's."""
     root = None if folder is None else Path(folder)
-    lm_config, mimi_config = (LMConfig.from_dict({}), MimiConfig.from_dict(None)) if root is None \
-        else _shapes(root, _raw_config(root))
+    lm_config, mimi_config = (
+        (LMConfig.from_dict({}), MimiConfig.from_dict(None)) if root is None else _shapes(root, _raw_config(root))
+    )
     if mimi_config.bins != lm_config.card:
         raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {lm_config.card}")
     log.warning("moshi engine on RANDOM weights (moshi_engine.random_weights): benchmarking only")
@@ -179,5 +187,6 @@ def random_model(folder: str | Path | None, *, device: torch.device, dtype: torc
     with torch.no_grad():
         for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
             rvq.codebooks.copy_(torch.randn(rvq.codebooks.shape, generator=generator, device=device))
-    return LoadedModel(lm.eval().requires_grad_(False), mimi.eval().requires_grad_(False), None,
-                       lm_config, mimi_config, root)
+    return LoadedModel(
+        lm.eval().requires_grad_(False), mimi.eval().requires_grad_(False), None, lm_config, mimi_config, root
+    )

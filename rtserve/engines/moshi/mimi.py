@@ -27,8 +27,17 @@ class StreamConv1d(nn.Module):
     ``replicate`` pads a fresh row with its first sample instead of zeros (Mimi's
     downsampler), tracked by a per-row ``first`` flag."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1, groups: int = 1,
-                 bias: bool = True, replicate: bool = False) -> None:
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        replicate: bool = False,
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(cout, cin // groups, kernel))
         self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
@@ -51,7 +60,7 @@ class StreamConv1d(nn.Module):
                 self.previous.copy_(torch.where(self.first.view(-1, 1, 1), x[..., :1], self.previous))
                 self.first.zero_()
             x = torch.cat([self.previous, x], dim=-1)
-            self.previous.copy_(x[..., -self.context:])
+            self.previous.copy_(x[..., -self.context :])
         return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
@@ -76,20 +85,21 @@ class StreamConvTranspose1d(nn.Module):
         y = F.conv_transpose1d(x, self.weight, self.bias, self.stride, groups=self.groups)
         if not self.tail:
             return y
-        head = y[..., :self.tail] + self.partial
-        carry = y[..., -self.tail:]
+        head = y[..., : self.tail] + self.partial
+        carry = y[..., -self.tail :]
         if self.bias is not None:
             carry = carry - self.bias[:, None]  # the bias is added once, when the samples are complete
         self.partial.copy_(carry)
-        return torch.cat([head, y[..., self.tail:-self.tail]], dim=-1)
+        return torch.cat([head, y[..., self.tail : -self.tail]], dim=-1)
 
 
 class ResBlock(nn.Module):
     def __init__(self, dim: int, kernel: int, dilation: int, compress: int) -> None:
         super().__init__()
         hidden = dim // compress
-        self.block = nn.Sequential(nn.ELU(), StreamConv1d(dim, hidden, kernel, dilation=dilation),
-                                   nn.ELU(), StreamConv1d(hidden, dim, 1))
+        self.block = nn.Sequential(
+            nn.ELU(), StreamConv1d(dim, hidden, kernel, dilation=dilation), nn.ELU(), StreamConv1d(hidden, dim, 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.block(x)
@@ -100,8 +110,9 @@ def _encoder(c: MimiConfig) -> nn.Sequential:
     mult = 1
     for ratio in reversed(c.ratios):
         width = mult * c.n_filters
-        layers += [ResBlock(width, c.residual_kernel_size, c.dilation_base ** j, c.compress)
-                   for j in range(c.n_residual_layers)]
+        layers += [
+            ResBlock(width, c.residual_kernel_size, c.dilation_base**j, c.compress) for j in range(c.n_residual_layers)
+        ]
         layers += [nn.ELU(), StreamConv1d(width, width * 2, ratio * 2, stride=ratio)]
         mult *= 2
     layers += [nn.ELU(), StreamConv1d(mult * c.n_filters, c.dimension, c.last_kernel_size)]
@@ -114,8 +125,10 @@ def _decoder(c: MimiConfig) -> nn.Sequential:
     for ratio in c.ratios:
         width = mult * c.n_filters
         layers += [nn.ELU(), StreamConvTranspose1d(width, width // 2, ratio * 2, ratio)]
-        layers += [ResBlock(width // 2, c.residual_kernel_size, c.dilation_base ** j, c.compress)
-                   for j in range(c.n_residual_layers)]
+        layers += [
+            ResBlock(width // 2, c.residual_kernel_size, c.dilation_base**j, c.compress)
+            for j in range(c.n_residual_layers)
+        ]
         mult //= 2
     layers += [nn.ELU(), StreamConv1d(c.n_filters, 1, c.last_kernel_size)]
     return nn.Sequential(*layers)
@@ -178,17 +191,27 @@ class Mimi(nn.Module):
         self.decoder = _decoder(c)
 
         def transformer() -> Transformer:
-            return Transformer(c.tr_dim, c.tr_heads, c.tr_layers, c.tr_ff, norm="layer_norm", gating=False,
-                               layer_scale=c.tr_layer_scale, rope_max_period=c.tr_max_period, context=c.tr_context,
-                               capacity=c.tr_context)
+            return Transformer(
+                c.tr_dim,
+                c.tr_heads,
+                c.tr_layers,
+                c.tr_ff,
+                norm="layer_norm",
+                gating=False,
+                layer_scale=c.tr_layer_scale,
+                rope_max_period=c.tr_max_period,
+                context=c.tr_context,
+                capacity=c.tr_context,
+            )
 
         self.encoder_transformer = transformer()
         self.decoder_transformer = transformer()
         stride = c.downsample_stride
         self.downsample = StreamConv1d(c.dimension, c.dimension, 2 * stride, stride=stride, bias=False, replicate=True)
         # groups=dimension: the published upsampler is channel-wise (kept for weight compatibility).
-        self.upsample = StreamConvTranspose1d(c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension,
-                                              bias=False)
+        self.upsample = StreamConvTranspose1d(
+            c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension, bias=False
+        )
         self.quantizer = _SplitRVQ(c, codebooks)
         self._encode_side = [self.encoder, self.encoder_transformer, self.downsample]
         self._decode_side = [self.upsample, self.decoder_transformer, self.decoder]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rtserve.engines.moshi.paged_kv import PagedKVCache
 
 # No window: larger than any position difference.
-NO_WINDOW = 2 ** 62
+NO_WINDOW = 2**62
 
 
 # Ring slots one program reads (split-K / flash-decoding: more programs in flight than
@@ -35,10 +35,30 @@ DEFAULT_STAGES = 2
 
 
 @triton.jit
-def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, offset_ptr, floor_ptr, m_ptr, l_ptr, acc_ptr,
-                    table_stride, span, capacity, context, sm_scale, splits,
-                    H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                    TILE: tl.constexpr):
+def _partial_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    offset_ptr,
+    floor_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    table_stride,
+    span,
+    capacity,
+    context,
+    sm_scale,
+    splits,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TILE: tl.constexpr,
+):
     row = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -80,8 +100,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, offset_ptr, 
 
 
 @triton.jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, splits, H: tl.constexpr, D: tl.constexpr,
-                  SPLITS: tl.constexpr):
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, splits, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
     first = (row * H + head) * splits
@@ -109,9 +128,25 @@ def _quantize_store(x_ptr, q_ptr, s_ptr, slot_base, dims, D: tl.constexpr):
 
 
 @triton.jit
-def _write_kernel(k_ptr, v_ptr, kq_ptr, vq_ptr, ks_ptr, vs_ptr, table_ptr, offset_ptr, table_stride, capacity,
-                  k_stride_b, k_stride_h, v_stride_b, v_stride_h, H: tl.constexpr, D: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _write_kernel(
+    k_ptr,
+    v_ptr,
+    kq_ptr,
+    vq_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    offset_ptr,
+    table_stride,
+    capacity,
+    k_stride_b,
+    k_stride_h,
+    v_stride_b,
+    v_stride_h,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     head = tl.program_id(1)
     slot = tl.load(offset_ptr + row) % capacity
@@ -127,14 +162,41 @@ def paged_write(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, offset: t
     batch, heads, _, dim = k.shape
     assert k.stride(-1) == 1 and v.stride(-1) == 1
     _write_kernel[(batch, heads)](
-        k, v, cache.keys, cache.values, cache.key_scales, cache.value_scales, cache.table, offset,
-        cache.table.stride(0), capacity, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H=heads, D=dim,
-        BLOCK=cache.block_size, num_warps=1)
+        k,
+        v,
+        cache.keys,
+        cache.values,
+        cache.key_scales,
+        cache.value_scales,
+        cache.table,
+        offset,
+        cache.table.stride(0),
+        capacity,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        H=heads,
+        D=dim,
+        BLOCK=cache.block_size,
+        num_warps=1,
+    )
 
 
-def paged_decode(q: torch.Tensor, cache: PagedKVCache, offset: torch.Tensor, floor: torch.Tensor, span: int,
-                 capacity: int, context: int | None, *, chunk: int = DEFAULT_CHUNK, warps: int = DEFAULT_WARPS,
-                 tile: int = DEFAULT_TILE, stages: int = DEFAULT_STAGES) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    offset: torch.Tensor,
+    floor: torch.Tensor,
+    span: int,
+    capacity: int,
+    context: int | None,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    warps: int = DEFAULT_WARPS,
+    tile: int = DEFAULT_TILE,
+    stages: int = DEFAULT_STAGES,
+) -> torch.Tensor:
     """``q`` ``[B, H, 1, D]`` -> ``[B, H, 1, D]``; the entry at ``offset`` was written this step."""
     batch, heads, _, dim = q.shape
     chunk = max(chunk, cache.block_size)
@@ -146,10 +208,32 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, offset: torch.Tensor, flo
     denom = torch.empty_like(m)
     acc = torch.empty(batch, heads, splits, dim, device=q.device, dtype=torch.float32)
     _partial_kernel[(batch, heads, splits)](
-        q, cache.keys, cache.values, cache.key_scales, cache.value_scales, cache.table, offset, floor, m, denom, acc,
-        cache.table.stride(0), span, capacity, NO_WINDOW if context is None else context, dim ** -0.5, splits,
-        H=heads, D=dim, BLOCK=cache.block_size, CHUNK=chunk, TILE=tile, num_warps=warps,
-        num_stages=stages)
-    _merge_kernel[(batch, heads)](m, denom, acc, out, splits, H=heads, D=dim,
-                                  SPLITS=triton.next_power_of_2(splits), num_warps=1)
+        q,
+        cache.keys,
+        cache.values,
+        cache.key_scales,
+        cache.value_scales,
+        cache.table,
+        offset,
+        floor,
+        m,
+        denom,
+        acc,
+        cache.table.stride(0),
+        span,
+        capacity,
+        NO_WINDOW if context is None else context,
+        dim**-0.5,
+        splits,
+        H=heads,
+        D=dim,
+        BLOCK=cache.block_size,
+        CHUNK=chunk,
+        TILE=tile,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    _merge_kernel[(batch, heads)](
+        m, denom, acc, out, splits, H=heads, D=dim, SPLITS=triton.next_power_of_2(splits), num_warps=1
+    )
     return out

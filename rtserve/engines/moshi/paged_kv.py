@@ -84,10 +84,13 @@ class PagedKVCache:
     def empty(cls, spec: PagedKVSpec, heads: int, head_dim: int, table: torch.Tensor) -> PagedKVCache:
         device = table.device
         shape = (spec.num_blocks + 1, heads, spec.block_size, head_dim)
-        return cls(torch.zeros(shape, dtype=torch.int8, device=device),
-                   torch.zeros(shape, dtype=torch.int8, device=device),
-                   torch.zeros(shape[:3], dtype=torch.float32, device=device),
-                   torch.zeros(shape[:3], dtype=torch.float32, device=device), table)
+        return cls(
+            torch.zeros(shape, dtype=torch.int8, device=device),
+            torch.zeros(shape, dtype=torch.int8, device=device),
+            torch.zeros(shape[:3], dtype=torch.float32, device=device),
+            torch.zeros(shape[:3], dtype=torch.float32, device=device),
+            table,
+        )
 
     @property
     def block_size(self) -> int:
@@ -107,7 +110,7 @@ class PagedKVCache:
 
     def gather(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized ``[B, H, span, D]`` keys and values of the first ``span`` ring slots."""
-        blocks = self.table[:, :-(-span // self.block_size)].long()  # [B, nb]
+        blocks = self.table[:, : -(-span // self.block_size)].long()  # [B, nb]
 
         def one(pool: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
             x = pool[blocks].float() * scales[blocks][..., None]  # [B, nb, H, block, D]
@@ -116,12 +119,24 @@ class PagedKVCache:
 
         return one(self.keys, self.key_scales), one(self.values, self.value_scales)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, offset: torch.Tensor,
-               floor: torch.Tensor, mask: torch.Tensor, span: int, capacity: int, context: int | None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot: torch.Tensor,
+        offset: torch.Tensor,
+        floor: torch.Tensor,
+        mask: torch.Tensor,
+        span: int,
+        capacity: int,
+        context: int | None,
+    ) -> torch.Tensor:
         """Write then attend; on CUDA a single step is two Triton kernels (quantize-and-store, then
         attention reading the int8 blocks directly)."""
         if q.is_cuda and q.shape[2] == 1:
             from rtserve.engines.moshi.paged_attention import paged_decode, paged_write
+
             paged_write(k, v, self, offset, capacity)
             return paged_decode(q, self, offset, floor, span, capacity, context)
         self.write(k, v, slot)

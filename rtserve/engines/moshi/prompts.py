@@ -103,8 +103,8 @@ def text_steps(token_ids: list[int], silence: np.ndarray, config: LMConfig) -> l
         tokens = np.zeros(1 + config.dep_q, np.int64)
         mask = np.zeros(1 + config.dep_q, bool)
         tokens[0], mask[0] = token, True
-        tokens[1:1 + config.agent_codebooks] = silence
-        mask[1:1 + config.agent_codebooks] = True
+        tokens[1 : 1 + config.agent_codebooks] = silence
+        mask[1 : 1 + config.agent_codebooks] = True
         steps.append(PrefillStep(tokens, mask))
     return steps
 

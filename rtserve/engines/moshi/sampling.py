@@ -110,8 +110,9 @@ class SlotSampler:
 
 
 @fused
-def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
-          draws: torch.Tensor) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor, draws: torch.Tensor
+) -> torch.Tensor:
     """Each row's token: the argmax where its temperature is 0, else a top-k draw by the race."""
     logits = logits.float()
     greedy = torch.argmax(logits, dim=-1)

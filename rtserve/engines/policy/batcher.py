@@ -89,21 +89,39 @@ def _check_actions(actions: object) -> dict[str, Any]:
 
 class BatcherMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.batch_size = Histogram("rtserve_robot_batch_size", "Observations per policy call",
-                                    buckets=_BATCH_BUCKETS, registry=registry)
-        self.inference_seconds = Histogram("rtserve_robot_inference_seconds", "Duration of one batched policy call",
-                                           buckets=_LATENCY_BUCKETS, registry=registry)
-        self.queue_seconds = Histogram("rtserve_robot_queue_seconds", "Time an observation waited for its batch",
-                                       buckets=_LATENCY_BUCKETS, registry=registry)
-        self.rejected = Counter("rtserve_robot_queue_rejected", "Observations refused because the queue was full",
-                                registry=registry)
+        self.batch_size = Histogram(
+            "rtserve_robot_batch_size", "Observations per policy call", buckets=_BATCH_BUCKETS, registry=registry
+        )
+        self.inference_seconds = Histogram(
+            "rtserve_robot_inference_seconds",
+            "Duration of one batched policy call",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_seconds = Histogram(
+            "rtserve_robot_queue_seconds",
+            "Time an observation waited for its batch",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "rtserve_robot_queue_rejected", "Observations refused because the queue was full", registry=registry
+        )
 
 
 class PolicyBatcher:
     """Owns the policy and the one thread that calls it."""
 
-    def __init__(self, policy: PolicyEngine, *, max_batch: int, batch_window_s: float, max_pending: int,
-                 registry: CollectorRegistry, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        policy: PolicyEngine,
+        *,
+        max_batch: int,
+        batch_window_s: float,
+        max_pending: int,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._policy = policy
         self._max_batch = max_batch
         self._window_s = batch_window_s
@@ -213,8 +231,7 @@ class PolicyBatcher:
             queue_s = started - pending.queued_at
             self._metrics.queue_seconds.observe(queue_s)
             if not isinstance(outcome, BaseException):
-                outcome = PolicyResult(outcome, queue_ms=queue_s * 1000, infer_ms=infer_s * 1000,
-                                       batch_size=len(batch))
+                outcome = PolicyResult(outcome, queue_ms=queue_s * 1000, infer_ms=infer_s * 1000, batch_size=len(batch))
             pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
 
     def _infer_isolated(self, batch: list[_Pending]) -> list[dict[str, Any] | BaseException]:

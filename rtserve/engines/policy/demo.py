@@ -121,15 +121,25 @@ class DemoDroidNet(nn.Module):
         pooled = nn.functional.avg_pool2d(images.float().permute(0, 3, 1, 2), _POOL)
         return pooled.flatten(1) / 255.0
 
-    def forward(self, exterior: torch.Tensor, wrist: torch.Tensor, state: torch.Tensor,
-                prompt_ids: torch.Tensor, prompt_offsets: torch.Tensor,
-                hidden: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = torch.cat([
-            self.exterior(self._pool(exterior)),
-            self.wrist(self._pool(wrist)),
-            self.state(state),
-            self.prompt(prompt_ids, prompt_offsets),
-        ], dim=1)
+    def forward(
+        self,
+        exterior: torch.Tensor,
+        wrist: torch.Tensor,
+        state: torch.Tensor,
+        prompt_ids: torch.Tensor,
+        prompt_offsets: torch.Tensor,
+        hidden: torch.Tensor,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.cat(
+            [
+                self.exterior(self._pool(exterior)),
+                self.wrist(self._pool(wrist)),
+                self.state(state),
+                self.prompt(prompt_ids, prompt_offsets),
+            ],
+            dim=1,
+        )
         new_hidden = self.memory(nn.functional.gelu(self.fuse(features)), hidden)
         actions = torch.tanh(self.head(new_hidden) + noise).view(-1, ACTION_HORIZON, ACTION_DIM)
         return actions, new_hidden

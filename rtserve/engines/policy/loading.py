@@ -30,8 +30,10 @@ class PolicyLoadError(Exception):
 def _check_policy(policy: object, origin: str) -> PolicyEngine:
     missing = [name for name in _REQUIRED_METHODS if not callable(getattr(policy, name, None))]
     if missing:
-        raise PolicyLoadError(f"robot.policy {origin!r} returned {type(policy).__name__}, "
-                              f"which lacks PolicyEngine method(s): {', '.join(missing)}")
+        raise PolicyLoadError(
+            f"robot.policy {origin!r} returned {type(policy).__name__}, "
+            f"which lacks PolicyEngine method(s): {', '.join(missing)}"
+        )
     return policy  # type: ignore[return-value]
 
 

@@ -43,7 +43,8 @@ class ArraySpec:
             raise InvalidObservation(f"observation key '{key}' must be numeric, got dtype {value.dtype}")
         if value.shape != self.shape:
             raise InvalidObservation(
-                f"observation key '{key}' must have shape {list(self.shape)}, got {list(value.shape)}")
+                f"observation key '{key}' must have shape {list(self.shape)}, got {list(value.shape)}"
+            )
         if self.finite and value.dtype.kind == "f" and not np.isfinite(value).all():
             raise InvalidObservation(f"observation key '{key}' holds NaN or infinite values")
 

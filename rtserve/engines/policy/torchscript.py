@@ -31,12 +31,16 @@ METADATA_FILE = "rtserve_policy.json"
 
 def _parse_metadata(path: Path, raw: str) -> tuple[dict[str, Any], dict[str, ArraySpec], str]:
     if not raw:
-        raise PolicyLoadError(f"robot.policy: TorchScript file {path} has no '{METADATA_FILE}' extra file "
-                              "(save it with torch.jit.save(..., _extra_files=...))")
+        raise PolicyLoadError(
+            f"robot.policy: TorchScript file {path} has no '{METADATA_FILE}' extra file "
+            "(save it with torch.jit.save(..., _extra_files=...))"
+        )
     try:
         meta = json.loads(raw)
-        spec = {key: ArraySpec(tuple(int(d) for d in field["shape"]), dtype=field.get("dtype"))
-                for key, field in meta["observation"].items()}
+        spec = {
+            key: ArraySpec(tuple(int(d) for d in field["shape"]), dtype=field.get("dtype"))
+            for key, field in meta["observation"].items()
+        }
         server_config = dict(meta.get("server_config", {}))
         action_key = str(meta.get("action_key", "actions"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -53,7 +57,9 @@ class TorchScriptPolicy:
         try:
             self._module = torch.jit.load(str(self._path), map_location="cpu", _extra_files=extra)
         except (RuntimeError, ValueError, OSError) as exc:
-            raise PolicyLoadError(f"robot.policy: cannot load TorchScript file {self._path}: {exc}".splitlines()[0]) from None
+            raise PolicyLoadError(
+                f"robot.policy: cannot load TorchScript file {self._path}: {exc}".splitlines()[0]
+            ) from None
         self._module.eval()
         self._server_config, self._spec, self._action_key = _parse_metadata(self._path, extra[METADATA_FILE])
 

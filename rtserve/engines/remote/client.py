@@ -18,9 +18,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rtserve.engines.lockstep.framing import check_audio
-from rtserve.engines.protocols import (ChatMessage, EngineCapabilities, EngineEvent, EngineFailure,
-                                       OutputAudio, Pcm, ResponseRequest, SamplingParams, SessionOptions,
-                                       TokenDelta, TranscriptPiece, TurnEngines, VoiceInfo)
+from rtserve.engines.protocols import (
+    ChatMessage,
+    EngineCapabilities,
+    EngineEvent,
+    EngineFailure,
+    OutputAudio,
+    Pcm,
+    ResponseRequest,
+    SamplingParams,
+    SessionOptions,
+    TokenDelta,
+    TranscriptPiece,
+    TurnEngines,
+    VoiceInfo,
+)
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
 from rtserve.engines.remote.wire import Kind
@@ -124,8 +136,11 @@ class RemoteEngineSession:
             return
         self._closed = True
         if self._dropped_audio:
-            log.warning("engine session %d closed; %d audio frames were dropped for a slow reader",
-                        self._handle, self._dropped_audio)
+            log.warning(
+                "engine session %d closed; %d audio frames were dropped for a slow reader",
+                self._handle,
+                self._dropped_audio,
+            )
         self._link.uplink.drop(self._handle)
         try:
             await self._call("close")
@@ -218,8 +233,9 @@ class RemoteTTS(_RemoteTurnEngine):
 
 
 class RemoteASR(_RemoteTurnEngine):
-    def transcribe(self, audio: AsyncIterator[Pcm], *, language: str | None = None,
-                   prompt: str | None = None) -> AsyncIterator[TranscriptPiece]:
+    def transcribe(
+        self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[TranscriptPiece]:
         return self._link.stream("asr", "transcribe", {"language": language, "prompt": prompt}, input_items=audio)
 
 
@@ -259,8 +275,9 @@ class RemotePolicy:
 class RemoteEngines:
     """The engine process's ``EngineSet`` as a worker sees it (same surface)."""
 
-    def __init__(self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int, registry: CollectorRegistry | None = None
+    ) -> None:
         link.offer = link.offer or offer  # the first offer: what the app is built from
         self._link = link
         self._registry = registry  # pushed to the engine process each second, for every worker's /metrics
@@ -269,7 +286,8 @@ class RemoteEngines:
         self.turn_engines = TurnEngines(
             asr=RemoteASR(link, offer.asr) if offer.asr else None,
             llm=RemoteLLM(link, offer.llm) if offer.llm else None,
-            tts=RemoteTTS(link, offer.tts) if offer.tts else None)
+            tts=RemoteTTS(link, offer.tts) if offer.tts else None,
+        )
         self._offer_changed = asyncio.Event()
         link.on_offer(self._offer_changed.set)
 

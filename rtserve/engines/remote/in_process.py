@@ -24,9 +24,13 @@ class LinkedEngines(RemoteEngines):
         self._server = EngineServer(local)
         self._serving: set[asyncio.Task[None]] = set()
         settings = config.engine_link
-        link = EngineLink(self._connect, worker_index=0, uplink_lead_s=settings.uplink_lead_ms / 1000,
-                          uplink_last_call_s=settings.uplink_last_call_ms / 1000,
-                          metrics=self._server.metrics)  # one registry here: both sides share the metrics
+        link = EngineLink(
+            self._connect,
+            worker_index=0,
+            uplink_lead_s=settings.uplink_lead_ms / 1000,
+            uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+            metrics=self._server.metrics,
+        )  # one registry here: both sides share the metrics
         super().__init__(link, offer_of(local), max_queued_events=settings.max_queued_events)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -38,8 +38,15 @@ class EngineUnavailable(EngineError):
 
 
 class EngineLink:
-    def __init__(self, connect: Callable[[], Any], worker_index: int, *, uplink_lead_s: float = 0.015,
-                 uplink_last_call_s: float = 0.002, metrics: LinkMetrics | None = None) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        worker_index: int,
+        *,
+        uplink_lead_s: float = 0.015,
+        uplink_last_call_s: float = 0.002,
+        metrics: LinkMetrics | None = None,
+    ) -> None:
         self._connect = connect  # () -> awaitable (reader, writer)
         self.worker_index = worker_index
         self.offer: EngineOffer | None = None
@@ -202,8 +209,9 @@ class EngineLink:
         for event in early:
             sink(event)
 
-    async def stream(self, target: str, method: str, *args: Any,
-                     input_items: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]:
+    async def stream(
+        self, target: str, method: str, *args: Any, input_items: AsyncIterator[Any] | None = None
+    ) -> AsyncIterator[Any]:
         """Items of an engine-side async iterator; closing this one cancels that one."""
         stream_id = next(self._ids)
         queue: asyncio.Queue[Any] = asyncio.Queue()

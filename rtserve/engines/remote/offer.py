@@ -47,11 +47,14 @@ def offer_of(engines: EngineSet) -> EngineOffer:
     session_engine, turn = engines.session_engine, engines.turn_engines
     batcher = engines.policy_batcher
     return EngineOffer(
-        capabilities=session_engine.capabilities, model_ids=tuple(session_engine.model_ids()),
-        ready=engines.ready, failure=engines.failure,
+        capabilities=session_engine.capabilities,
+        model_ids=tuple(session_engine.model_ids()),
+        ready=engines.ready,
+        failure=engines.failure,
         asr=None if turn.asr is None else TurnEngineInfo(turn.asr.model_name, turn.asr.sample_rate),
         llm=None if turn.llm is None else TurnEngineInfo(turn.llm.model_name),
         tts=None if turn.tts is None else TurnEngineInfo(turn.tts.model_name, turn.tts.sample_rate, turn.tts.voices),
         policy_loading=engines.policy_loading,
         policy_config=None if batcher is None else batcher.policy.server_config(),
-        sleeping=engines.sleeping)
+        sleeping=engines.sleeping,
+    )

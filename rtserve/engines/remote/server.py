@@ -336,8 +336,9 @@ class WorkerLink:
             args = (stream.input_items(), *args)
         stream.task = asyncio.create_task(self._run_stream(stream, factory, args))
 
-    async def _run_stream(self, stream: _HostedStream, factory: Callable[..., AsyncIterator[Any]] | None,
-                          args: tuple[Any, ...]) -> None:
+    async def _run_stream(
+        self, stream: _HostedStream, factory: Callable[..., AsyncIterator[Any]] | None, args: tuple[Any, ...]
+    ) -> None:
         error: RemoteError | None = None
         try:
             if factory is None:

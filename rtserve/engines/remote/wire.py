@@ -111,13 +111,26 @@ class LinkMetrics:
     by side (``worker`` sends audio, ``engine`` sends events)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.messages = Counter("rtserve_engine_link_messages", "Messages sent over the engine link by kind",
-                                ["side", "kind"], registry=registry)
-        self.batch_seconds = Histogram("rtserve_engine_link_batch_send_seconds",
-                                       "Encoding and writing one per-tick batch (FRAMES_IN or EVENTS_OUT)",
-                                       ["side"], buckets=_IPC_BUCKETS, registry=registry)
-        self.batch_items = Histogram("rtserve_engine_link_batch_items", "Sessions' audio chunks or events in one "
-                                     "per-tick batch", ["side"], buckets=_ITEM_BUCKETS, registry=registry)
+        self.messages = Counter(
+            "rtserve_engine_link_messages",
+            "Messages sent over the engine link by kind",
+            ["side", "kind"],
+            registry=registry,
+        )
+        self.batch_seconds = Histogram(
+            "rtserve_engine_link_batch_send_seconds",
+            "Encoding and writing one per-tick batch (FRAMES_IN or EVENTS_OUT)",
+            ["side"],
+            buckets=_IPC_BUCKETS,
+            registry=registry,
+        )
+        self.batch_items = Histogram(
+            "rtserve_engine_link_batch_items",
+            "Sessions' audio chunks or events in one per-tick batch",
+            ["side"],
+            buckets=_ITEM_BUCKETS,
+            registry=registry,
+        )
 
     def sent(self, side: str, message: tuple[Any, ...], seconds: float) -> None:
         kind = message[0]

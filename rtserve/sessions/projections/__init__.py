@@ -6,5 +6,12 @@ from rtserve.sessions.projections.native import NativeDuplexProjection
 from rtserve.sessions.projections.realtime import RealtimeProjection
 from rtserve.sessions.projections.turn_based import TurnBasedProjection
 
-__all__ = ["NativeDuplexProjection", "Projection", "RealtimeProjection", "TurnBasedProjection", "compact_json",
-           "utf8_len", "with_seq"]
+__all__ = [
+    "NativeDuplexProjection",
+    "Projection",
+    "RealtimeProjection",
+    "TurnBasedProjection",
+    "compact_json",
+    "utf8_len",
+    "with_seq",
+]

@@ -43,7 +43,7 @@ def compact_json_with_blob(obj: dict[str, Any], key: str) -> str:
     text = compact_json({**obj, key: ""})
     marker = f'"{key}":""'  # a key appears once; quotes inside values are always escaped
     at = text.index(marker)
-    return f'{text[:at]}"{key}":"{blob}"{text[at + len(marker):]}'
+    return f'{text[:at]}"{key}":"{blob}"{text[at + len(marker) :]}'
 
 
 def with_seq(text: str, seq: int) -> str:

@@ -69,12 +69,19 @@ def _names_of(cls: type) -> tuple[str, ...]:
 def _plain(value: Any) -> Any:
     """Snapshots, configs and containers as JSON-ready values."""
     if isinstance(value, ev.SessionSnapshot):
-        return {"id": value.id, **value.config.model_dump(mode="json"), "epoch": value.epoch,
-                "turn_id": value.turn_id,
-                "capabilities": {**value.capabilities, "supports_session_resume": value.resumable}}
+        return {
+            "id": value.id,
+            **value.config.model_dump(mode="json"),
+            "epoch": value.epoch,
+            "turn_id": value.turn_id,
+            "capabilities": {**value.capabilities, "supports_session_resume": value.resumable},
+        }
     if isinstance(value, ev.ItemSnapshot):  # function fields only on function items
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) is not None or f.name not in ("call_id", "name")}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if getattr(value, f.name) is not None or f.name not in ("call_id", "name")
+        }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
@@ -89,15 +96,29 @@ class NativeDuplexProjection:
 
     def render(self, event: ev.SessionEvent) -> dict[str, Any]:
         cls = type(event)
-        out: dict[str, Any] = {"type": NATIVE_NAMES[cls], "event_id": event.event_id,
-                               "session_id": event.session_id, "epoch": event.epoch}
+        out: dict[str, Any] = {
+            "type": NATIVE_NAMES[cls],
+            "event_id": event.event_id,
+            "session_id": event.session_id,
+            "epoch": event.epoch,
+        }
         if isinstance(event, ev.AudioDelta):
-            out.update(response_id=event.response_id, item_id=event.item_id,
-                       audio=encode_audio_b64(event.pcm, event.audio_format), format=event.audio_format,
-                       sample_rate_hz=event.sample_rate, duration_ms=round(event.duration_ms, 3))
+            out.update(
+                response_id=event.response_id,
+                item_id=event.item_id,
+                audio=encode_audio_b64(event.pcm, event.audio_format),
+                format=event.audio_format,
+                sample_rate_hz=event.sample_rate,
+                duration_ms=round(event.duration_ms, 3),
+            )
         elif isinstance(event, ev.ErrorEvent):
-            out["error"] = {"type": event.error_type, "code": event.code, "message": event.message,
-                            "param": event.param, "event_id": event.related_event_id}
+            out["error"] = {
+                "type": event.error_type,
+                "code": event.code,
+                "message": event.message,
+                "param": event.param,
+                "event_id": event.related_event_id,
+            }
         else:
             for name in _names_of(cls):
                 out[name] = _plain(getattr(event, name))

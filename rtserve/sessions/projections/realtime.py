@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from rtserve.sessions import events as ev
+from rtserve.sessions.lease import MAX_DURATION_REACHED
 from rtserve.sessions.projections.audio import encode_audio_b64
 from rtserve.sessions.projections.base import SESSION_EVENT_NAMES, compact_json, compact_json_with_blob
-from rtserve.sessions.lease import MAX_DURATION_REACHED
 from rtserve.sessions.session_config import SessionConfig
 
 Naming = Literal["ga", "beta"]
@@ -93,8 +93,12 @@ def _turn_detection(config: SessionConfig) -> dict[str, Any] | None:
     if vad is None:
         return None
     if vad.type == "semantic_vad":
-        return {"type": "semantic_vad", "eagerness": vad.eagerness or "auto", "create_response": vad.create_response,
-                "interrupt_response": vad.interrupt_response}
+        return {
+            "type": "semantic_vad",
+            "eagerness": vad.eagerness or "auto",
+            "create_response": vad.create_response,
+            "interrupt_response": vad.interrupt_response,
+        }
     return vad.model_dump(exclude={"eagerness"}, exclude_none=True)
 
 
@@ -116,66 +120,119 @@ class RealtimeProjection:
             ev.HeartbeatAck: lambda e: {"session_id": e.session_id},
             ev.SessionClosed: _terminal,
             ev.SessionExpired: _terminal,
-            ev.SessionResumed: lambda e: {"session_id": e.session_id,
-                                          "attachment_generation": e.attachment_generation,
-                                          "resume_token": e.resume_token, "replayed": e.replayed},
-            ev.SessionReplaced: lambda e: {"session_id": e.session_id,
-                                           "attachment_generation": e.attachment_generation},
+            ev.SessionResumed: lambda e: {
+                "session_id": e.session_id,
+                "attachment_generation": e.attachment_generation,
+                "resume_token": e.resume_token,
+                "replayed": e.replayed,
+            },
+            ev.SessionReplaced: lambda e: {
+                "session_id": e.session_id,
+                "attachment_generation": e.attachment_generation,
+            },
             ev.ResyncRequired: lambda e: {"session_id": e.session_id, "reason": e.reason},
             ev.ErrorEvent: _error,
             ev.SpeechStarted: lambda e: {"audio_start_ms": e.audio_start_ms, "item_id": e.item_id},
             ev.SpeechStopped: lambda e: {"audio_end_ms": e.audio_end_ms, "item_id": e.item_id},
-            ev.InputCommitted: lambda e: {"previous_item_id": e.previous_item_id, "item_id": e.item_id,
-                                          "turn_id": e.turn_id},
+            ev.InputCommitted: lambda e: {
+                "previous_item_id": e.previous_item_id,
+                "item_id": e.item_id,
+                "turn_id": e.turn_id,
+            },
             ev.InputCleared: lambda e: {},
-            ev.InputTimeoutTriggered: lambda e: {"audio_start_ms": e.audio_start_ms, "audio_end_ms": e.audio_end_ms,
-                                                 "item_id": e.item_id},
-            ev.InputTranscriptDelta: lambda e: {"item_id": e.item_id, "content_index": e.content_index,
-                                                "delta": e.delta},
-            ev.InputTranscriptCompleted: lambda e: {"item_id": e.item_id, "content_index": e.content_index,
-                                                    "transcript": e.transcript,
-                                                    "usage": {"type": "duration",
-                                                              "seconds": round(e.audio_seconds, 3)}},
+            ev.InputTimeoutTriggered: lambda e: {
+                "audio_start_ms": e.audio_start_ms,
+                "audio_end_ms": e.audio_end_ms,
+                "item_id": e.item_id,
+            },
+            ev.InputTranscriptDelta: lambda e: {
+                "item_id": e.item_id,
+                "content_index": e.content_index,
+                "delta": e.delta,
+            },
+            ev.InputTranscriptCompleted: lambda e: {
+                "item_id": e.item_id,
+                "content_index": e.content_index,
+                "transcript": e.transcript,
+                "usage": {"type": "duration", "seconds": round(e.audio_seconds, 3)},
+            },
             ev.ItemAdded: lambda e: {"previous_item_id": e.previous_item_id, "item": self._item(e.item)},
             ev.ItemDone: lambda e: {"previous_item_id": e.previous_item_id, "item": self._item(e.item)},
             ev.ItemDeleted: lambda e: {"item_id": e.item_id},
-            ev.ItemTruncated: lambda e: {"item_id": e.item_id, "content_index": e.content_index,
-                                         "audio_end_ms": e.audio_end_ms},
+            ev.ItemTruncated: lambda e: {
+                "item_id": e.item_id,
+                "content_index": e.content_index,
+                "audio_end_ms": e.audio_end_ms,
+            },
             ev.ItemRetrieved: lambda e: {"item": self._item(e.item)},
             ev.ResponseCreated: self._response_created,
-            ev.OutputItemAdded: lambda e: {"response_id": e.response_id, "output_index": e.output_index,
-                                           "item": self._item(e.item)},
-            ev.OutputItemDone: lambda e: {"response_id": e.response_id, "output_index": e.output_index,
-                                          "item": self._item(e.item)},
+            ev.OutputItemAdded: lambda e: {
+                "response_id": e.response_id,
+                "output_index": e.output_index,
+                "item": self._item(e.item),
+            },
+            ev.OutputItemDone: lambda e: {
+                "response_id": e.response_id,
+                "output_index": e.output_index,
+                "item": self._item(e.item),
+            },
             ev.ContentPartAdded: lambda e: {**_part_ids(e), "part": _content_part(e.kind, "")},
             ev.ContentPartDone: lambda e: {**_part_ids(e), "part": _content_part(e.kind, e.text)},
-            ev.AudioDelta: lambda e: {**_part_ids(e), "delta": encode_audio_b64(e.pcm, e.audio_format),
-                                      "sample_rate_hz": e.sample_rate},
+            ev.AudioDelta: lambda e: {
+                **_part_ids(e),
+                "delta": encode_audio_b64(e.pcm, e.audio_format),
+                "sample_rate_hz": e.sample_rate,
+            },
             ev.TranscriptDelta: lambda e: {**_part_ids(e), "delta": e.delta},
             ev.TextDelta: lambda e: {**_part_ids(e), "delta": e.delta},
             ev.AudioDone: _part_ids,
             ev.TranscriptDone: lambda e: {**_part_ids(e), "transcript": e.transcript},
             ev.TextDone: lambda e: {**_part_ids(e), "text": e.text},
             ev.ResponseDone: self._response_done,
-            ev.FunctionCallArgumentsDelta: lambda e: {"response_id": e.response_id, "item_id": e.item_id,
-                                                      "output_index": e.output_index, "call_id": e.call_id,
-                                                      "delta": e.delta},
-            ev.FunctionCallArgumentsDone: lambda e: {"response_id": e.response_id, "item_id": e.item_id,
-                                                     "output_index": e.output_index, "call_id": e.call_id,
-                                                     "name": e.name, "arguments": e.arguments},
+            ev.FunctionCallArgumentsDelta: lambda e: {
+                "response_id": e.response_id,
+                "item_id": e.item_id,
+                "output_index": e.output_index,
+                "call_id": e.call_id,
+                "delta": e.delta,
+            },
+            ev.FunctionCallArgumentsDone: lambda e: {
+                "response_id": e.response_id,
+                "item_id": e.item_id,
+                "output_index": e.output_index,
+                "call_id": e.call_id,
+                "name": e.name,
+                "arguments": e.arguments,
+            },
             ev.RateLimitsUpdated: lambda e: {"rate_limits": [dict(r) for r in e.rate_limits]},
-            ev.ResponseListen: lambda e: {"session_id": e.session_id,
-                                          "response": {"status": "listening", "metadata": {"reason": e.reason}}},
-            ev.ResponseSpeak: lambda e: {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0,
-                                         "content_index": 0, "text": e.text,
-                                         "metadata": {"session_id": e.session_id, "model_speak": False}},
+            ev.ResponseListen: lambda e: {
+                "session_id": e.session_id,
+                "response": {"status": "listening", "metadata": {"reason": e.reason}},
+            },
+            ev.ResponseSpeak: lambda e: {
+                "response_id": e.response_id,
+                "item_id": e.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "text": e.text,
+                "metadata": {"session_id": e.session_id, "model_speak": False},
+            },
             ev.RuntimeControl: lambda e: {"session_id": e.session_id, "result": dict(e.result)},
-            ev.OverlapDecided: lambda e: {"session_id": e.session_id, "policy": e.policy, "action": e.action,
-                                          "reason": e.reason, "overlap_ms": e.overlap_ms},
+            ev.OverlapDecided: lambda e: {
+                "session_id": e.session_id,
+                "policy": e.policy,
+                "action": e.action,
+                "reason": e.reason,
+                "overlap_ms": e.overlap_ms,
+            },
             ev.OutputAudioCleared: lambda e: {"response_id": e.response_id},
-            ev.PlaybackAcknowledged: lambda e: {"response_id": e.response_id, "item_id": e.item_id,
-                                                "played_ms": e.played_ms, "committed_ms": e.committed_ms,
-                                                "history_committed": e.history_committed},
+            ev.PlaybackAcknowledged: lambda e: {
+                "response_id": e.response_id,
+                "item_id": e.item_id,
+                "played_ms": e.played_ms,
+                "committed_ms": e.committed_ms,
+                "history_committed": e.history_committed,
+            },
         }
 
     def render(self, event: ev.SessionEvent) -> dict[str, Any]:
@@ -200,35 +257,59 @@ class RealtimeProjection:
         model = c.model or str(s.capabilities.get("engine", ""))
         if self.naming == "ga":
             body: dict[str, Any] = {
-                "type": "realtime", "object": "realtime.session", "id": s.id, "model": model,
-                "output_modalities": list(c.modalities), "instructions": c.instructions,
+                "type": "realtime",
+                "object": "realtime.session",
+                "id": s.id,
+                "model": model,
+                "output_modalities": list(c.modalities),
+                "instructions": c.instructions,
                 "audio": {
-                    "input": {"format": _ga_format(c.input_audio_format, _INPUT_RATE),
-                              "turn_detection": _turn_detection(c),
-                              "transcription": _transcription(c)},
-                    "output": {"format": _ga_format(c.output_audio_format, c.output_sample_rate),
-                               "voice": c.voice, "speed": 1.0},
+                    "input": {
+                        "format": _ga_format(c.input_audio_format, _INPUT_RATE),
+                        "turn_detection": _turn_detection(c),
+                        "transcription": _transcription(c),
+                    },
+                    "output": {
+                        "format": _ga_format(c.output_audio_format, c.output_sample_rate),
+                        "voice": c.voice,
+                        "speed": 1.0,
+                    },
                 },
                 "max_output_tokens": c.max_output_tokens,
             }
         else:
             body = {
-                "id": s.id, "object": "realtime.session", "model": model, "modalities": list(c.modalities),
-                "instructions": c.instructions, "voice": c.voice,
-                "input_audio_format": c.input_audio_format, "output_audio_format": c.output_audio_format,
-                "turn_detection": _turn_detection(c), "temperature": c.temperature,
+                "id": s.id,
+                "object": "realtime.session",
+                "model": model,
+                "modalities": list(c.modalities),
+                "instructions": c.instructions,
+                "voice": c.voice,
+                "input_audio_format": c.input_audio_format,
+                "output_audio_format": c.output_audio_format,
+                "turn_detection": _turn_detection(c),
+                "temperature": c.temperature,
                 "max_response_output_tokens": c.max_output_tokens,
             }
         body.update(_tools(c))
-        body.update({"epoch": s.epoch, "turn_id": s.turn_id, "temperature": c.temperature,
-                     "output_sample_rate": c.output_sample_rate,
-                     "playback_commit_policy": c.playback_commit_policy,
-                     "capabilities": {**s.capabilities, "supports_session_resume": s.resumable}})
+        body.update(
+            {
+                "epoch": s.epoch,
+                "turn_id": s.turn_id,
+                "temperature": c.temperature,
+                "output_sample_rate": c.output_sample_rate,
+                "playback_commit_policy": c.playback_commit_policy,
+                "capabilities": {**s.capabilities, "supports_session_resume": s.resumable},
+            }
+        )
         return body
 
     def _session_created(self, e: ev.SessionCreated) -> dict[str, Any]:
-        return {"session": self._session(e.session), "attachment_generation": e.attachment_generation,
-                "resume_token": e.resume_token}
+        return {
+            "session": self._session(e.session),
+            "attachment_generation": e.attachment_generation,
+            "resume_token": e.resume_token,
+        }
 
     def _part(self, kind: str, role: str, text: str | None) -> dict[str, Any]:
         if role == "assistant":
@@ -241,32 +322,66 @@ class RealtimeProjection:
 
     def _item(self, item: ev.ItemSnapshot) -> dict[str, Any]:
         if item.kind == "function_call":
-            return {"id": item.id, "object": "realtime.item", "type": "function_call", "status": item.status,
-                    "call_id": item.call_id, "name": item.name, "arguments": item.text or ""}
+            return {
+                "id": item.id,
+                "object": "realtime.item",
+                "type": "function_call",
+                "status": item.status,
+                "call_id": item.call_id,
+                "name": item.name,
+                "arguments": item.text or "",
+            }
         if item.kind == "function_call_output":
-            return {"id": item.id, "object": "realtime.item", "type": "function_call_output",
-                    "status": item.status, "call_id": item.call_id, "output": item.text or ""}
-        return {"id": item.id, "object": "realtime.item", "type": "message", "status": item.status,
-                "role": item.role, "content": [self._part(item.kind, item.role, item.text)]}
+            return {
+                "id": item.id,
+                "object": "realtime.item",
+                "type": "function_call_output",
+                "status": item.status,
+                "call_id": item.call_id,
+                "output": item.text or "",
+            }
+        return {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": item.status,
+            "role": item.role,
+            "content": [self._part(item.kind, item.role, item.text)],
+        }
 
     def _modalities_key(self) -> str:
         return "output_modalities" if self.naming == "ga" else "modalities"
 
     def _response_created(self, e: ev.ResponseCreated) -> dict[str, Any]:
-        return {"response_id": e.response_id,
-                "response": {"id": e.response_id, "object": "realtime.response", "status": "in_progress",
-                             "status_details": None, "output": [], self._modalities_key(): list(e.modalities),
-                             "metadata": dict(e.metadata) or None, "usage": None}}
+        return {
+            "response_id": e.response_id,
+            "response": {
+                "id": e.response_id,
+                "object": "realtime.response",
+                "status": "in_progress",
+                "status_details": None,
+                "output": [],
+                self._modalities_key(): list(e.modalities),
+                "metadata": dict(e.metadata) or None,
+                "usage": None,
+            },
+        }
 
     def _response_done(self, e: ev.ResponseDone) -> dict[str, Any]:
         # OpenAI metadata holds client strings; the history flag is a duplex extension.
         metadata = {**e.metadata, "committed": e.committed} if self.duplex else (dict(e.metadata) or None)
-        return {"response_id": e.response_id,
-                "response": {"id": e.response_id, "object": "realtime.response", "status": e.status,
-                             "status_details": self._status_details(e.status_details),
-                             "output": [self._item(item) for item in e.output],
-                             "usage": None if e.usage is None else dict(e.usage),
-                             "metadata": metadata}}
+        return {
+            "response_id": e.response_id,
+            "response": {
+                "id": e.response_id,
+                "object": "realtime.response",
+                "status": e.status,
+                "status_details": self._status_details(e.status_details),
+                "output": [self._item(item) for item in e.output],
+                "usage": None if e.usage is None else dict(e.usage),
+                "metadata": metadata,
+            },
+        }
 
     def _status_details(self, details: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """Duplex clients get the runtime's own reasons; OpenAI clients validate a closed set
@@ -290,9 +405,13 @@ _OPENAI_CANCEL_REASONS = {
 def _tools(config: SessionConfig) -> dict[str, Any]:
     """``tools`` and ``tool_choice`` as the client set them (OpenAI's realtime shapes)."""
     choice = config.tool_choice
-    return {"tools": [{"type": "function", "name": t.name, "description": t.description,
-                       "parameters": dict(t.parameters)} for t in config.tools],
-            "tool_choice": {"type": "function", "name": choice.name} if choice.name else choice.mode}
+    return {
+        "tools": [
+            {"type": "function", "name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+            for t in config.tools
+        ],
+        "tool_choice": {"type": "function", "name": choice.name} if choice.name else choice.mode,
+    }
 
 
 def _content_part(kind: str, text: str) -> dict[str, Any]:
@@ -301,8 +420,12 @@ def _content_part(kind: str, text: str) -> dict[str, Any]:
 
 
 def _part_ids(e: ev.ResponsePartEvent) -> dict[str, Any]:
-    return {"response_id": e.response_id, "item_id": e.item_id, "output_index": e.output_index,
-            "content_index": e.content_index}
+    return {
+        "response_id": e.response_id,
+        "item_id": e.item_id,
+        "output_index": e.output_index,
+        "content_index": e.content_index,
+    }
 
 
 def _terminal(e: ev.SessionClosed | ev.SessionExpired) -> dict[str, Any]:
@@ -314,13 +437,27 @@ def _terminal(e: ev.SessionClosed | ev.SessionExpired) -> dict[str, Any]:
 
 def _max_duration_error(e: ev.SessionExpired) -> dict[str, Any]:
     """What OpenAI sends when a session reaches its maximum duration (the socket closes after it)."""
-    minutes = f'{round(float(e.details.get("max_duration_s", 3600)) / 60, 2):g}'
-    return {"type": "error", "event_id": e.event_id,
-            "error": {"type": "invalid_request_error", "code": "session_expired",
-                      "message": f"Your session hit the maximum duration of {minutes} minutes.", "param": None,
-                      "event_id": None}}
+    minutes = f"{round(float(e.details.get('max_duration_s', 3600)) / 60, 2):g}"
+    return {
+        "type": "error",
+        "event_id": e.event_id,
+        "error": {
+            "type": "invalid_request_error",
+            "code": "session_expired",
+            "message": f"Your session hit the maximum duration of {minutes} minutes.",
+            "param": None,
+            "event_id": None,
+        },
+    }
 
 
 def _error(e: ev.ErrorEvent) -> dict[str, Any]:
-    return {"error": {"type": e.error_type, "code": e.code, "message": e.message, "param": e.param,
-                      "event_id": e.related_event_id}}
+    return {
+        "error": {
+            "type": e.error_type,
+            "code": e.code,
+            "message": e.message,
+            "param": e.param,
+            "event_id": e.related_event_id,
+        }
+    }

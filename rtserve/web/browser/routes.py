@@ -21,9 +21,11 @@ _SHIPPED = frozenset(p.name for p in STATIC_DIR.iterdir() if p.is_file())
 
 # 'self' covers ws:/wss: of this origin (CSP level 3). blob: for the played-back audio element.
 _HEADERS = {
-    "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                                "media-src 'self' blob: mediastream:; connect-src 'self'; object-src 'none'; "
-                                "base-uri 'none'; frame-ancestors 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "media-src 'self' blob: mediastream:; connect-src 'self'; object-src 'none'; "
+        "base-uri 'none'; frame-ancestors 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -61,9 +61,15 @@ class SpeechEncoder(Protocol):
 def wav_stream_header(sample_rate: int) -> bytes:
     """A 16-bit mono WAV header for a stream whose length is not known yet."""
     byte_rate = sample_rate * 2
-    return (b"RIFF" + struct.pack("<I", _UNKNOWN_SIZE) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, 2, 16)
-            + b"data" + struct.pack("<I", _UNKNOWN_SIZE))
+    return (
+        b"RIFF"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, 2, 16)
+        + b"data"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+    )
 
 
 class Pcm16Encoder:
@@ -107,15 +113,17 @@ class PyAVEncoder:
         self._stream = self._container.add_stream(codec, rate=sample_rate, layout="mono")
         self._sample_rate = sample_rate
         # Encoders want their own sample format (s16, s32p, fltp, ...): convert, same rate.
-        self._convert = av.AudioResampler(format=self._stream.codec_context.format.name, layout="mono",
-                                          rate=sample_rate)
+        self._convert = av.AudioResampler(
+            format=self._stream.codec_context.format.name, layout="mono", rate=sample_rate
+        )
         self._pts = 0
 
     def encode(self, pcm: np.ndarray) -> bytes:
         if pcm.size == 0:
             return b""
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, dtype=np.float32)[None, :],
-                                           format="flt", layout="mono")
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(pcm, dtype=np.float32)[None, :], format="flt", layout="mono"
+        )
         frame.sample_rate = self._sample_rate
         frame.pts = self._pts
         self._pts += pcm.size

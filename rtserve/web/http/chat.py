@@ -29,9 +29,16 @@ from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, Sampl
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
+from rtserve.web.http.chat_audio import (
+    AudioOutput,
+    InputAudioPart,
+    check_stream_format,
+    engine_messages,
+    spoken_message,
+    stream_spoken,
+    wants_audio,
+)
 from rtserve.web.http.chat_tools import CallsSoFar, ToolCallIn, ToolChoiceIn, ToolIn, engine_tools, stream_delta
-from rtserve.web.http.chat_audio import (AudioOutput, InputAudioPart, check_stream_format, engine_messages,
-                                         spoken_message, stream_spoken, wants_audio)
 from rtserve.web.http.common import (
     SseStream,
     engine_errors,
@@ -75,14 +82,20 @@ class MessageIn(BaseModel):
         """``text``: the content with its audio parts transcribed (``chat_audio``)."""
         content = self.content or ""
         if text is None and isinstance(content, list) and not all(isinstance(p, TextPart) for p in content):
-            raise ApiError("Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
-                           param="messages", code="invalid_value")
+            raise ApiError(
+                "Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
+                param="messages",
+                code="invalid_value",
+            )
         if text is None:
             text = content if isinstance(content, str) else "".join(p.text for p in content)
         # "developer" is OpenAI's newer name for the system role.
-        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text,
-                           tool_calls=tuple(c.to_engine() for c in self.tool_calls or ()),
-                           tool_call_id=self.tool_call_id)
+        return ChatMessage(
+            role="system" if self.role == "developer" else self.role,
+            content=text,
+            tool_calls=tuple(c.to_engine() for c in self.tool_calls or ()),
+            tool_call_id=self.tool_call_id,
+        )
 
 
 class StreamOptions(BaseModel):
@@ -125,15 +138,23 @@ class _GenerationFields(BaseModel):
         max_tokens = self.max_completion_tokens or self.max_tokens or limits.default_max_tokens
         if max_tokens > limits.max_completion_tokens:
             param = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
-            raise ApiError(f"Invalid value for '{param}': Input should be less than or equal to "
-                           f"{limits.max_completion_tokens}.", param=param, code="invalid_value")
+            raise ApiError(
+                f"Invalid value for '{param}': Input should be less than or equal to {limits.max_completion_tokens}.",
+                param=param,
+                code="invalid_value",
+            )
         defaults = SamplingParams()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         tools, tool_choice = engine_tools(self.tools, self.tool_choice)
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
-            max_tokens=max_tokens, seed=self.seed, stop=stop, tools=tools, tool_choice=tool_choice)
+            max_tokens=max_tokens,
+            seed=self.seed,
+            stop=stop,
+            tools=tools,
+            tool_choice=tool_choice,
+        )
 
 
 class ChatCompletionRequest(_GenerationFields):
@@ -168,8 +189,12 @@ def check_prompt_size(messages: Sequence[ChatMessage], limit: int, param: str) -
     """Refuse a conversation over ``limit`` characters before any model work (tokenizing it
     whole would hold the model thread for everyone)."""
     if sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages) > limit:
-        raise ApiError(f"The messages in '{param}' hold more than {limit} characters, more than this model's "
-                       "context can take; shorten the conversation.", param=param, code="context_length_exceeded")
+        raise ApiError(
+            f"The messages in '{param}' hold more than {limit} characters, more than this model's "
+            "context can take; shorten the conversation.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _usage(last: TokenDelta | None) -> dict[str, int]:
@@ -197,8 +222,12 @@ class _Completion:
         if self.calls:
             message["content"] = message["content"] or None  # OpenAI: null content beside calls
             message["tool_calls"] = self.calls.message_field()
-        return {"index": index, "message": message,
-                "logprobs": None, "finish_reason": (self.last and self.last.finish_reason) or "stop"}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": (self.last and self.last.finish_reason) or "stop",
+        }
 
 
 async def _complete(llm: LLMEngine, messages: Sequence[ChatMessage], params: SamplingParams) -> _Completion:
@@ -227,12 +256,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if spoken is not None and body.stream:
-        work = functools.partial(stream_spoken, request, ctx, llm, messages, params,
-                                 _envelope(completion_id, llm.model_name, "chat.completion.chunk"), spoken,
-                                 bool(body.stream_options and body.stream_options.include_usage))
+        work = functools.partial(
+            stream_spoken,
+            request,
+            ctx,
+            llm,
+            messages,
+            params,
+            _envelope(completion_id, llm.model_name, "chat.completion.chunk"),
+            spoken,
+            bool(body.stream_options and body.stream_options.include_usage),
+        )
     elif spoken is not None:
-        work = functools.partial(_respond, llm, messages, params, completion_id,
-                                 speak=functools.partial(spoken_message, ctx, audio=spoken))
+        work = functools.partial(
+            _respond, llm, messages, params, completion_id, speak=functools.partial(spoken_message, ctx, audio=spoken)
+        )
     elif body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         work = functools.partial(_stream, request, llm, messages, params, completion_id, include_usage)
@@ -241,25 +279,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await run_generation(request, completion_id, work)
 
 
-async def _respond(llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,
-                   completion_id: str, speak: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
-                   ) -> web.Response:
+async def _respond(
+    llm: LLMEngine,
+    messages: list[ChatMessage],
+    params: SamplingParams,
+    completion_id: str,
+    speak: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+) -> web.Response:
     done = await _complete(llm, messages, params)
     choice = done.choice(0)
     if speak is not None:  # audio output: the reply spoken, as ``message.audio``
         choice["message"] = await speak("".join(done.text))
-    return web.json_response({**_envelope(completion_id, llm.model_name, "chat.completion"),
-                              "choices": [choice], "usage": _usage(done.last)})
+    return web.json_response(
+        {**_envelope(completion_id, llm.model_name, "chat.completion"), "choices": [choice], "usage": _usage(done.last)}
+    )
 
 
-async def _stream(request: web.Request, llm: LLMEngine, messages: list[ChatMessage], params: SamplingParams,
-                  completion_id: str, include_usage: bool) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    llm: LLMEngine,
+    messages: list[ChatMessage],
+    params: SamplingParams,
+    completion_id: str,
+    include_usage: bool,
+) -> web.StreamResponse:
     envelope = _envelope(completion_id, llm.model_name, "chat.completion.chunk")
     usage_field = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {**envelope, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}], **usage_field}
+        return {
+            **envelope,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            **usage_field,
+        }
 
     async with contextlib.aclosing(llm.generate(messages, params)) as deltas:
         last = await first_item(deltas)
@@ -293,8 +345,11 @@ async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, BatchChatCompletionRequest)
     limit = ctx.config.http.max_batch_conversations
     if len(body.messages) > limit:
-        raise ApiError(f"Invalid value for 'messages': a batch holds at most {limit} conversations.",
-                       param="messages", code="invalid_value")
+        raise ApiError(
+            f"Invalid value for 'messages': a batch holds at most {limit} conversations.",
+            param="messages",
+            code="invalid_value",
+        )
     llm = require_llm(ctx, body.model)
     params = body.sampling(ctx.config.http)
     conversations = [[m.to_engine() for m in conversation] for conversation in body.messages]
@@ -306,8 +361,9 @@ async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
     return await run_generation(request, completion_id, work)
 
 
-async def _respond_batch(llm: LLMEngine, conversations: list[list[ChatMessage]], params: SamplingParams,
-                         completion_id: str) -> web.Response:
+async def _respond_batch(
+    llm: LLMEngine, conversations: list[list[ChatMessage]], params: SamplingParams, completion_id: str
+) -> web.Response:
     # All conversations go to the engine at once so it can batch them; one failure stops the rest.
     tasks = [asyncio.ensure_future(_complete(llm, conversation, params)) for conversation in conversations]
     try:
@@ -320,8 +376,13 @@ async def _respond_batch(llm: LLMEngine, conversations: list[list[ChatMessage]],
     for done in results:
         for key, value in _usage(done.last).items():
             usage[key] += value
-    return web.json_response({**_envelope(completion_id, llm.model_name, "chat.completion"),
-                              "choices": [done.choice(i) for i, done in enumerate(results)], "usage": usage})
+    return web.json_response(
+        {
+            **_envelope(completion_id, llm.model_name, "chat.completion"),
+            "choices": [done.choice(i) for i, done in enumerate(results)],
+            "usage": usage,
+        }
+    )
 
 
 def setup(app: web.Application) -> None:

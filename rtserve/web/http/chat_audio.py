@@ -29,19 +29,32 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict
 
 from rtserve.codecs.pcm import float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import (ASREngine, ChatMessage, EngineError, LLMEngine, Pcm, SamplingParams, TTSEngine,
-                                       TokenDelta)
+from rtserve.engines.protocols import (
+    ASREngine,
+    ChatMessage,
+    EngineError,
+    LLMEngine,
+    Pcm,
+    SamplingParams,
+    TokenDelta,
+    TTSEngine,
+)
 from rtserve.web.context import AppContext
-from rtserve.web.errors import ApiError
-from rtserve.web.http.audio import (SPEECH_SAMPLE_RATE, AudioDecodeError, AudioTooLong, SpeechFormat, decode_audio,
-                                    open_speech_encoder)
 from rtserve.web.error_mapping import api_error
+from rtserve.web.errors import ApiError
+from rtserve.web.http.audio import (
+    SPEECH_SAMPLE_RATE,
+    AudioDecodeError,
+    AudioTooLong,
+    SpeechFormat,
+    decode_audio,
+    open_speech_encoder,
+)
 from rtserve.web.http.common import SseStream, engine_errors, first_item, require_asr, require_tts
 from rtserve.web.http.transcriptions import split_windows
 
@@ -49,8 +62,14 @@ log = logging.getLogger(__name__)
 
 AUDIO_TTL_S = 3600  # ``expires_at``: how long OpenAI keeps an audio reply referable (one hour)
 ChatAudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
-_SPEECH_FORMAT: dict[str, SpeechFormat] = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "aac": "aac",
-                                           "pcm16": "pcm"}
+_SPEECH_FORMAT: dict[str, SpeechFormat] = {
+    "wav": "wav",
+    "mp3": "mp3",
+    "flac": "flac",
+    "opus": "opus",
+    "aac": "aac",
+    "pcm16": "pcm",
+}
 
 
 class InputAudio(BaseModel):
@@ -79,8 +98,11 @@ def wants_audio(modalities: Sequence[str] | None, audio: AudioOutput | None) -> 
     """The audio output asked for, or None; ``audio`` without the modality (or the reverse) is refused."""
     spoken = bool(modalities) and "audio" in modalities  # type: ignore[operator]
     if spoken and audio is None:
-        raise ApiError("Invalid value for 'audio': it is required when 'modalities' includes 'audio'.",
-                       param="audio", code="invalid_value")
+        raise ApiError(
+            "Invalid value for 'audio': it is required when 'modalities' includes 'audio'.",
+            param="audio",
+            code="invalid_value",
+        )
     return audio if spoken else None
 
 
@@ -90,8 +112,11 @@ async def resolve_content(ctx: AppContext, role: str, parts: Sequence[Any], inde
     for part in parts:
         if isinstance(part, InputAudioPart):
             if role != "user":
-                raise ApiError("Invalid value for 'messages': input_audio parts belong in user messages.",
-                               param=f"messages[{index}].content", code="invalid_value")
+                raise ApiError(
+                    "Invalid value for 'messages': input_audio parts belong in user messages.",
+                    param=f"messages[{index}].content",
+                    code="invalid_value",
+                )
             texts.append(await _transcribe(ctx, part.input_audio, f"messages[{index}].content"))
         else:
             texts.append(part.text)
@@ -103,8 +128,9 @@ async def _transcribe(ctx: AppContext, clip: InputAudio, param: str) -> str:
     try:
         raw = base64.b64decode(clip.data, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError("Invalid value for 'input_audio.data': it is not valid base64.", param=param,
-                       code="invalid_base64") from None
+        raise ApiError(
+            "Invalid value for 'input_audio.data': it is not valid base64.", param=param, code="invalid_base64"
+        ) from None
     max_s = ctx.config.http.max_transcription_audio_s
     try:
         audio = await ctx.codecs.run(decode_audio, io.BytesIO(raw), asr.sample_rate, max_s)
@@ -112,8 +138,7 @@ async def _transcribe(ctx: AppContext, clip: InputAudio, param: str) -> str:
         raise ApiError(f"Invalid 'input_audio': {exc}.", param=param, code="invalid_audio") from None
     except AudioTooLong as exc:
         raise ApiError(f"Invalid 'input_audio': {exc}.", status=413, param=param, code="audio_too_long") from None
-    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate),
-                            asr.sample_rate // 10)
+    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
     texts = []
     with engine_errors():
         for window in windows:
@@ -139,28 +164,49 @@ async def spoken_message(ctx: AppContext, text: str, audio: AudioOutput) -> dict
                 samples = np.asarray(pcm, dtype=np.float32).reshape(-1)
                 encoded += await ctx.codecs.run(lambda s=samples: encoder.encode(resampler.process(s)))
     encoded += await ctx.codecs.run(lambda: encoder.encode(resampler.flush()) + encoder.finish())
-    return {"role": "assistant", "content": None, "refusal": None,
-            "audio": {"id": f"audio_{uuid.uuid4().hex}", "data": base64.b64encode(bytes(encoded)).decode("ascii"),
-                      "expires_at": int(time.time()) + AUDIO_TTL_S, "transcript": text}}
+    return {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "audio": {
+            "id": f"audio_{uuid.uuid4().hex}",
+            "data": base64.b64encode(bytes(encoded)).decode("ascii"),
+            "expires_at": int(time.time()) + AUDIO_TTL_S,
+            "transcript": text,
+        },
+    }
 
 
 def check_stream_format(audio: AudioOutput) -> None:
     if audio.format != "pcm16":
-        raise ApiError("Invalid value for 'audio.format': streamed audio output must be 'pcm16'.",
-                       param="audio.format", code="invalid_value")
+        raise ApiError(
+            "Invalid value for 'audio.format': streamed audio output must be 'pcm16'.",
+            param="audio.format",
+            code="invalid_value",
+        )
 
 
-async def stream_spoken(request: web.Request, ctx: AppContext, llm: LLMEngine, messages: Sequence[ChatMessage],
-                        params: SamplingParams, envelope: dict[str, Any], audio: AudioOutput,
-                        include_usage: bool) -> web.StreamResponse:
+async def stream_spoken(
+    request: web.Request,
+    ctx: AppContext,
+    llm: LLMEngine,
+    messages: Sequence[ChatMessage],
+    params: SamplingParams,
+    envelope: dict[str, Any],
+    audio: AudioOutput,
+    include_usage: bool,
+) -> web.StreamResponse:
     """``stream: true`` with audio output (see the module note)."""
     tts: TTSEngine = require_tts(ctx, None)
     audio_id = f"audio_{uuid.uuid4().hex}"
     usage_field = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {**envelope, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}], **usage_field}
+        return {
+            **envelope,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            **usage_field,
+        }
 
     text: list[str] = []
     last: TokenDelta | None = None
@@ -195,9 +241,17 @@ async def stream_spoken(request: web.Request, ctx: AppContext, llm: LLMEngine, m
     if include_usage:
         prompt = last.prompt_tokens if last else 0
         completion = last.completion_tokens if last else 0
-        await sse.send({**envelope, "choices": [],
-                        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                  "total_tokens": prompt + completion}})
+        await sse.send(
+            {
+                **envelope,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            }
+        )
     await sse.send_done_marker()
     return await sse.finish()
 

@@ -97,8 +97,10 @@ class CallsSoFar:
 
     def message_field(self) -> list[dict[str, Any]]:
         """``message.tool_calls`` of a non-streamed choice."""
-        return [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for _, c in sorted(self._calls.items())]
+        return [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for _, c in sorted(self._calls.items())
+        ]
 
 
 def stream_delta(delta: ToolCallDelta) -> dict[str, Any]:
@@ -109,4 +111,3 @@ def stream_delta(delta: ToolCallDelta) -> dict[str, Any]:
         call.update(id=delta.call_id, type="function")
         function["name"] = delta.name
     return {"tool_calls": [call]}
-

@@ -87,8 +87,12 @@ async def body_deadline(request: web.Request, limit: int) -> AsyncIterator[None]
         async with asyncio.timeout(transport.http_body_timeout_s + size / transport.http_body_min_bytes_per_s):
             yield
     except TimeoutError:
-        raise ApiError("The request body did not arrive in time.", status=408, code="request_timeout",
-                       type_="invalid_request_error") from None
+        raise ApiError(
+            "The request body did not arrive in time.",
+            status=408,
+            code="request_timeout",
+            type_="invalid_request_error",
+        ) from None
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -131,8 +135,11 @@ def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
 
 _ModelNamed = TypeVar("_ModelNamed", ASREngine, LLMEngine, TTSEngine)
 
-_TASK_NAMES: dict[ModelTask, str] = {"chat": "text generation", "transcription": "speech-to-text",
-                                     "speech": "text-to-speech"}
+_TASK_NAMES: dict[ModelTask, str] = {
+    "chat": "text generation",
+    "transcription": "speech-to-text",
+    "speech": "text-to-speech",
+}
 
 
 def require_llm(ctx: AppContext, model: str | None) -> LLMEngine:
@@ -155,25 +162,37 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model
     """The engine for a task; 503 when absent or not started, 404 when ``model`` names another."""
     task_name = _TASK_NAMES[task]
     if engine is None:
-        raise ApiError(f"This server has no {task_name} model loaded (engine '{ctx.engine.capabilities.name}').",
-                       status=503, code="task_unavailable")
+        raise ApiError(
+            f"This server has no {task_name} model loaded (engine '{ctx.engine.capabilities.name}').",
+            status=503,
+            code="task_unavailable",
+        )
     if not _names_served_model(ctx, task, model, engine.model_name):
-        raise ApiError(f"The model '{model}' does not exist; this server's {task_name} model is "
-                       f"'{engine.model_name}'.", status=404, code="model_not_found", param="model")
+        raise ApiError(
+            f"The model '{model}' does not exist; this server's {task_name} model is '{engine.model_name}'.",
+            status=404,
+            code="model_not_found",
+            param="model",
+        )
     if ctx.engines.sleeping:
         raise engine_sleeping()
     if not ctx.engine.ready:
         if ctx.engine_failure:
             raise ApiError("The server's models failed to load; see /health.", status=503, code="engine_failed")
-        raise ApiError("Models are still loading; retry when /health reports ok.", status=503,
-                       code="model_not_ready", headers={"Retry-After": "5"})
+        raise ApiError(
+            "Models are still loading; retry when /health reports ok.",
+            status=503,
+            code="model_not_ready",
+            headers={"Retry-After": "5"},
+        )
     return engine
 
 
 def engine_sleeping() -> ApiError:
     """Sleep mode unloaded the models: refused at once, never queued until a wake."""
-    return ApiError("The engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it.", status=503,
-                    code="engine_sleeping")
+    return ApiError(
+        "The engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it.", status=503, code="engine_sleeping"
+    )
 
 
 @contextlib.contextmanager
@@ -205,17 +224,21 @@ class GenerationLimiter:
     def __init__(self, limit: int, registry: CollectorRegistry) -> None:
         self.limit = limit
         self._in_flight = 0
-        self._gauge = Gauge("rtserve_http_generations_in_flight", "HTTP generations running now",
-                            registry=registry)
-        self._rejected = Counter("rtserve_http_generations_rejected", "HTTP generations refused with 429",
-                                 registry=registry)
+        self._gauge = Gauge("rtserve_http_generations_in_flight", "HTTP generations running now", registry=registry)
+        self._rejected = Counter(
+            "rtserve_http_generations_rejected", "HTTP generations refused with 429", registry=registry
+        )
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
         if self._in_flight >= self.limit:
             self._rejected.inc()
-            raise ApiError(f"Too many concurrent generations (limit {self.limit}); retry shortly.",
-                           status=429, code="rate_limit_exceeded", headers={"Retry-After": "1"})
+            raise ApiError(
+                f"Too many concurrent generations (limit {self.limit}); retry shortly.",
+                status=429,
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
         self._in_flight += 1
         self._gauge.set(self._in_flight)
         try:
@@ -233,6 +256,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def generation_route(handler: Handler) -> Handler:
     """Hold a concurrency slot for the whole request, taken before its body is read: a refused
     request costs no reading or parsing (a slow body holds its slot only until ``body_deadline``)."""
+
     @functools.wraps(handler)
     async def route(request: web.Request) -> web.StreamResponse:
         with request.app[LIMITER].slot():
@@ -246,8 +270,9 @@ def client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-async def run_generation(request: web.Request, request_id: str,
-                         work: Callable[[], Coroutine[Any, Any, web.StreamResponse]]) -> web.StreamResponse:
+async def run_generation(
+    request: web.Request, request_id: str, work: Callable[[], Coroutine[Any, Any, web.StreamResponse]]
+) -> web.StreamResponse:
     """Run ``work()`` (inside a ``generation_route``); cancel it if the client disconnects.
 
     aiohttp does not cancel handlers when a client goes away, so a generation would run to
@@ -286,11 +311,13 @@ class SseStream:
 
     def __init__(self, request: web.Request) -> None:
         self._request = request
-        self.response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",  # tell reverse proxies not to hold events back
-        })
+        self.response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # tell reverse proxies not to hold events back
+            }
+        )
 
     async def start(self) -> None:
         await self.response.prepare(self._request)

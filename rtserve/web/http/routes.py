@@ -8,8 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from rtserve.web.context import CTX
-from rtserve.web.http import chat, speech, transcriptions
-from rtserve.web.http import sleep, speech_batch, speech_stream, voices
+from rtserve.web.http import chat, sleep, speech, speech_batch, speech_stream, transcriptions, voices
 from rtserve.web.http.common import LIMITER, GenerationLimiter
 
 

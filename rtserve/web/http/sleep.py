@@ -37,8 +37,11 @@ class WakeRequest(BaseModel):
 
 def _require_enabled(request: web.Request) -> None:
     if not request.app[CTX].config.enable_sleep_mode:
-        raise ApiError("Sleep mode is not enabled; start the server with --enable-sleep-mode.", status=404,
-                       code="sleep_mode_disabled")
+        raise ApiError(
+            "Sleep mode is not enabled; start the server with --enable-sleep-mode.",
+            status=404,
+            code="sleep_mode_disabled",
+        )
 
 
 async def sleep(request: web.Request) -> web.Response:
@@ -47,9 +50,16 @@ async def sleep(request: web.Request) -> web.Response:
     engines = request.app[CTX].engines
     with engine_errors():
         acks = await engines.sleep(body.stage_ids, body.level)
-    return web.json_response({
-        "status": "SUCCESS", "level": body.level, "stage_ids": [a["stage_id"] for a in acks],
-        "sleeping_stages": list(engines.sleeping), "freed_bytes": sum(a["freed_bytes"] for a in acks), "acks": acks})
+    return web.json_response(
+        {
+            "status": "SUCCESS",
+            "level": body.level,
+            "stage_ids": [a["stage_id"] for a in acks],
+            "sleeping_stages": list(engines.sleeping),
+            "freed_bytes": sum(a["freed_bytes"] for a in acks),
+            "acks": acks,
+        }
+    )
 
 
 async def wakeup(request: web.Request) -> web.Response:
@@ -58,9 +68,15 @@ async def wakeup(request: web.Request) -> web.Response:
     engines = request.app[CTX].engines
     with engine_errors():
         acks = await engines.wake_up(body.stage_ids)
-    return web.json_response({
-        "status": "SUCCESS", "stage_ids": [a["stage_id"] for a in acks], "sleeping_stages": list(engines.sleeping),
-        "restored_bytes": sum(a["restored_bytes"] for a in acks), "acks": acks})
+    return web.json_response(
+        {
+            "status": "SUCCESS",
+            "stage_ids": [a["stage_id"] for a in acks],
+            "sleeping_stages": list(engines.sleeping),
+            "restored_bytes": sum(a["restored_bytes"] for a in acks),
+            "acks": acks,
+        }
+    )
 
 
 def setup(app: web.Application) -> None:

@@ -78,8 +78,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, SpeechRequest)
     limit = ctx.config.http.max_speech_input_chars
     if len(body.input) > limit:
-        raise ApiError(f"Invalid value for 'input': at most {limit} characters are allowed.",
-                       param="input", code="invalid_value")
+        raise ApiError(
+            f"Invalid value for 'input': at most {limit} characters are allowed.", param="input", code="invalid_value"
+        )
     tts = require_tts(ctx, body.model)  # the engine itself judges ``voice`` (it knows its aliases)
     speech_id = f"speech-{uuid.uuid4().hex}"
     return await run_generation(request, speech_id, functools.partial(_speak, request, tts, body))
@@ -120,8 +121,13 @@ async def _speak(request: web.Request, tts: TTSEngine, body: SpeechRequest) -> w
         return await _stream_audio(request, chunks, first, pipeline, body.response_format)
 
 
-async def _stream_audio(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: SpeechPipeline,
-                        response_format: SpeechFormat) -> web.StreamResponse:
+async def _stream_audio(
+    request: web.Request,
+    chunks: AsyncIterator[Pcm],
+    first: Pcm | None,
+    pipeline: SpeechPipeline,
+    response_format: SpeechFormat,
+) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[response_format]})
     response.enable_chunked_encoding()
     await response.prepare(request)
@@ -142,8 +148,9 @@ async def _stream_audio(request: web.Request, chunks: AsyncIterator[Pcm], first:
     return response
 
 
-async def _stream_sse(request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: SpeechPipeline,
-                      body: SpeechRequest) -> web.StreamResponse:
+async def _stream_sse(
+    request: web.Request, chunks: AsyncIterator[Pcm], first: Pcm | None, pipeline: SpeechPipeline, body: SpeechRequest
+) -> web.StreamResponse:
     sse = SseStream(request)
     await sse.start()
     pcm = first
@@ -161,8 +168,11 @@ async def _stream_sse(request: web.Request, chunks: AsyncIterator[Pcm], first: P
     if tail:
         await sse.send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
     # The embedded TTS has no token counts: input is counted in characters, output in 24 kHz samples.
-    usage = {"input_tokens": len(body.input), "output_tokens": pipeline.samples_out,
-             "total_tokens": len(body.input) + pipeline.samples_out}
+    usage = {
+        "input_tokens": len(body.input),
+        "output_tokens": pipeline.samples_out,
+        "total_tokens": len(body.input) + pipeline.samples_out,
+    }
     await sse.send({"type": "speech.audio.done", "usage": usage})
     return await sse.finish()
 

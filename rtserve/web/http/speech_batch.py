@@ -46,20 +46,29 @@ async def create_speech_batch(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, SpeechBatchRequest)
     limit = ctx.config.http.max_speech_batch_items
     if len(body.items) > limit:
-        raise ApiError(f"Invalid value for 'items': at most {limit} items are allowed.", param="items",
-                       code="invalid_value")
+        raise ApiError(
+            f"Invalid value for 'items': at most {limit} items are allowed.", param="items", code="invalid_value"
+        )
     tts = require_tts(ctx, body.model)
     batch_id = f"speechbatch-{uuid.uuid4().hex}"
     return await run_generation(request, batch_id, functools.partial(_speak_all, request, tts, body, batch_id))
 
 
-async def _speak_all(request: web.Request, tts: TTSEngine, body: SpeechBatchRequest,
-                     batch_id: str) -> web.StreamResponse:
+async def _speak_all(
+    request: web.Request, tts: TTSEngine, body: SpeechBatchRequest, batch_id: str
+) -> web.StreamResponse:
     defaults = {"voice": body.voice, "response_format": body.response_format, "speed": body.speed}
     results = [await _speak_one(request, tts, index, {**defaults, **item}) for index, item in enumerate(body.items)]
     succeeded = sum(1 for r in results if r["status"] == "success")
-    return web.json_response({"id": batch_id, "results": results, "total": len(results), "succeeded": succeeded,
-                              "failed": len(results) - succeeded})
+    return web.json_response(
+        {
+            "id": batch_id,
+            "results": results,
+            "total": len(results),
+            "succeeded": succeeded,
+            "failed": len(results) - succeeded,
+        }
+    )
 
 
 async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: dict[str, Any]) -> dict[str, Any]:
@@ -70,17 +79,24 @@ async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: d
         except ValidationError as exc:
             raise validation_error(exc) from None
         if len(item.input) > config.max_speech_input_chars:
-            raise ApiError(f"Invalid value for 'input': at most {config.max_speech_input_chars} characters are "
-                           "allowed.", param="input", code="invalid_value")
+            raise ApiError(
+                f"Invalid value for 'input': at most {config.max_speech_input_chars} characters are allowed.",
+                param="input",
+                code="invalid_value",
+            )
         audio, samples = await _synthesize(request, tts, item)
     except (ApiError, EngineError) as exc:
         error = api_error(exc).body()["error"]
         if error.get("param"):
             error["param"] = f"items[{index}].{error['param']}"
         return {"index": index, "status": "error", "error": error}
-    return {"index": index, "status": "success", "audio_data": base64.b64encode(audio).decode(),
-            "media_type": CONTENT_TYPES[item.response_format],
-            "usage": {"input_characters": len(item.input), "output_samples": samples}}
+    return {
+        "index": index,
+        "status": "success",
+        "audio_data": base64.b64encode(audio).decode(),
+        "media_type": CONTENT_TYPES[item.response_format],
+        "usage": {"input_characters": len(item.input), "output_samples": samples},
+    }
 
 
 async def _synthesize(request: web.Request, tts: TTSEngine, item: SpeechRequest) -> tuple[bytes, int]:

@@ -52,8 +52,17 @@ from rtserve.web.errors import ApiError
 from rtserve.web.http.audio import SPEECH_SAMPLE_RATE
 from rtserve.web.http.common import require_tts
 from rtserve.web.http.speech import SpeechPipeline
-from rtserve.web.http.speech_stream_events import (SESSION_BUSY, Close, Item, Sentence, StreamConfig, StreamError,
-                                                   TextEvent, UtteranceEnd, parse_event)
+from rtserve.web.http.speech_stream_events import (
+    SESSION_BUSY,
+    Close,
+    Item,
+    Sentence,
+    StreamConfig,
+    StreamError,
+    TextEvent,
+    UtteranceEnd,
+    parse_event,
+)
 from rtserve.web.moshi.deadlines import send_within
 
 log = logging.getLogger(__name__)
@@ -65,8 +74,9 @@ DISCARD = "discard"
 class SpeechStream:
     """One connection: the handler reads events; one speaker task owns the TTS and writes audio."""
 
-    def __init__(self, ws: web.WebSocketResponse, request: web.Request, tts: TTSEngine,
-                 limits: SpeechStreamConfig) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, request: web.Request, tts: TTSEngine, limits: SpeechStreamConfig
+    ) -> None:
         self._ws = ws
         self._ctx = request.app[CTX]
         self._tts = tts
@@ -143,8 +153,11 @@ class SpeechStream:
 
     async def _configure(self, event: dict[str, Any]) -> None:
         if self._busy:
-            raise StreamError("session.config is refused while text is waiting to be spoken; send input.done "
-                              "and wait for session.done, or cancel", code=SESSION_BUSY)
+            raise StreamError(
+                "session.config is refused while text is waiting to be spoken; send input.done "
+                "and wait for session.done, or cancel",
+                code=SESSION_BUSY,
+            )
         config = parse_event(StreamConfig, event)
         try:
             tts = require_tts(self._ctx, config.model)
@@ -153,22 +166,30 @@ class SpeechStream:
         if config.voice_name is not None:
             voices = await _voice_names(tts)
             if config.voice_name not in voices:
-                raise StreamError(f"unknown voice {config.voice_name!r}; GET /v1/audio/voices lists the voices",
-                                  code="invalid_voice", param="voice")
+                raise StreamError(
+                    f"unknown voice {config.voice_name!r}; GET /v1/audio/voices lists the voices",
+                    code="invalid_voice",
+                    param="voice",
+                )
         self._tts, self._config = tts, config
         await self._send_json({"type": "session.updated", "config": config.public()})
 
     def _add_text(self, text: str) -> None:
         if self._pending_chars + len(text) > self._limits.max_buffered_chars:
-            raise StreamError(f"more than {self._limits.max_buffered_chars} characters are waiting to be spoken; "
-                              "this text was dropped (speech_stream.max_buffered_chars)", code=INPUT_BACKPRESSURE)
+            raise StreamError(
+                f"more than {self._limits.max_buffered_chars} characters are waiting to be spoken; "
+                "this text was dropped (speech_stream.max_buffered_chars)",
+                code=INPUT_BACKPRESSURE,
+            )
         sentences = self._splitter.feed(text)
         if self._queued_sentences + len(sentences) > self._limits.max_queued_sentences:
             self._splitter = SentenceSplitter()  # the dropped text must not resurface with the next delta
             self._pending_chars = sum(len(item.text) for item in self._queue if isinstance(item, Sentence))
-            raise StreamError(f"more than {self._limits.max_queued_sentences} sentences are waiting for the "
-                              "speech engine; this text was dropped (speech_stream.max_queued_sentences)",
-                              code=INPUT_BACKPRESSURE)
+            raise StreamError(
+                f"more than {self._limits.max_queued_sentences} sentences are waiting for the "
+                "speech engine; this text was dropped (speech_stream.max_queued_sentences)",
+                code=INPUT_BACKPRESSURE,
+            )
         self._pending_chars += len(text)
         for sentence in sentences:
             self._enqueue_sentence(sentence)
@@ -234,8 +255,9 @@ class SpeechStream:
             if isinstance(item, Close):
                 return
             if isinstance(item, UtteranceEnd):
-                await self._send_json({"type": "session.done", "utterance_index": item.utterance,
-                                       "total_sentences": item.sentences})
+                await self._send_json(
+                    {"type": "session.done", "utterance_index": item.utterance, "total_sentences": item.sentences}
+                )
                 continue
             self._queued_sentences -= 1
             self._speaking = True
@@ -250,13 +272,21 @@ class SpeechStream:
     async def _speak(self, sentence: Sentence) -> None:
         config = self._config
         where = {"utterance_index": sentence.utterance, "sentence_index": sentence.index}
-        await self._send_json({"type": "audio.start", **where, "sentence_text": sentence.text,
-                               "format": config.response_format, "sample_rate": SPEECH_SAMPLE_RATE})
+        await self._send_json(
+            {
+                "type": "audio.start",
+                **where,
+                "sentence_text": sentence.text,
+                "format": config.response_format,
+                "sample_rate": SPEECH_SAMPLE_RATE,
+            }
+        )
         pipeline = SpeechPipeline(self._ctx.codecs, self._tts.sample_rate, config.response_format)
         sent = 0
         try:
-            async with contextlib.aclosing(self._tts.synthesize(sentence.text, voice=config.voice_name,
-                                                                speed=config.speed)) as chunks:
+            async with contextlib.aclosing(
+                self._tts.synthesize(sentence.text, voice=config.voice_name, speed=config.speed)
+            ) as chunks:
                 async for pcm in chunks:
                     sent += await self._send_audio(await pipeline.encode(pcm))
             sent += await self._send_audio(await pipeline.finish())
@@ -286,8 +316,16 @@ class SpeechStream:
 
     async def _send_error(self, exc: RtserveError, **extra: Any) -> None:
         error = api_error(exc).body()["error"]
-        await self._send_json({"type": "error", "message": error["message"], "code": error["code"],
-                               "param": error["param"], "error": error, **extra})
+        await self._send_json(
+            {
+                "type": "error",
+                "message": error["message"],
+                "code": error["code"],
+                "param": error["param"],
+                "error": error,
+                **extra,
+            }
+        )
 
 
 async def _voice_names(tts: TTSEngine) -> set[str]:
@@ -308,8 +346,11 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes, heartbeat=ctx.config.transport.ws_heartbeat_s)
     await ws.prepare(request)
     if connections.closing or connections.count >= limits.max_connections:
-        await close_socket(ws, WSCloseCode.TRY_AGAIN_LATER, "too many speech streams" if not connections.closing
-                           else "server shutting down")
+        await close_socket(
+            ws,
+            WSCloseCode.TRY_AGAIN_LATER,
+            "too many speech streams" if not connections.closing else "server shutting down",
+        )
         return ws
     async with connections.track(ws):
         await SpeechStream(ws, request, tts, limits).run()

@@ -29,8 +29,13 @@ class StreamConfig(BaseModel):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
     def public(self) -> dict[str, Any]:
-        return {"model": self.model, "voice": self.voice_name, "response_format": self.response_format,
-                "speed": self.speed, "sample_rate": SPEECH_SAMPLE_RATE}
+        return {
+            "model": self.model,
+            "voice": self.voice_name,
+            "response_format": self.response_format,
+            "speed": self.speed,
+            "sample_rate": SPEECH_SAMPLE_RATE,
+        }
 
 
 class TextEvent(BaseModel):

@@ -76,8 +76,9 @@ async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]
     limit = request.app[CTX].config.transport.max_http_body_bytes
     reject_oversized(request, limit)
     if request.content_type != "multipart/form-data":
-        raise ApiError("Send the audio as multipart/form-data with a 'file' field.", param="file",
-                       code="invalid_content_type")
+        raise ApiError(
+            "Send the audio as multipart/form-data with a 'file' field.", param="file", code="invalid_content_type"
+        )
     try:
         async with body_deadline(request, limit):
             fields = await request.post()  # bounded by the app's client_max_size (= limit)
@@ -87,30 +88,35 @@ async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]
         raise ApiError("The multipart body could not be parsed.", code="invalid_multipart") from None
     upload = fields.get("file")
     if not isinstance(upload, web.FileField):
-        raise ApiError("Missing required parameter: 'file' (an audio file upload).", param="file",
-                       code="missing_required_parameter")
+        raise ApiError(
+            "Missing required parameter: 'file' (an audio file upload).",
+            param="file",
+            code="missing_required_parameter",
+        )
     # Repeated plain fields (``timestamp_granularities[]``) are not used; the last value of the rest wins.
     values: dict[str, Any] = {k: v for k, v in fields.items() if isinstance(v, str) and not k.endswith("[]")}
     return upload.file, validate(TranscriptionForm, values)
 
 
-async def _transcribe(request: web.Request, asr: ASREngine, upload: BinaryIO,
-                      form: TranscriptionForm) -> web.StreamResponse:
+async def _transcribe(
+    request: web.Request, asr: ASREngine, upload: BinaryIO, form: TranscriptionForm
+) -> web.StreamResponse:
     ctx = request.app[CTX]
     max_s = ctx.config.http.max_transcription_audio_s
     try:
         audio = await ctx.codecs.run(decode_audio, upload, asr.sample_rate, max_s)
     except AudioDecodeError as exc:
-        raise ApiError(f"Invalid file: {exc}. Upload audio in a common format (wav, mp3, ogg, flac, "
-                       "m4a, webm, ...).", param="file", code="invalid_audio") from None
+        raise ApiError(
+            f"Invalid file: {exc}. Upload audio in a common format (wav, mp3, ogg, flac, m4a, webm, ...).",
+            param="file",
+            code="invalid_audio",
+        ) from None
     except AudioTooLong as exc:
         raise ApiError(f"Invalid file: {exc}.", status=413, param="file", code="audio_too_long") from None
     if audio.size == 0:
-        raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file",
-                       code="empty_audio")
+        raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file", code="empty_audio")
     duration_s = audio.size / asr.sample_rate
-    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate),
-                            asr.sample_rate // 10)
+    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
     async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:
         if form.stream:
             return await _stream(request, transcripts)
@@ -125,7 +131,7 @@ def split_windows(audio: np.ndarray, window: int, frame: int) -> list[np.ndarray
     start = 0
     while audio.size - start > window:
         low = start + window - search
-        energy = np.square(audio[low:low + search]).reshape(-1, frame).sum(axis=1)
+        energy = np.square(audio[low : low + search]).reshape(-1, frame).sum(axis=1)
         cut = low + int(np.argmin(energy)) * frame + frame // 2
         pieces.append(audio[start:cut])
         start = cut
@@ -138,8 +144,9 @@ async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: Transcri
     finished = ""
     for window in windows:
         text = ""
-        async with contextlib.aclosing(asr.transcribe(_single(window), language=form.language,
-                                                      prompt=form.prompt)) as pieces:
+        async with contextlib.aclosing(
+            asr.transcribe(_single(window), language=form.language, prompt=form.prompt)
+        ) as pieces:
             async for piece in pieces:
                 text = piece.text.strip()
                 if text:
@@ -172,8 +179,16 @@ def _respond(text: str, form: TranscriptionForm, duration_s: float) -> web.Respo
             return web.Response(text=text + "\n", content_type="text/plain")
         case "verbose_json":
             segments = [{"id": 0, "start": 0.0, "end": duration, "text": text}] if text else []
-            return web.json_response({"task": "transcribe", "language": form.language or "unknown",
-                                      "duration": duration, "text": text, "segments": segments, "usage": usage})
+            return web.json_response(
+                {
+                    "task": "transcribe",
+                    "language": form.language or "unknown",
+                    "duration": duration,
+                    "text": text,
+                    "segments": segments,
+                    "usage": usage,
+                }
+            )
         case "srt":
             body = f"1\n{cue[0].replace('.', ',')} --> {cue[1].replace('.', ',')}\n{text}\n" if text else ""
             return web.Response(text=body, content_type="application/x-subrip")
@@ -198,7 +213,7 @@ async def _stream(request: web.Request, transcripts: AsyncIterator[str]) -> web.
     try:
         while True:
             if text.startswith(sent) and len(text) > len(sent):
-                await sse.send({"type": "transcript.text.delta", "delta": text[len(sent):]})
+                await sse.send({"type": "transcript.text.delta", "delta": text[len(sent) :]})
                 sent = text
             following = await anext(transcripts, None)
             if following is None:

@@ -27,17 +27,28 @@ _FIELD_BYTES = 1024  # ``name`` and other small text fields
 
 
 def voice_object(info: VoiceInfo) -> dict[str, Any]:
-    return {"id": info.name, "object": "audio.voice", "name": info.name, "type": "audio_sample",
-            "created_at": info.created_at, **info.public()}
+    return {
+        "id": info.name,
+        "object": "audio.voice",
+        "name": info.name,
+        "type": "audio_sample",
+        "created_at": info.created_at,
+        **info.public(),
+    }
 
 
 async def list_voices(request: web.Request) -> web.Response:
     tts = require_tts(request.app[CTX], None)
     with engine_errors():
         voices = await tts.voice_list()
-    return web.json_response({"object": "list", "data": [voice_object(v) for v in voices],
-                              "voices": [v.name for v in voices],
-                              "uploaded_voices": [voice_object(v) for v in voices if not v.builtin]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [voice_object(v) for v in voices],
+            "voices": [v.name for v in voices],
+            "uploaded_voices": [voice_object(v) for v in voices if not v.builtin],
+        }
+    )
 
 
 async def _read_part(part: BodyPartReader, limit: int) -> bytes:
@@ -56,8 +67,10 @@ async def register_voice(request: web.Request) -> web.Response:
     body_limit = limits.max_model_bytes + limits.max_config_bytes + 64 * 1024  # parts' headers and fields
     reject_oversized(request, body_limit)
     if not request.content_type.startswith("multipart/"):
-        raise ApiError("Register a voice with multipart/form-data: 'name', 'model' (.onnx) and 'config' "
-                       "(.onnx.json).", code="invalid_request")
+        raise ApiError(
+            "Register a voice with multipart/form-data: 'name', 'model' (.onnx) and 'config' (.onnx.json).",
+            code="invalid_request",
+        )
     fields: dict[str, bytes] = {}
     async with body_deadline(request, body_limit):
         reader = await request.multipart()
@@ -70,14 +83,16 @@ async def register_voice(request: web.Request) -> web.Response:
                 with engine_errors():  # a bad name is refused before the model is read
                     check_voice_name(fields[name].decode("utf-8", "replace"))
             elif name in ("model", "config", "name"):
-                fields[name] = await _read_part(part, limits.max_model_bytes if name == "model"
-                                                else limits.max_config_bytes)
+                fields[name] = await _read_part(
+                    part, limits.max_model_bytes if name == "model" else limits.max_config_bytes
+                )
             else:
                 await _read_part(part, _FIELD_BYTES)  # e.g. the SDK's "consent": accepted, unused
     missing = [key for key in ("name", "model", "config") if key not in fields]
     if missing:
-        raise ApiError(f"Missing required parameter: '{missing[0]}'.", param=missing[0],
-                       code="missing_required_parameter")
+        raise ApiError(
+            f"Missing required parameter: '{missing[0]}'.", param=missing[0], code="missing_required_parameter"
+        )
     voice_name = fields["name"].decode("utf-8", "replace")
     with engine_errors():
         check_voice_name(voice_name)

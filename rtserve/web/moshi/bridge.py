@@ -78,8 +78,12 @@ class EngineBridge:
         loop = asyncio.get_running_loop()
         async for event in self.session.events():
             if isinstance(event, OutputAudio):
-                yield AgentFrame(self._to_wire.process(event.pcm), event.text or None, loop.time(),
-                                 self._arrival_of(event.input_samples))
+                yield AgentFrame(
+                    self._to_wire.process(event.pcm),
+                    event.text or None,
+                    loop.time(),
+                    self._arrival_of(event.input_samples),
+                )
             elif isinstance(event, OutputText):
                 yield AgentFrame(_NO_AUDIO, event.text or None, loop.time())
             elif isinstance(event, EngineFailure):

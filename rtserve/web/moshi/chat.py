@@ -64,8 +64,13 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
             return ws
         async with service.live(ROUTE, conversation):
             settings = service.config.moshi
-            writer = OggOpusWriter(WIRE_SAMPLE_RATE, frame_ms=OPUS_FRAME_MS, bitrate=settings.opus_bitrate,
-                                   application=settings.opus_application, complexity=settings.opus_complexity)
+            writer = OggOpusWriter(
+                WIRE_SAMPLE_RATE,
+                frame_ms=OPUS_FRAME_MS,
+                bitrate=settings.opus_bitrate,
+                application=settings.opus_application,
+                complexity=settings.opus_complexity,
+            )
 
             async def send_frame(frame: AgentFrame) -> None:
                 if frame.pcm.size:
@@ -89,15 +94,24 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
     return ws
 
 
-async def _receive_audio(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, service: MoshiService,
-                         codecs: CodecExecutor, conversation: Conversation) -> None:
+async def _receive_audio(
+    ws: web.WebSocketResponse,
+    transport: asyncio.BaseTransport | None,
+    service: MoshiService,
+    codecs: CodecExecutor,
+    conversation: Conversation,
+) -> None:
     """Client messages until the socket closes; malformed audio, audio decoded too fast or
     none for ``moshi.idle_timeout_s`` closes this socket only."""
     limits, settings = service.config.codecs, service.config.moshi
     rate_limit = DecodeRateLimit(limits.max_decoded_audio_ratio, limits.decoded_audio_burst_s)
-    reader = OggOpusReader(WIRE_SAMPLE_RATE, max_page_bytes=limits.ogg_max_page_bytes,
-                           max_packet_bytes=limits.ogg_max_packet_bytes, max_feed_seconds=limits.ogg_max_feed_audio_s,
-                           rate_limit=rate_limit)
+    reader = OggOpusReader(
+        WIRE_SAMPLE_RATE,
+        max_page_bytes=limits.ogg_max_page_bytes,
+        max_packet_bytes=limits.ogg_max_packet_bytes,
+        max_feed_seconds=limits.ogg_max_feed_audio_s,
+        rate_limit=rate_limit,
+    )
     idle_reason = f"idle timeout: no audio for {settings.idle_timeout_s:g} s"
     deadline = ReceiveDeadline.after(settings.idle_timeout_s, idle_reason)
     while (message := await receive_before(ws, deadline, transport, settings.send_timeout_s)) is not None:
@@ -106,8 +120,7 @@ async def _receive_audio(ws: web.WebSocketResponse, transport: asyncio.BaseTrans
             if len(data) < 2 or data[0] != TAG_AUDIO:
                 continue  # unknown tags are discarded; an empty audio message carries nothing
             try:
-                pcm = await _decode(reader, data[1:], codecs, settings.inline_decode_packets,
-                                    limits.ogg_max_page_bytes)
+                pcm = await _decode(reader, data[1:], codecs, settings.inline_decode_packets, limits.ogg_max_page_bytes)
             except CodecError as exc:
                 log.info("closing: refused Ogg-Opus from client (%s: %s)", exc.code, exc)
                 code = WSCloseCode.POLICY_VIOLATION if isinstance(exc, DecodeRateError) else close_code(exc)
@@ -120,8 +133,9 @@ async def _receive_audio(ws: web.WebSocketResponse, transport: asyncio.BaseTrans
         # TEXT: not part of the protocol, discarded like unknown tags
 
 
-async def _decode(reader: OggOpusReader, payload: bytes, codecs: CodecExecutor, inline_packets: int,
-                  inline_bytes: int) -> np.ndarray:
+async def _decode(
+    reader: OggOpusReader, payload: bytes, codecs: CodecExecutor, inline_packets: int, inline_bytes: int
+) -> np.ndarray:
     """A client message's audio. What live clients send (a page or two per 80 ms frame) decodes
     on the loop, saving two thread hops a message; a message over ``inline_bytes`` (one Ogg
     page) or of more than ``inline_packets`` Opus packets (each up to 120 ms of audio) could

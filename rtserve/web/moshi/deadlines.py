@@ -33,8 +33,9 @@ class ReceiveDeadline:
         return cls(asyncio.get_running_loop().time() + timeout_s, reason)
 
 
-async def receive_before(ws: web.WebSocketResponse, deadline: ReceiveDeadline,
-                         transport: asyncio.BaseTransport | None, send_timeout_s: float) -> WSMessage | None:
+async def receive_before(
+    ws: web.WebSocketResponse, deadline: ReceiveDeadline, transport: asyncio.BaseTransport | None, send_timeout_s: float
+) -> WSMessage | None:
     """The next client message, or ``None`` once ``deadline`` passed and ``ws`` was closed."""
     try:
         async with asyncio.timeout_at(deadline.at):
@@ -58,7 +59,8 @@ async def send_within(send: Awaitable[None], transport: asyncio.BaseTransport | 
     return True
 
 
-async def close_within(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, code: int, reason: str,
-                       timeout_s: float) -> None:
+async def close_within(
+    ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, code: int, reason: str, timeout_s: float
+) -> None:
     """``close_socket``, dropping the connection when the close frame cannot be sent in time."""
     await send_within(close_socket(ws, code, reason), transport, timeout_s)

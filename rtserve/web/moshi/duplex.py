@@ -60,7 +60,8 @@ class CloseMessage(BaseModel):
 
 
 _CLIENT_MESSAGE: TypeAdapter[OpenMessage | CloseMessage] = TypeAdapter(
-    Annotated[OpenMessage | CloseMessage, Field(discriminator="type")])
+    Annotated[OpenMessage | CloseMessage, Field(discriminator="type")]
+)
 
 
 class ClientError(RtserveError):
@@ -90,22 +91,25 @@ def parse_client_message(text: str) -> OpenMessage | CloseMessage:
 class DuplexConnection:
     """One ``/v1/audio/duplex`` socket: at most one conversation, opened by ``open``."""
 
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None,
-                 service: MoshiService) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, service: MoshiService
+    ) -> None:
         self.ws = ws
         self.transport = transport
         self.service = service
         self.settings = service.config.moshi
-        self.deadline = ReceiveDeadline.after(self.settings.open_timeout_s,
-                                              f"open timeout: no 'open' within {self.settings.open_timeout_s:g} s")
+        self.deadline = ReceiveDeadline.after(
+            self.settings.open_timeout_s, f"open timeout: no 'open' within {self.settings.open_timeout_s:g} s"
+        )
         self.conversation: Conversation | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 
     async def run(self) -> None:
         try:
-            while (message := await receive_before(self.ws, self.deadline, self.transport,
-                                                   self.settings.send_timeout_s)) is not None:
+            while (
+                message := await receive_before(self.ws, self.deadline, self.transport, self.settings.send_timeout_s)
+            ) is not None:
                 if message.type is WSMsgType.TEXT:
                     finished = await self._on_text(message.data)
                     if finished:
@@ -133,9 +137,11 @@ class DuplexConnection:
         if self.conversation is not None:
             raise ClientError("session already open", "session_already_open")
         try:
-            prompt = SlotPrompt(text=message.persona or None,
-                                voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
-                                seed=parse_seed(message.seed))
+            prompt = SlotPrompt(
+                text=message.persona or None,
+                voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
+                seed=parse_seed(message.seed),
+            )
         except PromptError as exc:
             raise ClientError(str(exc), exc.code) from None
         conversation = await self.service.open_conversation(self.ws, ROUTE, prompt)

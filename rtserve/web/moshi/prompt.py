@@ -32,8 +32,9 @@ VOICE_SUFFIXES = (".pt", ".wav")
 MAX_VOICE_NAME_CHARS = 255
 UNSEEDED = -1  # PersonaPlex's seed for "draw a fresh one"
 # The voice embeddings PersonaPlex ships (its web UI offers exactly these).
-STOCK_VOICES = frozenset({*(f"NAT{g}{i}" for g in "FM" for i in range(4)),
-                          *(f"VAR{g}{i}" for g in "FM" for i in range(5))})
+STOCK_VOICES = frozenset(
+    {*(f"NAT{g}{i}" for g in "FM" for i in range(4)), *(f"VAR{g}{i}" for g in "FM" for i in range(5))}
+)
 
 log = logging.getLogger(__name__)
 _fallback_logged = False
@@ -71,7 +72,7 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
 
 def is_stock_voice(name: str) -> bool:
     """``NATF2``, ``NATF2.pt`` and the other names of PersonaPlex's stock voices."""
-    stem = name[:-len(".pt")] if name.endswith(".pt") else name
+    stem = name[: -len(".pt")] if name.endswith(".pt") else name
     return stem in STOCK_VOICES
 
 
@@ -79,8 +80,11 @@ def _log_default_voice(name: str) -> None:
     global _fallback_logged
     if not _fallback_logged:
         _fallback_logged = True
-        log.info("voice prompt %r asked for, but models.voice_prompt_dir is not set: using the engine's default "
-                 "voice (logged once)", name)
+        log.info(
+            "voice prompt %r asked for, but models.voice_prompt_dir is not set: using the engine's default "
+            "voice (logged once)",
+            name,
+        )
 
 
 def parse_seed(raw: str | int | None) -> int | None:
@@ -128,10 +132,12 @@ def _top_k(query: Mapping[str, str], name: str) -> int | None:
 
 def parse_sampling(query: Mapping[str, str]) -> SlotSampling | None:
     """The sampling parameters the client named; ``None`` when it named none."""
-    sampling = SlotSampling(text_temperature=_temperature(query, "text_temperature"),
-                            text_top_k=_top_k(query, "text_topk"),
-                            audio_temperature=_temperature(query, "audio_temperature"),
-                            audio_top_k=_top_k(query, "audio_topk"))
+    sampling = SlotSampling(
+        text_temperature=_temperature(query, "text_temperature"),
+        text_top_k=_top_k(query, "text_topk"),
+        audio_temperature=_temperature(query, "audio_temperature"),
+        audio_top_k=_top_k(query, "audio_topk"),
+    )
     return None if sampling == SlotSampling() else sampling
 
 

@@ -51,8 +51,9 @@ BUSY_REASON = "all conversation slots busy"
 
 
 class MoshiService:
-    def __init__(self, config: ServerConfig, engine: SessionEngine, metrics: MoshiMetrics,
-                 sessions: SessionManager | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, engine: SessionEngine, metrics: MoshiMetrics, sessions: SessionManager | None = None
+    ) -> None:
         self.config = config
         self.engine = engine
         self.metrics = metrics
@@ -63,13 +64,15 @@ class MoshiService:
 
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         transport = self.config.transport
-        return web.WebSocketResponse(protocols=key_subprotocols(request), max_msg_size=transport.max_ws_message_bytes,
-                                     heartbeat=transport.ws_heartbeat_s)
+        return web.WebSocketResponse(
+            protocols=key_subprotocols(request),
+            max_msg_size=transport.max_ws_message_bytes,
+            heartbeat=transport.ws_heartbeat_s,
+        )
 
     # ------------------------------------------------------------------ admission
 
-    async def open_conversation(self, ws: web.WebSocketResponse, route: str,
-                                prompt: SlotPrompt) -> Conversation | None:
+    async def open_conversation(self, ws: web.WebSocketResponse, route: str, prompt: SlotPrompt) -> Conversation | None:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
@@ -101,8 +104,9 @@ class MoshiService:
             await conversation.close()
             return None
         outcomes.labels(route, "accepted").inc()
-        log.info("%s conversation opened (voice=%s, persona=%s)", route, prompt.voice is not None,
-                 prompt.text is not None)
+        log.info(
+            "%s conversation opened (voice=%s, persona=%s)", route, prompt.voice is not None, prompt.text is not None
+        )
         return conversation
 
     async def _open_turns(self, ws: web.WebSocketResponse, route: str, prompt: SlotPrompt) -> TurnBridge | None:
@@ -143,9 +147,14 @@ class MoshiService:
 
     # ------------------------------------------------------------------ output
 
-    def spawn_output(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, route: str,
-                     conversation: Conversation,
-                     send_frame: Callable[[AgentFrame], Awaitable[None]]) -> asyncio.Task[None]:
+    def spawn_output(
+        self,
+        ws: web.WebSocketResponse,
+        transport: asyncio.BaseTransport | None,
+        route: str,
+        conversation: Conversation,
+        send_frame: Callable[[AgentFrame], Awaitable[None]],
+    ) -> asyncio.Task[None]:
         """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails, drop
         the connection if its reader stalls."""
 
@@ -165,9 +174,13 @@ class MoshiService:
         output.cancel()
         await asyncio.gather(output, return_exceptions=True)
 
-    async def stream_output(self, route: str, conversation: Conversation,
-                            send_frame: Callable[[AgentFrame], Awaitable[None]],
-                            transport: asyncio.BaseTransport | None) -> bool:
+    async def stream_output(
+        self,
+        route: str,
+        conversation: Conversation,
+        send_frame: Callable[[AgentFrame], Awaitable[None]],
+        transport: asyncio.BaseTransport | None,
+    ) -> bool:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes; False
         when the reader stalled past ``moshi.send_timeout_s`` and the connection was dropped. A
         slow client only backs up its own slot's output hand-off (drop-oldest audio, text

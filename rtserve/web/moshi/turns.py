@@ -43,9 +43,13 @@ def turn_session_config(prompt: SlotPrompt, sessions: SessionManager) -> Session
     Raises ``ConfigUpdateError`` for a persona over ``sessions.max_instructions_chars``."""
     check_bounds(sessions.limits, instructions=prompt.text)
     temperature = prompt.sampling.text_temperature if prompt.sampling is not None else None
-    return SessionConfig(instructions=prompt.text or "", turn_detection=TurnDetection(),
-                         output_audio_format="pcm_f32le", output_sample_rate=WIRE_SAMPLE_RATE,
-                         **({"temperature": min(temperature, 2.0)} if temperature is not None else {}))
+    return SessionConfig(
+        instructions=prompt.text or "",
+        turn_detection=TurnDetection(),
+        output_audio_format="pcm_f32le",
+        output_sample_rate=WIRE_SAMPLE_RATE,
+        **({"temperature": min(temperature, 2.0)} if temperature is not None else {}),
+    )
 
 
 class TurnBridge:

@@ -67,8 +67,14 @@ _INLINE_DECODE_BYTES = 1 << 20  # larger frames decode on the codec executor, of
 class OpenPIConnection:
     """One robot connection: strict request/response, one request in flight."""
 
-    def __init__(self, ws: web.WebSocketResponse, batcher: PolicyBatcher, metrics: OpenPIMetrics,
-                 codecs: CodecExecutor, idle_timeout_s: float) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        batcher: PolicyBatcher,
+        metrics: OpenPIMetrics,
+        codecs: CodecExecutor,
+        idle_timeout_s: float,
+    ) -> None:
         self._ws = ws
         self._batcher = batcher
         self._metrics = metrics
@@ -99,7 +105,8 @@ class OpenPIConnection:
                     await self._on_frame(msg.data)
                 elif msg.type is WSMsgType.TEXT:
                     await self._send_error(
-                        WireError("text frames are not observations; send binary MessagePack frames"))
+                        WireError("text frames are not observations; send binary MessagePack frames")
+                    )
                 elif msg.type is WSMsgType.ERROR:
                     # aiohttp already closed the socket (1009 for an oversized frame).
                     too_big = self._ws.close_code == WSCloseCode.MESSAGE_TOO_BIG
@@ -160,22 +167,31 @@ class OpenPIConnection:
             log.exception("policy validate() raised an unexpected error")
             await self._send_error(PolicyInferenceError("policy failed"))
             return
-        policy_request = PolicyRequest(self._policy_key(self._session), observation, reset=self._session_fresh,
-                                       seed=request.seed)
+        policy_request = PolicyRequest(
+            self._policy_key(self._session), observation, reset=self._session_fresh, seed=request.seed
+        )
         try:
             result = await self._batcher.infer(policy_request)
         except EngineError as exc:  # overloaded, stopping
             await self._send_error(exc)
             return
         self._session_fresh = False
-        server_timing = {"infer_ms": (time.perf_counter() - received_at) * 1000, "queue_ms": result.queue_ms,
-                         "batch_size": result.batch_size}
+        server_timing = {
+            "infer_ms": (time.perf_counter() - received_at) * 1000,
+            "queue_ms": result.queue_ms,
+            "batch_size": result.batch_size,
+        }
         if self._prev_total_ms is not None:
             server_timing["prev_total_ms"] = self._prev_total_ms
         policy_timing = result.actions.get("policy_timing")
-        response = {**result.actions, "server_timing": server_timing,
-                    "policy_timing": {**(policy_timing if isinstance(policy_timing, dict) else {}),
-                                      "infer_ms": result.infer_ms}}
+        response = {
+            **result.actions,
+            "server_timing": server_timing,
+            "policy_timing": {
+                **(policy_timing if isinstance(policy_timing, dict) else {}),
+                "infer_ms": result.infer_ms,
+            },
+        }
         try:
             frame = pack_message(response)
         except (TypeError, ValueError, OverflowError) as exc:

@@ -42,8 +42,12 @@ async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
     ctx = request.app[CTX]
     service = request.app[OPENPI]
     robot = ctx.config.robot
-    ws = web.WebSocketResponse(protocols=key_subprotocols(request), max_msg_size=robot.max_message_bytes,
-                               heartbeat=ctx.config.transport.ws_heartbeat_s, compress=False)
+    ws = web.WebSocketResponse(
+        protocols=key_subprotocols(request),
+        max_msg_size=robot.max_message_bytes,
+        heartbeat=ctx.config.transport.ws_heartbeat_s,
+        compress=False,
+    )
     await ws.prepare(request)
     batcher = await ctx.policy_batcher()
     if batcher is None:

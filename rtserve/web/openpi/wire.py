@@ -72,8 +72,10 @@ def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     if not isinstance(data, bytes):
         raise WireError("numpy marker data must be binary")
     if dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != len(data):
-        raise WireError(f"numpy array data has {len(data)} bytes, shape {list(shape)} of {dtype} needs "
-                        f"{math.prod(shape) * dtype.itemsize}")
+        raise WireError(
+            f"numpy array data has {len(data)} bytes, shape {list(shape)} of {dtype} needs "
+            f"{math.prod(shape) * dtype.itemsize}"
+        )
     return np.ndarray(shape, dtype=dtype, buffer=data)
 
 
@@ -125,8 +127,12 @@ def _encode_numpy(obj: Any) -> Any:
     if isinstance(obj, np.ndarray | np.generic) and obj.dtype.kind in _REFUSED_KINDS:
         raise TypeError(f"cannot send numpy dtype {obj.dtype}")
     if isinstance(obj, np.ndarray):
-        return {b"__ndarray__": True, b"data": np.ascontiguousarray(obj).tobytes(),
-                b"dtype": obj.dtype.str, b"shape": list(obj.shape)}
+        return {
+            b"__ndarray__": True,
+            b"data": np.ascontiguousarray(obj).tobytes(),
+            b"dtype": obj.dtype.str,
+            b"shape": list(obj.shape),
+        }
     if isinstance(obj, np.generic):
         return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
     raise TypeError(f"cannot send {type(obj).__name__}")

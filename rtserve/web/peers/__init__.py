@@ -14,5 +14,13 @@ from rtserve.web.peers.directory import Directory, PeerAddress, SocketDirectory
 from rtserve.web.peers.owner import new_front_end_tag, owner_of
 from rtserve.web.peers.relay import Origin, Peers, RelayOutcome
 
-__all__ = ["Directory", "Origin", "PeerAddress", "Peers", "RelayOutcome", "SocketDirectory", "new_front_end_tag",
-           "owner_of"]
+__all__ = [
+    "Directory",
+    "Origin",
+    "PeerAddress",
+    "Peers",
+    "RelayOutcome",
+    "SocketDirectory",
+    "new_front_end_tag",
+    "owner_of",
+]

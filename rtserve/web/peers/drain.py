@@ -32,8 +32,9 @@ class FrontEndDrain:
             self.deadline_s = deadline_s or self._default_deadline_s
             self._sessions.drain()
             self._task = asyncio.create_task(self._leave(self.deadline_s), name="front-end-drain")
-            log.info("front-end draining: %d sessions open, deadline %g s", self._sessions.active_count(),
-                     self.deadline_s)
+            log.info(
+                "front-end draining: %d sessions open, deadline %g s", self._sessions.active_count(), self.deadline_s
+            )
         return {"status": "draining", "sessions": self._sessions.active_count(), "deadline_s": self.deadline_s}
 
     def cancel(self) -> None:
@@ -46,6 +47,7 @@ class FrontEndDrain:
             await asyncio.wait_for(self._sessions.wait_idle(), deadline_s)
             log.info("front-end drained: its last session ended")
         except TimeoutError:
-            log.warning("front-end drain deadline passed with %d sessions open; closing them",
-                        self._sessions.active_count())
+            log.warning(
+                "front-end drain deadline passed with %d sessions open; closing them", self._sessions.active_count()
+            )
         self._stop.set()

@@ -41,6 +41,7 @@ from rtserve.web.peers.signing import PeerSigner
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Origin:
     """What the owner must see of the client's request to serve it the same way: the path and
@@ -68,17 +69,23 @@ class RelayOutcome(enum.Enum):
 
 class RelayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.relays = Counter("rtserve_peer_relays", "Sockets for another front-end's session, by outcome "
-                              "(relayed, refused by the owner, owner gone)", ["outcome"], registry=registry)
-        self.open = Gauge("rtserve_peer_relayed_sockets", "Client sockets relayed to their session's owner now",
-                          registry=registry)
+        self.relays = Counter(
+            "rtserve_peer_relays",
+            "Sockets for another front-end's session, by outcome (relayed, refused by the owner, owner gone)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.open = Gauge(
+            "rtserve_peer_relayed_sockets", "Client sockets relayed to their session's owner now", registry=registry
+        )
 
 
 class Peers:
     """This front-end (``tag``) among the others of its ``directory``."""
 
-    def __init__(self, tag: str, directory: Directory, settings: PeersConfig, *,
-                 signer: PeerSigner | None = None) -> None:
+    def __init__(
+        self, tag: str, directory: Directory, settings: PeersConfig, *, signer: PeerSigner | None = None
+    ) -> None:
         self.tag = tag
         self.directory = directory
         self.settings = settings
@@ -100,8 +107,7 @@ class Peers:
         self.metrics.relays.labels(outcome.name.lower()).inc()
         return outcome
 
-    async def _relay_resume(self, ws: web.WebSocketResponse, first: str, owner: str,
-                            origin: Origin) -> RelayOutcome:
+    async def _relay_resume(self, ws: web.WebSocketResponse, first: str, owner: str, origin: Origin) -> RelayOutcome:
         upstream = await self._connect(owner, origin)
         if upstream is None:
             return RelayOutcome.NO_OWNER
@@ -151,10 +157,19 @@ class Peers:
             headers[signing.HEADER] = self.signer.sign("GET", origin.path_qs)
         timeout_s = self.settings.connect_timeout_s
         try:
-            upstream.ws = await asyncio.wait_for(upstream.http.ws_connect(
-                address.base_url + origin.path_qs, headers=headers, protocols=origin.protocols, autoping=True,
-                heartbeat=self.heartbeat_s, timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
-                max_msg_size=0, compress=0), timeout_s)
+            upstream.ws = await asyncio.wait_for(
+                upstream.http.ws_connect(
+                    address.base_url + origin.path_qs,
+                    headers=headers,
+                    protocols=origin.protocols,
+                    autoping=True,
+                    heartbeat=self.heartbeat_s,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=timeout_s),
+                    max_msg_size=0,
+                    compress=0,
+                ),
+                timeout_s,
+            )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("front-end %s at %s is not reachable: %s", owner, address, exc)
             await upstream.http.close()
@@ -179,8 +194,10 @@ class _Upstream:
         await self.http.close()
 
 
-async def _pass_on(source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-                   sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage:
+async def _pass_on(
+    source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+) -> aiohttp.WSMessage:
     """Copies data frames until another kind arrives (close, error); returns that one."""
     while True:
         message = await source.receive()
@@ -197,8 +214,9 @@ async def _copy_both_ways(client: web.WebSocketResponse, owner: aiohttp.ClientWe
 
     async def downward() -> None:
         ended = await _pass_on(owner, client)
-        await close_socket(client, owner.close_code or aiohttp.WSCloseCode.OK,
-                           ended.extra if isinstance(ended.extra, str) else "")
+        await close_socket(
+            client, owner.close_code or aiohttp.WSCloseCode.OK, ended.extra if isinstance(ended.extra, str) else ""
+        )
 
     # Upward: the client left (or broke the protocol); closing the owner's socket below detaches there.
     tasks = [asyncio.ensure_future(_pass_on(client, owner)), asyncio.ensure_future(downward())]

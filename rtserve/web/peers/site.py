@@ -10,6 +10,7 @@ front-end that relays: the client proved itself there.
 from __future__ import annotations
 
 import logging
+
 from aiohttp import web
 
 from rtserve.web.context import CTX
@@ -28,12 +29,12 @@ PEERS = web.AppKey("peers", Peers)
 _RUNNER = web.AppKey("peer_runner", web.AppRunner)
 
 
-
 def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> web.Application:
     @web.middleware
     async def signed_only(request: web.Request, handler):
-        if peers.signer is not None and not peers.signer.verify(request.headers.get(signing.HEADER),
-                                                                request.method, request.path_qs):
+        if peers.signer is not None and not peers.signer.verify(
+            request.headers.get(signing.HEADER), request.method, request.path_qs
+        ):
             log.warning("peer request from %s refused: not signed with the cluster secret", request.remote)
             raise ApiError("Not a front-end of this cluster", status=403, code="peer_unauthorized")
         return await handler(request)
@@ -50,10 +51,10 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> w
         except ValueError:
             raise ApiError("The body is not JSON", code="invalid_json") from None
         deadline = body.get("deadline_s") if isinstance(body, dict) else None
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)
-                                     or deadline <= 0):
-            raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s",
-                           code="invalid_value")
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0
+        ):
+            raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s", code="invalid_value")
         return web.json_response(await drain(deadline), status=202)
 
     app = web.Application(middlewares=[error_middleware, signed_only])

@@ -46,8 +46,9 @@ class CreateAudioItem:
     event_id: str | None = None
 
 
-async def resolve_audio_item(action: CreateAudioItem, asr: ASREngine | None, audio_format: AudioFormat,
-                             codecs: CodecExecutor) -> cmd.ConversationItemCreate:
+async def resolve_audio_item(
+    action: CreateAudioItem, asr: ASREngine | None, audio_format: AudioFormat, codecs: CodecExecutor
+) -> cmd.ConversationItemCreate:
     """The item with every audio part replaced by its transcript; raises ``WireError``."""
     texts = []
     for part in action.parts:
@@ -55,16 +56,25 @@ async def resolve_audio_item(action: CreateAudioItem, asr: ASREngine | None, aud
             texts.append(part.text or "")
             continue
         if asr is None:
-            raise WireError(INVALID_VALUE, "input_audio content needs a speech recognizer and this server has none; "
-                            "send input_text", param="item.content", event_id=action.event_id)
+            raise WireError(
+                INVALID_VALUE,
+                "input_audio content needs a speech recognizer and this server has none; send input_text",
+                param="item.content",
+                event_id=action.event_id,
+            )
         try:
             pcm = await codecs.run(_decode, part.audio, audio_format, asr.sample_rate)
             texts.append(await _transcribe(asr, pcm))
         except (CodecError, EngineError) as exc:
             raise realtime_error(exc, event_id=action.event_id) from None
-    return cmd.ConversationItemCreate(role=action.role, text=" ".join(t.strip() for t in texts if t.strip()),
-                                      audio=True, previous_item_id=action.previous_item_id, item_id=action.item_id,
-                                      event_id=action.event_id)
+    return cmd.ConversationItemCreate(
+        role=action.role,
+        text=" ".join(t.strip() for t in texts if t.strip()),
+        audio=True,
+        previous_item_id=action.previous_item_id,
+        item_id=action.item_id,
+        event_id=action.event_id,
+    )
 
 
 def _decode(payload: str, audio_format: AudioFormat, rate: int) -> Pcm:

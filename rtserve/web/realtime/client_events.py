@@ -95,8 +95,9 @@ class CancelInput:
     event_id: str | None = None
 
 
-ClientAction = (UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CancelInput | CreateAudioItem
-                | cmd.Command)
+ClientAction = (
+    UpdateSession | ResumeSession | AppendInput | CommitInput | ClearInput | CancelInput | CreateAudioItem | cmd.Command
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,19 +263,17 @@ def _validated(model: type[_Event], data: dict[str, Any]) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = field_path(err["loc"])
-        raise invalid_event(f"'{where}': {err['msg']}", param=where or None,
-                            event_id=_event_id_of(data)) from None
+        raise invalid_event(f"'{where}': {err['msg']}", param=where or None, event_id=_event_id_of(data)) from None
 
 
 def _commit(e: _Commit, rules: EventRules) -> CommitInput:
-    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final,
-                       e.is_speech if rules.duplex else None)
+    return CommitInput(e.response_create and rules.duplex, e.event_id, e.final, e.is_speech if rules.duplex else None)
 
 
 def _session_update(data: dict[str, Any], rules: EventRules) -> UpdateSession:
     e = _validated(_SessionUpdate, data)
     if "session" not in data and isinstance(data.get("model"), str):
-        return UpdateSession({"model": data["model"][:MAX_ECHOED_CHARS * 4]}, e.event_id)  # vLLM's flat form
+        return UpdateSession({"model": data["model"][: MAX_ECHOED_CHARS * 4]}, e.event_id)  # vLLM's flat form
     if "session" not in data:
         raise invalid_event("'session' is required", param="session", event_id=e.event_id)
     try:
@@ -300,8 +299,9 @@ def _append(data: dict[str, Any], rules: EventRules) -> AppendInput:
     return AppendInput(e.audio, chunk_format, rate, e.is_speech, e.event_id)
 
 
-def _item_create(data: dict[str, Any], rules: EventRules
-                 ) -> cmd.ConversationItemCreate | cmd.FunctionItemCreate | CreateAudioItem:
+def _item_create(
+    data: dict[str, Any], rules: EventRules
+) -> cmd.ConversationItemCreate | cmd.FunctionItemCreate | CreateAudioItem:
     if (function := function_item(data)) is not None:
         return function
     e = _validated(_ItemCreate, data)
@@ -310,11 +310,21 @@ def _item_create(data: dict[str, Any], rules: EventRules
     texts = []
     for part in e.item.content:
         if part.type not in ("input_text", "text", "output_text"):
-            raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported; "
-                            "items carry text (input_text / output_text)", param="item.content", event_id=e.event_id)
+            raise WireError(
+                INVALID_VALUE,
+                f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported; "
+                "items carry text (input_text / output_text)",
+                param="item.content",
+                event_id=e.event_id,
+            )
         texts.append(part.text or "")
-    return cmd.ConversationItemCreate(role=e.item.role, text="".join(texts), previous_item_id=e.previous_item_id,
-                                      item_id=e.item.id, event_id=e.event_id)
+    return cmd.ConversationItemCreate(
+        role=e.item.role,
+        text="".join(texts),
+        previous_item_id=e.previous_item_id,
+        item_id=e.item.id,
+        event_id=e.event_id,
+    )
 
 
 def _audio_item(e: _ItemCreate) -> CreateAudioItem:
@@ -328,11 +338,16 @@ def _audio_item(e: _ItemCreate) -> CreateAudioItem:
         elif part.type in ("input_text", "text"):
             parts.append(ItemPart(text=part.text or ""))
         else:
-            raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} cannot be mixed with "
-                            "input_audio; use input_text", param="item.content", event_id=e.event_id)
+            raise WireError(
+                INVALID_VALUE,
+                f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} cannot be mixed with input_audio; use input_text",
+                param="item.content",
+                event_id=e.event_id,
+            )
     if e.item.role != "user":
-        raise WireError(INVALID_VALUE, "input_audio content is for user messages", param="item.role",
-                        event_id=e.event_id)
+        raise WireError(
+            INVALID_VALUE, "input_audio content is for user messages", param="item.role", event_id=e.event_id
+        )
     return CreateAudioItem(e.item.role, tuple(parts), e.previous_item_id, e.item.id, e.event_id)
 
 
@@ -342,15 +357,25 @@ def _response_create(data: dict[str, Any], rules: EventRules) -> cmd.ResponseCre
     conversation, response_input = _out_of_band(r, e.event_id)
     audio_out = r.audio.output if r.audio is not None else None
     if r.output_audio_format is not None or (audio_out is not None and audio_out.format is not None):
-        raise WireError(INVALID_VALUE, "Per-response audio formats are not supported; set the format with "
-                        "session.update", param="response.audio.output.format", event_id=e.event_id)
+        raise WireError(
+            INVALID_VALUE,
+            "Per-response audio formats are not supported; set the format with session.update",
+            param="response.audio.output.format",
+            event_id=e.event_id,
+        )
     modalities = r.output_modalities or r.modalities
     tokens = r.max_output_tokens or r.max_response_output_tokens
     return cmd.ResponseCreate(
-        instructions=r.instructions, modalities=tuple(dict.fromkeys(modalities)) if modalities else None,
-        voice=(audio_out.voice if audio_out is not None else None) or r.voice, temperature=r.temperature,
+        instructions=r.instructions,
+        modalities=tuple(dict.fromkeys(modalities)) if modalities else None,
+        voice=(audio_out.voice if audio_out is not None else None) or r.voice,
+        temperature=r.temperature,
         max_output_tokens=tokens if isinstance(tokens, int) else None,  # "inf": the session's own limit
-        metadata=r.metadata, conversation=conversation, input=response_input, event_id=e.event_id)
+        metadata=r.metadata,
+        conversation=conversation,
+        input=response_input,
+        event_id=e.event_id,
+    )
 
 
 class _InputItem(BaseModel):
@@ -363,12 +388,14 @@ class _InputItem(BaseModel):
     content: list[_ContentPart] = []
 
 
-def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto", "none"],
-                                                                  tuple[cmd.ResponseInput, ...] | None]:
+def _out_of_band(
+    r: _ResponseBody, event_id: str | None
+) -> tuple[Literal["auto", "none"], tuple[cmd.ResponseInput, ...] | None]:
     """``conversation`` ("auto" or "none") and ``input`` of an out-of-band ``response.create``."""
     if r.conversation not in (None, "auto", "none"):
-        raise WireError(INVALID_VALUE, "conversation must be 'auto' or 'none'", param="response.conversation",
-                        event_id=event_id)
+        raise WireError(
+            INVALID_VALUE, "conversation must be 'auto' or 'none'", param="response.conversation", event_id=event_id
+        )
     conversation: Literal["auto", "none"] = "none" if r.conversation == "none" else "auto"
     if r.input is None:
         return conversation, None
@@ -380,8 +407,9 @@ def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto"
         except ValidationError as exc:
             err = exc.errors()[0]
             where = field_path(err["loc"])
-            raise invalid_event(f"'{param}.{where}': {err['msg']}", param=f"{param}.{where}",
-                                event_id=event_id) from None
+            raise invalid_event(
+                f"'{param}.{where}': {err['msg']}", param=f"{param}.{where}", event_id=event_id
+            ) from None
         if item.type == "item_reference":
             if item.id is None:
                 raise invalid_event(f"'{param}.id' is required", param=f"{param}.id", event_id=event_id)
@@ -392,9 +420,13 @@ def _out_of_band(r: _ResponseBody, event_id: str | None) -> tuple[Literal["auto"
         texts = []
         for part in item.content:
             if part.type not in ("input_text", "text", "output_text"):
-                raise WireError(INVALID_VALUE, f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported "
-                                "in response.input; use input_text / output_text", param=f"{param}.content",
-                                event_id=event_id)
+                raise WireError(
+                    INVALID_VALUE,
+                    f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported "
+                    "in response.input; use input_text / output_text",
+                    param=f"{param}.content",
+                    event_id=event_id,
+                )
             texts.append(part.text or "")
         items.append(cmd.ResponseInput(role=item.role, text="".join(texts)))
     return conversation, tuple(items)
@@ -417,19 +449,23 @@ _REALTIME: dict[str, _Parser] = {
     "conversation.item.create": _item_create,
     "conversation.item.truncate": lambda d, r: _truncate(_validated(_ItemTruncate, d)),
     "conversation.item.delete": lambda d, r: cmd.ConversationItemDelete(
-        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
+        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)
+    ),
     "conversation.item.retrieve": lambda d, r: cmd.ConversationItemRetrieve(
-        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)),
+        item_id=_validated(_ItemRef, d).item_id, event_id=_event_id_of(d)
+    ),
     "response.create": lambda d, r: with_response_tools(_response_create(d, r), d),
-    "response.cancel": lambda d, r: cmd.ResponseCancel(response_id=_validated(_ResponseCancel, d).response_id,
-                                                       event_id=_event_id_of(d)),
+    "response.cancel": lambda d, r: cmd.ResponseCancel(
+        response_id=_validated(_ResponseCancel, d).response_id, event_id=_event_id_of(d)
+    ),
 }
 
 _DUPLEX: dict[str, _Parser] = {
     "session.create": _session_update,
     "session.heartbeat": lambda d, r: cmd.Heartbeat(event_id=_validated(_Event, d).event_id),
-    "session.event_ack": lambda d, r: cmd.EventAck(server_event_seq=_validated(_EventAck, d).server_event_seq,
-                                                   event_id=_event_id_of(d)),
+    "session.event_ack": lambda d, r: cmd.EventAck(
+        server_event_seq=_validated(_EventAck, d).server_event_seq, event_id=_event_id_of(d)
+    ),
     "session.close": lambda d, r: cmd.Close(event_id=_validated(_Event, d).event_id),
     "session.resume": _resume,
     "playback.ack": lambda d, r: _playback_ack(_validated(_PlaybackAck, d)),
@@ -443,21 +479,32 @@ _DUPLEX: dict[str, _Parser] = {
 }
 
 _DUPLEX_ALIASES = {
-    "input.commit": "input_audio_buffer.commit", "input.audio.append": "input_audio_buffer.append",
-    "audio.playback_ack": "playback.ack", "signal_turn": "turn.signal", "close_session": "session.close",
-    "session_close": "session.close", "close": "session.close",
-    "input_text.append": "input.text.append", "push_text": "input.text.append",
+    "input.commit": "input_audio_buffer.commit",
+    "input.audio.append": "input_audio_buffer.append",
+    "audio.playback_ack": "playback.ack",
+    "signal_turn": "turn.signal",
+    "close_session": "session.close",
+    "session_close": "session.close",
+    "close": "session.close",
+    "input_text.append": "input.text.append",
+    "push_text": "input.text.append",
 }
 
 
 def _truncate(e: _ItemTruncate) -> cmd.ConversationItemTruncate:
-    return cmd.ConversationItemTruncate(item_id=e.item_id, audio_end_ms=e.audio_end_ms, content_index=e.content_index,
-                                        event_id=e.event_id)
+    return cmd.ConversationItemTruncate(
+        item_id=e.item_id, audio_end_ms=e.audio_end_ms, content_index=e.content_index, event_id=e.event_id
+    )
 
 
 def _playback_ack(e: _PlaybackAck) -> cmd.PlaybackAck:
-    return cmd.PlaybackAck(response_id=e.response_id, played_ms=e.played_ms, committed_ms=e.committed_ms,
-                           truncate=e.truncate, event_id=e.event_id)
+    return cmd.PlaybackAck(
+        response_id=e.response_id,
+        played_ms=e.played_ms,
+        committed_ms=e.committed_ms,
+        truncate=e.truncate,
+        event_id=e.event_id,
+    )
 
 
 def _overlap(e: _OverlapDecision) -> cmd.OverlapDecision:

@@ -55,19 +55,33 @@ def connect_query(request: web.Request, *, duplex: bool, limits: SessionLimits) 
     token = request.query.get("resume")
     if not duplex:
         if token is not None:
-            raise WireError(INVALID_VALUE, "resume needs a duplex connection (?duplex=1 on a server with duplex "
-                            "sessions); turn-based sessions cannot be resumed", param="resume")
+            raise WireError(
+                INVALID_VALUE,
+                "resume needs a duplex connection (?duplex=1 on a server with duplex "
+                "sessions); turn-based sessions cannot be resumed",
+                param="resume",
+            )
         return ConnectQuery()
     session_id = request.query.get("session_id")
-    if session_id is not None and not (_SESSION_ID.fullmatch(session_id)
-                                       and len(session_id) <= limits.max_session_id_chars):
-        raise WireError(INVALID_VALUE, f"session_id must be 1 to {limits.max_session_id_chars} letters, digits or "
-                        "'-_.:'", param="session_id")
+    if session_id is not None and not (
+        _SESSION_ID.fullmatch(session_id) and len(session_id) <= limits.max_session_id_chars
+    ):
+        raise WireError(
+            INVALID_VALUE,
+            f"session_id must be 1 to {limits.max_session_id_chars} letters, digits or '-_.:'",
+            param="session_id",
+        )
     if token is None:
         return ConnectQuery(session_id if limits.client_session_ids else None)
     if session_id is None:
         raise WireError(INVALID_VALUE, "resume needs the session_id of the session to resume", param="session_id")
     if not token:
         raise WireError(INVALID_VALUE, "resume must be the session's resume_token", param="resume")
-    return ConnectQuery(resume=ResumeSession(session_id, token, _count(request, "attachment_generation"),
-                                             _count(request, "last_received_server_event_seq")))
+    return ConnectQuery(
+        resume=ResumeSession(
+            session_id,
+            token,
+            _count(request, "attachment_generation"),
+            _count(request, "last_received_server_event_seq"),
+        )
+    )

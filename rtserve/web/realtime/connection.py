@@ -38,6 +38,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
+from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.log import session_id_var
 from rtserve.sessions import Attachment, Delivery, Projection, SessionConfig, SessionError, SessionHandle
 from rtserve.sessions import commands as cmd
@@ -45,15 +46,23 @@ from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, Ses
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
-from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
 from rtserve.web.peers import Origin, RelayOutcome
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
+from rtserve.web.realtime.client_events import (
+    AppendInput,
+    CancelInput,
+    ClearInput,
+    ClientAction,
+    CommitInput,
+    EventRules,
+    ResumeSession,
+    UpdateSession,
+    parse_client_event,
+)
 from rtserve.web.realtime.connect_query import ConnectQuery
-from rtserve.web.realtime.client_events import (AppendInput, CancelInput, ClearInput, ClientAction, CommitInput, EventRules,
-                                                ResumeSession, UpdateSession, parse_client_event)
 from rtserve.web.realtime.errors import WireError, invalid_event
 from rtserve.web.realtime.vllm_transcription import TranscriptionFlow
 
@@ -65,8 +74,11 @@ log = logging.getLogger(__name__)
 _INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on the codec executor, off the event loop
 
 # Close codes after the session's last event (RFC 6455 §7.4.1).
-_CLOSE_FOR_REASON = {"shutdown": WSCloseCode.GOING_AWAY, "internal_error": WSCloseCode.INTERNAL_ERROR,
-                     "engine_closed": WSCloseCode.INTERNAL_ERROR}
+_CLOSE_FOR_REASON = {
+    "shutdown": WSCloseCode.GOING_AWAY,
+    "internal_error": WSCloseCode.INTERNAL_ERROR,
+    "engine_closed": WSCloseCode.INTERNAL_ERROR,
+}
 
 
 @dataclass(frozen=True)
@@ -85,9 +97,17 @@ class Dialect:
 
 
 class RealtimeConnection:
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, service: RealtimeService,
-                 dialect: Dialect, initial: SessionConfig, query: ConnectQuery = ConnectQuery(), *,
-                 origin: Origin | None = None) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport | None,
+        service: RealtimeService,
+        dialect: Dialect,
+        initial: SessionConfig,
+        query: ConnectQuery = ConnectQuery(),
+        *,
+        origin: Origin | None = None,
+    ) -> None:
         self.ws = ws
         self._query = query  # the URL's session name, or the session it resumes
         self._origin = origin  # the client's request as a peer must see it (None: nothing to relay)
@@ -129,7 +149,7 @@ class RealtimeConnection:
             timeout = None if self.handle is not None else self.service.limits.idle_ttl_s
             try:
                 message = await self.ws.receive(timeout=timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await close_socket(self.ws, WSCloseCode.OK, "no session was opened")
                 return
             if message.type is WSMsgType.TEXT:
@@ -163,8 +183,11 @@ class RealtimeConnection:
             return
         handle = self.handle
         if handle is None:
-            raise WireError(SESSION_NOT_OPEN, "No session is open on this connection; send session.update (or "
-                            "session.resume) first", event_id=getattr(action, "event_id", None))
+            raise WireError(
+                SESSION_NOT_OPEN,
+                "No session is open on this connection; send session.update (or session.resume) first",
+                event_id=getattr(action, "event_id", None),
+            )
         if isinstance(action, AppendInput):
             pcm = await self._decode(action)
             handle.submit(cmd.AppendAudio(audio=pcm, is_speech=action.is_speech, event_id=action.event_id))
@@ -175,16 +198,20 @@ class RealtimeConnection:
             tail = self._decoder.flush()  # the resampler's held-back end of the turn
             if tail.size:
                 handle.submit(cmd.AppendAudio(audio=tail))
-            handle.submit(cmd.Commit(response_create=action.response_create, is_speech=action.is_speech,
-                                     event_id=action.event_id))
+            handle.submit(
+                cmd.Commit(response_create=action.response_create, is_speech=action.is_speech, event_id=action.event_id)
+            )
         elif isinstance(action, ClearInput | CancelInput):
             self._decoder.reset()
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
             if isinstance(action, CancelInput):
                 handle.submit(cmd.Clear(target="output", event_id=action.event_id))
         elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
-            handle.submit(await resolve_audio_item(action, self.service.asr(), self._config.input_audio_format,
-                                                   self.service.codecs))
+            handle.submit(
+                await resolve_audio_item(
+                    action, self.service.asr(), self._config.input_audio_format, self.service.codecs
+                )
+            )
         else:
             # Refusals of a live session are on its stream; a closed one's stream has ended.
             handle.submit(action)
@@ -218,12 +245,17 @@ class RealtimeConnection:
             await self._report(realtime_error(exc, event_id=event_id))
             return True
         if config.tools and not self.service.engine_capabilities.supports_tools:  # as session.update refuses them
-            await self._report(WireError(INVALID_VALUE, "This engine cannot call functions", param="session.tools",
-                                         event_id=event_id))
+            await self._report(
+                WireError(INVALID_VALUE, "This engine cannot call functions", param="session.tools", event_id=event_id)
+            )
             return True
         try:
-            handle = await self.service.sessions.open(config, projection=self.dialect.projection,
-                                                      resumable=self.dialect.duplex, session_id=self._query.session_id)
+            handle = await self.service.sessions.open(
+                config,
+                projection=self.dialect.projection,
+                resumable=self.dialect.duplex,
+                session_id=self._query.session_id,
+            )
         except SessionError as exc:
             await self._report(realtime_error(exc, event_id=event_id, opening=True))
             await close_socket(self.ws, close_code(exc), exc.code)
@@ -258,15 +290,21 @@ class RealtimeConnection:
 
     def _resume(self, action: ResumeSession) -> None:
         if self.handle is not None:
-            raise WireError(SESSION_ALREADY_OPEN, "This connection already has a session; resume on a new "
-                            "connection opened with autostart=0", event_id=action.event_id)
+            raise WireError(
+                SESSION_ALREADY_OPEN,
+                "This connection already has a session; resume on a new connection opened with autostart=0",
+                event_id=action.event_id,
+            )
         manager = self.service.sessions
         try:
-            attachment = manager.resume(action.session_id, resume_token=action.resume_token,
-                                        expected_generation=action.generation,
-                                        control_id=action.event_id or uuid.uuid4().hex,
-                                        last_received_seq=action.last_received_seq,
-                                        projection=self.dialect.projection)
+            attachment = manager.resume(
+                action.session_id,
+                resume_token=action.resume_token,
+                expected_generation=action.generation,
+                control_id=action.event_id or uuid.uuid4().hex,
+                last_received_seq=action.last_received_seq,
+                projection=self.dialect.projection,
+            )
         except SessionError as exc:
             raise realtime_error(exc, event_id=action.event_id) from None
         handle = manager.get(action.session_id)
@@ -279,8 +317,9 @@ class RealtimeConnection:
         self.attachment = attachment
         self._config = handle.config
         session_id_var.set(handle.session_id)
-        self._sender = asyncio.get_running_loop().create_task(self._send_events(attachment),
-                                                              name=f"realtime-send:{handle.session_id}")
+        self._sender = asyncio.get_running_loop().create_task(
+            self._send_events(attachment), name=f"realtime-send:{handle.session_id}"
+        )
 
     # ------------------------------------------------------------------ send
 
@@ -310,16 +349,25 @@ class RealtimeConnection:
         await self.ws.send_str(delivery.text)
 
     def _conversation_created(self) -> str:
-        return compact_json({"type": "conversation.created", "event_id": new_event_id(),
-                             "conversation": {"id": f"conv_{uuid.uuid4().hex[:24]}",
-                                              "object": "realtime.conversation"}})
+        return compact_json(
+            {
+                "type": "conversation.created",
+                "event_id": new_event_id(),
+                "conversation": {"id": f"conv_{uuid.uuid4().hex[:24]}", "object": "realtime.conversation"},
+            }
+        )
 
     async def _report(self, exc: WireError) -> None:
         """An error event: on the session's stream when there is one, else straight out."""
         self.service.metrics.client_errors.labels(exc.code).inc()
-        error = ErrorEvent(session_id=self.handle.session_id if self.handle is not None else "", code=exc.code,
-                           message=exc.message, error_type=exc.error_type, param=exc.param,
-                           related_event_id=exc.event_id)
+        error = ErrorEvent(
+            session_id=self.handle.session_id if self.handle is not None else "",
+            code=exc.code,
+            message=exc.message,
+            error_type=exc.error_type,
+            param=exc.param,
+            related_event_id=exc.event_id,
+        )
         if self.handle is not None:
             self.handle.report(error)  # False once the session ended: nothing may follow its last event
             return

@@ -30,8 +30,8 @@ from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
 from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.sessions.projections.realtime import Naming
 from rtserve.web.auth import key_subprotocols
-from rtserve.web.realtime.connection import Dialect
 from rtserve.web.realtime.client_events import EventRules
+from rtserve.web.realtime.connection import Dialect
 
 REALTIME_ROUTE = "/v1/realtime"
 DUPLEX_ROUTE = "/v1/duplex"
@@ -70,8 +70,9 @@ def wants_beta(request: web.Request) -> bool:
         return True
     if api == "ga":
         return False
-    return ("realtime=v1" in request.headers.get("OpenAI-Beta", "").replace(" ", "")
-            or BETA_SUBPROTOCOL in offered_subprotocols(request))
+    return "realtime=v1" in request.headers.get("OpenAI-Beta", "").replace(
+        " ", ""
+    ) or BETA_SUBPROTOCOL in offered_subprotocols(request)
 
 
 def native_duplex_mismatch(request: web.Request, capabilities: EngineCapabilities) -> str | None:
@@ -87,16 +88,30 @@ def native_duplex_mismatch(request: web.Request, capabilities: EngineCapabilitie
     return "native_duplex=0 asks for turn-based serving; this server's model is natively full duplex"
 
 
-def select_dialect(request: web.Request, route: str, capabilities: EngineCapabilities,
-                   duplex_enabled: bool) -> Dialect:
+def select_dialect(request: web.Request, route: str, capabilities: EngineCapabilities, duplex_enabled: bool) -> Dialect:
     naming: Naming = "beta" if wants_beta(request) else "ga"
     autostart = _flag(request, "autostart")
     vad = capabilities.supports_server_vad
     if route == DUPLEX_ROUTE:
-        return Dialect(route, NativeDuplexProjection(), EventRules(duplex=True, supports_server_vad=vad),
-                       autostart=bool(autostart), conversation_created=False)
+        return Dialect(
+            route,
+            NativeDuplexProjection(),
+            EventRules(duplex=True, supports_server_vad=vad),
+            autostart=bool(autostart),
+            conversation_created=False,
+        )
     if duplex_enabled and _flag(request, "duplex"):
-        return Dialect(route, RealtimeProjection(naming, duplex=True), EventRules(duplex=True, supports_server_vad=vad),
-                       autostart=autostart is not False, conversation_created=False)
-    return Dialect(route, TurnBasedProjection(naming), EventRules(duplex=False, supports_server_vad=vad),
-                   autostart=autostart is not False, conversation_created=True)
+        return Dialect(
+            route,
+            RealtimeProjection(naming, duplex=True),
+            EventRules(duplex=True, supports_server_vad=vad),
+            autostart=autostart is not False,
+            conversation_created=False,
+        )
+    return Dialect(
+        route,
+        TurnBasedProjection(naming),
+        EventRules(duplex=False, supports_server_vad=vad),
+        autostart=autostart is not False,
+        conversation_created=True,
+    )

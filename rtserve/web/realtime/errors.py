@@ -16,8 +16,15 @@ MAX_ECHOED_CHARS = 64  # client strings quoted back in messages are cut to this
 class WireError(RtserveError):
     """A client frame the server refuses; rendered as an ``error`` event."""
 
-    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None,
-                 error_type: str = INVALID_REQUEST) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+        error_type: str = INVALID_REQUEST,
+    ) -> None:
         super().__init__(message, code=code, param=param)
         self.event_id = event_id
         self.error_type = error_type

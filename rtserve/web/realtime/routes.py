@@ -25,8 +25,7 @@ async def _on_shutdown(app: web.Application) -> None:
 
 def setup(app: web.Application) -> None:
     ctx = app[CTX]
-    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.codecs,
-                                     ctx.registry)
+    app[SERVICE] = RealtimeService(ctx.config, ctx.sessions, ctx.engine.capabilities, ctx.codecs, ctx.registry)
     app[SERVICE].asr = lambda: ctx.turn_engines.asr
     app.router.add_get(REALTIME_ROUTE, _realtime)
     app.router.add_get(DUPLEX_ROUTE, _duplex)

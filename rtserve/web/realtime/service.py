@@ -28,8 +28,8 @@ from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import Connections, close_socket
-from rtserve.web.realtime.connect_query import connect_query
 from rtserve.web.peers import Origin, Peers
+from rtserve.web.realtime.connect_query import connect_query
 from rtserve.web.realtime.connection import RealtimeConnection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, native_duplex_mismatch, select_dialect
 from rtserve.web.realtime.errors import WireError
@@ -40,17 +40,25 @@ _MAX_MODEL_CHARS = 256
 
 class RealtimeMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.connections = Gauge("rtserve_realtime_connections", "Open realtime WebSocket connections", ["route"],
-                                 registry=registry)
-        self.client_errors = Counter("rtserve_realtime_client_errors", "Error events answering client frames",
-                                     ["code"], registry=registry)
+        self.connections = Gauge(
+            "rtserve_realtime_connections", "Open realtime WebSocket connections", ["route"], registry=registry
+        )
+        self.client_errors = Counter(
+            "rtserve_realtime_client_errors", "Error events answering client frames", ["code"], registry=registry
+        )
 
 
 class RealtimeService:
     """App-wide state of the realtime routes: the session manager, limits, codec executor, open sockets."""
 
-    def __init__(self, config: ServerConfig, sessions: SessionManager, capabilities: EngineCapabilities,
-                 codecs: CodecExecutor, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        sessions: SessionManager,
+        capabilities: EngineCapabilities,
+        codecs: CodecExecutor,
+        registry: CollectorRegistry,
+    ) -> None:
         self.config = config
         self.codecs = codecs
         self.limits = config.sessions
@@ -66,8 +74,13 @@ class RealtimeService:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
         transport = self.config.transport
         extra = {} if transport.ws_send_buffer_bytes is None else {"writer_limit": transport.ws_send_buffer_bytes}
-        return web.WebSocketResponse(protocols=accepted_subprotocols(request), heartbeat=transport.ws_heartbeat_s,
-                                     max_msg_size=transport.max_ws_message_bytes, compress=False, **extra)
+        return web.WebSocketResponse(
+            protocols=accepted_subprotocols(request),
+            heartbeat=transport.ws_heartbeat_s,
+            max_msg_size=transport.max_ws_message_bytes,
+            compress=False,
+            **extra,
+        )
 
     def bound_send_buffers(self, request: web.Request) -> None:
         limit = self.config.transport.ws_send_buffer_bytes
@@ -114,8 +127,9 @@ class RealtimeService:
         except WireError as exc:
             await self._refuse(ws, exc.code, exc.message, param=exc.param)
             return ws
-        connection = RealtimeConnection(ws, request.transport, self, dialect, self.initial_config(request), query,
-                                        origin=origin)
+        connection = RealtimeConnection(
+            ws, request.transport, self, dialect, self.initial_config(request), query, origin=origin
+        )
         gauge.inc()
         try:
             # A socket with a session ends after the session's last event (the manager's shutdown).

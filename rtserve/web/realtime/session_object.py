@@ -14,15 +14,28 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat, TurnDetection
-from rtserve.web.realtime.errors import (INVALID_VALUE, MAX_ECHOED_CHARS, UNSUPPORTED_TURN_DETECTION, WireError,
-                                         field_path, invalid_event)
+from rtserve.web.realtime.errors import (
+    INVALID_VALUE,
+    MAX_ECHOED_CHARS,
+    UNSUPPORTED_TURN_DETECTION,
+    WireError,
+    field_path,
+    invalid_event,
+)
 from rtserve.web.realtime.tools import tool_changes
 
 _FORMAT_NAMES: dict[str, AudioFormat] = {
-    "pcm16": "pcm16", "pcm_s16le": "pcm16", "s16le": "pcm16", "audio/pcm": "pcm16",
-    "pcm_f32le": "pcm_f32le", "f32le": "pcm_f32le", "audio/pcm-f32le": "pcm_f32le",
-    "g711_ulaw": "g711_ulaw", "audio/pcmu": "g711_ulaw",
-    "g711_alaw": "g711_alaw", "audio/pcma": "g711_alaw",
+    "pcm16": "pcm16",
+    "pcm_s16le": "pcm16",
+    "s16le": "pcm16",
+    "audio/pcm": "pcm16",
+    "pcm_f32le": "pcm_f32le",
+    "f32le": "pcm_f32le",
+    "audio/pcm-f32le": "pcm_f32le",
+    "g711_ulaw": "g711_ulaw",
+    "audio/pcmu": "g711_ulaw",
+    "g711_alaw": "g711_alaw",
+    "audio/pcma": "g711_alaw",
 }
 _PCM_WIRE_RATE = WIRE_SAMPLE_RATE
 
@@ -43,8 +56,12 @@ def audio_format(value: FormatField, param: str) -> tuple[AudioFormat, int | Non
     name = value if isinstance(value, str) else value.type
     fmt = _FORMAT_NAMES.get(name)
     if fmt is None:
-        raise WireError(INVALID_VALUE, f"Unsupported audio format {name[:MAX_ECHOED_CHARS]!r}; use pcm16 "
-                        "(audio/pcm), g711_ulaw (audio/pcmu), g711_alaw (audio/pcma) or pcm_f32le", param=param)
+        raise WireError(
+            INVALID_VALUE,
+            f"Unsupported audio format {name[:MAX_ECHOED_CHARS]!r}; use pcm16 "
+            "(audio/pcm), g711_ulaw (audio/pcmu), g711_alaw (audio/pcma) or pcm_f32le",
+            param=param,
+        )
     rate = None if isinstance(value, str) else value.rate
     if rate is not None and fmt.startswith("g711") and rate != G711_RATE:
         raise WireError(INVALID_VALUE, f"G.711 audio is {G711_RATE} Hz", param=f"{param}.rate")
@@ -54,8 +71,11 @@ def audio_format(value: FormatField, param: str) -> tuple[AudioFormat, int | Non
 def _input_format(value: FormatField, param: str) -> AudioFormat:
     fmt, rate = audio_format(value, param)
     if rate is not None and not fmt.startswith("g711") and rate != _PCM_WIRE_RATE:
-        raise WireError(INVALID_VALUE, f"Input PCM is {_PCM_WIRE_RATE} Hz; other rates go in each append's "
-                        "sample_rate_hz", param=f"{param}.rate")
+        raise WireError(
+            INVALID_VALUE,
+            f"Input PCM is {_PCM_WIRE_RATE} Hz; other rates go in each append's sample_rate_hz",
+            param=f"{param}.rate",
+        )
     return fmt
 
 
@@ -130,16 +150,25 @@ def turn_detection(value: dict[str, Any] | None, param: str, *, supports_server_
         return None
     kind = value.get("type", "server_vad")
     if kind not in ("server_vad", "semantic_vad"):
-        raise WireError(UNSUPPORTED_TURN_DETECTION, f"Turn detection {str(kind)[:MAX_ECHOED_CHARS]!r} is not "
-                        "supported; use server_vad, semantic_vad or null", param=f"{param}.type")
+        raise WireError(
+            UNSUPPORTED_TURN_DETECTION,
+            f"Turn detection {str(kind)[:MAX_ECHOED_CHARS]!r} is not supported; use server_vad, semantic_vad or null",
+            param=f"{param}.type",
+        )
     if not supports_server_vad:
-        raise WireError(UNSUPPORTED_TURN_DETECTION, "This engine has no server VAD; set turn_detection to null and "
-                        "commit input yourself", param=param)
+        raise WireError(
+            UNSUPPORTED_TURN_DETECTION,
+            "This engine has no server VAD; set turn_detection to null and commit input yourself",
+            param=param,
+        )
     # Each type takes OpenAI's own fields for it (semantic_vad: eagerness, no idle timeout).
     fields = _SEMANTIC_FIELDS if kind == "semantic_vad" else _SERVER_VAD_FIELDS
     if kind == "semantic_vad" and value.get("idle_timeout_ms") is not None:
-        raise WireError(INVALID_VALUE, "idle_timeout_ms is only supported with server_vad, as on OpenAI",
-                        param=f"{param}.idle_timeout_ms")
+        raise WireError(
+            INVALID_VALUE,
+            "idle_timeout_ms is only supported with server_vad, as on OpenAI",
+            param=f"{param}.idle_timeout_ms",
+        )
     known = {k: v for k, v in value.items() if k in fields}
     try:
         return TurnDetection.model_validate(known).model_dump()
@@ -177,16 +206,20 @@ def session_changes(raw: Any, *, supports_server_vad: bool) -> dict[str, Any]:
     if body.output_audio_format is not None:
         changes.update(_output_format(body.output_audio_format, "session.output_audio_format"))
     if "turn_detection" in given:
-        changes["turn_detection"] = turn_detection(body.turn_detection, "session.turn_detection",
-                                                   supports_server_vad=supports_server_vad)
+        changes["turn_detection"] = turn_detection(
+            body.turn_detection, "session.turn_detection", supports_server_vad=supports_server_vad
+        )
     audio = body.audio
     changes.update(_audio_options(body))
     if audio is not None and audio.input is not None:
         if audio.input.format is not None:
             changes["input_audio_format"] = _input_format(audio.input.format, "session.audio.input.format")
         if "turn_detection" in audio.input.model_fields_set:
-            changes["turn_detection"] = turn_detection(audio.input.turn_detection, "session.audio.input.turn_detection",
-                                                       supports_server_vad=supports_server_vad)
+            changes["turn_detection"] = turn_detection(
+                audio.input.turn_detection,
+                "session.audio.input.turn_detection",
+                supports_server_vad=supports_server_vad,
+            )
     if audio is not None and audio.output is not None:
         if audio.output.format is not None:
             changes.update(_output_format(audio.output.format, "session.audio.output.format"))
@@ -221,8 +254,9 @@ def _audio_options(body: SessionObject) -> dict[str, Any]:
         noise.append((audio_in.noise_reduction, "session.audio.input.noise_reduction"))
     for value, param in noise:
         if value is not None:
-            raise WireError(INVALID_VALUE, "Input noise reduction is not supported by this server; set it to null",
-                            param=param)
+            raise WireError(
+                INVALID_VALUE, "Input noise reduction is not supported by this server; set it to null", param=param
+            )
     speeds = [(body.speed, "session.speed")]
     if audio_out is not None:
         speeds.append((audio_out.speed, "session.audio.output.speed"))
@@ -246,8 +280,13 @@ def _transcription_model(value: dict[str, Any] | None, param: str) -> str | None
     if model is not None and not isinstance(model, str):
         raise invalid_event(f"{param}.model must be a string", param=f"{param}.model")
     if language is not None and (not isinstance(language, str) or not language.lower().startswith("en")):
-        raise WireError(INVALID_VALUE, "The input recognizer is English-only; set language to 'en' or leave it out",
-                        param=f"{param}.language")
+        raise WireError(
+            INVALID_VALUE,
+            "The input recognizer is English-only; set language to 'en' or leave it out",
+            param=f"{param}.language",
+        )
     if prompt:
-        raise WireError(INVALID_VALUE, "Transcription prompts are not supported by this server", param=f"{param}.prompt")
+        raise WireError(
+            INVALID_VALUE, "Transcription prompts are not supported by this server", param=f"{param}.prompt"
+        )
     return (model or DEFAULT_TRANSCRIPTION_MODEL)[:MAX_ECHOED_CHARS]

@@ -44,8 +44,7 @@ def _parse(adapter: TypeAdapter[Any], value: Any, param: str) -> Any:
         return adapter.validate_python(value)
     except ValidationError as exc:
         where = field_path(exc.errors()[0]["loc"])
-        raise invalid_event(f"{param}{'.' + where if where else ''}: {exc.errors()[0]['msg']}",
-                            param=param) from None
+        raise invalid_event(f"{param}{'.' + where if where else ''}: {exc.errors()[0]['msg']}", param=param) from None
 
 
 def tool_changes(raw: dict[str, Any], where: str = "session") -> dict[str, Any]:
@@ -55,13 +54,17 @@ def tool_changes(raw: dict[str, Any], where: str = "session") -> dict[str, Any]:
         tools = _parse(_TOOLS, raw["tools"], f"{where}.tools")
         for i, tool in enumerate(tools):
             if tool.type != "function":
-                raise WireError(INVALID_VALUE, f"Tools of type {tool.type[:MAX_ECHOED_CHARS]!r} are not supported; "
-                                "use 'function' tools", param=f"{where}.tools[{i}].type")
+                raise WireError(
+                    INVALID_VALUE,
+                    f"Tools of type {tool.type[:MAX_ECHOED_CHARS]!r} are not supported; use 'function' tools",
+                    param=f"{where}.tools[{i}].type",
+                )
         changes["tools"] = tuple(ToolSpec(t.name, t.description, t.parameters) for t in tools)
     if raw.get("tool_choice") is not None:
         choice = _parse(_CHOICE, raw["tool_choice"], f"{where}.tool_choice")
-        changes["tool_choice"] = (ToolChoice("required", choice.name) if isinstance(choice, _NamedChoice)
-                                  else ToolChoice(choice))
+        changes["tool_choice"] = (
+            ToolChoice("required", choice.name) if isinstance(choice, _NamedChoice) else ToolChoice(choice)
+        )
     return changes
 
 
@@ -116,7 +119,20 @@ def function_item(data: dict[str, Any]) -> cmd.FunctionItemCreate | None:
         raise invalid_event(f"'{where}': {exc.errors()[0]['msg']}", param=where or None, event_id=event_id) from None
     i = e.item
     if isinstance(i, _FunctionCallItem):
-        return cmd.FunctionItemCreate(kind="function_call", call_id=i.call_id, name=i.name, arguments=i.arguments,
-                                      previous_item_id=e.previous_item_id, item_id=i.id, event_id=e.event_id)
-    return cmd.FunctionItemCreate(kind="function_call_output", call_id=i.call_id, output=i.output,
-                                  previous_item_id=e.previous_item_id, item_id=i.id, event_id=e.event_id)
+        return cmd.FunctionItemCreate(
+            kind="function_call",
+            call_id=i.call_id,
+            name=i.name,
+            arguments=i.arguments,
+            previous_item_id=e.previous_item_id,
+            item_id=i.id,
+            event_id=e.event_id,
+        )
+    return cmd.FunctionItemCreate(
+        kind="function_call_output",
+        call_id=i.call_id,
+        output=i.output,
+        previous_item_id=e.previous_item_id,
+        item_id=i.id,
+        event_id=e.event_id,
+    )

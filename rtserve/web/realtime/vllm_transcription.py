@@ -43,8 +43,11 @@ class TranscriptionFlow:
         if isinstance(event, ev.InputTranscriptCompleted):
             frames = self._delta(event.transcript)
             self._sent = ""
-            frames.append(compact_json({"type": "transcription.done", "event_id": new_event_id(),
-                                        "text": event.transcript, "usage": None}))
+            frames.append(
+                compact_json(
+                    {"type": "transcription.done", "event_id": new_event_id(), "text": event.transcript, "usage": None}
+                )
+            )
             return frames
         return []
 
@@ -53,5 +56,5 @@ class TranscriptionFlow:
         # and transcription.done carries the authoritative text.
         if not hypothesis.startswith(self._sent) or len(hypothesis) == len(self._sent):
             return []
-        delta, self._sent = hypothesis[len(self._sent):], hypothesis
+        delta, self._sent = hypothesis[len(self._sent) :], hypothesis
         return [compact_json({"type": "transcription.delta", "event_id": new_event_id(), "delta": delta})]

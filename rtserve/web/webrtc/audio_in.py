@@ -42,8 +42,9 @@ def frame_to_mono(frame: av.AudioFrame) -> FloatArray:
 
 
 class InboundAudio:
-    def __init__(self, track: MediaStreamTrack, handle: SessionHandle, engine_rate: int, backlog_frames: int,
-                 dropped: Counter) -> None:
+    def __init__(
+        self, track: MediaStreamTrack, handle: SessionHandle, engine_rate: int, backlog_frames: int, dropped: Counter
+    ) -> None:
         self._track = track
         self._handle = handle
         self._engine_rate = engine_rate

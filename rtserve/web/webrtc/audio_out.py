@@ -45,8 +45,13 @@ class _Frame:
 class OutboundAudioTrack(MediaStreamTrack):
     kind = "audio"
 
-    def __init__(self, max_queue_ms: int, on_started: Callable[[str], None],
-                 on_stopped: Callable[[str], None], late_frames: Counter) -> None:
+    def __init__(
+        self,
+        max_queue_ms: int,
+        on_started: Callable[[str], None],
+        on_stopped: Callable[[str], None],
+        late_frames: Counter,
+    ) -> None:
         super().__init__()
         self._max_frames = max(1, max_queue_ms * RATE // 1000 // FRAME_SAMPLES)
         self._queue: deque[_Frame] = deque()
@@ -100,8 +105,7 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     def clear(self) -> list[str]:
         """Drop all queued and held audio now; the responses that were cut off."""
-        cut = list(dict.fromkeys([*([self._playing] if self._playing else []),
-                                  *(f.response_id for f in self._queue)]))
+        cut = list(dict.fromkeys([*([self._playing] if self._playing else []), *(f.response_id for f in self._queue)]))
         self._queue.clear()
         self._pending = np.zeros(0, dtype=np.int16)
         self._pending_response = None
@@ -121,10 +125,12 @@ class OutboundAudioTrack(MediaStreamTrack):
         tail = np.concatenate([self._pending, float_to_int16(self._resampler.flush())])
         if tail.size:
             padded = np.zeros(-(-tail.size // FRAME_SAMPLES) * FRAME_SAMPLES, dtype=np.int16)
-            padded[:tail.size] = tail
+            padded[: tail.size] = tail
             # The tail may overrun the bound by one frame: end_response cannot wait.
-            self._queue.extend(_Frame(self._pending_response, padded[i:i + FRAME_SAMPLES])
-                               for i in range(0, padded.size, FRAME_SAMPLES))
+            self._queue.extend(
+                _Frame(self._pending_response, padded[i : i + FRAME_SAMPLES])
+                for i in range(0, padded.size, FRAME_SAMPLES)
+            )
         self._pending = np.zeros(0, dtype=np.int16)
         self._pending_response = None
         self._resampler = None

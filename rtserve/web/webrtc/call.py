@@ -42,9 +42,18 @@ CLOSE_GRACE_S = 2.0  # for session.closed to leave on the data channel before th
 
 
 class Call:
-    def __init__(self, call_id: str, handle: SessionHandle, settings: WebRtcConfig, realtime: RealtimeService,
-                 dialect: Dialect, metrics: WebRtcMetrics, *, expects_channel: bool,
-                 on_done: Callable[[Call], None]) -> None:
+    def __init__(
+        self,
+        call_id: str,
+        handle: SessionHandle,
+        settings: WebRtcConfig,
+        realtime: RealtimeService,
+        dialect: Dialect,
+        metrics: WebRtcMetrics,
+        *,
+        expects_channel: bool,
+        on_done: Callable[[Call], None],
+    ) -> None:
         self.call_id = call_id
         self.handle = handle
         self._settings = settings
@@ -52,11 +61,19 @@ class Call:
         self._metrics = metrics
         self._on_done = on_done
         self.pc = RTCPeerConnection(rtc_configuration(settings))
-        self.socket = DataChannelSocket(expects_channel=expects_channel, max_pending=settings.max_pending_events,
-                                        max_buffered_bytes=settings.data_channel_buffer_bytes,
-                                        on_overflow=self._events_overflow, on_client_event=self._webrtc_event)
-        self.track = OutboundAudioTrack(settings.outbound_queue_ms, on_started=self._audio_started,
-                                        on_stopped=self._audio_stopped, late_frames=metrics.late_frames)
+        self.socket = DataChannelSocket(
+            expects_channel=expects_channel,
+            max_pending=settings.max_pending_events,
+            max_buffered_bytes=settings.data_channel_buffer_bytes,
+            on_overflow=self._events_overflow,
+            on_client_event=self._webrtc_event,
+        )
+        self.track = OutboundAudioTrack(
+            settings.outbound_queue_ms,
+            on_started=self._audio_started,
+            on_stopped=self._audio_stopped,
+            late_frames=metrics.late_frames,
+        )
         self.connection = CallConnection(self.socket, self.track, realtime, dialect, handle.config)
         self.inbound: InboundAudio | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -75,8 +92,9 @@ class Call:
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except ValueError:  # aiortc's SDP checks; its text names internals, so it stays out of the answer
-            raise invalid_sdp("The SDP offer was refused: its media sections do not describe a call this "
-                              "server can answer.") from None
+            raise invalid_sdp(
+                "The SDP offer was refused: its media sections do not describe a call this server can answer."
+            ) from None
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise invalid_sdp("The SDP offer has no audio section (m=audio).")
         self.pc.addTrack(self.track)
@@ -92,8 +110,13 @@ class Call:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.inbound is not None:
             return
-        self.inbound = InboundAudio(track, self.handle, self._engine_rate, self._settings.inbound_backlog_frames,
-                                    self._metrics.inbound_dropped_frames)
+        self.inbound = InboundAudio(
+            track,
+            self.handle,
+            self._engine_rate,
+            self._settings.inbound_backlog_frames,
+            self._metrics.inbound_dropped_frames,
+        )
         self._spawn(self.inbound.run())
 
     def _on_state(self) -> None:
@@ -121,9 +144,13 @@ class Call:
 
     def _events_overflow(self) -> None:
         self._metrics.dropped_events.inc()
-        self.handle.report(ErrorEvent(session_id=self.handle.session_id, code=INPUT_BACKPRESSURE,
-                                      message="Too many events are waiting on the data channel; this one was "
-                                              "dropped"))
+        self.handle.report(
+            ErrorEvent(
+                session_id=self.handle.session_id,
+                code=INPUT_BACKPRESSURE,
+                message="Too many events are waiting on the data channel; this one was dropped",
+            )
+        )
 
     def _audio_started(self, response_id: str) -> None:
         self.socket.send_now(buffer_event("started", response_id))

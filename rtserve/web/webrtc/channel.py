@@ -34,8 +34,15 @@ _CLOSED = WSMessage(WSMsgType.CLOSED, None, None)
 
 
 class DataChannelSocket:
-    def __init__(self, *, expects_channel: bool, max_pending: int, max_buffered_bytes: int,
-                 on_overflow: Callable[[], None], on_client_event: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        expects_channel: bool,
+        max_pending: int,
+        max_buffered_bytes: int,
+        on_overflow: Callable[[], None],
+        on_client_event: Callable[[str], bool],
+    ) -> None:
         self._expects_channel = expects_channel
         self._max_pending = max_pending
         self._max_buffered = max_buffered_bytes

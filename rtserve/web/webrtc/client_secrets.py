@@ -66,12 +66,16 @@ class ClientSecrets:
         if session is not None and not isinstance(session, dict):
             raise ApiError("'session' must be an object.", code=errors.INVALID_VALUE, param="session")
         expires_at = int(self.clock()) + ttl
-        payload = json.dumps({"exp": expires_at, "session": session, "n": secrets.token_hex(8)},
-                             separators=(",", ":")).encode()
+        payload = json.dumps(
+            {"exp": expires_at, "session": session, "n": secrets.token_hex(8)}, separators=(",", ":")
+        ).encode()
         if session is not None and len(payload) > self._settings.max_client_secret_session_bytes:
-            raise ApiError(f"'session' is too large to bind into a client secret (at most "
-                           f"{self._settings.max_client_secret_session_bytes} bytes).",
-                           code=errors.INVALID_VALUE, param="session")
+            raise ApiError(
+                f"'session' is too large to bind into a client secret (at most "
+                f"{self._settings.max_client_secret_session_bytes} bytes).",
+                code=errors.INVALID_VALUE,
+                param="session",
+            )
         body64 = _b64(payload)
         return ClientSecret(f"{PREFIX}{body64}.{self._sign(body64)}", expires_at, session)
 
@@ -79,7 +83,7 @@ class ClientSecrets:
         """The secret ``value`` names, if it is genuine and unexpired."""
         if not value.startswith(PREFIX) or value.count(".") != 1 or not value.isascii():
             return None
-        body64, signature = value[len(PREFIX):].split(".")
+        body64, signature = value[len(PREFIX) :].split(".")
         if not hmac.compare_digest(signature.encode(), self._sign(body64).encode()):
             return None
         payload = json.loads(_unb64(body64))
@@ -106,11 +110,17 @@ class ClientSecrets:
         if expires_after is None:
             return self._settings.client_secret_ttl_s
         if not isinstance(expires_after, dict) or expires_after.get("anchor", "created_at") != "created_at":
-            raise ApiError("expires_after must be {\"anchor\": \"created_at\", \"seconds\": N}.",
-                           code=errors.INVALID_VALUE, param="expires_after")
+            raise ApiError(
+                'expires_after must be {"anchor": "created_at", "seconds": N}.',
+                code=errors.INVALID_VALUE,
+                param="expires_after",
+            )
         seconds = expires_after.get("seconds", self._settings.client_secret_ttl_s)
         limit = self._settings.client_secret_max_ttl_s
         if isinstance(seconds, bool) or not isinstance(seconds, int) or not _MIN_TTL_S <= seconds <= limit:
-            raise ApiError(f"expires_after.seconds must be an integer from {_MIN_TTL_S} to {limit}.",
-                           code=errors.INVALID_VALUE, param="expires_after.seconds")
+            raise ApiError(
+                f"expires_after.seconds must be an integer from {_MIN_TTL_S} to {limit}.",
+                code=errors.INVALID_VALUE,
+                param="expires_after.seconds",
+            )
         return seconds

@@ -21,8 +21,8 @@ except that agent audio plays on the media track.
 from __future__ import annotations
 
 from rtserve.sessions import Delivery, SessionConfig
-from rtserve.sessions import events as ev
 from rtserve.sessions import commands as cmd
+from rtserve.sessions import events as ev
 from rtserve.sessions.ids import item_id_for_response, new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.web.realtime.connection import Dialect, RealtimeConnection
@@ -33,15 +33,20 @@ from rtserve.web.webrtc.channel import DataChannelSocket
 
 def buffer_event(kind: str, response_id: str) -> str:
     """``output_audio_buffer.started`` / ``.stopped`` / ``.cleared`` as OpenAI's WebRTC calls send them."""
-    return compact_json({"type": f"output_audio_buffer.{kind}", "event_id": new_event_id(),
-                         "response_id": response_id})
+    return compact_json({"type": f"output_audio_buffer.{kind}", "event_id": new_event_id(), "response_id": response_id})
 
 
 class CallConnection(RealtimeConnection):
     socket: DataChannelSocket
 
-    def __init__(self, socket: DataChannelSocket, track: OutboundAudioTrack, service: RealtimeService,
-                 dialect: Dialect, initial: SessionConfig) -> None:
+    def __init__(
+        self,
+        socket: DataChannelSocket,
+        track: OutboundAudioTrack,
+        service: RealtimeService,
+        dialect: Dialect,
+        initial: SessionConfig,
+    ) -> None:
         super().__init__(socket, None, service, dialect, initial)  # type: ignore[arg-type]  # the WebSocket surface
         self.socket = socket
         self._track = track

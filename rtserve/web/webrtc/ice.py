@@ -35,5 +35,6 @@ def use_host_addresses(addresses: Sequence[str] | None) -> None:
 
 
 def rtc_configuration(config: WebRtcConfig) -> RTCConfiguration:
-    return RTCConfiguration(iceServers=[RTCIceServer(urls=s.urls, username=s.username, credential=s.credential)
-                                        for s in config.ice_servers])
+    return RTCConfiguration(
+        iceServers=[RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in config.ice_servers]
+    )

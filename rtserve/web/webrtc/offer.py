@@ -49,8 +49,9 @@ def check_sdp(sdp: str) -> str:
     # aiortc accepts an offer without these and only fails later, inside the connection.
     for attribute in ("a=ice-ufrag:", "a=ice-pwd:", "a=fingerprint:"):
         if not any(line.startswith(attribute) for line in lines):
-            raise invalid_sdp(f"The SDP offer has no '{attribute[:-1]}' line (ICE credentials and the DTLS "
-                              "fingerprint are required).")
+            raise invalid_sdp(
+                f"The SDP offer has no '{attribute[:-1]}' line (ICE credentials and the DTLS fingerprint are required)."
+            )
     text = "\r\n".join(lines) + "\r\n"
     # aiortc's own parser, before any session or peer connection exists: it asserts, indexes and
     # converts its way through each line, so a malformed line raises whatever it hits first
@@ -58,8 +59,10 @@ def check_sdp(sdp: str) -> str:
     try:
         description = aiortc_sdp.SessionDescription.parse(text)
     except Exception:  # noqa: BLE001 - every failure of this pure parser is a malformed offer
-        raise invalid_sdp("The SDP offer is malformed: a line does not follow the SDP grammar "
-                          "(RFC 8866, RFC 8839 for ICE, RFC 8122 for fingerprints).") from None
+        raise invalid_sdp(
+            "The SDP offer is malformed: a line does not follow the SDP grammar "
+            "(RFC 8866, RFC 8839 for ICE, RFC 8122 for fingerprints)."
+        ) from None
     # aiortc's peer connection trusts what its parser let through: a section without its own
     # mid, ICE credentials or DTLS fingerprint breaks it midway (AttributeError, and a
     # connect task failing in the background), so each is required here, per section.
@@ -70,8 +73,13 @@ def check_sdp(sdp: str) -> str:
         if group.semantic == "BUNDLE" and sorted(map(str, group.items)) != sorted(mids):
             raise invalid_sdp("The SDP offer's 'a=group:BUNDLE' line must name each media section's mid.")
     for media in description.media:
-        if (media.dtls is None or not media.dtls.fingerprints or media.ice is None
-                or not media.ice.usernameFragment or not media.ice.password):
+        if (
+            media.dtls is None
+            or not media.dtls.fingerprints
+            or media.ice is None
+            or not media.ice.usernameFragment
+            or not media.ice.password
+        ):
             raise invalid_sdp(f"The SDP offer's '{media.kind}' section has no ICE credentials or DTLS fingerprint.")
         if media.kind in ("audio", "video") and media.direction is None:
             raise invalid_sdp(f"The SDP offer's '{media.kind}' section has no direction (a=sendrecv, ...).")
@@ -85,8 +93,12 @@ async def read_offer(request: web.Request) -> CallOffer:
         return _multipart(request.headers.get("Content-Type", ""), body)
     if request.content_type in ("application/sdp", "text/plain", "application/octet-stream"):
         return CallOffer(check_sdp(_text(body, "sdp")), None)
-    raise ApiError("Send the SDP offer as application/sdp, or as multipart/form-data with an 'sdp' part.",
-                   code=errors.INVALID_SDP, param="sdp", status=415)
+    raise ApiError(
+        "Send the SDP offer as application/sdp, or as multipart/form-data with an 'sdp' part.",
+        code=errors.INVALID_SDP,
+        param="sdp",
+        status=415,
+    )
 
 
 def _text(raw: bytes, param: str) -> str:
@@ -99,7 +111,8 @@ def _text(raw: bytes, param: str) -> str:
 def _multipart(content_type: str, body: bytes) -> CallOffer:
     # The standard library's MIME parser: the body is already read and bounded.
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body)
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body
+    )
     parts: dict[str, Message] = {}
     if message.is_multipart():
         for part in message.iter_parts():  # type: ignore[attr-defined]
@@ -114,8 +127,7 @@ def _multipart(content_type: str, body: bytes) -> CallOffer:
         try:
             session = json.loads(parts["session"].get_payload(decode=True) or b"")
         except (ValueError, RecursionError):
-            raise ApiError("The 'session' part is not valid JSON.", code=errors.INVALID_JSON,
-                           param="session") from None
+            raise ApiError("The 'session' part is not valid JSON.", code=errors.INVALID_JSON, param="session") from None
         if not isinstance(session, dict):
             raise ApiError("'session' must be a JSON object.", code=errors.INVALID_VALUE, param="session")
     return CallOffer(sdp, session)

@@ -23,8 +23,7 @@ class WebRtcProjection:
 
     def render(self, event: ev.SessionEvent) -> dict[str, Any]:
         if type(event) is ev.AudioDelta:
-            return {"type": "response.output_audio.delta", "event_id": event.event_id,
-                    "response_id": event.response_id}
+            return {"type": "response.output_audio.delta", "event_id": event.event_id, "response_id": event.response_id}
         return self._events.render(event)
 
     def render_text(self, event: ev.SessionEvent) -> str:

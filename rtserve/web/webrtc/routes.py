@@ -30,8 +30,12 @@ async def _create_call(request: web.Request) -> web.Response:
     offer = await read_offer(request)
     secret = request.app[SECRETS].presented(request)
     call = await request.app[SERVICE].place(offer, secret.session if secret is not None else None)
-    return web.Response(status=201, text=call.pc.localDescription.sdp, content_type="application/sdp",
-                        headers={"Location": f"{CALLS_ROUTE}/{call.call_id}"})
+    return web.Response(
+        status=201,
+        text=call.pc.localDescription.sdp,
+        content_type="application/sdp",
+        headers={"Location": f"{CALLS_ROUTE}/{call.call_id}"},
+    )
 
 
 async def _hangup(request: web.Request) -> web.Response:
@@ -50,11 +54,16 @@ async def _client_secret(request: web.Request) -> web.Response:
         raise ApiError("The request body must be a JSON object.", code=errors.INVALID_JSON)
     session = body.get("session")
     # Validate now: a secret bound to a session no call could open would only fail later, in the browser.
-    config = call_config([session if isinstance(session, dict) else None], ctx.engine.capabilities,
-                         ctx.config.sessions)
+    config = call_config([session if isinstance(session, dict) else None], ctx.engine.capabilities, ctx.config.sessions)
     secret = request.app[SECRETS].mint(body)
-    snapshot = SessionSnapshot(id=f"sess_{secrets.token_hex(12)}", config=config,
-                               capabilities={"engine": ctx.config.engine}, epoch=0, turn_id=0, resumable=False)
+    snapshot = SessionSnapshot(
+        id=f"sess_{secrets.token_hex(12)}",
+        config=config,
+        capabilities={"engine": ctx.config.engine},
+        epoch=0,
+        turn_id=0,
+        resumable=False,
+    )
     rendered = WebRtcProjection().render(SessionCreated(session_id=snapshot.id, session=snapshot))["session"]
     return web.json_response({"value": secret.value, "expires_at": secret.expires_at, "session": rendered})
 

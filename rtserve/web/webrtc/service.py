@@ -45,22 +45,38 @@ class WebRtcService:
     async def place(self, offer: CallOffer, bound_session: dict | None) -> Call:
         """Admit a session, answer the offer, start the call (its answer is ``call.pc.localDescription``)."""
         if self._closing:
-            raise ApiError("The server is shutting down.", status=503, code=errors.SHUTTING_DOWN,
-                           type_=errors.SERVER_ERROR)
+            raise ApiError(
+                "The server is shutting down.", status=503, code=errors.SHUTTING_DOWN, type_=errors.SERVER_ERROR
+            )
         if len(self.calls) >= self._settings.max_calls:
-            raise ApiError(f"This server holds at most {self._settings.max_calls} calls; try again later.",
-                           status=429, code=errors.RESOURCE_EXHAUSTED)
+            raise ApiError(
+                f"This server holds at most {self._settings.max_calls} calls; try again later.",
+                status=429,
+                code=errors.RESOURCE_EXHAUSTED,
+            )
         capabilities = self._realtime.engine_capabilities
         config = call_config([bound_session, offer.session], capabilities, self._config.sessions)
         try:
             handle = await self._realtime.sessions.open(config, projection=WebRtcProjection(), resumable=False)
         except SessionError as exc:
             raise api_error(exc) from None
-        dialect = Dialect(CALLS_ROUTE, WebRtcProjection(), EventRules(duplex=False,
-                          supports_server_vad=capabilities.supports_server_vad),
-                          autostart=False, conversation_created=True)
-        call = Call(new_call_id(), handle, self._settings, self._realtime, dialect, self._metrics,
-                    expects_channel="m=application" in offer.sdp, on_done=self._forget)
+        dialect = Dialect(
+            CALLS_ROUTE,
+            WebRtcProjection(),
+            EventRules(duplex=False, supports_server_vad=capabilities.supports_server_vad),
+            autostart=False,
+            conversation_created=True,
+        )
+        call = Call(
+            new_call_id(),
+            handle,
+            self._settings,
+            self._realtime,
+            dialect,
+            self._metrics,
+            expects_channel="m=application" in offer.sdp,
+            on_done=self._forget,
+        )
         try:
             await call.answer(offer.sdp)
         except BaseException as exc:
@@ -75,8 +91,12 @@ class WebRtcService:
     def get(self, call_id: str) -> Call:
         call = self.calls.get(call_id)
         if call is None:
-            raise ApiError(f"No call '{call_id}' is live in this server process.", status=404,
-                           code=errors.UNKNOWN_CALL, param="call_id")
+            raise ApiError(
+                f"No call '{call_id}' is live in this server process.",
+                status=404,
+                code=errors.UNKNOWN_CALL,
+                param="call_id",
+            )
         return call
 
     def _forget(self, call: Call) -> None:

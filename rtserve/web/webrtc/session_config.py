@@ -15,8 +15,9 @@ from rtserve.web.errors import ApiError
 from rtserve.web.realtime.session_object import session_changes
 
 
-def call_config(sessions: list[dict[str, Any] | None], capabilities: EngineCapabilities,
-                limits: SessionLimits) -> SessionConfig:
+def call_config(
+    sessions: list[dict[str, Any] | None], capabilities: EngineCapabilities, limits: SessionLimits
+) -> SessionConfig:
     vad = capabilities.supports_server_vad
     config = SessionConfig(turn_detection=TurnDetection() if vad else None)
     for session in sessions:

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
-from rtserve.engines.protocols import EngineEvent, EngineSession, SessionOptions
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.protocols import EngineEvent, EngineSession, SessionOptions
 
 QUESTION = "What is the capital of France?"
 MAX_SESSIONS = 3
@@ -78,7 +78,7 @@ async def speak_into(session: EngineSession, audio: np.ndarray, *, silence_ms: i
     """Push like a live client: 30 ms chunks, roughly paced, then trailing silence."""
     padded = np.concatenate([audio, np.zeros(16 * silence_ms, np.float32)])
     for start in range(0, len(padded), CHUNK):
-        session.push_audio(padded[start:start + CHUNK])
+        session.push_audio(padded[start : start + CHUNK])
         await asyncio.sleep(0.005)
 
 

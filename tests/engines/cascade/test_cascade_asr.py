@@ -33,7 +33,7 @@ async def test_streaming_gives_partials_then_exactly_one_final(cascade: Loaded, 
             async with asyncio.timeout(30):
                 while not asr.idle:
                     await asyncio.sleep(0.01)
-            yield question_16k[start:start + step]
+            yield question_16k[start : start + step]
 
     pieces = [piece async for piece in asr.transcribe(in_chunks())]
     assert [p.final for p in pieces].count(True) == 1 and pieces[-1].final

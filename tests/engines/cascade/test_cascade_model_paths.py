@@ -19,11 +19,15 @@ def test_defaults_are_the_files_shipped_in_wheels() -> None:
     assert models.llm.path is not None and models.llm.path.suffix == ".gguf"
     assert models.tts.path is not None and models.tts.path.name == "en_US-joe-medium.onnx"
     assert [m.model_id for m in (models.llm, models.asr, models.tts)] == [
-        "smollm2-135m-instruct", "whisper-tiny.en", "piper-joe"]
+        "smollm2-135m-instruct",
+        "whisper-tiny.en",
+        "piper-joe",
+    ]
 
 
-@pytest.mark.parametrize("key, resolve", [("asr", resolve_asr), ("llm", resolve_llm), ("tts", resolve_tts),
-                                          ("vad", resolve_vad)])
+@pytest.mark.parametrize(
+    "key, resolve", [("asr", resolve_asr), ("llm", resolve_llm), ("tts", resolve_tts), ("vad", resolve_vad)]
+)
 def test_a_hub_name_fails_naming_the_config_key(key: str, resolve, tmp_path: Path) -> None:
     with pytest.raises(ModelUnavailable) as raised:
         resolve(ModelPaths(**{key: "openai/whisper-tiny.en"}))
@@ -37,8 +41,12 @@ def test_a_hub_name_fails_naming_the_config_key(key: str, resolve, tmp_path: Pat
 def test_local_paths_of_the_wrong_shape_are_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "voice.onnx").write_bytes(b"")  # no voice.onnx.json beside it
-    for key, value in (("asr", tmp_path / "empty"), ("llm", tmp_path / "empty"), ("tts", tmp_path / "voice.onnx"),
-                       ("vad", tmp_path / "empty")):
+    for key, value in (
+        ("asr", tmp_path / "empty"),
+        ("llm", tmp_path / "empty"),
+        ("tts", tmp_path / "voice.onnx"),
+        ("vad", tmp_path / "empty"),
+    ):
         with pytest.raises(ModelUnavailable, match=f"models.{key}"):
             resolve_models(ModelPaths(**{key: str(value)}))
 

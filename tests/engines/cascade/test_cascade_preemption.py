@@ -37,7 +37,7 @@ def preemptive(cascade: Loaded) -> tuple[float, float]:
 
 async def push_paced(session: EngineSession, audio: np.ndarray, *, real_time: bool = False) -> None:
     for start in range(0, len(audio), CHUNK):
-        session.push_audio(audio[start:start + CHUNK])
+        session.push_audio(audio[start : start + CHUNK])
         await asyncio.sleep(CHUNK / 16_000 if real_time else 0.005)
 
 
@@ -78,8 +78,9 @@ async def test_the_answer_is_under_way_before_the_turn_ends_and_audio_leads_the_
     assert spoken.strip() and words(spoken) <= words(written)
 
 
-async def test_speaking_on_after_a_pause_drops_the_early_reply_unheard(cascade: Loaded,
-                                                                        question_16k: np.ndarray) -> None:
+async def test_speaking_on_after_a_pause_drops_the_early_reply_unheard(
+    cascade: Loaded, question_16k: np.ndarray
+) -> None:
     go_on = await speak_16k(cascade.engine, "And what about Germany?")
     adopted, dropped = preemptive(cascade)
     async with opened(cascade, OPTIONS, "preempt-drop") as session:

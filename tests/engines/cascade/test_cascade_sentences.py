@@ -19,8 +19,13 @@ def test_sentences_complete_as_soon_as_the_next_word_starts() -> None:
 
 def test_abbreviations_decimals_and_quotes() -> None:
     text = 'Dr. Smith paid 3.50 dollars, e.g. for tea. "Really?" she asked. Yes\nNext line'
-    assert split_sentences(text) == ["Dr. Smith paid 3.50 dollars, e.g. for tea.", '"Really?"',
-                                     "she asked.", "Yes", "Next line"]
+    assert split_sentences(text) == [
+        "Dr. Smith paid 3.50 dollars, e.g. for tea.",
+        '"Really?"',
+        "she asked.",
+        "Yes",
+        "Next line",
+    ]
 
 
 def test_a_run_without_an_end_is_cut_at_a_comma_or_space() -> None:
@@ -44,7 +49,7 @@ def test_streaming_in_any_pieces_gives_the_same_sentences(text: str, step: int) 
     splitter = SentenceSplitter()
     streamed = []
     for start in range(0, len(text), step):
-        streamed += splitter.feed(text[start:start + step])
+        streamed += splitter.feed(text[start : start + step])
     tail = splitter.flush()
     streamed += [tail] if tail else []
     assert streamed == split_sentences(text)
@@ -59,7 +64,7 @@ def test_speakable_drops_markup() -> None:
 def test_the_first_piece_has_a_tighter_bound() -> None:
     splitter = SentenceSplitter(max_chars=60, first_max_chars=20)
     text = "Well, one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
-    pieces = [p for start in range(0, len(text), 3) for p in splitter.feed(text[start:start + 3])]
+    pieces = [p for start in range(0, len(text), 3) for p in splitter.feed(text[start : start + 3])]
     assert pieces[0] == "Well,"
     assert all(len(p) <= 60 for p in pieces[1:]) and any(len(p) > 20 for p in pieces[1:])
 
@@ -94,7 +99,7 @@ def test_a_sentence_that_ends_first_wins_and_no_clause_setting_keeps_sentences()
 @given(st.text(alphabet="ab .!?,;\n", max_size=200), st.integers(1, 7), st.integers(1, 30))
 def test_clause_cuts_lose_nothing(text: str, step: int, clause: int) -> None:
     splitter = SentenceSplitter(max_chars=60, first_max_chars=30, first_clause_chars=clause)
-    streamed = [p for start in range(0, len(text), step) for p in splitter.feed(text[start:start + step])]
+    streamed = [p for start in range(0, len(text), step) for p in splitter.feed(text[start : start + step])]
     tail = splitter.flush()
     streamed += [tail] if tail else []
     assert "".join(streamed).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")

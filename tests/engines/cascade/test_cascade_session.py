@@ -28,8 +28,9 @@ from rtserve.engines.protocols import (
 
 pytestmark = pytest.mark.models
 
-SERVER_VAD = SessionOptions(server_vad={"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
-                                        "silence_duration_ms": 500})
+SERVER_VAD = SessionOptions(
+    server_vad={"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+)
 
 
 async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16k: np.ndarray) -> None:
@@ -48,8 +49,11 @@ async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16
         final = await recorder.wait_for(lambda e: isinstance(e, InputTranscript) and e.final)
         assert {"capital", "france"} <= words(final.text)
 
-        session.respond(ResponseRequest("resp-1", 0, (ChatMessage("user", final.text),),
-                                        params=SamplingParams(temperature=0.0, max_tokens=40)))
+        session.respond(
+            ResponseRequest(
+                "resp-1", 0, (ChatMessage("user", final.text),), params=SamplingParams(temperature=0.0, max_tokens=40)
+            )
+        )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
         assert finished.status == "completed" and finished.response_id == "resp-1"
         assert finished.usage["output_tokens"] > 0 and finished.usage["input_tokens"] > 0
@@ -70,9 +74,14 @@ async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16
 async def test_barge_in_stops_reply_audio_at_once(cascade: Loaded, question_16k: np.ndarray) -> None:
     async with opened(cascade, SERVER_VAD, "barge-in") as session:
         recorder = Recorder(session)
-        session.respond(ResponseRequest("long", 0, (ChatMessage(
-            "user", "Tell me a long story about a dragon who learns to bake bread."),),
-            params=SamplingParams(temperature=0.0, max_tokens=200)))
+        session.respond(
+            ResponseRequest(
+                "long",
+                0,
+                (ChatMessage("user", "Tell me a long story about a dragon who learns to bake bread."),),
+                params=SamplingParams(temperature=0.0, max_tokens=200),
+            )
+        )
         await recorder.wait_for(lambda e: isinstance(e, OutputAudio))
 
         # The user talks over the reply; on SpeechStarted the session core fences the epoch.
@@ -87,7 +96,7 @@ async def test_barge_in_stops_reply_audio_at_once(cascade: Loaded, question_16k:
         await speak_into(session, question_16k, silence_ms=700)
         await recorder.wait_for(lambda e: isinstance(e, SpeechStopped))
         assert fenced_at, "no SpeechStarted while the user spoke over the reply"
-        after = recorder.events[fenced_at[0]:]
+        after = recorder.events[fenced_at[0] :]
         assert not [e for e in after if isinstance(e, OutputAudio | OutputText) and e.epoch == 0]
         assert not [e for e in recorder.of(ResponseFinished) if e.response_id == "long"]
         tokens = cascade.metric("rtserve_cascade_llm_tokens_total")
@@ -95,11 +104,14 @@ async def test_barge_in_stops_reply_audio_at_once(cascade: Loaded, question_16k:
         assert cascade.metric("rtserve_cascade_llm_tokens_total") == tokens  # the LLM stopped too
 
         # The next reply, in the new epoch, flows normally.
-        session.respond(ResponseRequest("next", 1, (ChatMessage("user", "Say hello."),),
-                                        params=SamplingParams(temperature=0.0, max_tokens=8)))
+        session.respond(
+            ResponseRequest(
+                "next", 1, (ChatMessage("user", "Say hello."),), params=SamplingParams(temperature=0.0, max_tokens=8)
+            )
+        )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
         assert finished.response_id == "next" and finished.status == "completed"
-        later = recorder.events[fenced_at[0]:]
+        later = recorder.events[fenced_at[0] :]
         assert not [e for e in later if isinstance(e, OutputAudio) and e.epoch == 0]
 
 
@@ -107,15 +119,24 @@ async def test_set_epoch_purges_reply_audio_the_reader_has_not_taken_yet(cascade
     first_audio = "rtserve_cascade_first_audio_seconds_count"
     async with opened(cascade, SERVER_VAD, "slow-reader") as session:
         before = cascade.metric(first_audio)
-        session.respond(ResponseRequest("queued", 0, (ChatMessage("user", "Tell me about the sea."),),
-                                        params=SamplingParams(temperature=0.0, max_tokens=60)))
+        session.respond(
+            ResponseRequest(
+                "queued",
+                0,
+                (ChatMessage("user", "Tell me about the sea."),),
+                params=SamplingParams(temperature=0.0, max_tokens=60),
+            )
+        )
         async with asyncio.timeout(60):
             while cascade.metric(first_audio) == before:  # reply audio is queued, nobody reads yet
                 await asyncio.sleep(0.05)
         session.set_epoch(1)
         recorder = Recorder(session)
-        session.respond(ResponseRequest("fresh", 1, (ChatMessage("user", "Say hi."),),
-                                        params=SamplingParams(temperature=0.0, max_tokens=4)))
+        session.respond(
+            ResponseRequest(
+                "fresh", 1, (ChatMessage("user", "Say hi."),), params=SamplingParams(temperature=0.0, max_tokens=4)
+            )
+        )
         await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
         assert all(e.epoch == 1 for e in recorder.events if isinstance(e, OutputAudio | OutputText | ResponseFinished))
 
@@ -135,8 +156,15 @@ async def test_manual_turns_commit_clear_and_text_only_replies(cascade: Loaded, 
         assert not recorder.of(SpeechStarted)  # no server VAD: the client commits
         assert {"capital", "france"} <= words(final.text)
 
-        session.respond(ResponseRequest("text-only", 0, (ChatMessage("user", final.text),), modalities=("text",),
-                                        params=SamplingParams(temperature=0.0, max_tokens=12)))
+        session.respond(
+            ResponseRequest(
+                "text-only",
+                0,
+                (ChatMessage("user", final.text),),
+                modalities=("text",),
+                params=SamplingParams(temperature=0.0, max_tokens=12),
+            )
+        )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
         assert finished.status == "completed"
         assert recorder.of(OutputText) and not recorder.of(OutputAudio)

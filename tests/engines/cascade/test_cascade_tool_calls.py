@@ -3,7 +3,7 @@
 The model's next-token logits are replaced by a script (one-hot on the scripted token), so
 what is tested is exactly the decoder's own work: masking, the split of the reply into
 visible text and call pieces, and the finish reason. The model itself writing a forced
-call is tested over HTTP and realtime (``tests/web/test_function_calling.py``).
+call is tested over HTTP and realtime (``tests/web/http/test_function_calling.py``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,23 @@ from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta, T
 
 pytestmark = pytest.mark.models
 
-WEATHER = ToolSpec("get_weather", "Weather in a city", {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"]})
+WEATHER = ToolSpec(
+    "get_weather",
+    "Weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+)
 
 
 CLOCK = ToolSpec("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}})
 
 
-def scripted(transformers_llm: SmolLlm, reply: str, choice: ToolChoice,
-             tools: tuple[ToolSpec, ...] = (WEATHER,)) -> list[TokenDelta]:
+def scripted(
+    transformers_llm: SmolLlm, reply: str, choice: ToolChoice, tools: tuple[ToolSpec, ...] = (WEATHER,)
+) -> list[TokenDelta]:
     """Decode ``reply`` token by token through the decoder with tools offered."""
     loaded = transformers_llm.loaded
     assert loaded is not None
@@ -54,8 +61,11 @@ def scripted(transformers_llm: SmolLlm, reply: str, choice: ToolChoice,
 
 def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_marker(transformers_llm: SmolLlm) -> None:
     arguments = '{"city":"Paris","unit":"celsius"}'
-    deltas = scripted(transformers_llm, f'Let me check. <tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}'
-                               "\n</tool_call> and more", ToolChoice("auto"))
+    deltas = scripted(
+        transformers_llm,
+        f'Let me check. <tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call> and more',
+        ToolChoice("auto"),
+    )
     text = "".join(d.text for d in deltas)
     assert text == "Let me check. "  # nothing of "<tool_call>" leaked, even held-back prefixes of it
     calls = [d.tool_call for d in deltas if d.tool_call is not None]
@@ -77,8 +87,11 @@ def test_auto_reply_without_a_call_keeps_every_character(transformers_llm: SmolL
 def test_the_mask_keeps_a_call_to_the_schema(transformers_llm: SmolLlm) -> None:
     # The script tries an argument the schema does not declare and an unknown unit: the mask
     # refuses those tokens, so what comes out still follows the schema.
-    deltas = scripted(transformers_llm, '<tool_call>\n{"name": "get_weather", "arguments": {"town":"Paris","unit":"kelvin"}}',
-                      ToolChoice("auto"))
+    deltas = scripted(
+        transformers_llm,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"town":"Paris","unit":"kelvin"}}',
+        ToolChoice("auto"),
+    )
     arguments = "".join(d.tool_call.arguments for d in deltas if d.tool_call is not None)
     assert deltas[-1].finish_reason == "tool_calls"
     parsed = json.loads(arguments)
@@ -87,8 +100,9 @@ def test_the_mask_keeps_a_call_to_the_schema(transformers_llm: SmolLlm) -> None:
 
 def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(transformers_llm: SmolLlm) -> None:
     # With "required" the reply is a call from its first token (the prompt ends with the marker).
-    deltas = scripted(transformers_llm, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"),
-                      (WEATHER, CLOCK))
+    deltas = scripted(
+        transformers_llm, '{"name": "get_time", "arguments": {"zone":"UTC"}}', ToolChoice("required"), (WEATHER, CLOCK)
+    )
     assert not "".join(d.text for d in deltas)
     calls = [d.tool_call for d in deltas if d.tool_call is not None]
     assert calls[0].name == "get_time" and json.loads("".join(c.arguments for c in calls)) == {"zone": "UTC"}

@@ -20,8 +20,9 @@ def windows_for(scores: list[float]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def detector(**settings: object) -> TurnDetector:
-    return TurnDetector(ServerVadSettings.parse({"type": "server_vad", **settings}), RATE, WINDOW,
-                        max_turn_samples=RATE * 60)
+    return TurnDetector(
+        ServerVadSettings.parse({"type": "server_vad", **settings}), RATE, WINDOW, max_turn_samples=RATE * 60
+    )
 
 
 def test_openai_defaults() -> None:
@@ -92,12 +93,15 @@ def test_turn_audio_is_capped_oldest_first() -> None:
     assert turn.dropped_samples == 6 * WINDOW
 
 
-@pytest.mark.parametrize("value, code", [
-    ({"type": "turn_model"}, "unsupported_turn_detection"),
-    ({"type": "server_vad", "threshold": 1.5}, "invalid_turn_detection"),
-    ({"type": "server_vad", "silence_duration_ms": -1}, "invalid_turn_detection"),
-    ({"type": "server_vad", "prefix_padding_ms": "long"}, "invalid_turn_detection"),
-])
+@pytest.mark.parametrize(
+    "value, code",
+    [
+        ({"type": "turn_model"}, "unsupported_turn_detection"),
+        ({"type": "server_vad", "threshold": 1.5}, "invalid_turn_detection"),
+        ({"type": "server_vad", "silence_duration_ms": -1}, "invalid_turn_detection"),
+        ({"type": "server_vad", "prefix_padding_ms": "long"}, "invalid_turn_detection"),
+    ],
+)
 def test_invalid_settings_are_typed_errors(value: dict, code: str) -> None:
     with pytest.raises(InvalidTurnDetection) as raised:
         ServerVadSettings.parse(value)
@@ -140,7 +144,9 @@ def test_a_pause_can_end_the_turn_early_until_speech_resumes() -> None:
     turn.end_pause_after(200)
     assert turn.feed(*windows_for([0.9] * 3 + [0.02] * 10), first_sample=13 * WINDOW) == []
     assert [type(h) for h in turn.feed(*windows_for([0.02] * 6), first_sample=26 * WINDOW)] == [
-        SpeechStopped, SealedTurn]
+        SpeechStopped,
+        SealedTurn,
+    ]
 
 
 def test_end_pause_after_outside_a_pause_does_nothing() -> None:

@@ -32,19 +32,18 @@ def test_scores_match_the_wheels_own_runner(question_16k: np.ndarray) -> None:
     path = resolve_vad(load_defaults()).path
     audio = with_silence(question_16k, 300, 300)
     reference = SileroVAD(SAMPLE_RATE)
-    windows = audio[:len(audio) // WINDOW * WINDOW].reshape(-1, WINDOW)
+    windows = audio[: len(audio) // WINDOW * WINDOW].reshape(-1, WINDOW)
     expected = [reference.process(memoryview(np.ascontiguousarray(w).data)) for w in windows]
     ours = SileroVad(path)
     stream = VadStream()
     got = []
     for start in range(0, len(audio), 700):  # odd chunk sizes: windows straddle pushes
-        got.extend(ours.process(stream, audio[start:start + 700]).scores)
-    assert np.allclose(got[:len(expected)], expected, atol=1e-4)
+        got.extend(ours.process(stream, audio[start : start + 700]).scores)
+    assert np.allclose(got[: len(expected)], expected, atol=1e-4)
     assert max(expected) > 0.9  # the audio does hold speech
 
 
-async def test_speech_is_found_at_its_offsets_and_zeros_are_silence(cascade: Loaded,
-                                                                   question_16k: np.ndarray) -> None:
+async def test_speech_is_found_at_its_offsets_and_zeros_are_silence(cascade: Loaded, question_16k: np.ndarray) -> None:
     vad = cascade.engine.vad
     audio = with_silence(question_16k, 1000, 1000)
     first_voiced, last_voiced = voiced_span_ms(audio)
@@ -52,7 +51,7 @@ async def test_speech_is_found_at_its_offsets_and_zeros_are_silence(cascade: Loa
     stream = VadStream()
     happened = []
     for start in range(0, len(audio), 480):  # 30 ms pushes
-        scores = await vad.process(stream, audio[start:start + 480])
+        scores = await vad.process(stream, audio[start : start + 480])
         happened += turn.feed(scores.windows, scores.scores, scores.first_sample)
     started = [h for h in happened if isinstance(h, SpeechStarted)]
     stopped = [h for h in happened if isinstance(h, SpeechStopped)]

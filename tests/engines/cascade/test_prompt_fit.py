@@ -36,11 +36,26 @@ class WordTokenizer:
         return list(range(tokens))
 
 
-def fit(tok: WordTokenizer, turns: list[Turn], *, context: int = 512, max_tokens: int = 64,
-        fit_history: bool = True, **kwargs: Any) -> list[int]:
-    return fit_prompt(turns, context=context, max_tokens=max_tokens, fit_history=fit_history,
-                      render=tok.render, count=tok.count, token_chars=TOKEN_CHARS,
-                      overhead=turn_overhead(tok.render, tok.count), **kwargs)
+def fit(
+    tok: WordTokenizer,
+    turns: list[Turn],
+    *,
+    context: int = 512,
+    max_tokens: int = 64,
+    fit_history: bool = True,
+    **kwargs: Any,
+) -> list[int]:
+    return fit_prompt(
+        turns,
+        context=context,
+        max_tokens=max_tokens,
+        fit_history=fit_history,
+        render=tok.render,
+        count=tok.count,
+        token_chars=TOKEN_CHARS,
+        overhead=turn_overhead(tok.render, tok.count),
+        **kwargs,
+    )
 
 
 def naive_fit(tok: WordTokenizer, turns: list[Turn], budget: int) -> int | None:
@@ -101,9 +116,10 @@ def test_without_fit_history_or_room_the_prompt_is_refused_typed_without_tokeniz
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.integers(0, 120)),
-                min_size=1, max_size=25),
-       st.integers(64, 600))
+@given(
+    st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.integers(0, 120)), min_size=1, max_size=25),
+    st.integers(64, 600),
+)
 def test_same_prompt_as_dropping_oldest_turns_one_by_one(shape: list[tuple[str, int]], budget: int) -> None:
     turns = [turn(role, words) for role, words in shape]
     expected = naive_fit(WordTokenizer(), turns, budget)
@@ -123,13 +139,21 @@ def test_the_longest_vocabulary_token_bounds_characters_per_token() -> None:
 def test_a_template_that_refuses_the_probe_still_fits_within_the_budget() -> None:
     class Strict(WordTokenizer):  # e.g. a template that raises on a user turn after a user turn
         def render(self, turns: list[Turn]) -> list[int]:
-            if len(turns) <= 3 and [t["role"] for t in turns] == ["user", "assistant", "user"][:len(turns)]:
+            if len(turns) <= 3 and [t["role"] for t in turns] == ["user", "assistant", "user"][: len(turns)]:
                 raise ValueError("Conversation roles must alternate")
             return super().render(turns)
 
     tok = Strict()
     assert turn_overhead(tok.render, tok.count) == 0
     turns = [turn("system", 10), *[turn("user", 40) for _ in range(30)], turn("user", 5)]
-    ids = fit_prompt(turns, context=512, max_tokens=64, fit_history=True, render=tok.render, count=tok.count,
-                     token_chars=TOKEN_CHARS, overhead=0)
+    ids = fit_prompt(
+        turns,
+        context=512,
+        max_tokens=64,
+        fit_history=True,
+        render=tok.render,
+        count=tok.count,
+        token_chars=TOKEN_CHARS,
+        overhead=0,
+    )
     assert len(ids) == naive_fit(WordTokenizer(), turns, 448)

@@ -1,6 +1,6 @@
 """The registered-voice store: a voice is stored only once its config is sane and its model
 spoke; names never leave the folder; bounds; what a restart finds. The model check itself
-(Piper loading the upload) is injected here; ``tests/web/test_voices_piper.py`` runs the real one."""
+(Piper loading the upload) is injected here; ``tests/web/http/test_voices_piper.py`` runs the real one."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from rtserve.config import VoiceStoreConfig
 from rtserve.engines.cascade.voices import VoiceStore, check_config
 from rtserve.engines.protocols import EngineError
 
-CONFIG = {"audio": {"sample_rate": 22050}, "espeak": {"voice": "en-us"}, "num_symbols": 3, "num_speakers": 1,
-          "phoneme_id_map": {"a": [1]}, "inference": {"noise_scale": 0.667, "length_scale": 1, "noise_w": 0.8}}
+CONFIG = {
+    "audio": {"sample_rate": 22050},
+    "espeak": {"voice": "en-us"},
+    "num_symbols": 3,
+    "num_speakers": 1,
+    "phoneme_id_map": {"a": [1]},
+    "inference": {"noise_scale": 0.667, "length_scale": 1, "noise_w": 0.8},
+}
 
 
 def speaks(_: Path) -> np.ndarray:
@@ -40,8 +46,15 @@ def test_a_voice_that_speaks_is_stored_listed_and_found_again_after_a_restart(tm
     assert list((tmp_path / "voices").iterdir()) == [] and voices.list() == []
 
 
-@pytest.mark.parametrize("prove", [lambda _: np.zeros(100, np.float32), lambda _: np.array([np.nan], np.float32),
-                                   lambda _: np.zeros(0, np.float32), lambda _: 1 / 0])
+@pytest.mark.parametrize(
+    "prove",
+    [
+        lambda _: np.zeros(100, np.float32),
+        lambda _: np.array([np.nan], np.float32),
+        lambda _: np.zeros(0, np.float32),
+        lambda _: 1 / 0,
+    ],
+)
 def test_a_model_that_fails_or_is_silent_leaves_nothing_behind(tmp_path, prove):
     voices = store(tmp_path)
     with pytest.raises(EngineError) as refused:
@@ -50,10 +63,18 @@ def test_a_model_that_fails_or_is_silent_leaves_nothing_behind(tmp_path, prove):
     assert list((tmp_path / "voices").iterdir()) == [] and voices.list() == []
 
 
-@pytest.mark.parametrize("change", [{"audio": {"sample_rate": 100}}, {"audio": {"sample_rate": 22050.5}},
-                                    {"num_symbols": 0}, {"phoneme_id_map": {}},
-                                    {"inference": {"length_scale": 0}}, {"inference": {"noise_scale": 99}},
-                                    {"espeak": None}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"audio": {"sample_rate": 100}},
+        {"audio": {"sample_rate": 22050.5}},
+        {"num_symbols": 0},
+        {"phoneme_id_map": {}},
+        {"inference": {"length_scale": 0}},
+        {"inference": {"noise_scale": 99}},
+        {"espeak": None},
+    ],
+)
 def test_insane_configs_are_refused(change):
     with pytest.raises(EngineError) as refused:
         check_config(json.dumps({**CONFIG, **change}).encode())

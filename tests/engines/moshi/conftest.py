@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rtserve.config import ServerConfig
-
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from tests.engines.moshi.tiny import TinyCheckpoint, write_checkpoint
 
@@ -32,9 +31,12 @@ def weights(tiny: TinyCheckpoint) -> Path:
 @pytest.fixture
 def moshi_config(config: ServerConfig, weights: Path) -> ServerConfig:
     """``--engine moshi`` on the tiny checkpoint: two slots, greedy, room for a burst of input."""
-    return config.model_copy(update={
-        "engine": "moshi",
-        "lockstep": config.lockstep.model_copy(update={"max_input_backlog_ms": 64 * 80}),
-        "moshi_engine": config.moshi_engine.model_copy(update={
-            "weights": str(weights), "batch_size": 2, "use_sampling": False}),
-    })
+    return config.model_copy(
+        update={
+            "engine": "moshi",
+            "lockstep": config.lockstep.model_copy(update={"max_input_backlog_ms": 64 * 80}),
+            "moshi_engine": config.moshi_engine.model_copy(
+                update={"weights": str(weights), "batch_size": 2, "use_sampling": False}
+            ),
+        }
+    )

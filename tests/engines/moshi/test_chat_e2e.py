@@ -4,8 +4,8 @@ client on ``/api/chat``, the tiny random model behind the lockstep runtime."""
 from __future__ import annotations
 
 import aiohttp
-from aiohttp import WSCloseCode
 import numpy as np
+from aiohttp import WSCloseCode
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
@@ -28,7 +28,7 @@ async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(moshi
             audio = await client.receive_audio(12 * FRAME)
     assert audio.dtype == np.float32 and len(audio) >= 12 * FRAME
     # Random weights still speak: the decoded agent audio is not silence.
-    assert float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4
+    assert float(np.sqrt(np.mean(audio[4 * FRAME :] ** 2))) > 1e-4
     assert client.audio_messages >= 12
     assert client.text, "the inner-monologue text stream sent nothing"
     assert server.metric("rtserve_moshi_frames_in_total", route="/api/chat") >= 12
@@ -55,12 +55,16 @@ async def test_personaplex_query_parameters_reach_the_slot(moshi_config: ServerC
     assert len(engine.opened) == 1  # the refused one never took a slot
 
 
-async def test_a_conversation_that_finds_no_kv_block_is_refused_as_busy(
-        moshi_config: ServerConfig) -> None:
+async def test_a_conversation_that_finds_no_kv_block_is_refused_as_busy(moshi_config: ServerConfig) -> None:
     """Paged int8 KV with a pool of one block (two engine slots): the second client gets 1013
     (busy), never a crash, while the first keeps talking past its block (it recycles its own)."""
-    config = moshi_config.model_copy(update={"moshi_engine": moshi_config.moshi_engine.model_copy(update={
-        "kv_cache": "paged_int8", "kv_block_frames": 8, "kv_pool_frames": 8})})
+    config = moshi_config.model_copy(
+        update={
+            "moshi_engine": moshi_config.moshi_engine.model_copy(
+                update={"kv_cache": "paged_int8", "kv_block_frames": 8, "kv_pool_frames": 8}
+            )
+        }
+    )
     registry = CollectorRegistry()
     engine = create_engine("moshi", config, registry)
     async with moshi_server(config, engine, registry) as server, aiohttp.ClientSession() as http:
@@ -73,4 +77,4 @@ async def test_a_conversation_that_finds_no_kv_block_is_refused_as_busy(
             async with http.ws_connect(url) as second:
                 refused = await expect_close(second)
     assert refused[0] == WSCloseCode.TRY_AGAIN_LATER
-    assert float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4
+    assert float(np.sqrt(np.mean(audio[4 * FRAME :] ** 2))) > 1e-4

@@ -56,7 +56,7 @@ async def test_audio_duplex_streams_agent_audio_and_text_and_close_drains(moshi_
     # Every input frame was stepped and the model's answer to the last one read before 'done'.
     assert len(frames) >= frames_in + TINY_OUTPUT_DELAY
     audio = np.concatenate(frames)
-    assert float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4  # random weights still speak
+    assert float(np.sqrt(np.mean(audio[4 * FRAME :] ** 2))) > 1e-4  # random weights still speak
     assert text, "the inner-monologue text stream sent nothing"
     assert server.metric("rtserve_moshi_frames_in_total", route=DUPLEX) == frames_in
 
@@ -92,7 +92,7 @@ async def test_realtime_duplex_streams_agent_audio_and_text(moshi_config: Server
             capabilities = created["session"]["capabilities"]
             assert (capabilities["engine"], capabilities["mode"]) == ("moshi", "lockstep")
             for start in range(0, len(pcm16), FRAME):
-                chunk = pcm16_b64(pcm16[start:start + FRAME])
+                chunk = pcm16_b64(pcm16[start : start + FRAME])
                 await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
             seen: list[dict[str, Any]] = []
             while len(audio_of(seen)) < 10 * FRAME:
@@ -101,7 +101,10 @@ async def test_realtime_duplex_streams_agent_audio_and_text(moshi_config: Server
                 assert event["type"] != "error", event
                 seen.append(event)
     audio = audio_of(seen).astype(np.float32) / 32768
-    assert float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4
-    text = [e["delta"] for e in seen if e["type"] in ("response.output_audio_transcript.delta",
-                                                      "response.output_text.delta")]
+    assert float(np.sqrt(np.mean(audio[4 * FRAME :] ** 2))) > 1e-4
+    text = [
+        e["delta"]
+        for e in seen
+        if e["type"] in ("response.output_audio_transcript.delta", "response.output_text.delta")
+    ]
     assert text, "no text deltas from the model's inner monologue"

@@ -18,8 +18,9 @@ FRAMES = 50
 RECYCLE_AT = 30
 
 
-def _run(model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int,
-         graph: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+def _run(
+    model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int, graph: bool = False
+) -> list[tuple[np.ndarray, np.ndarray]]:
     device = inputs.device
     sampler = SlotSampler(3, device, SamplingParams())
     sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), seed=5)
@@ -28,8 +29,11 @@ def _run(model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int,
     for t in range(inputs.shape[0]):
         if t == RECYCLE_AT:  # a new conversation in slot 2 while the others run on
             frame.reset_rows(torch.tensor([False, False, True], device=device))
-            sampler.configure(2, SamplingParams(use_sampling=True, temperature=0.9, top_k=5, temperature_text=0.9,
-                                                top_k_text=5), seed=11)
+            sampler.configure(
+                2,
+                SamplingParams(use_sampling=True, temperature=0.9, top_k=5, temperature_text=0.9, top_k_text=5),
+                seed=11,
+            )
         out = frame(inputs[t])
         outs.append((out.tokens.cpu().numpy(), out.audio.float().cpu().numpy()))
     return outs
@@ -68,8 +72,9 @@ def test_an_idle_row_does_not_widen_attention_for_the_active_ones(loaded: Loaded
     active = np.array([True, False])
     runs = []
     for bucket in (16, loaded.lm.transformer.capacity):
-        frame = FrameStep(loaded.lm, loaded.mimi, SlotSampler(2, torch.device("cpu"), SamplingParams()), 2,
-                          span_bucket=bucket)
+        frame = FrameStep(
+            loaded.lm, loaded.mimi, SlotSampler(2, torch.device("cpu"), SamplingParams()), 2, span_bucket=bucket
+        )
         outs = []
         for t in range(36):
             if t == 20:

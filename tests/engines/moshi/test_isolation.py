@@ -18,8 +18,9 @@ def _inputs(seed: int = 5) -> np.ndarray:
     return (0.3 * np.random.default_rng(seed).standard_normal((TICKS, BATCH, FRAME))).astype(np.float32)
 
 
-def _run(model: MoshiFrameModel, inputs: np.ndarray, recycle: int | None,
-         seeds: list[int | None]) -> list[list[FrameOutput | None]]:
+def _run(
+    model: MoshiFrameModel, inputs: np.ndarray, recycle: int | None, seeds: list[int | None]
+) -> list[list[FrameOutput | None]]:
     for slot in range(model.batch_size):
         model.open_slot(slot, SlotPrompt(seed=seeds[slot]))
     live = np.ones(model.batch_size, bool)
@@ -62,8 +63,7 @@ def test_greedy_recycle_of_slot_2_leaves_other_slots_bit_identical(loaded: Loade
 
 
 def test_seeded_sampling_is_per_slot_and_isolated(loaded: LoadedModel) -> None:
-    _check_isolation(loaded, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0),
-                     [11, 12, 13, 14])
+    _check_isolation(loaded, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), [11, 12, 13, 14])
 
 
 def test_same_seed_same_stream_different_seed_different_stream(loaded: LoadedModel) -> None:

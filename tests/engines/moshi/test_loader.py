@@ -43,14 +43,18 @@ def test_missing_lm_tensor_is_named(copy: Path) -> None:
 def test_mismatched_shape_names_tensor_and_shapes(copy: Path) -> None:
     def shrink(t: dict[str, torch.Tensor]) -> None:
         t["text_linear.weight"] = t["text_linear.weight"][:10]
+
     _edit(copy / "model.safetensors", shrink)
-    with pytest.raises(CheckpointError, match=r"'text_linear.weight' has shape \(10, 32\), the config implies \(64, 32\)"):
+    with pytest.raises(
+        CheckpointError, match=r"'text_linear.weight' has shape \(10, 32\), the config implies \(64, 32\)"
+    ):
         load_folder(copy, device=CPU, dtype=torch.float32)
 
 
 def test_unexpected_tensor_is_named(copy: Path) -> None:
     def add(t: dict[str, torch.Tensor]) -> None:
         t["transformer.layers.9.norm1.alpha"] = torch.ones(1, 1, 32)
+
     _edit(copy / "model.safetensors", add)
     with pytest.raises(CheckpointError, match=r"unexpected tensor 'transformer.layers.9.norm1.alpha'"):
         load_folder(copy, device=CPU, dtype=torch.float32)
@@ -59,6 +63,7 @@ def test_unexpected_tensor_is_named(copy: Path) -> None:
 def test_missing_mimi_codebook_is_named(copy: Path) -> None:
     def drop(t: dict[str, torch.Tensor]) -> None:
         t.pop("quantizer.rvq_rest.vq.layers.6._codebook.embedding_sum")
+
     _edit(copy / "mimi.safetensors", drop)
     with pytest.raises(CheckpointError, match=r"rvq_rest.vq.layers.6._codebook.embedding_sum"):
         load_folder(copy, device=CPU, dtype=torch.float32)
@@ -87,21 +92,41 @@ def test_unsupported_architecture_option_is_refused(copy: Path) -> None:
 def test_engine_config_errors_name_the_field(config, copy: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=r"'moshi_engine.weights': the moshi engine needs a local weight folder"):
         build_frame_model(config)
-    broken = config.model_copy(update={"moshi_engine": config.moshi_engine.model_copy(
-        update={"weights": str(copy / "nowhere")})})
+    broken = config.model_copy(
+        update={"moshi_engine": config.moshi_engine.model_copy(update={"weights": str(copy / "nowhere")})}
+    )
     with pytest.raises(ConfigError, match=r"moshi_engine.weights.*does not exist"):
         build_frame_model(broken)
 
 
 @pytest.mark.parametrize("workers", [1, 2])  # 2: the engine process refuses it; the supervisor stops
 @pytest.mark.parametrize("weights", [None, "nowhere"])
-def test_serve_with_unusable_weights_exits_at_startup_with_one_line(tmp_path: Path, weights: str | None,
-                                                                      workers: int) -> None:
+def test_serve_with_unusable_weights_exits_at_startup_with_one_line(
+    tmp_path: Path, weights: str | None, workers: int
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     if weights is not None:
         env["RTSERVE_MOSHI_ENGINE__WEIGHTS"] = str(tmp_path / weights)
-    out = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--engine", "moshi", "--workers", str(workers),
-                          "--port", "0", "--log-level", "error"], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rtserve.cli",
+            "serve",
+            "--engine",
+            "moshi",
+            "--workers",
+            str(workers),
+            "--port",
+            "0",
+            "--log-level",
+            "error",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "'moshi_engine.weights'" in lines[0], out.stderr

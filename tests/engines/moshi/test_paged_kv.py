@@ -23,8 +23,18 @@ CPU = torch.device("cpu")
 
 def _transformer(spec: PagedKVSpec | None, batch: int, context: int = 40) -> Transformer:
     torch.manual_seed(0)
-    t = Transformer(64, 4, 2, 256, norm="rms_norm_f32", gating=True, layer_scale=False, rope_max_period=10000,
-                    context=context, capacity=context)
+    t = Transformer(
+        64,
+        4,
+        2,
+        256,
+        norm="rms_norm_f32",
+        gating=True,
+        layer_scale=False,
+        rope_max_period=10000,
+        context=context,
+        capacity=context,
+    )
     if spec is not None:
         t.use_paged_kv(spec)
     t.start(batch, CPU, torch.float32)
@@ -112,7 +122,8 @@ def _greedy_tokens(model: LoadedModel, spec: PagedKVSpec | None, inputs: torch.T
 
 @torch.no_grad()
 def test_greedy_tokens_with_8_bit_kv_stay_as_close_to_fp32_as_bf16_rings_do_over_200_frames(
-        tiny: TinyCheckpoint, loaded: LoadedModel) -> None:
+    tiny: TinyCheckpoint, loaded: LoadedModel
+) -> None:
     """Free-running greedy decoding of a tiny random model is chaotic (near-tied logits; one flip
     changes every later input), so the bar is the precision the GPU engine already runs at:
     int8 paged KV must agree with fp32 rings at least as often as bf16 weights and rings do."""
@@ -129,12 +140,13 @@ def test_greedy_tokens_with_8_bit_kv_stay_as_close_to_fp32_as_bf16_rings_do_over
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel needs a CUDA device")
 def test_the_triton_kernel_reads_the_blocks_as_the_reference_path_does() -> None:
     from rtserve.engines.moshi.paged_attention import paged_decode
+
     device = torch.device("cuda")
     batch, heads, dim, size, context = 5, 4, 128, 64, 300
     spec = PagedKVSpec(num_blocks=40, block_size=size)
     width = spec.width(context)
     capacity = width * size
-    table = torch.randperm(spec.num_blocks, device=device)[:batch * width].view(batch, width).int() + 1
+    table = torch.randperm(spec.num_blocks, device=device)[: batch * width].view(batch, width).int() + 1
     cache = PagedKVCache.empty(spec, heads, dim, table)
     for pool in (cache.keys, cache.values):
         pool.random_(-127, 128)
@@ -153,6 +165,7 @@ def test_the_triton_kernel_reads_the_blocks_as_the_reference_path_does() -> None
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel needs a CUDA device")
 def test_the_triton_write_stores_what_the_reference_quantizer_does() -> None:
     from rtserve.engines.moshi.paged_attention import paged_write
+
     device = torch.device("cuda")
     batch, heads, dim, size, width = 4, 4, 128, 64, 5
     spec = PagedKVSpec(num_blocks=batch * width, block_size=size)
@@ -176,7 +189,8 @@ def test_graphed_paged_steps_give_the_eager_paged_tokens(tiny: TinyCheckpoint) -
     runs = []
     for graph in (False, True):
         model.lm.transformer.use_paged_kv(PagedKVSpec(num_blocks=20, block_size=8))
-        frame = FrameStep(model.lm, model.mimi, SlotSampler(2, inputs.device, SamplingParams()), 2, graph=graph,
-                          span_bucket=16)
+        frame = FrameStep(
+            model.lm, model.mimi, SlotSampler(2, inputs.device, SamplingParams()), 2, graph=graph, span_bucket=16
+        )
         runs.append(np.stack([frame(pcm).tokens.cpu().numpy() for pcm in inputs]))
     assert np.array_equal(runs[0], runs[1])

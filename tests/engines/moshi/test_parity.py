@@ -92,4 +92,3 @@ def test_frame_model_audio_and_text_match_the_reference_pipeline(tiny: TinyCheck
             worst = max(worst, float(np.linalg.norm(out.audio - ref_audio[slot]) / np.linalg.norm(ref_audio[slot])))
     assert worst < 1e-4, f"agent audio relative error {worst:.2e}"
     assert len(reference.tokens) == frames - reference.skipped >= 49
-

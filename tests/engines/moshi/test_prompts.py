@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.generator import TokenStream
@@ -18,8 +19,7 @@ from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.prompts import PromptError
 from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 from rtserve.engines.protocols import SlotPrompt
-from tests.engines.moshi.tiny import CARD, LM_KWARGS, reference_lm, _stack_attention
-from safetensors.torch import save_file
+from tests.engines.moshi.tiny import CARD, LM_KWARGS, _stack_attention, reference_lm
 
 FRAME = 1920
 GREEDY = SamplingParams(use_sampling=False)

@@ -30,13 +30,15 @@ def shape_only(weights: Path, tmp_path: Path) -> Path:
 
 
 def _random(config: ServerConfig, folder: Path) -> ServerConfig:
-    return config.model_copy(update={"moshi_engine": config.moshi_engine.model_copy(update={
-        "weights": str(folder), "random_weights": True})})
+    return config.model_copy(
+        update={"moshi_engine": config.moshi_engine.model_copy(update={"weights": str(folder), "random_weights": True})}
+    )
 
 
 def test_a_shape_only_folder_needs_random_weights(moshi_config: ServerConfig, shape_only: Path) -> None:
-    plain = moshi_config.model_copy(update={"moshi_engine": moshi_config.moshi_engine.model_copy(update={
-        "weights": str(shape_only)})})
+    plain = moshi_config.model_copy(
+        update={"moshi_engine": moshi_config.moshi_engine.model_copy(update={"weights": str(shape_only)})}
+    )
     with pytest.raises(ConfigError, match="moshi_engine.weights"):
         build_frame_model(plain)
     model = build_frame_model(_random(moshi_config, shape_only))
@@ -61,5 +63,5 @@ async def test_random_weights_serve_api_chat(moshi_config: ServerConfig, shape_o
             await client.handshake()
             await client.send_pcm(noise_signal(12, seed=5))
             audio = await client.receive_audio(8 * FRAME)
-    assert len(audio) >= 8 * FRAME and float(np.sqrt(np.mean(audio[4 * FRAME:] ** 2))) > 1e-4
+    assert len(audio) >= 8 * FRAME and float(np.sqrt(np.mean(audio[4 * FRAME :] ** 2))) > 1e-4
     assert not client.text  # no tokenizer: no text stream

@@ -27,25 +27,25 @@ def _audio(model: MoshiFrameModel, prompts: list[SlotPrompt], inputs: np.ndarray
 def test_a_slots_sampling_overrides_the_engine_default_for_that_slot_only(loaded: LoadedModel) -> None:
     inputs = (0.3 * np.random.default_rng(2).standard_normal((TICKS, 2, FRAME))).astype(np.float32)
     hot = SlotSampling(text_temperature=1.0, audio_temperature=1.0)
-    mixed = _audio(MoshiFrameModel(loaded, 2, sampling=GREEDY), [SlotPrompt(seed=7, sampling=hot), SlotPrompt()],
-                   inputs)
+    mixed = _audio(
+        MoshiFrameModel(loaded, 2, sampling=GREEDY), [SlotPrompt(seed=7, sampling=hot), SlotPrompt()], inputs
+    )
     greedy = _audio(MoshiFrameModel(loaded, 2, sampling=GREEDY), [SlotPrompt(), SlotPrompt()], inputs)
     # The same draws as an engine whose default is that sampling (unnamed fields: its top-k).
     default_hot = SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0)
-    sampled = _audio(MoshiFrameModel(loaded, 2, sampling=default_hot), [SlotPrompt(seed=7), SlotPrompt(seed=7)],
-                     inputs)
+    sampled = _audio(MoshiFrameModel(loaded, 2, sampling=default_hot), [SlotPrompt(seed=7), SlotPrompt(seed=7)], inputs)
     assert not np.array_equal(mixed[0], greedy[0]), "the slot's sampling parameters were not applied"
     assert np.array_equal(mixed[0], sampled[0])
     assert np.array_equal(mixed[1], greedy[1]), "the other slot must keep the engine's greedy default"
 
 
-def test_zero_temperatures_decode_greedily_and_reopening_forgets_the_last_clients_sampling(
-        loaded: LoadedModel) -> None:
+def test_zero_temperatures_decode_greedily_and_reopening_forgets_the_last_clients_sampling(loaded: LoadedModel) -> None:
     inputs = (0.3 * np.random.default_rng(3).standard_normal((TICKS, 1, FRAME))).astype(np.float32)
     greedy = _audio(MoshiFrameModel(loaded, 1, sampling=GREEDY), [SlotPrompt()], inputs)[0]
     model = MoshiFrameModel(loaded, 1, sampling=GREEDY)
-    cold = _audio(model, [SlotPrompt(seed=1, sampling=SlotSampling(text_temperature=0.0, audio_temperature=0.0))],
-                  inputs)[0]
+    cold = _audio(
+        model, [SlotPrompt(seed=1, sampling=SlotSampling(text_temperature=0.0, audio_temperature=0.0))], inputs
+    )[0]
     assert np.array_equal(cold, greedy)
     _audio(model, [SlotPrompt(seed=1, sampling=SlotSampling(text_temperature=2.0, audio_temperature=2.0))], inputs)
     assert np.array_equal(_audio(model, [SlotPrompt()], inputs)[0], greedy)

@@ -25,33 +25,86 @@ TEXT_CARD = 64
 CARD = 32
 
 LM_KWARGS: dict[str, Any] = {
-    "dim": 32, "text_card": TEXT_CARD, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8, "card": CARD,
-    "num_heads": 4, "num_layers": 2, "hidden_scale": 4.125, "causal": True, "layer_scale": None, "context": 40,
-    "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
-    "depformer_dim": 16, "depformer_dim_feedforward": int(4.125 * 16), "depformer_num_heads": 2,
-    "depformer_num_layers": 2, "depformer_layer_scale": None, "depformer_multi_linear": True,
-    "depformer_context": 8, "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
+    "dim": 32,
+    "text_card": TEXT_CARD,
+    "existing_text_padding_id": 3,
+    "n_q": 16,
+    "dep_q": 8,
+    "card": CARD,
+    "num_heads": 4,
+    "num_layers": 2,
+    "hidden_scale": 4.125,
+    "causal": True,
+    "layer_scale": None,
+    "context": 40,
+    "max_period": 10000,
+    "gating": "silu",
+    "norm": "rms_norm_f32",
+    "positional_embedding": "rope",
+    "depformer_dim": 16,
+    "depformer_dim_feedforward": int(4.125 * 16),
+    "depformer_num_heads": 2,
+    "depformer_num_layers": 2,
+    "depformer_layer_scale": None,
+    "depformer_multi_linear": True,
+    "depformer_context": 8,
+    "depformer_max_period": 10000,
+    "depformer_gating": "silu",
+    "depformer_pos_emb": "none",
     "depformer_weights_per_step": True,
     "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
 }
 
 MIMI_CONFIG: dict[str, Any] = {
-    "sample_rate": 24000, "channels": 1, "frame_rate": 12.5,
-    "seanet": {"channels": 1, "dimension": 16, "causal": True, "n_filters": 4, "n_residual_layers": 1,
-               "activation": "ELU", "compress": 2, "dilation_base": 2, "disable_norm_outer_blocks": 0,
-               "kernel_size": 7, "residual_kernel_size": 3, "last_kernel_size": 3, "norm": "none",
-               "pad_mode": "constant", "ratios": [8, 6, 5, 4], "true_skip": True},
+    "sample_rate": 24000,
+    "channels": 1,
+    "frame_rate": 12.5,
+    "seanet": {
+        "channels": 1,
+        "dimension": 16,
+        "causal": True,
+        "n_filters": 4,
+        "n_residual_layers": 1,
+        "activation": "ELU",
+        "compress": 2,
+        "dilation_base": 2,
+        "disable_norm_outer_blocks": 0,
+        "kernel_size": 7,
+        "residual_kernel_size": 3,
+        "last_kernel_size": 3,
+        "norm": "none",
+        "pad_mode": "constant",
+        "ratios": [8, 6, 5, 4],
+        "true_skip": True,
+    },
     "quantizer": {"dimension": 8, "n_q": 8, "bins": CARD, "input_dimension": 16, "output_dimension": 16},
-    "transformer": {"d_model": 16, "num_heads": 2, "num_layers": 2, "causal": True, "layer_scale": 0.01,
-                    "context": 20, "conv_layout": True, "max_period": 10000, "gating": "none",
-                    "norm": "layer_norm", "positional_embedding": "rope", "dim_feedforward": 32,
-                    "input_dimension": 16, "output_dimensions": [16]},
+    "transformer": {
+        "d_model": 16,
+        "num_heads": 2,
+        "num_layers": 2,
+        "causal": True,
+        "layer_scale": 0.01,
+        "context": 20,
+        "conv_layout": True,
+        "max_period": 10000,
+        "gating": "none",
+        "norm": "layer_norm",
+        "positional_embedding": "rope",
+        "dim_feedforward": 32,
+        "input_dimension": 16,
+        "output_dimensions": [16],
+    },
 }
 
 SENTENCES = [
-    "hello there how are you doing today", "i am fine thank you very much", "the weather is nice and sunny",
-    "let us talk about music and books", "what would you like to know", "you are a helpful assistant",
-    "moshi speaks and listens at the same time", "good morning good evening good night",
+    "hello there how are you doing today",
+    "i am fine thank you very much",
+    "the weather is nice and sunny",
+    "let us talk about music and books",
+    "what would you like to know",
+    "you are a helpful assistant",
+    "moshi speaks and listens at the same time",
+    "good morning good evening good night",
 ]
 
 
@@ -67,8 +120,10 @@ def _stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     groups: dict[str, dict[int, torch.Tensor]] = {}
     for key, value in state.items():
-        for split, stacked in ((".self_attn.in_projs.", ".self_attn.in_proj_weight"),
-                               (".self_attn.out_projs.", ".self_attn.out_proj.weight")):
+        for split, stacked in (
+            (".self_attn.in_projs.", ".self_attn.in_proj_weight"),
+            (".self_attn.out_projs.", ".self_attn.out_proj.weight"),
+        ):
             if split in key:
                 prefix, rest = key.split(split)
                 groups.setdefault(prefix + stacked, {})[int(rest.split(".")[0])] = value
@@ -82,6 +137,7 @@ def _stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def reference_lm(lm_kwargs: dict[str, Any] = LM_KWARGS, seed: int = 0) -> Any:
     from moshi.models.lm import LMModel
+
     torch.manual_seed(seed)
     model = LMModel(**lm_kwargs).float().eval()
     # The reference init leaves norms at one and attention projections at PyTorch's default;
@@ -94,6 +150,7 @@ def reference_lm(lm_kwargs: dict[str, Any] = LM_KWARGS, seed: int = 0) -> Any:
 
 def reference_mimi(mimi_config: dict[str, Any] = MIMI_CONFIG, seed: int = 1) -> Any:
     from moshi.models.loaders import get_mimi
+
     torch.manual_seed(seed)
     mimi = get_mimi(None, copy.deepcopy(mimi_config), num_codebooks=8)
     with torch.no_grad():
@@ -117,16 +174,25 @@ def reference_mimi(mimi_config: dict[str, Any] = MIMI_CONFIG, seed: int = 1) -> 
 
 def train_tokenizer(path: Path, vocab_size: int = TEXT_CARD) -> None:
     import sentencepiece as spm
+
     corpus = path.with_suffix(".txt")
     corpus.write_text("\n".join(SENTENCES * 4) + "\n")
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(path.with_suffix("")),
-                                   vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-                                   user_defined_symbols=["<system>"], minloglevel=2, hard_vocab_limit=False)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(path.with_suffix("")),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        user_defined_symbols=["<system>"],
+        minloglevel=2,
+        hard_vocab_limit=False,
+    )
     corpus.unlink()
 
 
-def write_checkpoint(folder: Path, *, lm_kwargs: dict[str, Any] = LM_KWARGS,
-                     mimi_config: dict[str, Any] = MIMI_CONFIG) -> TinyCheckpoint:
+def write_checkpoint(
+    folder: Path, *, lm_kwargs: dict[str, Any] = LM_KWARGS, mimi_config: dict[str, Any] = MIMI_CONFIG
+) -> TinyCheckpoint:
     folder.mkdir(parents=True, exist_ok=True)
     lm = reference_lm(lm_kwargs)
     mimi = reference_mimi(mimi_config)
@@ -134,7 +200,13 @@ def write_checkpoint(folder: Path, *, lm_kwargs: dict[str, Any] = LM_KWARGS,
     save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
     (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
     train_tokenizer(folder / "tokenizer.model")
-    config = dict(lm_kwargs, moshi_name="model.safetensors", mimi_name="mimi.safetensors",
-                  tokenizer_name="tokenizer.model", mimi_config_name="mimi_config.json", model_type="moshi")
+    config = dict(
+        lm_kwargs,
+        moshi_name="model.safetensors",
+        mimi_name="mimi.safetensors",
+        tokenizer_name="tokenizer.model",
+        mimi_config_name="mimi_config.json",
+        model_type="moshi",
+    )
     (folder / "config.json").write_text(json.dumps(config))
     return TinyCheckpoint(folder, lm, mimi)

@@ -74,10 +74,12 @@ def registry() -> CollectorRegistry:
 async def make_batcher(policy, registry) -> AsyncIterator:
     started: list[PolicyBatcher] = []
 
-    def make(*, max_batch: int = 8, window_s: float = LONG_WINDOW_S, max_pending: int = 64,
-             clients: int = 0) -> PolicyBatcher:
-        batcher = PolicyBatcher(policy, max_batch=max_batch, batch_window_s=window_s, max_pending=max_pending,
-                                registry=registry)
+    def make(
+        *, max_batch: int = 8, window_s: float = LONG_WINDOW_S, max_pending: int = 64, clients: int = 0
+    ) -> PolicyBatcher:
+        batcher = PolicyBatcher(
+            policy, max_batch=max_batch, batch_window_s=window_s, max_pending=max_pending, registry=registry
+        )
         for _ in range(clients):
             batcher.client_connected()
         batcher.start()
@@ -159,8 +161,12 @@ async def test_full_queue_is_refused_at_once(make_batcher, policy, registry):
 
 async def test_a_failing_observation_fails_alone(make_batcher, policy):
     batcher = make_batcher(max_batch=3, clients=3)
-    outcomes = await asyncio.gather(batcher.infer(_request("good1", 1.0)), batcher.infer(_request("bad", "boom")),
-                                    batcher.infer(_request("good2", 2.0)), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        batcher.infer(_request("good1", 1.0)),
+        batcher.infer(_request("bad", "boom")),
+        batcher.infer(_request("good2", 2.0)),
+        return_exceptions=True,
+    )
     np.testing.assert_array_equal(outcomes[0].actions["actions"], [10, 10])
     assert isinstance(outcomes[1], PolicyInferenceError) and str(outcomes[1]) == "Internal inference error"
     np.testing.assert_array_equal(outcomes[2].actions["actions"], [20, 20])
@@ -170,8 +176,9 @@ async def test_a_failing_observation_fails_alone(make_batcher, policy):
 
 async def test_non_finite_actions_never_reach_a_robot(make_batcher, policy):
     batcher = make_batcher(max_batch=2, clients=2)
-    outcomes = await asyncio.gather(batcher.infer(_request("ok", 1.0)), batcher.infer(_request("nan", "nan")),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        batcher.infer(_request("ok", 1.0)), batcher.infer(_request("nan", "nan")), return_exceptions=True
+    )
     assert outcomes[0].batch_size == 2
     assert isinstance(outcomes[1], PolicyInferenceError)
 

@@ -44,8 +44,10 @@ def test_batching_never_changes_a_robots_actions(policy):
     prompts = ["pick up the red cup", "open the drawer", "", "put the marker in the bowl and then wave"]
     singles = {seed: _alone(policy, seed, prompts[seed % 4]) for seed in range(12)}
     for seeds in ([0, 1], [5, 3, 7], list(range(12)), [11, 2, 9, 4, 4, 0]):
-        batch = [PolicyRequest(f"batch-{i}", example_observation(seed, prompts[seed % 4]), reset=True)
-                 for i, seed in enumerate(seeds)]
+        batch = [
+            PolicyRequest(f"batch-{i}", example_observation(seed, prompts[seed % 4]), reset=True)
+            for i, seed in enumerate(seeds)
+        ]
         for seed, result in zip(seeds, policy.infer(batch)):
             np.testing.assert_array_equal(result["actions"], singles[seed])
 
@@ -86,15 +88,18 @@ def test_session_memory_is_bounded_least_recently_used_first():
     assert not np.allclose(policy.infer([PolicyRequest("new", obs, reset=False)])[0]["actions"], fresh)
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [
-    (JOINT_POSITION, None, f"missing observation key '{JOINT_POSITION}'"),
-    (JOINT_POSITION, np.zeros(6), f"'{JOINT_POSITION}' must have shape [7], got [6]"),
-    (GRIPPER_POSITION, 0.5, f"'{GRIPPER_POSITION}' must be a numpy array, got float"),
-    (EXTERIOR_IMAGE, np.zeros((224, 224, 3), np.float32), f"'{EXTERIOR_IMAGE}' must have dtype uint8"),
-    (WRIST_IMAGE, np.zeros((112, 112, 3), np.uint8), f"'{WRIST_IMAGE}' must have shape [224, 224, 3]"),
-    (JOINT_POSITION, np.array(["a"] * 7), f"'{JOINT_POSITION}' must be numeric"),
-    (PROMPT, b"bytes", f"'{PROMPT}' must be a string"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (JOINT_POSITION, None, f"missing observation key '{JOINT_POSITION}'"),
+        (JOINT_POSITION, np.zeros(6), f"'{JOINT_POSITION}' must have shape [7], got [6]"),
+        (GRIPPER_POSITION, 0.5, f"'{GRIPPER_POSITION}' must be a numpy array, got float"),
+        (EXTERIOR_IMAGE, np.zeros((224, 224, 3), np.float32), f"'{EXTERIOR_IMAGE}' must have dtype uint8"),
+        (WRIST_IMAGE, np.zeros((112, 112, 3), np.uint8), f"'{WRIST_IMAGE}' must have shape [224, 224, 3]"),
+        (JOINT_POSITION, np.array(["a"] * 7), f"'{JOINT_POSITION}' must be numeric"),
+        (PROMPT, b"bytes", f"'{PROMPT}' must be a string"),
+    ],
+)
 def test_validation_names_the_offending_key(policy, key, value, expected):
     obs = example_observation(0)
     if value is None:

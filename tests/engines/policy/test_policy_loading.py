@@ -63,14 +63,17 @@ def test_entry_point_factory_is_called():
     np.testing.assert_array_equal(result[0]["actions"], [1.0, 2.0])
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    (f"{__name__}:make_incomplete_policy", "lacks PolicyEngine method(s): server_config, validate, infer, reset"),
-    ("no_such_module_for_rtserve:factory", "cannot be imported"),
-    (f"{__name__}:no_such_factory", "cannot be imported"),
-    (f"{__name__}:__doc__", "is not callable"),
-    ("not a policy", "neither 'demo', a TorchScript file, nor 'module:factory'"),
-    ("/nonexistent/policy.pt", "does not exist"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (f"{__name__}:make_incomplete_policy", "lacks PolicyEngine method(s): server_config, validate, infer, reset"),
+        ("no_such_module_for_rtserve:factory", "cannot be imported"),
+        (f"{__name__}:no_such_factory", "cannot be imported"),
+        (f"{__name__}:__doc__", "is not callable"),
+        ("not a policy", "neither 'demo', a TorchScript file, nor 'module:factory'"),
+        ("/nonexistent/policy.pt", "does not exist"),
+    ],
+)
 def test_bad_policy_specs_say_what_is_wrong(spec, message):
     with pytest.raises(PolicyLoadError) as info:
         load_policy(RobotConfig(policy=spec))
@@ -79,11 +82,14 @@ def test_bad_policy_specs_say_what_is_wrong(spec, message):
 
 
 def test_torchscript_policy_runs_one_batched_forward(tmp_path):
-    path = _save_torchscript(tmp_path / "doubler.pt", {
-        "server_config": {"action_space": "joint_position"},
-        "observation": {"observation/state": {"shape": [3]}},
-        "action_key": "actions",
-    })
+    path = _save_torchscript(
+        tmp_path / "doubler.pt",
+        {
+            "server_config": {"action_space": "joint_position"},
+            "observation": {"observation/state": {"shape": [3]}},
+            "action_key": "actions",
+        },
+    )
     policy = load_policy(RobotConfig(policy=path))
     assert policy.server_config()["action_space"] == "joint_position"
     assert policy.server_config()["observation_spec"]["observation/state"]["shape"] == [3]

@@ -1,0 +1,64 @@
+"""``conversation.item.create`` with an ``input_audio`` part on the embedded cascade, through
+the official ``openai`` SDK: the server transcribes the audio with its recognizer and the
+item enters the conversation with that transcript (issue 16)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from tests.web.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION, speech_pcm, words
+from tests.web.test_realtime_sdk import SdkReader
+
+from rtserve.config import ServerConfig
+from tests.web.realtime_support import pcm16_b64, running
+
+pytestmark = pytest.mark.models
+
+
+async def test_input_audio_item_is_transcribed_into_the_conversation(config: ServerConfig) -> None:
+    config.engine = "cascade"
+    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
+        question = await speech_pcm(client, QUESTION)
+        async with client.realtime.connect(model="cascade") as conn:
+            reader = SdkReader(conn, timeout_s=120)
+            await reader.next()
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_audio", "audio": pcm16_b64(question)}],
+                }
+            )
+            added = (await reader.until("conversation.item.added"))["item"]
+    part = added["content"][0]
+    assert part["type"] == "input_audio"
+    assert {"capital", "france"} <= words(part["transcript"])
+
+
+async def test_vllm_transcription_flow_on_the_cascade(config: ServerConfig) -> None:
+    import asyncio
+    import json
+
+    import websockets
+
+    config.engine = "cascade"
+    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
+        question = await speech_pcm(client, QUESTION)
+        async with websockets.connect(base.replace("http://", "ws://") + "/v1/realtime") as ws:
+            await ws.send(json.dumps({"type": "session.update", "model": "whisper"}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": False}))
+            for start in range(0, len(question), 4800):
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": pcm16_b64(question[start : start + 4800])}
+                    )
+                )
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                assert event["type"] != "error", event
+                if event["type"] == "transcription.done":
+                    break
+    assert {"capital", "france"} <= words(event["text"])
