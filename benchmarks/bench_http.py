@@ -12,7 +12,8 @@ waits for ``/health``, warms each route once, then measures with a raw aiohttp c
   request, plus time to first token (median and p95) and the model calls per round (CTranslate2
   batches, more than one means restarts; approximate, since a reply's last token can reach the
   client before its batch is counted), once per LLM setup in CHAT_SETUPS
-  (transformers = before; CTranslate2 with session 24's settings; CTranslate2 now with one decode lane; as configured now),
+  (transformers = before; CTranslate2 with session 24's settings; CTranslate2 now with one
+  decode lane; as configured now),
   each on its own server started one after the other in this run; speech and transcription on
   the default.
 
@@ -204,7 +205,8 @@ async def serve(setup: dict[str, str], measure: bool) -> dict:
     and transcription)."""
     port = free_port()
     env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning", **setup}
-    server = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], cwd=ROOT, env=env)
+    command = [sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: ASYNC220 - starts the server, never waits on it
     base = f"http://127.0.0.1:{port}"
     try:
         timeout = aiohttp.ClientTimeout(total=600)

@@ -217,7 +217,7 @@ async def run_client(
             await asyncio.sleep(0.6)  # let the echo of the last frames arrive
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
-    except Exception as exc:  # recorded, reported as an error count
+    except Exception as exc:  # noqa: BLE001 - any failure is recorded, reported as an error count
         log.error = f"{type(exc).__name__}: {exc}"
 
 
@@ -331,7 +331,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
     try:
         async with aiohttp.ClientSession() as http:
             await server.wait_ready(http, timeout_s=args.ready_timeout)
-            frames = int(round(duration_s / PERIOD_S))
+            frames = round(duration_s / PERIOD_S)
             # Every client sends the same encoded stream (connections are independent; encoding
             # it once keeps the load generator light) at its own phase.
             signal_ = noise(frames * PERIOD_S)
@@ -378,7 +378,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     underruns = int(delta("rtserve_lockstep_underruns_total"))
-    live_ticks = int(round(measured_s / PERIOD_S)) * clients
+    live_ticks = round(measured_s / PERIOD_S) * clients
 
     def quantile_ms(name: str, q: float) -> float:
         return histogram_quantile(before, after, name, q) * 1e3
@@ -492,7 +492,8 @@ def print_table(points: list[Point]) -> None:
         ]
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print(
-        "path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); tick/step: lockstep histograms (bucket-interpolated); "
+        "path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); "
+        "tick/step: lockstep histograms (bucket-interpolated); "
         "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
         "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "
         "skipped: engine tick deadlines given up for being more than the input backlog cap behind; "

@@ -16,6 +16,7 @@ Run on a CUDA machine for the published shape (7B LM in bf16, full Mimi):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -26,13 +27,13 @@ from typing import Any
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would otherwise compile small kernels
 
-import torch  # noqa: E402
-from moshi_build import build, sync  # noqa: E402
+import torch
+from moshi_build import build, sync
 
-from rtserve.engines.moshi.generator import TokenStream  # noqa: E402
-from rtserve.engines.moshi.lm import MoshiLM  # noqa: E402
-from rtserve.engines.moshi.mimi import Mimi  # noqa: E402
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
+from rtserve.engines.moshi.generator import TokenStream
+from rtserve.engines.moshi.lm import MoshiLM
+from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "bench_moshi_engine.json"
 
@@ -123,8 +124,8 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         row: dict[str, Any] = {"batch": batch}
         for name, fn in (
-            ("ours", lambda: time_ours(lm, mimi, batch, args.frames, device)),
-            ("reference", lambda: time_reference(ref_lm, ref_mimi, batch, args.frames, device)),
+            ("ours", functools.partial(time_ours, lm, mimi, batch, args.frames, device)),
+            ("reference", functools.partial(time_reference, ref_lm, ref_mimi, batch, args.frames, device)),
         ):
             try:
                 times = fn()[3:]  # warm-up frames (kernel loads, CUDA-graph capture) excluded
@@ -136,9 +137,8 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     agree = agreement(ref_lm, lm, args.agreement_frames, device, config.card)
-    print(
-        f"moshi engine, shape={shape}, dtype={dtype}, device={torch.cuda.get_device_name() if cuda else platform.processor()}"
-    )
+    device_name = torch.cuda.get_device_name() if cuda else platform.processor()
+    print(f"moshi engine, shape={shape}, dtype={dtype}, device={device_name}")
     print(f"{'B':>4} {'ours ms/frame':>14} {'ref ms/frame':>14} {'ours p95':>10} {'ref p95':>10}")
     for r in rows:
         print(

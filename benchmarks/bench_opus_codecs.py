@@ -27,7 +27,8 @@ GIL, so any moment where A and B both run on a CPU is a moment where A runs with
 GIL. Over wall time W with thread CPU times C_A and C_B, the overlap C_A + C_B - W is the
 time A spent off the GIL, and off-GIL share = (C_A + C_B - W) / C_A. It needs a second free
 core; cores taken by other processes only lower the overlap, never raise it, so the table
-quotes the largest of PROBE_RUNS probes (the least disturbed), and GIL hand-offs cost a little. Calibration rows run the probe on pure Python (expect ~0 %)
+quotes the largest of PROBE_RUNS probes (the least disturbed), and GIL hand-offs cost a little.
+Calibration rows run the probe on pure Python (expect ~0 %)
 and on ``hashlib.sha256`` of 16 MiB buffers (releases the GIL; expect ~100 %) so a reader can
 see the method's floor and ceiling on the machine the table came from. Only GIL releases
 that last longer than the wake-up of another thread count: libopus releases the GIL for
@@ -58,6 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import sphn
@@ -68,7 +70,7 @@ from rtserve.config import MoshiConfig
 
 try:
     import opuslib  # type: ignore[import-untyped]
-except Exception:  # not installed, or libopus0 missing
+except Exception:  # noqa: BLE001 - not installed, or libopus0 missing (opuslib raises a bare Exception)
     opuslib = None
 
 RATE = 24000
@@ -91,7 +93,7 @@ Reader = Callable[[bytes], np.ndarray]
 class _OpuslibEncoder:
     """Drop-in for ``rtserve.codecs.opus.OpusEncoder`` (whole frames only: the bench feeds them)."""
 
-    _APPLICATIONS = {"audio": "audio", "voip": "voip", "lowdelay": "restricted_lowdelay"}
+    _APPLICATIONS: ClassVar[dict[str, str]] = {"audio": "audio", "voip": "voip", "lowdelay": "restricted_lowdelay"}
 
     def __init__(self, rate: int, frame_ms: int, bitrate: int, application: str, complexity: int) -> None:
         self._enc = opuslib.Encoder(rate, 1, self._APPLICATIONS[application])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -188,7 +189,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         for mode, robot_env in modes:
             server = ServerProcess({f"RTSERVE_ROBOT__{k.upper()}": v for k, v in robot_env.items()}, name="bench_robot")
             try:
-                await server.wait_ready(http, timeout_s=120.0, probe=lambda http: _policy_loaded(http, server.base))
+                policy_loaded = functools.partial(_policy_loaded, base=server.base)
+                await server.wait_ready(http, timeout_s=120.0, probe=policy_loaded)
                 for robots in args.robots:
                     point = await _run_point(http, server, mode, robots, args.rate, args.duration, rng)
                     print(f"{mode}: {robots} robots done (rtt p50 {point.rtt_p50_ms:.2f} ms)", flush=True)

@@ -27,7 +27,8 @@ the same loaded machine: when its event loop stalls, the chunks due meanwhile go
 a burst. A lost chunk that left the generator later than the server's input bound
 (``--input-backlog-ms``, the server's ``lockstep.max_input_backlog_ms``) less two frames could
 be pushed out by that bound however well the server kept time: it is counted as lost after a
-load-generator stall, and the generator's own loop stalls and send lag are reported. Every other lost chunk is the server's,
+load-generator stall, and the generator's own loop stalls and send lag are reported. Every
+other lost chunk is the server's,
 and so are its engine counters (input dropped over the bound, output dropped for a slow
 reader) and its event-loop lag (``rtserve_event_loop_lag_seconds``). Only the server's losses
 fail the run.
@@ -154,7 +155,7 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                     await asyncio.sleep(1.0)
                     continue
 
-                async def receive() -> None:
+                async def receive(sent: dict[int, float], echoed: set[int], echo: asyncio.Event) -> None:
                     async for message in ws:
                         if message.type is not aiohttp.WSMsgType.TEXT:
                             break
@@ -171,7 +172,7 @@ async def duplex_session(http: aiohttp.ClientSession, url: str, load: Load, phas
                     if not stop.is_set():
                         load.errors[f"duplex closed by server: {ws.close_code}"] += 1
 
-                receiver = asyncio.create_task(receive())
+                receiver = asyncio.create_task(receive(sent, echoed, echo))
                 seq, due = 0, loop.time() + phase
                 while not stop.is_set() and not receiver.done():
                     await asyncio.sleep(max(0.0, due - loop.time()))

@@ -28,7 +28,7 @@ import aiohttp
 import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_process import ROOT, ServerProcess  # noqa: E402
+from server_process import ROOT, ServerProcess
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "

@@ -159,7 +159,7 @@ async def one_call(
         await stop.wait()
         async with http.post(call_url + "/hangup") as resp:
             await resp.read()
-    except Exception as exc:  # a benchmark reports a failed call instead of stopping
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports a failed call instead of stopping
         log.failed = log.failed or repr(exc)[:200]
     finally:
         await pc.close()
@@ -226,7 +226,7 @@ async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_
         for proc in procs:
             proc.join()
         async with asyncio.timeout(30):  # every call ended before the next step
-            while (await scrape(http, server.base)).get("rtserve_webrtc_calls", 0) > 0:
+            while (await scrape(http, server.base)).get("rtserve_webrtc_calls", 0) > 0:  # noqa: ASYNC110 - polls the server's metrics
                 await asyncio.sleep(0.2)
     logs = [CallLog(**log) for chunk, _ in gathered for log in chunk]
     client_cpu = sum(cpu for _, cpu in gathered)

@@ -11,6 +11,7 @@ JSON to ``benchmarks/results/moshi_breakdown.json``. Same random 7B weights as
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -19,11 +20,11 @@ from typing import Any
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
-import torch  # noqa: E402
-from moshi_build import build, module_bytes, prefill_ours, set_ours_ring, share_weights  # noqa: E402
+import torch
+from moshi_build import build, module_bytes, prefill_ours, set_ours_ring, share_weights
 
-from rtserve.engines.moshi.frame_step import FrameStep  # noqa: E402
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler  # noqa: E402
+from rtserve.engines.moshi.frame_step import FrameStep
+from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "moshi_breakdown.json"
 
@@ -74,10 +75,11 @@ def main() -> None:
             span = next((s for s in frame.spans if s > fill), frame.spans[-1])
             lm.transformer.span = span
             row: dict[str, Any] = {"batch": batch, "fill": fill, "span": span}
-            row["mimi_encode_ms"] = graph_ms(lambda: mimi.encode(frame.pcm))
-            row["temporal_ms"] = graph_ms(lambda: lm.temporal(x))
-            row["lm_step_ms"] = graph_ms(lambda: frame.stream.step(codes[:, : config.user_codebooks], frame.overrides))
-            row["mimi_decode_ms"] = graph_ms(lambda: mimi.decode(codes))
+            row["mimi_encode_ms"] = graph_ms(functools.partial(mimi.encode, frame.pcm))
+            row["temporal_ms"] = graph_ms(functools.partial(lm.temporal, x))
+            user_codes = codes[:, : config.user_codebooks]
+            row["lm_step_ms"] = graph_ms(functools.partial(frame.stream.step, user_codes, frame.overrides))
+            row["mimi_decode_ms"] = graph_ms(functools.partial(mimi.decode, codes))
             lm.transformer.span = None
             row["depformer_and_sampling_ms"] = row["lm_step_ms"] - row["temporal_ms"]
             moved = temporal_weights + batch * span * kv_frame

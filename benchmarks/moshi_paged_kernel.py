@@ -1,13 +1,14 @@
 """One temporal attention layer at the 7B shape (32 heads x 128): bf16 SDPA over a ring span
 (what the bf16 engine runs) against the paged int8 Triton kernel, per variant (ring slots
-per program, warps, slots per loop step, pipeline stages), at B rows of ``fill`` frames. Prints ms and the achieved rate over the
-bytes each must read (bf16: 2 B per K/V element; int8: 1 B plus a 4 B scale per frame and
-head); JSON to ``benchmarks/results/moshi_paged_kernel.json``. CUDA only.
+per program, warps, slots per loop step, pipeline stages), at B rows of ``fill`` frames.
+Prints ms and the achieved rate over the bytes each must read (bf16: 2 B per K/V element;
+int8: 1 B plus a 4 B scale per frame and head); JSON to ``benchmarks/results/moshi_paged_kernel.json``. CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def main() -> None:
         plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor, dtype=q.dtype)
         want = F.scaled_dot_product_attention(q, keys, values, plan.mask)
         ms = triton.testing.do_bench(
-            lambda: F.scaled_dot_product_attention(q, keys, values, plan.mask), return_mode="median"
+            functools.partial(F.scaled_dot_product_attention, q, keys, values, plan.mask), return_mode="median"
         )
         bf16_bytes = batch * HEADS * span * 2 * DIM * 2
         row["bf16_sdpa"] = {"ms": ms, "tb_s": bf16_bytes / ms / 1e9}
@@ -70,9 +71,8 @@ def main() -> None:
             options = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
             got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)
             err = float((got.float() - want.float()).norm() / want.float().norm())
-            ms = triton.testing.do_bench(
-                lambda: paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options), return_mode="median"
-            )
+            decode = functools.partial(paged_decode, q, cache, offset, floor, span, capacity, CONTEXT, **options)
+            ms = triton.testing.do_bench(decode, return_mode="median")
             row[variant] = {"ms": ms, "tb_s": int8_bytes / ms / 1e9, "rel_err_vs_sdpa": err}
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -40,7 +40,8 @@ class ServerProcess:
     ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix=f"{name}_server_", suffix=".log", delete=False)
+        # Open for the server's whole life (closed in stop()): no context manager fits.
+        self._log = tempfile.NamedTemporaryFile(prefix=f"{name}_server_", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -74,7 +75,8 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{Path(self._log.name).read_text()[-3000:]}")
+                log_text = await asyncio.to_thread(Path(self._log.name).read_text)
+                raise RuntimeError(f"server exited early:\n{log_text[-3000:]}")
             try:
                 if await probe(http):
                     return
