@@ -9,11 +9,11 @@ import json
 import jsonschema
 import openai
 import pytest
-from tests.web.test_function_calling import QUESTION, REALTIME_TOOL, WEATHER_SCHEMA
-from tests.web.test_realtime_sdk import SdkReader
 from vllm_lane_support import VllmServer, vllm_requests
 
 from rtserve.config import ServerConfig
+from tests.web.http.test_function_calling import QUESTION, REALTIME_TOOL, WEATHER_SCHEMA
+from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import running
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]

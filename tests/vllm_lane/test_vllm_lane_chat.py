@@ -16,12 +16,12 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
-from tests.web.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 from vllm_lane_support import VllmServer, vllm_metrics
 
 from rtserve.config import ServerConfig
 from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
+from tests.web.http.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 from tests.web.realtime_support import running
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from tests.web.test_browser_page import open_page
 
 from rtserve.config import ServerConfig
+from tests.web.browser.test_browser_page import open_page
 from tests.web.browser_support import chromium, needs_chromium, until
 from tests.web.realtime_support import running
 from tests.web.webrtc_support import webrtc_config
@@ -29,9 +29,12 @@ SILENCE_S = 150  # after the question, before the fake microphone asks it again 
 async def question_wav(base: str, path: Path) -> Path:
     """The question in the server's own voice, then silence (Chromium loops the file: the
     silence lets server VAD end the turn and the answer play before it is asked again)."""
-    async with aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/audio/speech", json={"model": "tts-1", "input": QUESTION, "response_format": "pcm"}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{base}/v1/audio/speech", json={"model": "tts-1", "input": QUESTION, "response_format": "pcm"}
+        ) as resp,
+    ):
         assert resp.status == 200
         speech = np.frombuffer(await resp.read(), dtype="<i2")
     padded = np.concatenate([np.zeros(12000, np.int16), speech, np.zeros(24000 * SILENCE_S, np.int16)])

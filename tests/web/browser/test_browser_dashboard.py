@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.web.test_browser_page import open_page
 
 from rtserve.config import ServerConfig
+from tests.web.browser.test_browser_page import open_page
 from tests.web.browser_support import chromium, console_errors, needs_chromium, tiny_config, until, write_voice_wav
 from tests.web.realtime_support import loopback_config, running
 from tests.web.webrtc_support import webrtc_config

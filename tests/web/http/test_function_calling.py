@@ -20,12 +20,12 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
-from tests.web.test_realtime_sdk import SdkReader
 
 from rtserve.app import build_app
 from rtserve.config import load_config
 from tests.support import serve_app
 from tests.web.http_support import sdk, serve_doubles
+from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import loopback_config, receive_event, running, ws_url
 
 WEATHER_SCHEMA = {

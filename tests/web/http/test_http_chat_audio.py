@@ -120,8 +120,7 @@ async def test_streamed_audio_reply_sends_transcript_then_pcm16(config: ServerCo
 
 @pytest.mark.models
 async def test_spoken_question_gets_a_spoken_answer_on_the_cascade(config: ServerConfig) -> None:
-    from tests.web.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION
-
+    from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION
     from tests.web.realtime_support import running
 
     config.engine = "cascade"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 
 import aiohttp
-from tests.web.test_http_speech import decode, dominant_hz
 
+from tests.web.http.test_http_speech import decode, dominant_hz
 from tests.web.http_support import ToneTTSDouble, serve_doubles
 
 
@@ -21,9 +21,13 @@ async def test_items_are_spoken_in_order_with_per_item_errors(config):
         {"input": "x " * 30},
         {"input": "seven", "response_format": "flac", "speed": 2.0},
     ]
-    async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/audio/speech/batch", json={"items": items, "voice": "low", "response_format": "wav"}
-    ) as resp:
+    async with (
+        serve_doubles(config) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{base}/v1/audio/speech/batch", json={"items": items, "voice": "low", "response_format": "wav"}
+        ) as resp,
+    ):
         assert resp.status == 200
         body = await resp.json()
     assert body["id"].startswith("speechbatch-")

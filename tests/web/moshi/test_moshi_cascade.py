@@ -11,10 +11,10 @@ import numpy as np
 import openai
 import pytest
 import sphn
-from tests.web.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION, speech_pcm
 
 from rtserve.config import ServerConfig
 from tests.web.moshi_support import FRAME, RATE, MoshiClient
+from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION, speech_pcm
 from tests.web.realtime_support import running
 
 pytestmark = pytest.mark.models

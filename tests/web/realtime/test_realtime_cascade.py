@@ -13,9 +13,9 @@ import aiohttp
 import numpy as np
 import openai
 import pytest
-from tests.web.test_realtime_sdk import SdkReader
 
 from rtserve.config import ServerConfig
+from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import audio_of, pcm16_b64, running
 
 pytestmark = pytest.mark.models

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import openai
 import pytest
-from tests.web.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION, speech_pcm, words
-from tests.web.test_realtime_sdk import SdkReader
 
 from rtserve.config import ServerConfig
+from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, QUESTION, speech_pcm, words
+from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import pcm16_b64, running
 
 pytestmark = pytest.mark.models

@@ -11,9 +11,9 @@ import time
 
 import aiohttp
 import pytest
-from tests.web.test_realtime_session_bounds import add_item
 
 from rtserve.config import ServerConfig
+from tests.web.realtime.test_realtime_session_bounds import add_item
 from tests.web.realtime_support import read_until, receive_event, running, ws_url
 
 pytestmark = pytest.mark.models

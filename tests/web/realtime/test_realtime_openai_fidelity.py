@@ -17,7 +17,6 @@ import numpy as np
 import openai
 import pytest
 import websockets
-from tests.web.test_realtime_sdk import SdkReader
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
@@ -25,6 +24,7 @@ from rtserve.engines.cascade.turn_detection import TurnDetector
 from rtserve.engines.protocols import TurnDetection
 from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSession
 from tests.support import serve_app
+from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import HANG_GUARD_S, pcm16_b64
 
 RATE = 24_000

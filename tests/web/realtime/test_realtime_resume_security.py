@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from tests.web.test_realtime_duplex import echoed_tags
 
 from rtserve.config import ServerConfig
+from tests.web.realtime.test_realtime_duplex import echoed_tags
 from tests.web.realtime_support import (
     loopback_config,
     pcm16_b64,

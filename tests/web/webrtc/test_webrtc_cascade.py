@@ -11,7 +11,10 @@ import asyncio
 import numpy as np
 import openai
 import pytest
-from tests.web.test_realtime_cascade import (
+
+from rtserve.codecs.resample import resample
+from rtserve.config import ServerConfig
+from tests.web.realtime.test_realtime_cascade import (
     CONVERSATION_TIMEOUT_S,
     EVENT_TIMEOUT_S,
     LOAD_TIMEOUT_S,
@@ -21,9 +24,6 @@ from tests.web.test_realtime_cascade import (
     speech_pcm,
     words,
 )
-
-from rtserve.codecs.resample import resample
-from rtserve.config import ServerConfig
 from tests.web.realtime_support import running
 from tests.web.webrtc_support import RATE, Caller, webrtc_config
 

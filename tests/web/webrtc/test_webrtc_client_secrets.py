@@ -10,13 +10,13 @@ import time
 import aiohttp
 import openai
 import pytest
-from tests.web.test_webrtc_calls import sdk
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.web.webrtc.routes import SECRETS
 from tests.support import serve_app
 from tests.web.realtime_support import HANG_GUARD_S, loopback_config
+from tests.web.webrtc.test_webrtc_calls import sdk
 from tests.web.webrtc_support import Caller, webrtc_config
 
 SERVER_KEY = "sk-server-only"
