@@ -1,5 +1,5 @@
 """Moshi engine vs the reference ``moshi`` package: per-frame step time at batch B, side by side,
-plus a greedy token-agreement check over 100 frames (design.md "GPU engines").
+plus a greedy token-agreement check over 100 frames (docs/design.md#gpu-engines).
 
 Both sides get the same random weights (no download): the reference modules are built
 with random init, and ours load their state dicts through the same Kyutai-name mapping

@@ -1,5 +1,5 @@
 """Virtual clocks for tests: time moves only when a test says so, so timers, TTLs and
-tick pacing are tested without sleeping (design.md, "Processes, threads and time")."""
+tick pacing are tested without sleeping (docs/design.md#processes-threads-and-time)."""
 
 from __future__ import annotations
 

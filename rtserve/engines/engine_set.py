@@ -93,7 +93,7 @@ class EngineSet:
             await asyncio.to_thread(self.policy_batcher.stop)
         await self.session_engine.stop()
 
-    # ------------------------------------------------------------------ sleep mode (serving.md §3.10)
+    # ------------------------------------------------------------------ sleep mode (docs/serving.md#sleep-mode)
 
     @property
     def sleeping(self) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Input backpressure in front of a session's mailbox (duplex.md §3.3).
+"""Input backpressure in front of a session's mailbox (docs/sessions.md#input-backpressure).
 
 An ``AppendAudio`` reserves its bytes and a ``Commit`` one pending turn when admitted;
 the runner releases the reservation when it dequeues the command. Checks are inclusive:

@@ -1,4 +1,4 @@
-"""The bounded per-session output buffer (duplex.md §3.4).
+"""The bounded per-session output buffer (docs/sessions.md#output-buffer).
 
 Accounting is on the wire: each event is rendered once, at ``put``, by the session's
 projection, and ``pending_bytes`` is the UTF-8 length of that compact JSON (base64

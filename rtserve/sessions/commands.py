@@ -29,7 +29,8 @@ class AppendAudio(Command):
 
     @property
     def input_bytes(self) -> int:
-        """What input backpressure reserves: audio bytes plus base64 video-frame bytes (§3.3)."""
+        """What input backpressure reserves: audio bytes plus base64 video-frame bytes
+        (docs/sessions.md#input-backpressure)."""
         return int(self.audio.nbytes) + sum(len(frame) for frame in self.video_frames)
 
 
@@ -95,7 +96,7 @@ class Heartbeat(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class PlaybackAck(Command):
-    """Client playback progress of one response (duplex.md §2.5, U.1 ``playback.ack``)."""
+    """Client playback progress of one response (``playback.ack``, docs/sessions.md#playback-acknowledgement)."""
 
     response_id: str
     played_ms: int

@@ -1,4 +1,4 @@
-"""Conversation history of one session, with playback-aligned commits (duplex.md §2.5).
+"""Conversation history of one session, with playback-aligned commits (docs/sessions.md#playback-acknowledgement).
 
 Items keep their position from the moment they are created. What an assistant item
 contributes to history (``committed_text``) follows what the client actually heard:

@@ -1,5 +1,5 @@
 """Identifiers the session core allocates. Session ids are server-owned and never reused
-(duplex.md U.2) unless a duplex client names its session (``?session_id=``, checked by
+(docs/sessions.md#session-ids) unless a duplex client names its session (``?session_id=``, checked by
 ``web/realtime/connect_query``; unique among the sessions one manager holds at once); event ids only need to be unique within this process, so they come from
 a counter behind a random per-process prefix instead of a uuid per event."""
 
@@ -28,7 +28,7 @@ def new_item_id() -> str:
 
 
 def item_id_for_response(response_id: str) -> str:
-    """The assistant item of a response is named after it (duplex.md U.1)."""
+    """The assistant item of a response is named after it (docs/sessions.md#duplex-extensions)."""
     return f"item_{response_id}"
 
 

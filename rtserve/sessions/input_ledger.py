@@ -2,7 +2,7 @@
 is building, the turn count, and committed turns still waiting for their final transcript.
 
 Plain bookkeeping, kept apart so responses can ask "is a transcript still pending?"
-without knowing how turns are committed (duplex.md §2.4).
+without knowing how turns are committed (docs/sessions.md#responses-and-epochs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The app's one codec executor: a bounded thread pool for codec work that would stall the loop.
 
-design.md: nothing blocking runs on the event loop; codec work over ~1 ms goes to the
+docs/design.md#nothing-blocks-the-event-loop: nothing blocking runs on the event loop; codec work over ~1 ms goes to the
 worker's one codec executor. Every route sends such work here (Ogg-Opus pages, speech
 encoding, upload decoding, parsing of large frames), so ``transport.codec_threads`` bounds
 the CPU codecs take, whatever the mix of protocols.

@@ -5,7 +5,7 @@ Every WebSocket route registers its socket here for the life of its handler, so 
 * app shutdown closes each socket with 1001 and waits (bounded) for its handler to finish
   (releasing engine slots, policy sessions), then cancels the stragglers;
 * an unexpected error ends that one connection only: logged, the client gets 1011, every
-  other connection keeps serving (design.md: bad input never kills another session).
+  other connection keeps serving (docs/design.md#failure-isolation).
 """
 
 from __future__ import annotations

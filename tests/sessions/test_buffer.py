@@ -1,4 +1,4 @@
-"""The bounded output buffer, exactly per duplex.md §3.4 (test list §7.1)."""
+"""The bounded output buffer, exactly per docs/sessions.md#output-buffer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stateful property test of the output buffer against a plain model of §3.4.
+"""Stateful property test of the output buffer against a plain model of docs/sessions.md#output-buffer.
 
 Invariants checked after every step: never over budget (ordinary events within the
 main budget, reserve-eligible within main + reserve), counters equal the model, FIFO

@@ -1,4 +1,4 @@
-"""Continuous (lockstep) sessions: one eternal response (duplex.md §2.4, §2.8, §1.3.4)."""
+"""Continuous (lockstep) sessions: one eternal response (docs/sessions.md#lockstep-sessions)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """SessionManager behaviour: admission, dispatch, close paths, reaper, shutdown
-(duplex.md §2.2-§2.7, §3.3, §3.6; test list §7.2)."""
+(docs/sessions.md#lifecycle, docs/sessions.md#input-backpressure, docs/sessions.md#reaper)."""
 
 from __future__ import annotations
 

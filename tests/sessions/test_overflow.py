@@ -1,4 +1,4 @@
-"""The per-session output-overflow policy (duplex.md §3.5, test list §7.2 #33-#34)."""
+"""The per-session output-overflow policy (docs/sessions.md#overflow-policy)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Detach, resume, takeover and replay (duplex.md §2.6, U.1/U.2; test list §7.2 #12, #32)."""
+"""Detach, resume, takeover and replay (docs/sessions.md#resume, docs/sessions.md#journal)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The per-session runner: responses, epochs, barge-in, VAD turns, transcripts
-(duplex.md §2.3-§2.5, §3.2; test list §7.3)."""
+(docs/sessions.md#runner, docs/sessions.md#command-dispatch)."""
 
 from __future__ import annotations
 
@@ -476,7 +476,7 @@ async def test_clear_input_and_clear_output(engine, make_manager) -> None:
 
 
 async def test_control_signals_report_their_effect_when_asked(engine, make_manager) -> None:
-    """``runtime.control`` (duplex.md U.1): with ``emit_control_results`` every control signal
+    """``runtime.control`` (docs/sessions.md#duplex-extensions): with ``emit_control_results`` every control signal
     says what it did; a turn engine honours a cancel in full."""
     _, handle, session = await open_session(make_manager, engine, SessionConfig(emit_control_results=True))
     response_id = await start_response(handle, session)

@@ -1,4 +1,4 @@
-"""``MoshiFrameModel``: the Moshi/PersonaPlex model as a lockstep ``FrameModel`` (engine.md §8.1, §8.7).
+"""``MoshiFrameModel``: the Moshi/PersonaPlex model as a lockstep ``FrameModel`` (docs/engines.md#moshi-engine).
 
 One ``step`` = one 80 ms tick for all B slots: Mimi-encode every row's user frame, one
 temporal step + ``dep_q`` depformer steps, Mimi-decode every row's agent frame. Idle and

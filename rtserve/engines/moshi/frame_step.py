@@ -1,5 +1,5 @@
 """The whole per-frame computation for B slots (Mimi encode -> temporal + depformer step ->
-Mimi decode) as one callable, replayed as one CUDA graph on a GPU (engine.md §8.1).
+Mimi decode) as one callable, replayed as one CUDA graph on a GPU (docs/engines.md#one-graph-per-frame).
 
 Why one graph: at the 7B shape one frame is a few thousand small kernels (32 temporal
 layers, ``dep_q`` x 6 depformer layers, the SEANet codec); launched one by one from Python

@@ -3,7 +3,7 @@
 In eager PyTorch an fp32 RMSNorm is ~8 kernels, interleaved RoPE on queries and keys ~20,
 the gated SiLU 2 and a sampling draw ~25 (the counter hash, the race). At the 7B shape that
 is thousands of tiny kernels per frame, and even replayed from a CUDA graph each costs a
-launch and a round trip of its operands through memory (moshi_speed.md, "v5"). Inductor
+launch and a round trip of its operands through memory (benchmarks/notes/moshi_speed.md, "v5"). Inductor
 (``torch.compile``) turns each function decorated with ``fused`` (those below, the summed token
 embeddings in ``lm.py``, the sampling draw in ``sampling.py``) into one or a few Triton kernels
 with the same math and the same fp32 accumulation; only the order of the terms of a reduction

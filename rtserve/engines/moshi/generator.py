@@ -1,4 +1,4 @@
-"""The Moshi per-frame token layout: delays, the token ring, teacher forcing (engine.md §8.1-8.2).
+"""The Moshi per-frame token layout: delays, the token ring, teacher forcing (docs/engines.md#token-layout).
 
 Each frame is one column of ``K = 1 + n_q`` tokens: row 0 the inner-monologue text, rows
 ``1..dep_q`` the agent's audio codebooks, the rest the user's. Codebook ``k`` is shifted

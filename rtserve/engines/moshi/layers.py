@@ -1,6 +1,6 @@
 """Transformer building blocks shared by the temporal transformer, the depformer and Mimi.
 
-Numerics follow the published Moshi recipe (engine.md §8.1): RMSNorm computed in fp32,
+Numerics follow the published Moshi recipe (docs/engines.md#numerics-and-parity): RMSNorm computed in fp32,
 interleaved RoPE computed in fp32, gated SiLU MLP, causal attention over a ring KV cache.
 The order of floating-point operations is kept the same as the reference so that greedy
 decoding agrees token for token in fp32 (the parity gate).

@@ -1,5 +1,5 @@
 """The Moshi RQ-Transformer: token embeddings, the temporal transformer, the depformer and
-the output heads (engine.md §8.1).
+the output heads (docs/engines.md#token-layout).
 
 Per 80 ms frame the temporal transformer sees one column of ``1 + n_q`` tokens (text,
 agent audio, user audio), summed as embeddings, and predicts the text token; the

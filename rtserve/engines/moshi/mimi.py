@@ -1,4 +1,4 @@
-"""Streaming Mimi codec, batched over slots with per-row reset (engine.md §8.1-8.2).
+"""Streaming Mimi codec, batched over slots with per-row reset (docs/engines.md#mimi).
 
 24 kHz mono in, 12.5 Hz frames of ``n`` RVQ codes out, and back. One 1920-sample frame
 goes through the SEANet encoder (hop 960 -> two 25 Hz latents), a causal transformer, a

@@ -26,7 +26,7 @@ NO_WINDOW = 2**62
 
 # Ring slots one program reads (split-K / flash-decoding: more programs in flight than
 # rows x heads alone give); a second kernel merges the splits' partial softmaxes.
-# Measured on an H200 (benchmarks/moshi_paged_kernel.py, notes/moshi_speed.md): one warp per
+# Measured on an H200 (benchmarks/moshi_paged_kernel.py, benchmarks/notes/moshi_speed.md): one warp per
 # program and 32-slot steps read int8 KV at ~3.2-3.5 TB/s; more warps or tensor-core dots were slower.
 DEFAULT_CHUNK = 512
 DEFAULT_WARPS = 1

@@ -3,7 +3,7 @@
 Greedy rows take the argmax (what the parity gates pin). Sampling rows draw by an
 exponential race whose noise is a counter-based hash of (slot seed, draw count, token
 rank): one slot's draws never depend on how many other slots are live or what they drew
-(isolation, design.md "Frame engine"), and the whole batch samples in a fixed sequence of
+(isolation, docs/engines.md#isolation), and the whole batch samples in a fixed sequence of
 kernels with no host sync, so the step can be replayed as a CUDA graph (``FrameStep``).
 Per-slot settings live in ``[B]`` tensors written when a slot opens.
 """

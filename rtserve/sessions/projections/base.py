@@ -26,7 +26,7 @@ _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def compact_json(obj: Any) -> str:
-    """JSON with ``,``/``:`` separators and no ASCII escaping (duplex.md §3.4)."""
+    """JSON with ``,``/``:`` separators and no ASCII escaping (docs/sessions.md#output-buffer)."""
     return _encoder.encode(obj)
 
 

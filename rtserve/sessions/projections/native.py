@@ -1,4 +1,4 @@
-"""The native ``/v1/duplex`` dialect (duplex.md §1.4): each typed event serialised flat.
+"""The native ``/v1/duplex`` dialect (docs/sessions.md#dialects-and-fallback): each typed event serialised flat.
 
 Every event is ``{"type", "event_id", "session_id", "epoch", ...its own fields}`` with
 the native names below. Audio deltas carry base64 ``audio`` in the session's ``format``

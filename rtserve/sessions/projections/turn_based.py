@@ -1,5 +1,5 @@
 """Turn-based OpenAI Realtime: ``/v1/realtime`` without ``?duplex=1``, or with it while
-duplex sessions are switched off (duplex.md §1.2)."""
+duplex sessions are switched off (docs/sessions.md#dialects-and-fallback)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``WS /api/chat``: the Moshi / PersonaPlex binary protocol (duplex.md §1.6, peers.md §1a, §2).
+"""``WS /api/chat``: the Moshi / PersonaPlex binary protocol (docs/peers.md#moshi, docs/peers.md#personaplex).
 
 Every binary message starts with a tag byte:
 
@@ -74,8 +74,9 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
             async def send_frame(frame: AgentFrame) -> None:
                 if frame.pcm.size:
-                    # One engine frame encodes in ~0.1-0.3 ms (under design.md's ~1 ms bar for the
-                    # codec executor): on the loop it saves two thread hops and GIL hand-offs a frame.
+                    # One engine frame encodes in ~0.1-0.3 ms (under the ~1 ms bar for the codec executor,
+                    # docs/design.md#nothing-blocks-the-event-loop): on the loop it saves two thread hops and
+                    # GIL hand-offs a frame.
                     pages = writer.write(frame.pcm)
                     if pages:
                         await ws.send_bytes(bytes((TAG_AUDIO,)) + pages)
@@ -96,7 +97,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
 
 async def _receive_audio(
     ws: web.WebSocketResponse,
-    transport: asyncio.BaseTransport | None,
+    transport: asyncio.Transport | None,
     service: MoshiService,
     codecs: CodecExecutor,
     conversation: Conversation,

@@ -1,6 +1,6 @@
 """Persona / voice / seed / sampling from a Moshi-style client into a ``SlotPrompt``.
 
-Names as PersonaPlex's server and web client use them (peers.md §2): ``text_prompt``,
+Names as PersonaPlex's server and web client use them (docs/peers.md#personaplex): ``text_prompt``,
 ``voice_prompt``, ``seed`` (-1 = unseeded), ``text_temperature``, ``text_topk``,
 ``audio_temperature``, ``audio_topk``. Parameters we do not implement (``pad_mult``,
 ``repetition_penalty``, ...) are ignored, as unknown query parameters are.
@@ -8,7 +8,7 @@ Names as PersonaPlex's server and web client use them (peers.md §2): ``text_pro
 Voice names come straight from the network, so they are resolved strictly inside
 ``models.voice_prompt_dir``: no absolute paths, no ``..``, and a symlink that points
 outside the directory is refused like any unknown name (PersonaPlex joins the name to
-its directory unsanitised; peers.md §2).
+its directory unsanitised; docs/peers.md#personaplex).
 
 PersonaPlex's web UI always sends one of its stock voices (``voice_prompt=NATF2.pt`` by
 default). On a server without ``models.voice_prompt_dir`` (the embedded cascade, a Moshi

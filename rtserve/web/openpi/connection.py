@@ -1,5 +1,5 @@
 """``WS /v1/realtime/robot/openpi`` (and WebSocket upgrades at ``/``): openpi-compatible
-robot policy serving (serving.md §4.5).
+robot policy serving (docs/serving.md#robot-policy).
 
 Protocol (binary MessagePack frames, numpy markers: see ``wire``):
 
@@ -156,7 +156,8 @@ class OpenPIConnection:
             self._session_fresh = True
 
     async def _infer(self, request: OpenPIRequest, received_at: float) -> None:
-        self._enter_session(request.session_id or self._session or _DEFAULT_SESSION)
+        session_id = request.session_id or self._session or _DEFAULT_SESSION
+        self._enter_session(session_id)
         observation = request.observation
         try:
             self._batcher.policy.validate(observation)
@@ -168,7 +169,7 @@ class OpenPIConnection:
             await self._send_error(PolicyInferenceError("policy failed"))
             return
         policy_request = PolicyRequest(
-            self._policy_key(self._session), observation, reset=self._session_fresh, seed=request.seed
+            self._policy_key(session_id), observation, reset=self._session_fresh, seed=request.seed
         )
         try:
             result = await self._batcher.infer(policy_request)

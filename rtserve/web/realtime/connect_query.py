@@ -1,5 +1,5 @@
 """What a realtime connection's URL asks of its session: ``session_id`` and ``resume``
-(vLLM-Omni, duplex.md §1.3.1, U.1; read once, at the upgrade).
+(vLLM-Omni, docs/sessions.md#connection-url; read once, at the upgrade).
 
 * ``?session_id=<id>`` names the session the connection opens, on connect or at its
   first ``session.update`` (the PersonaPlex e2e driver's ``autostart=0&session_id=...``

@@ -1,6 +1,6 @@
 """Slot isolation with a real batched neural step (the tiny torch GRU model).
 
-Scenario of engine.md §8.1 scaled to CPU: B=4, every slot fed its own sine
+Scenario of docs/engines.md#isolation scaled to CPU: B=4, every slot fed its own sine
 (0.12 amplitude at 180 + 90*slot Hz), slot 1 recycled at tick 10, 40 ticks compared.
 Run on the CPU and, where one is present, on a CUDA device (``gpu`` marker).
 """

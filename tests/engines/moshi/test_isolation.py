@@ -1,5 +1,5 @@
 """Slot isolation: recycling one slot leaves every other slot's output bit-identical
-(engine.md §8.1 isolation guarantees), with greedy and with per-slot seeded sampling."""
+(docs/engines.md#isolation), with greedy and with per-slot seeded sampling."""
 
 from __future__ import annotations
 

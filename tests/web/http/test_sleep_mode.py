@@ -1,4 +1,4 @@
-"""``POST /v1/omni/sleep`` / ``/v1/omni/wakeup`` (serving.md §3.10, §7.2) over a real socket.
+"""``POST /v1/omni/sleep`` / ``/v1/omni/wakeup`` (docs/serving.md#sleep-mode) over a real socket.
 
 The engine double's stages hold a 64 MiB weight array each: release drops it, restore
 allocates it again, so the freed/restored bytes the routes report are the process's real

@@ -65,7 +65,8 @@ async def test_without_duplex_sessions_realtime_falls_back_and_duplex_route_refu
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as ws:
             created = await receive_event(ws)
-            assert "capabilities" not in created["session"]  # silently turn-based (duplex.md §1.2)
+            # silently turn-based (docs/sessions.md#dialects-and-fallback)
+            assert "capabilities" not in created["session"]
             assert (await receive_event(ws))["type"] == "conversation.created"
         async with http.ws_connect(ws_url(base, "/v1/duplex")) as ws:
             refused = await receive_event(ws)

@@ -26,7 +26,7 @@ from tests.web.realtime_support import (
 )
 
 SEED_TABLE = [
-    # (frame, error field compared, expected value, message must contain) — serving.md §4.3
+    # (frame, error field compared, expected value, message must contain) — docs/serving.md#errors
     ("{not-json", "code", "invalid_event", "Invalid or unrecognized client event"),
     ({"type": "session.update"}, "code", "invalid_event", "Invalid or unrecognized client event"),
     ({"type": "session.update", "session": []}, "code", "invalid_event", "Invalid or unrecognized client event"),
