@@ -22,7 +22,7 @@ class _Section(BaseModel):
 
 
 class SessionLimits(_Section):
-    """Per-session and per-server limits of the session core (spec duplex.md §3, §5, U.2)."""
+    """Per-session and per-server limits of the session core (docs/sessions.md#concurrency)."""
 
     max_sessions: int = Field(64, ge=1, description="live sessions admitted at once; beyond -> resource_exhausted")
     idle_ttl_s: float | None = Field(300.0, gt=0, description="expire a session idle this long; null disables")
@@ -147,7 +147,7 @@ class TransportLimits(_Section):
 
 
 class LockstepConfig(_Section):
-    """The lockstep frame scheduler (engine.md §8.1, §8.7)."""
+    """The lockstep frame scheduler (docs/engines.md#lockstep-slot-table)."""
 
     batch_size: int = Field(64, ge=1, description="slots = sessions stepped together")
     max_input_backlog_ms: float = Field(
@@ -218,7 +218,7 @@ class ReferenceEngineConfig(_Section):
 
 
 class RobotConfig(_Section):
-    """Robot policy route (serving.md §4.5)."""
+    """Robot policy route (docs/serving.md#robot-policy)."""
 
     policy: str = Field(
         "demo",
@@ -237,7 +237,7 @@ class RobotConfig(_Section):
 
 
 class MoshiConfig(_Section):
-    """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (duplex.md §1.6, §1.7)."""
+    """Moshi/PersonaPlex-compatible routes ``/api/chat`` and ``/v1/audio/duplex`` (docs/serving.md#moshi-routes)."""
 
     flush_timeout_s: float = Field(
         5.0,
@@ -290,7 +290,7 @@ class MoshiConfig(_Section):
 
 
 class MoshiEngineConfig(_Section):
-    """The native Moshi / PersonaPlex engine (``--engine moshi``; engine.md §8.1). Local files only."""
+    """The native Moshi / PersonaPlex engine (``--engine moshi``; docs/engines.md#moshi-engine). Local files only."""
 
     weights: str | None = Field(
         None,
@@ -544,7 +544,7 @@ OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
 
 
 class HttpGenerationConfig(_Section):
-    """Batch/streaming HTTP generation routes: chat, speech, transcriptions (serving.md §3)."""
+    """Batch/streaming HTTP generation routes: chat, speech, transcriptions (docs/serving.md)."""
 
     text_engine: Literal["session", "vllm"] = Field(
         "session", description="LLM behind /v1/chat/completions: the session engine's own, or vLLM"
@@ -608,7 +608,7 @@ class EngineLinkConfig(_Section):
 
 
 class SpeechStreamConfig(_Section):
-    """``WS /v1/audio/speech/stream``: streamed text in, speech out (serving.md §4.1, App. A)."""
+    """``WS /v1/audio/speech/stream``: streamed text in, speech out (docs/serving.md#streaming-speech)."""
 
     max_connections: int = Field(64, ge=1, description="open streaming-speech sockets; beyond -> refused (1013)")
     max_event_bytes: int = Field(64 * 1024, ge=1024, description="one client text event; larger -> close 1009")

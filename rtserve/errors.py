@@ -1,6 +1,6 @@
 """One error base for every layer, and the one catalogue of stable error codes.
 
-Every error a client can see (serving.md §4.3, duplex.md §6) is an ``RtserveError``: a
+Every error a client can see (docs/serving.md#errors, docs/sessions.md#session-errors) is an ``RtserveError``: a
 short human ``message`` with no internal detail, a stable machine-readable ``code`` and,
 where one field is at fault, the ``param`` naming it. Layers subclass it (``CodecError``,
 ``EngineError``, ``SessionError``, the transports' wire errors) and set a class-level
@@ -18,7 +18,7 @@ SESSION_RESUME_CONFLICT = "session_resume_conflict"
 SHUTTING_DOWN = "server_shutting_down"
 SESSION_NOT_OPEN = "session_not_open"
 SESSION_ALREADY_OPEN = "session_already_open"
-SESSION_EXISTS = "session_exists"  # ?session_id= names a session that is still held (duplex.md §6.2)
+SESSION_EXISTS = "session_exists"  # ?session_id= names a session that is still held (docs/sessions.md#connection-url)
 # Input
 INPUT_BACKPRESSURE = "input_backpressure"
 INPUT_BUFFER_EMPTY = "input_audio_buffer_commit_empty"

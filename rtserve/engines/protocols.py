@@ -1,6 +1,6 @@
 """The seam every layer builds against: engine protocols and what flows across them.
 
-Three families (design.md, "Engine protocols"):
+Three families (docs/design.md#engine-protocols):
 
 * ``FrameModel`` — a lockstep model stepped by the engine thread: one batched
   ``step`` advances every live slot by exactly one frame.
@@ -66,7 +66,7 @@ class EngineCapabilities:
             "supports_server_vad": self.supports_server_vad,
             "modalities": list(self.modalities),
             "supports_tools": self.supports_tools,
-            # The keys vLLM-Omni's duplex clients read (duplex.md §1.3.5, U.1): a lockstep model owns
+            # The keys vLLM-Omni's duplex clients read (docs/sessions.md#capabilities): a lockstep model owns
             # its duplex behaviour; a turn engine's turns come from server VAD in the session core.
             "implementation_level": "model_native_duplex" if self.mode == "lockstep" else "server_vad_turns",
             "input_modes": ["append_audio_chunk"],
@@ -442,7 +442,7 @@ class InvalidTurnDetection(EngineError):
 
 
 class TurnDetection(BaseModel):
-    """Server VAD settings (OpenAI ``server_vad``; duplex.md U.1), defaults as OpenAI's.
+    """Server VAD settings (OpenAI ``server_vad``; docs/peers.md#openai-realtime), defaults as OpenAI's.
 
     ``create_response``/``interrupt_response`` steer the session core, the rest detection.
     """
@@ -598,7 +598,7 @@ class SessionEngine(Protocol):
 
 
 class SleepStage(Protocol):
-    """One model of an engine that sleep mode unloads and wake restores (serving.md §3.10).
+    """One model of an engine that sleep mode unloads and wake restores (docs/serving.md#sleep-mode).
 
     While a stage sleeps its engine refuses new work with ``engine_sleeping``; work in
     flight when it fell asleep ends with that error too."""

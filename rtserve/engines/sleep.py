@@ -1,4 +1,4 @@
-"""Sleep mode: unload an engine's models on request and load them again (serving.md §3.10).
+"""Sleep mode: unload an engine's models on request and load them again (docs/serving.md#sleep-mode).
 
 The engine's ``sleep_stages()`` are numbered from 0 in its pipeline order (the cascade:
 VAD, ASR, LLM, TTS). ``sleep(stage_ids, level)`` releases each stage and reports the

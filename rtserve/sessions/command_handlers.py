@@ -1,4 +1,4 @@
-"""How a runner applies each client command (duplex.md §2.3-§2.5, U.1).
+"""How a runner applies each client command (docs/sessions.md#command-dispatch, docs/sessions.md#duplex-extensions).
 
 Refusals become ``ErrorEvent``s on the session's stream with the command's
 ``event_id`` as ``related_event_id``; the session stays usable. Control signals (clears,
@@ -105,13 +105,14 @@ class CommandHandlers:
             self._responses.begin(None)
 
     def _commit(self, c: cmd.Commit) -> None:
-        if c.is_speech is False:  # duplex.md U.1: a declared silence is committed, and answered by listening
+        # docs/sessions.md#duplex-extensions: a declared silence is committed, and answered by listening
+        if c.is_speech is False:
             if self._ledger.uncommitted_ms > 0 and not self._responses.continuous:
                 self._turns.commit(response_create=False)
             self._output.emit(ev.ResponseListen(session_id=self._output.session_id, reason="silence_declared"))
             return
         buffered_ms = self._ledger.uncommitted_ms
-        if buffered_ms <= 0:  # empty on any engine, with turns or not (serving.md §4.3)
+        if buffered_ms <= 0:  # empty on any engine, with turns or not (docs/serving.md#errors)
             self._output.error(errors.INPUT_BUFFER_EMPTY, "Input audio buffer is empty", related=c.event_id)
         elif self._responses.continuous:
             self._output.error(
@@ -210,7 +211,7 @@ class CommandHandlers:
         self._control_result(signal, applied, ("stop_output",) if self._responses.continuous else ())
 
     def _control_result(self, signal: str, applied: list[str], unsupported: tuple[str, ...] = ()) -> None:
-        """``runtime.control`` (duplex.md U.1): after a signal the engine honoured only in part,
+        """``runtime.control`` (docs/sessions.md#duplex-extensions): after a signal the engine honoured only in part,
         or after every signal when the session asked (``emit_duplex_control_results``)."""
         if unsupported or self.config.emit_control_results:
             self._output.emit(

@@ -1,4 +1,4 @@
-"""The session core's exceptions. Its stable error codes (duplex.md §6) live in
+"""The session core's exceptions. Its stable error codes (docs/sessions.md#session-errors) live in
 ``rtserve.errors`` with every other layer's and are re-exported here for the session code.
 
 Every refusal reaches clients as an ``ErrorEvent`` (or a ``SessionError`` for control

@@ -5,7 +5,7 @@ and a process-unique ``event_id``; delivery stamps ``server_event_seq`` when the
 is handed to a consumer. Payloads are immutable snapshots (frozen dataclasses, tuples,
 an immutable ``SessionConfig``), so an event queued now renders the same bytes later.
 
-``lane`` is the event's class in the bounded output buffer (duplex.md §3.4): ordinary
+``lane`` is the event's class in the bounded output buffer (docs/sessions.md#output-buffer): ordinary
 events must fit the main budget, server-side errors and response endings may also use
 the reserve, and one closure event has its own slot.
 """
@@ -383,7 +383,7 @@ class ResponseListen(SessionEvent):
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class ResponseSpeak(SessionEvent):
-    """The response speaks (``response.speak``, duplex.md U.1): sent once, before its first
+    """The response speaks (``response.speak``, docs/sessions.md#duplex-extensions): sent once, before its first
     audio delta, for a response that says client-given ``text``."""
 
     response_id: str
@@ -393,7 +393,7 @@ class ResponseSpeak(SessionEvent):
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class RuntimeControl(SessionEvent):
-    """What a control signal did to the engine runtime (``runtime.control``, duplex.md U.1):
+    """What a control signal did to the engine runtime (``runtime.control``, docs/sessions.md#duplex-extensions):
     ``result`` = ``{signal, ok, applied, unsupported}``. Sent when the engine could honour
     the signal only in part, and after every signal when the session asked for results."""
 

@@ -1,4 +1,4 @@
-"""The engine-side liveness record of one session (duplex.md §2.6, U.2).
+"""The engine-side liveness record of one session (docs/sessions.md#resume).
 
 ``generation`` names the attachment that currently owns the session. Detach is refused
 for a generation older than the current one (a stale socket cannot detach a session

@@ -6,7 +6,7 @@ concurrent opens can never exceed it; a full server refuses at once with
 until its engine cleanup succeeds: the terminal event is queued after the cleanup
 attempt, and a failed cleanup is retried by the reaper without new events.
 
-Dispatch order (duplex.md §2.3): unknown or closing session -> ``unknown_session``
+Dispatch order (docs/sessions.md#command-dispatch): unknown or closing session -> ``unknown_session``
 (returned, and given to the orphan sink: no stream exists for it); input backpressure or
 a full mailbox -> ``input_backpressure`` (also queued on the session's own stream);
 otherwise the command goes to the runner's mailbox and refreshes the lease. Nothing here

@@ -1,5 +1,5 @@
 """The output side of one session runner: stamping, queuing, and the epoch fence on
-queued audio (duplex.md §3.4, §3.5).
+queued audio (docs/sessions.md#output-buffer, docs/sessions.md#overflow-policy).
 
 Every event is stamped with the current epoch. The first event that overflows the output
 buffer marks the output failed: ordinary events are suppressed from then on, and the

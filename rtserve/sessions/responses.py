@@ -3,7 +3,7 @@
 Turn engines get one response at a time; engine output stamped with an older epoch, or
 for a response that is no longer active, is dropped. Lockstep engines
 (``capabilities.mode == "lockstep"``) get one eternal response, created on the first
-input or output and completed once at close (duplex.md §2.4, §2.8).
+input or output and completed once at close (docs/sessions.md#lockstep-sessions).
 """
 
 from __future__ import annotations
@@ -295,7 +295,8 @@ class ResponseTracker:
             pcm = response.resampler.process(pcm)
         ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
         if pcm.size and not response.spoke and response.overrides and response.overrides.speak is not None:
-            # U.1: ``response.speak`` at most once per response, before its first audio delta.
+            # ``response.speak`` at most once per response, before its first audio delta
+            # (docs/sessions.md#duplex-extensions).
             self._output.emit(ev.ResponseSpeak(**ids, text=response.overrides.speak))
         response.spoke = response.spoke or bool(pcm.size)
         if pcm.size:

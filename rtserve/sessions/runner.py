@@ -1,4 +1,4 @@
-"""The per-session runner: the single writer of one session (duplex.md §3.2).
+"""The per-session runner: the single writer of one session (docs/sessions.md#runner).
 
 Everything that changes a session goes through one mailbox and is applied by one task,
 in order: client commands (admitted by the manager), engine events (pumped from
@@ -8,7 +8,7 @@ state: ``SessionOutput`` (stamping, overflow), ``InputLedger`` (uncommitted audi
 awaiting transcripts), ``ResponseTracker`` (the active response, the epoch fence),
 ``TurnTracker`` (commits, transcripts, server VAD) and ``CommandHandlers`` (client
 commands, the session config). This module routes mailbox items to them, applies the
-overflow policy of §3.5, and owns the task lifecycle and the teardown that ends every
+overflow policy (docs/sessions.md#overflow-policy), and owns the task lifecycle and the teardown that ends every
 session with exactly one terminal event, queued after engine cleanup.
 """
 
@@ -287,7 +287,7 @@ class SessionRunner:
             self._output.error(e.code, e.message, error_type=errors.SERVER_ERROR)
 
     def _on_output_overflow(self) -> None:
-        """The rest of the overflow policy (§3.5): the active response fails and leaves
+        """The rest of the overflow policy (docs/sessions.md#overflow-policy): the active response fails and leaves
         history, the error and the failed ``response.done`` use the reserve, and the session
         closes with ``output_backpressure``."""
         response = self._responses.fail_for_overflow()

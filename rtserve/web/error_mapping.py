@@ -3,7 +3,7 @@
 Every layer raises an ``RtserveError`` (``message``, stable ``code``, optional ``param``);
 the transports call these to render it, so a code means the same thing on every route:
 
-* OpenAI HTTP error body -> ``api_error`` (status and ``param`` by code; serving.md §4.3);
+* OpenAI HTTP error body -> ``api_error`` (status and ``param`` by code; docs/serving.md#errors);
 * OpenAI Realtime ``error`` event -> ``realtime_error`` (``error.type`` by context, the
   field at fault as the client spelled it);
 * WebSocket close code (Moshi routes, a refused realtime open) -> ``close_code``;

@@ -3,7 +3,7 @@
 A ``SlotLease`` is the session's end of the slot's hand-off queues (input backlog,
 output hand-off) and its fence (epoch); the engine thread owns the other end in
 ``scheduler.py``. Kept apart from the scheduler so each module has one side of the
-thread boundary (engine.md, "lockstep slot tables").
+thread boundary (docs/engines.md#lockstep-slot-table).
 """
 
 from __future__ import annotations

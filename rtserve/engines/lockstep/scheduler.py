@@ -1,5 +1,5 @@
 """The lockstep scheduler: one engine thread advances every slot of a ``FrameModel``
-by one frame per tick (engine.md §8.1, §8.7; design.md "Threads and time").
+by one frame per tick (docs/engines.md#tick, docs/design.md#processes-threads-and-time).
 
 Per tick, on the engine thread only:
 

@@ -1,6 +1,6 @@
 """``SessionEngine`` over a ``LockstepScheduler``: each session holds one slot.
 
-Lockstep lifecycle (duplex.md §2.8): one output frame per input frame, continuous,
+Lockstep lifecycle (docs/sessions.md#lockstep-sessions): one output frame per input frame, continuous,
 no turn control. Audio is pushed as samples of any length; the slot frames it at each
 tick (``InputBacklog``). ``respond`` is a no-op; ``set_epoch`` fences output only (the
 model keeps hearing the user); ``commit_input`` waits until every sample pushed so far

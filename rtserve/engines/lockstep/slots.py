@@ -29,7 +29,7 @@ class SlotPhase(enum.Enum):
 
 
 class InputBacklog:
-    """Per-slot input samples, taken one tick-aligned frame at a time (design.md, "one framing owner").
+    """Per-slot input samples, taken one tick-aligned frame at a time (docs/design.md#one-framing-owner).
 
     Transports push samples of any length; each tick ``take_into`` takes what arrived: a
     whole frame (oldest samples first) when there is one, else the partial frame padded

@@ -1,4 +1,4 @@
-"""The LM and Mimi shapes, parsed from a Kyutai ``config.json`` (engine.md §8.1).
+"""The LM and Mimi shapes, parsed from a Kyutai ``config.json`` (docs/engines.md#numerics-and-parity).
 
 Only the architecture subset that Moshi and PersonaPlex checkpoints use is supported; any
 other option is refused by name rather than silently ignored.

@@ -1,7 +1,7 @@
 """PersonaPlex conditioning: voice prompts and persona text, turned into prefill steps.
 
 A slot opened with a prompt replays it through the normal batched step, one frame per
-tick (engine.md §8.1 "injected at open through the same lockstep step"): each prefill
+tick (docs/engines.md#prompts): each prefill
 step forces that row's output tokens (and, for embedding voices, its temporal input), so
 the slot's caches end up exactly as if the model had produced the prompt itself.
 

@@ -5,7 +5,7 @@
 older names still used by many clients (``response.audio.delta``,
 ``conversation.item.created``, ``output_audio_format``). With ``duplex=True`` every
 event also carries the session ``epoch`` (the ``/v1/realtime?duplex=1`` extensions,
-duplex.md §1.3, U.1); events with no OpenAI equivalent keep their duplex names
+docs/sessions.md#duplex-extensions); events with no OpenAI equivalent keep their duplex names
 (``session.heartbeat_ack``, ``session.resumed``, ``overlap.decision``, ...).
 """
 

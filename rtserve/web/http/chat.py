@@ -5,7 +5,7 @@ role chunk, one chunk per engine delta (text or a piece of a call), a chunk with
 ``finish_reason``, the usage chunk when ``stream_options.include_usage`` asks for it, then
 ``data: [DONE]``. The batch route takes
 a list of conversations in ``messages`` and answers one choice per conversation, in input
-order (serving.md §3.3); its conversations go to the engine together (the engine batches
+order (docs/serving.md#chat-completions); its conversations go to the engine together (the engine batches
 them) and the request holds one concurrency slot, its size bounded by
 ``http.max_batch_conversations``.
 """

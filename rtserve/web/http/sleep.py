@@ -1,4 +1,4 @@
-"""``POST /v1/omni/sleep`` and ``POST /v1/omni/wakeup`` (serving.md §3.10), with ``--enable-sleep-mode``.
+"""``POST /v1/omni/sleep`` and ``POST /v1/omni/wakeup`` (docs/serving.md#sleep-mode), with ``--enable-sleep-mode``.
 
 Sleep: ``{"stage_ids": [0], "level": 1}`` (both optional: every stage, level 1) -> 200
 ``{"status": "SUCCESS", ..., "freed_bytes": N, "acks": [...]}``. Wake: ``{"stage_ids": [0]}``

@@ -1,4 +1,4 @@
-"""``POST /v1/audio/speech/batch`` (serving.md §3.5, App. A.1): several inputs, one response.
+"""``POST /v1/audio/speech/batch`` (docs/serving.md#speech): several inputs, one response.
 
 Body: ``{"items": [{"input": ..., "voice"?, "response_format"?, "speed"?}, ...]}`` plus
 top-level defaults for ``voice``, ``response_format``, ``speed`` and ``model``. At most

@@ -1,4 +1,4 @@
-"""``WS /v1/audio/speech/stream``: text streamed in, speech streamed out (serving.md §4.1, App. A.1).
+"""``WS /v1/audio/speech/stream``: text streamed in, speech streamed out (docs/serving.md#streaming-speech).
 
 Client events (JSON text frames):
 
@@ -19,7 +19,7 @@ Server events: ``session.updated`` ``{config}``; per sentence ``audio.start``
 of audio as the engine produces them (``pcm``: 16-bit LE at 24 kHz; other formats: one
 complete file per sentence), ``audio.done`` ``{..., total_bytes, error}``; ``session.done``
 ``{utterance_index, total_sentences}``; ``cancelled``; ``error`` ``{message, code, param}``.
-A synthesis failure's ``error`` carries ``"action": "discard"`` (serving.md §3.4): audio
+A synthesis failure's ``error`` carries ``"action": "discard"`` (docs/serving.md#speech): audio
 already sent for that sentence is incomplete and must be dropped.
 
 Bounds (``speech_stream.*``): text waiting to be spoken and queued sentences (beyond:

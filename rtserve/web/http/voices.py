@@ -1,4 +1,4 @@
-"""``GET/POST /v1/audio/voices``, ``DELETE /v1/audio/voices/{name}`` (serving.md §3.5).
+"""``GET/POST /v1/audio/voices``, ``DELETE /v1/audio/voices/{name}`` (docs/serving.md#speech).
 
 Registering a Piper voice: ``multipart/form-data`` with ``name``, the ``.onnx`` model as the
 file part ``model`` (or ``audio_sample``, the part the OpenAI SDK's ``audio.voices.create``

@@ -1,4 +1,4 @@
-"""``WS /v1/audio/duplex``: PersonaPlex's raw-PCM dialect (duplex.md §1.7, U.3).
+"""``WS /v1/audio/duplex``: PersonaPlex's raw-PCM dialect (docs/peers.md#personaplex).
 
 * client ``{"type":"open","persona":...,"voice":...,"seed":...}`` -> server ``{"type":"ready"}``
   once the engine slot is ready; a second ``open`` -> error ``session already open``;

@@ -4,8 +4,8 @@
 command (``rtserve.sessions.commands``) or one of the transport actions below, which the
 connection resolves itself (they need its audio decoder or its socket). Anything it
 cannot accept raises ``WireError`` with the stable code, message and ``param`` the client
-receives in an ``error`` event (all of type ``invalid_request_error``; serving.md §4.3,
-duplex.md §1.5, §6):
+receives in an ``error`` event (all of type ``invalid_request_error``;
+docs/serving.md#errors):
 
 * not JSON, not an object, no or an unknown ``type``, a malformed field, ``session.update``
   without a ``session`` object -> ``invalid_event``, "Invalid or unrecognized client
@@ -17,7 +17,7 @@ duplex.md §1.5, §6):
 
 Event names accepted on every realtime connection are the OpenAI Realtime client events
 (GA and beta spellings share them). Duplex connections also accept the duplex
-extensions (U.1): ``session.heartbeat``, ``session.event_ack``, ``session.close``,
+extensions (docs/sessions.md#duplex-extensions): ``session.heartbeat``, ``session.event_ack``, ``session.close``,
 ``session.resume``, ``playback.ack``, ``overlap.decision``, ``turn.signal``/``barge_in``,
 ``input.cancel``, ``input.text.append``, ``response.speak`` (say this text: a response
 whose audio is the engine's TTS of it), the native opener ``session.create`` and a few
@@ -472,7 +472,7 @@ _DUPLEX: dict[str, _Parser] = {
     "overlap.decision": lambda d, r: _overlap(_validated(_OverlapDecision, d)),
     "turn.signal": lambda d, r: _barge_in(_validated(_TurnSignal, d)),
     "barge_in": lambda d, r: cmd.BargeIn(event_id=_validated(_Event, d).event_id),
-    # vLLM-Omni duplex input events (duplex.md U.1)
+    # vLLM-Omni duplex input events (docs/sessions.md#duplex-extensions)
     "input.cancel": lambda d, r: CancelInput(_validated(_Event, d).event_id),
     "input.text.append": lambda d, r: _text_append(_validated(_TextAppend, d)),
     "response.speak": lambda d, r: _speak(_validated(_Speak, d)),

@@ -2,7 +2,7 @@
 
 * Route ``/v1/realtime``: OpenAI Realtime. Turn-based unless ``?duplex=1`` (``1``,
   ``true``, ``on``) asks for the duplex runtime and ``transport.duplex_sessions`` is on;
-  otherwise it silently falls back to turn-based (duplex.md §1.2), and clients tell the
+  otherwise it silently falls back to turn-based (docs/sessions.md#dialects-and-fallback), and clients tell the
   two apart by ``session.created.session.capabilities``, present only on duplex.
 * Route ``/v1/duplex``: the native duplex dialect (``NativeDuplexProjection``).
 * Event names: GA by default; beta (``response.audio.delta``, ``conversation.item.created``,

@@ -1,5 +1,5 @@
 """Errors of the realtime routes' client frames, as the client receives them in an ``error``
-event: a stable code, a message, the ``param`` at fault (serving.md §4.3, duplex.md §1.5)."""
+event: a stable code, a message, the ``param`` at fault (docs/serving.md#errors)."""
 
 from __future__ import annotations
 

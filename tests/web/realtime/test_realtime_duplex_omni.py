@@ -1,5 +1,5 @@
-"""What vLLM-Omni's duplex clients read and send on ``WS /v1/realtime?duplex=1`` (duplex.md
-§1.3.5, U.1), over a raw ``websockets`` socket as their ``DuplexClient`` uses (issue 16):
+"""What vLLM-Omni's duplex clients read and send on ``WS /v1/realtime?duplex=1``
+(docs/peers.md#vllm-omni-duplex-clients), over a raw ``websockets`` socket as their ``DuplexClient`` uses (issue 16):
 the capability keys, ``input.text.append`` (and its aliases) and ``input.cancel``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The session part of a duplex connection's URL (vLLM-Omni, duplex.md §1.3.1, U.1; issue
+"""The session part of a duplex connection's URL (vLLM-Omni, docs/sessions.md#connection-url; issue
 16), over raw aiohttp WebSockets on 127.0.0.1 (no SDK speaks this dialect):
 ``?session_id=`` names the session a connection opens, ``?session_id=&resume=`` takes a
 detached (or attached) session over on a new socket, and bad values are typed errors."""
