@@ -33,8 +33,8 @@ def run(
     config = ServerConfig.model_validate(settings)
     configure_logging(config.log_level)
     try:
-        import rtserve.app  # noqa: F401  (what serve() builds: a package missing from the install fails here)
-        from rtserve.cli import serve  # the single-process server loop, reused as is
+        # The web layer and its packages: one missing from the install fails here, in one line.
+        from rtserve.processes.serve import serve
     except ImportError as exc:
         sys.stderr.write(f"rtserve: a worker cannot start: {exc}\n")
         sys.exit(EXIT_CONFIG_ERROR)

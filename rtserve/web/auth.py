@@ -17,8 +17,8 @@ from aiohttp import web
 
 from rtserve.web.browser.paths import is_page_request
 from rtserve.web.errors import error_response
+from rtserve.web.subprotocols import key_subprotocols, subprotocol_keys
 
-SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 EXEMPT_PATHS = frozenset({"/health", "/healthz"})
 
 
@@ -27,24 +27,10 @@ def presented_keys(request: web.Request) -> list[str]:
     scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() in ("bearer", "api-key"):
         keys.append(credential.strip())
-    for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
-        proto = proto.strip()
-        if proto.startswith(SUBPROTOCOL_PREFIX):
-            keys.append(proto[len(SUBPROTOCOL_PREFIX) :])
+    keys.extend(subprotocol_keys(request))
     if "api_key" in request.query:
         keys.append(request.query["api_key"])
     return keys
-
-
-def key_subprotocols(request: web.Request) -> tuple[str, ...]:
-    """The key-form subprotocols the client offered. Every WebSocket route declares them: a
-    browser fails a handshake that answers none of its offers, and aiohttp logs unanswered
-    offers at WARNING, key included."""
-    return tuple(
-        p.strip()
-        for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-        if p.strip().startswith(SUBPROTOCOL_PREFIX)
-    )
 
 
 def is_authorized(request: web.Request, api_key: str) -> bool:

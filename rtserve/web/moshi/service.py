@@ -34,13 +34,13 @@ from rtserve.errors import RESOURCE_EXHAUSTED
 from rtserve.log import session_id_var
 from rtserve.sessions import SessionError, SessionManager
 from rtserve.sessions.session_config import ConfigUpdateError
-from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import SHUTDOWN_REASON, Connections, close_socket
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.deadlines import send_within
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.turns import TurnBridge, turn_session_config
+from rtserve.web.subprotocols import key_subprotocols
 
 # What a route holds: frames from a lockstep engine, or turns through the session core.
 Conversation = EngineBridge | TurnBridge

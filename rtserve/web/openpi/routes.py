@@ -18,13 +18,13 @@ from aiohttp import WSCloseCode, web
 
 from rtserve.engines.protocols import EngineError
 from rtserve.log import session_id_var
-from rtserve.web.auth import key_subprotocols
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import openpi_error_frame
 from rtserve.web.openpi.connection import OpenPIConnection
 from rtserve.web.openpi.metrics import OpenPIMetrics
 from rtserve.web.openpi.wire import pack_message
+from rtserve.web.subprotocols import key_subprotocols
 
 ROUTE = "/v1/realtime/robot/openpi"
 

@@ -32,12 +32,12 @@ from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtserve.config import PeersConfig
-from rtserve.web.auth import SUBPROTOCOL_PREFIX
 from rtserve.web.connections import close_socket
 from rtserve.web.peers import signing
 from rtserve.web.peers.directory import Directory, PeerAddress
 from rtserve.web.peers.owner import owner_of
 from rtserve.web.peers.signing import PeerSigner
+from rtserve.web.subprotocols import is_key_subprotocol, offered_subprotocols
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,7 @@ class Origin:
 
     @classmethod
     def of(cls, request: web.Request) -> Origin:
-        from rtserve.web.realtime.dialect import offered_subprotocols  # realtime/ imports this module
-
-        protocols = tuple(p for p in offered_subprotocols(request) if not p.startswith(SUBPROTOCOL_PREFIX))
+        protocols = tuple(p for p in offered_subprotocols(request) if not is_key_subprotocol(p))
         headers = {name: request.headers[name] for name in ("OpenAI-Beta",) if name in request.headers}
         return cls(request.rel_url.without_query_params("api_key").path_qs, protocols, headers)
 

@@ -29,9 +29,9 @@ from rtserve.engines.protocols import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
 from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.sessions.projections.realtime import Naming
-from rtserve.web.auth import key_subprotocols
 from rtserve.web.realtime.client_events import EventRules
 from rtserve.web.realtime.connection import Dialect
+from rtserve.web.subprotocols import key_subprotocols, offered_subprotocols
 
 REALTIME_ROUTE = "/v1/realtime"
 DUPLEX_ROUTE = "/v1/duplex"
@@ -47,11 +47,6 @@ def _flag(request: web.Request, name: str) -> bool | None:
         return None
     value = value.strip().lower()
     return True if value in _TRUE else False if value in _FALSE else None
-
-
-def offered_subprotocols(request: web.Request) -> list[str]:
-    header = request.headers.get("Sec-WebSocket-Protocol", "")
-    return [p.strip() for p in header.split(",") if p.strip()]
 
 
 def accepted_subprotocols(request: web.Request) -> tuple[str, ...]:
