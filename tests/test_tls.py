@@ -73,7 +73,7 @@ async def _healthy(url: str, tls: ssl.SSLContext) -> None:
 async def test_serves_https_and_wss_with_a_self_signed_pair(tmp_path: Path, workers: int) -> None:
     cert, key = self_signed_pair(tmp_path)
     port = _free_port()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 - starts the server; the test waits on it over HTTPS
         [
             *CLI,
             "serve",

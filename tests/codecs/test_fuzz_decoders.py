@@ -20,6 +20,7 @@ from rtserve.codecs.pcm import b64_to_pcm16, f32le_to_float, pcm16_to_float
 from rtserve.codecs.wav import read_wav, write_wav
 from tests.codecs.oggpages import with_fixed_crc
 from tests.codecs.signals import speechlike
+import itertools
 
 pytestmark = pytest.mark.timeout(120)
 FUZZ = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
@@ -64,7 +65,7 @@ def _fix_crcs(stream: bytes) -> bytes:
 
 def _feed_in_chunks(reader: OggOpusReader, data: bytes, cuts: list[int]) -> None:
     bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         reader.feed(data[start:end])
     reader.flush()
 

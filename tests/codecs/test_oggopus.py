@@ -161,8 +161,9 @@ def test_packet_split_across_pages_decodes_like_the_whole_packet() -> None:
         raw_page(lacing=lacing_for(len(head)), body=head, flags=FLAG_BOS, sequence=0),
         raw_page(lacing=lacing_for(len(tags)), body=tags, sequence=1),
     ]
-    whole = common + [raw_page(lacing=lacing_for(len(big)), body=big, sequence=2)]
-    split = common + [
+    whole = [*common, raw_page(lacing=lacing_for(len(big)), body=big, sequence=2)]
+    split = [
+        *common,
         raw_page(lacing=lacing_for(255, last_continues=True), body=big[:255], sequence=2, granule=-1),
         raw_page(lacing=lacing_for(len(big) - 255), body=big[255:], sequence=3, flags=FLAG_CONTINUED),
     ]

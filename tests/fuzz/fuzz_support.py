@@ -173,7 +173,7 @@ class FuzzServer:
                 await _wait_healthy(base)
                 self._ready.set_result(base)
                 await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the test thread
+        except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
             raise

@@ -68,6 +68,7 @@ class DuplexClient:
         self.echoes = 0
         self.errors: list[dict] = []
         self.closed = asyncio.Event()
+        self.reader: asyncio.Task[None] | None = None
 
     @property
     def worker_pid(self) -> int:
@@ -101,7 +102,7 @@ class DuplexClient:
 async def _open(http: aiohttp.ClientSession, port: int) -> DuplexClient:
     ws = await http.ws_connect(f"http://127.0.0.1:{port}/v1/realtime?duplex=1")
     client = DuplexClient(ws)
-    asyncio.create_task(client.run())
+    client.reader = asyncio.create_task(client.run())
     return client
 
 
@@ -141,7 +142,7 @@ def server():
 
 
 async def test_a_killed_worker_loses_only_its_sessions_and_comes_back(server) -> None:
-    proc, port = server
+    _proc, port = server
     await _wait_health(port, 200)
     async with aiohttp.ClientSession() as http:
         doomed, survivor = await _two_workers(http, port)
@@ -313,7 +314,7 @@ def test_a_package_missing_from_the_install_stops_the_server_instead_of_restarti
 async def test_every_process_keeps_what_it_loaded_out_of_garbage_collections(server) -> None:
     """A full collection over the startup heap (~80 ms with torch loaded) would stall every session
     of a process at once; the engine process and each worker freeze that heap once serving."""
-    proc, port = server
+    _proc, port = server
     await _wait_health(port, 200)
     every_process = {
         "rtserve_gc_frozen_objects",

@@ -144,6 +144,7 @@ async def test_500_sessions_leak_nothing() -> None:
         assert [e.server_event_seq for e in events] == list(range(1, len(events) + 1)), session_id
         reasons.add(terminals[0].reason)
     assert {"client_close", "output_backpressure", "idle_ttl_expired"} <= reasons
-    del outcomes, pending_readers
+    outcomes.clear()  # drop the events and readers that hold on to the sessions' objects
+    pending_readers.clear()
     gc.collect()
     assert [b for b in buffers if b() is not None] == []  # no buffer outlives its session

@@ -15,6 +15,7 @@ import contextlib
 import io
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import av
 import numpy as np
@@ -95,7 +96,7 @@ class ToneTTSDouble:
     model_name = "double-tts"
     sample_rate = 16000
     voices = ("low", "high")
-    FREQUENCIES = {"low": 300.0, "high": 1200.0}
+    FREQUENCIES: ClassVar[dict[str, float]] = {"low": 300.0, "high": 1200.0}
     WORD_SECONDS = 0.1
 
     def __init__(self) -> None:

@@ -163,7 +163,7 @@ def test_pause_key_names_one_pause() -> None:
     key = turn.pause_key
     turn.feed(*windows_for([0.02] * 2), first_sample=8 * WINDOW)
     assert turn.pause_key == key  # the same pause, longer
-    turn.feed(*windows_for([0.9] + [0.02]), first_sample=10 * WINDOW)
+    turn.feed(*windows_for([0.9, 0.02]), first_sample=10 * WINDOW)
     assert turn.pause_key != key  # speech resumed: another pause
     last = turn.pause_key
     *_, sealed = turn.feed(*windows_for([0.02] * 16), first_sample=12 * WINDOW)

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def drain(lease) -> list:
 
 
 def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
-    scheduler, model, registry = make_scheduler()
+    scheduler, _model, registry = make_scheduler()
     lease = scheduler.acquire()
     assert lease.phase is SlotPhase.PREFILL  # opened on the engine thread, at the next tick
     lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
@@ -40,7 +41,7 @@ def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
 
 
 def test_backlog_cap_drops_oldest_frames_and_counts_them() -> None:
-    scheduler, model, registry = make_scheduler(max_input_backlog_ms=3 * 80)
+    scheduler, _model, registry = make_scheduler(max_input_backlog_ms=3 * 80)
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(float(v)) for v in range(5)]))
     for _ in range(4):
@@ -140,7 +141,7 @@ def test_no_step_when_no_slot_is_live() -> None:
 
 
 def _thread_cpu_seconds(native_id: int) -> float:
-    fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -224,7 +225,7 @@ def test_prefill_runs_one_step_per_tick_then_goes_live() -> None:
 
 
 def test_slow_reader_loses_the_oldest_output_not_the_newest() -> None:
-    scheduler, model, registry = make_scheduler(output_queue_frames=2)
+    scheduler, _model, registry = make_scheduler(output_queue_frames=2)
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(float(v)) for v in (1, 2, 3, 4)]))
     for _ in range(4):
@@ -310,7 +311,7 @@ def test_stop_fails_remaining_sessions_and_refuses_new_ones() -> None:
 
 
 async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
-    scheduler, model, _ = make_scheduler()
+    scheduler, _model, _ = make_scheduler()
     lease = scheduler.acquire()  # on the loop: outputs wake this loop
     scheduler.start()
     try:
@@ -318,7 +319,7 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
         got = []
         while len(got) < 2:
             item = await asyncio.wait_for(lease.next_output(), 5)
-            out, epoch = item
+            out, _epoch = item
             if out.audio.any():
                 got.append(float(out.audio[0]))
         assert got == [1.0, 2.0]
@@ -333,7 +334,7 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
 
 
 def test_metrics_describe_the_batch_and_every_tick() -> None:
-    scheduler, model, registry = make_scheduler()
+    scheduler, _model, registry = make_scheduler()
     assert metric(registry, "rtserve_lockstep_slots") == 4
     assert metric(registry, "rtserve_lockstep_frame_budget_seconds") == pytest.approx(0.08)
     scheduler.acquire()

@@ -39,7 +39,7 @@ def test_a_shape_only_folder_needs_random_weights(moshi_config: ServerConfig, sh
     plain = moshi_config.model_copy(
         update={"moshi_engine": moshi_config.moshi_engine.model_copy(update={"weights": str(shape_only)})}
     )
-    with pytest.raises(ConfigError, match="moshi_engine.weights"):
+    with pytest.raises(ConfigError, match=r"moshi_engine\.weights"):
         build_frame_model(plain)
     model = build_frame_model(_random(moshi_config, shape_only))
     assert model.config.dim == 32 and model.loaded.tokenizer is None

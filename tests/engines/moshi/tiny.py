@@ -18,8 +18,8 @@ from typing import Any
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("NO_CUDA_GRAPH", "1")
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import torch
+from safetensors.torch import save_file
 
 TEXT_CARD = 64
 CARD = 32

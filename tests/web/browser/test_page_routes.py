@@ -37,7 +37,7 @@ def as_served_path(reference: str) -> str:
 def test_the_pages_reference_only_this_server() -> None:
     refs = references()
     assert {"/static/page.js", "/static/dashboard.js", "/static/pcm-worklet.js", "./pcm-stream.js"} <= refs
-    external = [r for r in refs if not (r.startswith("/") or r.startswith("./") or r.startswith("data:"))]
+    external = [r for r in refs if not (r.startswith(("/", "./", "data:")))]
     assert external == []
 
 

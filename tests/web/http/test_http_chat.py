@@ -16,7 +16,7 @@ HELLO = [{"role": "user", "content": "hello there"}]
 
 
 async def test_sdk_non_streaming_completion(config):
-    async with serve_doubles(config) as (base, engine):
+    async with serve_doubles(config) as (base, _engine):
         completion = await asyncio.to_thread(sdk(base).chat.completions.create, model="double-llm", messages=HELLO)
     assert completion.object == "chat.completion"
     assert completion.model == "double-llm"
@@ -158,9 +158,11 @@ async def test_invalid_parameters_are_400_naming_the_param(config, patch, param,
 
 @pytest.mark.parametrize(("raw", "fragment"), [(b"{not json", "not valid JSON"), (b"[1, 2]", "JSON object")])
 async def test_malformed_bodies_are_400(config, raw, fragment):
-    async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}
-    ) as resp:
+    async with (
+        serve_doubles(config) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as resp,
+    ):
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert fragment in error["message"]
@@ -192,10 +194,14 @@ async def test_engine_refusal_before_output_keeps_its_status(config):
 
 async def test_batch_answers_each_conversation_in_input_order(config):
     conversations = [[{"role": "user", "content": f"number {i}"}] for i in range(5)]
-    async with serve_doubles(config) as (base, engine), aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/chat/completions/batch",
-        json={"model": "double-llm", "messages": conversations, "max_tokens": 16},
-    ) as resp:
+    async with (
+        serve_doubles(config) as (base, engine),
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{base}/v1/chat/completions/batch",
+            json={"model": "double-llm", "messages": conversations, "max_tokens": 16},
+        ) as resp,
+    ):
         assert resp.status == 200
         body = await resp.json()
     assert [c["index"] for c in body["choices"]] == list(range(5))

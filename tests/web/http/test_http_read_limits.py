@@ -121,7 +121,7 @@ async def test_a_generation_beyond_the_limit_is_refused_before_its_body_is_read(
 
 
 async def test_a_json_body_over_its_bound_is_413_from_its_declared_length(config):
-    async with serve_doubles(config) as (base, engine):
+    async with serve_doubles(config) as (base, _engine):
         for path in ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/audio/speech"):
             reader, writer = await _connect(base)
             writer.write(_post_head(path, 60 * MB))

@@ -53,9 +53,13 @@ async def test_sdk_speech_in_every_format_decodes_to_the_spoken_audio(config, re
 
 
 async def test_wav_streams_with_an_unknown_length_header_and_chunked_body(config):
-    async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/audio/speech", json={"input": THREE_WORDS, "voice": "low", "response_format": "wav"}
-    ) as resp:
+    async with (
+        serve_doubles(config) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{base}/v1/audio/speech", json={"input": THREE_WORDS, "voice": "low", "response_format": "wav"}
+        ) as resp,
+    ):
         assert resp.status == 200
         assert resp.headers["Content-Type"] == "audio/wav"
         assert resp.headers["Transfer-Encoding"] == "chunked"
@@ -114,9 +118,13 @@ async def test_sse_stream_carries_base64_deltas_then_done(config):
 
 
 async def test_custom_voice_object_form_is_accepted(config):
-    async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http, http.post(
-        f"{base}/v1/audio/speech", json={"input": "hi", "voice": {"id": "high"}, "response_format": "pcm"}
-    ) as resp:
+    async with (
+        serve_doubles(config) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{base}/v1/audio/speech", json={"input": "hi", "voice": {"id": "high"}, "response_format": "pcm"}
+        ) as resp,
+    ):
         assert resp.status == 200
         pcm = np.frombuffer(await resp.read(), dtype="<i2").astype(np.float32)
     assert abs(dominant_hz(pcm, 24000) - 1200) < 15

@@ -148,7 +148,7 @@ async def test_malformed_ogg_closes_that_connection_only(config: ServerConfig) -
             reference = second[FRAME:-FRAME]
             for frames in range(len(second) // FRAME, 100, 5):
                 output = await good.receive_audio(frames * FRAME)
-                lag, score = best_lag(output, reference, max_lag=len(output) - len(reference))
+                _lag, score = best_lag(output, reference, max_lag=len(output) - len(reference))
                 if score > 0.8:
                     break
             else:

@@ -52,9 +52,7 @@ async def test_declared_silence_commit_is_answered_by_response_listen(config: Se
         listen = await next_of(ws, "response.listen")
         await ws.send(json.dumps({"type": "session.heartbeat"}))
         seen = []
-        while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))[
-            "type"
-        ] != "session.heartbeat_ack":
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))["type"] != "session.heartbeat_ack":
             seen.append(event)
     assert listen["session_id"] == created["session"]["id"]
     assert listen["response"] == {"status": "listening", "metadata": {"reason": "silence_declared"}}
@@ -84,9 +82,7 @@ async def test_runtime_control_reports_what_a_control_signal_did(config: ServerC
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         await ws.send(json.dumps({"type": "session.heartbeat"}))
         quiet = []
-        while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))[
-            "type"
-        ] != "session.heartbeat_ack":
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), HANG_GUARD_S)))["type"] != "session.heartbeat_ack":
             quiet.append(event["type"])
         await ws.send(
             json.dumps(

@@ -65,7 +65,7 @@ async def test_resume_by_query_replays_rotates_and_replaces(config: ServerConfig
     assert created["type"] == "session.created"
     assert resumed["type"] == "session.resumed" and resumed["session_id"] == session_id
     assert resumed["attachment_generation"] == 1 and resumed["resume_token"] not in (None, "", token)
-    assert [e["server_event_seq"] for e in replay][0] == last_seq + 1  # the replay starts where the client was
+    assert next(e["server_event_seq"] for e in replay) == last_seq + 1  # the replay starts where the client was
     assert echoed(replay, 32) and echoed(replay, 33)
     assert replaced[-1]["type"] == "session.replaced" and replaced[-1]["attachment_generation"] == 1
     assert closing_codes[old] == aiohttp.WSCloseCode.OK

@@ -75,7 +75,7 @@ async def test_commit_under_100_ms_is_refused_as_openai_does(config: ServerConfi
 
 
 async def test_semantic_vad_is_accepted_and_echoed(config: ServerConfig) -> None:
-    async with scripted(config) as (client, engine), client.realtime.connect(model="x") as conn:
+    async with scripted(config) as (client, _engine), client.realtime.connect(model="x") as conn:
         reader = SdkReader(conn)
         await reader.next()
         await conn.session.update(

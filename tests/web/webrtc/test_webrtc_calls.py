@@ -82,9 +82,10 @@ async def test_browser_shaped_raw_sdp_call_and_client_clear_and_peer_close(confi
     async with running(webrtc_config(loopback_config(config))) as base:
         caller = Caller()
         offer = await caller.offer()
-        async with aiohttp.ClientSession() as http, http.post(
-            f"{base}/v1/realtime/calls", data=offer, headers={"Content-Type": "application/sdp"}
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{base}/v1/realtime/calls", data=offer, headers={"Content-Type": "application/sdp"}) as resp,
+        ):
             assert resp.status == 201
             assert resp.headers["Location"].startswith("/v1/realtime/calls/rtc_")
             answer = await resp.text()
