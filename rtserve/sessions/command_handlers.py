@@ -17,7 +17,7 @@ from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import errors
 from rtserve.sessions import events as ev
-from rtserve.sessions.conversation import Conversation, ConversationItem
+from rtserve.sessions.conversation import Conversation, ConversationItem, Role
 from rtserve.sessions.ids import new_item_id
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
@@ -395,7 +395,7 @@ class CommandHandlers:
                 param="item",
             )
         else:
-            role = "assistant" if c.kind == "function_call" else "user"
+            role: Role = "assistant" if c.kind == "function_call" else "user"
             item = ConversationItem(
                 item_id, role, c.kind, text=text, turn_id=self._ledger.turn_id, call_id=c.call_id, name=c.name or None
             )

@@ -27,6 +27,7 @@ CLOSURE = "closure"
 
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
 
+ResyncReason = Literal["journal_gap", "journal_overflow"]  # why a resume cannot replay
 
 # ---------------------------------------------------------------------------
 # Snapshots carried inside events
@@ -140,7 +141,7 @@ class SessionReplaced(SessionEvent):
 class ResyncRequired(SessionEvent):
     """The events a resume asked for are gone: the client must start a new session."""
 
-    reason: Literal["journal_gap", "journal_overflow"]
+    reason: ResyncReason
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rtserve.clock import Clock
-from rtserve.sessions.events import SessionEvent
+from rtserve.sessions.events import ResyncReason, SessionEvent
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +60,7 @@ class ReplayJournal:
         while self._entries and self._entries[0].seq <= seq:
             self._bytes -= self._entries.popleft().nbytes
 
-    def replay_after(self, last_seq: int | None) -> list[JournalEntry] | str:
+    def replay_after(self, last_seq: int | None) -> list[JournalEntry] | ResyncReason:
         """Entries after ``last_seq`` (None: the client received nothing), or a gap reason."""
         self._expire()
         start = 0 if last_seq is None else last_seq

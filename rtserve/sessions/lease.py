@@ -17,12 +17,15 @@ from __future__ import annotations
 import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from rtserve.sessions.errors import SESSION_RESUME_CONFLICT, UNKNOWN_SESSION, SessionError
 from rtserve.sessions.ids import new_resume_token
 
 IDLE_TTL_EXPIRED = "idle_ttl_expired"
+if TYPE_CHECKING:  # the attachment's module imports this one (through the projections)
+    from rtserve.sessions.attachment import Attachment
+
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
 MAX_DURATION_REACHED = "max_duration_reached"
 DETACHED_LIMIT = "detached_limit"
@@ -36,7 +39,7 @@ class Grant:
     generation: int
     resume_token: str
     presented: tuple[int, str]  # the generation and token that earned it: a retry must repeat both
-    attachment: Any = None  # filled in by the manager once the attachment exists
+    attachment: Attachment | None = None  # filled in by the manager once the attachment exists
 
 
 def unknown_session() -> SessionError:
@@ -120,7 +123,10 @@ class Lease:
         return None
 
 
-def _remember(store: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
+_Value = TypeVar("_Value")
+
+
+def _remember(store: OrderedDict[str, _Value], key: str, value: _Value, bound: int) -> None:
     store[key] = value
     while len(store) > bound:
         store.popitem(last=False)

@@ -20,9 +20,9 @@ import asyncio
 import contextvars
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 
 class _EntryState(enum.Enum):
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
     """live -> closing -> (cleanup_pending) -> released"""
 
     LIVE = enum.auto()
@@ -540,7 +542,7 @@ class SessionManager:
 
     # ------------------------------------------------------------------
 
-    def _spawn(self, coro: Any, session_id: str) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, _T], session_id: str) -> asyncio.Task[_T]:
         task = _in_session_context(session_id, asyncio.get_running_loop().create_task, coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -555,8 +557,8 @@ class SessionManager:
             self._idle.set()
 
 
-def _in_session_context(session_id: str, fn: Callable[..., Any], *args: Any) -> Any:
+def _in_session_context(session_id: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Call ``fn`` (which may create tasks) with the session id in the logging context."""
     context = contextvars.copy_context()
     context.run(session_id_var.set, session_id)
-    return context.run(fn, *args)
+    return context.run(fn, *args, **kwargs)

@@ -8,9 +8,10 @@ input or output and completed once at close (docs/sessions.md#lockstep-sessions)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.protocols import (
@@ -28,6 +29,14 @@ from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
 from rtserve.sessions.function_calls import ResponseCalls
+class _PartIds(TypedDict):
+    """What every event about one part of a response names."""
+
+    session_id: str
+    response_id: str
+    item_id: str
+
+
 from rtserve.sessions.ids import item_id_for_response, new_response_id
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
@@ -55,14 +64,15 @@ class ActiveResponse:
         return self.item.kind == "audio"
 
 
+    # "inf" leaves the engine's own cap.
+    return params if max_tokens == "inf" else dataclasses.replace(params, max_tokens=int(max_tokens))
 def sampling_for(config: SessionConfig, o: cmd.ResponseCreate | None = None) -> SamplingParams:
     """The sampling a response asks the engine for: its overrides, else the session's."""
     max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
-    return SamplingParams(
+    params = SamplingParams(
         temperature=o.temperature if o and o.temperature is not None else config.temperature,
         tools=o.tools if o and o.tools is not None else config.tools,
         tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
-        **({} if max_tokens == "inf" else {"max_tokens": int(max_tokens)}),
     )
 
 
@@ -99,7 +109,7 @@ class ResponseTracker:
         config = self._config()
         response_id = new_response_id()
         modalities = tuple(overrides.modalities) if overrides and overrides.modalities else config.modalities
-        kind = "audio" if "audio" in modalities else "text"
+        kind: Literal["audio", "text"] = "audio" if "audio" in modalities else "text"
         item = ConversationItem(
             item_id_for_response(response_id),
             "assistant",
@@ -160,6 +170,7 @@ class ResponseTracker:
                 # "text" as well would make an engine stream the same words twice.
                 modalities=("audio",) if response.audio else ("text",),
                 params=sampling_for(config, o),
+            text: str | None
                 speak=o.speak if o else None,
             )
         )
@@ -208,7 +219,7 @@ class ResponseTracker:
         if status == "failed":
             self._conversation.remove(item.id)
         session_id, emit = self._output.session_id, self._output.emit
-        ids = {"session_id": session_id, "response_id": response.id, "item_id": item.id}
+        ids = _PartIds(session_id=session_id, response_id=response.id, item_id=item.id)
         text = item.text or ""
         batch: list[ev.SessionEvent] = (
             [ev.AudioDone(**ids), ev.TranscriptDone(**ids, transcript=text)]
@@ -219,7 +230,7 @@ class ResponseTracker:
         overrides = response.overrides
         in_conversation = not (overrides and overrides.out_of_band)
         batch += [
-            ev.ContentPartDone(**ids, kind=item.kind, text=text),
+            ev.ContentPartDone(**ids, kind="audio" if response.audio else "text", text=text),
             ev.OutputItemDone(session_id=session_id, response_id=response.id, item=snapshot),
         ]
         if in_conversation:
@@ -293,7 +304,7 @@ class ResponseTracker:
             response.resampler = StreamResampler(engine_rate, rate) if engine_rate != rate else None
         if resample and response.resampler is not None:
             pcm = response.resampler.process(pcm)
-        ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
+        ids = _PartIds(session_id=self._output.session_id, response_id=response.id, item_id=item.id)
         if pcm.size and not response.spoke and response.overrides and response.overrides.speak is not None:
             # ``response.speak`` at most once per response, before its first audio delta
             # (docs/sessions.md#duplex-extensions).
@@ -312,7 +323,7 @@ class ResponseTracker:
     def _emit_text(self, response: ActiveResponse, text: str) -> None:
         item = response.item
         item.text = (item.text or "") + text
-        ids = {"session_id": self._output.session_id, "response_id": response.id, "item_id": item.id}
+        ids = _PartIds(session_id=self._output.session_id, response_id=response.id, item_id=item.id)
         if response.audio:
             self._output.emit(ev.TranscriptDelta(**ids, delta=text))
         else:

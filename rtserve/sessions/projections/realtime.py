@@ -237,8 +237,8 @@ class RealtimeProjection:
 
     def render(self, event: ev.SessionEvent) -> dict[str, Any]:
         cls = type(event)
-        if cls is ev.SessionExpired and not self.duplex and event.reason == MAX_DURATION_REACHED:
-            return _max_duration_error(event)  # type: ignore[arg-type]
+        if isinstance(event, ev.SessionExpired) and not self.duplex and event.reason == MAX_DURATION_REACHED:
+            return _max_duration_error(event)
         out: dict[str, Any] = {"type": self._names[cls], "event_id": event.event_id}
         out.update(self._fields[cls](event))
         if self.duplex:
@@ -390,7 +390,7 @@ class RealtimeProjection:
             return None
         if self.duplex or details.get("type") != "cancelled":
             return dict(details)
-        reason = _OPENAI_CANCEL_REASONS.get(details.get("reason"))
+        reason = _OPENAI_CANCEL_REASONS.get(details.get("reason", ""))
         return {"type": "cancelled", "reason": reason} if reason else {"type": "cancelled"}
 
 
