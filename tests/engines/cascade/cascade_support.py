@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
-from rtserve.engines.protocols import EngineEvent, EngineSession, SessionOptions
+from rtserve.engines.events import EngineEvent
+from rtserve.engines.protocols import EngineSession
+from rtserve.engines.values import SessionOptions
 
 QUESTION = "What is the capital of France?"
 MAX_SESSIONS = 3
@@ -45,6 +47,13 @@ def words(text: str) -> set[str]:
     return {w.strip(".,!?;:\"'").lower() for w in text.split()} - {""}
 
 
+def heard_most_of(heard: str, said: str) -> bool:
+    """Whether a transcript has at least half the words of what was said. Whisper tiny mishears a
+    word now and then ("France" as "friends", more so on a loaded machine); a transcript of other
+    audio, or of none, shares next to nothing with the sentence."""
+    return 2 * len(words(heard) & words(said)) >= len(words(said))
+
+
 class Recorder:
     """Collects a session's events in a task; ``wait_for`` returns once a matching one came."""
 
@@ -61,7 +70,11 @@ class Recorder:
                 self.on_event(event)
             self._new.set()
 
-    async def wait_for(self, match: Callable[[EngineEvent], bool], timeout: float = 60) -> EngineEvent:
+    async def wait_for(
+        self,
+        match: Callable[[EngineEvent], bool],
+        timeout: float = 60,  # noqa: ASYNC109 - a test's deadline, applied with asyncio.timeout inside
+    ) -> EngineEvent:
         async with asyncio.timeout(timeout):
             while True:
                 for event in self.events:

@@ -7,19 +7,19 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from cascade_support import Loaded, words
+from cascade_support import QUESTION, Loaded, heard_most_of
 
 from rtserve.engines.cascade.whisper_window import fits, trusted
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 
 WINDOWS = "rtserve_cascade_asr_windows_total"
 
 pytestmark = pytest.mark.models
 
 
-async def test_final_transcript_has_the_key_words(cascade: Loaded, question_16k: np.ndarray) -> None:
+async def test_final_transcript_has_most_of_the_words(cascade: Loaded, question_16k: np.ndarray) -> None:
     text = await cascade.engine.asr.decode(question_16k, final=True)
-    assert {"capital", "france"} <= words(text)
+    assert heard_most_of(text, QUESTION), text
 
 
 async def test_streaming_gives_partials_then_exactly_one_final(cascade: Loaded, question_16k: np.ndarray) -> None:
@@ -38,7 +38,7 @@ async def test_streaming_gives_partials_then_exactly_one_final(cascade: Loaded, 
     pieces = [piece async for piece in asr.transcribe(in_chunks())]
     assert [p.final for p in pieces].count(True) == 1 and pieces[-1].final
     assert len(pieces) >= 2, "no partial transcript while the audio streamed in"
-    assert {"capital", "france"} <= words(pieces[-1].text)
+    assert heard_most_of(pieces[-1].text, QUESTION), pieces[-1].text
 
 
 async def test_english_only_model_refuses_another_language(cascade: Loaded, question_16k: np.ndarray) -> None:
@@ -56,7 +56,7 @@ async def test_a_short_question_is_heard_in_the_short_window(cascade: Loaded, qu
     transcription requests keep Whisper's full window (accuracy over time)."""
     short, full = cascade.metric(WINDOWS, window="short"), cascade.metric(WINDOWS, window="full")
     text = await cascade.engine.asr.decode(question_16k, final=True, live_turn=True)
-    assert {"capital", "france"} <= words(text)
+    assert heard_most_of(text, QUESTION), text
     assert cascade.metric(WINDOWS, window="short") == short + 1
     await cascade.engine.asr.decode(question_16k, final=True)
     assert cascade.metric(WINDOWS, window="full") == full + 1

@@ -7,20 +7,11 @@ import asyncio
 
 import numpy as np
 import pytest
-from cascade_support import CHUNK, Loaded, Recorder, opened, speak_16k, words
+from cascade_support import CHUNK, QUESTION, Loaded, Recorder, heard_most_of, opened, speak_16k, words
 
-from rtserve.engines.protocols import (
-    ChatMessage,
-    EngineSession,
-    InputTranscript,
-    OutputAudio,
-    OutputText,
-    ResponseFinished,
-    ResponseRequest,
-    SamplingParams,
-    SessionOptions,
-    SpeechStopped,
-)
+from rtserve.engines.events import InputTranscript, OutputAudio, OutputText, ResponseFinished, SpeechStopped
+from rtserve.engines.protocols import EngineSession
+from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions
 
 pytestmark = pytest.mark.models
 
@@ -53,13 +44,14 @@ async def finish_turn(session: EngineSession, recorder: Recorder) -> str:
 
 
 async def test_the_answer_is_under_way_before_the_turn_ends_and_audio_leads_the_text(cascade: Loaded) -> None:
-    question = await speak_16k(cascade.engine, "Tell me a story about a dragon.")
+    said = "Tell me a story about a dragon."
+    question = await speak_16k(cascade.engine, said)
     adopted, dropped = preemptive(cascade)
     async with opened(cascade, OPTIONS, "preempt-adopt") as session:
         recorder = Recorder(session)
         await push_paced(session, question)
         heard = await finish_turn(session, recorder)
-        assert {"story", "dragon"} <= words(heard)
+        assert heard_most_of(heard, said), heard
         assert not recorder.of(OutputAudio)  # nothing of the early reply was heard before it was asked for
 
         session.respond(ResponseRequest("answer", 0, (ChatMessage("user", heard),), params=PARAMS))
@@ -81,7 +73,8 @@ async def test_the_answer_is_under_way_before_the_turn_ends_and_audio_leads_the_
 async def test_speaking_on_after_a_pause_drops_the_early_reply_unheard(
     cascade: Loaded, question_16k: np.ndarray
 ) -> None:
-    go_on = await speak_16k(cascade.engine, "And what about Germany?")
+    said_next = "And what about Germany?"
+    go_on = await speak_16k(cascade.engine, said_next)
     adopted, dropped = preemptive(cascade)
     async with opened(cascade, OPTIONS, "preempt-drop") as session:
         recorder = Recorder(session)
@@ -94,7 +87,8 @@ async def test_speaking_on_after_a_pause_drops_the_early_reply_unheard(
         assert not recorder.of(SpeechStopped)
         await push_paced(session, go_on)  # ... and the user goes on speaking
         heard = await finish_turn(session, recorder)
-        assert {"capital", "france", "germany"} <= words(heard)  # the whole utterance
+        # The whole utterance, both halves, in the one transcript.
+        assert heard_most_of(heard, QUESTION) and len(words(heard) & (words(said_next) - words(QUESTION))) >= 2, heard
         assert len(recorder.of(SpeechStopped)) == 1  # one turn
 
         session.respond(ResponseRequest("answer", 0, (ChatMessage("user", heard),), params=PARAMS))
