@@ -26,8 +26,8 @@ RESERVE = "reserve"
 CLOSURE = "closure"
 
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
-
 ResyncReason = Literal["journal_gap", "journal_overflow"]  # why a resume cannot replay
+
 
 # ---------------------------------------------------------------------------
 # Snapshots carried inside events

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, TypeVar
 from rtserve.sessions.errors import SESSION_RESUME_CONFLICT, UNKNOWN_SESSION, SessionError
 from rtserve.sessions.ids import new_resume_token
 
-IDLE_TTL_EXPIRED = "idle_ttl_expired"
 if TYPE_CHECKING:  # the attachment's module imports this one (through the projections)
     from rtserve.sessions.attachment import Attachment
 
+IDLE_TTL_EXPIRED = "idle_ttl_expired"
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
 MAX_DURATION_REACHED = "max_duration_reached"
 DETACHED_LIMIT = "detached_limit"

@@ -55,11 +55,11 @@ from rtserve.sessions.runner import SessionRunner, StopKind
 from rtserve.sessions.session_config import SessionConfig
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 class _EntryState(enum.Enum):
-_T = TypeVar("_T")
-_P = ParamSpec("_P")
     """live -> closing -> (cleanup_pending) -> released"""
 
     LIVE = enum.auto()

@@ -29,20 +29,20 @@ from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
 from rtserve.sessions.function_calls import ResponseCalls
-class _PartIds(TypedDict):
-    """What every event about one part of a response names."""
-
-    session_id: str
-    response_id: str
-    item_id: str
-
-
 from rtserve.sessions.ids import item_id_for_response, new_response_id
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.session_config import SessionConfig
 
 ResponseOutput = OutputAudio | OutputText | ResponseFinished | OutputToolCall
+
+
+class _PartIds(TypedDict):
+    """What every event about one part of a response names."""
+
+    session_id: str
+    response_id: str
+    item_id: str
 
 
 @dataclass(eq=False)
@@ -64,8 +64,6 @@ class ActiveResponse:
         return self.item.kind == "audio"
 
 
-    # "inf" leaves the engine's own cap.
-    return params if max_tokens == "inf" else dataclasses.replace(params, max_tokens=int(max_tokens))
 def sampling_for(config: SessionConfig, o: cmd.ResponseCreate | None = None) -> SamplingParams:
     """The sampling a response asks the engine for: its overrides, else the session's."""
     max_tokens = o.max_output_tokens if o and o.max_output_tokens else config.max_output_tokens
@@ -74,6 +72,8 @@ def sampling_for(config: SessionConfig, o: cmd.ResponseCreate | None = None) -> 
         tools=o.tools if o and o.tools is not None else config.tools,
         tool_choice=o.tool_choice if o and o.tool_choice is not None else config.tool_choice,
     )
+    # "inf" leaves the engine's own cap.
+    return params if max_tokens == "inf" else dataclasses.replace(params, max_tokens=int(max_tokens))
 
 
 class ResponseTracker:
@@ -170,7 +170,6 @@ class ResponseTracker:
                 # "text" as well would make an engine stream the same words twice.
                 modalities=("audio",) if response.audio else ("text",),
                 params=sampling_for(config, o),
-            text: str | None
                 speak=o.speak if o else None,
             )
         )
@@ -179,6 +178,7 @@ class ResponseTracker:
         """An out-of-band ``input``: its messages, references resolved to the items' text now."""
         out = []
         for entry in items:
+            text: str | None
             if entry.item_id is None:
                 role, text = entry.role, entry.text
             else:
