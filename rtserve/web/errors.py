@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from rtserve.errors import RtserveError
 
@@ -30,7 +31,7 @@ _TYPE_BY_STATUS = {
 
 def error_body(
     message: str, *, status: int = 400, code: str | None = None, param: str | None = None, type_: str | None = None
-) -> dict:
+) -> dict[str, dict[str, str | None]]:
     return {
         "error": {
             "message": message,
@@ -75,7 +76,7 @@ class ApiError(RtserveError):
         self.type_ = type_
         self.headers = headers
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, str | None]]:
         return error_body(self.message, status=self.status, code=self.code, param=self.param, type_=self.type_)
 
     def response(self) -> web.Response:
@@ -83,7 +84,7 @@ class ApiError(RtserveError):
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:

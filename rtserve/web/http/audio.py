@@ -13,7 +13,7 @@ float32, then resampled (soxr, ``rtserve.codecs.resample``) to the rate the ASR 
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Literal, Protocol
+from typing import IO, Literal, Protocol
 
 import av
 import numpy as np
@@ -35,8 +35,11 @@ CONTENT_TYPES: dict[str, str] = {
     "pcm": "audio/pcm",
 }
 
+# The PyAV encoders of the compressed formats: audio codecs, so their streams are audio streams.
+EncoderCodec = Literal["libmp3lame", "libopus", "aac", "flac"]
+
 # format -> (PyAV container format, encoder, muxer options)
-_PYAV_FORMATS: dict[str, tuple[str, str, dict[str, str]]] = {
+_PYAV_FORMATS: dict[str, tuple[str, EncoderCodec, dict[str, str]]] = {
     "mp3": ("mp3", "libmp3lame", {}),
     # Ogg holds packets for up to a second per page by default; 20 ms pages keep it streaming.
     "opus": ("ogg", "libopus", {"page_duration": "20000"}),
@@ -107,7 +110,7 @@ class _ByteSink:
 class PyAVEncoder:
     """A PyAV encoder + muxer writing into memory, drained after every call."""
 
-    def __init__(self, container_format: str, codec: str, options: dict[str, str], sample_rate: int) -> None:
+    def __init__(self, container_format: str, codec: EncoderCodec, options: dict[str, str], sample_rate: int) -> None:
         self._sink = _ByteSink()
         self._container = av.open(self._sink, mode="w", format=container_format, options=options)
         self._stream = self._container.add_stream(codec, rate=sample_rate, layout="mono")
@@ -167,7 +170,7 @@ class AudioTooLong(Exception):
         self.max_seconds = max_seconds
 
 
-def decode_audio(source: BinaryIO, sample_rate: int, max_seconds: float) -> np.ndarray:
+def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.ndarray:
     """Decode the first audio stream of ``source`` to mono float32 at ``sample_rate``.
 
     Blocking (runs on the codec executor). Stops as soon as the decoded audio passes
@@ -179,7 +182,7 @@ def decode_audio(source: BinaryIO, sample_rate: int, max_seconds: float) -> np.n
     try:
         # Tags are never read, and a tag that is not UTF-8 must not make valid audio a 500.
         with av.open(source, mode="r", metadata_errors="replace") as container:
-            stream = next((s for s in container.streams if s.type == "audio"), None)
+            stream = next(iter(container.streams.audio), None)
             if stream is None:
                 raise AudioDecodeError("the file has no audio stream")
             downmix = av.AudioResampler(format="flt", layout="mono")  # keeps the source rate
@@ -188,7 +191,9 @@ def decode_audio(source: BinaryIO, sample_rate: int, max_seconds: float) -> np.n
                 for mono in downmix.resample(frame):
                     if resampler is None:
                         resampler = StreamResampler(mono.sample_rate, sample_rate)
-                    out = resampler.process(mono.to_ndarray().reshape(-1))
+                    # ``flt`` frames: float32 already, so this neither copies nor converts.
+                    samples = np.asarray(mono.to_ndarray(), dtype=np.float32).reshape(-1)
+                    out = resampler.process(samples)
                     total += out.size
                     if total > max_samples:
                         raise AudioTooLong(max_seconds)

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
@@ -81,14 +81,17 @@ class MessageIn(BaseModel):
     def to_engine(self, text: str | None = None) -> ChatMessage:
         """``text``: the content with its audio parts transcribed (``chat_audio``)."""
         content = self.content or ""
-        if text is None and isinstance(content, list) and not all(isinstance(p, TextPart) for p in content):
-            raise ApiError(
-                "Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
-                param="messages",
-                code="invalid_value",
-            )
-        if text is None:
-            text = content if isinstance(content, str) else "".join(p.text for p in content)
+        if text is None and isinstance(content, str):
+            text = content
+        elif text is None:
+            text_parts = [p for p in content if isinstance(p, TextPart)]
+            if len(text_parts) < len(content):
+                raise ApiError(
+                    "Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
+                    param="messages",
+                    code="invalid_value",
+                )
+            text = "".join(p.text for p in text_parts)
         # "developer" is OpenAI's newer name for the system role.
         return ChatMessage(
             role="system" if self.role == "developer" else self.role,
@@ -255,6 +258,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = await engine_messages(ctx, body.messages)
     check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    work: Callable[[], Coroutine[Any, Any, web.StreamResponse]]
     if spoken is not None and body.stream:
         work = functools.partial(
             stream_spoken,

@@ -291,7 +291,8 @@ async def run_generation(
         try:
             return await task
         except (asyncio.CancelledError, ConnectionError):
-            if asyncio.current_task().cancelling():  # the server itself is stopping
+            handler_task = asyncio.current_task()  # never None inside a coroutine
+            if handler_task is not None and handler_task.cancelling():  # the server itself is stopping
                 raise
             log.info("client disconnected; generation cancelled")
             return web.Response(status=499)  # never reaches anyone; keeps the access log honest

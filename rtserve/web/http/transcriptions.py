@@ -21,8 +21,8 @@ import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, BinaryIO, Literal
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import IO, Any, Literal
 
 import numpy as np
 from aiohttp import web
@@ -72,7 +72,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     return await run_generation(request, request_id, functools.partial(_transcribe, request, asr, upload, form))
 
 
-async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]:
+async def _read_form(request: web.Request) -> tuple[IO[bytes], TranscriptionForm]:
     limit = request.app[CTX].config.transport.max_http_body_bytes
     reject_oversized(request, limit)
     if request.content_type != "multipart/form-data":
@@ -99,7 +99,7 @@ async def _read_form(request: web.Request) -> tuple[BinaryIO, TranscriptionForm]
 
 
 async def _transcribe(
-    request: web.Request, asr: ASREngine, upload: BinaryIO, form: TranscriptionForm
+    request: web.Request, asr: ASREngine, upload: IO[bytes], form: TranscriptionForm
 ) -> web.StreamResponse:
     ctx = request.app[CTX]
     max_s = ctx.config.http.max_transcription_audio_s
@@ -139,7 +139,7 @@ def split_windows(audio: np.ndarray, window: int, frame: int) -> list[np.ndarray
     return pieces
 
 
-async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: TranscriptionForm) -> AsyncIterator[str]:
+async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: TranscriptionForm) -> AsyncGenerator[str, None]:
     """The whole transcript so far, each time it grows: finished windows plus the current one."""
     finished = ""
     for window in windows:

@@ -28,11 +28,12 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from rtserve.codecs.decode_rate import DecodeRateError, DecodeRateLimit
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
-from rtserve.web.moshi.bridge import WIRE_SAMPLE_RATE, AgentFrame
+from rtserve.web.moshi.bridge import AgentFrame
 from rtserve.web.moshi.deadlines import ReceiveDeadline, receive_before
 from rtserve.web.moshi.prompt import PromptError, prompt_from_query
 from rtserve.web.moshi.service import Conversation, MoshiService

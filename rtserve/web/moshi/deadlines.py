@@ -34,7 +34,7 @@ class ReceiveDeadline:
 
 
 async def receive_before(
-    ws: web.WebSocketResponse, deadline: ReceiveDeadline, transport: asyncio.BaseTransport | None, send_timeout_s: float
+    ws: web.WebSocketResponse, deadline: ReceiveDeadline, transport: asyncio.Transport | None, send_timeout_s: float
 ) -> WSMessage | None:
     """The next client message, or ``None`` once ``deadline`` passed and ``ws`` was closed."""
     try:
@@ -46,7 +46,7 @@ async def receive_before(
         return None
 
 
-async def send_within(send: Awaitable[None], transport: asyncio.BaseTransport | None, timeout_s: float) -> bool:
+async def send_within(send: Awaitable[None], transport: asyncio.Transport | None, timeout_s: float) -> bool:
     """Await ``send``; False (and the connection dropped) when the reader stalled past ``timeout_s``."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -60,7 +60,7 @@ async def send_within(send: Awaitable[None], transport: asyncio.BaseTransport | 
 
 
 async def close_within(
-    ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, code: int, reason: str, timeout_s: float
+    ws: web.WebSocketResponse, transport: asyncio.Transport | None, code: int, reason: str, timeout_s: float
 ) -> None:
     """``close_socket``, dropping the connection when the close frame cannot be sent in time."""
     await send_within(close_socket(ws, code, reason), transport, timeout_s)

@@ -91,9 +91,7 @@ def parse_client_message(text: str) -> OpenMessage | CloseMessage:
 class DuplexConnection:
     """One ``/v1/audio/duplex`` socket: at most one conversation, opened by ``open``."""
 
-    def __init__(
-        self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, service: MoshiService
-    ) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None, service: MoshiService) -> None:
         self.ws = ws
         self.transport = transport
         self.service = service

@@ -150,7 +150,7 @@ class MoshiService:
     def spawn_output(
         self,
         ws: web.WebSocketResponse,
-        transport: asyncio.BaseTransport | None,
+        transport: asyncio.Transport | None,
         route: str,
         conversation: Conversation,
         send_frame: Callable[[AgentFrame], Awaitable[None]],
@@ -179,7 +179,7 @@ class MoshiService:
         route: str,
         conversation: Conversation,
         send_frame: Callable[[AgentFrame], Awaitable[None]],
-        transport: asyncio.BaseTransport | None,
+        transport: asyncio.Transport | None,
     ) -> bool:
         """Engine frames -> ``send_frame`` until the session ends or the socket closes; False
         when the reader stalled past ``moshi.send_timeout_s`` and the connection was dropped. A

@@ -81,9 +81,10 @@ def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 def _scalar(data: Any, dtype: np.dtype) -> np.generic:
     try:
-        return dtype.type(data)
+        scalar: np.generic = dtype.type(data)
     except (TypeError, ValueError, OverflowError):
         raise WireError(f"numpy scalar value does not fit {dtype}") from None
+    return scalar
 
 
 def _legacy_scalar(data: Any, dtype: np.dtype) -> np.generic:
@@ -140,4 +141,5 @@ def _encode_numpy(obj: Any) -> Any:
 
 def pack_message(obj: Any) -> bytes:
     """Encode a server message; ``TypeError`` for values the wire cannot carry."""
-    return msgpack.packb(obj, default=_encode_numpy, use_bin_type=True)
+    frame: bytes = msgpack.packb(obj, default=_encode_numpy, use_bin_type=True)
+    return frame

@@ -33,10 +33,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from rtserve.errors import INVALID_VALUE
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat
 from rtserve.web.realtime.audio_items import CreateAudioItem, ItemPart
-from rtserve.web.realtime.errors import INVALID_VALUE, MAX_ECHOED_CHARS, WireError, field_path, invalid_event
+from rtserve.web.realtime.errors import MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.session_object import FormatField, MaxTokens, audio_format, session_changes
 from rtserve.web.realtime.tools import function_item, with_response_tools
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, INVALID_VALUE, UNSUPPORTED_TURN_DETECTION, RtserveError
+from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, RtserveError
 
 INVALID_EVENT_MESSAGE = "Invalid or unrecognized client event"
 INVALID_BASE64_MESSAGE = "Invalid base64 audio data"

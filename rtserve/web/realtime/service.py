@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import TypedDict
 
 from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -36,6 +37,10 @@ from rtserve.web.realtime.errors import WireError
 
 DUPLEX_UNAVAILABLE = "Duplex API is not available"
 _MAX_MODEL_CHARS = 256
+
+
+class _SendBufferLimit(TypedDict, total=False):
+    writer_limit: int  # absent: aiohttp's own default
 
 
 class RealtimeMetrics:
@@ -73,7 +78,9 @@ class RealtimeService:
     def websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: base64 audio barely compresses and deflate costs CPU per frame.
         transport = self.config.transport
-        extra = {} if transport.ws_send_buffer_bytes is None else {"writer_limit": transport.ws_send_buffer_bytes}
+        extra: _SendBufferLimit = (
+            {} if transport.ws_send_buffer_bytes is None else {"writer_limit": transport.ws_send_buffer_bytes}
+        )
         return web.WebSocketResponse(
             protocols=accepted_subprotocols(request),
             heartbeat=transport.ws_heartbeat_s,
@@ -111,13 +118,14 @@ class RealtimeService:
             await self._refuse(ws, NATIVE_DUPLEX_UNAVAILABLE, mismatch)
             return ws
         origin = Origin.of(request)
-        owner = self.peers.remote_owner(request.query.get("session_id")) if self.peers is not None else None
+        peers = self.peers
+        owner = peers.remote_owner(request.query.get("session_id")) if peers is not None else None
         gauge = self.metrics.connections.labels(route)
-        if owner is not None:  # the URL names another front-end's session: the whole socket goes there
+        if peers is not None and owner is not None:  # another front-end's session: the whole socket goes there
             gauge.inc()
             try:
                 async with self.connections.track(ws):
-                    if await self.peers.relay_socket(ws, owner, origin):
+                    if await peers.relay_socket(ws, owner, origin):
                         return ws
             finally:
                 gauge.dec()

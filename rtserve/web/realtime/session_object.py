@@ -13,15 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.errors import INVALID_VALUE, UNSUPPORTED_TURN_DETECTION
 from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat, TurnDetection
-from rtserve.web.realtime.errors import (
-    INVALID_VALUE,
-    MAX_ECHOED_CHARS,
-    UNSUPPORTED_TURN_DETECTION,
-    WireError,
-    field_path,
-    invalid_event,
-)
+from rtserve.web.realtime.errors import MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.tools import tool_changes
 
 _FORMAT_NAMES: dict[str, AudioFormat] = {

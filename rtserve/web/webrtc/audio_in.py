@@ -35,7 +35,8 @@ def frame_to_mono(frame: av.AudioFrame) -> FloatArray:
     data = frame.to_ndarray()
     data = data.reshape(channels, -1) if frame.format.is_planar else data.reshape(-1, channels).T
     if frame.format.name.startswith("s16"):
-        mono = int16_to_float(data[0]) if channels == 1 else int16_to_float(data).mean(axis=0)
+        samples = data.astype(np.int16, copy=False)  # int16 already: no copy
+        mono = int16_to_float(samples[0]) if channels == 1 else int16_to_float(samples).mean(axis=0)
     else:  # float formats
         mono = data.astype(np.float32).mean(axis=0)
     return np.ascontiguousarray(mono, dtype=np.float32)

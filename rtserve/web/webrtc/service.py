@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from typing import Any
 
 from rtserve import errors
 from rtserve.config import ServerConfig
@@ -42,7 +43,7 @@ class WebRtcService:
         self.calls: dict[str, Call] = {}
         self._closing = False
 
-    async def place(self, offer: CallOffer, bound_session: dict | None) -> Call:
+    async def place(self, offer: CallOffer, bound_session: dict[str, Any] | None) -> Call:
         """Admit a session, answer the offer, start the call (its answer is ``call.pc.localDescription``)."""
         if self._closing:
             raise ApiError(
