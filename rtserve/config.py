@@ -7,12 +7,15 @@ Nested fields are addressed in the environment with ``__``:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "RTSERVE_"
 
@@ -790,6 +793,25 @@ class WebRtcConfig(_Section):
     max_client_secret_session_bytes: int = Field(
         8 * 1024, ge=256, description="JSON session bound into a client secret; larger -> 400 invalid_value"
     )
+    client_secret_keys: list[str] = Field(
+        default_factory=list,
+        description="keys signing client secrets (ek_...), at least 32 characters each: the first signs, "
+        "every one verifies (rotate: put a new key first, drop the old one after client_secret_max_ttl_s); "
+        "[] = derived from cluster.secret in a Ray cluster, else random per server start (shared by its workers)",
+    )
+    max_sdp_bytes: int = Field(
+        64 * 1024, ge=4096, description="an SDP offer (a browser's is 2-6 KiB); larger -> 413 request_too_large"
+    )
+    max_offer_parts: int = Field(
+        4, ge=2, description="parts of a multipart call offer ('sdp', 'session'); more -> 400 invalid_sdp"
+    )
+
+    @field_validator("client_secret_keys")
+    @classmethod
+    def _long_keys(cls, keys: list[str]) -> list[str]:
+        if any(len(key) < 32 for key in keys):
+            raise ValueError("each client secret key needs at least 32 characters")
+        return keys
 
 
 def default_workers() -> int:
@@ -833,6 +855,21 @@ class ServerConfig(_Section):
     webrtc: WebRtcConfig = WebRtcConfig()
     ssl_certfile: str | None = Field(None, description="PEM certificate chain: serve HTTPS/WSS (with ssl_keyfile)")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
+
+    @model_validator(mode="after")
+    def _fill_client_secret_keys(self) -> ServerConfig:
+        # Filled once, where the configuration is loaded: workers are started with this
+        # configuration, so they verify each other's secrets; cluster front-ends agree through
+        # the one secret they share. Never derived from the API key, which a client secret's
+        # holder could then test guesses against offline.
+        if not self.webrtc.client_secret_keys:
+            secret = self.cluster.secret
+            self.webrtc.client_secret_keys = [
+                hmac.new(secret.encode(), b"rtserve client secrets", hashlib.sha256).hexdigest()
+                if secret
+                else secrets.token_hex(32)
+            ]
+        return self
 
 
 class ConfigError(Exception):

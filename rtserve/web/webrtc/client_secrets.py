@@ -8,9 +8,12 @@ with it; the real key never reaches the browser. Here the secret admits exactly 
 object given when minting is bound into it and is what calls placed with it start from.
 
 Secrets are signed, not stored: the value carries its expiry and session, with an HMAC
-keyed from the server's API key, so every front-end worker (``--workers N``) and a restarted
-server accept the same secrets, and nothing accumulates. Without ``--api-key`` every route
-is open anyway; secrets are still minted and verified with a per-process key.
+keyed by ``webrtc.client_secret_keys`` (the first signs, every one verifies, so keys rotate
+without refusing secrets already handed out), so every front-end worker (``--workers N``)
+accepts the same secrets and nothing accumulates. The key is never derived from the API
+key: a secret's holder could otherwise test API-key guesses against it offline. Unset, it is
+random per server start (a restart refuses earlier secrets) or, in a Ray cluster, derived
+from the cluster secret every front-end shares.
 """
 
 from __future__ import annotations
@@ -55,8 +58,7 @@ class ClientSecret:
 class ClientSecrets:
     def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.time) -> None:
         self._settings = config.webrtc
-        seed = (config.api_key or secrets.token_hex(32)).encode("utf-8", "surrogateescape")
-        self._key = hashlib.sha256(b"rtserve client secret\0" + seed).digest()
+        self._keys = [key.encode("utf-8", "surrogateescape") for key in config.webrtc.client_secret_keys]
         self.clock = clock  # wall time (expires_at is seconds since the epoch)
 
     def mint(self, body: dict[str, Any]) -> ClientSecret:
@@ -77,14 +79,14 @@ class ClientSecrets:
                 param="session",
             )
         body64 = _b64(payload)
-        return ClientSecret(f"{PREFIX}{body64}.{self._sign(body64)}", expires_at, session)
+        return ClientSecret(f"{PREFIX}{body64}.{self._sign(body64, self._keys[0])}", expires_at, session)
 
     def verify(self, value: str) -> ClientSecret | None:
         """The secret ``value`` names, if it is genuine and unexpired."""
         if not value.startswith(PREFIX) or value.count(".") != 1 or not value.isascii():
             return None
         body64, signature = value[len(PREFIX) :].split(".")
-        if not hmac.compare_digest(signature.encode(), self._sign(body64).encode()):
+        if not any(hmac.compare_digest(signature.encode(), self._sign(body64, key).encode()) for key in self._keys):
             return None
         payload = json.loads(_unb64(body64))
         if payload["exp"] <= self.clock():
@@ -103,8 +105,9 @@ class ClientSecrets:
         place a call with a valid secret; nothing else."""
         return request.method == "POST" and request.path == CALLS_ROUTE and self.presented(request) is not None
 
-    def _sign(self, body64: str) -> str:
-        return _b64(hmac.new(self._key, body64.encode(), hashlib.sha256).digest())
+    @staticmethod
+    def _sign(body64: str, key: bytes) -> str:
+        return _b64(hmac.new(key, body64.encode(), hashlib.sha256).digest())
 
     def _ttl(self, expires_after: Any) -> int:
         if expires_after is None:

@@ -41,6 +41,7 @@ class WebRtcService:
         self._realtime = realtime
         self._metrics = metrics
         self.calls: dict[str, Call] = {}
+        self._placing = 0  # offers admitted against max_calls and not yet live or refused
         self._closing = False
 
     async def place(self, offer: CallOffer, bound_session: dict[str, Any] | None) -> Call:
@@ -49,12 +50,27 @@ class WebRtcService:
             raise ApiError(
                 "The server is shutting down.", status=503, code=errors.SHUTTING_DOWN, type_=errors.SERVER_ERROR
             )
-        if len(self.calls) >= self._settings.max_calls:
+        # The cap counts offers still being answered: it is reserved here, before the first
+        # await, so concurrent offers cannot all pass the check and be counted only later.
+        if len(self.calls) + self._placing >= self._settings.max_calls:
             raise ApiError(
                 f"This server holds at most {self._settings.max_calls} calls; try again later.",
                 status=429,
                 code=errors.RESOURCE_EXHAUSTED,
             )
+        self._placing += 1
+        try:
+            call = await self._answer(offer, bound_session)
+        finally:
+            self._placing -= 1
+        self.calls[call.call_id] = call
+        self._metrics.calls.set(len(self.calls))
+        call.start()
+        log.info("call %s placed (session %s)", call.call_id, call.handle.session_id)
+        return call
+
+    async def _answer(self, offer: CallOffer, bound_session: dict[str, Any] | None) -> Call:
+        """A session admitted and the offer answered; nothing of the call is left on failure."""
         capabilities = self._realtime.engine_capabilities
         config = call_config([bound_session, offer.session], capabilities, self._config.sessions)
         try:
@@ -81,12 +97,8 @@ class WebRtcService:
         try:
             await call.answer(offer.sdp)
         except BaseException as exc:
-            await asyncio.shield(call.end("invalid_sdp" if isinstance(exc, ApiError) else "internal_error"))
+            await asyncio.shield(call.end(errors.INVALID_SDP if isinstance(exc, ApiError) else errors.INTERNAL_ERROR))
             raise
-        self.calls[call.call_id] = call
-        self._metrics.calls.set(len(self.calls))
-        call.start()
-        log.info("call %s placed (session %s)", call.call_id, handle.session_id)
         return call
 
     def get(self, call_id: str) -> Call:
