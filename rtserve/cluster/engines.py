@@ -10,6 +10,12 @@ that fills up (or starts draining) between our look and our open refuses, and th
 engine is tried. Turn-engine streams and robot-policy connections go to the least-loaded
 ready engine the same way.
 
+What changes state on every engine goes to every reachable engine at once: sleep and wake
+(``sleeping`` is every stage asleep on any of them, so new work is refused while one still
+sleeps) and voice registration (any engine may be the one that speaks with the voice). Each
+is the control call ``RemoteEngines`` makes to one engine process; the answers are merged
+(one sleep/wake ack per stage), and an engine's refusal is the caller's error.
+
 No Ray here: links are built from plain ``connect()`` functions (``frontend.py`` makes
 them from actor handles), so this is tested without a cluster too.
 """
@@ -21,33 +27,34 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import EngineLinkConfig
-from rtserve.engines.protocols import (
-    CapacityExhausted,
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.protocols import EngineSession, SessionEngine, TTSEngine, TurnEngines
+from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
+from rtserve.engines.remote.link import EngineLink, EngineUnavailable
+from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.remote.wire import LinkMetrics
+from rtserve.engines.values import (
     ChatMessage,
-    EngineError,
-    EngineSession,
     Pcm,
     SamplingParams,
     SessionOptions,
     TokenDelta,
     TranscriptPiece,
-    TurnEngines,
+    VoiceInfo,
 )
-from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
-from rtserve.engines.remote.link import EngineLink, EngineUnavailable
-from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
-from rtserve.engines.remote.wire import LinkMetrics
+from rtserve.errors import MODEL_NOT_FOUND
 from rtserve.process_metrics import merge_expositions
 
 log = logging.getLogger(__name__)
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 _METRICS_TIMEOUT_S = 2.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -59,9 +66,13 @@ class EngineMember:
     remote: RemoteEngines
 
     @property
+    def reachable(self) -> bool:
+        return self.link.connected.is_set()
+
+    @property
     def serving(self) -> bool:
         offer = self.link.offer
-        return self.link.connected.is_set() and offer is not None and offer.ready
+        return self.reachable and offer is not None and offer.ready
 
     @property
     def free_slots(self) -> int:
@@ -80,6 +91,11 @@ class ClusterSessionEngine:
         self.capabilities = template.capabilities
         self._members = members
         self._model_ids = list(template.model_ids)
+        self._turn_engines = TurnEngines(
+            asr=RoutedASR(members, template.asr) if template.asr else None,
+            llm=RoutedLLM(members, template.llm) if template.llm else None,
+            tts=RoutedTTS(members, template.tts) if template.tts else None,
+        )
 
     @property
     def ready(self) -> bool:
@@ -93,6 +109,14 @@ class ClusterSessionEngine:
 
     def model_ids(self) -> list[str]:
         return list(self._model_ids)
+
+    def turn_engines(self) -> TurnEngines:
+        """Each stream goes to the least-loaded serving engine."""
+        return self._turn_engines
+
+    def sleep_stages(self) -> tuple[()]:
+        """Sleep mode unloads stages inside each engine actor (``ClusterEngines.sleep``), not here."""
+        return ()
 
     async def open_session(self, session_id: str, options: SessionOptions) -> EngineSession:
         candidates = sorted((m for m in self._members if m.free_slots > 0), key=lambda m: (m.load, m.name))
@@ -113,6 +137,49 @@ def least_loaded(members: Sequence[EngineMember]) -> EngineMember:
     return min(serving, key=lambda m: (m.load, m.name))
 
 
+async def on_every_engine(
+    members: Sequence[EngineMember], call: Callable[[RemoteEngines], Awaitable[T]]
+) -> list[tuple[str, T]]:
+    """``call`` on every reachable engine at once: (name, answer) of each that answered. An
+    engine lost meanwhile is left out (a restarted actor starts afresh); any other refusal is
+    raised once every engine has answered (the others have acted)."""
+    reachable = [m for m in members if m.reachable]
+
+    async def attempt(member: EngineMember) -> T:
+        return await call(member.remote)
+
+    results = await asyncio.gather(*(attempt(m) for m in reachable), return_exceptions=True)
+    answered: list[tuple[str, T]] = []
+    refusals: list[BaseException] = []
+    for member, result in zip(reachable, results):
+        if isinstance(result, EngineUnavailable):
+            log.warning("engine actor %s was lost during a call to every engine: %s", member.name, result)
+        elif isinstance(result, BaseException):
+            refusals.append(result)
+        else:
+            answered.append((member.name, result))
+    if refusals:
+        raise refusals[0]
+    if not answered:
+        raise EngineUnavailable("no engine of the cluster is reachable")
+    return answered
+
+
+def merged_acks(answers: Sequence[tuple[str, list[dict[str, Any]]]], measure: str) -> list[dict[str, Any]]:
+    """One sleep/wake ack per stage, as one engine gives them: ``measure`` (``freed_bytes``,
+    ``restored_bytes``) summed over the engines that acted on the stage, named in ``engines``;
+    ``level`` the highest."""
+    merged: dict[int, dict[str, Any]] = {}
+    for name, acks in answers:
+        for ack in acks:
+            into = merged.setdefault(ack["stage_id"], {**ack, measure: 0, "engines": []})
+            into[measure] += ack[measure]
+            into["engines"].append(name)
+            if "level" in ack:
+                into["level"] = max(into["level"], ack["level"])
+    return [merged[stage_id] for stage_id in sorted(merged)]
+
+
 class _RoutedTurnEngine:
     def __init__(self, members: Sequence[EngineMember], info: TurnEngineInfo) -> None:
         self._members = members
@@ -128,7 +195,7 @@ class RoutedLLM(_RoutedTurnEngine):
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
         llm = self._turn_engines().llm
         if llm is None:
-            raise EngineError("the engine has no LLM loaded", code="model_not_found")
+            raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
         async with contextlib.aclosing(llm.generate(messages, params)) as items:
             async for item in items:
                 yield item
@@ -136,12 +203,27 @@ class RoutedLLM(_RoutedTurnEngine):
 
 class RoutedTTS(_RoutedTurnEngine):
     async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
-        tts = self._turn_engines().tts
-        if tts is None:
-            raise EngineError("the engine has no TTS model loaded", code="model_not_found")
+        tts = _tts(least_loaded(self._members).remote)
         async with contextlib.aclosing(tts.synthesize(text, voice=voice, speed=speed)) as items:
             async for item in items:
                 yield item
+
+    # A voice is registered with (and removed from) every engine: any of them may speak with it.
+    async def voice_list(self) -> list[VoiceInfo]:
+        return await _tts(least_loaded(self._members).remote).voice_list()
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        answers = await on_every_engine(self._members, lambda remote: _tts(remote).add_voice(name, model, config))
+        return answers[0][1]
+
+    async def remove_voice(self, name: str) -> None:
+        await on_every_engine(self._members, lambda remote: _tts(remote).remove_voice(name))
+
+
+def _tts(remote: RemoteEngines) -> TTSEngine:
+    if remote.turn_engines.tts is None:
+        raise EngineError("the engine has no TTS model loaded", code=MODEL_NOT_FOUND)
+    return remote.turn_engines.tts
 
 
 class RoutedASR(_RoutedTurnEngine):
@@ -150,7 +232,7 @@ class RoutedASR(_RoutedTurnEngine):
     ) -> AsyncIterator[TranscriptPiece]:
         asr = self._turn_engines().asr
         if asr is None:
-            raise EngineError("the engine has no ASR model loaded", code="model_not_found")
+            raise EngineError("the engine has no ASR model loaded", code=MODEL_NOT_FOUND)
         async with contextlib.aclosing(asr.transcribe(audio, language=language, prompt=prompt)) as items:
             async for item in items:
                 yield item
@@ -161,12 +243,8 @@ class ClusterEngines:
 
     def __init__(self, members: Sequence[EngineMember], template: EngineOffer) -> None:
         self.members = list(members)
-        self.session_engine = ClusterSessionEngine(self.members, template)
-        self.turn_engines = TurnEngines(
-            asr=RoutedASR(self.members, template.asr) if template.asr else None,
-            llm=RoutedLLM(self.members, template.llm) if template.llm else None,
-            tts=RoutedTTS(self.members, template.tts) if template.tts else None,
-        )
+        self.session_engine: SessionEngine = ClusterSessionEngine(self.members, template)
+        self.turn_engines = self.session_engine.turn_engines()
 
     @staticmethod
     def links(
@@ -240,6 +318,24 @@ class ClusterEngines:
 
     async def stop(self) -> None:
         await asyncio.gather(*(member.remote.stop() for member in self.members))
+
+    @property
+    def sleeping(self) -> tuple[int, ...]:
+        """Sleep mode: every stage id asleep on any reachable engine (new work is refused while
+        any is, as with one engine)."""
+        return tuple(sorted({stage for m in self.members if m.reachable for stage in m.remote.sleeping}))
+
+    async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
+        """Every reachable engine puts the stages to sleep; one ack per stage (``freed_bytes``
+        summed over the engines)."""
+        answers = await on_every_engine(self.members, lambda remote: remote.sleep(stage_ids, level))
+        return merged_acks(answers, "freed_bytes")
+
+    async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+        """Every reachable engine wakes the stages it has asleep; one ack per stage woken
+        anywhere (``restored_bytes`` summed)."""
+        answers = await on_every_engine(self.members, lambda remote: remote.wake_up(stage_ids))
+        return merged_acks(answers, "restored_bytes")
 
     async def policy(self) -> RemotePolicy | None:
         """The robot policy of the least-loaded serving engine: a connection keeps it for its life."""

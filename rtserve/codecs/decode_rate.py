@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable
 
 from rtserve.codecs.errors import AudioLimitError
+from rtserve.errors import DECODE_RATE_EXCEEDED
 
 
 class DecodeRateError(AudioLimitError):
     """A connection decoded audio faster than its configured rate allows."""
 
-    code = "decode_rate_exceeded"
+    code = DECODE_RATE_EXCEEDED
 
 
 class DecodeRateLimit:

@@ -8,7 +8,16 @@ paths. ``CodecError`` is a ``ValueError`` so generic "bad value" handling also c
 
 from __future__ import annotations
 
-from rtserve.errors import INVALID_AUDIO, INVALID_BASE64, RtserveError
+from rtserve.errors import (
+    AUDIO_LIMIT_EXCEEDED,
+    INVALID_AUDIO,
+    INVALID_BASE64,
+    INVALID_OGG,
+    INVALID_OPUS,
+    INVALID_WAV,
+    UNSUPPORTED_FORMAT,
+    RtserveError,
+)
 
 
 class CodecError(RtserveError, ValueError):
@@ -32,28 +41,28 @@ class InvalidBase64Error(CodecError):
 class InvalidOggError(CodecError):
     """Bytes that are not a well-formed Ogg-Opus stream (RFC 3533, RFC 7845)."""
 
-    code = "invalid_ogg"
+    code = INVALID_OGG
 
 
 class InvalidOpusError(CodecError):
     """An Opus packet that libopus cannot decode."""
 
-    code = "invalid_opus"
+    code = INVALID_OPUS
 
 
 class InvalidWavError(CodecError):
     """Bytes that are not a well-formed RIFF/WAVE file."""
 
-    code = "invalid_wav"
+    code = INVALID_WAV
 
 
 class AudioLimitError(CodecError):
     """Valid input that would decode to more audio than a configured limit allows."""
 
-    code = "audio_limit_exceeded"
+    code = AUDIO_LIMIT_EXCEEDED
 
 
 class UnsupportedFormatError(CodecError):
     """Well-formed input in a variant this server does not decode (e.g. 24-bit WAV)."""
 
-    code = "unsupported_format"
+    code = UNSUPPORTED_FORMAT

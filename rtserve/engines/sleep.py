@@ -5,9 +5,12 @@ VAD, ASR, LLM, TTS). ``sleep(stage_ids, level)`` releases each stage and reports
 resident memory it gave back; ``wake_up(stage_ids)`` restores the sleeping ones among them
 and reports what they took again. As in vLLM-Omni:
 
-* level 1 keeps what is needed to come back (here: the weights stay on disk, so wake reloads
-  them); level 2 discards them, and a later wake is refused with ``not_implemented``
-  ("sleep(level=2) ... not yet implemented"), leaving the stages asleep;
+* level 1 keeps what is needed to come back and level 2 discards the weights; rtserve's stages
+  always load their weights from disk, so both drop them from memory and a wake after either
+  reloads them (vLLM-Omni refuses a wake after level 2; here nothing is lost that disk lacks);
+* a stage lets the work it already accepted finish before it unloads (the cascade's TTS: the
+  speech in flight, bounded by ``cascade.sleep_drain_timeout_s``, else ``stage_busy``) and
+  refuses new work meanwhile;
 * the sleeping set changes only on success: a refused or failed wake leaves it as it was;
 * a wake of stages that are awake is a no-op with no acks (idempotent);
 * while any stage sleeps the engine refuses new work with ``engine_sleeping``.
@@ -28,8 +31,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rtserve.engines.protocols import EngineError, SleepStage
-from rtserve.errors import INVALID_VALUE, NOT_IMPLEMENTED
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import SleepStage
+from rtserve.errors import INVALID_VALUE, SLEEP_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def resident_bytes() -> int:
 
 
 class SleepUnsupported(EngineError):
-    code = "sleep_unsupported"
+    code = SLEEP_UNSUPPORTED
 
 
 class SleepController:
@@ -102,7 +106,11 @@ class SleepController:
                 if i not in self._levels:
                     before = await asyncio.to_thread(resident_bytes)
                     self._levels[i] = level  # refuse new work from here on
-                    await stage.release()
+                    try:
+                        await stage.release()
+                    except BaseException:
+                        del self._levels[i]  # refused or failed: the stage is still awake
+                        raise
                     freed = max(0, before - await asyncio.to_thread(resident_bytes))
                 self._levels[i] = max(level, self._levels[i])
                 log.info("stage %d (%s) asleep at level %d; %d bytes freed", i, stage.stage, level, freed)
@@ -120,13 +128,6 @@ class SleepController:
     async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
         async with self._lock:
             asleep = [i for i in self._ids(stage_ids, "wake_up") if i in self._levels]
-            discarded = [i for i in asleep if self._levels[i] >= 2]
-            if discarded:
-                raise EngineError(
-                    f"wake_up after sleep(level=2) is not yet implemented: level 2 discarded the "
-                    f"weights of stage(s) {discarded}; restart the server to load them",
-                    code=NOT_IMPLEMENTED,
-                )
             acks = []
             for i in asleep:
                 stage = self._stages[i]

@@ -30,10 +30,11 @@ from typing import Any, Literal
 import aiohttp
 
 from rtserve.config import ConfigError, VllmSettings
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta, ToolCallDelta, ToolChoice
+from rtserve.engines.errors import EngineError
 from rtserve.engines.sleep import SleepUnsupported
 from rtserve.engines.tools import openai_tools, openai_turns
-from rtserve.errors import MODEL_NOT_READY, MODEL_UNAVAILABLE
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta, ToolCallDelta, ToolChoice
+from rtserve.errors import CONTEXT_LENGTH_EXCEEDED, MALFORMED_REQUEST, MODEL_NOT_READY, MODEL_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class VllmTextEngine:
             raise EngineError(
                 f"the prompt's system turns and newest turn alone exceed vLLM's context of "
                 f"{self._context} tokens with max_tokens={max_tokens}",
-                code="context_length_exceeded",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         gone = set(droppable[:high])
         return [m for i, m in enumerate(messages) if i not in gone]
@@ -239,7 +240,7 @@ async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
         message = str(response.reason)
     if response.status == 400:
         too_long = "context length" in message or "maximum context" in message
-        return EngineError(message, code="context_length_exceeded" if too_long else "invalid_request")
+        return EngineError(message, code=CONTEXT_LENGTH_EXCEEDED if too_long else MALFORMED_REQUEST)
     if response.status == 503:
         return EngineError(f"The LLM server (vLLM) is not ready: {message}", code=MODEL_NOT_READY)
     if response.status == 401:

@@ -20,7 +20,9 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.whisper_window import decode_in_window, fits
 from rtserve.engines.cascade.worker import PRIORITY_HIGH, PRIORITY_LOW, ModelWorker
-from rtserve.engines.protocols import EngineError, Pcm, TranscriptPiece
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import Pcm, TranscriptPiece
+from rtserve.errors import UNSUPPORTED_LANGUAGE
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ class WhisperAsr:
         if language not in (None, "en") and not self._multilingual:
             raise EngineError(
                 f"the speech model {self.model_name} is English-only; language {language!r} is not supported",
-                code="unsupported_language",
+                code=UNSUPPORTED_LANGUAGE,
             )
 
     async def decode(

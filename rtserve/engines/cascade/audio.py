@@ -7,7 +7,9 @@ from collections import deque
 import numpy as np
 import soxr
 
-from rtserve.engines.protocols import EngineError, Pcm
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import Pcm
+from rtserve.errors import INVALID_AUDIO
 
 
 def as_pcm(pcm: Pcm) -> np.ndarray:
@@ -15,7 +17,7 @@ def as_pcm(pcm: Pcm) -> np.ndarray:
     array = np.asarray(pcm)
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.floating):
         raise EngineError(
-            f"audio must be 1-D float32 PCM, got shape {array.shape} of {array.dtype}", code="invalid_audio"
+            f"audio must be 1-D float32 PCM, got shape {array.shape} of {array.dtype}", code=INVALID_AUDIO
         )
     return np.nan_to_num(array.astype(np.float32, copy=True), nan=0.0, posinf=1.0, neginf=-1.0)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rtserve.config import ConfigError
-from rtserve.engines.protocols import EngineError
-from rtserve.errors import ENGINE_SLEEPING
+from rtserve.engines.errors import EngineError
+from rtserve.errors import ENGINE_SLEEPING, MODEL_NOT_READY, MODEL_UNAVAILABLE
 
 
 class ModelUnavailable(EngineError, ConfigError):
@@ -13,13 +13,13 @@ class ModelUnavailable(EngineError, ConfigError):
     Also a ``ConfigError``: found while building the app, ``rtserve serve`` exits with the
     one-line message naming the ``models.*`` key instead of a traceback."""
 
-    code = "model_unavailable"
+    code = MODEL_UNAVAILABLE
 
 
 class ModelNotReady(EngineError):
     """A model was called before ``start()`` finished loading it."""
 
-    code = "model_not_ready"
+    code = MODEL_NOT_READY
 
 
 class EngineSleeping(EngineError):

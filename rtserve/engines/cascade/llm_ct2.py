@@ -64,7 +64,9 @@ from rtserve.engines.cascade.llm_stage import (
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.tool_calls import uses_tools
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
+from rtserve.errors import GENERATION_FAILED
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +207,7 @@ class _Batches(DecodeQueue):
         for request in batch:
             if not (request.finished or request.cancelled or request.steps):
                 request.finished = True  # CTranslate2 gave it nothing: never spin on it
-                request.deliver(EngineError("text generation stopped without a reply", code="generation_failed"))
+                request.deliver(EngineError("text generation stopped without a reply", code=GENERATION_FAILED))
 
     def _take(self, request: _Request, token: int) -> None:
         """One generated token of ``request``: its text delta delivered, finished when done."""

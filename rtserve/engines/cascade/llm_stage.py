@@ -31,8 +31,10 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.prompt_fit import fit_prompt, max_token_chars, turn_overhead
 from rtserve.engines.cascade.tool_calls import CALL_OPEN, forced, render, template_knows_tools
-from rtserve.engines.protocols import CapacityExhausted, ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.tools import check_tools
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
+from rtserve.errors import GENERATION_FAILED, INVALID_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ def check_params(params: SamplingParams) -> None:
     if params.max_tokens < 1:
         problems.append(f"max_tokens must be at least 1, got {params.max_tokens}")
     if problems:
-        raise EngineError("; ".join(problems), code="invalid_value")
+        raise EngineError("; ".join(problems), code=INVALID_VALUE)
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,7 @@ class DecodeQueue(ABC):
             self.serve()
         except Exception:  # a bug in the loop: nobody may wait forever on it
             log.exception("the LLM decode loop failed")
-            self.stop(EngineError("the language model failed", code="generation_failed"))
+            self.stop(EngineError("the language model failed", code=GENERATION_FAILED))
             self.admit(())
         finally:
             with self._cond:
@@ -312,7 +314,7 @@ def fail_request(request: LlmRequest, exc: Exception) -> None:
         request.deliver(exc)
         return
     log.error("LLM generation failed", exc_info=exc)
-    request.deliver(EngineError("text generation failed", code="generation_failed"))
+    request.deliver(EngineError("text generation failed", code=GENERATION_FAILED))
 
 
 class LlmStage(ABC):
@@ -399,7 +401,7 @@ class LlmStage(ABC):
         check_params(params)
         check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:
-            raise EngineError("messages must not be empty", code="invalid_value")
+            raise EngineError("messages must not be empty", code=INVALID_VALUE)
         params = self._sampling.apply(params)
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()  # <= max_tokens + 1 items

@@ -26,7 +26,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
+from rtserve.errors import CONTEXT_LENGTH_EXCEEDED
 
 Turn = dict[str, Any]  # a chat-template message: "role", "content" (and whatever the template reads)
 Render = Callable[[list[Turn]], Sequence[int]]  # turns -> templated prompt ids (with the generation prompt)
@@ -60,7 +61,7 @@ def _too_long(needed: str, max_tokens: int, context: int) -> EngineError:
     return EngineError(
         f"the prompt needs {needed} tokens; with max_tokens={max_tokens} it exceeds this model's "
         f"context of {context} tokens",
-        code="context_length_exceeded",
+        code=CONTEXT_LENGTH_EXCEEDED,
     )
 
 

@@ -42,11 +42,8 @@ from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
 from rtserve.engines.cascade.vad import VadEngine, VadStream
-from rtserve.engines.pipeline import StageFailed
-from rtserve.engines.protocols import (
-    ChatMessage,
-    EngineCapabilities,
-    EngineError,
+from rtserve.engines.errors import EngineError
+from rtserve.engines.events import (
     EngineEvent,
     EngineFailure,
     InputTranscript,
@@ -54,12 +51,18 @@ from rtserve.engines.protocols import (
     OutputText,
     OutputToolCall,
     ResponseFinished,
+)
+from rtserve.engines.pipeline import StageFailed
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import (
+    ChatMessage,
+    EngineCapabilities,
     ResponseRequest,
     SamplingParams,
     SessionOptions,
     TokenDelta,
-    TurnDetection,
 )
+from rtserve.errors import ENGINE_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +191,7 @@ class CascadeSession:
                         self._metrics.dropped_input_samples.inc(len(audio))
                     except Exception:
                         log.exception("input analysis failed")
-                        self._channel.put_control(EngineFailure("engine_error", "voice activity detection failed"))
+                        self._channel.put_control(EngineFailure(ENGINE_ERROR, "voice activity detection failed"))
 
     async def _analyse(self, audio: np.ndarray) -> None:
         turn = self._turn

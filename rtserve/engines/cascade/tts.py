@@ -9,8 +9,13 @@ OpenAI Realtime/speech wire rate, so the common transports pass it through untou
 espeak-ng is the fallback when the GPL voice wheel (the ``voice`` extra) is absent, or
 when ``models.tts`` is ``espeak-ng``; it runs as the system ``espeak-ng`` program.
 
-Voices registered at run time (``voices.py``) are loaded on the TTS thread when first
-used; at most ``voices.max_loaded_voices`` stay loaded (least recently used unloaded).
+Voices registered at run time (``voices.py``) are user-supplied models: they are proven
+and spoken in a sandbox child process with memory, CPU and wall-clock limits
+(``voice_sandbox.py``), from their own thread, so a slow or hostile upload never holds the
+thread the built-in voice speaks on. Uploads are proven on their own small pool, at most
+``voices.max_concurrent_uploads`` at once (429 beyond), never on the default executor.
+Every voice stops speaking once its audio is longer than ``voices.max_speech_s_per_char``
+allows for the text (checked per Piper sentence, as the audio is produced).
 Sleep mode (``release``/``restore``) unloads every voice and loads the built-in one again.
 """
 
@@ -18,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import logging
 import subprocess
 import time
 import wave
-from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -37,10 +41,20 @@ from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady, ModelU
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ESPEAK, ModelLocation
 from rtserve.engines.cascade.sentences import speakable, split_sentences
-from rtserve.engines.cascade.voices import VoiceStore
+from rtserve.engines.cascade.voice_sandbox import (
+    SandboxLimits,
+    SpeechTooLong,
+    VoiceModelRejected,
+    VoiceSandbox,
+    speech_sample_bound,
+)
+from rtserve.engines.cascade.voices import StoredVoice, VoiceStore, sample_rate_of
 from rtserve.engines.cascade.worker import ModelWorker
-from rtserve.engines.protocols import EngineError, VoiceInfo
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.piper_voice import PiperModel
+from rtserve.engines.values import VoiceInfo
 from rtserve.engines.voice_names import OPENAI_VOICES
+from rtserve.errors import INVALID_VALUE, INVALID_VOICE, STAGE_BUSY, SYNTHESIS_FAILED, VOICE_NOT_DELETABLE
 
 log = logging.getLogger(__name__)
 
@@ -53,38 +67,7 @@ _PROOF_TEXT = "Hello."
 class _Backend(Protocol):
     sample_rate: int
 
-    def render(self, sentence: str, speed: float) -> np.ndarray: ...
-
-
-class _PiperBackend:
-    def __init__(self, model_path: Path, cpu_threads: int) -> None:
-        import onnxruntime
-        from piper.config import PiperConfig
-        from piper.voice import PiperVoice
-
-        config = PiperConfig.from_dict(json.loads(Path(f"{model_path}.json").read_text(encoding="utf-8")))
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = cpu_threads
-        options.inter_op_num_threads = 1
-        # No busy-waiting between ops: the LLM decodes on the same cores while a reply's first
-        # piece is synthesized, and spinning threads slowed that piece by ~45% (2 cores: 404 ms
-        # -> 276 ms for "The capital of France is Paris." with the LLM decoding; alone 261 -> 209 ms).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # PiperVoice.load() would use onnxruntime's default (all cores): build it with our bound.
-        session = onnxruntime.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        self._voice = PiperVoice(session=session, config=config)
-        self.sample_rate = config.sample_rate
-
-    def render(self, sentence: str, speed: float) -> np.ndarray:
-        from piper.config import SynthesisConfig
-
-        length_scale = self._voice.config.length_scale / speed
-        chunks = [
-            c.audio_float_array for c in self._voice.synthesize(sentence, SynthesisConfig(length_scale=length_scale))
-        ]
-        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    def chunks(self, sentence: str, speed: float) -> Iterator[np.ndarray]: ...
 
 
 class _EspeakBackend:
@@ -92,9 +75,12 @@ class _EspeakBackend:
 
     def __init__(self, voice: str = "en-us") -> None:
         self._voice = voice
-        self.render("ready", 1.0)  # fail at start, not at the first reply, if the program is broken
+        self._render("ready", 1.0)  # fail at start, not at the first reply, if the program is broken
 
-    def render(self, sentence: str, speed: float) -> np.ndarray:
+    def chunks(self, sentence: str, speed: float) -> Iterator[np.ndarray]:
+        yield self._render(sentence, speed)
+
+    def _render(self, sentence: str, speed: float) -> np.ndarray:
         wpm = int(min(max(_ESPEAK_WPM * speed, 80), 450))
         try:
             result = subprocess.run(
@@ -105,7 +91,7 @@ class _EspeakBackend:
                 check=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            raise EngineError(f"espeak-ng failed: {exc}", code="synthesis_failed") from None
+            raise EngineError(f"espeak-ng failed: {exc}", code=SYNTHESIS_FAILED) from None
         with wave.open(io.BytesIO(result.stdout)) as wav:
             self.sample_rate = wav.getframerate()
             frames = wav.readframes(wav.getnframes())
@@ -125,6 +111,7 @@ class TextToSpeech:
         max_queue: int,
         metrics: CascadeMetrics,
         voice_store: VoiceStoreConfig | None = None,
+        sleep_drain_timeout_s: float = 30.0,
     ) -> None:
         self.model_name = location.model_id
         self._path = location.path
@@ -133,9 +120,18 @@ class TextToSpeech:
         self._worker = ModelWorker("tts", max_queue)
         self._backend: _Backend | None = None
         self._asleep = False
+        # Speech in flight (a ``synthesize`` stream not yet ended): sleep lets it finish first.
+        self._speaking = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._sleep_drain_timeout_s = sleep_drain_timeout_s
         self._store_config = voice_store or VoiceStoreConfig()
         self._store = VoiceStore(self._store_config)
-        self._loaded: OrderedDict[str, _Backend] = OrderedDict()  # registered voices; TTS thread only
+        # Registered voices speak in one sandbox child, driven from their own thread only.
+        self._voices_worker = ModelWorker("tts-voices", max_queue)
+        self._sandbox = VoiceSandbox(self._sandbox_limits(self._store_config.max_loaded_voices))
+        self._uploads = ThreadPoolExecutor(self._store_config.max_concurrent_uploads, "rtserve-voice-upload")
+        self._uploading = 0  # event loop only
         voice = "espeak" if location.path is None else location.model_id.removeprefix("piper-")
         self.voices: tuple[str, ...] = (voice,)
 
@@ -145,6 +141,7 @@ class TextToSpeech:
 
     async def start(self) -> None:
         self._worker.start()
+        self._voices_worker.start()
         self._backend = await self._worker.run(self._load)
         log.info("TTS %s loaded (%d Hz voice, %d Hz out)", self.model_name, self._backend.sample_rate, SAMPLE_RATE)
 
@@ -152,12 +149,15 @@ class TextToSpeech:
         if self._path is None:
             return _EspeakBackend()
         try:
-            return _PiperBackend(self._path, self._cpu_threads)
+            return PiperModel(self._path, self._cpu_threads)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelUnavailable(f"models.tts: cannot load the Piper voice {self._path}: {exc}") from None
 
     def stop(self) -> None:
         self._worker.stop()
+        self._voices_worker.stop()
+        self._sandbox.kill()  # ends a sentence in flight at once; the worker thread then stops
+        self._uploads.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ sleep mode (``SleepStage``)
 
@@ -168,12 +168,23 @@ class TextToSpeech:
         return self._asleep
 
     async def release(self) -> None:
+        """New speech is refused from here on; speech in flight finishes first (a client gets the
+        whole audio, never a body cut short), for at most ``cascade.sleep_drain_timeout_s``."""
         self._asleep = True
+        try:
+            await asyncio.wait_for(self._quiet.wait(), self._sleep_drain_timeout_s)
+        except TimeoutError:
+            self._asleep = False
+            raise EngineError(
+                f"the TTS stage still has speech in flight after {self._sleep_drain_timeout_s:g} s "
+                "(cascade.sleep_drain_timeout_s); it stays awake, try the sleep again",
+                code=STAGE_BUSY,
+            ) from None
         await self._worker.run(self._unload)
+        await self._voices_worker.run(self._sandbox.close)
 
     def _unload(self) -> None:
         self._backend = None
-        self._loaded.clear()
 
     async def restore(self) -> None:
         self._backend = await self._worker.run(self._load)
@@ -188,43 +199,60 @@ class TextToSpeech:
         rate = 0 if self._backend is None else self._backend.sample_rate
         return [*(VoiceInfo(name, builtin=True, sample_rate=rate) for name in self.voices), *self._store.list()]
 
-    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
-        # Proving an upload loads a whole model: its own thread, so speech goes on meanwhile.
-        stored = await asyncio.to_thread(
-            self._store.add, name, model, config, reserved=self._reserved(), prove=self._prove
+    def _sandbox_limits(self, max_loaded: int) -> SandboxLimits:
+        config = self._store_config
+        return SandboxLimits(
+            memory_bytes=config.sandbox_memory_bytes,
+            cpu_s=config.sandbox_cpu_s,
+            wall_s=config.sandbox_wall_s,
+            cpu_threads=self._cpu_threads,
+            max_loaded=max_loaded,
         )
+
+    async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
+        # Proving an upload runs a whole model in a sandbox child: on the uploads' own pool, at most
+        # voices.max_concurrent_uploads at once. Past that the upload is refused at once (429, as
+        # every other capacity refusal here) instead of queueing a 128 MiB body behind the others.
+        limit = self._store_config.max_concurrent_uploads
+        if self._uploading >= limit:
+            raise CapacityExhausted(
+                f"{limit} voice uploads are being proven (voices.max_concurrent_uploads); retry shortly"
+            )
+        self._uploading += 1
+        try:
+            add = lambda: self._store.add(name, model, config, reserved=self._reserved(), prove=self._prove)  # noqa: E731
+            stored = await asyncio.get_running_loop().run_in_executor(self._uploads, add)
+        finally:
+            self._uploading -= 1
         log.info("voice %r registered (%d bytes)", name, stored.info.file_size)
         return stored.info
 
     def _prove(self, model_path: Path) -> np.ndarray:
-        return _PiperBackend(model_path, self._cpu_threads).render(_PROOF_TEXT, 1.0)
+        """``_PROOF_TEXT`` spoken by an upload in a sandbox of its own, within the same bounds as speech."""
+        sandbox = VoiceSandbox(self._sandbox_limits(1))
+        try:
+            # The config was checked before: its rate bounds the audio before the model ever ran.
+            rate = sample_rate_of(model_path)
+            bound = speech_sample_bound(_PROOF_TEXT, 1.0, self._store_config.max_speech_s_per_char, rate)
+            audio, _ = sandbox.speak(model_path, str(model_path), _PROOF_TEXT, 1.0, bound, param="model")
+        except SpeechTooLong:
+            raise VoiceModelRejected(
+                f"the voice model said {_PROOF_TEXT!r} with more audio than voices.max_speech_s_per_char allows",
+                param="model",
+            ) from None
+        finally:
+            sandbox.close()
+        return audio
 
     async def remove_voice(self, name: str) -> None:
         if name in self._reserved():
             raise EngineError(
-                f"the voice {name!r} is built in and cannot be deleted", code="voice_not_deletable", param="name"
+                f"the voice {name!r} is built in and cannot be deleted", code=VOICE_NOT_DELETABLE, param="name"
             )
-        await asyncio.to_thread(self._store.remove, name)
-        await self._worker.run(self._loaded.pop, name, None)
+        # The sandbox child may hold the model; it keys models by file identity, so a new voice of
+        # the same name is never served from the old one, which ages out of its small LRU.
+        self._store.remove(name)
         log.info("voice %r deleted", name)
-
-    def _backend_for(self, voice: str | None) -> _Backend:
-        """The voice's model, loaded on first use (TTS thread only)."""
-        if self._backend is None:
-            raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
-        if voice is None or voice in self._reserved():
-            return self._backend
-        if (backend := self._loaded.get(voice)) is not None:
-            self._loaded.move_to_end(voice)
-            return backend
-        stored = self._store.get(voice)
-        if stored is None:
-            raise EngineError(f"the voice {voice!r} was deleted", code="invalid_voice")
-        backend = _PiperBackend(stored.model_path, self._cpu_threads)
-        self._loaded[voice] = backend
-        while len(self._loaded) > self._store_config.max_loaded_voices:
-            self._loaded.popitem(last=False)
-        return backend
 
     def check_request(self, voice: str | None, speed: float) -> None:
         if self._asleep:
@@ -235,10 +263,10 @@ class TextToSpeech:
                 f"unknown voice {voice!r}; this server speaks with "
                 f"{', '.join([*self.voices, *registered])} (OpenAI voice names select "
                 f"{self.voices[0]} too)",
-                code="invalid_voice",
+                code=INVALID_VOICE,
             )
         if not 0.25 <= speed <= 4.0:
-            raise EngineError(f"speed must be in [0.25, 4.0], got {speed}", code="invalid_value")
+            raise EngineError(f"speed must be in [0.25, 4.0], got {speed}", code=INVALID_VALUE)
 
     # ------------------------------------------------------------------ speech
 
@@ -246,12 +274,43 @@ class TextToSpeech:
         """One sentence of speech at 24 kHz (one job on the TTS thread)."""
         if self._backend is None:
             raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
-        return await self._worker.run(self._render, voice, sentence, speed)
+        if voice is None or voice in self._reserved():
+            return await self._worker.run(self._render, sentence, speed)
+        stored = self._store.get(voice)
+        if stored is None:
+            raise EngineError(f"the voice {voice!r} was deleted", code=INVALID_VOICE)
+        return await self._voices_worker.run(self._render_registered, stored, sentence, speed)
 
-    def _render(self, voice: str | None, sentence: str, speed: float) -> np.ndarray:
+    def _render(self, sentence: str, speed: float) -> np.ndarray:
+        """The built-in voice, on the TTS thread: stops at the first piece past the length bound."""
         started = time.perf_counter()
-        backend = self._backend_for(voice)
-        audio = resample(backend.render(sentence, speed), backend.sample_rate, SAMPLE_RATE)
+        backend = self._backend
+        if backend is None:
+            raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
+        bound = speech_sample_bound(sentence, speed, self._store_config.max_speech_s_per_char, backend.sample_rate)
+        pieces: list[np.ndarray] = []
+        samples = 0
+        for piece in backend.chunks(sentence, speed):
+            samples += piece.size
+            if samples > bound:
+                raise SpeechTooLong(
+                    "the speech is longer than voices.max_speech_s_per_char allows for its text", param="input"
+                )
+            pieces.append(piece)
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        audio = resample(audio, backend.sample_rate, SAMPLE_RATE)
+        self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
+        return audio
+
+    def _render_registered(self, stored: StoredVoice, sentence: str, speed: float) -> np.ndarray:
+        """A registered voice, in the sandbox child (this runs on the registered voices' thread)."""
+        started = time.perf_counter()
+        rate = stored.info.sample_rate
+        bound = speech_sample_bound(sentence, speed, self._store_config.max_speech_s_per_char, rate)
+        file = stored.model_path.stat()
+        key = f"{stored.model_path}:{file.st_ino}:{file.st_mtime_ns}"
+        audio, rate = self._sandbox.speak(stored.model_path, key, sentence, speed, bound, param="voice")
+        audio = resample(audio, rate, SAMPLE_RATE)
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
 
@@ -260,6 +319,13 @@ class TextToSpeech:
         self.check_request(voice, speed)
         if self._backend is None:
             raise ModelNotReady("the speech synthesizer is still loading")
-        for sentence in split_sentences(text):
-            if spoken := speakable(sentence):
-                yield await self.render(spoken, speed, voice)
+        self._speaking += 1
+        self._quiet.clear()
+        try:
+            for sentence in split_sentences(text):
+                if spoken := speakable(sentence):
+                    yield await self.render(spoken, speed, voice)
+        finally:
+            self._speaking -= 1
+            if not self._speaking:
+                self._quiet.set()

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from rtserve.config import VoiceStoreConfig
-from rtserve.engines.protocols import EngineError, VoiceInfo
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import VoiceInfo
 from rtserve.engines.voice_names import check_voice_name, is_voice_name
-from rtserve.errors import INVALID_VOICE_MODEL, VOICE_EXISTS, VOICE_LIMIT_EXCEEDED, VOICE_NOT_FOUND
+from rtserve.errors import INVALID_VOICE_MODEL, REQUEST_TOO_LARGE, VOICE_EXISTS, VOICE_LIMIT_EXCEEDED, VOICE_NOT_FOUND
 
 _MIN_RATE, _MAX_RATE = 8_000, 48_000  # what Piper voices are trained at, with room both ways
 
@@ -97,7 +98,7 @@ class VoiceStore:
             raise EngineError(f"voice name {name!r} is taken by a built-in voice", code=VOICE_EXISTS, param="name")
         if len(model) > self._config.max_model_bytes or len(config) > self._config.max_config_bytes:
             raise EngineError(
-                "the voice upload is larger than voices.max_model_bytes / max_config_bytes", code="request_too_large"
+                "the voice upload is larger than voices.max_model_bytes / max_config_bytes", code=REQUEST_TOO_LARGE
             )
         check_config(config)
         with self._lock:
@@ -110,7 +111,9 @@ class VoiceStore:
             Path(f"{model_path}.json").write_bytes(config)
             try:
                 audio = prove(model_path)
-            except Exception:  # any failure to load or run the uploaded model is the upload's fault
+            except EngineError:
+                raise  # the proof's own verdict: a sandbox limit breached, or the model does not load or speak
+            except Exception:  # noqa: BLE001 - any failure to load or run the upload is the upload's fault
                 raise VoiceUploadError("the voice model does not load or speak with Piper", param="model") from None
             if audio.size == 0 or not np.all(np.isfinite(audio)) or float(np.max(np.abs(audio))) == 0.0:
                 raise VoiceUploadError("the voice model produced no usable audio", param="model")
@@ -145,13 +148,18 @@ class VoiceStore:
 
     @staticmethod
     def _describe(name: str, model: Path) -> StoredVoice:
-        config = json.loads(Path(f"{model}.json").read_text(encoding="utf-8"))
         stat = model.stat()
         info = VoiceInfo(
             name=name,
             builtin=False,
-            sample_rate=int(config["audio"]["sample_rate"]),
+            sample_rate=sample_rate_of(model),
             file_size=stat.st_size,
             created_at=int(stat.st_mtime),
         )
         return StoredVoice(info, model)
+
+
+def sample_rate_of(model: Path) -> int:
+    """The sample rate a stored (or staged) model's checked ``.onnx.json`` config declares."""
+    config = json.loads(Path(f"{model}.json").read_text(encoding="utf-8"))
+    return int(config["audio"]["sample_rate"])

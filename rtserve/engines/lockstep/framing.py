@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtserve.engines.protocols import EngineError, Pcm
+from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import Pcm
+from rtserve.errors import INVALID_AUDIO
 
 
 class InvalidAudio(EngineError):
     """Audio that cannot be stepped: wrong shape or non-finite samples."""
 
-    code = "invalid_audio"
+    code = INVALID_AUDIO
 
 
-def check_audio(pcm: Pcm) -> np.ndarray:
+def check_audio(pcm: Pcm) -> FloatArray:
     """``pcm`` as 1-D float32 mono samples; ``InvalidAudio`` when it cannot be stepped."""
     samples = np.asarray(pcm)
     if samples.ndim != 1 or samples.dtype.kind != "f":

@@ -49,12 +49,16 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.metrics import LockstepMetrics
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
 from rtserve.engines.lockstep.slots import LoopNotifier, SlotPhase
-from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineFailure, FrameModel, FrameOutput, SlotPrompt
+from rtserve.engines.protocols import FrameModel
+from rtserve.engines.values import FrameOutput, SlotPrompt
+from rtserve.errors import ENGINE_ERROR, ENGINE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +148,8 @@ class LockstepScheduler:
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
         self.sample_rate = model.sample_rate
-        # Ticks between a frame's input and the output that answers it (a loopback's delay
-        # line); optional on models, 0 when not declared. Drains wait for that output too.
-        self.output_delay_frames: int = getattr(model, "output_delay_frames", 0)
+        # Drains wait for the output that answers the last input too (``FrameModel.output_delay_frames``).
+        self.output_delay_frames = model.output_delay_frames
         self.period_s = model.frame_size / model.sample_rate
         # Every slot's input bound (at least a frame); the pacer catches up at most its whole frames.
         self.input_backlog_samples = max(
@@ -197,7 +200,7 @@ class LockstepScheduler:
         """A lease on a free slot, or ``CapacityExhausted`` at once. Never waits for a tick."""
         with self._cond:
             if self._stopping or self._stopped or self.failed:
-                raise EngineError("the engine is not running", code="engine_unavailable")
+                raise EngineError("the engine is not running", code=ENGINE_UNAVAILABLE)
             slot = next((s for s in self._slots if s.phase is SlotPhase.FREE), None)
             if slot is None:
                 raise CapacityExhausted(f"all {self.batch_size} engine slots are in use")
@@ -245,7 +248,7 @@ class LockstepScheduler:
                 )
                 return
         # The thread is gone (or never ran): this caller owns the model now.
-        self._shut_down(EngineFailure("engine_unavailable", "the engine stopped"))
+        self._shut_down(EngineFailure(ENGINE_UNAVAILABLE, "the engine stopped"))
 
     # ------------------------------------------------------------------ engine thread
 
@@ -266,7 +269,7 @@ class LockstepScheduler:
             log.exception("%s engine thread crashed", self.name)
             with self._cond:
                 self.failed = True
-            self._shut_down(EngineFailure("engine_error", "the engine failed"))
+            self._shut_down(EngineFailure(ENGINE_ERROR, "the engine failed"))
 
     def _loop(self) -> None:
         pacer = TickPacer(self._clock, self.period_s, self.catch_up_frames)
@@ -498,7 +501,7 @@ class LockstepScheduler:
         """A model call raised: fail the sessions involved, keep serving the others."""
         log.exception("%s model %s failed; failing %d session(s)", self.name, call, len(leases))
         self.metrics.engine_failures.inc()
-        failure = EngineFailure("engine_error", "the engine failed while serving this session")
+        failure = EngineFailure(ENGINE_ERROR, "the engine failed while serving this session")
         for lease in leases:
             lease.output.close(failure)
             self.release(lease)

@@ -19,27 +19,17 @@ from collections.abc import AsyncIterator, Callable
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
 from rtserve.engines.lockstep.framing import check_audio
-from rtserve.engines.lockstep.lease import NOTHING_YET
+from rtserve.engines.lockstep.lease import NOTHING_YET, SlotLease
 from rtserve.engines.lockstep.pacing import TickClock
-from rtserve.engines.lockstep.scheduler import LockstepScheduler, SlotLease, TickReport
+from rtserve.engines.lockstep.scheduler import LockstepScheduler, TickReport
 from rtserve.engines.lockstep.slots import SlotPhase
-from rtserve.engines.protocols import (
-    CapacityExhausted,
-    EngineCapabilities,
-    EngineError,
-    EngineEvent,
-    EngineFailure,
-    FrameModel,
-    FrameOutput,
-    OutputAudio,
-    Pcm,
-    ResponseRequest,
-    SessionOptions,
-    TurnDetection,
-    TurnEngines,
-)
-from rtserve.errors import TURN_CONTROL_UNSUPPORTED
+from rtserve.engines.protocols import FrameModel, TurnEngines
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import EngineCapabilities, FrameOutput, Pcm, ResponseRequest, SessionOptions
+from rtserve.errors import ENGINE_UNAVAILABLE, TURN_CONTROL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +172,7 @@ class LockstepSessionEngine:
 
     async def open_session(self, session_id: str, options: SessionOptions) -> LockstepSession:
         if not self.scheduler.running:
-            raise EngineError(f"engine {self.name} is not running", code="engine_unavailable")
+            raise EngineError(f"engine {self.name} is not running", code=ENGINE_UNAVAILABLE)
         lease = self.scheduler.acquire(options.prompt, session_id=session_id)
         session = LockstepSession(lease, self.capabilities, self._release_timeout_s)
         try:

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
+from rtserve.errors import MODEL_LOAD_FAILED
 
 
 class CheckpointError(EngineError):
     """A weight folder that cannot be loaded; the message names the file, key or field."""
 
-    code = "model_load_failed"
+    code = MODEL_LOAD_FAILED
 
 
 # The published Moshi 7B shape (the default when a config omits a field).
@@ -306,7 +307,7 @@ class MimiConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> MimiConfig:
-        merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in _MIMI_DEFAULTS.items()}
+        merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in _MIMI_DEFAULTS.items()}
         for key, value in (raw or {}).items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key].update(value)

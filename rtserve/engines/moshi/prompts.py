@@ -19,24 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.errors import EngineError
 from rtserve.engines.moshi.lm_config import LMConfig
-from rtserve.engines.protocols import EngineError
+from rtserve.errors import INVALID_PROMPT
 
 SYSTEM_TAG = "<system>"
 
 
 class PromptError(EngineError):
-    code = "invalid_prompt"
+    code = INVALID_PROMPT
 
 
 @dataclass(frozen=True)
 class PrefillStep:
     """One forced step: ``tokens[k]`` is used where ``mask[k]`` (k = 0 text, 1.. depformer codebooks)."""
 
-    tokens: np.ndarray  # int64 [1 + dep_q]
-    mask: np.ndarray  # bool [1 + dep_q]
+    tokens: npt.NDArray[np.int64]  # [1 + dep_q]
+    mask: npt.NDArray[np.bool_]  # [1 + dep_q]
     embedding: torch.Tensor | None = None  # [dim] temporal input replacing the token embeddings
 
 
@@ -57,11 +60,11 @@ def load_voice_embeddings(path: Path, dim: int, max_steps: int) -> torch.Tensor:
     return data.float()
 
 
-def load_voice_audio(path: Path, sample_rate: int, max_seconds: float) -> np.ndarray:
+def load_voice_audio(path: Path, sample_rate: int, max_seconds: float) -> FloatArray:
     """Mono float32 at ``sample_rate``, decoded and resampled with PyAV."""
     import av  # a core dependency (codecs); imported here to keep module import light
 
-    chunks: list[np.ndarray] = []
+    chunks: list[FloatArray] = []
     try:
         with av.open(str(path)) as container:
             resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
@@ -80,7 +83,7 @@ def load_voice_audio(path: Path, sample_rate: int, max_seconds: float) -> np.nda
     return pcm
 
 
-def audio_steps(codes: np.ndarray, silence: np.ndarray, config: LMConfig) -> list[PrefillStep]:
+def audio_steps(codes: npt.NDArray[np.int64], silence: npt.NDArray[np.int64], config: LMConfig) -> list[PrefillStep]:
     """Force the agent codebooks to ``codes`` (``[frames, agent]``) with the acoustic delays applied."""
     agent = config.agent_codebooks
     frames = codes.shape[0]
@@ -97,7 +100,7 @@ def audio_steps(codes: np.ndarray, silence: np.ndarray, config: LMConfig) -> lis
     return steps
 
 
-def text_steps(token_ids: list[int], silence: np.ndarray, config: LMConfig) -> list[PrefillStep]:
+def text_steps(token_ids: list[int], silence: npt.NDArray[np.int64], config: LMConfig) -> list[PrefillStep]:
     steps = []
     for token in token_ids:
         tokens = np.zeros(1 + config.dep_q, np.int64)

@@ -17,30 +17,29 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
 from rtserve.engines.lockstep.framing import check_audio
-from rtserve.engines.protocols import (
+from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
+from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.remote.wire import Kind
+from rtserve.engines.values import (
     ChatMessage,
     EngineCapabilities,
-    EngineEvent,
-    EngineFailure,
-    OutputAudio,
     Pcm,
     ResponseRequest,
     SamplingParams,
     SessionOptions,
     TokenDelta,
     TranscriptPiece,
-    TurnEngines,
     VoiceInfo,
 )
-from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
-from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
-from rtserve.engines.remote.wire import Kind
+from rtserve.errors import ENGINE_PROCESS_LOST
 
 log = logging.getLogger(__name__)
 
 _METRICS_PUSH_S = 1.0
-ENGINE_LOST_FAILURE = EngineFailure("engine_failure", "the engine process stopped")
+ENGINE_LOST_FAILURE = EngineFailure(ENGINE_PROCESS_LOST, "the engine process stopped")
 
 
 class RemoteEngineSession:

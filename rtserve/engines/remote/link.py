@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 from rtserve.engines.remote.offer import EngineOffer
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
+from rtserve.errors import ENGINE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ _RECONNECT_S = 0.2
 
 
 class EngineUnavailable(EngineError):
-    code = "engine_unavailable"
+    code = ENGINE_UNAVAILABLE
 
 
 class EngineLink:

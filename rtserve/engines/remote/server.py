@@ -30,10 +30,13 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.policy.batcher import PolicyInferenceError
-from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineSession, ForwardsEvents, OutputAudio
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import OutputAudio
+from rtserve.engines.policy.errors import PolicyInferenceError
+from rtserve.engines.protocols import EngineSession, ForwardsEvents
 from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
+from rtserve.errors import CANCELLED, ENGINE_ERROR, ENGINE_UNAVAILABLE, MODEL_NOT_FOUND, POLICY_UNAVAILABLE
 from rtserve.process_metrics import merge_expositions
 
 log = logging.getLogger(__name__)
@@ -227,7 +230,7 @@ class WorkerLink:
     def _call(self, call_id: int | None, target: str, method: str, args: tuple[Any, ...]) -> None:
         handler = self._calls.get((target, method))
         if handler is None:
-            self._reply_error(call_id, EngineError(f"unknown engine call {target}.{method}", code="engine_error"))
+            self._reply_error(call_id, EngineError(f"unknown engine call {target}.{method}", code=ENGINE_ERROR))
             return
         try:
             result = handler(*args)
@@ -271,7 +274,7 @@ class WorkerLink:
         session = await self._engines.session_engine.open_session(session_id, options)
         if self._closed:
             await session.close()
-            raise EngineError("the worker link closed", code="engine_unavailable")
+            raise EngineError("the worker link closed", code=ENGINE_UNAVAILABLE)
         handle = next(self._handles)
         self._sessions[handle] = session
         if isinstance(session, ForwardsEvents):  # lockstep: a tick's frames of every session in one callback
@@ -315,7 +318,7 @@ class WorkerLink:
         def call(*args: Any) -> Any:
             policy = self._engines.policy_batcher
             if policy is None:
-                raise EngineError("Robot policy not available", code="unavailable")
+                raise EngineError("Robot policy not available", code=POLICY_UNAVAILABLE)
             return pick(policy)(*args)
 
         return call
@@ -323,7 +326,7 @@ class WorkerLink:
     def _turn_engine(self, name: str) -> Any:
         engine = getattr(self._engines.turn_engines, name)
         if engine is None:
-            raise EngineError(f"this server has no {name} model loaded", code="model_not_found")
+            raise EngineError(f"this server has no {name} model loaded", code=MODEL_NOT_FOUND)
         return engine
 
     # ------------------------------------------------------------------ streams
@@ -342,7 +345,7 @@ class WorkerLink:
         error: RemoteError | None = None
         try:
             if factory is None:
-                raise EngineError("unknown engine stream", code="engine_error")
+                raise EngineError("unknown engine stream", code=ENGINE_ERROR)
             items = factory(*args)
             try:
                 async for item in items:
@@ -353,7 +356,7 @@ class WorkerLink:
                 if aclose is not None:
                     await aclose()
         except asyncio.CancelledError:
-            error = RemoteError("cancelled", code="cancelled")
+            error = RemoteError("cancelled", code=CANCELLED)
         except Exception as exc:
             if not isinstance(exc, EngineError):
                 log.exception("engine stream failed")

@@ -28,7 +28,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from rtserve.engines.protocols import CapacityExhausted, EngineError
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.errors import ENGINE_ERROR
 
 _HEADER = struct.Struct(">I")
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -58,7 +59,7 @@ class RemoteError(EngineError):
     def wrap(cls, exc: BaseException) -> RemoteError:
         if isinstance(exc, EngineError):
             return cls(str(exc), code=exc.code, param=exc.param)
-        return cls("the engine failed", code="engine_error")  # internals stay in the engine's log
+        return cls("the engine failed", code=ENGINE_ERROR)  # internals stay in the engine's log
 
     def unwrap(self) -> EngineError:
         if self.code == CapacityExhausted.code:
@@ -103,7 +104,8 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     (size,) = _HEADER.unpack(header)
     if size > MAX_MESSAGE_BYTES:
         raise ConnectionError(f"engine message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
-    return pickle.loads(await reader.readexactly(size))
+    message: tuple[Any, ...] = pickle.loads(await reader.readexactly(size))
+    return message
 
 
 class LinkMetrics:
