@@ -28,26 +28,14 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from rtserve.engines.protocols import EngineError, PolicyEngine, PolicyRequest
+from rtserve.engines.policy.errors import PolicyInferenceError, PolicyOverloaded, PolicyStopped
+from rtserve.engines.protocols import PolicyEngine
+from rtserve.engines.values import PolicyRequest
 
 log = logging.getLogger(__name__)
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class PolicyOverloaded(EngineError):
-    code = "overloaded"
-
-
-class PolicyInferenceError(EngineError):
-    """The policy raised or returned something unusable; details stay in the server log."""
-
-    code = "inference_error"
-
-
-class PolicyStopped(EngineError):
-    code = "unavailable"
 
 
 @dataclass(frozen=True)
@@ -230,9 +218,12 @@ class PolicyBatcher:
         for pending, outcome in zip(batch, outcomes):
             queue_s = started - pending.queued_at
             self._metrics.queue_seconds.observe(queue_s)
-            if not isinstance(outcome, BaseException):
-                outcome = PolicyResult(outcome, queue_ms=queue_s * 1000, infer_ms=infer_s * 1000, batch_size=len(batch))
-            pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
+            resolved = (
+                outcome
+                if isinstance(outcome, BaseException)
+                else PolicyResult(outcome, queue_ms=queue_s * 1000, infer_ms=infer_s * 1000, batch_size=len(batch))
+            )
+            pending.loop.call_soon_threadsafe(_resolve, pending.future, resolved)
 
     def _infer_isolated(self, batch: list[_Pending]) -> list[dict[str, Any] | BaseException]:
         try:

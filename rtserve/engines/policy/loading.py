@@ -16,15 +16,12 @@ import re
 from pathlib import Path
 
 from rtserve.config import RobotConfig
+from rtserve.engines.policy.errors import PolicyLoadError
 from rtserve.engines.protocols import PolicyEngine
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 _REQUIRED_METHODS = ("server_config", "validate", "infer", "reset")
-
-
-class PolicyLoadError(Exception):
-    """The configured policy cannot be loaded; the message names ``robot.policy``."""
 
 
 def _check_policy(policy: object, origin: str) -> PolicyEngine:

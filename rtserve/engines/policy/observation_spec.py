@@ -13,14 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.policy.errors import InvalidObservation
 
 # dtype kinds a numeric tensor may arrive in: bool, signed, unsigned, float.
 NUMERIC_KINDS = "biuf"
-
-
-class InvalidObservation(EngineError):
-    code = "invalid_observation"
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rtserve.engines.policy.loading import PolicyLoadError
+from rtserve.engines.policy.errors import PolicyLoadError
 from rtserve.engines.policy.observation_spec import ArraySpec, describe_spec, validate_observation
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.values import PolicyRequest
 
 METADATA_FILE = "rtserve_policy.json"
 

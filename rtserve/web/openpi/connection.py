@@ -48,15 +48,17 @@ import uuid
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from rtserve.engines.policy.batcher import PolicyBatcher, PolicyInferenceError
-from rtserve.engines.protocols import EngineError, PolicyRequest
+from rtserve.engines.errors import EngineError
+from rtserve.engines.policy.batcher import PolicyBatcher
+from rtserve.engines.policy.errors import PolicyInferenceError
+from rtserve.engines.values import PolicyRequest
 from rtserve.errors import RtserveError
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import OPENPI_INFERENCE_ERROR, openpi_error_frame
 from rtserve.web.openpi.metrics import OpenPIMetrics
 from rtserve.web.openpi.request import OpenPIRequest, parse_request
-from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
+from rtserve.web.openpi.wire import OpenPIFrameError, pack_message, unpack_message
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class OpenPIConnection:
                     await self._on_frame(msg.data)
                 elif msg.type is WSMsgType.TEXT:
                     await self._send_error(
-                        WireError("text frames are not observations; send binary MessagePack frames")
+                        OpenPIFrameError("text frames are not observations; send binary MessagePack frames")
                     )
                 elif msg.type is WSMsgType.ERROR:
                     # aiohttp already closed the socket (1009 for an oversized frame).
@@ -134,7 +136,7 @@ class OpenPIConnection:
             else:
                 message = unpack_message(frame)
             request = parse_request(message)
-        except WireError as exc:
+        except OpenPIFrameError as exc:
             await self._send_error(exc)
             return
         self._metrics.requests.labels(request.endpoint).inc()

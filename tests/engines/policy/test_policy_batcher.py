@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve.engines.policy.batcher import (
-    PolicyBatcher,
-    PolicyInferenceError,
-    PolicyOverloaded,
-    PolicyStopped,
-)
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.policy.batcher import PolicyBatcher
+from rtserve.engines.policy.errors import PolicyInferenceError, PolicyOverloaded, PolicyStopped
+from rtserve.engines.values import PolicyRequest
 
 # Long enough that no test can pass by waiting it out: batches must close for the
 # documented reasons (max_batch reached, every connected client waiting).

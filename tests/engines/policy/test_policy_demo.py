@@ -14,8 +14,8 @@ from rtserve.engines.policy.demo import (
     DemoDroidPolicy,
     example_observation,
 )
-from rtserve.engines.policy.observation_spec import InvalidObservation
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.policy.errors import InvalidObservation
+from rtserve.engines.values import PolicyRequest
 
 
 @pytest.fixture(scope="module")

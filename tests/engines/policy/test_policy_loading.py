@@ -11,9 +11,9 @@ import torch
 
 from rtserve.config import RobotConfig
 from rtserve.engines.policy.demo import DemoDroidPolicy
-from rtserve.engines.policy.loading import PolicyLoadError, load_policy
-from rtserve.engines.policy.observation_spec import InvalidObservation
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.policy.errors import InvalidObservation, PolicyLoadError
+from rtserve.engines.policy.loading import load_policy
+from rtserve.engines.values import PolicyRequest
 
 
 class EchoStatePolicy:
@@ -103,7 +103,7 @@ def test_torchscript_policy_runs_one_batched_forward(tmp_path):
 
 def test_torchscript_without_metadata_is_refused(tmp_path):
     path = _save_torchscript(tmp_path / "bare.pt", None)
-    with pytest.raises(PolicyLoadError, match="rtserve_policy.json"):
+    with pytest.raises(PolicyLoadError, match=r"rtserve_policy\.json"):
         load_policy(RobotConfig(policy=path))
 
 
