@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rtserve import errors
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import EngineCapabilities, EngineSession
+from rtserve.engines.protocols import EngineSession
 from rtserve.engines.tools import InvalidTools, check_tools
+from rtserve.engines.values import EngineCapabilities
 from rtserve.sessions import commands as cmd
-from rtserve.sessions import errors
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Role
 from rtserve.sessions.ids import new_item_id

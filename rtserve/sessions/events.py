@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from rtserve.errors import INVALID_REQUEST_ERROR
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.session_config import AudioFormat, SessionConfig
 
@@ -148,7 +149,7 @@ class ResyncRequired(SessionEvent):
 class ErrorEvent(SessionEvent):
     code: str
     message: str
-    error_type: str = "invalid_request_error"
+    error_type: str = INVALID_REQUEST_ERROR
     param: str | None = None
     related_event_id: str | None = None
     # Server-side errors may use the output reserve; refusals of a client's own commands

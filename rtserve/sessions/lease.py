@@ -19,7 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from rtserve.sessions.errors import SESSION_RESUME_CONFLICT, UNKNOWN_SESSION, SessionError
+from rtserve.errors import SESSION_RESUME_CONFLICT, UNKNOWN_SESSION
+from rtserve.sessions.errors import SessionError
 from rtserve.sessions.ids import new_resume_token
 
 if TYPE_CHECKING:  # the attachment's module imports this one (through the projections)

@@ -17,6 +17,7 @@ mailbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import logging
@@ -26,15 +27,17 @@ from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from rtserve import errors
 from rtserve.clock import Clock, SystemClock
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.protocols import SessionEngine
+from rtserve.engines.values import SessionOptions, SlotPrompt
 from rtserve.log import session_id_var
 from rtserve.sessions import commands as cmd
-from rtserve.sessions import errors
 from rtserve.sessions.attachment import Attachment, SessionOutlet
 from rtserve.sessions.buffer import OutputBuffer
-from rtserve.sessions.errors import SessionError
+from rtserve.sessions.errors import OutputOverflowError, SessionError
 from rtserve.sessions.events import (
     ErrorEvent,
     ResyncRequired,
@@ -300,15 +303,13 @@ class SessionManager:
             session_id=entry.session_id,
             epoch=entry.runner.epoch,
             code=errors.INPUT_BACKPRESSURE,
-            error_type=errors.RATE_LIMIT,
+            error_type=errors.RATE_LIMIT_ERROR,
             message=message,
             related_event_id=command.event_id,
             uses_reserve=False,
         )
-        try:
+        with contextlib.suppress(OutputOverflowError):  # the stream is full anyway; the caller still gets the refusal
             entry.outlet.buffer.put(error)
-        except errors.OutputOverflowError:
-            pass  # the stream is full anyway; the caller still gets the refusal
         return error
 
     def report(self, session_id: str, error: ErrorEvent) -> bool:
@@ -321,7 +322,7 @@ class SessionManager:
         error.epoch = entry.runner.epoch
         try:
             return entry.outlet.buffer.put(error)
-        except errors.OutputOverflowError:
+        except OutputOverflowError:
             return False
 
     def touch(self, session_id: str) -> bool:

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from rtserve.sessions import errors
+from rtserve import errors
 from rtserve.sessions import events as ev
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.errors import OutputOverflowError
@@ -69,7 +69,7 @@ class SessionOutput:
         code: str,
         message: str,
         *,
-        error_type: str = errors.INVALID_REQUEST,
+        error_type: str = errors.INVALID_REQUEST_ERROR,
         related: str | None = None,
         param: str | None = None,
     ) -> None:

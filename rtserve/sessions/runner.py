@@ -22,29 +22,30 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rtserve import errors
 from rtserve.clock import Clock
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import (
-    ChatMessage,
-    EngineError,
+from rtserve.engines.errors import EngineError
+from rtserve.engines.events import (
     EngineFailure,
-    EngineSession,
     InputTranscript,
     OutputAudio,
     OutputText,
     OutputToolCall,
     ResponseFinished,
 )
-from rtserve.engines.protocols import SpeechStarted as EngineSpeechStarted
-from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
+from rtserve.engines.events import SpeechStarted as EngineSpeechStarted
+from rtserve.engines.events import SpeechStopped as EngineSpeechStopped
+from rtserve.engines.protocols import EngineSession
+from rtserve.engines.values import ChatMessage
 from rtserve.sessions import commands as cmd
-from rtserve.sessions import errors
 from rtserve.sessions import events as ev
 from rtserve.sessions.attachment import SessionOutlet
 from rtserve.sessions.backpressure import InputGate
 from rtserve.sessions.command_handlers import CommandHandlers
 from rtserve.sessions.conversation import Conversation
 from rtserve.sessions.idle_timer import IdleTimeoutFired
+from rtserve.sessions.inactivity import InactivityCheck, InactivityTimeout
 from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.mailbox import Mailbox
 from rtserve.sessions.metrics import SessionMetrics
@@ -152,6 +153,13 @@ class SessionRunner:
             turns=self._turns,
             snapshot=self.snapshot,
         )
+        self._inactivity = InactivityTimeout(
+            timeout_s=limits.inactivity_timeout_s,
+            clock=clock,
+            busy=self._busy,
+            post=self.mailbox.post,
+            spawn=self._spawn,
+        )
         self.closing = False
         self.stop_request: StopRequest | None = None  # the first close/expiry asked for from outside
         self._stop: StopRequest | None = None  # why the mailbox loop ends (a request, overflow, engine end)
@@ -194,6 +202,7 @@ class SessionRunner:
         loop = asyncio.get_running_loop()
         self._main = loop.create_task(self._run(), name=f"session-runner:{self.session_id}")
         self._pump = loop.create_task(self._pump_engine(), name=f"session-pump:{self.session_id}")
+        self._inactivity.start()
 
     def offer(self, command: cmd.Command) -> bool:
         """Queue an admitted command; False when the mailbox is full."""
@@ -226,6 +235,7 @@ class SessionRunner:
                     self._stop = self.stop_request
                 elif isinstance(item, cmd.Command):
                     self.gate.release(item)
+                    self._inactivity.on_activity()
                     self._guarded(self._commands.apply, item)
                 elif item is _PUMP_ENDED:
                     self._stop = StopRequest(StopKind.CLOSED, "engine_closed")
@@ -235,7 +245,7 @@ class SessionRunner:
             raise
         except Exception:  # a bug here must end this session only, cleanly
             log.exception("session runner failed")
-            self._stop = StopRequest(StopKind.CLOSED, "internal_error")
+            self._stop = StopRequest(StopKind.CLOSED, errors.INTERNAL_ERROR)
         try:
             await self._teardown()
         except Exception:
@@ -252,7 +262,7 @@ class SessionRunner:
         except Exception:
             log.exception("failed to apply %s", type(item).__name__)
             self._output.error(
-                "internal_error",
+                errors.INTERNAL_ERROR,
                 "The server failed to apply this event",
                 error_type=errors.SERVER_ERROR,
                 related=related,
@@ -267,6 +277,29 @@ class SessionRunner:
             self._turns.on_transcript_timeout(item)
         elif isinstance(item, IdleTimeoutFired):
             self._turns.on_idle_timeout(item)
+        elif isinstance(item, InactivityCheck) and self._inactivity.expired():
+            self._end_inactive()
+
+    def _busy(self) -> bool:
+        """Work in progress or output unsent: the inactivity timeout is held."""
+        active = self._responses.active
+        return (
+            (active is not None and not active.continuous)
+            or bool(self._ledger.awaiting_transcripts)
+            or self.outlet.buffer.pending_events > 0
+        )
+
+    def _end_inactive(self) -> None:
+        """No client event, no work and no unsent output for ``sessions.inactivity_timeout_s``:
+        the error says why, then the session expires and its slot is freed."""
+        timeout_s = self._inactivity.timeout_s
+        self._output.error(
+            errors.SESSION_IDLE_TIMEOUT,
+            f"The session had no client events and no output for {timeout_s:g} s and was closed; "
+            "open a new session to continue",
+            error_type=errors.INVALID_REQUEST_ERROR,
+        )
+        self._stop = StopRequest(StopKind.EXPIRED, errors.SESSION_IDLE_TIMEOUT, {"inactivity_timeout_s": timeout_s})
 
     def _on_engine_event(self, e: Any) -> None:
         if isinstance(e, OutputAudio | OutputText | ResponseFinished | OutputToolCall):
@@ -276,6 +309,7 @@ class SessionRunner:
             elif isinstance(e, OutputAudio):
                 self._turns.idle.on_agent_audio()
             elif isinstance(e, ResponseFinished) and answering is not None and not answering.continuous:
+                self._inactivity.on_activity()
                 self._turns.on_response_finished(e.status, answering.item.audio_ms)
         elif isinstance(e, EngineSpeechStarted):
             self._turns.on_speech_started(e)
@@ -295,7 +329,7 @@ class SessionRunner:
             ev.ErrorEvent(
                 session_id=self.session_id,
                 code=errors.OUTPUT_BACKPRESSURE,
-                error_type=errors.RATE_LIMIT,
+                error_type=errors.RATE_LIMIT_ERROR,
                 message="The client is not reading output fast enough; the session is closed",
             )
         )
@@ -331,7 +365,7 @@ class SessionRunner:
         self.mailbox.post(_PUMP_ENDED)
 
     async def _teardown(self) -> None:
-        stop = self.terminal = self._stop or StopRequest(StopKind.CLOSED, "internal_error")
+        stop = self.terminal = self._stop or StopRequest(StopKind.CLOSED, errors.INTERNAL_ERROR)
         self.closing = True
         self._on_closing(self, stop)
         for item in self.mailbox.drain():
@@ -359,7 +393,7 @@ class SessionRunner:
         succeeded): a client that reopens right after session.closed must be admitted."""
         if self.finished.done():
             return
-        stop = self.terminal or StopRequest(StopKind.CLOSED, "internal_error")
+        stop = self.terminal or StopRequest(StopKind.CLOSED, errors.INTERNAL_ERROR)
         self._on_finished(self, cleanup_ok)
         terminal_cls = ev.SessionExpired if stop.kind is StopKind.EXPIRED else ev.SessionClosed
         self.outlet.buffer.close(

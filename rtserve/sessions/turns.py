@@ -15,12 +15,15 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from rtserve import errors
 from rtserve.clock import Clock
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import EngineCapabilities, EngineError, EngineSession, InputTranscript
-from rtserve.engines.protocols import SpeechStarted as EngineSpeechStarted
-from rtserve.engines.protocols import SpeechStopped as EngineSpeechStopped
-from rtserve.sessions import errors
+from rtserve.engines.errors import EngineError
+from rtserve.engines.events import InputTranscript
+from rtserve.engines.events import SpeechStarted as EngineSpeechStarted
+from rtserve.engines.events import SpeechStopped as EngineSpeechStopped
+from rtserve.engines.protocols import EngineSession
+from rtserve.engines.values import EngineCapabilities
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem
 from rtserve.sessions.idle_timer import IdleTimeoutFired, IdleTimer
@@ -176,7 +179,7 @@ class TurnTracker:
             )
             self._responses.interrupt("barge_in", source="server_vad")
         else:
-            reason = "interrupt_disabled" if not vad.interrupt_response else "barge_in_unsupported"
+            reason = "interrupt_disabled" if not vad.interrupt_response else errors.BARGE_IN_UNSUPPORTED
             self._output.emit(ev.OverlapDecided(session_id=session_id, action="listen", reason=reason, policy=policy))
 
     def on_speech_stopped(self, e: EngineSpeechStopped) -> None:

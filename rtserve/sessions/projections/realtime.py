@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from rtserve.errors import INVALID_REQUEST_ERROR, SESSION_EXPIRED
 from rtserve.sessions import events as ev
 from rtserve.sessions.lease import MAX_DURATION_REACHED
 from rtserve.sessions.projections.audio import encode_audio_b64
@@ -442,8 +443,8 @@ def _max_duration_error(e: ev.SessionExpired) -> dict[str, Any]:
         "type": "error",
         "event_id": e.event_id,
         "error": {
-            "type": "invalid_request_error",
-            "code": "session_expired",
+            "type": INVALID_REQUEST_ERROR,
+            "code": SESSION_EXPIRED,
             "message": f"Your session hit the maximum duration of {minutes} minutes.",
             "param": None,
             "event_id": None,
