@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from rtserve.errors import INVALID_API_KEY
 from rtserve.web.browser.paths import is_page_request
 from rtserve.web.errors import error_response
 from rtserve.web.subprotocols import key_subprotocols, subprotocol_keys
@@ -60,6 +61,6 @@ def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bo
             await ws.prepare(request)
             await ws.close(code=4001, message=b"invalid api key")
             return ws
-        return error_response("Invalid or missing API key", status=401, code="invalid_api_key")
+        return error_response("Invalid or missing API key", status=401, code=INVALID_API_KEY)
 
     return check

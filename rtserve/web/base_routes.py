@@ -7,6 +7,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rtserve.errors import ENGINE_FAILED
 from rtserve.web.context import CTX
 
 
@@ -14,13 +15,15 @@ async def health(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     if ctx.sessions.draining:  # a load balancer takes this front-end out of rotation
         return web.json_response({"status": "draining"}, status=503)
+    if ctx.engines.sleeping:  # deliberately: 200, so a liveness probe does not restart it (docs/serving.md#sleep-mode)
+        return web.json_response({"status": "sleeping", "sleeping_stages": list(ctx.engines.sleeping)})
     if ctx.engines.ready:  # every configured engine: the session engine, and vLLM where chat uses it
         return web.json_response({"status": "ok"})
     if ctx.engine_failure:  # the exception text stays in the log: it may name paths and internals
         return web.json_response(
             {
                 "status": "failed",
-                "code": "engine_failed",
+                "code": ENGINE_FAILED,
                 "error": "The engine is not serving; the server log says why",
             },
             status=503,

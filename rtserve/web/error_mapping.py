@@ -31,24 +31,26 @@ from rtserve.web.realtime.errors import INVALID_BASE64_MESSAGE, WireError
 # HTTP status and the request field concerned, by code. Any other code is a 500 ``server_error``.
 _HTTP_BY_CODE: dict[str, tuple[int, str | None]] = {
     errors.INVALID_VALUE: (400, None),
-    "invalid_request": (400, None),
+    errors.MALFORMED_REQUEST: (400, None),
     errors.INVALID_AUDIO: (400, "file"),
-    "invalid_voice": (400, "voice"),
-    "unsupported_language": (400, "language"),
-    "context_length_exceeded": (400, "messages"),
+    errors.INVALID_VOICE: (400, "voice"),
+    errors.UNSUPPORTED_LANGUAGE: (400, "language"),
+    errors.CONTEXT_LENGTH_EXCEEDED: (400, "messages"),
     errors.RESOURCE_EXHAUSTED: (429, None),
     errors.MODEL_NOT_READY: (503, None),
     errors.MODEL_UNAVAILABLE: (503, None),
     errors.ENGINE_SLEEPING: (503, None),
-    errors.NOT_IMPLEMENTED: (501, None),
-    "sleep_unsupported": (400, None),
-    "request_too_large": (413, None),
+    errors.STAGE_BUSY: (409, None),
+    errors.SLEEP_UNSUPPORTED: (400, None),
+    errors.REQUEST_TOO_LARGE: (413, None),
     errors.VOICE_EXISTS: (409, "name"),
     errors.VOICE_NOT_FOUND: (404, "name"),
     errors.VOICE_NOT_DELETABLE: (400, "name"),
     errors.VOICE_LIMIT_EXCEEDED: (400, None),
     errors.INVALID_VOICE_MODEL: (400, "model"),
     errors.VOICE_REGISTRATION_UNSUPPORTED: (400, None),
+    errors.VOICE_MODEL_REJECTED: (422, "model"),
+    errors.SPEECH_TOO_LONG: (422, "input"),
 }
 
 
@@ -83,11 +85,12 @@ def realtime_error(exc: RtserveError, *, event_id: str | None = None, opening: b
         return WireError(exc.code, message, param="audio", event_id=event_id)
     if isinstance(exc, ConfigUpdateError):
         return WireError(exc.code, exc.message, param=f"session.{exc.param}", event_id=event_id)
-    error_type = errors.INVALID_REQUEST
+    error_type = errors.INVALID_REQUEST_ERROR
     if opening:
-        error_type = {errors.RESOURCE_EXHAUSTED: errors.RATE_LIMIT, errors.SESSION_EXISTS: errors.INVALID_REQUEST}.get(
-            exc.code, errors.SERVER_ERROR
-        )
+        error_type = {
+            errors.RESOURCE_EXHAUSTED: errors.RATE_LIMIT_ERROR,
+            errors.SESSION_EXISTS: errors.INVALID_REQUEST_ERROR,
+        }.get(exc.code, errors.SERVER_ERROR)
     return WireError(exc.code, exc.message, param=exc.param, event_id=event_id, error_type=error_type)
 
 
@@ -129,7 +132,7 @@ def openpi_error_frame(exc: RtserveError) -> dict[str, Any]:
     carries the reason in ``detail``; a failed inference says nothing more."""
     if exc.code == errors.INVALID_PAYLOAD:
         return {"type": "error", "message": OPENPI_INVALID_PAYLOAD, "code": exc.code, "detail": exc.message}
-    if exc.code == "inference_error":
+    if exc.code == errors.INFERENCE_ERROR:
         return {"type": "error", "message": OPENPI_INFERENCE_ERROR, "code": exc.code}
     return {"type": "error", "message": exc.message, "code": exc.code}
 

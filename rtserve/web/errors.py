@@ -11,21 +11,22 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from rtserve import errors
 from rtserve.errors import RtserveError
 
 log = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    409: "invalid_request_error",
-    429: "rate_limit_error",
-    501: "server_error",
-    503: "server_error",
+    400: errors.INVALID_REQUEST_ERROR,
+    401: errors.AUTHENTICATION_ERROR,
+    404: errors.NOT_FOUND_ERROR,
+    405: errors.INVALID_REQUEST_ERROR,
+    413: errors.INVALID_REQUEST_ERROR,
+    422: errors.INVALID_REQUEST_ERROR,
+    409: errors.INVALID_REQUEST_ERROR,
+    429: errors.RATE_LIMIT_ERROR,
+    501: errors.SERVER_ERROR,
+    503: errors.SERVER_ERROR,
 }
 
 
@@ -35,7 +36,7 @@ def error_body(
     return {
         "error": {
             "message": message,
-            "type": type_ or _TYPE_BY_STATUS.get(status, "server_error"),
+            "type": type_ or _TYPE_BY_STATUS.get(status, errors.SERVER_ERROR),
             "param": param,
             "code": code,
         }
@@ -94,10 +95,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         # aiohttp's own 404/405/413 pages become OpenAI-shaped bodies.
         reason = exc.reason or "error"
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        code = {404: errors.NOT_FOUND, 405: errors.METHOD_NOT_ALLOWED, 413: errors.REQUEST_TOO_LARGE}.get(exc.status)
         return error_response(
             reason, status=exc.status, code=code, headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         )
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response("Internal server error", status=500, code="internal_error", type_="server_error")
+        return error_response(
+            "Internal server error", status=500, code=errors.INTERNAL_ERROR, type_=errors.SERVER_ERROR
+        )

@@ -18,7 +18,7 @@ from typing import IO, Literal, Protocol
 import av
 import numpy as np
 
-from rtserve.codecs.errors import CodecError
+from rtserve.codecs.errors import AudioLimitError, InvalidAudioError
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
 
@@ -160,21 +160,12 @@ def open_speech_encoder(response_format: SpeechFormat, sample_rate: int = SPEECH
 # ---------------------------------------------------------------------------
 
 
-class AudioDecodeError(Exception):
-    """The upload is not audio FFmpeg can decode; the message is safe to show a client."""
-
-
-class AudioTooLong(Exception):
-    def __init__(self, max_seconds: float) -> None:
-        super().__init__(f"audio is longer than the {max_seconds:g} s limit")
-        self.max_seconds = max_seconds
-
-
 def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.ndarray:
     """Decode the first audio stream of ``source`` to mono float32 at ``sample_rate``.
 
     Blocking (runs on the codec executor). Stops as soon as the decoded audio passes
-    ``max_seconds``, so a small file that expands to hours cannot exhaust memory.
+    ``max_seconds`` (``AudioLimitError``), so a small file that expands to hours cannot
+    exhaust memory. Anything else wrong with the upload is another ``CodecError``.
     """
     max_samples = int(max_seconds * sample_rate)
     pieces: list[np.ndarray] = []
@@ -184,7 +175,7 @@ def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.
         with av.open(source, mode="r", metadata_errors="replace") as container:
             stream = next(iter(container.streams.audio), None)
             if stream is None:
-                raise AudioDecodeError("the file has no audio stream")
+                raise InvalidAudioError("the file has no audio stream")
             downmix = av.AudioResampler(format="flt", layout="mono")  # keeps the source rate
             resampler: StreamResampler | None = None
             for frame in container.decode(stream):
@@ -196,13 +187,11 @@ def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.
                     out = resampler.process(samples)
                     total += out.size
                     if total > max_samples:
-                        raise AudioTooLong(max_seconds)
+                        raise AudioLimitError(f"audio is longer than the {max_seconds:g} s limit")
                     pieces.append(out)
             if resampler is not None:
                 pieces.append(resampler.flush())
     except av.FFmpegError as exc:
-        raise AudioDecodeError("the file could not be decoded as audio") from exc
-    except CodecError as exc:  # e.g. NaN samples in a float WAV
-        raise AudioDecodeError(str(exc)) from exc
+        raise InvalidAudioError("the file could not be decoded as audio") from exc
     audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     return audio[:max_samples]

@@ -25,7 +25,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from rtserve.config import HttpGenerationConfig, ServerConfig
-from rtserve.engines.protocols import ChatMessage, EngineError, LLMEngine, SamplingParams, TokenDelta
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import LLMEngine
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
+from rtserve.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_VALUE
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
@@ -89,7 +92,7 @@ class MessageIn(BaseModel):
                 raise ApiError(
                     "Invalid value for 'messages': input_audio parts are taken by /v1/chat/completions only.",
                     param="messages",
-                    code="invalid_value",
+                    code=INVALID_VALUE,
                 )
             text = "".join(p.text for p in text_parts)
         # "developer" is OpenAI's newer name for the system role.
@@ -144,7 +147,7 @@ class _GenerationFields(BaseModel):
             raise ApiError(
                 f"Invalid value for '{param}': Input should be less than or equal to {limits.max_completion_tokens}.",
                 param=param,
-                code="invalid_value",
+                code=INVALID_VALUE,
             )
         defaults = SamplingParams()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -196,7 +199,7 @@ def check_prompt_size(messages: Sequence[ChatMessage], limit: int, param: str) -
             f"The messages in '{param}' hold more than {limit} characters, more than this model's "
             "context can take; shorten the conversation.",
             param=param,
-            code="context_length_exceeded",
+            code=CONTEXT_LENGTH_EXCEEDED,
         )
 
 
@@ -352,7 +355,7 @@ async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             f"Invalid value for 'messages': a batch holds at most {limit} conversations.",
             param="messages",
-            code="invalid_value",
+            code=INVALID_VALUE,
         )
     llm = require_llm(ctx, body.model)
     params = body.sampling(ctx.config.http)

@@ -32,25 +32,18 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from rtserve.codecs.errors import AudioLimitError, CodecError
 from rtserve.codecs.pcm import float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import (
-    ASREngine,
-    ChatMessage,
-    EngineError,
-    LLMEngine,
-    Pcm,
-    SamplingParams,
-    TokenDelta,
-    TTSEngine,
-)
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import ASREngine, LLMEngine, TTSEngine
+from rtserve.engines.values import ChatMessage, Pcm, SamplingParams, TokenDelta
+from rtserve.errors import AUDIO_TOO_LONG, INVALID_AUDIO, INVALID_BASE64, INVALID_VALUE
 from rtserve.web.context import AppContext
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.audio import (
     SPEECH_SAMPLE_RATE,
-    AudioDecodeError,
-    AudioTooLong,
     SpeechFormat,
     decode_audio,
     open_speech_encoder,
@@ -101,7 +94,7 @@ def wants_audio(modalities: Sequence[str] | None, audio: AudioOutput | None) -> 
         raise ApiError(
             "Invalid value for 'audio': it is required when 'modalities' includes 'audio'.",
             param="audio",
-            code="invalid_value",
+            code=INVALID_VALUE,
         )
     return audio if spoken else None
 
@@ -115,7 +108,7 @@ async def resolve_content(ctx: AppContext, role: str, parts: Sequence[Any], inde
                 raise ApiError(
                     "Invalid value for 'messages': input_audio parts belong in user messages.",
                     param=f"messages[{index}].content",
-                    code="invalid_value",
+                    code=INVALID_VALUE,
                 )
             texts.append(await _transcribe(ctx, part.input_audio, f"messages[{index}].content"))
         else:
@@ -129,15 +122,15 @@ async def _transcribe(ctx: AppContext, clip: InputAudio, param: str) -> str:
         raw = base64.b64decode(clip.data, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(
-            "Invalid value for 'input_audio.data': it is not valid base64.", param=param, code="invalid_base64"
+            "Invalid value for 'input_audio.data': it is not valid base64.", param=param, code=INVALID_BASE64
         ) from None
     max_s = ctx.config.http.max_transcription_audio_s
     try:
         audio = await ctx.codecs.run(decode_audio, io.BytesIO(raw), asr.sample_rate, max_s)
-    except AudioDecodeError as exc:
-        raise ApiError(f"Invalid 'input_audio': {exc}.", param=param, code="invalid_audio") from None
-    except AudioTooLong as exc:
-        raise ApiError(f"Invalid 'input_audio': {exc}.", status=413, param=param, code="audio_too_long") from None
+    except AudioLimitError as exc:
+        raise ApiError(f"Invalid 'input_audio': {exc}.", status=413, param=param, code=AUDIO_TOO_LONG) from None
+    except CodecError as exc:
+        raise ApiError(f"Invalid 'input_audio': {exc}.", param=param, code=INVALID_AUDIO) from None
     windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
     texts = []
     with engine_errors():
@@ -182,7 +175,7 @@ def check_stream_format(audio: AudioOutput) -> None:
         raise ApiError(
             "Invalid value for 'audio.format': streamed audio output must be 'pcm16'.",
             param="audio.format",
-            code="invalid_value",
+            code=INVALID_VALUE,
         )
 
 

@@ -28,7 +28,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ValidationError
 
 from rtserve.config import ModelTask
-from rtserve.engines.protocols import ASREngine, EngineError, LLMEngine, TTSEngine
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import ASREngine, LLMEngine, TTSEngine
+from rtserve.errors import (
+    ENGINE_FAILED,
+    ENGINE_SLEEPING,
+    INVALID_JSON,
+    INVALID_REQUEST_ERROR,
+    INVALID_VALUE,
+    MISSING_PARAMETER,
+    MODEL_NOT_FOUND,
+    MODEL_NOT_READY,
+    RATE_LIMIT_EXCEEDED,
+    REQUEST_TIMEOUT,
+    REQUEST_TOO_LARGE,
+    TASK_UNAVAILABLE,
+)
 from rtserve.log import session_id_var
 from rtserve.web.context import CTX, AppContext
 from rtserve.web.error_mapping import api_error
@@ -63,8 +78,8 @@ def validation_error(exc: ValidationError) -> ApiError:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
     param = param_path(loc) or None
     if err["type"] == "missing":
-        return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-    return ApiError(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
+        return ApiError(f"Missing required parameter: '{param}'.", param=param, code=MISSING_PARAMETER)
+    return ApiError(f"Invalid value for '{param}': {err['msg']}.", param=param, code=INVALID_VALUE)
 
 
 def reject_oversized(request: web.Request, limit: int) -> None:
@@ -74,7 +89,7 @@ def reject_oversized(request: web.Request, limit: int) -> None:
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(f"Request body exceeds the limit of {limit} bytes.", status=413, code="request_too_large")
+    return ApiError(f"Request body exceeds the limit of {limit} bytes.", status=413, code=REQUEST_TOO_LARGE)
 
 
 @contextlib.asynccontextmanager
@@ -90,8 +105,8 @@ async def body_deadline(request: web.Request, limit: int) -> AsyncIterator[None]
         raise ApiError(
             "The request body did not arrive in time.",
             status=408,
-            code="request_timeout",
-            type_="invalid_request_error",
+            code=REQUEST_TIMEOUT,
+            type_=INVALID_REQUEST_ERROR,
         ) from None
 
 
@@ -116,9 +131,9 @@ async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
-        raise ApiError("The request body is not valid JSON.", code="invalid_json") from None
+        raise ApiError("The request body is not valid JSON.", code=INVALID_JSON) from None
     if not isinstance(data, dict):
-        raise ApiError("The request body must be a JSON object.", code="invalid_json")
+        raise ApiError("The request body must be a JSON object.", code=INVALID_JSON)
     return validate(model, data)
 
 
@@ -165,24 +180,24 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model
         raise ApiError(
             f"This server has no {task_name} model loaded (engine '{ctx.engine.capabilities.name}').",
             status=503,
-            code="task_unavailable",
+            code=TASK_UNAVAILABLE,
         )
     if not _names_served_model(ctx, task, model, engine.model_name):
         raise ApiError(
             f"The model '{model}' does not exist; this server's {task_name} model is '{engine.model_name}'.",
             status=404,
-            code="model_not_found",
+            code=MODEL_NOT_FOUND,
             param="model",
         )
     if ctx.engines.sleeping:
         raise engine_sleeping()
     if not ctx.engine.ready:
         if ctx.engine_failure:
-            raise ApiError("The server's models failed to load; see /health.", status=503, code="engine_failed")
+            raise ApiError("The server's models failed to load; see /health.", status=503, code=ENGINE_FAILED)
         raise ApiError(
             "Models are still loading; retry when /health reports ok.",
             status=503,
-            code="model_not_ready",
+            code=MODEL_NOT_READY,
             headers={"Retry-After": "5"},
         )
     return engine
@@ -191,7 +206,7 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model
 def engine_sleeping() -> ApiError:
     """Sleep mode unloaded the models: refused at once, never queued until a wake."""
     return ApiError(
-        "The engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it.", status=503, code="engine_sleeping"
+        "The engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it.", status=503, code=ENGINE_SLEEPING
     )
 
 
@@ -236,7 +251,7 @@ class GenerationLimiter:
             raise ApiError(
                 f"Too many concurrent generations (limit {self.limit}); retry shortly.",
                 status=429,
-                code="rate_limit_exceeded",
+                code=RATE_LIMIT_EXCEEDED,
                 headers={"Retry-After": "1"},
             )
         self._in_flight += 1

@@ -12,11 +12,10 @@ Without the flag both routes answer 404 ``sleep_mode_disabled``.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from rtserve.errors import SLEEP_MODE_DISABLED
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
 from rtserve.web.http.common import engine_errors, read_json
@@ -26,7 +25,7 @@ class SleepRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stage_ids: list[StrictInt] | None = Field(None, min_length=1)
-    level: Literal[1, 2] = 1
+    level: StrictInt = Field(1, ge=1, le=2)  # strict: JSON true is not level 1
 
 
 class WakeRequest(BaseModel):
@@ -40,7 +39,7 @@ def _require_enabled(request: web.Request) -> None:
         raise ApiError(
             "Sleep mode is not enabled; start the server with --enable-sleep-mode.",
             status=404,
-            code="sleep_mode_disabled",
+            code=SLEEP_MODE_DISABLED,
         )
 
 

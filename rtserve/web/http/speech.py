@@ -25,7 +25,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import EngineError, Pcm, TTSEngine
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import TTSEngine
+from rtserve.engines.values import Pcm
+from rtserve.errors import INVALID_VALUE
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
@@ -79,7 +82,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     limit = ctx.config.http.max_speech_input_chars
     if len(body.input) > limit:
         raise ApiError(
-            f"Invalid value for 'input': at most {limit} characters are allowed.", param="input", code="invalid_value"
+            f"Invalid value for 'input': at most {limit} characters are allowed.", param="input", code=INVALID_VALUE
         )
     tts = require_tts(ctx, body.model)  # the engine itself judges ``voice`` (it knows its aliases)
     speech_id = f"speech-{uuid.uuid4().hex}"

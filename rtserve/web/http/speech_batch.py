@@ -21,7 +21,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtserve.engines.protocols import EngineError, TTSEngine
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import TTSEngine
+from rtserve.errors import INVALID_VALUE
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
@@ -47,7 +49,7 @@ async def create_speech_batch(request: web.Request) -> web.StreamResponse:
     limit = ctx.config.http.max_speech_batch_items
     if len(body.items) > limit:
         raise ApiError(
-            f"Invalid value for 'items': at most {limit} items are allowed.", param="items", code="invalid_value"
+            f"Invalid value for 'items': at most {limit} items are allowed.", param="items", code=INVALID_VALUE
         )
     tts = require_tts(ctx, body.model)
     batch_id = f"speechbatch-{uuid.uuid4().hex}"
@@ -82,7 +84,7 @@ async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: d
             raise ApiError(
                 f"Invalid value for 'input': at most {config.max_speech_input_chars} characters are allowed.",
                 param="input",
-                code="invalid_value",
+                code=INVALID_VALUE,
             )
         audio, samples = await _synthesize(request, tts, item)
     except (ApiError, EngineError) as exc:

@@ -42,9 +42,10 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.config import SpeechStreamConfig
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
-from rtserve.engines.protocols import EngineError, TTSEngine
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import TTSEngine
 from rtserve.engines.voice_names import OPENAI_VOICES
-from rtserve.errors import INPUT_BACKPRESSURE, INVALID_EVENT, INVALID_JSON, RtserveError
+from rtserve.errors import INPUT_BACKPRESSURE, INVALID_EVENT, INVALID_JSON, INVALID_VOICE, SESSION_BUSY, RtserveError
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
@@ -53,7 +54,6 @@ from rtserve.web.http.audio import SPEECH_SAMPLE_RATE
 from rtserve.web.http.common import require_tts
 from rtserve.web.http.speech import SpeechPipeline
 from rtserve.web.http.speech_stream_events import (
-    SESSION_BUSY,
     Close,
     Item,
     Sentence,
@@ -168,7 +168,7 @@ class SpeechStream:
             if config.voice_name not in voices:
                 raise StreamError(
                     f"unknown voice {config.voice_name!r}; GET /v1/audio/voices lists the voices",
-                    code="invalid_voice",
+                    code=INVALID_VOICE,
                     param="voice",
                 )
         self._tts, self._config = tts, config

@@ -13,8 +13,6 @@ from rtserve.web.http.audio import SPEECH_SAMPLE_RATE, SpeechFormat
 from rtserve.web.http.common import validation_error
 from rtserve.web.http.speech import VoiceRef
 
-SESSION_BUSY = "session_busy"
-
 
 class StreamConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")

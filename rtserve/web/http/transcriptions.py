@@ -28,11 +28,22 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtserve.engines.protocols import ASREngine, EngineError, Pcm
+from rtserve.codecs.errors import AudioLimitError, CodecError
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import ASREngine
+from rtserve.engines.values import Pcm
+from rtserve.errors import (
+    AUDIO_TOO_LONG,
+    EMPTY_AUDIO,
+    INVALID_AUDIO,
+    INVALID_CONTENT_TYPE,
+    INVALID_MULTIPART,
+    MISSING_PARAMETER,
+)
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http.audio import AudioDecodeError, AudioTooLong, decode_audio
+from rtserve.web.http.audio import decode_audio
 from rtserve.web.http.common import (
     SseStream,
     body_deadline,
@@ -77,7 +88,7 @@ async def _read_form(request: web.Request) -> tuple[IO[bytes], TranscriptionForm
     reject_oversized(request, limit)
     if request.content_type != "multipart/form-data":
         raise ApiError(
-            "Send the audio as multipart/form-data with a 'file' field.", param="file", code="invalid_content_type"
+            "Send the audio as multipart/form-data with a 'file' field.", param="file", code=INVALID_CONTENT_TYPE
         )
     try:
         async with body_deadline(request, limit):
@@ -85,13 +96,13 @@ async def _read_form(request: web.Request) -> tuple[IO[bytes], TranscriptionForm
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large(limit) from None
     except ValueError:
-        raise ApiError("The multipart body could not be parsed.", code="invalid_multipart") from None
+        raise ApiError("The multipart body could not be parsed.", code=INVALID_MULTIPART) from None
     upload = fields.get("file")
     if not isinstance(upload, web.FileField):
         raise ApiError(
             "Missing required parameter: 'file' (an audio file upload).",
             param="file",
-            code="missing_required_parameter",
+            code=MISSING_PARAMETER,
         )
     # Repeated plain fields (``timestamp_granularities[]``) are not used; the last value of the rest wins.
     values: dict[str, Any] = {k: v for k, v in fields.items() if isinstance(v, str) and not k.endswith("[]")}
@@ -105,16 +116,16 @@ async def _transcribe(
     max_s = ctx.config.http.max_transcription_audio_s
     try:
         audio = await ctx.codecs.run(decode_audio, upload, asr.sample_rate, max_s)
-    except AudioDecodeError as exc:
+    except AudioLimitError as exc:
+        raise ApiError(f"Invalid file: {exc}.", status=413, param="file", code=AUDIO_TOO_LONG) from None
+    except CodecError as exc:
         raise ApiError(
             f"Invalid file: {exc}. Upload audio in a common format (wav, mp3, ogg, flac, m4a, webm, ...).",
             param="file",
-            code="invalid_audio",
+            code=INVALID_AUDIO,
         ) from None
-    except AudioTooLong as exc:
-        raise ApiError(f"Invalid file: {exc}.", status=413, param="file", code="audio_too_long") from None
     if audio.size == 0:
-        raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file", code="empty_audio")
+        raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file", code=EMPTY_AUDIO)
     duration_s = audio.size / asr.sample_rate
     windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
     async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:

@@ -16,8 +16,9 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from rtserve.engines.protocols import VoiceInfo
+from rtserve.engines.values import VoiceInfo
 from rtserve.engines.voice_names import check_voice_name
+from rtserve.errors import MALFORMED_REQUEST, MISSING_PARAMETER
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
 from rtserve.web.http.common import body_deadline, body_too_large, engine_errors, reject_oversized, require_tts
@@ -69,14 +70,14 @@ async def register_voice(request: web.Request) -> web.Response:
     if not request.content_type.startswith("multipart/"):
         raise ApiError(
             "Register a voice with multipart/form-data: 'name', 'model' (.onnx) and 'config' (.onnx.json).",
-            code="invalid_request",
+            code=MALFORMED_REQUEST,
         )
     fields: dict[str, bytes] = {}
     async with body_deadline(request, body_limit):
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader) or part.name is None or part.name in fields:
-                raise ApiError("Unexpected or repeated multipart part.", code="invalid_request")
+                raise ApiError("Unexpected or repeated multipart part.", code=MALFORMED_REQUEST)
             name = "model" if part.name in _MODEL_PARTS else part.name
             if name == "name" and "model" not in fields:
                 fields[name] = await _read_part(part, _FIELD_BYTES)
@@ -91,7 +92,7 @@ async def register_voice(request: web.Request) -> web.Response:
     missing = [key for key in ("name", "model", "config") if key not in fields]
     if missing:
         raise ApiError(
-            f"Missing required parameter: '{missing[0]}'.", param=missing[0], code="missing_required_parameter"
+            f"Missing required parameter: '{missing[0]}'.", param=missing[0], code=MISSING_PARAMETER
         )
     voice_name = fields["name"].decode("utf-8", "replace")
     with engine_errors():

@@ -33,13 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, Valid
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
-from rtserve.engines.protocols import SlotPrompt
-from rtserve.errors import RtserveError
+from rtserve.engines.values import SlotPrompt
+from rtserve.errors import INVALID_JSON, INVALID_MESSAGE, SESSION_ALREADY_OPEN, UNKNOWN_MESSAGE_TYPE, RtserveError
 from rtserve.web.error_mapping import moshi_error_message
 from rtserve.web.moshi.bridge import AgentFrame
 from rtserve.web.moshi.deadlines import ReceiveDeadline, close_within, receive_before, send_within
-from rtserve.web.moshi.prompt import UNSEEDED, PromptError, parse_seed, resolve_voice
-from rtserve.web.moshi.service import Conversation, MoshiService
+from rtserve.web.moshi.prompt import UNSEEDED, PromptQueryError, parse_seed, resolve_voice
+from rtserve.web.moshi.service import ChatBridge, MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +75,17 @@ def parse_client_message(text: str) -> OpenMessage | CloseMessage:
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
-        raise ClientError("message is not valid JSON", "invalid_json") from None
+        raise ClientError("message is not valid JSON", INVALID_JSON) from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-        raise ClientError("message must be a JSON object with a string 'type'", "invalid_message")
+        raise ClientError("message must be a JSON object with a string 'type'", INVALID_MESSAGE)
     if data["type"] not in ("open", "close"):
-        raise ClientError(f"unknown message type {data['type'][:64]!r}", "unknown_type")
+        raise ClientError(f"unknown message type {data['type'][:64]!r}", UNKNOWN_MESSAGE_TYPE)
     try:
         return _CLIENT_MESSAGE.validate_python(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"][1:]) or "message"
-        raise ClientError(f"invalid '{field}': {err['msg']}", "invalid_message") from None
+        raise ClientError(f"invalid '{field}': {err['msg']}", INVALID_MESSAGE) from None
 
 
 class DuplexConnection:
@@ -99,7 +99,7 @@ class DuplexConnection:
         self.deadline = ReceiveDeadline.after(
             self.settings.open_timeout_s, f"open timeout: no 'open' within {self.settings.open_timeout_s:g} s"
         )
-        self.conversation: Conversation | None = None
+        self.conversation: ChatBridge | None = None
         self._output: asyncio.Task[None] | None = None
         self._live = contextlib.AsyncExitStack()  # the open conversation's gauge and slot release
 
@@ -133,14 +133,14 @@ class DuplexConnection:
 
     async def _open(self, message: OpenMessage) -> bool:
         if self.conversation is not None:
-            raise ClientError("session already open", "session_already_open")
+            raise ClientError("session already open", SESSION_ALREADY_OPEN)
         try:
             prompt = SlotPrompt(
                 text=message.persona or None,
                 voice=resolve_voice(message.voice, self.service.config.models.voice_prompt_dir),
                 seed=parse_seed(message.seed),
             )
-        except PromptError as exc:
+        except PromptQueryError as exc:
             raise ClientError(str(exc), exc.code) from None
         conversation = await self.service.open_conversation(self.ws, ROUTE, prompt)
         if conversation is None:

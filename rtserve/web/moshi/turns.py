@@ -21,8 +21,10 @@ import numpy as np
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import EngineFailure, SlotPrompt, TurnDetection
-from rtserve.errors import ENGINE_ERROR, SERVER_ERROR
+from rtserve.engines.events import EngineFailure
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import SlotPrompt
+from rtserve.errors import ENGINE_ERROR, INTERNAL_ERROR, OUTPUT_BACKPRESSURE, SERVER_ERROR
 from rtserve.sessions import SessionConfig, SessionHandle, SessionManager
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 
 _NO_AUDIO = np.zeros(0, np.float32)
 # How a session the core ended reads to the route: a failure closes the socket with 1011.
-_FAILED_REASONS = frozenset({"engine_closed", "internal_error", "output_backpressure"})
+_FAILED_REASONS = frozenset({"engine_closed", INTERNAL_ERROR, OUTPUT_BACKPRESSURE})
 
 
 def turn_session_config(prompt: SlotPrompt, sessions: SessionManager) -> SessionConfig:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, web
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
+from rtserve.errors import NO_POLICY
 from rtserve.log import session_id_var
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
@@ -52,7 +53,7 @@ async def openpi_socket(request: web.Request) -> web.WebSocketResponse:
     batcher = await ctx.policy_batcher()
     if batcher is None:
         service.metrics.errors.labels("unavailable").inc()
-        unavailable = EngineError("Robot policy not available", code="unsupported")
+        unavailable = EngineError("Robot policy not available", code=NO_POLICY)
         await ws.send_bytes(pack_message(openpi_error_frame(unavailable)))
         await close_socket(ws, WSCloseCode.INTERNAL_ERROR, "robot policy not available")
         return ws

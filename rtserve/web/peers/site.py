@@ -13,6 +13,7 @@ import logging
 
 from aiohttp import web
 
+from rtserve.errors import INVALID_JSON, INVALID_VALUE, PEER_UNAUTHORIZED
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError, error_middleware
 from rtserve.web.peers import signing
@@ -36,7 +37,7 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> w
             request.headers.get(signing.HEADER), request.method, request.path_qs
         ):
             log.warning("peer request from %s refused: not signed with the cluster secret", request.remote)
-            raise ApiError("Not a front-end of this cluster", status=403, code="peer_unauthorized")
+            raise ApiError("Not a front-end of this cluster", status=403, code=PEER_UNAUTHORIZED)
         return await handler(request)
 
     async def realtime(request: web.Request) -> web.StreamResponse:
@@ -49,12 +50,12 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> w
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
-            raise ApiError("The body is not JSON", code="invalid_json") from None
+            raise ApiError("The body is not JSON", code=INVALID_JSON) from None
         deadline = body.get("deadline_s") if isinstance(body, dict) else None
         if deadline is not None and (
             isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0
         ):
-            raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s", code="invalid_value")
+            raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s", code=INVALID_VALUE)
         return web.json_response(await drain(deadline), status=202)
 
     app = web.Application(middlewares=[error_middleware, signed_only])

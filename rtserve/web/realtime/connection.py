@@ -1,9 +1,12 @@
-"""One realtime WebSocket: at most one session, opened or resumed on it.
+"""One realtime connection: at most one session, opened or resumed on it.
+
+It runs over an ``EventTransport`` (``transport.py``): a WebSocket on ``/v1/realtime`` or
+``/v1/duplex``, or a WebRTC call's data channel and media track (``web/webrtc/``).
 
 Two tasks per connection. The receive loop (the handler's own task) parses client
 frames in arrival order, decodes audio (``InputAudioDecoder``, resampled to the
 engine rate) and submits typed commands; it never waits for output. The sender task
-reads the session's attachment and awaits the socket for each event, so a client that
+reads the session's attachment and awaits the transport for each event, so a client that
 reads slowly only fills its own session's bounded ``OutputBuffer``; overflow closes that
 session with ``output_backpressure`` (the session core's policy) and nothing else.
 
@@ -31,24 +34,31 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
-from rtserve.errors import INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
+from rtserve.errors import INTERNAL_ERROR, INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.log import session_id_var
-from rtserve.sessions import Attachment, Delivery, Projection, SessionConfig, SessionError, SessionHandle
+from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
 from rtserve.sessions import commands as cmd
-from rtserve.sessions.events import ErrorEvent, SessionClosed, SessionEvent, SessionExpired, SessionReplaced
-from rtserve.sessions.ids import new_event_id
+from rtserve.sessions.events import (
+    ErrorEvent,
+    SessionClosed,
+    SessionEvent,
+    SessionExpired,
+    SessionReplaced,
+    SpeechStarted,
+)
+from rtserve.sessions.ids import item_id_for_response, new_event_id
 from rtserve.sessions.projections import compact_json
 from rtserve.sessions.session_config import ConfigUpdateError
-from rtserve.web.connections import close_socket
 from rtserve.web.error_mapping import close_code, realtime_error
-from rtserve.web.peers import Origin, RelayOutcome
+from rtserve.web.peers import RelayOutcome
 from rtserve.web.realtime.audio import InputAudioDecoder
 from rtserve.web.realtime.audio_items import CreateAudioItem, resolve_audio_item
 from rtserve.web.realtime.client_events import (
@@ -64,6 +74,7 @@ from rtserve.web.realtime.client_events import (
 )
 from rtserve.web.realtime.connect_query import ConnectQuery
 from rtserve.web.realtime.errors import WireError, invalid_event
+from rtserve.web.realtime.transport import EventTransport
 from rtserve.web.realtime.vllm_transcription import TranscriptionFlow
 
 if TYPE_CHECKING:
@@ -76,9 +87,15 @@ _INLINE_DECODE_CHARS = 256 * 1024  # larger frames parse and decode on the codec
 # Close codes after the session's last event (RFC 6455 §7.4.1).
 _CLOSE_FOR_REASON = {
     "shutdown": WSCloseCode.GOING_AWAY,
-    "internal_error": WSCloseCode.INTERNAL_ERROR,
+    INTERNAL_ERROR: WSCloseCode.INTERNAL_ERROR,
     "engine_closed": WSCloseCode.INTERNAL_ERROR,
 }
+
+_NO_QUERY = ConnectQuery()  # the URL names no session
+
+# Hands this connection's socket to the front-end that owns a session (``web/peers``): the
+# client's ``session.resume`` frame and the owner's tag in, how it went out.
+ResumeRelay = Callable[[str, str], Awaitable[RelayOutcome]]
 
 
 @dataclass(frozen=True)
@@ -99,20 +116,18 @@ class Dialect:
 class RealtimeConnection:
     def __init__(
         self,
-        ws: web.WebSocketResponse,
-        transport: asyncio.Transport | None,
+        transport: EventTransport,
         service: RealtimeService,
         dialect: Dialect,
         initial: SessionConfig,
-        query: ConnectQuery = ConnectQuery(),
+        query: ConnectQuery = _NO_QUERY,
         *,
-        origin: Origin | None = None,
+        relay: ResumeRelay | None = None,
     ) -> None:
-        self.ws = ws
+        self.transport = transport
         self._query = query  # the URL's session name, or the session it resumes
-        self._origin = origin  # the client's request as a peer must see it (None: nothing to relay)
+        self._relay = relay  # None: this transport cannot be relayed to another front-end
         self._relayed = False  # the socket was relayed to the front-end that owns its session
-        self._transport = transport
         self.service = service
         self.dialect = dialect
         self._initial = initial  # what a session opened here starts from
@@ -122,7 +137,7 @@ class RealtimeConnection:
         self._decoder = InputAudioDecoder(service.engine_capabilities.input_sample_rate)
         self._sender: asyncio.Task[None] | None = None
         self._server_closing = False  # the sender is closing the socket after the session's last event
-        self._sending = False  # the sender is waiting for the socket to take an event
+        self._sending = False  # the sender is waiting for the transport to take an event
         self._transcription = TranscriptionFlow()  # vLLM's transcription events, once a client asks
 
     async def run(self, opened: SessionHandle | None = None) -> None:
@@ -148,9 +163,10 @@ class RealtimeConnection:
             # Without a session nothing else bounds an idle socket.
             timeout = None if self.handle is not None else self.service.limits.idle_ttl_s
             try:
-                message = await self.ws.receive(timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    message = await self.transport.receive()
             except TimeoutError:
-                await close_socket(self.ws, WSCloseCode.OK, "no session was opened")
+                await self.transport.close(WSCloseCode.OK, "no session was opened")
                 return
             if message.type is WSMsgType.TEXT:
                 await self._on_text(message.data)
@@ -237,7 +253,7 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------------ open / resume
 
-    async def _open(self, changes: dict, event_id: str | None) -> bool:
+    async def _open(self, changes: dict[str, Any], event_id: str | None) -> bool:
         """Open this connection's session; False when refused (the socket is then closed)."""
         try:
             config = self._initial.updated(changes, self.service.limits)
@@ -258,9 +274,9 @@ class RealtimeConnection:
             )
         except SessionError as exc:
             await self._report(realtime_error(exc, event_id=event_id, opening=True))
-            await close_socket(self.ws, close_code(exc), exc.code)
+            await self.transport.close(close_code(exc), exc.code)
             return False
-        if self.ws.closed:  # the client left while the engine was opening
+        if self.transport.closed:  # the client left while the engine was opening
             await handle.close("disconnect")
             return False
         assert handle.attachment is not None
@@ -274,7 +290,7 @@ class RealtimeConnection:
             self._resume(action)
         except WireError as exc:
             await self._report(exc)
-            await close_socket(self.ws, WSCloseCode.POLICY_VIOLATION, exc.code)
+            await self.transport.close(WSCloseCode.POLICY_VIOLATION, exc.code)
             return False
         return True
 
@@ -282,9 +298,9 @@ class RealtimeConnection:
         """True when another front-end owns the session and answered (relayed, or refused)."""
         peers = self.service.peers
         owner = peers.remote_owner(action.session_id) if peers is not None and self.handle is None else None
-        if owner is None or self._origin is None:
+        if owner is None or self._relay is None:
             return False
-        outcome = await peers.relay_resume(self.ws, text, owner, self._origin)
+        outcome = await self._relay(text, owner)
         self._relayed = outcome is RelayOutcome.RELAYED
         return outcome is not RelayOutcome.NO_OWNER
 
@@ -328,25 +344,41 @@ class RealtimeConnection:
         try:
             async for delivery in attachment.deliveries():
                 self._sending = True
-                await self._deliver(delivery)
+                await self.transport.deliver(delivery)
                 for frame in self._transcription.frames_after(delivery.event):
-                    await self.ws.send_str(frame)
+                    await self.transport.send_text(frame)
                 self._sending = False
                 if last is None and self.dialect.conversation_created:
-                    await self.ws.send_str(self._conversation_created())
+                    await self.transport.send_text(self._conversation_created())
+                if isinstance(delivery.event, SpeechStarted) and self._interrupts():
+                    await self.interrupt_playback()
                 last = delivery.event
         except ConnectionError:
             return  # the socket is gone; the receive loop detaches
         if isinstance(last, SessionClosed | SessionExpired):
             self._server_closing = True
-            await close_socket(self.ws, _CLOSE_FOR_REASON.get(last.reason, WSCloseCode.OK), last.reason)
+            await self.transport.close(_CLOSE_FOR_REASON.get(last.reason, WSCloseCode.OK), last.reason)
         elif isinstance(last, SessionReplaced):
             self._server_closing = True
-            await close_socket(self.ws, WSCloseCode.OK, "session resumed on another connection")
+            await self.transport.close(WSCloseCode.OK, "session resumed on another connection")
 
-    async def _deliver(self, delivery: Delivery) -> None:
-        """Put one event on the wire (a WebRTC call plays agent audio on its media track instead)."""
-        await self.ws.send_str(delivery.text)
+    def _interrupts(self) -> bool:
+        vad = self.handle.config.turn_detection if self.handle is not None else None
+        return vad is not None and vad.interrupt_response
+
+    async def interrupt_playback(self) -> None:
+        """Drop the agent audio the transport still holds (the user spoke over it, or a WebRTC
+        client's ``output_audio_buffer.clear``). A response cut off after it ended in the
+        session keeps, in the conversation, only the audio that was played
+        (``conversation.item.truncated``), as OpenAI's WebRTC server does: the transport, not
+        the client, knows what was heard."""
+        for cut in await self.transport.interrupt_playback():
+            handle = self.handle
+            if handle is None or handle.active_response_id == cut.response_id:
+                continue  # still generating: the session's own cancel or fence applies
+            handle.submit(
+                cmd.ConversationItemTruncate(item_id=item_id_for_response(cut.response_id), audio_end_ms=cut.heard_ms)
+            )
 
     def _conversation_created(self) -> str:
         return compact_json(
@@ -372,7 +404,7 @@ class RealtimeConnection:
             self.handle.report(error)  # False once the session ended: nothing may follow its last event
             return
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.ws.send_str(self.dialect.projection.render_text(error))
+            await self.transport.send_text(self.dialect.projection.render_text(error))
 
     # ------------------------------------------------------------------ end
 
@@ -384,8 +416,7 @@ class RealtimeConnection:
             if not self._server_closing:  # else let it finish the close handshake (bounded by the ws timeout)
                 self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)
-            if self._sending and self._transport is not None:
-                # The peer stopped reading: unsent bytes would hold the socket open indefinitely.
-                self._transport.abort()
-        if not self.ws.closed:
-            await close_socket(self.ws, WSCloseCode.OK, "")
+            if self._sending:  # the peer stopped reading
+                self.transport.abort()
+        if not self.transport.closed:
+            await self.transport.close(WSCloseCode.OK, "")

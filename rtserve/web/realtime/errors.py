@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rtserve.errors import INVALID_EVENT, INVALID_REQUEST, RtserveError
+from rtserve.errors import INVALID_EVENT, INVALID_REQUEST_ERROR, RtserveError
 
 INVALID_EVENT_MESSAGE = "Invalid or unrecognized client event"
 INVALID_BASE64_MESSAGE = "Invalid base64 audio data"
@@ -23,7 +23,7 @@ class WireError(RtserveError):
         *,
         param: str | None = None,
         event_id: str | None = None,
-        error_type: str = INVALID_REQUEST,
+        error_type: str = INVALID_REQUEST_ERROR,
     ) -> None:
         super().__init__(message, code=code, param=param)
         self.event_id = event_id

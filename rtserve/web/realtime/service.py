@@ -14,6 +14,7 @@ With ``transport.duplex_sessions`` off, ``/v1/duplex`` answers an ``error`` even
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable
 from typing import TypedDict
@@ -22,8 +23,9 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import ASREngine, EngineCapabilities
-from rtserve.errors import NATIVE_DUPLEX_UNAVAILABLE
+from rtserve.engines.protocols import ASREngine
+from rtserve.engines.values import EngineCapabilities
+from rtserve.errors import DUPLEX_API_UNAVAILABLE, NATIVE_DUPLEX_UNAVAILABLE
 from rtserve.sessions import SessionConfig, SessionManager, TurnDetection
 from rtserve.sessions.events import ErrorEvent
 from rtserve.sessions.projections import NativeDuplexProjection
@@ -34,6 +36,7 @@ from rtserve.web.realtime.connect_query import connect_query
 from rtserve.web.realtime.connection import RealtimeConnection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, accepted_subprotocols, native_duplex_mismatch, select_dialect
 from rtserve.web.realtime.errors import WireError
+from rtserve.web.realtime.transport import WebSocketTransport
 
 DUPLEX_UNAVAILABLE = "Duplex API is not available"
 _MAX_MODEL_CHARS = 256
@@ -135,8 +138,9 @@ class RealtimeService:
         except WireError as exc:
             await self._refuse(ws, exc.code, exc.message, param=exc.param)
             return ws
+        relay = None if self.peers is None else functools.partial(self.peers.relay_resume, ws, origin=origin)
         connection = RealtimeConnection(
-            ws, request.transport, self, dialect, self.initial_config(request), query, origin=origin
+            WebSocketTransport(ws, request.transport), self, dialect, self.initial_config(request), query, relay=relay
         )
         gauge.inc()
         try:
@@ -158,4 +162,4 @@ class RealtimeService:
         await close_socket(ws, WSCloseCode.POLICY_VIOLATION, message)
 
     async def _refuse_duplex(self, ws: web.WebSocketResponse) -> None:
-        await self._refuse(ws, "duplex_unavailable", DUPLEX_UNAVAILABLE)
+        await self._refuse(ws, DUPLEX_API_UNAVAILABLE, DUPLEX_UNAVAILABLE)
