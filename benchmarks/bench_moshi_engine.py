@@ -33,7 +33,7 @@ from moshi_build import build, sync
 from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "bench_moshi_engine.json"
 
@@ -41,7 +41,7 @@ RESULTS = Path(__file__).parent / "results" / "bench_moshi_engine.json"
 @torch.no_grad()
 def time_ours(lm: MoshiLM, mimi: Mimi, batch: int, frames: int, device: torch.device) -> list[float]:
     mimi.start(batch)
-    stream = TokenStream(lm, batch, SlotSampler(batch, device, SamplingParams()))
+    stream = TokenStream(lm, batch, SlotSampler(batch, device, MoshiSampling()))
     pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
     times = []
     for _ in range(frames):
@@ -81,7 +81,7 @@ def agreement(ref_lm: Any, lm: MoshiLM, frames: int, device: torch.device, card:
     from moshi.models.lm import LMGen
 
     gen = LMGen(ref_lm, use_sampling=False)
-    stream = TokenStream(lm, 1, SlotSampler(1, device, SamplingParams()))
+    stream = TokenStream(lm, 1, SlotSampler(1, device, MoshiSampling()))
     generator = torch.Generator(device="cpu").manual_seed(1)
     same_frames, same_tokens, total_tokens, first_diff = 0, 0, 0, None
     compared = 0

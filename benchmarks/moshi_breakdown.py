@@ -24,7 +24,7 @@ import torch
 from moshi_build import build, module_bytes, prefill_ours, set_ours_ring, share_weights
 
 from rtserve.engines.moshi.frame_step import FrameStep
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "moshi_breakdown.json"
 
@@ -65,7 +65,7 @@ def main() -> None:
     kv_frame = config.num_layers * 2 * config.dim * 2
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
-        frame = FrameStep(lm, mimi, SlotSampler(batch, device, SamplingParams()), batch)
+        frame = FrameStep(lm, mimi, SlotSampler(batch, device, MoshiSampling()), batch)
         pcm = torch.randn(batch, mimi.frame_size, device=device) * 0.1
         frame.pcm.copy_(pcm)
         codes = mimi.encode(frame.pcm)

@@ -60,7 +60,7 @@ from rtserve.engines.moshi.frame_step import DEFAULT_SPAN_BUCKET, FrameStep
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 
 RESULTS = Path(__file__).parent / "results" / "moshi_tick.json"
 GIB = 2**30
@@ -183,7 +183,7 @@ def run_ours(
         frame = FrameStep(
             lm,
             mimi,
-            SlotSampler(batch, device, SamplingParams()),
+            SlotSampler(batch, device, MoshiSampling()),
             batch,
             graph=side != "ours-eager" and device.type == "cuda",
             span_bucket=bucket,
@@ -272,7 +272,7 @@ def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> d
     runs = []
     for graph, fuse in ((False, True), (True, True), (False, False)):
         with glue_fused(fuse):
-            frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2, graph=graph)
+            frame = FrameStep(lm, mimi, SlotSampler(2, device, MoshiSampling()), 2, graph=graph)
             outs = []
             for pcm in inputs:
                 out = frame(pcm)  # a graphed step's outputs are static buffers: copy each frame's
@@ -320,9 +320,7 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
     runs = []
     for spec, backends in ((None, None), (paged, None), (None, [SDPBackend.MATH])):
         with paged_kv(lm, spec, lm.config.context), sdpa_kernel(backends) if backends else contextlib.nullcontext():
-            frame = FrameStep(
-                lm, mimi, SlotSampler(batch, device, SamplingParams()), batch, graph=device.type == "cuda"
-            )
+            frame = FrameStep(lm, mimi, SlotSampler(batch, device, MoshiSampling()), batch, graph=device.type == "cuda")
             runs.append(torch.stack([frame(pcm).tokens.cpu() for pcm in inputs]))  # [frames, B, 1 + dep_q]
             del frame
             release(lm, mimi, device)
@@ -350,7 +348,7 @@ def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
     Run after the timings: the profiler's hooks can stay active and slow later launches."""
     from torch.profiler import ProfilerActivity, profile
 
-    frame = FrameStep(lm, mimi, SlotSampler(2, device, SamplingParams()), 2)
+    frame = FrameStep(lm, mimi, SlotSampler(2, device, MoshiSampling()), 2)
     pcm = torch.zeros(2, mimi.frame_size, device=device)
     frame(pcm)
     sync(device)

@@ -38,7 +38,7 @@ class LoopbackModel:
         self.frame_size = frame_size
         self.sample_rate = sample_rate
         self.delay_frames = delay_frames
-        self.output_delay_frames = delay_frames  # read by drains: the answer to input comes this much later
+        self.output_delay_frames = delay_frames  # the answer to an input frame comes this much later
         self._lines: list[deque[np.ndarray]] = [deque() for _ in range(batch_size)]
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
@@ -77,6 +77,7 @@ class ToneModel:
         self.frame_size = frame_size
         self.sample_rate = sample_rate
         self.amplitude = amplitude
+        self.output_delay_frames = 0  # a tone answers no input
         self.frequencies = base_hz + step_hz * np.arange(batch_size, dtype=np.float64)
         if self.frequencies[-1] >= sample_rate / 2:
             raise ValueError(

@@ -116,6 +116,7 @@ class TinyRecurrentFrameModel:
         self.batch_size = batch_size
         self.frame_size = frame_size
         self.sample_rate = sample_rate
+        self.output_delay_frames = 0  # each step answers the frame it was given
         self.sub_frames = sub_frames
         block = frame_size // sub_frames
         # Seed a private copy of the global RNG so building the model never disturbs it; built on the

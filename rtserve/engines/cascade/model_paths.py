@@ -26,7 +26,7 @@ class ModelLocation:
 
 
 @dataclass(frozen=True)
-class CascadeModels:
+class CascadeModelLocations:
     vad: ModelLocation
     asr: ModelLocation
     llm: ModelLocation
@@ -114,6 +114,8 @@ def resolve_tts(paths: ModelPaths) -> ModelLocation:
     return ModelLocation(path, f"piper-{path.stem.lower()}")
 
 
-def resolve_models(paths: ModelPaths) -> CascadeModels:
+def resolve_models(paths: ModelPaths) -> CascadeModelLocations:
     """Every location, or the first problem; cheap (no model is opened)."""
-    return CascadeModels(vad=resolve_vad(paths), asr=resolve_asr(paths), llm=resolve_llm(paths), tts=resolve_tts(paths))
+    return CascadeModelLocations(
+        vad=resolve_vad(paths), asr=resolve_asr(paths), llm=resolve_llm(paths), tts=resolve_tts(paths)
+    )

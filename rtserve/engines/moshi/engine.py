@@ -12,7 +12,7 @@ from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.loader import load_folder, random_model
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
-from rtserve.engines.moshi.sampling import SamplingParams
+from rtserve.engines.moshi.sampling import MoshiSampling
 from rtserve.engines.tiny_torch import resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,7 +35,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     except CheckpointError as exc:
         # Startup reports config problems as one line naming the field; keep the loader's detail.
         raise ConfigError(f"invalid config field 'moshi_engine.weights': {exc}") from None
-    sampling = SamplingParams(
+    sampling = MoshiSampling(
         use_sampling=settings.use_sampling,
         temperature=settings.temperature,
         top_k=settings.top_k,

@@ -31,7 +31,7 @@ from rtserve.engines.moshi.prompts import (
     persona_tokens,
     text_steps,
 )
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class MoshiFrameModel:
         model: LoadedModel,
         batch_size: int,
         *,
-        sampling: SamplingParams = SamplingParams(),
+        sampling: MoshiSampling = MoshiSampling(),
         max_prompt_tokens: int = 512,
         max_voice_seconds: float = 30.0,
         voice_dir: str | Path | None = None,

@@ -23,7 +23,7 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class MoshiSampling:
     """One slot's decoding settings; ``temperature <= 0`` (or ``use_sampling=False``) is greedy."""
 
     use_sampling: bool = False
@@ -36,12 +36,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.use_sampling
 
-    def requested(self, sampling: SlotSampling) -> SamplingParams:
+    def requested(self, sampling: SlotSampling) -> MoshiSampling:
         """These defaults with a client's parameters on top. A greedy default counts as
         temperature 0 per stream, so a temperature for one stream leaves the other greedy."""
         text_temperature = self.temperature_text if self.use_sampling else 0.0
         audio_temperature = self.temperature if self.use_sampling else 0.0
-        return SamplingParams(
+        return MoshiSampling(
             use_sampling=True,
             temperature=_given(sampling.audio_temperature, audio_temperature),
             top_k=_given(sampling.audio_top_k, self.top_k),
@@ -75,7 +75,7 @@ def _hash_uniform(seed: torch.Tensor, draw: torch.Tensor, count: int) -> torch.T
 class SlotSampler:
     """Per-row sampling state: parameters on the host (``params``) and mirrored in ``[B]`` tensors."""
 
-    def __init__(self, batch: int, device: torch.device, default: SamplingParams) -> None:
+    def __init__(self, batch: int, device: torch.device, default: MoshiSampling) -> None:
         self.device = device
         self.default = default
         self.params = [default] * batch
@@ -87,12 +87,12 @@ class SlotSampler:
         for slot in range(batch):
             self._write(slot, default, 0)
 
-    def configure(self, slot: int, params: SamplingParams | None, seed: int | None) -> None:
+    def configure(self, slot: int, params: MoshiSampling | None, seed: int | None) -> None:
         self.params[slot] = params or self.default
         # An unseeded slot still gets its own stream, seeded from the OS.
         self._write(slot, self.params[slot], seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 2)
 
-    def _write(self, slot: int, params: SamplingParams, seed: int) -> None:
+    def _write(self, slot: int, params: MoshiSampling, seed: int) -> None:
         greedy = params.greedy
         self.temperature[0, slot] = 0.0 if greedy else max(params.temperature_text, 0.0)
         self.temperature[1, slot] = 0.0 if greedy else max(params.temperature, 0.0)

@@ -35,8 +35,8 @@ from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
 from rtserve.web.moshi.bridge import AgentFrame
 from rtserve.web.moshi.deadlines import ReceiveDeadline, receive_before
-from rtserve.web.moshi.prompt import PromptError, prompt_from_query
-from rtserve.web.moshi.service import Conversation, MoshiService
+from rtserve.web.moshi.prompt import PromptQueryError, prompt_from_query
+from rtserve.web.moshi.service import ChatBridge, MoshiService
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def handle_chat(request: web.Request, service: MoshiService) -> web.WebSoc
     async with service.connections.track(ws):
         try:
             prompt = prompt_from_query(request.query, service.config.models.voice_prompt_dir)
-        except PromptError as exc:
+        except PromptQueryError as exc:
             service.metrics.connections_total.labels(ROUTE, "refused").inc()
             await close_socket(ws, close_code(exc), str(exc))
             return ws
@@ -101,7 +101,7 @@ async def _receive_audio(
     transport: asyncio.Transport | None,
     service: MoshiService,
     codecs: CodecExecutor,
-    conversation: Conversation,
+    conversation: ChatBridge,
 ) -> None:
     """Client messages until the socket closes; malformed audio, audio decoded too fast or
     none for ``moshi.idle_timeout_s`` closes this socket only."""

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 _fallback_logged = False
 
 
-class PromptError(RtserveError, ValueError):
+class PromptQueryError(RtserveError, ValueError):
     """A persona/voice/seed the server refuses; ``str()`` is safe to show the client."""
 
     code = INVALID_PROMPT
@@ -54,12 +54,12 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
         if is_stock_voice(name):
             _log_default_voice(name)
             return None
-        raise PromptError("voice prompts are not configured on this server")
+        raise PromptQueryError("voice prompts are not configured on this server")
     if len(name) > MAX_VOICE_NAME_CHARS or "\x00" in name or "\\" in name:
-        raise PromptError("invalid voice prompt name")
+        raise PromptQueryError("invalid voice prompt name")
     relative = PurePosixPath(name)
     if relative.is_absolute() or ".." in relative.parts:
-        raise PromptError("voice prompt must be a name inside the voice directory")
+        raise PromptQueryError("voice prompt must be a name inside the voice directory")
     root = Path(voice_dir).resolve()
     candidates = [name] if relative.suffix else [name + suffix for suffix in VOICE_SUFFIXES]
     for candidate in candidates:
@@ -67,7 +67,7 @@ def resolve_voice(name: str | None, voice_dir: str | None) -> str | None:
         path = (root / candidate).resolve()
         if path.is_relative_to(root) and path.is_file():
             return str(path)
-    raise PromptError(f"unknown voice prompt {name!r}")
+    raise PromptQueryError(f"unknown voice prompt {name!r}")
 
 
 def is_stock_voice(name: str) -> bool:
@@ -92,15 +92,15 @@ def parse_seed(raw: str | int | None) -> int | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, bool):
-        raise PromptError("seed must be an integer")
+        raise PromptQueryError("seed must be an integer")
     try:
         seed = int(raw)
     except (TypeError, ValueError):
-        raise PromptError("seed must be an integer") from None
+        raise PromptQueryError("seed must be an integer") from None
     if seed == UNSEEDED:
         return None
     if not 0 <= seed < 2**63:
-        raise PromptError("seed must be -1 (unseeded) or between 0 and 2**63-1")
+        raise PromptQueryError("seed must be -1 (unseeded) or between 0 and 2**63-1")
     return seed
 
 
@@ -111,9 +111,9 @@ def _temperature(query: Mapping[str, str], name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise PromptError(f"{name} must be a number") from None
+        raise PromptQueryError(f"{name} must be a number") from None
     if not math.isfinite(value) or value < 0:
-        raise PromptError(f"{name} must be a finite number >= 0 (0 = greedy)")
+        raise PromptQueryError(f"{name} must be a finite number >= 0 (0 = greedy)")
     return value
 
 
@@ -124,9 +124,9 @@ def _top_k(query: Mapping[str, str], name: str) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise PromptError(f"{name} must be an integer") from None
+        raise PromptQueryError(f"{name} must be an integer") from None
     if value < 0:
-        raise PromptError(f"{name} must be >= 0 (0 = no top-k cut)")
+        raise PromptQueryError(f"{name} must be >= 0 (0 = no top-k cut)")
     return value
 
 

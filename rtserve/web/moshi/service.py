@@ -43,7 +43,7 @@ from rtserve.web.moshi.turns import TurnBridge, turn_session_config
 from rtserve.web.subprotocols import key_subprotocols
 
 # What a route holds: frames from a lockstep engine, or turns through the session core.
-Conversation = EngineBridge | TurnBridge
+ChatBridge = EngineBridge | TurnBridge
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class MoshiService:
 
     # ------------------------------------------------------------------ admission
 
-    async def open_conversation(self, ws: web.WebSocketResponse, route: str, prompt: SlotPrompt) -> Conversation | None:
+    async def open_conversation(self, ws: web.WebSocketResponse, route: str, prompt: SlotPrompt) -> ChatBridge | None:
         """A conversation on a fresh engine slot, or ``None`` after closing ``ws`` with the
         reason (1013 when every slot is busy). Returns once the engine has the slot ready."""
         outcomes = self.metrics.connections_total
@@ -134,7 +134,7 @@ class MoshiService:
         return conversation
 
     @contextlib.asynccontextmanager
-    async def live(self, route: str, conversation: Conversation) -> AsyncIterator[None]:
+    async def live(self, route: str, conversation: ChatBridge) -> AsyncIterator[None]:
         """Counts the conversation as open; releases its engine slot on the way out."""
         gauge = self.metrics.connections.labels(route)
         gauge.inc()
@@ -152,7 +152,7 @@ class MoshiService:
         ws: web.WebSocketResponse,
         transport: asyncio.Transport | None,
         route: str,
-        conversation: Conversation,
+        conversation: ChatBridge,
         send_frame: Callable[[AgentFrame], Awaitable[None]],
     ) -> asyncio.Task[None]:
         """Stream the conversation's output to ``ws``; close it with 1011 if the engine fails, drop
@@ -177,7 +177,7 @@ class MoshiService:
     async def stream_output(
         self,
         route: str,
-        conversation: Conversation,
+        conversation: ChatBridge,
         send_frame: Callable[[AgentFrame], Awaitable[None]],
         transport: asyncio.Transport | None,
     ) -> bool:

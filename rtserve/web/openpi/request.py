@@ -3,7 +3,7 @@
 ``endpoint`` (``"infer"`` when omitted, or ``"reset"``), ``session_id`` (a string or an
 integer; omitted keeps the connection's current session) and ``seed`` (an integer in
 [0, 2**64), passed to the policy) travel in the same map as the observation; whatever
-else the map holds is the observation. A field of the wrong type is a ``WireError``, never
+else the map holds is the observation. A field of the wrong type is a ``OpenPIFrameError``, never
 an exception further in.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rtserve.web.openpi.wire import WireError
+from rtserve.web.openpi.wire import OpenPIFrameError
 
 MAX_SESSION_ID_CHARS = 256
 _ENDPOINTS = ("infer", "reset")
@@ -31,19 +31,19 @@ class OpenPIRequest:
 
 def _endpoint(value: Any) -> Literal["infer", "reset"]:
     if not isinstance(value, str):
-        raise WireError("endpoint must be a string: 'infer' or 'reset'")
+        raise OpenPIFrameError("endpoint must be a string: 'infer' or 'reset'")
     if value == "reset":
         return "reset"
     if value == "infer":
         return "infer"
-    raise WireError(f"unknown endpoint {value[:64]!r} (use 'infer' or 'reset')")
+    raise OpenPIFrameError(f"unknown endpoint {value[:64]!r} (use 'infer' or 'reset')")
 
 
 def _session_id(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str | int) or isinstance(value, bool) or len(str(value)) > MAX_SESSION_ID_CHARS:
-        raise WireError(f"session_id must be a string of at most {MAX_SESSION_ID_CHARS} characters")
+        raise OpenPIFrameError(f"session_id must be a string of at most {MAX_SESSION_ID_CHARS} characters")
     return str(value)
 
 
@@ -52,7 +52,7 @@ def _seed(value: Any) -> int | None:
         return None
     # openpi-client's packer sends a numpy integer as a scalar marker, decoded to np.integer.
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or not 0 <= int(value) < _SEED_LIMIT:
-        raise WireError("seed must be an integer from 0 to 2**64 - 1")
+        raise OpenPIFrameError("seed must be an integer from 0 to 2**64 - 1")
     return int(value)
 
 

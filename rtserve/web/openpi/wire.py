@@ -11,7 +11,7 @@ Input accepts those plus the legacy vLLM-Omni markers (the msgpack-numpy layout)
 original msgpack-numpy writes it). Marker keys may be ``str`` or ``bytes``.
 
 Object, structured (void) and complex dtypes are refused both ways; a malformed marker
-(unknown dtype, byte count not matching the shape) is a ``WireError`` whose message is
+(unknown dtype, byte count not matching the shape) is a ``OpenPIFrameError`` whose message is
 safe to show the client. Arrays decode zero-copy and read-only, as openpi's do.
 """
 
@@ -29,7 +29,7 @@ _REFUSED_KINDS = frozenset("VOc")  # structured/void, object, complex
 _MAX_NDIM = 32
 
 
-class WireError(RtserveError, ValueError):
+class OpenPIFrameError(RtserveError, ValueError):
     """A frame that is not a valid openpi message; ``str()`` is client-safe."""
 
     code = INVALID_PAYLOAD
@@ -40,7 +40,7 @@ def _field(marker: dict[Any, Any], name: str) -> Any:
         return marker[name]
     if name.encode() in marker:
         return marker[name.encode()]
-    raise WireError(f"numpy marker lacks '{name}'")
+    raise OpenPIFrameError(f"numpy marker lacks '{name}'")
 
 
 def _has(marker: dict[Any, Any], name: str) -> bool:
@@ -50,29 +50,31 @@ def _has(marker: dict[Any, Any], name: str) -> bool:
 def _dtype(value: Any) -> np.dtype:
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
     if not isinstance(text, str):
-        raise WireError("numpy marker dtype must be a string")
+        raise OpenPIFrameError("numpy marker dtype must be a string")
     try:
         dtype = np.dtype(text)
     except Exception:  # numpy raises TypeError, ValueError or SyntaxError for junk strings
-        raise WireError(f"unknown numpy dtype {text[:64]!r}") from None
+        raise OpenPIFrameError(f"unknown numpy dtype {text[:64]!r}") from None
     if dtype.kind in _REFUSED_KINDS:
-        raise WireError(f"numpy dtype {dtype} is not supported (object, structured and complex arrays are refused)")
+        raise OpenPIFrameError(
+            f"numpy dtype {dtype} is not supported (object, structured and complex arrays are refused)"
+        )
     return dtype
 
 
 def _shape(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) or len(value) > _MAX_NDIM:
-        raise WireError("numpy marker shape must be a list of at most 32 sizes")
+        raise OpenPIFrameError("numpy marker shape must be a list of at most 32 sizes")
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise WireError("numpy marker shape must hold non-negative integers")
+        raise OpenPIFrameError("numpy marker shape must hold non-negative integers")
     return tuple(value)
 
 
 def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     if not isinstance(data, bytes):
-        raise WireError("numpy marker data must be binary")
+        raise OpenPIFrameError("numpy marker data must be binary")
     if dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != len(data):
-        raise WireError(
+        raise OpenPIFrameError(
             f"numpy array data has {len(data)} bytes, shape {list(shape)} of {dtype} needs "
             f"{math.prod(shape) * dtype.itemsize}"
         )
@@ -83,7 +85,7 @@ def _scalar(data: Any, dtype: np.dtype) -> np.generic:
     try:
         scalar: np.generic = dtype.type(data)
     except (TypeError, ValueError, OverflowError):
-        raise WireError(f"numpy scalar value does not fit {dtype}") from None
+        raise OpenPIFrameError(f"numpy scalar value does not fit {dtype}") from None
     return scalar
 
 
@@ -102,7 +104,7 @@ def _decode_marker(obj: dict[Any, Any]) -> Any:
         kind = _field(obj, "kind")
         kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
         if kind not in ("", dtype.kind):
-            raise WireError(f"numpy marker kind {kind!r} does not match dtype {dtype}")
+            raise OpenPIFrameError(f"numpy marker kind {kind!r} does not match dtype {dtype}")
         if _field(obj, "nd"):
             return _array(_field(obj, "data"), dtype, _shape(_field(obj, "shape")))
         return _legacy_scalar(_field(obj, "data"), dtype)
@@ -113,14 +115,14 @@ def unpack_message(frame: bytes) -> dict[str, Any]:
     """One client frame -> a dict with string keys, numpy markers decoded."""
     try:
         message = msgpack.unpackb(frame, object_hook=_decode_marker, raw=False)
-    except WireError:
+    except OpenPIFrameError:
         raise
     except Exception:  # msgpack's own errors: truncated data, bad map keys, depth, ...
-        raise WireError("frame is not valid MessagePack") from None
+        raise OpenPIFrameError("frame is not valid MessagePack") from None
     if not isinstance(message, dict):
-        raise WireError(f"a request must be a map, got {type(message).__name__}")
+        raise OpenPIFrameError(f"a request must be a map, got {type(message).__name__}")
     if not all(isinstance(key, str) for key in message):
-        raise WireError("request keys must be strings")
+        raise OpenPIFrameError("request keys must be strings")
     return message
 
 

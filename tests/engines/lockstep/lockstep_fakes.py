@@ -27,6 +27,7 @@ class RecordingModel:
         self.batch_size = batch_size
         self.frame_size = frame_size
         self.sample_rate = sample_rate
+        self.output_delay_frames = 0
         self.calls: list[tuple] = []
         self.violations: list[str] = []
         self.steps = 0

@@ -10,7 +10,7 @@ import torch
 
 from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from tests.engines.moshi.tiny import TinyCheckpoint
 
 # Past the tiny model's 40-frame ring, so spans grow, then the ring wraps.
@@ -22,8 +22,8 @@ def _run(
     model: LoadedModel, inputs: torch.Tensor, *, span_bucket: int, graph: bool = False
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     device = inputs.device
-    sampler = SlotSampler(3, device, SamplingParams())
-    sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), seed=5)
+    sampler = SlotSampler(3, device, MoshiSampling())
+    sampler.configure(1, MoshiSampling(use_sampling=True, temperature=1.0, temperature_text=1.0), seed=5)
     frame = FrameStep(model.lm, model.mimi, sampler, 3, graph=graph, span_bucket=span_bucket)
     outs = []
     for t in range(inputs.shape[0]):
@@ -31,7 +31,7 @@ def _run(
             frame.reset_rows(torch.tensor([False, False, True], device=device))
             sampler.configure(
                 2,
-                SamplingParams(use_sampling=True, temperature=0.9, top_k=5, temperature_text=0.9, top_k_text=5),
+                MoshiSampling(use_sampling=True, temperature=0.9, top_k=5, temperature_text=0.9, top_k_text=5),
                 seed=11,
             )
         out = frame(inputs[t])
@@ -73,7 +73,7 @@ def test_an_idle_row_does_not_widen_attention_for_the_active_ones(loaded: Loaded
     runs = []
     for bucket in (16, loaded.lm.transformer.capacity):
         frame = FrameStep(
-            loaded.lm, loaded.mimi, SlotSampler(2, torch.device("cpu"), SamplingParams()), 2, span_bucket=bucket
+            loaded.lm, loaded.mimi, SlotSampler(2, torch.device("cpu"), MoshiSampling()), 2, span_bucket=bucket
         )
         outs = []
         for t in range(36):
@@ -101,7 +101,7 @@ def test_the_served_frame_model_replays_graphs_with_prompts_sampling_and_recycli
     hot = SlotSampling(text_temperature=1.0, audio_temperature=0.9, audio_top_k=8)
     traces = []
     for graph in (False, True):
-        model = MoshiFrameModel(loaded, 2, sampling=SamplingParams(), graph=graph)
+        model = MoshiFrameModel(loaded, 2, sampling=MoshiSampling(), graph=graph)
         assert model.frame.graphed == graph
         prefill = model.open_slot(0, SlotPrompt(text="you are kind"))
         model.open_slot(1, SlotPrompt(seed=3, sampling=hot))

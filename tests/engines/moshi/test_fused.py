@@ -9,7 +9,7 @@ import torch
 
 from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.layers import rope_tables
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="fusion compiles for CUDA only")
 CUDA = torch.device("cuda")
@@ -58,11 +58,11 @@ def test_fused_sampling_draws_the_same_tokens_as_eager(eager_and_fused) -> None:
     logits = torch.randn(6, 2048, device=CUDA, generator=gen) * 4
 
     def draw() -> torch.Tensor:
-        sampler = SlotSampler(6, CUDA, SamplingParams(use_sampling=True))
+        sampler = SlotSampler(6, CUDA, MoshiSampling(use_sampling=True))
         for slot in range(3):  # rows 3..5 greedy
             sampler.configure(slot, None, seed=slot)
         for slot in range(3, 6):
-            sampler.configure(slot, SamplingParams(use_sampling=False), seed=slot)
+            sampler.configure(slot, MoshiSampling(use_sampling=False), seed=slot)
         return torch.stack([sampler.sample(logits, text=False) for _ in range(20)])
 
     eager, compiled = eager_and_fused(draw)

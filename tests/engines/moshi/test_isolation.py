@@ -7,7 +7,7 @@ import numpy as np
 
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.loader import LoadedModel
-from rtserve.engines.moshi.sampling import SamplingParams
+from rtserve.engines.moshi.sampling import MoshiSampling
 from rtserve.engines.protocols import FrameOutput, SlotPrompt
 
 FRAME = 1920
@@ -38,7 +38,7 @@ def _audio(outputs: list[list[FrameOutput | None]], slot: int) -> np.ndarray:
     return np.stack([f.audio for f in frames if f is not None])
 
 
-def _check_isolation(loaded: LoadedModel, sampling: SamplingParams, seeds: list[int | None]) -> None:
+def _check_isolation(loaded: LoadedModel, sampling: MoshiSampling, seeds: list[int | None]) -> None:
     inputs = _inputs()
     plain = _run(MoshiFrameModel(loaded, BATCH, sampling=sampling), inputs, None, seeds)
     recycled = _run(MoshiFrameModel(loaded, BATCH, sampling=sampling), inputs, 2, seeds)
@@ -59,15 +59,15 @@ def _check_isolation(loaded: LoadedModel, sampling: SamplingParams, seeds: list[
 
 
 def test_greedy_recycle_of_slot_2_leaves_other_slots_bit_identical(loaded: LoadedModel) -> None:
-    _check_isolation(loaded, SamplingParams(use_sampling=False), [None] * BATCH)
+    _check_isolation(loaded, MoshiSampling(use_sampling=False), [None] * BATCH)
 
 
 def test_seeded_sampling_is_per_slot_and_isolated(loaded: LoadedModel) -> None:
-    _check_isolation(loaded, SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0), [11, 12, 13, 14])
+    _check_isolation(loaded, MoshiSampling(use_sampling=True, temperature=1.0, temperature_text=1.0), [11, 12, 13, 14])
 
 
 def test_same_seed_same_stream_different_seed_different_stream(loaded: LoadedModel) -> None:
-    sampling = SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0)
+    sampling = MoshiSampling(use_sampling=True, temperature=1.0, temperature_text=1.0)
     inputs = np.zeros((12, 2, FRAME), np.float32)
     model = MoshiFrameModel(loaded, 2, sampling=sampling)
     runs = _run_pair(model, inputs, [7, 7]), _run_pair(model, inputs, [7, 8])

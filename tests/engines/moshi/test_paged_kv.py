@@ -14,7 +14,7 @@ from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.layers import StepPlan, Transformer
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.paged_kv import KVMemoryExhausted, PagedKVCache, PagedKVSpec
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.protocols import CapacityExhausted
 from tests.engines.moshi.tiny import TinyCheckpoint
 
@@ -114,7 +114,7 @@ def _greedy_tokens(model: LoadedModel, spec: PagedKVSpec | None, inputs: torch.T
     t = model.lm.transformer
     t.use_paged_kv(spec)
     try:
-        frame = FrameStep(model.lm, model.mimi, SlotSampler(inputs.shape[1], CPU, SamplingParams()), inputs.shape[1])
+        frame = FrameStep(model.lm, model.mimi, SlotSampler(inputs.shape[1], CPU, MoshiSampling()), inputs.shape[1])
         return np.stack([frame(pcm).tokens.numpy().copy() for pcm in inputs])
     finally:
         t.use_paged_kv(None)
@@ -190,7 +190,7 @@ def test_graphed_paged_steps_give_the_eager_paged_tokens(tiny: TinyCheckpoint) -
     for graph in (False, True):
         model.lm.transformer.use_paged_kv(PagedKVSpec(num_blocks=20, block_size=8))
         frame = FrameStep(
-            model.lm, model.mimi, SlotSampler(2, inputs.device, SamplingParams()), 2, graph=graph, span_bucket=16
+            model.lm, model.mimi, SlotSampler(2, inputs.device, MoshiSampling()), 2, graph=graph, span_bucket=16
         )
         runs.append(np.stack([frame(pcm).tokens.cpu().numpy() for pcm in inputs]))
     assert np.array_equal(runs[0], runs[1])

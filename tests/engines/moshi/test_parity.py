@@ -14,7 +14,7 @@ from moshi.models.lm import LMGen
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.loader import LoadedModel
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.protocols import SlotPrompt
 from tests.engines.moshi.reference_run import run_reference
 from tests.engines.moshi.tiny import CARD, TinyCheckpoint
@@ -29,7 +29,7 @@ def speech_like(steps: int, batch: int, seed: int) -> np.ndarray:
 
 def test_lm_greedy_tokens_match_the_reference_for_60_frames(tiny: TinyCheckpoint, loaded: LoadedModel) -> None:
     batch, frames = 2, 60
-    stream = TokenStream(loaded.lm, batch, SlotSampler(batch, torch.device("cpu"), SamplingParams()))
+    stream = TokenStream(loaded.lm, batch, SlotSampler(batch, torch.device("cpu"), MoshiSampling()))
     reference = LMGen(tiny.lm, use_sampling=False)
     generator = torch.Generator().manual_seed(3)
     compared = 0
@@ -70,7 +70,7 @@ def test_mimi_streaming_codes_identical_and_decode_within_1e_4(tiny: TinyCheckpo
 
 def test_frame_model_audio_and_text_match_the_reference_pipeline(tiny: TinyCheckpoint, loaded: LoadedModel) -> None:
     batch, frames = 2, 50
-    model = MoshiFrameModel(loaded, batch, sampling=SamplingParams(use_sampling=False))
+    model = MoshiFrameModel(loaded, batch, sampling=MoshiSampling(use_sampling=False))
     for slot in range(batch):
         assert model.open_slot(slot, SlotPrompt()) == 0
     audio = speech_like(frames, batch, seed=2)

@@ -17,12 +17,12 @@ from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.prompts import PromptError
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.protocols import SlotPrompt
 from tests.engines.moshi.tiny import CARD, LM_KWARGS, _stack_attention, reference_lm
 
 FRAME = 1920
-GREEDY = SamplingParams(use_sampling=False)
+GREEDY = MoshiSampling(use_sampling=False)
 
 
 def _drive(model: MoshiFrameModel, slot: int, steps: int) -> None:

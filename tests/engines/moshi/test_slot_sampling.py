@@ -8,12 +8,12 @@ import torch
 
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.loader import LoadedModel
-from rtserve.engines.moshi.sampling import SamplingParams, SlotSampler
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.protocols import SlotPrompt, SlotSampling
 
 FRAME = 1920
 TICKS = 10
-GREEDY = SamplingParams(use_sampling=False)
+GREEDY = MoshiSampling(use_sampling=False)
 
 
 def _audio(model: MoshiFrameModel, prompts: list[SlotPrompt], inputs: np.ndarray) -> list[np.ndarray]:
@@ -32,7 +32,7 @@ def test_a_slots_sampling_overrides_the_engine_default_for_that_slot_only(loaded
     )
     greedy = _audio(MoshiFrameModel(loaded, 2, sampling=GREEDY), [SlotPrompt(), SlotPrompt()], inputs)
     # The same draws as an engine whose default is that sampling (unnamed fields: its top-k).
-    default_hot = SamplingParams(use_sampling=True, temperature=1.0, temperature_text=1.0)
+    default_hot = MoshiSampling(use_sampling=True, temperature=1.0, temperature_text=1.0)
     sampled = _audio(MoshiFrameModel(loaded, 2, sampling=default_hot), [SlotPrompt(seed=7), SlotPrompt(seed=7)], inputs)
     assert not np.array_equal(mixed[0], greedy[0]), "the slot's sampling parameters were not applied"
     assert np.array_equal(mixed[0], sampled[0])
@@ -54,8 +54,8 @@ def test_zero_temperatures_decode_greedily_and_reopening_forgets_the_last_client
 def test_a_sampling_row_draws_from_the_softmax_within_its_top_k() -> None:
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     sampler = SlotSampler(2, torch.device("cpu"), GREEDY)
-    sampler.configure(0, SamplingParams(use_sampling=True, temperature=1.0, top_k=0), seed=3)
-    sampler.configure(1, SamplingParams(use_sampling=True, temperature=1.0, top_k=3), seed=4)
+    sampler.configure(0, MoshiSampling(use_sampling=True, temperature=1.0, top_k=0), seed=3)
+    sampler.configure(1, MoshiSampling(use_sampling=True, temperature=1.0, top_k=3), seed=4)
     draws = torch.stack([sampler.sample(logits.expand(2, -1), text=False) for _ in range(4000)])
     freq = torch.bincount(draws[:, 0], minlength=6).float() / draws.shape[0]
     assert torch.allclose(freq, torch.softmax(logits, dim=0), atol=0.03), freq

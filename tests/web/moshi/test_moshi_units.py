@@ -17,7 +17,7 @@ from rtserve.engines.protocols import SessionOptions, SlotSampling
 from rtserve.engines.registry import create_engine
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
-from rtserve.web.moshi.prompt import PromptError, parse_seed, prompt_from_query, resolve_voice
+from rtserve.web.moshi.prompt import PromptQueryError, parse_seed, prompt_from_query, resolve_voice
 from rtserve.web.moshi.service import MoshiService
 from tests.web.moshi_support import WAIT_S, moshi_config, noise_signal
 
@@ -64,18 +64,18 @@ def test_known_voice_names_resolve_to_files_inside_the_directory(voice_dir: Path
     ],
 )
 def test_unsafe_or_unknown_voice_names_are_refused(voice_dir: Path, name: str) -> None:
-    with pytest.raises(PromptError) as info:
+    with pytest.raises(PromptQueryError) as info:
         resolve_voice(name, str(voice_dir))
     assert str(voice_dir.parent) not in str(info.value)  # no server path leaks to the client
 
 
 def test_absolute_path_to_a_real_voice_is_still_refused(voice_dir: Path) -> None:
-    with pytest.raises(PromptError):
+    with pytest.raises(PromptQueryError):
         resolve_voice(os.fspath(voice_dir / "NATF2.pt"), str(voice_dir))
 
 
 def test_voices_need_a_configured_directory_except_personaplex_stock_names() -> None:
-    with pytest.raises(PromptError, match="not configured"):
+    with pytest.raises(PromptQueryError, match="not configured"):
         resolve_voice("my_clone", None)
     assert resolve_voice("NATF2", None) is None  # the engine's default voice (PersonaPlex's UI sends it)
     assert resolve_voice("VARM4.pt", None) is None
@@ -87,7 +87,7 @@ def test_resolution_never_escapes_the_directory(tmp_path_factory: pytest.TempPat
     root.mkdir(exist_ok=True)
     try:
         path = resolve_voice(name, str(root))
-    except PromptError:
+    except PromptQueryError:
         return
     assert path is None or Path(path).is_relative_to(root.resolve())
 
@@ -100,7 +100,7 @@ def test_query_parameters_become_a_slot_prompt(voice_dir: Path) -> None:
 
 @pytest.mark.parametrize("raw", ["abc", "1.5", "-2", str(2**63), True])
 def test_bad_seeds_are_refused(raw: object) -> None:
-    with pytest.raises(PromptError):
+    with pytest.raises(PromptQueryError):
         parse_seed(raw)  # type: ignore[arg-type]
 
 
@@ -134,7 +134,7 @@ def test_personaplex_sampling_parameters_become_the_slots_sampling() -> None:
     ],
 )
 def test_bad_sampling_parameters_are_refused_naming_the_parameter(name: str, raw: str) -> None:
-    with pytest.raises(PromptError, match=name):
+    with pytest.raises(PromptQueryError, match=name):
         prompt_from_query({name: raw}, None)
 
 

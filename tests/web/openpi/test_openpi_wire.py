@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from openpi_client import msgpack_numpy
 
-from rtserve.web.openpi.wire import WireError, pack_message, unpack_message
+from rtserve.web.openpi.wire import OpenPIFrameError, pack_message, unpack_message
 
 _DTYPES = ["uint8", "int8", "int16", "<i4", ">i4", "int64", "float16", "<f4", ">f8", "bool"]
 
@@ -96,7 +96,7 @@ def _marker(dtype: str, data: bytes, shape: list[int]) -> bytes:
     ],
 )
 def test_malformed_frames_are_wire_errors(frame, detail):
-    with pytest.raises(WireError) as info:
+    with pytest.raises(OpenPIFrameError) as info:
         unpack_message(frame)
     assert detail in str(info.value)
 
