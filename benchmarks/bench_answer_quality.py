@@ -52,7 +52,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
 from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.tts import TextToSpeech
-from rtserve.engines.protocols import ChatMessage, SamplingParams
+from rtserve.engines.values import ChatMessage, SamplingParams
 
 DEFAULT_RESULTS = Path(__file__).parent / "results" / "bench_answer_quality.json"
 SESSION_TEMPERATURE = 0.8  # the realtime session's default (sessions/session_config.py)

@@ -43,16 +43,8 @@ from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.vad import VadStream
-from rtserve.engines.protocols import (
-    ChatMessage,
-    InputTranscript,
-    OutputAudio,
-    ResponseFinished,
-    ResponseRequest,
-    SamplingParams,
-    SessionOptions,
-    SpeechStopped,
-)
+from rtserve.engines.events import InputTranscript, OutputAudio, ResponseFinished, SpeechStopped
+from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -46,7 +46,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from rtserve.engines.protocols import OutputAudio
+from rtserve.engines.events import OutputAudio
 from rtserve.engines.remote.wire import Kind, encode, read_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_link_transport.json"

@@ -31,8 +31,9 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig, ServerConfig
 from rtserve.engines.lockstep import LockstepSession, LockstepSessionEngine, TickReport
-from rtserve.engines.protocols import FrameModel, SessionOptions
+from rtserve.engines.protocols import FrameModel
 from rtserve.engines.reference import FRAME_SIZE, SAMPLE_RATE, LoopbackModel
+from rtserve.engines.values import SessionOptions
 
 WARMUP_TICKS = 10
 RESULTS = Path(__file__).parent / "results" / "bench_lockstep.json"

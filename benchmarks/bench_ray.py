@@ -43,9 +43,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig, load_config
-from rtserve.engines.protocols import OutputAudio, SessionOptions
+from rtserve.engines.events import OutputAudio
 from rtserve.engines.remote.client import RemoteEngines
 from rtserve.engines.remote.link import EngineLink
+from rtserve.engines.values import SessionOptions
 from rtserve.processes import engine_main
 
 RATE = 24_000

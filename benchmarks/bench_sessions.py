@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import EngineCapabilities, EngineEvent, OutputAudio, ResponseRequest, SessionOptions
+from rtserve.engines.events import EngineEvent, OutputAudio
+from rtserve.engines.values import EngineCapabilities, ResponseRequest, SessionOptions
 from rtserve.sessions import RealtimeProjection, SessionHandle, SessionManager
 from rtserve.sessions import commands as cmd
 

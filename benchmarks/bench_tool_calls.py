@@ -34,7 +34,7 @@ from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.tool_calls import CallGuide
-from rtserve.engines.protocols import ChatMessage, SamplingParams, ToolChoice, ToolSpec
+from rtserve.engines.values import ChatMessage, SamplingParams, ToolChoice, ToolSpec
 
 WEATHER = ToolSpec(
     "get_weather",

@@ -53,7 +53,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 
 from rtserve.clock import Clock, SystemClock
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 
 StageFn = Callable[[AsyncIterator[Any]], AsyncIterator[Any]]
 

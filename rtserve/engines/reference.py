@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 SAMPLE_RATE = WIRE_SAMPLE_RATE
 FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame

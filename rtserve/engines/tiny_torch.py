@@ -26,8 +26,8 @@ from torch import nn
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
 from rtserve.engines.reference import FRAME_SIZE, SAMPLE_RATE
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 PROMPT_BYTES_PER_STEP = 16
 TEXT_VOCAB = " abcdefghijklmnopqrstuvwxyz"  # head index 0 means "no text this frame"

@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rtserve.engines.protocols import ChatMessage, EngineError, ToolChoice, ToolSpec
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import ChatMessage, ToolChoice, ToolSpec
 from rtserve.errors import INVALID_VALUE
 
 MAX_TOOLS = 128  # OpenAI's own limit on tools per request

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 from rtserve.errors import INVALID_VALUE
 
 # OpenAI's built-in voice names: clients send them by default, so each selects an engine's own voice.

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rtserve.engines.protocols import ToolChoice, ToolSpec
+from rtserve.engines.values import ToolChoice, ToolSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

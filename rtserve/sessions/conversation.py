@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rtserve.engines.protocols import ChatMessage, ToolCall
+from rtserve.engines.values import ChatMessage, ToolCall
 from rtserve.sessions.events import ItemSnapshot
 from rtserve.sessions.session_config import PlaybackCommitPolicy
 

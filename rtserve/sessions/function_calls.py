@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from rtserve.engines.protocols import ToolCallDelta
+from rtserve.engines.values import ToolCallDelta
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
 from rtserve.sessions.ids import new_item_id

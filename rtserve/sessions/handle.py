@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rtserve.engines.protocols import ChatMessage, EngineCapabilities
+from rtserve.engines.values import ChatMessage, EngineCapabilities
 from rtserve.sessions.attachment import Attachment
 from rtserve.sessions.commands import Command
 from rtserve.sessions.events import ErrorEvent

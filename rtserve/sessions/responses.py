@@ -14,17 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import (
-    ChatMessage,
-    EngineCapabilities,
-    EngineSession,
-    OutputAudio,
-    OutputText,
-    OutputToolCall,
-    ResponseFinished,
-    ResponseRequest,
-    SamplingParams,
-)
+from rtserve.engines.events import OutputAudio, OutputText, OutputToolCall, ResponseFinished
+from rtserve.engines.protocols import EngineSession
+from rtserve.engines.values import ChatMessage, EngineCapabilities, ResponseRequest, SamplingParams
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome

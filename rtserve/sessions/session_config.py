@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import ToolChoice, ToolSpec, TurnDetection
 from rtserve.engines.tools import InvalidTools, check_tools
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import ToolChoice, ToolSpec
 from rtserve.errors import INVALID_VALUE, RtserveError
 
 AudioFormat = Literal["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"]

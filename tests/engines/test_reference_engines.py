@@ -7,9 +7,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, LockstepConfig, ServerConfig
-from rtserve.engines.protocols import EngineSession, SessionOptions, SlotPrompt
+from rtserve.engines.protocols import EngineSession
 from rtserve.engines.reference import LoopbackModel, ToneModel
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SessionOptions, SlotPrompt
 
 
 @pytest.mark.parametrize("name, text", [("loopback", False), ("tone", False), ("tiny", True)])

@@ -16,8 +16,8 @@ import torch
 from test_lockstep_isolation import on_cuda, sine_frame
 
 from rtserve.config import ConfigError, load_config
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
 from rtserve.engines.tiny_torch import PROMPT_BYTES_PER_STEP, TinyRecurrentFrameModel
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 BATCH = 4
 TICKS = 40

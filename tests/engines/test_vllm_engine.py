@@ -13,7 +13,8 @@ import pytest
 
 from rtserve.app import build_app
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import ChatMessage, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
 from tests.support import serve_app
 from tests.web.http_support import TurnEnginesSessionDouble

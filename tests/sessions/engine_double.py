@@ -16,18 +16,11 @@ from typing import Literal
 
 import numpy as np
 
-from rtserve.engines.protocols import (
-    CapacityExhausted,
-    EngineCapabilities,
-    EngineEvent,
-    InputTranscript,
-    OutputAudio,
-    ResponseFinished,
-    ResponseRequest,
-    SessionOptions,
-    TurnDetection,
-    TurnEngines,
-)
+from rtserve.engines.errors import CapacityExhausted
+from rtserve.engines.events import EngineEvent, InputTranscript, OutputAudio, ResponseFinished
+from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import EngineCapabilities, ResponseRequest, SessionOptions
 
 _END = object()
 

@@ -3,7 +3,8 @@ cut off by a cancel (scripted engine output through the test double)."""
 
 from __future__ import annotations
 
-from rtserve.engines.protocols import OutputToolCall, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
+from rtserve.engines.events import OutputToolCall
+from rtserve.engines.values import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from rtserve.sessions import SessionConfig
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 from rtserve.sessions import SessionConfig, SessionError
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.events import ErrorEvent, HeartbeatAck, SessionClosed, SessionCreated, SessionExpired

@@ -13,7 +13,7 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GAServerEvent
 
 from rtserve.codecs import g711
-from rtserve.engines.protocols import OutputText
+from rtserve.engines.events import OutputText
 from rtserve.sessions import SessionConfig, TurnDetection
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev

@@ -8,7 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from rtserve.engines.protocols import EngineError, EngineFailure, OutputText, SpeechStarted, SpeechStopped
+from rtserve.engines.errors import EngineError
+from rtserve.engines.events import EngineFailure, OutputText, SpeechStarted, SpeechStopped
 from rtserve.sessions import SessionConfig, TurnDetection
 from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev

@@ -19,7 +19,8 @@ import pytest_asyncio
 from vllm_lane_support import VllmServer, vllm_metrics
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import ChatMessage, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
 from tests.web.http.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 from tests.web.realtime_support import running

@@ -23,15 +23,15 @@ import openai
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import (
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.values import (
     ChatMessage,
     EngineCapabilities,
-    EngineError,
     Pcm,
     SamplingParams,
     TokenDelta,
     TranscriptPiece,
-    TurnEngines,
     VoiceInfo,
 )
 from tests.support import serve_app

@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine, SystemTickClock
-from rtserve.engines.protocols import SessionEngine, SessionOptions, TurnEngines
+from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.engines.reference import LoopbackModel
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SessionOptions
 from tests.support import serve_app
 
 RATE = 24_000

@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import EngineCapabilities, TurnEngines
+from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.values import EngineCapabilities
 from tests.support import serve_app
 
 

@@ -29,7 +29,9 @@ from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.protocols import CapacityExhausted, EngineCapabilities, SessionOptions, SleepStage, TurnEngines
+from rtserve.engines.errors import CapacityExhausted
+from rtserve.engines.protocols import SleepStage, TurnEngines
+from rtserve.engines.values import EngineCapabilities, SessionOptions
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections import deque
 
-from rtserve.engines.protocols import (
+from rtserve.engines.events import (
     EngineEvent,
     InputTranscript,
     OutputAudio,

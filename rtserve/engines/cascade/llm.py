@@ -34,7 +34,8 @@ from rtserve.engines.cascade.llm_stage import (
 )
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallDecoding, CallGuide, uses_tools
-from rtserve.engines.protocols import ChatMessage, EngineError, SamplingParams, TokenDelta
+from rtserve.engines.errors import EngineError
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.end_of_turn import reads_complete
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.turn_detection import SealedTurn, TurnDetector
-from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.pipeline import Pipeline, Stage
-from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.engines.vllm_engine import VllmTextEngine
 
 

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtserve.engines.protocols import ChatMessage, SamplingParams, ToolCallDelta, ToolSpec
 from rtserve.engines.tools import arguments_schema, openai_tools, openai_turns
+from rtserve.engines.values import ChatMessage, SamplingParams, ToolCallDelta, ToolSpec
 
 CALL_OPEN = "<tool_call>"
 _CALL_HEAD = re.compile(r'^\s*\{"name": "([A-Za-z0-9_-]{1,64})", "arguments": ')

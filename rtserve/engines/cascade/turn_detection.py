@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rtserve.engines.cascade.audio import AudioBuffer
-from rtserve.engines.protocols import SpeechStarted, SpeechStopped, TurnDetection
+from rtserve.engines.events import SpeechStarted, SpeechStopped
+from rtserve.engines.turn_detection import TurnDetection
 
 _HYSTERESIS = 0.15
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rtserve.engines.protocols import CapacityExhausted
+from rtserve.engines.errors import CapacityExhausted
 
 log = logging.getLogger(__name__)
 

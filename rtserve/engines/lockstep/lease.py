@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rtserve.config import LockstepConfig
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff, SlotPhase
-from rtserve.engines.protocols import EngineFailure, FrameOutput
+from rtserve.engines.values import FrameOutput
 
 if TYPE_CHECKING:
     from rtserve.engines.lockstep.scheduler import LockstepScheduler

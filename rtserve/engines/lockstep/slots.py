@@ -18,7 +18,8 @@ from typing import Protocol
 
 import numpy as np
 
-from rtserve.engines.protocols import EngineFailure, FrameOutput
+from rtserve.engines.events import EngineFailure
+from rtserve.engines.values import FrameOutput
 
 
 class SlotPhase(enum.Enum):

@@ -32,7 +32,7 @@ from rtserve.engines.moshi.prompts import (
     text_steps,
 )
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 log = logging.getLogger(__name__)
 

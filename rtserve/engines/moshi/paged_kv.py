@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rtserve.engines.protocols import CapacityExhausted
+from rtserve.engines.errors import CapacityExhausted
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import TypeVar
 import torch
 
 from rtserve.engines.moshi.fused import fused
-from rtserve.engines.protocols import SlotSampling
+from rtserve.engines.values import SlotSampling
 
 _T = TypeVar("_T")
 

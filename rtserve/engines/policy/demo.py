@@ -37,7 +37,7 @@ from rtserve.engines.policy.observation_spec import (
     describe_spec,
     validate_observation,
 )
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.values import PolicyRequest
 
 IMAGE_SIZE = 224
 EXTERIOR_IMAGE = "observation/exterior_image_1_left"

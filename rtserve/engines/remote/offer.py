@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.values import EngineCapabilities
 
 
 @dataclass(frozen=True)

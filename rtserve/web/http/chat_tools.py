@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from rtserve.engines.protocols import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from rtserve.engines.tools import InvalidTools, check_tools
+from rtserve.engines.values import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from rtserve.web.errors import ApiError
 
 

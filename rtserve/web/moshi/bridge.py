@@ -18,7 +18,8 @@ import numpy as np
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE  # both Moshi wire formats are 24 kHz mono
 from rtserve.codecs.resample import StreamResampler
-from rtserve.engines.protocols import EngineFailure, EngineSession, OutputAudio, OutputText
+from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
+from rtserve.engines.protocols import EngineSession
 from rtserve.web.moshi.metrics import MoshiMetrics
 
 _NO_AUDIO = np.zeros(0, np.float32)

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from rtserve.engines.protocols import SlotPrompt, SlotSampling
+from rtserve.engines.values import SlotPrompt, SlotSampling
 from rtserve.errors import INVALID_PROMPT, RtserveError
 
 # Tried in order when a name has no suffix ("NATF2" finds "NATF2.pt").

@@ -29,7 +29,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import WSCloseCode, web
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import CapacityExhausted, EngineError, SessionEngine, SessionOptions, SlotPrompt
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.protocols import SessionEngine
+from rtserve.engines.values import SessionOptions, SlotPrompt
 from rtserve.errors import RESOURCE_EXHAUSTED
 from rtserve.log import session_id_var
 from rtserve.sessions import SessionError, SessionManager

@@ -19,7 +19,9 @@ import numpy as np
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import b64_decode
 from rtserve.codecs.resample import resample
-from rtserve.engines.protocols import ASREngine, EngineError, Pcm
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import ASREngine
+from rtserve.engines.values import Pcm
 from rtserve.errors import INVALID_VALUE
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat

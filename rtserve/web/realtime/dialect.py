@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.values import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection, RealtimeProjection
 from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.sessions.projections.realtime import Naming

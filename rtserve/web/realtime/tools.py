@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 
-from rtserve.engines.protocols import ToolChoice, ToolSpec
+from rtserve.engines.values import ToolChoice, ToolSpec
 from rtserve.errors import INVALID_VALUE
 from rtserve.sessions import commands as cmd
 from rtserve.web.realtime.errors import MAX_ECHOED_CHARS, WireError, field_path, invalid_event

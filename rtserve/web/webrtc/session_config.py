@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rtserve.config import SessionLimits
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.values import EngineCapabilities
 from rtserve.errors import RtserveError
 from rtserve.sessions import SessionConfig, TurnDetection
 from rtserve.sessions.session_config import ConfigUpdateError

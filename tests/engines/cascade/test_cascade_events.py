@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 
 from rtserve.engines.cascade.events import EventChannel
-from rtserve.engines.protocols import InputTranscript, OutputAudio, OutputText, ResponseFinished, SpeechStarted
+from rtserve.engines.events import InputTranscript, OutputAudio, OutputText, ResponseFinished, SpeechStarted
 
 
 def audio(epoch: int, samples: int = 100) -> OutputAudio:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.engines.cascade.llm import SmolLlm, _Decoder, _Request
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallGuide
-from rtserve.engines.protocols import ChatMessage, SamplingParams, TokenDelta, ToolChoice, ToolSpec
+from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta, ToolChoice, ToolSpec
 
 pytestmark = pytest.mark.models
 

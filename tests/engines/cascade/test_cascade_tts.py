@@ -13,7 +13,7 @@ from rtserve.config import ModelPaths
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_tts
 from rtserve.engines.cascade.tts import SAMPLE_RATE, TextToSpeech
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 
 pytestmark = pytest.mark.models
 

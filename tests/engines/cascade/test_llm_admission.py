@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 from rtserve.engines.cascade.llm_stage import DecodeQueue, LlmRequest
-from rtserve.engines.protocols import ChatMessage, SamplingParams
+from rtserve.engines.values import ChatMessage, SamplingParams
 
 HOUR = 3600.0  # a window nobody waits out: admission ends when the batch is full
 

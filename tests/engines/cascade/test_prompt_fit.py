@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtserve.engines.cascade.prompt_fit import Turn, fit_prompt, max_token_chars, turn_overhead
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 
 TOKEN_CHARS = 6  # the word tokenizer's longest token, a space included
 

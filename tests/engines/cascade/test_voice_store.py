@@ -12,7 +12,7 @@ import pytest
 
 from rtserve.config import VoiceStoreConfig
 from rtserve.engines.cascade.voices import VoiceStore, check_config
-from rtserve.engines.protocols import EngineError
+from rtserve.engines.errors import EngineError
 
 CONFIG = {
     "audio": {"sample_rate": 22050},

@@ -9,8 +9,9 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
+from rtserve.engines.errors import CapacityExhausted
 from rtserve.engines.lockstep import LockstepScheduler
-from rtserve.engines.protocols import CapacityExhausted, FrameOutput, SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 FRAME = 8  # samples per frame of the fake models
 

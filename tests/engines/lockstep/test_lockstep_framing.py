@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import SlotLease
 from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff
-from rtserve.engines.protocols import FrameOutput
+from rtserve.engines.values import FrameOutput
 
 CUSHION = round(LockstepConfig().jitter_cushion_ms * 100 / 1000)  # samples at the fakes' 100 Hz
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import LockstepScheduler, SlotLease, SlotPhase
-from rtserve.engines.protocols import SlotPrompt
 from rtserve.engines.tiny_torch import PROMPT_BYTES_PER_STEP, TinyRecurrentFrameModel
+from rtserve.engines.values import SlotPrompt
 
 BATCH = 4
 FRAME = 1920

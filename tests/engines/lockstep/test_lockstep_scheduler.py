@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep import SlotPhase
-from rtserve.engines.protocols import CapacityExhausted, EngineError, EngineFailure, SlotPrompt
+from rtserve.engines.values import SlotPrompt
 
 
 def drain(lease) -> list:

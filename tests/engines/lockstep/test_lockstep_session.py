@@ -10,20 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig, ReferenceEngineConfig, ServerConfig
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
 from rtserve.engines.lockstep import LockstepSessionEngine
 from rtserve.engines.lockstep.framing import InvalidAudio
 from rtserve.engines.lockstep.slots import SlotPhase
-from rtserve.engines.protocols import (
-    CapacityExhausted,
-    EngineError,
-    EngineEvent,
-    EngineFailure,
-    EngineSession,
-    OutputAudio,
-    SessionOptions,
-    SlotPrompt,
-)
+from rtserve.engines.protocols import EngineSession
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SessionOptions, SlotPrompt
 from tests.engines.lockstep.lockstep_fakes import RecordingModel
 
 FRAME = 1920

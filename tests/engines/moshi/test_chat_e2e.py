@@ -9,8 +9,8 @@ from aiohttp import WSCloseCode
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SlotSampling
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SlotSampling
 from tests.web.moshi_support import FRAME, MoshiClient, RecordingEngine, expect_close, moshi_server, noise_signal
 
 

@@ -94,7 +94,7 @@ def test_the_served_frame_model_replays_graphs_with_prompts_sampling_and_recycli
     """MoshiFrameModel on a GPU (graphed by default) against the same model stepped eagerly:
     a persona prefill (teacher forcing), a sampling slot, and a slot reopened mid-run."""
     from rtserve.engines.moshi.frame_model import MoshiFrameModel
-    from rtserve.engines.protocols import SlotPrompt, SlotSampling
+    from rtserve.engines.values import SlotPrompt, SlotSampling
 
     loaded = load_folder(tiny.folder, device=torch.device("cuda"), dtype=torch.float32)
     inputs = (0.3 * np.random.default_rng(5).standard_normal((FRAMES, 2, loaded.mimi.frame_size))).astype(np.float32)

@@ -8,7 +8,7 @@ import numpy as np
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.sampling import MoshiSampling
-from rtserve.engines.protocols import FrameOutput, SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 
 FRAME = 1920
 BATCH, TICKS, RECYCLE_AT = 4, 28, 10

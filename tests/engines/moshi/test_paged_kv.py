@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from rtserve.engines.errors import CapacityExhausted
 from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.layers import StepPlan, Transformer
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.paged_kv import KVMemoryExhausted, PagedKVCache, PagedKVSpec
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.protocols import CapacityExhausted
 from tests.engines.moshi.tiny import TinyCheckpoint
 
 CPU = torch.device("cpu")

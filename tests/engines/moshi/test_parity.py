@@ -15,7 +15,7 @@ from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.protocols import SlotPrompt
+from rtserve.engines.values import SlotPrompt
 from tests.engines.moshi.reference_run import run_reference
 from tests.engines.moshi.tiny import CARD, TinyCheckpoint
 

@@ -18,7 +18,7 @@ from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.prompts import PromptError
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.protocols import SlotPrompt
+from rtserve.engines.values import SlotPrompt
 from tests.engines.moshi.tiny import CARD, LM_KWARGS, _stack_attention, reference_lm
 
 FRAME = 1920

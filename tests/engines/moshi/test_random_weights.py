@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.moshi.engine import build_frame_model
 from rtserve.engines.moshi.prompts import PromptError
-from rtserve.engines.protocols import SlotPrompt
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SlotPrompt
 from tests.web.moshi_support import FRAME, MoshiClient, moshi_server, noise_signal
 
 

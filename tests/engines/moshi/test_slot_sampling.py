@@ -9,7 +9,7 @@ import torch
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.protocols import SlotPrompt, SlotSampling
+from rtserve.engines.values import SlotPrompt, SlotSampling
 
 FRAME = 1920
 TICKS = 10

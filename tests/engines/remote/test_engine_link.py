@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.protocols import OutputAudio, SessionOptions
+from rtserve.engines.events import OutputAudio
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.engines.remote.link import Uplink
 from rtserve.engines.remote.wire import Kind, encode, read_message
+from rtserve.engines.values import SessionOptions
 
 RATE = 24_000
 FRAME = 1920  # 80 ms

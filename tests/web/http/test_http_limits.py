@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import EngineCapabilities, TurnEngines
+from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.values import EngineCapabilities
 from tests.support import serve_app
 from tests.web.http_support import TurnEnginesSessionDouble, audio_file, sdk, serve_doubles
 

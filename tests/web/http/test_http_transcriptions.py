@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from rtserve.engines.protocols import TranscriptPiece
+from rtserve.engines.values import TranscriptPiece
 from tests.web.http_support import ToneASRDouble, TurnEnginesSessionDouble, audio_file, sdk, serve_doubles, tone
 
 

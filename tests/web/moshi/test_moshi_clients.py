@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SpeechStarted, SpeechStopped
+from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.registry import create_engine
 from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSession
 from tests.web.moshi_support import (

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import SessionOptions, SlotSampling
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import SessionOptions, SlotSampling
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.prompt import PromptQueryError, parse_seed, prompt_from_query, resolve_voice

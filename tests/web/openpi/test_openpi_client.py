@@ -12,7 +12,7 @@ import websockets
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from rtserve.engines.policy.demo import JOINT_POSITION, PROMPT, DemoDroidPolicy, example_observation
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.values import PolicyRequest
 from tests.web.openpi_support import EXPLODING, SECRET, host_port, openpi_server
 
 ROBOTS = 6

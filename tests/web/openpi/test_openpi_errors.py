@@ -16,7 +16,7 @@ import pytest
 from openpi_client import msgpack_numpy
 
 from rtserve.engines.policy.demo import JOINT_POSITION, PROMPT, DemoDroidPolicy, example_observation
-from rtserve.engines.protocols import PolicyRequest
+from rtserve.engines.values import PolicyRequest
 from tests.web.openpi_support import EXPLODING, SECRET, openpi_server
 
 INVALID = "Invalid request payload"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp.test_utils import make_mocked_request
 
-from rtserve.engines.protocols import EngineCapabilities
+from rtserve.engines.values import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection
 from rtserve.sessions.projections import TurnBasedProjection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect

@@ -21,7 +21,7 @@ import websockets
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.turn_detection import TurnDetector
-from rtserve.engines.protocols import TurnDetection
+from rtserve.engines.turn_detection import TurnDetection
 from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSession
 from tests.support import serve_app
 from tests.web.realtime.test_realtime_sdk import SdkReader
@@ -154,7 +154,7 @@ async def test_idle_timeout_triggers_a_response_after_the_answer_played(config: 
 
 
 async def test_speech_disarms_the_idle_timeout(config: ServerConfig) -> None:
-    from rtserve.engines.protocols import SpeechStarted
+    from rtserve.engines.events import SpeechStarted
 
     async with scripted(config) as (client, engine), client.realtime.connect(model="x") as conn:
         reader = await open_session(
@@ -258,7 +258,7 @@ async def test_a_listening_client_is_not_expired_for_silence_but_at_the_maximum_
 
 
 async def test_out_of_band_response_has_its_own_context_and_stays_out_of_the_conversation(config: ServerConfig) -> None:
-    from rtserve.engines.protocols import OutputText
+    from rtserve.engines.events import OutputText
 
     async with scripted(config) as (client, engine), client.realtime.connect(model="x") as conn:
         reader = await open_session(conn, instructions="Be kind.", audio={"input": {"turn_detection": None}})

@@ -15,7 +15,7 @@ import numpy as np
 import websockets
 
 from rtserve.config import ServerConfig
-from rtserve.engines.protocols import InputTranscript
+from rtserve.engines.events import InputTranscript
 from tests.web.realtime.test_realtime_openai_fidelity import engine_session, scripted
 from tests.web.realtime_support import HANG_GUARD_S, pcm16_b64
 
