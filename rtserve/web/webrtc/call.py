@@ -1,9 +1,10 @@
 """One WebRTC call: its peer connection, its session, and how it ends.
 
 The session is admitted before the offer is answered (a full server answers 429, not an
-SDP that leads nowhere) and served by ``CallConnection``, the realtime connection code of
-``/v1/realtime`` over the ``oai-events`` data channel. Audio: ``InboundAudio`` reads the
-microphone track into the session, ``OutboundAudioTrack`` plays the agent.
+SDP that leads nowhere) and served by ``RealtimeConnection``, the connection code of
+``/v1/realtime``, over ``CallTransport``: the ``oai-events`` data channel and the media
+track. Audio: ``InboundAudio`` reads the microphone track into the session,
+``OutboundAudioTrack`` plays the agent.
 
 A call ends, once, with a reason the session's ``session.closed`` carries: ``hangup``
 (``POST /v1/realtime/calls/{id}/hangup``), ``peer_closed`` (the peer closed the
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
@@ -26,12 +28,12 @@ from rtserve.errors import INPUT_BACKPRESSURE
 from rtserve.log import session_id_var
 from rtserve.sessions import SessionHandle
 from rtserve.sessions.events import ErrorEvent
-from rtserve.web.realtime.connection import Dialect
+from rtserve.web.realtime.connection import Dialect, RealtimeConnection
 from rtserve.web.realtime.service import RealtimeService
 from rtserve.web.webrtc.audio_in import InboundAudio
 from rtserve.web.webrtc.audio_out import OutboundAudioTrack
 from rtserve.web.webrtc.channel import DataChannelSocket, client_event_type
-from rtserve.web.webrtc.events import CallConnection, buffer_event
+from rtserve.web.webrtc.events import CallTransport, buffer_event
 from rtserve.web.webrtc.ice import rtc_configuration
 from rtserve.web.webrtc.metrics import WebRtcMetrics
 from rtserve.web.webrtc.offer import invalid_sdp
@@ -74,7 +76,7 @@ class Call:
             on_stopped=self._audio_stopped,
             late_frames=metrics.late_frames,
         )
-        self.connection = CallConnection(self.socket, self.track, realtime, dialect, handle.config)
+        self.connection = RealtimeConnection(CallTransport(self.socket, self.track), realtime, dialect, handle.config)
         self.inbound: InboundAudio | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._serving: asyncio.Task[None] | None = None
@@ -139,7 +141,7 @@ class Call:
     def _webrtc_event(self, text: str) -> bool:
         if client_event_type(text) != "output_audio_buffer.clear":
             return False
-        self._spawn(self.connection.purge())
+        self._spawn(self.connection.interrupt_playback())
         return True
 
     def _events_overflow(self) -> None:
@@ -192,7 +194,7 @@ class Call:
         log.info("call %s ended (%s)", self.call_id, reason)
         self._on_done(self)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -1,8 +1,6 @@
-"""The ``oai-events`` data channel, seen by ``RealtimeConnection`` as its socket.
-
-The realtime connection code reads and writes a WebSocket (``receive``, ``send_str``,
-``close``, ``closed``); this class gives it the same surface over an aiortc
-``RTCDataChannel``, so a WebRTC call runs the exact event handling of ``/v1/realtime``.
+"""The ``oai-events`` data channel of a call: the events half of its ``CallTransport``
+(``events.py``), over an aiortc ``RTCDataChannel``, so a WebRTC call runs the exact event
+handling of ``/v1/realtime``.
 
 * Receiving: aiortc hands over messages by callback, as fast as the peer sends; at most
   ``webrtc.max_pending_events`` wait for the connection, and one beyond is dropped and
@@ -91,18 +89,18 @@ class DataChannelSocket:
         self._inbox.append(WSMessage(kind, data, None))
         self._arrived.set()
 
-    # ---------------------------------------------------------------- the WebSocket surface
+    # ---------------------------------------------------------------- events in and out
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    async def receive(self, timeout: float | None = None) -> WSMessage:
+    async def receive(self) -> WSMessage:
         while not self._inbox:
             if self._closed:
                 return _CLOSED
             self._arrived.clear()
-            await asyncio.wait_for(self._arrived.wait(), timeout)
+            await self._arrived.wait()
         return self._inbox.popleft()
 
     async def send_str(self, text: str) -> None:
@@ -128,8 +126,8 @@ class DataChannelSocket:
             raise ConnectionResetError("the data channel is closed")
         channel.send(text)
 
-    async def close(self, code: int = 1000, message: bytes = b"") -> None:
-        """End the socket (the connection's close after the session's last event, or the call's end)."""
+    async def close(self) -> None:
+        """End the channel (the connection's close after the session's last event, or the call's end)."""
         if self._closed:
             return
         self._closed = True

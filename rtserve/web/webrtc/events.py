@@ -1,5 +1,5 @@
-"""What a WebRTC call does with its session's events: the realtime connection's sender,
-except that agent audio plays on the media track.
+"""What a WebRTC call does with its session's events: the transport under its realtime
+connection, which plays agent audio on the media track.
 
 * ``response.output_audio.delta``: queued on the track (never sent on the data channel,
   as on OpenAI's WebRTC calls); ``response.output_audio.done`` / ``response.done`` mark
@@ -14,19 +14,19 @@ except that agent audio plays on the media track.
   is not repeated.
 * The client event ``output_audio_buffer.clear`` (WebRTC only) purges the same way.
 * A response cut off here after it ended in the session keeps, in the conversation, only
-  the audio that was played (``conversation.item.truncated``), as OpenAI's WebRTC server
-  does: the transport, not the client, knows what was heard.
+  the audio that was played: ``interrupt_playback`` says how much of each was heard
+  (``RealtimeConnection.interrupt_playback`` truncates the item).
 """
 
 from __future__ import annotations
 
-from rtserve.sessions import Delivery, SessionConfig
-from rtserve.sessions import commands as cmd
+from aiohttp import WSMessage
+
+from rtserve.sessions import Delivery
 from rtserve.sessions import events as ev
-from rtserve.sessions.ids import item_id_for_response, new_event_id
+from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
-from rtserve.web.realtime.connection import Dialect, RealtimeConnection
-from rtserve.web.realtime.service import RealtimeService
+from rtserve.web.realtime.transport import CutOff
 from rtserve.web.webrtc.audio_out import OutboundAudioTrack
 from rtserve.web.webrtc.channel import DataChannelSocket
 
@@ -36,24 +36,27 @@ def buffer_event(kind: str, response_id: str) -> str:
     return compact_json({"type": f"output_audio_buffer.{kind}", "event_id": new_event_id(), "response_id": response_id})
 
 
-class CallConnection(RealtimeConnection):
-    socket: DataChannelSocket
+class CallTransport:
+    """A call's ``EventTransport`` (``web/realtime/transport.py``): events on the data
+    channel, agent audio on the media track."""
 
-    def __init__(
-        self,
-        socket: DataChannelSocket,
-        track: OutboundAudioTrack,
-        service: RealtimeService,
-        dialect: Dialect,
-        initial: SessionConfig,
-    ) -> None:
-        super().__init__(socket, None, service, dialect, initial)  # type: ignore[arg-type]  # the WebSocket surface
-        self.socket = socket
+    def __init__(self, socket: DataChannelSocket, track: OutboundAudioTrack) -> None:
+        self._socket = socket
         self._track = track
         self._announced: set[str] = set()  # responses announced cleared here since the last audio
         self._queued: tuple[str, float] = ("", 0.0)  # the latest response's audio handed to the track, ms
 
-    async def _deliver(self, delivery: Delivery) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._socket.closed
+
+    async def receive(self) -> WSMessage:
+        return await self._socket.receive()
+
+    async def send_text(self, text: str) -> None:
+        await self._socket.send_str(text)
+
+    async def deliver(self, delivery: Delivery) -> None:
         event = delivery.event
         if isinstance(event, ev.AudioDelta):
             self._announced.clear()
@@ -68,26 +71,21 @@ class CallConnection(RealtimeConnection):
             if event.response_id in self._announced:
                 return
             self._announced.add(event.response_id)
-        await super()._deliver(delivery)
-        if isinstance(event, ev.SpeechStarted) and self._interrupts():
-            await self.purge()
+        await self._socket.send_str(delivery.text)
 
-    def _interrupts(self) -> bool:
-        vad = self.handle.config.turn_detection if self.handle is not None else None
-        return vad is not None and vad.interrupt_response
-
-    async def purge(self) -> None:
+    async def interrupt_playback(self) -> list[CutOff]:
         """Drop the track's queued audio now and say which responses were cut off."""
+        cut = []
         for response_id in self._track.clear():
             if response_id not in self._announced:
                 self._announced.add(response_id)
-                await self.socket.send_str(buffer_event("cleared", response_id))
-                self._truncate(response_id)
+                await self._socket.send_str(buffer_event("cleared", response_id))
+                queued = self._queued[1] if self._queued[0] == response_id else 0.0
+                cut.append(CutOff(response_id, int(min(self._track.played_ms(response_id), queued))))
+        return cut
 
-    def _truncate(self, response_id: str) -> None:
-        handle = self.handle
-        if handle is None or handle.active_response_id == response_id:
-            return  # still generating: the session's own cancel or fence applies (a continuous stream stays open)
-        queued = self._queued[1] if self._queued[0] == response_id else 0.0
-        heard_ms = int(min(self._track.played_ms(response_id), queued))
-        handle.submit(cmd.ConversationItemTruncate(item_id=item_id_for_response(response_id), audio_end_ms=heard_ms))
+    async def close(self, code: int, reason: str) -> None:
+        await self._socket.close()  # a data channel closes without a code
+
+    def abort(self) -> None:
+        """Nothing to drop: a send waiting on a peer that stopped reading ends when the call closes the channel."""

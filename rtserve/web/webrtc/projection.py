@@ -1,6 +1,6 @@
 """What a WebRTC call's session renders: OpenAI Realtime GA events, except agent audio.
 
-Agent audio plays on the call's media track (``events.CallConnection``), never on the data
+Agent audio plays on the call's media track (``events.CallTransport``), never on the data
 channel, so its event is rendered without the base64 payload: the session core would
 otherwise encode every audio chunk for nobody (OpenAI's WebRTC sessions send no
 ``response.output_audio.delta`` either).
