@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from rtserve.errors import INVALID_API_KEY
 from rtserve.web.browser.paths import is_page_request
@@ -41,12 +42,12 @@ def is_authorized(request: web.Request, api_key: str) -> bool:
     )
 
 
-def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bool] | None = None):
+def auth_middleware(api_key: str | None, also_admits: Callable[[web.Request], bool] | None = None) -> Middleware:
     """``also_admits``: a second check for requests the key did not admit (a client secret
     may place a WebRTC call, ``web/webrtc/client_secrets.py``)."""
 
     @web.middleware
-    async def check(request: web.Request, handler):
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if (
             api_key is None
             or request.path in EXEMPT_PATHS

@@ -26,7 +26,7 @@ class FrontEndDrain:
         self._task: asyncio.Task[None] | None = None
         self.deadline_s: float | None = None
 
-    async def __call__(self, deadline_s: float | None) -> dict:
+    async def __call__(self, deadline_s: float | None) -> dict[str, object]:
         """Start draining (again: the first deadline stands); what the drain route answers."""
         if self._task is None:
             self.deadline_s = deadline_s or self._default_deadline_s

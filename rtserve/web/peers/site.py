@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from rtserve.errors import INVALID_JSON, INVALID_VALUE, PEER_UNAUTHORIZED
 from rtserve.web.context import CTX
@@ -32,7 +33,7 @@ _RUNNER = web.AppKey("peer_runner", web.AppRunner)
 
 def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> web.Application:
     @web.middleware
-    async def signed_only(request: web.Request, handler):
+    async def signed_only(request: web.Request, handler: Handler) -> web.StreamResponse:
         if peers.signer is not None and not peers.signer.verify(
             request.headers.get(signing.HEADER), request.method, request.path_qs
         ):
