@@ -42,7 +42,14 @@ class SessionLimits(_Section):
         gt=0,
         description="a turn-based OpenAI Realtime session (not resumable) ends this long after it "
         "opened, as OpenAI's do (error session_expired); idle_ttl_s applies to resumable "
-        "(duplex) sessions only: an attached turn-based client may listen silently",
+        "(duplex) sessions only; inactivity_timeout_s to both",
+    )
+    inactivity_timeout_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="end a realtime session (turn-based or duplex, WebSocket or WebRTC) that had no client "
+        "event, no response in progress and no output waiting for its client this long (error "
+        "session_idle_timeout, then session.expired and the close); null disables",
     )
     reaper_interval_s: float = Field(5.0, gt=0)
     resume_replay_ttl_s: float = Field(60.0, ge=0, description="how long journal entries stay replayable")
@@ -82,6 +89,18 @@ class SessionLimits(_Section):
         4096,
         ge=1,
         description="longest text a duplex 'response.speak' may ask the engine to say; longer -> invalid_value",
+    )
+    max_tools: int = Field(
+        128,
+        ge=0,
+        description="function tools in one chat request, session or response (OpenAI's limit); more -> invalid_value",
+    )
+    max_tool_schema_bytes: int = Field(
+        512 * 1024,
+        ge=1024,
+        description="JSON bytes of all tools' parameter schemas together in one chat request, session or "
+        "response, checked before any schema compiles (about 0.4 us a byte, on the codec executor); "
+        "more -> invalid_value",
     )
     client_session_ids: bool = Field(
         True,
@@ -393,6 +412,13 @@ class ModelPaths(_Section):
 class CascadeLimits(_Section):
     """The cascade engine's (VAD -> ASR -> LLM -> TTS) per-session and per-model limits."""
 
+    sleep_drain_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a sleep request waits this long for the TTS stage's speech in flight to finish "
+        "(new speech is refused meanwhile); still busy -> 409 stage_busy and the stage stays awake",
+    )
+
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     asr_window_s: float = Field(
         10.0,
@@ -571,6 +597,12 @@ class HttpGenerationConfig(_Section):
     )
     max_speech_input_chars: int = Field(4096, ge=1)
     max_speech_batch_items: int = Field(32, ge=1, description="inputs in one /v1/audio/speech/batch; more -> 400")
+    max_speech_batch_s: float = Field(
+        300.0,
+        gt=0,
+        description="seconds of audio one /v1/audio/speech/batch may produce in all, counted as it is produced; "
+        "the item that crosses it and every later one -> error 422 speech_too_long",
+    )
     max_transcription_audio_s: float = Field(1800.0, gt=0, description="decoded upload length; longer -> 413")
     transcription_window_s: float = Field(30.0, ge=1, description="a long upload goes to the ASR in windows this long")
     disconnect_poll_s: float = Field(
@@ -645,6 +677,33 @@ class VoiceStoreConfig(_Section):
     max_config_bytes: int = Field(256 * 1024, ge=256, description="one uploaded .onnx.json voice config; larger -> 413")
     max_loaded_voices: int = Field(
         4, ge=1, description="voice models held in memory at once (least recently used unloaded, reloaded on use)"
+    )
+    max_concurrent_uploads: int = Field(
+        2, ge=1, description="uploads being proven at once (each in its own sandbox child); more -> 429"
+    )
+    sandbox_memory_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=256 * 1024 * 1024,
+        description="address space (RLIMIT_AS) of a child process that loads and speaks uploaded voices: "
+        "the one proving an upload, and the one speaking registered voices; beyond -> 422 voice_model_rejected",
+    )
+    sandbox_cpu_s: float = Field(
+        30.0,
+        gt=0,
+        description="CPU seconds (RLIMIT_CPU, all threads) for proving one upload, or for one sentence spoken "
+        "with an uploaded voice; beyond -> the child is ended, 422 voice_model_rejected",
+    )
+    sandbox_wall_s: float = Field(
+        30.0,
+        gt=0,
+        description="wall-clock seconds for proving one upload (start, load, speak), or for one sentence spoken "
+        "with an uploaded voice; beyond -> the child is killed, 422 voice_model_rejected",
+    )
+    max_speech_s_per_char: float = Field(
+        2.0,
+        gt=0,
+        description="seconds of speech per character of text (at speed 1; 16 characters at least), any voice, "
+        "checked as each sentence is produced; beyond -> synthesis stops, 422 speech_too_long",
     )
 
 
