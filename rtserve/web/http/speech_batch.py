@@ -8,6 +8,10 @@ would only interleave) under the request's one generation slot. The answer lists
 per item in input order: ``{"index", "status": "success", "audio_data" (base64),
 "media_type", "usage"}`` or ``{"index", "status": "error", "error": {...}}``; one bad item
 never fails the others. A malformed request as a whole is a plain 400.
+
+The audio of all items together is bounded (``http.max_speech_batch_s``), counted as each
+sentence comes out of the synthesizer: the item that crosses the bound stops there and fails
+``speech_too_long``, and so does every later item, without being synthesized.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import math
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -23,11 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtserve.engines.errors import EngineError
 from rtserve.engines.protocols import TTSEngine
-from rtserve.errors import INVALID_VALUE
+from rtserve.errors import INVALID_VALUE, SPEECH_TOO_LONG
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http.audio import CONTENT_TYPES, SpeechFormat
+from rtserve.web.http.audio import CONTENT_TYPES, SPEECH_SAMPLE_RATE, SpeechFormat
 from rtserve.web.http.common import generation_route, read_json, require_tts, run_generation, validation_error
 from rtserve.web.http.speech import SpeechPipeline, SpeechRequest, VoiceRef
 
@@ -56,11 +62,32 @@ async def create_speech_batch(request: web.Request) -> web.StreamResponse:
     return await run_generation(request, batch_id, functools.partial(_speak_all, request, tts, body, batch_id))
 
 
+@dataclass
+class _AudioBudget:
+    """24 kHz samples the rest of the batch may still produce (``http.max_speech_batch_s``)."""
+
+    limit_s: float
+    samples_left: int
+
+    def spend(self, samples: int) -> None:
+        self.samples_left -= samples
+        if self.samples_left < 0:
+            raise EngineError(
+                f"the batch's audio is longer than http.max_speech_batch_s ({self.limit_s:g} s)",
+                code=SPEECH_TOO_LONG,
+                param="input",
+            )
+
+
 async def _speak_all(
     request: web.Request, tts: TTSEngine, body: SpeechBatchRequest, batch_id: str
 ) -> web.StreamResponse:
     defaults = {"voice": body.voice, "response_format": body.response_format, "speed": body.speed}
-    results = [await _speak_one(request, tts, index, {**defaults, **item}) for index, item in enumerate(body.items)]
+    limit_s = request.app[CTX].config.http.max_speech_batch_s
+    budget = _AudioBudget(limit_s, math.floor(limit_s * SPEECH_SAMPLE_RATE))
+    results = [
+        await _speak_one(request, tts, index, {**defaults, **item}, budget) for index, item in enumerate(body.items)
+    ]
     succeeded = sum(1 for r in results if r["status"] == "success")
     return web.json_response(
         {
@@ -73,7 +100,9 @@ async def _speak_all(
     )
 
 
-async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: dict[str, Any]) -> dict[str, Any]:
+async def _speak_one(
+    request: web.Request, tts: TTSEngine, index: int, fields: dict[str, Any], budget: _AudioBudget
+) -> dict[str, Any]:
     config = request.app[CTX].config.http
     try:
         try:
@@ -86,7 +115,8 @@ async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: d
                 param="input",
                 code=INVALID_VALUE,
             )
-        audio, samples = await _synthesize(request, tts, item)
+        budget.spend(0)  # a batch already past its bound speaks no further item
+        audio, samples = await _synthesize(request, tts, item, budget)
     except (ApiError, EngineError) as exc:
         error = api_error(exc).body()["error"]
         if error.get("param"):
@@ -101,14 +131,20 @@ async def _speak_one(request: web.Request, tts: TTSEngine, index: int, fields: d
     }
 
 
-async def _synthesize(request: web.Request, tts: TTSEngine, item: SpeechRequest) -> tuple[bytes, int]:
-    """The whole encoded file and its length in 24 kHz samples."""
+async def _synthesize(
+    request: web.Request, tts: TTSEngine, item: SpeechRequest, budget: _AudioBudget
+) -> tuple[bytes, int]:
+    """The whole encoded file and its length in 24 kHz samples; stops once over ``budget``."""
     pipeline = SpeechPipeline(request.app[CTX].codecs, tts.sample_rate, item.response_format)
     parts: list[bytes] = []
     async with contextlib.aclosing(tts.synthesize(item.input, voice=item.voice_name, speed=item.speed)) as chunks:
         async for pcm in chunks:
+            before = pipeline.samples_out
             parts.append(await pipeline.encode(pcm))
+            budget.spend(pipeline.samples_out - before)
+    before = pipeline.samples_out
     parts.append(await pipeline.finish())
+    budget.spend(pipeline.samples_out - before)
     return b"".join(parts), pipeline.samples_out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import aiohttp
+import pytest
 
 from tests.web.http.test_http_speech import decode, dominant_hz
 from tests.web.http_support import ToneTTSDouble, serve_doubles
@@ -78,3 +79,20 @@ async def test_an_engine_failure_fails_only_its_item(config):
     assert [r["status"] for r in body["results"]] == ["success", "error", "success"]
     assert body["results"][1]["error"]["code"] == "engine_error"
     assert body["results"][1]["error"]["type"] == "server_error"
+
+
+async def test_the_batch_audio_is_bounded_in_total_as_it_is_produced(config):
+    config.http.max_speech_batch_s = 1.0  # the double speaks 0.1 s per word
+    items = [{"input": "one two three four"}, {"input": "five six seven eight"}, {"input": "w " * 40}, {"input": "x"}]
+    async with serve_doubles(config) as (base, engine), aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/audio/speech/batch", json={"items": items, "response_format": "pcm"}) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+        calls = engine.tts.control.calls
+    results = body["results"]
+    assert [r["status"] for r in results] == ["success", "success", "error", "error"]
+    assert {r["error"]["code"] for r in results[2:]} == {"speech_too_long"}
+    assert results[2]["error"]["param"] == "items[2].input"
+    spoken_s = sum(len(base64.b64decode(r["audio_data"])) for r in results[:2]) / 2 / 24000
+    assert spoken_s == pytest.approx(0.8, abs=0.01)
+    assert calls == 3  # the item past the bound was cut off, and the last one never reached the synthesizer
