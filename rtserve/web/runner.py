@@ -9,12 +9,28 @@ slow-header and silent sockets; request bodies are bounded where handlers read t
 
 from __future__ import annotations
 
+import logging
 import ssl
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.log import server_logger
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.web.context import CTX
+
+
+class _RequestHandlerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's request-handler log, less the noise: a request aiohttp cannot parse (a URL or
+    header line over its 8190-byte limit, a malformed head) is the client's error, answered
+    400 by aiohttp and logged here as one INFO line, not an ERROR with a traceback (issue 30)."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, BadHttpMessage):
+            self.info("malformed request refused with %d: %s", exc_info.code, exc_info.message)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 def app_runner(app: web.Application) -> web.AppRunner:
@@ -26,6 +42,7 @@ def app_runner(app: web.Application) -> web.AppRunner:
         shutdown_timeout=config.sessions.shutdown_timeout_s,
         keepalive_timeout=config.transport.http_keepalive_timeout_s,
         lingering_time=config.transport.http_lingering_s,
+        logger=_RequestHandlerLog(server_logger, {}),
     )
 
 

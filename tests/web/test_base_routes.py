@@ -158,3 +158,26 @@ async def test_metrics_show_the_processs_full_garbage_collections(config):
             text = await resp.text()
     full = [line for line in text.splitlines() if line.startswith('rtserve_gc_pause_seconds_count{generation="2"}')]
     assert full and float(full[0].split()[-1]) >= 1
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/models?q=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # a URL over 8 KB
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Long: " + b"b" * 9000 + b"\r\n\r\n",  # a header line
+    ],
+)
+async def test_a_request_head_over_the_line_limit_is_400_and_one_info_line(config, caplog, head):
+    """aiohttp refuses it; the log says so at INFO, once, without a traceback (issue 30)."""
+    caplog.set_level("DEBUG", logger="aiohttp")
+    async with serve_app(build_app(config, engine=GatedStartEngine())) as base:
+        host, port = base.removeprefix("http://").split(":")
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(head)
+            status_line = await asyncio.wait_for(reader.readline(), 10)
+            writer.close()
+            assert status_line.split()[1] == b"400"
+    served = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [r.levelname for r in served] == ["INFO"] * 3
+    assert all(r.exc_info is None and "malformed request refused with 400" in r.getMessage() for r in served)

@@ -74,6 +74,7 @@ class CascadeEngine:
             max_queue=limits.worker_queue_depth,
             metrics=self._metrics,
             voice_store=config.voices,
+            sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
         )
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import websockets
 
+from rtserve.engines.errors import EngineError
 from tests.web.http_support import TurnEnginesSessionDouble, serve_doubles
 
 MIB = 1 << 20
@@ -27,6 +28,7 @@ class WeightStage:
         self.releases = 0
         self.restores = 0
         self.fail_restore = False
+        self.busy = False  # speech in flight outlasts the drain bound: release refuses
         self._weights: np.ndarray | None = np.ones(64 * MIB // 8)
 
     @property
@@ -34,6 +36,8 @@ class WeightStage:
         return self._weights is None
 
     async def release(self) -> None:
+        if self.busy:
+            raise EngineError("speech in flight", code="stage_busy")
         self.releases += 1
         self._weights = None
 
@@ -98,20 +102,46 @@ async def test_sleep_frees_memory_refuses_work_and_wake_restores_it(sleepy_confi
     assert [(s.releases, s.restores) for s in engine.stages] == [(1, 1), (1, 1)]
 
 
-async def test_wake_after_level_2_is_501_and_the_stages_stay_asleep(sleepy_config):
+async def test_wake_after_level_2_reloads_the_stage_and_speech_is_served_again(sleepy_config):
+    """Issue 30: a level-2 TTS sleep used to leave speech 503 until a restart."""
     engine = SleepyEngine()
     async with serve_doubles(sleepy_config, engine) as (base, _), aiohttp.ClientSession() as http:
-        status, body = await post(http, f"{base}/v1/omni/sleep", {"stage_ids": [0], "level": 2})
+        status, body = await post(http, f"{base}/v1/omni/sleep", {"stage_ids": [1], "level": 2})
         assert status == 200 and body["status"] == "SUCCESS" and body["acks"][0]["level"] == 2
-        status, body = await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": [0]})
-        assert status == 501
-        assert "sleep(level=2)" in body["error"]["message"] and "not yet implemented" in body["error"]["message"]
-        assert body["error"]["code"] == "not_implemented"
+        async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
+            assert resp.status == 503
+        status, body = await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": [1]})
+        assert status == 200 and body["stage_ids"] == [1] and body["sleeping_stages"] == []
+        assert body["acks"][0]["restored_bytes"] > 48 * MIB
+        async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
+            assert resp.status == 200 and await resp.read()
+    assert (engine.stages[1].releases, engine.stages[1].restores) == (1, 1)
+
+
+async def test_health_says_sleeping_with_the_stage_ids_and_stays_200(sleepy_config):
+    engine = SleepyEngine()
+    async with serve_doubles(sleepy_config, engine) as (base, _), aiohttp.ClientSession() as http:
+        await post(http, f"{base}/v1/omni/sleep", {"level": 1})
+        async with http.get(f"{base}/health") as resp:
+            assert resp.status == 200 and await resp.json() == {"status": "sleeping", "sleeping_stages": [0, 1]}
+        await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": [0]})
+        async with http.get(f"{base}/health") as resp:
+            assert await resp.json() == {"status": "sleeping", "sleeping_stages": [1]}
+        await post(http, f"{base}/v1/omni/wakeup", {})
+        async with http.get(f"{base}/health") as resp:
+            assert resp.status == 200 and await resp.json() == {"status": "ok"}
+
+
+async def test_a_stage_still_busy_refuses_the_sleep_with_409_and_stays_awake(sleepy_config):
+    engine = SleepyEngine()
+    engine.stages[1].busy = True
+    async with serve_doubles(sleepy_config, engine) as (base, _), aiohttp.ClientSession() as http:
         status, body = await post(http, f"{base}/v1/omni/sleep", {"stage_ids": [1]})
-        assert body["sleeping_stages"] == [0, 1]
-        status, _ = await post(http, f"{base}/v1/omni/wakeup", {})  # one level-2 stage refuses the whole wake
-        assert status == 501
-    assert engine.stages[1].restores == 0  # nothing was woken by the refused call
+        assert status == 409 and body["error"]["code"] == "stage_busy"
+        async with http.get(f"{base}/health") as resp:
+            assert await resp.json() == {"status": "ok"}  # the sleeping set did not change
+        async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
+            assert resp.status == 200 and await resp.read()
 
 
 async def test_a_failed_wake_keeps_the_stage_asleep(sleepy_config):
@@ -133,6 +163,8 @@ async def test_a_failed_wake_keeps_the_stage_asleep(sleepy_config):
         ("sleep", "[0]", None),
         ("sleep", {"stage_ids": [0], "level": 3}, "level"),
         ("sleep", {"stage_ids": [0], "level": "1"}, "level"),
+        ("sleep", {"stage_ids": [0], "level": True}, "level"),  # JSON true is not level 1
+        ("sleep", {"stage_ids": [0], "level": 1.0}, "level"),
         ("sleep", {"stage_ids": [0], "level": 0}, "level"),
         ("sleep", {"stage_ids": "0"}, "stage_ids"),
         ("sleep", {"stage_ids": []}, "stage_ids"),
@@ -153,6 +185,8 @@ async def test_invalid_sleep_and_wakeup_requests_are_400_and_change_nothing(slee
         status, answer = await post(http, f"{base}/v1/omni/{route}", body)
         assert status == 400
         assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+        if param == "level":
+            assert answer["error"]["code"] == "invalid_value"
     assert all(s.releases == s.restores == 0 for s in engine.stages)
 
 
