@@ -141,9 +141,7 @@ async def test_sleep_unloads_the_cascade_and_wake_restores_it(config: ServerConf
         assert resp.status == 200 and slept["status"] == "SUCCESS" and slept["sleeping_stages"] == [0, 1, 2, 3]
         print("sleep acks", slept["acks"])
         freed = {a["stage"]: a["freed_bytes"] for a in slept["acks"]}
-        # Whisper's CTranslate2 model and the Piper ONNX session give their memory back to the OS; the LLM's
-        # torch tensors are freed too, but glibc keeps most of that heap for the process (reused on wake).
-        assert freed["asr"] > 32 << 20 and freed["tts"] > 32 << 20 and slept["freed_bytes"] > 100 << 20
+        assert slept["freed_bytes"] == sum(freed.values())
 
         with pytest.raises(openai.InternalServerError) as asleep:
             await speech_seconds(client, "joe")
@@ -155,7 +153,16 @@ async def test_sleep_unloads_the_cascade_and_wake_restores_it(config: ServerConf
         async with http.post(f"{base}/v1/omni/wakeup", json={}) as resp:
             woke = await resp.json()
         print("wake acks", woke["acks"])
-        assert resp.status == 200 and woke["sleeping_stages"] == [] and woke["restored_bytes"] > 100 << 20
+        assert resp.status == 200 and woke["sleeping_stages"] == []
+        restored = {a["stage"]: a["restored_bytes"] for a in woke["acks"]}
+        assert woke["restored_bytes"] == sum(restored.values())
+        # What a stage holds is what loading it takes (the RSS growth on wake). Whisper's CTranslate2 model,
+        # the LLM and the Piper ONNX session each gave a large share of that back when put to sleep; how much
+        # exactly moves with the allocator and the machine's load (ASR: 30 to 56 MB of about 60 MB seen), so
+        # a third is asked for. Silero's VAD is too small to measure.
+        for stage in ("asr", "llm", "tts"):
+            assert restored[stage] > 1 << 20, (stage, restored)  # the stage loaded weights again
+            assert freed[stage] > restored[stage] / 3, (stage, freed, restored)
         assert await speech_seconds(client, "joe") > 1
         done = await realtime_reply(base, "joe")
         assert done["type"] == "response.done" and done["response"]["status"] == "completed", done
@@ -163,5 +170,5 @@ async def test_sleep_unloads_the_cascade_and_wake_restores_it(config: ServerConf
         async with http.post(f"{base}/v1/omni/sleep", json={"stage_ids": [3], "level": 2}) as resp:
             assert resp.status == 200
         async with http.post(f"{base}/v1/omni/wakeup", json={"stage_ids": [3]}) as resp:
-            assert resp.status == 501
-            assert "sleep(level=2)" in (await resp.json())["error"]["message"]
+            assert resp.status == 200  # level 2 reloads from disk too (issue 30)
+        assert await speech_seconds(client, "joe") > 1
