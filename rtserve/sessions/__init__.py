@@ -15,13 +15,14 @@ In-process API (what transports wrap)::
     await manager.shutdown()
 """
 
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.sessions.attachment import Attachment, Delivery
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.errors import OutputOverflowError, SessionError
 from rtserve.sessions.handle import SessionHandle
 from rtserve.sessions.manager import SessionManager
 from rtserve.sessions.projections import NativeDuplexProjection, Projection, RealtimeProjection
-from rtserve.sessions.session_config import SessionConfig, TurnDetection
+from rtserve.sessions.session_config import SessionConfig
 
 __all__ = [
     "Attachment",
