@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.errors import INVALID_VALUE, UNSUPPORTED_TURN_DETECTION
-from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat, TurnDetection
+from rtserve.sessions.session_config import DEFAULT_TRANSCRIPTION_MODEL, G711_RATE, AudioFormat
 from rtserve.web.realtime.errors import MAX_ECHOED_CHARS, WireError, field_path, invalid_event
 from rtserve.web.realtime.tools import tool_changes
 
