@@ -50,7 +50,7 @@ def int16_to_float(samples: Int16Array) -> FloatArray:
 
 def float_to_int16(samples: FloatArray) -> Int16Array:
     """Scale, round and clip to int16 (values beyond [-1, 1] saturate instead of wrapping)."""
-    scaled = np.rint(np.asarray(samples, dtype=np.float32) * np.float32(_PCM16_SCALE))
+    scaled: FloatArray = np.rint(np.asarray(samples, dtype=np.float32) * np.float32(_PCM16_SCALE))
     return np.clip(scaled, -32768, 32767).astype(np.int16)
 
 

@@ -34,7 +34,8 @@ def resample(samples: FloatArray, in_rate: int, out_rate: int, quality: Resample
     samples = as_mono_float32(samples)
     if in_rate == out_rate or samples.size == 0:
         return samples
-    return soxr.resample(samples, in_rate, out_rate, quality=quality)
+    resampled: FloatArray = soxr.resample(samples, in_rate, out_rate, quality=quality)
+    return resampled
 
 
 class StreamResampler:
@@ -54,12 +55,13 @@ class StreamResampler:
         chunk = as_mono_float32(chunk)
         if self._stream is None:
             return chunk
-        return self._stream.resample_chunk(chunk)
+        ready: FloatArray = self._stream.resample_chunk(chunk)
+        return ready
 
     def flush(self) -> FloatArray:
         """End the stream: return the held-back tail and reset, ready for a new stream."""
         if self._stream is None:
             return _EMPTY
-        tail = self._stream.resample_chunk(_EMPTY, last=True)
+        tail: FloatArray = self._stream.resample_chunk(_EMPTY, last=True)
         self._stream.clear()
         return tail

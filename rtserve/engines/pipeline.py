@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,7 @@ class Pipeline:
         family = stage_latency_histogram(registry)
         self._latency = {stage.name: family.labels(name, stage.name) for stage in stages}
 
-    async def run(self, source: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    async def run(self, source: AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
         """Stream ``source`` through every stage; yield what the last stage emits."""
         inboxes: list[asyncio.Queue[Any]] = [asyncio.Queue(stage.queue_size) for stage in self.stages]
         outbox: asyncio.Queue[Any] = asyncio.Queue(self.output_queue_size)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.values import FrameOutput, SlotPrompt
@@ -39,7 +40,7 @@ class LoopbackModel:
         self.sample_rate = sample_rate
         self.delay_frames = delay_frames
         self.output_delay_frames = delay_frames  # the answer to an input frame comes this much later
-        self._lines: list[deque[np.ndarray]] = [deque() for _ in range(batch_size)]
+        self._lines: list[deque[FloatArray]] = [deque() for _ in range(batch_size)]
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
         self._lines[slot] = deque(np.zeros(self.frame_size, np.float32) for _ in range(self.delay_frames))
@@ -48,7 +49,7 @@ class LoopbackModel:
     def prefill_step(self, slot: int) -> bool:
         return True
 
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         outputs: list[FrameOutput | None] = [None] * self.batch_size
         for slot in np.flatnonzero(live):
             line = self._lines[slot]
@@ -94,7 +95,7 @@ class ToneModel:
     def prefill_step(self, slot: int) -> bool:
         return True
 
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         outputs: list[FrameOutput | None] = [None] * self.batch_size
         slots = np.flatnonzero(live)
         if slots.size == 0:

@@ -5,6 +5,7 @@ engine, the robot policy. Factories are imported lazily so an engine's heavy dep
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -33,7 +34,9 @@ def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) 
         known = ", ".join(sorted(ENGINES)) or "none"
         raise ConfigError(f"invalid config field 'engine': unknown engine {name!r} (known: {known})") from None
     module_name, factory_name = target.split(":")
-    factory = getattr(importlib.import_module(module_name), factory_name)
+    factory: Callable[[ServerConfig, CollectorRegistry], SessionEngine] = getattr(
+        importlib.import_module(module_name), factory_name
+    )
     return factory(config, registry)
 
 

@@ -20,10 +20,12 @@ step reads the caller's arrays in place, so CPU numerics do not depend on this o
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from prometheus_client import CollectorRegistry
 from torch import nn
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.reference import FRAME_SIZE, SAMPLE_RATE
@@ -62,10 +64,10 @@ def resolve_device(spec: str | torch.device) -> torch.device:
 class _InPlaceTransfer:
     """CPU: the step reads the caller's arrays in place, and its results are host memory already."""
 
-    def upload(self, frames: np.ndarray, live: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def upload(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(frames), torch.from_numpy(live)
 
-    def download(self, audio: torch.Tensor, letters: torch.Tensor) -> tuple[np.ndarray, list[int]]:
+    def download(self, audio: torch.Tensor, letters: torch.Tensor) -> tuple[FloatArray, list[int]]:
         return audio.numpy(), letters.tolist()
 
 
@@ -78,9 +80,10 @@ class _PinnedTransfer:
         # Pinned, so that copy is a true async DMA rather than a staged one.
         self._staging = torch.empty((batch_size, frame_size + 1), dtype=torch.float32, pin_memory=True)
         self._staging_np = self._staging.numpy()
-        self._uploaded = torch.cuda.Event()
+        # torch leaves Event.__new__ unannotated.
+        self._uploaded = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
-    def upload(self, frames: np.ndarray, live: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def upload(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> tuple[torch.Tensor, torch.Tensor]:
         # Normally long done (each step ends in a blocking download); this guards a step that raised midway.
         self._uploaded.synchronize()
         self._staging_np[:, :-1] = frames
@@ -89,7 +92,7 @@ class _PinnedTransfer:
         self._uploaded.record(torch.cuda.current_stream(self._device))
         return packed[:, :-1], packed[:, -1] != 0
 
-    def download(self, audio: torch.Tensor, letters: torch.Tensor) -> tuple[np.ndarray, list[int]]:
+    def download(self, audio: torch.Tensor, letters: torch.Tensor) -> tuple[FloatArray, list[int]]:
         # The letter indices ride along as one more float column (exact below 2**24): one copy for the batch.
         # A blocking copy into fresh pageable memory: the frames belong to the caller and may wait in output
         # queues for a while, which must not keep page-locked memory pinned.
@@ -164,7 +167,7 @@ class TinyRecurrentFrameModel:
         return True
 
     @torch.no_grad()
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         frames_in, live_in = self._transfer.upload(frames, live)
         blocks = frames_in.reshape(self.batch_size, self.sub_frames, -1)
         sequence, hidden = self.gru(torch.tanh(self.encoder(blocks)), self.state)

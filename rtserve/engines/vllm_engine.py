@@ -213,7 +213,8 @@ class VllmTextEngine:
             async with client.request("GET" if body is None else "POST", f"{self._url}{path}", json=body) as response:
                 if response.status != 200:
                     raise await _refusal(response)
-                return await response.json()
+                answer: dict[str, Any] = await response.json()
+                return answer
 
 
 @contextlib.contextmanager

@@ -12,8 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-import numpy as np
-
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.audio import AudioBuffer, as_pcm
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.metrics import CascadeMetrics
@@ -123,7 +122,7 @@ class WhisperAsr:
 
     async def decode(
         self,
-        audio: np.ndarray,
+        audio: FloatArray,
         *,
         final: bool,
         language: str | None = None,
@@ -142,7 +141,7 @@ class WhisperAsr:
         priority = PRIORITY_HIGH if final else PRIORITY_LOW
         return await self._worker.run(self._decode, audio, final, language, prompt, live_turn, priority=priority)
 
-    def _decode(self, audio: np.ndarray, final: bool, language: str | None, prompt: str | None, live_turn: bool) -> str:
+    def _decode(self, audio: FloatArray, final: bool, language: str | None, prompt: str | None, live_turn: bool) -> str:
         started = time.perf_counter()
         if self._model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()

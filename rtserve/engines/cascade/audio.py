@@ -7,12 +7,13 @@ from collections import deque
 import numpy as np
 import soxr
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import Pcm
 from rtserve.errors import INVALID_AUDIO
 
 
-def as_pcm(pcm: Pcm) -> np.ndarray:
+def as_pcm(pcm: Pcm) -> FloatArray:
     """A private float32 copy of mono float audio, or a typed error for anything else."""
     array = np.asarray(pcm)
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.floating):
@@ -22,10 +23,11 @@ def as_pcm(pcm: Pcm) -> np.ndarray:
     return np.nan_to_num(array.astype(np.float32, copy=True), nan=0.0, posinf=1.0, neginf=-1.0)
 
 
-def resample(pcm: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+def resample(pcm: FloatArray, from_rate: int, to_rate: int) -> FloatArray:
     if from_rate == to_rate:
         return pcm.astype(np.float32, copy=False)
-    return soxr.resample(pcm, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
+    resampled: FloatArray = soxr.resample(pcm, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
+    return resampled
 
 
 class AudioBuffer:
@@ -33,14 +35,14 @@ class AudioBuffer:
 
     def __init__(self, max_samples: int) -> None:
         self._max = max_samples
-        self._chunks: deque[np.ndarray] = deque()
+        self._chunks: deque[FloatArray] = deque()
         self._samples = 0
         self.dropped_samples = 0
 
     def __len__(self) -> int:
         return self._samples
 
-    def append(self, pcm: np.ndarray) -> None:
+    def append(self, pcm: FloatArray) -> None:
         self._chunks.append(pcm)
         self._samples += len(pcm)
         while self._samples > self._max:
@@ -55,7 +57,7 @@ class AudioBuffer:
             self._samples -= cut
             self.dropped_samples += cut
 
-    def audio(self) -> np.ndarray:
+    def audio(self) -> FloatArray:
         return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
 
     def clear(self) -> None:

@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rtserve.engines.cascade.llm import SmolLlm
@@ -241,7 +242,7 @@ class Ct2Llm(LlmStage):
         self,
         location: ModelLocation,
         *,
-        cache_dir: Any,
+        cache_dir: Path,
         cpu_threads: int,
         max_active: int,
         max_waiting: int,

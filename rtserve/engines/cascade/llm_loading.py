@@ -120,7 +120,8 @@ def load_llm(path: Path, cache_dir: Path, cpu_threads: int) -> LoadedLlm:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # per-tensor progress bars are noise in a server log
+    # Per-tensor progress bars are noise in a server log. (transformers leaves it unannotated.)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(cpu_threads)  # process-wide: torch has one intra-op pool
     folder, converted = plain_folder(path, cache_dir)
     tokenizer = load_tokenizer(folder)
@@ -128,7 +129,7 @@ def load_llm(path: Path, cache_dir: Path, cpu_threads: int) -> LoadedLlm:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot load a chat model from {folder}: {exc}") from None
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' PreTrainedModel.eval is unannotated
     return LoadedLlm(model=model, tokenizer=tokenizer, folder=folder, converted=converted)
 
 

@@ -4,6 +4,7 @@ chosen): a vLLM server, or the embedded model on CTranslate2 or transformers."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.llm import SmolLlm
@@ -14,11 +15,23 @@ from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.vllm_engine import VllmTextEngine
 
 
+class _StageOptions(TypedDict):
+    """``LlmStage``'s keyword arguments, the same for every embedded runtime."""
+
+    cache_dir: Path
+    cpu_threads: int
+    max_active: int
+    max_waiting: int
+    context_tokens: int
+    metrics: CascadeMetrics
+    sampling: SamplingLimits
+
+
 def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMetrics) -> LlmStage | VllmTextEngine:
     if config.cascade.llm_engine == "vllm":
         return VllmTextEngine(config.http.vllm)
     paths, limits = config.models, config.cascade
-    common = dict(
+    common = _StageOptions(
         cache_dir=Path(paths.cache_dir).expanduser(),
         cpu_threads=paths.cpu_threads,
         max_active=limits.llm_max_active,
@@ -28,7 +41,7 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
         sampling=SamplingLimits(limits.llm_max_temperature, limits.llm_max_top_p, limits.llm_top_k),
     )
     if limits.llm_runtime == "transformers":
-        return SmolLlm(location, **common)  # type: ignore[arg-type]
+        return SmolLlm(location, **common)
     return Ct2Llm(
         location,
         compute_type=limits.llm_compute_type,
@@ -37,4 +50,4 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
         gather_s=limits.llm_gather_ms / 1000,
         lanes=limits.llm_lanes,
         **common,
-    )  # type: ignore[arg-type]
+    )

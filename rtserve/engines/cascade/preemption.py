@@ -30,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 from prometheus_client import Counter
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import CascadeLimits
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.end_of_turn import reads_complete
@@ -83,11 +83,11 @@ _END = _End()
 class BufferedRun:
     """A reply run read ahead by its own task into a queue of ``max_items``; then it waits."""
 
-    def __init__(self, items: AsyncIterator[ReplyItem], max_items: int) -> None:
+    def __init__(self, items: AsyncGenerator[ReplyItem, None], max_items: int) -> None:
         self._queue: asyncio.Queue[ReplyItem | _End | _Failed] = asyncio.Queue(max_items)
         self._task = asyncio.create_task(self._pump(items), name="cascade-preemptive-reply")
 
-    async def _pump(self, items: AsyncIterator[ReplyItem]) -> None:
+    async def _pump(self, items: AsyncGenerator[ReplyItem, None]) -> None:
         try:
             async with contextlib.aclosing(items):
                 async for item in items:
@@ -99,7 +99,7 @@ class BufferedRun:
             return
         await self._queue.put(_END)
 
-    async def items(self) -> AsyncIterator[ReplyItem]:
+    async def items(self) -> AsyncGenerator[ReplyItem, None]:
         """The run's items from the first; raises what the run raised."""
         try:
             while not isinstance(item := await self._queue.get(), _End):
@@ -172,7 +172,7 @@ class Preemption:
         pause.transcript = asyncio.create_task(self._transcribe(pause, turn, turn.turn_audio()))
         pause.transcript.add_done_callback(self._consume)
 
-    async def _transcribe(self, pause: _Pause, turn: TurnDetector, audio: np.ndarray) -> str:
+    async def _transcribe(self, pause: _Pause, turn: TurnDetector, audio: FloatArray) -> str:
         text = await self._asr.decode(audio, final=True, live_turn=True)
         if self._pause is not pause or not text:
             return text

@@ -14,12 +14,12 @@ with no LLM (``response.speak``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.tts import TextToSpeech
@@ -49,7 +49,7 @@ class _Sentence:
 
 @dataclass(frozen=True)
 class SpokenChunk:
-    pcm: np.ndarray  # TextToSpeech.sample_rate
+    pcm: FloatArray  # TextToSpeech.sample_rate
     text: str | None  # the sentence, on its first chunk (with a leading space after the first)
 
 
@@ -74,22 +74,22 @@ class ReplyChain:
         self._first_clause_chars = first_clause_min_chars or None
         llm_stage = Stage("llm", self._generate, queue_size=1)
         sentences = Stage("sentences", self._sentences, queue_size=64)  # token deltas
-        tts = Stage("tts", self._speak, queue_size=sentence_queue)
-        self._spoken = Pipeline("cascade_reply", [llm_stage, sentences, tts], registry)
+        speech = Stage("tts", self._speak, queue_size=sentence_queue)
+        self._spoken = Pipeline("cascade_reply", [llm_stage, sentences, speech], registry)
         self._text_only = Pipeline("cascade_reply_text", [llm_stage], registry)
         # ``response.speak``: given text instead of the LLM's, through the same sentences and TTS.
         self._given = Pipeline(
-            "cascade_speak", [Stage("text", self._given_text, queue_size=1), sentences, tts], registry
+            "cascade_speak", [Stage("text", self._given_text, queue_size=1), sentences, speech], registry
         )
 
     def run(
         self, messages: Sequence[ChatMessage], params: SamplingParams, *, speak: bool, voice: str | None = None
-    ) -> AsyncIterator[TokenDelta | SpokenChunk]:
+    ) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         pipeline = self._spoken if speak else self._text_only
         # Only the spoken pipeline has a TTS stage to take the voice marker.
         return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None)))
 
-    def speak(self, text: str, *, voice: str | None = None) -> AsyncIterator[TokenDelta | SpokenChunk]:
+    def speak(self, text: str, *, voice: str | None = None) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         """Say ``text`` as is: one token delta carrying it (then its audio, sentence by sentence)."""
         return self._given.run(_once(ReplyRequest((ChatMessage("assistant", text),), SamplingParams(), voice)))
 

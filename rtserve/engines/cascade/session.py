@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import CascadeLimits
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
@@ -57,6 +58,7 @@ from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import (
     ChatMessage,
     EngineCapabilities,
+    Pcm,
     ResponseRequest,
     SamplingParams,
     SessionOptions,
@@ -81,7 +83,7 @@ class CascadeModels:
     reply: ReplyChain
 
 
-_Backlog = np.ndarray | int | asyncio.Future  # audio, a gap of dropped samples, or a drain marker
+_Backlog = FloatArray | int | asyncio.Future[None]  # audio, a gap of dropped samples, or a drain marker
 
 
 class CascadeSession:
@@ -147,7 +149,7 @@ class CascadeSession:
 
     # -- input ---------------------------------------------------------------------------
 
-    def push_audio(self, pcm: np.ndarray) -> None:
+    def push_audio(self, pcm: Pcm) -> None:
         if self._closed:
             return
         audio = as_pcm(pcm)
@@ -180,8 +182,9 @@ class CascadeSession:
                     self._vad_stream.skip(item)
                 else:
                     chunks = [item]
-                    while self._backlog and isinstance(self._backlog[0], np.ndarray):
-                        chunks.append(self._backlog.popleft())
+                    while self._backlog and isinstance(following := self._backlog[0], np.ndarray):
+                        self._backlog.popleft()
+                        chunks.append(following)
                     audio = np.concatenate(chunks) if len(chunks) > 1 else item
                     self._backlog_samples -= len(audio)
                     try:
@@ -193,7 +196,7 @@ class CascadeSession:
                         log.exception("input analysis failed")
                         self._channel.put_control(EngineFailure(ENGINE_ERROR, "voice activity detection failed"))
 
-    async def _analyse(self, audio: np.ndarray) -> None:
+    async def _analyse(self, audio: FloatArray) -> None:
         turn = self._turn
         if isinstance(turn, ManualTurn):
             turn.append(audio)
@@ -225,7 +228,7 @@ class CascadeSession:
         self._partial_at = turn.turn_samples
         self._partial = asyncio.create_task(self._decode_partial(turn.turn_id, turn.turn_audio()))
 
-    async def _decode_partial(self, turn_id: int, audio: np.ndarray) -> None:
+    async def _decode_partial(self, turn_id: int, audio: FloatArray) -> None:
         try:
             text = await self._models.asr.decode(audio, final=False, live_turn=True)
         except EngineError as exc:

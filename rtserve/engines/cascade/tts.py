@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.config import VoiceStoreConfig
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady, ModelUnavailable
@@ -67,7 +67,7 @@ _PROOF_TEXT = "Hello."
 class _Backend(Protocol):
     sample_rate: int
 
-    def chunks(self, sentence: str, speed: float) -> Iterator[np.ndarray]: ...
+    def chunks(self, sentence: str, speed: float) -> Iterator[FloatArray]: ...
 
 
 class _EspeakBackend:
@@ -77,10 +77,10 @@ class _EspeakBackend:
         self._voice = voice
         self._render("ready", 1.0)  # fail at start, not at the first reply, if the program is broken
 
-    def chunks(self, sentence: str, speed: float) -> Iterator[np.ndarray]:
+    def chunks(self, sentence: str, speed: float) -> Iterator[FloatArray]:
         yield self._render(sentence, speed)
 
-    def _render(self, sentence: str, speed: float) -> np.ndarray:
+    def _render(self, sentence: str, speed: float) -> FloatArray:
         wpm = int(min(max(_ESPEAK_WPM * speed, 80), 450))
         try:
             result = subprocess.run(
@@ -227,7 +227,7 @@ class TextToSpeech:
         log.info("voice %r registered (%d bytes)", name, stored.info.file_size)
         return stored.info
 
-    def _prove(self, model_path: Path) -> np.ndarray:
+    def _prove(self, model_path: Path) -> FloatArray:
         """``_PROOF_TEXT`` spoken by an upload in a sandbox of its own, within the same bounds as speech."""
         sandbox = VoiceSandbox(self._sandbox_limits(1))
         try:
@@ -270,7 +270,7 @@ class TextToSpeech:
 
     # ------------------------------------------------------------------ speech
 
-    async def render(self, sentence: str, speed: float = 1.0, voice: str | None = None) -> np.ndarray:
+    async def render(self, sentence: str, speed: float = 1.0, voice: str | None = None) -> FloatArray:
         """One sentence of speech at 24 kHz (one job on the TTS thread)."""
         if self._backend is None:
             raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
@@ -281,14 +281,14 @@ class TextToSpeech:
             raise EngineError(f"the voice {voice!r} was deleted", code=INVALID_VOICE)
         return await self._voices_worker.run(self._render_registered, stored, sentence, speed)
 
-    def _render(self, sentence: str, speed: float) -> np.ndarray:
+    def _render(self, sentence: str, speed: float) -> FloatArray:
         """The built-in voice, on the TTS thread: stops at the first piece past the length bound."""
         started = time.perf_counter()
         backend = self._backend
         if backend is None:
             raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
         bound = speech_sample_bound(sentence, speed, self._store_config.max_speech_s_per_char, backend.sample_rate)
-        pieces: list[np.ndarray] = []
+        pieces: list[FloatArray] = []
         samples = 0
         for piece in backend.chunks(sentence, speed):
             samples += piece.size
@@ -302,7 +302,7 @@ class TextToSpeech:
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
 
-    def _render_registered(self, stored: StoredVoice, sentence: str, speed: float) -> np.ndarray:
+    def _render_registered(self, stored: StoredVoice, sentence: str, speed: float) -> FloatArray:
         """A registered voice, in the sandbox child (this runs on the registered voices' thread)."""
         started = time.perf_counter()
         rate = stored.info.sample_rate
@@ -314,7 +314,7 @@ class TextToSpeech:
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
 
-    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[np.ndarray]:
+    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[FloatArray]:
         """One audio chunk per sentence, each as soon as it is synthesized."""
         self.check_request(voice, speed)
         if self._backend is None:

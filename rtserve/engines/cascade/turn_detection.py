@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.audio import AudioBuffer
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.turn_detection import TurnDetection
@@ -35,7 +34,7 @@ class SealedTurn:
     """The audio of one finished utterance, ready for the final transcript."""
 
     turn_id: int
-    audio: np.ndarray
+    audio: FloatArray
     pause_key: tuple[int, int]  # the detector's ``pause_key`` while the turn's final silence ran
 
 
@@ -60,7 +59,7 @@ class _TurnAudio:
     def turn_samples(self) -> int:
         return len(self._turn)
 
-    def turn_audio(self) -> np.ndarray:
+    def turn_audio(self) -> FloatArray:
         return self._turn.audio()
 
     @property
@@ -90,7 +89,7 @@ class TurnDetector(_TurnAudio):
         self.settings = settings
         self._rate = sample_rate
         self._window = window
-        self._prefix: deque[np.ndarray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
+        self._prefix: deque[FloatArray] = deque(maxlen=self._windows(settings.prefix_padding_ms))
         self._speaking = False
         self._silent_windows = 0
         self._early_stop_windows: int | None = None
@@ -123,8 +122,8 @@ class TurnDetector(_TurnAudio):
 
     def feed(
         self,
-        windows: np.ndarray,
-        scores: np.ndarray,
+        windows: FloatArray,
+        scores: FloatArray,
         first_sample: int,
     ) -> list[SpeechStarted | SpeechStopped | SealedTurn]:
         """Consume ``[n, window]`` audio with its ``n`` scores; ``first_sample`` is the offset of
@@ -181,5 +180,5 @@ class ManualTurn(_TurnAudio):
     def pausing(self) -> bool:
         return False  # no VAD: nothing is known about pauses
 
-    def append(self, pcm: np.ndarray) -> None:
+    def append(self, pcm: FloatArray) -> None:
         self._turn.append(pcm)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
@@ -29,9 +30,9 @@ _CONTEXT = 64  # samples of the previous window the model sees in front of each 
 class VadStream:
     """One audio stream's recurrent state; touched only on the VAD worker thread."""
 
-    state: np.ndarray = field(default_factory=lambda: np.zeros((2, 1, 128), np.float32))
-    context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, np.float32))
-    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    state: FloatArray = field(default_factory=lambda: np.zeros((2, 1, 128), np.float32))
+    context: FloatArray = field(default_factory=lambda: np.zeros(_CONTEXT, np.float32))
+    pending: FloatArray = field(default_factory=lambda: np.zeros(0, np.float32))
     next_sample: int = 0  # input-timeline index of ``pending[0]``
 
     def skip(self, samples: int) -> None:
@@ -42,8 +43,8 @@ class VadStream:
 
 @dataclass(frozen=True)
 class VadScores:
-    windows: np.ndarray  # [n, WINDOW] float32
-    scores: np.ndarray  # [n] speech probability
+    windows: FloatArray  # [n, WINDOW]
+    scores: FloatArray  # [n] speech probability
     first_sample: int  # input-timeline index of windows[0]
 
 
@@ -62,7 +63,7 @@ class SileroVad:
         )
         self._rate = np.array(SAMPLE_RATE, dtype=np.int64)
 
-    def process(self, stream: VadStream, pcm: np.ndarray) -> VadScores:
+    def process(self, stream: VadStream, pcm: FloatArray) -> VadScores:
         """Score every whole window now available; the remainder waits for the next call."""
         audio = np.concatenate([stream.pending, pcm]) if len(stream.pending) else pcm
         count = len(audio) // WINDOW
@@ -123,12 +124,12 @@ class VadEngine:
         self._vad = await self._worker.run(SileroVad, self._path)
         self._asleep = False
 
-    async def process(self, stream: VadStream, pcm: np.ndarray) -> VadScores:
+    async def process(self, stream: VadStream, pcm: FloatArray) -> VadScores:
         if self._vad is None:
             raise EngineSleeping() if self._asleep else ModelNotReady("the voice activity detector is still loading")
         return await self._worker.run(self._process, self._vad, stream, pcm)
 
-    def _process(self, vad: SileroVad, stream: VadStream, pcm: np.ndarray) -> VadScores:
+    def _process(self, vad: SileroVad, stream: VadStream, pcm: FloatArray) -> VadScores:
         started = time.perf_counter()
         scores = vad.process(stream, pcm)
         self._metrics.model_call_seconds.labels("vad").observe(time.perf_counter() - started)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import VoiceStoreConfig
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import VoiceInfo
@@ -90,7 +91,7 @@ class VoiceStore:
             return [voice.info for voice in self._voices.values()]
 
     def add(
-        self, name: str, model: bytes, config: bytes, *, reserved: frozenset[str], prove: Callable[[Path], np.ndarray]
+        self, name: str, model: bytes, config: bytes, *, reserved: frozenset[str], prove: Callable[[Path], FloatArray]
     ) -> StoredVoice:
         """Store a new voice once ``prove(model_path)`` made it speak; raises a typed ``EngineError``."""
         check_voice_name(name)

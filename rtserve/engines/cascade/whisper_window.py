@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
+
 MAX_COMPRESSION_RATIO = 2.4  # faster-whisper's compression_ratio_threshold
 MIN_AVG_LOGPROB = -1.0  # faster-whisper's log_prob_threshold
 _TOKENS_PER_SECOND = 12  # budget: fast speech is ~5 tokens/s; a decode past this is looping
@@ -32,7 +34,7 @@ def fits(samples: int, sample_rate: int, window_s: float) -> bool:
     return window_s < 30 and samples <= sample_rate * window_s / 2
 
 
-def decode_in_window(model: Any, audio: np.ndarray, window_s: float, language: str, prompt: str | None) -> str | None:
+def decode_in_window(model: Any, audio: FloatArray, window_s: float, language: str, prompt: str | None) -> str | None:
     """``audio`` (16 kHz) transcribed in a ``window_s`` window; None when the decode is not to
     be trusted (the caller decodes in the full window). ``model``: a faster_whisper.WhisperModel."""
     # faster-whisper is the optional "models" extra: imported where a model is in use, so the

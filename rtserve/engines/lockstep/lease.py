@@ -9,14 +9,16 @@ thread boundary (docs/engines.md#lockstep-slot-table).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import LockstepConfig
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep.log_throttle import LogThrottle
@@ -31,7 +33,14 @@ log = logging.getLogger(__name__)
 # Input dropped over the backlog bound is logged at once, then at most once per interval per slot.
 _DROP_LOG_INTERVAL_S = 5.0
 
-NOTHING_YET = object()  # ``poll_output``: no frame queued, the lease still open
+
+class NothingYet(enum.Enum):
+    """``poll_output``'s answer while the lease is open and nothing is queued."""
+
+    NOTHING_YET = enum.auto()
+
+
+NOTHING_YET: Final = NothingYet.NOTHING_YET
 
 
 class SlotLease:
@@ -94,7 +103,7 @@ class SlotLease:
     def phase(self) -> SlotPhase:
         return self._scheduler.phase_of(self)
 
-    def push_samples(self, samples: np.ndarray) -> None:
+    def push_samples(self, samples: FloatArray) -> None:
         """Queue float32 mono samples of any length; beyond the backlog bound the oldest are
         dropped, counted (``rtserve_lockstep_dropped_input_frames``) and logged."""
         if self.released or not samples.size:
@@ -148,7 +157,7 @@ class SlotLease:
         changes (the push-style alternative to awaiting ``next_output``)."""
         self._listener = listener
 
-    def poll_output(self) -> tuple[FrameOutput, int] | EngineFailure | object | None:
+    def poll_output(self) -> tuple[FrameOutput, int] | EngineFailure | NothingYet | None:
         """Without waiting: the next ``(frame, epoch)`` of the current epoch; the failure or
         ``None`` once closed; ``NOTHING_YET`` while the lease is open and nothing is queued."""
         while (item := self.output.pop()) is not None:

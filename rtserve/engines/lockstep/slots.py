@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.values import FrameOutput
 
@@ -86,7 +87,7 @@ class InputBacklog:
         self._lock = threading.Lock()
         self._standing_takes = 0  # consecutive takes that left more than the cushion standing
 
-    def push(self, samples: np.ndarray) -> int:
+    def push(self, samples: FloatArray) -> int:
         """Queue float32 samples; return how many old samples were dropped to stay within the cap."""
         overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end
         samples = samples[overflow:]
@@ -98,7 +99,7 @@ class InputBacklog:
             self._size += samples.size
         return overflow + dropped
 
-    def take_into(self, row: np.ndarray) -> tuple[int, int]:
+    def take_into(self, row: FloatArray) -> tuple[int, int]:
         """Write this tick's frame into ``row``; return (samples taken, samples trimmed).
 
         Nothing taken is an underrun: ``row`` is left untouched for the caller to silence.

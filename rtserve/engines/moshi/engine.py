@@ -31,6 +31,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
         if settings.random_weights:
             loaded = random_model(settings.weights, device=device, dtype=DTYPES[settings.dtype])
         else:
+            assert settings.weights  # checked above: without random weights a folder is required
             loaded = load_folder(settings.weights, device=device, dtype=DTYPES[settings.dtype])
     except CheckpointError as exc:
         # Startup reports config problems as one line naming the field; keep the loader's detail.

@@ -15,8 +15,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.mimi import Mimi
@@ -131,7 +133,7 @@ class MoshiFrameModel:
     # -- the batched step ------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         self._stage_overrides()
         result = self.frame(pcm, self._open)
@@ -209,19 +211,19 @@ class MoshiFrameModel:
             self._voices.popitem(last=False)
         return list(steps)
 
-    def _encode_prompt_audio(self, pcm: np.ndarray) -> np.ndarray:
+    def _encode_prompt_audio(self, pcm: FloatArray) -> npt.NDArray[np.int64]:
         frames = -(-pcm.size // self.frame_size)
         padded = np.zeros(frames * self.frame_size, np.float32)
         padded[: pcm.size] = pcm
         mimi = self._prompt_mimi
         mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))
-        codes: list[np.ndarray] = []
+        codes: list[npt.NDArray[np.int64]] = []
         for frame in padded.reshape(frames, self.frame_size):
             chunk = torch.from_numpy(frame).to(self.device)[None]
             codes.append(mimi.encode(chunk)[0, : self.config.agent_codebooks].cpu().numpy())
         return np.stack(codes)
 
-    def _silence_codes(self) -> np.ndarray:
+    def _silence_codes(self) -> npt.NDArray[np.int64]:
         """Agent codes of steady-state silence (the second frame of a fresh encoder)."""
         mimi = self._prompt_mimi
         mimi.reset_encoder_rows(torch.ones(1, dtype=torch.bool, device=self.device))

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rtserve.engines.moshi.generator import StepOverrides, TokenStream
@@ -112,7 +113,7 @@ class FrameStep:
         if self.blocks is not None:
             self.blocks.release(row)
 
-    def span(self, active: np.ndarray | None = None) -> int:
+    def span(self, active: npt.NDArray[np.bool_] | None = None) -> int:
         """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all
         rows when None) for the next step. An inactive row past the span still sees some valid
         slots (with the window as long as the ring, slot 0 always holds a position inside it),
@@ -122,7 +123,7 @@ class FrameStep:
         return next((s for s in self.spans if s >= needed), self.spans[-1])
 
     @torch.no_grad()
-    def __call__(self, pcm: torch.Tensor, active: np.ndarray | None = None) -> FrameTensors:
+    def __call__(self, pcm: torch.Tensor, active: npt.NDArray[np.bool_] | None = None) -> FrameTensors:
         """``pcm`` ``[B, frame_size]``; ``self.overrides`` staged by the caller apply to this step
         only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all)."""
         self.pcm.copy_(pcm)
@@ -156,7 +157,8 @@ class FrameStep:
 
     def _capture(self) -> None:
         current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        # torch leaves Stream.__new__ unannotated.
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side.wait_stream(current)
         draws = self.stream.sampler.draws.clone()
         # One eager step per span first: kernel loading and algorithm choice stay out of capture.

@@ -108,10 +108,10 @@ class TokenStream:
         tokens = [text]
         previous = text
         self.lm.depformer_begin()
-        for index in range(c.dep_q):
-            logits = self.lm.depformer_logits(index, hidden, previous)
+        for codebook in range(c.dep_q):
+            logits = self.lm.depformer_logits(codebook, hidden, previous)
             token = self.sampler.sample(logits, text=False)
-            token = torch.where(forced[0][:, 1 + index], forced[1][:, 1 + index], token)
+            token = torch.where(forced[0][:, 1 + codebook], forced[1][:, 1 + codebook], token)
             tokens.append(token)
             previous = token
         generated = torch.stack(tokens, dim=1)  # [B, 1 + dep_q]

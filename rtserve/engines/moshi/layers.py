@@ -13,7 +13,9 @@ slot, and ``reset_rows(mask)`` returns the masked rows to their fresh state in p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import torch
 from torch import nn
@@ -21,6 +23,25 @@ from torch.nn import functional as F
 
 from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, PagedKVSpec
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+class TypedModuleList(nn.ModuleList, Generic[ModuleT]):
+    """An ``nn.ModuleList`` of one kind of module that the type checker indexes and iterates as
+    that kind (torch types every item as a bare ``nn.Module``). At run time it is a ModuleList."""
+
+    def __init__(self, modules: Iterable[ModuleT] = ()) -> None:
+        super().__init__(modules)
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __getitem__(self, idx: slice) -> TypedModuleList[ModuleT]: ...
+        @overload
+        def __getitem__(self, idx: int) -> ModuleT: ...
+        def __getitem__(self, idx: int | slice) -> ModuleT | TypedModuleList[ModuleT]: ...
+        def __iter__(self) -> Iterator[ModuleT]: ...
 
 
 class RMSNorm(nn.Module):
@@ -82,7 +103,8 @@ class GeluMLP(nn.Module):
         self.linear2 = nn.Linear(dim_feedforward, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(F.gelu(self.linear1(x)))
+        out: torch.Tensor = self.linear2(F.gelu(self.linear1(x)))
+        return out
 
 
 @dataclass
@@ -191,8 +213,8 @@ class Attention(nn.Module):
         super().__init__()
         self.dim = dim
         self.heads = heads
-        self.in_projs = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
-        self.out_projs = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
+        self.in_projs = TypedModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(num_weights))
+        self.out_projs = TypedModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_weights))
 
     def forward(
         self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan, weight_index: int = 0
@@ -204,7 +226,8 @@ class Attention(nn.Module):
             q, k = fused.apply_rope(q, k, *plan.rope)
         out = ring_attention(q, k, v, cache, plan)
         out = out.transpose(1, 2).reshape(batch, steps, self.dim)
-        return self.out_projs[weight_index](out)
+        projected_out: torch.Tensor = self.out_projs[weight_index](out)
+        return projected_out
 
 
 class LayerScale(nn.Module):
@@ -292,7 +315,7 @@ class Transformer(nn.Module):
         self.capacity = capacity
         self.context = context
         self.rope_max_period = rope_max_period
-        self.layers = nn.ModuleList(
+        self.layers = TypedModuleList(
             TransformerLayer(
                 dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale, num_weights=num_weights
             )

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rtserve.engines.moshi.fused import fused
-from rtserve.engines.moshi.layers import Transformer, make_norm
+from rtserve.engines.moshi.layers import Transformer, TypedModuleList, make_norm
 from rtserve.engines.moshi.lm_config import LMConfig
 
 # Token id meaning "no input": its embedding is exactly zero.
@@ -46,7 +46,7 @@ def summed_embeddings(column: torch.Tensor, text_table: torch.Tensor, *audio_tab
 class TokenEmbedding(nn.Embedding):
     """An embedding where ``ZERO_TOKEN`` maps to the zero vector."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return embed_tokens(tokens, self.weight)
 
 
@@ -55,7 +55,7 @@ class MoshiLM(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.dim) for _ in range(c.n_q))
+        self.emb = TypedModuleList(TokenEmbedding(c.card + 1, c.dim) for _ in range(c.n_q))
         self.text_emb = TokenEmbedding(c.text_card + 1, c.dim)
         self.text_linear = nn.Linear(c.dim, c.text_card, bias=False)
         self.transformer = Transformer(
@@ -72,8 +72,8 @@ class MoshiLM(nn.Module):
         )
         self.out_norm = make_norm(c.norm, c.dim)
         num_in = (max(c.depformer_schedule) + 1) if c.depformer_multi_linear else 1
-        self.depformer_in = nn.ModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(num_in))
-        self.depformer_emb = nn.ModuleList(TokenEmbedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1))
+        self.depformer_in = TypedModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(num_in))
+        self.depformer_emb = TypedModuleList(TokenEmbedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1))
         self.depformer_text_emb = TokenEmbedding(c.text_card + 1, c.depformer_dim)
         num_weights = max(c.depformer_schedule) + 1
         self.depformer = Transformer(
@@ -89,7 +89,7 @@ class MoshiLM(nn.Module):
             context=c.depformer_context,
             capacity=c.depformer_context or c.dep_q,
         )
-        self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
+        self.linears = TypedModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
 
     def start(self, batch: int) -> None:
         param = self.text_linear.weight
@@ -120,4 +120,5 @@ class MoshiLM(nn.Module):
         token = previous[:, None]
         token_emb = self.depformer_text_emb(token) if index == 0 else self.depformer_emb[index - 1](token)
         out = self.depformer(projected + token_emb, weight_index=weight)
-        return self.linears[index](out)[:, 0]
+        logits: torch.Tensor = self.linears[index](out)[:, 0]
+        return logits

@@ -102,7 +102,8 @@ class ResBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
+        update: torch.Tensor = self.block(x)
+        return x + update
 
 
 def _encoder(c: MimiConfig) -> nn.Sequential:
@@ -137,6 +138,8 @@ def _decoder(c: MimiConfig) -> nn.Sequential:
 class _RVQ(nn.Module):
     """One residual VQ with its in/out projections; codebooks are filled by the loader."""
 
+    codebooks: torch.Tensor  # a buffer: [layers, bins, codebook_dim]
+
     def __init__(self, dim: int, codebook_dim: int, layers: int, bins: int) -> None:
         super().__init__()
         self.input_proj = nn.Conv1d(dim, codebook_dim, 1, bias=False)
@@ -160,7 +163,8 @@ class _RVQ(nn.Module):
         for layer, codebook in enumerate(self.codebooks):
             quantized = quantized + F.embedding(codes[:, layer], codebook).transpose(1, 2)
         assert isinstance(quantized, torch.Tensor)
-        return self.output_proj(quantized)
+        projected: torch.Tensor = self.output_proj(quantized)
+        return projected
 
 
 class _SplitRVQ(nn.Module):
@@ -176,7 +180,7 @@ class _SplitRVQ(nn.Module):
         return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
 
 
-def _streaming_children(module: nn.Module) -> list[nn.Module]:
+def _streaming_children(module: nn.Module) -> list[StreamConv1d | StreamConvTranspose1d | Transformer]:
     return [m for m in module.modules() if isinstance(m, (StreamConv1d, StreamConvTranspose1d, Transformer))]
 
 
@@ -254,4 +258,5 @@ class Mimi(nn.Module):
         """``[B, codebooks]`` codes -> ``[B, frame_size]`` audio for one frame."""
         x = self.upsample(self.quantizer.decode(codes[:, :, None]))
         x = self.decoder_transformer(x.transpose(1, 2)).transpose(1, 2)
-        return self.decoder(x)[:, 0, :]
+        audio: torch.Tensor = self.decoder(x)[:, 0, :]
+        return audio

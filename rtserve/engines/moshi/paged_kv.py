@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.nn import functional as F
 
@@ -180,7 +181,7 @@ class BlockAllocator:
             raise KVMemoryExhausted(f"no KV block free ({self.spec.num_blocks} blocks all in use)")
         self.table[row, 0] = self.free.pop()
 
-    def ensure(self, rows: np.ndarray, positions: np.ndarray) -> None:
+    def ensure(self, rows: npt.NDArray[np.intp], positions: npt.NDArray[np.int64]) -> None:
         """Give each of ``rows`` the block its next position (``positions[row]``) writes to."""
         size = self.spec.block_size
         for row in rows:

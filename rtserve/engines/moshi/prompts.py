@@ -68,11 +68,12 @@ def load_voice_audio(path: Path, sample_rate: int, max_seconds: float) -> FloatA
     try:
         with av.open(str(path)) as container:
             resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+            # format="flt": float32 frames (no copy in astype).
             for frame in container.decode(audio=0):
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    chunks.append(out.to_ndarray().astype(np.float32, copy=False).reshape(-1))
             for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
+                chunks.append(out.to_ndarray().astype(np.float32, copy=False).reshape(-1))
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise PromptError(f"voice prompt {path.name} is not a decodable audio file: {exc}") from None
     pcm = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)

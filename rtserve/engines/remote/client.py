@@ -222,10 +222,12 @@ class RemoteTTS(_RemoteTurnEngine):
 
     # Voices live where the TTS runs: every worker sees a registration at once.
     async def voice_list(self) -> list[VoiceInfo]:
-        return await self._link.call("tts", "voice_list")
+        voices: list[VoiceInfo] = await self._link.call("tts", "voice_list")
+        return voices
 
     async def add_voice(self, name: str, model: bytes, config: bytes) -> VoiceInfo:
-        return await self._link.call("tts", "add_voice", name, model, config)
+        added: VoiceInfo = await self._link.call("tts", "add_voice", name, model, config)
+        return added
 
     async def remove_voice(self, name: str) -> None:
         await self._link.call("tts", "remove_voice", name)
@@ -314,9 +316,10 @@ class RemoteEngines:
         """Every process's metrics (the engine's, every worker's); this worker's alone while the
         engine process is down."""
         try:
-            return await self._link.call("engine", "metrics", own)
+            exposition: bytes = await self._link.call("engine", "metrics", own)
         except EngineUnavailable:
             return own
+        return exposition
 
     async def _publish_metrics(self, registry: CollectorRegistry) -> None:
         while True:
@@ -330,10 +333,12 @@ class RemoteEngines:
         return () if offer is None else offer.sleeping
 
     async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
-        return await self._link.call("engine", "sleep", stage_ids, level)
+        stages: list[dict[str, Any]] = await self._link.call("engine", "sleep", stage_ids, level)
+        return stages
 
     async def wake_up(self, stage_ids: Sequence[int] | None) -> list[dict[str, Any]]:
-        return await self._link.call("engine", "wake_up", stage_ids)
+        stages: list[dict[str, Any]] = await self._link.call("engine", "wake_up", stage_ids)
+        return stages
 
     async def policy(self) -> RemotePolicy | None:
         while (offer := self._link.offer) is None or offer.policy_loading:
