@@ -299,9 +299,10 @@ def test_real_clock_200_ticks_at_80ms_hold_the_schedule() -> None:
     for report in reports:
         assert report.deadline == pytest.approx(origin + report.index * PERIOD, abs=1e-6)
     # ...and catch-up makes 200 ticks take 200 periods: the overruns cost no deadline (skipping them
-    # would have taken 8 periods longer), and lateness does not accumulate.
+    # would have taken 8 periods longer), and lateness does not accumulate. The upper bound leaves the
+    # last tick 6 periods (480 ms) of scheduling delay on a loaded machine, short of the 8 a skip costs.
     elapsed = reports[-1].started - reports[0].started
-    assert 199 * PERIOD - PERIOD / 2 < elapsed < 199 * PERIOD + 4 * PERIOD
+    assert 199 * PERIOD - PERIOD / 2 < elapsed < 199 * PERIOD + 6 * PERIOD
     early = statistics.median(r.lateness_s for r in reports[:20])
     late = statistics.median(r.lateness_s for r in reports[-20:])
     assert late < early + PERIOD / 4

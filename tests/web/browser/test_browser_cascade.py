@@ -5,6 +5,7 @@ agent's reply and plays it."""
 
 from __future__ import annotations
 
+import re
 import wave
 from pathlib import Path
 
@@ -61,9 +62,10 @@ async def test_spoken_question_shows_both_transcripts_and_plays_the_answer(
                 timeout_s=ANSWER_TIMEOUT_S,
                 what="the user's transcript",
             )
-            # "capital" only: on a loaded CI machine Chromium's fake microphone can stall mid-question, and the
-            # server rightly ends the turn in that gap (or tiny.en mishears "France" through lossy Opus).
-            assert "capital" in heard.lower(), heard
+            # Two of its words, not all: on a loaded CI machine Chromium's fake microphone can stall mid-question,
+            # and the server rightly ends the turn in that gap (or tiny.en mishears "France" through lossy Opus).
+            said = set(re.findall(r"[a-z]+", QUESTION.lower()))
+            assert len(set(re.findall(r"[a-z]+", heard.lower())) & said) >= 2, heard
             await until(page, "rtservePage.agentText().trim()", timeout_s=ANSWER_TIMEOUT_S, what="the agent's reply")
             await until(
                 page,

@@ -96,5 +96,5 @@ async def test_cascade_says_the_given_text(config: ServerConfig) -> None:
     assert done["status"] == "completed"
     assert done["output"][0]["role"] == "assistant" and done["output"][0]["content"][0]["transcript"] == SAID
     assert len(pcm) > 24000  # over a second of speech
-    assert len(words(heard.text) & words(SAID)) >= 6, heard.text  # Whisper hears the sentence
+    assert 2 * len(words(heard.text) & words(SAID)) >= len(words(SAID)), heard.text  # Whisper hears most of it
     assert types(second).count("response.speak") == 1 and second[-1]["response"]["status"] == "completed"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.models
 
 LOAD_TIMEOUT_S = 300
 ITEMS, ITEM_CHARS = 40, 100_000
-ANSWER_WITHIN_S = 20.0  # a 2-core CPU under other load; the quadratic fit took ~59 s
+ANSWER_WITHIN_S = 30.0  # a 2-core CPU under other load; the quadratic fit took ~59 s: half of that still tells
 
 
 async def test_forty_items_of_100_kb_then_a_response_answers_promptly(config: ServerConfig) -> None:
