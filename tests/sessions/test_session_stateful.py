@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import hypothesis
 import numpy as np
@@ -29,6 +31,7 @@ from rtserve.sessions import events as ev
 from tests.clocks import FakeClock
 from tests.sessions.engine_double import TestDoubleEngine
 
+T = TypeVar("T")
 SPEECH = np.full(2400, 0.1, dtype=np.float32)  # 100 ms: OpenAI's smallest commit
 
 
@@ -42,7 +45,7 @@ class SessionMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     @initialize(capacity=st.integers(6, 40))

@@ -7,13 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rtserve.config import ConfigError
+from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.moshi.engine import build_frame_model
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.loader import load_folder
@@ -28,7 +29,7 @@ def copy(weights: Path, tmp_path: Path) -> Path:
     return target
 
 
-def _edit(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+def _edit(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
     tensors = load_file(str(path))
     edit(tensors)
     save_file(tensors, str(path))
@@ -89,7 +90,7 @@ def test_unsupported_architecture_option_is_refused(copy: Path) -> None:
         load_folder(copy, device=CPU, dtype=torch.float32)
 
 
-def test_engine_config_errors_name_the_field(config, copy: Path) -> None:  # type: ignore[no-untyped-def]
+def test_engine_config_errors_name_the_field(config: ServerConfig, copy: Path) -> None:
     with pytest.raises(ConfigError, match=r"'moshi_engine.weights': the moshi engine needs a local weight folder"):
         build_frame_model(config)
     broken = config.model_copy(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -107,7 +108,7 @@ async def _turn_session(engine: TestDoubleEngine) -> TestDoubleEngineSession:
     return next(iter(engine.sessions.values()))
 
 
-async def _until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
+async def _until(predicate: Callable[[], object], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not predicate():
         assert time.monotonic() < deadline, what
