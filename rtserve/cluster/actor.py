@@ -33,7 +33,9 @@ log = logging.getLogger("rtserve.cluster.engine")
 
 
 class EngineActor:
-    async def __init__(self, settings: dict[str, Any], name: str, secret: str) -> None:
+    # Ray awaits an async actor's constructor in the actor's event loop, where the listener must
+    # start; Python's typing knows only synchronous constructors.
+    async def __init__(self, settings: dict[str, Any], name: str, secret: str) -> None:  # type: ignore[misc]
         config = ServerConfig.model_validate(settings)
         configure_logging(config.log_level)
         self.name = name

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
@@ -50,7 +51,7 @@ def drain(
 
 def _drain_engine(namespace: str, engine: str, deadline_s: float) -> int:
     try:
-        actor = ray.get_actor(engine, namespace=namespace)
+        actor: Any = ray.get_actor(engine, namespace=namespace)  # a handle's methods are untyped
     except ValueError:
         log.error("no engine actor named %r in namespace %r", engine, namespace)
         return 1
@@ -73,7 +74,7 @@ def _drain_front_ends(namespace: str, name: str, deadline_s: float) -> int:
     from rtserve.web.peers.site import DRAIN_ROUTE
 
     try:
-        directory = ray.get_actor(DIRECTORY_NAME, namespace=namespace)
+        directory: Any = ray.get_actor(DIRECTORY_NAME, namespace=namespace)
     except ValueError:
         log.error("no front-end has joined namespace %r", namespace)
         return 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -180,6 +180,14 @@ def merged_acks(answers: Sequence[tuple[str, list[dict[str, Any]]]], measure: st
     return [merged[stage_id] for stage_id in sorted(merged)]
 
 
+def _closing(items: AsyncIterator[T]) -> contextlib.AbstractAsyncContextManager[AsyncIterator[T]]:
+    """Closes an engine's stream when the route closes ours (the turn-engine protocols type
+    streams as ``AsyncIterator``; the link's are async generators)."""
+    if isinstance(items, AsyncGenerator):
+        return contextlib.aclosing(items)
+    return contextlib.nullcontext(items)
+
+
 class _RoutedTurnEngine:
     def __init__(self, members: Sequence[EngineMember], info: TurnEngineInfo) -> None:
         self._members = members
@@ -196,7 +204,7 @@ class RoutedLLM(_RoutedTurnEngine):
         llm = self._turn_engines().llm
         if llm is None:
             raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
-        async with contextlib.aclosing(llm.generate(messages, params)) as items:
+        async with _closing(llm.generate(messages, params)) as items:
             async for item in items:
                 yield item
 
@@ -204,7 +212,7 @@ class RoutedLLM(_RoutedTurnEngine):
 class RoutedTTS(_RoutedTurnEngine):
     async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
         tts = _tts(least_loaded(self._members).remote)
-        async with contextlib.aclosing(tts.synthesize(text, voice=voice, speed=speed)) as items:
+        async with _closing(tts.synthesize(text, voice=voice, speed=speed)) as items:
             async for item in items:
                 yield item
 
@@ -233,7 +241,7 @@ class RoutedASR(_RoutedTurnEngine):
         asr = self._turn_engines().asr
         if asr is None:
             raise EngineError("the engine has no ASR model loaded", code=MODEL_NOT_FOUND)
-        async with contextlib.aclosing(asr.transcribe(audio, language=language, prompt=prompt)) as items:
+        async with _closing(asr.transcribe(audio, language=language, prompt=prompt)) as items:
             async for item in items:
                 yield item
 

@@ -38,12 +38,14 @@ def _bundle(cluster: ClusterConfig) -> dict[str, float]:
 
 def _placement_group(cluster: ClusterConfig) -> PlacementGroup:
     name = f"{cluster.engine_prefix}-placement"
+    group: PlacementGroup
     try:
-        return get_placement_group(name)
+        group = get_placement_group(name)
     except ValueError:  # the first front-end: reserve room for every engine
-        return placement_group(
+        group = placement_group(
             [_bundle(cluster)] * cluster.engines, strategy=cluster.placement_strategy, name=name, lifetime="detached"
         )
+    return group
 
 
 def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
@@ -61,7 +63,7 @@ def start_engines(config: ServerConfig) -> list[tuple[str, Any]]:
     remote_class = ray.remote(EngineActor)
     bundle = _bundle(cluster)
     settings = config.model_dump(mode="json")
-    handles = []
+    handles: list[tuple[str, Any]] = []
     for index, name in enumerate(engine_names(cluster)):
         try:  # the usual case after the first front-end: nothing to create
             handles.append((name, ray.get_actor(name, namespace=cluster.namespace)))

@@ -68,7 +68,7 @@ async def two_front_ends(config: ServerConfig) -> AsyncIterator[tuple[FrontEnd, 
                 peers = Peers(new_front_end_tag(), SocketDirectory(folder), config.peers)
                 app = build_app(config, engines=cluster, registry=registry, peers=peers)
                 base = await stack.enter_async_context(serve_app(app))
-                await eventually(lambda: cluster.ready, what="the engines to be ready")
+                await eventually(lambda cluster=cluster: cluster.ready, what="the engines to be ready")
                 front_ends.append(FrontEnd(base, app, cluster, peers))
             yield front_ends[0], front_ends[1]
     finally:

@@ -1,8 +1,9 @@
 """Engines as Ray actors on a local cluster of two raylets (one engine actor each, loopback engine).
 
-One cluster for the module (starting Ray is the slow part); each test joins it as a front-end
-(``cluster_engines``: find or create the named actors, link to each over TCP + handshake).
-Order matters: the kill test restarts engine 1, the drain test removes it for good.
+One cluster for the package (``conftest.ray_cluster``: starting Ray is the slow part); each
+test joins it as a front-end (``cluster_engines``: find or create the named actors, link to
+each over TCP + handshake). Order matters: the kill test restarts engine 1, the drain test
+removes it for good.
 """
 
 from __future__ import annotations
@@ -12,87 +13,37 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from rtserve.app import build_app
 from rtserve.cluster.engines import ClusterEngines
-from rtserve.config import ServerConfig, load_config
 from rtserve.web.context import CTX
 from tests.cluster.clients import drop_and_resume, eventually, open_session
-from tests.support import serve_app
 from tests.test_cli import CLEAN_ENV, _free_port
 from tests.web.realtime_support import echoed_tags, ws_url
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rtserve.cluster.directory import DIRECTORY_NAME, cluster_peers  # noqa: E402
-from rtserve.cluster.frontend import cluster_engines  # noqa: E402
+from rtserve.cluster.directory import DIRECTORY_NAME  # noqa: E402
+from tests.cluster import ray_support  # noqa: E402
+from tests.cluster.ray_support import NAMESPACE, SECRET, cluster_config, engine_actor  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-NAMESPACE = "rtserve-test"
 PREFIX = "rtserve-test-engine"
 SLOTS = 2
-SECRET = "test-cluster-secret-0123456789"
-_NODE = {"num_cpus": 1, "resources": {"rtserve_engine": 1}, "object_store_memory": 80 * 1024 * 1024}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Cluster]:
-    cluster = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False})
-    try:
-        cluster.add_node(**_NODE)
-        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-        yield cluster
-    finally:
-        for index in range(2):  # detached: they would outlive the cluster's driver
-            with contextlib.suppress(ValueError):
-                ray.kill(ray.get_actor(f"{PREFIX}-{index}", namespace=NAMESPACE), no_restart=True)
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def _config(address: str) -> ServerConfig:
-    config = load_config(environ={})
-    config.engine = "loopback"
+def front_end(
+    cluster: Cluster, worker_index: int = 0, apps: list[web.Application] | None = None
+) -> contextlib.AbstractAsyncContextManager[tuple[str, ClusterEngines]]:
+    config = cluster_config(cluster.address, engine="loopback", prefix=PREFIX)
     config.lockstep.batch_size = SLOTS
     config.sessions.disconnect_grace_s = 0.2
     config.sessions.reaper_interval_s = 0.05
-    config.peers.host = "127.0.0.1"
-    config.cluster = config.cluster.model_copy(
-        update={
-            "address": address,
-            "namespace": NAMESPACE,
-            "engine_prefix": PREFIX,
-            "engines": 2,
-            "engine_resources": {"rtserve_engine": 1},
-            "placement_strategy": "STRICT_SPREAD",
-            "secret": SECRET,
-            "engine_host": "127.0.0.1",
-            "startup_timeout_s": 90,
-        }
-    )
-    return config
-
-
-@contextlib.asynccontextmanager
-async def front_end(
-    cluster: Cluster, worker_index: int = 0, apps: list[web.Application] | None = None
-) -> AsyncIterator[tuple[str, ClusterEngines]]:
-    config = _config(cluster.address)
-    registry = CollectorRegistry()
-    engines = await cluster_engines(config, registry, worker_index=worker_index)
-    app = build_app(config, engines=engines, registry=registry, peers=await cluster_peers(config))
-    if apps is not None:
-        apps.append(app)
-    async with serve_app(app) as base:
-        await eventually(lambda: all(m.serving for m in engines.members), 90, "every engine actor to serve")
-        yield base, engines
+    return ray_support.front_end(config, worker_index, apps)
 
 
 def _sessions(engines: ClusterEngines) -> list[int | None]:
@@ -100,7 +51,7 @@ def _sessions(engines: ClusterEngines) -> list[int | None]:
 
 
 def _actor(index: int):
-    return ray.get_actor(f"{PREFIX}-{index}", namespace=NAMESPACE)
+    return engine_actor(PREFIX, index)
 
 
 async def test_one_engine_actor_per_node_and_admission_across_them(ray_cluster: Cluster) -> None:
