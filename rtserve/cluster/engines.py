@@ -200,7 +200,9 @@ class _RoutedTurnEngine:
 
 
 class RoutedLLM(_RoutedTurnEngine):
-    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> AsyncGenerator[TokenDelta, None]:
         llm = self._turn_engines().llm
         if llm is None:
             raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
@@ -210,7 +212,7 @@ class RoutedLLM(_RoutedTurnEngine):
 
 
 class RoutedTTS(_RoutedTurnEngine):
-    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:
         tts = _tts(least_loaded(self._members).remote)
         async with _closing(tts.synthesize(text, voice=voice, speed=speed)) as items:
             async for item in items:
@@ -237,7 +239,7 @@ def _tts(remote: RemoteEngines) -> TTSEngine:
 class RoutedASR(_RoutedTurnEngine):
     async def transcribe(
         self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
-    ) -> AsyncIterator[TranscriptPiece]:
+    ) -> AsyncGenerator[TranscriptPiece, None]:
         asr = self._turn_engines().asr
         if asr is None:
             raise EngineError("the engine has no ASR model loaded", code=MODEL_NOT_FOUND)

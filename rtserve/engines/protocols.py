@@ -22,7 +22,7 @@ before and after.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -91,7 +91,7 @@ class ASREngine(Protocol):
 
     def transcribe(
         self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
-    ) -> AsyncIterator[TranscriptPiece]:
+    ) -> AsyncGenerator[TranscriptPiece, None]:
         """Partial pieces while audio arrives, then exactly one ``final=True`` piece."""
         ...
 
@@ -99,7 +99,7 @@ class ASREngine(Protocol):
 class LLMEngine(Protocol):
     model_name: str
 
-    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
         """Token deltas; the last carries ``finish_reason`` and usage counts."""
         ...
 
@@ -109,7 +109,7 @@ class TTSEngine(Protocol):
     sample_rate: int
     voices: tuple[str, ...]  # the built-in voices
 
-    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:
         """Audio chunks as they are produced (sentence-level or finer)."""
         ...
 
@@ -181,7 +181,7 @@ class EngineSession(Protocol):
         Called only when ``capabilities.supports_server_vad``; other engines refuse it."""
         ...
 
-    def events(self) -> AsyncIterator[EngineEvent]: ...
+    def events(self) -> AsyncGenerator[EngineEvent, None]: ...
 
     async def close(self) -> None:
         """Release the slot and every resource. Idempotent."""

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -126,7 +126,7 @@ class VllmTextEngine:
 
     async def generate(
         self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
 
         ``fit_history`` drops the oldest non-system turns when the conversation outgrows
@@ -250,7 +250,7 @@ async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
     return EngineError(f"The LLM server (vLLM) answered {response.status}.", code=MODEL_UNAVAILABLE)
 
 
-async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[TokenDelta]:
+async def _deltas(response: aiohttp.ClientResponse) -> AsyncGenerator[TokenDelta, None]:
     """OpenAI chat completion chunks (SSE) as token deltas. The choice's finish arrives a
     chunk before the usage: it is held back so the last delta carries both."""
     finish: Literal["stop", "length", "tool_calls"] | None = None

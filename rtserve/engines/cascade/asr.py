@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.audio import AudioBuffer, as_pcm
@@ -169,7 +169,7 @@ class WhisperAsr:
 
     async def transcribe(
         self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
-    ) -> AsyncIterator[TranscriptPiece]:
+    ) -> AsyncGenerator[TranscriptPiece, None]:
         """Partials while audio arrives (when the model has time), then one final piece."""
         if self._model is None:
             raise self._not_loaded()

@@ -21,7 +21,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -390,7 +390,7 @@ class LlmStage(ABC):
 
     async def generate(
         self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Token deltas; the last carries ``finish_reason`` and usage counts.
 
         ``fit_history`` (used by voice sessions) drops the oldest non-system messages when

@@ -27,7 +27,7 @@ import logging
 import subprocess
 import time
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -314,7 +314,9 @@ class TextToSpeech:
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
 
-    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[FloatArray]:
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0
+    ) -> AsyncGenerator[FloatArray, None]:
         """One audio chunk per sentence, each as soon as it is synthesized."""
         self.check_request(voice, speed)
         if self._backend is None:

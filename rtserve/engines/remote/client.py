@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -82,7 +82,7 @@ class RemoteEngineSession:
                 self._dropped_audio += 1
                 return
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
         while True:
             while not self._events:
                 self._ready.clear()
@@ -212,12 +212,12 @@ class _RemoteTurnEngine:
 
 
 class RemoteLLM(_RemoteTurnEngine):
-    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
         return self._link.stream("llm", "generate", tuple(messages), params)
 
 
 class RemoteTTS(_RemoteTurnEngine):
-    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+    def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:
         return self._link.stream("tts", "synthesize", text, {"voice": voice, "speed": speed})
 
     # Voices live where the TTS runs: every worker sees a registration at once.
@@ -236,7 +236,7 @@ class RemoteTTS(_RemoteTurnEngine):
 class RemoteASR(_RemoteTurnEngine):
     def transcribe(
         self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
-    ) -> AsyncIterator[TranscriptPiece]:
+    ) -> AsyncGenerator[TranscriptPiece, None]:
         return self._link.stream("asr", "transcribe", {"language": language, "prompt": prompt}, input_items=audio)
 
 

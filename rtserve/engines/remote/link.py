@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -212,7 +212,7 @@ class EngineLink:
 
     async def stream(
         self, target: str, method: str, *args: Any, input_items: AsyncIterator[Any] | None = None
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Items of an engine-side async iterator; closing this one cancels that one."""
         stream_id = next(self._ids)
         queue: asyncio.Queue[Any] = asyncio.Queue()
