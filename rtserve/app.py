@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.protocols import SessionEngine
+from rtserve.engines.protocols import HostedSessionEngine
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
@@ -64,7 +64,7 @@ async def _on_cleanup(app: web.Application) -> None:
 def build_app(
     config: ServerConfig,
     *,
-    engine: SessionEngine | None = None,
+    engine: HostedSessionEngine | None = None,
     registry: CollectorRegistry | None = None,
     engines: Engines | None = None,
     peers: Peers | None = None,

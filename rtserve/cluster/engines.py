@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import EngineLinkConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
-from rtserve.engines.protocols import EngineSession, SessionEngine, TTSEngine, TurnEngines
+from rtserve.engines.protocols import EngineSession, TTSEngine, TurnEngines
 from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
@@ -49,6 +49,7 @@ from rtserve.engines.values import (
 )
 from rtserve.errors import MODEL_NOT_FOUND
 from rtserve.process_metrics import merge_expositions
+from rtserve.weights import DownloadStatus
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +181,6 @@ def merged_acks(answers: Sequence[tuple[str, list[dict[str, Any]]]], measure: st
     return [merged[stage_id] for stage_id in sorted(merged)]
 
 
-def _closing(items: AsyncIterator[T]) -> contextlib.AbstractAsyncContextManager[AsyncIterator[T]]:
-    """Closes an engine's stream when the route closes ours (the turn-engine protocols type
-    streams as ``AsyncIterator``; the link's are async generators)."""
-    if isinstance(items, AsyncGenerator):
-        return contextlib.aclosing(items)
-    return contextlib.nullcontext(items)
-
-
 class _RoutedTurnEngine:
     def __init__(self, members: Sequence[EngineMember], info: TurnEngineInfo) -> None:
         self._members = members
@@ -206,7 +199,7 @@ class RoutedLLM(_RoutedTurnEngine):
         llm = self._turn_engines().llm
         if llm is None:
             raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
-        async with _closing(llm.generate(messages, params)) as items:
+        async with contextlib.aclosing(llm.generate(messages, params)) as items:
             async for item in items:
                 yield item
 
@@ -214,7 +207,7 @@ class RoutedLLM(_RoutedTurnEngine):
 class RoutedTTS(_RoutedTurnEngine):
     async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:
         tts = _tts(least_loaded(self._members).remote)
-        async with _closing(tts.synthesize(text, voice=voice, speed=speed)) as items:
+        async with contextlib.aclosing(tts.synthesize(text, voice=voice, speed=speed)) as items:
             async for item in items:
                 yield item
 
@@ -243,7 +236,7 @@ class RoutedASR(_RoutedTurnEngine):
         asr = self._turn_engines().asr
         if asr is None:
             raise EngineError("the engine has no ASR model loaded", code=MODEL_NOT_FOUND)
-        async with _closing(asr.transcribe(audio, language=language, prompt=prompt)) as items:
+        async with contextlib.aclosing(asr.transcribe(audio, language=language, prompt=prompt)) as items:
             async for item in items:
                 yield item
 
@@ -253,7 +246,7 @@ class ClusterEngines:
 
     def __init__(self, members: Sequence[EngineMember], template: EngineOffer) -> None:
         self.members = list(members)
-        self.session_engine: SessionEngine = ClusterSessionEngine(self.members, template)
+        self.session_engine = ClusterSessionEngine(self.members, template)
         self.turn_engines = self.session_engine.turn_engines()
 
     @staticmethod
@@ -328,6 +321,12 @@ class ClusterEngines:
 
     async def stop(self) -> None:
         await asyncio.gather(*(member.remote.stop() for member in self.members))
+
+    @property
+    def downloading(self) -> DownloadStatus | None:
+        """Weights downloading on the reachable engines, summed; None when none is."""
+        each = [status for m in self.members if m.reachable and (status := m.remote.downloading) is not None]
+        return DownloadStatus(sum(s.done for s in each), sum(s.total for s in each)) if each else None
 
     @property
     def sleeping(self) -> tuple[int, ...]:

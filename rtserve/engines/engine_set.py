@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.policy.batcher import PolicyBatcher
-from rtserve.engines.protocols import SessionEngine, TurnEngines
+from rtserve.engines.protocols import HostedSessionEngine, TurnEngines
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.sleep import SleepController
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class EngineSet:
     def __init__(
-        self, config: ServerConfig, registry: CollectorRegistry, *, session_engine: SessionEngine | None = None
+        self, config: ServerConfig, registry: CollectorRegistry, *, session_engine: HostedSessionEngine | None = None
     ) -> None:
         self.config = config
         self.registry = registry

@@ -210,7 +210,11 @@ class TurnEngines:
 
 
 class SessionEngine(Protocol):
-    capabilities: EngineCapabilities
+    """What sessions and routes use of the engine that serves realtime sessions, wherever it runs
+    (in this process, behind the engine link, on a Ray actor)."""
+
+    @property
+    def capabilities(self) -> EngineCapabilities: ...
 
     @property
     def ready(self) -> bool: ...
@@ -228,6 +232,11 @@ class SessionEngine(Protocol):
     def model_ids(self) -> list[str]:
         """Names listed by ``GET /v1/models``."""
         ...
+
+
+class HostedSessionEngine(SessionEngine, Protocol):
+    """A session engine whose models this process holds: it also lends them to the HTTP routes
+    and to sleep mode (``EngineSet`` builds around one)."""
 
     def turn_engines(self) -> TurnEngines:
         """The loaded turn engines this engine lends to the HTTP generation routes, so a

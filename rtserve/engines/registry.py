@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, RobotConfig, ServerConfig
-from rtserve.engines.protocols import SessionEngine
+from rtserve.engines.protocols import HostedSessionEngine
 
 if TYPE_CHECKING:
     from rtserve.engines.policy.batcher import PolicyBatcher
     from rtserve.engines.vllm_engine import VllmTextEngine
 
-# name -> "module:factory"; factory(config, registry) -> SessionEngine
+# name -> "module:factory"; factory(config, registry) -> HostedSessionEngine
 ENGINES: dict[str, str] = {
     "loopback": "rtserve.engines.reference:create_loopback_engine",
     "tone": "rtserve.engines.reference:create_tone_engine",
@@ -27,14 +27,14 @@ ENGINES: dict[str, str] = {
 }
 
 
-def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) -> SessionEngine:
+def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) -> HostedSessionEngine:
     try:
         target = ENGINES[name]
     except KeyError:
         known = ", ".join(sorted(ENGINES)) or "none"
         raise ConfigError(f"invalid config field 'engine': unknown engine {name!r} (known: {known})") from None
     module_name, factory_name = target.split(":")
-    factory: Callable[[ServerConfig, CollectorRegistry], SessionEngine] = getattr(
+    factory: Callable[[ServerConfig, CollectorRegistry], HostedSessionEngine] = getattr(
         importlib.import_module(module_name), factory_name
     )
     return factory(config, registry)

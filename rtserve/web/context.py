@@ -15,6 +15,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.sessions import SessionManager
 from rtserve.web.codec_executor import CodecExecutor
+from rtserve.weights import DownloadStatus
 
 
 class Engines(Protocol):
@@ -22,8 +23,17 @@ class Engines(Protocol):
     engine process, or ``ClusterEngines`` reaching Ray engine actors (``rtserve/cluster``).
     Routes see only this surface."""
 
-    session_engine: SessionEngine
-    turn_engines: TurnEngines
+    @property
+    def session_engine(self) -> SessionEngine: ...
+
+    @property
+    def turn_engines(self) -> TurnEngines: ...
+
+    def start(self) -> None:
+        """Begin loading or reaching the engines in the background (``ready`` says when done)."""
+        ...
+
+    async def stop(self) -> None: ...
 
     @property
     def ready(self) -> bool: ...
@@ -38,6 +48,11 @@ class Engines(Protocol):
     @property
     def sleeping(self) -> tuple[int, ...]:
         """Sleep mode: stage ids asleep now (new work is refused while any is)."""
+        ...
+
+    @property
+    def downloading(self) -> DownloadStatus | None:
+        """Weights downloading before the engine can load them; None when nothing is."""
         ...
 
     async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]: ...

@@ -40,6 +40,7 @@ _HTTP_BY_CODE: dict[str, tuple[int, str | None]] = {
     errors.MODEL_NOT_READY: (503, None),
     errors.MODEL_UNAVAILABLE: (503, None),
     errors.ENGINE_SLEEPING: (503, None),
+    errors.ENGINE_UNAVAILABLE: (503, None),  # the engine process or actor is gone; it is being restarted
     errors.STAGE_BUSY: (409, None),
     errors.SLEEP_UNSUPPORTED: (400, None),
     errors.REQUEST_TOO_LARGE: (413, None),
