@@ -55,7 +55,10 @@ class TorchScriptPolicy:
         self._path = Path(path)
         extra = {METADATA_FILE: ""}
         try:
-            self._module = torch.jit.load(str(self._path), map_location="cpu", _extra_files=extra)
+            # torch leaves jit.load unannotated.
+            self._module: torch.jit.ScriptModule = torch.jit.load(  # type: ignore[no-untyped-call]
+                str(self._path), map_location="cpu", _extra_files=extra
+            )
         except (RuntimeError, ValueError, OSError) as exc:
             raise PolicyLoadError(
                 f"robot.policy: cannot load TorchScript file {self._path}: {exc}".splitlines()[0]
