@@ -64,7 +64,7 @@ async def test_a_multipart_body_of_empty_parts_is_refused_without_stalling_the_s
         status, error, took = await post
         assert (status, error["code"], error["param"]) == (400, "invalid_sdp", "sdp")
         assert "at most 4" in error["message"]
-        assert took < 3.0 and slowest_health < 1.0, (took, slowest_health)
+        assert took < 6.0 and slowest_health < 2.5, (took, slowest_health)  # before: both 10.3 s
 
 
 async def test_malformed_and_encoded_parts_get_typed_400s(config: ServerConfig) -> None:
