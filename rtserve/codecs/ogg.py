@@ -145,7 +145,7 @@ class OggPageReader:
             raise InvalidOggError("missing Ogg capture pattern 'OggS'")
         if available < HEADER_BYTES:
             return None
-        capture, version, flags, granule, serial, sequence, crc, n_segments = _HEADER.unpack_from(buffer, offset)
+        _capture, version, flags, granule, serial, sequence, crc, n_segments = _HEADER.unpack_from(buffer, offset)
         if version != 0:
             raise InvalidOggError(f"unsupported Ogg version {version}")
         if flags & ~_KNOWN_FLAGS:

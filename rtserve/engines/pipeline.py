@@ -177,7 +177,7 @@ class Pipeline:
             async for item in iterator:
                 await inbox.put(item)
             await inbox.put(_END)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the pipeline's failure, raised to its caller
             if not failure.done():
                 failure.set_result(("source", exc))
         finally:
@@ -209,7 +209,7 @@ class Pipeline:
                     latency.observe(clock.monotonic() - last_input_at)
                 await downstream.put(item)
             await downstream.put(_END)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the pipeline's failure, raised to its caller
             if not failure.done():
                 failure.set_result((stage.name, exc))
         finally:

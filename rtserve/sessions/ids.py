@@ -1,7 +1,8 @@
 """Identifiers the session core allocates. Session ids are server-owned and never reused
 (docs/sessions.md#session-ids) unless a duplex client names its session (``?session_id=``, checked by
-``web/realtime/connect_query``; unique among the sessions one manager holds at once); event ids only need to be unique within this process, so they come from
-a counter behind a random per-process prefix instead of a uuid per event."""
+``web/realtime/connect_query``; unique among the sessions one manager holds at once); event ids
+only need to be unique within this process, so they come from a counter behind a random
+per-process prefix instead of a uuid per event."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ for a generation older than the current one (a stale socket cannot detach a sess
 resumed elsewhere). Resume is a compare-and-swap on the generation keyed by the
 caller's control id: a retry of the same control id with the same credentials returns
 what it was granted the first time; a caller that names no generation (a reconnect URL
-carrying only the token) presents the generation its token was issued with; a caller presenting a token this lease issued with a
-stale generation gets ``session_resume_conflict``. Anything else, a repeated control id
+carrying only the token) presents the generation its token was issued with; a caller presenting
+a token this lease issued with a stale generation gets ``session_resume_conflict``. Anything else, a repeated control id
 included, is ``unknown_session`` with the same message as an id that does not exist, so
 a guess learns nothing (issue 17). Each grant rotates the resume token; tokens are
 compared in constant time.

@@ -3,8 +3,8 @@
 Server-owned limits live in ``rtserve.config.SessionLimits``; this model holds only what
 a client may change, and ``check_bounds`` holds those values to the limits (issue 17: an
 unbounded ``instructions`` or ``voice`` would fail every response later, or overflow the
-session's output budget when echoed in ``session.updated``). Field names are transport-neutral: projections render them in each
-dialect's shape (OpenAI GA ``audio.output.format``, beta ``output_audio_format``, ...).
+session's output budget when echoed in ``session.updated``). Field names are transport-neutral:
+projections render them in each dialect's shape (OpenAI GA ``audio.output.format``, beta ``output_audio_format``, ...).
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ class TurnTracker:
             await self._engine.commit_input()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - posted to the runner, which reports it
             self._post(CommitFinished(item_id, exc))
             return
         self._post(CommitFinished(item_id, None))

@@ -184,7 +184,7 @@ class _RoundRobin(DecodeQueue):
             return False
         try:
             delta = move(request)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the request fails, the batch goes on
             fail_request(request, exc)
             return False
         if delta is not None:

@@ -139,7 +139,7 @@ class _Batches(DecodeQueue):
                     request.messages, request.params.max_tokens, request.fit_history, request.params
                 )
                 opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the request fails, the batch goes on
             fail_request(request, exc)
             return False
         request.prompt_tokens = len(request.prompt)
@@ -187,7 +187,7 @@ class _Batches(DecodeQueue):
             request.steps += 1
             try:
                 self._take(request, step.token_id)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the request fails, the batch goes on
                 request.finished = True
                 fail_request(request, exc)
             return request.finished or request.cancelled or self.stopping or (room and self.has_waiting)

@@ -94,7 +94,7 @@ class BufferedRun:
                     await self._queue.put(item)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # handed to whoever adopts the run
+        except Exception as exc:  # noqa: BLE001 - handed to whoever adopts the run
             await self._queue.put(_Failed(exc))
             return
         await self._queue.put(_END)

@@ -385,7 +385,7 @@ class CascadeSession:
             status, reason = "failed", _failure_reason(exc.__cause__)
         except EngineError as exc:
             status, reason = "failed", str(exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the response fails with the reason; the session goes on
             status, reason = "failed", _failure_reason(exc)
         if status == "completed" and not called:
             self._preemption.replied(plan, "".join(said))

@@ -6,9 +6,9 @@ of the current turn (with ``prefix_padding_ms`` of lead-in) for the recognizer.
 
 * start: the first window scoring ``>= threshold``; ``SpeechStarted.audio_ms`` is that
   window's start in the session's input timeline.
-* stop: ``silence_duration_ms`` (``semantic_vad``: by eagerness) of windows scoring below ``threshold - 0.15`` (Silero's own
-  hysteresis, so a wavering score does not chop a word); ``SpeechStopped.audio_ms`` is the
-  end of the last voiced window. The turn's audio (including the trailing silence the
+* stop: ``silence_duration_ms`` (``semantic_vad``: by eagerness) of windows scoring below
+  ``threshold - 0.15`` (Silero's own hysteresis, so a wavering score does not chop a word);
+  ``SpeechStopped.audio_ms`` is the end of the last voiced window. The turn's audio (including the trailing silence the
   decision waited for, which helps the recognizer end cleanly) is then sealed.
 * early stop: ``end_pause_after(ms)`` lets the current pause end the turn sooner (the
   session calls it when the transcript of the pause reads as a finished sentence); speech

@@ -77,7 +77,7 @@ class ModelWorker:
             self._running = True
             try:
                 result = call()
-            except BaseException as exc:  # handed to the awaiting task, never lost on this thread
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, never lost on this thread
                 future.set_exception(exc)
             else:
                 future.set_result(result)

@@ -362,7 +362,7 @@ class LockstepScheduler:
             try:
                 if self.model.prefill_step(index):
                     finished_prefill.append((index, lease))
-            except Exception:
+            except Exception:  # noqa: BLE001 - the slot fails; the tick goes on
                 self._fail([lease], "prefill_step")
 
         late_s = 0.0 if due is None else max(0.0, clock.monotonic() - due)  # on the tick clock, maybe a test's
@@ -373,7 +373,7 @@ class LockstepScheduler:
             outputs = self.model.step(self._frames, self._live_mask)
             if len(outputs) != self.batch_size:
                 raise EngineError(f"step returned {len(outputs)} outputs for {self.batch_size} slots")
-        except Exception:
+        except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
             self._fail([row.lease for row in rows] + [lease for _, lease in prefill], "step")
             outputs = None
         step_s = clock.monotonic() - step_started
@@ -414,7 +414,7 @@ class LockstepScheduler:
             op.lease.output.close(EngineFailure(exc.code, str(exc)))
             self.release(op.lease)
             return
-        except Exception:
+        except Exception:  # noqa: BLE001 - the slot fails to open; the engine thread goes on
             self._fail([op.lease], "open_slot")
             return
         with self._cond:
@@ -499,7 +499,8 @@ class LockstepScheduler:
 
     def _fail(self, leases: list[SlotLease], call: str) -> None:
         """A model call raised: fail the sessions involved, keep serving the others."""
-        log.exception("%s model %s failed; failing %d session(s)", self.name, call, len(leases))
+        # Called from the except blocks around each model call, so the traceback is the failure's.
+        log.exception("%s model %s failed; failing %d session(s)", self.name, call, len(leases))  # noqa: LOG004
         self.metrics.engine_failures.inc()
         failure = EngineFailure(ENGINE_ERROR, "the engine failed while serving this session")
         for lease in leases:

@@ -46,7 +46,7 @@ class PrefillStep:
 def load_voice_embeddings(path: Path, dim: int, max_steps: int) -> torch.Tensor:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file; all mean "not a voice"
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not a voice"
         raise PromptError(f"voice prompt {path.name} is not a readable tensor file: {type(exc).__name__}") from None
     if isinstance(data, dict):
         data = data.get("embeddings")

@@ -141,10 +141,8 @@ class RemoteEngineSession:
                 self._dropped_audio,
             )
         self._link.uplink.drop(self._handle)
-        try:
+        with contextlib.suppress(EngineUnavailable):  # the engine process is gone, and its slots with it
             await self._call("close")
-        except EngineUnavailable:
-            pass  # the engine process is gone, and its slots with it
 
     async def _call(self, method: str) -> None:
         await self._link.call("session", method, self._handle)

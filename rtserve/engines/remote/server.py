@@ -234,7 +234,7 @@ class WorkerLink:
             return
         try:
             result = handler(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - sent back to the caller as its error
             self._reply_error(call_id, exc)
             return
         if asyncio.iscoroutine(result):

@@ -174,8 +174,8 @@ async def _single(window: np.ndarray) -> AsyncIterator[Pcm]:
 async def _last(transcripts: AsyncIterator[str]) -> str:
     text = ""
     with engine_errors():
-        async for text in transcripts:
-            pass
+        async for piece in transcripts:
+            text = piece
     return text
 
 

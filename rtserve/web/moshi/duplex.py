@@ -200,10 +200,8 @@ class DuplexConnection:
             await self.ws.send_json({"type": "text", "text": frame.text})
 
     async def _send_error(self, exc: RtserveError) -> None:
-        try:
+        with contextlib.suppress(ConnectionError):  # the client is gone: nobody to tell
             await self.ws.send_json(moshi_error_message(exc))
-        except ConnectionError:
-            pass
 
 
 async def handle_duplex(request: web.Request, service: MoshiService) -> web.WebSocketResponse:

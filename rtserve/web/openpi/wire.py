@@ -53,7 +53,7 @@ def _dtype(value: Any) -> np.dtype:
         raise OpenPIFrameError("numpy marker dtype must be a string")
     try:
         dtype = np.dtype(text)
-    except Exception:  # numpy raises TypeError, ValueError or SyntaxError for junk strings
+    except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError or SyntaxError for junk strings
         raise OpenPIFrameError(f"unknown numpy dtype {text[:64]!r}") from None
     if dtype.kind in _REFUSED_KINDS:
         raise OpenPIFrameError(
@@ -117,7 +117,7 @@ def unpack_message(frame: bytes) -> dict[str, Any]:
         message = msgpack.unpackb(frame, object_hook=_decode_marker, raw=False)
     except OpenPIFrameError:
         raise
-    except Exception:  # msgpack's own errors: truncated data, bad map keys, depth, ...
+    except Exception:  # noqa: BLE001 - msgpack's own errors: truncated data, bad map keys, depth, ...
         raise OpenPIFrameError("frame is not valid MessagePack") from None
     if not isinstance(message, dict):
         raise OpenPIFrameError(f"a request must be a map, got {type(message).__name__}")
