@@ -358,7 +358,13 @@ class CommandHandlers:
             return True
         tools = self.config.tools if c.tools is None else c.tools
         try:
-            check_tools(tools, self.config.tool_choice if c.tool_choice is None else c.tool_choice, "response.tools")
+            check_tools(
+                tools,
+                self.config.tool_choice if c.tool_choice is None else c.tool_choice,
+                "response.tools",
+                max_tools=self._limits.max_tools,
+                max_schema_bytes=self._limits.max_tool_schema_bytes,
+            )
         except InvalidTools as exc:
             self._output.error(errors.INVALID_VALUE, exc.message, related=c.event_id, param=exc.param)
             return False

@@ -88,7 +88,12 @@ class SessionConfig(BaseModel):
             raise ConfigUpdateError(".".join(str(p) for p in err["loc"]) or "session", err["msg"]) from None
         if "tools" in changes or "tool_choice" in changes:
             try:  # a forced name must be among the tools the session has after this update
-                check_tools(config.tools, config.tool_choice)
+                check_tools(
+                    config.tools,
+                    config.tool_choice,
+                    max_tools=limits.max_tools,
+                    max_schema_bytes=limits.max_tool_schema_bytes,
+                )
             except InvalidTools as exc:
                 raise ConfigUpdateError(exc.param or "tools", exc.message) from None
         return config

@@ -147,8 +147,8 @@ class _Decoder:
             text = text[:visible]
             if calls.complete:
                 finish = "tool_calls"
-            elif calls.failed:
-                finish = finish or "stop"
+            elif calls.failed or finish == "stop":  # the budget's end is "length", arguments cut short
+                raise calls.unfinished()
         return text_delta(request, text, finish, visible=visible, call=call)
 
 

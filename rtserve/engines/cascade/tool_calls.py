@@ -23,20 +23,29 @@ schema>}`` (compact JSON). ``tool_choice`` picks when the grammar applies:
 * ``none``: tools are not shown to the model and nothing is constrained.
 
 One call per reply (no parallel calls): the reply ends when the call is complete, with
-``finish_reason="tool_calls"``.
+``finish_reason="tool_calls"``. A call the token budget (``max_tokens``, the context) cuts
+short ends with ``finish_reason="length"`` and its arguments as far as they got, as OpenAI's
+do: a client must not parse them. Any other end of an unfinished call (the grammar engine
+gives up, or nothing the grammar allows is left) is a typed ``generation_failed``, never a
+``stop`` with broken JSON.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtserve.engines.errors import EngineError
 from rtserve.engines.tools import arguments_schema, openai_tools, openai_turns
 from rtserve.engines.values import ChatMessage, SamplingParams, ToolCallDelta, ToolSpec
+from rtserve.errors import GENERATION_FAILED
+
+log = logging.getLogger(__name__)
 
 CALL_OPEN = "<tool_call>"
 _CALL_HEAD = re.compile(r'^\s*\{"name": "([A-Za-z0-9_-]{1,64})", "arguments": ')
@@ -144,8 +153,15 @@ class CallDecoding:
 
     def _consume(self, tokens: list[int]) -> None:
         self.matcher.consume_tokens(tokens)
-        self.complete = self.matcher.is_stopped()
-        self.failed = self.matcher.is_error()
+        self.failed = self.matcher.is_error()  # an error also stops the matcher: not a complete call
+        self.complete = self.matcher.is_stopped() and not self.failed
+
+    def unfinished(self) -> EngineError:
+        """The error of a reply that ended inside its call, other than by the token budget."""
+        # llguidance's error carries its whole parser state: its first line says what stopped it.
+        reason = self.matcher.get_error().split("\n", 1)[0][:200] if self.failed else "the reply ended inside it"
+        log.warning("constrained function call %s not finished: %s", self.name, reason)
+        return EngineError("the function call could not be completed under its schema", code=GENERATION_FAILED)
 
     def visible_end(self, text: str) -> int:
         """How much of ``text`` (the decoded reply so far) is ordinary text the client may
@@ -160,7 +176,8 @@ class CallDecoding:
             if tail and self.matcher.try_consume_tokens(tail) != len(tail):
                 self.failed = True
             self.constraining = True
-            self.complete = self.matcher.is_stopped()
+            self.failed = self.failed or self.matcher.is_error()
+            self.complete = self.matcher.is_stopped() and not self.failed
             return at
         # Hold back a tail that could still become the marker.
         for keep in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):

@@ -24,12 +24,12 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from rtserve.config import HttpGenerationConfig, ServerConfig
+from rtserve.config import HttpGenerationConfig, ServerConfig, SessionLimits
 from rtserve.engines.errors import EngineError
 from rtserve.engines.protocols import LLMEngine
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_VALUE
-from rtserve.web.context import CTX
+from rtserve.web.context import CTX, AppContext
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.chat_audio import (
@@ -140,7 +140,7 @@ class _GenerationFields(BaseModel):
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
         return stop
 
-    def sampling(self, limits: HttpGenerationConfig) -> SamplingParams:
+    def sampling(self, limits: HttpGenerationConfig, tool_limits: SessionLimits) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens or limits.default_max_tokens
         if max_tokens > limits.max_completion_tokens:
             param = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
@@ -151,7 +151,7 @@ class _GenerationFields(BaseModel):
             )
         defaults = SamplingParams()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        tools, tool_choice = engine_tools(self.tools, self.tool_choice)
+        tools, tool_choice = engine_tools(self.tools, self.tool_choice, tool_limits)
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
@@ -249,12 +249,20 @@ def _envelope(completion_id: str, model: str, obj: str) -> dict[str, Any]:
     return {"id": completion_id, "object": obj, "created": int(time.time()), "model": model}
 
 
+async def _sampling(ctx: AppContext, body: _GenerationFields) -> SamplingParams:
+    """``body``'s sampling parameters; with tools on the codec executor, since their schemas
+    compile (up to ``sessions.max_tool_schema_bytes``, ~0.4 us a byte), off the event loop."""
+    if body.tools:
+        return await ctx.codecs.run(body.sampling, ctx.config.http, ctx.config.sessions)
+    return body.sampling(ctx.config.http, ctx.config.sessions)
+
+
 @generation_route
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     body = await read_json(request, ChatCompletionRequest)
     llm = require_llm(ctx, body.model)
-    params = body.sampling(ctx.config.http)
+    params = await _sampling(ctx, body)
     spoken = wants_audio(body.modalities, body.audio)
     if spoken is not None and body.stream:
         check_stream_format(spoken)
@@ -358,7 +366,7 @@ async def chat_completions_batch(request: web.Request) -> web.StreamResponse:
             code=INVALID_VALUE,
         )
     llm = require_llm(ctx, body.model)
-    params = body.sampling(ctx.config.http)
+    params = await _sampling(ctx, body)
     conversations = [[m.to_engine() for m in conversation] for conversation in body.messages]
     char_limit = prompt_char_limit(ctx.config)
     for i, conversation in enumerate(conversations):

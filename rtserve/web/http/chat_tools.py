@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from rtserve.config import SessionLimits
 from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.engines.values import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from rtserve.web.errors import ApiError
@@ -65,8 +66,12 @@ class ToolCallIn(BaseModel):
         return ToolCall(self.id, self.function.name, self.function.arguments)
 
 
-def engine_tools(tools: list[ToolIn] | None, choice: ToolChoiceIn | None) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
-    """The request's tools for the engine; 400 ``invalid_value`` for a set it cannot serve."""
+def engine_tools(
+    tools: list[ToolIn] | None, choice: ToolChoiceIn | None, limits: SessionLimits
+) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
+    """The request's tools for the engine; 400 ``invalid_value`` for a set it cannot serve or
+    one over ``sessions.max_tools``/``sessions.max_tool_schema_bytes``. Compiles the schemas:
+    a route calls it on the codec executor when the request has tools."""
     specs = tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in tools or ())
     if isinstance(choice, NamedToolChoice):
         engine_choice = ToolChoice("required", choice.function.name)
@@ -74,7 +79,7 @@ def engine_tools(tools: list[ToolIn] | None, choice: ToolChoiceIn | None) -> tup
         # OpenAI's default: "auto" with tools, "none" without.
         engine_choice = ToolChoice(choice or ("auto" if specs else "none"))
     try:
-        check_tools(specs, engine_choice)
+        check_tools(specs, engine_choice, max_tools=limits.max_tools, max_schema_bytes=limits.max_tool_schema_bytes)
     except InvalidTools as exc:
         raise ApiError(exc.message, code=exc.code, param=exc.param) from None
     return specs, engine_choice

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ from aiohttp import WSCloseCode, WSMsgType
 
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.errors import INTERNAL_ERROR, INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
 from rtserve.log import session_id_var
 from rtserve.sessions import Attachment, Projection, SessionConfig, SessionError, SessionHandle
@@ -192,7 +194,7 @@ class RealtimeConnection:
             if self.handle is None:
                 await self._open(action.changes, action.event_id)
             else:
-                self._update(action)
+                await self._update(action)
             return
         if isinstance(action, ResumeSession):
             self._resume(action)
@@ -222,6 +224,9 @@ class RealtimeConnection:
             handle.submit(cmd.Clear(target="input", event_id=action.event_id))
             if isinstance(action, CancelInput):
                 handle.submit(cmd.Clear(target="output", event_id=action.event_id))
+        elif isinstance(action, cmd.ResponseCreate) and action.tools:
+            await self._check_response_tools(action)
+            handle.submit(action)
         elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
             handle.submit(
                 await resolve_audio_item(
@@ -241,22 +246,49 @@ class RealtimeConnection:
         except CodecError as exc:
             raise realtime_error(exc, event_id=action.event_id) from None
 
-    def _update(self, action: UpdateSession) -> None:
+    async def _update(self, action: UpdateSession) -> None:
         """Validate against the config this connection last set (so the decoder can switch
         format at once), then let the runner apply it and answer ``session.updated``."""
         assert self.handle is not None
         try:
-            self._config = self._config.updated(action.changes, self.service.limits)
+            self._config = await self._updated(self._config, action.changes)
         except ConfigUpdateError as exc:
             raise realtime_error(exc, event_id=action.event_id) from None
         self.handle.submit(cmd.SessionUpdate(changes=action.changes, event_id=action.event_id))
+
+    async def _updated(self, config: SessionConfig, changes: dict[str, Any]) -> SessionConfig:
+        """``config`` with ``changes``; with tools on the codec executor, since their schemas
+        compile (up to ``sessions.max_tool_schema_bytes``): the runner's own check of the same
+        tools then finds the verdicts cached (``rtserve.engines.tools``)."""
+        if changes.get("tools"):
+            return await self.service.codecs.run(config.updated, changes, self.service.limits)
+        return config.updated(changes, self.service.limits)
+
+    async def _check_response_tools(self, action: cmd.ResponseCreate) -> None:
+        """A response's own tools, checked (compiled) on the codec executor before the runner
+        checks them again against the session's config, from the cache."""
+        limits = self.service.limits
+        choice = self._config.tool_choice if action.tool_choice is None else action.tool_choice
+        try:
+            await self.service.codecs.run(
+                functools.partial(
+                    check_tools,
+                    action.tools or (),
+                    choice,
+                    "response.tools",
+                    max_tools=limits.max_tools,
+                    max_schema_bytes=limits.max_tool_schema_bytes,
+                )
+            )
+        except InvalidTools as exc:
+            raise WireError(INVALID_VALUE, exc.message, param=exc.param, event_id=action.event_id) from None
 
     # ------------------------------------------------------------------ open / resume
 
     async def _open(self, changes: dict[str, Any], event_id: str | None) -> bool:
         """Open this connection's session; False when refused (the socket is then closed)."""
         try:
-            config = self._initial.updated(changes, self.service.limits)
+            config = await self._updated(self._initial, changes)
         except ConfigUpdateError as exc:
             await self._report(realtime_error(exc, event_id=event_id))
             return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.engines.cascade.llm import SmolLlm, _Decoder, _Request
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallGuide
+from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta, ToolChoice, ToolSpec
 
 pytestmark = pytest.mark.models
@@ -37,13 +39,17 @@ CLOCK = ToolSpec("get_time", "Time in a zone", {"type": "object", "properties": 
 
 
 def scripted(
-    transformers_llm: SmolLlm, reply: str, choice: ToolChoice, tools: tuple[ToolSpec, ...] = (WEATHER,)
+    transformers_llm: SmolLlm,
+    reply: str,
+    choice: ToolChoice,
+    tools: tuple[ToolSpec, ...] = (WEATHER,),
+    max_tokens: int = 200,
 ) -> list[TokenDelta]:
     """Decode ``reply`` token by token through the decoder with tools offered."""
     loaded = transformers_llm.loaded
     assert loaded is not None
     decoder = _Decoder(loaded, 2048, CascadeMetrics(CollectorRegistry()))
-    params = SamplingParams(temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, tools=tools, tool_choice=choice)
     request = _Request((ChatMessage("user", "hi"),), params, False, lambda item: None)
     vocab = loaded.model.config.vocab_size
     request.calls = CallGuide(loaded.tokenizer, vocab).start(params)
@@ -69,7 +75,7 @@ def test_auto_reply_that_calls_shows_the_text_before_the_call_and_never_the_mark
     text = "".join(d.text for d in deltas)
     assert text == "Let me check. "  # nothing of "<tool_call>" leaked, even held-back prefixes of it
     calls = [d.tool_call for d in deltas if d.tool_call is not None]
-    assert (calls[0].name, calls[0].index) == ("get_weather", 0) and calls[0].call_id.startswith("call_")
+    assert (calls[0].name, calls[0].index) == ("get_weather", 0) and (calls[0].call_id or "").startswith("call_")
     assert all(c.name is None and c.call_id is None for c in calls[1:])
     assert "".join(c.arguments for c in calls) == arguments
     assert deltas[-1].finish_reason == "tool_calls"  # the reply ends with the call
@@ -107,3 +113,45 @@ def test_required_lets_the_model_pick_among_the_tools_and_shows_no_text(transfor
     calls = [d.tool_call for d in deltas if d.tool_call is not None]
     assert calls[0].name == "get_time" and json.loads("".join(c.arguments for c in calls)) == {"zone": "UTC"}
     assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_a_call_cut_short_by_the_token_budget_ends_with_length(transformers_llm: SmolLlm) -> None:
+    # As OpenAI's: finish_reason "length" says the arguments are unfinished (never "tool_calls").
+    deltas = scripted(
+        transformers_llm,
+        '{"name": "get_weather", "arguments": {"city":"A very long city name indeed","unit":"celsius"}}',
+        ToolChoice("required"),
+        max_tokens=16,
+    )
+    assert deltas[-1].finish_reason == "length"
+    arguments = "".join(d.tool_call.arguments for d in deltas if d.tool_call is not None)
+    with pytest.raises(ValueError):
+        json.loads(arguments)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # An empty language (a $ref to itself): after {"a": nothing is allowed; it used to end
+        # as {"a" with finish_reason "stop".
+        {
+            "type": "object",
+            "properties": {"a": {"$ref": "#/$defs/n"}},
+            "required": ["a"],
+            "$defs": {"n": {"$ref": "#/$defs/n"}},
+        },
+        # An endless object: llguidance gives up ("too many items"); it used to end as "tool_calls".
+        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    ],
+)
+def test_a_call_the_grammar_cannot_finish_is_a_typed_error(transformers_llm: SmolLlm, schema: dict[str, Any]) -> None:
+    # check_tools refuses these schemas where requests enter; the decoder still never reports
+    # an unfinished call as a finished one.
+    with pytest.raises(EngineError) as err:
+        scripted(
+            transformers_llm,
+            '{"name": "f", "arguments": {"a":{"a":{"a":',
+            ToolChoice("required"),
+            (ToolSpec("f", "", schema),),
+        )
+    assert err.value.code == "generation_failed"
