@@ -1,4 +1,4 @@
-"""``rtserve serve|drain|--version``: parses the command line and hands over to the server
+"""``rtserve serve|download|drain|--version``: parses the command line and hands over to the server
 (``processes/``) or the cluster drain; nothing imports this module."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (default 8091)")
     serve.add_argument("--config", help="YAML config file")
     serve.add_argument("--engine", help="engine serving realtime sessions (default cascade)")
+    serve.add_argument(
+        "--weights",
+        help="the engine's weights (moshi_engine.weights): a local folder, hf://ORG/NAME[@REVISION] or ORG/NAME",
+    )
     serve.add_argument("--api-key", dest="api_key", help="require this key on every route")
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -42,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
         dest="ray_address",
         help="run the engines as Ray actors on this cluster ('auto' or HOST:PORT); needs the 'ray' extra",
     )
+    download = sub.add_parser(
+        "download", help="fetch an engine's weights into the hub cache ahead of serving; prints the local folder"
+    )
+    download.add_argument("weights", help="hf://ORG/NAME[@REVISION] or ORG/NAME (a local folder is checked)")
+    download.add_argument("--engine", default="moshi", help="whose files to fetch (default moshi)")
+    download.add_argument("--config", help="YAML config file (its 'weights' section)")
     drain = sub.add_parser(
         "drain", help="drain an engine actor or a front-end of a Ray cluster: no new sessions, then it leaves"
     )
@@ -67,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging("info")  # its progress and errors go to the log, as the server's do
         return drain(args.ray_address, args.namespace, args.deadline, engine=args.engine, front_end=args.front_end)
+    if args.command == "download":
+        return _download(args.weights, args.engine, args.config)
     flags = {
         k: getattr(args, k)
         for k in (
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.ray_address is not None:
         flags["cluster"] = {"address": args.ray_address}
+    if args.weights is not None:
+        flags["moshi_engine"] = {"weights": args.weights}
     # The server's modules (the web layer, engines) load only for ``serve``: ``--version`` stays quick.
     from rtserve.web.runner import server_ssl_context
 
@@ -93,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rtserve: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
+    from rtserve.heap import bound_malloc_arenas
+
+    bound_malloc_arenas()  # before the server starts its threads and processes
     try:
         if config.workers > 1:
             from rtserve.processes.supervisor import Supervisor
@@ -107,6 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"rtserve: cannot listen on {config.host}:{config.port}: {exc.strerror}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _download(weights: str, engine: str, config_file: str | None) -> int:
+    from rtserve.weights.download import download  # huggingface_hub: imported only for this command
+
+    try:
+        config = load_config(config_file)
+        configure_logging("info")  # the download's progress lines
+        path = download(weights, engine, config.weights)
+    except ConfigError as exc:  # WeightsError too: offline, refused, missing file, disk full
+        print(f"rtserve: {exc}", file=sys.stderr)
+        return 2
+    print(path)
     return 0
 
 

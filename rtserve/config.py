@@ -312,12 +312,13 @@ class MoshiConfig(_Section):
 
 
 class MoshiEngineConfig(_Section):
-    """The native Moshi / PersonaPlex engine (``--engine moshi``; docs/engines.md#moshi-engine). Local files only."""
+    """The native Moshi / PersonaPlex engine (``--engine moshi``; docs/engines.md#moshi-engine)."""
 
     weights: str | None = Field(
         None,
-        description="Kyutai-format weight folder: config.json, LM and Mimi "
-        "safetensors, SentencePiece tokenizer; required for --engine moshi",
+        description="Kyutai-format weights (config.json, LM and Mimi safetensors, SentencePiece "
+        "tokenizer): a local folder, hf://ORG/NAME[@REVISION] or ORG/NAME (docs/engines.md#hub-weights); "
+        "required for --engine moshi (--weights)",
     )
     voice_dir: str | None = Field(
         None,
@@ -373,6 +374,18 @@ class MoshiEngineConfig(_Section):
         if value & (value - 1):
             raise ValueError("must be a power of two")
         return value
+
+
+class WeightsConfig(_Section):
+    """How every engine's weight setting is resolved from the hub (docs/engines.md#hub-weights)."""
+
+    progress_interval_s: float = Field(
+        10.0, gt=0, description="seconds between download progress lines in the log (and /health updates)"
+    )
+    max_archive_bytes: int = Field(
+        4 * 1024**3, ge=1, description="largest unpacked size of an archive a repo ships (PersonaPlex voices.tgz)"
+    )
+    max_archive_members: int = Field(10_000, ge=1, description="most files and folders in such an archive")
 
 
 class CodecLimits(_Section):
@@ -900,6 +913,7 @@ class ServerConfig(_Section):
     robot: RobotConfig = RobotConfig()
     moshi: MoshiConfig = MoshiConfig()
     moshi_engine: MoshiEngineConfig = MoshiEngineConfig()
+    weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()
     codecs: CodecLimits = CodecLimits()

@@ -17,11 +17,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ServerConfig
+from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.policy.batcher import PolicyBatcher
 from rtserve.engines.protocols import HostedSessionEngine, TurnEngines
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.sleep import SleepController
+from rtserve.weights import BOARD, DownloadStatus
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ class EngineSet:
             lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine, tts=lent.tts)
         )
         self.failure: str | None = None  # why an engine (session, or vLLM text) could not start: /health says it
+        # A config the session engine refused while starting (weights that cannot be found or
+        # fetched): no restart heals it, so the server stops and exits 2 with this one line.
+        self.fatal: ConfigError | None = None
+        self._unsubscribe: Callable[[], None] | None = None
         self.policy_batcher: PolicyBatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_loading: asyncio.Task[PolicyBatcher | None] | None = None
@@ -60,12 +65,23 @@ class EngineSet:
         """A configured policy that is not loaded (or failed) yet, also before ``start()``."""
         return self.policy_configured and (self._policy_loading is None or not self._policy_loading.done())
 
+    @property
+    def downloading(self) -> DownloadStatus | None:
+        """Weights downloading now (docs/engines.md#hub-weights); None when nothing is."""
+        return BOARD.status()
+
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called when readiness, a failure or the policy changes (the engine process tells its workers)."""
         self._listeners.append(listener)
 
     def start(self) -> None:
         """Start everything in the background; returns at once."""
+        loop = asyncio.get_running_loop()
+
+        def download_changed() -> None:  # called on the downloading thread
+            loop.call_soon_threadsafe(self._changed)
+
+        self._unsubscribe = BOARD.subscribe(download_changed)
         self._tasks.append(asyncio.create_task(self._start_session_engine()))
         if self._text_engine is not None:
             self._tasks.append(asyncio.create_task(self._start_text_engine()))
@@ -81,6 +97,8 @@ class EngineSet:
         return None if self._policy_loading is None else await asyncio.shield(self._policy_loading)
 
     async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -126,6 +144,9 @@ class EngineSet:
         try:
             await self.session_engine.start()
             log.info("engine %s ready", name)
+        except ConfigError as exc:  # the process stops; its entry point prints the one line
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.fatal = exc
         except Exception as exc:  # the server stays up and says why on /health
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("engine %s failed to start", name)

@@ -53,6 +53,7 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
     process_metrics.start()
     freeze_when_ready(engines)
     stop = asyncio.Event()
+    engines.on_change(lambda: None if engines.fatal is None else stop.set())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -62,3 +63,5 @@ async def _serve(config: ServerConfig, socket_path: str) -> None:
         await server.close()
         await process_metrics.stop()
         await engines.stop()
+    if engines.fatal is not None:
+        raise engines.fatal  # run() prints its one line; the supervisor stops the server (exit 2)

@@ -68,9 +68,13 @@ async def serve(
         else web.SockSite(runner, listener, ssl_context=tls)
     )
     await site.start()
+    stop = app[CTX].stop  # also set when a front-end drain ends, or when the engines refuse their config
     served = app[CTX].engines
     if isinstance(served, EngineSet):  # the models load here, in the background
         freeze_when_ready(served)
+        served.on_change(lambda: None if served.fatal is None else stop.set())
+        if served.fatal is not None:  # it failed before the listener was there
+            stop.set()
     else:  # a worker: its engines live in the engine process (or Ray actors)
         freeze_long_lived()
     if engine_socket is None:
@@ -83,7 +87,6 @@ async def serve(
             config.engine,
         )
 
-    stop = app[CTX].stop  # also set when a front-end drain ends
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -94,6 +97,8 @@ async def serve(
         await asyncio.wait_for(runner.cleanup(), timeout=config.sessions.shutdown_timeout_s + 5)
     except TimeoutError:
         log.warning("shutdown exceeded its bound; exiting anyway")
+    if isinstance(served, EngineSet) and served.fatal is not None:
+        raise served.fatal  # the CLI prints its one line and exits 2
     return drained
 
 

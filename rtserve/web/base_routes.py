@@ -28,6 +28,16 @@ async def health(request: web.Request) -> web.Response:
             },
             status=503,
         )
+    if (download := ctx.engines.downloading) is not None:  # docs/engines.md#hub-weights
+        return web.json_response(
+            {
+                "status": "downloading",
+                "fraction": round(download.fraction, 4),
+                "bytes_done": download.done,
+                "bytes_total": download.total,
+            },
+            status=503,
+        )
     return web.json_response({"status": "starting"}, status=503)
 
 

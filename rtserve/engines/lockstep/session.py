@@ -130,6 +130,32 @@ class LockstepSession:
             )
 
 
+def lockstep_capabilities(
+    name: str,
+    frame_size: int,
+    sample_rate: int,
+    batch_size: int,
+    *,
+    supports_text_output: bool,
+    supports_barge_in: bool = False,
+) -> EngineCapabilities:
+    """What a lockstep engine over a model of this framing offers (also declared before its model loads)."""
+    period_ms = frame_size * 1000 / sample_rate
+    if period_ms != int(period_ms):
+        raise ValueError(f"frame of {frame_size} samples at {sample_rate} Hz is not a whole ms")
+    return EngineCapabilities(
+        name=name,
+        mode="lockstep",
+        input_sample_rate=sample_rate,
+        output_sample_rate=sample_rate,
+        chunk_period_ms=int(period_ms),
+        max_sessions=batch_size,
+        supports_barge_in=supports_barge_in,
+        supports_text_output=supports_text_output,
+        modalities=("audio", "text") if supports_text_output else ("audio",),
+    )
+
+
 class LockstepSessionEngine:
     """A lockstep ``SessionEngine``: capacity = the model's batch size."""
 
@@ -145,20 +171,14 @@ class LockstepSessionEngine:
         clock: TickClock | None = None,
         on_tick: Callable[[TickReport], None] | None = None,
     ) -> None:
-        period_ms = model.frame_size * 1000 / model.sample_rate
-        if period_ms != int(period_ms):
-            raise ValueError(f"frame of {model.frame_size} samples at {model.sample_rate} Hz is not a whole ms")
         self.name = name
-        self.capabilities = EngineCapabilities(
-            name=name,
-            mode="lockstep",
-            input_sample_rate=model.sample_rate,
-            output_sample_rate=model.sample_rate,
-            chunk_period_ms=int(period_ms),
-            max_sessions=model.batch_size,
-            supports_barge_in=supports_barge_in,
+        self.capabilities = lockstep_capabilities(
+            name,
+            model.frame_size,
+            model.sample_rate,
+            model.batch_size,
             supports_text_output=supports_text_output,
-            modalities=("audio", "text") if supports_text_output else ("audio",),
+            supports_barge_in=supports_barge_in,
         )
         self.scheduler = LockstepScheduler(model, config.lockstep, registry, name=name, clock=clock, on_tick=on_tick)
         self._release_timeout_s = config.lockstep.release_timeout_s

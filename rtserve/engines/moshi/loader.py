@@ -1,38 +1,34 @@
-"""Load a Moshi / PersonaPlex weight folder from local files only (no hub access, ever).
+"""Load a Moshi / PersonaPlex checkpoint: a local folder or a hub repo (docs/engines.md#hub-weights).
 
-A folder holds ``config.json`` (Kyutai format: LM shape plus ``moshi_name``, ``mimi_name``,
-``tokenizer_name`` and optionally ``mimi_config_name``), the LM safetensors, the Mimi
-safetensors and the SentencePiece text tokenizer. Without ``config.json`` the published
-Moshi 7B layout and file names are assumed. Every failure is a ``CheckpointError`` that
-names the file, tensor or field at fault.
+``weights.py`` says which files make a checkpoint (``config.json`` in Kyutai format: LM shape
+plus ``moshi_name``, ``mimi_name``, ``tokenizer_name`` and optionally ``mimi_config_name``; the
+published Moshi 7B layout and file names without it) and ``rtserve.weights`` finds or downloads
+them. Every failure here is a ``CheckpointError`` that names the file, tensor or field at fault.
 
 ``random_model`` is for benchmarking only (``moshi_engine.random_weights``): the same modules
-at a folder's shape (or the published 7B shape) with random weights and no tokenizer.
+at a checkpoint's shape (or the published 7B shape) with random weights and no tokenizer.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import sentencepiece
 import torch
 
+from rtserve.config import WeightsConfig
 from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename, read_safetensors
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.lm_config import CheckpointError, LMConfig, MimiConfig
 from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.weights import CheckpointExtras, MoshiFiles, resolve
+from rtserve.weights import WeightsError
+from rtserve.weights.source import WeightSource
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMES = {
-    "moshi_name": "model.safetensors",
-    "mimi_name": "tokenizer-e351c8d8-checkpoint125.safetensors",
-    "tokenizer_name": "tokenizer_spm_32k_3.model",
-}
 _CODEBOOK_EPS = 1e-5  # the published codebook normalisation: sum / max(usage, eps)
 
 
@@ -44,53 +40,15 @@ class LoadedModel:
     lm_config: LMConfig
     mimi_config: MimiConfig
     folder: Path | None
+    extras: CheckpointExtras = field(default_factory=CheckpointExtras)  # model_type, lm_gen_config, stt_config
+    voices: Path | None = None  # the checkpoint's own voice prompts (PersonaPlex voices.tgz, unpacked)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return data
-
-
-def _inside(folder: Path, name: object, field: str) -> Path:
-    """A file named by config.json, which must stay inside the weight folder."""
-    if not isinstance(name, str) or not name:
-        raise CheckpointError(f"config.json: {field} must be a file name")
-    if name.startswith(("hf://", "http://", "https://")):
-        raise CheckpointError(f"config.json: {field}={name!r} points at a hub; put the file in {folder} instead")
-    path = (folder / name).resolve()
-    if not path.is_relative_to(folder.resolve()):
-        raise CheckpointError(f"config.json: {field}={name!r} leaves the weight folder")
-    if not path.is_file():
-        raise CheckpointError(f"missing file {path} (config.json {field})")
-    return path
-
-
-def _raw_config(folder: Path) -> dict[str, Any]:
-    if not folder.is_dir():
-        raise CheckpointError(f"moshi weight folder {folder} does not exist")
-    config_path = folder / "config.json"
-    return _read_json(config_path) if config_path.is_file() else {}
-
-
-def _shapes(folder: Path, raw: dict[str, Any]) -> tuple[LMConfig, MimiConfig]:
-    mimi_raw = None
-    if raw.get("mimi_config_name"):
-        mimi_raw = _read_json(_inside(folder, raw["mimi_config_name"], "mimi_config_name"))
-    return LMConfig.from_dict(raw), MimiConfig.from_dict(mimi_raw)
-
-
-def read_configs(folder: Path) -> tuple[LMConfig, MimiConfig, dict[str, Path]]:
-    raw = _raw_config(folder)
-    names = {key: raw.get(key, default) for key, default in DEFAULT_NAMES.items()}
-    files = {key: _inside(folder, value, key) for key, value in names.items()}
-    return *_shapes(folder, raw), files
+def shapes(files: MoshiFiles) -> tuple[LMConfig, MimiConfig]:
+    lm_config, mimi_config = LMConfig.from_dict(files.raw), MimiConfig.from_dict(files.mimi_raw)
+    if mimi_config.bins != lm_config.card:
+        raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {lm_config.card}")
+    return lm_config, mimi_config
 
 
 def load_lm(config: LMConfig, path: Path, device: torch.device, dtype: torch.dtype) -> MoshiLM:
@@ -139,16 +97,24 @@ def load_tokenizer(path: Path, text_card: int) -> sentencepiece.SentencePiecePro
     return processor
 
 
+def load_files(files: MoshiFiles, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    assert files.weights is not None  # resolved with weights
+    lm_config, mimi_config = shapes(files)
+    log.info("loading moshi LM from %s (%s, %s)", files.weights["moshi_name"], device, dtype)
+    lm = load_lm(lm_config, files.weights["moshi_name"], device, dtype)
+    mimi = load_mimi(mimi_config, lm_config.mimi_codebooks, files.weights["mimi_name"], device)
+    tokenizer = load_tokenizer(files.weights["tokenizer_name"], lm_config.text_card)
+    return LoadedModel(lm, mimi, tokenizer, lm_config, mimi_config, files.folder, files.extras, files.voices)
+
+
 def load_folder(folder: str | Path, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    root = Path(folder)
-    lm_config, mimi_config, files = read_configs(root)
-    if mimi_config.bins != lm_config.card:
-        raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {lm_config.card}")
-    log.info("loading moshi LM from %s (%s, %s)", files["moshi_name"], device, dtype)
-    lm = load_lm(lm_config, files["moshi_name"], device, dtype)
-    mimi = load_mimi(mimi_config, lm_config.mimi_codebooks, files["mimi_name"], device)
-    tokenizer = load_tokenizer(files["tokenizer_name"], lm_config.text_card)
-    return LoadedModel(lm, mimi, tokenizer, lm_config, mimi_config, root)
+    """A local weight folder (nothing is downloaded unless its config names hf:// files)."""
+    source = WeightSource(Path(folder), "moshi_engine.weights", progress_interval_s=WeightsConfig().progress_interval_s)
+    try:
+        files = resolve(source, WeightsConfig())
+    except WeightsError as exc:
+        raise CheckpointError(str(exc)) from None
+    return load_files(files, device=device, dtype=dtype)
 
 
 def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
@@ -166,16 +132,14 @@ def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
                 param.zero_()
 
 
-def random_model(folder: str | Path | None, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
-    """Benchmarking only: the LM and Mimi at ``folder``'s shape (its ``config.json`` and Mimi
-    config; no weight files needed) or, with no folder, the published 7B shape, with random
+def random_model(files: MoshiFiles | None, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """Benchmarking only: the LM and Mimi at the shape of ``files`` (its ``config.json`` and
+    Mimi config; no weight files needed) or, with none, the published 7B shape, with random
     weights (seeded) and no tokenizer. What it says is noise; what it costs is the real model's."""
-    root = None if folder is None else Path(folder)
-    lm_config, mimi_config = (
-        (LMConfig.from_dict({}), MimiConfig.from_dict(None)) if root is None else _shapes(root, _raw_config(root))
-    )
-    if mimi_config.bins != lm_config.card:
-        raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {lm_config.card}")
+    if files is None:
+        lm_config, mimi_config = LMConfig.from_dict({}), MimiConfig.from_dict(None)
+    else:
+        lm_config, mimi_config = shapes(files)
     log.warning("moshi engine on RANDOM weights (moshi_engine.random_weights): benchmarking only")
     generator = torch.Generator(device=device).manual_seed(seed)  # drawn where the weights live: 7B is a lot
     with torch.device("meta"):
@@ -188,5 +152,11 @@ def random_model(folder: str | Path | None, *, device: torch.device, dtype: torc
         for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
             rvq.codebooks.copy_(torch.randn(rvq.codebooks.shape, generator=generator, device=device))
     return LoadedModel(
-        lm.eval().requires_grad_(False), mimi.eval().requires_grad_(False), None, lm_config, mimi_config, root
+        lm.eval().requires_grad_(False),
+        mimi.eval().requires_grad_(False),
+        None,
+        lm_config,
+        mimi_config,
+        None if files is None else files.folder,
+        CheckpointExtras() if files is None else files.extras,
     )

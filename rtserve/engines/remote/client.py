@@ -35,6 +35,7 @@ from rtserve.engines.values import (
     VoiceInfo,
 )
 from rtserve.errors import ENGINE_PROCESS_LOST
+from rtserve.weights import DownloadStatus
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +330,11 @@ class RemoteEngines:
     def sleeping(self) -> tuple[int, ...]:
         offer = self._link.offer
         return () if offer is None else offer.sleeping
+
+    @property
+    def downloading(self) -> DownloadStatus | None:
+        offer = self._link.offer
+        return None if offer is None else offer.downloading
 
     async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
         stages: list[dict[str, Any]] = await self._link.call("engine", "sleep", stage_ids, level)

@@ -10,6 +10,7 @@ from typing import Any
 
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.values import EngineCapabilities
+from rtserve.weights import DownloadStatus
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class EngineOffer:
     policy_loading: bool = False  # a configured robot policy is still loading
     policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
     sleeping: tuple[int, ...] = ()  # sleep mode: the stage ids asleep now
+    downloading: DownloadStatus | None = None  # weights downloading (docs/engines.md#hub-weights)
     # Load, for front-ends choosing among several engines (cluster admission): sessions open
     # on this engine from every front-end, and whether it takes new ones.
     sessions: int = 0
@@ -57,4 +59,5 @@ def offer_of(engines: EngineSet) -> EngineOffer:
         policy_loading=engines.policy_loading,
         policy_config=None if batcher is None else batcher.policy.server_config(),
         sleeping=engines.sleeping,
+        downloading=engines.downloading,
     )

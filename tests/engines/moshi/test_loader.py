@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -70,13 +71,16 @@ def test_missing_mimi_codebook_is_named(copy: Path) -> None:
         load_folder(copy, device=CPU, dtype=torch.float32)
 
 
-def test_missing_file_and_hub_names_are_refused(copy: Path) -> None:
+def test_missing_file_and_hub_names_are_refused(copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (copy / "tokenizer.model").unlink()
     with pytest.raises(CheckpointError, match=r"missing file .*tokenizer.model \(config.json tokenizer_name\)"):
         load_folder(copy, device=CPU, dtype=torch.float32)
+    # A name in another repo is fetched from the hub: offline, with an empty cache, it is named.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps(dict(config, moshi_name="hf://kyutai/moshiko/model.safetensors")))
-    with pytest.raises(CheckpointError, match="points at a hub"):
+    with pytest.raises(CheckpointError, match=r"hf://kyutai/moshiko: model.safetensors is not in the hub cache"):
         load_folder(copy, device=CPU, dtype=torch.float32)
     (copy / "config.json").write_text(json.dumps(dict(config, moshi_name="../../etc/passwd")))
     with pytest.raises(CheckpointError, match="leaves the weight folder"):
@@ -91,7 +95,9 @@ def test_unsupported_architecture_option_is_refused(copy: Path) -> None:
 
 
 def test_engine_config_errors_name_the_field(config: ServerConfig, copy: Path) -> None:
-    with pytest.raises(ConfigError, match=r"'moshi_engine.weights': the moshi engine needs a local weight folder"):
+    with pytest.raises(
+        ConfigError, match=r"'moshi_engine.weights': the moshi engine needs weights: a local folder, hf://"
+    ):
         build_frame_model(config)
     broken = config.model_copy(
         update={"moshi_engine": config.moshi_engine.model_copy(update={"weights": str(copy / "nowhere")})}
