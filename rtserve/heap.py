@@ -11,13 +11,38 @@ walk only what was created since (``rtserve_gc_pause_seconds`` shows the pauses)
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rtserve.engines.engine_set import EngineSet
 
 _frozen_objects = 0
+
+MALLOC_ARENAS = 2  # glibc malloc arenas of a server process, unless MALLOC_ARENA_MAX says otherwise
+_M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
+
+
+def bound_malloc_arenas() -> None:
+    """At most ``MALLOC_ARENAS`` glibc malloc arenas in this process and the ones it starts.
+
+    glibc gives each thread that allocates while the others hold theirs a new arena, up to 8 per
+    core, each a 64 MiB heap whose freed pages stay resident. The server's threads (codec
+    executor, ONNX Runtime's intra-op pool, the TTS and LLM threads, aiortc's) picked up new
+    arenas round after round of identical streamed speech: RSS rose in ~25-45 MB steps and was
+    not returned (issue 30; ``benchmarks/bench_soak_routes.py``, ``benchmarks/notes/soak_routes.md``).
+    With two arenas it rises once while caches warm, then stays flat. An operator's own
+    ``MALLOC_ARENA_MAX`` (glibc reads it at process start) is left as it is."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    os.environ["MALLOC_ARENA_MAX"] = str(MALLOC_ARENAS)  # worker and engine processes read it at start
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: its allocator has its own policy
+        return
+    libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)  # this process: only arenas created from now on
 
 
 def freeze_long_lived() -> None:
