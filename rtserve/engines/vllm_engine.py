@@ -298,4 +298,8 @@ async def _deltas(response: aiohttp.ClientResponse) -> AsyncGenerator[TokenDelta
 
 
 def _finish_reason(reason: str) -> Literal["stop", "length", "tool_calls"]:
-    return reason if reason in ("length", "tool_calls") else "stop"  # type: ignore[return-value]
+    if reason == "length":
+        return "length"
+    if reason == "tool_calls":
+        return "tool_calls"
+    return "stop"

@@ -29,6 +29,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -340,7 +341,7 @@ class CascadeSession:
         loop = asyncio.get_running_loop()
         started = loop.time()
         speak, show_text = plan.speak, "text" in request.modalities
-        status: str = "completed"
+        status: Literal["completed", "cancelled", "failed"] = "completed"
         reason: str | None = None
         usage: dict[str, int] = {}
         first_audio = True
@@ -389,7 +390,7 @@ class CascadeSession:
             status, reason = "failed", _failure_reason(exc)
         if status == "completed" and not called:
             self._preemption.replied(plan, "".join(said))
-        await self._channel.put_output(ResponseFinished(request.response_id, request.epoch, status, usage, reason))  # type: ignore[arg-type]
+        await self._channel.put_output(ResponseFinished(request.response_id, request.epoch, status, usage, reason))
 
     def set_epoch(self, epoch: int) -> None:
         if epoch <= self._epoch:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch.nn import functional as F
 
-_F = TypeVar("_F", bound=Callable[..., object])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 _enabled = True
 
 
@@ -34,24 +35,24 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def fused(fn: _F) -> _F:
+def fused(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """``fn`` (a pure function of tensors, first argument on the device that decides) compiled
     once on first use with a CUDA tensor while fusion is enabled; eager otherwise."""
-    compiled: Callable[..., object] | None = None
+    compiled: Callable[_P, _R] | None = None
 
     @functools.wraps(fn)
-    def call(*args: object) -> object:
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         nonlocal compiled
         first = args[0]
         if not (_enabled and isinstance(first, torch.Tensor) and first.is_cuda):
-            return fn(*args)
+            return fn(*args, **kwargs)
         if compiled is None:
             # dynamic=None: the first shape is specialised, a second one makes the changing
             # dimensions symbolic, so a handful of batch buckets costs two compiles, not one each.
             compiled = torch.compile(fn, fullgraph=True)
-        return compiled(*args)
+        return compiled(*args, **kwargs)
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 @fused

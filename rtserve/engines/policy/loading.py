@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import cast
 
 from rtserve.config import RobotConfig
 from rtserve.engines.policy.errors import PolicyLoadError
@@ -31,7 +32,7 @@ def _check_policy(policy: object, origin: str) -> PolicyEngine:
             f"robot.policy {origin!r} returned {type(policy).__name__}, "
             f"which lacks PolicyEngine method(s): {', '.join(missing)}"
         )
-    return policy  # type: ignore[return-value]
+    return cast(PolicyEngine, policy)  # every PolicyEngine method is there (checked above)
 
 
 def _load_entry_point(spec: str) -> PolicyEngine:
