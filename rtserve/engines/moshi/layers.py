@@ -230,6 +230,33 @@ class Attention(nn.Module):
         return projected_out
 
 
+class CrossAttention(nn.Module):
+    """Attention of every query on a row's fixed conditioning (Kyutai TTS voices): keys and
+    values are projected once per row (``project``) and kept by the ``Transformer``; no mask
+    (the reference attends to every conditioning position, padding included)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.heads = heads
+        self.in_projs = TypedModuleList([nn.Linear(dim, 3 * dim, bias=False)])
+        self.out_projs = TypedModuleList([nn.Linear(dim, dim, bias=False)])
+
+    def project(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, S, dim]`` conditioning -> keys and values ``[B, H, S, D]``."""
+        batch, length, _ = source.shape
+        kv = F.linear(source, self.in_projs[0].weight[self.dim :])
+        keys, values = kv.view(batch, length, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        return keys, values
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        batch, steps, _ = x.shape
+        q = F.linear(x, self.in_projs[0].weight[: self.dim]).view(batch, steps, self.heads, -1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, keys, values, dropout_p=0.0)
+        projected: torch.Tensor = self.out_projs[0](out.transpose(1, 2).reshape(batch, steps, self.dim))
+        return projected
+
+
 class LayerScale(nn.Module):
     """The learned per-channel scale of a residual branch (applied by ``fused.scaled_residual``)."""
 
@@ -242,7 +269,8 @@ class TransformerLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``.
 
     ``num_weights > 1`` gives the depformer's per-step weights: step ``i`` of a frame uses
-    projection set ``schedule[i]``.
+    projection set ``schedule[i]``. ``cross_attention`` adds ``x + cross(norm_cross(x))``
+    between the two (a LayerNorm whatever ``norm`` says, as the reference has it).
     """
 
     def __init__(
@@ -255,9 +283,12 @@ class TransformerLayer(nn.Module):
         gating: bool,
         layer_scale: bool,
         num_weights: int,
+        cross_attention: bool = False,
     ) -> None:
         super().__init__()
         self.self_attn = Attention(dim, heads, num_weights=num_weights)
+        self.cross_attention = CrossAttention(dim, heads) if cross_attention else None
+        self.norm_cross = nn.LayerNorm(dim, eps=1e-5) if cross_attention else None
         self.norm1 = make_norm(norm, dim)
         self.norm2 = make_norm(norm, dim)
         self.mlp: nn.ModuleList = nn.ModuleList(
@@ -267,10 +298,18 @@ class TransformerLayer(nn.Module):
         self.layer_scale_2: nn.Module = LayerScale(dim) if layer_scale else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan, weight_index: int = 0
+        self,
+        x: torch.Tensor,
+        cache: KVCache | PagedKVCache,
+        plan: StepPlan,
+        weight_index: int = 0,
+        cross: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         update = self.self_attn(self.norm1(x), cache, plan, weight_index)
         x = _residual(x, update, self.layer_scale_1)
+        if self.cross_attention is not None and self.norm_cross is not None:
+            assert cross is not None, "a cross-attention layer needs its rows' keys and values"
+            x = x + self.cross_attention(self.norm_cross(x), *cross)
         update = self.mlp[weight_index](self.norm2(x))
         return _residual(x, update, self.layer_scale_2)
 
@@ -292,6 +331,10 @@ class Transformer(nn.Module):
     ``use_paged_kv(spec)`` swaps the per-row bf16 rings for paged int8 pools (``paged_kv``)
     from the next ``start``: the ring becomes ``width`` blocks, and ``blocks`` (the host
     allocator) must give a row the block of each position before the step that writes it.
+
+    ``cross_attention`` layers attend to a per-row conditioning whose keys and values
+    (``cross``, one pair per layer, ``[B, H, S, D]``) are allocated by ``start_cross`` and
+    written row by row by ``set_cross_rows``.
     """
 
     def __init__(
@@ -308,6 +351,7 @@ class Transformer(nn.Module):
         rope_max_period: float | None,
         context: int | None,
         capacity: int,
+        cross_attention: bool = False,
     ) -> None:
         super().__init__()
         self.dim = dim
@@ -317,10 +361,18 @@ class Transformer(nn.Module):
         self.rope_max_period = rope_max_period
         self.layers = TypedModuleList(
             TransformerLayer(
-                dim, heads, dim_feedforward, norm=norm, gating=gating, layer_scale=layer_scale, num_weights=num_weights
+                dim,
+                heads,
+                dim_feedforward,
+                norm=norm,
+                gating=gating,
+                layer_scale=layer_scale,
+                num_weights=num_weights,
+                cross_attention=cross_attention,
             )
             for _ in range(layers)
         )
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.caches: list[KVCache] | list[PagedKVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
         self.span: int | None = None
@@ -356,6 +408,22 @@ class Transformer(nn.Module):
             cache.reset_rows(mask)
         self.offset.masked_fill_(mask, 0)
 
+    def start_cross(self, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Zeroed cross-attention keys and values for ``batch`` rows of ``length`` positions."""
+        shape = (batch, self.heads, length, self.dim // self.heads)
+        self.cross = [
+            (torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in self.layers
+        ]
+
+    def set_cross_rows(self, rows: torch.Tensor, source: torch.Tensor) -> None:
+        """Rows ``rows`` (``[N]`` indices) attend to ``source`` (``[N, S, dim]``) from now on (in place)."""
+        for layer, (keys, values) in zip(self.layers, self.cross):
+            assert layer.cross_attention is not None
+            new_keys, new_values = layer.cross_attention.project(source.to(keys.dtype))
+            keys.index_copy_(0, rows, new_keys)
+            values.index_copy_(0, rows, new_values)
+
     def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
@@ -371,7 +439,7 @@ class Transformer(nn.Module):
             self.floor,
             dtype=self.layers[0].self_attn.in_projs[0].weight.dtype,
         )
-        for layer, cache in zip(self.layers, self.caches):
-            x = layer(x, cache, plan, weight_index)
+        for index, (layer, cache) in enumerate(zip(self.layers, self.caches)):
+            x = layer(x, cache, plan, weight_index, self.cross[index] if self.cross else None)
         self.offset.add_(x.shape[1])
         return x.to(dtype_in)

@@ -245,6 +245,20 @@ class Mimi(nn.Module):
             for module in _streaming_children(side):
                 module.reset_rows(mask)
 
+    def decoder_state(self) -> list[torch.Tensor]:
+        """Every tensor of the decoder's streaming state (each ``[B, ...]``): what a caller that
+        must hold some rows still while others decode saves and puts back (Kyutai TTS)."""
+        state: list[torch.Tensor] = []
+        for side in self._decode_side:
+            for module in _streaming_children(side):
+                if isinstance(module, StreamConv1d):
+                    state += [module.previous, module.first]
+                elif isinstance(module, StreamConvTranspose1d):
+                    state.append(module.partial)
+                else:
+                    state += [module.offset] + [t for cache in module.caches for t in (cache.keys, cache.values)]
+        return state
+
     @torch.no_grad()
     def encode(self, pcm: torch.Tensor) -> torch.Tensor:
         """``[B, frame_size]`` float audio -> ``[B, codebooks]`` codes for one frame."""

@@ -1,0 +1,220 @@
+"""The TTS text-stream state machine for B rows at once, as tensors (docs/engines.md#kyutai-tts).
+
+Delayed-streams TTS does not get its text pre-aligned: at each step the model predicts
+either "pad" or "a new word starts" on the text stream, and this machine answers with the
+token actually fed back. When the model asks for a word (or must, after ``max_padding``
+pads in a row) the next pending word is popped and its tokens are fed over the following
+steps, one per step; a word's ``padding`` forces that many pads after it; with a lookahead
+stream (``second_stream_ahead``) the tokens of the word that many words ahead are fed on a
+second text stream, muxed into the same token as ``(second + 1) * card + first``.
+
+This is the reference's ``StateMachine.process`` (``moshi.models.tts``) with its per-row
+Python state (deques, counters) laid out as ``[B, ...]`` tensors, so every row advances in
+one fixed sequence of tensor operations with no host round trip:
+
+* pending words: a ring of ``max_words`` entries of up to ``max_word_tokens`` tokens;
+* the current word's remaining tokens and the lookahead stream's queue;
+* the padding counters, the step at which the text ran out (``end_step``, -1 before) and
+  the end-of-stream flag (the client said no more words will come).
+
+A row only steps when it is safe to (``ready``): a streaming client may not have sent the
+next words yet, and popping from an empty queue would end the utterance; such a row waits,
+as Kyutai's server does. Rows that do not step keep their state exactly (``step`` masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The text stream's special tokens (the reference's ``TokenIds``); ``card`` is
+    ``text_card + 1``, the base of the muxed lookahead token."""
+
+    card: int
+    new_word: int = 0
+    pad: int = 3
+    main: int = 1  # the main speaker's turn, before a session's first word
+
+
+@dataclass(frozen=True)
+class MachineSettings:
+    ids: TokenIds
+    second_stream_ahead: int = 0
+    max_padding: int = 8
+    initial_padding: int = 2
+    max_words: int = 64  # pending words per row (the text backlog bound)
+    max_word_tokens: int = 64
+
+    @property
+    def lookahead_capacity(self) -> int:
+        return 4 * self.max_word_tokens
+
+
+@dataclass(frozen=True)
+class MachineStep:
+    tokens: torch.Tensor  # [B] the text token to feed (muxed with the lookahead stream)
+    consumed: torch.Tensor  # [B] bool: a word was popped this step
+    overflow: torch.Tensor  # [B] bool: the lookahead queue overflowed (the row must be closed)
+
+
+class TextMachine:
+    def __init__(self, settings: MachineSettings, batch: int, device: torch.device) -> None:
+        self.settings = s = settings
+        self.batch = batch
+        self.device = device
+        w, tokens, look = s.max_words, s.max_word_tokens, s.lookahead_capacity
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.words = zeros(batch, w, tokens)
+        self.word_len = zeros(batch, w)
+        self.word_pad = zeros(batch, w)
+        self.head = zeros(batch)
+        self.count = zeros(batch)
+        self.queued = zeros(batch, tokens)
+        self.queued_len = zeros(batch)
+        self.queued_pos = zeros(batch)
+        self.look = zeros(batch, look)
+        self.look_head = zeros(batch)
+        self.look_count = zeros(batch)
+        self.remaining = zeros(batch)
+        self.forced = zeros(batch)
+        self.end_step = zeros(batch)
+        self.eos = zeros(batch, dtype=torch.bool)
+        self.rows = torch.arange(batch, device=device)
+        self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
+
+    def reset_rows(self, mask: torch.Tensor) -> None:
+        s = self.settings
+        for tensor in (self.head, self.count, self.queued_len, self.queued_pos, self.look_head, self.look_count):
+            tensor.masked_fill_(mask, 0)
+        self.remaining.masked_fill_(mask, s.initial_padding)
+        self.forced.masked_fill_(mask, s.initial_padding)
+        self.end_step.masked_fill_(mask, -1)
+        self.eos.masked_fill_(mask, False)
+
+    def push(self, row: int, tokens: list[int], padding: int, pending: int) -> None:
+        """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``,
+        whose host-side count of pending words is ``pending`` (the caller bounds it)."""
+        s = self.settings
+        if pending >= s.max_words or len(tokens) > s.max_word_tokens:
+            raise ValueError("word backlog full or word too long")
+        slot = (int(self.head[row]) + pending) % s.max_words
+        if tokens:
+            self.words[row, slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.word_len[row, slot] = len(tokens)
+        self.word_pad[row, slot] = padding
+        self.count[row] += 1
+
+    def end(self, row: int) -> None:
+        """No more words will come for ``row``: it may now run its text out."""
+        self.eos[row] = True
+
+    def ready(self) -> torch.Tensor:
+        """``[B]`` bool: rows that may step now (Kyutai's ``is_active``): the text is complete, or
+        the next word is pending together with the ``second_stream_ahead`` words after it that
+        carry tokens (a pause needs no lookahead)."""
+        s = self.settings
+        if s.second_stream_ahead == 0:
+            return self.eos | (self.count > 0)
+        ranks = (torch.arange(s.max_words, device=self.device)[None] - self.head[:, None]) % s.max_words
+        pending = ranks < self.count[:, None]
+        with_tokens = (pending & (self.word_len > 0)).sum(dim=1)
+        first_is_pause = self.word_len[self.rows, self.head] == 0
+        enough = (self.count > 0) & (first_is_pause | (with_tokens >= s.second_stream_ahead + 1))
+        return self.eos | enough
+
+    def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
+        """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step
+        index; only rows in ``execute`` change state."""
+        s, ids, rows = self.settings, self.settings.ids, self.rows
+        new_word = torch.full_like(sampled, ids.new_word)
+        pad = torch.full_like(sampled, ids.pad)
+        token = torch.where((sampled == ids.new_word) | (sampled == ids.pad), sampled, pad)
+        has_queued = self.queued_pos < self.queued_len
+        token = torch.where(has_queued | (self.forced > 0), pad, torch.where(self.remaining <= 0, new_word, token))
+
+        wants_word = token == ids.new_word
+        pop = wants_word & (self.count > 0) & execute
+        entry_tokens = self.words[rows, self.head]  # [B, L]
+        entry_len = self.word_len[rows, self.head]
+        entry_pad = self.word_pad[rows, self.head]
+        spoken = pop & (entry_len > 0)
+        # The queue is empty whenever a word is popped (a pending token forces a pad).
+        self.queued.copy_(torch.where(spoken[:, None], entry_tokens, self.queued))
+        self.queued_len.copy_(torch.where(spoken, entry_len, self.queued_len))
+        self.queued_pos.masked_fill_(spoken, 0)
+        self.head.copy_(torch.where(pop, (self.head + 1) % s.max_words, self.head))
+        self.count.sub_(pop.long())
+        overflow = torch.zeros_like(pop)
+        if s.second_stream_ahead:
+            overflow = self._queue_lookahead(spoken)
+        self.remaining.copy_(torch.where(spoken, torch.full_like(self.remaining, s.max_padding), self.remaining))
+        token = torch.where(pop & ~spoken, pad, token)  # a pause entry: as if the model padded
+        self.forced.copy_(torch.where(pop, entry_pad, self.forced))
+        # Asking for a word with none pending: the text has run out.
+        out_of_text = wants_word & (self.count == 0) & ~pop
+        first_end = out_of_text & (self.end_step < 0)
+        token = torch.where(out_of_text, pad, token)
+        if s.second_stream_ahead:
+            token = torch.where(first_end, new_word, token)
+        self.end_step.copy_(torch.where(first_end & execute, step, self.end_step))
+
+        is_pad = token == ids.pad
+        dec = is_pad & execute
+        self.remaining.sub_((dec & (self.remaining > 0)).long())
+        self.forced.sub_((dec & (self.forced > 0)).long())
+        has_queued = self.queued_pos < self.queued_len
+        next_queued = self.queued[rows, self.queued_pos.clamp(max=s.max_word_tokens - 1)]
+        take = is_pad & has_queued
+        output = torch.where(is_pad, torch.where(has_queued, next_queued, pad), new_word)
+        self.queued_pos.add_((take & execute).long())
+        if s.second_stream_ahead:
+            output = self._mux(output, execute)
+        return MachineStep(output, pop, overflow & execute)
+
+    def _queue_lookahead(self, spoken: torch.Tensor) -> torch.Tensor:
+        """Append, for rows that just popped a word, the tokens of the word ``second_stream_ahead``
+        words further on (counting words with tokens) to the lookahead queue."""
+        s = self.settings
+        w, cap = s.max_words, s.lookahead_capacity
+        ranks = (torch.arange(w, device=self.device)[None] - self.head[:, None]) % w  # head already moved
+        pending = (ranks < self.count[:, None]) & (self.word_len > 0)
+        # Order of each pending worded entry among the pending worded entries, by rank.
+        order = torch.where(pending, ranks, torch.full_like(ranks, w))
+        sorted_ranks, slots = order.sort(dim=1)
+        valid = sorted_ranks[:, s.second_stream_ahead - 1] < w if s.second_stream_ahead <= w else spoken & False
+        slot = slots[:, s.second_stream_ahead - 1]
+        add = spoken & valid
+        length = torch.where(add, self.word_len[self.rows, slot], torch.zeros_like(self.look_count))
+        overflow = add & (self.look_count + length > cap)
+        positions = torch.arange(s.max_word_tokens, device=self.device)
+        write = (positions[None] < length[:, None]) & ~overflow[:, None]
+        where = (self.look_head + self.look_count)[:, None] + positions[None]
+        values = self.words[self.rows, slot]
+        index = where % cap
+        current = self.look.gather(1, index)
+        self.look.scatter_(1, index, torch.where(write, values, current))
+        self.look_count.add_(torch.where(overflow, torch.zeros_like(length), length))
+        return overflow
+
+    def _mux(self, output: torch.Tensor, execute: torch.Tensor) -> torch.Tensor:
+        s, ids, rows = self.settings, self.settings.ids, self.rows
+        is_word = output == ids.new_word
+        has_queued = self.queued_pos < self.queued_len
+        next_queued = self.queued[rows, self.queued_pos.clamp(max=s.max_word_tokens - 1)]
+        # The word marker moves to the second stream; the first carries the word's next token.
+        first = torch.where(is_word, torch.where(has_queued, next_queued, torch.full_like(output, ids.pad)), output)
+        self.queued_pos.add_((is_word & has_queued & execute).long())
+        has_look = self.look_count > 0
+        look_next = self.look[rows, self.look_head]
+        second = torch.where(is_word, torch.full_like(output, ids.new_word), torch.where(has_look, look_next, -1))
+        pop_look = ~is_word & has_look & execute
+        self.look_head.copy_(torch.where(pop_look, (self.look_head + 1) % s.lookahead_capacity, self.look_head))
+        self.look_count.sub_(pop_look.long())
+        return (second + 1) * ids.card + first

@@ -1,0 +1,291 @@
+"""``KyutaiTTSModel``: delayed-streams TTS for B sessions, one batched step per 80 ms frame
+(docs/engines.md#kyutai-tts).
+
+Per step, for every row that may step (``TextMachine.ready``): embed the row's token column,
+add its summed conditions, one temporal step (cross-attending to its voice), sample the text
+token, let the state machine turn it into the token fed back (a word's next token, a pad or
+the word marker, muxed with the lookahead stream), walk the depformer over the audio
+codebooks, then Mimi-decode the frame whose delays have all elapsed. Audio of the first
+``audio_delay`` seconds is forced to "no token" (the audio lags its text by that much).
+
+All state is batched tensors with a per-row reset (``open_slot``); a row that does not step
+this tick (its client has not sent enough words yet) keeps its state exactly: its temporal
+position and Mimi decoder state are put back, its token ring is not written. With direct
+classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_coef != 1``)
+every row has a twin row conditioned on nothing, and audio logits are
+``null + (cond - null) * cfg_coef`` as the reference computes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_tts.conditioning import MAX_SPEAKERS, Voice
+from rtserve.engines.kyutai_tts.loader import LoadedTTS
+from rtserve.engines.kyutai_tts.machine import MachineSettings, TextMachine, TokenIds
+from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, ZERO_TOKEN
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
+from rtserve.errors import INVALID_VALUE
+
+
+@dataclass(frozen=True)
+class TTSSettings:
+    """Generation settings (the reference ``TTSModel``'s, with Kyutai's server defaults)."""
+
+    temperature: float = 0.6  # 0: greedy
+    top_k: int = 250
+    top_k_text: int = 25
+    cfg_coef: float = 1.0  # a CFG-distilled checkpoint takes it as a condition, else direct CFG
+    max_padding: int = 8
+    initial_padding: int = 2
+    final_padding: int = 4
+    padding_between: int = 1
+    padding_bonus: float = 0.0
+    voice_frames: int = 125  # frames per speaker the cross-attention holds (a voice may be shorter)
+    max_words: int = 64  # pending words per session
+    max_word_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class TTSFrame:
+    """What one step made for one open slot."""
+
+    stepped: bool  # False: the slot waited for words
+    codes: npt.NDArray[np.int64] | None  # the frame's text token then audio codes, delays undone (once out)
+    audio: npt.NDArray[np.float32] | None  # a decoded 24 kHz frame, once the audio delay has passed
+    words_started: int  # 1 when a word was popped this step (its timestamps are known one word later)
+    done: bool  # the text ran out and the final padding was spoken: the utterance is over
+    overflow: bool  # the lookahead queue overflowed: the slot must be closed
+
+
+class KyutaiTTSModel:
+    def __init__(
+        self,
+        loaded: LoadedTTS,
+        batch_size: int,
+        *,
+        settings: TTSSettings = TTSSettings(),
+        voices: VoiceFolder | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.arch = arch = loaded.arch
+        self.config = c = arch.lm
+        self.settings = settings
+        self.batch_size = batch_size
+        self.lm = loaded.lm
+        self.mimi = loaded.mimi
+        self.tokenizer = loaded.tokenizer
+        self.sample_rate = loaded.mimi_config.sample_rate
+        self.frame_size = loaded.mimi_config.frame_size
+        self.frame_rate = loaded.mimi_config.frame_rate
+        self.codebooks = loaded.mimi.codebooks
+        self.delay_steps = int(arch.audio_delay_s * self.frame_rate)
+        self.device = device = self.lm.text_linear.weight.device
+        self.dtype = self.lm.text_linear.weight.dtype
+        cross_spec = arch.conditioner(arch.fuser.cross[0]) if arch.fuser is not None and arch.fuser.cross else None
+        self.voices = voices or VoiceFolder(
+            None, arch.voice_suffix, cross_spec.dim if cross_spec else 0, settings.voice_frames
+        )
+        # CFG: distilled (a condition) when the checkpoint has a ``cfg`` conditioner, else direct.
+        self.cfg_condition: str | None = None
+        self.cfg_direct = False
+        if arch.cfg_values:
+            if settings.cfg_coef not in arch.cfg_values:
+                raise EngineError(
+                    f"cfg_coef={settings.cfg_coef} is not one this checkpoint was trained with {list(arch.cfg_values)}",
+                    code=INVALID_VALUE,
+                )
+            self.cfg_condition = format(settings.cfg_coef, ".1f")
+        elif settings.cfg_coef != 1.0:
+            self.cfg_direct = True
+        self.rows = rows = 2 * batch_size if self.cfg_direct else batch_size
+
+        self.ids = TokenIds(card=c.text_card + 1, pad=c.text_padding_id)
+        self.machine = TextMachine(
+            MachineSettings(
+                self.ids,
+                arch.second_stream_ahead,
+                settings.max_padding,
+                settings.initial_padding,
+                settings.max_words,
+                settings.max_word_tokens,
+            ),
+            batch_size,
+            device,
+        )
+        greedy = settings.temperature <= 0
+        self.sampler = SlotSampler(
+            batch_size,
+            device,
+            MoshiSampling(
+                use_sampling=not greedy,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                temperature_text=settings.temperature,
+                top_k_text=settings.top_k_text,
+            ),
+        )
+        self.lm.start(rows)
+        self.cross_length = MAX_SPEAKERS * settings.voice_frames
+        if arch.cross_attention:
+            self.lm.transformer.start_cross(rows, self.cross_length, device, self.dtype)
+        self.condition_sum = torch.zeros(rows, 1, c.dim, device=device, dtype=self.dtype)
+        self.mimi.start(batch_size)
+        self.ring = c.max_delay + 2
+        self.cache = torch.full((batch_size, c.num_codebooks, self.ring), UNGENERATED_TOKEN, device=device)
+        self.offsets = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.delays = torch.tensor(c.delays, dtype=torch.long, device=device)
+        self.initial = torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
+        self.open = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
+        if self.cfg_direct:
+            # The null twins of direct CFG are conditioned on nothing, once and for all.
+            self.condition_sum[batch_size:] = self._sum(voice_given=False)
+            if arch.cross_attention:
+                source = self.loaded.conditioners.cross(None, self.cross_length)
+                twins = torch.arange(batch_size, rows, device=device)
+                self.lm.transformer.set_cross_rows(twins, source.expand(batch_size, -1, -1))
+
+    # -- slots ------------------------------------------------------------------------
+
+    def resolve_voice(self, voice: str | None) -> Voice | None:
+        """The voice a session asks for, checked (raises ``VoiceError``) before any slot is taken."""
+        if not self.arch.multi_speaker:
+            return None
+        if voice is None:
+            raise EngineError("this model needs a voice", code=INVALID_VALUE, param="voice")
+        return self.voices.load(voice)
+
+    def open_slot(self, slot: int, voice: Voice | None, seed: int | None = None) -> None:
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self.machine.reset_rows(mask)
+        self.lm.reset_rows(self._rows(mask))
+        self.mimi.reset_decoder_rows(mask)
+        self.cache[slot] = UNGENERATED_TOKEN
+        self.offsets[slot] = 0
+        self.open[slot] = True
+        self._pending[slot] = 0
+        self.sampler.configure(slot, None, seed)
+        self.condition_sum[slot] = self._sum(voice_given=True)[0]
+        if self.arch.cross_attention:
+            source = self.loaded.conditioners.cross(voice, self.cross_length)
+            self.lm.transformer.set_cross_rows(torch.tensor([slot], device=self.device), source)
+
+    def release(self, slot: int) -> None:
+        self.open[slot] = False
+        self._pending[slot] = 0
+
+    def pending_words(self, slot: int) -> int:
+        return self._pending[slot]
+
+    def push_word(self, slot: int, tokens: list[int], padding: int) -> None:
+        """Queue one word's tokens (empty: a pause) for ``slot``; raises ``ValueError`` past the backlog."""
+        self.machine.push(slot, tokens, padding, self._pending[slot])
+        self._pending[slot] += 1
+
+    def end_of_stream(self, slot: int) -> None:
+        self.machine.end(slot)
+
+    def _rows(self, mask: torch.Tensor) -> torch.Tensor:
+        """A ``[B]`` mask over slots -> the ``[rows]`` mask over LM rows (twins included)."""
+        return mask.repeat(2) if self.cfg_direct else mask
+
+    def _sum(self, *, voice_given: bool) -> torch.Tensor:
+        values: dict[str, str | None] = {"control": "ok", "cfg": self.cfg_condition} if voice_given else {}
+        summed = self.loaded.conditioners.summed(values)
+        if summed is None:
+            return torch.zeros(1, 1, self.config.dim, device=self.device, dtype=self.dtype)
+        return summed.to(self.dtype)
+
+    # -- the batched step -------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> list[TTSFrame | None]:
+        """Advance every open slot that has enough text by one frame; one entry per slot."""
+        c, b = self.config, self.batch_size
+        execute = self.open & self.machine.ready()
+        rows = torch.arange(b, device=self.device)
+        used = 1 + self.codebooks
+        # Codebooks past ``codebooks`` are never generated: their inputs are "no token".
+        if used < c.num_codebooks:
+            skipped = torch.arange(used, c.num_codebooks, device=self.device)
+            positions = (self.offsets[:, None] + self.delays[skipped][None]) % self.ring
+            current = self.cache[rows[:, None], skipped[None], positions]
+            self.cache[rows[:, None], skipped[None], positions] = torch.where(execute[:, None], ZERO_TOKEN, current)
+        column = self.cache[rows, :, self.offsets % self.ring]
+        fresh = self.offsets[:, None] <= self.delays[None]
+        column = torch.where(fresh | ~execute[:, None], self.initial[None], column)
+        if self.cfg_direct:
+            null_text = torch.where(fresh[:, :1], column[:, :1], ZERO_TOKEN)
+            column = torch.cat([column, torch.cat([null_text, column[:, 1:]], dim=1)])
+        x = self.lm.embed(column) + self.condition_sum
+        before = self.lm.transformer.offset.clone()
+        hidden, text_logits = self.lm.temporal(x)
+        self.lm.transformer.offset.copy_(torch.where(self._rows(execute), self.lm.transformer.offset, before))
+        text_logits = text_logits[:b].float()
+        if self.settings.padding_bonus:
+            text_logits[:, self.ids.pad] += self.settings.padding_bonus
+        sampled = self.sampler.sample(text_logits, text=True)
+        machine = self.machine.step(sampled, self.offsets, execute)
+        text = machine.tokens
+
+        tokens = [text]
+        previous = text
+        self.lm.depformer_begin()
+        for codebook in range(self.codebooks):
+            given = torch.cat([previous, previous]) if self.cfg_direct else previous
+            logits = self.lm.depformer_logits(codebook, hidden, given)
+            if self.cfg_direct:
+                conditioned, null = logits.chunk(2)
+                logits = null + (conditioned - null) * self.settings.cfg_coef
+            token = self.sampler.sample(logits, text=False)
+            # The audio lags its text by ``audio_delay``: before that, "no token".
+            early = self.offsets < self.delays[1 + codebook] + self.delay_steps
+            token = torch.where(early, ZERO_TOKEN, token)
+            tokens.append(token)
+            previous = token
+        generated = torch.stack(tokens, dim=1)  # [B, 1 + codebooks]
+
+        offsets = self.offsets + execute.long()
+        write = offsets % self.ring
+        current = self.cache[rows, :used, write]
+        self.cache[rows, :used, write] = torch.where(execute[:, None], generated, current)
+        self.offsets.copy_(offsets)
+        index = (offsets[:, None] - c.max_delay + self.delays[:used][None]) % self.ring
+        frame = self.cache[rows[:, None], torch.arange(used, device=self.device)[None], index]
+        # Frame t (t = steps before this one - max_delay) carries real audio from t = delay_steps on.
+        audible = execute & (offsets - 1 - c.max_delay >= self.delay_steps)
+        decoder = self.mimi.decoder_state()
+        saved = [tensor.clone() for tensor in decoder]
+        audio = self.mimi.decode(frame[:, 1:].clamp(min=0)).clamp(-0.99, 0.99)
+        for tensor, old in zip(decoder, saved):
+            keep = (~audible).view(-1, *([1] * (tensor.dim() - 1)))
+            tensor.copy_(torch.where(keep, old, tensor))
+        end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
+        done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
+
+        host = torch.stack([execute, audible, machine.consumed, done, machine.overflow]).cpu().numpy()
+        out = (execute & (offsets > c.max_delay)).cpu().numpy()
+        codes_host = frame.cpu().numpy()
+        audio_host = audio.float().cpu().numpy()
+        outputs: list[TTSFrame | None] = [None] * b
+        for slot in np.flatnonzero(self.open.cpu().numpy()):
+            stepped, heard, consumed, finished, overflow = host[:, slot]
+            if consumed:
+                self._pending[slot] -= 1
+            outputs[slot] = TTSFrame(
+                bool(stepped),
+                codes_host[slot].copy() if out[slot] else None,
+                audio_host[slot].copy() if heard else None,
+                int(consumed),
+                bool(finished),
+                bool(overflow),
+            )
+        return outputs

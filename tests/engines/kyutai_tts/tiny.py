@@ -1,0 +1,191 @@
+"""A tiny random Kyutai TTS checkpoint in Kyutai's format, plus the reference ``TTSModel``.
+
+The reference ``moshi`` package builds the LM with its conditioners (``get_moshi_lm`` with
+the published config keys: demultiplexed lookahead text stream, low-rank depformer
+embeddings, cross-attention on the voice, ``control``/``cfg`` lookup tables); the weights
+are perturbed and saved as Kyutai publishes them (stacked attention projections).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from tests.engines.moshi.tiny import MIMI_CONFIG, reference_mimi, train_tokenizer
+
+TEXT_CARD = 64
+CARD = 32
+VOICE_DIM = 16
+VOICE_FRAMES = 6
+SUFFIX = ".tinytts@7.safetensors"
+CFG_VALUES = ["1.0", "1.5", "2.0", "2.5", "3.0"]
+
+LM_KWARGS: dict[str, Any] = {
+    "dim": 32,
+    "text_card": TEXT_CARD,
+    "existing_text_padding_id": 3,
+    "n_q": 8,
+    "dep_q": 8,
+    "card": CARD,
+    "num_heads": 4,
+    "num_layers": 2,
+    "hidden_scale": 4.125,
+    "causal": True,
+    "layer_scale": None,
+    "context": 50,
+    "max_period": 10000,
+    "gating": "silu",
+    "norm": "rms_norm_f32",
+    "positional_embedding": "rope",
+    "depformer_dim": 16,
+    "depformer_dim_feedforward": int(4.125 * 16),
+    "depformer_num_heads": 2,
+    "depformer_num_layers": 2,
+    "depformer_layer_scale": None,
+    "depformer_multi_linear": True,
+    "depformer_context": 8,
+    "depformer_max_period": 10000,
+    "depformer_gating": "silu",
+    "depformer_pos_emb": "none",
+    "depformer_weights_per_step": True,
+    "depformer_weights_per_step_schedule": [0, 1, 2, 2, 3, 3, 3, 3],
+    "depformer_low_rank_embeddings": 8,
+    "demux_second_stream": True,
+    "cross_attention": True,
+    "delays": [0, 0, 2, 2, 2, 2, 2, 2, 2],
+}
+
+
+def conditioners(distilled: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "speaker_wavs": {"type": "tensor", "tensor": {"dim": VOICE_DIM}},
+        "control": {
+            "type": "lut",
+            "lut": {"n_bins": 4, "dim": 8, "tokenizer": "noop", "possible_values": ["ok", "bad"]},
+        },
+    }
+    if distilled:
+        out["cfg"] = {"type": "lut", "lut": {"n_bins": 8, "dim": 8, "tokenizer": "noop", "possible_values": CFG_VALUES}}
+    return out
+
+
+def fuser(distilled: bool) -> dict[str, Any]:
+    return {
+        "sum": ["control", "cfg"] if distilled else ["control"],
+        "cross": ["speaker_wavs"],
+        "cross_attention_pos_emb": True,
+        "cross_attention_pos_emb_scale": 1.0,
+    }
+
+
+TTS_CONFIG = {"audio_delay": 0.4, "second_stream_ahead": 2}  # 5 frames at 12.5 Hz
+
+
+@dataclass
+class TinyTTS:
+    folder: Path
+    voices: Path
+    lm: Any  # moshi.models.lm.LMModel
+    mimi: Any  # moshi.models.compression.MimiModel
+    raw: dict[str, Any]
+
+
+def _stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[str, dict[int, torch.Tensor]] = {}
+    for key, value in state.items():
+        for kind in ("self_attn", "cross_attention"):
+            for split, stacked in (
+                (f".{kind}.in_projs.", f".{kind}.in_proj_weight"),
+                (f".{kind}.out_projs.", f".{kind}.out_proj.weight"),
+            ):
+                if split in key:
+                    prefix, rest = key.split(split)
+                    groups.setdefault(prefix + stacked, {})[int(rest.split(".")[0])] = value
+                    break
+            else:
+                continue
+            break
+        else:
+            out[key] = value.contiguous()
+    for key, parts in groups.items():
+        out[key] = torch.cat([parts[i] for i in sorted(parts)], dim=0).contiguous()
+    return out
+
+
+def reference_tts_lm(raw: dict[str, Any], seed: int = 0) -> Any:
+    from moshi.models.loaders import get_moshi_lm
+
+    torch.manual_seed(seed)
+    lm_kwargs = {k: copy.deepcopy(v) for k, v in raw.items() if k not in ("tts_config", "model_id", "model_type")}
+    model = get_moshi_lm(None, lm_kwargs=lm_kwargs, device="cpu", dtype=torch.float32).float().eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+        # Make "new word" (0) and "pad" (3) the text head's frequent winners, so greedy decoding
+        # walks the state machine both ways instead of only being forced by max_padding.
+        model.text_linear.weight[[0, 3]] *= 4.0
+    return model
+
+
+def write_voice(path: Path, seed: int, frames: int = VOICE_FRAMES) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    save_file({"speaker_wavs": torch.randn(1, VOICE_DIM, frames, generator=generator)}, str(path))
+
+
+def write_tts_checkpoint(folder: Path, *, distilled: bool = True) -> TinyTTS:
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = dict(
+        LM_KWARGS,
+        conditioners=conditioners(distilled),
+        fuser=fuser(distilled),
+        tts_config=TTS_CONFIG,
+        model_id={"sig": "tinytts", "epoch": 7},
+        model_type="tts",
+    )
+    lm = reference_tts_lm(raw)
+    mimi = reference_mimi(MIMI_CONFIG)
+    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
+    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
+    (folder / "mimi_config.json").write_text(json.dumps(MIMI_CONFIG))
+    train_tokenizer(folder / "tokenizer.model")
+    config = dict(
+        raw,
+        moshi_name="model.safetensors",
+        mimi_name="mimi.safetensors",
+        tokenizer_name="tokenizer.model",
+        mimi_config_name="mimi_config.json",
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    voices = folder / "voices"
+    voices.mkdir()
+    write_voice(voices / f"alice{SUFFIX}", 1)
+    write_voice(voices / f"bob{SUFFIX}", 2)
+    return TinyTTS(folder, voices, lm, mimi, raw)
+
+
+def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0) -> Any:
+    """The reference ``TTSModel`` around the same LM and Mimi, greedy."""
+    import sentencepiece
+    from moshi.models.tts import StateMachine, TokenIds, TTSModel
+
+    lm = tiny.lm
+    return TTSModel(
+        lm=lm,
+        mimi=tiny.mimi,
+        tokenizer=sentencepiece.SentencePieceProcessor(str(tiny.folder / "tokenizer.model")),
+        voice_suffix=SUFFIX,
+        voice_repo="",
+        machine=StateMachine(TokenIds(lm.text_card + 1), second_stream_ahead=2, max_padding=8, initial_padding=2),
+        delay_steps=5,
+        temp=0.0,
+        cfg_coef=cfg_coef,
+        n_q=8,
+        final_padding=4,
+    )
