@@ -10,11 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.turn_detection import TurnDetection
 
-Pcm = np.ndarray  # 1-D float32, mono
+Pcm = FloatArray  # 1-D, mono
 
 
 @dataclass(frozen=True)
