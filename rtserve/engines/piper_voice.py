@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
+from rtserve.codecs.pcm import FloatArray
 
 _LENGTH = struct.Struct(">I")
 _MAX_HEADER_BYTES = 1 << 20
@@ -51,7 +51,7 @@ class PiperModel:
         self._voice = PiperVoice(session=session, config=config)
         self.sample_rate: int = config.sample_rate
 
-    def chunks(self, sentence: str, speed: float) -> Iterator[np.ndarray]:
+    def chunks(self, sentence: str, speed: float) -> Iterator[FloatArray]:
         """The sentence's audio at ``sample_rate``, one piece per sentence Piper finds in it."""
         from piper.config import SynthesisConfig
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.piper_voice import read_frame, write_frame
 from rtserve.errors import INVALID_VOICE_MODEL, SPEECH_TOO_LONG, VOICE_MODEL_REJECTED
@@ -74,7 +75,7 @@ class VoiceSandbox:
 
     def speak(
         self, model: Path, key: str, text: str, speed: float, max_samples: int, *, param: str
-    ) -> tuple[np.ndarray, int]:
+    ) -> tuple[FloatArray, int]:
         """``text`` spoken by ``model``: the float32 audio and its sample rate. The child keeps
         the model loaded under ``key``, which must change when the file does.
 
