@@ -172,6 +172,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     server = ServerProcess(env, engine="cascade", name="soak_routes")
     rss: dict[str, list[float]] = {family: [] for family in families}
     seconds: dict[str, list[float]] = {family: [] for family in families}
+    failed: dict[str, str] = {}  # family -> the round that failed and why (the family stops there)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -181,8 +182,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 work = FAMILIES[family]
                 for _ in range(args.rounds):
                     started = time.perf_counter()
-                    for _ in range(args.requests):
-                        await work(http, server.base)
+                    try:
+                        for _ in range(args.requests):
+                            await work(http, server.base)
+                    except (RuntimeError, AssertionError, aiohttp.ClientError, openai.OpenAIError) as exc:
+                        failed[family] = f"round {len(rss[family]) + 1}: {type(exc).__name__}: {exc}"[:300]
+                        print(f"{family} FAILED {failed[family]}", file=sys.stderr)
+                        break
                     seconds[family].append(time.perf_counter() - started)
                     await asyncio.sleep(args.pause_s)  # let the server finish releasing what it held
                     rss[family].append(server_rss_mb(server))
@@ -198,7 +204,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "start_rss_mb": start_mb,
         "rss_mb": rss,
         "round_s": seconds,
-        "settled": {family: settled(rss[family], args.settle_rounds, args.settle_mb) for family in families},
+        "settled": {
+            family: family not in failed and settled(rss[family], args.settle_rounds, args.settle_mb)
+            for family in families
+        },
+        "failed": failed,
     }
 
 
@@ -209,9 +219,13 @@ def print_table(result: dict[str, Any]) -> None:
     print("| round | " + " | ".join(families) + " |")
     print("| --- |" + " --- |" * len(families))
     for i in range(result["rounds"]):
-        print(f"| {i + 1} | " + " | ".join(f"{rss[f][i]:.0f}" for f in families) + " |")
-    verdicts = " | ".join("settled" if result["settled"][f] else "STEPS" for f in families)
+        print(f"| {i + 1} | " + " | ".join(f"{rss[f][i]:.0f}" if i < len(rss[f]) else "-" for f in families) + " |")
+    verdicts = " | ".join(
+        "FAILED" if f in result["failed"] else "settled" if result["settled"][f] else "STEPS" for f in families
+    )
     print(f"| last {result['settle_rounds']} within {result['settle_mb']:.0f} MB | {verdicts} |")
+    for family, why in result["failed"].items():
+        print(f"{family} failed at {why}")
 
 
 def main() -> int:
