@@ -147,7 +147,9 @@ async def _metrics(http: aiohttp.ClientSession, front_end: FrontEnd) -> str:
 
 
 async def _drain(http: aiohttp.ClientSession, front_end: FrontEnd, **body: float) -> dict:
-    path = SocketDirectory(front_end.peers.directory.folder)  # type: ignore[attr-defined]
+    directory = front_end.peers.directory
+    assert isinstance(directory, SocketDirectory)
+    path = SocketDirectory(directory.folder)
     address = await path.lookup(front_end.peers.tag)
     assert address is not None
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(address.path)) as peer:

@@ -8,8 +8,8 @@ import av
 import numpy as np
 import pytest
 
-from rtserve.codecs.errors import InvalidAudioError, InvalidWavError, UnsupportedFormatError
-from rtserve.codecs.wav import read_wav, wav_frames, wav_header, write_wav
+from rtserve.codecs.errors import CodecError, InvalidAudioError, InvalidWavError, UnsupportedFormatError
+from rtserve.codecs.wav import WavSampleFormat, read_wav, wav_frames, wav_header, write_wav
 from tests.codecs.signals import snr_db, speechlike
 
 
@@ -34,17 +34,18 @@ def _fmt(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> b
 
 
 @pytest.mark.parametrize(("sample_format", "min_snr"), [("pcm16", 80), ("float32", 300)])
-def test_round_trip(sample_format: str, min_snr: float) -> None:
+def test_round_trip(sample_format: WavSampleFormat, min_snr: float) -> None:
     x = speechlike(16000, 0.5)
-    audio = read_wav(write_wav(x, 16000, sample_format))  # type: ignore[arg-type]
+    audio = read_wav(write_wav(x, 16000, sample_format))
     assert (audio.sample_rate, audio.channels, len(audio.samples)) == (16000, 1, len(x))
     assert snr_db(x, audio.samples) > min_snr
 
 
 @pytest.mark.parametrize(("sample_format", "codec"), [("pcm16", "pcm_s16le"), ("float32", "pcm_f32le")])
-def test_written_files_are_read_by_ffmpeg(sample_format: str, codec: str) -> None:
+def test_written_files_are_read_by_ffmpeg(sample_format: WavSampleFormat, codec: str) -> None:
     x = speechlike(24000, 0.25)
-    with av.open(io.BytesIO(write_wav(x, 24000, sample_format))) as container:  # type: ignore[arg-type]
+    with av.open(io.BytesIO(write_wav(x, 24000, sample_format))) as container:
+        assert isinstance(container, av.container.InputContainer)
         stream = container.streams.audio[0]
         assert (stream.codec_context.name, stream.rate) == (codec, 24000)
         decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
@@ -100,7 +101,7 @@ def test_streamed_wav_with_unknown_length_reads_to_the_end() -> None:
         ),
     ],
 )
-def test_malformed_and_unsupported_files_raise_typed_errors(data: bytes, error: type[Exception], message: str) -> None:
+def test_malformed_and_unsupported_files_raise_typed_errors(data: bytes, error: type[CodecError], message: str) -> None:
     with pytest.raises(error, match=message) as info:
         read_wav(data)
     assert info.value.code in {"invalid_wav", "unsupported_format"}

@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -178,8 +178,8 @@ class FuzzServer:
                 self._ready.set_exception(exc)
             raise
 
-    def run(self, coro: Awaitable[T], timeout: float = WAIT_S * 2) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT_S * 2) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def start(self) -> None:
         logging.getLogger().addHandler(self.log)

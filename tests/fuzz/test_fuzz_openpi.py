@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -103,16 +104,28 @@ frames = st.one_of(
 )
 
 
+@dataclass
+class ServedRobot:
+    """The fuzzed server and the canary robot, connected before fuzzing."""
+
+    server: FuzzServer
+    robot: WebsocketClientPolicy
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[FuzzServer]:
+def served() -> Iterator[ServedRobot]:
     async def make_app():
         return build_app(fuzz_config())
 
     with fuzz_server(make_app) as running:
-        robot = WebsocketClientPolicy(running.ws_base + ROUTE)  # the canary robot, connected before fuzzing
+        robot = WebsocketClientPolicy(running.ws_base + ROUTE)
         assert "actions" in robot.infer(example_observation(1))
-        running.robot = robot  # type: ignore[attr-defined]
-        yield running
+        yield ServedRobot(running, robot)
+
+
+@pytest.fixture(scope="module")
+def server(served: ServedRobot) -> FuzzServer:
+    return served.server
 
 
 def exchange(server: FuzzServer, messages: list[bytes | str]) -> None:
@@ -141,6 +154,6 @@ def test_frames_get_actions_or_typed_errors(server: FuzzServer, messages: list[b
     exchange(server, messages)
 
 
-def test_zz_afterwards_the_robot_and_the_canary_work_the_log_is_clean(server: FuzzServer) -> None:
-    assert "actions" in server.robot.infer(example_observation(2))  # type: ignore[attr-defined]
-    server.assert_healthy_after_fuzzing()
+def test_zz_afterwards_the_robot_and_the_canary_work_the_log_is_clean(served: ServedRobot) -> None:
+    assert "actions" in served.robot.infer(example_observation(2))
+    served.server.assert_healthy_after_fuzzing()

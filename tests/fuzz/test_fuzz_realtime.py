@@ -175,7 +175,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "event": json_values(),
     "payload": json_values(),
 }
-events = st.fixed_dictionaries({"type": st.sampled_from(EVENT_TYPES) | json_values()}, optional=FIELDS)  # type: ignore[arg-type]
+events = st.fixed_dictionaries({"type": st.sampled_from(EVENT_TYPES) | json_values()}, optional=FIELDS)
 # Well-formed events, each with at most one field replaced: reach past validation into the session.
 _PCM = b64(bytes(960))
 VALID_EVENTS: list[dict[str, Any]] = [

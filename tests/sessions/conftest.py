@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import pytest
 
 from rtserve.config import SessionLimits
 from rtserve.sessions import SessionHandle, SessionManager
-from rtserve.sessions.attachment import Attachment
+from rtserve.sessions.attachment import Attachment, _AttachmentState
 from rtserve.sessions.buffer import OutputBuffer
 from rtserve.sessions.events import SessionEvent
 from tests.clocks import FakeClock
@@ -18,6 +19,7 @@ from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSessi
 
 # Real-time bounds only guard against a hung test; nothing asserts on timing.
 HANG_GUARD_S = 10.0
+E = TypeVar("E", bound=SessionEvent)
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ async def make_manager(clock: FakeClock) -> AsyncIterator[Callable[..., SessionM
 
     def make(engine: TestDoubleEngine, **limits: object) -> SessionManager:
         merged = {"engine_close_timeout_s": 0.5, **limits}
-        manager = SessionManager(engine, SessionLimits(**merged), clock=clock)  # type: ignore[arg-type]
+        manager = SessionManager(engine, SessionLimits.model_validate(merged), clock=clock)
         managers.append(manager)
         return manager
 
@@ -69,7 +71,7 @@ async def take_ready(attachment: Attachment) -> list[SessionEvent]:
         or attachment._replay
         or buffer.pending_events
         or (buffer.closed and not buffer.finished and attachment.active)
-        or attachment._state == "superseded"
+        or attachment._state is _AttachmentState.SUPERSEDED
     ):
         delivery = await asyncio.wait_for(attachment.next_delivery(), HANG_GUARD_S)
         if delivery is None:
@@ -101,5 +103,5 @@ def names(events: list[SessionEvent]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-def of_type(events: list[SessionEvent], event_type: type) -> list:
+def of_type(events: list[SessionEvent], event_type: type[E]) -> list[E]:
     return [e for e in events if isinstance(e, event_type)]

@@ -11,21 +11,21 @@ steps the zero-padded partial tail, and ``close()`` discards whatever was not re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from rtserve.engines.errors import CapacityExhausted
 from rtserve.engines.events import EngineEvent, InputTranscript, OutputAudio, ResponseFinished
-from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.protocols import HostedSessionEngine, SleepStage, TurnEngines
 from rtserve.engines.turn_detection import TurnDetection
-from rtserve.engines.values import EngineCapabilities, ResponseRequest, SessionOptions
-
-_END = object()
+from rtserve.engines.values import EngineCapabilities, Pcm, ResponseRequest, SessionOptions
 
 
 class TestDoubleEngineSession:
+    """An ``EngineSession`` (checked by mypy, below)."""
+
     __test__ = False  # not a pytest class
 
     def __init__(self, engine: TestDoubleEngine, session_id: str, options: SessionOptions) -> None:
@@ -44,13 +44,14 @@ class TestDoubleEngineSession:
         self.closed = False
         self.transcript_on_commit: str | None = "hello there"
         self.commit_error: Exception | None = None
+        self.push_error: Exception | None = None  # push_audio() raises it (and keeps raising)
         self.commit_gate: asyncio.Event | None = None
         self.close_failures = engine.close_failures  # how many close() calls raise first
         self.close_hangs = engine.close_hangs
         self.close_gate: asyncio.Event | None = engine.close_gate  # close() waits for it
-        self.on_close: list[object] = []  # callables run at the start of close() (to observe order)
-        self.on_set_epoch: list[object] = []
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.on_close: list[Callable[[], object]] = []  # run at the start of close() (to observe order)
+        self.on_set_epoch: list[Callable[[], object]] = []
+        self._queue: asyncio.Queue[EngineEvent | None] = asyncio.Queue()  # None: the stream ends
         self._partial = np.zeros(0, dtype=np.float32)
         self._frames = 0
 
@@ -69,7 +70,9 @@ class TestDoubleEngineSession:
         if self.capabilities.mode == "lockstep":
             self._step_tail()
 
-    def push_audio(self, pcm: np.ndarray) -> None:
+    def push_audio(self, pcm: Pcm) -> None:
+        if self.push_error is not None:
+            raise self.push_error
         self.pushed.append(pcm)
         if self.capabilities.mode == "lockstep":
             self._partial = np.concatenate([self._partial, pcm.astype(np.float32)])
@@ -98,24 +101,21 @@ class TestDoubleEngineSession:
 
     def set_epoch(self, epoch: int) -> None:
         for hook in self.on_set_epoch:
-            hook()  # type: ignore[operator]
+            hook()
         self.epochs.append(epoch)
         self.epoch = epoch
 
     def configure_turn_detection(self, settings: TurnDetection | None) -> None:
         pass  # the double has no VAD of its own: tests emit SpeechStarted/SpeechStopped
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            yield item  # type: ignore[misc]
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
+        while (item := await self._queue.get()) is not None:
+            yield item
 
     async def close(self) -> None:
         self.close_calls += 1
         for hook in self.on_close:
-            hook()  # type: ignore[operator]
+            hook()
         if self.close_gate is not None:
             await self.close_gate.wait()
         if self.close_hangs:
@@ -127,7 +127,7 @@ class TestDoubleEngineSession:
             self.closed = True
             while not self._queue.empty():  # a released session's unread output is never delivered
                 self._queue.get_nowait()
-            self._queue.put_nowait(_END)
+            self._queue.put_nowait(None)
         self.engine.closed_sessions.append(self.session_id)
 
     # -- scripting helpers -------------------------------------------------
@@ -137,7 +137,7 @@ class TestDoubleEngineSession:
 
     def end_stream(self) -> None:
         """The engine drops the session on its own (its event stream ends)."""
-        self._queue.put_nowait(_END)
+        self._queue.put_nowait(None)
 
     def audio(
         self,
@@ -162,10 +162,12 @@ class TestDoubleEngineSession:
     def _step(self, frame: np.ndarray) -> None:
         self._frames += 1
         text = "w" if self._frames % 2 == 0 else None
-        self.emit(OutputAudio(frame * 0.5, self.epoch, None, text))
+        self.emit(OutputAudio((frame * 0.5).astype(np.float32), self.epoch, None, text))
 
 
 class TestDoubleEngine:
+    """A ``HostedSessionEngine`` (checked by mypy, below)."""
+
     __test__ = False
 
     def __init__(
@@ -217,6 +219,9 @@ class TestDoubleEngine:
     def turn_engines(self) -> TurnEngines:
         return TurnEngines()
 
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        return ()
+
     def model_ids(self) -> list[str]:
         return [self.capabilities.name]
 
@@ -233,3 +238,9 @@ class TestDoubleEngine:
         session = TestDoubleEngineSession(self, session_id, options)
         self.sessions[session_id] = session
         return session
+
+
+if TYPE_CHECKING:
+    # `make check` runs mypy over this module: the double stays what build_app and SessionManager
+    # take, and its open_session returns an EngineSession.
+    _conforms: HostedSessionEngine = TestDoubleEngine()

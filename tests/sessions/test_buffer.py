@@ -9,14 +9,16 @@ import threading
 import numpy as np
 import pytest
 
-from rtserve.sessions.buffer import OutputBuffer
+from rtserve.sessions.buffer import BufferedEvent, OutputBuffer
 from rtserve.sessions.errors import OutputOverflowError
 from rtserve.sessions.events import (
     AudioDelta,
     ErrorEvent,
     ResponseCreated,
     ResponseDone,
+    ResponseStatus,
     SessionClosed,
+    SessionEvent,
     SessionExpired,
     TranscriptDelta,
 )
@@ -43,12 +45,12 @@ def audio(response_id: str = "old", epoch: int = 0, samples: int = 8) -> AudioDe
     )
 
 
-def done(response_id: str = "old", status: str = "completed") -> ResponseDone:
-    return ResponseDone(session_id=SID, response_id=response_id, status=status)  # type: ignore[arg-type]
+def done(response_id: str = "old", status: ResponseStatus = "completed") -> ResponseDone:
+    return ResponseDone(session_id=SID, response_id=response_id, status=status)
 
 
-def wire_bytes(event: object) -> int:
-    return len(compact_json(PROJECTION.render(event)).encode("utf-8"))  # type: ignore[arg-type]
+def wire_bytes(event: SessionEvent) -> int:
+    return len(compact_json(PROJECTION.render(event)).encode("utf-8"))
 
 
 async def drain(buffer: OutputBuffer) -> list:
@@ -136,12 +138,14 @@ async def test_ordinary_events_cannot_use_the_reserve() -> None:
 
 
 @pytest.mark.parametrize("closure_type", [SessionClosed, SessionExpired])
-async def test_oversized_close_still_ends_stream_without_reopening_it(closure_type: type) -> None:
+async def test_oversized_close_still_ends_stream_without_reopening_it(
+    closure_type: type[SessionClosed | SessionExpired],
+) -> None:
     buffer = make_buffer(max_bytes=128)
     closure = closure_type(session_id=SID, reason="client_close", details={"why": "x" * 5000})
     assert buffer.close(closure)
     delivered = await buffer.get()
-    assert type(delivered) is closure_type
+    assert isinstance(delivered, closure_type) and type(delivered) is closure_type
     assert delivered.event_id == closure.event_id
     assert delivered.session_id == SID
     assert delivered.reason == "close_details_exceed_output_limit"
@@ -200,7 +204,7 @@ def test_closure_events_must_use_close() -> None:
     with pytest.raises(TypeError):
         buffer.put(SessionClosed(session_id=SID, reason="x"))
     with pytest.raises(TypeError):
-        buffer.close(done())  # type: ignore[arg-type]
+        buffer.close(done())  # type: ignore[arg-type]  # deliberately not a closure: close() refuses it at run time
 
 
 async def test_a_non_owner_consumer_is_interrupted_not_served() -> None:
@@ -217,4 +221,4 @@ async def test_a_non_owner_consumer_is_interrupted_not_served() -> None:
     buffer.put(event)
     assert await buffer.next_entry(owner_a) is INTERRUPTED
     entry = await buffer.next_entry(owner_b)
-    assert entry.event is event
+    assert isinstance(entry, BufferedEvent) and entry.event is event

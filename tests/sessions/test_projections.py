@@ -6,8 +6,10 @@ import base64
 import inspect
 import json
 import typing
+from typing import Any
 
 import numpy as np
+import pydantic
 import pytest
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GAServerEvent
@@ -19,7 +21,8 @@ from rtserve.sessions import commands as cmd
 from rtserve.sessions import events as ev
 from rtserve.sessions.projections import NativeDuplexProjection, RealtimeProjection, compact_json, with_seq
 from rtserve.sessions.projections.native import NATIVE_NAMES
-from rtserve.sessions.projections.realtime import _GA_NAMES
+from rtserve.sessions.projections.realtime import _GA_NAMES, Naming
+from rtserve.sessions.session_config import AudioFormat
 from tests.sessions.conftest import engine_session, settle, take_ready
 
 SID = "duplex-abc"
@@ -30,7 +33,7 @@ EVENT_TYPES = [
 ]
 
 
-def sdk_models(union: object) -> dict[str, type]:
+def sdk_models(union: object) -> dict[str, type[pydantic.BaseModel]]:
     """The official SDK's server-event models by their ``type`` literal."""
     members = typing.get_args(union)
     if typing.get_origin(union) is typing.Annotated:
@@ -82,9 +85,9 @@ def test_every_event_type_has_a_name_in_every_dialect() -> None:
         ),
     ],
 )
-def test_ga_and_beta_names(naming: str, expected: list[str]) -> None:
-    projection = RealtimeProjection(naming)  # type: ignore[arg-type]
-    ids = {"session_id": SID, "response_id": "r", "item_id": "i"}
+def test_ga_and_beta_names(naming: Naming, expected: list[str]) -> None:
+    projection = RealtimeProjection(naming)
+    ids: dict[str, Any] = {"session_id": SID, "response_id": "r", "item_id": "i"}
     events = [
         ev.AudioDelta(**ids, pcm=np.zeros(4, np.float32), sample_rate=24000),
         ev.TranscriptDelta(**ids, delta="a"),
@@ -118,8 +121,12 @@ async def test_a_real_conversation_renders_to_valid_openai_sdk_events(engine, ma
     handle.submit(cmd.ResponseCancel(event_id="none-active"))
     events = await take_ready(handle.attachment)
     assert len(events) > 25
-    for naming, models in (("ga", GA_MODELS), ("beta", BETA_MODELS)):
-        projection = RealtimeProjection(naming)  # type: ignore[arg-type]
+    dialects: tuple[tuple[Naming, dict[str, type[pydantic.BaseModel]]], ...] = (
+        ("ga", GA_MODELS),
+        ("beta", BETA_MODELS),
+    )
+    for naming, models in dialects:
+        projection = RealtimeProjection(naming)
         checked = set()
         for event in events:
             wire = json.loads(projection.render_text(event))
@@ -159,12 +166,12 @@ def test_duplex_extensions_add_the_epoch_and_the_history_flag() -> None:
 
 
 @pytest.mark.parametrize("audio_format", ["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"])
-def test_audio_deltas_carry_the_session_format(audio_format: str) -> None:
+def test_audio_deltas_carry_the_session_format(audio_format: AudioFormat) -> None:
     pcm = np.linspace(-0.9, 0.9, 160, dtype=np.float32)
     rate = 8000 if audio_format.startswith("g711") else 24000
     delta = ev.AudioDelta(
         session_id=SID, response_id="r", item_id="i", pcm=pcm, sample_rate=rate, audio_format=audio_format
-    )  # type: ignore[arg-type]
+    )
     wire = RealtimeProjection("ga").render(delta)
     raw = base64.b64decode(wire["delta"])
     assert wire["sample_rate_hz"] == rate
@@ -174,8 +181,8 @@ def test_audio_deltas_carry_the_session_format(audio_format: str) -> None:
     elif audio_format == "pcm_f32le":
         np.testing.assert_array_equal(np.frombuffer(raw, "<f4"), pcm)
     else:
-        decoded = g711.decode(audio_format.removeprefix("g711_"), raw)  # type: ignore[arg-type]
-        np.testing.assert_allclose(decoded, pcm, atol=0.03)
+        law: g711.G711Law = "ulaw" if audio_format == "g711_ulaw" else "alaw"
+        np.testing.assert_allclose(g711.decode(law, raw), pcm, atol=0.03)
 
 
 def test_session_objects_follow_each_dialect() -> None:
@@ -202,7 +209,7 @@ def test_session_objects_follow_each_dialect() -> None:
 def test_native_dialect_is_flat_and_names_its_session_and_epoch() -> None:
     projection = NativeDuplexProjection()
     pcm = np.full(4, 0.5, np.float32)
-    ids = {"session_id": SID, "epoch": 1, "response_id": "r", "item_id": "i"}
+    ids: dict[str, Any] = {"session_id": SID, "epoch": 1, "response_id": "r", "item_id": "i"}
     audio = projection.render(ev.AudioDelta(**ids, pcm=pcm, sample_rate=24000))
     assert audio["type"] == "response.output_audio.delta"
     assert (audio["session_id"], audio["epoch"], audio["format"], audio["sample_rate_hz"]) == (SID, 1, "pcm16", 24000)

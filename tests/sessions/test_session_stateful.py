@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import hypothesis
 import numpy as np
@@ -60,6 +60,7 @@ class SessionMachine(RuleBasedStateMachine):
         )
         self.manager = SessionManager(self.engine, limits, clock=self.clock)
         self.handle = self.run(self.manager.open())
+        assert self.handle.attachment is not None  # open() gives the first consumer
         self.attachment = self.handle.attachment
         self.session = self.engine.sessions[self.handle.session_id]
         self.delivered: list[ev.SessionEvent] = []
@@ -130,10 +131,10 @@ class SessionMachine(RuleBasedStateMachine):
             self.run(_settle())
 
     @rule(status=st.sampled_from(["completed", "failed"]))
-    def engine_finish(self, status: str) -> None:
+    def engine_finish(self, status: Literal["completed", "failed"]) -> None:
         response_id = self._latest_response()
         if response_id is not None:
-            self.session.finish(response_id, status)  # type: ignore[arg-type]
+            self.session.finish(response_id, status)
             self.run(_settle())
 
     @rule(kind=st.sampled_from(["cancel", "barge_in", "clear_output", "heartbeat"]))

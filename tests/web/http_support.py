@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import av
 import numpy as np
@@ -24,12 +24,13 @@ import openai
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.errors import EngineError
-from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.protocols import EngineSession, HostedSessionEngine, SleepStage, TurnEngines
 from rtserve.engines.values import (
     ChatMessage,
     EngineCapabilities,
     Pcm,
     SamplingParams,
+    SessionOptions,
     TokenDelta,
     TranscriptPiece,
     VoiceInfo,
@@ -64,7 +65,9 @@ class EchoLLMDouble:
         self.control = StreamControl()
         self.seen: list[tuple[tuple[ChatMessage, ...], SamplingParams]] = []
 
-    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> AsyncGenerator[TokenDelta, None]:
         self.control.calls += 1
         self.seen.append((tuple(messages), params))
         self.control.started.set()
@@ -74,7 +77,7 @@ class EchoLLMDouble:
         try:
             for i, word in enumerate(words[: params.max_tokens]):
                 await self.control.gate(i)
-                finish = None
+                finish: Literal["stop", "length"] | None = None
                 if i == len(words) - 1:
                     finish = "stop"
                 elif i == params.max_tokens - 1:
@@ -95,14 +98,14 @@ class ToneTTSDouble:
 
     model_name = "double-tts"
     sample_rate = 16000
-    voices = ("low", "high")
+    voices: tuple[str, ...] = ("low", "high")
     FREQUENCIES: ClassVar[dict[str, float]] = {"low": 300.0, "high": 1200.0}
     WORD_SECONDS = 0.1
 
     def __init__(self) -> None:
         self.control = StreamControl()
 
-    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncIterator[Pcm]:
+    async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:
         self.control.calls += 1
         if voice is not None and voice not in self.voices:
             raise EngineError(f"unknown voice {voice!r}; this double speaks with low, high", code="invalid_voice")
@@ -158,7 +161,7 @@ class ToneASRDouble:
 
     async def transcribe(
         self, audio: AsyncIterator[Pcm], *, language: str | None = None, prompt: str | None = None
-    ) -> AsyncIterator[TranscriptPiece]:
+    ) -> AsyncGenerator[TranscriptPiece, None]:
         self.control.calls += 1
         self.languages.append(language)
         self.prompts.append(prompt)
@@ -180,7 +183,7 @@ class ToneASRDouble:
 
 
 class TurnEnginesSessionDouble:
-    """Test double SessionEngine that lends the three turn doubles (``turn_engines()``)."""
+    """Test double ``HostedSessionEngine`` that lends the three turn doubles (``turn_engines()``)."""
 
     capabilities = EngineCapabilities(
         name="double",
@@ -205,8 +208,8 @@ class TurnEnginesSessionDouble:
     async def start(self) -> None:
         self._ready = True
 
-    async def open_session(self, session_id, options):  # pragma: no cover - HTTP routes never open sessions
-        raise NotImplementedError
+    async def open_session(self, session_id: str, options: SessionOptions) -> EngineSession:  # pragma: no cover
+        raise NotImplementedError("the HTTP routes never open sessions")
 
     async def stop(self) -> None:
         self._ready = False
@@ -216,6 +219,47 @@ class TurnEnginesSessionDouble:
 
     def turn_engines(self) -> TurnEngines:
         return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
+
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        return ()
+
+
+class NoTurnEnginesDouble:
+    """Test double ``HostedSessionEngine`` that lends no turn engines (a lockstep-only engine)."""
+
+    capabilities = EngineCapabilities(
+        name="frames-only",
+        mode="lockstep",
+        input_sample_rate=24000,
+        output_sample_rate=24000,
+        chunk_period_ms=80,
+        max_sessions=1,
+        supports_barge_in=False,
+    )
+    ready = True
+
+    async def start(self) -> None:
+        pass
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> EngineSession:  # pragma: no cover
+        raise NotImplementedError("not used by the HTTP routes")
+
+    async def stop(self) -> None:
+        pass
+
+    def model_ids(self) -> list[str]:
+        return ["frames-only"]
+
+    def turn_engines(self) -> TurnEngines:
+        return TurnEngines()
+
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        return ()
+
+
+if TYPE_CHECKING:
+    # `make check` runs mypy over this module: each double stays what build_app takes.
+    _conforms: tuple[HostedSessionEngine, ...] = (TurnEnginesSessionDouble(), NoTurnEnginesDouble())
 
 
 @contextlib.asynccontextmanager
@@ -247,6 +291,7 @@ def audio_file(
     out = io.BytesIO()
     with av.open(out, mode="w", format=container) as c:
         stream = c.add_stream(codec, rate=rate, layout="stereo" if channels == 2 else "mono")
+        assert isinstance(stream, av.AudioStream)
         interleaved = np.repeat(pcm, channels)[None, :]  # packed: L0 R0 L1 R1 ...
         frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=stream.layout.name)
         frame.sample_rate = rate

@@ -8,7 +8,7 @@ import contextlib
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -18,11 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
+from rtserve.engines.events import EngineEvent
 from rtserve.engines.lockstep import LockstepSessionEngine, SystemTickClock
-from rtserve.engines.protocols import SessionEngine, TurnEngines
+from rtserve.engines.protocols import EngineSession, HostedSessionEngine, SessionEngine, SleepStage, TurnEngines
 from rtserve.engines.reference import LoopbackModel
 from rtserve.engines.registry import create_engine
-from rtserve.engines.values import SessionOptions
+from rtserve.engines.turn_detection import TurnDetection
+from rtserve.engines.values import Pcm, ResponseRequest, SessionOptions
 from tests.support import serve_app
 
 RATE = 24_000
@@ -85,7 +87,7 @@ def held_loopback_engine(
 class RecordingEngine:
     """Delegates to a real engine and records the options and closes of its sessions."""
 
-    def __init__(self, inner: SessionEngine) -> None:
+    def __init__(self, inner: HostedSessionEngine) -> None:
         self.inner = inner
         self.capabilities = inner.capabilities
         self.opened: list[SessionOptions] = []
@@ -107,17 +109,50 @@ class RecordingEngine:
     def turn_engines(self) -> TurnEngines:
         return self.inner.turn_engines()
 
-    async def open_session(self, session_id: str, options: SessionOptions):  # type: ignore[no-untyped-def]
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        return self.inner.sleep_stages()
+
+    async def open_session(self, session_id: str, options: SessionOptions) -> EngineSession:
         session = await self.inner.open_session(session_id, options)
         self.opened.append(options)
-        inner_close = session.close
+        return _CountedCloses(session, self)
 
-        async def close() -> None:
-            self.closed += 1
-            await inner_close()
 
-        session.close = close  # type: ignore[method-assign]
-        return session
+class _CountedCloses:
+    """An engine session exactly as the engine's own, except that it counts its ``close`` calls."""
+
+    def __init__(self, inner: EngineSession, engine: RecordingEngine) -> None:
+        self.inner = inner
+        self.engine = engine
+        self.capabilities = inner.capabilities
+
+    def push_audio(self, pcm: Pcm) -> None:
+        self.inner.push_audio(pcm)
+
+    async def commit_input(self) -> None:
+        await self.inner.commit_input()
+
+    def clear_input(self) -> None:
+        self.inner.clear_input()
+
+    async def drain(self) -> None:
+        await self.inner.drain()
+
+    def respond(self, request: ResponseRequest) -> None:
+        self.inner.respond(request)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None:
+        self.inner.configure_turn_detection(settings)
+
+    def events(self) -> AsyncGenerator[EngineEvent, None]:
+        return self.inner.events()
+
+    async def close(self) -> None:
+        self.engine.closed += 1
+        await self.inner.close()
 
 
 @dataclass
@@ -141,7 +176,7 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def moshi_server(
-    config: ServerConfig, engine: SessionEngine | None = None, registry: CollectorRegistry | None = None
+    config: ServerConfig, engine: HostedSessionEngine | None = None, registry: CollectorRegistry | None = None
 ) -> AsyncIterator[Server]:
     registry = registry or CollectorRegistry()
     engine = engine or create_engine("loopback", config, registry)

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -401,7 +401,7 @@ class CascadeSession:
             self._response.cancel()
             self._response = self._response_meta = None
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
         while (event := await self._channel.get()) is not None:
             yield event
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -76,7 +76,7 @@ class LockstepSession:
         """Lockstep models hear everything continuously; they have no server VAD to set."""
         raise EngineError("this engine has no server VAD", code=TURN_CONTROL_UNSUPPORTED)
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
         while True:
             item = await self._lease.next_output()
             if item is None:

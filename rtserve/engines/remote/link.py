@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -243,6 +243,12 @@ class EngineLink:
         self.send((Kind.STREAM_INPUT, stream_id, None))
 
 
+class MessageSink(Protocol):
+    """What the uplink needs of its link: somewhere to send one message (``EngineLink.send``)."""
+
+    def send(self, message: tuple[Any, ...]) -> None: ...
+
+
 class Uplink:
     """Audio of every session of this worker, sent as one message per engine tick.
 
@@ -254,7 +260,7 @@ class Uplink:
     be handed to the sessions oldest input first (``in_delivery_order``).
     """
 
-    def __init__(self, link: EngineLink, lead_s: float, last_call_s: float) -> None:
+    def __init__(self, link: MessageSink, lead_s: float, last_call_s: float) -> None:
         self._link = link
         self._leads = sorted({lead_s, last_call_s}, reverse=True)
         self._pending: list[tuple[int, Any]] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 import av
 import numpy as np
@@ -23,8 +24,8 @@ from prometheus_client import Counter
 
 from rtserve.codecs.pcm import FloatArray, int16_to_float
 from rtserve.codecs.resample import StreamResampler
-from rtserve.sessions import SessionHandle
 from rtserve.sessions import commands as cmd
+from rtserve.sessions.events import ErrorEvent
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,21 @@ def frame_to_mono(frame: av.AudioFrame) -> FloatArray:
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
+class SessionInput(Protocol):
+    """What the reader needs of its session (a ``SessionHandle``): a way in for audio, and
+    whether the session is closing."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def submit(self, command: cmd.AppendAudio) -> ErrorEvent | None:
+        """None when admitted; otherwise the refusal."""
+        ...
+
+
 class InboundAudio:
     def __init__(
-        self, track: MediaStreamTrack, handle: SessionHandle, engine_rate: int, backlog_frames: int, dropped: Counter
+        self, track: MediaStreamTrack, handle: SessionInput, engine_rate: int, backlog_frames: int, dropped: Counter
     ) -> None:
         self._track = track
         self._handle = handle

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,11 @@ def stored(tmp_path: Path, name: str, model: bytes) -> Path:
     return path
 
 
-def sandbox(**limits: float) -> VoiceSandbox:
-    values = {"memory_bytes": 1 << 30, "cpu_s": 30.0, "wall_s": 30.0, "cpu_threads": 1, "max_loaded": 2, **limits}
-    return VoiceSandbox(SandboxLimits(**values))  # type: ignore[arg-type]
+LIMITS = SandboxLimits(memory_bytes=1 << 30, cpu_s=30.0, wall_s=30.0, cpu_threads=1, max_loaded=2)
+
+
+def sandbox(limits: SandboxLimits = LIMITS) -> VoiceSandbox:
+    return VoiceSandbox(limits)
 
 
 def speak(box: VoiceSandbox, path: Path, text: str = "Hello.", max_samples: int = 30 * SECOND):
@@ -51,12 +54,12 @@ def test_a_real_voice_speaks_and_the_child_survives_for_the_next_request(tmp_pat
 def test_each_limit_ends_the_child_with_its_own_error_and_the_next_call_starts_a_new_one(tmp_path):
     joe = stored(tmp_path, "joe", joe_files()[0])
     cases = [
-        (stored(tmp_path, "bomb", constant_of_shape(268435456)), {}, "sandbox_memory_bytes"),
-        (stored(tmp_path, "spin", looping(10**12)), {"wall_s": 8.0}, "sandbox_wall_s"),
-        (stored(tmp_path, "burn", looping(10**12)), {"cpu_s": 1.0}, "sandbox_cpu_s"),
+        (stored(tmp_path, "bomb", constant_of_shape(268435456)), LIMITS, "sandbox_memory_bytes"),
+        (stored(tmp_path, "spin", looping(10**12)), replace(LIMITS, wall_s=8.0), "sandbox_wall_s"),
+        (stored(tmp_path, "burn", looping(10**12)), replace(LIMITS, cpu_s=1.0), "sandbox_cpu_s"),
     ]
     for path, limits, named in cases:
-        box = sandbox(**limits)
+        box = sandbox(limits)
         try:
             started = time.perf_counter()
             with pytest.raises(VoiceModelRejected) as rejected:

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 
 import pytest
-from lockstep_fakes import FRAME, RecordingModel, frame, metric
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import LockstepScheduler, SlotLease, TickOutcome, TickPacer, TickReport
 from tests.clocks import FakeTickClock
+from tests.engines.lockstep.lockstep_fakes import FRAME, RecordingModel, frame, metric
 
 PERIOD = 0.08
 BACKLOG_CAP = round(LockstepConfig().max_input_backlog_ms * 100 / 1000) // FRAME  # frames at 100 Hz: the catch-up bound

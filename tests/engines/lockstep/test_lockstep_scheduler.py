@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep import SlotPhase
 from rtserve.engines.values import SlotPrompt
+from tests.engines.lockstep.lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
 
 def drain(lease) -> list:

@@ -32,10 +32,19 @@ def _run(
     return outputs
 
 
+def _live(frames: list[FrameOutput | None]) -> list[FrameOutput]:
+    """The frames of a slot that was live on every tick."""
+    live = [f for f in frames if f is not None]
+    assert len(live) == len(frames), "a slot was not live on every tick"
+    return live
+
+
+def _frames(outputs: list[list[FrameOutput | None]], slot: int) -> list[FrameOutput]:
+    return _live([tick[slot] for tick in outputs])
+
+
 def _audio(outputs: list[list[FrameOutput | None]], slot: int) -> np.ndarray:
-    frames = [tick[slot] for tick in outputs]
-    assert all(f is not None for f in frames)
-    return np.stack([f.audio for f in frames if f is not None])
+    return np.stack([f.audio for f in _frames(outputs, slot)])
 
 
 def _check_isolation(loaded: LoadedModel, sampling: MoshiSampling, seeds: list[int | None]) -> None:
@@ -44,18 +53,18 @@ def _check_isolation(loaded: LoadedModel, sampling: MoshiSampling, seeds: list[i
     recycled = _run(MoshiFrameModel(loaded, BATCH, sampling=sampling), inputs, 2, seeds)
     for slot in (0, 1, 3):
         assert np.array_equal(_audio(plain, slot), _audio(recycled, slot)), f"slot {slot} changed"
-        assert [t[slot].text for t in plain] == [t[slot].text for t in recycled]  # type: ignore[union-attr]
+        assert [f.text for f in _frames(plain, slot)] == [f.text for f in _frames(recycled, slot)]
     # The recycled slot really restarted: its first frame after the recycle is the acoustic-delay silence.
     assert not _audio(recycled, 2)[RECYCLE_AT].any()
     assert not np.array_equal(_audio(plain, 2)[RECYCLE_AT:], _audio(recycled, 2)[RECYCLE_AT:])
     # ... and replays like a pristine slot fed the same audio from that tick on.
     fresh = MoshiFrameModel(loaded, 1, sampling=sampling)
     fresh.open_slot(0, SlotPrompt(seed=seeds[2]))
-    replay = [fresh.step(inputs[t, 2:3], np.ones(1, bool))[0] for t in range(RECYCLE_AT, TICKS)]
+    replay = _live([fresh.step(inputs[t, 2:3], np.ones(1, bool))[0] for t in range(RECYCLE_AT, TICKS)])
     got = _audio(recycled, 2)[RECYCLE_AT:]
-    want = np.stack([r.audio for r in replay if r is not None])
+    want = np.stack([r.audio for r in replay])
     assert np.allclose(got, want, atol=1e-5), float(np.abs(got - want).max())
-    assert [t[2].text for t in recycled[RECYCLE_AT:]] == [r.text for r in replay]  # type: ignore[union-attr]
+    assert [f.text for f in _frames(recycled[RECYCLE_AT:], 2)] == [r.text for r in replay]
 
 
 def test_greedy_recycle_of_slot_2_leaves_other_slots_bit_identical(loaded: LoadedModel) -> None:
@@ -79,4 +88,4 @@ def _run_pair(model: MoshiFrameModel, inputs: np.ndarray, seeds: list[int]) -> t
     for slot, seed in enumerate(seeds):
         model.open_slot(slot, SlotPrompt(seed=seed))
     outs = [model.step(inputs[t], np.ones(2, bool)) for t in range(inputs.shape[0])]
-    return tuple(np.stack([o[s].audio for o in outs]) for s in range(2))  # type: ignore[return-value,union-attr]
+    return _audio(outs, 0), _audio(outs, 1)

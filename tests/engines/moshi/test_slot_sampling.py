@@ -21,7 +21,12 @@ def _audio(model: MoshiFrameModel, prompts: list[SlotPrompt], inputs: np.ndarray
         model.open_slot(slot, prompt)
     live = np.ones(model.batch_size, bool)
     outputs = [model.step(inputs[t], live) for t in range(inputs.shape[0])]
-    return [np.stack([o[slot].audio for o in outputs]) for slot in range(model.batch_size)]  # type: ignore[union-attr]
+    per_slot = []
+    for slot in range(model.batch_size):
+        frames = [o[slot] for o in outputs]
+        assert all(f is not None for f in frames), f"slot {slot} was not live on every tick"
+        per_slot.append(np.stack([f.audio for f in frames if f is not None]))
+    return per_slot
 
 
 def test_a_slots_sampling_overrides_the_engine_default_for_that_slot_only(loaded: LoadedModel) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ SESSIONS = 8
 
 
 def test_flush_points_sit_just_before_the_engines_ticks() -> None:
-    uplink = Uplink(link=None, lead_s=0.015, last_call_s=0.002)  # type: ignore[arg-type]
+    uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_call_s=0.002)
     assert uplink._next_flush(5.0) == 5.0  # no tick seen yet: at once
     uplink.set_period(0.08)
     uplink.tick_due(10.0)
@@ -94,17 +95,19 @@ async def test_many_sessions_cross_in_per_tick_batches_and_come_back_whole(confi
 
 
 class _SentMessages:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
+    """An uplink's link (``MessageSink``) that keeps what it is sent."""
 
-    def send(self, message: tuple) -> None:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+
+    def send(self, message: tuple[Any, ...]) -> None:
         self.sent.append(message)
 
 
 async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_first() -> None:
     """One tick's frames reach a worker together; the session whose input arrived just after
     the previous tick has waited a period already and is served first."""
-    uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_call_s=0.002)  # type: ignore[arg-type]
+    uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_call_s=0.002)
     for handle in (3, 1, 2):  # arrival order: 3, then 1, then 2 (a new loop time each)
         uplink.push(handle, np.zeros(CHUNK, np.float32))
         await asyncio.sleep(0.002)
@@ -123,6 +126,7 @@ async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector(
     reader.feed_data(encode((Kind.EVENTS_OUT, [(1, OutputAudio(pcm=np.ones(FRAME, np.float32), epoch=0))], 2.0)))
     reader.feed_eof()
     message = await read_message(reader)
+    assert message is not None
     pcm = message[1][0][1].pcm
     np.testing.assert_array_equal(pcm, np.ones(FRAME, np.float32))
     held = pcm

@@ -11,10 +11,8 @@ import openai
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import TurnEngines
-from rtserve.engines.values import EngineCapabilities
 from tests.support import serve_app
-from tests.web.http_support import TurnEnginesSessionDouble, audio_file, sdk, serve_doubles
+from tests.web.http_support import NoTurnEnginesDouble, TurnEnginesSessionDouble, audio_file, sdk, serve_doubles
 
 HELLO = [{"role": "user", "content": "hello there"}]
 STREAM_CHAT = {"messages": HELLO, "stream": True}
@@ -173,36 +171,6 @@ async def test_routes_are_503_engine_failed_after_a_failed_load(config):
             await asyncio.sleep(0.01)
         assert (resp.status, error["code"]) == (503, "engine_failed")
         assert "weights" not in error["message"]
-
-
-class NoTurnEnginesDouble:
-    """Test double SessionEngine that lends no turn engines (a lockstep-only engine)."""
-
-    capabilities = EngineCapabilities(
-        name="frames-only",
-        mode="lockstep",
-        input_sample_rate=24000,
-        output_sample_rate=24000,
-        chunk_period_ms=80,
-        max_sessions=1,
-        supports_barge_in=False,
-    )
-    ready = True
-
-    async def start(self) -> None:
-        pass
-
-    async def open_session(self, session_id, options):  # pragma: no cover - not used here
-        raise NotImplementedError
-
-    async def stop(self) -> None:
-        pass
-
-    def model_ids(self) -> list[str]:
-        return ["frames-only"]
-
-    def turn_engines(self) -> TurnEngines:
-        return TurnEngines()
 
 
 async def test_tasks_the_engine_does_not_serve_are_503_task_unavailable(config):

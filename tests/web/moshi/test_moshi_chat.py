@@ -7,14 +7,17 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import numpy.typing as npt
 import pytest
 import sphn
 from prometheus_client import CollectorRegistry
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import ServerConfig
 from rtserve.engines.lockstep import LockstepSessionEngine
 from rtserve.engines.reference import LoopbackModel
 from rtserve.engines.registry import create_engine
+from rtserve.engines.values import FrameOutput
 from tests.web.moshi_support import (
     FRAME,
     WAIT_S,
@@ -256,7 +259,7 @@ class FlakyLoopback(LoopbackModel):
 
     failing = False
 
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list:  # type: ignore[override]
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         if self.failing:
             raise RuntimeError("injected step failure")
         return super().step(frames, live)

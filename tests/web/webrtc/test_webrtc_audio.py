@@ -70,7 +70,7 @@ async def test_push_waits_while_the_queue_is_full_and_clear_drops_everything_at_
 
 
 class _Handle:
-    """The two members of ``SessionHandle`` the reader uses."""
+    """What the reader needs of the session (``SessionInput``): it keeps the audio submitted."""
 
     def __init__(self) -> None:
         self.submitted: list[np.ndarray] = []
@@ -94,7 +94,7 @@ async def test_reader_drops_the_oldest_backlog_beyond_its_bound_and_resamples_th
     remote._queue.put_nowait(None)  # end of track
     handle = _Handle()
     dropped = Counter("dropped", "dropped", registry=REGISTRY)
-    reader = InboundAudio(remote, handle, ENGINE_RATE, backlog_frames=10, dropped=dropped)  # type: ignore[arg-type]
+    reader = InboundAudio(remote, handle, ENGINE_RATE, backlog_frames=10, dropped=dropped)
     await asyncio.wait_for(reader.run(), 5)
     assert reader.frames + reader.dropped_frames == 40 and reader.frames <= 11
     assert REGISTRY.get_sample_value("dropped_total") == reader.dropped_frames >= 29

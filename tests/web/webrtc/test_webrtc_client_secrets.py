@@ -71,12 +71,12 @@ async def test_client_secret_places_calls_only_until_it_expires(config: ServerCo
         assert expired.value.code == "invalid_api_key"
         app[SECRETS].clock = time.time
 
-        for seconds in (5, 7201, "60"):
+        for seconds in (5, 7201, "60"):  # out of range, and deliberately not an int: refused by the server
             with pytest.raises(openai.BadRequestError) as bad_ttl:
-                await backend.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": seconds})  # type: ignore
+                await backend.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": seconds})  # type: ignore[arg-type]
             assert bad_ttl.value.param == "expires_after.seconds"
-        with pytest.raises(openai.BadRequestError) as bad_session:
-            await backend.realtime.client_secrets.create(session={"type": "realtime", "instructions": 7})  # type: ignore
+        with pytest.raises(openai.BadRequestError) as bad_session:  # instructions deliberately not a str
+            await backend.realtime.client_secrets.create(session={"type": "realtime", "instructions": 7})  # type: ignore[arg-type]
         assert bad_session.value.param == "session.instructions"
 
 
