@@ -376,6 +376,29 @@ class MoshiEngineConfig(_Section):
         return value
 
 
+class SttEngineConfig(_Section):
+    """The Kyutai streaming speech-to-text engine behind ``WS /api/asr-streaming`` (docs/engines.md#kyutai-stt-engine)."""
+
+    weights: str | None = Field(
+        None,
+        description="Kyutai STT weights (config.json with stt_config, LM and Mimi safetensors, "
+        "tokenizer), e.g. kyutai/stt-1b-en_fr: a local folder, hf://ORG/NAME[@REVISION] or "
+        "ORG/NAME; null: /api/asr-streaming is not served",
+    )
+    batch_size: int = Field(8, ge=1, description="streams stepped together (concurrent clients)")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="LM weights and activations; Mimi always runs in float32"
+    )
+    temperature: float = Field(0.0, ge=0, description="text token temperature (0: greedy)")
+    max_buffered_s: float = Field(
+        30.0,
+        gt=0,
+        description="audio a stream may hold received and not yet stepped (clients may send faster "
+        "than real time); beyond it the oldest is dropped, counted and logged",
+    )
+
+
 class WeightsConfig(_Section):
     """How every engine's weight setting is resolved from the hub (docs/engines.md#hub-weights)."""
 
@@ -913,6 +936,7 @@ class ServerConfig(_Section):
     robot: RobotConfig = RobotConfig()
     moshi: MoshiConfig = MoshiConfig()
     moshi_engine: MoshiEngineConfig = MoshiEngineConfig()
+    stt_engine: SttEngineConfig = SttEngineConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()

@@ -89,14 +89,26 @@ class SlotPrompt:
 
 
 @dataclass(frozen=True)
+class TranscriptStep:
+    """What a listening model (streaming speech-to-text) read in one frame of one slot; its
+    client assembles words from these (the tokenizer's padding ids mark word boundaries)."""
+
+    index: int  # the slot's step number since it opened, prefill steps included
+    token: int  # the text token id, padding ids included
+    scores: tuple[float, ...] = ()  # per extra head, the probability of its first class (end of turn)
+
+
+@dataclass(frozen=True)
 class FrameOutput:
-    """One frame produced for one slot: exactly ``frame_size`` samples, optional text piece."""
+    """One frame produced for one slot: exactly ``frame_size`` samples (none from a model that
+    only listens), optional text piece, and a listening model's ``transcript`` step."""
 
     audio: Pcm
     text: str | None = None
     # Set by the lockstep scheduler, not the model: the slot's input samples gone from its
     # backlog (stepped, trimmed or discarded) once the tick that made this frame took its own.
     input_samples: int | None = None
+    transcript: TranscriptStep | None = None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -487,7 +487,7 @@ class LockstepScheduler:
             output = outputs[row.slot]
             # The epoch fence: a release or set_epoch during the step voids this frame.
             if output is not None and slots[row.slot].lease is lease and lease.epoch == row.epoch:
-                output = FrameOutput(output.audio, output.text, lease.samples_consumed + lease.samples_discarded)
+                output = replace(output, input_samples=lease.samples_consumed + lease.samples_discarded)
                 if lease.output.put(output, row.epoch):
                     lease.dropped_output_frames += 1
                     dropped += 1

@@ -13,6 +13,7 @@ import enum
 import threading
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 from operator import attrgetter
 from typing import Protocol
 
@@ -194,9 +195,7 @@ class OutputHandoff:
                 if oldest.text:
                     following, following_epoch = self._items[0] if self._items else (output, epoch)
                     if following_epoch == oldest_epoch:  # older epochs' text is fenced off anyway
-                        carried = FrameOutput(
-                            following.audio, oldest.text + (following.text or ""), following.input_samples
-                        )
+                        carried = replace(following, text=oldest.text + (following.text or ""))
                         if self._items:
                             self._items[0] = (carried, following_epoch)
                         else:

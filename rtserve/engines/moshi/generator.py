@@ -52,6 +52,7 @@ class StepOverrides:
 class StepResult:
     tokens: torch.Tensor  # [B, 1 + dep_q]: text + depformer codebooks, delays undone
     ready: torch.Tensor  # [B] bool: False for a row's first max_delay frames (nothing to emit yet)
+    hidden: torch.Tensor  # [B, 1, dim]: this step's temporal output (what the extra heads read)
 
 
 class TokenStream:
@@ -123,7 +124,7 @@ class TokenStream:
         gen_delays = self.delays[: 1 + c.dep_q]
         index = (self.offsets[:, None] - c.max_delay + gen_delays[None]) % self.ring
         out = self.cache[rows[:, None], torch.arange(1 + c.dep_q, device=self.device)[None], index]
-        return StepResult(out, self.offsets > c.max_delay)
+        return StepResult(out, self.offsets > c.max_delay, hidden)
 
     def _forced(self, user_codes: torch.Tensor, overrides: StepOverrides | None) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config

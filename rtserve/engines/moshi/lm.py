@@ -5,6 +5,9 @@ Per 80 ms frame the temporal transformer sees one column of ``1 + n_q`` tokens (
 agent audio, user audio), summed as embeddings, and predicts the text token; the
 depformer then walks the ``dep_q`` audio codebooks of that frame one at a time, each step
 with its own weights, conditioned on the temporal output and the previous token.
+
+A listener (Kyutai STT, ``dep_q = 0``) has no depformer; its ``extra_heads`` read the same
+temporal output (the end-of-turn probabilities).
 """
 
 from __future__ import annotations
@@ -71,30 +74,38 @@ class MoshiLM(nn.Module):
             capacity=c.context,
         )
         self.out_norm = make_norm(c.norm, c.dim)
-        num_in = (max(c.depformer_schedule) + 1) if c.depformer_multi_linear else 1
+        num_weights = max(c.depformer_schedule, default=-1) + 1
+        num_in = num_weights if c.depformer_multi_linear else 1
         self.depformer_in = TypedModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(num_in))
         self.depformer_emb = TypedModuleList(TokenEmbedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1))
-        self.depformer_text_emb = TokenEmbedding(c.text_card + 1, c.depformer_dim)
-        num_weights = max(c.depformer_schedule) + 1
-        self.depformer = Transformer(
-            c.depformer_dim,
-            c.depformer_num_heads,
-            c.depformer_num_layers,
-            c.depformer_dim_feedforward,
-            norm=c.norm,
-            gating=True,
-            layer_scale=False,
-            num_weights=num_weights,
-            rope_max_period=None,
-            context=c.depformer_context,
-            capacity=c.depformer_context or c.dep_q,
+        self.depformer_text_emb = TokenEmbedding(c.text_card + 1, c.depformer_dim) if c.dep_q else None
+        self.depformer = (
+            Transformer(
+                c.depformer_dim,
+                c.depformer_num_heads,
+                c.depformer_num_layers,
+                c.depformer_dim_feedforward,
+                norm=c.norm,
+                gating=True,
+                layer_scale=False,
+                num_weights=num_weights,
+                rope_max_period=None,
+                context=c.depformer_context,
+                capacity=c.depformer_context or c.dep_q,
+            )
+            if c.dep_q
+            else None
         )
         self.linears = TypedModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
+        self.extra_heads = TypedModuleList(
+            nn.Linear(c.dim, c.extra_heads_dim, bias=False) for _ in range(c.extra_heads)
+        )
 
     def start(self, batch: int) -> None:
         param = self.text_linear.weight
         self.transformer.start(batch, param.device, param.dtype)
-        self.depformer.start(batch, param.device, param.dtype)
+        if self.depformer is not None:
+            self.depformer.start(batch, param.device, param.dtype)
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         self.transformer.reset_rows(mask)
@@ -108,13 +119,19 @@ class MoshiLM(nn.Module):
         hidden = self.out_norm(self.transformer(x))
         return hidden, self.text_linear(hidden)[:, 0]
 
+    def extra_head_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, 1, dim]`` temporal output -> ``[B, extra_heads, extra_heads_dim]`` softmax probabilities."""
+        return torch.stack([F.softmax(head(hidden)[:, 0].float(), dim=-1) for head in self.extra_heads], dim=1)
+
     def depformer_begin(self) -> None:
         """Every row restarts its depformer at codebook 0 (the depformer state lives one frame)."""
-        self.depformer.offset.zero_()
+        if self.depformer is not None:
+            self.depformer.offset.zero_()
 
     def depformer_logits(self, index: int, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Codebook ``index`` logits ``[B, card]`` given the temporal hidden state and the previous token ``[B]``."""
         c = self.config
+        assert self.depformer is not None and self.depformer_text_emb is not None  # index < dep_q
         weight = c.depformer_schedule[index]
         projected = self.depformer_in[weight if c.depformer_multi_linear else 0](hidden)
         token = previous[:, None]

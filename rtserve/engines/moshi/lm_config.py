@@ -1,7 +1,8 @@
 """The LM and Mimi shapes, parsed from a Kyutai ``config.json`` (docs/engines.md#numerics-and-parity).
 
-Only the architecture subset that Moshi and PersonaPlex checkpoints use is supported; any
-other option is refused by name rather than silently ignored.
+Only the architecture subset that Moshi, PersonaPlex and Kyutai STT checkpoints use is
+supported (STT: ``dep_q = 0``, no depformer, plus ``extra_heads``); any other option is
+refused by name rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ _LM_DEFAULTS: dict[str, Any] = {
     "depformer_weights_per_step": True,
     "depformer_weights_per_step_schedule": None,
     "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+    "extra_heads_num_heads": 0,
+    "extra_heads_dim": 6,
 }
 # Keys a Kyutai config carries that do not change the LM architecture.
 _IGNORED = {
@@ -66,8 +69,6 @@ _IGNORED = {
     "text_card_out",
     "demux_second_stream",
     "demux_second_text_stream",
-    "extra_heads_num_heads",
-    "extra_heads_dim",
     "norm_emb",
     "bias_proj",
     "depformer_low_rank_embeddings",
@@ -98,7 +99,6 @@ _MUST_BE = {
     "lora": False,
     "quantize": False,
     "causal": True,
-    "extra_heads_num_heads": 0,
 }
 
 
@@ -125,6 +125,8 @@ class LMConfig:
     depformer_context: int | None
     depformer_schedule: tuple[int, ...]
     delays: tuple[int, ...]
+    extra_heads: int = 0  # linear heads on the temporal output (Kyutai STT: end-of-turn probabilities)
+    extra_heads_dim: int = 6
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -183,10 +185,10 @@ class LMConfig:
         delays = tuple(int(d) for d in values["delays"])
         if len(delays) != n_q + 1:
             raise CheckpointError(f"config.json: delays has {len(delays)} entries, expected n_q + 1 = {n_q + 1}")
-        if not (dep_q == n_q or 2 * dep_q == n_q):
+        if not (dep_q == n_q or 2 * dep_q == n_q or dep_q == 0):
             raise CheckpointError(
                 f"config.json: dep_q={dep_q} with n_q={n_q}: expected the Moshi layout "
-                f"(dep_q = n_q / 2) or the teacher-forced layout (dep_q = n_q)"
+                f"(dep_q = n_q / 2), the teacher-forced layout (dep_q = n_q) or a listener (dep_q = 0)"
             )
         schedule = values["depformer_weights_per_step_schedule"]
         schedule = tuple(range(dep_q)) if schedule is None else tuple(int(i) for i in schedule)
@@ -219,6 +221,8 @@ class LMConfig:
             depformer_context=None if values["depformer_context"] is None else int(values["depformer_context"]),
             depformer_schedule=schedule,
             delays=delays,
+            extra_heads=int(values["extra_heads_num_heads"] or 0),
+            extra_heads_dim=int(values["extra_heads_dim"]),
             raw=dict(raw),
         )
 

@@ -1,0 +1,103 @@
+"""The Kyutai STT engine: weights -> ``SttFrameModel`` on its own lockstep scheduler, and the
+streams clients open on it (docs/engines.md#kyutai-stt-engine).
+
+Configured by ``stt_engine`` (``weights`` set); the weights resolve (maybe downloading) and
+load in ``start()``, on a thread, so the server answers meanwhile (streams are refused with
+``engine_unavailable`` until then, and for good if loading failed).
+
+Its scheduler keeps every sample a client sends: no latency trimming (a transcript must not
+lose speech to save 80 ms), and a backlog of ``stt_engine.max_buffered_s`` (clients may send
+faster than real time). Its lockstep metrics live in a registry of its own: the families are
+named per process, and the realtime engine may be lockstep too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
+from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
+from rtserve.engines.kyutai_stt.stream import SttStream
+from rtserve.engines.kyutai_stt.words import WordTracker
+from rtserve.engines.lockstep.scheduler import LockstepScheduler
+from rtserve.engines.moshi.lm_config import CheckpointError
+from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.values import SlotPrompt
+from rtserve.errors import ENGINE_UNAVAILABLE
+from rtserve.weights import WeightsError
+from rtserve.weights.source import open_source
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FIELD = "stt_engine.weights"
+
+
+class KyutaiSttEngine:
+    def __init__(self, config: ServerConfig, model: SttModel | None = None) -> None:
+        """``model``: already loaded (tests); otherwise ``start`` loads ``stt_engine.weights``."""
+        self._config = config
+        self._model = model
+        self._scheduler: LockstepScheduler | None = None
+        self._failure: str | None = None
+        self.release_timeout_s = config.lockstep.release_timeout_s
+        self.sample_rate = 24000 if model is None else model.loaded.mimi_config.sample_rate
+
+    @property
+    def ready(self) -> bool:
+        return self._scheduler is not None and self._scheduler.running
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    async def start(self) -> None:
+        try:
+            model = self._model if self._model is not None else await asyncio.to_thread(self._load)
+        except (CheckpointError, WeightsError, ConfigError) as exc:
+            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
+            log.error("kyutai stt engine not serving: %s", self._failure)
+            return
+        self._model = model
+        self.sample_rate = model.loaded.mimi_config.sample_rate
+        settings = self._config.stt_engine
+        frame_model = SttFrameModel(model, settings.batch_size, temperature=settings.temperature)
+        lockstep = self._config.lockstep.model_copy(
+            update={
+                "max_input_backlog_ms": settings.max_buffered_s * 1000,
+                "latency_trim_window_frames": None,
+                "underrun_repay_ms": 0.0,
+            }
+        )
+        self._scheduler = LockstepScheduler(frame_model, lockstep, CollectorRegistry(), name="kyutai_stt")
+        self._scheduler.start()
+        log.info("kyutai stt engine serving %d streams", settings.batch_size)
+
+    def _load(self) -> SttModel:
+        settings = self._config.stt_engine
+        if not settings.weights:
+            raise CheckpointError("not set")
+        source = open_source(settings.weights, FIELD, progress_interval_s=self._config.weights.progress_interval_s)
+        device = resolve_device(settings.device)
+        return load_stt(source, self._config.weights, device=device, dtype=DTYPES[settings.dtype])
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            await asyncio.to_thread(self._scheduler.stop, self.release_timeout_s)
+
+    def open_stream(self, stream_id: str) -> SttStream:
+        scheduler, model = self._scheduler, self._model
+        if scheduler is None or model is None or not scheduler.running:
+            raise EngineError(self._failure or "the speech-to-text engine is not running", code=ENGINE_UNAVAILABLE)
+        lease = scheduler.acquire(SlotPrompt(), session_id=stream_id)
+        config = model.loaded.lm_config
+        tracker = WordTracker(
+            model.settings, model.tokenizer.decode, config.text_padding_id, config.text_end_padding_id
+        )
+        return SttStream(lease, model.settings, tracker, scheduler.frame_size)

@@ -1,0 +1,68 @@
+"""A tiny random Kyutai STT checkpoint written as Kyutai publishes one (docs/engines.md#kyutai-stt-engine).
+
+The reference ``moshi`` package builds the LM with ``dep_q=0`` (no depformer) and extra heads;
+its weights, the tiny Mimi and a SentencePiece tokenizer are saved in the Moshi layout with a
+``config.json`` carrying ``stt_config`` and ``model_type: stt``, so our loader reads what a
+real folder holds. The padding rows of the text head are scaled up so a random model says
+padding often and words now and then, as a trained one does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from tests.engines.moshi.tiny import LM_KWARGS, _stack_attention, reference_lm, reference_mimi, train_tokenizer
+
+STT_LM_KWARGS: dict[str, Any] = dict(
+    LM_KWARGS,
+    n_q=8,
+    dep_q=0,
+    delays=[0] + [1] * 8,
+    extra_heads_num_heads=3,
+    extra_heads_dim=6,
+)
+STT_CONFIG = {"audio_delay_seconds": 0.5, "audio_silence_prefix_seconds": 0.5}
+PADDING_BOOST = 3.0
+END_PADDING_MIX = 1.0
+
+
+@dataclass
+class TinyStt:
+    folder: Path
+    lm: Any  # moshi.models.lm.LMModel, dep_q=0
+    mimi: Any  # moshi.models.compression.MimiModel
+
+
+def write_stt_checkpoint(folder: Path, *, lm_kwargs: dict[str, Any] = STT_LM_KWARGS) -> TinyStt:
+    folder.mkdir(parents=True, exist_ok=True)
+    lm = reference_lm(lm_kwargs, seed=7)
+    with torch.no_grad():
+        weight = lm.text_linear.weight
+        padding, end_padding = lm_kwargs["existing_text_padding_id"], 0
+        # The end of padding leans on the padding direction, so it wins where padding nearly does.
+        weight[padding] *= PADDING_BOOST
+        weight[end_padding] = END_PADDING_MIX * weight[padding] + weight[end_padding]
+    mimi = reference_mimi()
+    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
+    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
+    from tests.engines.moshi.tiny import MIMI_CONFIG
+
+    (folder / "mimi_config.json").write_text(json.dumps(MIMI_CONFIG))
+    train_tokenizer(folder / "tokenizer.model")
+    config = dict(
+        lm_kwargs,
+        moshi_name="model.safetensors",
+        mimi_name="mimi.safetensors",
+        tokenizer_name="tokenizer.model",
+        mimi_config_name="mimi_config.json",
+        model_type="stt",
+        stt_config=STT_CONFIG,
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    return TinyStt(folder, lm, mimi)
