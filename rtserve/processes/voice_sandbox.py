@@ -13,7 +13,8 @@ Requests and replies are ``engines/piper_voice.py`` frames on stdin/stdout:
 "samples"}`` and the float32 audio; or ``{"error": "load" | "speak" | "memory" | "too_long",
 "message"}``. Synthesis stops at the first Piper sentence that takes the audio past
 ``max_samples``. Up to ``max_loaded`` voices stay loaded by ``key`` (which names the file's
-identity, so a deleted and re-registered voice is loaded afresh; least recently used dropped).
+identity, so a deleted and re-registered voice is loaded afresh; least recently used dropped
+before another loads); a request's ``forget`` keys are dropped first (voices deleted since).
 Anything the libraries print goes to stderr: stdout carries frames only.
 """
 
@@ -49,6 +50,8 @@ class _Sandbox:
         self._voices: OrderedDict[str, PiperModel] = OrderedDict()
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        for key in request.get("forget", ()):  # voices deleted since the last request
+            self._voices.pop(str(key), None)
         self._grant_cpu()
         try:
             voice = self._load(str(request["model"]), str(request["key"]))
@@ -66,7 +69,8 @@ class _Sandbox:
         except Exception as exc:  # noqa: BLE001 - likewise whatever running it raises
             return {"error": "memory" if _is_memory_error(exc) else "speak", "message": type(exc).__name__}, b""
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        return {"sample_rate": voice.sample_rate, "samples": int(audio.size)}, audio.tobytes()
+        reply = {"sample_rate": voice.sample_rate, "samples": int(audio.size), "loaded": len(self._voices)}
+        return reply, audio.tobytes()
 
     def _grant_cpu(self) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -79,9 +83,10 @@ class _Sandbox:
         if (voice := self._voices.get(key)) is not None:
             self._voices.move_to_end(key)
             return voice
-        voice = self._voices[key] = PiperModel(Path(model), self._cpu_threads)
-        while len(self._voices) > self._max_loaded:
+        # Make room first: the memory cap is sized for max_loaded voices, not one more.
+        while len(self._voices) >= self._max_loaded:
             self._voices.popitem(last=False)
+        voice = self._voices[key] = PiperModel(Path(model), self._cpu_threads)
         return voice
 
 

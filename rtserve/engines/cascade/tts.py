@@ -249,9 +249,11 @@ class TextToSpeech:
             raise EngineError(
                 f"the voice {name!r} is built in and cannot be deleted", code=VOICE_NOT_DELETABLE, param="name"
             )
-        # The sandbox child may hold the model; it keys models by file identity, so a new voice of
-        # the same name is never served from the old one, which ages out of its small LRU.
+        stored = self._store.get(name)
+        key = _sandbox_key(stored) if stored is not None else None  # before its file goes
         self._store.remove(name)
+        if key is not None:  # the sandbox child may hold its model: freed with its next request
+            self._sandbox.forget(key)
         log.info("voice %r deleted", name)
 
     def check_request(self, voice: str | None, speed: float) -> None:
@@ -307,9 +309,9 @@ class TextToSpeech:
         started = time.perf_counter()
         rate = stored.info.sample_rate
         bound = speech_sample_bound(sentence, speed, self._store_config.max_speech_s_per_char, rate)
-        file = stored.model_path.stat()
-        key = f"{stored.model_path}:{file.st_ino}:{file.st_mtime_ns}"
-        audio, rate = self._sandbox.speak(stored.model_path, key, sentence, speed, bound, param="voice")
+        audio, rate = self._sandbox.speak(
+            stored.model_path, _sandbox_key(stored), sentence, speed, bound, param="voice"
+        )
         audio = resample(audio, rate, SAMPLE_RATE)
         self._metrics.model_call_seconds.labels("tts_sentence").observe(time.perf_counter() - started)
         return audio
@@ -331,3 +333,10 @@ class TextToSpeech:
             self._speaking -= 1
             if not self._speaking:
                 self._quiet.set()
+
+
+def _sandbox_key(stored: StoredVoice) -> str:
+    """The sandbox child's name for a voice's model: its file's identity, so a voice deleted and
+    registered again under the same name is never served from the old model."""
+    file = stored.model_path.stat()
+    return f"{stored.model_path}:{file.st_ino}:{file.st_mtime_ns}"

@@ -72,6 +72,8 @@ class VoiceSandbox:
     def __init__(self, limits: SandboxLimits) -> None:
         self._limits = limits
         self._process: subprocess.Popen[bytes] | None = None
+        self._forget: set[str] = set()  # keys of deleted voices the child may still hold
+        self.loaded_voices = 0  # models the child held after its last answer
 
     def speak(
         self, model: Path, key: str, text: str, speed: float, max_samples: int, *, param: str
@@ -82,8 +84,9 @@ class VoiceSandbox:
         Raises ``SpeechTooLong`` past ``max_samples``, ``VoiceModelRejected`` when the child
         breached a limit, and an ``invalid_voice_model`` error when the model does not load
         or run; ``param`` names the request field at fault."""
+        forget, self._forget = self._forget, set()
         request = {"op": "speak", "model": str(model), "key": key, "text": text, "speed": speed}
-        request["max_samples"] = max_samples
+        request.update(max_samples=max_samples, forget=sorted(forget))
         header, payload = self._call(request, max_samples * 4, param)
         error = header.get("error")
         if error == "too_long":
@@ -100,7 +103,12 @@ class VoiceSandbox:
             stage = "load" if error == "load" else "speak"
             raise EngineError(f"the voice model does not {stage} with Piper", code=INVALID_VOICE_MODEL, param=param)
         audio = np.frombuffer(payload, dtype=np.float32)
+        self.loaded_voices = int(header["loaded"])
         return audio, int(header["sample_rate"])
+
+    def forget(self, key: str) -> None:
+        """The voice ``key`` was deleted: the child drops its model with the next request."""
+        self._forget.add(key)
 
     def kill(self) -> None:
         """End the child now, from any thread (shutdown); the owning thread's call then fails."""
