@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.protocols import HostedSessionEngine
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
-from rtserve.web import base_routes, http, moshi, openpi
+from rtserve.web import asr_streaming, base_routes, http, moshi, openpi
 from rtserve.web.auth import auth_middleware
 from rtserve.web.browser import routes as browser
 from rtserve.web.codec_executor import CodecExecutor
@@ -61,6 +62,16 @@ async def _on_cleanup(app: web.Application) -> None:
     await ctx.engines.stop()
 
 
+def _speech_stream_engine(config: ServerConfig) -> SpeechStreamEngine | None:
+    """The Kyutai STT engine behind ``/api/asr-streaming`` when ``stt_engine.weights`` is set
+    (in this front-end process: docs/engines.md#kyutai-stt-engine)."""
+    if not config.stt_engine.weights:
+        return None
+    from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
+
+    return KyutaiSttEngine(config)
+
+
 def build_app(
     config: ServerConfig,
     *,
@@ -96,6 +107,7 @@ def build_app(
     http.setup(app)
     openpi.setup(app)
     moshi.setup(app)
+    asr_streaming.setup(app, _speech_stream_engine(config))
     realtime.setup(app)
     if peers is not None:
         peer_site.setup(

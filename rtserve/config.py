@@ -399,6 +399,28 @@ class SttEngineConfig(_Section):
     )
 
 
+class AsrStreamingConfig(_Section):
+    """Limits of ``WS /api/asr-streaming`` (moshi-server's speech-to-text protocol; docs/serving.md#asr-streaming)."""
+
+    max_message_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="largest client message; larger: closed with 1009 (refused from its header)"
+    )
+    max_pending_markers: int = Field(
+        64, ge=1, description="markers awaiting their answer per stream; more: 'Error' then close"
+    )
+    idle_timeout_s: float = Field(
+        120.0, gt=0, description="a stream whose client sent no valid message this long is closed"
+    )
+    send_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a client that took no bytes for this long (its events piling up) gets 'Error' and is closed",
+    )
+    max_queued_events: int = Field(
+        1024, ge=16, description="events waiting for a slow reader; more: 'Error' then close"
+    )
+
+
 class WeightsConfig(_Section):
     """How every engine's weight setting is resolved from the hub (docs/engines.md#hub-weights)."""
 
@@ -937,6 +959,7 @@ class ServerConfig(_Section):
     moshi: MoshiConfig = MoshiConfig()
     moshi_engine: MoshiEngineConfig = MoshiEngineConfig()
     stt_engine: SttEngineConfig = SttEngineConfig()
+    asr_streaming: AsrStreamingConfig = AsrStreamingConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()

@@ -5,7 +5,9 @@ cannot carry a key, and they hold none; what they call asks for one.
 
 Accepted forms: ``Authorization: Bearer <key>`` (or ``Api-Key <key>``, what openpi-client
 sends); the WebSocket subprotocol
-``openai-insecure-api-key.<key>`` (browsers cannot set headers); ``?api_key=<key>``.
+``openai-insecure-api-key.<key>`` (browsers cannot set headers); ``?api_key=<key>``; and
+moshi-server's forms, so Kyutai's clients connect unchanged: the ``kyutai-api-key`` header and
+``?auth_id=<key>``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ def presented_keys(request: web.Request) -> list[str]:
     if scheme.lower() in ("bearer", "api-key"):
         keys.append(credential.strip())
     keys.extend(subprotocol_keys(request))
-    if "api_key" in request.query:
-        keys.append(request.query["api_key"])
+    if "kyutai-api-key" in request.headers:
+        keys.append(request.headers["kyutai-api-key"])
+    for name in ("api_key", "auth_id"):
+        if name in request.query:
+            keys.append(request.query[name])
     return keys
 
 
