@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.events import EngineEvent
 from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import (
@@ -69,7 +71,7 @@ class FrameModel(Protocol):
         """
         ...
 
-    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+    def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         """Advance all slots by one frame.
 
         ``frames``: float32 ``[batch_size, frame_size]`` (silence for slots without input);

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.piper_voice import PiperModel, read_frame, write_frame
 
 _NICE = 10  # below the server's own work; the kernel still gives it what is left over
@@ -58,7 +59,7 @@ class _Sandbox:
         except Exception as exc:  # noqa: BLE001 - whatever the upload makes the loader raise is its fault
             return {"error": "memory" if _is_memory_error(exc) else "load", "message": type(exc).__name__}, b""
         max_samples = int(request["max_samples"])
-        pieces: list[np.ndarray] = []
+        pieces: list[FloatArray] = []
         samples = 0
         try:
             for piece in voice.chunks(str(request["text"]), float(request["speed"])):

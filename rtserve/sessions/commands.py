@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.values import ToolChoice, ToolSpec
 
 
@@ -23,7 +22,7 @@ class Command:
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class AppendAudio(Command):
-    audio: np.ndarray
+    audio: FloatArray
     video_frames: tuple[str, ...] = ()  # bare base64 images riding on the append
     is_speech: bool | None = None  # client speech hint
 

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import numpy as np
-
+from rtserve.codecs.pcm import FloatArray
 from rtserve.errors import INVALID_REQUEST_ERROR
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.session_config import AudioFormat, SessionConfig
@@ -289,7 +288,7 @@ class ContentPartDone(ResponsePartEvent):
 class AudioDelta(ResponsePartEvent):
     """Agent audio: mono float32 at ``sample_rate`` (the session's output rate)."""
 
-    pcm: np.ndarray
+    pcm: FloatArray
     sample_rate: int
     audio_format: AudioFormat = "pcm16"  # the wire format projections encode to
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import base64
 
-import numpy as np
-
 from rtserve.codecs import g711
-from rtserve.codecs.pcm import float_to_f32le, float_to_pcm16
+from rtserve.codecs.pcm import FloatArray, float_to_f32le, float_to_pcm16
 from rtserve.sessions.session_config import AudioFormat
 
 
-def encode_audio_b64(pcm: np.ndarray, audio_format: AudioFormat) -> str:
+def encode_audio_b64(pcm: FloatArray, audio_format: AudioFormat) -> str:
     if audio_format == "pcm16":
         raw = float_to_pcm16(pcm)
     elif audio_format == "pcm_f32le":

@@ -19,7 +19,7 @@ import av
 import numpy as np
 
 from rtserve.codecs.errors import AudioLimitError, InvalidAudioError
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, float_to_pcm16
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray, float_to_pcm16
 from rtserve.codecs.resample import StreamResampler
 
 SPEECH_SAMPLE_RATE = WIRE_SAMPLE_RATE
@@ -52,7 +52,7 @@ _UNKNOWN_SIZE = 0xFFFFFFFF
 
 
 class SpeechEncoder(Protocol):
-    def encode(self, pcm: np.ndarray) -> bytes:
+    def encode(self, pcm: FloatArray) -> bytes:
         """Mono float32 at ``SPEECH_SAMPLE_RATE`` in; whatever bytes are ready out."""
         ...
 
@@ -81,7 +81,7 @@ class Pcm16Encoder:
     def __init__(self, header: bytes = b"") -> None:
         self._pending_header = header
 
-    def encode(self, pcm: np.ndarray) -> bytes:
+    def encode(self, pcm: FloatArray) -> bytes:
         out = self._pending_header + float_to_pcm16(pcm)
         self._pending_header = b""
         return out
@@ -121,7 +121,7 @@ class PyAVEncoder:
         )
         self._pts = 0
 
-    def encode(self, pcm: np.ndarray) -> bytes:
+    def encode(self, pcm: FloatArray) -> bytes:
         if pcm.size == 0:
             return b""
         frame = av.AudioFrame.from_ndarray(
@@ -160,7 +160,7 @@ def open_speech_encoder(response_format: SpeechFormat, sample_rate: int = SPEECH
 # ---------------------------------------------------------------------------
 
 
-def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.ndarray:
+def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> FloatArray:
     """Decode the first audio stream of ``source`` to mono float32 at ``sample_rate``.
 
     Blocking (runs on the codec executor). Stops as soon as the decoded audio passes
@@ -168,7 +168,7 @@ def decode_audio(source: IO[bytes], sample_rate: int, max_seconds: float) -> np.
     exhaust memory. Anything else wrong with the upload is another ``CodecError``.
     """
     max_samples = int(max_seconds * sample_rate)
-    pieces: list[np.ndarray] = []
+    pieces: list[FloatArray] = []
     total = 0
     try:
         # Tags are never read, and a tag that is not UTF-8 must not make valid audio a 500.

@@ -29,6 +29,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from rtserve.codecs.errors import AudioLimitError, CodecError
+from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.protocols import ASREngine
 from rtserve.engines.values import Pcm
@@ -134,7 +135,7 @@ async def _transcribe(
         return _respond(await _last(transcripts), form, duration_s)
 
 
-def split_windows(audio: np.ndarray, window: int, frame: int) -> list[np.ndarray]:
+def split_windows(audio: FloatArray, window: int, frame: int) -> list[FloatArray]:
     """Consecutive pieces of at most ``window`` samples, each cut at the lowest-energy
     ``frame`` near its end so that no word is split between two engine calls."""
     pieces = []
@@ -150,7 +151,7 @@ def split_windows(audio: np.ndarray, window: int, frame: int) -> list[np.ndarray
     return pieces
 
 
-async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: TranscriptionForm) -> AsyncGenerator[str, None]:
+async def _transcripts(asr: ASREngine, windows: list[FloatArray], form: TranscriptionForm) -> AsyncGenerator[str, None]:
     """The whole transcript so far, each time it grows: finished windows plus the current one."""
     finished = ""
     for window in windows:
@@ -167,7 +168,7 @@ async def _transcripts(asr: ASREngine, windows: list[np.ndarray], form: Transcri
         finished = f"{finished} {text}".strip()
 
 
-async def _single(window: np.ndarray) -> AsyncIterator[Pcm]:
+async def _single(window: FloatArray) -> AsyncIterator[Pcm]:
     yield window
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE  # both Moshi wire formats are 24 kHz mono
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray  # both Moshi wire formats are 24 kHz mono
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
 from rtserve.engines.protocols import EngineSession
@@ -30,7 +30,7 @@ _MAX_ARRIVALS = 4096
 
 @dataclass
 class AgentFrame:
-    pcm: np.ndarray  # float32 mono at the wire rate (24 kHz)
+    pcm: FloatArray  # float32 mono at the wire rate (24 kHz)
     text: str | None
     produced_at: float  # loop.time() when the frame was read from the engine's hand-off
     # loop.time() the newest input sample the frame's tick stepped reached this bridge (after
@@ -56,7 +56,7 @@ class EngineBridge:
         self._pushed = 0
         self._stepped = 0  # input_samples of the last frame
 
-    def push(self, pcm: np.ndarray) -> None:
+    def push(self, pcm: FloatArray) -> None:
         """User audio at 24 kHz, any length: straight to the engine session."""
         if self._closed or pcm.size == 0:
             return
@@ -117,7 +117,7 @@ class EngineBridge:
             self._arrivals.popleft()
         return self._arrivals[0][1] if self._arrivals else None
 
-    def _push_engine_rate(self, pcm: np.ndarray) -> None:
+    def _push_engine_rate(self, pcm: FloatArray) -> None:
         if not pcm.size:
             return
         self._pushed += pcm.size

@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.decode_rate import DecodeRateError, DecodeRateLimit
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.web.codec_executor import CodecExecutor
 from rtserve.web.connections import close_socket
 from rtserve.web.context import CTX
@@ -137,7 +136,7 @@ async def _receive_audio(
 
 async def _decode(
     reader: OggOpusReader, payload: bytes, codecs: CodecExecutor, inline_packets: int, inline_bytes: int
-) -> np.ndarray:
+) -> FloatArray:
     """A client message's audio. What live clients send (a page or two per 80 ms frame) decodes
     on the loop, saving two thread hops a message; a message over ``inline_bytes`` (one Ogg
     page) or of more than ``inline_packets`` Opus packets (each up to 120 ms of audio) could

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from rtserve.codecs.pcm import WIRE_SAMPLE_RATE
+from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.turn_detection import TurnDetection
@@ -67,7 +67,7 @@ class TurnBridge:
         self._frames_in = metrics.frames_in.labels(route)
         self._closed = False
 
-    def push(self, pcm: np.ndarray) -> None:
+    def push(self, pcm: FloatArray) -> None:
         """User audio at 24 kHz, any length: appended to the session's input (server VAD
         decides where each turn ends)."""
         if self._closed or pcm.size == 0:
@@ -109,7 +109,7 @@ class TurnBridge:
         self._closed = True
         await self.handle.close("client_close")
 
-    def _append(self, pcm: np.ndarray) -> None:
+    def _append(self, pcm: FloatArray) -> None:
         if not pcm.size:
             return
         # A refusal (input backpressure) drops this audio; the core counts it.

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from rtserve.errors import INVALID_PAYLOAD, RtserveError
 
@@ -47,7 +48,7 @@ def _has(marker: dict[Any, Any], name: str) -> bool:
     return name in marker or name.encode() in marker
 
 
-def _dtype(value: Any) -> np.dtype:
+def _dtype(value: Any) -> np.dtype[Any]:
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
     if not isinstance(text, str):
         raise OpenPIFrameError("numpy marker dtype must be a string")
@@ -70,7 +71,7 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _array(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> npt.NDArray[Any]:
     if not isinstance(data, bytes):
         raise OpenPIFrameError("numpy marker data must be binary")
     if dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != len(data):
@@ -81,7 +82,7 @@ def _array(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     return np.ndarray(shape, dtype=dtype, buffer=data)
 
 
-def _scalar(data: Any, dtype: np.dtype) -> np.generic:
+def _scalar(data: Any, dtype: np.dtype[Any]) -> np.generic:
     try:
         scalar: np.generic = dtype.type(data)
     except (TypeError, ValueError, OverflowError):
@@ -89,7 +90,7 @@ def _scalar(data: Any, dtype: np.dtype) -> np.generic:
     return scalar
 
 
-def _legacy_scalar(data: Any, dtype: np.dtype) -> np.generic:
+def _legacy_scalar(data: Any, dtype: np.dtype[Any]) -> np.generic:
     # msgpack-numpy ships scalars as their raw bytes.
     return _array(data, dtype, (1,))[0] if isinstance(data, bytes) else _scalar(data, dtype)
 

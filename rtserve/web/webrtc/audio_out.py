@@ -26,7 +26,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from prometheus_client import Counter
 
-from rtserve.codecs.pcm import FloatArray, float_to_int16
+from rtserve.codecs.pcm import FloatArray, Int16Array, float_to_int16
 from rtserve.codecs.resample import StreamResampler
 
 RATE = 48000
@@ -38,7 +38,7 @@ _TIME_BASE = fractions.Fraction(1, RATE)
 @dataclass(slots=True)
 class _Frame:
     response_id: str
-    samples: np.ndarray  # int16, FRAME_SAMPLES long
+    samples: Int16Array  # int16, FRAME_SAMPLES long
     last: bool = False  # the response's final frame (after end_response)
 
 
@@ -162,7 +162,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self.frames_sent += 1
         return frame
 
-    def _next_samples(self) -> np.ndarray:
+    def _next_samples(self) -> Int16Array:
         if not self._queue:
             return np.zeros(FRAME_SAMPLES, dtype=np.int16)
         frame = self._queue.popleft()
