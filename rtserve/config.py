@@ -377,7 +377,8 @@ class MoshiEngineConfig(_Section):
 
 
 class SttEngineConfig(_Section):
-    """The Kyutai streaming speech-to-text engine behind ``WS /api/asr-streaming`` (docs/engines.md#kyutai-stt-engine)."""
+    """The Kyutai streaming speech-to-text engine behind ``WS /api/asr-streaming``
+    (docs/engines.md#kyutai-stt-engine)."""
 
     weights: str | None = Field(
         None,
@@ -403,7 +404,9 @@ class AsrStreamingConfig(_Section):
     """Limits of ``WS /api/asr-streaming`` (moshi-server's speech-to-text protocol; docs/serving.md#asr-streaming)."""
 
     max_message_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="largest client message; larger: closed with 1009 (refused from its header)"
+        4 * 1024 * 1024,
+        ge=1024,
+        description="largest client message; larger: closed with 1009 (refused from its header)",
     )
     max_pending_markers: int = Field(
         64, ge=1, description="markers awaiting their answer per stream; more: 'Error' then close"

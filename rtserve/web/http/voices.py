@@ -91,9 +91,7 @@ async def register_voice(request: web.Request) -> web.Response:
                 await _read_part(part, _FIELD_BYTES)  # e.g. the SDK's "consent": accepted, unused
     missing = [key for key in ("name", "model", "config") if key not in fields]
     if missing:
-        raise ApiError(
-            f"Missing required parameter: '{missing[0]}'.", param=missing[0], code=MISSING_PARAMETER
-        )
+        raise ApiError(f"Missing required parameter: '{missing[0]}'.", param=missing[0], code=MISSING_PARAMETER)
     voice_name = fields["name"].decode("utf-8", "replace")
     with engine_errors():
         check_voice_name(voice_name)
