@@ -424,6 +424,51 @@ class AsrStreamingConfig(_Section):
     )
 
 
+class TtsEngineConfig(_Section):
+    """The Kyutai streaming text-to-speech engine behind ``WS /api/tts_streaming`` (docs/engines.md#kyutai-tts)."""
+
+    weights: str | None = Field(
+        None,
+        description="Kyutai TTS weights (config.json with model_type 'tts', LM and Mimi safetensors, "
+        "tokenizer), e.g. kyutai/tts-1.6b-en_fr: a local folder, hf://ORG/NAME[@REVISION] or ORG/NAME; "
+        "null: /api/tts_streaming is not served",
+    )
+    voices: str | None = Field(
+        None, description="local folder of voice embeddings (*.safetensors with speaker_wavs, as kyutai/tts-voices)"
+    )
+    default_voice: str | None = Field(None, description="the voice of a stream that names none")
+    max_sessions: int = Field(8, ge=1, description="streams stepped together (concurrent clients)")
+    cfg_coef: float = Field(
+        2.0, gt=0, description="classifier-free guidance: a value the checkpoint was distilled with, or direct CFG"
+    )
+    temperature: float = Field(0.6, ge=0, description="sampling temperature (0: greedy)")
+    padding_between: int = Field(1, ge=0, description="pads forced after each word (clearer articulation)")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="LM weights and activations; conditioners and Mimi run in float32"
+    )
+
+
+class TtsStreamingConfig(_Section):
+    """Limits of ``WS /api/tts_streaming`` (moshi-server's text-to-speech protocol; docs/serving.md#tts-streaming)."""
+
+    max_message_bytes: int = Field(
+        64 * 1024, ge=256, description="largest client message; larger: 'Error' then close (over 4x: closed with 1009)"
+    )
+    max_pending_words: int = Field(
+        1024, ge=8, description="words sent and not yet spoken per stream; more: 'Error' then close"
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="a stream whose client sent nothing this long, before its end of stream, is closed"
+    )
+    send_timeout_s: float = Field(
+        10.0, gt=0, description="a client that took no bytes for this long gets 'Error' and is closed"
+    )
+    max_queued_messages: int = Field(
+        256, ge=16, description="messages waiting for a slow reader; more: 'Error' then close"
+    )
+
+
 class WeightsConfig(_Section):
     """How every engine's weight setting is resolved from the hub (docs/engines.md#hub-weights)."""
 
@@ -963,6 +1008,8 @@ class ServerConfig(_Section):
     moshi_engine: MoshiEngineConfig = MoshiEngineConfig()
     stt_engine: SttEngineConfig = SttEngineConfig()
     asr_streaming: AsrStreamingConfig = AsrStreamingConfig()
+    tts_engine: TtsEngineConfig = TtsEngineConfig()
+    tts_streaming: TtsStreamingConfig = TtsStreamingConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()

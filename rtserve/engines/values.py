@@ -99,6 +99,17 @@ class TranscriptStep:
 
 
 @dataclass(frozen=True)
+class SpeechStep:
+    """Where a speaking model (streaming text-to-speech) stands after a step of one slot. Counts
+    are totals since the slot opened, so a frame dropped on the way loses only its audio."""
+
+    steps: int  # steps the slot took
+    words_started: int  # words (pauses included) the model began to speak
+    done: bool  # the text ran out after end of stream and the final padding was spoken
+    overflow: bool = False  # the words could not be fed (lookahead overflow): the stream must end
+
+
+@dataclass(frozen=True)
 class FrameOutput:
     """One frame produced for one slot: exactly ``frame_size`` samples (none from a model that
     only listens), optional text piece, and a listening model's ``transcript`` step."""
@@ -109,6 +120,7 @@ class FrameOutput:
     # backlog (stepped, trimmed or discarded) once the tick that made this frame took its own.
     input_samples: int | None = None
     transcript: TranscriptStep | None = None
+    speech: SpeechStep | None = None  # a speaking model's progress (its audio may be empty)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,10 @@ class VoiceFolder:
         self.max_frames = max_frames
         self._cache: OrderedDict[Path, Voice] = OrderedDict()
 
+    def in_folder(self, folder: Path | None) -> VoiceFolder:
+        """The same voice layout, read from ``folder``."""
+        return VoiceFolder(folder, self.suffix, self.dim, self.max_frames)
+
     def names(self) -> list[str]:
         """Every voice name in the folder (files ending with the checkpoint's suffix, else ``.safetensors``)."""
         if self.folder is None:

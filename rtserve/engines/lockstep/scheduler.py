@@ -16,6 +16,12 @@ Per tick, on the engine thread only:
    and its epoch did not move during the step (the epoch fence);
 7. PREFILL slots whose prefill finished go LIVE.
 
+A model that takes no audio (text-to-speech: ``audio_input=False``) skips step 4: its rows
+get whatever the session sent through ``between_steps``, a control operation that runs a
+call on the engine thread between two steps, fenced like the others (skipped once the lease
+no longer holds the slot). Such a model may step only the rows that have input and return
+``None`` for the rest (docs/engines.md#kyutai-tts-on-the-lockstep-runtime).
+
 Ticks are paced by ``TickPacer`` on a drift-free grid (tick n due at start + n *
 period). After an overrun the missed ticks run back to back, because clients kept
 sending a frame per period meanwhile: each catch-up tick consumes one of those frames,
@@ -99,6 +105,7 @@ class _Slot:
 class _OpKind(enum.Enum):
     OPEN = enum.auto()
     RELEASE = enum.auto()
+    CALL = enum.auto()  # between_steps: a session's input applied on the engine thread
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ class _ControlOp:
     generation: int
     lease: SlotLease
     prompt: SlotPrompt | None = None
+    call: Callable[[], None] | None = None
 
 
 class _LiveRow(NamedTuple):  # a tuple: built once per live slot per tick, so kept cheap
@@ -142,8 +150,12 @@ class LockstepScheduler:
         name: str = "lockstep",
         clock: TickClock | None = None,
         on_tick: Callable[[TickReport], None] | None = None,
+        audio_input: bool = True,
     ) -> None:
+        """``audio_input`` False: the model takes no audio frames (its input comes through
+        ``between_steps``); no backlog is read and no underrun counted."""
         self.model = model
+        self.audio_input = audio_input
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -226,6 +238,17 @@ class LockstepScheduler:
         lease.output.close()
         if lease.loop is not None:
             self._notifier.notify([(lease.loop, lease)])
+
+    def between_steps(self, lease: SlotLease, call: Callable[[], None]) -> None:
+        """Run ``call`` on the engine thread between two steps, in order with this lease's other
+        control operations, unless the lease no longer holds its slot by then. A call that raises
+        ``EngineError`` ends the lease with that error; any other exception fails it."""
+        with self._cond:
+            slot = self._slots[lease.slot]
+            if slot.lease is not lease:
+                return
+            self._ops.append(_ControlOp(_OpKind.CALL, slot.index, slot.generation, lease, call=call))
+            self._cond.notify()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,8 +423,22 @@ class LockstepScheduler:
         for op in ops:
             if op.kind is _OpKind.OPEN:
                 self._apply_open(op)
+            elif op.kind is _OpKind.CALL:
+                self._apply_call(op)
             else:
                 self._apply_release(op)
+
+    def _apply_call(self, op: _ControlOp) -> None:
+        slot = self._slots[op.slot]
+        if slot.generation != op.generation or not slot.opened or op.call is None:
+            return  # released (or refused at open) since
+        try:
+            op.call()
+        except EngineError as exc:  # a typed refusal of this session's input: the model is fine
+            op.lease.output.close(EngineFailure(exc.code, str(exc)))
+            self.release(op.lease)
+        except Exception:  # noqa: BLE001 - the slot fails; the engine thread goes on
+            self._fail([op.lease], "between_steps call")
 
     def _apply_open(self, op: _ControlOp) -> None:
         slot = self._slots[op.slot]
@@ -445,6 +482,9 @@ class LockstepScheduler:
         underruns = trimmed = 0
         for index, lease in live:
             mask[index] = True
+            if not self.audio_input:
+                rows.append(_LiveRow(index, lease, lease.epoch, 0))
+                continue
             arrived = lease.pushed_at  # read first: what the take finds arrived by then
             taken, trimmed_here = lease.input.take_into(frames[index])
             if taken:

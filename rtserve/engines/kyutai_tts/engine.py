@@ -1,0 +1,140 @@
+"""The Kyutai TTS engine: ``tts_engine`` settings -> ``KyutaiTTSModel`` on its own lockstep
+scheduler, and the streams clients open on it (docs/engines.md#kyutai-tts-on-the-lockstep-runtime).
+
+Configured by ``tts_engine`` (``weights`` set); the weights resolve (maybe downloading) and load
+in ``start()``, on a thread, so the server answers meanwhile (streams are refused with
+``engine_unavailable`` until then, and for good if loading failed). A stream's voice is read and
+checked before a slot is taken; the slot's row is reset with it as the stream's first input.
+Its lockstep metrics live in a registry of its own (the families are named per process, and the
+realtime engine may be lockstep too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from functools import partial
+from pathlib import Path
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_tts.conditioning import Voice
+from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
+from rtserve.engines.kyutai_tts.loader import LoadedTTS, load_files
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
+from rtserve.engines.kyutai_tts.script import ScriptSplitter
+from rtserve.engines.kyutai_tts.stream import TTSStream
+from rtserve.engines.lockstep.pacing import TickClock
+from rtserve.engines.lockstep.scheduler import LockstepScheduler
+from rtserve.engines.moshi.lm_config import CheckpointError
+from rtserve.engines.moshi.weights import resolve
+from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.values import SlotPrompt
+from rtserve.errors import ENGINE_UNAVAILABLE
+from rtserve.weights import WeightsError
+from rtserve.weights.source import open_source
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FIELD = "tts_engine.weights"
+
+
+class KyutaiTTSEngine:
+    def __init__(
+        self, config: ServerConfig, loaded: LoadedTTS | None = None, *, clock: TickClock | None = None
+    ) -> None:
+        """``loaded``: weights already loaded (tests); otherwise ``start`` loads ``tts_engine.weights``.
+        ``clock``: the scheduler's tick clock (tests run it faster than real time)."""
+        self._config = config
+        self._loaded = loaded
+        self._clock = clock
+        self._model: KyutaiTTSModel | None = None
+        self._frame_model: TTSFrameModel | None = None
+        self._scheduler: LockstepScheduler | None = None
+        self._failure: str | None = None
+        self._voice_lock = threading.Lock()  # the voice folder's cache, read from worker threads
+        self.sample_rate = 24000 if loaded is None else loaded.mimi_config.sample_rate
+
+    @property
+    def ready(self) -> bool:
+        return self._scheduler is not None and self._scheduler.running
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    async def start(self) -> None:
+        try:
+            loaded = self._loaded if self._loaded is not None else await asyncio.to_thread(self._load)
+            model = self._build(loaded)
+        except (CheckpointError, WeightsError, ConfigError, EngineError) as exc:
+            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
+            log.error("kyutai tts engine not serving: %s", self._failure)
+            return
+        self._model = model
+        self.sample_rate = model.sample_rate
+        self._frame_model = TTSFrameModel(model)
+        self._scheduler = LockstepScheduler(
+            self._frame_model,
+            self._config.lockstep,
+            CollectorRegistry(),
+            name="kyutai_tts",
+            clock=self._clock,
+            audio_input=False,
+        )
+        self._scheduler.start()
+        log.info("kyutai tts engine serving %d streams", model.batch_size)
+
+    def _load(self) -> LoadedTTS:
+        settings = self._config.tts_engine
+        if not settings.weights:
+            raise CheckpointError("not set")
+        source = open_source(settings.weights, FIELD, progress_interval_s=self._config.weights.progress_interval_s)
+        files = resolve(source, self._config.weights)
+        return load_files(files, device=resolve_device(settings.device), dtype=DTYPES[settings.dtype])
+
+    def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
+        settings = self._config.tts_engine
+        tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
+        model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts)
+        model.voices = model.voices.in_folder(Path(settings.voices) if settings.voices else None)
+        return model
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            await asyncio.to_thread(self._scheduler.stop, self._config.lockstep.release_timeout_s)
+
+    async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
+        """A stream with ``voice`` (None: ``tts_engine.default_voice``): ``VoiceError`` before any
+        slot is taken, ``CapacityExhausted`` when every slot is busy."""
+        scheduler, model, frame_model = self._scheduler, self._model, self._frame_model
+        if scheduler is None or model is None or frame_model is None or not scheduler.running:
+            raise EngineError(self._failure or "the text-to-speech engine is not running", code=ENGINE_UNAVAILABLE)
+        settings = self._config.tts_engine
+        chosen = await asyncio.to_thread(self._voice, model, voice or settings.default_voice)
+        lease = scheduler.acquire(SlotPrompt(voice=voice, seed=seed), session_id=stream_id)
+        scheduler.between_steps(lease, partial(frame_model.begin, lease.slot, chosen, seed))
+        splitter = ScriptSplitter(
+            model.tokenizer,
+            speaker_token=model.ids.main if model.arch.multi_speaker else None,
+            frame_rate=model.frame_rate,
+            padding_between=settings.padding_between,
+        )
+        return TTSStream(
+            scheduler,
+            lease,
+            frame_model,
+            splitter,
+            frame_rate=model.frame_rate,
+            max_pending_words=self._config.tts_streaming.max_pending_words,
+            release_timeout_s=self._config.lockstep.release_timeout_s,
+        )
+
+    def _voice(self, model: KyutaiTTSModel, name: str | None) -> Voice | None:
+        with self._voice_lock:
+            return model.resolve_voice(name)
