@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
+from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.protocols import HostedSessionEngine
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
-from rtserve.web import asr_streaming, base_routes, http, moshi, openpi
+from rtserve.web import asr_streaming, base_routes, http, moshi, openpi, tts_streaming
 from rtserve.web.auth import auth_middleware
 from rtserve.web.browser import routes as browser
 from rtserve.web.codec_executor import CodecExecutor
@@ -72,6 +73,16 @@ def _speech_stream_engine(config: ServerConfig) -> SpeechStreamEngine | None:
     return KyutaiSttEngine(config)
 
 
+def _tts_stream_engine(config: ServerConfig) -> TTSStreamEngine | None:
+    """The Kyutai TTS engine behind ``/api/tts_streaming`` when ``tts_engine.weights`` is set
+    (in this front-end process: docs/engines.md#kyutai-tts-on-the-lockstep-runtime)."""
+    if not config.tts_engine.weights:
+        return None
+    from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # torch: only when configured
+
+    return KyutaiTTSEngine(config)
+
+
 def build_app(
     config: ServerConfig,
     *,
@@ -108,6 +119,7 @@ def build_app(
     openpi.setup(app)
     moshi.setup(app)
     asr_streaming.setup(app, _speech_stream_engine(config))
+    tts_streaming.setup(app, _tts_stream_engine(config))
     realtime.setup(app)
     if peers is not None:
         peer_site.setup(

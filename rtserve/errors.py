@@ -37,7 +37,7 @@ INVALID_JSON = "invalid_json"
 INVALID_PAYLOAD = "invalid_payload"
 INVALID_PROMPT = "invalid_prompt"
 INVALID_MESSAGE = "invalid_message"  # a /v1/audio/duplex message of the wrong shape
-INVALID_MSGPACK = "invalid_msgpack"  # an /api/asr-streaming message that is not msgpack
+INVALID_MSGPACK = "invalid_msgpack"  # an /api/asr-streaming or /api/tts_streaming message that is not msgpack
 TOO_MANY_MARKERS = "too_many_markers"  # asr_streaming.max_pending_markers
 UNKNOWN_MESSAGE_TYPE = "unknown_type"  # a /v1/audio/duplex message of an unknown type
 UNSUPPORTED_TURN_DETECTION = "unsupported_turn_detection"
@@ -97,6 +97,8 @@ SYNTHESIS_FAILED = "synthesis_failed"
 UNSUPPORTED_LANGUAGE = "unsupported_language"
 INVALID_VOICE = "invalid_voice"
 SESSION_BUSY = "session_busy"  # a streaming-speech session.config while text waits to be spoken
+TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server without tts_engine
+STREAM_ALREADY_ENDED = "stream_already_ended"  # /api/tts_streaming: text or Eos after the Eos
 # Voices (POST/DELETE /v1/audio/voices)
 VOICE_EXISTS = "voice_exists"
 VOICE_NOT_FOUND = "voice_not_found"

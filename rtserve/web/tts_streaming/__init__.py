@@ -1,0 +1,5 @@
+"""moshi-server's text-to-speech protocol: ``WS /api/tts_streaming`` (MessagePack, Kyutai TTS engine)."""
+
+from rtserve.web.tts_streaming.routes import setup
+
+__all__ = ["setup"]

@@ -1,0 +1,164 @@
+"""One ``WS /api/tts_streaming`` connection: three tasks around one ``TTSStream``
+(docs/serving.md#tts-streaming).
+
+* the reader takes client messages: text goes to the stream (bounded backlog), ``Eos`` ends it;
+  a message over ``max_message_bytes``, garbage, a second ``Eos`` or text after it, or silence
+  for ``idle_timeout_s`` before the ``Eos`` end the connection with a typed ``Error``;
+* the producer turns the stream's words and audio frames into wire messages, in order, on a
+  bounded queue (``max_queued_messages``: a reader that far behind is ended);
+* the sender writes them; a send that takes no bytes for ``send_timeout_s`` ends the connection.
+
+The first task to fail decides the ending: ``Error`` (with its code) then close, or, once the
+speech is done and sent, a normal close. The stream's slot is released in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from rtserve.codecs.oggopus import OggOpusWriter
+from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_tts.stream import SpeechAudio, TTSStream
+from rtserve.errors import (
+    OUTPUT_BACKPRESSURE,
+    REQUEST_TOO_LARGE,
+    SESSION_IDLE_TIMEOUT,
+    RtserveError,
+)
+from rtserve.web.connections import close_socket
+from rtserve.web.tts_streaming import wire
+from rtserve.web.tts_streaming.wire import EosIn, OutputFormat, TextIn
+
+log = logging.getLogger(__name__)
+
+_ERROR_SEND_TIMEOUT_S = 1.0  # the Error message is best effort: a stalled reader gets the close
+
+
+class TTSConnection:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        stream: TTSStream,
+        output: OutputFormat,
+        *,
+        max_message_bytes: int,
+        idle_timeout_s: float,
+        send_timeout_s: float,
+        max_queued_messages: int,
+        sample_rate: int,
+    ) -> None:
+        self._ws = ws
+        self._stream = stream
+        self._output = output
+        self._max_message_bytes = max_message_bytes
+        self._idle_timeout_s = idle_timeout_s
+        self._send_timeout_s = send_timeout_s
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued_messages)
+        self._ogg = OggOpusWriter(sample_rate) if output is OutputFormat.OGG_OPUS else None
+
+    async def run(self) -> None:
+        """Serve until the speech is sent, the client leaves, or an error ends it."""
+        if self._ogg is None:
+            self._enqueue(wire.ready())
+        else:
+            self._enqueue(self._ogg.write(np.zeros(0, np.float32)))  # the Ogg-Opus headers, at once
+        tasks = {
+            asyncio.create_task(self._read(), name="tts-read"),
+            asyncio.create_task(self._produce(), name="tts-produce"),
+            asyncio.create_task(self._send(), name="tts-send"),
+        }
+        reader = next(t for t in tasks if t.get_name() == "tts-read")
+        failure: RtserveError | None = None
+        try:
+            pending = set(tasks)
+            while pending and failure is None:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if isinstance(exc, RtserveError):
+                        failure = exc
+                    elif exc is not None:
+                        raise exc
+                if any(task.get_name() == "tts-send" or task is reader for task in done):
+                    break  # everything was sent, or the client left
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stream.close()
+        if failure is not None:
+            await self._fail(failure)
+        else:
+            await close_socket(self._ws, WSCloseCode.OK, "")
+
+    async def _read(self) -> None:
+        ws, stream = self._ws, self._stream
+        while True:
+            try:
+                message = await ws.receive(timeout=None if stream.ended else self._idle_timeout_s)
+            except TimeoutError:
+                raise EngineError(
+                    f"no message for {self._idle_timeout_s:g} s before the end of stream", code=SESSION_IDLE_TIMEOUT
+                ) from None
+            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                return
+            if message.type is WSMsgType.TEXT:
+                parsed: wire.ClientMessage = TextIn(message.data)
+                size = len(message.data.encode())
+            elif message.type is WSMsgType.BINARY:
+                size = len(message.data)
+                if size > self._max_message_bytes:
+                    raise EngineError(
+                        f"a message is limited to {self._max_message_bytes} bytes", code=REQUEST_TOO_LARGE
+                    )
+                parsed = wire.parse_binary(message.data)
+            else:
+                continue
+            if size > self._max_message_bytes:
+                raise EngineError(f"a message is limited to {self._max_message_bytes} bytes", code=REQUEST_TOO_LARGE)
+            if isinstance(parsed, EosIn):
+                stream.end()
+            else:
+                stream.send_text(parsed.text)
+
+    async def _produce(self) -> None:
+        async for event in self._stream.events():
+            if isinstance(event, SpeechAudio):
+                self._enqueue(wire.audio(event.pcm) if self._ogg is None else self._ogg.write(event.pcm))
+            elif self._ogg is None:
+                self._enqueue(wire.word(event.text, event.start_s, event.stop_s))
+        if self._ogg is not None:
+            self._enqueue(self._ogg.close())
+        self._enqueue(None)
+
+    def _enqueue(self, data: bytes | None) -> None:
+        if data == b"":
+            return
+        try:
+            self._queue.put_nowait(data)
+        except asyncio.QueueFull:
+            raise EngineError("the client reads too slowly", code=OUTPUT_BACKPRESSURE) from None
+
+    async def _send(self) -> None:
+        while (data := await self._queue.get()) is not None:
+            try:
+                await asyncio.wait_for(self._ws.send_bytes(data), self._send_timeout_s)
+            except TimeoutError:
+                raise EngineError(
+                    f"the client took no audio for {self._send_timeout_s:g} s", code=OUTPUT_BACKPRESSURE
+                ) from None
+
+    async def _fail(self, exc: RtserveError) -> None:
+        log.info("tts stream ended: %s (%s)", exc.message, exc.code)
+        if self._ogg is None:
+            with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+                await asyncio.wait_for(self._ws.send_bytes(wire.error(exc)), _ERROR_SEND_TIMEOUT_S)
+        with contextlib.suppress(TimeoutError):  # a stalled reader may not take the close frame either
+            await asyncio.wait_for(
+                close_socket(self._ws, wire.close_code_for(exc), f"{exc.code}: {exc.message}"), _ERROR_SEND_TIMEOUT_S
+            )

@@ -1,0 +1,138 @@
+"""Registers ``WS /api/tts_streaming`` (docs/serving.md#tts-streaming).
+
+The route exists on every server; it is served only where ``tts_engine.weights`` is set (the
+app then builds the Kyutai TTS engine in this process; it loads at startup, the server answering
+meanwhile, and stops at cleanup). Elsewhere an
+upgrade is answered before the handshake with HTTP 404 and code ``tts_streaming_unavailable``,
+so a client learns why instead of meeting a bare 404. Query: ``voice`` (a name in
+``tts_engine.voices``; none: ``tts_engine.default_voice``), ``format`` (``PcmMessagePack``, the
+default, or ``OggOpus``), ``seed`` (an integer: reproducible sampling). The ``kyutai-api-key``
+header carries the API key as moshi-server's clients send it (``web/auth.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.kyutai_tts.service import TTSStreamEngine
+from rtserve.errors import INVALID_VALUE, TTS_STREAMING_UNAVAILABLE
+from rtserve.log import session_id_var
+from rtserve.web.connections import Connections, close_socket
+from rtserve.web.context import CTX
+from rtserve.web.errors import ApiError
+from rtserve.web.subprotocols import key_subprotocols
+from rtserve.web.tts_streaming import wire
+from rtserve.web.tts_streaming.connection import TTSConnection
+from rtserve.web.tts_streaming.wire import OutputFormat
+
+ROUTE = "/api/tts_streaming"
+NO_FREE_CHANNELS = "no free channels"  # moshi-server's words when every slot is busy
+# aiohttp itself closes (1009, no Error message) past this many times max_message_bytes.
+_HARD_SIZE_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class TTSStreamingService:
+    engine: TTSStreamEngine | None
+    connections: Connections
+
+
+TTS_STREAMING = web.AppKey("tts_streaming", TTSStreamingService)
+
+
+def _query(request: web.Request) -> tuple[OutputFormat, int | None]:
+    try:
+        output = OutputFormat(request.query.get("format", OutputFormat.PCM_MESSAGE_PACK.value))
+    except ValueError:
+        raise ApiError("format must be PcmMessagePack or OggOpus", code=INVALID_VALUE, param="format") from None
+    seed = request.query.get("seed")
+    if seed is not None and not seed.isdigit():
+        raise ApiError("seed must be a non-negative integer", code=INVALID_VALUE, param="seed")
+    return output, None if seed is None else int(seed)
+
+
+async def tts_socket(request: web.Request) -> web.StreamResponse:
+    service = request.app[TTS_STREAMING]
+    engine = service.engine
+    if engine is None:
+        raise ApiError(
+            "this server has no text-to-speech engine (tts_engine.weights is not set)",
+            status=404,
+            code=TTS_STREAMING_UNAVAILABLE,
+        )
+    output, seed = _query(request)
+    config = request.app[CTX].config
+    limits = config.tts_streaming
+    ws = web.WebSocketResponse(
+        protocols=key_subprotocols(request),
+        max_msg_size=limits.max_message_bytes * _HARD_SIZE_FACTOR,
+        heartbeat=config.transport.ws_heartbeat_s,
+        compress=False,
+    )
+    await ws.prepare(request)
+    stream_id = f"tts_{uuid.uuid4().hex[:16]}"
+    session_id_var.set(stream_id)
+    async with service.connections.track(ws):
+        try:
+            stream = await engine.open_stream(stream_id, request.query.get("voice"), seed=seed)
+        except CapacityExhausted as exc:
+            await _refuse(ws, output, EngineError(NO_FREE_CHANNELS, code=exc.code))
+            return ws
+        except EngineError as exc:
+            await _refuse(ws, output, exc)
+            return ws
+        connection = TTSConnection(
+            ws,
+            stream,
+            output,
+            max_message_bytes=limits.max_message_bytes,
+            idle_timeout_s=limits.idle_timeout_s,
+            send_timeout_s=limits.send_timeout_s,
+            max_queued_messages=limits.max_queued_messages,
+            sample_rate=engine.sample_rate,
+        )
+        await connection.run()
+    return ws
+
+
+async def _refuse(ws: web.WebSocketResponse, output: OutputFormat, exc: EngineError) -> None:
+    if output is OutputFormat.PCM_MESSAGE_PACK:
+        await ws.send_bytes(wire.error(exc))
+    await close_socket(ws, wire.close_code_for(exc), exc.message)
+
+
+async def _on_startup(app: web.Application) -> None:
+    engine = app[TTS_STREAMING].engine
+    if engine is not None:  # loads in the background: streams are refused until it serves
+        app[_STARTING] = asyncio.create_task(engine.start(), name="tts-streaming-engine-start")
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    await app[TTS_STREAMING].connections.close_all()
+
+
+async def _on_cleanup(app: web.Application) -> None:
+    engine = app[TTS_STREAMING].engine
+    if engine is not None:
+        starting = app.get(_STARTING)
+        if starting is not None:
+            await asyncio.gather(starting, return_exceptions=True)
+        await engine.stop()
+
+
+_STARTING = web.AppKey("tts_streaming_starting", asyncio.Task[None])
+
+
+def setup(app: web.Application, engine: TTSStreamEngine | None) -> None:
+    """``engine``: the text-to-speech engine this app serves (started and stopped with it), or None."""
+    config = app[CTX].config
+    app[TTS_STREAMING] = TTSStreamingService(engine, Connections("tts_streaming", config.sessions.shutdown_timeout_s))
+    app.router.add_get(ROUTE, tts_socket)
+    app.on_startup.append(_on_startup)
+    app.on_shutdown.append(_on_shutdown)
+    app.on_cleanup.append(_on_cleanup)

@@ -1,0 +1,215 @@
+"""``WS /api/tts_streaming`` spoken with ``msgpack`` + ``websockets`` over 127.0.0.1, as Kyutai's
+clients speak it, against the tiny Kyutai TTS engine on CPU (docs/serving.md#tts-streaming)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import websockets
+
+from rtserve.app import build_app
+from rtserve.codecs.oggopus import OggOpusReader
+from rtserve.config import ServerConfig
+from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
+from tests.support import serve_app
+
+FRAME = 1920
+KEY = "sekret"
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
+    return write_tts_checkpoint(tmp_path_factory.mktemp("tts_streaming") / "weights")
+
+
+@pytest.fixture
+async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
+    cfg = config.model_copy(
+        update={
+            "engine": "loopback",
+            "api_key": KEY,
+            "tts_engine": config.tts_engine.model_copy(
+                update={"weights": str(tiny.folder), "voices": str(tiny.voices), "max_sessions": 2, "temperature": 0.0}
+            ),
+            "tts_streaming": config.tts_streaming.model_copy(
+                update={"max_message_bytes": 1024, "max_pending_words": 16, "idle_timeout_s": 1.0}
+            ),
+        }
+    )
+    async with serve_app(build_app(cfg)) as base:
+        yield base.replace("http://", "ws://") + "/api/tts_streaming"
+
+
+def _pack(message: dict[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(message)
+    return packed
+
+
+async def _connect(url: str, query: str = "voice=alice") -> websockets.ClientConnection:
+    for _ in range(200):  # the engine loads in the background: refused until it serves
+        ws = await websockets.connect(f"{url}?{query}", additional_headers={"kyutai-api-key": KEY})
+        first = msgpack.unpackb(await ws.recv())
+        if first["type"] == "Ready":
+            return ws
+        assert first["type"] == "Error" and first["code"] == "engine_unavailable", first
+        await ws.close()
+        await asyncio.sleep(0.1)
+    raise AssertionError("the engine never became ready")
+
+
+@dataclass
+class Spoken:
+    audio: list[np.ndarray] = field(default_factory=list)
+    words: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def pcm(self) -> np.ndarray:
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
+
+
+async def _speak(url: str, pieces: list[str], voice: str = "alice") -> Spoken:
+    ws = await _connect(url, f"voice={voice}")
+    for piece in pieces:
+        await ws.send(_pack({"type": "Text", "text": piece}))
+    await ws.send(_pack({"type": "Eos"}))
+    spoken = Spoken()
+    async for data in ws:
+        assert isinstance(data, bytes)
+        message = msgpack.unpackb(data)
+        if message["type"] == "Audio":
+            spoken.audio.append(np.asarray(message["pcm"], np.float32))
+        else:
+            assert message["type"] == "Text", message
+            spoken.words.append(message)
+    assert ws.close_code == 1000
+    return spoken
+
+
+def _check_words(spoken: Spoken, words: list[str]) -> None:
+    assert [w["text"] for w in spoken.words] == words
+    previous = 0.0
+    for word in spoken.words:
+        assert previous <= word["start_s"] <= word["stop_s"]
+        previous = word["start_s"]
+
+
+async def test_text_in_pieces_comes_back_as_audio_and_every_word_with_its_times(url: str) -> None:
+    spoken = await _speak(url, ["the quick ", "brown fox", " jumps"])
+    assert spoken.audio and all(frame.shape == (FRAME,) for frame in spoken.audio)
+    assert np.isfinite(spoken.pcm).all() and np.abs(spoken.pcm).max() > 0
+    _check_words(spoken, ["the", "quick", "brown", "fox", "jumps"])
+
+
+async def test_more_text_is_more_audio(url: str) -> None:
+    short = await _speak(url, ["the quick"])
+    long = await _speak(url, [" ".join(WORDS)])
+    _check_words(long, WORDS)
+    assert long.pcm.size > short.pcm.size + 4 * FRAME
+
+
+async def test_two_streams_at_once_sound_as_each_alone(url: str) -> None:
+    alice_text, bob_text = ["the quick brown fox"], ["jumps over", " the lazy dog"]
+    alice_alone = await _speak(url, alice_text, "alice")
+    bob_alone = await _speak(url, bob_text, "bob")
+    alice, bob = await asyncio.gather(_speak(url, alice_text, "alice"), _speak(url, bob_text, "bob"))
+    assert alice.words == alice_alone.words and bob.words == bob_alone.words
+    np.testing.assert_array_equal(alice.pcm, alice_alone.pcm)
+    np.testing.assert_array_equal(bob.pcm, bob_alone.pcm)
+    assert alice.pcm.size != bob.pcm.size or not np.array_equal(alice.pcm, bob.pcm)
+
+
+async def test_eos_before_any_text_ends_the_stream_silently(url: str) -> None:
+    spoken = await _speak(url, [])
+    assert spoken.audio == [] and spoken.words == []
+
+
+async def test_ogg_opus_format_streams_pages_of_the_speech(url: str) -> None:
+    for _ in range(200):
+        ws = await websockets.connect(f"{url}?voice=bob&format=OggOpus", additional_headers={"kyutai-api-key": KEY})
+        try:
+            header = await ws.recv()
+            break
+        except websockets.ConnectionClosed:  # the engine is still loading: closed with 1013, no message
+            assert ws.close_code == 1013
+            await asyncio.sleep(0.1)
+    assert isinstance(header, bytes) and header.startswith(b"OggS")
+    await ws.send(_pack({"type": "Text", "text": "the quick brown fox"}))
+    await ws.send(b"\0")  # moshi-server's raw end of stream
+    reader = OggOpusReader(24000)
+    pcm = [reader.feed(header)]
+    async for data in ws:
+        assert isinstance(data, bytes)
+        pcm.append(reader.feed(data))
+    pcm.append(reader.flush())
+    assert ws.close_code == 1000
+    assert np.concatenate(pcm).size >= 4 * FRAME
+
+
+@pytest.mark.parametrize(
+    ("send", "code"),
+    [
+        ([b"\xc1not msgpack"], "invalid_msgpack"),
+        ([_pack({"type": "Shout"})], "unknown_type"),
+        ([_pack({"type": "Text", "text": 7})], "invalid_message"),
+        ([_pack({"type": "Text", "text": "x" * 2000})], "request_too_large"),
+        (
+            [_pack({"type": "Text", "text": "the quick"}), _pack({"type": "Eos"}), _pack({"type": "Eos"})],
+            "stream_already_ended",
+        ),
+        ([_pack({"type": "Text", "text": " ".join(WORDS * 2)})], "input_backpressure"),
+        ([], "session_idle_timeout"),
+    ],
+)
+async def test_bad_input_gets_a_typed_error_then_the_close(url: str, send: list[bytes], code: str) -> None:
+    ws = await _connect(url)
+    for data in send:
+        await ws.send(data)
+    while True:
+        message = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))
+        if message["type"] == "Error":
+            break
+        assert message["type"] in ("Audio", "Text")
+    assert message["code"] == code and message["message"]
+    with pytest.raises(websockets.ConnectionClosed):
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+    # The slot is free again and others are served.
+    spoken = await _speak(url, ["the quick"])
+    _check_words(spoken, ["the", "quick"])
+
+
+async def test_unknown_voice_and_no_free_channel_are_refused_before_ready(url: str) -> None:
+    ws = await websockets.connect(f"{url}?voice=nobody", additional_headers={"kyutai-api-key": KEY})
+    for _ in range(200):
+        message = msgpack.unpackb(await ws.recv())
+        if message["code"] != "engine_unavailable":
+            break
+        await asyncio.sleep(0.1)
+        ws = await websockets.connect(f"{url}?voice=nobody", additional_headers={"kyutai-api-key": KEY})
+    assert message["type"] == "Error" and message["code"] == "voice_not_found"
+    holders = [await _connect(url), await _connect(url)]
+    third = await websockets.connect(f"{url}?voice=alice", additional_headers={"kyutai-api-key": KEY})
+    assert msgpack.unpackb(await third.recv()) == {
+        "type": "Error",
+        "message": "no free channels",
+        "code": "resource_exhausted",
+    }
+    with pytest.raises(websockets.ConnectionClosed):
+        await asyncio.wait_for(third.recv(), 10)
+    for holder in holders:
+        await holder.close()
+
+
+async def test_without_a_tts_engine_the_route_says_so(config: ServerConfig) -> None:
+    async with serve_app(build_app(config.model_copy(update={"engine": "loopback"}))) as base:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(base.replace("http://", "ws://") + "/api/tts_streaming")
+    assert refused.value.response.status_code == 404
+    assert b"tts_streaming_unavailable" in refused.value.response.body
