@@ -1,0 +1,94 @@
+"""``TTSConnection`` against a socket that stops taking bytes (docs/serving.md#tts-streaming): the
+stalled send ends the stream with ``output_backpressure`` after ``send_timeout_s``, a reader so far
+behind that ``max_queued_messages`` pile up is ended at once, and the slot is released either way.
+Doubles stand in for the socket and the engine stream so the stall is exact, not a race with the
+kernel's buffers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+import msgpack
+import numpy as np
+from aiohttp import web
+
+from rtserve.engines.kyutai_tts.stream import SpeechAudio, SpeechEvent, TTSStream
+from rtserve.web.tts_streaming.connection import TTSConnection
+from rtserve.web.tts_streaming.wire import OutputFormat
+
+
+class StallingSocket:
+    """Takes ``accept`` messages, then never completes another send; the client sends nothing."""
+
+    def __init__(self, accept: int) -> None:
+        self.accept = accept
+        self.sent: list[bytes] = []
+        self.closed: tuple[int, bytes] | None = None
+        self._never = asyncio.Event()
+
+    async def send_bytes(self, data: bytes) -> None:
+        if len(self.sent) >= self.accept:
+            await self._never.wait()
+        self.sent.append(data)
+
+    async def receive(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - aiohttp's signature
+        await self._never.wait()
+
+    async def close(self, *, code: int, message: bytes) -> bool:
+        self.closed = (code, message)
+        return True
+
+
+class FrameStream:
+    """Speaks ``frames`` audio frames as fast as they are taken."""
+
+    def __init__(self, frames: int) -> None:
+        self.frames = frames
+        self.ended = True
+        self.released = False
+
+    async def events(self) -> AsyncGenerator[SpeechEvent, None]:
+        for _ in range(self.frames):
+            yield SpeechAudio(np.zeros(1920, np.float32))
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        self.released = True
+
+
+def _connection(ws: StallingSocket, stream: FrameStream, *, queued: int, send_timeout_s: float = 0.2) -> TTSConnection:
+    return TTSConnection(
+        cast(web.WebSocketResponse, ws),
+        cast(TTSStream, stream),
+        OutputFormat.PCM_MESSAGE_PACK,
+        max_message_bytes=1024,
+        idle_timeout_s=30.0,
+        send_timeout_s=send_timeout_s,
+        max_queued_messages=queued,
+        sample_rate=24000,
+    )
+
+
+async def test_a_send_that_takes_no_bytes_ends_the_stream() -> None:
+    ws, stream = StallingSocket(accept=3), FrameStream(frames=20)
+    await asyncio.wait_for(_connection(ws, stream, queued=64).run(), 5)
+    assert stream.released
+    assert ws.closed is not None and ws.closed[0] == 1008 and ws.closed[1].startswith(b"output_backpressure")
+    assert msgpack.unpackb(ws.sent[0]) == {"type": "Ready"}
+
+
+async def test_a_queue_over_its_bound_ends_the_stream_at_once() -> None:
+    ws, stream = StallingSocket(accept=1), FrameStream(frames=100)
+    # The send timeout is far away: only the queue bound can end it within the 5 s.
+    await asyncio.wait_for(_connection(ws, stream, queued=16, send_timeout_s=60.0).run(), 5)
+    assert stream.released and ws.closed is not None and ws.closed[1].startswith(b"output_backpressure")
+
+
+async def test_a_reader_that_keeps_up_gets_every_frame_then_a_normal_close() -> None:
+    ws, stream = StallingSocket(accept=1000), FrameStream(frames=20)
+    await asyncio.wait_for(_connection(ws, stream, queued=16).run(), 5)
+    kinds = [msgpack.unpackb(data)["type"] for data in ws.sent]
+    assert kinds == ["Ready"] + ["Audio"] * 20
+    assert ws.closed is not None and ws.closed[0] == 1000 and stream.released
