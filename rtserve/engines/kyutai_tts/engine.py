@@ -73,7 +73,12 @@ class KyutaiTTSEngine:
             loaded = self._loaded if self._loaded is not None else await asyncio.to_thread(self._load)
             model = self._build(loaded)
         except (CheckpointError, WeightsError, ConfigError, EngineError) as exc:
-            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
+            if isinstance(exc, ConfigError):
+                self._failure = str(exc)
+            elif isinstance(exc, EngineError):  # a setting the checkpoint refuses (cfg_coef)
+                self._failure = f"tts_engine: {exc}"
+            else:
+                self._failure = f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai tts engine not serving: %s", self._failure)
             return
         self._model = model

@@ -67,16 +67,14 @@ class TTSConnection:
             self._enqueue(wire.ready())
         else:
             self._enqueue(self._ogg.write(np.zeros(0, np.float32)))  # the Ogg-Opus headers, at once
-        tasks = {
-            asyncio.create_task(self._read(), name="tts-read"),
-            asyncio.create_task(self._produce(), name="tts-produce"),
-            asyncio.create_task(self._send(), name="tts-send"),
-        }
-        reader = next(t for t in tasks if t.get_name() == "tts-read")
+        reader = asyncio.create_task(self._read(), name="tts-read")
+        sender = asyncio.create_task(self._send(), name="tts-send")
+        tasks = {reader, sender, asyncio.create_task(self._produce(), name="tts-produce")}
         failure: RtserveError | None = None
         try:
             pending = set(tasks)
-            while pending and failure is None:
+            while failure is None and reader in pending and sender in pending:
+                # Ends when the sender sent everything, the client left, or a task failed.
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     exc = task.exception()
@@ -84,8 +82,6 @@ class TTSConnection:
                         failure = exc
                     elif exc is not None:
                         raise exc
-                if any(task.get_name() == "tts-send" or task is reader for task in done):
-                    break  # everything was sent, or the client left
         finally:
             for task in tasks:
                 task.cancel()
@@ -107,20 +103,12 @@ class TTSConnection:
                 ) from None
             if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                 return
-            if message.type is WSMsgType.TEXT:
-                parsed: wire.ClientMessage = TextIn(message.data)
-                size = len(message.data.encode())
-            elif message.type is WSMsgType.BINARY:
-                size = len(message.data)
-                if size > self._max_message_bytes:
-                    raise EngineError(
-                        f"a message is limited to {self._max_message_bytes} bytes", code=REQUEST_TOO_LARGE
-                    )
-                parsed = wire.parse_binary(message.data)
-            else:
-                continue
-            if size > self._max_message_bytes:
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue  # pings and pongs
+            text = message.type is WSMsgType.TEXT  # moshi-server speaks a text message too
+            if len(message.data.encode() if text else message.data) > self._max_message_bytes:
                 raise EngineError(f"a message is limited to {self._max_message_bytes} bytes", code=REQUEST_TOO_LARGE)
+            parsed = TextIn(message.data) if text else wire.parse_binary(message.data)
             if isinstance(parsed, EosIn):
                 stream.end()
             else:
