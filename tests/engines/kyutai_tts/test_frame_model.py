@@ -1,0 +1,82 @@
+"""``TTSFrameModel``, the TTS model as the lockstep runtime drives it
+(docs/engines.md#kyutai-tts-on-the-lockstep-runtime): no row ready, no model step; outputs only for
+rows that stepped, with running totals; the audio the same as the model's own, frame for frame;
+a row's word backlog refused past its bound with a typed error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
+from rtserve.engines.kyutai_tts.script import ScriptSplitter, Word
+from rtserve.errors import INPUT_BACKPRESSURE
+from tests.engines.kyutai_tts.test_parity import engine
+from tests.engines.kyutai_tts.tiny import TinyTTS
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+NO_INPUT = np.zeros((2, 1920), np.float32)
+LIVE = np.ones(2, bool)
+
+
+def _words(model: TTSFrameModel, text: str) -> list[Word]:
+    tts = model.model
+    return ScriptSplitter(tts.tokenizer, speaker_token=tts.ids.main, frame_rate=tts.frame_rate).split(text)
+
+
+def test_rows_without_text_are_not_stepped_and_the_model_does_not_run(
+    tiny_tts: TinyTTS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0))
+    model.begin(0, model.model.resolve_voice("alice"), None)
+    model.push(0, _words(model, "the quick")[:1])  # one word: short of its lookahead
+
+    def no_step() -> None:
+        raise AssertionError("the model stepped with no row ready")
+
+    monkeypatch.setattr(model.model, "step", no_step)
+    assert model.step(NO_INPUT, LIVE) == [None, None]
+    monkeypatch.undo()
+    model.push(0, _words(model, "brown fox"))  # its lookahead arrived: row 0 steps, alone
+    output = model.step(NO_INPUT, LIVE)
+    assert output[1] is None and output[0] is not None and output[0].speech is not None
+    assert output[0].speech.steps == 1
+
+
+def test_outputs_carry_running_totals_and_the_models_own_audio(tiny_tts: TinyTTS) -> None:
+    ours, direct = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0)), engine(tiny_tts, 2, cfg_coef=2.0)
+    words = _words(ours, TEXT)
+    ours.begin(1, ours.model.resolve_voice("bob"), None)
+    ours.push(1, words)
+    ours.end(1)
+    direct.open_slot(1, direct.resolve_voice("bob"))
+    for word in words:
+        direct.push_word(1, list(word.tokens), word.padding)
+    direct.end_of_stream(1)
+    steps = started = 0
+    for _ in range(400):
+        output = ours.step(NO_INPUT, LIVE)
+        reference = direct.step()[1]
+        assert output[0] is None and reference is not None and reference.stepped
+        frame = output[1]
+        assert frame is not None and frame.speech is not None
+        steps, started = steps + 1, started + reference.words_started
+        assert (frame.speech.steps, frame.speech.words_started) == (steps, started)
+        if reference.audio is None:
+            assert frame.audio.size == 0
+        else:
+            np.testing.assert_array_equal(frame.audio, reference.audio)
+        if frame.speech.done:
+            break
+    assert frame.speech.done and frame.speech.words_started == len(words)
+
+
+def test_a_row_holds_at_most_max_words(tiny_tts: TinyTTS) -> None:
+    model = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0))
+    model.begin(0, model.model.resolve_voice("alice"), None)
+    words = _words(model, " ".join(["fox"] * (model.max_words + 1)))
+    model.push(0, words[: model.max_words])
+    with pytest.raises(EngineError) as refused:
+        model.push(0, words[model.max_words :])
+    assert refused.value.code == INPUT_BACKPRESSURE
