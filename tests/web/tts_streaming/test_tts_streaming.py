@@ -74,11 +74,12 @@ class Spoken:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
-async def _speak(url: str, pieces: list[str], voice: str = "alice") -> Spoken:
+async def _speak(url: str, pieces: list[str], voice: str = "alice", *, raw: bool = False) -> Spoken:
+    """``raw``: the text as WebSocket text messages and the end as ``b"\\0"``, as moshi-server takes them too."""
     ws = await _connect(url, f"voice={voice}")
     for piece in pieces:
-        await ws.send(_pack({"type": "Text", "text": piece}))
-    await ws.send(_pack({"type": "Eos"}))
+        await ws.send(piece if raw else _pack({"type": "Text", "text": piece}))
+    await ws.send(b"\0" if raw else _pack({"type": "Eos"}))
     spoken = Spoken()
     async for data in ws:
         assert isinstance(data, bytes)
@@ -105,6 +106,12 @@ async def test_text_in_pieces_comes_back_as_audio_and_every_word_with_its_times(
     assert spoken.audio and all(frame.shape == (FRAME,) for frame in spoken.audio)
     assert np.isfinite(spoken.pcm).all() and np.abs(spoken.pcm).max() > 0
     _check_words(spoken, ["the", "quick", "brown", "fox", "jumps"])
+
+
+async def test_text_messages_and_a_raw_end_of_stream_are_understood(url: str) -> None:
+    spoken = await _speak(url, ["the quick", "brown fox"], raw=True)
+    assert spoken.audio
+    _check_words(spoken, ["the", "quick", "brown", "fox"])
 
 
 async def test_more_text_is_more_audio(url: str) -> None:
