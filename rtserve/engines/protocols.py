@@ -1,6 +1,6 @@
 """The seam every layer builds against: the engine protocols.
 
-Three families (design.md, "Engine protocols"):
+Three families (docs/design.md#engine-protocols):
 
 * ``FrameModel`` — a lockstep model stepped by the engine thread: one batched
   ``step`` advances every live slot by exactly one frame.
