@@ -11,7 +11,7 @@ import torch
 from rtserve.engines.kyutai_tts.loader import load_folder
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
-from tests.engines.kyutai_tts.test_parity import TEXTS, Run, assert_same, collect, feed, reference_run
+from tests.engines.kyutai_tts.test_tts_parity import TEXTS, Run, assert_same, collect, feed, reference_run
 from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -12,7 +12,7 @@ from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.script import ScriptSplitter, Word
 from rtserve.errors import INPUT_BACKPRESSURE
-from tests.engines.kyutai_tts.test_parity import engine
+from tests.engines.kyutai_tts.test_tts_parity import engine
 from tests.engines.kyutai_tts.tiny import TinyTTS
 
 TEXT = "the quick brown fox jumps over the lazy dog"
