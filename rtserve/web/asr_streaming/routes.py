@@ -39,6 +39,7 @@ from rtserve.log import session_id_var
 from rtserve.web.asr_streaming.wire import READY, AsrWireError, AudioIn, MarkerIn, pack_error, pack_event, parse
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
+from rtserve.web.route_engine import run_with_app
 from rtserve.web.subprotocols import key_subprotocols
 
 log = logging.getLogger(__name__)
@@ -165,26 +166,8 @@ async def _write(ws: web.WebSocketResponse, outbox: _Outbox, send_timeout_s: flo
             raise RtserveError(f"the client took no bytes for {send_timeout_s:g} s", code=OUTPUT_BACKPRESSURE) from None
 
 
-async def _on_startup(app: web.Application) -> None:
-    engine = app[ASR_STREAMING].engine
-    if engine is not None:  # loads in the background: streams are refused until it serves
-        app[_STARTING] = asyncio.create_task(engine.start(), name="asr-streaming-engine-start")
-
-
 async def _on_shutdown(app: web.Application) -> None:
     await app[ASR_STREAMING].connections.close_all()
-
-
-async def _on_cleanup(app: web.Application) -> None:
-    engine = app[ASR_STREAMING].engine
-    if engine is not None:
-        starting = app.get(_STARTING)
-        if starting is not None:
-            await asyncio.gather(starting, return_exceptions=True)
-        await engine.stop()
-
-
-_STARTING = web.AppKey("asr_streaming_starting", asyncio.Task[None])
 
 
 def setup(app: web.Application, engine: SpeechStreamEngine | None) -> None:
@@ -193,6 +176,6 @@ def setup(app: web.Application, engine: SpeechStreamEngine | None) -> None:
     connections = Connections("asr-streaming", ctx.config.sessions.shutdown_timeout_s)
     app[ASR_STREAMING] = AsrStreamingService(engine, connections)
     app.router.add_get(ROUTE, asr_socket)
-    app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
-    app.on_cleanup.append(_on_cleanup)
+    if engine is not None:
+        run_with_app(app, engine, "asr-streaming")

@@ -12,7 +12,6 @@ header carries the API key as moshi-server's clients send it (``web/auth.py``).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from rtserve.log import session_id_var
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
+from rtserve.web.route_engine import run_with_app
 from rtserve.web.subprotocols import key_subprotocols
 from rtserve.web.tts_streaming import wire
 from rtserve.web.tts_streaming.connection import TTSConnection
@@ -106,26 +106,8 @@ async def _refuse(ws: web.WebSocketResponse, output: OutputFormat, exc: EngineEr
     await close_socket(ws, wire.close_code_for(exc), exc.message)
 
 
-async def _on_startup(app: web.Application) -> None:
-    engine = app[TTS_STREAMING].engine
-    if engine is not None:  # loads in the background: streams are refused until it serves
-        app[_STARTING] = asyncio.create_task(engine.start(), name="tts-streaming-engine-start")
-
-
 async def _on_shutdown(app: web.Application) -> None:
     await app[TTS_STREAMING].connections.close_all()
-
-
-async def _on_cleanup(app: web.Application) -> None:
-    engine = app[TTS_STREAMING].engine
-    if engine is not None:
-        starting = app.get(_STARTING)
-        if starting is not None:
-            await asyncio.gather(starting, return_exceptions=True)
-        await engine.stop()
-
-
-_STARTING = web.AppKey("tts_streaming_starting", asyncio.Task[None])
 
 
 def setup(app: web.Application, engine: TTSStreamEngine | None) -> None:
@@ -133,6 +115,6 @@ def setup(app: web.Application, engine: TTSStreamEngine | None) -> None:
     config = app[CTX].config
     app[TTS_STREAMING] = TTSStreamingService(engine, Connections("tts_streaming", config.sessions.shutdown_timeout_s))
     app.router.add_get(ROUTE, tts_socket)
-    app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
-    app.on_cleanup.append(_on_cleanup)
+    if engine is not None:
+        run_with_app(app, engine, "tts-streaming")
