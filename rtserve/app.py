@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.cascade.speech_stream import WhisperSpeechStreamEngine
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import TTSStreamEngine
@@ -63,11 +64,15 @@ async def _on_cleanup(app: web.Application) -> None:
     await ctx.engines.stop()
 
 
-def _speech_stream_engine(config: ServerConfig) -> SpeechStreamEngine | None:
+def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStreamEngine | None:
     """The Kyutai STT engine behind ``/api/asr-streaming`` when ``stt_engine.weights`` is set
-    (in this front-end process: docs/engines.md#kyutai-stt-engine)."""
+    (in this front-end process: docs/engines.md#kyutai-stt-engine); else the app's ASR engine
+    (the cascade's Whisper) cut by a VAD in this process, where the engine lends one
+    (docs/serving.md#asr-streaming)."""
     if not config.stt_engine.weights:
-        return None
+        if ctx.turn_engines.asr is None:
+            return None
+        return WhisperSpeechStreamEngine(config.models, lambda: ctx.turn_engines.asr if ctx.engines.ready else None)
     from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
 
     return KyutaiSttEngine(config)
@@ -118,7 +123,7 @@ def build_app(
     http.setup(app)
     openpi.setup(app)
     moshi.setup(app)
-    asr_streaming.setup(app, _speech_stream_engine(config))
+    asr_streaming.setup(app, _speech_stream_engine(config, app[CTX]))
     tts_streaming.setup(app, _tts_stream_engine(config))
     realtime.setup(app)
     if peers is not None:

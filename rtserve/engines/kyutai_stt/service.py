@@ -3,9 +3,31 @@ torch-free, so ``web/`` can name it (docs/design.md#layers)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from rtserve.engines.kyutai_stt.stream import SttStream
+from rtserve.engines.kyutai_stt.events import SttEvent
+from rtserve.engines.values import Pcm
+
+
+class SpeechStream(Protocol):
+    """One client's stream (``SttStream`` on the Kyutai engine, ``WhisperSttStream`` on the
+    embedded Whisper); called from the event loop."""
+
+    @property
+    def pending_markers(self) -> int: ...
+
+    def push_audio(self, pcm: Pcm) -> None:
+        """Queue float mono samples of any length; ``InvalidAudio`` for non-finite or misshapen ones."""
+        ...
+
+    def mark(self, marker_id: int) -> None:
+        """Answer ``Marker(marker_id)`` once everything sent so far is transcribed."""
+        ...
+
+    def events(self) -> AsyncGenerator[SttEvent, None]: ...
+
+    async def close(self, release_timeout_s: float) -> None: ...
 
 
 class SpeechStreamEngine(Protocol):
@@ -31,6 +53,6 @@ class SpeechStreamEngine(Protocol):
     @property
     def release_timeout_s(self) -> float: ...
 
-    def open_stream(self, stream_id: str) -> SttStream:
+    def open_stream(self, stream_id: str) -> SpeechStream:
         """A stream on a free slot, or ``CapacityExhausted`` / ``EngineError`` at once."""
         ...

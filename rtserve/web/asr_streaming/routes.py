@@ -1,7 +1,9 @@
 """``WS /api/asr-streaming``: moshi-server's streaming speech-to-text protocol, so Kyutai's clients
 and Unmute work unchanged (docs/serving.md#asr-streaming).
 
-One connection is one ``SttStream`` on the configured speech-to-text engine (``stt_engine``):
+One connection is one stream on the app's speech-to-text engine: the Kyutai STT engine
+(``stt_engine``) when configured, else the app's ASR engine (the cascade's Whisper) behind
+the VAD (``engines/cascade/speech_stream``):
 ``Ready`` once the stream holds a slot, then per model step a ``Step``, the ``Word`` /
 ``EndWord`` messages as words complete, and each ``Marker`` once everything sent before it
 is transcribed. Three tasks share the connection: this handler reads the client, a pump
@@ -26,8 +28,7 @@ from dataclasses import dataclass
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.engines.errors import EngineError
-from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
-from rtserve.engines.kyutai_stt.stream import SttStream
+from rtserve.engines.kyutai_stt.service import SpeechStream, SpeechStreamEngine
 from rtserve.errors import (
     ENGINE_UNAVAILABLE,
     OUTPUT_BACKPRESSURE,
@@ -97,7 +98,10 @@ async def _serve(
     limits = request.app[CTX].config.asr_streaming
     try:
         if engine is None:
-            raise EngineError("no speech-to-text engine is configured (stt_engine.weights)", code=ENGINE_UNAVAILABLE)
+            raise EngineError(
+                "no speech-to-text engine is configured (stt_engine.weights, or an engine with an ASR: the cascade)",
+                code=ENGINE_UNAVAILABLE,
+            )
         stream = engine.open_stream(stream_id)
     except EngineError as exc:
         await _fail(ws, exc, WSCloseCode.TRY_AGAIN_LATER)
@@ -131,7 +135,7 @@ async def _fail(ws: web.WebSocketResponse, error: RtserveError, close_code: int)
     await close_socket(ws, close_code, error.code)
 
 
-async def _read(ws: web.WebSocketResponse, stream: SttStream, idle_timeout_s: float, max_markers: int) -> None:
+async def _read(ws: web.WebSocketResponse, stream: SpeechStream, idle_timeout_s: float, max_markers: int) -> None:
     """Until the client closes; a rule broken raises the typed error."""
     while True:
         try:
@@ -151,7 +155,7 @@ async def _read(ws: web.WebSocketResponse, stream: SttStream, idle_timeout_s: fl
         # Text frames and pings are ignored, as moshi-server does.
 
 
-async def _pump(stream: SttStream, outbox: _Outbox) -> None:
+async def _pump(stream: SpeechStream, outbox: _Outbox) -> None:
     async for event in stream.events():
         outbox.put(pack_event(event))
     await asyncio.Event().wait()  # the stream ended (the engine stopped): the reader decides when to close
