@@ -22,6 +22,7 @@ MYPY_TESTS = \
 	tests/codecs/test_fuzz_decoders.py \
 	tests/codecs/test_g711.py \
 	tests/codecs/test_wav.py \
+	tests/engines/cascade/test_cascade_tts_stream.py \
 	tests/engines/cascade/test_voice_sandbox.py \
 	tests/engines/lockstep/lockstep_fakes.py \
 	tests/engines/lockstep/test_lockstep_framing.py \
@@ -43,6 +44,7 @@ MYPY_TESTS = \
 	tests/web/moshi/test_moshi_chat.py \
 	tests/web/moshi/test_moshi_units.py \
 	tests/web/moshi_support.py \
+	tests/web/tts_streaming/test_tts_streaming_piper.py \
 	tests/web/webrtc/test_webrtc_audio.py \
 	tests/web/webrtc/test_webrtc_client_secrets.py
 

@@ -431,7 +431,7 @@ class TtsEngineConfig(_Section):
         None,
         description="Kyutai TTS weights (config.json with model_type 'tts', LM and Mimi safetensors, "
         "tokenizer), e.g. kyutai/tts-1.6b-en_fr: a local folder, hf://ORG/NAME[@REVISION] or ORG/NAME; "
-        "null: /api/tts_streaming is not served",
+        "null: the server's Piper voice speaks /api/tts_streaming",
     )
     voices: str | None = Field(
         None, description="local folder of voice embeddings (*.safetensors with speaker_wavs, as kyutai/tts-voices)"

@@ -97,7 +97,7 @@ SYNTHESIS_FAILED = "synthesis_failed"
 UNSUPPORTED_LANGUAGE = "unsupported_language"
 INVALID_VOICE = "invalid_voice"
 SESSION_BUSY = "session_busy"  # a streaming-speech session.config while text waits to be spoken
-TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server without tts_engine
+TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server with no TTS at all
 STREAM_ALREADY_ENDED = "stream_already_ended"  # /api/tts_streaming: text or Eos after the Eos
 # Voices (POST/DELETE /v1/audio/voices)
 VOICE_EXISTS = "voice_exists"

@@ -1,14 +1,54 @@
 """What a transport needs of a streaming text-to-speech engine (``WS /api/tts_streaming``):
-torch-free, so ``web/`` can name it (docs/design.md#layers)."""
+torch-free, so ``web/`` can name it (docs/design.md#layers). The Kyutai TTS engine is one
+(``TTSStreamEngine``, with its lifecycle); Piper behind ``cascade/tts_stream.py`` is the other
+(``SpeechStreams`` only: the app's turn-engine TTS, started and stopped with the app's engines)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
-from rtserve.engines.kyutai_tts.stream import TTSStream
+from rtserve.engines.kyutai_tts.stream import SpeechEvent
 
 
-class TTSStreamEngine(Protocol):
+class SpeechStream(Protocol):
+    """One client's stream: text in, word timings and audio out, in order."""
+
+    @property
+    def ended(self) -> bool:
+        """The client's end of stream came."""
+        ...
+
+    def send_text(self, text: str) -> None:
+        """More text to speak; ``EngineError`` after the end of stream or past the backlog bound."""
+        ...
+
+    def end(self) -> None:
+        """No more text (the tail is spoken); a second end is an ``EngineError``."""
+        ...
+
+    def events(self) -> AsyncIterator[SpeechEvent]:
+        """Words and audio until the speech is done; ``EngineError`` if it cannot go on."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the stream holds (idempotent)."""
+        ...
+
+
+class SpeechStreams(Protocol):
+    """What the route opens streams on."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> SpeechStream:
+        """A stream with ``voice``: ``EngineError`` (``voice_not_found``, ``engine_unavailable``)
+        or ``CapacityExhausted`` before any slot is held."""
+        ...
+
+
+class TTSStreamEngine(SpeechStreams, Protocol):
     async def start(self) -> None:
         """Load the weights and start stepping; a failure is kept in ``failure``, not raised."""
         ...
@@ -23,12 +63,4 @@ class TTSStreamEngine(Protocol):
     @property
     def failure(self) -> str | None:
         """Why it will not serve (its weights failed to load); None while fine."""
-        ...
-
-    @property
-    def sample_rate(self) -> int: ...
-
-    async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
-        """A stream with ``voice``: ``EngineError`` (``voice_not_found``, ``engine_unavailable``)
-        or ``CapacityExhausted`` before any slot is held."""
         ...

@@ -1,4 +1,4 @@
-"""moshi-server's text-to-speech protocol: ``WS /api/tts_streaming`` (MessagePack, Kyutai TTS engine)."""
+"""moshi-server's text-to-speech protocol: ``WS /api/tts_streaming`` (MessagePack; Kyutai TTS, else Piper)."""
 
 from rtserve.web.tts_streaming.routes import setup
 

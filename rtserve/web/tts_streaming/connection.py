@@ -1,4 +1,4 @@
-"""One ``WS /api/tts_streaming`` connection: three tasks around one ``TTSStream``
+"""One ``WS /api/tts_streaming`` connection: three tasks around one ``SpeechStream``
 (docs/serving.md#tts-streaming).
 
 * the reader takes client messages: text goes to the stream (bounded backlog), ``Eos`` ends it;
@@ -23,7 +23,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.oggopus import OggOpusWriter
 from rtserve.engines.errors import EngineError
-from rtserve.engines.kyutai_tts.stream import SpeechAudio, TTSStream
+from rtserve.engines.kyutai_tts.service import SpeechStream
+from rtserve.engines.kyutai_tts.stream import SpeechAudio
 from rtserve.errors import (
     OUTPUT_BACKPRESSURE,
     REQUEST_TOO_LARGE,
@@ -43,7 +44,7 @@ class TTSConnection:
     def __init__(
         self,
         ws: web.WebSocketResponse,
-        stream: TTSStream,
+        stream: SpeechStream,
         output: OutputFormat,
         *,
         max_message_bytes: int,

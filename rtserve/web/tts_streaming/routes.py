@@ -1,13 +1,15 @@
 """Registers ``WS /api/tts_streaming`` (docs/serving.md#tts-streaming).
 
-The route exists on every server; it is served only where ``tts_engine.weights`` is set (the
-app then builds the Kyutai TTS engine in this process; it loads at startup, the server answering
-meanwhile, and stops at cleanup). Elsewhere an
-upgrade is answered before the handshake with HTTP 404 and code ``tts_streaming_unavailable``,
-so a client learns why instead of meeting a bare 404. Query: ``voice`` (a name in
-``tts_engine.voices``; none: ``tts_engine.default_voice``), ``format`` (``PcmMessagePack``, the
-default, or ``OggOpus``), ``seed`` (an integer: reproducible sampling). The ``kyutai-api-key``
-header carries the API key as moshi-server's clients send it (``web/auth.py``).
+The route exists on every server. Where ``tts_engine.weights`` is set the Kyutai TTS engine
+speaks it (built in this process; it loads at startup, the server answering meanwhile, and
+stops at cleanup); elsewhere the app's turn-engine TTS (Piper) does, sentence by sentence
+(``engines/cascade/tts_stream.py``). A server with neither answers an upgrade before the
+handshake with HTTP 404 and code ``tts_streaming_unavailable``, so a client learns why instead
+of meeting a bare 404. Query: ``voice`` (Kyutai: a name in ``tts_engine.voices``, none:
+``tts_engine.default_voice``; Piper: one of its voices, none: its default), ``format``
+(``PcmMessagePack``, the default, or ``OggOpus``), ``seed`` (an integer: reproducible sampling;
+Kyutai only). The ``kyutai-api-key`` header carries the API key as moshi-server's clients send
+it (``web/auth.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from rtserve.engines.cascade.tts_stream import PiperSpeechStreams
 from rtserve.engines.errors import CapacityExhausted, EngineError
-from rtserve.engines.kyutai_tts.service import TTSStreamEngine
+from rtserve.engines.kyutai_tts.service import SpeechStreams, TTSStreamEngine
 from rtserve.errors import INVALID_VALUE, TTS_STREAMING_UNAVAILABLE
 from rtserve.log import session_id_var
 from rtserve.web.connections import Connections, close_socket
@@ -58,16 +61,21 @@ def _query(request: web.Request) -> tuple[OutputFormat, int | None]:
 
 async def tts_socket(request: web.Request) -> web.StreamResponse:
     service = request.app[TTS_STREAMING]
-    engine = service.engine
-    if engine is None:
+    ctx = request.app[CTX]
+    config = ctx.config
+    limits = config.tts_streaming
+    engine: SpeechStreams
+    if service.engine is not None:
+        engine = service.engine
+    elif (tts := ctx.turn_engines.tts) is not None:
+        engine = PiperSpeechStreams(tts, max_pending_words=limits.max_pending_words)
+    else:
         raise ApiError(
-            "this server has no text-to-speech engine (tts_engine.weights is not set)",
+            "this server has no text-to-speech engine (neither tts_engine.weights nor a turn-engine TTS)",
             status=404,
             code=TTS_STREAMING_UNAVAILABLE,
         )
     output, seed = _query(request)
-    config = request.app[CTX].config
-    limits = config.tts_streaming
     ws = web.WebSocketResponse(
         protocols=key_subprotocols(request),
         max_msg_size=limits.max_message_bytes * _HARD_SIZE_FACTOR,
@@ -111,7 +119,8 @@ async def _on_shutdown(app: web.Application) -> None:
 
 
 def setup(app: web.Application, engine: TTSStreamEngine | None) -> None:
-    """``engine``: the text-to-speech engine this app serves (started and stopped with it), or None."""
+    """``engine``: the Kyutai TTS engine this app serves (started and stopped with it), or None
+    (the app's turn-engine TTS speaks, where it has one)."""
     config = app[CTX].config
     app[TTS_STREAMING] = TTSStreamingService(engine, Connections("tts_streaming", config.sessions.shutdown_timeout_s))
     app.router.add_get(ROUTE, tts_socket)
