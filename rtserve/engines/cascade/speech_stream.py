@@ -172,9 +172,10 @@ class WhisperSttStream:
             elif isinstance(happened, SpeechStopped):
                 stopped_ms = happened.audio_ms
             elif isinstance(happened, SealedTurn) and self._utterance is not None:
-                utterance, self._utterance = self._utterance, None
+                utterance = self._utterance  # kept on the stream until done: ``close`` cancels it
                 utterance.feed(_newest(happened.audio, happened.audio.size + self._detector.dropped_samples - taken))
                 text = await utterance.end()
+                self._utterance = None
                 events += timed_words(text, utterance.start_ms / 1000, stopped_ms / 1000)
                 taken = 0
         if self._utterance is not None:

@@ -72,8 +72,10 @@ async def test_a_spoken_sentence_comes_back_as_words_then_the_marker(config: Ser
     config.engine = "cascade"
     async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
         speech = await _speech(base, SENTENCE)
-        silence = np.zeros(int(24_000 * LEAD_S), np.float32)
-        audio = np.concatenate([silence, speech, silence, silence])
+        # The marker follows the last word at once: it must wait for the utterance to end
+        # (the silence sent after it) and be transcribed.
+        speech = speech[: np.flatnonzero(np.abs(speech) > 0.01)[-1] + 1]  # Piper's trailing silence cut off
+        audio = np.concatenate([np.zeros(int(24_000 * LEAD_S), np.float32), speech])
         audio = np.concatenate([audio, np.zeros(-audio.size % FRAME, np.float32)])
         url = base.replace("http://", "ws://") + "/api/asr-streaming"
         received = await asyncio.wait_for(_talk(url, audio), TALK_TIMEOUT_S)
@@ -82,7 +84,7 @@ async def test_a_spoken_sentence_comes_back_as_words_then_the_marker(config: Ser
     assert kinds[-1] == "Marker" and kinds.count("Marker") == 1
     steps = [message for message in received if message["type"] == "Step"]
     assert [step["step_idx"] for step in steps] == list(range(1, len(steps) + 1))
-    assert len(steps) >= audio.size // FRAME  # one per 80 ms frame sent before the marker
+    assert len(steps) >= audio.size // FRAME + 500 // 80  # each frame before the marker, and the pause ending it
     assert all(len(step["prs"]) == 1 and 0.0 <= step["prs"][0] <= 1.0 for step in steps)
     assert steps[0]["prs"][0] > 0.5  # the lead-in silence: a pause
     assert min(step["prs"][0] for step in steps) < 0.5  # the sentence: speech
