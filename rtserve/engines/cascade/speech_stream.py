@@ -26,9 +26,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
-import soxr
 
 from rtserve.codecs.pcm import FloatArray
+from rtserve.codecs.resample import StreamResampler
 from rtserve.config import ModelPaths
 from rtserve.engines.cascade.errors import ModelUnavailable
 from rtserve.engines.cascade.model_paths import resolve_vad
@@ -110,7 +110,7 @@ class WhisperSttStream:
         self._vad = vad
         self._vad_state = VadStream()
         self._detector = TurnDetector(TurnDetection(), SAMPLE_RATE, WINDOW, int(SAMPLE_RATE * _MAX_UTTERANCE_S))
-        self._resampler = soxr.ResampleStream(INPUT_RATE, SAMPLE_RATE, 1, dtype="float32")
+        self._resampler = StreamResampler(INPUT_RATE, SAMPLE_RATE)
         self._inbox: deque[FloatArray] = deque()
         self._tail = np.zeros(0, np.float32)
         self._wake = asyncio.Event()
@@ -158,7 +158,7 @@ class WhisperSttStream:
         return self._detector.turn_samples + self._detector.dropped_samples if self._detector.speaking else 0
 
     async def _frame(self, frame: FloatArray) -> list[SttEvent]:
-        scores = await asyncio.to_thread(self._vad.process, self._vad_state, self._resampler.resample_chunk(frame))
+        scores = await asyncio.to_thread(self._vad.process, self._vad_state, self._resampler.process(frame))
         self._consumed += frame.size
         if scores.scores.size:
             self._speech_pr = float(scores.scores[-1])
