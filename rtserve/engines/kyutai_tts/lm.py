@@ -16,7 +16,7 @@ from torch import nn
 
 from rtserve.engines.kyutai_tts.config import TTSArch
 from rtserve.engines.moshi.checkpoint import lm_rename
-from rtserve.engines.moshi.layers import Transformer, TypedModuleList
+from rtserve.engines.moshi.layers import TypedModuleList
 from rtserve.engines.moshi.lm import ZERO_TOKEN, MoshiLM, TokenEmbedding
 
 _CROSS_STACKED = re.compile(r"\.cross_attention\.(in_proj_weight|in_proj\.weight|out_proj\.weight)$")
@@ -53,7 +53,7 @@ class StreamEmbedding(TokenEmbedding):
 
 class TTSLM(MoshiLM):
     def __init__(self, arch: TTSArch) -> None:
-        super().__init__(arch.lm)
+        super().__init__(arch.lm, cross_attention=arch.cross_attention)
         c = arch.lm
         self.arch = arch
         low_rank = arch.depformer_low_rank
@@ -64,20 +64,6 @@ class TTSLM(MoshiLM):
         self.depformer_emb = TypedModuleList(
             StreamEmbedding(c.card + 1, c.depformer_dim, low_rank=low_rank, demux=False) for _ in range(c.dep_q - 1)
         )
-        if arch.cross_attention:
-            self.transformer = Transformer(
-                c.dim,
-                c.num_heads,
-                c.num_layers,
-                c.dim_feedforward,
-                norm=c.norm,
-                gating=True,
-                layer_scale=False,
-                rope_max_period=c.max_period,
-                context=c.context,
-                capacity=c.context,
-                cross_attention=True,
-            )
 
     def embed(self, column: torch.Tensor) -> torch.Tensor:
         """``[B, 1 + n_q]`` tokens (the text one possibly muxed) -> ``[B, 1, dim]``, audio first then text."""

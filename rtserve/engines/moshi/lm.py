@@ -54,7 +54,8 @@ class TokenEmbedding(nn.Embedding):
 
 
 class MoshiLM(nn.Module):
-    def __init__(self, config: LMConfig) -> None:
+    def __init__(self, config: LMConfig, *, cross_attention: bool = False) -> None:
+        """``cross_attention``: every layer also attends to per-row conditioning (Kyutai TTS)."""
         super().__init__()
         self.config = config
         c = config
@@ -72,6 +73,7 @@ class MoshiLM(nn.Module):
             rope_max_period=c.max_period,
             context=c.context,
             capacity=c.context,
+            cross_attention=cross_attention,
         )
         self.out_norm = make_norm(c.norm, c.dim)
         num_weights = max(c.depformer_schedule, default=-1) + 1
