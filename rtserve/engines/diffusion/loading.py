@@ -1,0 +1,62 @@
+"""A ``diffusers`` pipeline from a weight setting: a local folder (``save_pretrained`` layout,
+``model_index.json`` at its top) or a hub repo id, on the configured device and dtype
+(docs/engines.md#diffusion-weights).
+
+A hub repo's ``model_index.json`` is fetched through ``rtserve.weights`` first, so a missing,
+gated or offline repo fails with the same one-line ``WeightsError`` as every other engine; the
+component files then come from ``DiffusionPipeline.download`` (the hub cache, ``HF_HUB_OFFLINE``
+honoured), which picks the weight files the pipeline needs (safetensors, no duplicates).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import DiffusionPipeline
+
+from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
+from rtserve.weights import WeightsError
+from rtserve.weights.source import HubRepo, open_source
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str, field: str) -> torch.device:
+    """``auto``: CUDA when this torch sees a GPU, else the CPU; otherwise the device named."""
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"invalid config field {field!r}: {spec!r} was requested but torch sees no CUDA GPU")
+    return device
+
+
+def pipeline_folder(weights: str, field: str, config: ServerConfig) -> Path:
+    """The local folder holding the pipeline ``weights`` names (downloaded into the hub cache if needed)."""
+    source = open_source(weights, field, progress_interval_s=config.weights.progress_interval_s)
+    index = source.file("model_index.json", "the diffusers pipeline layout")
+    if not isinstance(source.root, HubRepo):
+        return index.parent
+    repo = source.root
+    try:
+        return Path(DiffusionPipeline.download(repo.repo_id, revision=repo.revision))
+    except (OSError, ValueError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsError(f"{repo}: cannot fetch the pipeline's components: {detail}") from None
+
+
+def load_pipeline(settings: DiffusionEngineConfig, field: str, config: ServerConfig) -> Any:
+    """The pipeline ``settings.weights`` names, moved to ``settings.device`` in ``settings.dtype``."""
+    if not settings.weights:
+        raise ConfigError(f"invalid config field {field!r}: no weights set")
+    device = resolve_device(settings.device, field.rsplit(".", 1)[0] + ".device")
+    folder = pipeline_folder(settings.weights, field, config)
+    try:
+        pipe = DiffusionPipeline.from_pretrained(folder, torch_dtype=DTYPES[settings.dtype])  # type: ignore[no-untyped-call]
+    except (OSError, ValueError, KeyError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsError(f"{settings.weights} ({field}): not a loadable diffusers pipeline: {detail}") from None
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
