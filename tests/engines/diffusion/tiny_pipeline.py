@@ -8,13 +8,16 @@ word end) with no merges, so any prompt tokenizes; prompts are cut at ``MAX_TOKE
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
+    DiffusionPipeline,
     StableDiffusionPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
@@ -95,7 +98,9 @@ def save_tiny_pipeline(folder: Path, *, xl: bool = False, seed: int = 0) -> Path
     torch.manual_seed(seed)
     tokenizer = tiny_tokenizer(folder / "_tokenizer")
     vocab = len(tokenizer)
-    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False)
+    scheduler = DDIMScheduler(
+        beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False, steps_offset=1
+    )
     pipe: Any
     if xl:
         pipe = StableDiffusionXLPipeline(
@@ -120,3 +125,24 @@ def save_tiny_pipeline(folder: Path, *, xl: bool = False, seed: int = 0) -> Path
         )
     pipe.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_pipeline(tmp_path_factory.mktemp("tiny-sd"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd(tiny_sd_folder: Path) -> Any:
+    pipe = DiffusionPipeline.from_pretrained(tiny_sd_folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models on a shared 2-core machine: one thread, or oversubscribed cores spin for seconds a step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
