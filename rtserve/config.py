@@ -85,6 +85,17 @@ class SessionLimits(_Section):
         description="UTF-8 text bytes a session's "
         "conversation holds; a client item beyond -> conversation_limit_exceeded",
     )
+    max_video_frames: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="camera frames a session holds for its next user turn (docs/video.md); the oldest go beyond",
+    )
+    max_conversation_images: int = Field(
+        8,
+        ge=1,
+        description="images (frames and input_image parts) a session's conversation keeps; the oldest go beyond",
+    )
     max_speak_chars: int = Field(
         4096,
         ge=1,
@@ -555,10 +566,11 @@ class CascadeLimits(_Section):
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
     output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
     worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
-    llm_runtime: Literal["ctranslate2", "transformers"] = Field(
+    llm_runtime: Literal["ctranslate2", "transformers", "transformers_vision"] = Field(
         "ctranslate2",
         description="the LLM's CPU runtime: ctranslate2 (batched, quantized; function calls still "
-        "decode on transformers) or transformers (everything, unbatched)",
+        "decode on transformers), transformers (everything, unbatched) or transformers_vision (a "
+        "vision-language model folder for AutoModelForImageTextToText: sees camera frames and images)",
     )
     llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
         "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)"
@@ -650,6 +662,27 @@ class CascadeLimits(_Section):
     )
 
 
+class VideoInputConfig(_Section):
+    """Camera frames and images into the conversation (docs/video.md): WebRTC video,
+    ``WS /v1/video/chat/stream``, ``input_image`` items."""
+
+    sample_fps: float = Field(1.0, gt=0, le=30, description="camera frames kept per second; the others are dropped")
+    max_side: int = Field(
+        384, ge=32, le=4096, description="longest side of a kept frame or image in pixels (downscaled beyond)"
+    )
+    jpeg_quality: int = Field(80, ge=10, le=95, description="JPEG quality of kept frames (what the LLM is given)")
+    max_image_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="one JPEG/PNG frame or image as sent; larger -> image_too_large"
+    )
+    max_image_pixels: int = Field(
+        16_000_000, ge=1024, description="width x height of one sent image; larger -> image_too_large (no decode)"
+    )
+    max_frames_per_s: float = Field(
+        10.0, gt=0, description="frames a WS /v1/video/chat/stream client may send per second; faster -> closed"
+    )
+    max_text_chars: int = Field(4096, ge=1, description="one question on WS /v1/video/chat/stream")
+
+
 class VllmSettings(_Section):
     """A vLLM server (``vllm serve``) serving the LLM over its OpenAI-compatible API, for chat
     (``http.text_engine: vllm``) and/or the cascade's voice replies (``cascade.llm_engine: vllm``)."""
@@ -667,6 +700,11 @@ class VllmSettings(_Section):
         120.0,
         gt=0,
         description="longest wait for vLLM's next bytes (the first token included); longer -> model_unavailable",
+    )
+    vision: bool = Field(
+        False,
+        description="the served model is a vision-language model: user turns may carry images "
+        "(camera frames, input_image), sent as image_url parts",
     )
     startup_timeout_s: float = Field(
         900.0,
@@ -1040,6 +1078,7 @@ class ServerConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     peers: PeersConfig = PeersConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
+    video_input: VideoInputConfig = VideoInputConfig()
     ssl_certfile: str | None = Field(None, description="PEM certificate chain: serve HTTPS/WSS (with ssl_keyfile)")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
 

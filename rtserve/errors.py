@@ -117,6 +117,11 @@ NO_POLICY = "unsupported"  # this server serves no robot policy (openpi clients 
 # WebRTC calls (/v1/realtime/calls)
 INVALID_SDP = "invalid_sdp"
 UNKNOWN_CALL = "unknown_call"
+# Images and camera frames (docs/video.md#errors)
+VISION_UNSUPPORTED = "vision_unsupported"  # images or video for an LLM that cannot see
+INVALID_IMAGE = "invalid_image"  # not a JPEG or PNG, or not decodable
+IMAGE_TOO_LARGE = "image_too_large"  # video_input.max_image_bytes / max_image_pixels
+FRAME_RATE_EXCEEDED = "frame_rate_exceeded"  # video_input.max_frames_per_s on WS /v1/video/chat/stream
 # Anything unexpected
 INTERNAL_ERROR = "internal_error"
 

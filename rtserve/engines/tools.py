@@ -82,6 +82,9 @@ def openai_turns(messages: Sequence[ChatMessage], *, arguments_as_text: bool = F
     turns = []
     for m in messages:
         turn: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.images:  # OpenAI image parts (data URLs), before the words that ask about them
+            images = [{"type": "image_url", "image_url": {"url": url}} for url in m.images]
+            turn["content"] = [*images, {"type": "text", "text": m.content}] if m.content else images
         if m.tool_calls:
             turn["tool_calls"] = [
                 {

@@ -32,6 +32,7 @@ class EngineCapabilities:
     modalities: tuple[str, ...] = ("audio", "text")
     supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
     supports_speak: bool = False  # a response can say given text verbatim (``ResponseRequest.speak``)
+    supports_vision: bool = False  # user messages may carry images (``ChatMessage.images``: camera frames)
 
     @property
     def input_frame_samples(self) -> int:
@@ -61,6 +62,7 @@ class EngineCapabilities:
             # ``response.speak`` (say this text): only an engine with its own text-to-speech stage
             # can be made to; a lockstep model's speech is its own (response_speak_unsupported).
             "supports_response_speak": self.supports_speak,
+            "supports_vision": self.supports_vision,
         }
 
 
@@ -173,6 +175,8 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this message answers
+    # user: images as ``data:image/jpeg;base64,...`` URLs, shown to a vision LLM after the text
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class VllmTextEngine:
         self._url = settings.url.rstrip("/")
         self._model = settings.model
         self.model_name = settings.served_model_name or settings.model
+        self.supports_vision = settings.vision  # a VLM behind vLLM: images go as image_url parts
         self._headers = {} if settings.api_key is None else {"Authorization": f"Bearer {settings.api_key}"}
         self._timeout = aiohttp.ClientTimeout(
             sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s

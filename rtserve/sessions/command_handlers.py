@@ -25,6 +25,7 @@ from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import ConfigUpdateError, SessionConfig, check_bounds
 from rtserve.sessions.turns import TurnTracker
+from rtserve.sessions.video_frames import FrameWindow
 
 # OpenAI refuses a manual commit of less audio than this (``input_audio_buffer_commit_empty``).
 MIN_COMMIT_MS = 100
@@ -43,6 +44,7 @@ class CommandHandlers:
         ledger: InputLedger,
         responses: ResponseTracker,
         turns: TurnTracker,
+        frames: FrameWindow,
         snapshot: Callable[[], ev.SessionSnapshot],
     ) -> None:
         self.engine = engine
@@ -54,6 +56,7 @@ class CommandHandlers:
         self._ledger = ledger
         self._responses = responses
         self._turns = turns
+        self._frames = frames
         self._snapshot = snapshot
 
     def apply(self, c: cmd.Command) -> None:
@@ -80,7 +83,11 @@ class CommandHandlers:
         elif isinstance(c, cmd.SessionUpdate):
             self._session_update(c)
         elif isinstance(c, cmd.ConversationItemCreate):
-            self._item_create(c)
+            if not c.images or self._sees(c):
+                self._item_create(c)
+        elif isinstance(c, cmd.VideoFrame):
+            if self._sees(c):
+                self._frames.add(c.image)
         elif isinstance(c, cmd.FunctionItemCreate):
             self._function_item_create(c)
         elif isinstance(c, cmd.ConversationItemTruncate):
@@ -338,6 +345,20 @@ class CommandHandlers:
             turn_id=self._ledger.turn_id,
         )
         self._insert_item(item, c.previous_item_id, c.event_id)
+        if c.role == "user" and item.id in self._conversation:  # the frames seen since the last turn, then its own
+            self._conversation.show(item, (*self._frames.take(), *c.images))
+
+    def _sees(self, c: cmd.Command) -> bool:
+        """Images need an engine that can see: transports refuse video at setup, this catches the rest."""
+        if self.capabilities.supports_vision:
+            return True
+        self._output.error(
+            errors.VISION_UNSUPPORTED,
+            "This server's language model cannot see images (docs/video.md)",
+            related=c.event_id,
+            param="item.content" if isinstance(c, cmd.ConversationItemCreate) else None,
+        )
+        return False
 
     def _insert_item(self, item: ConversationItem, previous_item_id: str | None, event_id: str | None) -> None:
         """A client-created item into the conversation after ``previous_item_id``, announced."""

@@ -131,6 +131,14 @@ class ConversationItemCreate(Command):
     previous_item_id: str | None = None  # None: append at the end
     item_id: str | None = None  # None: server-allocated
     audio: bool = False  # the client sent audio: ``text`` is its transcript
+    images: tuple[str, ...] = ()  # ``input_image`` parts: JPEG data URLs, already bounded (docs/video.md)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class VideoFrame(Command):
+    """One sampled camera frame (a JPEG data URL, already downscaled): held for the next user turn."""
+
+    image: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

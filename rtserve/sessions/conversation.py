@@ -59,6 +59,7 @@ class ConversationItem:
     # function items only
     call_id: str | None = None
     name: str | None = None
+    images: tuple[str, ...] = ()  # user items: JPEG data URLs (camera frames, input_image parts)
 
     def snapshot(self) -> ItemSnapshot:
         return ItemSnapshot(
@@ -105,9 +106,10 @@ class ConversationItem:
 
 
 class Conversation:
-    def __init__(self, *, max_items: int, max_bytes: int) -> None:
+    def __init__(self, *, max_items: int, max_bytes: int, max_images: int = 8) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
+        self.max_images = max_images  # sessions.max_conversation_images: older images are dropped
         self._items: list[ConversationItem] = []
         self._by_id: dict[str, ConversationItem] = {}
         self._by_response: dict[str, ConversationItem] = {}
@@ -151,6 +153,18 @@ class Conversation:
             self._by_response[item.response_id] = item
         return previous
 
+    def show(self, item: ConversationItem, images: tuple[str, ...]) -> None:
+        """Attach ``images`` to ``item``; beyond ``max_images`` in the conversation the oldest go
+        (their items keep their text), so a long video call holds a bounded number of frames."""
+        item.images = (*item.images, *images)
+        excess = sum(len(it.images) for it in self._items) - self.max_images
+        for older in self._items:
+            if excess <= 0:
+                break
+            dropped = min(excess, len(older.images))
+            older.images = older.images[dropped:]
+            excess -= dropped
+
     def remove(self, item_id: str) -> ConversationItem | None:
         item = self._by_id.pop(item_id, None)
         if item is not None:
@@ -172,6 +186,6 @@ class Conversation:
                 out.append(ChatMessage(role="tool", content=item.text or "", tool_call_id=item.call_id))
                 continue
             text = item.committed_text if item.role == "assistant" else item.text
-            if text:
-                out.append(ChatMessage(role=item.role, content=text))
+            if text or item.images:
+                out.append(ChatMessage(role=item.role, content=text or "", images=item.images))
         return tuple(out)

@@ -53,6 +53,7 @@ from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import SessionConfig
 from rtserve.sessions.turns import CommitFinished, TranscriptTimeout, TurnTracker
+from rtserve.sessions.video_frames import FrameWindow
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,11 @@ class SessionRunner:
         # The trackers, wired one way: output <- ledger <- responses <- turns <- commands. Each
         # gets only what it reads; the config is read through the runner (session.update replaces it).
         self._conversation = Conversation(
-            max_items=limits.max_conversation_items, max_bytes=limits.max_conversation_bytes
+            max_items=limits.max_conversation_items,
+            max_bytes=limits.max_conversation_bytes,
+            max_images=limits.max_conversation_images,
         )
+        self._frames = FrameWindow(limits.max_video_frames)
         self._output = SessionOutput(session_id, outlet.buffer, metrics, self._on_output_overflow)
         self._ledger = InputLedger()
         self._responses = ResponseTracker(
@@ -138,6 +142,7 @@ class SessionRunner:
             output=self._output,
             ledger=self._ledger,
             responses=self._responses,
+            frames=self._frames,
             post=self.mailbox.post,
             spawn=self._spawn,
         )
@@ -151,6 +156,7 @@ class SessionRunner:
             ledger=self._ledger,
             responses=self._responses,
             turns=self._turns,
+            frames=self._frames,
             snapshot=self.snapshot,
         )
         self._inactivity = InactivityTimeout(

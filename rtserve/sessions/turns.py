@@ -31,6 +31,7 @@ from rtserve.sessions.input_ledger import InputLedger
 from rtserve.sessions.output import SessionOutput
 from rtserve.sessions.responses import ResponseTracker
 from rtserve.sessions.session_config import SessionConfig
+from rtserve.sessions.video_frames import FrameWindow
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class TurnTracker:
         output: SessionOutput,
         ledger: InputLedger,
         responses: ResponseTracker,
+        frames: FrameWindow,
         post: Callable[[object], None],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
     ) -> None:
@@ -73,6 +75,7 @@ class TurnTracker:
         self._output = output
         self._ledger = ledger
         self._responses = responses
+        self._frames = frames  # camera frames since the last user turn: this turn's images
         self._post = post  # into the runner's mailbox: completions come back in order
         self._spawn = spawn
         self._transcript_timers: dict[str, asyncio.Task[None]] = {}
@@ -84,6 +87,7 @@ class TurnTracker:
         turn_id = self._ledger.turn_id
         item = ConversationItem(item_id, "user", "audio", text=None, turn_id=turn_id, audio_ms=audio_ms)
         previous = self._conversation.add(item)
+        self._conversation.show(item, self._frames.take())
         session_id = self._output.session_id
         self._output.emit(
             ev.InputCommitted(session_id=session_id, item_id=item_id, previous_item_id=previous, turn_id=turn_id)

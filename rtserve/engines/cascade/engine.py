@@ -45,6 +45,7 @@ class CascadeEngine:
         locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
         self._config = config
         self._metrics = CascadeMetrics(registry)
+        self.llm = create_llm(config, locations.llm, self._metrics)
         self.capabilities = EngineCapabilities(
             name="cascade",
             mode="turn",
@@ -56,6 +57,7 @@ class CascadeEngine:
             supports_server_vad=True,
             supports_tools=True,
             supports_speak=True,
+            supports_vision=self.llm.supports_vision,
         )
         self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
         self.asr = WhisperAsr(
@@ -67,7 +69,6 @@ class CascadeEngine:
             window_s=limits.asr_window_s,
             metrics=self._metrics,
         )
-        self.llm = create_llm(config, locations.llm, self._metrics)
         self.tts = TextToSpeech(
             locations.tts,
             cpu_threads=paths.cpu_threads,

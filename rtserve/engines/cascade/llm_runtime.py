@@ -10,6 +10,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
+from rtserve.engines.cascade.llm_vision import VisionLlm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.vllm_engine import VllmTextEngine
@@ -42,6 +43,8 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
     )
     if limits.llm_runtime == "transformers":
         return SmolLlm(location, **common)
+    if limits.llm_runtime == "transformers_vision":
+        return VisionLlm(location, **common)
     return Ct2Llm(
         location,
         compute_type=limits.llm_compute_type,

@@ -321,6 +321,7 @@ class LlmStage(ABC):
     """The ``LLMEngine`` of the cascade: streamed, cancellable chat generation over one runtime."""
 
     stage = "llm"  # sleep mode (``SleepStage``): release frees the model, restore loads it again
+    supports_vision = False  # user messages may carry images (``llm_vision``)
 
     def __init__(
         self,

@@ -139,6 +139,7 @@ class _ContentPart(BaseModel):
     text: StrictStr | None = None
     transcript: StrictStr | None = None
     audio: StrictStr | None = None  # input_audio: base64 in the session's input format
+    image_url: StrictStr | None = None  # input_image: a data URL (bounded by the connection, docs/video.md)
 
 
 class _Item(BaseModel):
@@ -308,20 +309,30 @@ def _item_create(
     e = _validated(_ItemCreate, data)
     if any(part.type == "input_audio" for part in e.item.content):
         return _audio_item(e)
-    texts = []
+    texts, images = [], []
     for part in e.item.content:
+        if part.type == "input_image":
+            if part.image_url is None:
+                raise invalid_event("'item.content.image_url' is required", param="item.content", event_id=e.event_id)
+            images.append(part.image_url)
+            continue
         if part.type not in ("input_text", "text", "output_text"):
             raise WireError(
                 INVALID_VALUE,
                 f"Content of type {part.type[:MAX_ECHOED_CHARS]!r} is not supported; "
-                "items carry text (input_text / output_text)",
+                "items carry text and images (input_text / output_text / input_image)",
                 param="item.content",
                 event_id=e.event_id,
             )
         texts.append(part.text or "")
+    if images and e.item.role != "user":
+        raise WireError(
+            INVALID_VALUE, "input_image content is for user messages", param="item.role", event_id=e.event_id
+        )
     return cmd.ConversationItemCreate(
         role=e.item.role,
         text="".join(texts),
+        images=tuple(images),
         previous_item_id=e.previous_item_id,
         item_id=e.item.id,
         event_id=e.event_id,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import uuid
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode, WSMsgType
 
 from rtserve.codecs.errors import CodecError
+from rtserve.codecs.images import ImageError, bounded_url
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.tools import InvalidTools, check_tools
 from rtserve.errors import INTERNAL_ERROR, INVALID_VALUE, SESSION_ALREADY_OPEN, SESSION_NOT_OPEN
@@ -227,6 +229,12 @@ class RealtimeConnection:
         elif isinstance(action, cmd.ResponseCreate) and action.tools:
             await self._check_response_tools(action)
             handle.submit(action)
+        elif (
+            isinstance(action, cmd.ConversationItemCreate)
+            and action.images
+            and self.service.engine_capabilities.supports_vision
+        ):
+            handle.submit(await self._bounded_images(action))  # a model that cannot see: the session refuses
         elif isinstance(action, CreateAudioItem):  # transcribed first; later frames wait, in order
             handle.submit(
                 await resolve_audio_item(
@@ -236,6 +244,15 @@ class RealtimeConnection:
         else:
             # Refusals of a live session are on its stream; a closed one's stream has ended.
             handle.submit(action)
+
+    async def _bounded_images(self, action: cmd.ConversationItemCreate) -> cmd.ConversationItemCreate:
+        """The item with each ``input_image`` checked and re-encoded as a bounded JPEG (docs/video.md)."""
+        limits = self.service.config.video_input
+        try:
+            images = [await self.service.codecs.run(bounded_url, url, limits) for url in action.images]
+        except ImageError as exc:
+            raise realtime_error(exc, event_id=action.event_id) from None
+        return dataclasses.replace(action, images=tuple(images))
 
     async def _decode(self, action: AppendInput) -> FloatArray:
         fmt = action.audio_format or self._config.input_audio_format
