@@ -1,31 +1,30 @@
 """The caller's microphone into the session: Opus 48 kHz (decoded by aiortc) -> engine rate.
 
-aiortc decodes each RTP packet on its own thread and appends the frame to the remote
-track's queue, which has no bound: a track nobody reads grows for the life of the call.
-One task per call therefore reads the track from the moment it appears, converts each
-frame to mono float32, resamples it (the project's soxr ``StreamResampler``) and submits
-it as session input. The task only falls behind when the event loop is starved; then the
-backlog beyond ``webrtc.inbound_backlog_frames`` is dropped, oldest first, and counted —
-old microphone audio is worth less than keeping the conversation in real time.
+aiortc appends each decoded frame to the remote track's unbounded queue (``track_backlog``):
+a track nobody reads grows for the life of the call. One task per call therefore reads the
+track from the moment it appears, converts each frame to mono float32, resamples it (the
+project's soxr ``StreamResampler``) and submits it as session input. The task only falls
+behind when the event loop is starved; then the backlog beyond ``webrtc.inbound_backlog_frames``
+is dropped, oldest first, and counted: old microphone audio is worth less than keeping the
+conversation in real time.
 A frame the session refuses (its input bound, ``input_backpressure``) is dropped and counted.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Protocol
 
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from prometheus_client import Counter
 
 from rtserve.codecs.pcm import FloatArray, int16_to_float
 from rtserve.codecs.resample import StreamResampler
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.events import ErrorEvent
+from rtserve.web.webrtc.track_backlog import shed_backlog
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +86,8 @@ class InboundAudio:
                 self._drop(1)
 
     def _shed_backlog(self) -> None:
-        # aiortc's RemoteStreamTrack keeps decoded frames in ``_queue`` (an unbounded
-        # asyncio.Queue) and offers no public way to bound or inspect it (aiortc 1.16).
-        if not isinstance(self._track, RemoteStreamTrack):
-            return
-        queue: asyncio.Queue[object] = self._track._queue
-        excess = queue.qsize() - self._backlog_frames
-        for _ in range(max(0, excess)):
-            item = queue.get_nowait()
-            if item is None:  # the end-of-track marker: keep it for the next recv()
-                queue.put_nowait(None)
-                break
-            self._drop(1)
+        if dropped := shed_backlog(self._track, self._backlog_frames):
+            self._drop(dropped)
 
     def _drop(self, frames: int) -> None:
         if not self.dropped_frames:

@@ -4,7 +4,8 @@ The session is admitted before the offer is answered (a full server answers 429,
 SDP that leads nowhere) and served by ``RealtimeConnection``, the connection code of
 ``/v1/realtime``, over ``CallTransport``: the ``oai-events`` data channel and the media
 track. Audio: ``InboundAudio`` reads the microphone track into the session,
-``OutboundAudioTrack`` plays the agent.
+``OutboundAudioTrack`` plays the agent. A camera track (``video_in``) feeds the session's
+frames when the offer has one.
 
 A call ends, once, with a reason the session's ``session.closed`` carries: ``hangup``
 (``POST /v1/realtime/calls/{id}/hangup``), ``peer_closed`` (the peer closed the
@@ -30,6 +31,7 @@ from rtserve.sessions import SessionHandle
 from rtserve.sessions.events import ErrorEvent
 from rtserve.web.realtime.connection import Dialect, RealtimeConnection
 from rtserve.web.realtime.service import RealtimeService
+from rtserve.web.video_input import VideoInput
 from rtserve.web.webrtc.audio_in import InboundAudio
 from rtserve.web.webrtc.audio_out import OutboundAudioTrack
 from rtserve.web.webrtc.channel import DataChannelSocket, client_event_type
@@ -37,6 +39,7 @@ from rtserve.web.webrtc.events import CallTransport, buffer_event
 from rtserve.web.webrtc.ice import rtc_configuration
 from rtserve.web.webrtc.metrics import WebRtcMetrics
 from rtserve.web.webrtc.offer import invalid_sdp
+from rtserve.web.webrtc.video_in import InboundVideo
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class Call:
         metrics: WebRtcMetrics,
         *,
         expects_channel: bool,
+        video: VideoInput | None,
         on_done: Callable[[Call], None],
     ) -> None:
         self.call_id = call_id
@@ -78,6 +82,8 @@ class Call:
         )
         self.connection = RealtimeConnection(CallTransport(self.socket, self.track), realtime, dialect, handle.config)
         self.inbound: InboundAudio | None = None
+        self._video = video  # None: the offer has no camera
+        self.inbound_video: InboundVideo | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._serving: asyncio.Task[None] | None = None
         self._ending: asyncio.Task[None] | None = None
@@ -110,6 +116,10 @@ class Call:
         self._timer = loop.call_later(self._settings.connect_timeout_s, self._connect_deadline)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video" and self._video is not None and self.inbound_video is None:
+            self.inbound_video = InboundVideo(track, self._video)
+            self._spawn(self.inbound_video.run())
+            return
         if track.kind != "audio" or self.inbound is not None:
             return
         self.inbound = InboundAudio(

@@ -20,6 +20,7 @@ from rtserve.web.errors import ApiError
 from rtserve.web.realtime.client_events import EventRules
 from rtserve.web.realtime.connection import Dialect
 from rtserve.web.realtime.service import RealtimeService
+from rtserve.web.video_input import VideoInput
 from rtserve.web.webrtc.call import Call
 from rtserve.web.webrtc.client_secrets import CALLS_ROUTE
 from rtserve.web.webrtc.metrics import WebRtcMetrics
@@ -72,6 +73,13 @@ class WebRtcService:
     async def _answer(self, offer: CallOffer, bound_session: dict[str, Any] | None) -> Call:
         """A session admitted and the offer answered; nothing of the call is left on failure."""
         capabilities = self._realtime.engine_capabilities
+        camera = "m=video" in offer.sdp
+        if camera and not capabilities.supports_vision:  # refused before a session exists (docs/video.md)
+            raise ApiError(
+                "The SDP offer has a video section, and this server's language model cannot see; offer audio only.",
+                code=errors.VISION_UNSUPPORTED,
+                param="sdp",
+            )
         config = call_config([bound_session, offer.session], capabilities, self._config.sessions)
         try:
             handle = await self._realtime.sessions.open(config, projection=WebRtcProjection(), resumable=False)
@@ -92,6 +100,7 @@ class WebRtcService:
             dialect,
             self._metrics,
             expects_channel="m=application" in offer.sdp,
+            video=VideoInput(handle, self._realtime.codecs, self._config.video_input) if camera else None,
             on_done=self._forget,
         )
         try:
