@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.speech_stream import WhisperSpeechStreamEngine
+from rtserve.engines.diffusion.service import ImageService
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import TTSStreamEngine
@@ -21,7 +22,7 @@ from rtserve.engines.protocols import HostedSessionEngine
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
-from rtserve.web import asr_streaming, base_routes, http, moshi, openpi, tts_streaming
+from rtserve.web import asr_streaming, base_routes, http, images, moshi, openpi, tts_streaming
 from rtserve.web.auth import auth_middleware
 from rtserve.web.browser import routes as browser
 from rtserve.web.codec_executor import CodecExecutor
@@ -88,6 +89,16 @@ def _tts_stream_engine(config: ServerConfig) -> TTSStreamEngine | None:
     return KyutaiTTSEngine(config)
 
 
+def _image_engine(config: ServerConfig) -> ImageService | None:
+    """The image engine behind ``/v1/images/*`` when ``image_engine.weights`` is set (in this
+    front-end process: docs/engines.md#diffusion-step-batching)."""
+    if not config.image_engine.weights:
+        return None
+    from rtserve.engines.diffusion.image_engine import ImageEngine  # torch and diffusers: only when configured
+
+    return ImageEngine(config)
+
+
 def build_app(
     config: ServerConfig,
     *,
@@ -125,6 +136,7 @@ def build_app(
     moshi.setup(app)
     asr_streaming.setup(app, _speech_stream_engine(config, app[CTX]))
     tts_streaming.setup(app, _tts_stream_engine(config))
+    images.setup(app, _image_engine(config))
     realtime.setup(app)
     if peers is not None:
         peer_site.setup(

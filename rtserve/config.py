@@ -476,6 +476,25 @@ class DiffusionEngineConfig(_Section):
     max_queued: int = Field(64, ge=1, description="requests waiting for the batch; more: 429 resource_exhausted")
 
 
+class ImagesConfig(_Section):
+    """Limits of ``/v1/images/generations`` and ``/v1/images/edits`` (docs/serving.md#images)."""
+
+    default_size: str = Field("512x512", pattern=r"^[0-9]+x[0-9]+$", description="WIDTHxHEIGHT when none is given")
+    max_pixels: int = Field(1024 * 1024, ge=64 * 64, description="largest width*height accepted")
+    default_steps: int = Field(30, ge=1, description="num_inference_steps when none is given")
+    max_steps: int = Field(200, ge=1, description="largest num_inference_steps accepted")
+    default_guidance_scale: float = Field(7.5, ge=0, description="guidance_scale when none is given")
+    max_n: int = Field(10, ge=1, description="largest n (images per request)")
+    max_prompt_chars: int = Field(4000, ge=1, description="longest prompt or negative_prompt accepted")
+    max_upload_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024, description="largest image upload of /v1/images/edits, checked while it arrives"
+    )
+    max_upload_pixels: int = Field(4096 * 4096, ge=64 * 64, description="largest uploaded image (width*height)")
+    default_strength: float = Field(0.8, gt=0, le=1, description="edits: how much of the source image is re-noised")
+    url_ttl_s: float = Field(3600.0, gt=0, description="response_format=url: how long an image stays downloadable")
+    max_stored_images: int = Field(256, ge=1, description="response_format=url: images kept; the oldest go first")
+
+
 class TtsStreamingConfig(_Section):
     """Limits of ``WS /api/tts_streaming`` (moshi-server's text-to-speech protocol; docs/serving.md#tts-streaming)."""
 
@@ -1065,6 +1084,7 @@ class ServerConfig(_Section):
     tts_engine: TtsEngineConfig = TtsEngineConfig()
     tts_streaming: TtsStreamingConfig = TtsStreamingConfig()
     image_engine: DiffusionEngineConfig = DiffusionEngineConfig()
+    images: ImagesConfig = ImagesConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()
     cascade: CascadeLimits = CascadeLimits()

@@ -99,6 +99,7 @@ INVALID_VOICE = "invalid_voice"
 SESSION_BUSY = "session_busy"  # a streaming-speech session.config while text waits to be spoken
 TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server with no TTS at all
 STREAM_ALREADY_ENDED = "stream_already_ended"  # /api/tts_streaming: text or Eos after the Eos
+IMAGES_UNAVAILABLE = "images_unavailable"  # /v1/images/* on a server with no image engine (image_engine.weights)
 # Voices (POST/DELETE /v1/audio/voices)
 VOICE_EXISTS = "voice_exists"
 VOICE_NOT_FOUND = "voice_not_found"

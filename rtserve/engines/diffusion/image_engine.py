@@ -19,7 +19,8 @@ from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.diffusion.batcher import BatcherStats, StepBatcher
 from rtserve.engines.diffusion.job import DiffusionJob
 from rtserve.engines.diffusion.loading import load_pipeline
-from rtserve.engines.diffusion.unet import ImageRequest, UNetState, UNetStepModel
+from rtserve.engines.diffusion.service import ImageRequest
+from rtserve.engines.diffusion.unet import UNetState, UNetStepModel
 from rtserve.engines.errors import EngineError
 from rtserve.errors import MODEL_NOT_READY
 from rtserve.weights import WeightsError

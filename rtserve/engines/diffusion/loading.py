@@ -54,7 +54,7 @@ def load_pipeline(settings: DiffusionEngineConfig, field: str, config: ServerCon
     device = resolve_device(settings.device, field.rsplit(".", 1)[0] + ".device")
     folder = pipeline_folder(settings.weights, field, config)
     try:
-        pipe = DiffusionPipeline.from_pretrained(folder, torch_dtype=DTYPES[settings.dtype])  # type: ignore[no-untyped-call]
+        pipe = DiffusionPipeline.from_pretrained(folder, dtype=DTYPES[settings.dtype])  # type: ignore[no-untyped-call]
     except (OSError, ValueError, KeyError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise WeightsError(f"{settings.weights} ({field}): not a loadable diffusers pipeline: {detail}") from None

@@ -24,22 +24,10 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img impo
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
+from rtserve.engines.diffusion.service import ImageRequest
 from rtserve.engines.diffusion.state import StepState
 from rtserve.engines.errors import EngineError
 from rtserve.errors import INVALID_VALUE, TASK_UNAVAILABLE
-
-
-@dataclass(frozen=True)
-class ImageRequest:
-    prompt: str
-    width: int
-    height: int
-    steps: int
-    guidance_scale: float
-    seed: int
-    negative_prompt: str | None = None
-    image: Image.Image | None = None  # an edit: the source image, re-noised by ``strength``
-    strength: float = 0.8
 
 
 @dataclass(eq=False)
@@ -67,6 +55,9 @@ class UNetStepModel:
             raise EngineError("the image pipeline has no UNet and VAE (Stable Diffusion layout)", code=TASK_UNAVAILABLE)
         self._device: torch.device = unet.device
         self._dtype: torch.dtype = unet.dtype
+        vae = self._pipe.vae
+        if vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False):
+            vae.to(torch.float32)  # SDXL's VAE overflows in float16 (the pipeline upcasts it the same way)
 
     @property
     def size_multiple(self) -> int:

@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from rtserve.engines.diffusion.batcher import StepBatcher
-from rtserve.engines.diffusion.unet import ImageRequest, UNetState, UNetStepModel
+from rtserve.engines.diffusion.service import ImageRequest
+from rtserve.engines.diffusion.unet import UNetState, UNetStepModel
 from rtserve.engines.errors import EngineError
 from rtserve.errors import CANCELLED, INVALID_VALUE, RESOURCE_EXHAUSTED
 
