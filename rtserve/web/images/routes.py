@@ -31,6 +31,7 @@ from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.common import engine_errors, read_json, run_generation, validate
 from rtserve.web.images import pictures
+from rtserve.web.images.metrics import ImageEngineCollector
 from rtserve.web.images.params import ImageParams, ImagePlan, plan
 from rtserve.web.images.store import ImageStore
 from rtserve.web.images.upload import read_edit_form
@@ -128,10 +129,12 @@ def _cancel(jobs: list[DiffusionJob[Image.Image]]) -> None:
 
 
 def setup(app: web.Application, engine: ImageService | None) -> None:
-    limits = app[CTX].config.images
+    ctx = app[CTX]
+    limits = ctx.config.images
     app[IMAGES] = ImagesService(engine, ImageStore(limits.max_stored_images, limits.url_ttl_s))
     app.router.add_post(GENERATIONS, generations)
     app.router.add_post(EDITS, edits)
     app.router.add_get(FILES, files)
     if engine is not None:
+        ctx.registry.register(ImageEngineCollector(engine))
         run_with_app(app, engine, "image")

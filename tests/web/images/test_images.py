@@ -17,12 +17,11 @@ import aiohttp
 import numpy as np
 import openai
 import pytest
-from aiohttp import web
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
-from rtserve.web.images.routes import IMAGES
 from tests.support import serve_app
 
 FAST = {"num_inference_steps": 2, "guidance_scale": 3.0}
@@ -31,13 +30,18 @@ FAST = {"num_inference_steps": 2, "guidance_scale": 3.0}
 @dataclass
 class Server:
     base: str
-    app: web.Application
     client: openai.AsyncOpenAI
 
-    def stats(self) -> Any:
-        engine = self.app[IMAGES].engine
-        assert engine is not None
-        return engine.stats()
+    async def counters(self) -> dict[str, float]:
+        """The image engine's counters as ``/metrics`` shows them (``rtserve_image_`` dropped)."""
+        async with aiohttp.ClientSession() as http, http.get(f"{self.base}/metrics") as response:
+            text = await response.text()
+        return {
+            sample.name.removeprefix("rtserve_image_"): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("rtserve_image_") and not sample.name.endswith("_created")
+        }
 
 
 def _config(config: ServerConfig, folder: Path | None, **engine: Any) -> ServerConfig:
@@ -78,7 +82,7 @@ class _serve:
                     if response.status != 503:
                         break
                 await asyncio.sleep(0.05)
-        return Server(base, self.app, client)
+        return Server(base, client)
 
     async def __aexit__(self, *exc: object) -> None:
         await self._serving.__aexit__(*exc)
@@ -168,18 +172,19 @@ async def test_edits_with_the_sdk(server: Server) -> None:
 
 
 async def test_concurrent_requests_share_denoising_steps(server: Server) -> None:
-    before = server.stats()
+    before = await server.counters()
     await asyncio.gather(
         *(
             server.client.images.generate(prompt=f"picture {i}", extra_body={"num_inference_steps": 6, "seed": i})
             for i in range(4)
         )
     )
-    after = server.stats()
-    assert after.finished - before.finished == 4
-    assert after.rows - before.rows == 24
-    assert after.shared_steps > before.shared_steps
-    assert after.steps - before.steps < 24  # fewer denoiser calls than request-steps
+    after = await server.counters()
+    done = {name: after[name] - before[name] for name in after}
+    assert done["requests_finished_total"] == 4
+    assert done["request_steps_total"] == 24
+    assert done["shared_denoiser_calls_total"] > 0
+    assert done["denoiser_calls_total"] < 24  # fewer denoiser calls than request-steps
 
 
 async def _error(call: Any) -> openai.APIStatusError:
@@ -270,11 +275,12 @@ async def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
     with pytest.raises(openai.APITimeoutError):
         await impatient.images.generate(prompt="forever", extra_body={"num_inference_steps": 200})
     for _ in range(200):
-        stats = server.stats()
-        if stats.cancelled == 1 and stats.active == 0:
+        counters = await server.counters()
+        if counters["requests_cancelled_total"] == 1 and counters["requests_running"] == 0:
             break
         await asyncio.sleep(0.05)
-    assert (stats.cancelled, stats.active, stats.finished) == (1, 0, 0)
+    assert (counters["requests_cancelled_total"], counters["requests_running"]) == (1, 0)
+    assert counters["requests_finished_total"] == 0 and counters["request_steps_total"] < 200
     result = await server.client.images.generate(prompt="next", extra_body=FAST)  # the slot serves again
     assert result.data is not None
 
