@@ -60,33 +60,45 @@ def mimi_config(shape: str, card: int) -> dict[str, Any]:
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, MoshiLM, Mimi, LMConfig]:
-    from moshi.models.lm import LMModel
-    from moshi.models.loaders import get_mimi
-
     kwargs = lm_kwargs(shape)
+    ref_lm, ours, config = build_lm(kwargs, device, dtype)
+    ref_mimi, mimi = build_mimi(mimi_config(shape, kwargs["card"]), 8, device)
+    return ref_lm, ref_mimi, ours, mimi, config
+
+
+def build_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype) -> tuple[Any, MoshiLM, LMConfig]:
+    """The reference ``LMModel`` of ``kwargs`` with random weights, and ours loaded from it."""
+    from moshi.models.lm import LMModel
+
     torch.manual_seed(0)
     ref_lm = LMModel(device=device, dtype=dtype, **kwargs).eval()
     with torch.no_grad():  # the reference init leaves some weights at defaults; randomise everything
         for param in ref_lm.parameters():
             param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
-    mcfg = mimi_config(shape, kwargs["card"])
-    ref_mimi = get_mimi(None, copy.deepcopy(mcfg), device=device, num_codebooks=8)
     config = LMConfig.from_dict(kwargs)
     with torch.device("meta"):
         ours = MoshiLM(config)
     ours.to_empty(device=device)
     load_into(ours, ref_lm.state_dict(), Path("reference-lm"), lm_rename, dtype=dtype)
-    mimi = Mimi(MimiConfig.from_dict(mcfg), 8).to(device)
+    return ref_lm.eval(), ours.eval(), config
+
+
+def build_mimi(mcfg: dict[str, Any], codebooks: int, device: torch.device) -> tuple[Any, Mimi]:
+    """The reference Mimi of ``mcfg`` (random weights, ``codebooks`` codebooks) and ours loaded from it."""
+    from moshi.models.loaders import get_mimi
+
+    ref_mimi = get_mimi(None, copy.deepcopy(mcfg), device=device, num_codebooks=codebooks)
+    mimi = Mimi(MimiConfig.from_dict(mcfg), codebooks).to(device)
     state = ref_mimi.state_dict()
     load_into(mimi, state, Path("reference-mimi"), mimi_rename, dtype=torch.float32)
     with torch.no_grad():
-        for part, n in (("rvq_first", 1), ("rvq_rest", 7)):
+        for part, n in (("rvq_first", 1), ("rvq_rest", codebooks - 1)):
             for i in range(n):
                 p = f"quantizer.{part}.vq.layers.{i}._codebook."
                 getattr(mimi.quantizer, part).codebooks[i] = (
                     state[p + "embedding_sum"] / state[p + "cluster_usage"].clamp(min=1e-5)[:, None]
                 )
-    return ref_lm.eval(), ref_mimi.eval(), ours.eval(), mimi.eval(), config
+    return ref_mimi.eval(), mimi.eval()
 
 
 def share_weights(lm: MoshiLM, ref_lm: Any) -> None:

@@ -3,7 +3,10 @@
 One ``step`` = one 80 ms tick for all B slots: Mimi-encode every row's frame, one temporal
 step (``TokenStream`` with no depformer: the text token is the only output), and the
 extra heads on the same temporal output. Every row steps every tick (idle rows on
-silence), so the batch is one fixed shape; only live rows' outputs are returned.
+silence), so the batch is one fixed shape; only live rows' outputs are returned. The tick
+is the Moshi engine's ``FrameStep`` for a listener: on a GPU it replays as CUDA graphs, its
+attention reads only the context the open rows have reached, and with ``paged_kv`` the
+temporal KV is int8 blocks from one pool (docs/engines.md#one-graph-per-frame).
 
 Opening a slot resets just that row of every cache (the transformer's KV and position, the
 token ring, the Mimi encoder's convolution and transformer state) and plans the silence
@@ -24,7 +27,8 @@ import torch
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.kyutai_stt.loader import SttModel
-from rtserve.engines.moshi.generator import TokenStream
+from rtserve.engines.moshi.frame_step import FrameStep
+from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.values import FrameOutput, SlotPrompt, TranscriptStep
 
@@ -32,8 +36,18 @@ _NO_AUDIO = np.zeros(0, np.float32)
 
 
 class SttFrameModel:
-    def __init__(self, model: SttModel, batch_size: int, *, temperature: float = 0.0) -> None:
-        """``temperature`` 0 is greedy (the reference servers' default)."""
+    def __init__(
+        self,
+        model: SttModel,
+        batch_size: int,
+        *,
+        temperature: float = 0.0,
+        graph: bool | None = None,
+        paged_kv: PagedKVSpec | None = None,
+    ) -> None:
+        """``temperature`` 0 is greedy (the reference servers' default); ``graph``: replay the tick as
+        CUDA graphs (default: on a CUDA device); ``paged_kv``: int8 KV blocks from one pool
+        (``open_slot`` then raises ``KVMemoryExhausted`` when no block is free)."""
         loaded = model.loaded
         self.model = model
         self.settings = model.settings
@@ -46,10 +60,13 @@ class SttFrameModel:
         self.lm = loaded.lm
         self.mimi = loaded.mimi
         self.device = loaded.lm.text_linear.weight.device
-        self.mimi.start(batch_size)
         sampling = MoshiSampling(use_sampling=temperature > 0, temperature_text=temperature, top_k_text=0)
         self.sampler = SlotSampler(batch_size, self.device, sampling)
-        self.stream = TokenStream(loaded.lm, batch_size, self.sampler)
+        graph = self.device.type == "cuda" if graph is None else graph
+        if paged_kv is not None or self.lm.transformer.paged is not None:
+            self.lm.transformer.use_paged_kv(paged_kv)
+        self.frame = FrameStep(self.lm, self.mimi, self.sampler, batch_size, graph=graph)
+        self._open = np.zeros(batch_size, bool)  # opened and not released: the rows attention must cover
         self.steps = np.zeros(batch_size, np.int64)  # per row: steps since it opened
         self._prefill_left = np.zeros(batch_size, np.int64)
         self._pieces = [
@@ -57,11 +74,12 @@ class SttFrameModel:
         ]
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
+        self.frame.admit(slot)  # may raise KVMemoryExhausted (paged KV)
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         mask[slot] = True
-        self.stream.reset_rows(mask)
-        self.mimi.reset_encoder_rows(mask)
+        self.frame.reset_rows(mask)
         self.sampler.configure(slot, None, prompt.seed)
+        self._open[slot] = True
         self.steps[slot] = 0
         self._prefill_left[slot] = self.settings.prefix_frames
         return self.settings.prefix_frames
@@ -71,20 +89,19 @@ class SttFrameModel:
         return bool(self._prefill_left[slot] <= 0)
 
     def release(self, slot: int) -> None:
+        self.frame.release(slot)
+        self._open[slot] = False
         self._prefill_left[slot] = 0
 
     @torch.no_grad()
     def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
-        codes = self.mimi.encode(pcm)[:, : self.config.user_codebooks]
-        result = self.stream.step(codes)
+        result = self.frame(pcm, self._open)
         self.steps += 1
         tokens = result.tokens[:, 0].tolist()
         ready = result.ready.tolist()
-        if self.config.extra_heads:
-            scores = self.lm.extra_head_probs(result.hidden)[:, :, 0].tolist()
-        else:
-            scores = [[] for _ in range(self.batch_size)]
+        no_heads: list[list[float]] = [[] for _ in range(self.batch_size)]
+        scores = no_heads if result.scores is None else result.scores.float().tolist()
         outputs: list[FrameOutput | None] = [None] * self.batch_size
         for slot in np.flatnonzero(live):
             if not ready[slot]:

@@ -18,6 +18,9 @@ step every active row gets the block its next position writes to (``BlockAllocat
 the block table is copied to the device only when it changed. ``admit`` takes a fresh
 conversation's first block (``KVMemoryExhausted`` when none is free), ``release`` gives a
 row's blocks back.
+
+A listener (Kyutai STT: ``dep_q`` 0) has no agent audio to decode: its step is Mimi encode,
+the temporal step and its extra heads (``FrameTensors.scores``), and ``audio`` is ``[B, 0]``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.generator import StepOverrides, TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
@@ -43,7 +47,8 @@ DEFAULT_SPAN_BUCKET = 256
 class FrameTensors:
     tokens: torch.Tensor  # [B, 1 + dep_q]: text + agent codebooks, delays undone
     ready: torch.Tensor  # [B] bool: the row has emitted its first frame
-    audio: torch.Tensor  # [B, frame_size] float: decoded agent audio (zeros while not ready)
+    audio: torch.Tensor  # [B, frame_size] float: decoded agent audio (zeros while not ready); [B, 0] for a listener
+    scores: torch.Tensor | None = None  # [B, extra_heads] the extra heads' first-class probabilities (if any)
 
 
 class FrameStep:
@@ -147,31 +152,20 @@ class FrameStep:
             result = self.stream.step(user, self.overrides)
         finally:
             self.lm.transformer.span = None  # the lm may be shared (prompt encoding, tests): leave it unbounded
+        scores = self.lm.extra_head_probs(result.hidden)[:, :, 0] if c.extra_heads else None
+        self.overrides.clear()
+        if not c.dep_q:
+            return FrameTensors(result.tokens, result.ready, self.pcm[:, :0], scores)
         audio = self.mimi.decode(result.tokens[:, 1 : 1 + c.agent_codebooks].clamp(min=0))
         # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
         not_ready = ~result.ready
         self.mimi.reset_decoder_rows(not_ready)
         audio = torch.where(not_ready[:, None], torch.zeros_like(audio), audio)
-        self.overrides.clear()
-        return FrameTensors(result.tokens, result.ready, audio)
+        return FrameTensors(result.tokens, result.ready, audio, scores)
 
     def _capture(self) -> None:
-        current = torch.cuda.current_stream(self.device)
-        # torch leaves Stream.__new__ unannotated.
-        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        side.wait_stream(current)
         draws = self.stream.sampler.draws.clone()
-        # One eager step per span first: kernel loading and algorithm choice stay out of capture.
-        with torch.no_grad(), torch.cuda.stream(side):
-            for span in self.spans:
-                self._step(span)
-        current.wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()  # spans replay one at a time: one memory pool for all
-        for span in self.spans:
-            graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
-                out = self._step(span)
-            self._graphs[span] = (graph, out)
+        self._graphs = capture_graphs(self._step, self.spans, self.device)
         # The warm-up steps advanced every row and its random stream (capture itself runs
         # nothing): start all rows fresh, each stream where it was.
         self.reset_rows(torch.ones(self.batch, dtype=torch.bool, device=self.device))
