@@ -458,6 +458,11 @@ class TtsEngineConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="LM weights and activations; conditioners and Mimi run in float32"
     )
+    run_ahead: bool = Field(
+        True,
+        description="step as fast as the model allows while a stream with text has room in its output queue "
+        "(audio made ahead of playback: first audio without waiting for 80 ms ticks); false: one step per tick",
+    )
 
 
 class DiffusionEngineConfig(_Section):

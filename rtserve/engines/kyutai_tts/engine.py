@@ -28,12 +28,14 @@ from rtserve.engines.kyutai_tts.loader import LoadedTTS, load_files
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.stream import TTSStream
+from rtserve.engines.kyutai_tts.voices import VoiceError
 from rtserve.engines.lockstep.pacing import TickClock
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.tiny_torch import resolve_device
 from rtserve.engines.values import SlotPrompt
+from rtserve.engines.voice_names import OPENAI_VOICES
 from rtserve.errors import ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import open_source
@@ -91,6 +93,7 @@ class KyutaiTTSEngine:
             name="kyutai_tts",
             clock=self._clock,
             audio_input=False,
+            run_ahead=self._frame_model if self._config.tts_engine.run_ahead else None,
         )
         self._scheduler.start()
         log.info("kyutai tts engine serving %d streams", model.batch_size)
@@ -140,6 +143,17 @@ class KyutaiTTSEngine:
             release_timeout_s=self._config.lockstep.release_timeout_s,
         )
 
+    def voice_names(self) -> list[str]:
+        """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder)."""
+        return [] if self._model is None else self._model.voices.names()
+
     def _voice(self, model: KyutaiTTSModel, name: str | None) -> Voice | None:
+        """The named voice; one of OpenAI's names that is no file here (clients send one by
+        default) is ``tts_engine.default_voice``."""
         with self._voice_lock:
-            return model.resolve_voice(name)
+            try:
+                return model.resolve_voice(name)
+            except VoiceError:
+                if name not in OPENAI_VOICES:
+                    raise
+                return model.resolve_voice(self._config.tts_engine.default_voice)

@@ -14,6 +14,9 @@ the runtime's one small generalisation covers both rather than a second schedule
 * **Stepping is data-driven**, as in Kyutai's server: a row steps only when it holds the next
   word and its lookahead (or the text is complete). A tick where no row may step runs no model
   at all; rows that wait get no output that tick (``None``), so every output is one step.
+  Audio may be made ahead of playback, so the scheduler runs it ahead of its ticks while a
+  ready row's reader has room (``ready_rows``), and holds back a row whose reader does not
+  (not ``live`` that step).
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -82,14 +85,21 @@ class TTSFrameModel:
 
     # -- the batched step ------------------------------------------------------------
 
+    def ready_rows(self) -> npt.NDArray[np.bool_]:
+        """Rows that would step now: open and holding the text they need (``RunsAhead``)."""
+        ready: npt.NDArray[np.bool_] = (self.model.open & self.model.machine.ready()).cpu().numpy()
+        return ready
+
     @torch.no_grad()
     def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
-        """``frames`` carries no input (``audio_input=False``); only rows that stepped answer."""
+        """``frames`` carries no input (``audio_input=False``); only ready rows marked ``live`` step
+        (a row the scheduler holds back is not live) and only rows that stepped answer."""
         model = self.model
         outputs: list[FrameOutput | None] = [None] * self.batch_size
-        if not bool((model.open & model.machine.ready()).any()):
+        active = torch.from_numpy(live).to(model.device)
+        if not bool((model.open & model.machine.ready() & active).any()):
             return outputs
-        for slot, frame in enumerate(model.step()):
+        for slot, frame in enumerate(model.step(active)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
             self._steps[slot] += 1

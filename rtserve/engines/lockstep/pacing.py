@@ -94,9 +94,10 @@ class TickPacer:
     def deadline(self, index: int | None = None) -> float:
         return self._start + (self._index if index is None else index) * self.period_s
 
-    def restart(self) -> None:
-        """Begin a new schedule now (after idling): the first tick is due at once."""
-        self._start = self.clock.monotonic()
+    def restart(self, first_in_s: float = 0.0) -> None:
+        """Begin a new schedule (after idling: the first tick is due at once; after a tick run
+        ahead of the schedule: a period later)."""
+        self._start = self.clock.monotonic() + first_in_s
         self._index = 0
         self._catch_up = False
 

@@ -22,6 +22,13 @@ call on the engine thread between two steps, fenced like the others (skipped onc
 no longer holds the slot). Such a model may step only the rows that have input and return
 ``None`` for the rest (docs/engines.md#kyutai-tts-on-the-lockstep-runtime).
 
+A model whose output may be made ahead of playback (text-to-speech: ``run_ahead``,
+a ``RunsAhead`` model) is stepped without waiting for the tick while a live row that may step
+(``ready_rows``) has room in its output queue, and between ticks the thread wakes for a
+session's new input instead of sleeping out the period; a row whose queue is full is not
+stepped (it waits for its reader instead of losing audio). With no such row it falls back to
+pacing. Other models are paced as below (docs/engines.md#running-ahead-of-playback).
+
 Ticks are paced by ``TickPacer`` on a drift-free grid (tick n due at start + n *
 period). After an overrun the missed ticks run back to back, because clients kept
 sending a frame per period meanwhile: each catch-up tick consumes one of those frames,
@@ -49,9 +56,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
@@ -87,10 +95,19 @@ class TickReport:
     catch_up: bool  # ran back to back after the previous tick because its deadline had passed
     behind: int  # deadlines already passed when it ended, to be caught up back to back
     skipped: int  # deadlines given up when it ended (more than the input backlog's frames behind)
+    ahead: bool = False  # run ahead of the schedule (``run_ahead``): not paced, so not late or behind
 
     @property
     def lateness_s(self) -> float:
         return self.started - self.deadline
+
+
+class RunsAhead(Protocol):
+    """A model whose rows may step ahead of playback, when they have what they need."""
+
+    def ready_rows(self) -> npt.NDArray[np.bool_]:
+        """Which rows would step now (``[batch_size]``); engine thread only."""
+        ...
 
 
 @dataclass
@@ -151,11 +168,16 @@ class LockstepScheduler:
         clock: TickClock | None = None,
         on_tick: Callable[[TickReport], None] | None = None,
         audio_input: bool = True,
+        run_ahead: RunsAhead | None = None,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
-        ``between_steps``); no backlog is read and no underrun counted."""
+        ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
+        model (taking no audio) whose ready rows step as fast as their readers take output."""
+        if run_ahead is not None and audio_input:
+            raise ValueError("only a model without audio input can run ahead of its ticks")
         self.model = model
         self.audio_input = audio_input
+        self.run_ahead = run_ahead
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -308,6 +330,21 @@ class LockstepScheduler:
             if not scheduled:
                 pacer.restart()
                 scheduled = True
+            if self.run_ahead is not None:
+                if self._may_run_ahead():
+                    started = self._clock.monotonic()
+                    work = self._run_tick(None)
+                    scheduled = work is not None
+                    if work is not None:
+                        pacer.restart(self.period_s)  # a paced tick, if one comes next, is a period later
+                        self._report(
+                            TickOutcome(pacer.index, started, started, work.duration_s, 0.0, False, 0, 0),
+                            work,
+                            ahead=True,
+                        )
+                    continue
+                if self._wait_for_input(pacer.deadline()):
+                    continue
             due = pacer.wait()
             work = self._run_tick(due)
             if work is None:
@@ -315,22 +352,44 @@ class LockstepScheduler:
                 continue
             outcome = pacer.finish()
             self._record_timing(outcome)
-            if self._on_tick is not None:
-                self._on_tick(
-                    TickReport(
-                        outcome.index,
-                        outcome.deadline,
-                        outcome.started,
-                        work.step_s,
-                        work.duration_s,
-                        work.live,
-                        work.prefill,
-                        outcome.overrun_s,
-                        outcome.catch_up,
-                        outcome.behind,
-                        outcome.skipped,
-                    )
+            self._report(outcome, work)
+
+    def _report(self, outcome: TickOutcome, work: _TickWork, *, ahead: bool = False) -> None:
+        if self._on_tick is not None:
+            self._on_tick(
+                TickReport(
+                    outcome.index,
+                    outcome.deadline,
+                    outcome.started,
+                    work.step_s,
+                    work.duration_s,
+                    work.live,
+                    work.prefill,
+                    outcome.overrun_s,
+                    outcome.catch_up,
+                    outcome.behind,
+                    outcome.skipped,
+                    ahead,
                 )
+            )
+
+    def _may_run_ahead(self) -> bool:
+        """A live row would step now and its reader has room for the frame (engine thread)."""
+        assert self.run_ahead is not None
+        self._apply_control_ops()  # a session's new text may be what makes its row ready
+        ready = self.run_ahead.ready_rows()
+        with self._cond:
+            leases = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
+        return any(ready[index] and lease.output.has_room for index, lease in leases)
+
+    def _wait_for_input(self, due: float) -> bool:
+        """Until the tick is due or a session's control operation arrives; True for the latter
+        (its input may let a row run ahead). One wait on the clock's seconds: a test clock that
+        does not move with real time just ticks at its deadline."""
+        with self._cond:
+            if not self._ops and not self._stopping:
+                self._cond.wait(max(0.0, due - self._clock.monotonic()))
+            return bool(self._ops) or self._stopping
 
     def _has_work_locked(self) -> bool:
         return bool(self._ops) or any(s.phase in (SlotPhase.PREFILL, SlotPhase.LIVE) for s in self._slots)
@@ -481,10 +540,12 @@ class LockstepScheduler:
         rows: list[_LiveRow] = []
         underruns = trimmed = 0
         for index, lease in live:
-            mask[index] = True
             if not self.audio_input:
+                # Running ahead, a row whose reader is a full queue behind waits instead of losing audio.
+                mask[index] = self.run_ahead is None or lease.output.has_room
                 rows.append(_LiveRow(index, lease, lease.epoch, 0))
                 continue
+            mask[index] = True
             arrived = lease.pushed_at  # read first: what the take finds arrived by then
             taken, trimmed_here = lease.input.take_into(frames[index])
             if taken:

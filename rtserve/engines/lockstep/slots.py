@@ -223,6 +223,11 @@ class OutputHandoff:
             self.failure = failure
             self._items.clear()
 
+    @property
+    def has_room(self) -> bool:
+        """A frame put now would not push out an older one."""
+        return len(self._items) < self.limit
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -5,7 +5,8 @@
   a message over ``max_message_bytes``, garbage, a second ``Eos`` or text after it, or silence
   for ``idle_timeout_s`` before the ``Eos`` end the connection with a typed ``Error``;
 * the producer turns the stream's words and audio frames into wire messages, in order, on a
-  bounded queue (``max_queued_messages``: a reader that far behind is ended);
+  bounded queue (``max_queued_messages``); when it is full the producer waits, so the engine,
+  which makes audio ahead of playback while the stream's reader has room, holds this row back;
 * the sender writes them; a send that takes no bytes for ``send_timeout_s`` ends the connection.
 
 The first task to fail decides the ending: ``Error`` (with its code) then close, or, once the
@@ -118,20 +119,22 @@ class TTSConnection:
     async def _produce(self) -> None:
         async for event in self._stream.events():
             if isinstance(event, SpeechAudio):
-                self._enqueue(wire.audio(event.pcm) if self._ogg is None else self._ogg.write(event.pcm))
+                await self._put(wire.audio(event.pcm) if self._ogg is None else self._ogg.write(event.pcm))
             elif self._ogg is None:
-                self._enqueue(wire.word(event.text, event.start_s, event.stop_s))
+                await self._put(wire.word(event.text, event.start_s, event.stop_s))
         if self._ogg is not None:
-            self._enqueue(self._ogg.close())
-        self._enqueue(None)
+            await self._put(self._ogg.close())
+        await self._queue.put(None)
 
-    def _enqueue(self, data: bytes | None) -> None:
-        if data == b"":
-            return
-        try:
+    async def _put(self, data: bytes) -> None:
+        """Queue a message, waiting while the queue is full (a stalled reader is the sender's to end)."""
+        if data:
+            await self._queue.put(data)
+
+    def _enqueue(self, data: bytes) -> None:
+        """The first message, on the empty queue."""
+        if data:
             self._queue.put_nowait(data)
-        except asyncio.QueueFull:
-            raise EngineError("the client reads too slowly", code=OUTPUT_BACKPRESSURE) from None
 
     async def _send(self) -> None:
         while (data := await self._queue.get()) is not None:

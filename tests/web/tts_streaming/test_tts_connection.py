@@ -1,6 +1,7 @@
 """``TTSConnection`` against a socket that stops taking bytes (docs/serving.md#tts-streaming): the
-stalled send ends the stream with ``output_backpressure`` after ``send_timeout_s``, a reader so far
-behind that ``max_queued_messages`` pile up is ended at once, and the slot is released either way.
+stalled send ends the stream with ``output_backpressure`` after ``send_timeout_s``, a full queue of
+``max_queued_messages`` stops taking the stream's events (the engine holds the row back), and the
+slot is released either way.
 Doubles stand in for the socket and the engine stream so the stall is exact, not a race with the
 kernel's buffers."""
 
@@ -48,9 +49,11 @@ class FrameStream:
         self.frames = frames
         self.ended = True
         self.released = False
+        self.taken = 0
 
     async def events(self) -> AsyncGenerator[SpeechEvent, None]:
         for _ in range(self.frames):
+            self.taken += 1
             yield SpeechAudio(np.zeros(1920, np.float32))
             await asyncio.sleep(0)
 
@@ -79,10 +82,11 @@ async def test_a_send_that_takes_no_bytes_ends_the_stream() -> None:
     assert msgpack.unpackb(ws.sent[0]) == {"type": "Ready"}
 
 
-async def test_a_queue_over_its_bound_ends_the_stream_at_once() -> None:
+async def test_a_full_queue_stops_taking_events_until_the_stalled_send_ends_the_stream() -> None:
     ws, stream = StallingSocket(accept=1), FrameStream(frames=100)
-    # The send timeout is far away: only the queue bound can end it within the 5 s.
-    await asyncio.wait_for(_connection(ws, stream, queued=16, send_timeout_s=60.0).run(), 5)
+    await asyncio.wait_for(_connection(ws, stream, queued=16, send_timeout_s=0.3).run(), 5)
+    # Ready was sent, one frame is stuck in the send, 16 queued, one waits for room: no more taken.
+    assert stream.taken == 18
     assert stream.released and ws.closed is not None and ws.closed[1].startswith(b"output_backpressure")
 
 
