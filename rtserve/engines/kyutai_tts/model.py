@@ -14,6 +14,11 @@ position and Mimi decoder state are put back, its token ring is not written. Wit
 classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_coef != 1``)
 every row has a twin row conditioned on nothing, and audio logits are
 ``null + (cond - null) * cfg_coef`` as the reference computes them.
+
+On a GPU the step's device part (``_advance``: everything from the token column to the
+decoded frame) replays as one CUDA graph (``moshi.cuda_graph``): all its state is updated
+in place, so only the copy of its outputs to the host is left per tick
+(docs/engines.md#one-graph-per-frame).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from rtserve.engines.kyutai_tts.conditioning import MAX_SPEAKERS, Voice
 from rtserve.engines.kyutai_tts.loader import LoadedTTS
 from rtserve.engines.kyutai_tts.machine import MachineSettings, TextMachine, TokenIds
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, ZERO_TOKEN
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
@@ -72,7 +78,9 @@ class KyutaiTTSModel:
         *,
         settings: TTSSettings = TTSSettings(),
         voices: VoiceFolder | None = None,
+        graph: bool | None = None,
     ) -> None:
+        """``graph``: replay the step as a CUDA graph (default: on a CUDA device)."""
         self.loaded = loaded
         self.arch = arch = loaded.arch
         self.config = c = arch.lm
@@ -143,6 +151,8 @@ class KyutaiTTSModel:
         self.delays = torch.tensor(c.delays, dtype=torch.long, device=device)
         self.initial = torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
         self.open = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        self._open_host = np.zeros(batch_size, bool)
+        self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
         self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
         if self.cfg_direct:
             # The null twins of direct CFG are conditioned on nothing, once and for all.
@@ -151,6 +161,21 @@ class KyutaiTTSModel:
                 source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
                 self.lm.transformer.set_cross_rows(twins, source.expand(batch_size, -1, -1))
+        self._graph: tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]] | None = None
+        if device.type == "cuda" if graph is None else graph:
+            self._capture()
+
+    def _capture(self) -> None:
+        """Capture ``_advance`` (no slot is open yet), then put every row back to fresh."""
+        draws = self.sampler.draws.clone()
+        self._graph = capture_graphs(lambda _: self._advance(), [0], self.device)[0]
+        every = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
+        self.machine.reset_rows(every)
+        self.lm.reset_rows(self._rows(every))
+        self.mimi.reset_decoder_rows(every)
+        self.cache.fill_(UNGENERATED_TOKEN)
+        self.offsets.zero_()
+        self.sampler.draws.copy_(draws)
 
     # -- slots ------------------------------------------------------------------------
 
@@ -171,6 +196,7 @@ class KyutaiTTSModel:
         self.cache[slot] = UNGENERATED_TOKEN
         self.offsets[slot] = 0
         self.open[slot] = True
+        self._open_host[slot] = True
         self._pending[slot] = 0
         self.sampler.configure(slot, None, seed)
         self.condition_sum[slot] = self._sum(voice_given=True)[0]
@@ -180,6 +206,7 @@ class KyutaiTTSModel:
 
     def release(self, slot: int) -> None:
         self.open[slot] = False
+        self._open_host[slot] = False
         self._pending[slot] = 0
 
     def pending_words(self, slot: int) -> int:
@@ -209,10 +236,22 @@ class KyutaiTTSModel:
     @torch.no_grad()
     def step(self, active: torch.Tensor | None = None) -> list[TTSFrame | None]:
         """Advance every open slot that has enough text (and is ``active``, where given) by one frame."""
+        # Rows held back (their reader is behind) keep their state like waiting rows.
+        if active is None:
+            self.active.fill_(True)
+        else:
+            self.active.copy_(active)
+        if self._graph is None:
+            outputs = self._advance()
+        else:
+            graph, outputs = self._graph
+            graph.replay()
+        return self._read(*outputs)
+
+    def _advance(self) -> tuple[torch.Tensor, ...]:
+        """The step's device part: every input and all state are tensors updated in place."""
         c, b = self.config, self.batch_size
-        execute = self.open & self.machine.ready()
-        if active is not None:  # rows held back (their reader is behind) keep their state like waiting rows
-            execute = execute & active
+        execute = self.open & self.machine.ready() & self.active
         rows = torch.arange(b, device=self.device)
         used = 1 + self.codebooks
         # Codebooks past ``codebooks`` are never generated: their inputs are "no token".
@@ -273,13 +312,18 @@ class KyutaiTTSModel:
         end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
         done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
 
-        host = torch.stack([execute, audible, machine.consumed, done, machine.overflow]).cpu().numpy()
-        out = (execute & (offsets > c.max_delay)).cpu().numpy()
+        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, offsets > c.max_delay])
+        return flags, frame, audio.float()
+
+    def _read(self, flags: torch.Tensor, frame: torch.Tensor, audio: torch.Tensor) -> list[TTSFrame | None]:
+        """The step's outputs to the host, one entry per open slot."""
+        host = flags.cpu().numpy()
+        out = host[0] & host[5]
         codes_host = frame.cpu().numpy()
-        audio_host = audio.float().cpu().numpy()
-        outputs: list[TTSFrame | None] = [None] * b
-        for slot in np.flatnonzero(self.open.cpu().numpy()):
-            stepped, heard, consumed, finished, overflow = host[:, slot]
+        audio_host = audio.cpu().numpy()
+        outputs: list[TTSFrame | None] = [None] * self.batch_size
+        for slot in np.flatnonzero(self._open_host):
+            stepped, heard, consumed, finished, overflow, _ = host[:, slot]
             if consumed:
                 self._pending[slot] -= 1
             outputs[slot] = TTSFrame(
