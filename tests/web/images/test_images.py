@@ -17,11 +17,12 @@ import aiohttp
 import numpy as np
 import openai
 import pytest
+import pytest_asyncio
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.app import build_app
-from rtserve.config import ServerConfig
+from rtserve.config import ServerConfig, load_config
 from tests.support import serve_app
 
 FAST = {"num_inference_steps": 2, "guidance_scale": 3.0}
@@ -56,13 +57,17 @@ def _config(config: ServerConfig, folder: Path | None, **engine: Any) -> ServerC
     )
 
 
-@pytest.fixture
-async def server(config: ServerConfig, tiny_sd_folder: Path) -> AsyncIterator[Server]:
-    async with _serve(_config(config, tiny_sd_folder)) as server:
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tiny_sd_folder: Path) -> AsyncIterator[Server]:
+    """One server for the module: loading the pipeline per test would double its time."""
+    async with _serve(_config(load_config(environ={}), tiny_sd_folder)) as server:
         yield server
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def small_queue(config: ServerConfig, tiny_sd_folder: Path) -> AsyncIterator[Server]:
     async with _serve(_config(config, tiny_sd_folder, max_batch=1, max_queued=1)) as server:
         yield server
@@ -271,16 +276,18 @@ async def test_a_full_queue_answers_429(small_queue: Server) -> None:
 
 
 async def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
+    before = await server.counters()
     impatient = server.client.with_options(timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
         await impatient.images.generate(prompt="forever", extra_body={"num_inference_steps": 200})
     for _ in range(200):
         counters = await server.counters()
-        if counters["requests_cancelled_total"] == 1 and counters["requests_running"] == 0:
+        done = {name: counters[name] - before[name] for name in counters}
+        if done["requests_cancelled_total"] == 1 and counters["requests_running"] == 0:
             break
         await asyncio.sleep(0.05)
-    assert (counters["requests_cancelled_total"], counters["requests_running"]) == (1, 0)
-    assert counters["requests_finished_total"] == 0 and counters["request_steps_total"] < 200
+    assert (done["requests_cancelled_total"], counters["requests_running"]) == (1, 0)
+    assert done["requests_finished_total"] == 0 and done["request_steps_total"] < 200
     result = await server.client.images.generate(prompt="next", extra_body=FAST)  # the slot serves again
     assert result.data is not None
 
