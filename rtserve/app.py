@@ -32,6 +32,7 @@ from rtserve.web.peers import Peers
 from rtserve.web.peers import site as peer_site
 from rtserve.web.peers.drain import FrontEndDrain
 from rtserve.web.realtime import routes as realtime
+from rtserve.web.videos import routes as videos
 from rtserve.web.webrtc import routes as webrtc
 from rtserve.web.webrtc.client_secrets import ClientSecrets
 
@@ -99,6 +100,16 @@ def _image_engine(config: ServerConfig) -> ImageService | None:
     return ImageEngine(config)
 
 
+def _video_engine(config: ServerConfig) -> videos.VideoEngineLike | None:
+    """The Wan video engine behind ``/v1/videos`` and ``WS /v1/realtime/video`` when
+    ``video_engine.weights`` is set (in this front-end process: docs/engines.md#video-generation)."""
+    if not config.video_engine.weights:
+        return None
+    from rtserve.engines.diffusion.video_engine import VideoEngine  # torch and diffusers: only when configured
+
+    return VideoEngine(config)
+
+
 def build_app(
     config: ServerConfig,
     *,
@@ -138,6 +149,7 @@ def build_app(
     tts_streaming.setup(app, _tts_stream_engine(config))
     images.setup(app, _image_engine(config))
     realtime.setup(app)
+    videos.setup(app, _video_engine(config))
     if peers is not None:
         peer_site.setup(
             app, peers, app[realtime.SERVICE], FrontEndDrain(sessions, app[CTX].stop, config.peers.drain_deadline_s)

@@ -500,6 +500,54 @@ class ImagesConfig(_Section):
     max_stored_images: int = Field(256, ge=1, description="response_format=url: images kept; the oldest go first")
 
 
+class VideoRoutesConfig(_Section):
+    """``/v1/videos`` jobs and ``WS /v1/realtime/video`` (docs/serving.md#videos): defaults, bounds, the job store."""
+
+    store_dir: str = Field(
+        str(Path.home() / ".cache" / "rtserve" / "videos"),
+        description="folder of the job database (SQLite) and the finished MP4 files (created on first use)",
+    )
+    job_ttl_s: float = Field(24 * 3600.0, gt=0, description="a finished job and its video are kept this long")
+    max_jobs: int = Field(1000, ge=1, description="jobs kept; the oldest finished go first, all running -> 429")
+    max_store_bytes: int = Field(
+        8 * 1024**3, ge=1024, description="bytes of stored videos; the oldest completed videos go first beyond"
+    )
+    cleanup_interval_s: float = Field(60.0, gt=0, description="seconds between sweeps of expired jobs")
+    max_upload_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="one reference image as uploaded or as a data URL; larger -> 413"
+    )
+    max_reference_pixels: int = Field(
+        16_000_000, ge=1024, description="width x height of a reference image (read from its header); larger -> 400"
+    )
+    default_size: str = Field("832x480", pattern=r"^[0-9]+x[0-9]+$", description="WIDTHxHEIGHT when none is asked")
+    default_seconds: float = Field(4.0, gt=0, description="clip length when neither seconds nor num_frames is asked")
+    default_fps: int = Field(16, ge=1, le=120, description="frames per second when none is asked")
+    default_num_inference_steps: int = Field(50, ge=1, description="denoising steps when none is asked")
+    default_guidance_scale: float = Field(5.0, ge=0, description="classifier-free guidance when none is asked")
+    max_side: int = Field(1920, ge=16, description="largest width or height; larger -> 400")
+    max_frames: int = Field(241, ge=1, description="most frames in one video; more -> 400")
+    max_inference_steps: int = Field(200, ge=1, description="most denoising steps one request may ask; more -> 400")
+    model_aliases: list[str] = Field(
+        default_factory=lambda: ["sora-2", "sora-2-pro"],
+        description="model names accepted for the served video model (what OpenAI clients send)",
+    )
+    sync_timeout_s: float = Field(
+        1800.0, gt=0, description="POST /v1/videos/sync waits this long for the video; longer -> 504"
+    )
+    start_timeout_s: float = Field(
+        10.0, gt=0, description="WS /v1/realtime/video: a connection without session.start this long is closed"
+    )
+    stall_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="WS /v1/realtime/video: no generation progress and no session.ping this long -> error, closed",
+    )
+    send_timeout_s: float = Field(
+        10.0, gt=0, description="WS /v1/realtime/video: a client that takes no chunk this long is closed"
+    )
+    max_message_bytes: int = Field(64 * 1024, ge=1024, description="WS /v1/realtime/video: largest client message")
+
+
 class TtsStreamingConfig(_Section):
     """Limits of ``WS /api/tts_streaming`` (moshi-server's text-to-speech protocol; docs/serving.md#tts-streaming)."""
 
@@ -1089,6 +1137,8 @@ class ServerConfig(_Section):
     tts_engine: TtsEngineConfig = TtsEngineConfig()
     tts_streaming: TtsStreamingConfig = TtsStreamingConfig()
     image_engine: DiffusionEngineConfig = DiffusionEngineConfig()
+    video_engine: DiffusionEngineConfig = DiffusionEngineConfig()
+    videos: VideoRoutesConfig = VideoRoutesConfig()
     images: ImagesConfig = ImagesConfig()
     weights: WeightsConfig = WeightsConfig()
     models: ModelPaths = ModelPaths()

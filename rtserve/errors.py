@@ -123,6 +123,14 @@ VISION_UNSUPPORTED = "vision_unsupported"  # images or video for an LLM that can
 INVALID_IMAGE = "invalid_image"  # not a JPEG or PNG, or not decodable
 IMAGE_TOO_LARGE = "image_too_large"  # video_input.max_image_bytes / max_image_pixels
 FRAME_RATE_EXCEEDED = "frame_rate_exceeded"  # video_input.max_frames_per_s on WS /v1/video/chat/stream
+# Generated video (/v1/videos, WS /v1/realtime/video)
+VIDEO_NOT_FOUND = "video_not_found"  # no such job, or it was deleted or expired
+VIDEO_NOT_READY = "video_not_ready"  # content of a job that is not completed
+JOB_INTERRUPTED = "job_interrupted"  # a job the server's restart cut short
+START_TIMEOUT = "start_timeout"  # WS /v1/realtime/video: no session.start within videos.start_timeout_s
+GENERATION_STALLED = "generation_stalled"  # WS /v1/realtime/video: no progress nor ping within videos.stall_timeout_s
+INTERACTION_UNSUPPORTED = "interaction_unsupported"  # session.interaction on a model without prompt updates
+GENERATION_TIMEOUT = "generation_timeout"  # POST /v1/videos/sync past videos.sync_timeout_s
 # Anything unexpected
 INTERNAL_ERROR = "internal_error"
 

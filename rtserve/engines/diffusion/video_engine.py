@@ -1,0 +1,140 @@
+"""The video engine behind ``/v1/videos`` and ``WS /v1/realtime/video``: the Wan pipeline
+``video_engine.weights`` names, a ``WanVideoStepModel`` over it and a ``StepBatcher`` stepping
+every request's denoising (docs/engines.md#video-generation).
+
+Denoising is batched on the batcher's thread; decoding is not: a finished request's latents are
+decoded a latent frame at a time on this engine's decode thread, so the first frames can be
+encoded and sent while the rest decode, and a long decode never holds other requests' steps.
+Built in the front-end process that serves the routes, loaded in the background at startup
+(the routes answer ``model_not_ready`` meanwhile), stopped with the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from rtserve.codecs.fmp4 import RgbFrames
+from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.diffusion.batcher import BatcherStats, StepBatcher
+from rtserve.engines.diffusion.job import DiffusionJob
+from rtserve.engines.diffusion.loading import load_pipeline
+from rtserve.engines.diffusion.video_model import VideoState, WanVideoStepModel
+from rtserve.engines.diffusion.video_request import VideoRequest
+from rtserve.engines.errors import EngineError
+from rtserve.errors import CANCELLED, MODEL_NOT_READY
+from rtserve.weights import WeightsError
+
+log = logging.getLogger(__name__)
+
+FIELD = "video_engine.weights"
+_WAN_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+
+
+def served_name(weights: str) -> str:
+    """The model name clients see: the repo id, or a local folder's own name (never its path)."""
+    return os.path.basename(os.path.normpath(weights)) if os.path.isdir(weights) else weights.removeprefix("hf://")
+
+
+class VideoGenerationJob:
+    """A ``VideoGeneration``: the batcher's job for the denoising, this engine's thread for decoding."""
+
+    def __init__(self, job: DiffusionJob[torch.Tensor], model: WanVideoStepModel, decoder: ThreadPoolExecutor) -> None:
+        self._job = job
+        self._model = model
+        self._decoder = decoder
+
+    @property
+    def progress(self) -> float:
+        return self._job.steps_done / self._job.steps_total if self._job.steps_total else 0.0
+
+    async def segments(self) -> AsyncIterator[RgbFrames]:
+        latents = await self._job.result()
+        loop = asyncio.get_running_loop()
+        frames: Iterator[RgbFrames] = self._model.decode_segments(latents)
+        while True:
+            if self._job.cancelled:
+                raise EngineError("the request was cancelled", code=CANCELLED)
+            segment = await loop.run_in_executor(self._decoder, next, frames, None)
+            if segment is None:
+                return
+            yield segment
+
+    def cancel(self) -> None:
+        self._job.cancel()
+
+
+class VideoEngine:
+    def __init__(self, config: ServerConfig, pipeline: Any = None) -> None:
+        """``pipeline``: a loaded diffusers ``WanPipeline`` (tests, benchmarks); otherwise
+        ``start`` loads ``video_engine.weights``."""
+        self._config = config
+        self._pipeline = pipeline
+        self._model: WanVideoStepModel | None = None
+        self._batcher: StepBatcher[VideoRequest, VideoState, torch.Tensor] | None = None
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="video-decode")
+        self._failure: str | None = None
+        self.model_name = served_name(config.video_engine.weights or "video")
+
+    @property
+    def ready(self) -> bool:
+        return self._batcher is not None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    @property
+    def size_multiple(self) -> int:
+        return self._model.size_multiple if self._model is not None else 16
+
+    @property
+    def frame_multiple(self) -> int:
+        return self._model.frame_multiple if self._model is not None else 4
+
+    async def start(self) -> None:
+        settings = self._config.video_engine
+        try:
+            pipeline = self._pipeline
+            if pipeline is None:
+                pipeline = await asyncio.to_thread(load_pipeline, settings, FIELD, self._config)
+            missing = [part for part in _WAN_PARTS if getattr(pipeline, part, None) is None]
+            if missing or pipeline.vae.__class__.__name__ != "AutoencoderKLWan":
+                raise ConfigError(
+                    f"invalid config field {FIELD!r}: not a Wan text-to-video pipeline "
+                    f"({type(pipeline).__name__}; missing {', '.join(missing) or 'a Wan VAE'})"
+                )
+            model = WanVideoStepModel(pipeline)
+        except (WeightsError, ConfigError) as exc:
+            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
+            log.error("video engine not serving: %s", self._failure)
+            return
+        self._model = model
+        batcher = StepBatcher[VideoRequest, VideoState, torch.Tensor](
+            model, max_batch=settings.max_batch, max_queued=settings.max_queued, name="video"
+        )
+        batcher.start()
+        self._batcher = batcher
+        log.info("video engine serving (batch %d)", settings.max_batch)
+
+    async def stop(self) -> None:
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await batcher.stop()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, request: VideoRequest, on_progress: Callable[[], None] | None = None) -> VideoGenerationJob:
+        if self._batcher is None or self._model is None:
+            raise EngineError(self._failure or "the video engine is still loading", code=MODEL_NOT_READY)
+        callback = (lambda _job: on_progress()) if on_progress is not None else None
+        (job,) = self._batcher.submit([request], callback)
+        return VideoGenerationJob(job, self._model, self._decoder)
+
+    def stats(self) -> BatcherStats | None:
+        return self._batcher.stats() if self._batcher is not None else None
