@@ -14,6 +14,7 @@ image up to the float rounding of a larger batch.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,9 @@ class UNetStepModel:
             raise EngineError("the image pipeline has no UNet and VAE (Stable Diffusion layout)", code=TASK_UNAVAILABLE)
         self._device: torch.device = unet.device
         self._dtype: torch.dtype = unet.dtype
+        # Stochastic schedulers draw their noise from the request's generator; others take none
+        # (the pipeline's prepare_extra_step_kwargs makes the same check).
+        self._step_takes_generator = "generator" in inspect.signature(self._pipe.scheduler.step).parameters
         vae = self._pipe.vae
         if vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False):
             vae.to(torch.float32)  # SDXL's VAE overflows in float16 (the pipeline upcasts it the same way)
@@ -123,7 +127,8 @@ class UNetStepModel:
                 prediction = noise[row : row + 1]
                 row += 1
             t = s.timesteps[s.steps_done]
-            s.latents = s.scheduler.step(prediction, t, s.latents, generator=s.generator, return_dict=False)[0]
+            extra = {"generator": s.generator} if self._step_takes_generator else {}
+            s.latents = s.scheduler.step(prediction, t, s.latents, return_dict=False, **extra)[0]
             s.steps_done += 1
 
     @torch.inference_mode()

@@ -176,3 +176,25 @@ async def test_an_edit_equals_diffusers_img2img(tiny_sd: Any) -> None:
         generator=torch.Generator().manual_seed(4),
     ).images[0]
     _close(image, np.asarray(expected, dtype=np.int16))
+
+
+@pytest.mark.parametrize(
+    "scheduler", ["PNDMScheduler", "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler"]
+)
+async def test_other_schedulers_batch_to_the_plain_pipeline_images(tiny_sd: Any, scheduler: str) -> None:
+    """SD 1.x's default (PNDM: multistep history, no generator), a stochastic one (its noise from
+    the request's generator), and a multistep solver: per-request scheduler state stays per request."""
+    import diffusers
+
+    pipe = type(tiny_sd).from_pipe(
+        tiny_sd, scheduler=getattr(diffusers, scheduler).from_config(tiny_sd.scheduler.config)
+    )
+    pipe.set_progress_bar_config(disable=True)
+    requests = [
+        ImageRequest("a red cup", 64, 64, steps=5, guidance_scale=7.5, seed=1),
+        ImageRequest("a blue bird", 64, 64, steps=4, guidance_scale=1.0, seed=2),
+    ]
+    images, batcher = await _run(pipe, requests)
+    for image, request in zip(images, requests, strict=True):
+        _close(image, _plain(pipe, request))
+    assert batcher.stats().shared_steps >= 4  # PNDM runs more scheduler steps than num_inference_steps
