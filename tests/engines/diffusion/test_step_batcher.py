@@ -6,6 +6,7 @@ incompatible size waits for the batch to drain, a failed prepare fails only its 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from rtserve.engines.diffusion.service import ImageRequest
 from rtserve.engines.diffusion.unet import UNetState, UNetStepModel
 from rtserve.engines.errors import EngineError
 from rtserve.errors import CANCELLED, INVALID_VALUE, RESOURCE_EXHAUSTED
+from tests.engines.diffusion.tiny_pipeline import save_tiny_pipeline
 
 Batcher = StepBatcher[ImageRequest, UNetState, Image.Image]
 
@@ -198,3 +200,19 @@ async def test_other_schedulers_batch_to_the_plain_pipeline_images(tiny_sd: Any,
     for image, request in zip(images, requests, strict=True):
         _close(image, _plain(pipe, request))
     assert batcher.stats().shared_steps >= 4  # PNDM runs more scheduler steps than num_inference_steps
+
+
+async def test_sdxl_batches_to_the_plain_pipeline_images(tmp_path: Path) -> None:
+    """SDXL's layout: two text encoders, pooled embeds and size ids as added conditioning rows."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(save_tiny_pipeline(tmp_path / "xl", xl=True))
+    pipe.set_progress_bar_config(disable=True)
+    requests = [
+        ImageRequest("a red cup", 64, 64, steps=3, guidance_scale=5.0, seed=1),
+        ImageRequest("a blue bird", 64, 64, steps=3, guidance_scale=1.0, seed=2, negative_prompt="dark"),
+    ]
+    images, batcher = await _run(pipe, requests)
+    for image, request in zip(images, requests, strict=True):
+        _close(image, _plain(pipe, request))
+    assert batcher.stats().shared_steps == 3
