@@ -1,5 +1,5 @@
 """A camera on ``POST /v1/realtime/calls`` (docs/video.md#webrtc-video): an aiortc caller sends a
-VP8 video track beside its microphone; on the cascade with a vision LLM the sampled frames reach
+VP8 or H.264 video track beside its microphone; on the cascade with a vision LLM the sampled frames reach
 the model as image tokens with the next user turn; a server whose LLM cannot see refuses the
 offer with ``vision_unsupported`` before any session exists (issue 37)."""
 
@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
+import re
 from pathlib import Path
 
 import av
 import numpy as np
 import openai
 import pytest
+from aiortc import RTCRtpSender
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from rtserve.config import ServerConfig
@@ -57,8 +59,9 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.models
+@pytest.mark.parametrize("codec", ["video/VP8", "video/H264"])
 async def test_camera_frames_reach_the_vision_model(
-    config: ServerConfig, tiny_vlm: Path, monkeypatch: pytest.MonkeyPatch
+    config: ServerConfig, tiny_vlm: Path, monkeypatch: pytest.MonkeyPatch, codec: str
 ) -> None:
     config = webrtc_config(vision_config(config, tiny_vlm))
     config.video_input.sample_fps = 2.0
@@ -66,8 +69,13 @@ async def test_camera_frames_reach_the_vision_model(
         async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
             caller = Caller()
             camera = Camera()
-            caller.pc.addTrack(camera)
+            sending = caller.pc.addTransceiver(camera, direction="sendonly")
+            sending.setCodecPreferences(
+                [c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType == codec]
+            )
             await caller.call(sdk(base))
+            video = caller.pc.remoteDescription.sdp.split("m=video", 1)[1]
+            assert set(re.findall(r"a=rtpmap:\d+ ([\w-]+)/90000", video)) - {"rtx"} == {codec.split("/")[1]}
             await caller.until("session.created")
             await caller.channel_open.wait()
             async with asyncio.timeout(HANG_GUARD_S):
