@@ -52,7 +52,9 @@ def _config(config: ServerConfig, folder: Path | None, **engine: Any) -> ServerC
             "image_engine": config.image_engine.model_copy(
                 update={"weights": None if folder is None else str(folder), "device": "cpu", **engine}
             ),
-            "images": config.images.model_copy(update={"default_size": "64x64", "max_upload_bytes": 64 * 1024}),
+            "images": config.images.model_copy(
+                update={"default_size": "64x64", "max_upload_bytes": 64 * 1024, "max_upload_pixels": 128 * 128}
+            ),
         }
     )
 
@@ -97,6 +99,12 @@ def _png(size: tuple[int, int] = (96, 64), fmt: str = "PNG") -> bytes:
     rng = np.random.default_rng(1)
     buffer = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def _blank(size: tuple[int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
@@ -232,17 +240,21 @@ async def test_the_sdk_sees_a_typed_400(server: Server) -> None:
 
 
 @pytest.mark.parametrize(
-    ("upload", "status", "code"),
+    ("upload", "status", "code", "words"),
     [
-        (("big.png", b"\x89PNG" + bytes(70 * 1024), "image/png"), 413, "request_too_large"),
-        (("notes.png", b"not an image at all", "image/png"), 400, "invalid_image"),
-        (("old.bmp", _png(fmt="BMP"), "image/bmp"), 400, "invalid_image"),
+        (("big.png", b"\x89PNG" + bytes(70 * 1024), "image/png"), 413, "request_too_large", "limit"),
+        (("notes.png", b"not an image at all", "image/png"), 400, "invalid_image", "not a readable"),
+        (("old.bmp", _png(fmt="BMP"), "image/bmp"), 400, "invalid_image", "Unsupported image format BMP"),
+        (("wide.png", _blank((200, 100)), "image/png"), 400, "invalid_image", "200x100 pixels"),
     ],
 )
-async def test_invalid_uploads(server: Server, upload: tuple[str, bytes, str], status: int, code: str) -> None:
+async def test_invalid_uploads(
+    server: Server, upload: tuple[str, bytes, str], status: int, code: str, words: str
+) -> None:
     error = await _error(server.client.images.edit(image=upload, prompt="x", extra_body=FAST))
     assert error.status_code == status
     assert isinstance(error.body, dict) and (error.body["code"], error.body["param"]) == (code, "image")
+    assert words in error.body["message"]
 
 
 async def test_edit_form_refusals(server: Server) -> None:
