@@ -4,8 +4,8 @@
 
 A hub repo's ``model_index.json`` is fetched through ``rtserve.weights`` first, so a missing,
 gated or offline repo fails with the same one-line ``WeightsError`` as every other engine; the
-component files then come from ``DiffusionPipeline.download`` (the hub cache, ``HF_HUB_OFFLINE``
-honoured), which picks the weight files the pipeline needs (safetensors, no duplicates).
+component files then come from ``DiffusionPipeline.download`` (the same hub cache, offline when
+``HF_HUB_OFFLINE`` is set), which picks the weight files the pipeline needs (safetensors, no duplicates).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
-from rtserve.weights import WeightsError
+from rtserve.weights import WeightsError, hub
 from rtserve.weights.source import HubRepo, open_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,7 +41,11 @@ def pipeline_folder(weights: str, field: str, config: ServerConfig) -> Path:
         return index.parent
     repo = source.root
     try:
-        return Path(DiffusionPipeline.download(repo.repo_id, revision=repo.revision))
+        return Path(
+            DiffusionPipeline.download(
+                repo.repo_id, revision=repo.revision, cache_dir=hub.cache_dir(), local_files_only=hub.offline()
+            )
+        )
     except (OSError, ValueError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise WeightsError(f"{repo}: cannot fetch the pipeline's components: {detail}") from None
