@@ -81,8 +81,10 @@ def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStream
 
 
 def _tts_stream_engine(config: ServerConfig) -> TTSStreamEngine | None:
-    """The Kyutai TTS engine behind ``/api/tts_streaming`` when ``tts_engine.weights`` is set
-    (in this front-end process: docs/engines.md#kyutai-tts-on-the-lockstep-runtime)."""
+    """A Kyutai TTS engine of this front-end's own behind ``/api/tts_streaming`` when
+    ``tts_engine.weights`` is set and the engines run elsewhere (workers; the engine link):
+    engines built here lend theirs, the one the speech routes and the cascade use
+    (docs/engines.md#kyutai-tts-over-http)."""
     if not config.tts_engine.weights:
         return None
     from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # torch: only when configured
@@ -122,9 +124,11 @@ def build_app(
     ``RemoteEngines``); otherwise they are built here, around ``engine`` when given. ``peers``:
     the other front-ends of this server or cluster (resume relays, the front-end drain route)."""
     registry = registry or CollectorRegistry()
+    speech: TTSStreamEngine | None = None  # the engine set's Kyutai TTS engine, reached in this process
     if engines is None:
         local = EngineSet(config, registry, session_engine=engine)
         engines = local if engine_client == "local" else LinkedEngines(local, config)
+        speech = local.speech_engine if engines is local else None
     client_secrets = ClientSecrets(config)  # short-lived keys the auth check accepts for placing calls
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(config.api_key, client_secrets.admits)],
@@ -146,7 +150,7 @@ def build_app(
     openpi.setup(app)
     moshi.setup(app)
     asr_streaming.setup(app, _speech_stream_engine(config, app[CTX]))
-    tts_streaming.setup(app, _tts_stream_engine(config))
+    tts_streaming.setup(app, speech or _tts_stream_engine(config), owned=speech is None)
     images.setup(app, _image_engine(config))
     realtime.setup(app)
     videos.setup(app, _video_engine(config))

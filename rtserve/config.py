@@ -623,6 +623,12 @@ class CascadeLimits(_Section):
         description="a sleep request waits this long for the TTS stage's speech in flight to finish "
         "(new speech is refused meanwhile); still busy -> 409 stage_busy and the stage stays awake",
     )
+    tts: Literal["piper", "tts_engine"] = Field(
+        "piper",
+        description="what realtime sessions speak with: piper (the embedded Piper voice, sentence by "
+        "sentence) or tts_engine (the Kyutai TTS engine of tts_engine.weights, fed token by token as the "
+        "LLM writes; the same engine serves the speech routes; docs/engines.md#kyutai-tts-in-the-cascade)",
+    )
 
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     asr_window_s: float = Field(

@@ -11,6 +11,7 @@ if the session engine failed to start. The robot policy loads off the loop the s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.kyutai_tts.service import SpeaksWithStreams, TTSStreamEngine
 from rtserve.engines.policy.batcher import PolicyBatcher
-from rtserve.engines.protocols import HostedSessionEngine, TurnEngines
+from rtserve.engines.protocols import HostedSessionEngine, TTSEngine, TurnEngines
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.sleep import SleepController
 from rtserve.weights import BOARD, DownloadStatus
@@ -35,11 +37,21 @@ class EngineSet:
         self.registry = registry
         self.session_engine = session_engine or create_engine(config.engine, config, registry)
         self._text_engine = create_text_engine(config)
+        # One Kyutai TTS engine (tts_engine.weights) for the speech routes and the cascade.
+        self.speech_engine, speech = _speech_engine(config)
+        self._speech_needed = False  # the session engine speaks with it: not ready without it
+        if isinstance(self.session_engine, SpeaksWithStreams):
+            if config.cascade.tts == "tts_engine" and self.speech_engine is None:
+                raise ConfigError("invalid config field 'cascade.tts': 'tts_engine' needs tts_engine.weights set")
+            if self.speech_engine is not None:
+                self._speech_needed = self.session_engine.speak_with(self.speech_engine)
         lent = self.session_engine.turn_engines()
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
         self.turn_engines = (
             lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine, tts=lent.tts)
         )
+        if speech is not None:  # and the Kyutai TTS engine its TTS for speech
+            self.turn_engines = dataclasses.replace(self.turn_engines, tts=speech)
         self.failure: str | None = None  # why an engine (session, or vLLM text) could not start: /health says it
         # A config the session engine refused while starting (weights that cannot be found or
         # fetched): no restart heals it, so the server stops and exits 2 with this one line.
@@ -54,7 +66,11 @@ class EngineSet:
     @property
     def ready(self) -> bool:
         """The session engine serves, and so does the text engine (vLLM) where one is configured."""
-        return self.session_engine.ready and (self._text_engine is None or self._text_engine.ready)
+        return (
+            self.session_engine.ready
+            and (self._text_engine is None or self._text_engine.ready)
+            and (not self._speech_needed or self.speech_engine is None or self.speech_engine.ready)
+        )
 
     @property
     def policy_configured(self) -> bool:
@@ -85,6 +101,8 @@ class EngineSet:
         self._tasks.append(asyncio.create_task(self._start_session_engine()))
         if self._text_engine is not None:
             self._tasks.append(asyncio.create_task(self._start_text_engine()))
+        if self.speech_engine is not None:
+            self._tasks.append(asyncio.create_task(self._start_speech_engine()))
         self._policy_loading = asyncio.create_task(self._load_policy())
         self._policy_loading.add_done_callback(lambda _: self._changed())
 
@@ -110,6 +128,8 @@ class EngineSet:
         if self.policy_batcher is not None:
             await asyncio.to_thread(self.policy_batcher.stop)
         await self.session_engine.stop()
+        if self.speech_engine is not None:
+            await self.speech_engine.stop()
 
     # ------------------------------------------------------------------ sleep mode (docs/serving.md#sleep-mode)
 
@@ -152,6 +172,13 @@ class EngineSet:
             log.exception("engine %s failed to start", name)
         self._changed()
 
+    async def _start_speech_engine(self) -> None:
+        assert self.speech_engine is not None
+        await self.speech_engine.start()  # a failure is kept by the engine: its routes refuse with it
+        if self._speech_needed and self.speech_engine.failure:
+            self.failure = self.speech_engine.failure
+        self._changed()
+
     async def _start_text_engine(self) -> None:
         assert self._text_engine is not None
         try:
@@ -178,3 +205,15 @@ class EngineSet:
             "robot policy %r ready (max_batch=%d, window=%.1f ms)", robot.policy, robot.max_batch, robot.batch_window_ms
         )
         return batcher
+
+
+def _speech_engine(config: ServerConfig) -> tuple[TTSStreamEngine | None, TTSEngine | None]:
+    """The Kyutai TTS engine when ``tts_engine.weights`` is set, and the same engine as the speech
+    routes' ``TTSEngine`` (docs/engines.md#kyutai-tts-over-http)."""
+    if not config.tts_engine.weights:
+        return None, None
+    from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # torch: only when configured
+    from rtserve.engines.kyutai_tts.speech import KyutaiSpeech
+
+    engine = KyutaiTTSEngine(config)
+    return engine, KyutaiSpeech(engine)

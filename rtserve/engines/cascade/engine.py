@@ -30,6 +30,7 @@ from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
 from rtserve.engines.errors import CapacityExhausted
+from rtserve.engines.kyutai_tts.service import SpeechStreams
 from rtserve.engines.protocols import SleepStage, TurnEngines
 from rtserve.engines.values import EngineCapabilities, SessionOptions
 
@@ -44,6 +45,7 @@ class CascadeEngine:
         paths, limits = config.models, config.cascade
         locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
         self._config = config
+        self._registry = registry
         self._metrics = CascadeMetrics(registry)
         self.llm = create_llm(config, locations.llm, self._metrics)
         self.capabilities = EngineCapabilities(
@@ -132,6 +134,14 @@ class CascadeEngine:
         await asyncio.gather(*(session.close() for session in list(self._sessions)), return_exceptions=True)
         for model in (self.vad, self.asr, self.tts, self.llm):
             model.stop()
+
+    def speak_with(self, streams: SpeechStreams) -> bool:
+        """The process's Kyutai TTS engine (24 kHz, the output rate): sessions speak with it under
+        ``cascade.tts: tts_engine`` (docs/engines.md#kyutai-tts-in-the-cascade)."""
+        if self._config.cascade.tts != "tts_engine":
+            return False
+        self._models.reply.speak_with(streams, self._registry)
+        return True
 
     def model_ids(self) -> list[str]:
         return [self.llm.model_name, self.asr.model_name, self.tts.model_name]

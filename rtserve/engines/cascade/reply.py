@@ -9,11 +9,15 @@ text. The reply's first spoken piece is its first clause (``first_clause_min_cha
 its audio starts while the LLM is still writing the first sentence. Closing the run cancels
 every stage, which closes the LLM stream (the decode thread drops the request) and drops TTS
 jobs not yet started. ``speak`` runs given text through the same sentence and TTS stages,
-with no LLM (``response.speak``).
+with no LLM (``response.speak``). Speaking on a streaming TTS engine (``speak_with``,
+``cascade.tts: tts_engine``) one stage replaces the sentences and the TTS: every token delta
+goes to the engine as it comes (``streamed_speech``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -22,10 +26,15 @@ from prometheus_client import CollectorRegistry
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
+from rtserve.engines.cascade.streamed_speech import speak_streamed
 from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.kyutai_tts.service import SpeechStreams
 from rtserve.engines.pipeline import Pipeline, Stage
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.engines.vllm_engine import VllmTextEngine
+
+# Streamed speech: chunks made and not yet taken by the session (the engine row waits beyond).
+_STREAMED_QUEUE = 8
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class ReplyChain:
         self._llm = llm
         self._tts = tts
         self._chunk = chunk_samples
+        self._streams: SpeechStreams | None = None
         # The first piece alone delays the first audio: on a CPU decoding ~10-15 tokens/s a
         # 240-character opening sentence would hold it ~5 s, so it is a clause, and bounded.
         self._first_max_chars = first_piece_max_chars
@@ -140,6 +150,44 @@ class ReplyChain:
             spoke = True
             for start in range(0, len(pcm), self._chunk):
                 yield SpokenChunk(pcm[start : start + self._chunk], text if start == 0 else None)
+
+    def speak_with(self, streams: SpeechStreams, registry: CollectorRegistry) -> None:
+        """Speak every reply on ``streams`` from now on, token by token (built before any session)."""
+        self._streams = streams
+        self._stream_ids = itertools.count()
+        speech = Stage("tts", self._speak_streamed, queue_size=1)
+        self._spoken = Pipeline("cascade_reply", [self._spoken.stages[0], speech], registry)
+        self._given = Pipeline("cascade_speak", [self._given.stages[0], speech], registry)
+
+    def check_request(self, voice: str | None) -> None:
+        """Piper judges a reply's voice before it starts; a streaming engine when its stream opens."""
+        if self._streams is None:
+            self._tts.check_request(voice, 1.0)
+
+    async def _speak_streamed(
+        self, items: AsyncIterator[TokenDelta | _Voice]
+    ) -> AsyncIterator[TokenDelta | SpokenChunk]:
+        assert self._streams is not None
+        voice: list[str | None] = [None]
+
+        async def deltas() -> AsyncIterator[TokenDelta]:
+            async for item in items:
+                if isinstance(item, _Voice):
+                    voice[0] = item.name
+                else:
+                    yield item
+
+        spoken = speak_streamed(
+            self._streams,
+            deltas(),
+            lambda: voice[0],
+            stream_id=f"cascade-reply-{next(self._stream_ids)}",
+            chunk_samples=self._chunk,
+            max_queued=_STREAMED_QUEUE,
+        )
+        async with contextlib.aclosing(spoken):
+            async for item in spoken:
+                yield item if isinstance(item, TokenDelta) else SpokenChunk(*item)
 
 
 async def _once(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:

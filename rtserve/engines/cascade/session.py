@@ -349,7 +349,7 @@ class CascadeSession:
         called = False
         try:
             if speak:
-                self._models.tts.check_request(request.voice, 1.0)
+                self._models.reply.check_request(request.voice)
             if request.speak is not None:
                 items = self._models.reply.speak(request.speak, voice=request.voice)
             elif preempted is not None:

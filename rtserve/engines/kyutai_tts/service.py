@@ -6,7 +6,7 @@ torch-free, so ``web/`` can name it (docs/design.md#layers). The Kyutai TTS engi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rtserve.engines.kyutai_tts.stream import SpeechEvent
 
@@ -63,4 +63,13 @@ class TTSStreamEngine(SpeechStreams, Protocol):
     @property
     def failure(self) -> str | None:
         """Why it will not serve (its weights failed to load); None while fine."""
+        ...
+
+
+@runtime_checkable
+class SpeaksWithStreams(Protocol):
+    """A session engine that may speak its replies on a ``SpeechStreams`` engine (the cascade)."""
+
+    def speak_with(self, streams: SpeechStreams) -> bool:
+        """Offered the process's streaming TTS engine; True when its config makes it speak with it."""
         ...

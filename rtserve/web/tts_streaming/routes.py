@@ -118,12 +118,13 @@ async def _on_shutdown(app: web.Application) -> None:
     await app[TTS_STREAMING].connections.close_all()
 
 
-def setup(app: web.Application, engine: TTSStreamEngine | None) -> None:
-    """``engine``: the Kyutai TTS engine this app serves (started and stopped with it), or None
-    (the app's turn-engine TTS speaks, where it has one)."""
+def setup(app: web.Application, engine: TTSStreamEngine | None, *, owned: bool = True) -> None:
+    """``engine``: the Kyutai TTS engine this app serves (started and stopped with it when
+    ``owned``; else the engine set's, which runs it), or None (the app's turn-engine TTS
+    speaks, where it has one)."""
     config = app[CTX].config
     app[TTS_STREAMING] = TTSStreamingService(engine, Connections("tts_streaming", config.sessions.shutdown_timeout_s))
     app.router.add_get(ROUTE, tts_socket)
     app.on_shutdown.append(_on_shutdown)
-    if engine is not None:
+    if engine is not None and owned:
         run_with_app(app, engine, "tts-streaming")

@@ -1,0 +1,97 @@
+"""A reply spoken as the LLM writes it, on a streaming TTS engine (``cascade.tts: tts_engine``;
+docs/engines.md#kyutai-tts-in-the-cascade).
+
+Each token delta goes to the stream the moment it arrives (no sentence wait: the engine starts
+a word once it holds the next one, its lookahead) and passes on in order. The stream's audio
+comes back in ``chunk_samples`` pieces; each word the engine reports spoken rides on the next
+piece (the last words on an empty piece at the end), so the item's text grows with its audio as
+the session core's truncation expects. Closing the generator (a barge-in cancels the reply's
+stages) closes the stream: its lease is released at once, so no frame made after that is
+delivered (the lockstep epoch fence) and the row is freed between two steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+import numpy as np
+
+from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.kyutai_tts.service import SpeechStream, SpeechStreams
+from rtserve.engines.kyutai_tts.stream import SpokenWord
+from rtserve.engines.values import TokenDelta
+
+Spoken = tuple[FloatArray, str | None]  # a piece of audio and the words it completes, if any
+_Item = TokenDelta | Spoken | BaseException | None
+
+
+async def speak_streamed(
+    streams: SpeechStreams,
+    deltas: AsyncIterator[TokenDelta],
+    voice: Callable[[], str | None],
+    *,
+    stream_id: str,
+    chunk_samples: int,
+    max_queued: int,
+) -> AsyncGenerator[TokenDelta | Spoken, None]:
+    """``deltas`` passed on in order, the speech of their text interleaved as it is made.
+    ``voice()`` is read when the first text arrives (the stream opens then)."""
+    out: asyncio.Queue[_Item] = asyncio.Queue(max_queued)  # bounded: a slow reader holds the engine row
+    opened: list[SpeechStream] = []
+
+    said = False  # a word was said already: the next one gets its space
+
+    async def read(stream: SpeechStream) -> None:
+        nonlocal said
+        words = ""
+        try:
+            async for event in stream.events():
+                if isinstance(event, SpokenWord):
+                    words += f" {event.text}" if said or words else event.text
+                    continue
+                for start in range(0, len(event.pcm), chunk_samples):
+                    said = said or bool(words)
+                    await out.put((event.pcm[start : start + chunk_samples], words or None))
+                    words = ""
+            if words:
+                await out.put((np.zeros(0, np.float32), words))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            await out.put(exc)
+
+    async def feed() -> None:
+        reader: asyncio.Task[None] | None = None
+        try:
+            async for delta in deltas:
+                await out.put(delta)
+                if not delta.text:
+                    continue
+                if not opened:
+                    opened.append(await streams.open_stream(stream_id, voice()))
+                    reader = asyncio.create_task(read(opened[0]), name=f"{stream_id}-audio")
+                opened[0].send_text(delta.text)
+            if opened:
+                opened[0].end()
+                assert reader is not None
+                await reader
+            await out.put(None)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            await out.put(exc)
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+
+    feeder = asyncio.create_task(feed(), name=f"{stream_id}-text")
+    try:
+        while (item := await out.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)
+        if opened:
+            with contextlib.suppress(asyncio.CancelledError):
+                await opened[0].close()

@@ -1,0 +1,84 @@
+"""``speak_streamed`` on the tiny Kyutai TTS engine (docs/engines.md#kyutai-tts-in-the-cascade):
+text goes to the engine delta by delta, not sentence by sentence (the LLM here ends its sentence
+only once audio of its first words came back), the deltas pass on in order with the audio, the
+words ride on the audio, and closing mid-speech frees the engine's one slot at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rtserve.config import ServerConfig
+from rtserve.engines.cascade.streamed_speech import speak_streamed
+from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
+from rtserve.engines.values import TokenDelta
+from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
+
+CHUNK = 960
+
+
+@pytest.fixture
+async def engine(tiny_tts_for_cascade: TinyTTS) -> AsyncIterator[KyutaiTTSEngine]:
+    base = ServerConfig()
+    config = base.model_copy(
+        update={
+            "tts_engine": base.tts_engine.model_copy(
+                update={
+                    "weights": str(tiny_tts_for_cascade.folder),
+                    "voices": str(tiny_tts_for_cascade.voices),
+                    "max_sessions": 1,
+                    "temperature": 0.0,
+                }
+            )
+        }
+    )
+    engine = KyutaiTTSEngine(config)
+    await engine.start()
+    assert engine.ready, engine.failure
+    yield engine
+    await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_tts_for_cascade(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
+    return write_tts_checkpoint(tmp_path_factory.mktemp("streamed_speech") / "weights")
+
+
+async def test_text_is_spoken_as_it_streams_in_with_the_deltas_in_order(engine: KyutaiTTSEngine) -> None:
+    heard = asyncio.Event()
+
+    async def llm() -> AsyncIterator[TokenDelta]:
+        yield TokenDelta("the quick brown fox jumps over the lazy dog")  # no sentence end yet
+        await asyncio.wait_for(heard.wait(), 60)  # a sentence-wise speaker would wait for the period forever
+        yield TokenDelta(" again.")
+        yield TokenDelta("", finish_reason="stop")
+
+    out = []
+    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        async for item in spoken:
+            out.append(item)
+            if not isinstance(item, TokenDelta) and item[0].size:
+                heard.set()
+    deltas = [item.text for item in out if isinstance(item, TokenDelta)]
+    assert deltas == ["the quick brown fox jumps over the lazy dog", " again.", ""]
+    audio = [item for item in out if not isinstance(item, TokenDelta)]
+    assert all(pcm.size <= CHUNK for pcm, _ in audio) and sum(pcm.size for pcm, _ in audio) > 10 * CHUNK
+    assert "".join(words or "" for _, words in audio) == "the quick brown fox jumps over the lazy dog again."
+
+
+async def test_closing_mid_speech_frees_the_slot_at_once(engine: KyutaiTTSEngine) -> None:
+    async def llm() -> AsyncIterator[TokenDelta]:
+        yield TokenDelta("the quick brown fox jumps over the lazy dog " * 4)
+        await asyncio.Event().wait()  # the LLM is still writing when the user barges in
+
+    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        async for item in spoken:
+            if not isinstance(item, TokenDelta) and item[0].size:
+                break
+    stream = await engine.open_stream("next", "alice")  # max_sessions is 1: free again
+    await stream.close()
