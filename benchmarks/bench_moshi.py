@@ -56,14 +56,18 @@ import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
 import sphn
+from bench_engine_host import print_profile, summarize_profile
 from load_shards import (
     ShardResult,
     gather_shards,
@@ -315,14 +319,38 @@ def shard(url: str, messages: list[bytes], starts: list[float], window: tuple[fl
     return run_shard(lambda: run_clients(url, messages, starts), window)
 
 
+def start_profile(server: ServerProcess, seconds: float, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    """py-spy on the engine process (the server itself with one worker) over the window."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("py-spy not found: no engine profile", file=sys.stderr)
+        return None
+    pid = server.engine_pid()
+    args.profile_engine.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", "200",
+         "--format", "raw", "--threads", "--nonblocking", "--output", str(args.profile_engine)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def finish_profile(profiler: subprocess.Popen[bytes], args: argparse.Namespace) -> dict[str, Any] | None:
+    profiler.wait(60)
+    return summarize_profile(args.profile_engine.read_text()) if args.profile_engine.exists() else None
+
+
 BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI_ENGINE__BATCH_SIZE"}
 
 
 async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
     duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
     echo = args.engine == "loopback"
+    profile: dict[str, Any] | None = None
+    env = {BATCH_ENV[args.engine]: str(clients), "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
+    if args.context_fill is not None:  # the steady state of long conversations (docs/engines.md#context-fill)
+        env["RTSERVE_MOSHI_ENGINE__CONTEXT_FILL_FRAMES"] = json.dumps(args.context_fill)
     server = ServerProcess(
-        {BATCH_ENV[args.engine]: str(clients), "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)},
+        env,
         name="bench_moshi",
         engine=args.engine,
         workers=workers,
@@ -352,13 +380,18 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
             )
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             before, cpu_before = await scrape(http, server.base), server.cpu_by_process()
+            profiler = start_profile(server, window[1] - window[0], args) if args.profile_engine else None
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             after, cpu_after = await scrape(http, server.base), server.cpu_by_process()
+            if profiler is not None:
+                profile = await asyncio.to_thread(finish_profile, profiler, args)
             measured_s = window[1] - window[0]
             results = await shards
     finally:
         server.stop()
 
+    if profile is not None:
+        print_profile(f"engine process, N={clients} workers={workers}", profile)
     logs = merge_logs(results, ranges, clients)
     lateness = [v for log in logs for v in cadence_lateness(log, window)]
     latencies: list[float] = []
@@ -521,6 +554,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "engine": args.engine,
         "config_file": None if args.config is None else str(args.config),
         "loopback_delay_frames": args.delay_frames,
+        "context_fill_frames": args.context_fill,
         "frame_ms": PERIOD_S * 1e3,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
@@ -570,6 +604,19 @@ def main() -> None:
         type=int,
         default=1,
         help="load generator processes (one process tops out near 256 paced clients)",
+    )
+    parser.add_argument(
+        "--context-fill",
+        type=int,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="--engine moshi: sessions start with LOW..HIGH frames of context (moshi_engine.context_fill_frames), "
+        "the steady state of long conversations, e.g. 0 3000 (average 1500)",
+    )
+    parser.add_argument(
+        "--profile-engine",
+        type=Path,
+        help="py-spy the engine process over each measured window into this raw profile; prints where it went",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_moshi.json")
     args = parser.parse_args()

@@ -104,6 +104,20 @@ class ServerProcess:
                 return sorted(tree)
             tree = grown
 
+    def engine_pid(self) -> int:
+        """The process that runs the engines: the supervisor's first child (started before the
+        workers), or the server itself with one worker."""
+        children = []
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid and b"spawn_main" in cmdline:
+                children.append((int(fields[19]), pid))  # start time, in clock ticks since boot
+        return min(children)[1] if children else self.proc.pid
+
     def cpu_by_process(self) -> dict[int, float]:
         """CPU seconds of the server and each process under it, by pid."""
         tick = os.sysconf("SC_CLK_TCK")

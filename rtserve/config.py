@@ -378,6 +378,20 @@ class MoshiEngineConfig(_Section):
         "with weights null, the published 7B shape; no tokenizer, so "
         "no text output and no persona text",
     )
+    context_fill_frames: tuple[int, int] | None = Field(
+        None,
+        description="benchmarking only: [LOW, HIGH] frames; every opened slot starts as if that many "
+        "frames of conversation (spread evenly over the range, random KV) had already been "
+        "stepped, so a served benchmark measures long conversations' steady state rather than "
+        "their first seconds (docs/engines.md#context-fill); null: every session starts fresh",
+    )
+
+    @field_validator("context_fill_frames")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 0 <= value[0] <= value[1]:
+            raise ValueError("needs 0 <= LOW <= HIGH")
+        return value
 
     @field_validator("kv_block_frames")
     @classmethod

@@ -94,6 +94,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
         max_prompt_tokens=settings.max_prompt_tokens,
         max_voice_seconds=settings.max_voice_seconds,
         paged_kv=paged_kv,
+        context_fill=settings.context_fill_frames,
     )
 
 

@@ -39,7 +39,14 @@ from rtserve.engines.values import FrameOutput, SlotPrompt
 log = logging.getLogger(__name__)
 
 _VOICE_CACHE_SIZE = 32
+_GOLDEN = (5**0.5 - 1) / 2  # 0.618...: successive multiples mod 1 spread evenly over [0, 1)
 EMBEDDING_SUFFIXES = (".pt", ".pth")
+
+
+def _fresh(host: FloatArray, device_tensor: torch.Tensor) -> FloatArray:
+    """``host`` itself when the copy to the host made it (a GPU step), else a copy: on the CPU
+    ``.cpu()`` may hand back the step's own buffer, which a later step overwrites."""
+    return host.copy() if device_tensor.device.type == "cpu" else host
 
 
 class MoshiFrameModel:
@@ -54,10 +61,13 @@ class MoshiFrameModel:
         voice_dir: str | Path | None = None,
         graph: bool | None = None,
         paged_kv: PagedKVSpec | None = None,
+        context_fill: tuple[int, int] | None = None,
     ) -> None:
         """``graph``: replay the tick as CUDA graphs (default: on a CUDA device); ``paged_kv``:
         int8 KV blocks from one pool instead of a ring per slot (``open_slot`` then raises
-        ``KVMemoryExhausted`` when no block is free)."""
+        ``KVMemoryExhausted`` when no block is free); ``context_fill`` (benchmarking): every
+        opened slot starts with a context of random KV between these two frame counts
+        (``context_fill_frames``)."""
         self.loaded = model
         self.config = model.lm_config
         self.batch_size = batch_size
@@ -83,6 +93,9 @@ class MoshiFrameModel:
         model.lm.transformer.use_paged_kv(paged_kv)
         self.frame = FrameStep(model.lm, self.mimi, self.sampler, batch_size, graph=graph)
         self.stream = self.frame.stream
+        self.context_fill = context_fill
+        if context_fill is not None:
+            self.frame.randomize_kv_pools()
         # Slots between open_slot and release (prefilling or live): the rows whose context
         # attention must cover; idle rows would otherwise grow the span for nothing.
         self._open = np.zeros(batch_size, bool)
@@ -106,6 +119,8 @@ class MoshiFrameModel:
         self.frame.reset_rows(mask)
         sampling = None if prompt.sampling is None else self.sampler.default.requested(prompt.sampling)
         self.sampler.configure(slot, sampling, prompt.seed)
+        if self.context_fill is not None:
+            self.frame.advance(slot, self.context_fill_frames(slot))  # may raise KVMemoryExhausted
         self._open[slot] = True
         self._staged.pop(slot, None)
         if plan:
@@ -113,6 +128,14 @@ class MoshiFrameModel:
         else:
             self._plans.pop(slot, None)
         return len(plan)
+
+    def context_fill_frames(self, slot: int) -> int:
+        """The context ``slot`` starts with under ``context_fill``: the slots' fills spread evenly
+        over the range (golden-ratio steps, so any first N slots average near its middle)."""
+        if self.context_fill is None:
+            return 0
+        low, high = self.context_fill
+        return low + round((slot * _GOLDEN) % 1.0 * (high - low))
 
     def prefill_step(self, slot: int) -> bool:
         plan = self._plans.get(slot)
@@ -137,14 +160,15 @@ class MoshiFrameModel:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         self._stage_overrides()
         result = self.frame(pcm, self._open)
-        audio = result.audio
-        audio_host = audio.float().cpu().numpy()
+        # One fresh host block per tick, its rows handed out as views: a copy per row cost more
+        # than the whole block's (an allocation each; 256 rows). A frame kept pins its tick's
+        # block (batch x 7.7 KB); across the engine link frames live until pickled.
+        audio_host = _fresh(result.audio.float().cpu().numpy(), result.audio)
         text_host = result.tokens[:, 0].tolist()
         ready_host = result.ready.tolist()
         outputs: list[FrameOutput | None] = [None] * self.batch_size
-        for slot in np.flatnonzero(live):
-            text = self._piece(text_host[slot]) if ready_host[slot] else None
-            outputs[slot] = FrameOutput(audio_host[slot].copy(), text)
+        for slot in np.flatnonzero(live).tolist():
+            outputs[slot] = FrameOutput(audio_host[slot], self._piece(text_host[slot]) if ready_host[slot] else None)
         return outputs
 
     def _stage_overrides(self) -> None:

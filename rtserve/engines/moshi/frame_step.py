@@ -36,7 +36,7 @@ from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.generator import StepOverrides, TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
-from rtserve.engines.moshi.paged_kv import BlockAllocator
+from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache
 from rtserve.engines.moshi.sampling import SlotSampler
 
 # Temporal attention spans are multiples of this many frames (each one graph).
@@ -117,6 +117,32 @@ class FrameStep:
         """Give ``row``'s KV blocks back to the pool (paged KV; no-op with rings)."""
         if self.blocks is not None:
             self.blocks.release(row)
+
+    def advance(self, row: int, frames: int) -> None:
+        """Benchmarking: ``row`` (just reset) continues as if ``frames`` frames of conversation had
+        been stepped: its temporal position and KV length are ``frames`` (random keys and values;
+        paged KV: the blocks that window holds, or ``KVMemoryExhausted``). The token delays and
+        Mimi start fresh. Attention then reads what a conversation that long reads, at no cost
+        of stepping it (docs/engines.md#context-fill)."""
+        transformer = self.lm.transformer
+        if self.blocks is not None:
+            self.blocks.advance(row, frames)
+        else:
+            for cache in transformer.caches:
+                cache.keys[row].normal_()
+                cache.values[row].normal_()
+        transformer.offset[row] = frames
+        self.positions[row] = frames
+
+    def randomize_kv_pools(self) -> None:
+        """Benchmarking (paged KV): random int8 keys and values in every block, scaled as N(0, 1)
+        entries quantize, for rows started by ``advance`` to read."""
+        for cache in self.lm.transformer.caches:
+            if isinstance(cache, PagedKVCache):
+                for pool in (cache.keys, cache.values):
+                    pool.random_(-127, 128)
+                for scales in (cache.key_scales, cache.value_scales):
+                    scales.fill_(3.0 / 127)
 
     def span(self, active: npt.NDArray[np.bool_] | None = None) -> int:
         """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all

@@ -181,14 +181,26 @@ class BlockAllocator:
             raise KVMemoryExhausted(f"no KV block free ({self.spec.num_blocks} blocks all in use)")
         self.table[row, 0] = self.free.pop()
 
+    def advance(self, row: int, position: int) -> None:
+        """Benchmarking (``FrameStep.advance``): ``row`` holds the blocks its window reaches at
+        ``position`` frames, as if it had stepped that far; ``KVMemoryExhausted`` (and no blocks
+        held) when the pool has too few."""
+        last = position // self.spec.block_size
+        entries = [(last - k) % self.width for k in range(min(self.width, last + 1))]
+        self.release(row)
+        if len(entries) > len(self.free):
+            raise KVMemoryExhausted(f"no room for a {position}-frame context ({len(self.free)} KV blocks free)")
+        for entry in entries:
+            self.table[row, entry] = self.free.pop()
+
     def ensure(self, rows: npt.NDArray[np.intp], positions: npt.NDArray[np.int64]) -> None:
         """Give each of ``rows`` the block its next position (``positions[row]``) writes to."""
-        size = self.spec.block_size
-        for row in rows:
-            position = int(positions[row])
-            entry = (position // size) % self.width
-            if self.table[row, entry] != SCRATCH:
-                continue
+        entries = positions[rows] // self.spec.block_size % self.width
+        # Vectorised: a row needs a block once every block_size frames, so most ticks none does.
+        needy = self.table[rows, entries] == SCRATCH
+        for row, position, entry in zip(
+            rows[needy].tolist(), positions[rows][needy].tolist(), entries[needy].tolist(), strict=True
+        ):
             self.dirty = True
             if self.free:
                 self.table[row, entry] = self.free.pop()
