@@ -36,14 +36,11 @@ class VideoInput:
         self._period = 1.0 / limits.sample_fps
         self._next_at = 0.0
         self._busy = False
-        self.kept = 0  # frames handed to the session
-        self.skipped = 0  # frames seen and not kept (sampling, or the previous one still encoding)
 
     def due(self) -> bool:
         """Whether the frame at hand should be kept; the caller then ``keep``s it."""
         now = self._clock()
         if self._busy or now < self._next_at:
-            self.skipped += 1
             return False
         self._next_at = now + self._period
         return True
@@ -56,5 +53,4 @@ class VideoInput:
             image = await self._codecs.run(encode, frame, self.limits)
         finally:
             self._busy = False
-        self.kept += 1
         self._handle.submit(cmd.VideoFrame(image=image))

@@ -27,8 +27,6 @@ class InboundVideo:
     def __init__(self, track: MediaStreamTrack, frames: VideoInput) -> None:
         self._track = track
         self._frames = frames
-        self.received = 0
-        self.dropped = 0
 
     async def run(self) -> None:
         while True:
@@ -36,9 +34,6 @@ class InboundVideo:
                 frame = await self._track.recv()
             except MediaStreamError:  # the track ended (peer gone, call closed)
                 return
-            self.dropped += shed_backlog(self._track, BACKLOG_FRAMES)
-            if not isinstance(frame, av.VideoFrame):
-                continue
-            self.received += 1
-            if self._frames.due():
+            shed_backlog(self._track, BACKLOG_FRAMES)  # frames behind the newest are worth nothing here
+            if isinstance(frame, av.VideoFrame) and self._frames.due():
                 await self._frames.keep(frame_data_url, frame)
