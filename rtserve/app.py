@@ -22,7 +22,7 @@ from rtserve.engines.protocols import HostedSessionEngine
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.process_metrics import ProcessMetrics
 from rtserve.sessions import SessionManager
-from rtserve.web import asr_streaming, base_routes, http, images, moshi, openpi, tts_streaming
+from rtserve.web import asr_streaming, base_routes, http, images, moshi, openpi, tts_streaming, video_chat
 from rtserve.web.auth import auth_middleware
 from rtserve.web.browser import routes as browser
 from rtserve.web.codec_executor import CodecExecutor
@@ -159,6 +159,7 @@ def build_app(
             app, peers, app[realtime.SERVICE], FrontEndDrain(sessions, app[CTX].stop, config.peers.drain_deadline_s)
         )
     webrtc.setup(app, client_secrets)
+    video_chat.setup(app)
     browser.setup(app)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_close_sessions)

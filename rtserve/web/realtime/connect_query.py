@@ -50,6 +50,17 @@ def _count(request: web.Request, name: str) -> int | None:
     return int(raw)
 
 
+def checked_session_id(session_id: str, limits: SessionLimits, param: str = "session_id") -> str:
+    """A client's name for its session, if well formed; raises ``WireError``."""
+    if not (_SESSION_ID.fullmatch(session_id) and len(session_id) <= limits.max_session_id_chars):
+        raise WireError(
+            INVALID_VALUE,
+            f"{param} must be 1 to {limits.max_session_id_chars} letters, digits or '-_.:'",
+            param=param,
+        )
+    return session_id
+
+
 def connect_query(request: web.Request, *, duplex: bool, limits: SessionLimits) -> ConnectQuery:
     """The session part of a connection's URL; raises ``WireError``."""
     token = request.query.get("resume")
@@ -63,14 +74,8 @@ def connect_query(request: web.Request, *, duplex: bool, limits: SessionLimits) 
             )
         return ConnectQuery()
     session_id = request.query.get("session_id")
-    if session_id is not None and not (
-        _SESSION_ID.fullmatch(session_id) and len(session_id) <= limits.max_session_id_chars
-    ):
-        raise WireError(
-            INVALID_VALUE,
-            f"session_id must be 1 to {limits.max_session_id_chars} letters, digits or '-_.:'",
-            param="session_id",
-        )
+    if session_id is not None:
+        checked_session_id(session_id, limits)
     if token is None:
         return ConnectQuery(session_id if limits.client_session_ids else None)
     if session_id is None:

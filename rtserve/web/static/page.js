@@ -21,10 +21,11 @@ const page = {
   connectMs: null,  // Connect pressed -> call up (microphone granted, offer answered, data channel open)
   firstAudioMs: null,  // Connect pressed -> the server's first agent audio (WebRTC: output_audio_buffer.started)
   agentText: () => transcript.text("agent"), userText: () => transcript.text("user"),
+  cameraOn: false,  // the call sends camera frames now
 };
 window.rtservePage = page;
 
-let call = null;  // {audio, mic, transport, micMeter, agentMeter, timers}
+let call = null;  // {audio, mic, camera, transport, micMeter, agentMeter, timers}
 
 function setState(state, label = state) {
   page.state = state;
@@ -105,13 +106,14 @@ async function openTransport(c) {
   const mode = settings.value("transport");
   const typed = $("api-key").value.trim();
   const common = { micStream: c.mic, onEvent: onServerEvent, onClose: (reason) => ended(c, reason) };
+  if (c.camera && mode === "websocket") throw new Error("the camera needs WebRTC: pick a WebRTC transport");
   if (mode !== "websocket") {
     setState("connecting", "connecting (WebRTC)\u2026");
     try {
       const key = await callKey(typed);
-      return await connectWebRtc({ ...common, key, audioElement: $("agent-audio") });
+      return await connectWebRtc({ ...common, key, cameraStream: c.camera, audioElement: $("agent-audio") });
     } catch (err) {
-      if (mode === "webrtc" || !(err instanceof ConnectError && err.fallback)) throw err;
+      if (mode === "webrtc" || c.camera || !(err instanceof ConnectError && err.fallback)) throw err;
       page.fallbackReason = err.message;
       showNotice("info", `WebRTC could not connect (${err.message}); using the WebSocket fallback.`);
     }
@@ -152,9 +154,31 @@ async function renderStats(c) {
   $("stat-lost").textContent = String(s.packetsLost);
 }
 
+// The self-view shows what the call sends; the checkbox switches the camera during a call
+// (a call placed without it needs a new call to add it: no renegotiation).
+function showSelfView(stream) {
+  const view = $("self-view");
+  view.srcObject = stream;
+  view.hidden = !stream;
+  page.cameraOn = Boolean(stream);
+}
+
+async function toggleCamera() {
+  const on = $("camera").checked;
+  if (!call || !call.transport) return;
+  if (!call.transport.hasCamera) {
+    if (on) showNotice("info", "The camera joins with the next call: hang up and connect again.");
+    return;
+  }
+  await call.transport.showCamera(on);
+  showSelfView(on ? call.camera : null);
+}
+
 function release(c) {
   for (const timer of c.timers) clearInterval(timer);
   for (const track of c.mic ? c.mic.getTracks() : []) track.stop();
+  for (const track of c.camera ? c.camera.getTracks() : []) track.stop();
+  showSelfView(null);
   $("agent-audio").srcObject = null;
   c.audio.close().catch(() => {});  // already closed: nothing left to release
   if (call === c) call = null;
@@ -179,12 +203,18 @@ async function connect() {
     return;
   }
   // Created in the click handler: a page may start audio only from a user gesture.
-  const c = { audio: new AudioContext(), mic: null, transport: null, timers: [], started: performance.now() };
+  const c = {
+    audio: new AudioContext(), mic: null, camera: null, transport: null, timers: [], started: performance.now(),
+  };
   call = c;
   setState("connecting", "opening the microphone\u2026");
   try {
     c.mic = await navigator.mediaDevices.getUserMedia(settings.microphoneConstraints());
     c.micMeter = new LevelMeter(c.audio, c.audio.createMediaStreamSource(c.mic));
+    if ($("camera").checked) {
+      setState("connecting", "opening the camera\u2026");
+      c.camera = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480, frameRate: 15 } });
+    }
     const transport = await openTransport(c);
     if (call !== c) {  // hung up while connecting
       transport.close();
@@ -195,6 +225,7 @@ async function connect() {
     page.connectMs = performance.now() - c.started;
     $("stat-connect").textContent = `${page.connectMs.toFixed(0)} ms`;
     c.agentMeter = agentMeter(c, transport);
+    if (c.camera) showSelfView(c.camera);
     setState("connected", `connected \u00b7 ${transport.kind === "webrtc" ? "WebRTC" : "WebSocket"}`);
     const update = settings.sessionUpdate();
     if (Object.keys(update.session).length > 1) transport.send(update);
@@ -230,6 +261,7 @@ $("settings").addEventListener("submit", (e) => {
   if (call && call.transport) call.transport.send(settings.sessionUpdate());
 });
 $("settings").elements.turn_detection.addEventListener("change", showSendTurn);
+$("camera").addEventListener("change", () => toggleCamera().catch((err) => showNotice("error", err.message)));
 window.addEventListener("pagehide", hangUp);
 showSendTurn();
 setState("idle");

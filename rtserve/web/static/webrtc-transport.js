@@ -49,7 +49,9 @@ function opened(pc, channel, timeoutMs) {
   });
 }
 
-export async function connectWebRtc({ key, micStream, audioElement, onEvent, onClose, timeoutMs = 10000 }) {
+export async function connectWebRtc({
+  key, micStream, cameraStream = null, audioElement, onEvent, onClose, timeoutMs = 10000,
+}) {
   if (typeof RTCPeerConnection === "undefined") {
     throw new ConnectError("this browser has no WebRTC", { fallback: true });
   }
@@ -59,6 +61,10 @@ export async function connectWebRtc({ key, micStream, audioElement, onEvent, onC
   const remote = new MediaStream();
   try {
     pc.addTransceiver(micStream.getAudioTracks()[0], { direction: "sendrecv", streams: [micStream] });
+    // The camera (docs/video.md#webrtc-video): send only; switched off by sending no track, not black frames.
+    const camera = cameraStream
+      ? pc.addTransceiver(cameraStream.getVideoTracks()[0], { direction: "sendonly", streams: [cameraStream] })
+      : null;
     pc.addEventListener("track", (e) => {
       remote.addTrack(e.track);
       audioElement.srcObject = remote;
@@ -108,6 +114,10 @@ export async function connectWebRtc({ key, micStream, audioElement, onEvent, onC
       remoteStream: remote,
       send(event) {
         if (channel.readyState === "open") channel.send(JSON.stringify(event));
+      },
+      hasCamera: camera !== null,
+      async showCamera(on) {
+        if (camera) await camera.sender.replaceTrack(on ? cameraStream.getVideoTracks()[0] : null);
       },
       clearPlayback() {
         // The server purges the call's outbound queue itself (output_audio_buffer.cleared).
