@@ -10,7 +10,9 @@ reference is what Kyutai's scripts run, batched: its streaming ``MimiModel.encod
 copied to the host. Contexts: ``0`` (fresh rows) and ``full`` (every row's attention window
 full: the steady state of a stream longer than ``context`` frames), set directly in the KV
 caches on both sides (``moshi_build``). ``mimi-encode`` times our Mimi encode alone (its own
-graph): the share of a frame that is the codec, not the LM.
+graph): the share of a frame that is the codec, not the LM; ``mimi-encode-bf16`` the same
+codec in bf16, with its code agreement against fp32; ``ours-paged8-device`` the paged step
+without the per-row host readout. These three are diagnostics, off by default.
 
 Shapes: the published configs (``config.json`` of each hub repo) as ``SHAPES`` transcribes them,
 with random bf16 weights; Mimi in fp32 with 32 codebooks, as published. ``tiny`` (CPU) keeps
@@ -26,6 +28,7 @@ Prints a table; JSON to ``benchmarks/results/bench_kyutai_stt.json`` (or ``--jso
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -41,15 +44,18 @@ from moshi_build import build_lm, build_mimi, mimi_config, prefill_ours, prefill
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import stt_model
 from rtserve.engines.moshi.cuda_graph import capture_graphs
+from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.lm_config import MimiConfig
 from rtserve.engines.moshi.loader import LoadedModel
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
+from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.moshi.weights import CheckpointExtras
 from rtserve.engines.values import SlotPrompt
 
 RESULTS = Path(__file__).parent / "results" / "bench_kyutai_stt.json"
 FRAME_SIZE = 1920
 PAGED_BLOCK = 64
+AGREEMENT_FRAMES = 25
 
 # The published LM configs (hub ``config.json``; keys the reference ``LMModel`` takes). Values
 # transcribed from public copies of those files: kyutai/stt-2.6b-en (revision pinned in a public
@@ -155,7 +161,14 @@ def release(lm: Any, mimi: Any, device: torch.device) -> None:
 
 
 def run_ours(
-    lm: Any, mimi: Any, config: Any, stt: dict[str, float], batch: int, fill: int, paged: bool, args: Any
+    lm: Any,
+    mimi: Any,
+    config: Any,
+    stt: dict[str, float],
+    batch: int,
+    fill: int,
+    paged: bool,
+    args: Any,
 ) -> dict[str, float]:
     device = lm.text_linear.weight.device
     extras = CheckpointExtras(model_type="stt", stt_config=stt)
@@ -177,14 +190,48 @@ def run_ours(
     return result
 
 
-def run_encode(mimi: Any, batch: int, args: Any, device: torch.device) -> dict[str, float]:
-    """Our Mimi encode alone (a CUDA graph on a GPU): the part of a frame that is not the LM."""
-    mimi.start(batch)
-    pcm = torch.randn(batch, FRAME_SIZE, device=device) * 0.1
+def run_encode(mimi: Any, batch: int, args: Any, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Our Mimi encode alone (a CUDA graph on a GPU): the part of a frame that is not the LM. In
+    another ``dtype`` than fp32 (a copy of the codec), also the share of its codes equal to the fp32
+    codec's on the same streamed audio (all codebooks, and the first: the semantic one)."""
+    codec = mimi if dtype == torch.float32 else copy.deepcopy(mimi).to(dtype)
+    result: dict[str, float] = {}
+    if codec is not mimi:
+        gen = torch.Generator(device="cpu").manual_seed(7)
+        audio = [(torch.randn(batch, FRAME_SIZE, generator=gen) * 0.1).to(device) for _ in range(AGREEMENT_FRAMES)]
+        mimi.start(batch)
+        codec.start(batch)
+        same = torch.stack([mimi.encode(x) == codec.encode(x.to(dtype)) for x in audio]).float()
+        result = {"codes_equal": float(same.mean()), "first_codebook_equal": float(same[:, :, 0].mean())}
+    codec.start(batch)
+    pcm = (torch.randn(batch, FRAME_SIZE, device=device) * 0.1).to(dtype)
     if device.type != "cuda":
-        return time_steps(lambda: mimi.encode(pcm), args.frames, args.warmup, device)
-    graph, _ = capture_graphs(lambda _: mimi.encode(pcm), [0], device)[0]
-    return time_steps(graph.replay, args.frames, args.warmup, device)
+        return result | time_steps(lambda: codec.encode(pcm), args.frames, args.warmup, device)
+    graph, _ = capture_graphs(lambda _: codec.encode(pcm), [0], device)[0]
+    return result | time_steps(graph.replay, args.frames, args.warmup, device)
+
+
+def run_device_only(lm: Any, mimi: Any, config: Any, batch: int, fill: int, args: Any) -> dict[str, float]:
+    """Paged int8 ``FrameStep`` replay and the token copy alone, without ``SttFrameModel``'s per-row
+    host readout: the difference to ``ours-paged8`` is that readout."""
+    device = lm.text_linear.weight.device
+    spec = PagedKVSpec(num_blocks=batch * PagedKVSpec(1, PAGED_BLOCK).width(config.context), block_size=PAGED_BLOCK)
+    lm.transformer.use_paged_kv(spec)
+    sampler = SlotSampler(batch, device, MoshiSampling(use_sampling=False))
+    frame = FrameStep(lm, mimi, sampler, batch, graph=device.type == "cuda")
+    for row in range(batch):
+        frame.admit(row)
+    prefill_paged(lm, np.full(batch, fill, np.int64))
+    frame.positions[:] = fill
+    pcm = torch.randn(batch, FRAME_SIZE, device=device) * 0.1
+
+    def step() -> None:
+        out = frame(pcm)
+        out.tokens[:, 0].cpu()
+
+    result = time_steps(step, args.frames, args.warmup, device)
+    lm.transformer.use_paged_kv(None)
+    return result
 
 
 def run_reference(
@@ -213,7 +260,11 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma list of " + ", ".join(SHAPES))
     parser.add_argument("--batches", default=None, help="comma list (default 64,256,512 on CUDA, 1,2 on CPU)")
     parser.add_argument("--fills", default="0,full", help="context fill: frames, or 'full' (the whole window)")
-    parser.add_argument("--sides", default="ours,ours-paged8,reference,mimi-encode")
+    parser.add_argument(
+        "--sides",
+        default="ours,ours-paged8,reference,mimi-encode",
+        help="also: mimi-encode-bf16, ours-paged8-device (diagnostics)",
+    )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -239,8 +290,11 @@ def main() -> None:
                 row: dict[str, Any] = {"shape": shape, "batch": batch, "fill": fill_label}
                 for side in sides:
                     try:
-                        if side == "mimi-encode":
-                            row[side] = run_encode(mimi, batch, args, device)
+                        if side.startswith("mimi-encode"):
+                            codec_dtype = torch.bfloat16 if side == "mimi-encode-bf16" else torch.float32
+                            row[side] = run_encode(mimi, batch, args, device, codec_dtype)
+                        elif side == "ours-paged8-device":
+                            row[side] = run_device_only(lm, mimi, config, batch, fill, args)
                         elif side == "reference":
                             row[side] = run_reference(ref_lm, ref_mimi, batch, fill, args, device)
                         else:
