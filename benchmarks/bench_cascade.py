@@ -22,10 +22,19 @@
 Medians are quoted (p95 too for the turn latency). Run:
 ``.venv/bin/python benchmarks/bench_cascade.py``; JSON goes to
 ``benchmarks/results/bench_cascade.json``.
+
+``--simultaneous 1,4,8`` measures instead sessions finishing a question at the same moment
+(each its own question, aligned on their last voiced sample; issue 34): end of speech ->
+first reply audio per session, p50/p95/max over ``--rounds`` rounds, for two engines in
+one process whose rounds alternate: ``--before`` and ``--after`` are ``cascade`` overrides
+(``key=value,...``; e.g. ``--before asr_lanes=1,tts_lanes=1,llm_lanes=2``: the lanes of
+the 2-core defaults before they were sized from the cores). JSON goes to
+``benchmarks/results/bench_cascade_simultaneous.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -41,6 +50,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
+from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.vad import VadStream
 from rtserve.engines.events import InputTranscript, OutputAudio, ResponseFinished, SpeechStopped
@@ -96,14 +106,21 @@ async def speak(engine: CascadeEngine, text: str) -> np.ndarray:
     return resample(np.concatenate(chunks), engine.tts.sample_rate, engine.capabilities.input_sample_rate)
 
 
-async def one_turn(engine: CascadeEngine, question: str, audio: np.ndarray, index: int) -> dict[str, float]:
+def last_voiced(audio: np.ndarray) -> int:
+    return int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
+
+
+async def one_turn(
+    engine: CascadeEngine, question: str, audio: np.ndarray, index: int, lead_samples: int | None = None
+) -> dict[str, float]:
+    """One spoken question after ``lead_samples`` of silence (default 0.5 s)."""
     rate = engine.capabilities.input_sample_rate
     chunk = rate * CHUNK_MS // 1000
-    last_voiced = int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
+    lead = rate // 2 if lead_samples is None else lead_samples
     padded = np.concatenate(
-        [np.zeros(rate // 2, np.float32), audio, np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)]
+        [np.zeros(lead, np.float32), audio, np.zeros(rate * TRAILING_SILENCE_MS // 1000, np.float32)]
     )
-    speech_end_sample = rate // 2 + last_voiced
+    speech_end_sample = lead + last_voiced(audio)
     session = await engine.open_session(
         f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"}, sampling=REPLY)
     )
@@ -270,5 +287,87 @@ async def main() -> None:
     print(f"wrote {RESULTS}")
 
 
+def cascade_overrides(text: str) -> dict[str, object]:
+    """``key=value,...`` -> ``cascade`` overrides (values parsed as JSON where they parse)."""
+    overrides: dict[str, object] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value
+    return overrides
+
+
+async def simultaneous_round(
+    engine: CascadeEngine, questions: list[np.ndarray], sessions: int, round_no: int
+) -> list[float]:
+    """``sessions`` sessions, question i of each, whose last voiced samples are pushed at the same moment."""
+    rate = engine.capabilities.input_sample_rate
+    picked = [(round_no * sessions + i) % len(questions) for i in range(sessions)]
+    ends = [last_voiced(questions[q]) for q in picked]
+    lead = [rate // 2 + max(ends) - end for end in ends]
+    turns = await asyncio.gather(
+        *(one_turn(engine, QUESTIONS[q], questions[q], 1000 * round_no + i, lead[i]) for i, q in enumerate(picked))
+    )
+    return [turn["end_of_speech_to_first_audio_ms"] for turn in turns]
+
+
+async def simultaneous(counts: list[int], rounds: int, before: dict[str, object], after: dict[str, object]) -> None:
+    engines = {
+        "before": CascadeEngine(load_config(environ={}, overrides={"cascade": before}), CollectorRegistry()),
+        "after": CascadeEngine(load_config(environ={}, overrides={"cascade": after}), CollectorRegistry()),
+    }
+    for engine in engines.values():
+        await engine.start()
+    questions = [await speak(engines["after"], q) for q in QUESTIONS]
+    measured: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in engines}
+    for n in counts:
+        for round_no in range(rounds):
+            for name, engine in engines.items():  # alternate: both see the same machine load
+                measured[name][n] += await simultaneous_round(engine, questions, n, round_no)
+    for engine in engines.values():
+        await engine.stop()
+    table = {
+        name: {
+            n: {"p50": percentile(v, 50), "p95": percentile(v, 95), "max": max(v), "turns": len(v)}
+            for n, v in by_count.items()
+        }
+        for name, by_count in measured.items()
+    }
+    result = {
+        "machine": {"cpus": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0]},
+        "rounds": rounds,
+        "before": before,
+        "after": after,
+        "lanes": {name: vars(stage_lanes(engine._config.cascade)) for name, engine in engines.items()},
+        "end_of_speech_to_first_audio_ms": table,
+        "turns": measured,
+    }
+    out = RESULTS.with_name("bench_cascade_simultaneous.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nbefore: {before or 'defaults'} -> lanes {result['lanes']['before']}")
+    print(f"after:  {after or 'defaults'} -> lanes {result['lanes']['after']}")
+    print("end of speech -> first audio (ms)  before p50    p95    max   after p50    p95    max  p50 ratio")
+    for n in counts:
+        b, a = table["before"][n], table["after"][n]
+        print(
+            f"  {n:2d} simultaneous ({b['turns']:3d} turns) {b['p50']:7.0f} {b['p95']:6.0f} {b['max']:6.0f}"
+            f"   {a['p50']:9.0f} {a['p95']:6.0f} {a['max']:6.0f}  {a['p50'] / max(b['p50'], 1e-9):9.2f}"
+        )
+    print(f"{os.cpu_count()} cpus, load average at end {result['machine']['load_average_1m_at_end']:.1f}; wrote {out}")
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--simultaneous", help="comma-separated session counts, e.g. 1,4,8")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per session count and engine")
+    parser.add_argument("--before", default="", help="cascade overrides of the 'before' engine: key=value,...")
+    parser.add_argument("--after", default="", help="cascade overrides of the 'after' engine: key=value,...")
+    args = parser.parse_args()
+    if args.simultaneous:
+        counts = [int(n) for n in args.simultaneous.split(",")]
+        asyncio.run(simultaneous(counts, args.rounds, cascade_overrides(args.before), cascade_overrides(args.after)))
+    else:
+        asyncio.run(main())

@@ -667,10 +667,11 @@ class CascadeLimits(_Section):
     llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
         "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)"
     )
-    llm_max_active: int = Field(
-        8,
+    llm_max_active: int | None = Field(
+        None,
         ge=1,
-        description="LLM requests decoded together (one CTranslate2 batch, or transformers round-robin); more wait",
+        description="LLM requests decoded together (CTranslate2 batches, shared among llm_lanes, or "
+        "transformers round-robin); more wait. Unset: 4 per LLM lane (docs/engines.md#cascade-cores)",
     )
     llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
@@ -745,12 +746,25 @@ class CascadeLimits(_Section):
         description="CTranslate2 intra-op threads of the LLM (the voice agent's TTS "
         "and the server need the other cores; benchmarks/bench_http.py)",
     )
-    llm_lanes: int = Field(
-        2,
+    llm_lanes: int | None = Field(
+        None,
         ge=1,
         description="CTranslate2 batches decoded at once, llm_threads each; "
         "llm_max_active is shared among them (2 cores: two batches of 4 "
-        "decode ~1.5x one of 8; one request still decodes alone in a lane)",
+        "decode ~1.5x one of 8; one request still decodes alone in a lane). "
+        "Unset: one per 2 cores, at least 2 (docs/engines.md#cascade-cores)",
+    )
+    asr_lanes: int | None = Field(
+        None,
+        ge=1,
+        description="Whisper decodes run at once (models.cpu_threads each, one shared model). "
+        "Unset: one per 4 cores, at least 1 (docs/engines.md#cascade-cores)",
+    )
+    tts_lanes: int | None = Field(
+        None,
+        ge=1,
+        description="sentences the built-in voice speaks at once (models.cpu_threads each, one shared "
+        "model). Unset: one per 4 cores, at least 1 (docs/engines.md#cascade-cores)",
     )
 
 

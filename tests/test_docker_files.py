@@ -10,9 +10,11 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.config import ServerConfig
+from rtserve.engines.cascade.metrics import CascadeMetrics
 from tests.web.realtime_support import loopback_config, running
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
@@ -78,11 +80,12 @@ async def test_every_metric_the_dashboard_queries_is_exported(config: ServerConf
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.get(base + "/metrics") as resp:
             exposition = await resp.text()
-    # Labelled families with no child yet have no sample line: their names come from # TYPE.
-    exported = {
-        f"{family.name}{suffix}"
-        for family in text_string_to_metric_families(exposition)
-        for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))
-    }
+    # Labelled families with no child yet have no sample line: their names come from # TYPE. The
+    # default engine's (the cascade's) families are exported where it runs; this server runs the
+    # loopback engine, so they are taken from the cascade's own registration.
+    cascade = CollectorRegistry()
+    CascadeMetrics(cascade)
+    families = [*text_string_to_metric_families(exposition), *cascade.collect()]
+    exported = {f"{family.name}{suffix}" for family in families for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))}
     queried = {name for expr in dashboard_exprs() for name in METRIC.findall(expr)}
     assert queried and queried <= exported, sorted(queried - exported)

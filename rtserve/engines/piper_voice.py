@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from rtserve.codecs.pcm import FloatArray
 
 _LENGTH = struct.Struct(">I")
 _MAX_HEADER_BYTES = 1 << 20
+# Piper phonemizes with espeak-ng, one process-wide state (its voice is set, then read): one
+# thread at a time. The model runs outside it, so TTS lanes speak in parallel.
+_PHONEMIZER = threading.Lock()
 
 
 class PiperModel:
@@ -55,9 +61,16 @@ class PiperModel:
         """The sentence's audio at ``sample_rate``, one piece per sentence Piper finds in it."""
         from piper.config import SynthesisConfig
 
-        length_scale = self._voice.config.length_scale / speed
-        for chunk in self._voice.synthesize(sentence, SynthesisConfig(length_scale=length_scale)):
-            yield chunk.audio_float_array
+        config = SynthesisConfig(length_scale=self._voice.config.length_scale / speed)
+        with _PHONEMIZER:
+            sentences = self._voice.phonemize(sentence)
+        for phonemes in sentences:
+            if phonemes:  # as PiperVoice.synthesize: audio peak-normalized (its default), clipped
+                audio = self._voice.phoneme_ids_to_audio(self._voice.phonemes_to_ids(phonemes), config)
+                assert isinstance(audio, np.ndarray)  # without alignments: the audio alone
+                peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+                audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
+                yield np.clip(audio, -1.0, 1.0).astype(np.float32)
 
 
 def write_frame(stream: IO[bytes], header: dict[str, Any], payload: bytes = b"") -> None:

@@ -247,6 +247,7 @@ class SessionOptions:
     # The sampling the session's responses will ask for, when known: lets a turn engine
     # start a reply before the turn has ended (the cascade's preemptive reply).
     sampling: SamplingParams | None = None
+    route: str = ""  # the URL path the session came in on: labels the engine's per-route metrics
 
     def __post_init__(self) -> None:
         if isinstance(self.server_vad, Mapping):  # a raw OpenAI object given straight to an engine

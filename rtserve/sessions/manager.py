@@ -142,10 +142,12 @@ class SessionManager:
         projection: Projection | None = None,
         resumable: bool = True,
         session_id: str | None = None,
+        route: str = "",
     ) -> SessionHandle:
         """Admit and open a session. The handle's ``attachment`` is the first consumer; its
         first event is ``SessionCreated``. ``session_id``: the client's name for it (the
-        transport validated it); None allocates one. Raises ``SessionError``:
+        transport validated it); None allocates one. ``route``: the URL path it came in on (labels
+        the engine's per-route metrics). Raises ``SessionError``:
         ``session_exists`` when that name is held (opening, live, or still closing),
         ``resource_exhausted`` when every slot is held, the engine's code when it refuses."""
         if self._shutting_down or self._draining:
@@ -168,12 +170,12 @@ class SessionManager:
         session_id = session_id or new_session_id(self.owner)
         try:
             self._opening_ids.add(session_id)
-            return await self._open(session_id, config or SessionConfig(), projection, resumable)
+            return await self._open(session_id, config or SessionConfig(), projection, resumable, route)
         finally:
             self._opening_ids.discard(session_id)
 
     async def _open(
-        self, session_id: str, config: SessionConfig, projection: Projection | None, resumable: bool
+        self, session_id: str, config: SessionConfig, projection: Projection | None, resumable: bool, route: str
     ) -> SessionHandle:
         self._opening += 1
         self._update_gauge()
@@ -183,6 +185,7 @@ class SessionManager:
             prompt=SlotPrompt(text=config.instructions or None, voice=config.voice),
             server_vad=vad,
             sampling=sampling_for(config),
+            route=route,
         )
         opening = self._spawn(self.engine.open_session(session_id, options), session_id)
         try:

@@ -2,8 +2,10 @@
 
 Whisper is not a streaming model, so partial transcripts come from re-decoding the
 growing utterance at a bounded cadence (``config.cascade.asr_partial_interval_ms``), and
-only while the model thread is otherwise idle: partials are optional and never delay a
-final, which also runs at a higher priority on the model's one thread.
+only while a model lane is otherwise idle: partials are optional and never delay a
+final, which also runs at a higher priority. ``lanes`` decodes run at once on the one
+model (CTranslate2 keeps a worker per lane), so one session's final never waits for
+another's when a core is free (``cascade.asr_lanes``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _MIN_SAMPLES = SAMPLE_RATE // 10  # shorter than 100 ms: nothing Whisper can rea
 
 
 class WhisperAsr:
-    """The ``ASREngine``; several sessions share its one model copy and thread."""
+    """The ``ASREngine``; several sessions share its one model copy and its lanes."""
 
     sample_rate = SAMPLE_RATE
 
@@ -44,6 +46,7 @@ class WhisperAsr:
         max_audio_s: float,
         window_s: float,
         metrics: CascadeMetrics,
+        lanes: int = 1,
     ) -> None:
         self.model_name = location.model_id
         self._path = location.path
@@ -52,7 +55,8 @@ class WhisperAsr:
         self._max_samples = int(SAMPLE_RATE * max_audio_s)
         self._window_s = window_s  # ``whisper_window``: short utterances skip most of the 30 s encoder window
         self._metrics = metrics
-        self._worker = ModelWorker("asr", max_queue)
+        self._lanes = lanes
+        self._worker = ModelWorker("asr", max_queue, lanes)
         self._model = None  # faster_whisper.WhisperModel, touched only on the worker thread
         self._multilingual = False
         self._asleep = False
@@ -82,7 +86,7 @@ class WhisperAsr:
             device="cpu",
             compute_type="int8",
             cpu_threads=self._cpu_threads,
-            num_workers=1,
+            num_workers=self._lanes,  # one CTranslate2 replica per lane: decodes run in parallel
             local_files_only=True,
         )
         self._multilingual = bool(model.model.is_multilingual)
@@ -143,16 +147,17 @@ class WhisperAsr:
 
     def _decode(self, audio: FloatArray, final: bool, language: str | None, prompt: str | None, live_turn: bool) -> str:
         started = time.perf_counter()
-        if self._model is None:  # unloaded by sleep mode while this job waited
+        model = self._model  # once: sleep mode may drop it on another lane meanwhile
+        if model is None:  # unloaded by sleep mode while this job waited
             raise self._not_loaded()
         text = None
         window = "full"
         if live_turn and fits(len(audio), SAMPLE_RATE, self._window_s):
-            text = decode_in_window(self._model, audio, self._window_s, language or "en", prompt)
+            text = decode_in_window(model, audio, self._window_s, language or "en", prompt)
             window = "short" if text is not None else "redone"
         self._metrics.asr_windows.labels(window).inc()
         if text is None:
-            segments, _ = self._model.transcribe(
+            segments, _ = model.transcribe(
                 audio,
                 language=language or "en",
                 beam_size=1,

@@ -1,7 +1,8 @@
 """The cascade ``SessionEngine``: VAD -> ASR -> LLM -> TTS on CPU, the embedded default.
 
 Every model is loaded once (``start``, off the event loop, all four in parallel) and
-shared by all sessions; each runs on its own thread (see ``worker``/``llm``). The turn
+shared by all sessions; each runs on its own threads, lanes sized from the host's cores
+(``cores``, ``worker``, ``llm_stage``). The turn
 engines are lent to the HTTP routes by ``turn_engines()``;
 they exist from construction and work once ``start`` has returned.
 
@@ -21,6 +22,7 @@ from rtserve.engines.cascade import asr as asr_module
 from rtserve.engines.cascade import tts as tts_module
 from rtserve.engines.cascade import vad as vad_module
 from rtserve.engines.cascade.asr import WhisperAsr
+from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
@@ -44,6 +46,7 @@ class CascadeEngine:
     def __init__(self, config: ServerConfig, registry: CollectorRegistry) -> None:
         paths, limits = config.models, config.cascade
         locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
+        lanes = stage_lanes(limits)
         self._config = config
         self._registry = registry
         self._metrics = CascadeMetrics(registry)
@@ -70,6 +73,7 @@ class CascadeEngine:
             max_audio_s=limits.max_turn_audio_s,
             window_s=limits.asr_window_s,
             metrics=self._metrics,
+            lanes=lanes.asr,
         )
         self.tts = TextToSpeech(
             locations.tts,
@@ -78,6 +82,7 @@ class CascadeEngine:
             metrics=self._metrics,
             voice_store=config.voices,
             sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
+            lanes=lanes.tts,
         )
         chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(
@@ -88,6 +93,7 @@ class CascadeEngine:
                 self.llm,
                 self.tts,
                 registry,
+                self._metrics,
                 chunk_samples=chunk_samples,
                 first_piece_max_chars=limits.first_piece_max_chars,
                 first_clause_min_chars=limits.first_clause_min_chars,

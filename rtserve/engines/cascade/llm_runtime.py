@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from rtserve.config import ServerConfig
+from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
@@ -32,10 +33,11 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
     if config.cascade.llm_engine == "vllm":
         return VllmTextEngine(config.http.vllm)
     paths, limits = config.models, config.cascade
+    lanes = stage_lanes(limits)
     common = _StageOptions(
         cache_dir=Path(paths.cache_dir).expanduser(),
         cpu_threads=paths.cpu_threads,
-        max_active=limits.llm_max_active,
+        max_active=lanes.llm_max_active,
         max_waiting=limits.llm_max_waiting,
         context_tokens=limits.llm_context_tokens,
         metrics=metrics,
@@ -51,6 +53,6 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
         threads=limits.llm_threads,
         cached_openings=limits.llm_cached_openings,
         gather_s=limits.llm_gather_ms / 1000,
-        lanes=limits.llm_lanes,
+        lanes=lanes.llm,
         **common,
     )

@@ -57,6 +57,7 @@ class ReplyPlan:
     params: SamplingParams
     voice: str | None  # None when not spoken
     speak: bool
+    route: str = ""  # the session's route, labelling its stage metrics
 
     def answering(self, user_text: str) -> ReplyPlan:
         return replace(self, messages=(*self.messages, ChatMessage("user", user_text)))
@@ -180,7 +181,11 @@ class Preemption:
         if self._limits.preemptive_reply and settings.create_response and self._base is not None:
             pause.plan = self._base.answering(text)
             items = self._chain.run(
-                pause.plan.messages, pause.plan.params, speak=pause.plan.speak, voice=pause.plan.voice
+                pause.plan.messages,
+                pause.plan.params,
+                speak=pause.plan.speak,
+                voice=pause.plan.voice,
+                route=pause.plan.route,
             )
             pause.reply = BufferedRun(items, self._limits.preemptive_buffer_chunks)
             self._outcomes.labels("started").inc()

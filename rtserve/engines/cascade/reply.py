@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.llm_stage import LlmStage
+from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.streamed_speech import speak_streamed
 from rtserve.engines.cascade.tts import TextToSpeech
@@ -42,6 +44,7 @@ class ReplyRequest:
     messages: tuple[ChatMessage, ...]
     params: SamplingParams
     voice: str | None = None
+    route: str = ""  # labels the LLM's stage metrics
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class ReplyChain:
         llm: LlmStage | VllmTextEngine,
         tts: TextToSpeech,
         registry: CollectorRegistry,
+        metrics: CascadeMetrics,
         *,
         chunk_samples: int,
         first_piece_max_chars: int,
@@ -77,6 +81,7 @@ class ReplyChain:
         self._llm = llm
         self._tts = tts
         self._chunk = chunk_samples
+        self._metrics = metrics
         self._streams: SpeechStreams | None = None
         # The first piece alone delays the first audio: on a CPU decoding ~10-15 tokens/s a
         # 240-character opening sentence would hold it ~5 s, so it is a clause, and bounded.
@@ -93,11 +98,17 @@ class ReplyChain:
         )
 
     def run(
-        self, messages: Sequence[ChatMessage], params: SamplingParams, *, speak: bool, voice: str | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        *,
+        speak: bool,
+        voice: str | None = None,
+        route: str = "",
     ) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         pipeline = self._spoken if speak else self._text_only
         # Only the spoken pipeline has a TTS stage to take the voice marker.
-        return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None)))
+        return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None, route)))
 
     def speak(self, text: str, *, voice: str | None = None) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         """Say ``text`` as is: one token delta carrying it (then its audio, sentence by sentence)."""
@@ -114,7 +125,15 @@ class ReplyChain:
         async for request in requests:
             if request.voice is not None:
                 yield _Voice(request.voice)
+            started = time.perf_counter()
+            first_at = 0.0
             async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
+                if not first_at and delta.completion_tokens:
+                    first_at = time.perf_counter()
+                    self._metrics.turn_seconds.labels(request.route, "llm_first_token").observe(first_at - started)
+                elif delta.finish_reason is not None and delta.completion_tokens > 1 and first_at:
+                    rate = (delta.completion_tokens - 1) / max(time.perf_counter() - first_at, 1e-6)
+                    self._metrics.llm_tokens_per_second.labels(request.route).observe(rate)
                 yield delta
 
     async def _sentences(
@@ -145,7 +164,7 @@ class ReplyChain:
             spoken = speakable(item.text)
             if not spoken:
                 continue
-            pcm = await self._tts.render(spoken, voice=voice)
+            pcm = await self._tts.render(spoken, voice=voice, urgent=not spoke)
             text = f" {spoken}" if spoke else spoken
             spoke = True
             for start in range(0, len(pcm), self._chunk):

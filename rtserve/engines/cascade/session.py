@@ -42,6 +42,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.preemption import BufferedRun, Preemption, ReplyPlan
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.cascade.turn_clock import TurnClock
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
 from rtserve.engines.cascade.vad import VadEngine, VadStream
 from rtserve.engines.errors import EngineError
@@ -53,6 +54,7 @@ from rtserve.engines.events import (
     OutputText,
     OutputToolCall,
     ResponseFinished,
+    SpeechStarted,
 )
 from rtserve.engines.pipeline import StageFailed
 from rtserve.engines.turn_detection import TurnDetection
@@ -104,6 +106,7 @@ class CascadeSession:
         self._models = models
         self._options = options
         self._metrics = metrics
+        self._clock = TurnClock(metrics.turn_seconds, options.route)
         self._on_close = on_close
         rate = capabilities.input_sample_rate
         self._max_turn_samples = int(limits.max_turn_audio_s * rate)
@@ -126,7 +129,11 @@ class CascadeSession:
         self._response_meta: tuple[str, int] | None = None  # (response_id, epoch) of the running reply
         self._closed = False
         first_plan = ReplyPlan(
-            self._with_instructions(()), options.sampling or SamplingParams(), options.prompt.voice, speak=True
+            self._with_instructions(()),
+            options.sampling or SamplingParams(),
+            options.prompt.voice,
+            speak=True,
+            route=options.route,
         )
         self._preemption = Preemption(
             models.asr, models.reply, limits, first_plan, metrics.preemptive_replies, _consume_outcome
@@ -211,6 +218,10 @@ class CascadeSession:
                     self._seal(happened)
                 else:
                     self._channel.put_control(happened)
+                    if isinstance(happened, SpeechStarted):
+                        self._clock.speech_started(replying=self._response is not None)
+            if turn.speaking and not turn.pausing:
+                self._clock.heard_speech()
             self._preemption.follow(turn)
         self._maybe_partial()
 
@@ -251,6 +262,7 @@ class CascadeSession:
             task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True, live_turn=True))
             task.add_done_callback(_consume_outcome)
         self._sealed.append((turn.turn_id, task))
+        self._clock.sealed(turn.turn_id)
 
     def _reset_partials(self) -> None:
         if self._partial is not None:
@@ -274,8 +286,9 @@ class CascadeSession:
             await self._drain_input()
             if self._closed:
                 return
+            committed: int | None = None  # the VAD's turn id; None: a turn without server VAD
             if self._sealed:
-                _, final = self._sealed.popleft()
+                committed, final = self._sealed.popleft()
                 try:
                     text = await final
                 except asyncio.CancelledError:
@@ -289,6 +302,7 @@ class CascadeSession:
                 text = (
                     await self._models.asr.decode(sealed.audio, final=True, live_turn=True) if len(sealed.audio) else ""
                 )
+            self._clock.transcribed(committed)
             self._channel.put_control(InputTranscript(text, final=True))
 
     def clear_input(self) -> None:
@@ -318,7 +332,11 @@ class CascadeSession:
         self._response_meta = (request.response_id, request.epoch)
         speak = "audio" in request.modalities
         plan = ReplyPlan(
-            self._with_instructions(request.messages), request.params, request.voice if speak else None, speak
+            self._with_instructions(request.messages),
+            request.params,
+            request.voice if speak else None,
+            speak,
+            self._options.route,
         )
         if request.speak is None:
             run = self._preemption.take(plan)
@@ -340,6 +358,7 @@ class CascadeSession:
         """Stream one reply (the preemptive run when it is this one) and report how it ended."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        speech_ended = self._clock.reply_started()
         speak, show_text = plan.speak, "text" in request.modalities
         status: Literal["completed", "cancelled", "failed"] = "completed"
         reason: str | None = None
@@ -355,7 +374,9 @@ class CascadeSession:
             elif preempted is not None:
                 items = preempted.items()
             else:
-                items = self._models.reply.run(plan.messages, plan.params, speak=speak, voice=plan.voice)
+                items = self._models.reply.run(
+                    plan.messages, plan.params, speak=speak, voice=plan.voice, route=plan.route
+                )
             async with contextlib.aclosing(items):
                 async for item in items:
                     if isinstance(item, SpokenChunk):
@@ -366,6 +387,7 @@ class CascadeSession:
                         if first_audio:
                             first_audio = False
                             self._metrics.first_audio_seconds.observe(loop.time() - started)
+                            self._clock.first_audio(speech_ended)
                         continue
                     delta: TokenDelta = item
                     if delta.text and (show_text or not speak):
@@ -400,6 +422,7 @@ class CascadeSession:
         if self._response is not None and self._response_meta is not None and self._response_meta[1] < epoch:
             self._response.cancel()
             self._response = self._response_meta = None
+            self._clock.reply_cut()
 
     async def events(self) -> AsyncGenerator[EngineEvent, None]:
         while (event := await self._channel.get()) is not None:

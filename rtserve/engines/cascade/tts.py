@@ -1,8 +1,11 @@
 """Text to speech: a Piper voice (the shipped ``joe`` voice by default) or espeak-ng.
 
-Audio streams sentence by sentence: each sentence is one job on the TTS thread, so the
+Audio streams sentence by sentence: each sentence is one job on a TTS lane, so the
 first sentence plays while later ones are still being synthesized, and cancelling the
-consumer drops every sentence not yet started. Output is always 24 kHz mono float32
+consumer drops every sentence not yet started. ``lanes`` sentences are spoken at once
+(``cascade.tts_lanes``; onnxruntime runs concurrent calls on one session), and a reply's
+first piece goes before other replies' later sentences (``urgent``): those already have
+audio playing, a new reply has none yet. Output is always 24 kHz mono float32
 (Piper voices are 22.05 kHz; resampled with soxr on the TTS thread), which is the
 OpenAI Realtime/speech wire rate, so the common transports pass it through untouched.
 
@@ -49,7 +52,7 @@ from rtserve.engines.cascade.voice_sandbox import (
     speech_sample_bound,
 )
 from rtserve.engines.cascade.voices import StoredVoice, VoiceStore, sample_rate_of
-from rtserve.engines.cascade.worker import ModelWorker
+from rtserve.engines.cascade.worker import PRIORITY_HIGH, PRIORITY_LOW, ModelWorker
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.piper_voice import PiperModel
 from rtserve.engines.values import VoiceInfo
@@ -99,7 +102,7 @@ class _EspeakBackend:
 
 
 class TextToSpeech:
-    """The ``TTSEngine``; several sessions share its voice copies and its one thread."""
+    """The ``TTSEngine``; several sessions share its voice copies and its lanes."""
 
     sample_rate = SAMPLE_RATE
 
@@ -112,12 +115,13 @@ class TextToSpeech:
         metrics: CascadeMetrics,
         voice_store: VoiceStoreConfig | None = None,
         sleep_drain_timeout_s: float = 30.0,
+        lanes: int = 1,
     ) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
         self._metrics = metrics
-        self._worker = ModelWorker("tts", max_queue)
+        self._worker = ModelWorker("tts", max_queue, lanes)
         self._backend: _Backend | None = None
         self._asleep = False
         # Speech in flight (a ``synthesize`` stream not yet ended): sleep lets it finish first.
@@ -272,19 +276,23 @@ class TextToSpeech:
 
     # ------------------------------------------------------------------ speech
 
-    async def render(self, sentence: str, speed: float = 1.0, voice: str | None = None) -> FloatArray:
-        """One sentence of speech at 24 kHz (one job on the TTS thread)."""
+    async def render(
+        self, sentence: str, speed: float = 1.0, voice: str | None = None, *, urgent: bool = True
+    ) -> FloatArray:
+        """One sentence of speech at 24 kHz (one job on a TTS lane); not ``urgent`` (a reply's
+        later sentences, while its earlier audio plays) waits for urgent ones."""
         if self._backend is None:
             raise EngineSleeping() if self._asleep else ModelNotReady("the speech synthesizer is still loading")
         if voice is None or voice in self._reserved():
-            return await self._worker.run(self._render, sentence, speed)
+            priority = PRIORITY_HIGH if urgent else PRIORITY_LOW
+            return await self._worker.run(self._render, sentence, speed, priority=priority)
         stored = self._store.get(voice)
         if stored is None:
             raise EngineError(f"the voice {voice!r} was deleted", code=INVALID_VOICE)
         return await self._voices_worker.run(self._render_registered, stored, sentence, speed)
 
     def _render(self, sentence: str, speed: float) -> FloatArray:
-        """The built-in voice, on the TTS thread: stops at the first piece past the length bound."""
+        """The built-in voice, on a TTS lane: stops at the first piece past the length bound."""
         started = time.perf_counter()
         backend = self._backend
         if backend is None:

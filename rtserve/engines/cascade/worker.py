@@ -1,10 +1,13 @@
-"""One dedicated thread per model: every call on that model runs there, one at a time.
+"""Dedicated threads per model ("lanes", one by default): every call on that model runs there.
 
 The event loop hands work over with ``await worker.run(fn, ...)`` and never blocks. A model
-object is only ever touched by its own thread, so models need no locks, their intra-op
-thread pools stay bounded (``config.models.cpu_threads``), and several sessions share the
-one loaded copy. Jobs run by priority (lower first, FIFO within one), so a final
-transcript overtakes partial re-decodes. The queue is bounded: past ``max_queue`` waiting
+object is only ever touched by its own threads, so several sessions share the one loaded
+copy and its intra-op thread pools stay bounded (``config.models.cpu_threads``). With one
+lane calls run one at a time and models need no locks; with more (``cascade.asr_lanes``,
+``tts_lanes``: docs/engines.md#cascade-cores) up to that many run at once, on models whose
+calls are thread-safe (CTranslate2 with one worker per lane, onnxruntime). Jobs run by
+priority (lower first, FIFO within one), so a final transcript overtakes partial
+re-decodes. The queue is bounded: past ``max_queue`` waiting
 jobs a call fails at once with ``CapacityExhausted`` instead of growing a backlog.
 Cancelling the awaiting task drops a job that has not started yet.
 """
@@ -34,25 +37,30 @@ _Job = tuple[int, int, "concurrent.futures.Future[Any] | None", Callable[[], Any
 
 
 class ModelWorker:
-    def __init__(self, name: str, max_queue: int) -> None:
+    def __init__(self, name: str, max_queue: int, lanes: int = 1) -> None:
         self.name = name
         self._max_queue = max_queue
         self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
-        self._running = False  # written by the thread only; read as a hint
-        self._thread = threading.Thread(target=self._serve, name=f"rtserve-{name}", daemon=True)
+        self._lanes = lanes
+        self._running = 0  # jobs running now; written under ``_count_lock``, read as a hint
+        self._count_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"rtserve-{name}-{lane}", daemon=True) for lane in range(lanes)
+        ]
         self._started = False
         self._stopped = False
 
     @property
     def idle(self) -> bool:
-        """True when nothing is queued or running: lets optional work (partials) skip a busy model."""
-        return not self._running and self._jobs.empty()
+        """True when a lane is free and nothing waits: lets optional work (partials) skip a busy model."""
+        return self._running < self._lanes and self._jobs.empty()
 
     def start(self) -> None:
         if not self._started:
             self._started = True
-            self._thread.start()
+            for thread in self._threads:
+                thread.start()
 
     async def run(self, fn: Callable[..., T], *args: Any, priority: int = PRIORITY_HIGH) -> T:
         """Run ``fn(*args)`` on this worker's thread and return its result."""
@@ -74,7 +82,8 @@ class ModelWorker:
                 return
             if not future.set_running_or_notify_cancel():
                 continue
-            self._running = True
+            with self._count_lock:
+                self._running += 1
             try:
                 result = call()
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, never lost on this thread
@@ -82,10 +91,11 @@ class ModelWorker:
             else:
                 future.set_result(result)
             finally:
-                self._running = False
+                with self._count_lock:
+                    self._running -= 1
 
     def stop(self) -> None:
-        """Cancel waiting jobs and end the thread after the running one (non-blocking)."""
+        """Cancel waiting jobs and end every lane after its running job (non-blocking)."""
         if self._stopped:
             return
         self._stopped = True
@@ -96,8 +106,10 @@ class ModelWorker:
                 break
             if future is not None:
                 future.cancel()
-        self._jobs.put((_STOP_PRIORITY, next(self._order), None, None))
+        for _ in self._threads:  # one stop job per lane: each lane ends on the first it takes
+            self._jobs.put((_STOP_PRIORITY, next(self._order), None, None))
 
     def join(self, timeout: float | None = None) -> None:
         if self._started:
-            self._thread.join(timeout)
+            for thread in self._threads:
+                thread.join(timeout)

@@ -86,7 +86,7 @@ class MoshiService:
         session_id = f"moshi-{uuid.uuid4().hex[:16]}"
         session_id_var.set(session_id)
         try:
-            session = await self.engine.open_session(session_id, SessionOptions(prompt=prompt))
+            session = await self.engine.open_session(session_id, SessionOptions(prompt=prompt, route=route))
         except CapacityExhausted as exc:
             outcomes.labels(route, "busy").inc()
             await close_socket(ws, close_code(exc), BUSY_REASON)
@@ -116,7 +116,7 @@ class MoshiService:
         assert self.sessions is not None
         outcomes = self.metrics.connections_total
         try:
-            handle = await self.sessions.open(turn_session_config(prompt, self.sessions), resumable=False)
+            handle = await self.sessions.open(turn_session_config(prompt, self.sessions), resumable=False, route=route)
         except ConfigUpdateError as exc:
             outcomes.labels(route, "refused").inc()
             await close_socket(ws, WSCloseCode.POLICY_VIOLATION, exc.message)

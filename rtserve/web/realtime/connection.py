@@ -320,6 +320,7 @@ class RealtimeConnection:
                 projection=self.dialect.projection,
                 resumable=self.dialect.duplex,
                 session_id=self._query.session_id,
+                route=self.dialect.route,
             )
         except SessionError as exc:
             await self._report(realtime_error(exc, event_id=event_id, opening=True))

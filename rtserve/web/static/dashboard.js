@@ -3,7 +3,9 @@
 // Prometheus' rate() and histogram_quantile() compute them. With workers, /metrics holds
 // every process (worker samples labelled worker="i"; unlabelled: the engine process); with
 // engines as Ray actors it holds every engine actor's samples labelled engine="NAME", and the
-// cluster charts show slots used and free and the mean tick time per engine.
+// cluster charts show slots used and free and the mean tick time per engine. The cascade
+// (embedded voice agent) charts show its voice turns stage by stage, per route, over the last
+// minute (turns come seconds apart: one second between scrapes mostly holds none).
 // `window.rtserveDashboard` mirrors the latest numbers for scripts and the browser tests.
 import { LineChart } from "./charts.js";
 import { Exposition, quantile, rate } from "./prometheus-text.js";
@@ -23,12 +25,16 @@ const charts = {
   lag: new LineChart(grid, { title: "Event loop lag, p99", unit: "ms", minMax: 5 }),
   engineSlots: new LineChart(grid, { title: "Cluster: slots used and free per engine", unit: "", minMax: 2 }),
   engineTick: new LineChart(grid, { title: "Cluster: mean tick time per engine", unit: "ms", minMax: 10 }),
+  turnStages: new LineChart(grid, { title: "Voice turn stages (cascade), p50 over 1 min", unit: "ms", minMax: 100 }),
+  llmSpeed: new LineChart(grid, { title: "LLM decode speed (cascade), p50 over 1 min", unit: "tok/s", minMax: 10 }),
 };
 
 const dashboard = { scrapes: 0, error: null, latest: null };
 window.rtserveDashboard = dashboard;
 
 let previous = null;  // {at: seconds, scrape: Exposition}
+const WINDOW_S = 60;
+const history = [];  // the scrapes of the last WINDOW_S seconds, oldest first: {at, scrape}
 
 // Live-session gauges: one line per route (label) or per family (rtserve_X_connections).
 const SESSION_GAUGE = /^rtserve_(.+?)_(?:open_)?(connections|calls)$/;
@@ -47,6 +53,8 @@ const LAG = "rtserve_event_loop_lag_seconds";
 const CPU = "process_cpu_seconds_total";
 const SLOTS = "rtserve_lockstep_slots";
 const LIVE_SLOTS = "rtserve_lockstep_live_slots";
+const TURN = "rtserve_cascade_turn_seconds";
+const LLM_SPEED = "rtserve_cascade_llm_tokens_per_second";
 
 function ms(seconds) {
   return seconds === null || seconds === undefined ? null : seconds * 1000;
@@ -132,23 +140,46 @@ function cpuPercent(now, before, seconds) {
   return out;
 }
 
-function loopLagP99(now, before) {
-  const buckets = (scrape) => {
-    const name = processOf(scrape);
-    const out = new Map();
-    for (const s of scrape.samples.get(`${LAG}_bucket`) || []) {
-      const process = name(s.labels);
-      if (!out.has(process)) out.set(process, new Map());
-      const le = out.get(process);
-      le.set(s.labels.le, (le.get(s.labels.le) || 0) + s.value);
-    }
-    return out;
-  };
-  const current = buckets(now);
-  const earlier = before ? buckets(before) : new Map();
-  const out = {};
-  for (const [process, le] of current) out[process] = before ? ms(quantile(0.99, le, earlier.get(process))) : null;
+// Histogram `name`'s buckets summed per keyOf(labels): Map key -> Map le -> count.
+function bucketsBy(scrape, name, keyOf) {
+  const out = new Map();
+  for (const s of scrape.samples.get(`${name}_bucket`) || []) {
+    const key = keyOf(s.labels);
+    if (!out.has(key)) out.set(key, new Map());
+    const le = out.get(key);
+    le.set(s.labels.le, (le.get(s.labels.le) || 0) + s.value);
+  }
   return out;
+}
+
+// The q-quantile per key of what histogram `name` observed since `before` (null: nothing).
+function quantilesBy(q, now, before, name, keyOf) {
+  const earlier = before ? bucketsBy(before, name, keyOf) : new Map();
+  const out = {};
+  for (const [key, le] of bucketsBy(now, name, keyOf)) out[key] = quantile(q, le, earlier.get(key));
+  return out;
+}
+
+function loopLagP99(now, before) {
+  const out = {};
+  if (!before) {
+    for (const process of bucketsBy(now, LAG, processOf(now)).keys()) out[process] = null;
+    return out;
+  }
+  for (const [process, p99] of Object.entries(quantilesBy(0.99, now, before, LAG, processOf(now)))) {
+    out[process] = ms(p99);
+  }
+  return out;
+}
+
+// The cascade's voice turns over the window: p50 ms per "stage route", LLM tokens/s per route.
+function voiceTurns(now, oldest) {
+  if (!now.has(`${TURN}_count`) && !now.types.has(TURN)) return null;
+  const stages = {};
+  for (const [key, p50] of Object.entries(quantilesBy(0.5, now, oldest, TURN, (l) => `${l.stage} ${l.route}`))) {
+    stages[key] = ms(p50);
+  }
+  return { stages, llmTokensPerS: quantilesBy(0.5, now, oldest, LLM_SPEED, (l) => l.route || "(no route)") };
 }
 
 function update(now, at) {
@@ -161,10 +192,13 @@ function update(now, at) {
   }
   const underruns = now.has("rtserve_lockstep_underruns_total")
     ? { underruns: perSecond(now, before, seconds, "rtserve_lockstep_underruns_total") } : {};
+  while (history.length && history[0].at < at - WINDOW_S) history.shift();
+  const oldest = history.length ? history[0].scrape : null;
   const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, drops,
                    cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before),
-                   engines: engines(now, before) };
+                   engines: engines(now, before), voiceTurns: voiceTurns(now, oldest) };
   previous = { at, scrape: now };
+  history.push(previous);
   dashboard.latest = latest;
   dashboard.scrapes += 1;
 
@@ -192,6 +226,13 @@ function update(now, at) {
   if (!Object.keys(latest.engines).length) {
     charts.engineSlots.readout.textContent = "no engine actors (not a Ray cluster front-end)";
     charts.engineTick.readout.textContent = "no engine actors (not a Ray cluster front-end)";
+  }
+  const turns = latest.voiceTurns;
+  charts.turnStages.push(turns ? turns.stages : {});
+  charts.llmSpeed.push(turns ? turns.llmTokensPerS : {});
+  if (!turns) {
+    charts.turnStages.readout.textContent = "no cascade engine on this server";
+    charts.llmSpeed.readout.textContent = "no cascade engine on this server";
   }
 }
 

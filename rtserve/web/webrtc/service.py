@@ -82,7 +82,9 @@ class WebRtcService:
             )
         config = call_config([bound_session, offer.session], capabilities, self._config.sessions)
         try:
-            handle = await self._realtime.sessions.open(config, projection=WebRtcProjection(), resumable=False)
+            handle = await self._realtime.sessions.open(
+                config, projection=WebRtcProjection(), resumable=False, route=CALLS_ROUTE
+            )
         except SessionError as exc:
             raise api_error(exc) from None
         dialect = Dialect(

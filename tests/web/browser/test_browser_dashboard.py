@@ -108,3 +108,50 @@ async def test_dashboard_tells_processes_apart_and_sums_workers(config: ServerCo
     assert tick["mean"] == pytest.approx(48.0) and tick["budget"] == pytest.approx(80.0)
     # p99 of 9 ticks <= 80 ms and 1 in (80, 160]: rank 9.9 is 90 % into that bucket.
     assert tick["p99"] == pytest.approx(80 + 80 * 0.9)
+
+
+def cascade_exposition(scrape: int) -> str:
+    """The cascade's voice turn families after ``scrape`` scrapes: every turn's first audio came
+    0.5-1 s after its end of speech, every reply decoded at 10-20 tokens/s."""
+    turns, replies = scrape, 2 * scrape
+    lines = [
+        "# TYPE rtserve_cascade_turn_seconds histogram",
+        'rtserve_cascade_turn_seconds_bucket{route="/v1/realtime",stage="first_audio",le="0.5"} 0',
+        f'rtserve_cascade_turn_seconds_bucket{{route="/v1/realtime",stage="first_audio",le="1.0"}} {turns}',
+        f'rtserve_cascade_turn_seconds_bucket{{route="/v1/realtime",stage="first_audio",le="+Inf"}} {turns}',
+        f'rtserve_cascade_turn_seconds_count{{route="/v1/realtime",stage="first_audio"}} {turns}',
+        f'rtserve_cascade_turn_seconds_sum{{route="/v1/realtime",stage="first_audio"}} {0.75 * turns}',
+        "# TYPE rtserve_cascade_llm_tokens_per_second histogram",
+        'rtserve_cascade_llm_tokens_per_second_bucket{route="/api/chat",le="10.0"} 0',
+        f'rtserve_cascade_llm_tokens_per_second_bucket{{route="/api/chat",le="20.0"}} {replies}',
+        f'rtserve_cascade_llm_tokens_per_second_bucket{{route="/api/chat",le="+Inf"}} {replies}',
+        f'rtserve_cascade_llm_tokens_per_second_count{{route="/api/chat"}} {replies}',
+        f'rtserve_cascade_llm_tokens_per_second_sum{{route="/api/chat"}} {15 * replies}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def test_dashboard_charts_the_voice_turn_stages_per_route(config: ServerConfig, tmp_path: Path) -> None:
+    scrapes = 0
+
+    async def fulfill(route) -> None:
+        nonlocal scrapes
+        scrapes += 1
+        await route.fulfill(
+            status=200, body=cascade_exposition(scrapes), headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+    async with running(loopback_config(config)) as base, chromium(write_voice_wav(tmp_path / "voice.wav")) as context:
+        await context.route("**/metrics", fulfill)
+        page = await context.new_page()
+        errors = console_errors(page)
+        await page.goto(base + "/dashboard")
+        latest = await until(page, "rtserveDashboard.scrapes >= 3 && rtserveDashboard.latest", what="three scrapes")
+        readout = await page.text_content("#charts .chart:nth-last-child(2) output")
+        assert errors() == []
+
+    turns = latest["voiceTurns"]
+    # p50 of observations all in (0.5, 1] s: half way through that bucket, as histogram_quantile says.
+    assert turns["stages"] == {"first_audio /v1/realtime": pytest.approx(750.0)}
+    assert turns["llmTokensPerS"] == {"/api/chat": pytest.approx(15.0)}
+    assert readout.startswith("750 ms")  # the turn stages chart

@@ -13,6 +13,7 @@ import aiohttp
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.config import ServerConfig
 from tests.web.realtime.test_realtime_sdk import SdkReader
@@ -35,6 +36,17 @@ VAD_WINDOW_MS = 32  # Silero's 512-sample window at 16 kHz: a detected start may
 
 def words(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def observed(exposition: str, family: str, **labels: str) -> float:
+    """How many observations histogram ``family`` counted under ``labels`` (any further labels summed)."""
+    return sum(
+        sample.value
+        for metric in text_string_to_metric_families(exposition)
+        if metric.name == family
+        for sample in metric.samples
+        if sample.name == f"{family}_count" and labels.items() <= sample.labels.items()
+    )
 
 
 def heard_most_of(heard: str, said: str) -> bool:
@@ -116,6 +128,12 @@ async def test_spoken_question_gets_a_transcript_and_a_spoken_answer(config: Ser
     # The answer the session asked for is the one the engine had started in the pause that ended
     # the turn (same conversation, sampling and voice): the session core and the engine agree.
     assert 'rtserve_cascade_preemptive_replies_total{outcome="adopted"} 1.0' in metrics
+    # The turn, stage by stage, on its route (docs/engines.md#cascade-turn-metrics).
+    for stage in ("transcript", "first_audio"):  # one turn answered
+        assert observed(metrics, "rtserve_cascade_turn_seconds", route="/v1/realtime", stage=stage) == 1, stage
+    # At least the adopted reply's request (a reply started in an earlier pause may have been dropped).
+    assert observed(metrics, "rtserve_cascade_turn_seconds", route="/v1/realtime", stage="llm_first_token") >= 1
+    assert observed(metrics, "rtserve_cascade_llm_tokens_per_second", route="/v1/realtime") >= 1
 
 
 async def test_speech_over_a_spoken_answer_cuts_it_off_at_once(config: ServerConfig) -> None:
@@ -189,6 +207,10 @@ async def test_speech_over_a_spoken_answer_cuts_it_off_at_once(config: ServerCon
             finally:
                 speaking.cancel()
                 await asyncio.gather(speaking, return_exceptions=True)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as resp:
+            metrics = await resp.text()
+    # The cut is timed: speech detected over the story -> the story fenced off.
+    assert observed(metrics, "rtserve_cascade_turn_seconds", route="/v1/realtime", stage="barge_in_cut") == 1
     events = reader.events
     first = first_done["response"]["id"]
     cut = events.index(started)
