@@ -71,7 +71,8 @@ class VideoStreamConnection:
         self.request_id = f"video_{secrets.token_hex(8)}"
 
     async def send(self, event: dict[str, Any]) -> None:
-        await asyncio.wait_for(self._ws.send_str(json.dumps(event)), self._limits.send_timeout_s)
+        async with asyncio.timeout(self._limits.send_timeout_s):
+            await self._ws.send_str(json.dumps(event))
 
     async def _receive_event(self) -> dict[str, Any] | None:
         """The next client event; None when the socket closed. Bad JSON is answered, then skipped."""
@@ -184,7 +185,8 @@ class VideoStreamConnection:
             }
         )
         try:
-            await asyncio.wait_for(self._ws.send_bytes(data), self._limits.send_timeout_s)
+            async with asyncio.timeout(self._limits.send_timeout_s):
+                await self._ws.send_bytes(data)
         except TimeoutError:
             raise RtserveError(
                 f"The client took no video for {self._limits.send_timeout_s:g} s.", code=OUTPUT_BACKPRESSURE
@@ -221,7 +223,10 @@ class VideoStreamConnection:
         while True:
             self._alive.clear()
             try:
-                await asyncio.wait_for(self._alive.wait(), self._limits.stall_timeout_s)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that lands
+                # as the event is set, and this watcher would then outlive its connection.
+                async with asyncio.timeout(self._limits.stall_timeout_s):
+                    await self._alive.wait()
             except TimeoutError:
                 raise RtserveError(
                     f"No generation progress for {self._limits.stall_timeout_s:g} s.", code=GENERATION_STALLED
