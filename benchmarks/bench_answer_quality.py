@@ -9,7 +9,12 @@ same transcripts go to every LLM configuration, side by side in one run:
   default temperature 0.8, top_p 1.0, no ceiling);
 * ``after``: the configured defaults (``cascade.llm_runtime`` and the sampling ceilings
   ``cascade.llm_max_temperature`` / ``llm_max_top_p``), requests still asking for 0.8;
-* with ``--all``, the other two combinations, to tell the runtime's part from the sampling's.
+* with ``--all``, the other two combinations, to tell the runtime's part from the sampling's;
+* with ``--compare`` (issue 34) instead: the configured defaults against each other choice of
+  CTranslate2 compute type (``cascade.llm_compute_type``) and system prompt
+  (``PROMPTS``), all on the same transcripts, and then the best of those on the transcripts
+  of each ``--asr`` model (``NAME=PATH``, a faster-whisper folder), with each model's word
+  error rate on the 20 questions and median decode time.
 
 Rubric (``RUBRIC`` below; no judging by eye). An answer passes when ALL of these hold:
 
@@ -132,6 +137,9 @@ class Variant:
     name: str
     runtime: str
     capped: bool  # the sampling ceilings of the configured defaults; else none (today)
+    compute_type: str | None = None  # cascade.llm_compute_type; None: the configured one
+    instructions: str = DEFAULT_INSTRUCTIONS  # the voice session's system prompt
+    heard_by: str = ""  # which ASR's transcripts it answers ("": the configured model's)
 
 
 VARIANTS = (
@@ -144,15 +152,49 @@ MIXED = (
 )
 
 
+# System prompts --compare tries: the default, the one before issue 34, another short one.
+PREVIOUS_INSTRUCTIONS = (
+    "You are a friendly voice assistant. Answer in one or two short, plain spoken sentences, without lists or markup."
+)
+PROMPTS = {
+    "default": DEFAULT_INSTRUCTIONS,
+    "previous": PREVIOUS_INSTRUCTIONS,
+    "plain": "Answer the user's question correctly, in one short spoken sentence.",
+}
+
+
 def config_for(variant: Variant) -> ServerConfig:
     cascade: dict[str, object] = {"llm_runtime": variant.runtime}
     if not variant.capped:
         cascade.update(llm_max_temperature=2.0, llm_max_top_p=1.0)
+    if variant.compute_type is not None:
+        cascade["llm_compute_type"] = variant.compute_type
     return load_config(environ={}, overrides={"cascade": cascade})
 
 
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(word edits, reference words) between two texts, case and punctuation ignored."""
+    ref, hyp = (re.findall(r"[a-z0-9']+", text.lower()) for text in (reference, hypothesis))
+    row = list(range(len(hyp) + 1))
+    for i, word in enumerate(ref, 1):
+        diagonal, row[0] = row[0], i
+        for j, heard in enumerate(hyp, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (word != heard))
+    return row[-1], len(ref)
+
+
+def word_error_rate(heard: list[str]) -> float:
+    edits, words = map(sum, zip(*(word_errors(q.text, h) for q, h in zip(RUBRIC, heard, strict=True)), strict=True))
+    return edits / words
+
+
 async def transcripts(config: ServerConfig) -> list[str]:
-    """Each question spoken by Piper and heard by Whisper."""
+    """Each question spoken by Piper and heard by Whisper (as a voice turn: the short window)."""
+    return (await timed_transcripts(config))[0]
+
+
+async def timed_transcripts(config: ServerConfig) -> tuple[list[str], float]:
+    """The transcripts and the median decode time (s)."""
     models = resolve_models(config.models)
     metrics = CascadeMetrics(CollectorRegistry())
     tts = TextToSpeech(models.tts, cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)
@@ -166,15 +208,19 @@ async def transcripts(config: ServerConfig) -> list[str]:
         metrics=metrics,
     )
     await asyncio.gather(tts.start(), asr.start())
-    heard = []
+    heard, seconds = [], []
     try:
         for question in RUBRIC:
-            audio = np.concatenate([chunk async for chunk in tts.synthesize(question.text)])
-            heard.append(await asr.decode(resample(audio, tts.sample_rate, ASR_RATE), final=True, live_turn=True))
+            audio = resample(
+                np.concatenate([chunk async for chunk in tts.synthesize(question.text)]), tts.sample_rate, ASR_RATE
+            )
+            started = time.perf_counter()
+            heard.append(await asr.decode(audio, final=True, live_turn=True))
+            seconds.append(time.perf_counter() - started)
     finally:
         tts.stop()
         asr.stop()
-    return heard
+    return heard, float(np.median(seconds))
 
 
 async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
@@ -183,7 +229,7 @@ async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
     await llm.start()
 
     async def ask(text: str) -> tuple[str, str | None]:
-        messages = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", text))
+        messages = (ChatMessage("system", variant.instructions), ChatMessage("user", text))
         params = SamplingParams(temperature=SESSION_TEMPERATURE, max_tokens=MAX_TOKENS)
         deltas = [d async for d in llm.generate(messages, params, fit_history=True)]
         return "".join(d.text for d in deltas).strip(), deltas[-1].finish_reason
@@ -209,6 +255,8 @@ async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
     passed = sum(not row["problems"] for row in rows)
     return {
         "variant": variant.name,
+        "compute_type": config.cascade.llm_compute_type,
+        "instructions": variant.instructions,
         "score": 20 * passed / len(rows),
         "passed": passed,
         "asked": len(rows),
@@ -222,22 +270,53 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--show", action="store_true", help="print every answer and the rubric's complaints")
     parser.add_argument("--all", action="store_true", help="also the runtime/sampling cross combinations")
+    parser.add_argument("--compare", action="store_true", help="compute types, prompts and --asr models (issue 34)")
+    parser.add_argument("--asr", action="append", default=[], help="with --compare: NAME=PATH of another Whisper")
     args = parser.parse_args()
-    heard = await transcripts(config_for(VARIANTS[0]))
+    base_config = config_for(VARIANTS[0])
+    heard, decode_s = await timed_transcripts(base_config)
+    hearing = {"": (heard, decode_s)}
+    for option in args.asr:
+        name, _, path = option.partition("=")
+        other = base_config.model_copy(update={"models": base_config.models.model_copy(update={"asr": path})})
+        hearing[name] = await timed_transcripts(other)
+    for name, (texts, seconds) in hearing.items():
+        print(
+            f"ASR {name or base_config.models.asr or 'default'}: word error rate {100 * word_error_rate(texts):.1f}%, "
+            f"median decode {1000 * seconds:.0f} ms",
+            flush=True,
+        )
+    variants: list[Variant] = [*VARIANTS, *(MIXED if args.all else ())]
+    if args.compare:
+        variants = [
+            Variant(f"{compute}, prompt {prompt}", "ctranslate2", True, compute, PROMPTS[prompt])
+            for compute in ("int8", "int8_float32", "float32")
+            for prompt in PROMPTS
+        ]
     results = []
-    for variant in (*VARIANTS, *(MIXED if args.all else ())):
-        results.append(await ask_all(variant, heard))
+    for variant in variants:
+        results.append(await ask_all(variant, hearing[variant.heard_by][0]))
         print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
+    if args.compare and len(hearing) > 1:
+        best = max(zip(variants, results, strict=True), key=lambda pair: float(pair[1]["score"]))[0]  # type: ignore[arg-type]
+        for name in hearing:
+            if name:
+                variant = Variant(
+                    f"{best.name}, heard by {name}", "ctranslate2", True, best.compute_type, best.instructions, name
+                )
+                variants.append(variant)
+                results.append(await ask_all(variant, hearing[name][0]))
+                print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
     capped = load_config(environ={}).cascade
     print(
         f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
         f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
         f"capped = llm_max_temperature {capped.llm_max_temperature}, llm_max_top_p {capped.llm_max_top_p}"
     )
-    print(f"{'configuration':42} {'score /20':>9} {'passed':>8} {'seconds':>8}")
+    print(f"{'configuration':56} {'score /20':>9} {'passed':>8} {'seconds':>8}")
     for result in results:
         print(
-            f"{result['variant']:42} {result['score']:9.1f} {result['passed']:>4}/{result['asked']:<3} "
+            f"{result['variant']:56} {result['score']:9.1f} {result['passed']:>4}/{result['asked']:<3} "
             f"{result['seconds']:8.1f}"
         )
     if args.show:
@@ -254,6 +333,10 @@ async def main() -> None:
                 "cpus": os.cpu_count(),
                 "load": os.getloadavg()[0],
                 "heard": heard,
+                "asr": {
+                    name or "default": {"heard": texts, "word_error_rate": word_error_rate(texts), "median_decode_s": s}
+                    for name, (texts, s) in hearing.items()
+                },
                 "results": results,
             },
             indent=1,
