@@ -50,7 +50,7 @@ async def speak(stream: TTSStream, text: str) -> tuple[float, float, int]:
 
 
 async def scenario(engine: KyutaiTTSEngine, busy: int, runs: int) -> dict[str, float]:
-    firsts, totals = [], []
+    firsts, totals, per_frame = [], [], []
     for run in range(runs):
         background = []
         for index in range(busy):
@@ -58,14 +58,16 @@ async def scenario(engine: KyutaiTTSEngine, busy: int, runs: int) -> dict[str, f
             background.append(asyncio.create_task(speak(stream, LONG)))
         await asyncio.sleep(0.3 if busy else 0.0)  # the others are mid-speech
         stream = await engine.open_stream(f"fresh{run}", "alice")
-        first, total, _ = await speak(stream, SENTENCE)
+        first, total, frames = await speak(stream, SENTENCE)
         firsts.append(first)
         totals.append(total)
+        per_frame.append(total / max(frames, 1))
         await asyncio.gather(*background)
     return {
         "first_audio_p50_ms": 1e3 * statistics.median(firsts),
         "first_audio_max_ms": 1e3 * max(firsts),
         "speech_p50_ms": 1e3 * statistics.median(totals),
+        "ms_per_frame_p50": 1e3 * statistics.median(per_frame),  # 80 when paced and keeping up
     }
 
 
@@ -107,12 +109,15 @@ def main() -> None:
             mode: asyncio.run(measure(weights, mode == "run ahead", args.busy, args.runs))
             for mode in ("paced", "run ahead")
         }
-    print(f"{'mode':<10} {'scenario':<14} {'first audio p50 ms':>19} {'max ms':>8} {'whole speech p50 ms':>20}")
+    print(
+        f"{'mode':<10} {'scenario':<14} {'first audio p50 ms':>19} {'max ms':>8} {'whole speech p50 ms':>20}"
+        f" {'ms/frame':>9}"
+    )
     for mode, scenarios in results.items():
         for name, row in scenarios.items():
             print(
                 f"{mode:<10} {name:<14} {row['first_audio_p50_ms']:>19.0f} {row['first_audio_max_ms']:>8.0f} "
-                f"{row['speech_p50_ms']:>20.0f}"
+                f"{row['speech_p50_ms']:>20.0f} {row['ms_per_frame_p50']:>9.0f}"
             )
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
