@@ -22,6 +22,7 @@ MYPY_TESTS = \
 	tests/codecs/test_fuzz_decoders.py \
 	tests/codecs/test_g711.py \
 	tests/codecs/test_wav.py \
+	tests/engines/cascade/test_cascade_stream_asr.py \
 	tests/engines/cascade/test_cascade_tts_stream.py \
 	tests/engines/cascade/test_voice_sandbox.py \
 	tests/engines/lockstep/lockstep_fakes.py \

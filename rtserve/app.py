@@ -67,10 +67,13 @@ async def _on_cleanup(app: web.Application) -> None:
 
 
 def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStreamEngine | None:
-    """The Kyutai STT engine behind ``/api/asr-streaming`` when ``stt_engine.weights`` is set
-    (in this front-end process: docs/engines.md#kyutai-stt-engine); else the app's ASR engine
-    (the cascade's Whisper) cut by a VAD in this process, where the engine lends one
-    (docs/serving.md#asr-streaming)."""
+    """The Kyutai STT engine behind ``/api/asr-streaming`` when ``stt_engine.weights`` is set: the
+    one the cascade hears with where it lends it (``cascade.asr: stt_engine``, engines in this
+    process), else one of this front-end's own (docs/engines.md#kyutai-stt-engine); without
+    weights the app's ASR engine (the cascade's Whisper) cut by a VAD in this process, where
+    the engine lends one (docs/serving.md#asr-streaming)."""
+    if ctx.turn_engines.stt is not None:
+        return ctx.turn_engines.stt
     if not config.stt_engine.weights:
         if ctx.turn_engines.asr is None:
             return None
@@ -149,7 +152,8 @@ def build_app(
     http.setup(app)
     openpi.setup(app)
     moshi.setup(app)
-    asr_streaming.setup(app, _speech_stream_engine(config, app[CTX]))
+    stt = _speech_stream_engine(config, app[CTX])
+    asr_streaming.setup(app, stt, owned=stt is not app[CTX].turn_engines.stt)
     tts_streaming.setup(app, speech or _tts_stream_engine(config), owned=speech is None)
     images.setup(app, _image_engine(config))
     realtime.setup(app)

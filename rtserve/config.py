@@ -628,6 +628,17 @@ class ModelPaths(_Section):
     voice_prompt_dir: str | None = Field(None, description="directory that voice_prompt names resolve inside")
 
 
+class SemanticVadThresholds(_Section):
+    """``semantic_vad`` on the streaming STT (``cascade.asr: stt_engine``): a pause in the user's
+    speech ends the turn at once when the STT's end-of-turn head says at least this (per
+    eagerness); otherwise the pause of the eagerness ends it (docs/engines.md#cascade-streaming-asr)."""
+
+    high: float = Field(0.5, ge=0, le=1, description="eagerness high: the turn ends on an even chance")
+    medium: float = Field(0.75, ge=0, le=1, description="eagerness medium")
+    auto: float = Field(0.75, ge=0, le=1, description="eagerness auto (as medium)")
+    low: float = Field(0.9, ge=0, le=1, description="eagerness low: the head must be nearly sure")
+
+
 class CascadeLimits(_Section):
     """The cascade engine's (VAD -> ASR -> LLM -> TTS) per-session and per-model limits."""
 
@@ -674,6 +685,17 @@ class CascadeLimits(_Section):
         "transformers round-robin); more wait. Unset: 4 per LLM lane (docs/engines.md#cascade-cores)",
     )
     llm_max_waiting: int = Field(64, ge=0, description="LLM requests waiting for a decode slot; beyond -> busy")
+    asr: Literal["whisper", "stt_engine"] = Field(
+        "whisper",
+        description="what realtime sessions hear with: whisper (the embedded Whisper, re-decoding each "
+        "VAD-cut turn) or stt_engine (the streaming Kyutai STT of stt_engine.weights, in the engine "
+        "process: word-by-word transcripts, semantic_vad on its end-of-turn head; "
+        "docs/engines.md#cascade-streaming-asr)",
+    )
+    semantic_vad: SemanticVadThresholds = Field(
+        default_factory=SemanticVadThresholds,
+        description="cascade.asr stt_engine: the end-of-turn probabilities semantic_vad's eagerness maps to",
+    )
     llm_context_tokens: int = Field(2048, ge=256, description="prompt + reply token budget of one LLM request")
     llm_engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="the voice replies' LLM: the embedded CPU model, or the vLLM server of http.vllm"
@@ -1190,6 +1212,12 @@ class ServerConfig(_Section):
     video_input: VideoInputConfig = VideoInputConfig()
     ssl_certfile: str | None = Field(None, description="PEM certificate chain: serve HTTPS/WSS (with ssl_keyfile)")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
+
+    @model_validator(mode="after")
+    def _stt_for_the_cascade(self) -> ServerConfig:
+        if self.cascade.asr == "stt_engine" and not self.stt_engine.weights:
+            raise ValueError("cascade.asr 'stt_engine' needs stt_engine.weights (the streaming STT to hear with)")
+        return self
 
     @model_validator(mode="after")
     def _fill_client_secret_keys(self) -> ServerConfig:

@@ -98,6 +98,7 @@ UNSUPPORTED_LANGUAGE = "unsupported_language"
 INVALID_VOICE = "invalid_voice"
 SESSION_BUSY = "session_busy"  # a streaming-speech session.config while text waits to be spoken
 TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server with no TTS at all
+ASR_STREAMING_UNAVAILABLE = "asr_streaming_unavailable"  # /api/asr-streaming on a server with no ASR at all
 STREAM_ALREADY_ENDED = "stream_already_ended"  # /api/tts_streaming: text or Eos after the Eos
 IMAGES_UNAVAILABLE = "images_unavailable"  # /v1/images/* on a server with no image engine (image_engine.weights)
 # Voices (POST/DELETE /v1/audio/voices)

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.kyutai_tts.service import SpeaksWithStreams, TTSStreamEngine
 from rtserve.engines.policy.batcher import PolicyBatcher
-from rtserve.engines.protocols import HostedSessionEngine, TTSEngine, TurnEngines
+from rtserve.engines.protocols import HostedSessionEngine, TTSEngine
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.sleep import SleepController
 from rtserve.weights import BOARD, DownloadStatus
@@ -48,7 +48,7 @@ class EngineSet:
         lent = self.session_engine.turn_engines()
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
         self.turn_engines = (
-            lent if self._text_engine is None else TurnEngines(asr=lent.asr, llm=self._text_engine, tts=lent.tts)
+            lent if self._text_engine is None else dataclasses.replace(lent, llm=self._text_engine)
         )
         if speech is not None:  # and the Kyutai TTS engine its TTS for speech
             self.turn_engines = dataclasses.replace(self.turn_engines, tts=speech)

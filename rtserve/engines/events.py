@@ -24,6 +24,9 @@ class SpeechStopped:
 class InputTranscript:
     text: str
     final: bool
+    # A partial that extends the partials before it (a streaming recognizer's next word) rather
+    # than replacing them (a re-decoded hypothesis): it is never coalesced away.
+    extends: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.events import EngineEvent
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import (
     ChatMessage,
@@ -209,6 +210,9 @@ class TurnEngines:
     asr: ASREngine | None = None
     llm: LLMEngine | None = None
     tts: TTSEngine | None = None
+    # The streaming speech-to-text engine the session engine hears with (``cascade.asr:
+    # stt_engine``), lent to ``/api/asr-streaming`` in the same process: one model copy.
+    stt: SpeechStreamEngine | None = None
 
 
 class SessionEngine(Protocol):

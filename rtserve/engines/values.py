@@ -29,6 +29,8 @@ class EngineCapabilities:
     supports_barge_in: bool
     supports_text_output: bool = True
     supports_server_vad: bool = False
+    # ``semantic_vad`` turn detection: the turn's end judged from what was said, not only the pause
+    supports_semantic_vad: bool = False
     modalities: tuple[str, ...] = ("audio", "text")
     supports_tools: bool = False  # responses can call functions (``tools`` of session.update)
     supports_speak: bool = False  # a response can say given text verbatim (``ResponseRequest.speak``)
@@ -50,6 +52,7 @@ class EngineCapabilities:
             "supports_barge_in": self.supports_barge_in,
             "supports_text_output": self.supports_text_output,
             "supports_server_vad": self.supports_server_vad,
+            "supports_semantic_vad": self.supports_semantic_vad,
             "modalities": list(self.modalities),
             "supports_tools": self.supports_tools,
             # The keys vLLM-Omni's duplex clients read (docs/sessions.md#capabilities): a lockstep model owns

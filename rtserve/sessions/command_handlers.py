@@ -307,6 +307,16 @@ class CommandHandlers:
                 param="session.tools",
             )
             return
+        vad = config.turn_detection
+        if vad is not None and vad.type == "semantic_vad" and not self.capabilities.supports_semantic_vad:
+            self._output.error(
+                errors.UNSUPPORTED_TURN_DETECTION,
+                f"The {self.capabilities.name} engine has no end-of-turn model for semantic_vad; use server_vad "
+                "(the cascade takes it, docs/engines.md#cascade-streaming-asr)",
+                related=c.event_id,
+                param="session.audio.input.turn_detection",
+            )
+            return
         if config.turn_detection != self.config.turn_detection:
             self._configure_turn_detection(config)  # an EngineError leaves the config as it was
         self.config = config

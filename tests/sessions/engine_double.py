@@ -177,6 +177,7 @@ class TestDoubleEngine:
         max_sessions: int = 1024,
         supports_barge_in: bool = True,
         supports_server_vad: bool = True,
+        supports_semantic_vad: bool = True,
         output_sample_rate: int = 24000,
         input_sample_rate: int = 24000,
         chunk_period_ms: int = 80,
@@ -190,6 +191,7 @@ class TestDoubleEngine:
             max_sessions=max_sessions,
             supports_barge_in=supports_barge_in,
             supports_server_vad=supports_server_vad,
+            supports_semantic_vad=supports_semantic_vad,
         )
         self.sessions: dict[str, TestDoubleEngineSession] = {}
         self.closed_sessions: list[str] = []

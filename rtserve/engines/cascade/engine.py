@@ -8,16 +8,22 @@ they exist from construction and work once ``start`` has returned.
 
 Rates: input 16 kHz (what Silero and Whisper take); output 24 kHz (Piper's 22.05 kHz
 resampled, the OpenAI wire rate). Reply audio comes in 40 ms chunks.
+
+With ``cascade.asr: stt_engine`` sessions hear with the streaming Kyutai STT instead of
+Whisper (``stream_asr``): this engine builds it (in the engine process, beside the other
+models), starts and stops it, and lends it (``turn_engines().stt``) so that
+``/api/asr-streaming`` in the same process serves from the same model copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ServerConfig
+from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.cascade import asr as asr_module
 from rtserve.engines.cascade import tts as tts_module
 from rtserve.engines.cascade import vad as vad_module
@@ -29,9 +35,12 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
 from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
+from rtserve.engines.cascade.stream_asr import StreamAsr
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
 from rtserve.engines.errors import CapacityExhausted
+from rtserve.engines.events import EngineEvent
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import SpeechStreams
 from rtserve.engines.protocols import SleepStage, TurnEngines
 from rtserve.engines.values import EngineCapabilities, SessionOptions
@@ -60,6 +69,7 @@ class CascadeEngine:
             max_sessions=config.sessions.max_sessions,
             supports_barge_in=True,
             supports_server_vad=True,
+            supports_semantic_vad=True,
             supports_tools=True,
             supports_speak=True,
             supports_vision=self.llm.supports_vision,
@@ -99,6 +109,7 @@ class CascadeEngine:
                 first_clause_min_chars=limits.first_clause_min_chars,
             ),
         )
+        self.stt = _streaming_stt(config)
         self._sessions: set[CascadeSession] = set()
         self._ready = False
 
@@ -107,7 +118,10 @@ class CascadeEngine:
         return self._ready
 
     async def start(self) -> None:
-        await asyncio.gather(self.vad.start(), self.asr.start(), self.tts.start(), self.llm.start())
+        stt = [self.stt.start()] if self.stt is not None else []
+        await asyncio.gather(self.vad.start(), self.asr.start(), self.tts.start(), self.llm.start(), *stt)
+        if self.stt is not None and self.stt.failure is not None:
+            raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
         self._ready = True
 
     async def open_session(self, session_id: str, options: SessionOptions) -> CascadeSession:
@@ -126,10 +140,19 @@ class CascadeEngine:
             self._config.sessions.max_pending_turns_per_session,
             self._metrics,
             on_close=self._forget,
+            hearing=self._hearing(session_id),
         )
         self._sessions.add(session)
         self._metrics.sessions.set(len(self._sessions))
         return session
+
+    def _hearing(self, session_id: str) -> Callable[[Callable[[EngineEvent], None]], StreamAsr] | None:
+        """A stream on the streaming STT for a new session (``CapacityExhausted`` when none is free)."""
+        stt = self.stt
+        if stt is None:
+            return None
+        stream = stt.open_stream(session_id)
+        return lambda report: StreamAsr(stream, asr_module.SAMPLE_RATE, stt.sample_rate, stt.release_timeout_s, report)
 
     def _forget(self, session: CascadeSession) -> None:
         self._sessions.discard(session)
@@ -140,6 +163,8 @@ class CascadeEngine:
         await asyncio.gather(*(session.close() for session in list(self._sessions)), return_exceptions=True)
         for model in (self.vad, self.asr, self.tts, self.llm):
             model.stop()
+        if self.stt is not None:
+            await self.stt.stop()
 
     def speak_with(self, streams: SpeechStreams) -> bool:
         """The process's Kyutai TTS engine (24 kHz, the output rate): sessions speak with it under
@@ -153,11 +178,21 @@ class CascadeEngine:
         return [self.llm.model_name, self.asr.model_name, self.tts.model_name]
 
     def turn_engines(self) -> TurnEngines:
-        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts)
+        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts, stt=self.stt)
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
         """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS."""
         return (self.vad, self.asr, self.llm, self.tts)
+
+
+def _streaming_stt(config: ServerConfig) -> SpeechStreamEngine | None:
+    if config.cascade.asr != "stt_engine":
+        return None
+    if not config.stt_engine.weights:
+        raise ConfigError("cascade.asr 'stt_engine' needs stt_engine.weights (the streaming STT to hear with)")
+    from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
+
+    return KyutaiSttEngine(config)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:

@@ -3,8 +3,9 @@
 Two lanes, read control-first:
 
 * input events (speech started/stopped, transcripts): never wait, so a barge-in's
-  ``SpeechStarted`` is never stuck behind queued reply audio. A newer partial transcript
-  replaces an unread older one; past ``max_control`` unread events the oldest is dropped.
+  ``SpeechStarted`` is never stuck behind queued reply audio. A newer re-decoded partial
+  transcript replaces an unread older one (a partial that ``extends`` the others never does);
+  past ``max_control`` unread events the oldest is dropped.
 * reply output (text, audio, response end): bounded by queued audio samples; a producer
   over the bound waits (backpressure reaches the TTS, then the LLM).
 
@@ -52,9 +53,9 @@ class EventChannel:
     def put_control(self, event: EngineEvent) -> None:
         if self._closed:
             return
-        if isinstance(event, InputTranscript) and not event.final:
+        if isinstance(event, InputTranscript) and not event.final and not event.extends:
             last = self._control[-1] if self._control else None
-            if isinstance(last, InputTranscript) and not last.final:
+            if isinstance(last, InputTranscript) and not last.final and not last.extends:
                 self._control.pop()
         if len(self._control) >= self._max_control:
             log.warning("session core is not reading engine events; dropped %s", type(self._control[0]).__name__)

@@ -34,13 +34,14 @@ from typing import Literal
 import numpy as np
 
 from rtserve.codecs.pcm import FloatArray
-from rtserve.config import CascadeLimits
+from rtserve.config import CascadeLimits, SemanticVadThresholds
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
 from rtserve.engines.cascade.events import EventChannel
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.preemption import BufferedRun, Preemption, ReplyPlan
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
+from rtserve.engines.cascade.stream_asr import StreamAsr
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.turn_clock import TurnClock
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
@@ -100,7 +101,10 @@ class CascadeSession:
         max_pending_turns: int,
         metrics: CascadeMetrics,
         on_close: Callable[[CascadeSession], None],
+        hearing: Callable[[Callable[[EngineEvent], None]], StreamAsr] | None = None,
     ) -> None:
+        """``hearing``: opens the session's streaming STT (``cascade.asr: stt_engine``), given where
+        it reports; None: Whisper transcribes each turn."""
         self.session_id = session_id
         self.capabilities = capabilities
         self._models = models
@@ -124,6 +128,8 @@ class CascadeSession:
         self._sealed: deque[tuple[int, asyncio.Task[str]]] = deque()
         self._commit_lock = asyncio.Lock()
         self._channel = EventChannel(limits.output_queue_ms * capabilities.output_sample_rate // 1000)
+        self._stream_asr = hearing(self._channel.put_control) if hearing is not None else None
+        self._semantic: SemanticVadThresholds = limits.semantic_vad
         self._epoch = 0
         self._response: asyncio.Task[None] | None = None
         self._response_meta: tuple[str, int] | None = None  # (response_id, epoch) of the running reply
@@ -206,6 +212,8 @@ class CascadeSession:
 
     async def _analyse(self, audio: FloatArray) -> None:
         turn = self._turn
+        if self._stream_asr is not None:
+            self._stream_asr.push(audio)
         if isinstance(turn, ManualTurn):
             turn.append(audio)
         else:
@@ -222,15 +230,29 @@ class CascadeSession:
                         self._clock.speech_started(replying=self._response is not None)
             if turn.speaking and not turn.pausing:
                 self._clock.heard_speech()
-            self._preemption.follow(turn)
+            if self._stream_asr is None:
+                self._preemption.follow(turn)
+            else:
+                self._end_turn_when_heard(turn)
         self._maybe_partial()
+
+    def _end_turn_when_heard(self, turn: TurnDetector) -> None:
+        """``semantic_vad`` on the streaming STT: a pause ends the turn at once when the model's
+        end-of-turn head is sure enough for the eagerness (docs/engines.md#cascade-streaming-asr)."""
+        assert self._stream_asr is not None
+        settings = turn.settings
+        if settings.type != "semantic_vad" or not turn.pausing:
+            return
+        if self._stream_asr.end_of_turn >= getattr(self._semantic, settings.eagerness or "auto"):
+            turn.end_pause_after(0)
 
     def _maybe_partial(self) -> None:
         turn = self._turn
         asr = self._models.asr
         # No partial in a pause: it would add no words and could hold up the final decode.
         if (
-            not turn.speaking
+            self._stream_asr is not None  # its words are the partials
+            or not turn.speaking
             or turn.pausing
             or (self._partial is not None and not self._partial.done())
             or turn.turn_samples - self._partial_at < asr.partial_interval_samples
@@ -257,9 +279,9 @@ class CascadeSession:
             dropped_id, dropped = self._sealed.popleft()
             dropped.cancel()
             log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id, self._max_pending_turns)
-        task = self._preemption.final_transcript(turn)
+        task = self._preemption.final_transcript(turn) if self._stream_asr is None else None
         if task is None:
-            task = asyncio.create_task(self._models.asr.decode(turn.audio, final=True, live_turn=True))
+            task = asyncio.create_task(self._final_transcript(turn.audio))
             task.add_done_callback(_consume_outcome)
         self._sealed.append((turn.turn_id, task))
         self._clock.sealed(turn.turn_id)
@@ -299,11 +321,15 @@ class CascadeSession:
             else:
                 sealed = self._turn.take_turn()
                 self._reset_partials()
-                text = (
-                    await self._models.asr.decode(sealed.audio, final=True, live_turn=True) if len(sealed.audio) else ""
-                )
+                text = await self._final_transcript(sealed.audio) if len(sealed.audio) else ""
             self._clock.transcribed(committed)
             self._channel.put_control(InputTranscript(text, final=True))
+
+    async def _final_transcript(self, audio: FloatArray) -> str:
+        """A turn's transcript: Whisper decodes its audio; a streaming STT has heard it already."""
+        if self._stream_asr is not None:
+            return await self._stream_asr.finish_turn()
+        return await self._models.asr.decode(audio, final=True, live_turn=True)
 
     def clear_input(self) -> None:
         self._input_generation += 1
@@ -314,6 +340,8 @@ class CascadeSession:
         self._turn.reset()
         self._reset_partials()
         self._preemption.clear()
+        if self._stream_asr is not None:
+            self._stream_asr.clear()
         while self._sealed:
             self._sealed.popleft()[1].cancel()
 
@@ -443,6 +471,8 @@ class CascadeSession:
             if isinstance(item, asyncio.Future) and not item.done():
                 item.set_result(None)  # a commit waiting for its drain returns quietly
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._stream_asr is not None:
+            await self._stream_asr.close()
         self._channel.close()
         self._on_close(self)
 

@@ -30,7 +30,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_stt.service import SpeechStream, SpeechStreamEngine
 from rtserve.errors import (
-    ENGINE_UNAVAILABLE,
+    ASR_STREAMING_UNAVAILABLE,
     OUTPUT_BACKPRESSURE,
     SESSION_IDLE_TIMEOUT,
     TOO_MANY_MARKERS,
@@ -40,6 +40,7 @@ from rtserve.log import session_id_var
 from rtserve.web.asr_streaming.wire import READY, AsrWireError, AudioIn, MarkerIn, pack_error, pack_event, parse
 from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
+from rtserve.web.errors import ApiError
 from rtserve.web.route_engine import run_with_app
 from rtserve.web.subprotocols import key_subprotocols
 
@@ -75,6 +76,13 @@ async def asr_socket(request: web.Request) -> web.WebSocketResponse:
     ctx = request.app[CTX]
     service = request.app[ASR_STREAMING]
     limits = ctx.config.asr_streaming
+    engine = service.engine
+    if engine is None:  # before the handshake, as /api/tts_streaming: the client learns why
+        raise ApiError(
+            "this server has no speech-to-text engine (neither stt_engine.weights nor an engine with an ASR)",
+            status=404,
+            code=ASR_STREAMING_UNAVAILABLE,
+        )
     ws = web.WebSocketResponse(
         protocols=key_subprotocols(request),
         max_msg_size=limits.max_message_bytes,
@@ -86,22 +94,15 @@ async def asr_socket(request: web.Request) -> web.WebSocketResponse:
     token = session_id_var.set(stream_id)
     try:
         async with service.connections.track(ws):
-            await _serve(ws, service.engine, stream_id, request)
+            await _serve(ws, engine, stream_id, request)
     finally:
         session_id_var.reset(token)
     return ws
 
 
-async def _serve(
-    ws: web.WebSocketResponse, engine: SpeechStreamEngine | None, stream_id: str, request: web.Request
-) -> None:
+async def _serve(ws: web.WebSocketResponse, engine: SpeechStreamEngine, stream_id: str, request: web.Request) -> None:
     limits = request.app[CTX].config.asr_streaming
     try:
-        if engine is None:
-            raise EngineError(
-                "no speech-to-text engine is configured (stt_engine.weights, or an engine with an ASR: the cascade)",
-                code=ENGINE_UNAVAILABLE,
-            )
         stream = engine.open_stream(stream_id)
     except EngineError as exc:
         await _fail(ws, exc, WSCloseCode.TRY_AGAIN_LATER)
@@ -174,12 +175,13 @@ async def _on_shutdown(app: web.Application) -> None:
     await app[ASR_STREAMING].connections.close_all()
 
 
-def setup(app: web.Application, engine: SpeechStreamEngine | None) -> None:
-    """``engine``: the speech-to-text engine this app serves (started and stopped with it), or None."""
+def setup(app: web.Application, engine: SpeechStreamEngine | None, *, owned: bool = True) -> None:
+    """``engine``: the speech-to-text engine this app serves, or None; ``owned``: started and
+    stopped with the app (not when the session engine lends its own: it runs it)."""
     ctx = app[CTX]
     connections = Connections("asr-streaming", ctx.config.sessions.shutdown_timeout_s)
     app[ASR_STREAMING] = AsrStreamingService(engine, connections)
     app.router.add_get(ROUTE, asr_socket)
     app.on_shutdown.append(_on_shutdown)
-    if engine is not None:
+    if engine is not None and owned:
         run_with_app(app, engine, "asr-streaming")

@@ -13,6 +13,14 @@ while SSE deltas can only append: a delta goes out only where the transcript ext
 what was already sent, and ``transcript.text.done`` always carries the final text.
 The ASR protocol has no word timing, so verbose_json/srt/vtt hold one segment spanning
 the whole file.
+
+Where a streaming speech-to-text engine is configured (``stt_engine.weights``: the Kyutai
+engine behind ``/api/asr-streaming``, the one the cascade hears with under ``cascade.asr:
+stt_engine``), it transcribes instead (docs/engines.md#cascade-streaming-asr): the file goes
+to one of its streams no faster than the model steps it (the engine's backlog is bounded),
+each word extends the transcript (one ``transcript.text.delta`` per word), and a marker after
+the file and a second of silence (which closes the last word) ends it. The model steps in
+real time, so a file takes as long as it lasts; ``language`` and ``prompt`` do not apply.
 """
 
 from __future__ import annotations
@@ -31,16 +39,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from rtserve.codecs.errors import AudioLimitError, CodecError
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
+from rtserve.engines.kyutai_stt.events import Marker, Step, Word
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.protocols import ASREngine
 from rtserve.engines.values import Pcm
 from rtserve.errors import (
     AUDIO_TOO_LONG,
     EMPTY_AUDIO,
+    ENGINE_UNAVAILABLE,
     INVALID_AUDIO,
     INVALID_CONTENT_TYPE,
     INVALID_MULTIPART,
     MISSING_PARAMETER,
 )
+from rtserve.web.asr_streaming.routes import ASR_STREAMING
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
@@ -62,6 +74,8 @@ log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 4096
 SPLIT_SEARCH_FRACTION = 1 / 6  # a window is cut at its quietest 100 ms within this last part
+STREAM_FEED_S = 4.0  # a streaming STT is given this much of the file at a time, ahead of its steps
+STREAM_TAIL_S = 1.0  # silence after the file: the model closes the last word in it
 
 
 class TranscriptionForm(BaseModel):
@@ -79,8 +93,12 @@ class TranscriptionForm(BaseModel):
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     upload, form = await _read_form(request)
-    asr = require_asr(ctx, form.model)
     request_id = f"transcription-{uuid.uuid4().hex}"
+    stt = request.app[ASR_STREAMING].engine if ctx.config.stt_engine.weights else None
+    if stt is not None:
+        work = functools.partial(_transcribe_streaming, request, stt, upload, form, request_id)
+        return await run_generation(request, request_id, work)
+    asr = require_asr(ctx, form.model)
     return await run_generation(request, request_id, functools.partial(_transcribe, request, asr, upload, form))
 
 
@@ -114,9 +132,31 @@ async def _transcribe(
     request: web.Request, asr: ASREngine, upload: IO[bytes], form: TranscriptionForm
 ) -> web.StreamResponse:
     ctx = request.app[CTX]
+    audio = await _decode(request, upload, asr.sample_rate)
+    duration_s = audio.size / asr.sample_rate
+    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
+    async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:
+        if form.stream:
+            return await _stream(request, transcripts)
+        return _respond(await _last(transcripts), form, duration_s)
+
+
+async def _transcribe_streaming(
+    request: web.Request, stt: SpeechStreamEngine, upload: IO[bytes], form: TranscriptionForm, stream_id: str
+) -> web.StreamResponse:
+    audio = await _decode(request, upload, stt.sample_rate)
+    async with contextlib.aclosing(_heard(stt, audio, stream_id)) as transcripts:
+        if form.stream:
+            return await _stream(request, transcripts)
+        return _respond(await _last(transcripts), form, audio.size / stt.sample_rate)
+
+
+async def _decode(request: web.Request, upload: IO[bytes], sample_rate: int) -> FloatArray:
+    """The upload as mono float samples at ``sample_rate``; a typed 4xx for what cannot be transcribed."""
+    ctx = request.app[CTX]
     max_s = ctx.config.http.max_transcription_audio_s
     try:
-        audio = await ctx.codecs.run(decode_audio, upload, asr.sample_rate, max_s)
+        audio = await ctx.codecs.run(decode_audio, upload, sample_rate, max_s)
     except AudioLimitError as exc:
         raise ApiError(f"Invalid file: {exc}.", status=413, param="file", code=AUDIO_TOO_LONG) from None
     except CodecError as exc:
@@ -127,12 +167,7 @@ async def _transcribe(
         ) from None
     if audio.size == 0:
         raise ApiError("Invalid file: it decodes to no audio samples.", status=422, param="file", code=EMPTY_AUDIO)
-    duration_s = audio.size / asr.sample_rate
-    windows = split_windows(audio, int(ctx.config.http.transcription_window_s * asr.sample_rate), asr.sample_rate // 10)
-    async with contextlib.aclosing(_transcripts(asr, windows, form)) as transcripts:
-        if form.stream:
-            return await _stream(request, transcripts)
-        return _respond(await _last(transcripts), form, duration_s)
+    return audio
 
 
 def split_windows(audio: FloatArray, window: int, frame: int) -> list[FloatArray]:
@@ -166,6 +201,36 @@ async def _transcripts(asr: ASREngine, windows: list[FloatArray], form: Transcri
                 if piece.final:
                     break
         finished = f"{finished} {text}".strip()
+
+
+async def _heard(stt: SpeechStreamEngine, audio: FloatArray, stream_id: str) -> AsyncGenerator[str, None]:
+    """The whole transcript so far, each time a word is out of a stream on the streaming STT."""
+    stream = stt.open_stream(stream_id)  # CapacityExhausted / EngineError: before any byte goes out
+    try:
+        audio = np.concatenate([audio, np.zeros(int(STREAM_TAIL_S * stt.sample_rate), np.float32)])
+        feed = int(STREAM_FEED_S * stt.sample_rate)
+        fed = 0
+
+        def give() -> None:
+            nonlocal fed
+            stream.push_audio(audio[fed : fed + feed])
+            fed += feed
+            if fed >= audio.size:
+                stream.mark(0)
+
+        give()
+        words: list[str] = []
+        async for event in stream.events():
+            if isinstance(event, Word):
+                words.append(event.text)
+                yield " ".join(words)
+            elif isinstance(event, Step) and fed < audio.size and event.buffered_pcm < feed // 2:
+                give()
+            elif isinstance(event, Marker):
+                return
+        raise EngineError("the speech-to-text engine stopped", code=ENGINE_UNAVAILABLE)
+    finally:
+        await stream.close(stt.release_timeout_s)
 
 
 async def _single(window: FloatArray) -> AsyncIterator[Pcm]:

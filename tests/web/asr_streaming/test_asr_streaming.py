@@ -4,6 +4,7 @@ clients speak it, against the tiny Kyutai STT engine (docs/serving.md#asr-stream
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -153,3 +154,14 @@ async def test_moshi_server_key_forms_are_accepted_and_a_missing_key_refused(url
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await ws.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+
+
+async def test_a_server_with_no_speech_to_text_answers_404_before_the_handshake(config: ServerConfig) -> None:
+    config = config.model_copy(update={"engine": "loopback", "api_key": KEY})  # no STT, no ASR
+    async with serve_app(build_app(config)) as base:
+        url = base.replace("http://", "ws://") + "/api/asr-streaming"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url, additional_headers={"kyutai-api-key": KEY})
+    response = refused.value.response
+    assert response.status_code == 404
+    assert json.loads(response.body or b"{}")["error"]["code"] == "asr_streaming_unavailable"

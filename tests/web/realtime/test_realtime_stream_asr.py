@@ -1,0 +1,91 @@
+"""``WS /v1/realtime`` on the cascade hearing with the streaming STT (``cascade.asr: stt_engine``,
+docs/engines.md#cascade-streaming-asr), driven by the official ``openai`` SDK: a spoken question
+(the server's own TTS) goes in and its transcript comes back word by word as
+``conversation.item.input_audio_transcription.delta`` events, then ``.completed``. The STT is a
+tiny random Kyutai checkpoint, so its words are gibberish: the events, their order and their
+sums are asserted, not the words. ``semantic_vad`` is accepted there and refused by an engine
+without a turn model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from rtserve.app import build_app
+from rtserve.config import ServerConfig
+from tests.engines.kyutai_stt.stt_tiny import write_stt_checkpoint
+from tests.sessions.engine_double import TestDoubleEngine
+from tests.support import serve_app
+from tests.web.realtime.test_realtime_cascade import CHUNK, LOAD_TIMEOUT_S, speech_pcm
+from tests.web.realtime.test_realtime_sdk import SdkReader
+from tests.web.realtime_support import HANG_GUARD_S, pcm16_b64, running
+
+DELTA = "conversation.item.input_audio_transcription.delta"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+QUESTION = "What is the capital of France? Tell me about its rivers and its bridges."
+
+
+@pytest.fixture(scope="module")
+def stt_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_stt_checkpoint(tmp_path_factory.mktemp("stream_asr") / "weights").folder
+
+
+@pytest.mark.models
+async def test_speech_is_transcribed_word_by_word_under_semantic_vad(config: ServerConfig, stt_weights: Path) -> None:
+    config.engine = "cascade"
+    config.stt_engine = config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": 2})
+    config.cascade = config.cascade.model_copy(update={"asr": "stt_engine"})
+    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
+        question = await speech_pcm(client, QUESTION)
+        silence = np.zeros(24000 * 3, dtype=np.int16)  # the longest pause semantic_vad waits (low: 2 s)
+        spoken = np.concatenate([silence[:4800], question, silence])
+        async with client.realtime.connect(model="cascade") as conn:
+            reader = SdkReader(conn)
+            await reader.next()
+            detection = {"type": "semantic_vad", "eagerness": "low", "create_response": False}
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}})
+            updated = (await reader.until("session.updated"))["session"]
+            assert updated["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+            for start in range(0, len(spoken), CHUNK):  # at real time: the STT steps in real time
+                await conn.input_audio_buffer.append(audio=pcm16_b64(spoken[start : start + CHUNK]))
+                await asyncio.sleep(CHUNK / 24000)
+            completed = await asyncio.wait_for(reader.until(COMPLETED, limit=5000), 60)
+    events: list[dict[str, Any]] = reader.events
+    names = [e["type"] for e in events]
+    for name in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"):
+        assert name in names, name
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    item_id = committed["item_id"]
+    assert completed["item_id"] == item_id
+    deltas = [e for e in events if e["type"] == DELTA]
+    # The tiny model says a word now and then on speech; each one is a delta as it comes.
+    assert deltas, "no word was heard"
+    assert all(isinstance(e["delta"], str) and e["delta"].strip() for e in deltas)
+    turn = [e["delta"] for e in deltas if e["item_id"] == item_id]
+    # The deltas of the turn add up to its transcript, and all come before it.
+    assert "".join(turn) == completed["transcript"]
+    assert names.index(COMPLETED) > max(
+        i for i, e in enumerate(events) if e["type"] == DELTA and e["item_id"] == item_id
+    )
+
+
+async def test_semantic_vad_is_refused_by_an_engine_without_a_turn_model(config: ServerConfig) -> None:
+    engine = TestDoubleEngine(mode="turn", supports_server_vad=True, supports_semantic_vad=False)
+    async with serve_app(build_app(config, engine=engine)) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=HANG_GUARD_S)
+        async with client.realtime.connect(model="x") as conn:
+            reader = SdkReader(conn)
+            await reader.next()
+            semantic = {"type": "semantic_vad", "eagerness": "high"}
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": semantic}}})
+            refused = (await reader.until("error"))["error"]
+            await conn.session.update(session={"type": "realtime", "turn_detection": {"type": "server_vad"}})
+            accepted = (await reader.until("session.updated"))["session"]
+    assert (refused["code"], refused["param"]) == ("unsupported_turn_detection", "session.audio.input.turn_detection")
+    assert accepted["audio"]["input"]["turn_detection"]["type"] == "server_vad"
