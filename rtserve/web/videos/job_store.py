@@ -4,7 +4,9 @@
 ``in_progress`` when its generation starts, and ends ``completed`` (its MP4 downloadable until
 deleted or ``expires_at``) or ``failed`` (with an error). Everything a client can read back is
 in the database file, so a restarted server still lists, serves and deletes earlier jobs; a job
-the restart interrupted is marked failed, since its generation state died with the process.
+the restart interrupted is marked failed, since its generation state died with the process (a job
+records the process running it: ``--workers N`` share the store, and one worker starting leaves
+the jobs of the others alone).
 
 Bounds (``videos`` config): rows at most ``max_jobs`` (finished jobs are dropped oldest first to
 make room; when every row is still running a new job is refused), stored bytes at most
@@ -46,7 +48,8 @@ CREATE TABLE IF NOT EXISTS video_jobs (
     completed_at INTEGER,
     expires_at INTEGER,
     error TEXT,
-    bytes INTEGER NOT NULL DEFAULT 0
+    bytes INTEGER NOT NULL DEFAULT 0,
+    owner INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS video_jobs_created ON video_jobs (created_at, id);
 """
@@ -135,6 +138,7 @@ class VideoJobStore:
         path = Path(folder)
         await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         db = await aiosqlite.connect(path / "jobs.sqlite3")
+        await db.execute("PRAGMA journal_mode=WAL")  # worker processes read while one writes
         await db.executescript(_SCHEMA)
         store = cls(db, path, limits, now)
         await store._recover()
@@ -147,16 +151,20 @@ class VideoJobStore:
         return self.folder / f"{job_id}.mp4"
 
     async def _recover(self) -> None:
-        """Jobs a previous process left running cannot resume: failed, and half-written files removed."""
+        """Jobs whose process is gone cannot resume: failed, their half-written files removed. Jobs
+        another live process runs (``--workers N`` share the store) are left to it."""
+        async with self._db.execute("SELECT id, owner FROM video_jobs WHERE status IN (?, ?)", _ACTIVE) as cursor:
+            orphans = [job_id async for job_id, owner in cursor if owner == os.getpid() or not _alive(owner)]
         error = json.dumps(
             {"code": JOB_INTERRUPTED, "message": "The server restarted before this video was finished.", "param": None}
         )
-        await self._db.execute(
-            "UPDATE video_jobs SET status = 'failed', error = ?, completed_at = ? WHERE status IN (?, ?)",
-            (error, int(self._now()), *_ACTIVE),
-        )
+        for job_id in orphans:
+            await self._db.execute(
+                "UPDATE video_jobs SET status = 'failed', error = ?, completed_at = ? WHERE id = ?",
+                (error, int(self._now()), job_id),
+            )
+            await asyncio.to_thread((self.folder / f"{job_id}.mp4.part").unlink, missing_ok=True)
         await self._db.commit()
-        await asyncio.to_thread(_remove_partial_files, self.folder)
 
     async def create(
         self, *, model: str, prompt: str, size: str, seconds: str, params: dict[str, Any] | None = None
@@ -183,9 +191,10 @@ class VideoJobStore:
                 seconds=seconds,
                 params=params or {},
             )
+            values = (job.id, job.created_at, job.status, 0, model, prompt, size, seconds, json.dumps(job.params))
             await self._db.execute(
-                f"INSERT INTO video_jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, 0)",
-                (job.id, job.created_at, job.status, 0, model, prompt, size, seconds, json.dumps(job.params)),
+                f"INSERT INTO video_jobs ({_COLUMNS}, owner) VALUES ({', '.join('?' * 9)}, NULL, NULL, NULL, 0, ?)",
+                (*values, os.getpid()),
             )
             await self._db.commit()
             return job
@@ -309,9 +318,14 @@ class VideoJobStore:
         return int(row[0]) if row is not None else 0
 
 
-def _remove_partial_files(folder: Path) -> None:
-    for leftover in folder.glob("*.mp4.part"):
-        leftover.unlink(missing_ok=True)
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user
+    return pid > 0
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -3,6 +3,9 @@ expired jobs and their files go, and a job a restart interrupted reads as failed
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,23 @@ async def test_jobs_and_files_survive_reopening(tmp_path: Path) -> None:
     cut = await store.get(running)
     assert cut is not None and cut.status == "failed" and cut.error is not None
     assert cut.error["code"] == JOB_INTERRUPTED
+    await store.close()
+
+
+async def test_reopening_leaves_jobs_of_live_processes(tmp_path: Path) -> None:
+    """``--workers N`` share one store: a worker starting fails only the jobs of processes that are gone."""
+    store = await VideoJobStore.open(tmp_path, LIMITS, Now())
+    other, dead = await _job(store), await _job(store)
+    await store.close()
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+        db.execute("UPDATE video_jobs SET owner = ? WHERE id = ?", (os.getppid(), other))
+        db.execute("UPDATE video_jobs SET owner = ? WHERE id = ?", (gone.pid, dead))
+    store = await VideoJobStore.open(tmp_path, LIMITS, Now())
+    running, failed = await store.get(other), await store.get(dead)
+    assert running is not None and running.status == "queued"
+    assert failed is not None and failed.status == "failed"
     await store.close()
 
 
