@@ -80,6 +80,11 @@ def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStream
         return WhisperSpeechStreamEngine(config.models, lambda: ctx.turn_engines.asr if ctx.engines.ready else None)
     from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
 
+    if config.cascade.asr == "stt_engine":  # the cascade's copy is in the engine process, out of reach
+        log.warning(
+            "/api/asr-streaming and /v1/audio/transcriptions load a Kyutai STT copy of their own in this "
+            "worker: the cascade's is not reachable over the engine link (docs/engines.md#cascade-streaming-asr)"
+        )
     return KyutaiSttEngine(config)
 
 
