@@ -24,10 +24,13 @@ the busiest worker process (near 100 % it, not the engine, is the limit).
 ``--trees`` compares code side by side in one run: each tree (a checkout, e.g. ``git worktree add
 /tmp/before HEAD~3``) serves with its own ``rtserve`` (children run with ``PYTHONPATH=TREE``);
 runs alternate tree by tree at each N. ``--profile`` records the engine process with py-spy
-(``pip install py-spy``) over the window and prints where its samples land.
+(``pip install py-spy``) over the window and prints where its samples land. ``--micro`` instead
+measures, per tree, the CPU time (``time.process_time``: little moved by a loaded machine) of
+the frame model's host step at batch N and of encoding one tick's events for ``--workers`` links.
 
     .venv/bin/python benchmarks/bench_engine_host.py --sessions 64 256 512 --workers 4
     .venv/bin/python benchmarks/bench_engine_host.py --trees /tmp/before . --model moshi-host --profile
+    .venv/bin/python benchmarks/bench_engine_host.py --micro --trees /tmp/before . --workers 8
 
 On a shared 2-core machine the absolute times move with the load: compare rows of one run.
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import shutil
@@ -123,7 +127,7 @@ def run_engine(args: argparse.Namespace) -> None:
 
     config = ServerConfig.model_validate({"lockstep": {"batch_size": args.batch}, "robot": {"policy": "none"}})
     model = LoopbackModel(args.batch, 1) if args.model == "loopback" else _moshi_host_model(args.batch)
-    window = (args.start_at, args.start_at + args.window)
+    window = [math.inf, math.inf]  # set once the parent says when the measured window starts
     ticks: list[tuple[float, float, float, int]] = []
 
     def on_tick(report: Any) -> None:
@@ -142,6 +146,8 @@ def run_engine(args: argparse.Namespace) -> None:
         freeze_long_lived()
         thread = runtime.scheduler._thread
         assert thread is not None and thread.native_id is not None
+        start = float(await asyncio.to_thread(sys.stdin.readline))
+        window[:] = [start, start + args.window]
         await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
         underruns = runtime.scheduler.metrics.underruns
         before = _cpu(), _cpu(thread.native_id), underruns._value.get()
@@ -186,10 +192,8 @@ def run_worker(args: argparse.Namespace) -> None:
         sessions = await asyncio.gather(
             *(engines.session_engine.open_session(f"w{args.index}s{k}", SessionOptions()) for k in range(args.sessions))
         )
-        if time.monotonic() > args.start_at:
-            print(
-                f"worker {args.index}: sessions opened {time.monotonic() - args.start_at:.1f} s late", file=sys.stderr
-            )
+        print("opened", flush=True)  # the parent starts everyone's clock once every worker is here
+        args.start_at = float(await asyncio.to_thread(sys.stdin.readline))
         pcm = (0.1 * np.random.default_rng(args.index).standard_normal(FRAME)).astype(np.float32)
         end = args.start_at + args.run_s
         received = [0]
@@ -217,13 +221,59 @@ def run_worker(args: argparse.Namespace) -> None:
     asyncio.run(work())
 
 
+def run_micro(args: argparse.Namespace) -> None:
+    """CPU time (``time.process_time``, so a machine's other load adds little) of the per-tick host
+    pieces this tree runs, at batch ``args.batch``: the Moshi frame model's step around a free model
+    step, and encoding one tick's events for ``args.workers`` workers as this tree's link does."""
+    import pickle
+
+    from rtserve.engines.events import OutputAudio
+    from rtserve.engines.remote import wire
+    from rtserve.engines.values import SlotPrompt
+
+    def cpu_us(work: Any, reps: int) -> float:
+        rounds = []
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(reps):
+                work()
+            rounds.append((time.process_time() - started) / reps * 1e6)
+        return min(rounds)
+
+    model = _moshi_host_model(args.batch)
+    for slot in range(args.batch):
+        model.open_slot(slot, SlotPrompt())
+    frames = np.zeros((args.batch, FRAME), np.float32)
+    live = np.ones(args.batch, bool)
+    step_us = cpu_us(lambda: model.step(frames, live), 50)
+    pcm = np.zeros(FRAME, np.float32)
+    per_worker = args.batch // args.workers
+    events = [(h, OutputAudio(pcm=pcm.copy(), epoch=0, tick_due=1.0, input_samples=FRAME)) for h in range(per_worker)]
+    pack = getattr(wire, "pack_events", None)
+
+    def encode() -> None:
+        for _ in range(args.workers):
+            body = pack(events) if pack is not None else (events,)
+            wire.encode((wire.Kind.EVENTS_OUT, *body, 1.0))
+
+    encode_us = cpu_us(encode, 200)
+    frames_in = pickle.dumps((wire.Kind.FRAMES_IN, [(h, pcm) for h in range(per_worker)]), protocol=4)
+    decode_us = cpu_us(lambda: [pickle.loads(frames_in) for _ in range(args.workers)], 200)
+    print(json.dumps({"frame_model_step_us": step_us, "events_encode_us": encode_us, "frames_decode_us": decode_us}))
+
+
 # ---------------------------------------------------------------------------------------- parent
 
 
 def _child(tree: Path, *argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(Path(__file__).resolve()), *argv],
+        cwd=tree,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -235,29 +285,33 @@ def run_point(args: argparse.Namespace, tree: Path, sessions: int, folder: Path)
     socket_path = str(folder / "engine.sock")
     out = folder / "engine.json"
     out.unlink(missing_ok=True)
-    setup_s = 4.0 + sessions * 0.01 + (8.0 if args.model == "moshi-host" else 0.0)
-    start_at = time.monotonic() + setup_s
-    window_start = start_at + args.warmup
     common = ["--socket", socket_path, "--model", args.model]
     engine = _child(
-        tree, "--role", "engine", *common, "--batch", str(sessions), "--out", str(out),
-        "--start-at", str(window_start), "--window", str(args.duration),
-    )  # fmt: skip
+        tree, "--role", "engine", *common, "--batch", str(sessions), "--out", str(out), "--window", str(args.duration)
+    )
     per_worker = [len(part) for part in np.array_split(np.arange(sessions), args.workers)]
     run_s = str(args.warmup + args.duration + 0.5)
-    worker_argv = ["--role", "worker", *common, "--workers", str(args.workers), "--start-at", str(start_at)]
+    worker_argv = ["--role", "worker", *common, "--workers", str(args.workers)]
     workers = [
         _child(tree, *worker_argv, "--index", str(i), "--sessions", str(count), "--run-s", run_s)
         for i, count in enumerate(per_worker)
     ]
     profile: dict[str, Any] | None = None
     try:
+        for worker in workers:  # every session open (a loaded machine may take a while) before the clock starts
+            assert worker.stdout is not None and worker.stdout.readline().strip() == "opened", "a worker failed"
+        started = time.monotonic()
+        start_at = started + 1.0
+        window_start = start_at + args.warmup
+        for proc, at in [(engine, window_start), *((w, start_at) for w in workers)]:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{at!r}\n")
+            proc.stdin.flush()
         if args.profile:
             time.sleep(max(0.0, window_start - time.monotonic()))
             profile = _profile(engine.pid, args.duration, folder)
         outputs = [
-            json.loads((w.communicate(timeout=setup_s + args.warmup + args.duration + 60)[0]).splitlines()[-1])
-            for w in workers
+            json.loads((w.communicate(timeout=args.warmup + args.duration + 60)[0]).splitlines()[-1]) for w in workers
         ]
         deadline = time.monotonic() + 30
         while not out.exists() and time.monotonic() < deadline:
@@ -289,7 +343,7 @@ def run_point(args: argparse.Namespace, tree: Path, sessions: int, folder: Path)
         "engine_process_cpu_pct": 100 * result["cpu_s"] / args.duration,
         "underruns": result["underruns"],
         "received": sum(o["received"] for o in outputs),
-        "busiest_worker_cpu_pct": max(100 * o["cpu_s"] / (setup_s + args.warmup + args.duration) for o in outputs),
+        "busiest_worker_cpu_pct": max(100 * o["cpu_s"] / (time.monotonic() - started) for o in outputs),
         "profile": profile,
     }
 
@@ -383,7 +437,9 @@ def print_profile(title: str, profile: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--role", choices=["parent", "engine", "worker"], default="parent", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=["parent", "engine", "worker", "micro"], default="parent", help=argparse.SUPPRESS
+    )
     parser.add_argument("--sessions", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--workers", type=int, default=4, help="worker processes (front ends) on the link")
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per point")
@@ -391,6 +447,11 @@ def main() -> None:
     parser.add_argument("--model", choices=["loopback", "moshi-host"], default="loopback")
     parser.add_argument("--trees", type=Path, nargs="+", default=[ROOT], help="checkouts to compare, in one run")
     parser.add_argument("--profile", action="store_true", help="py-spy the engine process over each window")
+    parser.add_argument(
+        "--micro",
+        action="store_true",
+        help="instead: CPU time of the frame model's host step and of one tick's link encoding, per tree",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     # children
     for name in ("--socket", "--out"):
@@ -403,9 +464,32 @@ def main() -> None:
     if args.role == "engine":
         run_engine(args)
         return
+    if args.role == "micro":
+        run_micro(args)
+        return
     if args.role == "worker":
         args.sessions = args.sessions[0]
         run_worker(args)
+        return
+    if args.micro:
+        micro = []
+        for sessions in args.sessions:
+            for tree in args.trees:
+                child = _child(
+                    tree.resolve(), "--role", "micro", "--batch", str(sessions), "--workers", str(args.workers)
+                )
+                out, _ = child.communicate(timeout=600)
+                micro.append({"tree": str(tree), "sessions": sessions, **json.loads(out.splitlines()[-1])})
+        print(
+            f"{'tree':>24} {'N':>4} {'frame model step':>16} {'events encode':>13} {'frames decode':>13}  (CPU us/tick)"
+        )
+        for m in micro:
+            print(
+                f"{Path(m['tree']).resolve().name:>24} {m['sessions']:>4} {m['frame_model_step_us']:>16.0f} "
+                f"{m['events_encode_us']:>13.0f} {m['frames_decode_us']:>13.0f}"
+            )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"benchmark": "bench_engine_host --micro", "points": micro}, indent=2) + "\n")
         return
     points = []
     with tempfile.TemporaryDirectory(prefix="bench_engine_host_") as tmp:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
@@ -84,7 +85,13 @@ class LockstepSession:
             if isinstance(item, EngineFailure):
                 yield item
                 return
-            yield self._audio_event(*item)
+            output, epoch = item
+            if output.audio.base is not None:
+                # A row of its tick's batch (``MoshiFrameModel``): the reader here may keep it (a
+                # realtime session's resume journal), which must not pin the whole batch's block.
+                # ``forward_events`` needs no copy: it feeds the engine link, which pickles the row.
+                output = replace(output, audio=output.audio.copy())
+            yield self._audio_event(output, epoch)
 
     def forward_events(self, sink: Callable[[EngineEvent | None], None]) -> None:
         """``events()`` pushed instead of pulled: from now on each event goes to ``sink`` on the

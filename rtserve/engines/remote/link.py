@@ -26,7 +26,7 @@ import numpy as np
 
 from rtserve.engines.errors import EngineError
 from rtserve.engines.remote.offer import EngineOffer
-from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
+from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, unpack_events, write
 from rtserve.errors import ENGINE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class EngineLink:
         while (message := await read_message(reader)) is not None:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
-                events, tick_due = message[1], message[2]
+                events, tick_due = unpack_events(message[1], message[2]), message[3]
                 if tick_due is not None:  # a lockstep tick's frames
                     self.uplink.tick_due(tick_due - self.clock_offset_s)
                     events = self.uplink.in_delivery_order(events)

@@ -35,7 +35,7 @@ from rtserve.engines.events import OutputAudio
 from rtserve.engines.policy.errors import PolicyInferenceError
 from rtserve.engines.protocols import EngineSession, ForwardsEvents
 from rtserve.engines.remote.offer import EngineOffer, offer_of
-from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, write
+from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, pack_events, read_message, write
 from rtserve.errors import CANCELLED, ENGINE_ERROR, ENGINE_UNAVAILABLE, MODEL_NOT_FOUND, POLICY_UNAVAILABLE
 from rtserve.process_metrics import merge_expositions
 
@@ -177,7 +177,7 @@ class WorkerLink:
         events, self._events = self._events, []
         # Lockstep output says when its engine's ticks are due: the worker times its uplink by it.
         tick = next((e.tick_due for _, e in reversed(events) if isinstance(e, OutputAudio)), None)
-        self.send((Kind.EVENTS_OUT, events, tick))
+        self.send((Kind.EVENTS_OUT, *pack_events(events), tick))
 
     # ------------------------------------------------------------------ receiving
 

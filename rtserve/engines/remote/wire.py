@@ -24,11 +24,14 @@ import enum
 import pickle
 import struct
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.events import OutputAudio
 from rtserve.errors import ENGINE_ERROR
 
 _HEADER = struct.Struct(">I")
@@ -48,7 +51,9 @@ class Kind(enum.IntEnum):
     STREAM_CREDIT = 10  # (stream_id, n): the worker consumed n items
     STREAM_CANCEL = 11  # (stream_id,)
     FRAMES_IN = 12  # ([(handle, pcm), ...],)
-    EVENTS_OUT = 13  # ([(handle, event | None), ...], tick_deadline | None); None event = session ended
+    # ([(handle, event | int | None), ...], tick_deadline | None, AudioColumns): None event = session ended,
+    # an int = row of the columns (``pack_events``)
+    EVENTS_OUT = 13
     METRICS = 14  # (worker_index, exposition text)
 
 
@@ -106,6 +111,69 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
         raise ConnectionError(f"engine message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
     message: tuple[Any, ...] = pickle.loads(await reader.readexactly(size))
     return message
+
+
+class AudioColumns(NamedTuple):
+    """A batch's ``OutputAudio`` events as columns: all their samples in one array, so a tick's
+    frames pickle as one buffer and a few lists instead of an object and an array per session
+    (the engine process pickles every worker's batch on its one loop, each tick)."""
+
+    pcm: npt.NDArray[np.float32]  # every event's samples, one after another
+    ends: list[int]  # where each event's samples end in ``pcm``
+    epochs: list[int]
+    response_ids: list[str | None]
+    texts: list[str | None]
+    ticks_due: list[float | None]
+    input_samples: list[int | None]
+
+
+def pack_events(events: list[tuple[int, Any]]) -> tuple[list[tuple[int, Any]], AudioColumns]:
+    """``events`` with each float32 ``OutputAudio`` replaced by its row number in the columns."""
+    items: list[tuple[int, Any]] = []
+    chunks: list[npt.NDArray[np.float32]] = []
+    ends: list[int] = []
+    epochs: list[int] = []
+    response_ids: list[str | None] = []
+    texts: list[str | None] = []
+    ticks: list[float | None] = []
+    inputs: list[int | None] = []
+    end = 0
+    for handle, event in events:
+        # Exact type: a subclass's extra fields would not survive the columns.
+        if type(event) is OutputAudio and isinstance(event.pcm, np.ndarray) and event.pcm.dtype == np.float32:
+            items.append((handle, len(chunks)))
+            chunks.append(event.pcm)
+            end += event.pcm.size
+            ends.append(end)
+            epochs.append(event.epoch)
+            response_ids.append(event.response_id)
+            texts.append(event.text)
+            ticks.append(event.tick_due)
+            inputs.append(event.input_samples)
+        else:
+            items.append((handle, event))
+    pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    return items, AudioColumns(pcm, ends, epochs, response_ids, texts, ticks, inputs)
+
+
+def unpack_events(items: list[tuple[int, Any]], columns: AudioColumns) -> list[tuple[int, Any]]:
+    """``pack_events`` undone. Each frame gets its own copy of its samples: a view would keep the
+    whole batch's buffer alive as long as any one frame (realtime sessions keep a minute)."""
+    c = columns
+    events: list[tuple[int, Any]] = []
+    for handle, event in items:
+        if type(event) is int:
+            start = c.ends[event - 1] if event else 0
+            event = OutputAudio(
+                pcm=c.pcm[start : c.ends[event]].copy(),
+                epoch=c.epochs[event],
+                response_id=c.response_ids[event],
+                text=c.texts[event],
+                tick_due=c.ticks_due[event],
+                input_samples=c.input_samples[event],
+            )
+        events.append((handle, event))
+    return events
 
 
 class LinkMetrics:

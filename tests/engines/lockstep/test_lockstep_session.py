@@ -17,7 +17,7 @@ from rtserve.engines.lockstep.framing import InvalidAudio
 from rtserve.engines.lockstep.slots import SlotPhase
 from rtserve.engines.protocols import EngineSession
 from rtserve.engines.registry import create_engine
-from rtserve.engines.values import SessionOptions, SlotPrompt
+from rtserve.engines.values import FrameOutput, SessionOptions, SlotPrompt
 from tests.engines.lockstep.lockstep_fakes import RecordingModel
 
 FRAME = 1920
@@ -229,3 +229,31 @@ async def test_forwarded_events_end_with_the_failure_when_the_engine_stops() -> 
     await wait_for(lambda: forwarded and forwarded[-1] is None)
     assert forwarded[-2] == EngineFailure("engine_unavailable", "the engine stopped")
     await session.close()
+
+
+class _BlockRowsModel(RecordingModel):
+    """Hands out each live row's frame as a view of one fresh block, as ``MoshiFrameModel`` does."""
+
+    def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
+        block = frames + 1.0
+        return [FrameOutput(block[i]) if live[i] else None for i in range(self.batch_size)]
+
+
+async def test_frames_read_in_process_never_pin_their_ticks_batch() -> None:
+    """A reader that keeps frames (a realtime session's resume journal) must hold one frame's
+    samples each, not the block every slot's frame of that tick is a row of."""
+    model = _BlockRowsModel(batch_size=4, frame_size=80, sample_rate=1000)
+    engine = LockstepSessionEngine("rows", model, ServerConfig(), CollectorRegistry(), supports_text_output=False)
+    await engine.start()
+    try:
+        session = await engine.open_session("s1", SessionOptions())
+        kept = []
+        async for event in session.events():
+            assert isinstance(event, OutputAudio)
+            kept.append(event.pcm)
+            if len(kept) == 3:
+                break
+        assert all(pcm.base is None and pcm.size == 80 and (pcm == 1.0).all() for pcm in kept)
+        await session.close()
+    finally:
+        await engine.stop()

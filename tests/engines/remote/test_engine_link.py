@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
-from rtserve.engines.events import OutputAudio
+from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.engines.remote.link import Uplink
-from rtserve.engines.remote.wire import Kind, encode, read_message
+from rtserve.engines.remote.wire import Kind, encode, pack_events, read_message, unpack_events
 from rtserve.engines.values import SessionOptions
 
 RATE = 24_000
@@ -123,13 +124,44 @@ async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector(
     """Realtime sessions keep a minute of received audio for resumes; every object it drags along
     that the collector tracks lengthens every full collection, which stalls all sessions of a worker."""
     reader = asyncio.StreamReader()
-    reader.feed_data(encode((Kind.EVENTS_OUT, [(1, OutputAudio(pcm=np.ones(FRAME, np.float32), epoch=0))], 2.0)))
+    sent = [
+        (1, OutputAudio(pcm=np.ones(FRAME, np.float32), epoch=0)),
+        (2, OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0)),
+    ]
+    reader.feed_data(encode((Kind.EVENTS_OUT, *pack_events(sent), 2.0)))
     reader.feed_eof()
     message = await read_message(reader)
     assert message is not None
-    pcm = message[1][0][1].pcm
+    pcm = unpack_events(message[1], message[2])[0][1].pcm
     np.testing.assert_array_equal(pcm, np.ones(FRAME, np.float32))
     held = pcm
     while isinstance(held, np.ndarray):
         held = held.base
     assert held is None or not gc.is_tracked(held)
+
+
+async def test_a_ticks_events_cross_the_link_as_they_were_sent() -> None:
+    """A worker's batch packs its audio frames into one buffer; every event comes out with every
+    field, in order, among the events that are not audio (text, a failure, a session's end)."""
+    sent: list[tuple[int, Any]] = [
+        (1, OutputAudio(pcm=np.full(FRAME, 0.5, np.float32), epoch=2, text=" hi", tick_due=7.0, input_samples=1920)),
+        (2, OutputText(text="x", epoch=0)),
+        (1, OutputAudio(pcm=np.zeros(0, np.float32), epoch=2)),
+        (3, OutputAudio(pcm=np.arange(5, dtype=np.float32), epoch=0, response_id="r1")),
+        (3, EngineFailure("engine_error", "failed")),
+        (3, None),
+    ]
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode((Kind.EVENTS_OUT, *pack_events(sent), 7.0)))
+    reader.feed_eof()
+    message = await read_message(reader)
+    assert message is not None and message[3] == 7.0
+    received = unpack_events(message[1], message[2])
+    assert [h for h, _ in received] == [h for h, _ in sent]
+    for (_, got), (_, want) in zip(received, sent, strict=True):
+        if isinstance(want, OutputAudio):
+            assert isinstance(got, OutputAudio)
+            np.testing.assert_array_equal(got.pcm, want.pcm)
+            assert replace(got, pcm=want.pcm) == want
+        else:
+            assert got == want
