@@ -42,6 +42,23 @@ def served_name(weights: str) -> str:
     return os.path.basename(os.path.normpath(weights)) if os.path.isdir(weights) else weights.removeprefix("hf://")
 
 
+def _check_wan(pipeline: Any) -> None:
+    """Refuse what ``WanVideoStepModel`` does not step: not a Wan layout, Wan 2.2's two-expert
+    transformers, or Wan 2.1's CLIP-conditioned image-to-video transformer."""
+    missing = [part for part in _WAN_PARTS if getattr(pipeline, part, None) is None]
+    if missing or pipeline.vae.__class__.__name__ != "AutoencoderKLWan":
+        reason = f"missing {', '.join(missing) or 'a Wan VAE'}"
+    elif getattr(pipeline, "transformer_2", None) is not None:
+        reason = "two transformers (Wan 2.2 A14B) are not served"
+    elif pipeline.transformer.config.get("image_dim") is not None:
+        reason = "a CLIP image-conditioned transformer (Wan 2.1 I2V) is not served"
+    else:
+        return
+    raise ConfigError(
+        f"invalid config field {FIELD!r}: not a servable Wan pipeline ({type(pipeline).__name__}: {reason})"
+    )
+
+
 class VideoGenerationJob:
     """A ``VideoGeneration``: the batcher's job for the denoising, this engine's thread for decoding."""
 
@@ -104,12 +121,7 @@ class VideoEngine:
             pipeline = self._pipeline
             if pipeline is None:
                 pipeline = await asyncio.to_thread(load_pipeline, settings, FIELD, self._config)
-            missing = [part for part in _WAN_PARTS if getattr(pipeline, part, None) is None]
-            if missing or pipeline.vae.__class__.__name__ != "AutoencoderKLWan":
-                raise ConfigError(
-                    f"invalid config field {FIELD!r}: not a Wan text-to-video pipeline "
-                    f"({type(pipeline).__name__}; missing {', '.join(missing) or 'a Wan VAE'})"
-                )
+            _check_wan(pipeline)
             model = WanVideoStepModel(pipeline)
         except (WeightsError, ConfigError) as exc:
             self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"

@@ -109,3 +109,12 @@ async def test_engine_batches_concurrent_requests(config: ServerConfig, pipe: An
         assert stats.steps < 12  # fewer denoiser calls than requests x steps
     finally:
         await engine.stop()
+
+
+async def test_engine_refuses_what_it_cannot_step(config: ServerConfig) -> None:
+    two_experts = tiny_wan_pipeline()
+    two_experts.register_modules(transformer_2=two_experts.transformer)
+    engine = VideoEngine(config, pipeline=two_experts)
+    await engine.start()
+    assert not engine.ready and engine.failure is not None and "two transformers" in engine.failure
+    await engine.stop()
