@@ -197,3 +197,25 @@ async def test_content_of_an_unfinished_or_unknown_job(video_cfg: ServerConfig) 
         async with http.get(f"{base}/v1/videos/{job.id}/content") as response:
             assert response.status == 404 and (await response.json())["error"]["code"] == "video_not_found"
         await asyncio.sleep(0)
+
+
+async def test_full_queue_is_429_and_a_slow_sync_is_504(config: ServerConfig, tiny_wan: Path, tmp_path: Path) -> None:
+    cfg = video_config(config, tiny_wan, tmp_path / "store", sync_timeout_s=0.3)
+    cfg = cfg.model_copy(update={"video_engine": cfg.video_engine.model_copy(update={"max_batch": 1, "max_queued": 1})})
+    long = {"prompt": "a", "num_inference_steps": 200, "num_frames": 41}
+    async with video_server(cfg) as base, aiohttp.ClientSession() as http, _client(base) as client:
+        running = await client.videos.create(prompt="a", extra_body=long)
+        for _ in range(200):  # until the engine took it into its batch: the queue is empty again
+            if (await client.videos.retrieve(running.id)).status == "in_progress":
+                break
+            await asyncio.sleep(0.05)
+        await client.videos.create(prompt="a", extra_body=long)  # waits in the one queue place
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.videos.create(prompt="a", extra_body=long)
+        assert refused.value.code == "resource_exhausted"
+        assert len([v async for v in client.videos.list()]) == 2  # the refused job left no row
+        for video in [v async for v in client.videos.list()]:
+            await client.videos.delete(video.id)  # frees the engine for the sync request
+        async with http.post(f"{base}/v1/videos/sync", json=long) as response:
+            error = (await response.json())["error"]
+            assert response.status == 504 and error["code"] == "generation_timeout"
