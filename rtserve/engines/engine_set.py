@@ -47,9 +47,7 @@ class EngineSet:
                 self._speech_needed = self.session_engine.speak_with(self.speech_engine)
         lent = self.session_engine.turn_engines()
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
-        self.turn_engines = (
-            lent if self._text_engine is None else dataclasses.replace(lent, llm=self._text_engine)
-        )
+        self.turn_engines = lent if self._text_engine is None else dataclasses.replace(lent, llm=self._text_engine)
         if speech is not None:  # and the Kyutai TTS engine its TTS for speech
             self.turn_engines = dataclasses.replace(self.turn_engines, tts=speech)
         self.failure: str | None = None  # why an engine (session, or vLLM text) could not start: /health says it
