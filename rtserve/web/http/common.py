@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ValidationError
 
@@ -90,6 +90,16 @@ def reject_oversized(request: web.Request, limit: int) -> None:
 
 def body_too_large(limit: int) -> ApiError:
     return ApiError(f"Request body exceeds the limit of {limit} bytes.", status=413, code=REQUEST_TOO_LARGE)
+
+
+async def read_part(part: BodyPartReader, limit: int) -> bytes:
+    """One multipart part's bytes, refused (413) as soon as they pass ``limit``, while they arrive."""
+    data = bytearray()
+    while chunk := await part.read_chunk():
+        data += chunk
+        if len(data) > limit:
+            raise body_too_large(limit)
+    return bytes(data)
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from rtserve.engines.voice_names import check_voice_name
 from rtserve.errors import MALFORMED_REQUEST, MISSING_PARAMETER
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
-from rtserve.web.http.common import body_deadline, body_too_large, engine_errors, reject_oversized, require_tts
+from rtserve.web.http.common import body_deadline, engine_errors, read_part, reject_oversized, require_tts
 
 _MODEL_PARTS = ("model", "audio_sample")
 _FIELD_BYTES = 1024  # ``name`` and other small text fields
@@ -52,15 +52,6 @@ async def list_voices(request: web.Request) -> web.Response:
     )
 
 
-async def _read_part(part: BodyPartReader, limit: int) -> bytes:
-    data = bytearray()
-    while chunk := await part.read_chunk():
-        data += chunk
-        if len(data) > limit:
-            raise body_too_large(limit)
-    return bytes(data)
-
-
 async def register_voice(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     limits = ctx.config.voices
@@ -80,15 +71,15 @@ async def register_voice(request: web.Request) -> web.Response:
                 raise ApiError("Unexpected or repeated multipart part.", code=MALFORMED_REQUEST)
             name = "model" if part.name in _MODEL_PARTS else part.name
             if name == "name" and "model" not in fields:
-                fields[name] = await _read_part(part, _FIELD_BYTES)
+                fields[name] = await read_part(part, _FIELD_BYTES)
                 with engine_errors():  # a bad name is refused before the model is read
                     check_voice_name(fields[name].decode("utf-8", "replace"))
             elif name in ("model", "config", "name"):
-                fields[name] = await _read_part(
+                fields[name] = await read_part(
                     part, limits.max_model_bytes if name == "model" else limits.max_config_bytes
                 )
             else:
-                await _read_part(part, _FIELD_BYTES)  # e.g. the SDK's "consent": accepted, unused
+                await read_part(part, _FIELD_BYTES)  # e.g. the SDK's "consent": accepted, unused
     missing = [key for key in ("name", "model", "config") if key not in fields]
     if missing:
         raise ApiError(f"Missing required parameter: '{missing[0]}'.", param=missing[0], code=MISSING_PARAMETER)

@@ -31,7 +31,7 @@ from rtserve.engines.diffusion.video_request import VideoRequest, VideoService
 from rtserve.errors import INVALID_JSON, INVALID_VALUE, MALFORMED_REQUEST, MODEL_NOT_FOUND, UNSUPPORTED_FORMAT
 from rtserve.web.context import CTX, AppContext
 from rtserve.web.errors import ApiError
-from rtserve.web.http.common import body_deadline, body_too_large, read_body, reject_oversized, validate
+from rtserve.web.http.common import body_deadline, body_too_large, read_body, read_part, reject_oversized, validate
 
 _IMAGE_FORMATS = {"PNG", "JPEG", "WEBP"}
 _FIELD_BYTES = 64 * 1024  # one text field (the prompt is the longest)
@@ -109,9 +109,9 @@ async def read_video_body(request: web.Request, limits: VideoRoutesConfig) -> tu
                     raise _bad(f"This model does not take {kind} references.", name, UNSUPPORTED_FORMAT)
                 if upload is not None:
                     raise _bad("This model takes one reference image.", name)
-                upload = await _read_part(part, limits.max_upload_bytes)
+                upload = await read_part(part, limits.max_upload_bytes)
                 continue
-            texts.append((name, (await _read_part(part, _FIELD_BYTES)).decode("utf-8", "replace")))
+            texts.append((name, (await read_part(part, _FIELD_BYTES)).decode("utf-8", "replace")))
     return _form_fields(texts), upload
 
 
@@ -130,15 +130,6 @@ def _form_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
         else:
             fields[name] = text
     return fields
-
-
-async def _read_part(part: BodyPartReader, limit: int) -> bytes:
-    data = bytearray()
-    while chunk := await part.read_chunk():
-        data += chunk
-        if len(data) > limit:
-            raise body_too_large(limit)
-    return bytes(data)
 
 
 def _one_image_url(params: VideoParams, upload: bytes | None) -> tuple[str, str | None] | None:
