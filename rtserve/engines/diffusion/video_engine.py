@@ -12,7 +12,6 @@ Built in the front-end process that serves the routes, loaded in the background 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,16 +21,12 @@ import torch
 
 from rtserve.codecs.fmp4 import RgbFrames
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.diffusion.batcher import BatcherStats, StepBatcher
+from rtserve.engines.diffusion.batched_engine import BatchedEngine
 from rtserve.engines.diffusion.job import DiffusionJob
-from rtserve.engines.diffusion.loading import load_pipeline
 from rtserve.engines.diffusion.video_model import VideoState, WanVideoStepModel
 from rtserve.engines.diffusion.video_request import VideoRequest
 from rtserve.engines.errors import EngineError
-from rtserve.errors import CANCELLED, MODEL_NOT_READY
-from rtserve.weights import WeightsError
-
-log = logging.getLogger(__name__)
+from rtserve.errors import CANCELLED
 
 FIELD = "video_engine.weights"
 _WAN_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
@@ -40,6 +35,11 @@ _WAN_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 def served_name(weights: str) -> str:
     """The model name clients see: the repo id, or a local folder's own name (never its path)."""
     return os.path.basename(os.path.normpath(weights)) if os.path.isdir(weights) else weights.removeprefix("hf://")
+
+
+def _wan_model(pipeline: Any) -> WanVideoStepModel:
+    _check_wan(pipeline)
+    return WanVideoStepModel(pipeline)
 
 
 def _check_wan(pipeline: Any) -> None:
@@ -87,25 +87,13 @@ class VideoGenerationJob:
         self._job.cancel()
 
 
-class VideoEngine:
+class VideoEngine(BatchedEngine[WanVideoStepModel, VideoRequest, VideoState, torch.Tensor]):
     def __init__(self, config: ServerConfig, pipeline: Any = None) -> None:
         """``pipeline``: a loaded diffusers ``WanPipeline`` (tests, benchmarks); otherwise
         ``start`` loads ``video_engine.weights``."""
-        self._config = config
-        self._pipeline = pipeline
-        self._model: WanVideoStepModel | None = None
-        self._batcher: StepBatcher[VideoRequest, VideoState, torch.Tensor] | None = None
+        super().__init__(config, config.video_engine, name="video", field=FIELD, build=_wan_model, pipeline=pipeline)
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="video-decode")
-        self._failure: str | None = None
         self.model_name = served_name(config.video_engine.weights or "video")
-
-    @property
-    def ready(self) -> bool:
-        return self._batcher is not None
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
 
     @property
     def size_multiple(self) -> int:
@@ -115,38 +103,12 @@ class VideoEngine:
     def frame_multiple(self) -> int:
         return self._model.frame_multiple if self._model is not None else 4
 
-    async def start(self) -> None:
-        settings = self._config.video_engine
-        try:
-            pipeline = self._pipeline
-            if pipeline is None:
-                pipeline = await asyncio.to_thread(load_pipeline, settings, FIELD, self._config)
-            _check_wan(pipeline)
-            model = WanVideoStepModel(pipeline)
-        except (WeightsError, ConfigError) as exc:
-            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
-            log.error("video engine not serving: %s", self._failure)
-            return
-        self._model = model
-        batcher = StepBatcher[VideoRequest, VideoState, torch.Tensor](
-            model, max_batch=settings.max_batch, max_queued=settings.max_queued, name="video"
-        )
-        batcher.start()
-        self._batcher = batcher
-        log.info("video engine serving (batch %d)", settings.max_batch)
-
     async def stop(self) -> None:
-        batcher, self._batcher = self._batcher, None
-        if batcher is not None:
-            await batcher.stop()
+        await super().stop()
         self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, request: VideoRequest, on_progress: Callable[[], None] | None = None) -> VideoGenerationJob:
-        if self._batcher is None or self._model is None:
-            raise EngineError(self._failure or "the video engine is still loading", code=MODEL_NOT_READY)
+        model, batcher = self._serving()
         callback = (lambda _job: on_progress()) if on_progress is not None else None
-        (job,) = self._batcher.submit([request], callback)
-        return VideoGenerationJob(job, self._model, self._decoder)
-
-    def stats(self) -> BatcherStats | None:
-        return self._batcher.stats() if self._batcher is not None else None
+        (job,) = batcher.submit([request], callback)
+        return VideoGenerationJob(job, model, self._decoder)
