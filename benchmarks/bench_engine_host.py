@@ -266,7 +266,10 @@ def run_micro(args: argparse.Namespace) -> None:
 
 
 def _child(tree: Path, *argv: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+    # The tree first (its rtserve is the one measured), then whatever the caller's path held (a
+    # host may keep its wheels in a side folder on PYTHONPATH).
+    path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), *argv],
         cwd=tree,
