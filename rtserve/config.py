@@ -322,7 +322,35 @@ class MoshiConfig(_Section):
     )
 
 
-class MoshiEngineConfig(_Section):
+class KvCacheSection(_Section):
+    """How an engine on the Moshi transformer keeps its slots' attention context
+    (docs/engines.md#paged-int8-kv)."""
+
+    kv_cache: Literal["ring", "paged_int8"] = Field(
+        "ring",
+        description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
+        "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
+        "taken as each conversation grows; a session that finds no free block is refused "
+        "with resource_exhausted)",
+    )
+    kv_pool_frames: int | None = Field(
+        None,
+        ge=1,
+        description="paged_int8: frames of context the pool holds for "
+        "all slots together (null: batch_size x the model's "
+        "context, so every slot can reach it)",
+    )
+    kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
+
+    @field_validator("kv_block_frames")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("must be a power of two")
+        return value
+
+
+class MoshiEngineConfig(KvCacheSection):
     """The native Moshi / PersonaPlex engine (``--engine moshi``; docs/engines.md#moshi-engine)."""
 
     weights: str | None = Field(
@@ -348,21 +376,6 @@ class MoshiEngineConfig(_Section):
     top_k_text: int = Field(25, ge=0, description="text token top-k (0: no cut)")
     max_prompt_tokens: int = Field(512, ge=1, description="longest persona text, in tokens; longer is refused")
     max_voice_seconds: float = Field(30.0, gt=0, description="longest voice prompt audio")
-    kv_cache: Literal["ring", "paged_int8"] = Field(
-        "ring",
-        description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
-        "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
-        "taken as each conversation grows; a session that finds no free block is refused "
-        "with resource_exhausted)",
-    )
-    kv_pool_frames: int | None = Field(
-        None,
-        ge=1,
-        description="paged_int8: frames of context the pool holds for "
-        "all slots together (null: batch_size x the model's "
-        "context, so every slot can reach it)",
-    )
-    kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
     fuse_glue: bool = Field(
         True,
         description="on CUDA, compile the elementwise work between the matrix "
@@ -393,15 +406,8 @@ class MoshiEngineConfig(_Section):
             raise ValueError("needs 0 <= LOW <= HIGH")
         return value
 
-    @field_validator("kv_block_frames")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
-            raise ValueError("must be a power of two")
-        return value
 
-
-class SttEngineConfig(_Section):
+class SttEngineConfig(KvCacheSection):
     """The Kyutai streaming speech-to-text engine behind ``WS /api/asr-streaming``
     (docs/engines.md#kyutai-stt-engine)."""
 

@@ -27,6 +27,7 @@ from rtserve.engines.kyutai_stt.stream import SttStream
 from rtserve.engines.kyutai_stt.words import WordTracker
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
+from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.tiny_torch import resolve_device
 from rtserve.engines.values import SlotPrompt
 from rtserve.errors import ENGINE_UNAVAILABLE
@@ -67,7 +68,8 @@ class KyutaiSttEngine:
         self._model = model
         self.sample_rate = model.loaded.mimi_config.sample_rate
         settings = self._config.stt_engine
-        frame_model = SttFrameModel(model, settings.batch_size, temperature=settings.temperature)
+        paged_kv = paged_kv_spec(settings, settings.batch_size, model.loaded.lm_config.context)
+        frame_model = SttFrameModel(model, settings.batch_size, temperature=settings.temperature, paged_kv=paged_kv)
         lockstep = self._config.lockstep.model_copy(
             update={
                 "max_input_backlog_ms": settings.max_buffered_s * 1000,

@@ -23,7 +23,7 @@ from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
 from rtserve.engines.moshi.lm_config import CheckpointError, MimiConfig
 from rtserve.engines.moshi.loader import load_files, random_model
-from rtserve.engines.moshi.paged_kv import PagedKVSpec
+from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.moshi.sampling import MoshiSampling
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.protocols import TurnEngines
@@ -81,11 +81,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
         top_k_text=settings.top_k_text,
     )
     voice_dir = settings.voice_dir or config.models.voice_prompt_dir or loaded.voices
-    paged_kv = None
-    if settings.kv_cache == "paged_int8":
-        block = settings.kv_block_frames
-        frames = settings.kv_pool_frames or settings.batch_size * loaded.lm_config.context
-        paged_kv = PagedKVSpec(num_blocks=-(-frames // block), block_size=block)
+    paged_kv = paged_kv_spec(settings, settings.batch_size, loaded.lm_config.context)
     return MoshiFrameModel(
         loaded,
         settings.batch_size,

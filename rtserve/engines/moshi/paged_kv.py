@@ -26,6 +26,7 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as F
 
+from rtserve.config import KvCacheSection
 from rtserve.engines.errors import CapacityExhausted
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,14 @@ class PagedKVSpec:
     def bytes_per_frame(layers: int, heads: int, head_dim: int) -> int:
         """Device bytes one frame of one conversation takes (int8 K and V plus their scales)."""
         return layers * 2 * heads * (head_dim + 4)
+
+
+def paged_kv_spec(settings: KvCacheSection, batch_size: int, context: int) -> PagedKVSpec | None:
+    """The pool a ``kv_cache`` setting asks for, ``None`` for rings (docs/engines.md#paged-int8-kv)."""
+    if settings.kv_cache != "paged_int8":
+        return None
+    frames = settings.kv_pool_frames or batch_size * context
+    return PagedKVSpec(num_blocks=-(-frames // settings.kv_block_frames), block_size=settings.kv_block_frames)
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -165,3 +165,34 @@ async def test_a_server_with_no_speech_to_text_answers_404_before_the_handshake(
     response = refused.value.response
     assert response.status_code == 404
     assert json.loads(response.body or b"{}")["error"]["code"] == "asr_streaming_unavailable"
+
+
+async def test_paged_int8_kv_serves_streams_and_refuses_one_that_finds_no_free_block(
+    config: ServerConfig, stt_weights: Path
+) -> None:
+    """``stt_engine.kv_cache: paged_int8`` with a pool of one block: the first stream holds it and
+    is transcribed; a second stream is refused with a typed error, and the first goes on."""
+    paged = _config(config, stt_weights, 30.0)
+    paged.stt_engine = paged.stt_engine.model_copy(
+        update={"kv_cache": "paged_int8", "kv_block_frames": 8, "kv_pool_frames": 8}
+    )
+    async with serve_app(build_app(paged)) as base:
+        url = base.replace("http://", "ws://") + "/api/asr-streaming"
+        first = await _connect(url)
+        second = await websockets.connect(url, additional_headers={"kyutai-api-key": KEY})
+        messages = [msgpack.unpackb(await asyncio.wait_for(second.recv(), 30))]
+        if messages[0]["type"] == "Ready":  # the refusal comes once the slot is opened on the engine thread
+            await second.send(_pack({"type": "Audio", "pcm": [0.0] * FRAME}))
+            messages.append(msgpack.unpackb(await asyncio.wait_for(second.recv(), 30)))
+        assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "resource_exhausted", messages
+        await second.close()
+        rng = np.random.default_rng(1)
+        for _ in range(12):
+            await first.send(_pack({"type": "Audio", "pcm": (0.3 * rng.standard_normal(FRAME)).tolist()}))
+        await first.send(_pack({"type": "Marker", "id": 7}))
+        for _ in range(20):
+            await first.send(_pack({"type": "Audio", "pcm": [0.0] * FRAME}))
+        while (message := msgpack.unpackb(await asyncio.wait_for(first.recv(), 30)))["type"] != "Marker":
+            assert message["type"] in ("Step", "Word", "EndWord"), message
+        assert message == {"type": "Marker", "id": 7}
+        await first.close()
