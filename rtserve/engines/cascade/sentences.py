@@ -29,7 +29,12 @@ _SPACES = re.compile(r"\s+")
 
 def speakable(text: str) -> str:
     """Drop markdown/markup characters an LLM likes to emit; TTS would read them aloud."""
-    return _SPACES.sub(" ", _MARKUP.sub("", text)).strip()
+    return _SPACES.sub(" ", without_markup(text)).strip()
+
+
+def without_markup(text: str) -> str:
+    """The markup characters alone removed (spacing kept): safe on any piece of a streamed text."""
+    return _MARKUP.sub("", text)
 
 
 class SentenceSplitter:

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import numpy as np
 
 from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.cascade.sentences import without_markup
 from rtserve.engines.kyutai_tts.service import SpeechStream, SpeechStreams
 from rtserve.engines.kyutai_tts.stream import SpokenWord
 from rtserve.engines.values import TokenDelta
@@ -65,12 +66,13 @@ async def speak_streamed(
         try:
             async for delta in deltas:
                 await out.put(delta)
-                if not delta.text:
+                text = without_markup(delta.text)  # the engine would speak "**" and "#"
+                if not text:
                     continue
                 if not opened:
                     opened.append(await streams.open_stream(stream_id, voice()))
                     reader = asyncio.create_task(read(opened[0]), name=f"{stream_id}-audio")
-                opened[0].send_text(delta.text)
+                opened[0].send_text(text)
             if opened:
                 opened[0].end()
                 assert reader is not None

@@ -82,3 +82,18 @@ async def test_closing_mid_speech_frees_the_slot_at_once(engine: KyutaiTTSEngine
                 break
     stream = await engine.open_stream("next", "alice")  # max_sessions is 1: free again
     await stream.close()
+
+
+async def test_markup_the_llm_writes_is_not_spoken(engine: KyutaiTTSEngine) -> None:
+    async def llm() -> AsyncIterator[TokenDelta]:
+        for piece in ("**Paris**", " is the", " _capital_", " of `France`.", ""):
+            yield TokenDelta(piece, finish_reason="stop" if not piece else None)
+
+    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        out = [item async for item in spoken]
+    deltas = [item.text for item in out if isinstance(item, TokenDelta)]
+    assert deltas == ["**Paris**", " is the", " _capital_", " of `France`.", ""]  # passed on as written
+    assert (
+        "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta)) == "Paris is the capital of France."
+    )
