@@ -31,15 +31,20 @@ import argparse
 import copy
 import gc
 import json
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from moshi_build import build_lm, build_mimi, mimi_config, prefill_ours, prefill_paged, prefill_reference, sync
+from moshi_build import (
+    build_lm,
+    build_mimi,
+    mimi_config,
+    prefill_ours,
+    prefill_paged,
+    prefill_reference,
+    time_steps,
+)
 
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import stt_model
@@ -133,23 +138,6 @@ class RandomWeightsPieces:
 
     def id_to_piece(self, index: int) -> str:
         return ""
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def time_steps(step: Callable[[], None], frames: int, warmup: int, device: torch.device) -> dict[str, float]:
-    times = []
-    for i in range(warmup + frames):
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        if i >= warmup:
-            times.append(1000 * (time.perf_counter() - start))
-    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
 
 
 def release(lm: Any, mimi: Any, device: torch.device) -> None:

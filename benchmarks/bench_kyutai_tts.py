@@ -29,7 +29,6 @@ import contextlib
 import copy
 import gc
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from moshi_build import build_mimi, mimi_config, sync
+from moshi_build import build_mimi, mimi_config, summary, sync
 from safetensors.torch import save_file
 
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename, voice_layout
@@ -161,15 +160,6 @@ def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dt
     no_tokenizer: Any = None  # scripts are given as token ids
     loaded = LoadedTTS(lm.eval(), conditioners.eval(), mimi, no_tokenizer, arch, MimiConfig.from_dict(mcfg), None)
     return ref_lm, ref_mimi, loaded
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
 
 
 def words(raw: dict[str, Any], count: int, seed: int) -> list[list[int]]:

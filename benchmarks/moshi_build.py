@@ -9,6 +9,9 @@ the folder loader uses. Needs ``moshi==0.2.13`` (installed ``--no-deps``) and ``
 from __future__ import annotations
 
 import copy
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +177,26 @@ def prefill_reference(ref_lm: Any, fill: int) -> None:
         state.offset_cpu = fill
         state.kv_cache.cache.normal_()
         state.kv_cache.end_offset.fill_(fill)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` (0..1) quantile by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
+
+
+def time_steps(step: Callable[[], None], frames: int, warmup: int, device: torch.device) -> dict[str, float]:
+    """p50 / p99 ms of ``step`` over ``frames`` calls after ``warmup``, each bracketed by device syncs."""
+    times = []
+    for i in range(warmup + frames):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        if i >= warmup:
+            times.append(1000 * (time.perf_counter() - start))
+    return summary(times)

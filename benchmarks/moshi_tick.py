@@ -33,8 +33,6 @@ import argparse
 import contextlib
 import gc
 import json
-import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -53,6 +51,7 @@ from moshi_build import (
     set_reference_ring,
     share_weights,
     sync,
+    time_steps,
 )
 
 from rtserve.engines.moshi import fused
@@ -71,11 +70,6 @@ PAGED_BLOCK = 64
 PAGED_MARGIN_PER_ROW = 48 * 2**20
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def time_frames(
     step: Callable[[], None],
     prefill: Callable[[str], str | None],
@@ -92,15 +86,7 @@ def time_frames(
         if skipped is not None:
             out[fill] = {"skipped": skipped}
             continue
-        times = []
-        for i in range(warmup + frames):
-            sync(device)
-            start = time.perf_counter()
-            step()
-            sync(device)
-            if i >= warmup:
-                times.append(1000 * (time.perf_counter() - start))
-        out[fill] = {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
+        out[fill] = time_steps(step, frames, warmup, device)
     return out
 
 
