@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rtserve.codecs.fmp4 import RgbFrames
+from rtserve.engines.diffusion.batcher import BatcherStats
 
 
 @dataclass(frozen=True)
@@ -66,4 +67,8 @@ class VideoService(Protocol):
     def submit(self, request: VideoRequest, on_progress: Callable[[], None] | None = None) -> VideoGeneration:
         """Queue ``request``: ``resource_exhausted`` when the queue is full, ``model_not_ready``
         before the engine serves. ``on_progress`` runs on the engine thread after each step."""
+        ...
+
+    def stats(self) -> BatcherStats | None:
+        """The step counters (``/metrics``); None while loading or after a failed load."""
         ...

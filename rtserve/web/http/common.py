@@ -202,15 +202,22 @@ def _require(ctx: AppContext, engine: _ModelNamed | None, task: ModelTask, model
     if ctx.engines.sleeping:
         raise engine_sleeping()
     if not ctx.engine.ready:
-        if ctx.engine_failure:
-            raise ApiError("The server's models failed to load; see /health.", status=503, code=ENGINE_FAILED)
-        raise ApiError(
-            "Models are still loading; retry when /health reports ok.",
-            status=503,
-            code=MODEL_NOT_READY,
-            headers={"Retry-After": "5"},
-        )
+        raise not_serving(ctx.engine.capabilities.name, failed=bool(ctx.engine_failure))
     return engine
+
+
+def not_serving(engine: str, *, failed: bool) -> ApiError:
+    """The 503 of a route whose engine (named ``engine``) does not serve: ``engine_failed`` for
+    good after a failed load (the reason stays in the server log), else ``model_not_ready``
+    with Retry-After while it loads."""
+    if failed:
+        return ApiError(f"The {engine} engine failed to load; see the server log.", status=503, code=ENGINE_FAILED)
+    return ApiError(
+        f"The {engine} engine is still loading; retry shortly.",
+        status=503,
+        code=MODEL_NOT_READY,
+        headers={"Retry-After": "5"},
+    )
 
 
 def engine_sleeping() -> ApiError:

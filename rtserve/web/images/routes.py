@@ -25,13 +25,13 @@ from PIL import Image
 from rtserve.engines.diffusion.job import DiffusionJob
 from rtserve.engines.diffusion.service import ImageService
 from rtserve.engines.errors import EngineError
-from rtserve.errors import ENGINE_FAILED, IMAGES_UNAVAILABLE, MODEL_NOT_READY, NOT_FOUND
+from rtserve.errors import IMAGES_UNAVAILABLE, NOT_FOUND
 from rtserve.web.context import CTX
+from rtserve.web.diffusion_metrics import BatchedEngineCollector
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
-from rtserve.web.http.common import engine_errors, read_json, run_generation, validate
+from rtserve.web.http.common import engine_errors, not_serving, read_json, run_generation, validate
 from rtserve.web.images import pictures
-from rtserve.web.images.metrics import ImageEngineCollector
 from rtserve.web.images.params import ImageParams, ImagePlan, plan
 from rtserve.web.images.store import ImageStore
 from rtserve.web.images.upload import read_edit_form
@@ -57,10 +57,8 @@ def _engine(request: web.Request) -> ImageService:
         raise ApiError(
             "This server has no image engine (image_engine.weights is not set).", status=404, code=IMAGES_UNAVAILABLE
         )
-    if engine.failure is not None:
-        raise ApiError("The image engine failed to load; see the server log.", status=503, code=ENGINE_FAILED)
     if not engine.ready:
-        raise ApiError("The image engine is still loading; retry shortly.", status=503, code=MODEL_NOT_READY)
+        raise not_serving("image", failed=engine.failure is not None)
     return engine
 
 
@@ -136,5 +134,5 @@ def setup(app: web.Application, engine: ImageService | None) -> None:
     app.router.add_post(EDITS, edits)
     app.router.add_get(FILES, files)
     if engine is not None:
-        ctx.registry.register(ImageEngineCollector(engine))
+        ctx.registry.register(BatchedEngineCollector(engine, "image"))
         run_with_app(app, engine, "image")

@@ -47,6 +47,7 @@ from rtserve.web.connections import Connections, close_socket
 from rtserve.web.context import CTX
 from rtserve.web.error_mapping import close_code
 from rtserve.web.videos.job_runner import submit
+from rtserve.web.videos.metrics import METRICS
 from rtserve.web.videos.params import ParsedVideo, parse_video, read_reference
 from rtserve.web.videos.service import ready_service
 
@@ -65,6 +66,7 @@ class VideoStreamConnection:
         self._ws = ws
         self._app = app
         self._limits = app[CTX].config.videos
+        self._metrics = app[METRICS]
         self._alive = asyncio.Event()  # set by a step, a chunk or a ping: the stall clock restarts
         self._stopped = False
         self._chunks = 0
@@ -108,7 +110,7 @@ class VideoStreamConnection:
             return
         try:
             parsed = await self._parse(start)
-            generation = submit(ready_service(self._app), parsed, self._alive)
+            generation = submit(ready_service(self._app), parsed, self._alive, self._metrics)
         except RtserveError as exc:
             await self._end(exc)
             return
@@ -192,6 +194,8 @@ class VideoStreamConnection:
                 f"The client took no video for {self._limits.send_timeout_s:g} s.", code=OUTPUT_BACKPRESSURE
             ) from None
         self._chunks += 1
+        self._metrics.chunks.inc()
+        self._metrics.chunk_bytes.inc(len(data))
         self._alive.set()
 
     async def _read(self) -> None:
@@ -261,7 +265,8 @@ async def realtime_video(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=app[CTX].config.videos.max_message_bytes)
     await ws.prepare(request)
     async with app[CONNECTIONS].track(ws):
-        await VideoStreamConnection(ws, app).run()
+        with app[METRICS].streams.track_inprogress():
+            await VideoStreamConnection(ws, app).run()
     return ws
 
 

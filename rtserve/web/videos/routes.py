@@ -25,6 +25,7 @@ from rtserve.errors import (
     RtserveError,
 )
 from rtserve.web.context import CTX
+from rtserve.web.diffusion_metrics import BatchedEngineCollector
 from rtserve.web.error_mapping import api_error
 from rtserve.web.errors import ApiError
 from rtserve.web.http.common import generation_route, run_generation
@@ -32,6 +33,7 @@ from rtserve.web.route_engine import RouteEngine, run_with_app
 from rtserve.web.videos import realtime
 from rtserve.web.videos.job_runner import VideoJobs, render_mp4, submit
 from rtserve.web.videos.job_store import StoreLimits, VideoJob, VideoJobStore
+from rtserve.web.videos.metrics import METRICS, VideoMetrics
 from rtserve.web.videos.params import read_video_request
 from rtserve.web.videos.service import SERVICE, ready_service
 
@@ -116,7 +118,7 @@ async def create_video_sync(request: web.Request) -> web.StreamResponse:
 
     async def work() -> web.StreamResponse:
         try:
-            generation = submit(request.app[SERVICE], parsed, asyncio.Event())
+            generation = submit(request.app[SERVICE], parsed, asyncio.Event(), request.app[METRICS])
             async with asyncio.timeout(ctx.config.videos.sync_timeout_s):
                 mp4 = await render_mp4(generation, parsed.fps, ctx.codecs)
         except TimeoutError:
@@ -135,7 +137,7 @@ async def _open_store(app: web.Application) -> None:
     store = await VideoJobStore.open(
         limits.store_dir, StoreLimits(limits.job_ttl_s, limits.max_jobs, limits.max_store_bytes)
     )
-    app[JOBS] = VideoJobs(store, app[SERVICE], app[CTX].codecs)
+    app[JOBS] = VideoJobs(store, app[SERVICE], app[CTX].codecs, app[METRICS])
 
     async def sweep() -> None:
         while True:
@@ -157,6 +159,9 @@ def setup(app: web.Application, engine: VideoEngineLike | None) -> None:
     if engine is None:
         return
     app[SERVICE] = engine
+    registry = app[CTX].registry
+    app[METRICS] = VideoMetrics(registry)
+    registry.register(BatchedEngineCollector(engine, "video"))
     run_with_app(app, engine, "video")
     app.on_startup.append(_open_store)
     app.on_shutdown.append(_close_store)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from rtserve.engines.diffusion.video_request import VideoService
-from rtserve.errors import ENGINE_FAILED, MODEL_NOT_READY
-from rtserve.web.errors import ApiError
+from rtserve.web.http.common import not_serving
 
 SERVICE = web.AppKey("video_service", VideoService)
 
@@ -14,12 +13,5 @@ SERVICE = web.AppKey("video_service", VideoService)
 def ready_service(app: web.Application) -> VideoService:
     service = app[SERVICE]
     if not service.ready:
-        if service.failure:
-            raise ApiError("The video model failed to load; see the server log.", status=503, code=ENGINE_FAILED)
-        raise ApiError(
-            "The video model is still loading; retry shortly.",
-            status=503,
-            code=MODEL_NOT_READY,
-            headers={"Retry-After": "5"},
-        )
+        raise not_serving("video", failed=bool(service.failure))
     return service
