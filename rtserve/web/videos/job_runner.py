@@ -123,15 +123,13 @@ class VideoJobs:
         """The job's final status (``completed`` or ``failed``) once stored."""
         render = asyncio.ensure_future(render_mp4(generation, fps, self._codecs))
         try:
-            started = False
             while not render.done():
                 waiter = asyncio.ensure_future(progressed.wait())
                 await asyncio.wait({render, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 if progressed.is_set():
                     progressed.clear()
-                    if not started:  # the engine took it into a wave
-                        started = True
+                    if job_id not in self._started:  # the engine took it into a wave
                         self._started.add(job_id)
                         self._metrics.jobs.labels("queued").dec()
                         self._metrics.jobs.labels("in_progress").inc()
