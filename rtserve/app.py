@@ -67,25 +67,22 @@ async def _on_cleanup(app: web.Application) -> None:
 
 
 def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStreamEngine | None:
-    """The Kyutai STT engine behind ``/api/asr-streaming`` when ``stt_engine.weights`` is set: the
-    one the cascade hears with where it lends it (``cascade.asr: stt_engine``, engines in this
-    process), else one of this front-end's own (docs/engines.md#kyutai-stt-engine); without
-    weights the app's ASR engine (the cascade's Whisper) cut by a VAD in this process, where
-    the engine lends one (docs/serving.md#asr-streaming)."""
+    """The speech-to-text engine behind ``/api/asr-streaming``: the engines' Kyutai STT when
+    ``stt_engine.weights`` is set, one copy for the server, reached over the engine link from
+    workers (docs/engines.md#kyutai-stt-engine); without weights the app's ASR engine (the
+    cascade's Whisper) cut by a VAD in this process, where the engine lends one
+    (docs/serving.md#asr-streaming)."""
     if ctx.turn_engines.stt is not None:
         return ctx.turn_engines.stt
     if not config.stt_engine.weights:
         if ctx.turn_engines.asr is None:
             return None
         return WhisperSpeechStreamEngine(config.models, lambda: ctx.turn_engines.asr if ctx.engines.ready else None)
+    # Engines of a cluster (several engine processes) do not route STT streams yet: a copy here.
     from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
 
-    if config.cascade.asr == "stt_engine":  # the cascade's copy is in the engine process, out of reach
-        log.warning(
-            "/api/asr-streaming and /v1/audio/transcriptions load a Kyutai STT copy of their own in this "
-            "worker: the cascade's is not reachable over the engine link (docs/engines.md#cascade-streaming-asr)"
-        )
-    return KyutaiSttEngine(config)
+    log.warning("/api/asr-streaming loads a Kyutai STT copy of its own in this front-end: its engines lend none")
+    return KyutaiSttEngine(config, registry=ctx.registry)
 
 
 def _tts_stream_engine(config: ServerConfig) -> TTSStreamEngine | None:

@@ -929,7 +929,8 @@ class EngineLinkConfig(_Section):
         256,
         ge=8,
         description="engine events a worker holds per session for a slow "
-        "consumer; beyond, the oldest audio without text is dropped",
+        "consumer; beyond, the oldest audio without text is dropped (a speech-to-text stream ends "
+        "with output_backpressure)",
     )
     max_send_buffer_bytes: int = Field(
         64 * 1024 * 1024, ge=1024 * 1024, description="the engine drops a worker link that stopped reading past this"

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import SpeaksWithStreams, TTSStreamEngine
 from rtserve.engines.policy.batcher import PolicyBatcher
 from rtserve.engines.protocols import HostedSessionEngine, TTSEngine
@@ -46,6 +47,11 @@ class EngineSet:
             if self.speech_engine is not None:
                 self._speech_needed = self.session_engine.speak_with(self.speech_engine)
         lent = self.session_engine.turn_engines()
+        # The one Kyutai STT engine (stt_engine.weights): the cascade's where it hears with it, else
+        # one built and run here; every front-end's speech-to-text streams go to it.
+        self.stt_engine = None if lent.stt is not None else _stt_engine(config, registry)
+        if self.stt_engine is not None:
+            lent = dataclasses.replace(lent, stt=self.stt_engine)
         # A configured text engine (vLLM) replaces the session engine's LLM for chat.
         self.turn_engines = lent if self._text_engine is None else dataclasses.replace(lent, llm=self._text_engine)
         if speech is not None:  # and the Kyutai TTS engine its TTS for speech
@@ -101,6 +107,8 @@ class EngineSet:
             self._tasks.append(asyncio.create_task(self._start_text_engine()))
         if self.speech_engine is not None:
             self._tasks.append(asyncio.create_task(self._start_speech_engine()))
+        if self.stt_engine is not None:
+            self._tasks.append(asyncio.create_task(self._start_stt_engine()))
         self._policy_loading = asyncio.create_task(self._load_policy())
         self._policy_loading.add_done_callback(lambda _: self._changed())
 
@@ -128,6 +136,8 @@ class EngineSet:
         await self.session_engine.stop()
         if self.speech_engine is not None:
             await self.speech_engine.stop()
+        if self.stt_engine is not None:
+            await self.stt_engine.stop()
 
     # ------------------------------------------------------------------ sleep mode (docs/serving.md#sleep-mode)
 
@@ -177,6 +187,11 @@ class EngineSet:
             self.failure = self.speech_engine.failure
         self._changed()
 
+    async def _start_stt_engine(self) -> None:
+        assert self.stt_engine is not None
+        await self.stt_engine.start()  # a failure is kept by the engine: its streams are refused with it
+        self._changed()  # workers learn it serves (or why not)
+
     async def _start_text_engine(self) -> None:
         assert self._text_engine is not None
         try:
@@ -203,6 +218,15 @@ class EngineSet:
             "robot policy %r ready (max_batch=%d, window=%.1f ms)", robot.policy, robot.max_batch, robot.batch_window_ms
         )
         return batcher
+
+
+def _stt_engine(config: ServerConfig, registry: CollectorRegistry) -> SpeechStreamEngine | None:
+    """The Kyutai STT engine when ``stt_engine.weights`` is set (docs/engines.md#kyutai-stt-engine)."""
+    if not config.stt_engine.weights:
+        return None
+    from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
+
+    return KyutaiSttEngine(config, registry=registry)
 
 
 def _speech_engine(config: ServerConfig) -> tuple[TTSStreamEngine | None, TTSEngine | None]:

@@ -12,7 +12,7 @@ resampled, the OpenAI wire rate). Reply audio comes in 40 ms chunks.
 With ``cascade.asr: stt_engine`` sessions hear with the streaming Kyutai STT instead of
 Whisper (``stream_asr``): this engine builds it (in the engine process, beside the other
 models), starts and stops it, and lends it (``turn_engines().stt``) so that
-``/api/asr-streaming`` in the same process serves from the same model copy.
+``/api/asr-streaming`` serves from the same model copy (workers over the engine link).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class CascadeEngine:
                 first_clause_min_chars=limits.first_clause_min_chars,
             ),
         )
-        self.stt = _streaming_stt(config)
+        self.stt = _streaming_stt(config, registry)
         self._sessions: set[CascadeSession] = set()
         self._ready = False
 
@@ -131,6 +131,7 @@ class CascadeEngine:
             raise EngineSleeping()
         if len(self._sessions) >= self.capabilities.max_sessions:
             raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
+        hearing = await self._hearing(session_id)
         session = CascadeSession(
             session_id,
             self.capabilities,
@@ -140,18 +141,18 @@ class CascadeEngine:
             self._config.sessions.max_pending_turns_per_session,
             self._metrics,
             on_close=self._forget,
-            hearing=self._hearing(session_id),
+            hearing=hearing,
         )
         self._sessions.add(session)
         self._metrics.sessions.set(len(self._sessions))
         return session
 
-    def _hearing(self, session_id: str) -> Callable[[Callable[[EngineEvent], None]], StreamAsr] | None:
+    async def _hearing(self, session_id: str) -> Callable[[Callable[[EngineEvent], None]], StreamAsr] | None:
         """A stream on the streaming STT for a new session (``CapacityExhausted`` when none is free)."""
         stt = self.stt
         if stt is None:
             return None
-        stream = stt.open_stream(session_id)
+        stream = await stt.open_stream(session_id)
         return lambda report: StreamAsr(stream, asr_module.SAMPLE_RATE, stt.sample_rate, stt.release_timeout_s, report)
 
     def _forget(self, session: CascadeSession) -> None:
@@ -185,14 +186,14 @@ class CascadeEngine:
         return (self.vad, self.asr, self.llm, self.tts)
 
 
-def _streaming_stt(config: ServerConfig) -> SpeechStreamEngine | None:
+def _streaming_stt(config: ServerConfig, registry: CollectorRegistry) -> SpeechStreamEngine | None:
     if config.cascade.asr != "stt_engine":
         return None
     if not config.stt_engine.weights:
         raise ConfigError("cascade.asr 'stt_engine' needs stt_engine.weights (the streaming STT to hear with)")
     from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine  # torch: only when configured
 
-    return KyutaiSttEngine(config)
+    return KyutaiSttEngine(config, registry=registry)
 
 
 def create_engine(config: ServerConfig, registry: CollectorRegistry) -> CascadeEngine:

@@ -237,7 +237,7 @@ class WhisperSpeechStreamEngine:
     def failure(self) -> str | None:
         return self._failure
 
-    def open_stream(self, stream_id: str) -> WhisperSttStream:
+    async def open_stream(self, stream_id: str) -> WhisperSttStream:
         asr = self._asr()
         if self._failure is not None:
             raise EngineError(self._failure, code=ENGINE_UNAVAILABLE)

@@ -7,8 +7,11 @@ load in ``start()``, on a thread, so the server answers meanwhile (streams are r
 
 Its scheduler keeps every sample a client sends: no latency trimming (a transcript must not
 lose speech to save 80 ms), and a backlog of ``stt_engine.max_buffered_s`` (clients may send
-faster than real time). Its lockstep metrics live in a registry of its own: the families are
-named per process, and the realtime engine may be lockstep too.
+faster than real time). Its lockstep metrics live in a registry of its own (the realtime
+engine may be lockstep too) and show in the server's as ``rtserve_kyutai_stt_*``.
+
+A server runs one copy: the engine set builds it (or takes the cascade's) and workers reach
+it over the engine link (docs/engines.md#kyutai-stt-engine).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
 from rtserve.engines.kyutai_stt.stream import SttStream
 from rtserve.engines.kyutai_stt.words import WordTracker
+from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
@@ -38,14 +42,21 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "stt_engine.weights"
+METRICS_PREFIX = "rtserve_kyutai_stt_"
 
 
 class KyutaiSttEngine:
-    def __init__(self, config: ServerConfig, model: SttModel | None = None) -> None:
-        """``model``: already loaded (tests); otherwise ``start`` loads ``stt_engine.weights``."""
+    def __init__(
+        self, config: ServerConfig, model: SttModel | None = None, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        """``model``: already loaded (tests); otherwise ``start`` loads ``stt_engine.weights``.
+        ``registry``: the server's, where its scheduler's metrics show."""
         self._config = config
         self._model = model
         self._scheduler: LockstepScheduler | None = None
+        self._lockstep_metrics = CollectorRegistry()
+        if registry is not None:
+            registry.register(RenamedMetrics(self._lockstep_metrics, METRICS_PREFIX))
         self._failure: str | None = None
         self.release_timeout_s = config.lockstep.release_timeout_s
         self.sample_rate = 24000 if model is None else model.loaded.mimi_config.sample_rate
@@ -77,7 +88,7 @@ class KyutaiSttEngine:
                 "underrun_repay_ms": 0.0,
             }
         )
-        self._scheduler = LockstepScheduler(frame_model, lockstep, CollectorRegistry(), name="kyutai_stt")
+        self._scheduler = LockstepScheduler(frame_model, lockstep, self._lockstep_metrics, name="kyutai_stt")
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)
 
@@ -93,7 +104,7 @@ class KyutaiSttEngine:
         if self._scheduler is not None:
             await asyncio.to_thread(self._scheduler.stop, self.release_timeout_s)
 
-    def open_stream(self, stream_id: str) -> SttStream:
+    async def open_stream(self, stream_id: str) -> SttStream:
         scheduler, model = self._scheduler, self._model
         if scheduler is None or model is None or not scheduler.running:
             raise EngineError(self._failure or "the speech-to-text engine is not running", code=ENGINE_UNAVAILABLE)

@@ -53,6 +53,7 @@ class SpeechStreamEngine(Protocol):
     @property
     def release_timeout_s(self) -> float: ...
 
-    def open_stream(self, stream_id: str) -> SpeechStream:
-        """A stream on a free slot, or ``CapacityExhausted`` / ``EngineError`` at once."""
+    async def open_stream(self, stream_id: str) -> SpeechStream:
+        """A stream on a free slot, or ``CapacityExhausted`` / ``EngineError`` (the engine may be
+        in another process: the engine link's ``RemoteSpeechStreams``)."""
         ...

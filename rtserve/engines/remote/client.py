@@ -1,7 +1,8 @@
 """Front-end proxies of the engines that run in the engine process.
 
 ``RemoteSessionEngine`` is a ``SessionEngine``; its sessions are ``EngineSession``s; the
-turn-engine proxies are ``ASREngine``/``LLMEngine``/``TTSEngine``; ``RemotePolicy`` has the
+turn-engine proxies are ``ASREngine``/``LLMEngine``/``TTSEngine`` (and the streaming STT's,
+``speech_streams.py``); ``RemotePolicy`` has the
 policy batcher's interface. Front-ends use them exactly as the in-process engines, so
 the session core and every transport run unchanged over either.
 """
@@ -20,8 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.protocols import TurnEngines
-from rtserve.engines.remote.link import EngineLink, EngineUnavailable, engine_lost
+from rtserve.engines.remote.link import ENGINE_LOST_FAILURE, EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
+from rtserve.engines.remote.speech_streams import RemoteSpeechStreams
 from rtserve.engines.remote.wire import Kind
 from rtserve.engines.values import (
     ChatMessage,
@@ -34,13 +36,11 @@ from rtserve.engines.values import (
     TranscriptPiece,
     VoiceInfo,
 )
-from rtserve.errors import ENGINE_PROCESS_LOST
 from rtserve.weights import DownloadStatus
 
 log = logging.getLogger(__name__)
 
 _METRICS_PUSH_S = 1.0
-ENGINE_LOST_FAILURE = EngineFailure(ENGINE_PROCESS_LOST, "the engine process stopped")
 
 
 class RemoteEngineSession:
@@ -185,18 +185,14 @@ class RemoteSessionEngine:
         """The link belongs to ``RemoteEngines``, which closes it."""
 
     async def open_session(self, session_id: str, options: SessionOptions) -> RemoteEngineSession:
-        opening = asyncio.ensure_future(self._link.call("engine", "open_session", session_id, options))
-        try:
-            handle, capabilities = await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            # The caller gave up (a client left mid-open): the slot it gets anyway is released.
-            opening.add_done_callback(self._close_unwanted)
-            raise
+        handle, capabilities = await self._link.call_opening(
+            lambda opened: self._link.command("session", "close", opened[0]),
+            "engine",
+            "open_session",
+            session_id,
+            options,
+        )
         return RemoteEngineSession(self._link, handle, capabilities, self._max_queued_events)
-
-    def _close_unwanted(self, opening: asyncio.Future[Any]) -> None:
-        if not opening.cancelled() and opening.exception() is None:
-            self._link.command("session", "close", opening.result()[0])
 
     def model_ids(self) -> list[str]:
         return list(self._offer.model_ids)
@@ -287,6 +283,7 @@ class RemoteEngines:
             asr=RemoteASR(link, offer.asr) if offer.asr else None,
             llm=RemoteLLM(link, offer.llm) if offer.llm else None,
             tts=RemoteTTS(link, offer.tts) if offer.tts else None,
+            stt=RemoteSpeechStreams(link, offer.stt, max_queued_events=max_queued_events) if offer.stt else None,
         )
         self._offer_changed = asyncio.Event()
         link.on_offer(self._offer_changed.set)

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from rtserve.engines.errors import EngineError
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.remote.offer import EngineOffer
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, unpack_events, write
-from rtserve.errors import ENGINE_UNAVAILABLE
+from rtserve.errors import ENGINE_PROCESS_LOST, ENGINE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,16 @@ class EngineLink:
         finally:
             self._calls.pop(call_id, None)
 
+    async def call_opening(self, close: Callable[[Any], None], target: str, method: str, *args: Any) -> Any:
+        """A call that opens something in the engine process (a session, a stream). A caller that
+        gives up meanwhile (its client left mid-open) gets it closed by ``close(result)`` once open."""
+        opening = asyncio.ensure_future(self.call(target, method, *args))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(lambda done: _close_unwanted(done, close))
+            raise
+
     def command(self, target: str, method: str, *args: Any) -> None:
         """A one-way control call (no reply), ordered after the audio pushed so far."""
         self.uplink.flush()
@@ -344,12 +355,18 @@ def _joined_per_session(batch: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     return [(handle, parts[0] if len(parts) == 1 else np.concatenate(parts)) for handle, parts in chunks.items()]
 
 
+def _close_unwanted(opening: asyncio.Future[Any], close: Callable[[Any], None]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        close(opening.result())
+
+
 class _StreamEnd:
     def __init__(self, error: RemoteError | None) -> None:
         self.error = error
 
 
 _ENGINE_LOST = object()  # sentinel event: the link to the engine broke
+ENGINE_LOST_FAILURE = EngineFailure(ENGINE_PROCESS_LOST, "the engine process stopped")  # what a session sees of it
 
 
 def engine_lost(event: Any) -> bool:

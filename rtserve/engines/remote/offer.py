@@ -23,6 +23,17 @@ class TurnEngineInfo:
 
 
 @dataclass(frozen=True)
+class SpeechStreamsInfo:
+    """The streaming speech-to-text engine (``TurnEngines.stt``) as workers see it: its streams
+    cross the link (``remote/speech_streams.py``)."""
+
+    sample_rate: int
+    release_timeout_s: float
+    ready: bool
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineOffer:
     capabilities: EngineCapabilities
     model_ids: tuple[str, ...]
@@ -31,6 +42,7 @@ class EngineOffer:
     asr: TurnEngineInfo | None = None
     llm: TurnEngineInfo | None = None
     tts: TurnEngineInfo | None = None
+    stt: SpeechStreamsInfo | None = None
     policy_loading: bool = False  # a configured robot policy is still loading
     policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
     sleeping: tuple[int, ...] = ()  # sleep mode: the stage ids asleep now
@@ -48,6 +60,7 @@ class EngineOffer:
 def offer_of(engines: EngineSet) -> EngineOffer:
     session_engine, turn = engines.session_engine, engines.turn_engines
     batcher = engines.policy_batcher
+    stt = turn.stt
     return EngineOffer(
         capabilities=session_engine.capabilities,
         model_ids=tuple(session_engine.model_ids()),
@@ -56,6 +69,7 @@ def offer_of(engines: EngineSet) -> EngineOffer:
         asr=None if turn.asr is None else TurnEngineInfo(turn.asr.model_name, turn.asr.sample_rate),
         llm=None if turn.llm is None else TurnEngineInfo(turn.llm.model_name),
         tts=None if turn.tts is None else TurnEngineInfo(turn.tts.model_name, turn.tts.sample_rate, turn.tts.voices),
+        stt=None if stt is None else SpeechStreamsInfo(stt.sample_rate, stt.release_timeout_s, stt.ready, stt.failure),
         policy_loading=engines.policy_loading,
         policy_config=None if batcher is None else batcher.policy.server_config(),
         sleeping=engines.sleeping,

@@ -7,6 +7,8 @@ their frames (``ForwardsEvents``) inside that one wake-up, so for lockstep engin
 one message per worker per tick, sent without first waking a task per session (other
 sessions are pumped by a task each). Audio arrives the same way, one ``FRAMES_IN`` per
 worker per tick, and is pushed into the sessions in order with the control calls.
+Streams on the streaming speech-to-text engine (``speech_stream_host.py``) are handles on the
+same path: one STT engine serves every worker.
 
 Every session opened or closed re-sends the offer (with the engine's session count) to
 every link, the opener's before its open call's answer: front-ends choosing among several
@@ -32,9 +34,11 @@ from prometheus_client import generate_latest
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import OutputAudio
+from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.policy.errors import PolicyInferenceError
 from rtserve.engines.protocols import EngineSession, ForwardsEvents
 from rtserve.engines.remote.offer import EngineOffer, offer_of
+from rtserve.engines.remote.speech_stream_host import HostedSpeechStreams
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, pack_events, read_message, write
 from rtserve.errors import CANCELLED, ENGINE_ERROR, ENGINE_UNAVAILABLE, MODEL_NOT_FOUND, POLICY_UNAVAILABLE
 from rtserve.process_metrics import merge_expositions
@@ -123,6 +127,7 @@ class WorkerLink:
         self._handles = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._streams: dict[int, _HostedStream] = {}
+        self._speech = HostedSpeechStreams(self._queue_event)  # streaming STT streams, handles shared with sessions
         self._events: list[tuple[int, Any]] = []
         self._closed = False
         self._calls: dict[tuple[str, str], Callable[..., Any]] = {
@@ -134,6 +139,9 @@ class WorkerLink:
             ("session", "set_epoch"): self._session_call("set_epoch"),
             ("session", "respond"): self._session_call("respond"),
             ("session", "configure_turn_detection"): self._session_call("configure_turn_detection"),
+            ("stt", "open_stream"): self._open_speech_stream,
+            ("stt", "mark"): self._speech.mark,
+            ("stt", "close"): self._speech.close,
             ("engine", "metrics"): self._metrics_exposition,
             ("engine", "sleep"): self._engines.sleep,
             ("engine", "wake_up"): self._engines.wake_up,
@@ -186,7 +194,7 @@ class WorkerLink:
             kind = message[0]
             if kind is Kind.FRAMES_IN:
                 for handle, pcm in message[1]:
-                    session = self._sessions.get(handle)
+                    session = self._sessions.get(handle) or self._speech.get(handle)
                     if session is not None:
                         try:
                             session.push_audio(pcm)
@@ -221,7 +229,7 @@ class WorkerLink:
             task.cancel()
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        await asyncio.gather(*tasks, *(s.close() for s in sessions), return_exceptions=True)
+        await asyncio.gather(*tasks, *(s.close() for s in sessions), self._speech.close_all(), return_exceptions=True)
         with contextlib.suppress(ConnectionError):
             self._writer.close()
 
@@ -283,6 +291,17 @@ class WorkerLink:
             self._pumps[handle] = asyncio.create_task(self._pump(handle, session))
         self._server.sessions_changed()  # the new load reaches this worker before the answer
         return handle, session.capabilities
+
+    async def _open_speech_stream(self, stream_id: str) -> int:
+        """A stream on the streaming STT (docs/engines.md#kyutai-stt-engine): its handle."""
+        engine: SpeechStreamEngine = self._turn_engine("stt")
+        stream = await engine.open_stream(stream_id)
+        if self._closed:
+            await stream.close(engine.release_timeout_s)
+            raise EngineError("the worker link closed", code=ENGINE_UNAVAILABLE)
+        handle = next(self._handles)
+        self._speech.add(handle, stream, engine.release_timeout_s)
+        return handle
 
     async def _pump(self, handle: int, session: EngineSession) -> None:
         try:

@@ -103,7 +103,7 @@ async def asr_socket(request: web.Request) -> web.WebSocketResponse:
 async def _serve(ws: web.WebSocketResponse, engine: SpeechStreamEngine, stream_id: str, request: web.Request) -> None:
     limits = request.app[CTX].config.asr_streaming
     try:
-        stream = engine.open_stream(stream_id)
+        stream = await engine.open_stream(stream_id)
     except EngineError as exc:
         await _fail(ws, exc, WSCloseCode.TRY_AGAIN_LATER)
         return

@@ -205,7 +205,7 @@ async def _transcripts(asr: ASREngine, windows: list[FloatArray], form: Transcri
 
 async def _heard(stt: SpeechStreamEngine, audio: FloatArray, stream_id: str) -> AsyncGenerator[str, None]:
     """The whole transcript so far, each time a word is out of a stream on the streaming STT."""
-    stream = stt.open_stream(stream_id)  # CapacityExhausted / EngineError: before any byte goes out
+    stream = await stt.open_stream(stream_id)  # CapacityExhausted / EngineError: before any byte goes out
     try:
         audio = np.concatenate([audio, np.zeros(int(STREAM_TAIL_S * stt.sample_rate), np.float32)])
         feed = int(STREAM_FEED_S * stt.sample_rate)
