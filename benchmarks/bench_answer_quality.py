@@ -2,7 +2,7 @@
 
 Each question is spoken by the project's Piper voice (``TextToSpeech``), transcribed by the
 project's Whisper (``WhisperAsr``), and the transcript is asked of the cascade LLM with the
-voice agent's own system prompt (``session.DEFAULT_INSTRUCTIONS``), as a voice turn is. The
+voice agent's own system prompt (``instructions.DEFAULT_INSTRUCTIONS``), as a voice turn is. The
 same transcripts go to every LLM configuration, side by side in one run:
 
 * ``before``: today's runtime (transformers) at today's sampling (the realtime session's

@@ -51,7 +51,7 @@ from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.cores import stage_lanes
-from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
+from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.vad import VadStream
 from rtserve.engines.events import InputTranscript, OutputAudio, ResponseFinished, SpeechStopped
 from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions

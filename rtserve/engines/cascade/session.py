@@ -38,6 +38,7 @@ from rtserve.config import CascadeLimits, SemanticVadThresholds
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
 from rtserve.engines.cascade.events import EventChannel
+from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.preemption import BufferedRun, Preemption, ReplyPlan
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
@@ -72,11 +73,9 @@ from rtserve.errors import ENGINE_ERROR
 
 log = logging.getLogger(__name__)
 
+
 # The rubric of benchmarks/bench_answer_quality.py --compare (README, "Voice agent quality"): SmolLM2-135M
 # answers more questions right when asked to answer directly and correctly than when told to be friendly.
-DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Answer the question directly and correctly in one short sentence."
-
-
 @dataclass(frozen=True)
 class CascadeModels:
     """The loaded models one engine shares between all of its sessions."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.codecs.resample import StreamResampler
+from rtserve.engines.cascade.instructions import persona_instructions
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import SlotPrompt
@@ -40,13 +41,13 @@ _FAILED_REASONS = frozenset({"engine_closed", INTERNAL_ERROR, OUTPUT_BACKPRESSUR
 
 
 def turn_session_config(prompt: SlotPrompt, sessions: SessionManager) -> SessionConfig:
-    """The session a Moshi client gets on a turn engine: the persona as instructions, server
-    VAD with OpenAI's defaults, agent audio at the Moshi wire rate (24 kHz float).
+    """The session a Moshi client gets on a turn engine: the persona and how to answer as
+    instructions, server VAD with OpenAI's defaults, agent audio at the Moshi wire rate (24 kHz float).
     Raises ``ConfigUpdateError`` for a persona over ``sessions.max_instructions_chars``."""
     check_bounds(sessions.limits, instructions=prompt.text)
     temperature = prompt.sampling.text_temperature if prompt.sampling is not None else None
     return SessionConfig(
-        instructions=prompt.text or "",
+        instructions=persona_instructions(prompt.text),
         turn_detection=TurnDetection(),
         output_audio_format="pcm_f32le",
         output_sample_rate=WIRE_SAMPLE_RATE,

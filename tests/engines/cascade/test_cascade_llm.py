@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ModelPaths, load_config
 from rtserve.engines.cascade import llm_loading
+from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_loading import converted_folder, ct2_folder, load_ct2, load_llm
@@ -19,7 +20,6 @@ from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_llm
-from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, ToolChoice, ToolSpec
 

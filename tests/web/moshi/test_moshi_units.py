@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.cascade.instructions import ANSWER_RULE
 from rtserve.engines.lockstep.session import LockstepSession
 from rtserve.engines.registry import create_engine
-from rtserve.engines.values import SessionOptions, SlotSampling
+from rtserve.engines.values import SessionOptions, SlotPrompt, SlotSampling
+from rtserve.sessions import SessionManager
 from rtserve.web.moshi.bridge import AgentFrame, EngineBridge
 from rtserve.web.moshi.metrics import MoshiMetrics
 from rtserve.web.moshi.prompt import PromptQueryError, parse_seed, prompt_from_query, resolve_voice
 from rtserve.web.moshi.service import MoshiService
+from rtserve.web.moshi.turns import turn_session_config
 from tests.web.moshi_support import WAIT_S, moshi_config, noise_signal
 
 # ---------------------------------------------------------------------------- voices
@@ -207,3 +210,13 @@ async def test_each_agent_frame_says_when_the_input_its_tick_stepped_arrived(con
         await bridge.close()
     finally:
         await engine.stop()
+
+
+def test_a_persona_on_a_turn_engine_is_told_how_to_answer(config: ServerConfig) -> None:
+    """The web UI's persona alone made the embedded LLM answer a question with word salad: on a
+    turn engine the persona comes first, then the voice agent's rule for answering."""
+    sessions = SessionManager(create_engine("loopback", config, CollectorRegistry()), config.sessions)
+    persona = "You enjoy having a good conversation."
+    told = turn_session_config(SlotPrompt(text=persona), sessions).instructions
+    assert told == f"{persona} {ANSWER_RULE}"
+    assert turn_session_config(SlotPrompt(text="  "), sessions).instructions == ""  # the engine's default
