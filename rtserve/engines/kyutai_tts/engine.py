@@ -5,8 +5,8 @@ Configured by ``tts_engine`` (``weights`` set); the weights resolve (maybe downl
 in ``start()``, on a thread, so the server answers meanwhile (streams are refused with
 ``engine_unavailable`` until then, and for good if loading failed). A stream's voice is read and
 checked before a slot is taken; the slot's row is reset with it as the stream's first input.
-Its lockstep metrics live in a registry of its own (the families are named per process, and the
-realtime engine may be lockstep too).
+Its lockstep metrics live in a registry of its own (the realtime engine may be lockstep too) and
+show in the server's as ``rtserve_kyutai_tts_*``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import asyncio
 import logging
 import threading
 from functools import partial
-from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -30,6 +29,7 @@ from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.stream import TTSStream
 from rtserve.engines.kyutai_tts.voices import VoiceError
 from rtserve.engines.lockstep.pacing import TickClock
+from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
@@ -44,15 +44,25 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "tts_engine.weights"
+VOICES_FIELD = "tts_engine.voices"
 
 
 class KyutaiTTSEngine:
     def __init__(
-        self, config: ServerConfig, loaded: LoadedTTS | None = None, *, clock: TickClock | None = None
+        self,
+        config: ServerConfig,
+        loaded: LoadedTTS | None = None,
+        *,
+        clock: TickClock | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """``loaded``: weights already loaded (tests); otherwise ``start`` loads ``tts_engine.weights``.
-        ``clock``: the scheduler's tick clock (tests run it faster than real time)."""
+        ``clock``: the scheduler's tick clock (tests run it faster than real time). ``registry``:
+        the server's, where its scheduler's metrics show."""
         self._config = config
+        self._lockstep_metrics = CollectorRegistry()
+        if registry is not None:
+            registry.register(RenamedMetrics(self._lockstep_metrics, "rtserve_kyutai_tts_"))
         self._loaded = loaded
         self._clock = clock
         self._model: KyutaiTTSModel | None = None
@@ -89,7 +99,7 @@ class KyutaiTTSEngine:
         self._scheduler = LockstepScheduler(
             self._frame_model,
             self._config.lockstep,
-            CollectorRegistry(),
+            self._lockstep_metrics,
             name="kyutai_tts",
             clock=self._clock,
             audio_input=False,
@@ -110,7 +120,14 @@ class KyutaiTTSEngine:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
         model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts)
-        model.voices = model.voices.in_folder(Path(settings.voices) if settings.voices else None)
+        interval_s = self._config.weights.progress_interval_s
+        try:
+            voices = (
+                open_source(settings.voices, VOICES_FIELD, progress_interval_s=interval_s) if settings.voices else None
+            )
+        except WeightsError as exc:  # not hf://ORG/NAME[@REVISION]: its message names the field
+            raise ConfigError(str(exc)) from None
+        model.voices = model.voices.at(voices)
         return model
 
     async def stop(self) -> None:
@@ -144,7 +161,7 @@ class KyutaiTTSEngine:
         )
 
     def voice_names(self) -> list[str]:
-        """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder)."""
+        """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder or the hub repo)."""
         return [] if self._model is None else self._model.voices.names()
 
     def _voice(self, model: KyutaiTTSModel, name: str | None) -> Voice | None:
