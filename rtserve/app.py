@@ -85,16 +85,17 @@ def _speech_stream_engine(config: ServerConfig, ctx: AppContext) -> SpeechStream
     return KyutaiSttEngine(config, registry=ctx.registry)
 
 
-def _tts_stream_engine(config: ServerConfig) -> TTSStreamEngine | None:
-    """A Kyutai TTS engine of this front-end's own behind ``/api/tts_streaming`` when
-    ``tts_engine.weights`` is set and the engines run elsewhere (workers; the engine link):
-    engines built here lend theirs, the one the speech routes and the cascade use
-    (docs/engines.md#kyutai-tts-over-http)."""
-    if not config.tts_engine.weights:
-        return None
+def _tts_stream_engine(config: ServerConfig, ctx: AppContext) -> tuple[TTSStreamEngine | None, bool]:
+    """The Kyutai TTS engine behind ``/api/tts_streaming`` when ``tts_engine.weights`` is set, and
+    whether this app runs it: the engines' (the one the speech routes and the cascade use), in
+    this process or over the engine link (docs/engines.md#kyutai-tts-over-http)."""
+    if ctx.engines.speech_engine is not None or not config.tts_engine.weights:
+        return ctx.engines.speech_engine, False
+    # Engines of a cluster (several engine processes) do not route TTS streams yet: a copy here.
     from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # torch: only when configured
 
-    return KyutaiTTSEngine(config)
+    log.warning("/api/tts_streaming loads a Kyutai TTS copy of its own in this front-end: its engines lend none")
+    return KyutaiTTSEngine(config), True
 
 
 def _image_engine(config: ServerConfig) -> ImageService | None:
@@ -129,11 +130,9 @@ def build_app(
     ``RemoteEngines``); otherwise they are built here, around ``engine`` when given. ``peers``:
     the other front-ends of this server or cluster (resume relays, the front-end drain route)."""
     registry = registry or CollectorRegistry()
-    speech: TTSStreamEngine | None = None  # the engine set's Kyutai TTS engine, reached in this process
     if engines is None:
         local = EngineSet(config, registry, session_engine=engine)
         engines = local if engine_client == "local" else LinkedEngines(local, config)
-        speech = local.speech_engine if engines is local else None
     client_secrets = ClientSecrets(config)  # short-lived keys the auth check accepts for placing calls
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(config.api_key, client_secrets.admits)],
@@ -156,7 +155,8 @@ def build_app(
     moshi.setup(app)
     stt = _speech_stream_engine(config, app[CTX])
     asr_streaming.setup(app, stt, owned=stt is not app[CTX].turn_engines.stt)
-    tts_streaming.setup(app, speech or _tts_stream_engine(config), owned=speech is None)
+    speech, owned = _tts_stream_engine(config, app[CTX])
+    tts_streaming.setup(app, speech, owned=owned)
     images.setup(app, _image_engine(config))
     realtime.setup(app)
     videos.setup(app, _video_engine(config))

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import EngineLinkConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.protocols import EngineSession, TTSEngine, TurnEngines
 from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable
@@ -248,6 +249,8 @@ class ClusterEngines:
         self.members = list(members)
         self.session_engine = ClusterSessionEngine(self.members, template)
         self.turn_engines = self.session_engine.turn_engines()
+        # Streaming speech is not routed among engines yet: front-ends load their own Kyutai TTS.
+        self.speech_engine: TTSStreamEngine | None = None
 
     @staticmethod
     def links(

@@ -39,7 +39,7 @@ class EngineSet:
         self.session_engine = session_engine or create_engine(config.engine, config, registry)
         self._text_engine = create_text_engine(config)
         # One Kyutai TTS engine (tts_engine.weights) for the speech routes and the cascade.
-        self.speech_engine, speech = _speech_engine(config)
+        self.speech_engine, speech = _speech_engine(config, registry)
         self._speech_needed = False  # the session engine speaks with it: not ready without it
         if isinstance(self.session_engine, SpeaksWithStreams):
             if config.cascade.tts == "tts_engine" and self.speech_engine is None:
@@ -229,7 +229,9 @@ def _stt_engine(config: ServerConfig, registry: CollectorRegistry) -> SpeechStre
     return KyutaiSttEngine(config, registry=registry)
 
 
-def _speech_engine(config: ServerConfig) -> tuple[TTSStreamEngine | None, TTSEngine | None]:
+def _speech_engine(
+    config: ServerConfig, registry: CollectorRegistry
+) -> tuple[TTSStreamEngine | None, TTSEngine | None]:
     """The Kyutai TTS engine when ``tts_engine.weights`` is set, and the same engine as the speech
     routes' ``TTSEngine`` (docs/engines.md#kyutai-tts-over-http)."""
     if not config.tts_engine.weights:
@@ -237,5 +239,5 @@ def _speech_engine(config: ServerConfig) -> tuple[TTSStreamEngine | None, TTSEng
     from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # torch: only when configured
     from rtserve.engines.kyutai_tts.speech import KyutaiSpeech
 
-    engine = KyutaiTTSEngine(config)
+    engine = KyutaiTTSEngine(config, registry=registry)
     return engine, KyutaiSpeech(engine)

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.sessions import SessionManager
 from rtserve.web.codec_executor import CodecExecutor
@@ -28,6 +29,11 @@ class Engines(Protocol):
 
     @property
     def turn_engines(self) -> TurnEngines: ...
+
+    @property
+    def speech_engine(self) -> TTSStreamEngine | None:
+        """The Kyutai TTS engine behind ``/api/tts_streaming`` (``tts_engine.weights``), one per server."""
+        ...
 
     def start(self) -> None:
         """Begin loading or reaching the engines in the background (``ready`` says when done)."""

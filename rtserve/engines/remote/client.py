@@ -2,7 +2,7 @@
 
 ``RemoteSessionEngine`` is a ``SessionEngine``; its sessions are ``EngineSession``s; the
 turn-engine proxies are ``ASREngine``/``LLMEngine``/``TTSEngine`` (and the streaming STT's,
-``speech_streams.py``); ``RemotePolicy`` has the
+``speech_streams.py``, ``tts_streams.py``); ``RemotePolicy`` has the
 policy batcher's interface. Front-ends use them exactly as the in-process engines, so
 the session core and every transport run unchanged over either.
 """
@@ -24,6 +24,7 @@ from rtserve.engines.protocols import TurnEngines
 from rtserve.engines.remote.link import ENGINE_LOST_FAILURE, EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
 from rtserve.engines.remote.speech_streams import RemoteSpeechStreams
+from rtserve.engines.remote.tts_streams import RemoteTTSStreams
 from rtserve.engines.remote.wire import Kind
 from rtserve.engines.values import (
     ChatMessage,
@@ -285,6 +286,8 @@ class RemoteEngines:
             tts=RemoteTTS(link, offer.tts) if offer.tts else None,
             stt=RemoteSpeechStreams(link, offer.stt, max_queued_events=max_queued_events) if offer.stt else None,
         )
+        # The Kyutai TTS engine behind /api/tts_streaming (``EngineSet.speech_engine``).
+        self.speech_engine = RemoteTTSStreams(link, offer.tts_streams) if offer.tts_streams else None
         self._offer_changed = asyncio.Event()
         link.on_offer(self._offer_changed.set)
 

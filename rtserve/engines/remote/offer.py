@@ -24,8 +24,9 @@ class TurnEngineInfo:
 
 @dataclass(frozen=True)
 class SpeechStreamsInfo:
-    """The streaming speech-to-text engine (``TurnEngines.stt``) as workers see it: its streams
-    cross the link (``remote/speech_streams.py``)."""
+    """A streaming speech engine (the STT, ``TurnEngines.stt``; the Kyutai TTS behind
+    ``/api/tts_streaming``) as workers see it: its streams cross the link
+    (``remote/speech_streams.py``, ``remote/tts_streams.py``)."""
 
     sample_rate: int
     release_timeout_s: float
@@ -43,6 +44,7 @@ class EngineOffer:
     llm: TurnEngineInfo | None = None
     tts: TurnEngineInfo | None = None
     stt: SpeechStreamsInfo | None = None
+    tts_streams: SpeechStreamsInfo | None = None
     policy_loading: bool = False  # a configured robot policy is still loading
     policy_config: dict[str, Any] | None = None  # the openpi handshake dict, once a policy is served
     sleeping: tuple[int, ...] = ()  # sleep mode: the stage ids asleep now
@@ -60,7 +62,8 @@ class EngineOffer:
 def offer_of(engines: EngineSet) -> EngineOffer:
     session_engine, turn = engines.session_engine, engines.turn_engines
     batcher = engines.policy_batcher
-    stt = turn.stt
+    stt, speech = turn.stt, engines.speech_engine
+    release_timeout_s = engines.config.lockstep.release_timeout_s  # what the TTS streams wait for a slot
     return EngineOffer(
         capabilities=session_engine.capabilities,
         model_ids=tuple(session_engine.model_ids()),
@@ -70,6 +73,9 @@ def offer_of(engines: EngineSet) -> EngineOffer:
         llm=None if turn.llm is None else TurnEngineInfo(turn.llm.model_name),
         tts=None if turn.tts is None else TurnEngineInfo(turn.tts.model_name, turn.tts.sample_rate, turn.tts.voices),
         stt=None if stt is None else SpeechStreamsInfo(stt.sample_rate, stt.release_timeout_s, stt.ready, stt.failure),
+        tts_streams=None
+        if speech is None
+        else SpeechStreamsInfo(speech.sample_rate, release_timeout_s, speech.ready, speech.failure),
         policy_loading=engines.policy_loading,
         policy_config=None if batcher is None else batcher.policy.server_config(),
         sleeping=engines.sleeping,

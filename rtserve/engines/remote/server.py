@@ -8,7 +8,8 @@ one message per worker per tick, sent without first waking a task per session (o
 sessions are pumped by a task each). Audio arrives the same way, one ``FRAMES_IN`` per
 worker per tick, and is pushed into the sessions in order with the control calls.
 Streams on the streaming speech-to-text engine (``speech_stream_host.py``) are handles on the
-same path: one STT engine serves every worker.
+same path, and ``/api/tts_streaming`` streams are turn-engine streams (``tts_stream_host.py``):
+one STT and one TTS engine serve every worker.
 
 Every session opened or closed re-sends the offer (with the engine's session count) to
 every link, the opener's before its open call's answer: front-ends choosing among several
@@ -34,11 +35,13 @@ from prometheus_client import generate_latest
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import OutputAudio
-from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
+from rtserve.engines.kyutai_stt.service import SpeechStream, SpeechStreamEngine
+from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.policy.errors import PolicyInferenceError
 from rtserve.engines.protocols import EngineSession, ForwardsEvents
 from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.speech_stream_host import HostedSpeechStreams
+from rtserve.engines.remote.tts_stream_host import speak
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, pack_events, read_message, write
 from rtserve.errors import CANCELLED, ENGINE_ERROR, ENGINE_UNAVAILABLE, MODEL_NOT_FOUND, POLICY_UNAVAILABLE
 from rtserve.process_metrics import merge_expositions
@@ -157,6 +160,7 @@ class WorkerLink:
             ("llm", "generate"): lambda *a: self._turn_engine("llm").generate(*a),
             ("tts", "synthesize"): lambda text, kwargs: self._turn_engine("tts").synthesize(text, **kwargs),
             ("asr", "transcribe"): lambda audio, kwargs: self._turn_engine("asr").transcribe(audio, **kwargs),
+            ("tts_stream", "speak"): lambda inputs, *args: speak(self._tts_streams(), inputs, *args),
         }
 
     @property
@@ -194,7 +198,9 @@ class WorkerLink:
             kind = message[0]
             if kind is Kind.FRAMES_IN:
                 for handle, pcm in message[1]:
-                    session = self._sessions.get(handle) or self._speech.get(handle)
+                    session: EngineSession | SpeechStream | None = self._sessions.get(handle)
+                    if session is None:
+                        session = self._speech.get(handle)
                     if session is not None:
                         try:
                             session.push_audio(pcm)
@@ -341,6 +347,12 @@ class WorkerLink:
             return pick(policy)(*args)
 
         return call
+
+    def _tts_streams(self) -> TTSStreamEngine:
+        engine = self._engines.speech_engine
+        if engine is None:
+            raise EngineError("this server has no Kyutai TTS engine", code=MODEL_NOT_FOUND)
+        return engine
 
     def _turn_engine(self, name: str) -> Any:
         engine = getattr(self._engines.turn_engines, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from rtserve.engines.errors import EngineError
@@ -21,7 +21,7 @@ from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_stt.events import Marker, SttEvent
 from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.remote.link import ENGINE_LOST_FAILURE, EngineLink, EngineUnavailable, engine_lost
-from rtserve.engines.remote.offer import SpeechStreamsInfo
+from rtserve.engines.remote.offer import EngineOffer, SpeechStreamsInfo
 from rtserve.engines.values import Pcm
 from rtserve.errors import OUTPUT_BACKPRESSURE
 
@@ -91,19 +91,23 @@ class RemoteSpeechStream:
             await self._link.call("stt", "close", self._handle)
 
 
-class RemoteSpeechStreams:
-    """The engine process's ``SpeechStreamEngine`` (``TurnEngines.stt``) for a worker's routes."""
+class OfferedStreams:
+    """A streaming engine of the engine process as a worker's routes see it: the engine process
+    starts and stops it; whether it serves, and its rate, come with each offer (``pick``)."""
 
-    def __init__(self, link: EngineLink, info: SpeechStreamsInfo, *, max_queued_events: int) -> None:
+    def __init__(
+        self, link: EngineLink, info: SpeechStreamsInfo, pick: Callable[[EngineOffer], SpeechStreamsInfo | None]
+    ) -> None:
         self._link = link
         self._info = info
-        self._max_queued = max_queued_events
+        self._pick = pick
         link.on_offer(self._offer_changed)
 
     def _offer_changed(self) -> None:
         offer = self._link.offer
-        if offer is not None and offer.stt is not None:
-            self._info = offer.stt
+        info = None if offer is None else self._pick(offer)
+        if info is not None:
+            self._info = info
 
     async def start(self) -> None:
         """The engine process starts it; readiness arrives with its offer."""
@@ -126,6 +130,14 @@ class RemoteSpeechStreams:
     @property
     def release_timeout_s(self) -> float:
         return self._info.release_timeout_s
+
+
+class RemoteSpeechStreams(OfferedStreams):
+    """The engine process's ``SpeechStreamEngine`` (``TurnEngines.stt``) for a worker's routes."""
+
+    def __init__(self, link: EngineLink, info: SpeechStreamsInfo, *, max_queued_events: int) -> None:
+        super().__init__(link, info, lambda offer: offer.stt)
+        self._max_queued = max_queued_events
 
     async def open_stream(self, stream_id: str) -> RemoteSpeechStream:
         handle = await self._link.call_opening(

@@ -1,8 +1,8 @@
 """Registers ``WS /api/tts_streaming`` (docs/serving.md#tts-streaming).
 
 The route exists on every server. Where ``tts_engine.weights`` is set the Kyutai TTS engine
-speaks it (built in this process; it loads at startup, the server answering meanwhile, and
-stops at cleanup); elsewhere the app's turn-engine TTS (Piper) does, sentence by sentence
+speaks it (the engines' one copy, here or in the engine process over the engine link; it loads
+at startup, the server answering meanwhile); elsewhere the app's turn-engine TTS (Piper) does, sentence by sentence
 (``engines/cascade/tts_stream.py``). A server with neither answers an upgrade before the
 handshake with HTTP 404 and code ``tts_streaming_unavailable``, so a client learns why instead
 of meeting a bare 404. Query: ``voice`` (Kyutai: a name in ``tts_engine.voices``, none:

@@ -1,7 +1,8 @@
-"""One Kyutai STT engine per server: two front-ends (as ``--workers 2`` runs them) reach the
-engine process's STT over the engine link; their ``/api/asr-streaming`` streams share its one
-slot table, audio and markers round-trip, and a front-end whose link dies frees its slots
-(docs/engines.md#kyutai-stt-engine)."""
+"""One Kyutai STT and one Kyutai TTS engine per server: two front-ends (as ``--workers 2``
+runs them) reach the engine process's engines over the engine link. Their ``/api/asr-streaming``
+and ``/api/tts_streaming`` streams share each engine's one slot table, audio, markers, text and
+speech round-trip, and a front-end whose link dies frees its slots
+(docs/engines.md#kyutai-stt-engine, docs/engines.md#kyutai-tts-over-http)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rtserve.engines.remote.client import RemoteEngines
 from rtserve.engines.remote.link import EngineLink
 from rtserve.engines.remote.server import EngineServer
 from tests.engines.kyutai_stt.stt_tiny import write_stt_checkpoint
+from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 from tests.support import serve_app
 
 FRAME = 1920  # 80 ms at 24 kHz
@@ -37,12 +39,17 @@ def stt_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_stt_checkpoint(tmp_path_factory.mktemp("link_stt") / "weights").folder
 
 
-@pytest.fixture
-async def engine_socket(config: ServerConfig, stt_weights: Path, tmp_path: Path) -> AsyncIterator[str]:
-    """An engine process's side: the engine set (its one STT engine) serving a Unix socket."""
-    engines = EngineSet(_config(config, stt_weights), CollectorRegistry())
+@pytest.fixture(scope="module")
+def tts(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
+    return write_tts_checkpoint(tmp_path_factory.mktemp("link_tts") / "weights")
+
+
+@contextlib.asynccontextmanager
+async def _engine_process(config: ServerConfig, folder: Path) -> AsyncIterator[str]:
+    """An engine process's side: the engine set serving a Unix socket (its path)."""
+    engines = EngineSet(config, CollectorRegistry())
     server = EngineServer(engines)
-    path = str(tmp_path / "engine.sock")
+    path = str(folder / "engine.sock")
     await server.serve_unix(path)
     engines.start()
     try:
@@ -52,22 +59,14 @@ async def engine_socket(config: ServerConfig, stt_weights: Path, tmp_path: Path)
         await engines.stop()
 
 
-def _config(config: ServerConfig, stt_weights: Path) -> ServerConfig:
-    return config.model_copy(
-        update={
-            "engine": "loopback",
-            "stt_engine": config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": SLOTS}),
-        }
-    )
-
-
 @contextlib.asynccontextmanager
 async def _front_end(config: ServerConfig, path: str, index: int) -> AsyncIterator[tuple[str, RemoteEngines]]:
-    """A worker's app, reaching the engine through its own link; its base URL and engines."""
+    """A worker's app, reaching the engine through its own link; its base URL and engines.
+    Workers read the engine process's config: they must not load a model copy from it."""
     link = EngineLink(lambda: asyncio.open_unix_connection(path), index)
     link.start()
     await asyncio.wait_for(link.connected.wait(), 10)
-    assert link.offer is not None and link.offer.stt is not None  # the engine offers its STT
+    assert link.offer is not None
     engines = RemoteEngines(link, link.offer, max_queued_events=config.engine_link.max_queued_events)
     async with serve_app(build_app(config, engines=engines)) as base:
         yield base, engines
@@ -107,10 +106,19 @@ def _audio(message: dict[str, Any]) -> bytes:
 
 
 async def test_two_front_ends_share_the_engines_one_stt_copy(
-    config: ServerConfig, stt_weights: Path, engine_socket: str
+    config: ServerConfig, stt_weights: Path, tmp_path: Path
 ) -> None:
-    config = _config(config, stt_weights)  # workers read the same config: they must not load a copy
-    async with _front_end(config, engine_socket, 0) as (a, _), _front_end(config, engine_socket, 1) as (b, b_engines):
+    config = config.model_copy(
+        update={
+            "engine": "loopback",
+            "stt_engine": config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": SLOTS}),
+        }
+    )
+    async with (
+        _engine_process(config, tmp_path) as path,
+        _front_end(config, path, 0) as (a, _),
+        _front_end(config, path, 1) as (b, b_engines),
+    ):
         first, second = await _stream(a), await _stream(b)
         # One slot table for both front-ends: a copy per front-end would have a free slot left.
         assert await _slots_in_use(a) == await _slots_in_use(b) == SLOTS
@@ -152,3 +160,60 @@ async def test_two_front_ends_share_the_engines_one_stt_copy(
         assert message == {"type": "Marker", "id": 1}
         await first.close()
         await third.close()
+
+
+async def _speaker(base: str) -> websockets.ClientConnection:
+    url = base.replace("http://", "ws://") + "/api/tts_streaming?voice=alice"
+    for _ in range(200):  # the engine loads in the background: refused until it serves
+        ws = await websockets.connect(url)
+        first = msgpack.unpackb(await ws.recv())
+        if first["type"] == "Ready":
+            return ws
+        assert first["code"] == "engine_unavailable", first
+        await ws.close()
+        await asyncio.sleep(0.05)
+    raise AssertionError("the TTS engine never became ready")
+
+
+async def _spoken(ws: websockets.ClientConnection, text: str) -> tuple[list[str], int]:
+    """Speak ``text`` to the end: the words reported and the audio samples received."""
+    await ws.send(msgpack.packb({"type": "Text", "text": text}))
+    await ws.send(msgpack.packb({"type": "Eos"}))
+    words, samples = [], 0
+    async for data in ws:
+        message = msgpack.unpackb(data)
+        if message["type"] == "Audio":
+            samples += len(message["pcm"])
+        else:
+            assert message["type"] == "Text", message
+            words.append(message["text"])
+    assert ws.close_code == 1000
+    return words, samples
+
+
+async def test_two_front_ends_share_the_engines_one_tts_copy(
+    config: ServerConfig, tts: TinyTTS, tmp_path: Path
+) -> None:
+    config = config.model_copy(
+        update={
+            "engine": "loopback",
+            "tts_engine": config.tts_engine.model_copy(
+                update={"weights": str(tts.folder), "voices": str(tts.voices), "max_sessions": 1, "temperature": 0.0}
+            ),
+        }
+    )
+    async with (
+        _engine_process(config, tmp_path) as path,
+        _front_end(config, path, 0) as (a, _),
+        _front_end(config, path, 1) as (b, _),
+    ):
+        speaker = await _speaker(a)
+        # The engine's one slot is a's: b is refused before Ready, as moshi-server refuses.
+        async with websockets.connect(b.replace("http://", "ws://") + "/api/tts_streaming?voice=alice") as other:
+            refusal = msgpack.unpackb(await asyncio.wait_for(other.recv(), 10))
+        assert refusal == {"type": "Error", "message": "no free channels", "code": "resource_exhausted"}
+        # Text goes over a's link, words and audio come back, then a normal close frees the slot.
+        words, samples = await _spoken(speaker, "the quick brown")
+        assert words == ["the", "quick", "brown"] and samples > 0 and samples % FRAME == 0
+        words, _ = await _spoken(await _speaker(b), "the lazy dog")
+        assert words == ["the", "lazy", "dog"]
