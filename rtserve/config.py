@@ -465,7 +465,9 @@ class TtsEngineConfig(_Section):
         "null: the server's Piper voice speaks /api/tts_streaming",
     )
     voices: str | None = Field(
-        None, description="local folder of voice embeddings (*.safetensors with speaker_wavs, as kyutai/tts-voices)"
+        None,
+        description="voice embeddings (*.safetensors with speaker_wavs): a local folder, or a hub repo as "
+        "hf://ORG/NAME[@REVISION] or ORG/NAME (e.g. kyutai/tts-voices; each voice fetched when first asked for)",
     )
     default_voice: str | None = Field(None, description="the voice of a stream that names none")
     max_sessions: int = Field(8, ge=1, description="streams stepped together (concurrent clients)")

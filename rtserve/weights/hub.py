@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from httpx2 import HTTPError  # huggingface_hub's HTTP client: its transport errors, after its retries
-from huggingface_hub import constants, hf_hub_download
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -80,6 +80,19 @@ def download(repo_id: str, revision: str | None, filename: str, progress: Downlo
         return Path(hf_hub_download(repo_id, filename, revision=revision, tqdm_class=bar_class(progress)))
     except (OSError, HTTPError, ValueError) as exc:
         _fail(repo_id, revision, filename, exc)
+
+
+def list_files(repo_id: str, revision: str | None) -> list[str]:
+    """Every file name in the repo; offline, those of its snapshot in the cache (none cached: [])."""
+    try:
+        if offline():
+            folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+            return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+        return HfApi().list_repo_files(repo_id, revision=revision)  # HF_ENDPOINT as set now
+    except LocalEntryNotFoundError:
+        return []
+    except (OSError, HTTPError, ValueError) as exc:
+        _fail(repo_id, revision, "its file list", exc)
 
 
 def not_found(repo_id: str, revision: str | None, filename: str) -> WeightsError:

@@ -1,7 +1,8 @@
 """A hub without the network: a cache written in huggingface_hub's on-disk layout, and a small
 aiohttp server on 127.0.0.1 answering the two calls ``hf_hub_download`` makes (``HEAD`` and
 ``GET`` of ``/ORG/NAME/resolve/REVISION/PATH``) the way the hub does: ``ETag``,
-``X-Repo-Commit``, ``Content-Length``, ``Range``, and ``X-Error-Code`` on refusals."""
+``X-Repo-Commit``, ``Content-Length``, ``Range``, and ``X-Error-Code`` on refusals; and the
+file list ``list_repo_files`` reads (``/api/models/ORG/NAME/tree/REVISION``)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,19 @@ class FakeHub:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/{org}/{name}/resolve/{revision}/{path:.+}", self._resolve)
+        app.router.add_get("/api/models/{org}/{name}/tree/{revision}", self._tree)
         return app
+
+    async def _tree(self, request: web.Request) -> web.Response:
+        """``list_repo_files``: every file of the repo, one page."""
+        repo = self.repos.get(f"{request.match_info['org']}/{request.match_info['name']}")
+        if repo is None:
+            return _refuse(401, "RepoNotFound", "Repository not found")
+        files = [
+            {"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+            for path, data in sorted(repo.files.items())
+        ]
+        return web.json_response(files)
 
     async def _resolve(self, request: web.Request) -> web.StreamResponse:
         repo_id = f"{request.match_info['org']}/{request.match_info['name']}"

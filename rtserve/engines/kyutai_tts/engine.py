@@ -15,7 +15,6 @@ import asyncio
 import logging
 import threading
 from functools import partial
-from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -45,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "tts_engine.weights"
+VOICES_FIELD = "tts_engine.voices"
 
 
 class KyutaiTTSEngine:
@@ -120,7 +120,14 @@ class KyutaiTTSEngine:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
         model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts)
-        model.voices = model.voices.in_folder(Path(settings.voices) if settings.voices else None)
+        interval_s = self._config.weights.progress_interval_s
+        try:
+            voices = (
+                open_source(settings.voices, VOICES_FIELD, progress_interval_s=interval_s) if settings.voices else None
+            )
+        except WeightsError as exc:  # not hf://ORG/NAME[@REVISION]: its message names the field
+            raise ConfigError(str(exc)) from None
+        model.voices = model.voices.at(voices)
         return model
 
     async def stop(self) -> None:
@@ -154,7 +161,7 @@ class KyutaiTTSEngine:
         )
 
     def voice_names(self) -> list[str]:
-        """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder)."""
+        """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder or the hub repo)."""
         return [] if self._model is None else self._model.voices.names()
 
     def _voice(self, model: KyutaiTTSModel, name: str | None) -> Voice | None:

@@ -11,6 +11,7 @@ import torch
 from rtserve.engines.kyutai_tts.loader import load_folder
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.weights.source import WeightSource
 from tests.engines.kyutai_tts.test_tts_parity import TEXTS, Run, assert_same, collect, feed, reference_run
 from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
 
@@ -22,7 +23,9 @@ BF16_AGREEMENT = 0.5
 
 def cuda_engine(tiny: TinyTTS, dtype: torch.dtype) -> KyutaiTTSModel:
     loaded = load_folder(tiny.folder, device=torch.device("cuda"), dtype=dtype)
-    voices = VoiceFolder(tiny.voices, loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES)
+    voices = VoiceFolder(
+        WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
+    )
     return KyutaiTTSModel(
         loaded, 2, settings=TTSSettings(temperature=0.0, cfg_coef=2.0, voice_frames=VOICE_FRAMES), voices=voices
     )

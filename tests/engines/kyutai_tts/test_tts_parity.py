@@ -15,6 +15,7 @@ import torch
 from rtserve.engines.kyutai_tts.loader import load_folder
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.weights.source import WeightSource
 from tests.engines.kyutai_tts.tiny import SUFFIX, VOICE_DIM, VOICE_FRAMES, TinyTTS, reference_tts
 
 TEXTS = [
@@ -59,7 +60,9 @@ def reference_run(tiny: TinyTTS, texts: list[str], voices: list[str], *, cfg_coe
 def engine(tiny: TinyTTS, batch: int, *, cfg_coef: float) -> KyutaiTTSModel:
     loaded = load_folder(tiny.folder, device=torch.device("cpu"), dtype=torch.float32)
     settings = TTSSettings(temperature=0.0, cfg_coef=cfg_coef, voice_frames=VOICE_FRAMES)
-    voices = VoiceFolder(tiny.voices, loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES)
+    voices = VoiceFolder(
+        WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
+    )
     return KyutaiTTSModel(loaded, batch, settings=settings, voices=voices)
 
 
