@@ -136,8 +136,8 @@ def tiny_config() -> dict[str, Any]:
     return raw
 
 
-def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, LoadedTTS]:
-    """The reference LM (random weights) and Mimi, and ours loaded from them."""
+def random_reference_tts_lm(raw: dict[str, Any], device: torch.device, dtype: torch.dtype) -> Any:
+    """The reference TTS LM of ``raw`` with its conditioners, every weight random (seeded)."""
     from moshi.models.loaders import get_moshi_lm
 
     torch.manual_seed(0)
@@ -146,6 +146,12 @@ def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dt
     with torch.no_grad():
         for param in ref_lm.parameters():
             param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
+    return ref_lm
+
+
+def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, LoadedTTS]:
+    """The reference LM (random weights) and Mimi, and ours loaded from them."""
+    ref_lm = random_reference_tts_lm(raw, device, dtype)
     arch = TTSArch.from_dict(raw)
     state = ref_lm.state_dict()
     with torch.device("meta"):

@@ -69,8 +69,8 @@ def build(shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, An
     return ref_lm, ref_mimi, ours, mimi, config
 
 
-def build_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype) -> tuple[Any, MoshiLM, LMConfig]:
-    """The reference ``LMModel`` of ``kwargs`` with random weights, and ours loaded from it."""
+def random_reference_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype) -> Any:
+    """The reference ``LMModel`` of ``kwargs``, every weight random (seeded), built where it will run."""
     from moshi.models.lm import LMModel
 
     torch.manual_seed(0)
@@ -78,6 +78,12 @@ def build_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype) -
     with torch.no_grad():  # the reference init leaves some weights at defaults; randomise everything
         for param in ref_lm.parameters():
             param.normal_(0, 1.0 / max(param.shape[-1], 1) ** 0.5)
+    return ref_lm
+
+
+def build_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype) -> tuple[Any, MoshiLM, LMConfig]:
+    """The reference ``LMModel`` of ``kwargs`` with random weights, and ours loaded from it."""
+    ref_lm = random_reference_lm(kwargs, device, dtype)
     config = LMConfig.from_dict(kwargs)
     with torch.device("meta"):
         ours = MoshiLM(config)

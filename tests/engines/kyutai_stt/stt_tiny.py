@@ -40,20 +40,39 @@ class TinyStt:
 
 
 def write_stt_checkpoint(folder: Path, *, lm_kwargs: dict[str, Any] = STT_LM_KWARGS) -> TinyStt:
-    folder.mkdir(parents=True, exist_ok=True)
     lm = reference_lm(lm_kwargs, seed=7)
-    with torch.no_grad():
-        weight = lm.text_linear.weight
-        padding, end_padding = lm_kwargs["existing_text_padding_id"], 0
-        # The end of padding leans on the padding direction, so it wins where padding nearly does.
-        weight[padding] *= PADDING_BOOST
-        weight[end_padding] = END_PADDING_MIX * weight[padding] + weight[end_padding]
+    lean_to_padding(lm, lm_kwargs["existing_text_padding_id"])
     mimi = reference_mimi()
-    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
-    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
     from tests.engines.moshi.tiny import MIMI_CONFIG
 
-    (folder / "mimi_config.json").write_text(json.dumps(MIMI_CONFIG))
+    save_stt_checkpoint(folder, lm, mimi, lm_kwargs=lm_kwargs, stt_config=STT_CONFIG, mimi_config=MIMI_CONFIG)
+    return TinyStt(folder, lm, mimi)
+
+
+def lean_to_padding(lm: Any, padding: int, end_padding: int = 0) -> None:
+    """Scale the text head so the random model says padding often and words now and then."""
+    with torch.no_grad():
+        weight = lm.text_linear.weight
+        weight[padding] *= PADDING_BOOST
+        # The end of padding leans on the padding direction, so it wins where padding nearly does.
+        weight[end_padding] = END_PADDING_MIX * weight[padding] + weight[end_padding]
+
+
+def save_stt_checkpoint(
+    folder: Path,
+    lm: Any,
+    mimi: Any,
+    *,
+    lm_kwargs: dict[str, Any],
+    stt_config: dict[str, float],
+    mimi_config: dict[str, Any],
+) -> None:
+    """``lm`` (a reference ``LMModel``, dep_q 0) and ``mimi`` as Kyutai publishes an STT folder,
+    with a small trained SentencePiece tokenizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_stack_attention({k: v.cpu() for k, v in lm.state_dict().items()}), str(folder / "model.safetensors"))
+    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
+    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
     train_tokenizer(folder / "tokenizer.model")
     config = dict(
         lm_kwargs,
@@ -62,7 +81,6 @@ def write_stt_checkpoint(folder: Path, *, lm_kwargs: dict[str, Any] = STT_LM_KWA
         tokenizer_name="tokenizer.model",
         mimi_config_name="mimi_config.json",
         model_type="stt",
-        stt_config=STT_CONFIG,
+        stt_config=stt_config,
     )
     (folder / "config.json").write_text(json.dumps(config))
-    return TinyStt(folder, lm, mimi)

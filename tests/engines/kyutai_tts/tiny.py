@@ -151,9 +151,21 @@ def write_tts_checkpoint(folder: Path, *, distilled: bool = True) -> TinyTTS:
     )
     lm = reference_tts_lm(raw)
     mimi = reference_mimi(MIMI_CONFIG)
-    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
+    save_tts_checkpoint(folder, lm, mimi, raw=raw, mimi_config=MIMI_CONFIG)
+    voices = folder / "voices"
+    voices.mkdir()
+    write_voice(voices / f"alice{SUFFIX}", 1)
+    write_voice(voices / f"bob{SUFFIX}", 2)
+    return TinyTTS(folder, voices, lm, mimi, raw)
+
+
+def save_tts_checkpoint(folder: Path, lm: Any, mimi: Any, *, raw: dict[str, Any], mimi_config: dict[str, Any]) -> None:
+    """``lm`` (a reference TTS ``LMModel``) and ``mimi`` as Kyutai publishes a TTS folder (``raw``:
+    its config.json keys), with a small trained SentencePiece tokenizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_stack_attention({k: v.cpu() for k, v in lm.state_dict().items()}), str(folder / "model.safetensors"))
     save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
-    (folder / "mimi_config.json").write_text(json.dumps(MIMI_CONFIG))
+    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
     train_tokenizer(folder / "tokenizer.model")
     config = dict(
         raw,
@@ -163,11 +175,6 @@ def write_tts_checkpoint(folder: Path, *, distilled: bool = True) -> TinyTTS:
         mimi_config_name="mimi_config.json",
     )
     (folder / "config.json").write_text(json.dumps(config))
-    voices = folder / "voices"
-    voices.mkdir()
-    write_voice(voices / f"alice{SUFFIX}", 1)
-    write_voice(voices / f"bob{SUFFIX}", 2)
-    return TinyTTS(folder, voices, lm, mimi, raw)
 
 
 def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0) -> Any:
