@@ -615,6 +615,7 @@ def tts_point(logs: list[TtsLog], window: tuple[float, float]) -> dict[str, Any]
 
 
 ASR_COLUMNS = [
+    ("workers", "workers", "{}"),
     ("N", "clients", "{}"),
     ("load s", "load_s", "{:.0f}"),
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
@@ -638,6 +639,7 @@ ASR_COLUMNS = [
     ("errors", "errors", "{}"),
 ]
 TTS_COLUMNS = [
+    ("workers", "workers", "{}"),
     ("N", "clients", "{}"),
     ("load s", "load_s", "{:.0f}"),
     ("replies", "replies", "{}"),
