@@ -102,6 +102,8 @@ async def test_audio_and_a_marker_come_back_as_steps_words_and_the_marker_last(u
     [
         (b"\xc1not msgpack", "invalid_msgpack"),
         (_pack({"type": "Audio", "pcm": "loud"}), "invalid_message"),
+        (_pack({"type": "Audio", "pcm": [0.0, "0.5"]}), "invalid_message"),  # a number as text is no sample
+        (_pack({"type": "Audio", "pcm": [[0.0], [0.5, 1.0]]}), "invalid_message"),
         (_pack({"type": "Audio", "pcm": [0.0, float("nan")]}), "invalid_audio"),
         (_pack({"type": "Marker", "id": "seven"}), "invalid_message"),
         (_pack({"type": "Shout"}), "unknown_type"),
