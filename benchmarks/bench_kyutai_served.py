@@ -32,8 +32,8 @@ previous one would have finished playing. Reported: first audio (first word sent
 ``Audio``) p50/p95, audio stalls once started (an ``Audio`` arriving after everything before it
 would have played out at real time), replies and errors.
 
-The engines' lockstep tick/step histograms are kept in registries of their own (not on /metrics),
-so tick time is read from the clients' side (step latency, cadence).
+Server side, over the same window: the engine's tick and batched-step p50/p99 from its lockstep
+histograms on /metrics (``rtserve_kyutai_stt_*`` / ``rtserve_kyutai_tts_*``, bucket-interpolated).
 
     python benchmarks/bench_kyutai_served.py --route asr --shape stt-1b --clients 256 512 --client-procs 8
     python benchmarks/bench_kyutai_served.py --route tts --shape tts-1.6b --clients 64 128 --client-procs 4
@@ -60,7 +60,7 @@ import aiohttp
 import msgpack
 import numpy as np
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess
+from server_process import ServerProcess, histogram_quantile, scrape
 
 from rtserve.codecs.pcm import FloatArray
 
@@ -521,9 +521,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
                 ]
                 shards = asyncio.create_task(gather_shards(tts_shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
-            cpu_before = server.cpu_by_process()
+            cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
-            cpu_after = server.cpu_by_process()
+            cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
             measured_s = window[1] - window[0]
             results = await shards
     finally:
@@ -543,6 +543,13 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         "errors": sum(log.error is not None for log in logs),
         "first_error": next((log.error for log in logs if log.error), None),
     }
+    # The engine's scheduler histograms, as /metrics names them (rtserve_kyutai_stt_* / _tts_*);
+    # the Whisper route has no lockstep scheduler: NaN.
+    family = "rtserve_kyutai_stt_" if args.route == "asr" else "rtserve_kyutai_tts_"
+    for name in ("tick", "step"):
+        for q in (0.5, 0.99):
+            seconds = histogram_quantile(metrics_before, metrics_after, f"{family}{name}_seconds", q)
+            point[f"{name}_p{round(q * 100)}_ms"] = seconds * 1e3
     if args.route == "asr":
         point |= asr_point(args, logs, window, ends)
     else:
@@ -618,6 +625,9 @@ ASR_COLUMNS = [
     ("workers", "workers", "{}"),
     ("N", "clients", "{}"),
     ("load s", "load_s", "{:.0f}"),
+    ("tick p50", "tick_p50_ms", "{:.1f}"),
+    ("tick p99", "tick_p99_ms", "{:.1f}"),
+    ("eng step p99", "step_p99_ms", "{:.1f}"),
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),
@@ -642,6 +652,9 @@ TTS_COLUMNS = [
     ("workers", "workers", "{}"),
     ("N", "clients", "{}"),
     ("load s", "load_s", "{:.0f}"),
+    ("tick p50", "tick_p50_ms", "{:.1f}"),
+    ("tick p99", "tick_p99_ms", "{:.1f}"),
+    ("eng step p99", "step_p99_ms", "{:.1f}"),
     ("replies", "replies", "{}"),
     ("failed", "failed_replies", "{}"),
     ("first p50", "first_audio_p50_ms", "{:.0f}"),

@@ -55,7 +55,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -76,7 +75,7 @@ from load_shards import (
     run_shard,
     split,
 )  # benchmarks/ is on sys.path
-from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, scrape
+from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, histogram_quantile, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -140,29 +139,6 @@ class Point:
     tick_late_max_ms: float  # worst engine tick start past its deadline (bucket bound)
     full_gc_max_ms: float  # longest full garbage collection of any server process (bucket bound)
     errors: int
-
-
-def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float:
-    """Quantile of the observations made between two scrapes (linear within a bucket)."""
-    buckets = []
-    for key, value in after.items():
-        if key.startswith(name + "_bucket"):
-            le = re.search(r'le="([^"]+)"', key)
-            if le:
-                buckets.append((float(le.group(1)), value - before.get(key, 0.0)))
-    buckets.sort()
-    if not buckets or buckets[-1][1] <= 0:
-        return float("nan")
-    target = q * buckets[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= target:
-            if bound == float("inf"):
-                return lower_bound
-            span = count - lower_count
-            return lower_bound + (bound - lower_bound) * ((target - lower_count) / span if span else 1.0)
-        lower_bound, lower_count = bound, count
-    return buckets[-1][0]
 
 
 def noise(seconds: float, seed: int = 0) -> np.ndarray:

@@ -186,3 +186,26 @@ def histogram_max(before: dict[str, float], after: dict[str, float], name: str, 
             worst = bound
         previous = count
     return worst
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float:
+    """Quantile of the observations made between two scrapes (linear within a bucket)."""
+    buckets = []
+    for key, value in after.items():
+        if key.startswith(name + "_bucket"):
+            le = re.search(r'le="([^"]+)"', key)
+            if le:
+                buckets.append((float(le.group(1)), value - before.get(key, 0.0)))
+    buckets.sort()
+    if not buckets or buckets[-1][1] <= 0:
+        return float("nan")
+    target = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= target:
+            if bound == float("inf"):
+                return lower_bound
+            span = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((target - lower_count) / span if span else 1.0)
+        lower_bound, lower_count = bound, count
+    return buckets[-1][0]
