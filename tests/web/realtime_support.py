@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
+from rtserve.engines.protocols import HostedSessionEngine
 from tests.support import serve_app
 
 HANG_GUARD_S = 15.0
@@ -44,9 +45,11 @@ def loopback_config(config: ServerConfig, **sessions: Any) -> ServerConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(config: ServerConfig, *, ready_timeout_s: float = HANG_GUARD_S) -> AsyncIterator[str]:
-    """The app on a real socket, engine ready; yields its http:// base URL."""
-    async with serve_app(build_app(config)) as base, aiohttp.ClientSession() as http:
+async def running(
+    config: ServerConfig, *, ready_timeout_s: float = HANG_GUARD_S, engine: HostedSessionEngine | None = None
+) -> AsyncIterator[str]:
+    """The app on a real socket (around ``engine`` when given), engine ready; yields its http:// base URL."""
+    async with serve_app(build_app(config, engine=engine)) as base, aiohttp.ClientSession() as http:
         for _ in range(int(ready_timeout_s * 20)):
             async with http.get(f"{base}/health") as resp:
                 if resp.status == 200:

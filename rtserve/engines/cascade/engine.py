@@ -13,6 +13,10 @@ With ``cascade.asr: stt_engine`` sessions hear with the streaming Kyutai STT ins
 Whisper (``stream_asr``): this engine builds it (in the engine process, beside the other
 models), starts and stops it, and lends it (``turn_engines().stt``) so that
 ``/api/asr-streaming`` serves from the same model copy (workers over the engine link).
+
+With ``cascade.tts: tts_engine`` sessions speak with the process's Kyutai TTS engine
+(``speak_with``), which the engine set lends to the speech routes too: Piper is then never
+loaded, listed, lent or put to sleep (docs/engines.md#kyutai-tts-in-the-cascade).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class CascadeEngine:
         self.stt = _streaming_stt(config, registry)
         self._sessions: set[CascadeSession] = set()
         self._ready = False
+        self._speaks_with_streams = False  # ``speak_with`` took the Kyutai TTS: Piper stays unloaded
 
     @property
     def ready(self) -> bool:
@@ -119,7 +124,8 @@ class CascadeEngine:
 
     async def start(self) -> None:
         stt = [self.stt.start()] if self.stt is not None else []
-        await asyncio.gather(self.vad.start(), self.asr.start(), self.tts.start(), self.llm.start(), *stt)
+        tts = [] if self._speaks_with_streams else [self.tts.start()]
+        await asyncio.gather(self.vad.start(), self.asr.start(), self.llm.start(), *tts, *stt)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
         self._ready = True
@@ -173,16 +179,22 @@ class CascadeEngine:
         if self._config.cascade.tts != "tts_engine":
             return False
         self._models.reply.speak_with(streams, self._registry)
+        self._speaks_with_streams = True
         return True
 
     def model_ids(self) -> list[str]:
-        return [self.llm.model_name, self.asr.model_name, self.tts.model_name]
+        tts = [] if self._speaks_with_streams else [self.tts.model_name]
+        return [self.llm.model_name, self.asr.model_name, *tts]
 
     def turn_engines(self) -> TurnEngines:
-        return TurnEngines(asr=self.asr, llm=self.llm, tts=self.tts, stt=self.stt)
+        tts = None if self._speaks_with_streams else self.tts  # the engine set lends the Kyutai TTS instead
+        return TurnEngines(asr=self.asr, llm=self.llm, tts=tts, stt=self.stt)
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
-        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS."""
+        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS (Piper); speaking with the Kyutai
+        TTS (``speak_with``) there is no Piper to unload: 0-2."""
+        if self._speaks_with_streams:
+            return (self.vad, self.asr, self.llm)
         return (self.vad, self.asr, self.llm, self.tts)
 
 

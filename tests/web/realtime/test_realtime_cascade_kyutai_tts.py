@@ -1,14 +1,17 @@
 """A realtime session on the cascade speaking with the tiny Kyutai TTS engine (``cascade.tts:
 tts_engine``; docs/engines.md#kyutai-tts-in-the-cascade), through the official ``openai`` SDK: the
 LLM's reply comes back as audio, ``response.cancel`` stops it at once (nothing of it after its
-``response.done``), and the engine's slot is free for the next reply."""
+``response.done``), and the engine's slot is free for the next reply. Piper is never loaded meanwhile,
+nor listed among the served models."""
 
 from __future__ import annotations
 
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
+from rtserve.engines.cascade.engine import CascadeEngine
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, STORY_REQUEST, STORYTELLER
 from tests.web.realtime.test_realtime_sdk import SdkReader
@@ -37,8 +40,11 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
     config.tts_engine = config.tts_engine.model_copy(
         update={"weights": str(tiny.folder), "voices": str(tiny.voices), "default_voice": "alice", "max_sessions": 1}
     )
-    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+    cascade = CascadeEngine(config, CollectorRegistry())
+    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S, engine=cascade) as base:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=120)
+        served = [model.id async for model in client.models.list()]
+        assert "kyutai-tts" in served and cascade.tts.model_name not in served
         async with client.realtime.connect(model="cascade") as conn:
             reader = SdkReader(conn, timeout_s=120)
             await reader.until("session.created")
@@ -58,5 +64,6 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
             second = await _ask(conn, reader)
             await conn.response.cancel()
             assert (await reader.until("response.done", limit=20000))["response"]["id"] == second
+        assert not cascade.tts.ready  # it spoke with the Kyutai TTS only: no Piper voice was loaded
     late = [e for e in reader.events[cut:] if e.get("response_id") == first]
     assert late == []
