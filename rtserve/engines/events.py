@@ -22,11 +22,17 @@ class SpeechStopped:
 
 @dataclass(frozen=True)
 class InputTranscript:
+    """A partial is text the turn's transcript grew by (clients append deltas, as OpenAI's do);
+    the final is the turn's whole transcript, which may revise what the partials said."""
+
     text: str
     final: bool
-    # A partial that extends the partials before it (a streaming recognizer's next word) rather
-    # than replacing them (a re-decoded hypothesis): it is never coalesced away.
-    extends: bool = False
+
+
+def transcript_growth(sent: str, hypothesis: str) -> str:
+    """What ``hypothesis`` adds to the text already ``sent``; "" when it revised any of it
+    (sent deltas cannot be taken back: the final transcript settles it)."""
+    return hypothesis[len(sent) :] if hypothesis.startswith(sent) else ""
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,10 @@ class EventChannel:
     def put_control(self, event: EngineEvent) -> None:
         if self._closed:
             return
-        if isinstance(event, InputTranscript) and not event.final and not event.extends:
-            last = self._control[-1] if self._control else None
-            if isinstance(last, InputTranscript) and not last.final and not last.extends:
-                self._control.pop()
+        last = self._control[-1] if self._control else None
+        if isinstance(event, InputTranscript) and isinstance(last, InputTranscript) and not (event.final or last.final):
+            self._control.pop()  # unread growth merges into one partial: it adds the same text
+            event = InputTranscript(last.text + event.text, final=False)
         if len(self._control) >= self._max_control:
             log.warning("session core is not reading engine events; dropped %s", type(self._control[0]).__name__)
             self._control.popleft()

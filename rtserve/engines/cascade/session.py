@@ -3,8 +3,9 @@
 Input side: ``push_audio`` (16 kHz) only queues; one input task per session runs the VAD
 on the shared VAD thread, feeds the ``TurnDetector`` (server VAD) or the ``ManualTurn``
 (``turn_detection: null``), emits ``SpeechStarted``/``SpeechStopped``, re-decodes the
-growing utterance for partial ``InputTranscript``s (each carries the whole hypothesis so
-far and replaces the previous one), and, the moment VAD ends a turn, starts that turn's
+growing utterance for partial ``InputTranscript``s (the text the hypothesis grew by since the
+last one sent; a revised hypothesis sends nothing, the final settles it), and, the moment
+VAD ends a turn, starts that turn's
 final decode so ``commit_input`` usually finds it done. A pause long enough is transcribed
 at once; that transcript is the final when the turn ends in the pause, and it starts a
 preemptive reply, kept unheard until ``respond`` asks for exactly it (``preemption``).
@@ -57,6 +58,7 @@ from rtserve.engines.events import (
     OutputToolCall,
     ResponseFinished,
     SpeechStarted,
+    transcript_growth,
 )
 from rtserve.engines.pipeline import StageFailed
 from rtserve.engines.turn_detection import TurnDetection
@@ -267,9 +269,10 @@ class CascadeSession:
         except EngineError as exc:
             log.debug("partial transcript skipped: %s", exc)
             return
-        if turn_id == self._turn.turn_id and text and text != self._last_partial:
+        growth = transcript_growth(self._last_partial, text)
+        if turn_id == self._turn.turn_id and growth:
             self._last_partial = text
-            self._channel.put_control(InputTranscript(text, final=False))
+            self._channel.put_control(InputTranscript(growth, final=False))
 
     def _seal(self, turn: SealedTurn) -> None:
         """VAD ended a turn: start its final decode now, ahead of the commit that will want it."""

@@ -77,7 +77,7 @@ class StreamAsr:
         try:
             async for event in self._stream.events():
                 if isinstance(event, Word):
-                    self._report(InputTranscript(event.text if not self._words else f" {event.text}", False, True))
+                    self._report(InputTranscript(event.text if not self._words else f" {event.text}", False))
                     self._words.append(event.text)
                 elif isinstance(event, Step):
                     self.end_of_turn = event.prs[0] if event.prs else 0.0

@@ -10,13 +10,14 @@ and ``transcription.done`` (``text``, ``usage``).
 Here the first ``final: false`` switches the session to manual turns (server VAD would
 cut the stream into turns and answer them) and to transcription events; ``final: true``
 commits the turn. The session core's input transcripts are then also sent in vLLM's
-shape: the recognizer's partial hypotheses (each the whole text so far) become the
-text they add, its final transcript ``transcription.done``. ``usage`` is null (vLLM
+shape: the recognizer's partials (the text each adds) as ``transcription.delta``, its final
+transcript as the rest of it (where it extends what was sent) and ``transcription.done``. ``usage`` is null (vLLM
 allows it): the recognizer does not count tokens.
 """
 
 from __future__ import annotations
 
+from rtserve.engines.events import transcript_growth
 from rtserve.sessions import events as ev
 from rtserve.sessions.ids import new_event_id
 from rtserve.sessions.projections import compact_json
@@ -39,7 +40,7 @@ class TranscriptionFlow:
         if not self.active:
             return []
         if isinstance(event, ev.InputTranscriptDelta):
-            return self._delta(event.delta)
+            return self._delta(self._sent + event.delta)
         if isinstance(event, ev.InputTranscriptCompleted):
             frames = self._delta(event.transcript)
             self._sent = ""
@@ -52,9 +53,9 @@ class TranscriptionFlow:
         return []
 
     def _delta(self, hypothesis: str) -> list[str]:
-        # A revised hypothesis cannot take back text already sent: only growth is streamed,
-        # and transcription.done carries the authoritative text.
-        if not hypothesis.startswith(self._sent) or len(hypothesis) == len(self._sent):
+        # transcription.done carries the authoritative text, whatever the deltas said.
+        delta = transcript_growth(self._sent, hypothesis)
+        if not delta:
             return []
-        delta, self._sent = hypothesis[len(self._sent) :], hypothesis
+        self._sent = hypothesis
         return [compact_json({"type": "transcription.delta", "event_id": new_event_id(), "delta": delta})]

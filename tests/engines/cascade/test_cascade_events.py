@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 
 from rtserve.engines.cascade.events import EventChannel
-from rtserve.engines.events import InputTranscript, OutputAudio, OutputText, ResponseFinished, SpeechStarted
+from rtserve.engines.events import (
+    InputTranscript,
+    OutputAudio,
+    OutputText,
+    ResponseFinished,
+    SpeechStarted,
+    transcript_growth,
+)
 
 
 def audio(epoch: int, samples: int = 100) -> OutputAudio:
@@ -53,10 +60,19 @@ async def test_reply_output_waits_for_space_and_a_fence_releases_the_waiter() ->
     assert channel.queued_samples == 0
 
 
-async def test_a_newer_partial_replaces_an_unread_one() -> None:
+async def test_unread_partials_merge_into_the_text_they_add() -> None:
     channel = EventChannel(max_output_samples=100)
     channel.put_control(InputTranscript("what", final=False))
-    channel.put_control(InputTranscript("what is", final=False))
+    channel.put_control(InputTranscript(" is", final=False))
     channel.put_control(InputTranscript("what is it", final=True))
     assert await channel.get() == InputTranscript("what is", final=False)
     assert await channel.get() == InputTranscript("what is it", final=True)
+
+
+def test_a_partial_adds_only_what_the_hypothesis_grew_by() -> None:
+    """Whisper re-decodes the whole utterance; clients append deltas: the first hypothesis goes
+    out whole, a longer one only its new end, one that revised sent words nothing."""
+    assert transcript_growth("", "What is") == "What is"
+    assert transcript_growth("What is", "What is the capital") == " the capital"
+    assert transcript_growth("What is the capital", "What's the capital of") == ""
+    assert transcript_growth("What is", "What is") == ""

@@ -84,10 +84,10 @@ async def test_words_extend_each_other_and_a_turn_is_the_words_before_its_marker
     assert await asyncio.wait_for(turn, 5) == "hello there friend"
     await _settle()
     assert reported == [
-        InputTranscript("hello", False, True),
-        InputTranscript(" there", False, True),
-        InputTranscript(" friend", False, True),
-        InputTranscript("next", False, True),
+        InputTranscript("hello", False),
+        InputTranscript(" there", False),
+        InputTranscript(" friend", False),
+        InputTranscript("next", False),
     ]
     assert asr.end_of_turn == pytest.approx(0.8)
 

@@ -53,7 +53,7 @@ async def test_vllm_transcription_flow(config: ServerConfig) -> None:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
             session.emit(InputTranscript("hel", final=False))
-            session.emit(InputTranscript("hello", final=False))
+            session.emit(InputTranscript("lo", final=False))
             first = await next_of(ws, "transcription.delta", seen)
             await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
             done = await next_of(ws, "transcription.done", seen)
