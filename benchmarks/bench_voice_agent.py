@@ -425,6 +425,8 @@ def main() -> None:
     import torch
 
     args.cuda = args.shape != "tiny" and torch.cuda.is_available()
+    if args.shape == "real" and not args.cuda:
+        parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
     args.device_name = torch.cuda.get_device_name() if args.cuda else f"cpu ({os.cpu_count()} cores)"
     base = args.weights_dir or ROOT / "benchmarks" / "results" / "weights"
     stt_shape, tts_shape = SHAPES[args.shape]
