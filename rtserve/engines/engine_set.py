@@ -14,18 +14,21 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
-from rtserve.engines.kyutai_tts.service import SpeaksWithStreams, TTSStreamEngine
+from rtserve.engines.kyutai_tts.service import SpeaksWithStreams
 from rtserve.engines.policy.batcher import PolicyBatcher
-from rtserve.engines.protocols import HostedSessionEngine, TTSEngine
+from rtserve.engines.protocols import HostedSessionEngine, SleepStage, TTSEngine
 from rtserve.engines.registry import create_engine, create_text_engine, load_policy_batcher
 from rtserve.engines.sleep import SleepController
 from rtserve.weights import BOARD, DownloadStatus
+
+if TYPE_CHECKING:
+    from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,10 @@ class EngineSet:
 
     def _sleep_controller(self) -> SleepController:
         if self._sleep is None:
-            self._sleep = SleepController(self.session_engine.capabilities.name, self.session_engine.sleep_stages())
+            stages: tuple[SleepStage, ...] = tuple(self.session_engine.sleep_stages())
+            if self.speech_engine is not None:  # the Kyutai TTS, numbered after the session engine's stages
+                stages += (self.speech_engine,)
+            self._sleep = SleepController(self.session_engine.capabilities.name, stages)
         return self._sleep
 
     async def sleep(self, stage_ids: Sequence[int] | None, level: int) -> list[dict[str, Any]]:
@@ -231,7 +237,7 @@ def _stt_engine(config: ServerConfig, registry: CollectorRegistry) -> SpeechStre
 
 def _speech_engine(
     config: ServerConfig, registry: CollectorRegistry
-) -> tuple[TTSStreamEngine | None, TTSEngine | None]:
+) -> tuple[KyutaiTTSEngine | None, TTSEngine | None]:
     """The Kyutai TTS engine when ``tts_engine.weights`` is set, and the same engine as the speech
     routes' ``TTSEngine`` (docs/engines.md#kyutai-tts-over-http)."""
     if not config.tts_engine.weights:

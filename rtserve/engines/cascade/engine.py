@@ -78,7 +78,7 @@ class CascadeEngine:
             supports_speak=True,
             supports_vision=self.llm.supports_vision,
         )
-        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics, lanes=lanes.vad)
+        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
         self.asr = WhisperAsr(
             locations.asr,
             cpu_threads=paths.cpu_threads,
@@ -192,7 +192,8 @@ class CascadeEngine:
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
         """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS (Piper); speaking with the Kyutai
-        TTS (``speak_with``) there is no Piper to unload: 0-2."""
+        TTS (``speak_with``) there is no Piper to unload: 0-2, and the engine set numbers the Kyutai
+        TTS engine 3 (docs/serving.md#sleep-mode)."""
         if self._speaks_with_streams:
             return (self.vad, self.asr, self.llm)
         return (self.vad, self.asr, self.llm, self.tts)

@@ -7,6 +7,10 @@ in ``start()``, on a thread, so the server answers meanwhile (streams are refuse
 checked before a slot is taken; the slot's row is reset with it as the stream's first input.
 Its lockstep metrics live in a registry of its own (the realtime engine may be lockstep too) and
 show in the server's as ``rtserve_kyutai_tts_*``.
+
+It is a sleep-mode stage (docs/serving.md#sleep-mode): ``release`` stops the scheduler (streams in
+flight end with ``engine_sleeping``, new ones are refused with it) and drops the model, its voices
+and CUDA graphs; ``restore`` loads the weights again as ``start`` did.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.errors import EngineError
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_tts.conditioning import Voice
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.loader import LoadedTTS, load_files
@@ -36,7 +41,7 @@ from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.tiny_torch import resolve_device
 from rtserve.engines.values import SlotPrompt
 from rtserve.engines.voice_names import OPENAI_VOICES
-from rtserve.errors import ENGINE_UNAVAILABLE
+from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import open_source
 
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
+_ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
 class KyutaiTTSEngine:
@@ -60,15 +66,16 @@ class KyutaiTTSEngine:
         ``clock``: the scheduler's tick clock (tests run it faster than real time). ``registry``:
         the server's, where its scheduler's metrics show."""
         self._config = config
-        self._lockstep_metrics = CollectorRegistry()
+        self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), "rtserve_kyutai_tts_")
         if registry is not None:
-            registry.register(RenamedMetrics(self._lockstep_metrics, "rtserve_kyutai_tts_"))
+            registry.register(self._lockstep_metrics)
         self._loaded = loaded
         self._clock = clock
         self._model: KyutaiTTSModel | None = None
         self._frame_model: TTSFrameModel | None = None
         self._scheduler: LockstepScheduler | None = None
         self._failure: str | None = None
+        self._asleep = False
         self._voice_lock = threading.Lock()  # the voice folder's cache, read from worker threads
         self.sample_rate = 24000 if loaded is None else loaded.mimi_config.sample_rate
 
@@ -82,8 +89,7 @@ class KyutaiTTSEngine:
 
     async def start(self) -> None:
         try:
-            loaded = self._loaded if self._loaded is not None else await asyncio.to_thread(self._load)
-            model = self._build(loaded)
+            await self._serve()
         except (CheckpointError, WeightsError, ConfigError, EngineError) as exc:
             if isinstance(exc, ConfigError):
                 self._failure = str(exc)
@@ -92,14 +98,20 @@ class KyutaiTTSEngine:
             else:
                 self._failure = f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai tts engine not serving: %s", self._failure)
-            return
+
+    async def _serve(self) -> None:
+        """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
+        loaded = self._loaded if self._loaded is not None else await asyncio.to_thread(self._load)
+        model = self._build(loaded)
         self._model = model
         self.sample_rate = model.sample_rate
         self._frame_model = TTSFrameModel(model)
+        metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
+        self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
             self._frame_model,
             self._config.lockstep,
-            self._lockstep_metrics,
+            metrics,
             name="kyutai_tts",
             clock=self._clock,
             audio_input=False,
@@ -134,9 +146,32 @@ class KyutaiTTSEngine:
         if self._scheduler is not None:
             await asyncio.to_thread(self._scheduler.stop, self._config.lockstep.release_timeout_s)
 
+    # ------------------------------------------------------------------ sleep mode (``SleepStage``)
+
+    stage = "tts_engine"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True  # streams are refused from here on
+        scheduler, self._scheduler, self._frame_model, self._model = self._scheduler, None, None, None
+        if scheduler is not None:
+            failure = EngineFailure(ENGINE_SLEEPING, _ASLEEP)
+            await asyncio.to_thread(scheduler.stop, self._config.lockstep.release_timeout_s, failure)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the weights and CUDA graphs just dropped go back to the device
+
+    async def restore(self) -> None:
+        await self._serve()  # raises: the stage stays asleep
+        self._asleep = False
+
     async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
         """A stream with ``voice`` (None: ``tts_engine.default_voice``): ``VoiceError`` before any
         slot is taken, ``CapacityExhausted`` when every slot is busy."""
+        if self._asleep:
+            raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
         scheduler, model, frame_model = self._scheduler, self._model, self._frame_model
         if scheduler is None or model is None or frame_model is None or not scheduler.running:
             raise EngineError(self._failure or "the text-to-speech engine is not running", code=ENGINE_UNAVAILABLE)

@@ -24,6 +24,11 @@ class RenamedMetrics(Collector):
         self._source = source
         self._prefix = prefix
 
+    def follow(self, source: CollectorRegistry) -> None:
+        """Show ``source``'s families from now on: the engine built a new scheduler (a wake from
+        sleep mode), whose families cannot register twice in the old registry."""
+        self._source = source
+
     def collect(self) -> Iterable[Metric]:
         for family in self._source.collect():
             renamed = Metric(self._renamed(family.name), family.documentation, family.type, family.unit)

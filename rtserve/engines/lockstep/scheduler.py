@@ -280,8 +280,9 @@ class LockstepScheduler:
         self._thread = threading.Thread(target=self._run, name=f"{self.name}-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the thread, then fail every remaining lease. Blocking: call off the loop."""
+    def stop(self, timeout_s: float | None = None, failure: EngineFailure | None = None) -> None:
+        """Stop the thread, then fail every remaining lease (with ``failure``: why the engine
+        stopped, ``engine_unavailable`` unless told). Blocking: call off the loop."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -293,7 +294,7 @@ class LockstepScheduler:
                 )
                 return
         # The thread is gone (or never ran): this caller owns the model now.
-        self._shut_down(EngineFailure(ENGINE_UNAVAILABLE, "the engine stopped"))
+        self._shut_down(failure or EngineFailure(ENGINE_UNAVAILABLE, "the engine stopped"))
 
     # ------------------------------------------------------------------ engine thread
 

@@ -2,10 +2,12 @@
 tts_engine``; docs/engines.md#kyutai-tts-in-the-cascade), through the official ``openai`` SDK: the
 LLM's reply comes back as audio, ``response.cancel`` stops it at once (nothing of it after its
 ``response.done``), and the engine's slot is free for the next reply. Piper is never loaded meanwhile,
-nor listed among the served models."""
+nor listed among the served models, nor by sleep mode, whose stage 3 is the Kyutai TTS engine
+(docs/serving.md#sleep-mode)."""
 
 from __future__ import annotations
 
+import aiohttp
 import openai
 import pytest
 from prometheus_client import CollectorRegistry
@@ -36,6 +38,7 @@ async def _ask(conn: openai.resources.realtime.realtime.AsyncRealtimeConnection,
 
 async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config: ServerConfig, tiny: TinyTTS) -> None:
     config.engine = "cascade"
+    config.enable_sleep_mode = True
     config.cascade = config.cascade.model_copy(update={"tts": "tts_engine"})
     config.tts_engine = config.tts_engine.model_copy(
         update={"weights": str(tiny.folder), "voices": str(tiny.voices), "default_voice": "alice", "max_sessions": 1}
@@ -64,6 +67,10 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
             second = await _ask(conn, reader)
             await conn.response.cancel()
             assert (await reader.until("response.done", limit=20000))["response"]["id"] == second
+        async with aiohttp.ClientSession() as http:
+            for route in ("sleep", "wakeup"):
+                async with http.post(f"{base}/v1/omni/{route}", json={"stage_ids": [3]}) as resp:
+                    assert resp.status == 200 and (await resp.json())["acks"][0]["stage"] == "tts_engine"
         assert not cascade.tts.ready  # it spoke with the Kyutai TTS only: no Piper voice was loaded
     late = [e for e in reader.events[cut:] if e.get("response_id") == first]
     assert late == []
