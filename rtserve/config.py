@@ -790,6 +790,13 @@ class CascadeLimits(_Section):
         description="Whisper decodes run at once (models.cpu_threads each, one shared model). "
         "Unset: one per 4 cores, at least 1 (docs/engines.md#cascade-cores)",
     )
+    vad_lanes: int | None = Field(
+        None,
+        ge=1,
+        description="Silero VAD calls run at once (one shared ONNX session, one thread each; a "
+        "session's audio is still analysed in order). Unset: one per 4 cores, at least 1 "
+        "(docs/engines.md#cascade-cores)",
+    )
     tts_lanes: int | None = Field(
         None,
         ge=1,

@@ -1,8 +1,8 @@
 """How many lanes each CPU stage of the cascade gets on this host (docs/engines.md#cascade-cores).
 
-A lane is one thread that runs one model call at a time (``worker.ModelWorker`` for ASR and
-TTS, a decode thread with its own batch for the CTranslate2 LLM); lanes of one stage share
-the one loaded model. Unset config values (``cascade.asr_lanes``, ``tts_lanes``,
+A lane is one thread that runs one model call at a time (``worker.ModelWorker`` for VAD, ASR
+and TTS, a decode thread with its own batch for the CTranslate2 LLM); lanes of one stage share
+the one loaded model. Unset config values (``cascade.vad_lanes``, ``asr_lanes``, ``tts_lanes``,
 ``llm_lanes``, ``llm_max_active``) are sized here from the cores this process may run on,
 so a session's turn finds a free lane while another session's reply is still being spoken.
 """
@@ -21,6 +21,9 @@ from rtserve.config import CascadeLimits
 _CORES_PER_LLM_LANE = 2
 _CORES_PER_ASR_LANE = 4
 _CORES_PER_TTS_LANE = 4
+# Silero scores every session's audio all the time (~0.1-0.2 ms per 32 ms window): one thread
+# holds ~100-200 sessions, so hundreds of sessions need several.
+_CORES_PER_VAD_LANE = 4
 _MIN_LLM_LANES = 2
 _LLM_REQUESTS_PER_LANE = 4
 
@@ -38,6 +41,7 @@ class StageLanes:
     asr: int
     tts: int
     llm: int
+    vad: int
     llm_max_active: int  # requests decoded at once, shared among the LLM lanes
 
 
@@ -50,4 +54,5 @@ def stage_lanes(limits: CascadeLimits, cores: int | None = None) -> StageLanes:
         tts=limits.tts_lanes or max(1, cores // _CORES_PER_TTS_LANE),
         llm=llm,
         llm_max_active=limits.llm_max_active or llm * _LLM_REQUESTS_PER_LANE,
+        vad=limits.vad_lanes or max(1, cores // _CORES_PER_VAD_LANE),
     )

@@ -78,7 +78,7 @@ class CascadeEngine:
             supports_speak=True,
             supports_vision=self.llm.supports_vision,
         )
-        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics)
+        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics, lanes=lanes.vad)
         self.asr = WhisperAsr(
             locations.asr,
             cpu_threads=paths.cpu_threads,

@@ -83,16 +83,18 @@ class SileroVad:
 
 
 class VadEngine:
-    """The shared VAD: one network, one thread; sessions bring their own ``VadStream``."""
+    """The shared VAD: one network, ``lanes`` threads (``cascade.vad_lanes``); sessions bring their
+    own ``VadStream`` and have one call in flight at a time, so a stream is never scored on two
+    lanes at once."""
 
     sample_rate = SAMPLE_RATE
     window = WINDOW
 
-    def __init__(self, location: ModelLocation, *, max_queue: int, metrics: CascadeMetrics) -> None:
+    def __init__(self, location: ModelLocation, *, max_queue: int, metrics: CascadeMetrics, lanes: int = 1) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._metrics = metrics
-        self._worker = ModelWorker("vad", max_queue)
+        self._worker = ModelWorker("vad", max_queue, lanes)
         self._vad: SileroVad | None = None
         self._asleep = False
 

