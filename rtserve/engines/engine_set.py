@@ -76,7 +76,12 @@ class EngineSet:
         return (
             self.session_engine.ready
             and (self._text_engine is None or self._text_engine.ready)
-            and (not self._speech_needed or self.speech_engine is None or self.speech_engine.ready)
+            and (
+                not self._speech_needed
+                or self.speech_engine is None
+                or self.speech_engine.ready
+                or self.speech_engine.asleep  # an operator's sleep, as the session engine's stages
+            )
         )
 
     @property
@@ -152,7 +157,8 @@ class EngineSet:
     def _sleep_controller(self) -> SleepController:
         if self._sleep is None:
             stages: tuple[SleepStage, ...] = tuple(self.session_engine.sleep_stages())
-            if self.speech_engine is not None:  # the Kyutai TTS, numbered after the session engine's stages
+            # The Kyutai TTS: the session engine's own TTS stage where it speaks with it, else one more.
+            if self.speech_engine is not None and not self._speech_needed:
                 stages += (self.speech_engine,)
             self._sleep = SleepController(self.session_engine.capabilities.name, stages)
         return self._sleep

@@ -16,7 +16,7 @@ models), starts and stops it, and lends it (``turn_engines().stt``) so that
 
 With ``cascade.tts: tts_engine`` sessions speak with the process's Kyutai TTS engine
 (``speak_with``), which the engine set lends to the speech routes too: Piper is then never
-loaded, listed, lent or put to sleep (docs/engines.md#kyutai-tts-in-the-cascade).
+loaded, listed or lent, and that engine is the TTS sleep stage (docs/engines.md#kyutai-tts-in-the-cascade).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from rtserve.engines.cascade.vad import VadEngine
 from rtserve.engines.errors import CapacityExhausted
 from rtserve.engines.events import EngineEvent
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
-from rtserve.engines.kyutai_tts.service import SpeechStreams
+from rtserve.engines.kyutai_tts.service import SleepingSpeechStreams
 from rtserve.engines.protocols import SleepStage, TurnEngines
 from rtserve.engines.values import EngineCapabilities, SessionOptions
 
@@ -116,7 +116,7 @@ class CascadeEngine:
         self.stt = _streaming_stt(config, registry)
         self._sessions: set[CascadeSession] = set()
         self._ready = False
-        self._speaks_with_streams = False  # ``speak_with`` took the Kyutai TTS: Piper stays unloaded
+        self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS: no Piper
 
     @property
     def ready(self) -> bool:
@@ -124,7 +124,7 @@ class CascadeEngine:
 
     async def start(self) -> None:
         stt = [self.stt.start()] if self.stt is not None else []
-        tts = [] if self._speaks_with_streams else [self.tts.start()]
+        tts = [] if self._speech is not None else [self.tts.start()]
         await asyncio.gather(self.vad.start(), self.asr.start(), self.llm.start(), *tts, *stt)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
@@ -173,30 +173,27 @@ class CascadeEngine:
         if self.stt is not None:
             await self.stt.stop()
 
-    def speak_with(self, streams: SpeechStreams) -> bool:
+    def speak_with(self, streams: SleepingSpeechStreams) -> bool:
         """The process's Kyutai TTS engine (24 kHz, the output rate): sessions speak with it under
         ``cascade.tts: tts_engine`` (docs/engines.md#kyutai-tts-in-the-cascade)."""
         if self._config.cascade.tts != "tts_engine":
             return False
         self._models.reply.speak_with(streams, self._registry)
-        self._speaks_with_streams = True
+        self._speech = streams
         return True
 
     def model_ids(self) -> list[str]:
-        tts = [] if self._speaks_with_streams else [self.tts.model_name]
+        tts = [] if self._speech is not None else [self.tts.model_name]
         return [self.llm.model_name, self.asr.model_name, *tts]
 
     def turn_engines(self) -> TurnEngines:
-        tts = None if self._speaks_with_streams else self.tts  # the engine set lends the Kyutai TTS instead
+        tts = None if self._speech is not None else self.tts  # the engine set lends the Kyutai TTS instead
         return TurnEngines(asr=self.asr, llm=self.llm, tts=tts, stt=self.stt)
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
-        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS (Piper); speaking with the Kyutai
-        TTS (``speak_with``) there is no Piper to unload: 0-2, and the engine set numbers the Kyutai
-        TTS engine 3 (docs/serving.md#sleep-mode)."""
-        if self._speaks_with_streams:
-            return (self.vad, self.asr, self.llm)
-        return (self.vad, self.asr, self.llm, self.tts)
+        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS (Piper, or the Kyutai TTS engine it
+        speaks with: docs/serving.md#sleep-mode)."""
+        return (self.vad, self.asr, self.llm, self.tts if self._speech is None else self._speech)
 
 
 def _streaming_stt(config: ServerConfig, registry: CollectorRegistry) -> SpeechStreamEngine | None:

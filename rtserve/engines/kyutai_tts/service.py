@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from rtserve.engines.kyutai_tts.stream import SpeechEvent
+from rtserve.engines.protocols import SleepStage
 
 
 class SpeechStream(Protocol):
@@ -66,10 +67,15 @@ class TTSStreamEngine(SpeechStreams, Protocol):
         ...
 
 
+class SleepingSpeechStreams(SpeechStreams, SleepStage, Protocol):
+    """A ``SpeechStreams`` engine that sleep mode can unload (the Kyutai TTS engine)."""
+
+
 @runtime_checkable
 class SpeaksWithStreams(Protocol):
     """A session engine that may speak its replies on a ``SpeechStreams`` engine (the cascade)."""
 
-    def speak_with(self, streams: SpeechStreams) -> bool:
-        """Offered the process's streaming TTS engine; True when its config makes it speak with it."""
+    def speak_with(self, streams: SleepingSpeechStreams) -> bool:
+        """Offered the process's streaming TTS engine; True when its config makes it speak with it
+        (the engine is then one of its sleep stages)."""
         ...

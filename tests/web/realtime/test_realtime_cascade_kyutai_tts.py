@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.engine import CascadeEngine
+from rtserve.errors import ENGINE_SLEEPING
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, STORY_REQUEST, STORYTELLER
 from tests.web.realtime.test_realtime_sdk import SdkReader
@@ -68,9 +69,13 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
             await conn.response.cancel()
             assert (await reader.until("response.done", limit=20000))["response"]["id"] == second
         async with aiohttp.ClientSession() as http:
-            for route in ("sleep", "wakeup"):
-                async with http.post(f"{base}/v1/omni/{route}", json={"stage_ids": [3]}) as resp:
-                    assert resp.status == 200 and (await resp.json())["acks"][0]["stage"] == "tts_engine"
+            async with http.post(f"{base}/v1/omni/sleep", json={"stage_ids": [3]}) as resp:
+                assert resp.status == 200 and (await resp.json())["acks"][0]["stage"] == "tts_engine"
+            async with http.ws_connect(base.replace("http://", "ws://") + "/v1/realtime") as ws:
+                event = await ws.receive_json(timeout=30)
+            assert event["type"] == "error" and event["error"]["code"] == ENGINE_SLEEPING, event
+            async with http.post(f"{base}/v1/omni/wakeup", json={"stage_ids": [3]}) as resp:
+                assert resp.status == 200 and (await resp.json())["sleeping_stages"] == []
         assert not cascade.tts.ready  # it spoke with the Kyutai TTS only: no Piper voice was loaded
     late = [e for e in reader.events[cut:] if e.get("response_id") == first]
     assert late == []
