@@ -26,7 +26,8 @@ the busiest worker process (near 100 % it, not the engine, is the limit).
 runs alternate tree by tree at each N. ``--profile`` records the engine process with py-spy
 (``pip install py-spy``) over the window and prints where its samples land. ``--micro`` instead
 measures, per tree, the CPU time (``time.process_time``: little moved by a loaded machine) of
-the frame model's host step at batch N and of encoding one tick's events for ``--workers`` links.
+the frame model's host step at batch N, of encoding one tick's events for ``--workers`` links and
+of one scheduler tick (gather + scatter) around a step that costs nothing.
 
     .venv/bin/python benchmarks/bench_engine_host.py --sessions 64 256 512 --workers 4
     .venv/bin/python benchmarks/bench_engine_host.py --trees /tmp/before . --model moshi-host --profile
@@ -259,7 +260,62 @@ def run_micro(args: argparse.Namespace) -> None:
     encode_us = cpu_us(encode, 200)
     frames_in = pickle.dumps((wire.Kind.FRAMES_IN, [(h, pcm) for h in range(per_worker)]), protocol=4)
     decode_us = cpu_us(lambda: [pickle.loads(frames_in) for _ in range(args.workers)], 200)
-    print(json.dumps({"frame_model_step_us": step_us, "events_encode_us": encode_us, "frames_decode_us": decode_us}))
+    tick_us = _scheduler_tick_us(args.batch, pcm)
+    print(
+        json.dumps(
+            {
+                "frame_model_step_us": step_us,
+                "events_encode_us": encode_us,
+                "frames_decode_us": decode_us,
+                "scheduler_tick_us": tick_us,
+            }
+        )
+    )
+
+
+def _scheduler_tick_us(batch: int, pcm: Any) -> float:
+    """CPU time of one lockstep tick around a model step that costs nothing (its outputs are made
+    once): control ops, the gather of every slot's frame, the scatter of every row's output. Each
+    slot gets a frame pushed before the tick and its output read after (neither timed)."""
+    from prometheus_client import CollectorRegistry
+
+    from rtserve.config import LockstepConfig
+    from rtserve.engines.lockstep.scheduler import LockstepScheduler
+    from rtserve.engines.values import FrameOutput
+
+    class FixedOutputs:  # the step's host cost is measured apart (frame_model_step_us)
+        batch_size, frame_size, sample_rate, output_delay_frames = batch, FRAME, 24000, 0
+
+        def __init__(self) -> None:
+            self.outputs = [FrameOutput(pcm.copy()) for _ in range(batch)]
+
+        def open_slot(self, slot: int, prompt: Any) -> int:
+            return 0
+
+        def prefill_step(self, slot: int) -> bool:
+            return True
+
+        def step(self, frames: Any, live: Any) -> list[Any]:
+            return self.outputs
+
+        def release(self, slot: int) -> None:
+            pass
+
+    scheduler = LockstepScheduler(FixedOutputs(), LockstepConfig(batch_size=batch), CollectorRegistry())
+    leases = [scheduler.acquire() for _ in range(batch)]
+    scheduler.tick()  # opens every slot
+    rounds = []
+    for _ in range(5):
+        spent = 0.0
+        for _ in range(100):
+            for lease in leases:
+                lease.push_samples(pcm)
+                lease.output.pop()
+            started = time.process_time()
+            scheduler.tick()
+            spent += time.process_time() - started
+        rounds.append(spent / 100 * 1e6)
+    return min(rounds)
 
 
 # ---------------------------------------------------------------------------------------- parent
@@ -484,12 +540,13 @@ def main() -> None:
                 out, _ = child.communicate(timeout=600)
                 micro.append({"tree": str(tree), "sessions": sessions, **json.loads(out.splitlines()[-1])})
         print(
-            f"{'tree':>24} {'N':>4} {'frame model step':>16} {'events encode':>13} {'frames decode':>13}  (CPU us/tick)"
+            f"{'tree':>24} {'N':>4} {'frame model step':>16} {'events encode':>13} {'frames decode':>13} "
+            f"{'scheduler tick':>14}  (CPU us/tick)"
         )
         for m in micro:
             print(
                 f"{Path(m['tree']).resolve().name:>24} {m['sessions']:>4} {m['frame_model_step_us']:>16.0f} "
-                f"{m['events_encode_us']:>13.0f} {m['frames_decode_us']:>13.0f}"
+                f"{m['events_encode_us']:>13.0f} {m['frames_decode_us']:>13.0f} {m['scheduler_tick_us']:>14.0f}"
             )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"benchmark": "bench_engine_host --micro", "points": micro}, indent=2) + "\n")

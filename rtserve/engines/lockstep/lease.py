@@ -67,15 +67,7 @@ class SlotLease:
         self.session_id = session_id
         self.loop = loop
         self.epoch = 0
-        rate = scheduler.sample_rate
-        self.input = InputBacklog(
-            scheduler.frame_size,
-            scheduler.input_backlog_samples,
-            config.latency_trim_window_frames,
-            round(config.jitter_cushion_ms * rate / 1000),
-            max(1, round(config.drift_trim_ms * rate / 1000)),
-            round(config.underrun_repay_ms * rate / 1000),
-        )
+        self.input: InputBacklog = scheduler.inputs.hold(slot)
         self.output = OutputHandoff(config.output_queue_frames)
         self.released = False
         self.samples_pushed = 0

@@ -8,9 +8,9 @@ Per tick, on the engine thread only:
 2. if no slot is PREFILL or LIVE: no step at all; the thread sleeps on a condition
    until a session arrives (no busy loop, no GPU burnt);
 3. one ``model.prefill_step`` per PREFILL slot;
-4. gather one input frame per LIVE slot from the samples that arrived for it
-   (``InputBacklog.take_into``: a partial frame is padded at its start, so the frame ends
-   at the tick), silence when nothing arrived (an underrun, counted);
+4. gather one input frame per LIVE slot from the samples that arrived for it, all slots in
+   one take (``InputBacklogs.take_frames``: a partial frame is padded at its start, so the
+   frame ends at the tick), silence when nothing arrived (an underrun, counted);
 5. one batched ``model.step``;
 6. scatter each LIVE row's output to its lease only if the lease still holds the slot
    and its epoch did not move during the step (the epoch fence);
@@ -41,7 +41,7 @@ lateness are metrics; overruns and skips also log a rate-limited warning. Admiss
 (``acquire``) answers at once: a lease, or ``CapacityExhausted``.
 
 The event loop never blocks on the engine thread: input goes through a lock-protected
-per-slot sample backlog (``InputBacklog``, drop-oldest), output through a bounded per-slot
+table of per-slot sample backlogs (``InputBacklogs``, drop-oldest), output through a bounded per-slot
 ``OutputHandoff`` (drop-oldest audio, text kept) plus one coalesced
 ``call_soon_threadsafe`` wake-up per loop per tick.
 """
@@ -69,7 +69,7 @@ from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.metrics import LockstepMetrics
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock, TickOutcome, TickPacer
-from rtserve.engines.lockstep.slots import LoopNotifier, SlotPhase
+from rtserve.engines.lockstep.slots import InputBacklogs, LoopNotifier, SlotPhase
 from rtserve.engines.protocols import FrameModel
 from rtserve.engines.values import FrameOutput, SlotPrompt
 from rtserve.errors import ENGINE_ERROR, ENGINE_UNAVAILABLE
@@ -190,6 +190,16 @@ class LockstepScheduler:
             model.frame_size, round(config.max_input_backlog_ms * model.sample_rate / 1000)
         )
         self.catch_up_frames = self.input_backlog_samples // model.frame_size
+        rate = model.sample_rate
+        self.inputs = InputBacklogs(
+            self.batch_size,
+            model.frame_size,
+            self.input_backlog_samples,
+            config.latency_trim_window_frames,
+            round(config.jitter_cushion_ms * rate / 1000),
+            max(1, round(config.drift_trim_ms * rate / 1000)),
+            round(config.underrun_repay_ms * rate / 1000),
+        )
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
         self._clock = clock or SystemTickClock()
@@ -538,39 +548,46 @@ class LockstepScheduler:
     def _gather(self, live: list[tuple[int, SlotLease]]) -> list[_LiveRow]:
         frames, mask, dirty = self._frames, self._live_mask, self._dirty_rows
         mask[:] = False
-        rows: list[_LiveRow] = []
-        underruns = trimmed = 0
-        for index, lease in live:
-            if not self.audio_input:
+        if self.audio_input:
+            rows = self._take_input(live)
+        else:
+            rows = []
+            for index, lease in live:
                 # Running ahead, a row whose reader is a full queue behind waits instead of losing audio.
                 mask[index] = self.run_ahead is None or lease.output.has_room
                 rows.append(_LiveRow(index, lease, lease.epoch, 0))
-                continue
-            mask[index] = True
-            arrived = lease.pushed_at  # read first: what the take finds arrived by then
-            taken, trimmed_here = lease.input.take_into(frames[index])
-            if taken:
-                lease.wake_order = arrived
-            if trimmed_here:
-                trimmed += trimmed_here
-                lease.samples_trimmed += trimmed_here
-            if not taken:
-                underruns += 1
-                lease.underruns += 1
-                if dirty[index]:
-                    frames[index] = 0.0
-                    dirty[index] = False
-            else:
-                dirty[index] = True
-            rows.append(_LiveRow(index, lease, lease.epoch, taken + trimmed_here))
         stale = dirty & ~mask  # rows that carried audio last tick but are not live now
         if stale.any():
             frames[stale] = 0.0
             dirty[stale] = False
+        return rows
+
+    def _take_input(self, live: list[tuple[int, SlotLease]]) -> list[_LiveRow]:
+        """Every live slot's frame in one take (``InputBacklogs.take_frames``); silence where
+        nothing arrived (an underrun, counted)."""
+        frames, dirty = self._frames, self._dirty_rows
+        slots = np.fromiter((index for index, _ in live), np.intp, len(live))
+        self._live_mask[slots] = True
+        arrived = [lease.pushed_at for _, lease in live]  # read first: what the take finds arrived by then
+        taken, trimmed = self.inputs.take_frames(slots, frames)
+        underrun = taken == 0
+        silent = slots[underrun]
+        frames[silent[dirty[silent]]] = 0.0
+        dirty[slots] = ~underrun  # rows not silent since the last tick
+        rows: list[_LiveRow] = []
+        for (index, lease), at, got, cut in zip(live, arrived, taken.tolist(), trimmed.tolist(), strict=True):
+            if got:
+                lease.wake_order = at
+            else:
+                lease.underruns += 1
+            if cut:
+                lease.samples_trimmed += cut
+            rows.append(_LiveRow(index, lease, lease.epoch, got + cut))
+        underruns, trimmed_total = int(underrun.sum()), int(trimmed.sum())
         if underruns:
             self.metrics.underruns.inc(underruns)
-        if trimmed:
-            self.metrics.trimmed_input_samples.inc(trimmed)
+        if trimmed_total:
+            self.metrics.trimmed_input_samples.inc(trimmed_total)
         return rows
 
     def _scatter(

@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.events import EngineFailure
@@ -31,16 +32,16 @@ class SlotPhase(enum.Enum):
     DRAINING = "draining"  # released by its session; freed once the engine thread has forgotten it
 
 
-class InputBacklog:
-    """Per-slot input samples, taken one tick-aligned frame at a time (docs/design.md#one-framing-owner).
+class InputBacklogs:
+    """Every slot's input samples, taken one tick-aligned frame at a time (docs/design.md#one-framing-owner).
 
-    Transports push samples of any length; each tick ``take_into`` takes what arrived: a
-    whole frame (oldest samples first) when there is one, else the partial frame padded
-    with silence at its start, so the newest samples end at the tick (20 ms packets wait
-    one packet, not a frame). Capped at ``limit`` samples (at least a frame) by dropping the
-    oldest: the cap is sized to hold what a stall of about a second leaves queued, so a stalled
-    engine thread or event loop delays a user's audio instead of losing it; ``push`` returns what
-    went over it.
+    Transports push samples of any length into a slot (through its holder's ``InputBacklog``);
+    each tick takes what arrived: a whole frame (oldest samples first) when there is one, else the
+    partial frame padded with silence at its start, so the newest samples end at the tick (20 ms
+    packets wait one packet, not a frame). Capped at ``limit`` samples per slot (at least a frame)
+    by dropping the oldest: the cap is sized to hold what a stall of about a second leaves queued,
+    so a stalled engine thread or event loop delays a user's audio instead of losing it; a push
+    returns what went over it.
 
     With ``trim_window`` set it also absorbs jitter and clock drift. A late packet, a burst
     after a stall, or a client slightly faster than the engine leaves samples standing after
@@ -60,10 +61,16 @@ class InputBacklog:
     stream's first audio is no debt), is capped at the backlog limit, and is cleared by the next
     such take: a client pause followed by an on-time stream leaves none, later bursts are the
     client's own.
+
+    One table for all slots (one ``[slots, limit]`` buffer and per-slot state arrays) so that the
+    engine thread takes a tick's frames of every live slot in one call (``take_frames``): the
+    slots holding exactly one frame (a stream in cadence) or nothing (an underrun) are taken with
+    a few array operations, the others one by one (``_take_locked``), with the same result.
     """
 
     def __init__(
         self,
+        slots: int,
         frame_size: int,
         limit: int,
         trim_window: int | None = None,
@@ -75,94 +82,178 @@ class InputBacklog:
             raise ValueError("frame size must be >= 1 and the input backlog limit at least one frame")
         if trim_window is not None and trim_window < 1:
             raise ValueError("trim window must be >= 1 frame")
+        if cushion < 0:
+            raise ValueError("the jitter cushion must be >= 0 samples")
         self.frame_size = frame_size
-        self.limit = limit  # samples
+        self.limit = limit  # samples per slot
         self.trim_window = trim_window
         self.cushion = cushion  # samples
         self.trim_samples = trim_samples
         self.repay_samples = repay_samples
-        self._silence_debt = 0  # silence stepped since the backlog last stood within the cushion
-        self._in_cadence = False  # a whole frame was on time: silence before that is no debt
-        self._buf = np.zeros(self.limit, np.float32)
-        self._size = 0
+        self._buf = np.zeros((slots, limit), np.float32)
+        self._rows = list(self._buf)  # each slot's row, as a view: cheaper to index than the table
+        self._size = [0] * slots  # a list: pushes (one per session per tick) read and write it
+        # Silence stepped since the slot's backlog last stood within the cushion.
+        self._silence_debt = np.zeros(slots, np.int64)
+        self._in_cadence = np.zeros(slots, bool)  # a whole frame was on time: silence before that is no debt
+        self._standing_takes = np.zeros(slots, np.int64)  # consecutive takes that left more than the cushion
+        self._holder = [0] * slots  # bumped for each new holder: an old holder's calls do nothing
         self._lock = threading.Lock()
-        self._standing_takes = 0  # consecutive takes that left more than the cushion standing
+
+    def hold(self, slot: int) -> InputBacklog:
+        """The slot's backlog, empty, for a new holder (a lease)."""
+        with self._lock:
+            self._holder[slot] += 1
+            self._clear_locked(slot)
+            return InputBacklog(self, slot, self._holder[slot])
+
+    def take_frames(
+        self, slots: npt.NDArray[np.intp], frames: FloatArray
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Write this tick's frame of each of ``slots`` into its row of ``frames``; return the
+        samples taken and trimmed per slot (in ``slots``' order). Nothing taken is an underrun:
+        that row is left untouched for the caller to silence."""
+        frame = self.frame_size
+        with self._lock:
+            sizes = np.array([self._size[slot] for slot in slots.tolist()], np.int64)
+            taken = np.minimum(sizes, frame)
+            trimmed = np.zeros_like(sizes)
+            # A whole frame and nothing left: in cadence, no debt, nothing standing.
+            whole = slots[sizes == frame]
+            if whole.size:
+                frames[whole] = self._buf[whole, :frame]
+                for slot in whole.tolist():
+                    self._size[slot] = 0
+                self._in_cadence[whole] = True
+                self._silence_debt[whole] = 0
+            # Nothing arrived: a stream in cadence owes the frame of silence stepped instead.
+            empty = slots[sizes == 0]
+            owing = empty[self._in_cadence[empty]]
+            self._silence_debt[owing] = np.minimum(self.limit, self._silence_debt[owing] + frame)
+            if self.trim_window is not None:
+                self._standing_takes[whole] = 0
+                self._standing_takes[empty] = 0
+            for i in np.flatnonzero((sizes != frame) & (sizes != 0)).tolist():
+                slot = int(slots[i])
+                taken[i], trimmed[i] = self._take_locked(slot, frames[slot])
+        return taken, trimmed
+
+    def _push(self, slot: int, holder: int, samples: FloatArray) -> int:
+        overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end
+        if overflow:
+            samples = samples[overflow:]
+        with self._lock:
+            if self._holder[slot] != holder:
+                return 0
+            size = self._size[slot]
+            dropped = max(0, size + samples.size - self.limit)
+            if dropped:
+                self._shift_locked(slot, dropped)
+                size -= dropped
+            self._rows[slot][size : size + samples.size] = samples
+            self._size[slot] = size + samples.size
+        return overflow + dropped
+
+    def _take(self, slot: int, holder: int, row: FloatArray) -> tuple[int, int]:
+        with self._lock:
+            if self._holder[slot] != holder:
+                return 0, 0
+            return self._take_locked(slot, row)
+
+    def _take_locked(self, slot: int, row: FloatArray) -> tuple[int, int]:
+        frame = self.frame_size
+        taken = min(self._size[slot], frame)
+        if taken:
+            row[: frame - taken] = 0.0
+            row[frame - taken :] = self._rows[slot][:taken]
+            self._shift_locked(slot, taken)
+        if taken == frame and self._size[slot] <= self.cushion:
+            self._in_cadence[slot] = True
+            self._silence_debt[slot] = 0  # on time again: later bursts are the client's own
+        elif self._in_cadence[slot]:  # a late packet, or every tick of a stall
+            self._silence_debt[slot] = min(self.limit, int(self._silence_debt[slot]) + frame - taken)
+        trimmed = self._trim_standing_latency_locked(slot) if self.trim_window is not None else 0
+        return taken, trimmed
+
+    def _shift_locked(self, slot: int, count: int) -> None:
+        # numpy copes with the overlap; at most ``limit`` samples are moved per take.
+        size = self._size[slot]
+        buf = self._rows[slot]
+        buf[: size - count] = buf[count:size]
+        self._size[slot] = size - count
+
+    def _trim_standing_latency_locked(self, slot: int) -> int:
+        assert self.trim_window is not None
+        excess = self._size[slot] - self.cushion
+        if excess <= 0:
+            self._standing_takes[slot] = 0
+            return 0
+        self._standing_takes[slot] += 1
+        repay = min(self.repay_samples, int(self._silence_debt[slot]), excess)
+        if repay:
+            self._silence_debt[slot] -= repay
+            self._drop_quietest_locked(slot, repay)
+            return repay
+        if self._standing_takes[slot] < self.trim_window:
+            return 0
+        count = min(self.trim_samples, excess)
+        self._drop_quietest_locked(slot, count)
+        return count
+
+    def _drop_quietest_locked(self, slot: int, count: int) -> None:
+        # The quietest run of ``count`` samples: dropping silence is inaudible.
+        size = self._size[slot]
+        buf = self._rows[slot]
+        energy = np.concatenate(([0.0], np.cumsum(np.square(buf[:size], dtype=np.float64))))
+        start = int(np.argmin(energy[count:] - energy[:-count]))
+        buf[start : size - count] = buf[start + count : size]
+        self._size[slot] = size - count
+
+    def _clear(self, slot: int, holder: int) -> int:
+        with self._lock:
+            return self._clear_locked(slot) if self._holder[slot] == holder else 0
+
+    def _clear_locked(self, slot: int) -> int:
+        count = self._size[slot]
+        self._size[slot] = 0
+        self._standing_takes[slot] = 0
+        self._silence_debt[slot] = 0
+        self._in_cadence[slot] = False
+        return count
+
+    def _len(self, slot: int, holder: int) -> int:
+        return self._size[slot] if self._holder[slot] == holder else 0
+
+
+class InputBacklog:
+    """One holder's end of a slot's row of ``InputBacklogs`` (a lease's input). Once the slot has
+    a new holder, this one's calls do nothing: a released lease cannot reach its successor's input."""
+
+    def __init__(self, table: InputBacklogs, slot: int, holder: int) -> None:
+        self._table = table
+        self._slot = slot
+        self._holder = holder
+        self.limit = table.limit  # samples
+        self.frame_size = table.frame_size
 
     def push(self, samples: FloatArray) -> int:
         """Queue float32 samples; return how many old samples were dropped to stay within the cap."""
-        overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end
-        samples = samples[overflow:]
-        with self._lock:
-            dropped = max(0, self._size + samples.size - self.limit)
-            if dropped:
-                self._shift_locked(dropped)
-            self._buf[self._size : self._size + samples.size] = samples
-            self._size += samples.size
-        return overflow + dropped
+        return self._table._push(self._slot, self._holder, samples)
 
     def take_into(self, row: FloatArray) -> tuple[int, int]:
         """Write this tick's frame into ``row``; return (samples taken, samples trimmed).
 
         Nothing taken is an underrun: ``row`` is left untouched for the caller to silence.
         """
-        frame = self.frame_size
-        with self._lock:
-            taken = min(self._size, frame)
-            if taken:
-                row[: frame - taken] = 0.0
-                row[frame - taken :] = self._buf[:taken]
-                self._shift_locked(taken)
-            if taken == frame and self._size <= self.cushion:
-                self._in_cadence = True
-                self._silence_debt = 0  # on time again: later bursts are the client's own
-            elif self._in_cadence:  # a late packet, or every tick of a stall
-                self._silence_debt = min(self.limit, self._silence_debt + frame - taken)
-            trimmed = self._trim_standing_latency_locked() if self.trim_window is not None else 0
-        return taken, trimmed
-
-    def _shift_locked(self, count: int) -> None:
-        # numpy copes with the overlap; at most ``limit`` samples are moved per take.
-        self._buf[: self._size - count] = self._buf[count : self._size]
-        self._size -= count
-
-    def _trim_standing_latency_locked(self) -> int:
-        assert self.trim_window is not None
-        excess = self._size - self.cushion
-        if excess <= 0:
-            self._standing_takes = 0
-            return 0
-        self._standing_takes += 1
-        repay = min(self.repay_samples, self._silence_debt, excess)
-        if repay:
-            self._silence_debt -= repay
-            self._drop_quietest_locked(repay)
-            return repay
-        if self._standing_takes < self.trim_window:
-            return 0
-        count = min(self.trim_samples, excess)
-        self._drop_quietest_locked(count)
-        return count
-
-    def _drop_quietest_locked(self, count: int) -> None:
-        # The quietest run of ``count`` samples: dropping silence is inaudible.
-        energy = np.concatenate(([0.0], np.cumsum(np.square(self._buf[: self._size], dtype=np.float64))))
-        start = int(np.argmin(energy[count:] - energy[:-count]))
-        self._buf[start : self._size - count] = self._buf[start + count : self._size]
-        self._size -= count
+        return self._table._take(self._slot, self._holder, row)
 
     def clear(self) -> int:
         """Drop everything queued; return how many samples that was."""
-        with self._lock:
-            count = self._size
-            self._size = 0
-            self._standing_takes = 0
-            self._silence_debt = 0
-            self._in_cadence = False
-        return count
+        return self._table._clear(self._slot, self._holder)
 
     def __len__(self) -> int:
         """Queued samples."""
-        return self._size
+        return self._table._len(self._slot, self._holder)
 
 
 class OutputHandoff:

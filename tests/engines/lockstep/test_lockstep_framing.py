@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import SlotLease
-from rtserve.engines.lockstep.slots import InputBacklog, OutputHandoff
+from rtserve.engines.lockstep.slots import InputBacklogs, OutputHandoff
 from rtserve.engines.values import FrameOutput
 from tests.engines.lockstep.lockstep_fakes import FRAME, frame, make_scheduler, metric
 
@@ -50,7 +50,8 @@ def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first()
 
 
 def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
-    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=2, cushion=FRAME, trim_samples=2)
+    table = InputBacklogs(1, FRAME, limit=8 * FRAME, trim_window=2, cushion=FRAME, trim_samples=2)
+    backlog = table.hold(0)
     loud = np.full(3 * FRAME, 0.5, np.float32)
     loud[FRAME + 4 : FRAME + 6] = 0.001  # a quiet spot in the standing backlog
     backlog.push(loud)
@@ -62,7 +63,7 @@ def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
     assert backlog.take_into(row) == (FRAME, 0)
     assert backlog.take_into(row) == (FRAME, 2)  # a window above the cushion: 2 samples trimmed
     assert len(backlog) == FRAME + 2  # 2 of the 4 quiet samples went, nothing loud
-    assert np.count_nonzero(backlog._buf[: len(backlog)] < 0.01) == 2
+    assert np.count_nonzero(table._buf[0, : len(backlog)] < 0.01) == 2
 
 
 def test_late_20ms_packets_cost_half_a_packet_and_no_speech_with_the_default_cushion() -> None:
@@ -180,7 +181,9 @@ def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() 
     and its successor stand. The standing frame is latency the server added; it goes within
     a few ticks (repay) instead of standing for the whole trim window."""
     quarter = FRAME // 4
-    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=quarter)
+    backlog = InputBacklogs(
+        1, FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=quarter
+    ).hold(0)
     row = np.empty(FRAME, np.float32)
     backlog.push(np.full(FRAME, 0.5, np.float32))
     assert backlog.take_into(row) == (FRAME, 0)
@@ -195,7 +198,9 @@ def test_a_late_packet_is_repaid_within_a_few_ticks_not_after_the_trim_window() 
 
 
 def test_a_client_pause_is_not_a_debt_for_its_next_burst() -> None:
-    backlog = InputBacklog(FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=FRAME)
+    backlog = InputBacklogs(
+        1, FRAME, limit=8 * FRAME, trim_window=25, cushion=0, trim_samples=1, repay_samples=FRAME
+    ).hold(0)
     row = np.empty(FRAME, np.float32)
     backlog.push(np.full(FRAME, 0.5, np.float32))
     backlog.take_into(row)
@@ -205,6 +210,43 @@ def test_a_client_pause_is_not_a_debt_for_its_next_burst() -> None:
     assert backlog.take_into(row) == (FRAME, 0)  # stood within the cushion: the debt is gone
     backlog.push(np.full(3 * FRAME, 0.5, np.float32))  # a later burst is the client's own
     assert backlog.take_into(row) == (FRAME, 0)
+
+
+def test_taking_every_slot_at_once_matches_taking_them_one_by_one() -> None:
+    """``take_frames`` (the engine thread's one take per tick) against the per-slot take, on the
+    same random pushes: on time, late, early, bursts and pauses, with trimming and repayment."""
+    slots, ticks = 12, 300
+    args = dict(limit=6 * FRAME, trim_window=3, cushion=FRAME // 8, trim_samples=2, repay_samples=FRAME // 4)
+    batched, single = InputBacklogs(slots, FRAME, **args), InputBacklogs(slots, FRAME, **args)
+    holders = [(batched.hold(s), single.hold(s)) for s in range(slots)]
+    rng = np.random.default_rng(7)
+    frames_a = np.full((slots, FRAME), 9.0, np.float32)
+    frames_b = frames_a.copy()
+    live = np.array([0, 2, 3, 5, 6, 7, 8, 10, 11], np.intp)
+    for _ in range(ticks):
+        for slot in range(slots):
+            size = int(rng.choice([0, 0, FRAME, FRAME, FRAME, FRAME // 4, FRAME + 3, 3 * FRAME]))
+            pcm = rng.standard_normal(size).astype(np.float32) * rng.choice([0.0, 0.01, 1.0], size)
+            assert holders[slot][0].push(pcm) == holders[slot][1].push(pcm)
+        taken, trimmed = batched.take_frames(live, frames_a)
+        one_by_one = [holders[slot][1].take_into(frames_b[slot]) for slot in live]
+        assert list(zip(taken.tolist(), trimmed.tolist(), strict=True)) == one_by_one
+        np.testing.assert_array_equal(frames_a, frames_b)
+        assert [len(a) for a, _ in holders] == [len(b) for _, b in holders]
+
+
+def test_a_released_holder_cannot_reach_its_successors_input() -> None:
+    table = InputBacklogs(1, FRAME, limit=4 * FRAME)
+    old = table.hold(0)
+    old.push(frame(1.0))
+    new = table.hold(0)  # the slot's next session: its input starts empty
+    assert len(new) == 0
+    assert old.push(frame(2.0)) == 0 and old.clear() == 0 and len(new) == 0
+    new.push(frame(3.0))
+    row = np.empty(FRAME, np.float32)
+    assert old.take_into(row) == (0, 0)
+    assert new.take_into(row) == (FRAME, 0)
+    np.testing.assert_array_equal(row, frame(3.0))
 
 
 def spoken(value: float) -> np.ndarray:
