@@ -49,6 +49,7 @@ from rtserve.process_metrics import merge_expositions
 log = logging.getLogger(__name__)
 
 _STREAM_WINDOW = 16  # items a stream may run ahead of its consumer (credit-based)
+_HANDLER_EXIT_S = 2.0  # on close, how long the links' handlers get to return
 
 
 class EngineServer:
@@ -56,6 +57,7 @@ class EngineServer:
         self.engines = engines
         self.max_send_buffer_bytes = max_send_buffer_bytes
         self.links: set[WorkerLink] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # serve_connection of each link
         self.metrics = LinkMetrics(engines.registry)
         self._server: asyncio.AbstractServer | None = None
         self.draining = False
@@ -100,10 +102,18 @@ class EngineServer:
         if self._server is not None:
             self._server.close()
         await asyncio.gather(*(link.close() for link in list(self.links)), return_exceptions=True)
+        # Let each handler see its closed link and return: one still pending when the loop ends
+        # is cancelled, and asyncio 3.11's stream server logs a cancelled handler as an error.
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=_HANDLER_EXIT_S)
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = WorkerLink(self, reader, writer)
         self.links.add(link)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
         try:
             await link.run()
         except (ConnectionError, asyncio.IncompleteReadError) as exc:  # the worker died mid-message
