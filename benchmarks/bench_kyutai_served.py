@@ -196,15 +196,20 @@ def audio_messages(signal: FloatArray) -> list[bytes]:
     ]
 
 
+async def expect_ready(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """moshi-server's first message on both routes; anything else (an ``Error``) fails the client."""
+    ready = await ws.receive(timeout=60)
+    if ready.type is not aiohttp.WSMsgType.BINARY or msgpack.unpackb(ready.data).get("type") != "Ready":
+        raise RuntimeError(f"no Ready: {ready.type} {ready.data!r:.200}")
+
+
 async def asr_client(
     http: aiohttp.ClientSession, url: str, frames: list[bytes], marker_every: int, start_at: float, log: AsrLog
 ) -> None:
     loop = asyncio.get_running_loop()
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
-            ready = await ws.receive(timeout=60)
-            if ready.type is not aiohttp.WSMsgType.BINARY or msgpack.unpackb(ready.data).get("type") != "Ready":
-                raise RuntimeError(f"no Ready: {ready.type} {ready.data!r:.200}")
+            await expect_ready(ws)
 
             async def receive() -> None:
                 last_step = 0
@@ -322,9 +327,7 @@ async def tts_reply(http: aiohttp.ClientSession, url: str, script: list[bytes], 
     reply = Reply(len(script))
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
-            ready = await ws.receive(timeout=60)
-            if ready.type is not aiohttp.WSMsgType.BINARY or msgpack.unpackb(ready.data).get("type") != "Ready":
-                raise RuntimeError(f"no Ready: {ready.type} {ready.data!r:.200}")
+            await expect_ready(ws)
 
             async def receive() -> None:
                 async for message in ws:

@@ -72,8 +72,7 @@ async def _front_end(config: ServerConfig, path: str, index: int) -> AsyncIterat
         yield base, engines
 
 
-async def _stream(base: str) -> websockets.ClientConnection:
-    url = base.replace("http://", "ws://") + "/api/asr-streaming"
+async def _ready_socket(url: str) -> websockets.ClientConnection:
     for _ in range(200):  # the engine loads in the background: refused until it serves
         ws = await websockets.connect(url)
         first = msgpack.unpackb(await ws.recv())
@@ -82,7 +81,11 @@ async def _stream(base: str) -> websockets.ClientConnection:
         assert first["code"] == "engine_unavailable", first
         await ws.close()
         await asyncio.sleep(0.05)
-    raise AssertionError("the STT engine never became ready")
+    raise AssertionError(f"{url} never became ready")
+
+
+async def _stream(base: str) -> websockets.ClientConnection:
+    return await _ready_socket(base.replace("http://", "ws://") + "/api/asr-streaming")
 
 
 async def _refusal(base: str) -> dict[str, Any]:
@@ -163,16 +166,7 @@ async def test_two_front_ends_share_the_engines_one_stt_copy(
 
 
 async def _speaker(base: str) -> websockets.ClientConnection:
-    url = base.replace("http://", "ws://") + "/api/tts_streaming?voice=alice"
-    for _ in range(200):  # the engine loads in the background: refused until it serves
-        ws = await websockets.connect(url)
-        first = msgpack.unpackb(await ws.recv())
-        if first["type"] == "Ready":
-            return ws
-        assert first["code"] == "engine_unavailable", first
-        await ws.close()
-        await asyncio.sleep(0.05)
-    raise AssertionError("the TTS engine never became ready")
+    return await _ready_socket(base.replace("http://", "ws://") + "/api/tts_streaming?voice=alice")
 
 
 async def _spoken(ws: websockets.ClientConnection, text: str) -> tuple[list[str], int]:
