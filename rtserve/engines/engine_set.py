@@ -11,6 +11,7 @@ if the session engine failed to start. The robot policy loads off the loop the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -104,6 +105,7 @@ class EngineSet:
 
     def start(self) -> None:
         """Start everything in the background; returns at once."""
+        _import_before_loaders()
         loop = asyncio.get_running_loop()
 
         def download_changed() -> None:  # called on the downloading thread
@@ -253,3 +255,13 @@ def _speech_engine(
 
     engine = KyutaiTTSEngine(config, registry=registry)
     return engine, KyutaiSpeech(engine)
+
+
+def _import_before_loaders() -> None:
+    """anyio (under huggingface_hub, which transformers and faster-whisper import) compiles its own
+    source to an AST when first imported, and CPython 3.11's AST builder is not thread-safe: in a
+    Ray engine actor the cascade's LLM-loading thread failed with "SystemError: AST constructor
+    recursion depth mismatch" while the other loaders ran beside it. Import it here, on the
+    engine's loop thread, before any loading thread starts."""
+    with contextlib.suppress(ImportError):  # not installed: nothing imports it
+        import anyio  # noqa: F401
