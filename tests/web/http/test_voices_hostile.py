@@ -106,7 +106,8 @@ async def test_hostile_uploads_are_refused_while_the_server_and_its_voice_carry_
 
         # A slow voice that passes its proof speaks on its own thread and process: the built-in voice
         # is not queued behind it.
-        status, body, _ = await register(http, base, "slow", looping(1_000_000))
+        # 3M loop steps: ~1.5 s a sentence here (1M made "slow" faster than FAST_S on a quiet machine).
+        status, body, _ = await register(http, base, "slow", looping(3_000_000))
         assert status == 200, body
         slow = asyncio.create_task(speak(http, base, "slow", "One. Two. Three."))
         await asyncio.sleep(0.5)
