@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from functools import partial
 
 import torch
@@ -76,7 +75,6 @@ class KyutaiTTSEngine:
         self._scheduler: LockstepScheduler | None = None
         self._failure: str | None = None
         self._asleep = False
-        self._voice_lock = threading.Lock()  # the voice folder's cache, read from worker threads
         self.sample_rate = 24000 if loaded is None else loaded.mimi_config.sample_rate
 
     @property
@@ -202,10 +200,9 @@ class KyutaiTTSEngine:
     def _voice(self, model: KyutaiTTSModel, name: str | None) -> Voice | None:
         """The named voice; one of OpenAI's names that is no file here (clients send one by
         default) is ``tts_engine.default_voice``."""
-        with self._voice_lock:
-            try:
-                return model.resolve_voice(name)
-            except VoiceError:
-                if name not in OPENAI_VOICES:
-                    raise
-                return model.resolve_voice(self._config.tts_engine.default_voice)
+        try:
+            return model.resolve_voice(name)
+        except VoiceError:
+            if name not in OPENAI_VOICES:
+                raise
+            return model.resolve_voice(self._config.tts_engine.default_voice)

@@ -11,6 +11,7 @@ is taken.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -41,6 +42,9 @@ class VoiceFolder:
         self.dim = dim
         self.max_frames = max_frames
         self._cache: OrderedDict[Path, Voice] = OrderedDict()
+        # Streams open from worker threads; the lock covers the cache only, so a voice being
+        # fetched from the hub or read does not hold up another stream's cached one.
+        self._cache_lock = threading.Lock()
 
     def at(self, source: WeightSource | None) -> VoiceFolder:
         """The same voice layout, read from ``source``."""
@@ -94,10 +98,11 @@ class VoiceFolder:
 
     def load(self, name: str) -> Voice:
         path = self.resolve(name)
-        cached = self._cache.get(path)
-        if cached is not None:
-            self._cache.move_to_end(path)
-            return cached
+        with self._cache_lock:
+            cached = self._cache.get(path)
+            if cached is not None:
+                self._cache.move_to_end(path)
+                return cached
         try:
             tensors = load_file(str(path))
         except (SafetensorError, OSError, ValueError):
@@ -113,7 +118,8 @@ class VoiceFolder:
         if not torch.isfinite(embedding).all():
             raise VoiceError(f"voice {name!r} holds non-finite values", code=INVALID_VOICE)
         voice = voice_layout([embedding])
-        self._cache[path] = voice
-        if len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self._cache[path] = voice
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
         return voice
