@@ -150,16 +150,26 @@ class WanVideoStepModel:
 
     @torch.inference_mode()
     def decode_segments(self, latents: torch.Tensor) -> Iterator[RgbFrames]:
-        """The video of ``latents`` (one request's), a latent frame at a time: the first yields
-        one frame, each later one ``frame_multiple`` frames (the VAE's causal decoder with a
-        cache of its own, so decodes on several threads do not share state)."""
+        """The video of ``latents`` (one request's), a latent frame at a time (the VAE's causal
+        decoder with a cache of its own, so decodes on several threads do not share state). The
+        first latent frame decodes to one picture; it goes out with the next latent frame's
+        ``frame_multiple``: a stream starting on one picture (62 ms at 16 fps) would stall
+        before the second segment, which takes a latent frame's decode (~135 ms at 832x480 on
+        an H200) to arrive."""
         vae = self.pipe.vae
         mean, inv_std = self._latent_stats()
         x = vae.post_quant_conv((latents / inv_std + mean).to(vae.dtype))
         cache: list[Any] = [None] * vae._cached_conv_counts["decoder"]
+        held: RgbFrames | None = None
         for i in range(x.shape[2]):
             out = vae.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
             if vae.config.patch_size is not None:
                 out = unpatchify(out, patch_size=vae.config.patch_size)  # type: ignore[no-untyped-call]
             pixels = out.clamp(-1, 1)[0].permute(1, 2, 3, 0)  # (frames, H, W, 3)
-            yield np.ascontiguousarray(((pixels.float() + 1) * 127.5).round().to(torch.uint8).cpu().numpy())
+            frames = ((pixels.float() + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+            if i == 0 and x.shape[2] > 1:
+                held = frames
+                continue
+            if held is not None:
+                frames, held = np.concatenate([held, frames]), None
+            yield np.ascontiguousarray(frames)
