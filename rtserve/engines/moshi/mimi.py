@@ -217,8 +217,12 @@ class Mimi(nn.Module):
             c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension, bias=False
         )
         self.quantizer = _SplitRVQ(c, codebooks)
-        self._encode_side = [self.encoder, self.encoder_transformer, self.downsample]
-        self._decode_side = [self.upsample, self.decoder_transformer, self.decoder]
+        # The modules holding streaming state, listed once rather than found by walking the
+        # module tree at every slot opening (on the engine thread).
+        encode = (self.encoder, self.encoder_transformer, self.downsample)
+        decode = (self.upsample, self.decoder_transformer, self.decoder)
+        self._encode_side = [m for side in encode for m in _streaming_children(side)]
+        self._decode_side = [m for side in decode for m in _streaming_children(side)]
 
     @property
     def frame_size(self) -> int:
@@ -236,27 +240,24 @@ class Mimi(nn.Module):
             module.start(batch, param.device, param.dtype)
 
     def reset_encoder_rows(self, mask: torch.Tensor) -> None:
-        for side in self._encode_side:
-            for module in _streaming_children(side):
-                module.reset_rows(mask)
+        for module in self._encode_side:
+            module.reset_rows(mask)
 
     def reset_decoder_rows(self, mask: torch.Tensor) -> None:
-        for side in self._decode_side:
-            for module in _streaming_children(side):
-                module.reset_rows(mask)
+        for module in self._decode_side:
+            module.reset_rows(mask)
 
     def decoder_state(self) -> list[torch.Tensor]:
         """Every tensor of the decoder's streaming state (each ``[B, ...]``): what a caller that
         must hold some rows still while others decode saves and puts back (Kyutai TTS)."""
         state: list[torch.Tensor] = []
-        for side in self._decode_side:
-            for module in _streaming_children(side):
-                if isinstance(module, StreamConv1d):
-                    state += [module.previous, module.first]
-                elif isinstance(module, StreamConvTranspose1d):
-                    state.append(module.partial)
-                else:
-                    state += [module.offset] + [t for cache in module.caches for t in (cache.keys, cache.values)]
+        for module in self._decode_side:
+            if isinstance(module, StreamConv1d):
+                state += [module.previous, module.first]
+            elif isinstance(module, StreamConvTranspose1d):
+                state.append(module.partial)
+            else:
+                state += [module.offset] + [t for cache in module.caches for t in (cache.keys, cache.values)]
         return state
 
     @torch.no_grad()

@@ -109,6 +109,9 @@ class PagedKVCache:
     def reset_rows(self, mask: torch.Tensor) -> None:
         """Nothing to clear: a fresh row's positions start at 0 and attention never reads past them."""
 
+    def clear(self, rows: torch.Tensor) -> None:
+        """Nothing to clear (as ``reset_rows``)."""
+
     def write(self, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor) -> None:
         """Quantize ``[B, H, T, D]`` keys/values into ring slots ``slot`` ``[B, T]``."""
         block = self.table.gather(1, torch.div(slot, self.block_size, rounding_mode="floor")).long()
