@@ -793,9 +793,9 @@ class CascadeLimits(_Section):
     vad_lanes: int | None = Field(
         None,
         ge=1,
-        description="Silero VAD calls run at once (one shared ONNX session, one thread each; a "
-        "session's audio is still analysed in order). Unset: one per 4 cores, at least 1 "
-        "(docs/engines.md#cascade-cores)",
+        description="Silero VAD calls run at once (one shared ONNX session, one thread each; calls "
+        "waiting meanwhile are scored together in the next; a session's audio is still analysed "
+        "in order). Unset: one per 4 cores, at least 1 (docs/engines.md#cascade-cores)",
     )
     tts_lanes: int | None = Field(
         None,
