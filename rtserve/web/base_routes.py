@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rtserve.errors import ENGINE_FAILED
 from rtserve.web.context import CTX
+from rtserve.web.route_engine import RouteEngine, route_engines
 
 
 async def health(request: web.Request) -> web.Response:
@@ -17,14 +18,20 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "draining"}, status=503)
     if ctx.engines.sleeping:  # deliberately: 200, so a liveness probe does not restart it (docs/serving.md#sleep-mode)
         return web.json_response({"status": "sleeping", "sleeping_stages": list(ctx.engines.sleeping)})
-    if ctx.engines.ready:  # every configured engine: the session engine, and vLLM where chat uses it
-        return web.json_response({"status": "ok"})
-    if ctx.engine_failure:  # the exception text stays in the log: it may name paths and internals
+    # The routes' own engines (images, videos, the Kyutai streaming routes) count as the
+    # session engine does: "ok" only once every configured engine serves.
+    owned = route_engines(request.app)
+    states = {name: _state(engine) for name, engine in owned.items()}
+    listed = {"route_engines": states} if states else {}
+    if ctx.engines.ready and all(state == "ready" for state in states.values()):  # and vLLM where chat uses it
+        return web.json_response({"status": "ok", **listed})
+    if ctx.engine_failure or "failed" in states.values():  # the reason stays in the log: it may name paths
         return web.json_response(
             {
                 "status": "failed",
                 "code": ENGINE_FAILED,
-                "error": "The engine is not serving; the server log says why",
+                "error": "An engine is not serving; the server log says why",
+                **listed,
             },
             status=503,
         )
@@ -35,10 +42,17 @@ async def health(request: web.Request) -> web.Response:
                 "fraction": round(download.fraction, 4),
                 "bytes_done": download.done,
                 "bytes_total": download.total,
+                **listed,
             },
             status=503,
         )
-    return web.json_response({"status": "starting"}, status=503)
+    return web.json_response({"status": "starting", **listed}, status=503)
+
+
+def _state(engine: RouteEngine) -> str:
+    if engine.ready:
+        return "ready"
+    return "failed" if engine.failure else "loading"
 
 
 async def models(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ import pytest
 from rtserve.app import build_app
 from rtserve.engines.protocols import TurnEngines
 from rtserve.engines.values import EngineCapabilities
+from rtserve.web.route_engine import run_with_app
 from tests.support import serve_app
 
 
@@ -73,6 +74,62 @@ async def test_health_is_503_until_engine_ready_then_200(config):
         else:
             pytest.fail("/health never became 200")
     assert engine.stopped
+
+
+class GatedRouteEngine:
+    """Test double: an engine a route owns (as the image, video and Kyutai streaming routes do),
+    loading until the test opens the gate."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.gate = asyncio.Event()
+        self.fail = fail
+        self.ready = False
+        self.failure: str | None = None
+
+    async def start(self) -> None:
+        await self.gate.wait()
+        if self.fail:
+            self.failure = "weights missing at /secret/path"
+        else:
+            self.ready = True
+
+    async def stop(self) -> None:
+        pass
+
+
+async def _health(http: aiohttp.ClientSession, base: str) -> tuple[int, dict]:
+    async with http.get(f"{base}/health") as resp:
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_health_waits_for_the_routes_own_engines_and_names_them(config, fail):
+    """A server whose image route has an engine is not "ok" while that engine loads (requests to
+    it would answer 503), and is "failed" if it never serves; the body says which engine."""
+    session_engine = GatedStartEngine()
+    session_engine.gate.set()
+    app = build_app(config, engine=session_engine)
+    image = GatedRouteEngine(fail=fail)
+    run_with_app(app, image, "image")
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        try:
+            for _ in range(100):
+                if session_engine.ready:
+                    break
+                await asyncio.sleep(0.01)
+            assert await _health(http, base) == (503, {"status": "starting", "route_engines": {"image": "loading"}})
+        finally:
+            image.gate.set()  # else the app's cleanup waits for its start forever
+        for _ in range(100):
+            status, body = await _health(http, base)
+            if body["status"] != "starting":
+                break
+            await asyncio.sleep(0.01)
+    if fail:
+        assert status == 503 and body["code"] == "engine_failed" and body["route_engines"] == {"image": "failed"}
+        assert "secret" not in str(body)
+    else:
+        assert (status, body) == (200, {"status": "ok", "route_engines": {"image": "ready"}})
 
 
 async def test_failed_engine_start_keeps_health_503_and_its_exception_in_the_log(config, caplog):
