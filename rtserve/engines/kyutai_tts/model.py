@@ -303,12 +303,7 @@ class KyutaiTTSModel:
         frame = self.cache[rows[:, None], torch.arange(used, device=self.device)[None], index]
         # Frame t (t = steps before this one - max_delay) carries real audio from t = delay_steps on.
         audible = execute & (offsets - 1 - c.max_delay >= self.delay_steps)
-        decoder = self.mimi.decoder_state()
-        saved = [tensor.clone() for tensor in decoder]
-        audio = self.mimi.decode(frame[:, 1:].clamp(min=0)).clamp(-0.99, 0.99)
-        for tensor, old in zip(decoder, saved):
-            keep = (~audible).view(-1, *([1] * (tensor.dim() - 1)))
-            tensor.copy_(torch.where(keep, old, tensor))
+        audio = self.mimi.decode(frame[:, 1:].clamp(min=0), hold=~audible).clamp(-0.99, 0.99)
         end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
         done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
 

@@ -247,9 +247,10 @@ class Mimi(nn.Module):
         for module in self._decode_side:
             module.reset_rows(mask)
 
-    def decoder_state(self) -> list[torch.Tensor]:
-        """Every tensor of the decoder's streaming state (each ``[B, ...]``): what a caller that
-        must hold some rows still while others decode saves and puts back (Kyutai TTS)."""
+    def _decoder_carry(self) -> list[torch.Tensor]:
+        """The decoder's streaming state that a call carries into the next (each ``[B, ...]``),
+        less the transformer's KV rings: a held row's new keys land in the ring slots at its
+        unchanged position, which its next real call overwrites before it attends."""
         state: list[torch.Tensor] = []
         for module in self._decode_side:
             if isinstance(module, StreamConv1d):
@@ -257,7 +258,7 @@ class Mimi(nn.Module):
             elif isinstance(module, StreamConvTranspose1d):
                 state.append(module.partial)
             else:
-                state += [module.offset] + [t for cache in module.caches for t in (cache.keys, cache.values)]
+                state.append(module.offset)
         return state
 
     @torch.no_grad()
@@ -269,8 +270,19 @@ class Mimi(nn.Module):
         return self.quantizer.encode(x)[:, :, 0]
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """``[B, codebooks]`` codes -> ``[B, frame_size]`` audio for one frame."""
+    def decode(self, codes: torch.Tensor, hold: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, codebooks]`` codes -> ``[B, frame_size]`` audio for one frame. Rows in ``hold``
+        (``[B]`` bool; no host sync, so a captured graph can do it) keep their streaming state as
+        it was and their audio means nothing: a batch where only some rows decode (Kyutai TTS)."""
+        if hold is None:
+            return self._decode(codes)
+        carry = [tensor.clone() for tensor in self._decoder_carry()]
+        audio = self._decode(codes)
+        for tensor, old in zip(self._decoder_carry(), carry):
+            tensor.copy_(torch.where(hold.view(-1, *([1] * (tensor.dim() - 1))), old, tensor))
+        return audio
+
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         x = self.upsample(self.quantizer.decode(codes[:, :, None]))
         x = self.decoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         audio: torch.Tensor = self.decoder(x)[:, 0, :]
