@@ -6,8 +6,10 @@ shared by all sessions; each runs on its own threads, lanes sized from the host'
 engines are lent to the HTTP routes by ``turn_engines()``;
 they exist from construction and work once ``start`` has returned.
 
-Rates: input 16 kHz (what Silero and Whisper take); output 24 kHz (Piper's 22.05 kHz
-resampled, the OpenAI wire rate). Reply audio comes in 40 ms chunks.
+Rates: input 16 kHz (what Silero and Whisper take), or the streaming STT's rate where one hears
+(24 kHz for Kyutai: the model hears the client's band, and the session resamples for the VAD
+alone); output 24 kHz (Piper's 22.05 kHz resampled, the OpenAI wire rate). Reply audio comes in
+40 ms chunks.
 
 With ``cascade.asr: stt_engine`` sessions hear with the streaming Kyutai STT instead of
 Whisper (``stream_asr``): this engine builds it (in the engine process, beside the other
@@ -64,10 +66,11 @@ class CascadeEngine:
         self._registry = registry
         self._metrics = CascadeMetrics(registry)
         self.llm = create_llm(config, locations.llm, self._metrics)
+        self.stt = _streaming_stt(config, registry)
         self.capabilities = EngineCapabilities(
             name="cascade",
             mode="turn",
-            input_sample_rate=asr_module.SAMPLE_RATE,
+            input_sample_rate=asr_module.SAMPLE_RATE if self.stt is None else self.stt.sample_rate,
             output_sample_rate=tts_module.SAMPLE_RATE,
             chunk_period_ms=CHUNK_PERIOD_MS,
             max_sessions=config.sessions.max_sessions,
@@ -113,7 +116,6 @@ class CascadeEngine:
                 first_clause_min_chars=limits.first_clause_min_chars,
             ),
         )
-        self.stt = _streaming_stt(config, registry)
         self._sessions: set[CascadeSession] = set()
         self._ready = False
         self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS: no Piper
@@ -159,7 +161,8 @@ class CascadeEngine:
         if stt is None:
             return None
         stream = await stt.open_stream(session_id)
-        return lambda report: StreamAsr(stream, asr_module.SAMPLE_RATE, stt.sample_rate, stt.release_timeout_s, report)
+        rate = self.capabilities.input_sample_rate
+        return lambda report: StreamAsr(stream, rate, stt.sample_rate, stt.release_timeout_s, report)
 
     def _forget(self, session: CascadeSession) -> None:
         self._sessions.discard(session)

@@ -1,6 +1,7 @@
 """One conversation on the cascade engine (the ``EngineSession``).
 
-Input side: ``push_audio`` (16 kHz) only queues; one input task per session runs the VAD
+Input side: ``push_audio`` (the engine's input rate) only queues; one input task per session
+feeds the streaming STT where one hears (at that rate), resamples to the VAD's 16 kHz, runs the VAD
 on the shared VAD thread, feeds the ``TurnDetector`` (server VAD) or the ``ManualTurn``
 (``turn_detection: null``), emits ``SpeechStarted``/``SpeechStopped``, re-decodes the
 growing utterance for partial ``InputTranscript``s (the text the hypothesis grew by since the
@@ -35,6 +36,7 @@ from typing import Literal
 import numpy as np
 
 from rtserve.codecs.pcm import FloatArray
+from rtserve.codecs.resample import StreamResampler
 from rtserve.config import CascadeLimits, SemanticVadThresholds
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
@@ -114,7 +116,9 @@ class CascadeSession:
         self._clock = TurnClock(metrics.turn_seconds, options.route)
         self._on_close = on_close
         rate = capabilities.input_sample_rate
-        self._max_turn_samples = int(limits.max_turn_audio_s * rate)
+        # Turn audio and the VAD's timeline are at the VAD's rate (Whisper's too).
+        self._to_turn_rate = StreamResampler(rate, models.vad.sample_rate)
+        self._max_turn_samples = int(limits.max_turn_audio_s * models.vad.sample_rate)
         self._max_backlog = limits.max_input_backlog_ms * rate // 1000
         self._max_pending_turns = max_pending_turns
         self._turn: TurnDetector | ManualTurn = self._new_turn(options.server_vad)
@@ -193,8 +197,9 @@ class CascadeSession:
                 if isinstance(item, asyncio.Future):
                     if not item.done():
                         item.set_result(None)
-                elif isinstance(item, int):
-                    self._vad_stream.skip(item)
+                elif isinstance(item, int):  # dropped input, at the input rate
+                    resampler = self._to_turn_rate
+                    self._vad_stream.skip(round(item * resampler.out_rate / resampler.in_rate))
                 else:
                     chunks = [item]
                     while self._backlog and isinstance(following := self._backlog[0], np.ndarray):
@@ -215,6 +220,9 @@ class CascadeSession:
         turn = self._turn
         if self._stream_asr is not None:
             self._stream_asr.push(audio)
+        audio = self._to_turn_rate.process(audio)
+        if not audio.size:  # the resampler holds it back (its filter's first block)
+            return
         if isinstance(turn, ManualTurn):
             turn.append(audio)
         else:

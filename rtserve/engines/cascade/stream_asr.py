@@ -6,8 +6,9 @@ Whisper re-decodes a turn's audio for every partial and again for the final; a s
 it comes, and says each word when it is out. One ``StreamAsr`` per session holds one stream
 for the session's whole life:
 
-* every input sample goes to the stream (resampled from the session's 16 kHz to the engine's
-  rate), whether or not the VAD calls it speech, so the model's context is the conversation's;
+* every input sample goes to the stream (at the session's rate, which the cascade makes the
+  engine's; resampled where they differ), whether or not the VAD calls it speech, so the
+  model's context is the conversation's;
 * each ``Word`` is reported at once as a partial ``InputTranscript`` that *extends* the ones
   before it (``" word"``), so the deltas of a turn add up to its final transcript;
 * each ``Step`` keeps the latest end-of-turn probability (the first extra head), which
