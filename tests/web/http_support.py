@@ -35,6 +35,7 @@ from rtserve.engines.values import (
     TranscriptPiece,
     VoiceInfo,
 )
+from rtserve.web.route_engine import route_engines
 from tests.support import serve_app
 
 
@@ -266,10 +267,15 @@ if TYPE_CHECKING:
 async def serve_doubles(
     config: ServerConfig, engine: TurnEnginesSessionDouble | None = None
 ) -> AsyncIterator[tuple[str, TurnEnginesSessionDouble]]:
-    """The app over the doubles on 127.0.0.1:<ephemeral>, models "loaded" before the first request."""
+    """The app over the doubles on 127.0.0.1:<ephemeral>, models "loaded" before the first request
+    (the routes' own engines too, which start in the background: /health is "ok")."""
     engine = engine or TurnEnginesSessionDouble()
     await engine.start()
-    async with serve_app(build_app(config, engine=engine)) as base:
+    app = build_app(config, engine=engine)
+    async with serve_app(app) as base:
+        async with asyncio.timeout(30):
+            while any(not owned.ready and owned.failure is None for owned in route_engines(app).values()):
+                await asyncio.sleep(0.01)
         yield base, engine
 
 
