@@ -26,6 +26,10 @@ from rtserve.config import ServerConfig, load_config
 from tests.support import serve_app
 
 FAST = {"num_inference_steps": 2, "guidance_scale": 3.0}
+# A request that outlives a 1 s client timeout: the tiny pipeline takes ~5 ms a 64x64 step on an
+# idle machine, so 200 steps (the default limit) could finish inside it. DDIM fails at 1000 steps
+# (its timesteps reach index 1000 of 1000); 500 steps at 128x128 take seconds.
+FOREVER_STEPS = 500
 
 
 @dataclass
@@ -53,7 +57,12 @@ def _config(config: ServerConfig, folder: Path | None, **engine: Any) -> ServerC
                 update={"weights": None if folder is None else str(folder), "device": "cpu", **engine}
             ),
             "images": config.images.model_copy(
-                update={"default_size": "64x64", "max_upload_bytes": 64 * 1024, "max_upload_pixels": 128 * 128}
+                update={
+                    "default_size": "64x64",
+                    "max_upload_bytes": 64 * 1024,
+                    "max_upload_pixels": 128 * 128,
+                    "max_steps": FOREVER_STEPS,
+                }
             ),
         }
     )
@@ -291,7 +300,9 @@ async def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
     before = await server.counters()
     impatient = server.client.with_options(timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
-        await impatient.images.generate(prompt="forever", extra_body={"num_inference_steps": 200})
+        await impatient.images.generate(
+            prompt="forever", size="128x128", extra_body={"num_inference_steps": FOREVER_STEPS}
+        )
     for _ in range(200):
         counters = await server.counters()
         done = {name: counters[name] - before[name] for name in counters}
@@ -299,7 +310,7 @@ async def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
             break
         await asyncio.sleep(0.05)
     assert (done["requests_cancelled_total"], counters["requests_running"]) == (1, 0)
-    assert done["requests_finished_total"] == 0 and done["request_steps_total"] < 200
+    assert done["requests_finished_total"] == 0 and done["request_steps_total"] < FOREVER_STEPS
     result = await server.client.images.generate(prompt="next", extra_body=FAST)  # the slot serves again
     assert result.data is not None
 
