@@ -76,6 +76,7 @@ class UNetStepModel:
         guided = request.guidance_scale > 1.0
         scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
         scheduler.set_timesteps(request.steps, device=self._device)
+        _check_schedule(scheduler, request.steps)
         timesteps = scheduler.timesteps
         generator = torch.Generator("cpu").manual_seed(request.seed)
         cond = self._encode(request, guided)
@@ -194,3 +195,20 @@ class UNetStepModel:
         noise = randn_tensor(latents.shape, generator=generator, device=self._device, dtype=self._dtype)
         noised: torch.Tensor = scheduler.add_noise(latents, noise, first)
         return noised
+
+
+def _check_schedule(scheduler: Any, steps: int) -> None:
+    """Refuse a step count the scheduler cannot run, before the request joins a batch whose step
+    it would fail: schedulers that index their training table by timestep (DDIM, PNDM, DDPM) can
+    space a count near the table's length past its end (DDIM with ``steps_offset`` 1 asks for
+    timestep 1000 of 1000 at 1000 steps)."""
+    table = getattr(scheduler, "alphas_cumprod", None)
+    timesteps = scheduler.timesteps
+    if table is None or timesteps.is_floating_point() or not len(timesteps):
+        return
+    if int(timesteps.max()) >= len(table):
+        raise EngineError(
+            f"num_inference_steps={steps} is more than this model's scheduler can run",
+            code=INVALID_VALUE,
+            param="num_inference_steps",
+        )

@@ -61,7 +61,7 @@ def _config(config: ServerConfig, folder: Path | None, **engine: Any) -> ServerC
                     "default_size": "64x64",
                     "max_upload_bytes": 64 * 1024,
                     "max_upload_pixels": 128 * 128,
-                    "max_steps": FOREVER_STEPS,
+                    "max_steps": 1000,
                 }
             ),
         }
@@ -294,6 +294,19 @@ async def test_a_full_queue_answers_429(small_queue: Server) -> None:
     error = await _error(small_queue.client.images.generate(prompt="x", n=2, extra_body=FAST))
     assert error.status_code == 429
     assert isinstance(error.body, dict) and error.body["code"] == "resource_exhausted"
+
+
+async def test_steps_the_scheduler_cannot_run_are_refused_without_failing_the_batch(server: Server) -> None:
+    """1000 steps are within ``images.max_steps`` here, but the tiny pipeline's DDIM spaces them
+    past its 1000-entry table: a typed 400, while a request beside it is served."""
+    too_many = server.client.images.generate(prompt="x", extra_body={"num_inference_steps": 1000})
+    error, beside = await asyncio.gather(_error(too_many), server.client.images.generate(prompt="y", extra_body=FAST))
+    assert error.status_code == 400
+    assert isinstance(error.body, dict) and (error.body["code"], error.body["param"]) == (
+        "invalid_value",
+        "num_inference_steps",
+    )
+    assert beside.data is not None
 
 
 async def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
