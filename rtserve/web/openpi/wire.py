@@ -83,10 +83,16 @@ def _array(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> npt.NDArr
 
 
 def _scalar(data: Any, dtype: np.dtype[Any]) -> np.generic:
+    # Out of range is refused, not wrapped: numpy 1.x wraps integers (with a DeprecationWarning)
+    # and turns finite floats into inf (with a RuntimeWarning).
+    does_not_fit = OpenPIFrameError(f"numpy scalar value does not fit {dtype}")
+    if dtype.kind in "iu" and isinstance(data, int) and not np.iinfo(dtype).min <= data <= np.iinfo(dtype).max:
+        raise does_not_fit
     try:
-        scalar: np.generic = dtype.type(data)
-    except (TypeError, ValueError, OverflowError):
-        raise OpenPIFrameError(f"numpy scalar value does not fit {dtype}") from None
+        with np.errstate(over="raise"):
+            scalar: np.generic = dtype.type(data)
+    except (TypeError, ValueError, OverflowError, FloatingPointError):
+        raise does_not_fit from None
     return scalar
 
 

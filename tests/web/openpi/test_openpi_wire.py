@@ -84,6 +84,9 @@ def _marker(dtype: str, data: bytes, shape: list[int]) -> bytes:
         (_marker("S0", b"", [3]), "needs"),
         (msgpack.packb({"x": {b"__ndarray__": True, b"dtype": "<f4"}}), "lacks 'data'"),
         (msgpack.packb({"x": {b"__npgeneric__": True, b"data": "text", b"dtype": "<f4"}}), "does not fit"),
+        (msgpack.packb({"x": {b"__npgeneric__": True, b"data": 1e300, b"dtype": "<f4"}}), "does not fit"),
+        (msgpack.packb({"x": {b"__npgeneric__": True, b"data": 1000, b"dtype": "<i1"}}), "does not fit"),
+        (msgpack.packb({"x": {b"__npgeneric__": True, b"data": -1, b"dtype": "<u2"}}), "does not fit"),
         (
             msgpack.packb({"x": {"nd": True, "type": "<f4", "kind": "i", "shape": [1], "data": b"\0" * 4}}),
             "does not match dtype",
