@@ -72,11 +72,20 @@ ndarray_markers = st.one_of(
     ),
     st.fixed_dictionaries({b"__npgeneric__": st.just(True)}, optional={b"data": values, b"dtype": dtypes}),
 )
+
+
+def _fill(dtype: str, value: str) -> float:
+    """``value`` for a float array ("lowest": the dtype's most negative finite value), 1 otherwise."""
+    if not dtype.startswith("float"):
+        return 1
+    return float(np.finfo(dtype).min) if value == "lowest" else float(value)
+
+
 arrays = st.tuples(
     st.sampled_from(["float32", "float64", "uint8", "int64", "bool", "float16"]),
     st.lists(st.integers(0, 9), max_size=4),
-    st.sampled_from([0.0, np.nan, np.inf, -1e30, 3.0]),
-).map(lambda t: np.full(t[1], t[2] if t[0].startswith("float") else 1, dtype=t[0]))
+    st.sampled_from(["0", "nan", "inf", "lowest", "3"]),
+).map(lambda t: np.full(t[1], _fill(t[0], t[2]), dtype=t[0]))
 fields = st.one_of(values, ndarray_markers, arrays)
 
 
