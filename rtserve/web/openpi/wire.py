@@ -85,15 +85,18 @@ def _array(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> npt.NDArr
 def _scalar(data: Any, dtype: np.dtype[Any]) -> np.generic:
     # Out of range is refused, not wrapped: numpy 1.x wraps integers (with a DeprecationWarning)
     # and turns finite floats into inf (with a RuntimeWarning).
-    does_not_fit = OpenPIFrameError(f"numpy scalar value does not fit {dtype}")
     if dtype.kind in "iu" and isinstance(data, int) and not np.iinfo(dtype).min <= data <= np.iinfo(dtype).max:
-        raise does_not_fit
+        raise _does_not_fit(dtype)
     try:
         with np.errstate(over="raise"):
             scalar: np.generic = dtype.type(data)
     except (TypeError, ValueError, OverflowError, FloatingPointError):
-        raise does_not_fit from None
+        raise _does_not_fit(dtype) from None
     return scalar
+
+
+def _does_not_fit(dtype: np.dtype[Any]) -> OpenPIFrameError:
+    return OpenPIFrameError(f"numpy scalar value does not fit {dtype}")
 
 
 def _legacy_scalar(data: Any, dtype: np.dtype[Any]) -> np.generic:
