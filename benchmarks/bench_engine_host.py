@@ -44,16 +44,15 @@ import json
 import math
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyspy
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_engine_host.json"
@@ -368,7 +367,7 @@ def run_point(args: argparse.Namespace, tree: Path, sessions: int, folder: Path)
             proc.stdin.flush()
         if args.profile:
             time.sleep(max(0.0, window_start - time.monotonic()))
-            profile = _profile(engine.pid, args.duration, folder)
+            profile = pyspy.record(engine.pid, args.duration, folder / "profile.txt")
         outputs = [
             json.loads((w.communicate(timeout=args.warmup + args.duration + 60)[0]).splitlines()[-1]) for w in workers
         ]
@@ -407,55 +406,6 @@ def run_point(args: argparse.Namespace, tree: Path, sessions: int, folder: Path)
     }
 
 
-def _profile(pid: int, seconds: float, folder: Path) -> dict[str, Any] | None:
-    """py-spy over the window: the share of the engine process's samples per leaf function and per
-    function anywhere on the stack (by thread: engine thread vs event loop)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(spy).exists():
-        print("py-spy not found: no profile", file=sys.stderr)
-        return None
-    raw = folder / "profile.txt"
-    subprocess.run(
-        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200", "--format", "raw",
-         "--threads", "--nonblocking", "--output", str(raw)],
-        check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    if not raw.exists():
-        return None
-    return summarize_profile(raw.read_text())
-
-
-def summarize_profile(text: str) -> dict[str, Any]:
-    leaf: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
-    total = 0
-    for line in text.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
-        thread = "engine thread" if any("scheduler.py" in f and "_loop" in f for f in frames) else "other threads"
-        total += count
-        threads[thread] += count
-        leaf[f"{thread}: {_short(frames[-1])}"] += count
-        for name in {_short(f) for f in frames[1:]}:
-            inclusive[f"{thread}: {name}"] += count
-    return {
-        "samples": total,
-        "threads": {k: v / max(1, total) for k, v in threads.items()},
-        "leaf": [(k, v / max(1, total)) for k, v in leaf.most_common(25)],
-        "inclusive": [(k, v / max(1, total)) for k, v in inclusive.most_common(40)],
-    }
-
-
-def _short(frame: str) -> str:
-    """``step (rtserve/engines/moshi/frame_model.py:123)`` -> ``step (frame_model.py)``."""
-    name, _, where = frame.partition(" (")
-    return f"{name} ({Path(where.rstrip(')').split(':')[0]).name})" if where else name
-
-
 def print_table(points: list[dict[str, Any]]) -> None:
     columns = [
         ("tree", 24, lambda p: Path(p["tree"]).name or p["tree"]),
@@ -480,18 +430,7 @@ def print_table(points: list[dict[str, Any]]) -> None:
     )
     for p in points:
         if p.get("profile"):
-            print_profile(f"{Path(p['tree']).name} N={p['sessions']}", p["profile"])
-
-
-def print_profile(title: str, profile: dict[str, Any]) -> None:
-    """The functions the most samples were in (anywhere on the stack), and the leaves."""
-    threads = ", ".join(f"{name} {100 * share:.0f}%" for name, share in profile["threads"].items())
-    print(f"\nprofile {title}: {profile['samples']} samples ({threads}); % of samples, inclusive:")
-    for name, share in profile["inclusive"][:30]:
-        print(f"  {100 * share:5.1f}%  {name}")
-    print("leaves (self time):")
-    for name, share in profile["leaf"][:15]:
-        print(f"  {100 * share:5.1f}%  {name}")
+            pyspy.print_profile(f"{Path(p['tree']).name} N={p['sessions']}", p["profile"])
 
 
 def main() -> None:

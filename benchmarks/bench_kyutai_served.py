@@ -59,6 +59,7 @@ from typing import Any
 import aiohttp
 import msgpack
 import numpy as np
+import pyspy
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
 from server_process import ServerProcess, histogram_quantile, scrape
 
@@ -525,8 +526,11 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
                 shards = asyncio.create_task(gather_shards(tts_shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
+            spy = args.profile_engine
+            profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
+            await asyncio.to_thread(pyspy.report, profiler, spy, f"engine process, N={clients} workers={workers}")
             measured_s = window[1] - window[0]
             results = await shards
     finally:
@@ -735,6 +739,11 @@ def main() -> None:
         "--server-threads", type=int, help="OMP_NUM_THREADS of the server (torch intra-op threads); default: unset"
     )
     parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--profile-engine",
+        type=Path,
+        help="py-spy the engine process over each measured window into this raw profile; prints where it went",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.duration <= args.warmup + 1:

@@ -55,8 +55,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,8 +63,8 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pyspy
 import sphn
-from bench_engine_host import print_profile, summarize_profile
 from load_shards import (
     ShardResult,
     gather_shards,
@@ -295,26 +293,6 @@ def shard(url: str, messages: list[bytes], starts: list[float], window: tuple[fl
     return run_shard(lambda: run_clients(url, messages, starts), window)
 
 
-def start_profile(server: ServerProcess, seconds: float, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
-    """py-spy on the engine process (the server itself with one worker) over the window."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(spy).exists():
-        print("py-spy not found: no engine profile", file=sys.stderr)
-        return None
-    pid = server.engine_pid()
-    args.profile_engine.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", "200",
-         "--format", "raw", "--threads", "--nonblocking", "--output", str(args.profile_engine)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def finish_profile(profiler: subprocess.Popen[bytes], args: argparse.Namespace) -> dict[str, Any] | None:
-    profiler.wait(60)
-    return summarize_profile(args.profile_engine.read_text()) if args.profile_engine.exists() else None
-
-
 BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI_ENGINE__BATCH_SIZE"}
 
 
@@ -356,18 +334,22 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
             )
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             before, cpu_before = await scrape(http, server.base), server.cpu_by_process()
-            profiler = start_profile(server, window[1] - window[0], args) if args.profile_engine else None
+            profiler = (
+                pyspy.start(server.engine_pid(), window[1] - window[0], args.profile_engine)
+                if args.profile_engine
+                else None
+            )
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             after, cpu_after = await scrape(http, server.base), server.cpu_by_process()
             if profiler is not None:
-                profile = await asyncio.to_thread(finish_profile, profiler, args)
+                profile = await asyncio.to_thread(pyspy.finish, profiler, args.profile_engine)
             measured_s = window[1] - window[0]
             results = await shards
     finally:
         server.stop()
 
     if profile is not None:
-        print_profile(f"engine process, N={clients} workers={workers}", profile)
+        pyspy.print_profile(f"engine process, N={clients} workers={workers}", profile)
     logs = merge_logs(results, ranges, clients)
     lateness = [v for log in logs for v in cadence_lateness(log, window)]
     latencies: list[float] = []

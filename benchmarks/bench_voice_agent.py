@@ -56,6 +56,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pyspy
 import voice_agent_kit
 from bench_kyutai_served import VOICE, Reply, stalls, write_stt_weights, write_tts_weights  # benchmarks/ on sys.path
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
@@ -273,8 +274,12 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
             shards = asyncio.create_task(gather_shards(shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
+            spy = args.profile_engine
+            profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
+            title = f"engine process, N={clients} workers={args.workers}"
+            await asyncio.to_thread(pyspy.report, profiler, spy, title)
             results = await shards
     finally:
         server.stop()
@@ -418,6 +423,11 @@ def main() -> None:
         help="a host without the embedded CPU models: voice_agent_kit.py's folder (its models, question)",
     )
     parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
+    parser.add_argument(
+        "--profile-engine",
+        type=Path,
+        help="py-spy the engine process over each measured window into this raw profile; prints where it went",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.duration < args.warmup + args.period + REPLY_ROOM_S + 2:

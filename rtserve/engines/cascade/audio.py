@@ -20,7 +20,12 @@ def as_pcm(pcm: Pcm) -> FloatArray:
         raise EngineError(
             f"audio must be 1-D float32 PCM, got shape {array.shape} of {array.dtype}", code=INVALID_AUDIO
         )
-    return np.nan_to_num(array.astype(np.float32, copy=True), nan=0.0, posinf=1.0, neginf=-1.0)
+    samples = array.astype(np.float32, copy=True)
+    # nan_to_num costs ~20x the finiteness check on a 40 ms chunk, and a cascade engine process
+    # runs this for every chunk of every session (12 % of its event loop at 256 sessions).
+    if not np.isfinite(samples).all():
+        np.nan_to_num(samples, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+    return samples
 
 
 def resample(pcm: FloatArray, from_rate: int, to_rate: int) -> FloatArray:
