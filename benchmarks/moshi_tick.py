@@ -14,8 +14,10 @@ grow to the model's context (3000 frames) whatever the ring column says, blocks 
 pool sized to the free memory, and attention reads only the blocks each row holds. Its extra
 fill ``mixN`` spreads the rows' fills evenly over 0..2N (average N), the issue's 256-session
 case; a fill whose blocks do not fit in the pool is skipped (``"skipped": "kv pool"``).
-``--agreement-frames`` also reports greedy-token agreement of paged int8 KV against bf16 rings
-(same inputs, fresh rows, free-running).
+``ours-paged4`` is the same with 4-bit KV (``kv_cache: paged_int4``): half the bytes per frame,
+so about twice the sessions in the same pool.
+``--agreement-frames`` also reports greedy-token agreement of paged 8-bit and 4-bit KV against
+bf16 rings (same inputs, fresh rows, free-running).
 
 Memory is reported as if each side ran alone: its own weights plus the peak it allocated
 for this batch (KV ring, activations, graph pool); the two sides share one copy of the
@@ -111,14 +113,14 @@ def row_fills(fill: str, batch: int) -> np.ndarray:
     return np.full(batch, int(fill), np.int64)
 
 
-def paged_spec(lm: MoshiLM, batch: int, device: torch.device) -> PagedKVSpec:
+def paged_spec(lm: MoshiLM, batch: int, device: torch.device, bits: int) -> PagedKVSpec:
     """As many blocks as fit in free memory (minus the margin), and no more than ``batch`` full contexts."""
     t = lm.transformer
-    spec = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK)
+    spec = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK, bits=bits)
     wanted = batch * spec.width(lm.config.context)
     if device.type != "cuda":
         return replace(spec, num_blocks=wanted)
-    block_bytes = PagedKVSpec.bytes_per_frame(len(t.layers), t.heads, t.dim // t.heads) * PAGED_BLOCK
+    block_bytes = PagedKVSpec.bytes_per_frame(len(t.layers), t.heads, t.dim // t.heads, bits) * PAGED_BLOCK
     free, _ = torch.cuda.mem_get_info(device)
     margin = FIT_MARGIN_BYTES + batch * PAGED_MARGIN_PER_ROW
     return replace(spec, num_blocks=max(1, min(wanted, (free - margin) // block_bytes)))
@@ -155,11 +157,12 @@ def run_ours(
     lm: MoshiLM, mimi: Mimi, batch: int, fills: list[str], args: argparse.Namespace, device: torch.device, side: str
 ) -> dict[str, Any]:
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
-    ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV) or
-    ours-paged8-unfused (the same with the elementwise glue left to eager kernels, ``fused``)."""
+    ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV),
+    ours-paged4 (the same in 4 bits) or ours-paged8-unfused (paged int8 with the elementwise glue
+    left to eager kernels, ``fused``)."""
     result: dict[str, Any] = {}
-    paged = side.startswith("ours-paged8")
-    spec = paged_spec(lm, batch, device) if paged else None
+    paged = side.startswith("ours-paged")
+    spec = paged_spec(lm, batch, device, 4 if side.startswith("ours-paged4") else 8) if paged else None
     with (
         measured_memory(device, result, module_bytes(lm) + module_bytes(mimi)),
         paged_kv(lm, spec, lm.config.context),
@@ -293,7 +296,7 @@ def graph_check(lm: MoshiLM, mimi: Mimi, frames: int, device: torch.device) -> d
 
 @torch.no_grad()
 def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: torch.device) -> dict[str, Any]:
-    """Free-running greedy tokens with paged int8 KV against bf16 rings over ``frames`` frames
+    """Free-running greedy tokens with paged 8-bit and 4-bit KV against bf16 rings over ``frames`` frames
     (same user audio, fresh rows): share of identical token frames and each row's first
     divergence. The noise floor beside it: bf16 rings through another attention kernel (the
     math SDPA backend instead of the fused one), i.e. the same precision, other rounding."""
@@ -302,9 +305,10 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
     gen = torch.Generator(device="cpu").manual_seed(5)
     inputs = [(torch.randn(batch, mimi.frame_size, generator=gen) * 0.1).to(device) for _ in range(frames)]
     width = PagedKVSpec(num_blocks=1, block_size=PAGED_BLOCK).width(lm.config.context)
-    paged = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK)
+    paged8 = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK)
+    paged4 = replace(paged8, bits=4)
     runs = []
-    for spec, backends in ((None, None), (paged, None), (None, [SDPBackend.MATH])):
+    for spec, backends in ((None, None), (paged8, None), (None, [SDPBackend.MATH]), (paged4, None)):
         with paged_kv(lm, spec, lm.config.context), sdpa_kernel(backends) if backends else contextlib.nullcontext():
             frame = FrameStep(lm, mimi, SlotSampler(batch, device, MoshiSampling()), batch, graph=device.type == "cuda")
             runs.append(torch.stack([frame(pcm).tokens.cpu() for pcm in inputs]))  # [frames, B, 1 + dep_q]
@@ -325,6 +329,7 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
         "batch": batch,
         "int8_paged_vs_bf16": compare(runs[1]),
         "bf16_math_sdpa_vs_bf16": compare(runs[2]),
+        "int4_paged_vs_bf16": compare(runs[3]),
     }
 
 
@@ -360,9 +365,10 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours-paged8,ours,reference",
-        help="ours-paged8, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference, reference-nocompile",
+        help="ours-paged8, ours-paged4, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference,"
+        " reference-nocompile",
     )
-    parser.add_argument("--agreement-frames", type=int, default=200, help="paged int8 vs bf16 greedy frames (0: skip)")
+    parser.add_argument("--agreement-frames", type=int, default=200, help="paged KV vs bf16 greedy frames (0: skip)")
     parser.add_argument("--agreement-batch", type=int, default=4)
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -400,7 +406,7 @@ def main() -> None:
         for batch in batches:
             row: dict[str, Any] = {"ring": ring, "batch": batch}
             for side in sides:
-                if side in too_big or (not side.startswith("ours-paged8") and not fits(batch, ring, kv_frame, device)):
+                if side in too_big or (not side.startswith("ours-paged") and not fits(batch, ring, kv_frame, device)):
                     row[side] = {"skipped": "oom"}
                     too_big.add(side)
                     continue
@@ -421,7 +427,7 @@ def main() -> None:
             check["kernels_per_frame_unfused"] = kernels_per_frame(lm, mimi, device)
     print_table(rows, sides, fills, shape, dtype, device)
     if agreement is not None:
-        for name in ("int8_paged_vs_bf16", "bf16_math_sdpa_vs_bf16"):
+        for name in ("int8_paged_vs_bf16", "int4_paged_vs_bf16", "bf16_math_sdpa_vs_bf16"):
             a = agreement[name]
             print(
                 f"greedy {name}, {agreement['frames']} frames x B={agreement['batch']}: "

@@ -326,21 +326,22 @@ class KvCacheSection(_Section):
     """How an engine on the Moshi transformer keeps its slots' attention context
     (docs/engines.md#paged-int8-kv)."""
 
-    kv_cache: Literal["ring", "paged_int8"] = Field(
+    kv_cache: Literal["ring", "paged_int8", "paged_int4"] = Field(
         "ring",
         description="temporal transformer KV: 'ring' (a ring of the model's context per slot, in dtype, "
-        "allocated up front) or 'paged_int8' (int8 blocks from one pool shared by all slots, "
+        "allocated up front), 'paged_int8' (int8 blocks from one pool shared by all slots, "
         "taken as each conversation grows; a session that finds no free block is refused "
-        "with resource_exhausted)",
+        "with resource_exhausted) or 'paged_int4' (the same in 4 bits: about twice the "
+        "conversations per pool, at the agreement cost in docs/engines.md#paged-int8-kv)",
     )
     kv_pool_frames: int | None = Field(
         None,
         ge=1,
-        description="paged_int8: frames of context the pool holds for "
+        description="paged KV: frames of context the pool holds for "
         "all slots together (null: batch_size x the model's "
         "context, so every slot can reach it)",
     )
-    kv_block_frames: int = Field(64, ge=1, le=4096, description="paged_int8: frames per KV block (a power of two)")
+    kv_block_frames: int = Field(64, ge=1, le=4096, description="paged KV: frames per KV block (a power of two)")
 
     @field_validator("kv_block_frames")
     @classmethod

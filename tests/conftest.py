@@ -4,9 +4,12 @@ directly and once with them behind the engine link (as workers reach the engine 
 from __future__ import annotations
 
 import gc
+import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from rtserve import app
 from rtserve.config import ServerConfig, load_config
@@ -23,6 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     app.engine_client = config.getoption("--engine-client")
+    if importlib.util.find_spec("triton") and not torch.cuda.is_available():
+        # Without a GPU the Triton kernels run in Triton's interpreter (test_paged_kv.py). triton.jit
+        # reads this when it wraps a function, Triton's own helpers included, so it is set before
+        # anything imports triton (torch.compile does).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     config.addinivalue_line(
         "markers",
         "engine_clock: steers the engine's tick clock by hand, which a worker's "

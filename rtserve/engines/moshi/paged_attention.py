@@ -1,11 +1,11 @@
-"""Single-query attention over paged int8 KV (``PagedKVCache``) and the quantize-and-store of
+"""Single-query attention over paged 8-bit or 4-bit KV (``PagedKVCache``) and the quantize-and-store of
 each step's keys and values, as Triton kernels (CUDA).
 
 Programs per (row, head, chunk of ring slots) walk only the blocks the row has reached (at
 most ``span`` ring slots), dequantize keys and values in registers and keep an online softmax
 that a second kernel merges across chunks: the KV
-bytes read are 1 per element plus one scale per (frame, head), instead of 2 for bf16, and
-nothing is materialised. The visibility rule is ``StepPlan``'s (ring slot -> absolute
+bytes read are 1 (or 1/2) per element plus one scale per (frame, head), instead of 2 for bf16,
+and nothing is materialised. The visibility rule is ``StepPlan``'s (ring slot -> absolute
 position from the row's offset, window ``context``) plus the row's ``floor``.
 """
 
@@ -57,6 +57,7 @@ def paged_write(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, offset: t
         H=heads,
         D=dim,
         BLOCK=cache.block_size,
+        BITS=cache.bits,
         num_warps=1,
     )
 
@@ -108,6 +109,7 @@ def paged_decode(
         BLOCK=cache.block_size,
         CHUNK=chunk,
         TILE=tile,
+        BITS=cache.bits,
         num_warps=warps,
         num_stages=stages,
     )

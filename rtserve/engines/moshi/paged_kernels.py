@@ -1,5 +1,7 @@
 """The Triton kernels behind ``paged_attention`` (CUDA): the split-K partial softmax over paged
-int8 KV, the merge of the splits, and the quantize-and-store of one step's keys and values.
+8-bit or 4-bit KV, the merge of the splits, and the quantize-and-store of one step's keys and
+values. Vectors are handled as two halves of ``D / 2`` (``BITS`` 4 packs element ``d`` and
+``d + D / 2`` into one byte, ``paged_kv.pack_nibbles``), so both widths share one loop.
 
 Kernel parameters stay unannotated: Triton reads a parameter's annotation as its kernel type
 (``tl.constexpr``, or a scalar type it specializes on), so Python types there would change the
@@ -11,6 +13,19 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _load_halves(ptr, rows, half, D: tl.constexpr, BITS: tl.constexpr):
+    """The stored vectors ``rows`` as float32 ``[rows, D / 2]`` low and high halves."""
+    if BITS == 8:
+        low = tl.load(ptr + rows[:, None] * D + half[None, :]).to(tl.float32)
+        high = tl.load(ptr + rows[:, None] * D + (D // 2) + half[None, :]).to(tl.float32)
+    else:
+        byte = tl.load(ptr + rows[:, None] * (D // 2) + half[None, :]).to(tl.int32)
+        low = (((byte & 15) ^ 8) - 8).to(tl.float32)
+        high = (byte >> 4).to(tl.float32)  # arithmetic shift: the sign comes with the high nibble
+    return low, high
 
 
 @triton.jit
@@ -37,6 +52,7 @@ def partial_kernel(
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
     TILE: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -47,11 +63,13 @@ def partial_kernel(
     lo = split * CHUNK
     hi = tl.minimum(lo + CHUNK, n)
     last_slot = last % capacity
-    dims = tl.arange(0, D)
-    q = tl.load(q_ptr + (row * H + head) * D + dims).to(tl.float32) * sm_scale
+    half = tl.arange(0, D // 2)
+    q_low = tl.load(q_ptr + (row * H + head) * D + half).to(tl.float32) * sm_scale
+    q_high = tl.load(q_ptr + (row * H + head) * D + (D // 2) + half).to(tl.float32) * sm_scale
     m = tl.full((), -1e30, tl.float32)
     denom = tl.zeros((), tl.float32)
-    acc = tl.zeros((D,), tl.float32)
+    acc_low = tl.zeros((D // 2,), tl.float32)
+    acc_high = tl.zeros((D // 2,), tl.float32)
     within = tl.arange(0, TILE)
     for start in range(lo, hi, TILE):
         block = tl.load(table_ptr + row * table_stride + start // BLOCK).to(tl.int64)
@@ -60,22 +78,25 @@ def partial_kernel(
         delta = slots - last_slot
         pos = tl.where(delta <= 0, last + delta, last + delta - capacity)
         valid = (slots < n) & (pos >= floor) & (pos >= 0) & (last - pos < context)
-        k = tl.load(k_ptr + (base + within)[:, None] * D + dims[None, :]).to(tl.float32)
-        v = tl.load(v_ptr + (base + within)[:, None] * D + dims[None, :]).to(tl.float32)
+        k_low, k_high = _load_halves(k_ptr, base + within, half, D, BITS)
+        v_low, v_high = _load_halves(v_ptr, base + within, half, D, BITS)
         ks = tl.load(ks_ptr + base + within)
         vs = tl.load(vs_ptr + base + within)
-        scores = tl.sum(k * q[None, :], 1) * ks
+        scores = (tl.sum(k_low * q_low[None, :], 1) + tl.sum(k_high * q_high[None, :], 1)) * ks
         scores = tl.where(valid, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 0))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new)
-        acc = acc * alpha + tl.sum((p * vs)[:, None] * v, 0)
+        weight = (p * vs)[:, None]
+        acc_low = acc_low * alpha + tl.sum(weight * v_low, 0)
+        acc_high = acc_high * alpha + tl.sum(weight * v_high, 0)
         denom = denom * alpha + tl.sum(p, 0)
         m = m_new
     part = (row * H + head) * splits + split
     tl.store(m_ptr + part, m)
     tl.store(l_ptr + part, denom)
-    tl.store(acc_ptr + part * D + dims, acc)
+    tl.store(acc_ptr + part * D + half, acc_low)
+    tl.store(acc_ptr + part * D + (D // 2) + half, acc_high)
 
 
 @triton.jit
@@ -95,14 +116,29 @@ def merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, splits, H: tl.constexpr, D: tl.
 
 
 @triton.jit
-def _quantize_store(x_ptr, q_ptr, s_ptr, slot_base, dims, D: tl.constexpr):
-    x = tl.load(x_ptr + dims).to(tl.float32)
-    scale = tl.max(tl.abs(x), 0) / 127.0
-    scale = tl.where((scale == scale) & (scale < float("inf")), scale, 0.0)  # never NaN or inf
-    q = x * tl.where(scale > 0, 1.0 / tl.maximum(scale, 1e-38), 0.0)
+def _round(x, inverse, qmax):
+    q = x * inverse
     q = tl.where(q == q, q, 0.0)
-    q = tl.minimum(tl.maximum(tl.floor(q + 0.5), -127.0), 127.0)
-    tl.store(q_ptr + slot_base * D + dims, q.to(tl.int8))
+    return tl.minimum(tl.maximum(tl.floor(q + 0.5), -qmax), qmax)
+
+
+@triton.jit
+def _quantize_store(x_ptr, q_ptr, s_ptr, slot_base, half, D: tl.constexpr, BITS: tl.constexpr):
+    low = tl.load(x_ptr + half).to(tl.float32)
+    high = tl.load(x_ptr + (D // 2) + half).to(tl.float32)
+    qmax = 127.0 if BITS == 8 else 7.0
+    scale = tl.maximum(tl.max(tl.abs(low), 0), tl.max(tl.abs(high), 0)) / qmax
+    scale = tl.where((scale == scale) & (scale < float("inf")), scale, 0.0)  # never NaN or inf
+    inverse = tl.where(scale > 0, 1.0 / tl.maximum(scale, 1e-38), 0.0)
+    q_low = _round(low, inverse, qmax)
+    q_high = _round(high, inverse, qmax)
+    if BITS == 8:
+        tl.store(q_ptr + slot_base * D + half, q_low.to(tl.int8))
+        tl.store(q_ptr + slot_base * D + (D // 2) + half, q_high.to(tl.int8))
+    else:
+        byte = (q_low.to(tl.int32) & 15) | ((q_high.to(tl.int32) & 15) << 4)
+        byte = tl.where(byte > 127, byte - 256, byte)
+        tl.store(q_ptr + slot_base * (D // 2) + half, byte.to(tl.int8))
     tl.store(s_ptr + slot_base, scale)
 
 
@@ -125,12 +161,13 @@ def write_kernel(
     H: tl.constexpr,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
     slot = tl.load(offset_ptr + row) % capacity
     block = tl.load(table_ptr + row * table_stride + slot // BLOCK).to(tl.int64)
     slot_base = (block * H + head) * BLOCK + slot % BLOCK
-    dims = tl.arange(0, D)
-    _quantize_store(k_ptr + row * k_stride_b + head * k_stride_h, kq_ptr, ks_ptr, slot_base, dims, D)
-    _quantize_store(v_ptr + row * v_stride_b + head * v_stride_h, vq_ptr, vs_ptr, slot_base, dims, D)
+    half = tl.arange(0, D // 2)
+    _quantize_store(k_ptr + row * k_stride_b + head * k_stride_h, kq_ptr, ks_ptr, slot_base, half, D, BITS)
+    _quantize_store(v_ptr + row * v_stride_b + head * v_stride_h, vq_ptr, vs_ptr, slot_base, half, D, BITS)

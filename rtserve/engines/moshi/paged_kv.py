@@ -1,8 +1,11 @@
-"""Paged 8-bit KV for the temporal transformer (issue 20): memory that grows with each
-conversation instead of a preallocated ring per slot.
+"""Paged 8-bit or 4-bit KV for the temporal transformer (issue 20, issue 35): memory that grows
+with each conversation instead of a preallocated ring per slot.
 
-Every layer owns one pool of ``num_blocks`` blocks of ``block_size`` frames, int8 keys and
-values with one fp32 scale per (frame, head) (symmetric, ``amax / 127``). A slot's ring of
+Every layer owns one pool of ``num_blocks`` blocks of ``block_size`` frames, keys and values
+quantized symmetrically per (frame, head) with one fp32 scale (``amax / 127`` in 8 bits,
+``amax / 7`` in 4). A 4-bit vector of ``D`` values is ``D / 2`` bytes: byte ``d`` holds element
+``d`` in its low nibble and element ``d + D / 2`` in its high one, so both halves unpack with
+whole-row loads (docs/engines.md#paged-int8-kv). A slot's ring of
 ``capacity = width * block_size`` frames is a row of the block table shared by all layers:
 ring slot ``s`` lives in block ``table[row, s // block_size]`` at ``s % block_size``. Block 0
 is scratch: a table entry of 0 means "no block", and rows without a block (idle slots) write
@@ -31,7 +34,6 @@ from rtserve.engines.errors import CapacityExhausted
 
 log = logging.getLogger(__name__)
 
-QMAX = 127.0
 SCRATCH = 0  # block id of the shared scratch block
 
 
@@ -45,61 +47,91 @@ class PagedKVSpec:
 
     num_blocks: int
     block_size: int = 64
+    bits: int = 8  # 8 or 4 per key / value element
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError("paged KV needs at least one block")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.bits not in (4, 8):
+            raise ValueError(f"paged KV stores 8 or 4 bits per value, not {self.bits}")
 
     def width(self, context: int) -> int:
         """Table entries per row: enough blocks for ``context`` frames."""
         return math.ceil(context / self.block_size)
 
     @staticmethod
-    def bytes_per_frame(layers: int, heads: int, head_dim: int) -> int:
-        """Device bytes one frame of one conversation takes (int8 K and V plus their scales)."""
-        return layers * 2 * heads * (head_dim + 4)
+    def bytes_per_frame(layers: int, heads: int, head_dim: int, bits: int = 8) -> int:
+        """Device bytes one frame of one conversation takes (K and V plus their fp32 scales)."""
+        return layers * 2 * heads * (head_dim * bits // 8 + 4)
+
+
+BITS = {"paged_int8": 8, "paged_int4": 4}
 
 
 def paged_kv_spec(settings: KvCacheSection, batch_size: int, context: int) -> PagedKVSpec | None:
     """The pool a ``kv_cache`` setting asks for, ``None`` for rings (docs/engines.md#paged-int8-kv)."""
-    if settings.kv_cache != "paged_int8":
+    if settings.kv_cache == "ring":
         return None
     frames = settings.kv_pool_frames or batch_size * context
-    return PagedKVSpec(num_blocks=-(-frames // settings.kv_block_frames), block_size=settings.kv_block_frames)
+    return PagedKVSpec(
+        num_blocks=-(-frames // settings.kv_block_frames),
+        block_size=settings.kv_block_frames,
+        bits=BITS[settings.kv_cache],
+    )
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[..., D]`` -> int8 values and fp32 scales ``[...]`` (symmetric per vector; never NaN)."""
+def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., D]`` -> integer values in ``[-qmax, qmax]`` (int8, unpacked) and fp32 scales ``[...]``
+    (symmetric per vector, ``qmax = 2**(bits - 1) - 1``; never NaN)."""
+    qmax = float(2 ** (bits - 1) - 1)
     x32 = x.float()
-    scale = torch.nan_to_num(x32.abs().amax(-1) / QMAX, nan=0.0, posinf=0.0)
+    scale = torch.nan_to_num(x32.abs().amax(-1) / qmax, nan=0.0, posinf=0.0)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.nan_to_num(x32 / safe[..., None], nan=0.0).round().clamp(-QMAX, QMAX).to(torch.int8)
+    q = torch.nan_to_num(x32 / safe[..., None], nan=0.0).round().clamp(-qmax, qmax).to(torch.int8)
     return q, scale
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """int8 values in [-8, 7] ``[..., D]`` -> ``[..., D / 2]`` bytes: element ``d`` in the low
+    nibble of byte ``d``, element ``d + D / 2`` in its high nibble."""
+    low, high = q.int().chunk(2, dim=-1)
+    byte = (low & 15) | ((high & 15) << 4)
+    return torch.where(byte > 127, byte - 256, byte).to(torch.int8)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``pack_nibbles`` undone: ``[..., D / 2]`` bytes -> int32 values ``[..., D]``."""
+    byte = packed.int()
+    return torch.cat((((byte & 15) ^ 8) - 8, byte >> 4), dim=-1)
 
 
 @dataclass
 class PagedKVCache:
-    """One layer's pools: ``keys``/``values`` int8 ``[N, H, block, D]``, scales fp32 ``[N, H, block]``;
-    ``table`` (shared by all layers) ``[B, width]`` int32."""
+    """One layer's pools: ``keys``/``values`` int8 ``[N, H, block, D * bits / 8]``, scales fp32
+    ``[N, H, block]``; ``table`` (shared by all layers) ``[B, width]`` int32."""
 
     keys: torch.Tensor
     values: torch.Tensor
     key_scales: torch.Tensor
     value_scales: torch.Tensor
     table: torch.Tensor
+    bits: int = 8
 
     @classmethod
     def empty(cls, spec: PagedKVSpec, heads: int, head_dim: int, table: torch.Tensor) -> PagedKVCache:
+        if spec.bits == 4 and head_dim % 2:
+            raise ValueError(f"4-bit paged KV packs value pairs: head_dim {head_dim} is odd")
         device = table.device
-        shape = (spec.num_blocks + 1, heads, spec.block_size, head_dim)
+        shape = (spec.num_blocks + 1, heads, spec.block_size, head_dim * spec.bits // 8)
         return cls(
             torch.zeros(shape, dtype=torch.int8, device=device),
             torch.zeros(shape, dtype=torch.int8, device=device),
             torch.zeros(shape[:3], dtype=torch.float32, device=device),
             torch.zeros(shape[:3], dtype=torch.float32, device=device),
             table,
+            spec.bits,
         )
 
     @property
@@ -117,8 +149,8 @@ class PagedKVCache:
         block = self.table.gather(1, torch.div(slot, self.block_size, rounding_mode="floor")).long()
         within = slot % self.block_size
         for pool, scales, x in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
-            q, scale = quantize(x.transpose(1, 2))  # [B, T, H, D], [B, T, H]
-            pool[block, :, within] = q
+            q, scale = quantize(x.transpose(1, 2), self.bits)  # [B, T, H, D], [B, T, H]
+            pool[block, :, within] = q if self.bits == 8 else pack_nibbles(q)
             scales[block, :, within] = scale
 
     def gather(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +158,8 @@ class PagedKVCache:
         blocks = self.table[:, : -(-span // self.block_size)].long()  # [B, nb]
 
         def one(pool: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-            x = pool[blocks].float() * scales[blocks][..., None]  # [B, nb, H, block, D]
+            stored = pool[blocks] if self.bits == 8 else unpack_nibbles(pool[blocks])
+            x = stored.float() * scales[blocks][..., None]  # [B, nb, H, block, D]
             batch, nb, heads, size, dim = x.shape
             return x.permute(0, 2, 1, 3, 4).reshape(batch, heads, nb * size, dim)[:, :, :span].to(dtype)
 
@@ -146,7 +179,7 @@ class PagedKVCache:
         context: int | None,
     ) -> torch.Tensor:
         """Write then attend; on CUDA a single step is two Triton kernels (quantize-and-store, then
-        attention reading the int8 blocks directly)."""
+        attention reading the quantized blocks directly)."""
         if q.is_cuda and q.shape[2] == 1:
             from rtserve.engines.moshi.paged_attention import paged_decode, paged_write
 
