@@ -232,6 +232,14 @@ class LockstepConfig(_Section):
     release_timeout_s: float = Field(
         2.0, gt=0, description="session close waits this long for the engine thread to free its slot"
     )
+    gil_switch_interval_ms: float = Field(
+        0.5,
+        ge=0.05,
+        le=100,
+        description="Python's thread switch interval in every process that runs engines: how long a "
+        "thread holding the GIL may run before one waiting for it is let in. Engine threads wait "
+        "for it after every GPU sync while the event loop is busy; Python's own default is 5 ms",
+    )
     device: str = Field(
         "cpu",
         pattern=r"^(cpu|cuda(:[0-9]+)?)$",
