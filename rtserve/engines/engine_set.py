@@ -107,9 +107,10 @@ class EngineSet:
     def start(self) -> None:
         """Start everything in the background; returns at once."""
         # The engine threads share this process's GIL with its event loop: a frame step that
-        # waits on the GPU gives the GIL up tens of times, and gets it back only when the busy
-        # loop thread is asked to let go, after the switch interval (5 ms by default). At 512
-        # STT streams that stretched steps of ~25 ms to 250 ms at p99 (benchmarks/notes/kyutai_served.md).
+        # waits on the GPU gives the GIL up several times, and gets it back only when the busy
+        # loop thread is asked to let go, after the switch interval (5 ms by default). 512 STT
+        # streams on an H200: 2-354 underruns in four runs at 5 ms, 0 and 29 in two at 0.5 ms
+        # (benchmarks/notes/kyutai_served.md).
         sys.setswitchinterval(self.config.lockstep.gil_switch_interval_ms / 1e3)
         _import_before_loaders()
         loop = asyncio.get_running_loop()
