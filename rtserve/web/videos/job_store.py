@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import aiosqlite
+from typing import TYPE_CHECKING, Any, Literal
 
 from rtserve.errors import JOB_INTERRUPTED, RESOURCE_EXHAUSTED, RtserveError
+
+if TYPE_CHECKING:
+    import aiosqlite  # the media extra; imported where the store opens, so servers without it start
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed"]
 _ACTIVE = ("queued", "in_progress")
@@ -135,6 +136,8 @@ class VideoJobStore:
     async def open(
         cls, folder: str | os.PathLike[str], limits: StoreLimits, now: Callable[[], float] = time.time
     ) -> VideoJobStore:
+        import aiosqlite  # only a server with video routes opens the store
+
         path = Path(folder)
         await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         db = await aiosqlite.connect(path / "jobs.sqlite3")
