@@ -557,6 +557,10 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         for q in (0.5, 0.99):
             seconds = histogram_quantile(metrics_before, metrics_after, f"{family}{name}_seconds", q)
             point[f"{name}_p{round(q * 100)}_ms"] = seconds * 1e3
+    for phase in ("control", "gather", "scatter"):  # a tick's parts around the step: which one stalls
+        label = f'phase="{phase}"'
+        seconds = histogram_quantile(metrics_before, metrics_after, f"{family}tick_phase_seconds", 0.99, label)
+        point[f"{phase}_p99_ms"] = seconds * 1e3
     if args.route == "asr":
         point |= asr_point(args, logs, window, ends)
     else:
@@ -635,6 +639,9 @@ ASR_COLUMNS = [
     ("tick p50", "tick_p50_ms", "{:.1f}"),
     ("tick p99", "tick_p99_ms", "{:.1f}"),
     ("eng step p99", "step_p99_ms", "{:.1f}"),
+    ("ctl p99", "control_p99_ms", "{:.1f}"),
+    ("gath p99", "gather_p99_ms", "{:.1f}"),
+    ("scat p99", "scatter_p99_ms", "{:.1f}"),
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),
@@ -662,6 +669,9 @@ TTS_COLUMNS = [
     ("tick p50", "tick_p50_ms", "{:.1f}"),
     ("tick p99", "tick_p99_ms", "{:.1f}"),
     ("eng step p99", "step_p99_ms", "{:.1f}"),
+    ("ctl p99", "control_p99_ms", "{:.1f}"),
+    ("gath p99", "gather_p99_ms", "{:.1f}"),
+    ("scat p99", "scatter_p99_ms", "{:.1f}"),
     ("replies", "replies", "{}"),
     ("failed", "failed_replies", "{}"),
     ("first p50", "first_audio_p50_ms", "{:.0f}"),

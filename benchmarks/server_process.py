@@ -188,11 +188,14 @@ def histogram_max(before: dict[str, float], after: dict[str, float], name: str, 
     return worst
 
 
-def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float:
-    """Quantile of the observations made between two scrapes (linear within a bucket)."""
+def histogram_quantile(
+    before: dict[str, float], after: dict[str, float], name: str, q: float, label: str = ""
+) -> float:
+    """Quantile of the observations made between two scrapes (linear within a bucket); ``label``
+    (e.g. ``phase="control"``) picks one series of a labelled histogram."""
     buckets = []
     for key, value in after.items():
-        if key.startswith(name + "_bucket"):
+        if key.startswith(name + "_bucket") and label in key:
             le = re.search(r'le="([^"]+)"', key)
             if le:
                 buckets.append((float(le.group(1)), value - before.get(key, 0.0)))

@@ -29,6 +29,17 @@ class LockstepMetrics:
             buckets=[f * period_s for f in _BUDGET_FRACTIONS],
             registry=registry,
         )
+        phases = Histogram(
+            "rtserve_lockstep_tick_phase_seconds",
+            "Wall time of a tick's parts around the step: control (sessions opened, closed and "
+            "called; prefill), gather (the rows' input into the batch), scatter (outputs to the sessions)",
+            ["phase"],
+            buckets=[f * period_s for f in _BUDGET_FRACTIONS],
+            registry=registry,
+        )
+        self.control_seconds, self.gather_seconds, self.scatter_seconds = (
+            phases.labels(phase) for phase in ("control", "gather", "scatter")
+        )
         self.tick_lateness_seconds = Histogram(
             "rtserve_lockstep_tick_lateness_seconds",
             "Tick start minus its deadline (jitter)",

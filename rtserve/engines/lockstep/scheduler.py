@@ -148,6 +148,9 @@ class _TickWork:
     duration_s: float
     live: int
     prefill: int
+    control_s: float  # the parts around the step, for the overrun log
+    gather_s: float
+    scatter_s: float
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -362,7 +365,7 @@ class LockstepScheduler:
                 scheduled = False  # idle again: the next session starts a fresh schedule
                 continue
             outcome = pacer.finish()
-            self._record_timing(outcome)
+            self._record_timing(outcome, work)
             self._report(outcome, work)
 
     def _report(self, outcome: TickOutcome, work: _TickWork, *, ahead: bool = False) -> None:
@@ -405,7 +408,7 @@ class LockstepScheduler:
     def _has_work_locked(self) -> bool:
         return bool(self._ops) or any(s.phase in (SlotPhase.PREFILL, SlotPhase.LIVE) for s in self._slots)
 
-    def _record_timing(self, outcome: TickOutcome) -> None:
+    def _record_timing(self, outcome: TickOutcome, work: _TickWork) -> None:
         metrics = self.metrics
         metrics.tick_lateness_seconds.observe(max(0.0, outcome.lateness_s))
         if outcome.catch_up:
@@ -415,19 +418,23 @@ class LockstepScheduler:
         if outcome.skipped:
             metrics.skipped_deadlines.inc(outcome.skipped)
         if outcome.overrun_s > 0 or outcome.skipped:
-            self._note_overrun(outcome)
+            self._note_overrun(outcome, work)
 
-    def _note_overrun(self, outcome: TickOutcome) -> None:
+    def _note_overrun(self, outcome: TickOutcome, work: _TickWork) -> None:
         overruns = self._overrun_log.due(1, self._clock.monotonic())
         if overruns is None:
             return
         log.warning(
-            "%s tick overran: took %.1f ms of a %.1f ms budget, started %.1f ms late; %d deadline(s) "
-            "behind, caught up back to back; %d skipped (more than %d behind) (%d overrun(s) since the "
-            "last report)",
+            "%s tick overran: took %.1f ms of a %.1f ms budget (control %.1f, gather %.1f, step %.1f, "
+            "scatter %.1f), started %.1f ms late; %d deadline(s) behind, caught up back to back; %d "
+            "skipped (more than %d behind) (%d overrun(s) since the last report)",
             self.name,
             outcome.duration_s * 1e3,
             self.period_s * 1e3,
+            work.control_s * 1e3,
+            work.gather_s * 1e3,
+            work.step_s * 1e3,
+            work.scatter_s * 1e3,
             outcome.lateness_s * 1e3,
             outcome.behind,
             outcome.skipped,
@@ -458,7 +465,8 @@ class LockstepScheduler:
             except Exception:  # noqa: BLE001 - the slot fails; the tick goes on
                 self._fail([lease], "prefill_step")
 
-        late_s = 0.0 if due is None else max(0.0, clock.monotonic() - due)  # on the tick clock, maybe a test's
+        gather_started = clock.monotonic()
+        late_s = 0.0 if due is None else max(0.0, gather_started - due)  # on the tick clock, maybe a test's
         self._last_tick_due = time.monotonic() - late_s
         rows = self._gather(live)
         step_started = clock.monotonic()
@@ -469,8 +477,10 @@ class LockstepScheduler:
         except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
             self._fail([row.lease for row in rows] + [lease for _, lease in prefill], "step")
             outputs = None
-        step_s = clock.monotonic() - step_started
+        scatter_started = clock.monotonic()
+        step_s = scatter_started - step_started
         wake = self._scatter(rows, outputs) if outputs is not None else []
+        scatter_s = clock.monotonic() - scatter_started
 
         with self._cond:
             for index, lease in finished_prefill:
@@ -480,11 +490,16 @@ class LockstepScheduler:
                     if lease.loop is not None:
                         wake.append((lease.loop, lease))
         duration_s = clock.monotonic() - tick_started
-        self.metrics.step_seconds.observe(step_s)
-        self.metrics.tick_seconds.observe(duration_s)
+        control_s, gather_s = gather_started - tick_started, step_started - gather_started
+        metrics = self.metrics
+        metrics.step_seconds.observe(step_s)
+        metrics.tick_seconds.observe(duration_s)
+        metrics.control_seconds.observe(control_s)
+        metrics.gather_seconds.observe(gather_s)
+        metrics.scatter_seconds.observe(scatter_s)
         # Last: the woken loop competes for the GIL, so let it in only once the tick is done.
         self._notifier.notify(wake)
-        return _TickWork(step_s, duration_s, len(live), len(prefill))
+        return _TickWork(step_s, duration_s, len(live), len(prefill), control_s, gather_s, scatter_s)
 
     def _apply_control_ops(self) -> None:
         with self._cond:

@@ -335,6 +335,32 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
         await asyncio.to_thread(scheduler.stop, 5)
 
 
+class SlowOpeningModel(RecordingModel):
+    def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
+        time.sleep(0.03)  # a slot opening that clears device memory and syncs
+        return super().open_slot(slot, prompt)
+
+
+def test_a_tick_that_spends_its_time_opening_slots_shows_it_as_control_not_step() -> None:
+    """The phases around the step are what tells a stall outside the model (openings, the rows'
+    input, handing outputs back) from a slow step."""
+    scheduler, _model, registry = make_scheduler(SlowOpeningModel())
+    scheduler.acquire()
+    scheduler.acquire()
+    scheduler.tick()
+
+    def phase(name: str, sample: str = "sum") -> float:
+        return registry.get_sample_value(f"rtserve_lockstep_tick_phase_seconds_{sample}", {"phase": name}) or 0.0
+
+    assert phase("control") >= 0.06
+    assert metric(registry, "rtserve_lockstep_step_seconds_sum") < 0.03
+    assert all(phase(name, "count") == 1 for name in ("control", "gather", "scatter"))
+    parts = (
+        phase("control") + phase("gather") + phase("scatter") + metric(registry, "rtserve_lockstep_step_seconds_sum")
+    )
+    assert parts == pytest.approx(metric(registry, "rtserve_lockstep_tick_seconds_sum"), abs=0.005)
+
+
 def test_metrics_describe_the_batch_and_every_tick() -> None:
     scheduler, _model, registry = make_scheduler()
     assert metric(registry, "rtserve_lockstep_slots") == 4
