@@ -61,7 +61,7 @@ import msgpack
 import numpy as np
 import pyspy
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, histogram_quantile, scrape
+from server_process import ServerProcess, histogram_quantile, scrape, tick_parts_p99_ms
 
 from rtserve.codecs.pcm import FloatArray
 
@@ -557,10 +557,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         for q in (0.5, 0.99):
             seconds = histogram_quantile(metrics_before, metrics_after, f"{family}{name}_seconds", q)
             point[f"{name}_p{round(q * 100)}_ms"] = seconds * 1e3
-    for phase in ("control", "gather", "scatter"):  # a tick's parts around the step: which one stalls
-        label = f'phase="{phase}"'
-        seconds = histogram_quantile(metrics_before, metrics_after, f"{family}tick_phase_seconds", 0.99, label)
-        point[f"{phase}_p99_ms"] = seconds * 1e3
+    point |= tick_parts_p99_ms(metrics_before, metrics_after, family)  # which part of a long tick stalls
     if args.route == "asr":
         point |= asr_point(args, logs, window, ends)
     else:

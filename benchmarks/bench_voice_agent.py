@@ -60,7 +60,7 @@ import pyspy
 import voice_agent_kit
 from bench_kyutai_served import VOICE, Reply, stalls, write_stt_weights, write_tts_weights  # benchmarks/ on sys.path
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
-from server_process import ServerProcess, free_port, histogram_quantile, scrape
+from server_process import ServerProcess, free_port, histogram_quantile, scrape, tick_parts_p99_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -320,6 +320,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
     for engine in ("stt", "tts"):
         seconds = histogram_quantile(metrics_before, metrics_after, f"rtserve_kyutai_{engine}_tick_seconds", 0.99)
         point[f"{engine}_tick_p99_ms"] = seconds * 1e3
+        parts = tick_parts_p99_ms(metrics_before, metrics_after, f"rtserve_kyutai_{engine}_")
+        point |= {f"{engine}_{name}": value for name, value in parts.items()}
     return point
 
 

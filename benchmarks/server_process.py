@@ -212,3 +212,13 @@ def histogram_quantile(
             return lower_bound + (bound - lower_bound) * ((target - lower_count) / span if span else 1.0)
         lower_bound, lower_count = bound, count
     return buckets[-1][0]
+
+
+def tick_parts_p99_ms(before: dict[str, float], after: dict[str, float], family: str) -> dict[str, float]:
+    """p99 of a lockstep engine's tick parts around the step (``{family}tick_phase_seconds``, e.g.
+    ``rtserve_kyutai_stt_``) between two scrapes: ``control_p99_ms``, ``gather_p99_ms``, ``scatter_p99_ms``."""
+    return {
+        f"{phase}_p99_ms": 1e3
+        * histogram_quantile(before, after, f"{family}tick_phase_seconds", 0.99, f'phase="{phase}"')
+        for phase in ("control", "gather", "scatter")
+    }
