@@ -61,7 +61,7 @@ import msgpack
 import numpy as np
 import pyspy
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, histogram_quantile, scrape, tick_parts_p99_ms
+from server_process import ServerProcess, full_collections, histogram_quantile, scrape, tick_parts_p99_ms
 
 from rtserve.codecs.pcm import FloatArray
 
@@ -558,6 +558,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
             seconds = histogram_quantile(metrics_before, metrics_after, f"{family}{name}_seconds", q)
             point[f"{name}_p{round(q * 100)}_ms"] = seconds * 1e3
     point |= tick_parts_p99_ms(metrics_before, metrics_after, family)  # which part of a long tick stalls
+    point |= full_collections(metrics_before, metrics_after)  # or whether a collection held the GIL
     if args.route == "asr":
         point |= asr_point(args, logs, window, ends)
     else:
@@ -639,6 +640,8 @@ ASR_COLUMNS = [
     ("ctl p99", "control_p99_ms", "{:.1f}"),
     ("gath p99", "gather_p99_ms", "{:.1f}"),
     ("scat p99", "scatter_p99_ms", "{:.1f}"),
+    ("gc2", "gc_full_collections", "{:.0f}"),
+    ("gc2 p99", "gc_full_pause_p99_ms", "{:.0f}"),
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),

@@ -222,3 +222,18 @@ def tick_parts_p99_ms(before: dict[str, float], after: dict[str, float], family:
         * histogram_quantile(before, after, f"{family}tick_phase_seconds", 0.99, f'phase="{phase}"')
         for phase in ("control", "gather", "scatter")
     }
+
+
+def full_collections(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The server's full (generation 2) garbage collections between two scrapes, all processes
+    together: how many, and their p99 pause (``rtserve_gc_pause_seconds``; each holds the GIL)."""
+    label = 'generation="2"'
+    counts = [
+        v - before.get(k, 0.0)
+        for k, v in after.items()
+        if k.startswith("rtserve_gc_pause_seconds_count") and label in k
+    ]
+    return {
+        "gc_full_collections": sum(counts),
+        "gc_full_pause_p99_ms": 1e3 * histogram_quantile(before, after, "rtserve_gc_pause_seconds", 0.99, label),
+    }
