@@ -169,14 +169,15 @@ async def test_a_server_with_no_speech_to_text_answers_404_before_the_handshake(
     assert json.loads(response.body or b"{}")["error"]["code"] == "asr_streaming_unavailable"
 
 
-async def test_paged_int8_kv_serves_streams_and_refuses_one_that_finds_no_free_block(
-    config: ServerConfig, stt_weights: Path
+@pytest.mark.parametrize("kv_cache", ["paged_int8", "paged_int4"])
+async def test_paged_kv_serves_streams_and_refuses_one_that_finds_no_free_block(
+    config: ServerConfig, stt_weights: Path, kv_cache: str
 ) -> None:
-    """``stt_engine.kv_cache: paged_int8`` with a pool of one block: the first stream holds it and
-    is transcribed; a second stream is refused with a typed error, and the first goes on."""
+    """``stt_engine.kv_cache: paged_int8`` (or 4-bit) with a pool of one block: the first stream
+    holds it and is transcribed; a second stream is refused with a typed error, and the first goes on."""
     paged = _config(config, stt_weights, 30.0)
     paged.stt_engine = paged.stt_engine.model_copy(
-        update={"kv_cache": "paged_int8", "kv_block_frames": 8, "kv_pool_frames": 8}
+        update={"kv_cache": kv_cache, "kv_block_frames": 8, "kv_pool_frames": 8}
     )
     async with serve_app(build_app(paged)) as base:
         url = base.replace("http://", "ws://") + "/api/asr-streaming"
