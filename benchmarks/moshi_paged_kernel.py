@@ -1,8 +1,9 @@
 """One temporal attention layer at the 7B shape (32 heads x 128): bf16 SDPA over a ring span
-(what the bf16 engine runs) against the paged int8 Triton kernel, per variant (ring slots
-per program, warps, slots per loop step, pipeline stages), at B rows of ``fill`` frames.
-Prints ms and the achieved rate over the bytes each must read (bf16: 2 B per K/V element;
-int8: 1 B plus a 4 B scale per frame and head); JSON to ``benchmarks/results/moshi_paged_kernel.json``. CUDA only.
+(what the bf16 engine runs) against the paged Triton kernel in 8 and 4 bits (``--bits``), per
+variant (ring slots per program, warps, slots per loop step, pipeline stages), at B rows of
+``fill`` frames. Prints ms and the achieved rate over the bytes each must read (bf16: 2 B per
+K/V element; paged: 1 or 1/2 B plus a 4 B scale per frame and head); JSON to
+``benchmarks/results/moshi_paged_kernel.json``. CUDA only.
 """
 
 from __future__ import annotations
@@ -33,56 +34,54 @@ def main() -> None:
         default="512x1x32x2,256x1x32x2,3008x1x32x2,512x2x64x2,512x4x64x2,512x1x16x2",
         help="ring slots per program x warps x slots per loop step x stages, comma list",
     )
+    parser.add_argument("--bits", type=int, nargs="+", choices=[8, 4], default=[8, 4])
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = torch.device("cuda")
-    spec = PagedKVSpec(num_blocks=1, block_size=BLOCK)
-    width = spec.width(CONTEXT)
+    width = PagedKVSpec(num_blocks=1, block_size=BLOCK).width(CONTEXT)
     capacity = width * BLOCK
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         used = args.fill // BLOCK + 1
-        spec = PagedKVSpec(num_blocks=batch * used, block_size=BLOCK)
         table = torch.zeros(batch, width, dtype=torch.int32, device=device)
         table[:, :used] = torch.randperm(batch * used, device=device).view(batch, used).int() + 1
-        cache = PagedKVCache.empty(spec, HEADS, DIM, table)
-        for pool in (cache.keys, cache.values):
-            pool.random_(-127, 128)
-        for scales in (cache.key_scales, cache.value_scales):
-            scales.uniform_(0.01, 0.03)
         offset = torch.full((batch,), args.fill, device=device)
         floor = torch.zeros(batch, dtype=torch.long, device=device)
         span = -(-(args.fill + 1) // 256) * 256
         q = torch.randn(batch, HEADS, 1, DIM, device=device, dtype=torch.bfloat16)
-        frames = args.fill + 1
-        int8_bytes = batch * HEADS * frames * 2 * (DIM + 4)
-        row: dict = {"batch": batch, "fill": args.fill, "int8_bytes": int8_bytes}
-        keys, values = cache.gather(span, torch.bfloat16)
         plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor, dtype=q.dtype)
-        want = F.scaled_dot_product_attention(q, keys, values, plan.mask)
-        ms = triton.testing.do_bench(
-            functools.partial(F.scaled_dot_product_attention, q, keys, values, plan.mask), return_mode="median"
-        )
-        bf16_bytes = batch * HEADS * span * 2 * DIM * 2
-        row["bf16_sdpa"] = {"ms": ms, "tb_s": bf16_bytes / ms / 1e9}
-        del keys, values
-        for variant in args.variants.split(","):
-            chunk, warps, tile, stages = (int(x) for x in variant.split("x"))
-            options = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
-            got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)
-            err = float((got.float() - want.float()).norm() / want.float().norm())
-            decode = functools.partial(paged_decode, q, cache, offset, floor, span, capacity, CONTEXT, **options)
-            ms = triton.testing.do_bench(decode, return_mode="median")
-            row[variant] = {"ms": ms, "tb_s": int8_bytes / ms / 1e9, "rel_err_vs_sdpa": err}
+        row: dict = {"batch": batch, "fill": args.fill}
+        for bits in args.bits:
+            cache = PagedKVCache.empty(PagedKVSpec(batch * used, BLOCK, bits), HEADS, DIM, table)
+            for pool in (cache.keys, cache.values):
+                pool.random_(-128, 128)  # any byte: a value, or two nibbles
+            for scales in (cache.key_scales, cache.value_scales):
+                scales.uniform_(0.01, 0.03)
+            keys, values = cache.gather(span, torch.bfloat16)
+            want = F.scaled_dot_product_attention(q, keys, values, plan.mask)
+            if "bf16_sdpa" not in row:
+                sdpa = functools.partial(F.scaled_dot_product_attention, q, keys, values, plan.mask)
+                ms = triton.testing.do_bench(sdpa, return_mode="median")
+                row["bf16_sdpa"] = {"ms": ms, "tb_s": batch * HEADS * span * 2 * DIM * 2 / ms / 1e9}
+            del keys, values
+            paged_bytes = batch * HEADS * (args.fill + 1) * 2 * (DIM * bits // 8 + 4)
+            for variant in args.variants.split(","):
+                chunk, warps, tile, stages = (int(x) for x in variant.split("x"))
+                options = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
+                got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)
+                err = float((got.float() - want.float()).norm() / want.float().norm())
+                decode = functools.partial(paged_decode, q, cache, offset, floor, span, capacity, CONTEXT, **options)
+                ms = triton.testing.do_bench(decode, return_mode="median")
+                row[f"int{bits} {variant}"] = {"ms": ms, "tb_s": paged_bytes / ms / 1e9, "rel_err_vs_sdpa": err}
+            del cache
+            torch.cuda.empty_cache()
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del cache
-        torch.cuda.empty_cache()
-    print(f"{'B':>4} {'variant':>10} {'ms':>8} {'TB/s':>6}")
+    print(f"{'B':>4} {'variant':>16} {'ms':>8} {'TB/s':>6}")
     for row in rows:
         for name, r in row.items():
             if isinstance(r, dict):
-                print(f"{row['batch']:>4} {name:>10} {r['ms']:>8.3f} {r['tb_s']:>6.2f}")
+                print(f"{row['batch']:>4} {name:>16} {r['ms']:>8.3f} {r['tb_s']:>6.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
 
