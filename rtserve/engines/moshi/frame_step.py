@@ -135,14 +135,15 @@ class FrameStep:
         self.positions[row] = frames
 
     def randomize_kv_pools(self) -> None:
-        """Benchmarking (paged KV): random int8 keys and values in every block, scaled as N(0, 1)
-        entries quantize, for rows started by ``advance`` to read."""
+        """Benchmarking (paged KV): random keys and values in every block (any byte: an int8
+        value or two 4-bit ones), scaled as N(0, 1) entries quantize, for rows started by
+        ``advance`` to read."""
         for cache in self.lm.transformer.caches:
             if isinstance(cache, PagedKVCache):
                 for pool in (cache.keys, cache.values):
-                    pool.random_(-127, 128)
+                    pool.random_(-128, 128)
                 for scales in (cache.key_scales, cache.value_scales):
-                    scales.fill_(3.0 / 127)
+                    scales.fill_(3.0 / (2 ** (cache.bits - 1) - 1))
 
     def span(self, active: npt.NDArray[np.bool_] | None = None) -> int:
         """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all
