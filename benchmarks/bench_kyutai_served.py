@@ -743,7 +743,9 @@ def main() -> None:
     parser.add_argument(
         "--think-s", type=float, default=0.0, help="tts: pause between a reply's end and the next (0: back to back)"
     )
-    parser.add_argument("--kv-cache", choices=["ring", "paged_int8"], default="ring", help="asr: stt_engine.kv_cache")
+    parser.add_argument(
+        "--kv-cache", choices=["ring", "paged_int8", "paged_int4"], default="ring", help="asr: stt_engine.kv_cache"
+    )
     parser.add_argument("--weights-dir", type=Path, help="where the random weights are written (kept, reused)")
     parser.add_argument(
         "--server-threads", type=int, help="OMP_NUM_THREADS of the server (torch intra-op threads); default: unset"
