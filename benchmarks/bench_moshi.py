@@ -59,7 +59,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import numpy as np
@@ -299,7 +298,6 @@ BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI
 async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
     duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
     echo = args.engine == "loopback"
-    profile: dict[str, Any] | None = None
     env = {BATCH_ENV[args.engine]: str(clients), "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
     if args.context_fill is not None:  # the steady state of long conversations (docs/engines.md#context-fill)
         env["RTSERVE_MOSHI_ENGINE__CONTEXT_FILL_FRAMES"] = json.dumps(args.context_fill)
@@ -334,22 +332,16 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
             )
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             before, cpu_before = await scrape(http, server.base), server.cpu_by_process()
-            profiler = (
-                pyspy.start(server.engine_pid(), window[1] - window[0], args.profile_engine)
-                if args.profile_engine
-                else None
-            )
+            spy = args.profile_engine
+            profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             after, cpu_after = await scrape(http, server.base), server.cpu_by_process()
-            if profiler is not None:
-                profile = await asyncio.to_thread(pyspy.finish, profiler, args.profile_engine)
+            await asyncio.to_thread(pyspy.report, profiler, spy, f"engine process, N={clients} workers={workers}")
             measured_s = window[1] - window[0]
             results = await shards
     finally:
         server.stop()
 
-    if profile is not None:
-        pyspy.print_profile(f"engine process, N={clients} workers={workers}", profile)
     logs = merge_logs(results, ranges, clients)
     lateness = [v for log in logs for v in cadence_lateness(log, window)]
     latencies: list[float] = []

@@ -36,7 +36,7 @@ from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.generator import StepOverrides, TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
-from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache
+from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, qmax
 from rtserve.engines.moshi.sampling import SlotSampler
 
 # Temporal attention spans are multiples of this many frames (each one graph).
@@ -143,7 +143,7 @@ class FrameStep:
                 for pool in (cache.keys, cache.values):
                     pool.random_(-128, 128)
                 for scales in (cache.key_scales, cache.value_scales):
-                    scales.fill_(3.0 / (2 ** (cache.bits - 1) - 1))
+                    scales.fill_(3.0 / qmax(cache.bits))
 
     def span(self, active: npt.NDArray[np.bool_] | None = None) -> int:
         """The fewest ring slots (a bucket) that hold the context of every ``active`` row (all

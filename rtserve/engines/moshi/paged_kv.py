@@ -82,14 +82,19 @@ def paged_kv_spec(settings: KvCacheSection, batch_size: int, context: int) -> Pa
     )
 
 
+def qmax(bits: int) -> float:
+    """The largest stored integer of a ``bits``-wide symmetric store (127 in 8 bits, 7 in 4)."""
+    return float(2 ** (bits - 1) - 1)
+
+
 def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """``[..., D]`` -> integer values in ``[-qmax, qmax]`` (int8, unpacked) and fp32 scales ``[...]``
-    (symmetric per vector, ``qmax = 2**(bits - 1) - 1``; never NaN)."""
-    qmax = float(2 ** (bits - 1) - 1)
+    (symmetric per vector; never NaN)."""
+    top = qmax(bits)
     x32 = x.float()
-    scale = torch.nan_to_num(x32.abs().amax(-1) / qmax, nan=0.0, posinf=0.0)
+    scale = torch.nan_to_num(x32.abs().amax(-1) / top, nan=0.0, posinf=0.0)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.nan_to_num(x32 / safe[..., None], nan=0.0).round().clamp(-qmax, qmax).to(torch.int8)
+    q = torch.nan_to_num(x32 / safe[..., None], nan=0.0).round().clamp(-top, top).to(torch.int8)
     return q, scale
 
 
