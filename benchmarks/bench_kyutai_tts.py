@@ -12,6 +12,8 @@ temperature 0.6 (top-k 250 audio / 25 text: the published ``lm_gen_config`` and 
 defaults), CFG 2.0 as the distilled condition, one random voice per row; every row has ample text
 (random word tokens), so every row steps every frame. The first ``--warmup`` frames (the audio
 delay, where the reference skips its depformer) are not timed.
+``--sides ours-text`` times our text-only step instead (every row inside its audio delay: no
+depformer, no decoding; docs/engines.md#text-only-steps), over the delay's frames after 3 warm-up steps.
 
 Shape: kyutai/tts-1.6b-en_fr's ``config.json`` as ``TTS_1_6B`` transcribes it, random bf16
 weights; Mimi fp32, 32 codebooks. ``tiny`` (CPU) keeps the script testable.
@@ -173,7 +175,11 @@ def words(raw: dict[str, Any], count: int, seed: int) -> list[list[int]]:
     return [gen.integers(10, raw["text_card"], WORD_TOKENS).tolist() for _ in range(count)]
 
 
-def run_ours(loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch: int, args: Any) -> dict[str, float]:
+def run_ours(
+    loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch: int, args: Any, *, speak: bool = True
+) -> dict[str, float]:
+    """``speak`` False: the text-only step of rows inside their audio delay, which lasts
+    ``young_steps`` frames: 3 warm-up steps and at most the rest timed."""
     device = loaded.lm.text_linear.weight.device
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
     model = KyutaiTTSModel(loaded, batch, settings=settings)
@@ -183,12 +189,13 @@ def run_ours(loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch:
         for tokens in words(raw, settings.max_words, slot):
             model.push_word(slot, tokens, 0)
     times = []
-    for i in range(args.warmup + args.frames):
+    warmup, timed = (args.warmup, args.frames) if speak else (3, min(args.frames, model.young_steps - 3))
+    for i in range(warmup + timed):
         sync(device)
         start = time.perf_counter()
-        frames = model.step()
+        frames = model.step(speak=speak)
         sync(device)
-        if i >= args.warmup:
+        if i >= warmup:
             times.append(1000 * (time.perf_counter() - start))
     assert all(frame is not None and frame.stepped for frame in frames), "a row waited: too little text"
     del model
@@ -242,7 +249,9 @@ def run_reference(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default=None, help="comma list (default 16,64,128 on CUDA, 1,2 on CPU)")
-    parser.add_argument("--sides", default="ours,reference")
+    parser.add_argument(
+        "--sides", default="ours,reference", help="of ours, ours-text (the text-only step of new replies), reference"
+    )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -268,7 +277,7 @@ def main() -> None:
                     if side == "reference":
                         row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args)
                     else:
-                        row[side] = run_ours(loaded, raw, voice, batch, args)
+                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=side != "ours-text")
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}
                 gc.collect()

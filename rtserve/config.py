@@ -494,6 +494,14 @@ class TtsEngineConfig(_Section):
         description="step as fast as the model allows while a stream with text has room in its output queue "
         "(audio made ahead of playback: first audio without waiting for 80 ms ticks); false: one step per tick",
     )
+    catch_up_steps: int = Field(
+        4,
+        ge=0,
+        le=16,
+        description="with run_ahead: text-only steps of new replies (inside their audio delay) before each full "
+        "step while older streams wait for theirs; brings first audio forward (0: only when no older stream "
+        "would step)",
+    )
 
 
 class DiffusionEngineConfig(_Section):

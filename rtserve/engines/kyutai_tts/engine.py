@@ -103,7 +103,9 @@ class KyutaiTTSEngine:
         model = self._build(loaded)
         self._model = model
         self.sample_rate = model.sample_rate
-        self._frame_model = TTSFrameModel(model)
+        settings = self._config.tts_engine
+        # Paced (no run ahead), every stream must step every tick: no catching up at their cost.
+        self._frame_model = TTSFrameModel(model, catch_up_steps=settings.catch_up_steps if settings.run_ahead else 0)
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
@@ -113,7 +115,7 @@ class KyutaiTTSEngine:
             name="kyutai_tts",
             clock=self._clock,
             audio_input=False,
-            run_ahead=self._frame_model if self._config.tts_engine.run_ahead else None,
+            run_ahead=self._frame_model if settings.run_ahead else None,
         )
         self._scheduler.start()
         log.info("kyutai tts engine serving %d streams", model.batch_size)

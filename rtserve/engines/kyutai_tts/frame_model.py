@@ -18,6 +18,14 @@ the runtime's one small generalisation covers both rather than a second schedule
   ready row's reader has room (``ready_rows``), and holds back a row whose reader does not
   (not ``live`` that step).
 
+* **New replies catch up** (docs/engines.md#text-only-steps). A row inside its audio delay
+  (``young_rows``) makes only text, so it steps in the model's text-only step, a fraction of a
+  full one. A step where only young rows would step is text-only; while older rows wait to
+  run ahead, up to ``catch_up_steps`` text-only steps of the young rows go before each full
+  step (which steps the young rows too). A reply then reaches its first audio in about a third
+  of the time it would take stepping with the whole batch; older rows still get a full step
+  every ``catch_up_steps`` + 1 calls, well inside a frame.
+
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
 its audio, never a word boundary or the end.
@@ -41,8 +49,13 @@ _NO_AUDIO = np.zeros(0, np.float32)
 
 
 class TTSFrameModel:
-    def __init__(self, model: KyutaiTTSModel) -> None:
+    def __init__(self, model: KyutaiTTSModel, *, catch_up_steps: int = 0) -> None:
+        """``catch_up_steps``: text-only steps of young rows allowed before each full step while
+        older rows would step too (0: a text-only step only when no older row would step).
+        Only for a model run ahead of playback: paced, every row must step every tick."""
         self.model = model
+        self.catch_up_steps = catch_up_steps
+        self._text_only_run = 0  # text-only steps since the last full one
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
         self.sample_rate = model.sample_rate
@@ -96,10 +109,15 @@ class TTSFrameModel:
         (a row the scheduler holds back is not live) and only rows that stepped answer."""
         model = self.model
         outputs: list[FrameOutput | None] = [None] * self.batch_size
-        active = torch.from_numpy(live).to(model.device)
-        if not bool((model.open & model.machine.ready() & active).any()):
+        stepping = self.ready_rows() & live
+        if not stepping.any():
             return outputs
-        for slot, frame in enumerate(model.step(active)):
+        young = stepping & model.young_rows()
+        older_wait = bool((stepping & ~young).any())
+        speak = not young.any() or (older_wait and self._text_only_run >= self.catch_up_steps)
+        self._text_only_run = 0 if speak else self._text_only_run + 1
+        active = torch.from_numpy(stepping if speak else young).to(model.device)
+        for slot, frame in enumerate(model.step(active, speak=speak)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
             self._steps[slot] += 1

@@ -15,9 +15,16 @@ classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_c
 every row has a twin row conditioned on nothing, and audio logits are
 ``null + (cond - null) * cfg_coef`` as the reference computes them.
 
+A row's first ``young_steps`` steps (the audio delay) only make text: every audio token is
+forced to "no token" and nothing is decoded. ``step(speak=False)`` is that step with the
+depformer and the decoder left out (about a third of a full step's time, measured in
+``benchmarks/bench_kyutai_tts.py``); only young rows step in it, and its effect on them, on their
+sampler draws and on every other row is exactly the full step's. Running it for new replies
+between full steps is what brings a reply's first audio forward (docs/engines.md#text-only-steps).
+
 On a GPU the step's device part (``_advance``: everything from the token column to the
-decoded frame) replays as one CUDA graph (``moshi.cuda_graph``): all its state is updated
-in place, so only the copy of its outputs to the host is left per tick
+decoded frame) replays as a CUDA graph, one per kind of step (``moshi.cuda_graph``): all its
+state is updated in place, so only the copy of its outputs to the host is left per tick
 (docs/engines.md#one-graph-per-frame).
 """
 
@@ -94,6 +101,8 @@ class KyutaiTTSModel:
         self.frame_rate = loaded.mimi_config.frame_rate
         self.codebooks = loaded.mimi.codebooks
         self.delay_steps = int(arch.audio_delay_s * self.frame_rate)
+        # Steps a fresh row makes before its first audio token may be other than "no token".
+        self.young_steps = self.delay_steps + min(c.delays[1 : 1 + self.codebooks], default=0)
         self.device = device = self.lm.text_linear.weight.device
         self.dtype = self.lm.text_linear.weight.dtype
         cross_spec = arch.conditioner(arch.fuser.cross[0]) if arch.fuser is not None and arch.fuser.cross else None
@@ -152,6 +161,7 @@ class KyutaiTTSModel:
         self.initial = torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
         self.open = torch.zeros(batch_size, dtype=torch.bool, device=device)
         self._open_host = np.zeros(batch_size, bool)
+        self._offsets_host = np.zeros(batch_size, np.int64)  # ``offsets`` as the host last read them
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
         self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
         if self.cfg_direct:
@@ -161,14 +171,15 @@ class KyutaiTTSModel:
                 source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
                 self.lm.transformer.set_cross_rows(twins, source.expand(batch_size, -1, -1))
-        self._graph: tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]] | None = None
+        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         if device.type == "cuda" if graph is None else graph:
             self._capture()
 
     def _capture(self) -> None:
-        """Capture ``_advance`` (no slot is open yet), then put every row back to fresh."""
+        """Capture ``_advance`` for both kinds of step (no slot is open yet), then put every row
+        back to fresh."""
         draws = self.sampler.draws.clone()
-        self._graph = capture_graphs(lambda _: self._advance(), [0], self.device)[0]
+        self._graphs = capture_graphs(self._advance, [True, False], self.device)
         every = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
         self.machine.reset_rows(every)
         self.lm.reset_rows(self._rows(every))
@@ -195,6 +206,7 @@ class KyutaiTTSModel:
         self.mimi.reset_decoder_rows(mask)
         self.cache[slot] = UNGENERATED_TOKEN
         self.offsets[slot] = 0
+        self._offsets_host[slot] = 0
         self.open[slot] = True
         self._open_host[slot] = True
         self._pending[slot] = 0
@@ -208,6 +220,11 @@ class KyutaiTTSModel:
         self.open[slot] = False
         self._open_host[slot] = False
         self._pending[slot] = 0
+
+    def young_rows(self) -> npt.NDArray[np.bool_]:
+        """Open rows still inside their audio delay: ``step(speak=False)`` steps them exactly."""
+        young: npt.NDArray[np.bool_] = self._open_host & (self._offsets_host < self.young_steps)
+        return young
 
     def pending_words(self, slot: int) -> int:
         return self._pending[slot]
@@ -234,24 +251,28 @@ class KyutaiTTSModel:
     # -- the batched step -------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, active: torch.Tensor | None = None) -> list[TTSFrame | None]:
-        """Advance every open slot that has enough text (and is ``active``, where given) by one frame."""
+    def step(self, active: torch.Tensor | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
+        """Advance every open slot that has enough text (and is ``active``, where given) by one
+        frame. ``speak`` False: only young rows (``young_rows``) step, without the depformer
+        and the decoder."""
         # Rows held back (their reader is behind) keep their state like waiting rows.
         if active is None:
             self.active.fill_(True)
         else:
             self.active.copy_(active)
-        if self._graph is None:
-            outputs = self._advance()
+        if not self._graphs:
+            outputs = self._advance(speak)
         else:
-            graph, outputs = self._graph
+            graph, outputs = self._graphs[speak]
             graph.replay()
         return self._read(*outputs)
 
-    def _advance(self) -> tuple[torch.Tensor, ...]:
+    def _advance(self, speak: bool) -> tuple[torch.Tensor, ...]:
         """The step's device part: every input and all state are tensors updated in place."""
         c, b = self.config, self.batch_size
         execute = self.open & self.machine.ready() & self.active
+        if not speak:  # a row past its audio delay would need the depformer: it waits
+            execute = execute & (self.offsets < self.young_steps)
         rows = torch.arange(b, device=self.device)
         used = 1 + self.codebooks
         # Codebooks past ``codebooks`` are never generated: their inputs are "no token".
@@ -278,6 +299,35 @@ class KyutaiTTSModel:
         text = machine.tokens
 
         tokens = [text]
+        if speak:
+            tokens += self._speak(hidden, text)
+        else:  # every audio token is "no token" yet; the draws move as the depformer's would
+            tokens += [torch.full_like(text, ZERO_TOKEN)] * self.codebooks
+            self.sampler.draws.add_(self.codebooks)
+        generated = torch.stack(tokens, dim=1)  # [B, 1 + codebooks]
+
+        offsets = self.offsets + execute.long()
+        write = offsets % self.ring
+        current = self.cache[rows, :used, write]
+        self.cache[rows, :used, write] = torch.where(execute[:, None], generated, current)
+        self.offsets.copy_(offsets)
+        index = (offsets[:, None] - c.max_delay + self.delays[:used][None]) % self.ring
+        frame = self.cache[rows[:, None], torch.arange(used, device=self.device)[None], index]
+        # Frame t (t = steps before this one - max_delay) carries real audio from t = delay_steps on.
+        audible = execute & (offsets - 1 - c.max_delay >= self.delay_steps)
+        if speak:
+            audio = self.mimi.decode(frame[:, 1:].clamp(min=0), hold=~audible).clamp(-0.99, 0.99)
+        else:  # nothing is audible yet: no row's decoder state moves
+            audio = torch.zeros(b, self.frame_size, device=self.device)
+        end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
+        done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
+
+        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, offsets > c.max_delay])
+        return flags, frame, audio.float()
+
+    def _speak(self, hidden: torch.Tensor, text: torch.Tensor) -> list[torch.Tensor]:
+        """The depformer's audio tokens of this frame, one per codebook, after ``text``."""
+        tokens: list[torch.Tensor] = []
         previous = text
         self.lm.depformer_begin()
         for codebook in range(self.codebooks):
@@ -292,27 +342,12 @@ class KyutaiTTSModel:
             token = torch.where(early, ZERO_TOKEN, token)
             tokens.append(token)
             previous = token
-        generated = torch.stack(tokens, dim=1)  # [B, 1 + codebooks]
-
-        offsets = self.offsets + execute.long()
-        write = offsets % self.ring
-        current = self.cache[rows, :used, write]
-        self.cache[rows, :used, write] = torch.where(execute[:, None], generated, current)
-        self.offsets.copy_(offsets)
-        index = (offsets[:, None] - c.max_delay + self.delays[:used][None]) % self.ring
-        frame = self.cache[rows[:, None], torch.arange(used, device=self.device)[None], index]
-        # Frame t (t = steps before this one - max_delay) carries real audio from t = delay_steps on.
-        audible = execute & (offsets - 1 - c.max_delay >= self.delay_steps)
-        audio = self.mimi.decode(frame[:, 1:].clamp(min=0), hold=~audible).clamp(-0.99, 0.99)
-        end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
-        done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
-
-        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, offsets > c.max_delay])
-        return flags, frame, audio.float()
+        return tokens
 
     def _read(self, flags: torch.Tensor, frame: torch.Tensor, audio: torch.Tensor) -> list[TTSFrame | None]:
         """The step's outputs to the host, one entry per open slot."""
         host = flags.cpu().numpy()
+        self._offsets_host += host[0]
         out = host[0] & host[5]
         codes_host = frame.cpu().numpy()
         audio_host = audio.cpu().numpy()

@@ -1,0 +1,136 @@
+"""Text-only steps (docs/engines.md#text-only-steps): a row inside its audio delay steps without
+the depformer and the decoder and comes out exactly as with full steps, sampled tokens included;
+a row past its delay never steps in one; ``TTSFrameModel`` runs new replies' text-only steps
+between full ones, so a new reply reaches its first audio in fewer calls, and every row's
+audio is still the model's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
+from rtserve.engines.kyutai_tts.loader import load_folder
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame, TTSSettings
+from rtserve.engines.kyutai_tts.script import ScriptSplitter
+from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.weights.source import WeightSource
+from tests.engines.kyutai_tts.test_tts_parity import engine
+from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
+
+TEXT = "the quick brown fox jumps over the lazy dog and runs far away"
+NO_INPUT = np.zeros((2, 1920), np.float32)
+LIVE = np.ones(2, bool)
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
+]
+
+
+def sampled_model(tiny: TinyTTS, device: str = "cpu") -> KyutaiTTSModel:
+    """On CUDA both kinds of step replay as captured graphs."""
+    loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
+    settings = TTSSettings(temperature=0.8, cfg_coef=2.0, voice_frames=VOICE_FRAMES)
+    voices = VoiceFolder(
+        WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
+    )
+    return KyutaiTTSModel(loaded, 2, settings=settings, voices=voices)
+
+
+def start(model: KyutaiTTSModel, slot: int, voice: str, seed: int) -> None:
+    model.open_slot(slot, model.resolve_voice(voice), seed)
+    splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+    for word in splitter.split(TEXT):
+        model.push_word(slot, list(word.tokens), word.padding)
+    model.end_of_stream(slot)
+
+
+def same_frame(ours: TTSFrame | None, full: TTSFrame | None) -> None:
+    assert ours is not None and full is not None
+    assert (ours.stepped, ours.words_started, ours.done) == (full.stepped, full.words_started, full.done)
+    assert (ours.codes is None) == (full.codes is None) and (ours.audio is None) == (full.audio is None)
+    if ours.codes is not None and full.codes is not None:
+        np.testing.assert_array_equal(ours.codes, full.codes)
+    if ours.audio is not None and full.audio is not None:
+        np.testing.assert_array_equal(ours.audio, full.audio)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_young_row_steps_text_only_exactly_as_with_full_steps_sampled(tiny_tts: TinyTTS, device: str) -> None:
+    ours, full = sampled_model(tiny_tts, device), sampled_model(tiny_tts, device)
+    for model in (ours, full):
+        start(model, 0, "alice", seed=7)
+        for _ in range(ours.young_steps + 3):  # row 0 is past its audio delay
+            model.step()
+        start(model, 1, "bob", seed=11)
+    only_new = torch.tensor([False, True], device=device)
+    for _ in range(ours.young_steps):
+        assert ours.young_rows().tolist() == [False, True]
+        text_only, stepped = ours.step(only_new, speak=False), full.step(only_new)
+        same_frame(text_only[1], stepped[1])
+        assert text_only[1] is not None and text_only[1].stepped
+    assert not ours.young_rows().any()
+    for _ in range(30):  # both rows speak on: no state (KV, decoder, draws, text machine) moved apart
+        for mine, theirs in zip(ours.step(), full.step(), strict=True):
+            same_frame(mine, theirs)
+
+
+def test_a_row_past_its_audio_delay_does_not_step_text_only(tiny_tts: TinyTTS) -> None:
+    model = sampled_model(tiny_tts)
+    start(model, 0, "alice", seed=1)
+    for _ in range(model.young_steps):
+        model.step()
+    steps_before = model.offsets.tolist()
+    frame = model.step(speak=False)[0]
+    assert frame is not None and not frame.stepped and frame.audio is None
+    assert model.offsets.tolist() == steps_before
+
+
+def _until_first_audio(frame_model: TTSFrameModel, slot: int) -> tuple[list[bool], list[np.ndarray]]:
+    """Each call's kind of step (True: full) until ``slot``'s first audio, and row 0's audio by then."""
+    kinds: list[bool] = []
+    step = frame_model.model.step
+
+    def recorded(active: torch.Tensor, *, speak: bool) -> list[TTSFrame | None]:
+        kinds.append(speak)
+        return step(active, speak=speak)
+
+    frame_model.model.step = recorded  # type: ignore[method-assign]
+    audio: list[np.ndarray] = []
+    for _ in range(200):
+        outputs = frame_model.step(NO_INPUT, LIVE)
+        if outputs[0] is not None and outputs[0].audio.size:
+            audio.append(outputs[0].audio)
+        new = outputs[slot]
+        if new is not None and new.audio.size:
+            return kinds, audio
+    raise AssertionError("no first audio")
+
+
+def test_new_replies_catch_up_between_full_steps_and_every_row_keeps_its_own_audio(tiny_tts: TinyTTS) -> None:
+    runs = {}
+    for catch_up in (0, 3):
+        frame_model = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0), catch_up_steps=catch_up)
+        model = frame_model.model
+        splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+        for slot, voice in ((0, "alice"), (1, "bob")):
+            if slot == 1:
+                for _ in range(model.young_steps + 4):  # row 0 speaks before row 1 opens
+                    frame_model.step(NO_INPUT, LIVE)
+            frame_model.begin(slot, model.resolve_voice(voice), None)
+            frame_model.push(slot, splitter.split(TEXT))
+            frame_model.end(slot)
+        runs[catch_up] = _until_first_audio(frame_model, 1)
+    (kinds_full, row0_full), (kinds_catch_up, row0_catch_up) = runs[0], runs[3]
+    young = engine(tiny_tts, 1, cfg_coef=2.0).young_steps
+    # Row 1 steps once a call either way, so its first audio comes on the same call; without
+    # catching up every call is a full step, with 3 its young steps go text-only, 3 of every 4.
+    assert len(kinds_catch_up) == len(kinds_full) and all(kinds_full)
+    assert kinds_catch_up[:4] == [False, False, False, True]
+    assert kinds_catch_up.count(False) == young - young // 4
+    assert len(row0_catch_up) == kinds_catch_up.count(True) < len(row0_full)  # row 0 held back, not starved
+    for ours, alone in zip(row0_catch_up, row0_full, strict=False):  # greedy: the same audio, in order
+        np.testing.assert_array_equal(ours, alone)
