@@ -642,6 +642,8 @@ ASR_COLUMNS = [
     ("scat p99", "scatter_p99_ms", "{:.1f}"),
     ("gc2", "gc_full_collections", "{:.0f}"),
     ("gc2 p99", "gc_full_pause_p99_ms", "{:.0f}"),
+    ("eng gc2", "engine_gc_full_collections", "{:.0f}"),
+    ("eng gc2 p99", "engine_gc_full_pause_p99_ms", "{:.0f}"),
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),

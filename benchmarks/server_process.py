@@ -189,17 +189,26 @@ def histogram_max(before: dict[str, float], after: dict[str, float], name: str, 
 
 
 def histogram_quantile(
-    before: dict[str, float], after: dict[str, float], name: str, q: float, label: str = ""
+    before: dict[str, float],
+    after: dict[str, float],
+    name: str,
+    q: float,
+    label: str = "",
+    *,
+    engine_only: bool = False,
 ) -> float:
     """Quantile of the observations made between two scrapes (linear within a bucket); ``label``
-    (e.g. ``phase="control"``) picks one series of a labelled histogram."""
-    buckets = []
+    (e.g. ``phase="control"``) picks one series of a labelled histogram. The series it matches
+    (one per process with workers) are summed bucket by bucket; ``engine_only``: the engine
+    process's alone (the samples workers pushed carry ``worker="i"``)."""
+    counts: dict[float, float] = {}
     for key, value in after.items():
-        if key.startswith(name + "_bucket") and label in key:
+        if key.startswith(name + "_bucket") and label in key and not (engine_only and _WORKER_LABEL.search(key)):
             le = re.search(r'le="([^"]+)"', key)
             if le:
-                buckets.append((float(le.group(1)), value - before.get(key, 0.0)))
-    buckets.sort()
+                bound = float(le.group(1))
+                counts[bound] = counts.get(bound, 0.0) + value - before.get(key, 0.0)
+    buckets = sorted(counts.items())
     if not buckets or buckets[-1][1] <= 0:
         return float("nan")
     target = q * buckets[-1][1]
@@ -225,15 +234,19 @@ def tick_parts_p99_ms(before: dict[str, float], after: dict[str, float], family:
 
 
 def full_collections(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The server's full (generation 2) garbage collections between two scrapes, all processes
-    together: how many, and their p99 pause (``rtserve_gc_pause_seconds``; each holds the GIL)."""
+    """The server's full (generation 2) garbage collections between two scrapes (each holds its
+    process's GIL): how many in all processes together and in the engine process, and the p99
+    pause of each."""
     label = 'generation="2"'
-    counts = [
-        v - before.get(k, 0.0)
+    counts = {
+        k: v - before.get(k, 0.0)
         for k, v in after.items()
         if k.startswith("rtserve_gc_pause_seconds_count") and label in k
-    ]
+    }
+    name = "rtserve_gc_pause_seconds"
     return {
-        "gc_full_collections": sum(counts),
-        "gc_full_pause_p99_ms": 1e3 * histogram_quantile(before, after, "rtserve_gc_pause_seconds", 0.99, label),
+        "gc_full_collections": sum(counts.values()),
+        "gc_full_pause_p99_ms": 1e3 * histogram_quantile(before, after, name, 0.99, label),
+        "engine_gc_full_collections": sum(v for k, v in counts.items() if not _WORKER_LABEL.search(k)),
+        "engine_gc_full_pause_p99_ms": 1e3 * histogram_quantile(before, after, name, 0.99, label, engine_only=True),
     }

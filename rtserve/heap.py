@@ -64,12 +64,13 @@ def freeze_when_ready(engines: EngineSet) -> None:
     session engine is ready before the robot policy has loaded (torch, in a thread): a freeze then
     left that whole import, ~110k objects, for every later full collection to walk (60 ms on 2
     cores, up to 160 ms measured on a busy 16-core host, with every session of the process waiting).
-    Waking from sleep mode loads models again, and settles again."""
+    The same held for a Kyutai STT or TTS engine loading beside a session engine that does not
+    need it. Waking from sleep mode loads models again, and settles again."""
     was_settled = False
 
     def changed() -> None:
         nonlocal was_settled
-        settled = engines.ready and not engines.policy_loading
+        settled = engines.settled
         if settled and not was_settled:
             freeze_long_lived()
         was_settled = settled

@@ -87,6 +87,12 @@ class EngineSet:
         )
 
     @property
+    def settled(self) -> bool:
+        """Ready, and nothing left loading in the background: the robot policy, and engines that
+        the session engine does not wait for (a Kyutai STT or TTS engine beside a loopback one)."""
+        return self.ready and not self.policy_loading and all(task.done() for task in self._tasks)
+
+    @property
     def policy_configured(self) -> bool:
         return self.config.robot.policy != "none"
 
@@ -119,13 +125,16 @@ class EngineSet:
             loop.call_soon_threadsafe(self._changed)
 
         self._unsubscribe = BOARD.subscribe(download_changed)
-        self._tasks.append(asyncio.create_task(self._start_session_engine()))
+        starts = [self._start_session_engine()]
         if self._text_engine is not None:
-            self._tasks.append(asyncio.create_task(self._start_text_engine()))
+            starts.append(self._start_text_engine())
         if self.speech_engine is not None:
-            self._tasks.append(asyncio.create_task(self._start_speech_engine()))
+            starts.append(self._start_speech_engine())
         if self.stt_engine is not None:
-            self._tasks.append(asyncio.create_task(self._start_stt_engine()))
+            starts.append(self._start_stt_engine())
+        for start in starts:  # each one done (served or failed): the workers and the heap freeze learn it
+            self._tasks.append(asyncio.create_task(start))
+            self._tasks[-1].add_done_callback(lambda _: self._changed())
         self._policy_loading = asyncio.create_task(self._load_policy())
         self._policy_loading.add_done_callback(lambda _: self._changed())
 
@@ -199,19 +208,16 @@ class EngineSet:
         except Exception as exc:  # the server stays up and says why on /health
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("engine %s failed to start", name)
-        self._changed()
 
     async def _start_speech_engine(self) -> None:
         assert self.speech_engine is not None
         await self.speech_engine.start()  # a failure is kept by the engine: its routes refuse with it
         if self._speech_needed and self.speech_engine.failure:
             self.failure = self.speech_engine.failure
-        self._changed()
 
     async def _start_stt_engine(self) -> None:
         assert self.stt_engine is not None
         await self.stt_engine.start()  # a failure is kept by the engine: its streams are refused with it
-        self._changed()  # workers learn it serves (or why not)
 
     async def _start_text_engine(self) -> None:
         assert self._text_engine is not None
@@ -220,7 +226,6 @@ class EngineSet:
         except Exception as exc:  # chat answers 503 model_unavailable, /health failed; the log says why
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("vLLM text engine failed to start")
-        self._changed()
 
     async def _load_policy(self) -> PolicyBatcher | None:
         robot = self.config.robot
