@@ -494,13 +494,13 @@ class TtsEngineConfig(_Section):
         description="step as fast as the model allows while a stream with text has room in its output queue "
         "(audio made ahead of playback: first audio without waiting for 80 ms ticks); false: one step per tick",
     )
-    catch_up_steps: int = Field(
-        4,
+    catch_up_lead_ms: float = Field(
+        160.0,
         ge=0,
-        le=16,
-        description="with run_ahead: text-only steps of new replies (inside their audio delay) before each full "
-        "step while older streams wait for theirs; brings first audio forward (0: only when no older stream "
-        "would step)",
+        le=5000,
+        description="with run_ahead: new replies (inside their audio delay) step alone in the cheaper text-only "
+        "step while every older stream that would step has this much audio made ahead of its playback; brings "
+        "first audio forward (0: never hold an older stream back)",
     )
 
 

@@ -32,7 +32,7 @@ from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.stream import TTSStream
 from rtserve.engines.kyutai_tts.voices import VoiceError
-from rtserve.engines.lockstep.pacing import TickClock
+from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock
 from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
@@ -105,7 +105,9 @@ class KyutaiTTSEngine:
         self.sample_rate = model.sample_rate
         settings = self._config.tts_engine
         # Paced (no run ahead), every stream must step every tick: no catching up at their cost.
-        self._frame_model = TTSFrameModel(model, catch_up_steps=settings.catch_up_steps if settings.run_ahead else 0)
+        lead_s = settings.catch_up_lead_ms / 1e3 if settings.run_ahead else 0.0
+        clock = self._clock or SystemTickClock()
+        self._frame_model = TTSFrameModel(model, catch_up_lead_s=lead_s, clock=clock.monotonic)
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
@@ -113,7 +115,7 @@ class KyutaiTTSEngine:
             self._config.lockstep,
             metrics,
             name="kyutai_tts",
-            clock=self._clock,
+            clock=clock,
             audio_input=False,
             run_ahead=self._frame_model if settings.run_ahead else None,
         )

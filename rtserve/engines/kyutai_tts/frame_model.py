@@ -19,12 +19,14 @@ the runtime's one small generalisation covers both rather than a second schedule
   (not ``live`` that step).
 
 * **New replies catch up** (docs/engines.md#text-only-steps). A row inside its audio delay
-  (``young_rows``) makes only text, so it steps in the model's text-only step, a fraction of a
-  full one. A step where only young rows would step is text-only; while older rows wait to
-  run ahead, up to ``catch_up_steps`` text-only steps of the young rows go before each full
-  step (which steps the young rows too). A reply then reaches its first audio in about a third
-  of the time it would take stepping with the whole batch; older rows still get a full step
-  every ``catch_up_steps`` + 1 calls, well inside a frame.
+  (``young_rows``) makes only text, so it steps in the model's text-only step, about a third
+  of a full one. A step where only young rows would step is text-only. When older rows would
+  step too, the young rows go alone in a text-only step as long as every such older row has at
+  least ``catch_up_lead_s`` of audio made ahead of its playback (counted from its first audio
+  frame at real time); otherwise, or while an older row has not yet made its first audio, a
+  full step of everyone (the young rows included). A reply then reaches its first audio in
+  about a third of the time it takes stepping with the whole batch, and no older stream's
+  playback runs dry for it.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -32,6 +34,9 @@ its audio, never a word boundary or the end.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -49,13 +54,19 @@ _NO_AUDIO = np.zeros(0, np.float32)
 
 
 class TTSFrameModel:
-    def __init__(self, model: KyutaiTTSModel, *, catch_up_steps: int = 0) -> None:
-        """``catch_up_steps``: text-only steps of young rows allowed before each full step while
-        older rows would step too (0: a text-only step only when no older row would step).
-        Only for a model run ahead of playback: paced, every row must step every tick."""
+    def __init__(
+        self, model: KyutaiTTSModel, *, catch_up_lead_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``catch_up_lead_s``: the audio an older row must have ahead of its playback for the
+        young rows to step without it (0: never without it). Only for a model run ahead of
+        playback: paced, every row must step every tick. ``clock``: the scheduler's seconds."""
         self.model = model
-        self.catch_up_steps = catch_up_steps
-        self._text_only_run = 0  # text-only steps since the last full one
+        self.catch_up_lead_s = catch_up_lead_s
+        self._clock = clock
+        self._frame_s = model.frame_size / model.sample_rate
+        # Per row: when its first audio frame was made (nan: none yet), and how many since.
+        self._audio_start = np.full(model.batch_size, np.nan)
+        self._audio_frames = np.zeros(model.batch_size, np.int64)
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
         self.sample_rate = model.sample_rate
@@ -84,6 +95,8 @@ class TTSFrameModel:
         self.model.open_slot(slot, voice, seed)
         self._steps[slot] = self._words[slot] = 0
         self._overflow[slot] = False
+        self._audio_start[slot] = np.nan
+        self._audio_frames[slot] = 0
 
     def push(self, slot: int, words: list[Word]) -> None:
         """Queue words; the session keeps at most ``max_words`` unspoken here (past it: refused)."""
@@ -113,10 +126,9 @@ class TTSFrameModel:
         if not stepping.any():
             return outputs
         young = stepping & model.young_rows()
-        older_wait = bool((stepping & ~young).any())
-        speak = not young.any() or (older_wait and self._text_only_run >= self.catch_up_steps)
-        self._text_only_run = 0 if speak else self._text_only_run + 1
+        speak = not young.any() or self._older_need_a_step(stepping & ~young)
         active = torch.from_numpy(stepping if speak else young).to(model.device)
+        now = self._clock()
         for slot, frame in enumerate(model.step(active, speak=speak)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
@@ -124,6 +136,21 @@ class TTSFrameModel:
             self._words[slot] += frame.words_started
             self._overflow[slot] = self._overflow[slot] or frame.overflow
             audio = _NO_AUDIO if frame.audio is None else frame.audio.astype(np.float32, copy=False)
+            if frame.audio is not None:
+                if not self._audio_frames[slot]:
+                    self._audio_start[slot] = now
+                self._audio_frames[slot] += 1
             speech = SpeechStep(self._steps[slot], self._words[slot], frame.done, self._overflow[slot])
             outputs[slot] = FrameOutput(audio, speech=speech)
         return outputs
+
+    def _older_need_a_step(self, older: npt.NDArray[np.bool_]) -> bool:
+        """Whether rows past their audio delay that would step must step now: one has no audio
+        yet (a reply about to start) or less than ``catch_up_lead_s`` ahead of its playback."""
+        if not older.any():
+            return False
+        if self.catch_up_lead_s <= 0:
+            return True
+        made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
+        lead = made - self._clock()  # nan (no audio yet) compares False: such a row needs its step
+        return not bool((lead >= self.catch_up_lead_s).all())

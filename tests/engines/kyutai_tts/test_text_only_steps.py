@@ -110,27 +110,45 @@ def _until_first_audio(frame_model: TTSFrameModel, slot: int) -> tuple[list[bool
     raise AssertionError("no first audio")
 
 
-def test_new_replies_catch_up_between_full_steps_and_every_row_keeps_its_own_audio(tiny_tts: TinyTTS) -> None:
-    runs = {}
-    for catch_up in (0, 3):
-        frame_model = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0), catch_up_steps=catch_up)
-        model = frame_model.model
-        splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
-        for slot, voice in ((0, "alice"), (1, "bob")):
-            if slot == 1:
-                for _ in range(model.young_steps + 4):  # row 0 speaks before row 1 opens
-                    frame_model.step(NO_INPUT, LIVE)
-            frame_model.begin(slot, model.resolve_voice(voice), None)
-            frame_model.push(slot, splitter.split(TEXT))
-            frame_model.end(slot)
-        runs[catch_up] = _until_first_audio(frame_model, 1)
-    (kinds_full, row0_full), (kinds_catch_up, row0_catch_up) = runs[0], runs[3]
-    young = engine(tiny_tts, 1, cfg_coef=2.0).young_steps
-    # Row 1 steps once a call either way, so its first audio comes on the same call; without
-    # catching up every call is a full step, with 3 its young steps go text-only, 3 of every 4.
-    assert len(kinds_catch_up) == len(kinds_full) and all(kinds_full)
-    assert kinds_catch_up[:4] == [False, False, False, True]
-    assert kinds_catch_up.count(False) == young - young // 4
-    assert len(row0_catch_up) == kinds_catch_up.count(True) < len(row0_full)  # row 0 held back, not starved
-    for ours, alone in zip(row0_catch_up, row0_full, strict=False):  # greedy: the same audio, in order
+def _second_reply(tiny: TinyTTS, lead_s: float, *, late_s: float) -> tuple[list[bool], list[np.ndarray], int]:
+    """Row 0 speaks (its first 2 frames made while the clock stands still), then row 1 opens and
+    the clock moves ``late_s`` on: each call's kind of step until row 1's first audio, row 0's
+    audio by then, and the model's steps inside the audio delay."""
+    now = [0.0]
+    frame_model = TTSFrameModel(engine(tiny, 2, cfg_coef=2.0), catch_up_lead_s=lead_s, clock=lambda: now[0])
+    model = frame_model.model
+    splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+    frame_model.begin(0, model.resolve_voice("alice"), None)
+    frame_model.push(0, splitter.split(TEXT))
+    frame_model.end(0)
+    made = 0
+    while made < 2:
+        output = frame_model.step(NO_INPUT, LIVE)[0]
+        made += output is not None and output.audio.size > 0
+    frame_model.begin(1, model.resolve_voice("bob"), None)
+    frame_model.push(1, splitter.split(TEXT))
+    frame_model.end(1)
+    now[0] += late_s
+    return *_until_first_audio(frame_model, 1), model.young_steps
+
+
+def test_new_replies_step_text_only_while_older_ones_are_ahead_and_every_row_keeps_its_own_audio(
+    tiny_tts: TinyTTS,
+) -> None:
+    kinds_full, row0_full, young = _second_reply(tiny_tts, 0.0, late_s=0.0)
+    kinds, row0, _ = _second_reply(tiny_tts, 0.16, late_s=0.0)
+    # Row 1 steps once a call either way, so its first audio comes on the same call. Without
+    # catching up every call is a full step. With it, row 0 is 2 frames (160 ms) ahead: row 1's
+    # steps inside its delay go alone, text-only; once past it, full steps to its first audio.
+    assert len(kinds) == len(kinds_full) and all(kinds_full)
+    assert kinds == [False] * young + [True] * (len(kinds) - young)
+    assert len(row0) == len(kinds) - young < len(row0_full)  # row 0 held back, not starved
+    for ours, alone in zip(row0, row0_full, strict=False):  # greedy: the same audio, in order
         np.testing.assert_array_equal(ours, alone)
+
+
+def test_an_older_reply_short_of_lead_steps_before_new_replies_catch_up(tiny_tts: TinyTTS) -> None:
+    kinds, _, _ = _second_reply(tiny_tts, 0.16, late_s=0.1)
+    # 60 ms ahead: a full step makes it 140 ms (the clock stands still), another 220 ms; then
+    # row 1 goes on alone.
+    assert kinds[:3] == [True, True, False]
