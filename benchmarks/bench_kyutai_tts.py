@@ -12,8 +12,9 @@ temperature 0.6 (top-k 250 audio / 25 text: the published ``lm_gen_config`` and 
 defaults), CFG 2.0 as the distilled condition, one random voice per row; every row has ample text
 (random word tokens), so every row steps every frame. The first ``--warmup`` frames (the audio
 delay, where the reference skips its depformer) are not timed.
-``--sides ours-text`` times our text-only step instead (every row inside its audio delay: no
-depformer, no decoding; docs/engines.md#text-only-steps), over the delay's frames after 3 warm-up steps.
+``--sides ours-pre-audio`` times our pre-audio step instead (every row inside its audio delay:
+the depformer over the leading codebook(s) alone, no decoding; docs/engines.md#pre-audio-steps),
+over the delay's frames after 3 warm-up steps.
 
 Shape: kyutai/tts-1.6b-en_fr's ``config.json`` as ``TTS_1_6B`` transcribes it, random bf16
 weights; Mimi fp32, 32 codebooks. ``tiny`` (CPU) keeps the script testable.
@@ -178,7 +179,7 @@ def words(raw: dict[str, Any], count: int, seed: int) -> list[list[int]]:
 def run_ours(
     loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch: int, args: Any, *, speak: bool = True
 ) -> dict[str, float]:
-    """``speak`` False: the text-only step of rows inside their audio delay, which lasts
+    """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
     ``young_steps`` frames: 3 warm-up steps and at most the rest timed."""
     device = loaded.lm.text_linear.weight.device
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
@@ -250,7 +251,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default=None, help="comma list (default 16,64,128 on CUDA, 1,2 on CPU)")
     parser.add_argument(
-        "--sides", default="ours,reference", help="of ours, ours-text (the text-only step of new replies), reference"
+        "--sides", default="ours,reference", help="of ours, ours-pre-audio (a new reply's step before its audio), reference"
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
@@ -277,7 +278,7 @@ def main() -> None:
                     if side == "reference":
                         row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args)
                     else:
-                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=side != "ours-text")
+                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=side != "ours-pre-audio")
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}
                 gc.collect()

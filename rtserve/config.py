@@ -498,7 +498,7 @@ class TtsEngineConfig(_Section):
         160.0,
         ge=0,
         le=5000,
-        description="with run_ahead: new replies (inside their audio delay) step alone in the cheaper text-only "
+        description="with run_ahead: new replies (inside their audio delay) step alone in the cheaper pre-audio "
         "step while every older stream that would step has this much audio made ahead of its playback; brings "
         "first audio forward (0: never hold an older stream back)",
     )

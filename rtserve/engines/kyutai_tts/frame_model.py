@@ -18,15 +18,14 @@ the runtime's one small generalisation covers both rather than a second schedule
   ready row's reader has room (``ready_rows``), and holds back a row whose reader does not
   (not ``live`` that step).
 
-* **New replies catch up** (docs/engines.md#text-only-steps). A row inside its audio delay
-  (``young_rows``) makes only text, so it steps in the model's text-only step, about a third
-  of a full one. A step where only young rows would step is text-only. When older rows would
-  step too, the young rows go alone in a text-only step as long as every such older row has at
+* **New replies catch up** (docs/engines.md#pre-audio-steps). A row that makes no audio yet
+  (``young_rows``: its audio delay) steps in the model's pre-audio step, about a third of a
+  full one. A step where only young rows would step is a pre-audio step. When older rows would
+  step too, the young rows go alone in a pre-audio step as long as every such older row has at
   least ``catch_up_lead_s`` of audio made ahead of its playback (counted from its first audio
-  frame at real time); otherwise, or while an older row has not yet made its first audio, a
-  full step of everyone (the young rows included). A reply then reaches its first audio in
-  about a third of the time it takes stepping with the whole batch, and no older stream's
-  playback runs dry for it.
+  frame at real time); otherwise, or while an older row is about to make its first audio, a
+  full step of everyone (the young rows included). A reply then reaches its first audio sooner
+  than stepping with the whole batch, and no older stream's playback runs dry for it.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only

@@ -15,12 +15,15 @@ classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_c
 every row has a twin row conditioned on nothing, and audio logits are
 ``null + (cond - null) * cfg_coef`` as the reference computes them.
 
-A row's first ``young_steps`` steps (the audio delay) only make text: every audio token is
-forced to "no token" and nothing is decoded. ``step(speak=False)`` is that step with the
-depformer and the decoder left out (about a third of a full step's time, measured in
-``benchmarks/bench_kyutai_tts.py``); only young rows step in it, and its effect on them, on their
-sampler draws and on every other row is exactly the full step's. Running it for new replies
-between full steps is what brings a reply's first audio forward (docs/engines.md#text-only-steps).
+A row's first ``young_steps`` steps come before its first audio: the audio tokens whose delay
+has not passed are forced to "no token" and nothing is decoded. For the published checkpoints
+(codebook delays 0, 2, 2, ...) that is every audio token for ``delay_steps`` steps, then all but
+the first for two more. ``step(speak=False)`` is the pre-audio step: it walks the depformer over
+those first ``pre_audio_codebooks`` codebooks only and leaves the decoder out (about a third of
+a full step's time, measured in ``benchmarks/bench_kyutai_tts.py``). Only young rows step in
+it, and its effect on them, on their sampler draws and on every other row is exactly the full
+step's. Running it for new replies between full steps is what brings a reply's first audio
+forward (docs/engines.md#pre-audio-steps).
 
 On a GPU the step's device part (``_advance``: everything from the token column to the
 decoded frame) replays as a CUDA graph, one per kind of step (``moshi.cuda_graph``): all its
@@ -101,8 +104,12 @@ class KyutaiTTSModel:
         self.frame_rate = loaded.mimi_config.frame_rate
         self.codebooks = loaded.mimi.codebooks
         self.delay_steps = int(arch.audio_delay_s * self.frame_rate)
-        # Steps a fresh row makes before its first audio token may be other than "no token".
-        self.young_steps = self.delay_steps + min(c.delays[1 : 1 + self.codebooks], default=0)
+        # The leading codebooks of the smallest delay (when others lag them) are the only ones a
+        # row makes before its first audio; ``young_steps`` are the steps before the others start.
+        audio_delays = c.delays[1 : 1 + self.codebooks]
+        leading = next((k for k, d in enumerate(audio_delays) if d != audio_delays[0]), 0)
+        self.pre_audio_codebooks = leading
+        self.young_steps = self.delay_steps + min(audio_delays[leading:], default=0)
         self.device = device = self.lm.text_linear.weight.device
         self.dtype = self.lm.text_linear.weight.dtype
         cross_spec = arch.conditioner(arch.fuser.cross[0]) if arch.fuser is not None and arch.fuser.cross else None
@@ -222,7 +229,7 @@ class KyutaiTTSModel:
         self._pending[slot] = 0
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
-        """Open rows still inside their audio delay: ``step(speak=False)`` steps them exactly."""
+        """Open rows that make no audio yet: ``step(speak=False)`` steps them exactly."""
         young: npt.NDArray[np.bool_] = self._open_host & (self._offsets_host < self.young_steps)
         return young
 
@@ -253,8 +260,7 @@ class KyutaiTTSModel:
     @torch.no_grad()
     def step(self, active: torch.Tensor | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
         """Advance every open slot that has enough text (and is ``active``, where given) by one
-        frame. ``speak`` False: only young rows (``young_rows``) step, without the depformer
-        and the decoder."""
+        frame. ``speak`` False: the pre-audio step, where only young rows (``young_rows``) step."""
         # Rows held back (their reader is behind) keep their state like waiting rows.
         if active is None:
             self.active.fill_(True)
@@ -271,7 +277,7 @@ class KyutaiTTSModel:
         """The step's device part: every input and all state are tensors updated in place."""
         c, b = self.config, self.batch_size
         execute = self.open & self.machine.ready() & self.active
-        if not speak:  # a row past its audio delay would need the depformer: it waits
+        if not speak:  # a row past its audio delay would need every codebook: it waits
             execute = execute & (self.offsets < self.young_steps)
         rows = torch.arange(b, device=self.device)
         used = 1 + self.codebooks
@@ -300,10 +306,12 @@ class KyutaiTTSModel:
 
         tokens = [text]
         if speak:
-            tokens += self._speak(hidden, text)
-        else:  # every audio token is "no token" yet; the draws move as the depformer's would
-            tokens += [torch.full_like(text, ZERO_TOKEN)] * self.codebooks
-            self.sampler.draws.add_(self.codebooks)
+            tokens += self._speak(hidden, text, self.codebooks)
+        else:  # the later codebooks are "no token" yet; the draws move as the depformer's would
+            tokens += self._speak(hidden, text, self.pre_audio_codebooks)
+            skipped = self.codebooks - self.pre_audio_codebooks
+            tokens += [torch.full_like(text, ZERO_TOKEN)] * skipped
+            self.sampler.draws.add_(skipped)
         generated = torch.stack(tokens, dim=1)  # [B, 1 + codebooks]
 
         offsets = self.offsets + execute.long()
@@ -325,12 +333,12 @@ class KyutaiTTSModel:
         flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, offsets > c.max_delay])
         return flags, frame, audio.float()
 
-    def _speak(self, hidden: torch.Tensor, text: torch.Tensor) -> list[torch.Tensor]:
-        """The depformer's audio tokens of this frame, one per codebook, after ``text``."""
+    def _speak(self, hidden: torch.Tensor, text: torch.Tensor, codebooks: int) -> list[torch.Tensor]:
+        """The depformer's audio tokens of this frame for its first ``codebooks``, after ``text``."""
         tokens: list[torch.Tensor] = []
         previous = text
         self.lm.depformer_begin()
-        for codebook in range(self.codebooks):
+        for codebook in range(codebooks):
             given = torch.cat([previous, previous]) if self.cfg_direct else previous
             logits = self.lm.depformer_logits(codebook, hidden, given)
             if self.cfg_direct:

@@ -1,8 +1,8 @@
-"""Text-only steps (docs/engines.md#text-only-steps): a row inside its audio delay steps without
-the depformer and the decoder and comes out exactly as with full steps, sampled tokens included;
-a row past its delay never steps in one; ``TTSFrameModel`` runs new replies' text-only steps
-between full ones, so a new reply reaches its first audio in fewer calls, and every row's
-audio is still the model's own."""
+"""Pre-audio steps (docs/engines.md#pre-audio-steps): a row inside its audio delay steps with the
+depformer over its leading codebook alone and no decoder and comes out exactly as with full
+steps, sampled tokens included; a row past its delay never steps in one; ``TTSFrameModel`` runs
+new replies' pre-audio steps alone while older replies are far enough ahead of playback, and
+every row's audio is still the model's own."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def same_frame(ours: TTSFrame | None, full: TTSFrame | None) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_young_row_steps_text_only_exactly_as_with_full_steps_sampled(tiny_tts: TinyTTS, device: str) -> None:
+def test_a_young_row_steps_pre_audio_exactly_as_with_full_steps_sampled(tiny_tts: TinyTTS, device: str) -> None:
     ours, full = sampled_model(tiny_tts, device), sampled_model(tiny_tts, device)
     for model in (ours, full):
         start(model, 0, "alice", seed=7)
@@ -69,16 +69,16 @@ def test_a_young_row_steps_text_only_exactly_as_with_full_steps_sampled(tiny_tts
     only_new = torch.tensor([False, True], device=device)
     for _ in range(ours.young_steps):
         assert ours.young_rows().tolist() == [False, True]
-        text_only, stepped = ours.step(only_new, speak=False), full.step(only_new)
-        same_frame(text_only[1], stepped[1])
-        assert text_only[1] is not None and text_only[1].stepped
+        pre_audio, stepped = ours.step(only_new, speak=False), full.step(only_new)
+        same_frame(pre_audio[1], stepped[1])
+        assert pre_audio[1] is not None and pre_audio[1].stepped
     assert not ours.young_rows().any()
     for _ in range(30):  # both rows speak on: no state (KV, decoder, draws, text machine) moved apart
         for mine, theirs in zip(ours.step(), full.step(), strict=True):
             same_frame(mine, theirs)
 
 
-def test_a_row_past_its_audio_delay_does_not_step_text_only(tiny_tts: TinyTTS) -> None:
+def test_a_row_past_its_audio_delay_does_not_step_pre_audio(tiny_tts: TinyTTS) -> None:
     model = sampled_model(tiny_tts)
     start(model, 0, "alice", seed=1)
     for _ in range(model.young_steps):
@@ -132,14 +132,14 @@ def _second_reply(tiny: TinyTTS, lead_s: float, *, late_s: float) -> tuple[list[
     return *_until_first_audio(frame_model, 1), model.young_steps
 
 
-def test_new_replies_step_text_only_while_older_ones_are_ahead_and_every_row_keeps_its_own_audio(
+def test_new_replies_step_pre_audio_while_older_ones_are_ahead_and_every_row_keeps_its_own_audio(
     tiny_tts: TinyTTS,
 ) -> None:
     kinds_full, row0_full, young = _second_reply(tiny_tts, 0.0, late_s=0.0)
     kinds, row0, _ = _second_reply(tiny_tts, 0.16, late_s=0.0)
     # Row 1 steps once a call either way, so its first audio comes on the same call. Without
     # catching up every call is a full step. With it, row 0 is 2 frames (160 ms) ahead: row 1's
-    # steps inside its delay go alone, text-only; once past it, full steps to its first audio.
+    # steps inside its delay go alone, pre-audio; once past it, a full step makes its first audio.
     assert len(kinds) == len(kinds_full) and all(kinds_full)
     assert kinds == [False] * young + [True] * (len(kinds) - young)
     assert len(row0) == len(kinds) - young < len(row0_full)  # row 0 held back, not starved
