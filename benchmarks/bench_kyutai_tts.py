@@ -251,7 +251,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default=None, help="comma list (default 16,64,128 on CUDA, 1,2 on CPU)")
     parser.add_argument(
-        "--sides", default="ours,reference", help="of ours, ours-pre-audio (a new reply's step before its audio), reference"
+        "--sides", default="ours,reference", help="ours, ours-pre-audio (a reply's step before its audio), reference"
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
