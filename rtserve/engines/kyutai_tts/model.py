@@ -309,9 +309,9 @@ class KyutaiTTSModel:
             tokens += self._speak(hidden, text, self.codebooks)
         else:  # the later codebooks are "no token" yet; the draws move as the depformer's would
             tokens += self._speak(hidden, text, self.pre_audio_codebooks)
-            skipped = self.codebooks - self.pre_audio_codebooks
-            tokens += [torch.full_like(text, ZERO_TOKEN)] * skipped
-            self.sampler.draws.add_(skipped)
+            later = self.codebooks - self.pre_audio_codebooks
+            tokens += [torch.full_like(text, ZERO_TOKEN)] * later
+            self.sampler.draws.add_(later)
         generated = torch.stack(tokens, dim=1)  # [B, 1 + codebooks]
 
         offsets = self.offsets + execute.long()
