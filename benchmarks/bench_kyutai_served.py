@@ -29,8 +29,10 @@ frame. Reported over the steady window (after ``--warmup``):
 TTS clients (one connection per reply, as moshi-server's) send 8-20 ``Text`` words at
 ``--words-per-s`` on a schedule, then ``Eos``, read the audio, and start the next reply when the
 previous one would have finished playing. Reported: first audio (first word sent -> first
-``Audio``) p50/p95, audio stalls once started (an ``Audio`` arriving after everything before it
-would have played out at real time), replies and errors.
+``Audio``) p50/p95 and the engine's share of it (``rtserve_kyutai_tts_first_audio_seconds``:
+first text received -> first audio handed out, in the engine process), audio stalls once
+started (an ``Audio`` arriving after everything before it would have played out at real time),
+replies and errors.
 
 Server side, over the same window: the engine's tick and batched-step p50/p99 from its lockstep
 histograms on /metrics (``rtserve_kyutai_stt_*`` / ``rtserve_kyutai_tts_*``, bucket-interpolated).
@@ -563,6 +565,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         point |= asr_point(args, logs, window, ends)
     else:
         point |= tts_point(logs, window)
+        for q in (0.5, 0.95):  # the engine's share: first text received -> first audio handed out
+            seconds = histogram_quantile(metrics_before, metrics_after, f"{family}first_audio_seconds", q)
+            point[f"engine_first_audio_p{round(q * 100)}_ms"] = seconds * 1e3
     return point
 
 
@@ -679,6 +684,8 @@ TTS_COLUMNS = [
     ("first p50", "first_audio_p50_ms", "{:.0f}"),
     ("first p95", "first_audio_p95_ms", "{:.0f}"),
     ("first max", "first_audio_max_ms", "{:.0f}"),
+    ("eng first p50", "engine_first_audio_p50_ms", "{:.0f}"),
+    ("eng first p95", "engine_first_audio_p95_ms", "{:.0f}"),
     ("stalls", "stalls", "{}"),
     ("stalled ms", "stalled_ms_total", "{:.0f}"),
     ("audio s", "audio_s", "{:.0f}"),

@@ -20,7 +20,7 @@ import logging
 from functools import partial
 
 import torch
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.errors import EngineError
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
+FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 _ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
@@ -68,6 +69,13 @@ class KyutaiTTSEngine:
         self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), "rtserve_kyutai_tts_")
         if registry is not None:
             registry.register(self._lockstep_metrics)
+        self._first_audio = Histogram(
+            "rtserve_kyutai_tts_first_audio_seconds",
+            "A stream's first text received -> its first audio frame handed out (this engine's share of first "
+            "audio: the words the model waits for, its steps before audio and the queueing around them)",
+            buckets=FIRST_AUDIO_BUCKETS,
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
         self._loaded = loaded
         self._clock = clock
         self._model: KyutaiTTSModel | None = None
@@ -195,6 +203,7 @@ class KyutaiTTSEngine:
             frame_rate=model.frame_rate,
             max_pending_words=self._config.tts_streaming.max_pending_words,
             release_timeout_s=self._config.lockstep.release_timeout_s,
+            on_first_audio=self._first_audio.observe,
         )
 
     def voice_names(self) -> list[str]:

@@ -15,8 +15,9 @@ reported.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -69,7 +70,10 @@ class TTSStream:
         frame_rate: float,
         max_pending_words: int,
         release_timeout_s: float,
+        on_first_audio: Callable[[float], None] | None = None,
     ) -> None:
+        """``on_first_audio``: given the seconds from the first text received to the first audio
+        frame handed out (the engine's share of a reply's first audio)."""
         self._scheduler = scheduler
         self._lease = lease
         self._model = model
@@ -84,6 +88,9 @@ class TTSStream:
         self._word_start: int | None = None  # the step the word being spoken started at
         self.ended = False  # the client's end of stream
         self._end_sent = False
+        self._on_first_audio = on_first_audio
+        self._first_text_at: float | None = None
+        self._audio_sent = False
 
     @property
     def pending_words(self) -> int:
@@ -99,6 +106,8 @@ class TTSStream:
                 f"more than {self._max_pending} words wait to be spoken; send text as it is spoken",
                 code=INPUT_BACKPRESSURE,
             )
+        if self._first_text_at is None and words:
+            self._first_text_at = time.monotonic()
         self._waiting.extend(words)
         self._feed()
 
@@ -141,6 +150,8 @@ class TTSStream:
             for word in self._words(speech):
                 yield word
             if frame.audio.size:
+                if not self._audio_sent:
+                    self._first_audio()
                 yield SpeechAudio(frame.audio)
             if speech.done:
                 if self._word_start is not None and self._texts:
@@ -149,6 +160,11 @@ class TTSStream:
                         yield last
                 return
             self._feed()
+
+    def _first_audio(self) -> None:
+        self._audio_sent = True
+        if self._on_first_audio is not None and self._first_text_at is not None:
+            self._on_first_audio(time.monotonic() - self._first_text_at)
 
     def _words(self, speech: SpeechStep) -> list[SpokenWord]:
         words = []

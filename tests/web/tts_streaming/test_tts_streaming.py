@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import msgpack
 import numpy as np
 import pytest
@@ -220,3 +221,19 @@ async def test_without_a_tts_engine_the_route_says_so(config: ServerConfig) -> N
             await websockets.connect(base.replace("http://", "ws://") + "/api/tts_streaming")
     assert refused.value.response.status_code == 404
     assert b"tts_streaming_unavailable" in refused.value.response.body
+
+
+async def test_each_streams_first_audio_is_timed_on_metrics(url: str) -> None:
+    """``rtserve_kyutai_tts_first_audio_seconds``: the engine's share of a reply's first audio."""
+    await _speak(url, ["the quick brown fox"])
+    await _speak(url, ["jumps over the lazy dog"])
+    metrics_url = url.replace("ws://", "http://").replace("/api/tts_streaming", "/metrics")
+    async with aiohttp.ClientSession() as http, http.get(metrics_url, headers={"Authorization": f"Bearer {KEY}"}) as r:
+        text = await r.text()
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("rtserve_kyutai_tts_first_audio_seconds_")
+    }
+    assert samples["rtserve_kyutai_tts_first_audio_seconds_count"] == 2
+    assert 0 < samples["rtserve_kyutai_tts_first_audio_seconds_sum"] < 60
