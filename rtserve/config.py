@@ -233,12 +233,11 @@ class LockstepConfig(_Section):
         2.0, gt=0, description="session close waits this long for the engine thread to free its slot"
     )
     gil_switch_interval_ms: float = Field(
-        0.5,
+        5.0,
         ge=0.05,
         le=100,
         description="Python's thread switch interval in every process that runs engines: how long a "
-        "thread holding the GIL may run before one waiting for it is let in. Engine threads wait "
-        "for it after every GPU sync while the event loop is busy; Python's own default is 5 ms",
+        "thread holding the GIL may run before one waiting for it is let in (Python's own default, 5 ms)",
     )
     device: str = Field(
         "cpu",
@@ -495,7 +494,7 @@ class TtsEngineConfig(_Section):
         "(audio made ahead of playback: first audio without waiting for 80 ms ticks); false: one step per tick",
     )
     catch_up_lead_ms: float = Field(
-        160.0,
+        80.0,
         ge=0,
         le=5000,
         description="with run_ahead: new replies (inside their audio delay) step alone in the cheaper pre-audio "

@@ -112,11 +112,10 @@ class EngineSet:
 
     def start(self) -> None:
         """Start everything in the background; returns at once."""
-        # The engine threads share this process's GIL with its event loop: a frame step that
-        # waits on the GPU gives the GIL up several times, and gets it back only when the busy
-        # loop thread is asked to let go, after the switch interval (5 ms by default). 512 STT
-        # streams on an H200: 2-354 underruns in four runs at 5 ms, 0 and 29 in two at 0.5 ms
-        # (benchmarks/notes/kyutai_served.md).
+        # How long a thread may hold the GIL while another waits. Python's 5 ms is the default:
+        # 0.5 ms seemed to help 512 STT streams until their stalls proved to be full collections
+        # (rtserve/heap.py); then it measured no better there and much worse for the cascade's
+        # seven threads at 256 voice sessions (benchmarks/notes/voice_agent_gpu.md).
         sys.setswitchinterval(self.config.lockstep.gil_switch_interval_ms / 1e3)
         _import_before_loaders()
         loop = asyncio.get_running_loop()
