@@ -27,8 +27,8 @@ frame. Reported over the steady window (after ``--warmup``):
 * server CPU (busiest process, % of one core) and the load generator's.
 
 TTS clients (one connection per reply, as moshi-server's) send 8-20 ``Text`` words at
-``--words-per-s`` on a schedule, then ``Eos``, read the audio, and start the next reply when the
-previous one would have finished playing. Reported: first audio (first word sent -> first
+``--words-per-s`` on a schedule, then ``Eos``, read the audio, and start the next reply once the
+server has closed the previous one (``--think-s`` later). Reported: first audio (first word sent -> first
 ``Audio``) p50/p95 and the engine's share of it (``rtserve_kyutai_tts_first_audio_seconds``:
 first text received -> first audio handed out, in the engine process), audio stalls once
 started (an ``Audio`` arriving after everything before it would have played out at real time),
