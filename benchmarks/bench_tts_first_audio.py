@@ -1,7 +1,9 @@
 """First-audio latency of the Kyutai TTS engine, paced vs running ahead of playback (issue 33).
 
 Builds the engine in this process on a tiny random Kyutai TTS checkpoint (the tests' writer; CPU,
-float32, greedy) twice, ``tts_engine.run_ahead`` false then true, and per run opens a stream,
+float32, greedy) three times: ``tts_engine.run_ahead`` false, true without catching up
+(``catch_up_lead_ms`` 0), and true with the default catch-up (a new reply's pre-audio steps go
+alone while the others are ahead: docs/engines.md#pre-audio-steps), and per run opens a stream,
 sends a sentence and its end at once and times: the first audio frame, and all of the speech.
 Scenarios: a stream alone, and a fresh stream opened while ``--busy`` others are speaking long
 texts (read as fast as they come). Medians and maxima of ``--runs``. Prints a table; writes JSON
@@ -71,8 +73,19 @@ async def scenario(engine: KyutaiTTSEngine, busy: int, runs: int) -> dict[str, f
     }
 
 
-async def measure(weights: Path, run_ahead: bool, busy: int, runs: int) -> dict[str, dict[str, float]]:
+# mode -> (run_ahead, catch_up_lead_ms); None: the default
+MODES: dict[str, tuple[bool, float | None]] = {
+    "paced": (False, None),
+    "run ahead": (True, 0.0),
+    "catch up": (True, None),
+}
+
+
+async def measure(
+    weights: Path, run_ahead: bool, lead_ms: float | None, busy: int, runs: int
+) -> dict[str, dict[str, float]]:
     base = ServerConfig()
+    lead = {} if lead_ms is None else {"catch_up_lead_ms": lead_ms}
     config = base.model_copy(
         update={
             "tts_engine": base.tts_engine.model_copy(
@@ -82,6 +95,7 @@ async def measure(weights: Path, run_ahead: bool, busy: int, runs: int) -> dict[
                     "max_sessions": busy + 1,
                     "temperature": 0.0,
                     "run_ahead": run_ahead,
+                    **lead,
                 }
             )
         }
@@ -106,8 +120,8 @@ def main() -> None:
         weights = Path(tmp) / "weights"
         write_tts_checkpoint(weights)
         results = {
-            mode: asyncio.run(measure(weights, mode == "run ahead", args.busy, args.runs))
-            for mode in ("paced", "run ahead")
+            mode: asyncio.run(measure(weights, run_ahead, lead_ms, args.busy, args.runs))
+            for mode, (run_ahead, lead_ms) in MODES.items()
         }
     print(
         f"{'mode':<10} {'scenario':<14} {'first audio p50 ms':>19} {'max ms':>8} {'whole speech p50 ms':>20}"
