@@ -71,7 +71,6 @@ class TTSFrameModel:
         self.sample_rate = model.sample_rate
         self.output_delay_frames = 0  # no audio input to answer
         self.max_words = model.settings.max_words
-        self._steps = [0] * model.batch_size
         self._words = [0] * model.batch_size
         self._overflow = [False] * model.batch_size
 
@@ -92,7 +91,7 @@ class TTSFrameModel:
 
     def begin(self, slot: int, voice: Voice | None, seed: int | None) -> None:
         self.model.open_slot(slot, voice, seed)
-        self._steps[slot] = self._words[slot] = 0
+        self._words[slot] = 0
         self._overflow[slot] = False
         self._audio_start[slot] = np.nan
         self._audio_frames[slot] = 0
@@ -124,14 +123,13 @@ class TTSFrameModel:
         stepping = self.ready_rows() & live
         if not stepping.any():
             return outputs
-        young = stepping & model.young_rows()
-        speak = not young.any() or self._older_need_a_step(stepping & ~young)
-        active = torch.from_numpy(stepping if speak else young).to(model.device)
         now = self._clock()
+        young = stepping & model.young_rows()
+        speak = not young.any() or self._older_need_a_step(stepping & ~young, now)
+        active = torch.from_numpy(stepping if speak else young).to(model.device)
         for slot, frame in enumerate(model.step(active, speak=speak)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
-            self._steps[slot] += 1
             self._words[slot] += frame.words_started
             self._overflow[slot] = self._overflow[slot] or frame.overflow
             audio = _NO_AUDIO if frame.audio is None else frame.audio.astype(np.float32, copy=False)
@@ -139,11 +137,11 @@ class TTSFrameModel:
                 if not self._audio_frames[slot]:
                     self._audio_start[slot] = now
                 self._audio_frames[slot] += 1
-            speech = SpeechStep(self._steps[slot], self._words[slot], frame.done, self._overflow[slot])
+            speech = SpeechStep(int(model.steps[slot]), self._words[slot], frame.done, self._overflow[slot])
             outputs[slot] = FrameOutput(audio, speech=speech)
         return outputs
 
-    def _older_need_a_step(self, older: npt.NDArray[np.bool_]) -> bool:
+    def _older_need_a_step(self, older: npt.NDArray[np.bool_], now: float) -> bool:
         """Whether rows past their audio delay that would step must step now: one has no audio
         yet (a reply about to start) or less than ``catch_up_lead_s`` ahead of its playback."""
         if not older.any():
@@ -151,5 +149,5 @@ class TTSFrameModel:
         if self.catch_up_lead_s <= 0:
             return True
         made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
-        lead = made - self._clock()  # nan (no audio yet) compares False: such a row needs its step
+        lead = made - now  # nan (no audio yet) compares False: such a row needs its step
         return not bool((lead >= self.catch_up_lead_s).all())

@@ -168,7 +168,7 @@ class KyutaiTTSModel:
         self.initial = torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
         self.open = torch.zeros(batch_size, dtype=torch.bool, device=device)
         self._open_host = np.zeros(batch_size, bool)
-        self._offsets_host = np.zeros(batch_size, np.int64)  # ``offsets`` as the host last read them
+        self.steps = np.zeros(batch_size, np.int64)  # per row, steps since it opened: ``offsets`` as last read
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
         self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
         if self.cfg_direct:
@@ -213,7 +213,7 @@ class KyutaiTTSModel:
         self.mimi.reset_decoder_rows(mask)
         self.cache[slot] = UNGENERATED_TOKEN
         self.offsets[slot] = 0
-        self._offsets_host[slot] = 0
+        self.steps[slot] = 0
         self.open[slot] = True
         self._open_host[slot] = True
         self._pending[slot] = 0
@@ -230,7 +230,7 @@ class KyutaiTTSModel:
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
         """Open rows that make no audio yet: ``step(speak=False)`` steps them exactly."""
-        young: npt.NDArray[np.bool_] = self._open_host & (self._offsets_host < self.young_steps)
+        young: npt.NDArray[np.bool_] = self._open_host & (self.steps < self.young_steps)
         return young
 
     def pending_words(self, slot: int) -> int:
@@ -355,7 +355,7 @@ class KyutaiTTSModel:
     def _read(self, flags: torch.Tensor, frame: torch.Tensor, audio: torch.Tensor) -> list[TTSFrame | None]:
         """The step's outputs to the host, one entry per open slot."""
         host = flags.cpu().numpy()
-        self._offsets_host += host[0]
+        self.steps += host[0]
         out = host[0] & host[5]
         codes_host = frame.cpu().numpy()
         audio_host = audio.cpu().numpy()
