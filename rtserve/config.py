@@ -716,6 +716,13 @@ class CascadeLimits(_Section):
         "process: word-by-word transcripts, semantic_vad on its end-of-turn head; "
         "docs/engines.md#cascade-streaming-asr)",
     )
+    sessions_in_workers: bool = Field(
+        True,
+        description="with asr stt_engine and tts tts_engine under --workers > 1: each front-end worker "
+        "hosts its own realtime sessions (a Silero VAD per worker; the STT, LLM and TTS stay in the "
+        "engine process, reached over the engine link); false: every session lives in the engine "
+        "process (docs/engines.md#cascade-sessions-in-workers)",
+    )
     semantic_vad: SemanticVadThresholds = Field(
         default_factory=SemanticVadThresholds,
         description="cascade.asr stt_engine: the end-of-turn probabilities semantic_vad's eagerness maps to",

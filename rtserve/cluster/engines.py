@@ -195,12 +195,12 @@ class _RoutedTurnEngine:
 
 class RoutedLLM(_RoutedTurnEngine):
     async def generate(
-        self, messages: Sequence[ChatMessage], params: SamplingParams
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
     ) -> AsyncGenerator[TokenDelta, None]:
         llm = self._turn_engines().llm
         if llm is None:
             raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
-        async with contextlib.aclosing(llm.generate(messages, params)) as items:
+        async with contextlib.aclosing(llm.generate(messages, params, fit_history=fit_history)) as items:
             async for item in items:
                 yield item
 

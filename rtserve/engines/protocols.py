@@ -102,8 +102,12 @@ class ASREngine(Protocol):
 class LLMEngine(Protocol):
     model_name: str
 
-    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
-        """Token deltas; the last carries ``finish_reason`` and usage counts."""
+    def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
+    ) -> AsyncGenerator[TokenDelta, None]:
+        """Token deltas; the last carries ``finish_reason`` and usage counts. ``fit_history`` (voice
+        sessions) drops the oldest non-system messages when the conversation outgrows the
+        context; without it that is ``context_length_exceeded``."""
         ...
 
 

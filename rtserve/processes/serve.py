@@ -21,6 +21,7 @@ from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.remote.client import RemoteEngines
 from rtserve.engines.remote.link import EngineLink
 from rtserve.engines.remote.wire import LinkMetrics
+from rtserve.engines.remote.worker_cascade import host_cascade_sessions
 from rtserve.heap import freeze_long_lived, freeze_when_ready
 from rtserve.web.context import CTX, Engines
 from rtserve.web.peers import Peers, SocketDirectory, new_front_end_tag
@@ -116,7 +117,9 @@ async def _remote_engines(
     link.start()
     await link.connected.wait()  # the engine process answers at once, before its models load
     assert link.offer is not None
-    return RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events, registry=registry)
+    engines = RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events, registry=registry)
+    host_cascade_sessions(config, engines, registry)
+    return engines
 
 
 def _worker_header(worker: str) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:

@@ -67,7 +67,7 @@ class EchoLLMDouble:
         self.seen: list[tuple[tuple[ChatMessage, ...], SamplingParams]] = []
 
     async def generate(
-        self, messages: Sequence[ChatMessage], params: SamplingParams
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
     ) -> AsyncGenerator[TokenDelta, None]:
         self.control.calls += 1
         self.seen.append((tuple(messages), params))

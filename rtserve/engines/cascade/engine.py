@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -39,13 +38,10 @@ from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
-from rtserve.engines.cascade.reply import ReplyChain
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
-from rtserve.engines.cascade.stream_asr import StreamAsr
+from rtserve.engines.cascade.sessions import CascadeSessions, reply_chain
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.errors import CapacityExhausted
-from rtserve.engines.events import EngineEvent
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import SleepingSpeechStreams
 from rtserve.engines.protocols import SleepStage, TurnEngines
@@ -101,28 +97,20 @@ class CascadeEngine:
             sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
             lanes=lanes.tts,
         )
-        chunk_samples = tts_module.SAMPLE_RATE * CHUNK_PERIOD_MS // 1000
         self._models = CascadeModels(
-            self.vad,
-            self.asr,
-            self.tts,
-            ReplyChain(
-                self.llm,
-                self.tts,
-                registry,
-                self._metrics,
-                chunk_samples=chunk_samples,
-                first_piece_max_chars=limits.first_piece_max_chars,
-                first_clause_min_chars=limits.first_clause_min_chars,
-            ),
+            self.vad, self.asr, reply_chain(self.llm, self.tts, self.capabilities, config, registry, self._metrics)
         )
-        self._sessions: set[CascadeSession] = set()
+        self._sessions = CascadeSessions(config, self.capabilities, self._models, self._metrics, self.stt)
         self._ready = False
         self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS: no Piper
 
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
 
     async def start(self) -> None:
         stt = [self.stt.start()] if self.stt is not None else []
@@ -137,40 +125,11 @@ class CascadeEngine:
             raise ModelNotReady("the cascade models are still loading")
         if any(stage.asleep for stage in self.sleep_stages()):
             raise EngineSleeping()
-        if len(self._sessions) >= self.capabilities.max_sessions:
-            raise CapacityExhausted(f"all {self.capabilities.max_sessions} cascade sessions are in use")
-        hearing = await self._hearing(session_id)
-        session = CascadeSession(
-            session_id,
-            self.capabilities,
-            self._models,
-            options,
-            self._config.cascade,
-            self._config.sessions.max_pending_turns_per_session,
-            self._metrics,
-            on_close=self._forget,
-            hearing=hearing,
-        )
-        self._sessions.add(session)
-        self._metrics.sessions.set(len(self._sessions))
-        return session
-
-    async def _hearing(self, session_id: str) -> Callable[[Callable[[EngineEvent], None]], StreamAsr] | None:
-        """A stream on the streaming STT for a new session (``CapacityExhausted`` when none is free)."""
-        stt = self.stt
-        if stt is None:
-            return None
-        stream = await stt.open_stream(session_id)
-        rate = self.capabilities.input_sample_rate
-        return lambda report: StreamAsr(stream, rate, stt.sample_rate, stt.release_timeout_s, report)
-
-    def _forget(self, session: CascadeSession) -> None:
-        self._sessions.discard(session)
-        self._metrics.sessions.set(len(self._sessions))
+        return await self._sessions.open(session_id, options)
 
     async def stop(self) -> None:
         self._ready = False
-        await asyncio.gather(*(session.close() for session in list(self._sessions)), return_exceptions=True)
+        await self._sessions.close_all()
         for model in (self.vad, self.asr, self.tts, self.llm):
             model.stop()
         if self.stt is not None:

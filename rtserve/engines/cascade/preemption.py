@@ -128,13 +128,15 @@ class Preemption:
 
     def __init__(
         self,
-        asr: WhisperAsr,
+        asr: WhisperAsr | None,
         chain: ReplyChain,
         limits: CascadeLimits,
         first_plan: ReplyPlan,
         outcomes: Counter,
         consume: Callable[[asyncio.Task[Any]], None],
     ) -> None:
+        """``asr``: None where the session hears with a streaming STT, which needs no pause
+        transcript (the session then never calls ``follow`` or ``final_transcript``)."""
         self._asr = asr
         self._chain = chain
         self._limits = limits
@@ -174,6 +176,7 @@ class Preemption:
         pause.transcript.add_done_callback(self._consume)
 
     async def _transcribe(self, pause: _Pause, turn: TurnDetector, audio: FloatArray) -> str:
+        assert self._asr is not None
         text = await self._asr.decode(audio, final=True, live_turn=True)
         if self._pause is not pause or not text:
             return text

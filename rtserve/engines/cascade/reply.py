@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from rtserve.codecs.pcm import FloatArray
-from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.cascade.streamed_speech import speak_streamed
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.kyutai_tts.service import SpeechStreams
 from rtserve.engines.pipeline import Pipeline, Stage
+from rtserve.engines.protocols import LLMEngine
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
-from rtserve.engines.vllm_engine import VllmTextEngine
 
 # Streamed speech: chunks made and not yet taken by the session (the engine row waits beyond).
 _STREAMED_QUEUE = 8
@@ -68,8 +67,8 @@ class SpokenChunk:
 class ReplyChain:
     def __init__(
         self,
-        llm: LlmStage | VllmTextEngine,
-        tts: TextToSpeech,
+        llm: LLMEngine,
+        tts: TextToSpeech | None,
         registry: CollectorRegistry,
         metrics: CascadeMetrics,
         *,
@@ -164,6 +163,7 @@ class ReplyChain:
             spoken = speakable(item.text)
             if not spoken:
                 continue
+            assert self._tts is not None  # without Piper the chain speaks with streams (``speak_with``)
             pcm = await self._tts.render(spoken, voice=voice, urgent=not spoke)
             text = f" {spoken}" if spoke else spoken
             spoke = True
@@ -181,6 +181,7 @@ class ReplyChain:
     def check_request(self, voice: str | None) -> None:
         """Piper judges a reply's voice before it starts; a streaming engine when its stream opens."""
         if self._streams is None:
+            assert self._tts is not None
             self._tts.check_request(voice, 1.0)
 
     async def _speak_streamed(

@@ -46,7 +46,6 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.preemption import BufferedRun, Preemption, ReplyPlan
 from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.stream_asr import StreamAsr
-from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.turn_clock import TurnClock
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
 from rtserve.engines.cascade.vad import VadEngine, VadStream
@@ -82,11 +81,11 @@ log = logging.getLogger(__name__)
 # answers more questions right when asked to answer directly and correctly than when told to be friendly.
 @dataclass(frozen=True)
 class CascadeModels:
-    """The loaded models one engine shares between all of its sessions."""
+    """The models one engine's sessions share. ``asr`` is None where sessions hear with a
+    streaming STT (each opens its own stream: ``hearing``); the TTS is the reply chain's."""
 
     vad: VadEngine
-    asr: WhisperAsr
-    tts: TextToSpeech
+    asr: WhisperAsr | None
     reply: ReplyChain
 
 
@@ -107,7 +106,9 @@ class CascadeSession:
         hearing: Callable[[Callable[[EngineEvent], None]], StreamAsr] | None = None,
     ) -> None:
         """``hearing``: opens the session's streaming STT (``cascade.asr: stt_engine``), given where
-        it reports; None: Whisper transcribes each turn."""
+        it reports; None: Whisper (``models.asr``) transcribes each turn."""
+        if hearing is None and models.asr is None:
+            raise ValueError("a cascade session needs Whisper or a streaming STT to hear with")
         self.session_id = session_id
         self.capabilities = capabilities
         self._models = models
@@ -261,6 +262,7 @@ class CascadeSession:
         # No partial in a pause: it would add no words and could hold up the final decode.
         if (
             self._stream_asr is not None  # its words are the partials
+            or asr is None
             or not turn.speaking
             or turn.pausing
             or (self._partial is not None and not self._partial.done())
@@ -272,6 +274,7 @@ class CascadeSession:
         self._partial = asyncio.create_task(self._decode_partial(turn.turn_id, turn.turn_audio()))
 
     async def _decode_partial(self, turn_id: int, audio: FloatArray) -> None:
+        assert self._models.asr is not None  # partials are Whisper's (``_maybe_partial``)
         try:
             text = await self._models.asr.decode(audio, final=False, live_turn=True)
         except EngineError as exc:
@@ -339,6 +342,7 @@ class CascadeSession:
         """A turn's transcript: Whisper decodes its audio; a streaming STT has heard it already."""
         if self._stream_asr is not None:
             return await self._stream_asr.finish_turn()
+        assert self._models.asr is not None  # the session was given one of the two
         return await self._models.asr.decode(audio, final=True, live_turn=True)
 
     def clear_input(self) -> None:

@@ -14,13 +14,13 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
 from rtserve.engines.lockstep.framing import check_audio
-from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.protocols import SessionEngine, TurnEngines
 from rtserve.engines.remote.link import ENGINE_LOST_FAILURE, EngineLink, EngineUnavailable, engine_lost
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
 from rtserve.engines.remote.speech_streams import RemoteSpeechStreams
@@ -173,6 +173,12 @@ class RemoteSessionEngine:
         offer = self._link.offer
         return "the engine process is not reachable" if offer is None else offer.failure
 
+    @property
+    def sleeping(self) -> tuple[int, ...]:
+        """Sleep mode: the stage ids asleep now."""
+        offer = self._link.offer
+        return () if offer is None else offer.sleeping
+
     def _offer_changed(self) -> None:
         if self._link.offer is not None:
             self._offer = self._link.offer
@@ -208,8 +214,10 @@ class _RemoteTurnEngine:
 
 
 class RemoteLLM(_RemoteTurnEngine):
-    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
-        return self._link.stream("llm", "generate", tuple(messages), params)
+    def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
+    ) -> AsyncGenerator[TokenDelta, None]:
+        return self._link.stream("llm", "generate", tuple(messages), params, fit_history)
 
 
 class RemoteTTS(_RemoteTurnEngine):
@@ -269,17 +277,35 @@ class RemotePolicy:
         self._link.command("policy", "client_disconnected")
 
 
+class WorkerSessions(SessionEngine, Protocol):
+    """Realtime sessions a worker hosts itself on the engine process's models."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why no session can open (a model of its own failed to load); None while fine."""
+        ...
+
+
 class RemoteEngines:
     """The engine process's ``EngineSet`` as a worker sees it (same surface)."""
 
     def __init__(
-        self, link: EngineLink, offer: EngineOffer, *, max_queued_events: int, registry: CollectorRegistry | None = None
+        self,
+        link: EngineLink,
+        offer: EngineOffer,
+        *,
+        max_queued_events: int,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         link.offer = link.offer or offer  # the first offer: what the app is built from
         self._link = link
         self._registry = registry  # pushed to the engine process each second, for every worker's /metrics
         self._publisher: asyncio.Task[None] | None = None
-        self.session_engine = RemoteSessionEngine(link, offer, max_queued_events=max_queued_events)
+        self._starting: asyncio.Task[None] | None = None
+        # The engine process's session engine; ``host_sessions`` may put this worker's own in its place.
+        self.remote_sessions = RemoteSessionEngine(link, offer, max_queued_events=max_queued_events)
+        self.session_engine: RemoteSessionEngine | WorkerSessions = self.remote_sessions
+        self._hosted: WorkerSessions | None = None
         self.turn_engines = TurnEngines(
             asr=RemoteASR(link, offer.asr) if offer.asr else None,
             llm=RemoteLLM(link, offer.llm) if offer.llm else None,
@@ -291,6 +317,10 @@ class RemoteEngines:
         self._offer_changed = asyncio.Event()
         link.on_offer(self._offer_changed.set)
 
+    def host_sessions(self, sessions: WorkerSessions) -> None:
+        """This worker hosts the realtime sessions itself (before ``start``; ``worker_cascade.py``)."""
+        self._hosted = self.session_engine = sessions
+
     @property
     def ready(self) -> bool:
         return self.session_engine.ready
@@ -300,15 +330,21 @@ class RemoteEngines:
         return self.session_engine.failure
 
     def start(self) -> None:
-        """Connect (and keep reconnecting); the engine process starts the engines itself."""
+        """Connect (and keep reconnecting); the engine process starts the engines itself, this
+        worker only the VAD of the sessions it hosts."""
         self._link.start()
         if self._registry is not None:
             self._publisher = asyncio.create_task(self._publish_metrics(self._registry))
+        if self._hosted is not None:
+            self._starting = asyncio.create_task(self._hosted.start(), name="worker-cascade-start")
 
     async def stop(self) -> None:
-        if self._publisher is not None:
-            self._publisher.cancel()
-            await asyncio.gather(self._publisher, return_exceptions=True)
+        tasks = [task for task in (self._publisher, self._starting) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._hosted is not None:
+            await self._hosted.stop()
         await self._link.close()
 
     async def exposition(self, own: bytes) -> bytes:
@@ -328,8 +364,7 @@ class RemoteEngines:
 
     @property
     def sleeping(self) -> tuple[int, ...]:
-        offer = self._link.offer
-        return () if offer is None else offer.sleeping
+        return self.remote_sessions.sleeping
 
     @property
     def downloading(self) -> DownloadStatus | None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from prometheus_client import CollectorRegistry
+
 from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.remote.client import RemoteEngines
 from rtserve.engines.remote.link import EngineLink
 from rtserve.engines.remote.offer import offer_of
 from rtserve.engines.remote.server import EngineServer
+from rtserve.engines.remote.worker_cascade import host_cascade_sessions
 
 
 class LinkedEngines(RemoteEngines):
@@ -32,6 +35,8 @@ class LinkedEngines(RemoteEngines):
             metrics=self._server.metrics,
         )  # one registry here: both sides share the metrics
         super().__init__(link, offer_of(local), max_queued_events=settings.max_queued_events)
+        # The sessions' own metrics in a registry apart: the engine's cascade already holds those names here.
+        host_cascade_sessions(config, self, CollectorRegistry())
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         ours, theirs = socket.socketpair()

@@ -167,7 +167,9 @@ class WorkerLink:
             ("policy", "client_disconnected"): self._policy_call(lambda p: p.client_disconnected),
         }
         self._stream_calls: dict[tuple[str, str], Callable[..., AsyncIterator[Any]]] = {
-            ("llm", "generate"): lambda *a: self._turn_engine("llm").generate(*a),
+            ("llm", "generate"): lambda messages, params, fit_history: self._turn_engine("llm").generate(
+                messages, params, fit_history=fit_history
+            ),
             ("tts", "synthesize"): lambda text, kwargs: self._turn_engine("tts").synthesize(text, **kwargs),
             ("asr", "transcribe"): lambda audio, kwargs: self._turn_engine("asr").transcribe(audio, **kwargs),
             ("tts_stream", "speak"): lambda inputs, *args: speak(self._tts_streams(), inputs, *args),

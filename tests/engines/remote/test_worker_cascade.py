@@ -1,0 +1,119 @@
+"""The cascade's sessions hosted by a front-end worker (docs/engines.md#cascade-sessions-in-workers):
+with the tiny Kyutai STT and TTS, a realtime session opened over a worker's engine link lives in the
+worker (its VAD and reply chain there), while the engine process holds the models and only their
+streams; ``cascade.sessions_in_workers: false`` keeps it in the engine process; a worker refuses new
+sessions while a stage of the engine process sleeps. The conversation itself (speech in, words,
+reply audio, barge-in) over this path is ``test_realtime_gpu_agent_cpu.py`` under
+``--engine-client=link``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rtserve import app as app_module
+from rtserve.app import build_app
+from rtserve.config import ServerConfig
+from rtserve.engines.cascade.engine import CascadeEngine
+from rtserve.engines.remote.client import RemoteSessionEngine
+from rtserve.engines.remote.worker_cascade import WorkerCascade
+from rtserve.errors import ENGINE_SLEEPING
+from rtserve.web.context import CTX
+from tests.engines.kyutai_tts.tiny import TinyTTS
+from tests.support import serve_app
+from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S
+from tests.web.realtime.test_realtime_cascade_kyutai_tts import tiny
+from tests.web.realtime.test_realtime_stream_asr import stt_weights
+from tests.web.realtime_support import ws_url
+
+pytestmark = pytest.mark.models
+
+__all__ = ["stt_weights", "tiny"]
+
+
+@pytest.fixture
+def linked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apps built here reach their engines over the engine link, as a worker does."""
+    monkeypatch.setattr(app_module, "engine_client", "link")
+
+
+def _agent(config: ServerConfig, stt_weights: Path, tiny: TinyTTS, *, in_workers: bool) -> ServerConfig:
+    return config.model_copy(
+        update={
+            "engine": "cascade",
+            "enable_sleep_mode": True,
+            "stt_engine": config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": 2}),
+            "tts_engine": config.tts_engine.model_copy(
+                update={"weights": str(tiny.folder), "voices": str(tiny.voices), "default_voice": "alice"}
+            ),
+            "cascade": config.cascade.model_copy(
+                update={"asr": "stt_engine", "tts": "tts_engine", "sessions_in_workers": in_workers}
+            ),
+        }
+    )
+
+
+async def _until_ready(http: aiohttp.ClientSession, base: str) -> None:
+    for _ in range(int(LOAD_TIMEOUT_S * 20)):
+        async with http.get(f"{base}/health") as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the server did not become ready")
+
+
+async def _first_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    event: dict[str, Any] = await ws.receive_json(timeout=30)
+    return event
+
+
+async def _until_sleeping(app: Any, stages: tuple[int, ...]) -> None:
+    """Until the engine process's offer saying so reached the worker (bounded)."""
+    for _ in range(200):
+        if app[CTX].engines.sleeping == stages:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the worker never saw stages {stages} asleep")
+
+
+@pytest.mark.parametrize("in_workers", [True, False])
+async def test_the_session_lives_where_the_config_says(
+    linked: None, config: ServerConfig, stt_weights: Path, tiny: TinyTTS, in_workers: bool
+) -> None:
+    agent = _agent(config, stt_weights, tiny, in_workers=in_workers)
+    engine = CascadeEngine(agent, CollectorRegistry())  # what the engine process runs
+    app = build_app(agent, engine=engine)
+    worker = app[CTX].engines.session_engine
+    assert isinstance(worker, WorkerCascade if in_workers else RemoteSessionEngine)
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        await _until_ready(http, base)
+        async with http.ws_connect(ws_url(base, model="cascade")) as ws:
+            assert (await _first_event(ws))["type"] == "session.created"
+            if isinstance(worker, WorkerCascade):
+                assert (worker.session_count, engine.session_count) == (1, 0)
+            else:
+                assert engine.session_count == 1
+
+
+async def test_a_worker_refuses_new_sessions_while_a_stage_sleeps(
+    linked: None, config: ServerConfig, stt_weights: Path, tiny: TinyTTS
+) -> None:
+    app = build_app(_agent(config, stt_weights, tiny, in_workers=True))
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        await _until_ready(http, base)
+        async with http.post(f"{base}/v1/omni/sleep", json={"stage_ids": [3]}) as resp:
+            assert resp.status == 200 and (await resp.json())["acks"][0]["stage"] == "tts_engine"
+        await _until_sleeping(app, (3,))
+        async with http.ws_connect(ws_url(base, model="cascade")) as ws:
+            event = await _first_event(ws)
+        assert event["type"] == "error" and event["error"]["code"] == ENGINE_SLEEPING, event
+        async with http.post(f"{base}/v1/omni/wakeup", json={"stage_ids": [3]}) as resp:
+            assert resp.status == 200 and (await resp.json())["sleeping_stages"] == []
+        await _until_sleeping(app, ())
+        async with http.ws_connect(ws_url(base, model="cascade")) as ws:
+            assert (await _first_event(ws))["type"] == "session.created"
