@@ -568,7 +568,30 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         for q in (0.5, 0.95):  # the engine's share: first text received -> first audio handed out
             seconds = histogram_quantile(metrics_before, metrics_after, f"{family}first_audio_seconds", q)
             point[f"engine_first_audio_p{round(q * 100)}_ms"] = seconds * 1e3
+        point |= first_audio_steps(metrics_before, metrics_after)
     return point
+
+
+def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Where the engine's share of first audio goes: a reply's full and pre-audio steps before its
+    first audio (p50), and the share of the model's steps that were full steps while a young reply
+    waited, by reason (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps)."""
+    point = {
+        f"first_{kind}_steps_p50": histogram_quantile(
+            before, after, "rtserve_kyutai_tts_first_audio_steps", 0.5, f'kind="{kind}"'
+        )
+        for kind in ("full", "pre_audio")
+    }
+    steps = {
+        kind: sum(
+            value - before.get(key, 0.0)
+            for key, value in after.items()
+            if key.startswith("rtserve_kyutai_tts_model_steps_total") and f'kind="{kind}"' in key
+        )
+        for kind in ("pre_audio", "full_no_young", "full_no_catch_up", "full_first_audio_due", "full_lead_short")
+    }
+    total = sum(steps.values()) or float("nan")
+    return point | {f"steps_{kind}_pct": 100.0 * count / total for kind, count in steps.items()}
 
 
 def asr_point(
@@ -685,6 +708,11 @@ TTS_COLUMNS = [
     ("first p95", "first_audio_p95_ms", "{:.0f}"),
     ("first max", "first_audio_max_ms", "{:.0f}"),
     ("eng first p50", "engine_first_audio_p50_ms", "{:.0f}"),
+    ("1st full p50", "first_full_steps_p50", "{:.1f}"),
+    ("1st pre p50", "first_pre_audio_steps_p50", "{:.1f}"),
+    ("pre %", "steps_pre_audio_pct", "{:.0f}"),
+    ("full due %", "steps_full_first_audio_due_pct", "{:.0f}"),
+    ("full lead %", "steps_full_lead_short_pct", "{:.0f}"),
     ("eng first p95", "engine_first_audio_p95_ms", "{:.0f}"),
     ("stalls", "stalls", "{}"),
     ("stalled ms", "stalled_ms_total", "{:.0f}"),

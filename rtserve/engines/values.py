@@ -112,6 +112,7 @@ class SpeechStep:
     words_started: int  # words (pauses included) the model began to speak
     done: bool  # the text ran out after end of stream and the final padding was spoken
     overflow: bool = False  # the words could not be fed (lookahead overflow): the stream must end
+    full_steps: int = 0  # of ``steps``, those taken in a full step of the batch (the rest: pre-audio steps)
 
 
 @dataclass(frozen=True)

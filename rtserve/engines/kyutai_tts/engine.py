@@ -20,7 +20,7 @@ import logging
 from functools import partial
 
 import torch
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.errors import EngineError
@@ -38,7 +38,7 @@ from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.tiny_torch import resolve_device
-from rtserve.engines.values import SlotPrompt
+from rtserve.engines.values import SlotPrompt, SpeechStep
 from rtserve.engines.voice_names import OPENAI_VOICES
 from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
@@ -50,6 +50,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
 FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
+FIRST_AUDIO_STEP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32)
 _ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
@@ -74,6 +75,23 @@ class KyutaiTTSEngine:
             "A stream's first text received -> its first audio frame handed out (this engine's share of first "
             "audio: the words the model waits for, its steps before audio and the queueing around them)",
             buckets=FIRST_AUDIO_BUCKETS,
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        # Where a reply's first audio goes (docs/engines.md#pre-audio-steps): the kinds of step the
+        # model took, and those a reply took before its first audio.
+        self._steps = Counter(
+            "rtserve_kyutai_tts_model_steps",
+            "Model steps by kind: pre_audio (young rows alone), full_no_young, and full steps taken while "
+            "young rows waited: full_no_catch_up (catching up off), full_first_audio_due (a reply about to "
+            "make its first audio), full_lead_short (an older reply under tts_engine.catch_up_lead_ms ahead)",
+            ["kind"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        self._first_audio_steps = Histogram(
+            "rtserve_kyutai_tts_first_audio_steps",
+            "A reply's steps up to its first audio frame, by kind: full (the whole batch) or pre_audio",
+            ["kind"],
+            buckets=FIRST_AUDIO_STEP_BUCKETS,
             registry=registry if registry is not None else CollectorRegistry(),
         )
         self._loaded = loaded
@@ -115,7 +133,9 @@ class KyutaiTTSEngine:
         # Paced (no run ahead), every stream must step every tick: no catching up at their cost.
         lead_s = settings.catch_up_lead_ms / 1e3 if settings.run_ahead else 0.0
         clock = self._clock or SystemTickClock()
-        self._frame_model = TTSFrameModel(model, catch_up_lead_s=lead_s, clock=clock.monotonic)
+        self._frame_model = TTSFrameModel(
+            model, catch_up_lead_s=lead_s, clock=clock.monotonic, on_step=lambda kind: self._steps.labels(kind).inc()
+        )
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
@@ -203,8 +223,13 @@ class KyutaiTTSEngine:
             frame_rate=model.frame_rate,
             max_pending_words=self._config.tts_streaming.max_pending_words,
             release_timeout_s=self._config.lockstep.release_timeout_s,
-            on_first_audio=self._first_audio.observe,
+            on_first_audio=self._observe_first_audio,
         )
+
+    def _observe_first_audio(self, seconds: float, speech: SpeechStep) -> None:
+        self._first_audio.observe(seconds)
+        self._first_audio_steps.labels("full").observe(speech.full_steps)
+        self._first_audio_steps.labels("pre_audio").observe(speech.steps - speech.full_steps)
 
     def voice_names(self) -> list[str]:
         """The voices in ``tts_engine.voices`` once loaded (blocking: lists the folder or the hub repo)."""

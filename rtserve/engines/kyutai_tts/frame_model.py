@@ -50,15 +50,23 @@ from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
 
 _NO_AUDIO = np.zeros(0, np.float32)
+# What each step was: the young rows alone (pre-audio), or the whole batch and why (``_full_step_reason``).
+STEP_KINDS = ("pre_audio", "full_no_young", "full_no_catch_up", "full_first_audio_due", "full_lead_short")
 
 
 class TTSFrameModel:
     def __init__(
-        self, model: KyutaiTTSModel, *, catch_up_lead_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+        self,
+        model: KyutaiTTSModel,
+        *,
+        catch_up_lead_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_step: Callable[[str], None] | None = None,
     ) -> None:
         """``catch_up_lead_s``: the audio an older row must have ahead of its playback for the
         young rows to step without it (0: never without it). Only for a model run ahead of
-        playback: paced, every row must step every tick. ``clock``: the scheduler's seconds."""
+        playback: paced, every row must step every tick. ``clock``: the scheduler's seconds.
+        ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics."""
         self.model = model
         self.catch_up_lead_s = catch_up_lead_s
         self._clock = clock
@@ -73,6 +81,8 @@ class TTSFrameModel:
         self.max_words = model.settings.max_words
         self._words = [0] * model.batch_size
         self._overflow = [False] * model.batch_size
+        self._full_steps = np.zeros(model.batch_size, np.int64)
+        self._on_step = on_step
 
     # -- scheduler control operations ------------------------------------------------
 
@@ -95,6 +105,7 @@ class TTSFrameModel:
         self._overflow[slot] = False
         self._audio_start[slot] = np.nan
         self._audio_frames[slot] = 0
+        self._full_steps[slot] = 0
 
     def push(self, slot: int, words: list[Word]) -> None:
         """Queue words; the session keeps at most ``max_words`` unspoken here (past it: refused)."""
@@ -125,9 +136,14 @@ class TTSFrameModel:
             return outputs
         now = self._clock()
         young = stepping & model.young_rows()
-        speak = not young.any() or self._older_need_a_step(stepping & ~young, now)
-        active = torch.from_numpy(stepping if speak else young).to(model.device)
-        for slot, frame in enumerate(model.step(active, speak=speak)):
+        kind = "full_no_young" if not young.any() else self._full_step_reason(stepping & ~young, now)
+        speak = kind != "pre_audio"
+        if self._on_step is not None:
+            self._on_step(kind)
+        active = stepping if speak else young
+        if speak:
+            self._full_steps[active] += 1
+        for slot, frame in enumerate(model.step(torch.from_numpy(active).to(model.device), speak=speak)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
             self._words[slot] += frame.words_started
@@ -137,17 +153,26 @@ class TTSFrameModel:
                 if not self._audio_frames[slot]:
                     self._audio_start[slot] = now
                 self._audio_frames[slot] += 1
-            speech = SpeechStep(int(model.steps[slot]), self._words[slot], frame.done, self._overflow[slot])
+            speech = SpeechStep(
+                int(model.steps[slot]),
+                self._words[slot],
+                frame.done,
+                self._overflow[slot],
+                int(self._full_steps[slot]),
+            )
             outputs[slot] = FrameOutput(audio, speech=speech)
         return outputs
 
-    def _older_need_a_step(self, older: npt.NDArray[np.bool_], now: float) -> bool:
-        """Whether rows past their audio delay that would step must step now: one has no audio
-        yet (a reply about to start) or less than ``catch_up_lead_s`` ahead of its playback."""
+    def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float) -> str:
+        """With young rows stepping: ``pre_audio`` (they go alone), or why the rows past their
+        audio delay that would step must step now too: catching up is off, one has no audio yet
+        (a reply about to start), or one has less than ``catch_up_lead_s`` ahead of its playback."""
         if not older.any():
-            return False
+            return "pre_audio"
         if self.catch_up_lead_s <= 0:
-            return True
+            return "full_no_catch_up"
         made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
-        lead = made - now  # nan (no audio yet) compares False: such a row needs its step
-        return not bool((lead >= self.catch_up_lead_s).all())
+        lead = made - now
+        if np.isnan(lead).any():
+            return "full_first_audio_due"
+        return "pre_audio" if bool((lead >= self.catch_up_lead_s).all()) else "full_lead_short"

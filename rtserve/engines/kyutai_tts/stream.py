@@ -70,10 +70,10 @@ class TTSStream:
         frame_rate: float,
         max_pending_words: int,
         release_timeout_s: float,
-        on_first_audio: Callable[[float], None] | None = None,
+        on_first_audio: Callable[[float, SpeechStep], None] | None = None,
     ) -> None:
         """``on_first_audio``: given the seconds from the first text received to the first audio
-        frame handed out (the engine's share of a reply's first audio)."""
+        frame handed out (the engine's share of a reply's first audio) and the row's steps then."""
         self._scheduler = scheduler
         self._lease = lease
         self._model = model
@@ -151,7 +151,7 @@ class TTSStream:
                 yield word
             if frame.audio.size:
                 if not self._audio_sent:
-                    self._first_audio()
+                    self._first_audio(speech)
                 yield SpeechAudio(frame.audio)
             if speech.done:
                 if self._word_start is not None and self._texts:
@@ -161,10 +161,10 @@ class TTSStream:
                 return
             self._feed()
 
-    def _first_audio(self) -> None:
+    def _first_audio(self, speech: SpeechStep) -> None:
         self._audio_sent = True
         if self._on_first_audio is not None and self._first_text_at is not None:
-            self._on_first_audio(time.monotonic() - self._first_text_at)
+            self._on_first_audio(time.monotonic() - self._first_text_at, speech)
 
     def _words(self, speech: SpeechStep) -> list[SpokenWord]:
         words = []

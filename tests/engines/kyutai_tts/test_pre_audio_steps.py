@@ -152,3 +152,43 @@ def test_an_older_reply_short_of_lead_steps_before_new_replies_catch_up(tiny_tts
     # 60 ms ahead: a full step makes it 140 ms (the clock stands still), another 220 ms; then
     # row 1 goes on alone.
     assert kinds[:3] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("lead_s", "late_s", "held_back_by"),
+    [(0.0, 0.0, "full_no_catch_up"), (0.16, 0.0, "full_no_young"), (0.16, 0.1, "full_lead_short")],
+)
+def test_each_step_says_its_kind_and_a_reply_counts_its_full_steps(
+    tiny_tts: TinyTTS, lead_s: float, late_s: float, held_back_by: str
+) -> None:
+    """What the engine's ``rtserve_kyutai_tts_model_steps`` and ``_first_audio_steps`` count."""
+    now = [0.0]
+    kinds: list[str] = []
+    frame_model = TTSFrameModel(
+        engine(tiny_tts, 2, cfg_coef=2.0), catch_up_lead_s=lead_s, clock=lambda: now[0], on_step=kinds.append
+    )
+    model = frame_model.model
+    splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+    for slot, voice in ((0, "alice"), (1, "bob")):
+        frame_model.begin(slot, model.resolve_voice(voice), None)
+        frame_model.push(slot, splitter.split(TEXT))
+        frame_model.end(slot)
+        if slot == 0:  # row 0 speaks 2 frames (160 ms ahead while the clock stands still) first
+            made = 0
+            while made < 2:
+                output = frame_model.step(NO_INPUT, np.array([True, False]))[0]
+                made += output is not None and output.audio.size > 0
+            # Row 0 alone: pre-audio inside its delay, then full steps with nothing young waiting.
+            young = model.young_steps
+            assert kinds == ["pre_audio"] * young + ["full_no_young"] * (len(kinds) - young)
+            kinds.clear()
+    now[0] += late_s
+    for _ in range(200):
+        first = frame_model.step(NO_INPUT, LIVE)[1]
+        if first is not None and first.audio.size:
+            break
+    assert first is not None and first.speech is not None
+    full = [kind for kind in kinds if kind != "pre_audio"]
+    # Row 1 stepped in every call; it says how many of them were full steps.
+    assert first.speech.steps == len(kinds) and first.speech.full_steps == len(full)
+    assert held_back_by in full and (lead_s == 0) == ("pre_audio" not in kinds)
