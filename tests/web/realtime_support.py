@@ -50,13 +50,18 @@ async def running(
 ) -> AsyncIterator[str]:
     """The app on a real socket (around ``engine`` when given), engine ready; yields its http:// base URL."""
     async with serve_app(build_app(config, engine=engine)) as base, aiohttp.ClientSession() as http:
-        for _ in range(int(ready_timeout_s * 20)):
-            async with http.get(f"{base}/health") as resp:
-                if resp.status == 200:
-                    break
-                assert (await resp.json()).get("status") != "failed"
-            await asyncio.sleep(0.05)
+        await until_ready(http, base, ready_timeout_s)
         yield base
+
+
+async def until_ready(http: aiohttp.ClientSession, base: str, timeout_s: float = HANG_GUARD_S) -> None:
+    """Until ``/health`` says ready (bounded: the load may fail, or hang)."""
+    for _ in range(int(timeout_s * 20)):
+        async with http.get(f"{base}/health") as resp:
+            if resp.status == 200:
+                return
+            assert (await resp.json()).get("status") != "failed"
+        await asyncio.sleep(0.05)
 
 
 def ws_url(base: str, path: str = "/v1/realtime", **query: str) -> str:

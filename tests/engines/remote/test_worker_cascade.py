@@ -29,7 +29,7 @@ from tests.support import serve_app
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S
 from tests.web.realtime.test_realtime_cascade_kyutai_tts import tiny
 from tests.web.realtime.test_realtime_stream_asr import stt_weights
-from tests.web.realtime_support import ws_url
+from tests.web.realtime_support import until_ready, ws_url
 
 pytestmark = pytest.mark.models
 
@@ -58,15 +58,6 @@ def _agent(config: ServerConfig, stt_weights: Path, tiny: TinyTTS, *, in_workers
     )
 
 
-async def _until_ready(http: aiohttp.ClientSession, base: str) -> None:
-    for _ in range(int(LOAD_TIMEOUT_S * 20)):
-        async with http.get(f"{base}/health") as resp:
-            if resp.status == 200:
-                return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the server did not become ready")
-
-
 async def _first_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
     event: dict[str, Any] = await ws.receive_json(timeout=30)
     return event
@@ -91,7 +82,7 @@ async def test_the_session_lives_where_the_config_says(
     worker = app[CTX].engines.session_engine
     assert isinstance(worker, WorkerCascade if in_workers else RemoteSessionEngine)
     async with serve_app(app) as base, aiohttp.ClientSession() as http:
-        await _until_ready(http, base)
+        await until_ready(http, base, LOAD_TIMEOUT_S)
         async with http.ws_connect(ws_url(base, model="cascade")) as ws:
             assert (await _first_event(ws))["type"] == "session.created"
             if isinstance(worker, WorkerCascade):
@@ -105,7 +96,7 @@ async def test_a_worker_refuses_new_sessions_while_a_stage_sleeps(
 ) -> None:
     app = build_app(_agent(config, stt_weights, tiny, in_workers=True))
     async with serve_app(app) as base, aiohttp.ClientSession() as http:
-        await _until_ready(http, base)
+        await until_ready(http, base, LOAD_TIMEOUT_S)
         async with http.post(f"{base}/v1/omni/sleep", json={"stage_ids": [3]}) as resp:
             assert resp.status == 200 and (await resp.json())["acks"][0]["stage"] == "tts_engine"
         await _until_sleeping(app, (3,))
