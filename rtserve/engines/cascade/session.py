@@ -31,7 +31,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class CascadeSession:
         self._partial: asyncio.Task[None] | None = None
         self._partial_at = 0  # turn length (samples) of the latest partial decode
         self._last_partial = ""
-        self._sealed: deque[tuple[int, asyncio.Task[str]]] = deque()
+        self._sealed: deque[tuple[int, asyncio.Future[str]]] = deque()
         self._commit_lock = asyncio.Lock()
         self._channel = EventChannel(limits.output_queue_ms * capabilities.output_sample_rate // 1000)
         self._stream_asr = hearing(self._channel.put_control) if hearing is not None else None
@@ -231,9 +231,10 @@ class CascadeSession:
             scores = await self._models.vad.process(self._vad_stream, audio)
             if generation != self._input_generation or turn is not self._turn:
                 return  # cleared or reconfigured while the VAD ran
+            scored_end = scores.first_sample + len(scores.windows) * self._models.vad.window
             for happened in turn.feed(scores.windows, scores.scores, scores.first_sample):
                 if isinstance(happened, SealedTurn):
-                    self._seal(happened)
+                    self._seal(happened, (scored_end - happened.voiced_end) / self._models.vad.sample_rate)
                 else:
                     self._channel.put_control(happened)
                     if isinstance(happened, SpeechStarted):
@@ -285,18 +286,23 @@ class CascadeSession:
             self._last_partial = text
             self._channel.put_control(InputTranscript(growth, final=False))
 
-    def _seal(self, turn: SealedTurn) -> None:
-        """VAD ended a turn: start its final decode now, ahead of the commit that will want it."""
+    def _seal(self, turn: SealedTurn, trailing_silence_s: float) -> None:
+        """VAD ended a turn ``trailing_silence_s`` before the end of the audio analysed: start its
+        final transcript now, ahead of the commit that will want it."""
         self._reset_partials()
         if len(self._sealed) >= self._max_pending_turns:
             dropped_id, dropped = self._sealed.popleft()
             dropped.cancel()
             log.warning("turn %d was never committed; dropped (max %d pending)", dropped_id, self._max_pending_turns)
-        task = self._preemption.final_transcript(turn) if self._stream_asr is None else None
-        if task is None:
-            task = asyncio.create_task(self._final_transcript(turn.audio))
-            task.add_done_callback(_consume_outcome)
-        self._sealed.append((turn.turn_id, task))
+        final: asyncio.Future[str] | None
+        if self._stream_asr is not None:  # marked now, where the turn's speech ended
+            final = self._stream_asr.finish_turn(trailing_silence_s)
+        else:
+            final = self._preemption.final_transcript(turn)
+        if final is None:
+            final = asyncio.create_task(self._final_transcript(turn.audio))
+        final.add_done_callback(_consume_outcome)
+        self._sealed.append((turn.turn_id, final))
         self._clock.sealed(turn.turn_id)
 
     def _reset_partials(self) -> None:
@@ -477,7 +483,7 @@ class CascadeSession:
             return
         self._closed = True
         self._preemption.clear()
-        tasks = [self._input_task, *(task for _, task in self._sealed)]
+        tasks: list[asyncio.Future[Any]] = [self._input_task, *(task for _, task in self._sealed)]
         tasks += [t for t in (self._partial, self._response) if t is not None]
         for task in tasks:
             task.cancel()
@@ -491,7 +497,7 @@ class CascadeSession:
         self._on_close(self)
 
 
-def _consume_outcome(task: asyncio.Task[str]) -> None:
+def _consume_outcome(task: asyncio.Future[str]) -> None:
     """A speculative final nobody awaited (cleared, closed) must not log 'never retrieved'."""
     if not task.cancelled():
         task.exception()

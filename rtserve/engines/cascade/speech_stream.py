@@ -134,8 +134,8 @@ class WhisperSttStream:
         self._inbox.append(samples)
         self._wake.set()
 
-    def mark(self, marker_id: int) -> None:
-        self._markers.append(_PendingMarker(marker_id, self._sent))
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
+        self._markers.append(_PendingMarker(marker_id, self._sent if samples is None else min(samples, self._sent)))
         self._wake.set()
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:

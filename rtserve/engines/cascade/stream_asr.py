@@ -15,7 +15,11 @@ for the session's whole life:
   ``semantic_vad`` reads to end a pause's turn at once;
 * ``finish_turn`` places a marker on the stream and returns the turn's words once the marker
   comes back, that is once every sample sent before it went through the model and its delay:
-  the words the stream said since the previous turn ended (or ``clear`` dropped them).
+  the words the stream said since the previous turn ended (or ``clear`` dropped them). A turn
+  the VAD ended after some silence places its marker where the speech ended (plus a margin for
+  the last word's end), not where the audio sent so far ends: the model heard that silence
+  while the VAD waited it out, so the words are out about when the turn ends instead of the
+  model's delay later.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from rtserve.engines.kyutai_stt.service import SpeechStream
 
 log = logging.getLogger(__name__)
 
+# A word is complete once the model says the padding after it, a frame or two after the word
+# ends: a turn's marker stays this far past the end of its speech.
+WORD_END_MARGIN_S = 0.16
+
 
 class StreamAsr:
     def __init__(
@@ -48,6 +56,8 @@ class StreamAsr:
         """``report``: where partial transcripts and a failure of the stream go (the session's channel)."""
         self._stream = stream
         self._resampler = StreamResampler(input_rate, stream_rate)
+        self._stream_rate = stream_rate
+        self._pushed = 0  # samples the stream was given
         self._release_timeout_s = release_timeout_s
         self._report = report
         self._words: list[str] = []  # the current turn's words so far
@@ -61,14 +71,18 @@ class StreamAsr:
         resampled = self._resampler.process(audio)
         if resampled.size:
             self._stream.push_audio(resampled)
+            self._pushed += resampled.size
 
-    async def finish_turn(self) -> str:
-        """The words of the turn that ends with the audio pushed so far, once the model has heard it all."""
+    def finish_turn(self, trailing_silence_s: float = 0.0) -> asyncio.Future[str]:
+        """The words of the turn that ends ``trailing_silence_s`` before the end of the audio pushed
+        so far, once the model has heard it (and ``WORD_END_MARGIN_S`` past it). The marker goes
+        on the stream now, where the audio pushed so far places it."""
         marker = next(self._markers)
         heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting.append((marker, heard))
-        self._stream.mark(marker)
-        return await heard
+        behind = round(max(0.0, trailing_silence_s - WORD_END_MARGIN_S) * self._stream_rate)
+        self._stream.mark(marker, self._pushed - behind if behind else None)
+        return heard
 
     def clear(self) -> None:
         """The current turn's audio was dropped (``clear_input``, a new turn detection): so are its words."""

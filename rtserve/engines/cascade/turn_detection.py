@@ -36,6 +36,7 @@ class SealedTurn:
     turn_id: int
     audio: FloatArray
     pause_key: tuple[int, int]  # the detector's ``pause_key`` while the turn's final silence ran
+    voiced_end: int = 0  # where its speech ended: a sample offset in the session's input (the VAD's rate)
 
 
 class _TurnAudio:
@@ -153,7 +154,7 @@ class TurnDetector(_TurnAudio):
             if self._silent_windows >= max(min(stop_after, self._early_stop_windows or stop_after), 1):
                 voiced_end = start + self._window - self._silent_windows * self._window
                 out.append(SpeechStopped(self._ms(voiced_end)))
-                out.append(SealedTurn(self._turn_id, self.turn_audio(), self.pause_key))
+                out.append(SealedTurn(self._turn_id, self.turn_audio(), self.pause_key, voiced_end))
                 self.reset()
         return out
 

@@ -21,8 +21,9 @@ class SpeechStream(Protocol):
         """Queue float mono samples of any length; ``InvalidAudio`` for non-finite or misshapen ones."""
         ...
 
-    def mark(self, marker_id: int) -> None:
-        """Answer ``Marker(marker_id)`` once everything sent so far is transcribed."""
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
+        """Answer ``Marker(marker_id)`` once everything sent so far (or its first ``samples``) is
+        transcribed."""
         ...
 
     def events(self) -> AsyncGenerator[SttEvent, None]: ...

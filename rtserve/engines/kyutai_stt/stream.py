@@ -31,6 +31,9 @@ from rtserve.engines.lockstep.framing import check_audio
 from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.values import FrameOutput, Pcm
 
+# Steps remembered for markers placed behind the audio already stepped (6 s at 12.5 Hz).
+_STEP_HISTORY = 75
+
 
 @dataclass
 class _PendingMarker:
@@ -48,6 +51,9 @@ class SttStream:
         self._tail = np.zeros(0, np.float32)
         self._sent = 0  # samples the client sent, the tail included
         self._markers: deque[_PendingMarker] = deque()
+        # (step index, samples stepped by then) of recent steps: a marker placed behind the audio
+        # already stepped is due the model's delay after the step that took its samples.
+        self._stepped: deque[tuple[int, int]] = deque(maxlen=_STEP_HISTORY)
         self._ended = False
         self._closed = False
 
@@ -75,10 +81,18 @@ class SttStream:
             self._lease.push_samples(np.ascontiguousarray(samples[:whole]))
         self._tail = samples[whole:].copy()
 
-    def mark(self, marker_id: int) -> None:
-        """Answer ``Marker(marker_id)`` once everything sent so far is transcribed."""
-        if not self._ended:
-            self._markers.append(_PendingMarker(marker_id, self._sent - self._tail.size))
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
+        """Answer ``Marker(marker_id)`` once everything sent so far is transcribed, or only its first
+        ``samples`` (a turn that ended earlier in the audio sent: its words are out sooner)."""
+        if self._ended:
+            return
+        sent = self._sent - self._tail.size
+        marker = _PendingMarker(marker_id, sent if samples is None else max(0, min(samples, sent)))
+        marker.due = next(
+            (index + self._settings.delay_frames for index, stepped in self._stepped if stepped >= marker.samples),
+            None,
+        )
+        self._markers.append(marker)
 
     def end_input(self) -> None:
         """No more audio: drain the model's delay with silence; ``events`` then ends."""
@@ -114,6 +128,7 @@ class SttStream:
         events: list[SttEvent] = [Step(step.index + 1, step.scores, max(0, self.buffered_samples))]
         events += self._tracker.feed(step.index - self._settings.max_delay, step.token)
         stepped = output.input_samples or 0
+        self._stepped.append((step.index, stepped))
         for marker in self._markers:
             if marker.due is None and stepped >= marker.samples:
                 marker.due = step.index + self._settings.delay_frames

@@ -36,10 +36,10 @@ class HostedSpeechStreams:
         hosted = self._streams.get(handle)
         return None if hosted is None else hosted.stream
 
-    def mark(self, handle: int, marker_id: int) -> None:
+    def mark(self, handle: int, marker_id: int, samples: int | None) -> None:
         stream = self.get(handle)
         if stream is not None:
-            stream.mark(marker_id)
+            stream.mark(marker_id, samples)
 
     async def close(self, handle: int) -> None:
         hosted = self._streams.pop(handle, None)

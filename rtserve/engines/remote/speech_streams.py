@@ -61,10 +61,10 @@ class RemoteSpeechStream:
         if not self._closed:
             self._link.uplink.push(self._handle, samples)
 
-    def mark(self, marker_id: int) -> None:
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
         if not self._closed:
             self._markers += 1
-            self._link.command("stt", "mark", self._handle, marker_id)  # flushes the audio before it first
+            self._link.command("stt", "mark", self._handle, marker_id, samples)  # flushes the audio before it first
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         while True:

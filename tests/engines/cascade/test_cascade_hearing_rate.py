@@ -18,7 +18,7 @@ from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.session import CascadeSession
-from rtserve.engines.cascade.stream_asr import StreamAsr
+from rtserve.engines.cascade.stream_asr import WORD_END_MARGIN_S, StreamAsr
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.kyutai_stt.events import SttEvent
 from rtserve.engines.values import Pcm, SessionOptions
@@ -33,6 +33,7 @@ class RecordingStream:
 
     def __init__(self) -> None:
         self.pushed: list[np.ndarray] = []
+        self.marked_at: list[int | None] = []
         self.closed = asyncio.Event()
 
     @property
@@ -42,8 +43,8 @@ class RecordingStream:
     def push_audio(self, pcm: Pcm) -> None:
         self.pushed.append(np.array(pcm, copy=True))
 
-    def mark(self, marker_id: int) -> None:
-        pass
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
+        self.marked_at.append(samples)
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         await self.closed.wait()
@@ -90,6 +91,8 @@ async def test_the_model_hears_the_client_samples_unchanged_and_the_vad_still_ma
             await asyncio.sleep(0.002)
         stopped = await events.wait_for(lambda e: isinstance(e, SpeechStopped))
         assert isinstance(stopped, SpeechStopped)
+        for _ in range(20):
+            await asyncio.sleep(0)
     finally:
         await session.close()
     assert np.array_equal(np.concatenate(stream.pushed), spoken)
@@ -98,3 +101,9 @@ async def test_the_model_hears_the_client_samples_unchanged_and_the_vad_still_ma
     speech_ms = 1000 * len(question) / MODEL_RATE
     assert 0 <= started.audio_ms < speech_ms / 2
     assert speech_ms - 500 < stopped.audio_ms <= speech_ms + 100  # 24 kHz scored as 16 kHz: ~1.3x later
+    # The VAD sealed the turn after 500 ms of silence; its marker went where the speech stopped
+    # (plus the last word's margin), not where the audio sent so far ended: the model heard that
+    # silence meanwhile. Later by at most the VAD resampler's lag and one chunk.
+    (marked,) = stream.marked_at
+    expected = (stopped.audio_ms / 1000 + WORD_END_MARGIN_S) * MODEL_RATE
+    assert marked is not None and expected - 0.01 * MODEL_RATE <= marked <= expected + 0.1 * MODEL_RATE

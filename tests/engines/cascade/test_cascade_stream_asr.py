@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 import numpy as np
 import pytest
 
-from rtserve.engines.cascade.stream_asr import StreamAsr
+from rtserve.engines.cascade.stream_asr import WORD_END_MARGIN_S, StreamAsr
 from rtserve.engines.errors import EngineError
 from rtserve.engines.events import EngineEvent, EngineFailure, InputTranscript
 from rtserve.engines.kyutai_stt.events import Marker, Step, SttEvent, Word
@@ -26,6 +26,7 @@ class ScriptedStream:
         self.events_in: asyncio.Queue[SttEvent | EngineError] = asyncio.Queue()
         self.pushed = 0
         self.marks: list[int] = []
+        self.marked_at: list[int | None] = []  # each mark's samples (None: everything pushed)
         self.closed = False
 
     @property
@@ -35,8 +36,9 @@ class ScriptedStream:
     def push_audio(self, pcm: Pcm) -> None:
         self.pushed += pcm.size
 
-    def mark(self, marker_id: int) -> None:
+    def mark(self, marker_id: int, samples: int | None = None) -> None:
         self.marks.append(marker_id)
+        self.marked_at.append(samples)
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         while True:
@@ -75,7 +77,7 @@ async def test_words_extend_each_other_and_a_turn_is_the_words_before_its_marker
     for word in ("hello", "there"):
         stream.events_in.put_nowait(Word(word, 0.0))
     stream.events_in.put_nowait(Step(1, (0.8, 0.1, 0.1), 0))
-    turn = asyncio.create_task(asr.finish_turn())
+    turn = asr.finish_turn()
     await _settle()
     assert not turn.done() and stream.marks == [1]
     stream.events_in.put_nowait(Word("friend", 0.0))  # said before the marker: still this turn's
@@ -98,7 +100,7 @@ async def test_clear_drops_the_words_heard_so_far(heard: tuple[StreamAsr, Script
     await _settle()
     asr.clear()
     stream.events_in.put_nowait(Word("kept", 0.0))
-    turn = asyncio.create_task(asr.finish_turn())
+    turn = asr.finish_turn()
     await _settle()
     stream.events_in.put_nowait(Marker(stream.marks[-1]))
     assert await asyncio.wait_for(turn, 5) == "kept"
@@ -108,9 +110,26 @@ async def test_a_failed_stream_is_reported_and_fails_the_waiting_turn(
     heard: tuple[StreamAsr, ScriptedStream, list[EngineEvent]],
 ) -> None:
     asr, stream, reported = heard
-    turn = asyncio.create_task(asr.finish_turn())
+    turn = asr.finish_turn()
     await _settle()
     stream.events_in.put_nowait(EngineError("the slot went away", code="engine_error"))
     with pytest.raises(EngineError):
         await asyncio.wait_for(turn, 5)
     assert isinstance(reported[-1], EngineFailure) and reported[-1].code == "engine_error"
+
+
+async def test_a_turn_the_vad_ended_after_silence_is_marked_where_its_speech_ended(
+    heard: tuple[StreamAsr, ScriptedStream, list[EngineEvent]],
+) -> None:
+    """The model heard the silence while the VAD waited it out: the turn's marker goes where its
+    speech ended (plus the margin for the last word's end), so its words are out sooner."""
+    asr, stream, _reported = heard
+    asr.push(np.zeros(16000, np.float32))
+    await _settle()
+    turns = [asr.finish_turn(silence) for silence in (0.5, 0.1, 0.0)]
+    await _settle()
+    behind = round((0.5 - WORD_END_MARGIN_S) * 24000)
+    # Silence shorter than the margin, or none (a manual commit): everything pushed.
+    assert stream.marked_at == [stream.pushed - behind, None, None]
+    for turn in turns:
+        turn.cancel()

@@ -55,16 +55,20 @@ def test_the_silence_prefix_is_not_client_time() -> None:
     assert tracker.time_of(13 + 6 + 9) == pytest.approx(29 / 12.5 - 13 / 12.5 - 0.5)
 
 
-async def test_a_stream_prefills_answers_its_marker_and_drains_at_the_end(stt: SttModel) -> None:
+def _stream(stt: SttModel) -> tuple[LockstepScheduler, SttStream]:
+    """A stream on a scheduler ticked by hand."""
     config = ServerConfig()
     model = SttFrameModel(stt, 2)
     lockstep = config.lockstep.model_copy(update={"latency_trim_window_frames": None, "max_input_backlog_ms": 10_000})
     scheduler = LockstepScheduler(model, lockstep, CollectorRegistry(), name="stt-test")
     lease = scheduler.acquire(SlotPrompt())
     c = stt.loaded.lm_config
-    stream = SttStream(
-        lease, stt.settings, WordTracker(stt.settings, stt.tokenizer.decode, c.text_padding_id, 0), FRAME
-    )
+    tracker = WordTracker(stt.settings, stt.tokenizer.decode, c.text_padding_id, 0)
+    return scheduler, SttStream(lease, stt.settings, tracker, FRAME)
+
+
+async def test_a_stream_prefills_answers_its_marker_and_drains_at_the_end(stt: SttModel) -> None:
+    scheduler, stream = _stream(stt)
     with pytest.raises(InvalidAudio):
         stream.push_audio(np.array([0.0, np.inf], np.float32))
     audio = (0.3 * np.random.default_rng(1).standard_normal(10 * FRAME + 500)).astype(np.float32)
@@ -96,4 +100,45 @@ async def test_a_stream_prefills_answers_its_marker_and_drains_at_the_end(stt: S
     assert stream.pending_markers == 0
     words = [e for e in events if isinstance(e, Word | EndWord)]
     assert all(isinstance(w, EndWord) or w.text for w in words)
+    await stream.close(1.0)
+
+
+async def test_a_marker_behind_the_audio_stepped_is_due_a_delay_after_its_own_audio(stt: SttModel) -> None:
+    """A turn that ended 4 frames before the audio sent (``mark(id, samples)``) is answered the
+    delay after the step that took its audio, not the delay after the mark; so is a marker whose
+    audio was all stepped before it came."""
+    scheduler, stream = _stream(stt)
+    noise = np.random.default_rng(2)
+    delay = stt.settings.delay_frames
+    events: list[SttEvent] = []
+
+    async def consume() -> None:
+        async for event in stream.events():
+            events.append(event)
+
+    async def tick(times: int) -> None:
+        for _ in range(times):
+            scheduler.tick()
+            await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(consume())
+    sent = 4 + delay  # frames: the turn's 4, then the silence the VAD waited out (the delay's worth)
+    stream.push_audio((0.3 * noise.standard_normal(sent * FRAME)).astype(np.float32))
+    await tick(stt.settings.prefix_frames + sent)
+    assert sum(isinstance(e, Step) for e in events) == sent
+    stream.mark(7, samples=4 * FRAME)  # where the turn's speech ended
+    stream.mark(8)  # everything sent: its last frame was stepped just now
+    stream.push_audio((0.3 * noise.standard_normal(2 * delay * FRAME)).astype(np.float32))
+    await tick(1)
+    assert events[-1] == Marker(7), "due already: its 4 frames were stepped the delay ago"
+    assert delay > 1 and Marker(8) not in events
+    await tick(delay - 2)
+    assert Marker(8) not in events
+    await tick(1)
+    assert events[-1] == Marker(8), "the delay after its last frame's step"
+    stream.end_input()
+    await tick(4 * delay)
+    await asyncio.wait_for(task, 5)
     await stream.close(1.0)
