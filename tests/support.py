@@ -23,3 +23,15 @@ async def serve_app(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def serve_plain(app: web.Application) -> AsyncIterator[str]:
+    """Yield the base URL of a plain aiohttp ``app`` (a stand-in for another server) on 127.0.0.1."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

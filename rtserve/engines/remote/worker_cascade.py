@@ -1,18 +1,19 @@
 """The cascade's realtime sessions in a front-end worker; its models stay in the engine process.
 
 With ``cascade.asr: stt_engine`` and ``cascade.tts: tts_engine`` under ``--workers N`` every
-model a cascade session calls lives in the engine process and is reached over the link already:
-the streaming STT (``RemoteSpeechStreams``), the LLM (``RemoteLLM``) and the Kyutai TTS
-(``RemoteTTSStreams``). What is left per session is the VAD, turn detection, the reply chain
-and the event plumbing: plain Python that, at a few hundred sessions, kept the engine process's
-one event loop and GIL busy between the GPU steps (benchmarks/notes/voice_agent_gpu.md). So each
-worker hosts its own sessions with a Silero VAD of its own, and the engine process keeps the
-models (docs/engines.md#cascade-sessions-in-workers). Sleep stays the engine process's: a worker
-refuses new sessions while any stage sleeps, as the engine process itself does.
+model a cascade session calls is reached from a worker already: the streaming STT
+(``RemoteSpeechStreams``), the LLM (``RemoteLLM``; a vLLM server the worker asks itself) and the
+Kyutai TTS (``RemoteTTSStreams``). What is left per session is the VAD, turn detection, the reply
+chain and the event plumbing: plain Python that, at a few hundred sessions, kept the engine
+process's one event loop and GIL busy between the GPU steps (benchmarks/notes/voice_agent_gpu.md).
+So each worker hosts its own sessions with a Silero VAD of its own, and the engine process keeps
+the models (docs/engines.md#cascade-sessions-in-workers). Sleep stays the engine process's: a
+worker refuses new sessions while any stage sleeps, as the engine process itself does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from prometheus_client import CollectorRegistry
@@ -25,10 +26,12 @@ from rtserve.engines.cascade.model_paths import resolve_vad
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.sessions import CascadeSessions, reply_chain
 from rtserve.engines.cascade.vad import VadEngine
+from rtserve.engines.errors import EngineError
 from rtserve.engines.remote.client import RemoteEngines, RemoteLLM, RemoteSessionEngine
 from rtserve.engines.remote.speech_streams import RemoteSpeechStreams
 from rtserve.engines.remote.tts_streams import RemoteTTSStreams
 from rtserve.engines.values import EngineCapabilities, SessionOptions
+from rtserve.engines.vllm_engine import VllmTextEngine
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +46,12 @@ def host_cascade_sessions(config: ServerConfig, engines: RemoteEngines, registry
         and limits.tts == "tts_engine"
     ):
         return
-    llm, stt, speech = engines.turn_engines.llm, engines.turn_engines.stt, engines.speech_engine
+    remote_llm, stt, speech = engines.turn_engines.llm, engines.turn_engines.stt, engines.speech_engine
     # The engine process builds all three from the same configuration, or refuses to start.
-    assert isinstance(llm, RemoteLLM) and isinstance(stt, RemoteSpeechStreams) and speech is not None
+    assert isinstance(remote_llm, RemoteLLM) and isinstance(stt, RemoteSpeechStreams) and speech is not None
+    # A vLLM server is reached over HTTP from anywhere: the worker asks it itself, so no token of a
+    # reply crosses the engine process.
+    llm = VllmTextEngine(config.http.vllm) if limits.llm_engine == "vllm" else remote_llm
     engines.host_sessions(WorkerCascade(config, engines.remote_sessions, llm, stt, speech, registry))
 
 
@@ -56,7 +62,7 @@ class WorkerCascade:
         self,
         config: ServerConfig,
         engine: RemoteSessionEngine,
-        llm: RemoteLLM,
+        llm: RemoteLLM | VllmTextEngine,
         stt: RemoteSpeechStreams,
         speech: RemoteTTSStreams,
         registry: CollectorRegistry,
@@ -64,6 +70,7 @@ class WorkerCascade:
         """``engine``: the engine process's cascade, for what it says (capabilities, readiness,
         sleep); its own sessions are never opened."""
         self._engine = engine
+        self._llm = llm
         metrics = CascadeMetrics(registry)
         limits = config.cascade
         # This worker's share of the host: every worker scores its own sessions' audio.
@@ -83,7 +90,8 @@ class WorkerCascade:
 
     @property
     def ready(self) -> bool:
-        return self.vad.ready and self._engine.ready
+        own_llm = not isinstance(self._llm, VllmTextEngine) or self._llm.ready
+        return self.vad.ready and own_llm and self._engine.ready
 
     @property
     def failure(self) -> str | None:
@@ -94,8 +102,11 @@ class WorkerCascade:
         return len(self._sessions)
 
     async def start(self) -> None:
+        llm = self._llm
         try:
-            await self.vad.start()
+            await asyncio.gather(self.vad.start(), *([llm.start()] if isinstance(llm, VllmTextEngine) else []))
+        except EngineError as exc:  # vLLM did not serve in time: its message says where and why
+            self._failure = exc.message
         except Exception as exc:
             log.exception("the worker's VAD failed to load")
             self._failure = f"the voice activity detector failed to load: {exc}"
@@ -110,6 +121,8 @@ class WorkerCascade:
     async def stop(self) -> None:
         await self._sessions.close_all()
         self.vad.stop()
+        if isinstance(self._llm, VllmTextEngine):
+            self._llm.stop()
 
     def model_ids(self) -> list[str]:
         return self._engine.model_ids()

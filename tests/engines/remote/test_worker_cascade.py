@@ -2,30 +2,35 @@
 with the tiny Kyutai STT and TTS, a realtime session opened over a worker's engine link lives in the
 worker (its VAD and reply chain there), while the engine process holds the models and only their
 streams; ``cascade.sessions_in_workers: false`` keeps it in the engine process; a worker refuses new
-sessions while a stage of the engine process sleeps. The conversation itself (speech in, words,
+sessions while a stage of the engine process sleeps; with the LLM on a vLLM server the worker asks it
+itself, not through the engine process. The conversation itself (speech in, words,
 reply audio, barge-in) over this path is ``test_realtime_gpu_agent_cpu.py`` under
 ``--engine-client=link``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rtserve import app as app_module
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.engine import CascadeEngine
-from rtserve.engines.remote.client import RemoteSessionEngine
+from rtserve.engines.remote.client import RemoteLLM, RemoteSessionEngine
 from rtserve.engines.remote.worker_cascade import WorkerCascade
 from rtserve.errors import ENGINE_SLEEPING
 from rtserve.web.context import CTX
 from tests.engines.kyutai_tts.tiny import TinyTTS
-from tests.support import serve_app
+from tests.support import serve_app, serve_plain
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S
 from tests.web.realtime.test_realtime_cascade_kyutai_tts import tiny
 from tests.web.realtime.test_realtime_stream_asr import stt_weights
@@ -108,3 +113,61 @@ async def test_a_worker_refuses_new_sessions_while_a_stage_sleeps(
         await _until_sleeping(app, ())
         async with http.ws_connect(ws_url(base, model="cascade")) as ws:
             assert (await _first_event(ws))["type"] == "session.created"
+
+
+async def _fake_vllm(answer: str, asked: list[dict[str, Any]]) -> AsyncIterator[str]:
+    """An OpenAI-compatible server in the shape vLLM answers (what ``VllmTextEngine`` reads)."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def tokenize(_: web.Request) -> web.Response:
+        return web.json_response({"count": 16})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        asked.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunks = [
+            {"choices": [{"delta": {"content": answer}, "finish_reason": None}]},
+            {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 2}},
+        ]
+        for chunk in chunks:
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions", completions)
+    async with serve_plain(app) as url:
+        yield url
+
+
+async def test_a_worker_asks_the_vllm_server_itself(
+    linked: None, config: ServerConfig, stt_weights: Path, tiny: TinyTTS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[dict[str, Any]] = []
+
+    def over_the_link(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the reply's LLM request went through the engine process")
+
+    monkeypatch.setattr(RemoteLLM, "generate", over_the_link)
+    async with contextlib.aclosing(_fake_vllm("Paris.", asked)) as servers:
+        vllm = await anext(servers)
+        agent = _agent(config, stt_weights, tiny, in_workers=True)
+        agent.cascade.llm_engine = "vllm"
+        agent.http.vllm = agent.http.vllm.model_copy(update={"url": vllm, "model": "m"})
+        async with serve_app(build_app(agent)) as base, aiohttp.ClientSession() as http:
+            await until_ready(http, base, LOAD_TIMEOUT_S)
+            async with http.ws_connect(ws_url(base, model="cascade")) as ws:
+                assert (await _first_event(ws))["type"] == "session.created"
+                user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "France?"}]}
+                await ws.send_json({"type": "conversation.item.create", "item": user})
+                await ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+                while (event := await _first_event(ws))["type"] != "response.done":
+                    pass
+    assert event["response"]["status"] == "completed", event
+    assert [m["content"] for m in asked[0]["messages"] if m["role"] == "user"] == ["France?"]
