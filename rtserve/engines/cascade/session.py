@@ -48,7 +48,7 @@ from rtserve.engines.cascade.reply import ReplyChain, SpokenChunk
 from rtserve.engines.cascade.stream_asr import StreamAsr
 from rtserve.engines.cascade.turn_clock import TurnClock
 from rtserve.engines.cascade.turn_detection import ManualTurn, SealedTurn, TurnDetector
-from rtserve.engines.cascade.vad import VadEngine, VadStream
+from rtserve.engines.cascade.vad import VadEngine, VadScores, VadStream
 from rtserve.engines.errors import EngineError
 from rtserve.engines.events import (
     EngineEvent,
@@ -231,10 +231,9 @@ class CascadeSession:
             scores = await self._models.vad.process(self._vad_stream, audio)
             if generation != self._input_generation or turn is not self._turn:
                 return  # cleared or reconfigured while the VAD ran
-            scored_end = scores.first_sample + len(scores.windows) * self._models.vad.window
             for happened in turn.feed(scores.windows, scores.scores, scores.first_sample):
                 if isinstance(happened, SealedTurn):
-                    self._seal(happened, (scored_end - happened.voiced_end) / self._models.vad.sample_rate)
+                    self._seal(happened, self._silence_after(happened, scores))
                 else:
                     self._channel.put_control(happened)
                     if isinstance(happened, SpeechStarted):
@@ -285,6 +284,13 @@ class CascadeSession:
         if turn_id == self._turn.turn_id and growth:
             self._last_partial = text
             self._channel.put_control(InputTranscript(growth, final=False))
+
+    def _silence_after(self, turn: SealedTurn, scores: VadScores) -> float:
+        """Seconds of input the VAD scored after ``turn``'s speech ended (0: cut by hand)."""
+        if turn.voiced_end is None:
+            return 0.0
+        vad = self._models.vad
+        return (scores.first_sample + len(scores.windows) * vad.window - turn.voiced_end) / vad.sample_rate
 
     def _seal(self, turn: SealedTurn, trailing_silence_s: float) -> None:
         """VAD ended a turn ``trailing_silence_s`` before the end of the audio analysed: start its

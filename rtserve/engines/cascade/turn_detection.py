@@ -36,7 +36,9 @@ class SealedTurn:
     turn_id: int
     audio: FloatArray
     pause_key: tuple[int, int]  # the detector's ``pause_key`` while the turn's final silence ran
-    voiced_end: int = 0  # where its speech ended: a sample offset in the session's input (the VAD's rate)
+    # Where the VAD heard its speech end (a sample offset in the session's input, the VAD's rate);
+    # None: ended by a manual commit.
+    voiced_end: int | None = None
 
 
 class _TurnAudio:

@@ -305,7 +305,6 @@ class RemoteEngines:
         # The engine process's session engine; ``host_sessions`` may put this worker's own in its place.
         self.remote_sessions = RemoteSessionEngine(link, offer, max_queued_events=max_queued_events)
         self.session_engine: RemoteSessionEngine | WorkerSessions = self.remote_sessions
-        self._hosted: WorkerSessions | None = None
         self.turn_engines = TurnEngines(
             asr=RemoteASR(link, offer.asr) if offer.asr else None,
             llm=RemoteLLM(link, offer.llm) if offer.llm else None,
@@ -319,7 +318,12 @@ class RemoteEngines:
 
     def host_sessions(self, sessions: WorkerSessions) -> None:
         """This worker hosts the realtime sessions itself (before ``start``; ``worker_cascade.py``)."""
-        self._hosted = self.session_engine = sessions
+        self.session_engine = sessions
+
+    @property
+    def _hosted(self) -> WorkerSessions | None:
+        hosted = self.session_engine
+        return None if isinstance(hosted, RemoteSessionEngine) else hosted
 
     @property
     def ready(self) -> bool:
@@ -335,16 +339,16 @@ class RemoteEngines:
         self._link.start()
         if self._registry is not None:
             self._publisher = asyncio.create_task(self._publish_metrics(self._registry))
-        if self._hosted is not None:
-            self._starting = asyncio.create_task(self._hosted.start(), name="worker-cascade-start")
+        if (hosted := self._hosted) is not None:
+            self._starting = asyncio.create_task(hosted.start(), name="worker-cascade-start")
 
     async def stop(self) -> None:
         tasks = [task for task in (self._publisher, self._starting) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._hosted is not None:
-            await self._hosted.stop()
+        if (hosted := self._hosted) is not None:
+            await hosted.stop()
         await self._link.close()
 
     async def exposition(self, own: bytes) -> bytes:
