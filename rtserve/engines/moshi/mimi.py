@@ -153,7 +153,10 @@ class _RVQ(nn.Module):
         codes = []
         for codebook in self.codebooks:
             flat = residual.transpose(1, 2).reshape(-1, dim)
-            index = torch.cdist(flat[None], codebook[None], p=2)[0].argmin(dim=-1).view(batch, steps)
+            # The nearest entry by |c|^2 - 2 x.c (|x|^2 is the same for every entry): one matmul,
+            # where cdist takes several kernels and a square root that cannot change the order.
+            distance = torch.addmm((codebook * codebook).sum(-1), flat, codebook.t(), alpha=-2)
+            index = distance.argmin(dim=-1).view(batch, steps)
             residual = residual - F.embedding(index, codebook).transpose(1, 2)
             codes.append(index)
         return torch.stack(codes, dim=1)
