@@ -266,6 +266,7 @@ class KyutaiTTSModel:
             self.active.fill_(True)
         else:
             self.active.copy_(active)
+        self.machine.flush()
         if not self._graphs:
             outputs = self._advance(speak)
         else:

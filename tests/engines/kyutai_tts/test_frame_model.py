@@ -80,3 +80,25 @@ def test_a_row_holds_at_most_max_words(tiny_tts: TinyTTS) -> None:
     with pytest.raises(EngineError) as refused:
         model.push(0, words[model.max_words :])
     assert refused.value.code == INPUT_BACKPRESSURE
+
+
+def test_words_of_a_stream_closed_before_any_step_do_not_reach_the_next_one_on_its_row(tiny_tts: TinyTTS) -> None:
+    """Pushed words reach the device just before the next step; a row reopened meanwhile speaks
+    only its new stream's words, exactly as a row that never held the old ones."""
+    reused, fresh = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0)), TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0))
+    reused.begin(0, reused.model.resolve_voice("alice"), 3)
+    reused.push(0, _words(reused, "brown fox jumps over"))
+    reused.release(0)
+    words = _words(reused, TEXT)
+    for model in (reused, fresh):
+        model.begin(0, model.model.resolve_voice("bob"), 5)
+        model.push(0, words)
+        model.end(0)
+    for _ in range(400):
+        ours, theirs = reused.step(NO_INPUT, LIVE)[0], fresh.step(NO_INPUT, LIVE)[0]
+        assert ours is not None and theirs is not None and ours.speech is not None and theirs.speech is not None
+        assert ours.speech.words_started == theirs.speech.words_started
+        np.testing.assert_array_equal(ours.audio, theirs.audio)
+        if ours.speech.done:
+            break
+    assert ours.speech.done and ours.speech.words_started == len(words)
