@@ -11,8 +11,10 @@ copied to the host. Contexts: ``0`` (fresh rows) and ``full`` (every row's atten
 full: the steady state of a stream longer than ``context`` frames), set directly in the KV
 caches on both sides (``moshi_build``). ``mimi-encode`` times our Mimi encode alone (its own
 graph): the share of a frame that is the codec, not the LM; ``mimi-encode-bf16`` the same
-codec in bf16, with its code agreement against fp32; ``ours-paged8-device`` the paged step
-without the per-row host readout. These three are diagnostics, off by default.
+codec in bf16, with its code agreement against fp32; ``ours-paged8-codec-bf16`` the served step
+with the encoder in bf16 and the quantizer in fp32 (``stt_engine.codec_dtype: bfloat16``);
+``ours-paged8-device`` the paged step without the per-row host readout. These four are off by
+default; the last two are diagnostics.
 
 Shapes: the published configs (``config.json`` of each hub repo) as ``SHAPES`` transcribes them,
 with random bf16 weights; Mimi in fp32 with 32 codebooks, as published. ``tiny`` (CPU) keeps
@@ -251,7 +253,8 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours,ours-paged8,reference,mimi-encode",
-        help="also: mimi-encode-bf16, ours-paged8-device (diagnostics)",
+        help="also: ours-paged8-codec-bf16 (stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
+        "ours-paged8-device (diagnostics)",
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -283,6 +286,10 @@ def main() -> None:
                             row[side] = run_encode(mimi, batch, args, device, codec_dtype)
                         elif side == "ours-paged8-device":
                             row[side] = run_device_only(lm, mimi, config, batch, fill, args)
+                        elif side == "ours-paged8-codec-bf16":
+                            codec = copy.deepcopy(mimi)
+                            codec.encoder_to(torch.bfloat16)
+                            row[side] = run_ours(lm, codec, config, stt, batch, fill, True, args)
                         elif side == "reference":
                             row[side] = run_reference(ref_lm, ref_mimi, batch, fill, args, device)
                         else:

@@ -79,6 +79,7 @@ class KyutaiSttEngine:
         self._model = model
         self.sample_rate = model.loaded.mimi_config.sample_rate
         settings = self._config.stt_engine
+        model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
         paged_kv = paged_kv_spec(settings, settings.batch_size, model.loaded.lm_config.context)
         frame_model = SttFrameModel(model, settings.batch_size, temperature=settings.temperature, paged_kv=paged_kv)
         lockstep = self._config.lockstep.model_copy(

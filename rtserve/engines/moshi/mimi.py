@@ -238,9 +238,17 @@ class Mimi(nn.Module):
         return 1 if self.upsample.tail else 0
 
     def start(self, batch: int) -> None:
-        param = self.quantizer.rvq_first.input_proj.weight
+        """Fresh streaming state for ``batch`` rows, each module's in its own dtype."""
         for module in _streaming_children(self):
+            param = next(module.parameters())
             module.start(batch, param.device, param.dtype)
+
+    def encoder_to(self, dtype: torch.dtype) -> None:
+        """Run the encoder (SEANet, its transformer, the downsampler) in ``dtype``; the quantizer
+        stays as it is, so the nearest codebook entries are still picked in fp32
+        (docs/engines.md#mimi-encoder-in-bf16). Call before ``start``."""
+        for part in (self.encoder, self.encoder_transformer, self.downsample):
+            part.to(dtype)
 
     def reset_encoder_rows(self, mask: torch.Tensor) -> None:
         for module in self._encode_side:
@@ -267,10 +275,10 @@ class Mimi(nn.Module):
     @torch.no_grad()
     def encode(self, pcm: torch.Tensor) -> torch.Tensor:
         """``[B, frame_size]`` float audio -> ``[B, codebooks]`` codes for one frame."""
-        x = self.encoder(pcm[:, None, :])
+        x = self.encoder(pcm[:, None, :].to(self.downsample.weight.dtype))
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         x = self.downsample(x)
-        return self.quantizer.encode(x)[:, :, 0]
+        return self.quantizer.encode(x.to(self.quantizer.rvq_first.codebooks.dtype))[:, :, 0]
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, hold: torch.Tensor | None = None) -> torch.Tensor:

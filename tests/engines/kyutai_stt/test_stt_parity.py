@@ -113,6 +113,17 @@ def test_mixed_batch_with_a_recycled_row_matches_the_reference_row_by_row(tiny_s
     _check_slot(outputs, 2, 20, tiny_stt, audio)
 
 
+def test_a_bf16_encoder_keeps_the_reference_transcript_on_the_tiny_checkpoint(tiny_stt: TinyStt, stt: SttModel) -> None:
+    """``stt_engine.codec_dtype: bfloat16``: the encoder runs in bf16, the quantizer in fp32; on these
+    weights every code, so every text token, is still the fp32 reference's (docs/engines.md#mimi-encoder-in-bf16)."""
+    stt.loaded.mimi.encoder_to(torch.bfloat16)
+    audio = _audio(FRAMES, 2, seed=6)
+    outputs = _run(SttFrameModel(stt, 2), audio, {0: 0, 1: 0})
+    assert stt.loaded.mimi.quantizer.rvq_first.codebooks.dtype == torch.float32
+    assert _check_slot(outputs, 0, 0, tiny_stt, audio) >= 60
+    _check_slot(outputs, 1, 0, tiny_stt, audio)
+
+
 def _run_with_recycle(
     model: SttFrameModel, audio: np.ndarray, opens: dict[int, int], recycle: tuple[int, int] | None
 ) -> list[list[FrameOutput | None]]:
