@@ -16,6 +16,9 @@ frame. Reported over the steady window (after ``--warmup``):
 * step latency p50/p99: frame k sent -> the ``Step`` of the tick that consumed it arrived. The
   marker after frame k is answered ``delay`` steps after that tick (``Step`` then ``Marker`` in one
   tick's messages), so that Step's index is the marker's minus the model's delay in frames;
+* standing: whole frames of a stream's input queued beyond its tick, per stream and tick (the
+  engine's ``standing_input_frames`` counter): x 80 ms, what a standing backlog adds to the step
+  latency;
 * underruns: ticks that stepped a stream with silence for lack of its audio, from the same markers
   (a stream's step index minus its frame index grows by one per underrun; STT keeps every sample,
   so each one is 80 ms of lasting latency);
@@ -562,6 +565,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
     point |= tick_parts_p99_ms(metrics_before, metrics_after, family)  # which part of a long tick stalls
     point |= full_collections(metrics_before, metrics_after)  # or whether a collection held the GIL
     if args.route == "asr":
+        point["standing_frames"] = standing_frames(metrics_before, metrics_after, family, clients)
         point |= asr_point(args, logs, window, ends)
     else:
         point |= tts_point(logs, window)
@@ -570,6 +574,14 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
             point[f"engine_first_audio_p{round(q * 100)}_ms"] = seconds * 1e3
         point |= first_audio_steps(metrics_before, metrics_after)
     return point
+
+
+def standing_frames(before: dict[str, float], after: dict[str, float], family: str, streams: int) -> float:
+    """Whole frames a stream's input waited beyond its own tick, per stream and tick, on average
+    (``*_standing_input_frames``): times 80 ms, the step latency that a standing backlog adds."""
+    ticks = after.get(f"{family}tick_seconds_count", 0.0) - before.get(f"{family}tick_seconds_count", 0.0)
+    name = f"{family}standing_input_frames_total"
+    return (after.get(name, 0.0) - before.get(name, 0.0)) / (ticks * streams) if ticks else float("nan")
 
 
 def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -675,6 +687,7 @@ ASR_COLUMNS = [
     ("step p50", "step_latency_p50_ms", "{:.1f}"),
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),
+    ("standing", "standing_frames", "{:.2f}"),
     ("underruns", "underruns", "{}"),
     ("frames", "frames", "{}"),
     ("late p99", "cadence_late_p99_ms", "{:.1f}"),

@@ -54,6 +54,12 @@ class LockstepMetrics:
         self.occupied_slots = Gauge(
             "rtserve_lockstep_occupied_slots", "Slots not free (prefill, live or draining)", registry=registry
         )
+        self.standing_input_frames = Counter(
+            "rtserve_lockstep_standing_input_frames",
+            "Whole input frames still queued after a tick's take, summed over live slots and ticks: "
+            "per live-slot tick, the frames of input latency above one tick",
+            registry=registry,
+        )
         self.underruns = Counter(
             "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input", registry=registry
         )

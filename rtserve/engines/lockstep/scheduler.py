@@ -584,7 +584,9 @@ class LockstepScheduler:
         slots = np.fromiter((index for index, _ in live), np.intp, len(live))
         self._live_mask[slots] = True
         arrived = [lease.pushed_at for _, lease in live]  # read first: what the take finds arrived by then
-        taken, trimmed = self.inputs.take_frames(slots, frames)
+        taken, trimmed, standing = self.inputs.take_frames(slots, frames)
+        if standing:
+            self.metrics.standing_input_frames.inc(standing)
         underrun = taken == 0
         silent = slots[underrun]
         frames[silent[dirty[silent]]] = 0.0

@@ -37,13 +37,15 @@ def test_a_short_packet_is_stepped_at_the_next_tick_padded_at_its_start() -> Non
 
 
 def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first() -> None:
-    scheduler, _, _ = make_scheduler()
+    scheduler, _, registry = make_scheduler()
     lease = scheduler.acquire()
     lease.push_samples(np.concatenate([frame(1.0), frame(2.0), ramp(0, 3)]))
     got = []
     for _ in range(3):
         scheduler.tick()
         got.append(_popped(lease.output)[0].audio)
+    # The second whole frame waited one tick more than the first: one standing frame, counted once.
+    assert metric(registry, "rtserve_lockstep_standing_input_frames_total") == 1
     np.testing.assert_array_equal(got[0], frame(1.0))
     np.testing.assert_array_equal(got[1], frame(2.0))
     np.testing.assert_array_equal(got[2], np.concatenate([np.zeros(FRAME - 3, np.float32), ramp(0, 3)]))
@@ -228,9 +230,10 @@ def test_taking_every_slot_at_once_matches_taking_them_one_by_one() -> None:
             size = int(rng.choice([0, 0, FRAME, FRAME, FRAME, FRAME // 4, FRAME + 3, 3 * FRAME]))
             pcm = rng.standard_normal(size).astype(np.float32) * rng.choice([0.0, 0.01, 1.0], size)
             assert holders[slot][0].push(pcm) == holders[slot][1].push(pcm)
-        taken, trimmed = batched.take_frames(live, frames_a)
+        taken, trimmed, standing = batched.take_frames(live, frames_a)
         one_by_one = [holders[slot][1].take_into(frames_b[slot]) for slot in live]
         assert list(zip(taken.tolist(), trimmed.tolist(), strict=True)) == one_by_one
+        assert standing == sum(len(holders[slot][1]) // FRAME for slot in live)
         np.testing.assert_array_equal(frames_a, frames_b)
         assert [len(a) for a, _ in holders] == [len(b) for _, b in holders]
 
