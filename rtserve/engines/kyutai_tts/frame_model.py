@@ -122,7 +122,7 @@ class TTSFrameModel:
 
     def ready_rows(self) -> npt.NDArray[np.bool_]:
         """Rows that would step now: open and holding the text they need (``RunsAhead``)."""
-        ready: npt.NDArray[np.bool_] = (self.model.open & self.model.machine.ready()).cpu().numpy()
+        ready: npt.NDArray[np.bool_] = self.model.ready().cpu().numpy()
         return ready
 
     @torch.no_grad()

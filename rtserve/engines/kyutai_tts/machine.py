@@ -94,6 +94,7 @@ class TextMachine:
         # (head + count, counted on the host: no device read).
         self._tail = np.zeros(batch, np.int64)
         self._staged: list[tuple[int, int, list[int], int]] = []  # (row, entry, tokens, padding)
+        self._ending: list[int] = []  # rows whose end of stream waits for the next flush, after their words
         self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
 
     def reset_rows(self, mask: torch.Tensor) -> None:
@@ -104,9 +105,13 @@ class TextMachine:
         self.forced.masked_fill_(mask, s.initial_padding)
         self.end_step.masked_fill_(mask, -1)
         self.eos.masked_fill_(mask, False)
-        fresh = mask.cpu().numpy()
-        self._tail[fresh] = 0
-        self._staged = [word for word in self._staged if not fresh[word[0]]]
+
+    def forget(self, row: int) -> None:
+        """``row`` starts a new stream: the words and end not yet flushed were the old stream's
+        (the device state is reset by ``reset_rows`` before the next flush)."""
+        self._tail[row] = 0
+        self._staged = [word for word in self._staged if word[0] != row]
+        self._ending = [ending for ending in self._ending if ending != row]
 
     def push(self, row: int, tokens: list[int], padding: int, pending: int) -> None:
         """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``,
@@ -119,9 +124,15 @@ class TextMachine:
         self._tail[row] = (self._tail[row] + 1) % s.max_words
 
     def flush(self) -> None:
-        """Upload the words pushed since the last flush (before a step, or reading ``ready``)."""
-        if not self._staged:
-            return
+        """Upload the words pushed since the last flush, then the ends (before a step, or reading
+        ``ready``)."""
+        if self._staged:
+            self._upload_words()
+        if self._ending:
+            ending, self._ending = self._ending, []
+            self.eos[torch.tensor(ending, dtype=torch.long).to(self.device)] = True
+
+    def _upload_words(self) -> None:
         staged, self._staged = self._staged, []
         tokens = np.zeros((len(staged), self.settings.max_word_tokens), np.int64)
         for index, (_, _, word, _) in enumerate(staged):
@@ -134,8 +145,8 @@ class TextMachine:
         self.count.index_add_(0, rows, torch.ones_like(rows))
 
     def end(self, row: int) -> None:
-        """No more words will come for ``row``: it may now run its text out."""
-        self.eos[row] = True
+        """No more words will come for ``row``: it may now run its text out (from the next flush)."""
+        self._ending.append(row)
 
     def ready(self) -> torch.Tensor:
         """``[B]`` bool: rows that may step now (Kyutai's ``is_active``): the text is complete, or

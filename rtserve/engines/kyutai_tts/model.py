@@ -171,13 +171,15 @@ class KyutaiTTSModel:
         self.steps = np.zeros(batch_size, np.int64)  # per row, steps since it opened: ``offsets`` as last read
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
         self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
+        self._opening: dict[int, tuple[Voice | None, int | None]] = {}  # slots opened since the last flush
+        self._voice_sum = self._sum(voice_given=True)  # a voiced stream's condition (the same for every voice)
         if self.cfg_direct:
             # The null twins of direct CFG are conditioned on nothing, once and for all.
             self.condition_sum[batch_size:] = self._sum(voice_given=False)
             if arch.cross_attention:
                 source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
-                self.lm.transformer.set_cross_rows(twins, source.expand(batch_size, -1, -1))
+                self.lm.transformer.set_cross_rows(twins, source)
         self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         if device.type == "cuda" if graph is None else graph:
             self._capture()
@@ -206,27 +208,52 @@ class KyutaiTTSModel:
         return self.voices.load(voice)
 
     def open_slot(self, slot: int, voice: Voice | None, seed: int | None = None) -> None:
-        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        mask[slot] = True
-        self.machine.reset_rows(mask)
-        self.lm.reset_rows(self._rows(mask))
-        self.mimi.reset_decoder_rows(mask)
-        self.cache[slot] = UNGENERATED_TOKEN
-        self.offsets[slot] = 0
+        """Start a stream on ``slot``; its rows are reset on the device at the next ``flush``,
+        together with every other slot opened meanwhile (one pass per tick, not one per stream:
+        at 256 streams a reply opens every few ticks)."""
+        self._opening[slot] = (voice, seed)
+        self.machine.forget(slot)
         self.steps[slot] = 0
-        self.open[slot] = True
         self._open_host[slot] = True
         self._pending[slot] = 0
-        self.sampler.configure(slot, None, seed)
-        self.condition_sum[slot] = self._sum(voice_given=True)[0]
-        if self.arch.cross_attention:
-            source = self.loaded.conditioners.cross(voice, self.cross_length)
-            self.lm.transformer.set_cross_rows(torch.tensor([slot], device=self.device), source)
 
     def release(self, slot: int) -> None:
+        self._opening.pop(slot, None)
         self.open[slot] = False
         self._open_host[slot] = False
         self._pending[slot] = 0
+
+    def flush(self) -> None:
+        """Apply the slots opened and the words and ends pushed since the last flush (before a
+        step, or reading ``ready``)."""
+        if self._opening:
+            self._open_rows()
+        self.machine.flush()
+
+    def ready(self) -> torch.Tensor:
+        """``[B]`` bool: the open rows that hold the text they need to step."""
+        self.flush()
+        return self.open & self.machine.ready()
+
+    def _open_rows(self) -> None:
+        opening, self._opening = self._opening, {}
+        slots = torch.tensor(list(opening), dtype=torch.long).to(self.device)
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device).index_fill_(0, slots, True)
+        self.machine.reset_rows(mask)
+        self.lm.reset_rows(self._rows(mask))
+        self.mimi.reset_decoder_rows(mask)
+        self.cache.masked_fill_(mask.view(-1, 1, 1), UNGENERATED_TOKEN)
+        self.offsets.masked_fill_(mask, 0)
+        self.open.masked_fill_(mask, True)
+        self.condition_sum.index_copy_(0, slots, self._voice_sum.expand(len(opening), -1, -1))
+        by_voice: dict[int, tuple[Voice | None, list[int]]] = {}
+        for slot, (voice, seed) in opening.items():
+            self.sampler.configure(slot, None, seed)
+            by_voice.setdefault(id(voice), (voice, []))[1].append(slot)
+        if self.arch.cross_attention:
+            for voice, rows in by_voice.values():
+                source = self.loaded.conditioners.cross(voice, self.cross_length)
+                self.lm.transformer.set_cross_rows(torch.tensor(rows, device=self.device), source)
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
         """Open rows that make no audio yet: ``step(speak=False)`` steps them exactly."""
@@ -266,7 +293,7 @@ class KyutaiTTSModel:
             self.active.fill_(True)
         else:
             self.active.copy_(active)
-        self.machine.flush()
+        self.flush()
         if not self._graphs:
             outputs = self._advance(speak)
         else:

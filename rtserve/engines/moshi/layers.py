@@ -441,12 +441,13 @@ class Transformer(nn.Module):
         ]
 
     def set_cross_rows(self, rows: torch.Tensor, source: torch.Tensor) -> None:
-        """Rows ``rows`` (``[N]`` indices) attend to ``source`` (``[N, S, dim]``) from now on (in place)."""
+        """Rows ``rows`` (``[N]`` indices) attend to ``source`` (``[N, S, dim]``, or ``[1, S, dim]``
+        for all of them, projected once) from now on (in place)."""
         for layer, (keys, values) in zip(self.layers, self.cross):
             assert layer.cross_attention is not None
             new_keys, new_values = layer.cross_attention.project(source.to(keys.dtype))
-            keys.index_copy_(0, rows, new_keys)
-            values.index_copy_(0, rows, new_values)
+            keys.index_copy_(0, rows, new_keys.expand(len(rows), -1, -1, -1))
+            values.index_copy_(0, rows, new_values.expand(len(rows), -1, -1, -1))
 
     def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
         """Advance every row by ``x.shape[1]`` steps."""
