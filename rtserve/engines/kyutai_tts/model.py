@@ -189,12 +189,7 @@ class KyutaiTTSModel:
         back to fresh."""
         draws = self.sampler.draws.clone()
         self._graphs = capture_graphs(self._advance, [True, False], self.device)
-        every = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
-        self.machine.reset_rows(every)
-        self.lm.reset_rows(self._rows(every))
-        self.mimi.reset_decoder_rows(every)
-        self.cache.fill_(UNGENERATED_TOKEN)
-        self.offsets.zero_()
+        self._reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
         self.sampler.draws.copy_(draws)
 
     # -- slots ------------------------------------------------------------------------
@@ -239,11 +234,7 @@ class KyutaiTTSModel:
         opening, self._opening = self._opening, {}
         slots = torch.tensor(list(opening), dtype=torch.long).to(self.device)
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device).index_fill_(0, slots, True)
-        self.machine.reset_rows(mask)
-        self.lm.reset_rows(self._rows(mask))
-        self.mimi.reset_decoder_rows(mask)
-        self.cache.masked_fill_(mask.view(-1, 1, 1), UNGENERATED_TOKEN)
-        self.offsets.masked_fill_(mask, 0)
+        self._reset_rows(mask)
         self.open.masked_fill_(mask, True)
         self.condition_sum.index_copy_(0, slots, self._voice_sum.expand(len(opening), -1, -1))
         by_voice: dict[int, tuple[Voice | None, list[int]]] = {}
@@ -254,6 +245,14 @@ class KyutaiTTSModel:
             for voice, rows in by_voice.values():
                 source = self.loaded.conditioners.cross(voice, self.cross_length)
                 self.lm.transformer.set_cross_rows(torch.tensor(rows, device=self.device), source)
+
+    def _reset_rows(self, mask: torch.Tensor) -> None:
+        """The masked rows' device state back to a fresh stream's (in place: graph addresses stay)."""
+        self.machine.reset_rows(mask)
+        self.lm.reset_rows(self._rows(mask))
+        self.mimi.reset_decoder_rows(mask)
+        self.cache.masked_fill_(mask.view(-1, 1, 1), UNGENERATED_TOKEN)
+        self.offsets.masked_fill_(mask, 0)
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
         """Open rows that make no audio yet: ``step(speak=False)`` steps them exactly."""
