@@ -301,16 +301,31 @@ def cascade_overrides(text: str) -> dict[str, object]:
 
 async def simultaneous_round(
     engine: CascadeEngine, questions: list[np.ndarray], sessions: int, round_no: int
-) -> list[float]:
+) -> list[dict[str, float]]:
     """``sessions`` sessions, question i of each, whose last voiced samples are pushed at the same moment."""
     rate = engine.capabilities.input_sample_rate
     picked = [(round_no * sessions + i) % len(questions) for i in range(sessions)]
     ends = [last_voiced(questions[q]) for q in picked]
     lead = [rate // 2 + max(ends) - end for end in ends]
-    turns = await asyncio.gather(
+    return await asyncio.gather(
         *(one_turn(engine, QUESTIONS[q], questions[q], 1000 * round_no + i, lead[i]) for i, q in enumerate(picked))
     )
-    return [turn["end_of_speech_to_first_audio_ms"] for turn in turns]
+
+
+_STAGES = ("vad_end_of_turn_ms", "final_transcript_after_stop_ms", "respond_to_first_audio_ms")
+
+
+def simultaneous_summary(turns: list[dict[str, float]]) -> dict[str, float]:
+    """End of speech -> first audio p50/p95/max, and each stage's median (where the time went)."""
+    totals = [turn["end_of_speech_to_first_audio_ms"] for turn in turns]
+    stages = {stage: percentile([turn[stage] for turn in turns], 50) for stage in _STAGES}
+    return {"p50": percentile(totals, 50), "p95": percentile(totals, 95), "max": max(totals), "turns": len(turns)} | {
+        f"{stage}_p50": value for stage, value in stages.items()
+    }
+
+
+def _stages(row: dict[str, float]) -> str:
+    return " / ".join(f"{row[f'{stage}_p50']:.0f}" for stage in _STAGES)
 
 
 async def simultaneous(counts: list[int], rounds: int, before: dict[str, object], after: dict[str, object]) -> None:
@@ -321,7 +336,7 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
     for engine in engines.values():
         await engine.start()
     questions = [await speak(engines["after"], q) for q in QUESTIONS]
-    measured: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in engines}
+    measured: dict[str, dict[int, list[dict[str, float]]]] = {name: {n: [] for n in counts} for name in engines}
     for n in counts:
         for round_no in range(rounds):
             for name, engine in engines.items():  # alternate: both see the same machine load
@@ -329,11 +344,7 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
     for engine in engines.values():
         await engine.stop()
     table = {
-        name: {
-            n: {"p50": percentile(v, 50), "p95": percentile(v, 95), "max": max(v), "turns": len(v)}
-            for n, v in by_count.items()
-        }
-        for name, by_count in measured.items()
+        name: {n: simultaneous_summary(turns) for n, turns in by_count.items()} for name, by_count in measured.items()
     }
     result = {
         "machine": {"cpus": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0]},
@@ -356,6 +367,10 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
             f"  {n:2d} simultaneous ({b['turns']:3d} turns) {b['p50']:7.0f} {b['p95']:6.0f} {b['max']:6.0f}"
             f"   {a['p50']:9.0f} {a['p95']:6.0f} {a['max']:6.0f}  {a['p50'] / max(b['p50'], 1e-9):9.2f}"
         )
+    print("stage p50s (ms): VAD end of turn / final transcript after it / respond -> first audio")
+    for n in counts:
+        b, a = table["before"][n], table["after"][n]
+        print(f"  {n:2d} simultaneous   before {_stages(b)}   after {_stages(a)}")
     print(f"{os.cpu_count()} cpus, load average at end {result['machine']['load_average_1m_at_end']:.1f}; wrote {out}")
 
 

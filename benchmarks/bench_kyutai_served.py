@@ -18,7 +18,8 @@ frame. Reported over the steady window (after ``--warmup``):
   tick's messages), so that Step's index is the marker's minus the model's delay in frames;
 * standing: whole frames of a stream's input queued beyond its tick, per stream and tick (the
   engine's ``standing_input_frames`` counter): x 80 ms, what a standing backlog adds to the step
-  latency;
+  latency; drained: the frames drain steps took between ticks, per stream and tick (``--no-drain``
+  turns them off: docs/engines.md#draining-waiting-input);
 * underruns: ticks that stepped a stream with silence for lack of its audio, from the same markers
   (a stream's step index minus its frame index grows by one per underrun; STT keeps every sample,
   so each one is 80 ms of lasting latency);
@@ -479,6 +480,7 @@ def server_env(args: argparse.Namespace, clients: int) -> tuple[dict[str, str], 
             "RTSERVE_STT_ENGINE__DTYPE": dtype,
             "RTSERVE_STT_ENGINE__BATCH_SIZE": str(clients),
             "RTSERVE_STT_ENGINE__KV_CACHE": args.kv_cache,
+            "RTSERVE_STT_ENGINE__DRAIN_WAITING_INPUT": "false" if args.no_drain else "true",
         }
         return env, "loopback"
     env = {
@@ -566,6 +568,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
     point |= full_collections(metrics_before, metrics_after)  # or whether a collection held the GIL
     if args.route == "asr":
         point["standing_frames"] = standing_frames(metrics_before, metrics_after, family, clients)
+        point["drained_frames"] = per_stream_tick(
+            metrics_before, metrics_after, family, "drained_input_frames", clients
+        )
         point |= asr_point(args, logs, window, ends)
     else:
         point |= tts_point(logs, window)
@@ -579,8 +584,16 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
 def standing_frames(before: dict[str, float], after: dict[str, float], family: str, streams: int) -> float:
     """Whole frames a stream's input waited beyond its own tick, per stream and tick, on average
     (``*_standing_input_frames``): times 80 ms, the step latency that a standing backlog adds."""
+    return per_stream_tick(before, after, family, "standing_input_frames", streams)
+
+
+def per_stream_tick(
+    before: dict[str, float], after: dict[str, float], family: str, counter: str, streams: int
+) -> float:
+    """A lockstep counter's growth over the window per stream and paced tick (``drained_input_frames``:
+    the frames drain steps took, docs/engines.md#draining-waiting-input)."""
     ticks = after.get(f"{family}tick_seconds_count", 0.0) - before.get(f"{family}tick_seconds_count", 0.0)
-    name = f"{family}standing_input_frames_total"
+    name = f"{family}{counter}_total"
     return (after.get(name, 0.0) - before.get(name, 0.0)) / (ticks * streams) if ticks else float("nan")
 
 
@@ -688,6 +701,7 @@ ASR_COLUMNS = [
     ("step p99", "step_latency_p99_ms", "{:.1f}"),
     ("step grow", "step_latency_growth_ms", "{:.0f}"),
     ("standing", "standing_frames", "{:.2f}"),
+    ("drained", "drained_frames", "{:.3f}"),
     ("underruns", "underruns", "{}"),
     ("frames", "frames", "{}"),
     ("late p99", "cadence_late_p99_ms", "{:.1f}"),
@@ -795,6 +809,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--kv-cache", choices=["ring", "paged_int8", "paged_int4"], default="ring", help="asr: stt_engine.kv_cache"
+    )
+    parser.add_argument(
+        "--no-drain", action="store_true", help="asr: stt_engine.drain_waiting_input off (the before of drain steps)"
     )
     parser.add_argument("--weights-dir", type=Path, help="where the random weights are written (kept, reused)")
     parser.add_argument(

@@ -443,6 +443,20 @@ class SttEngineConfig(KvCacheSection):
         description="audio a stream may hold received and not yet stepped (clients may send faster "
         "than real time); beyond it the oldest is dropped, counted and logged",
     )
+    drain_waiting_input: bool = Field(
+        True,
+        description="between two ticks, while the period has room, step only the streams whose input "
+        "stood through drain_after_ticks ticks in a row (a burst, or a client ahead of real time), the "
+        "others held: waiting input is paid back instead of staying as latency "
+        "(docs/engines.md#draining-waiting-input)",
+    )
+    drain_after_ticks: int = Field(
+        12,
+        ge=1,
+        description="ticks in a row a stream's input must leave whole frames standing before drain steps "
+        "take them: input standing once may be a client's frames arriving about when the tick takes "
+        "them, and draining it would leave a later tick to step silence",
+    )
 
 
 class AsrStreamingConfig(_Section):

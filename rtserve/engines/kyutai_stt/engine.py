@@ -81,7 +81,13 @@ class KyutaiSttEngine:
         settings = self._config.stt_engine
         model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
         paged_kv = paged_kv_spec(settings, settings.batch_size, model.loaded.lm_config.context)
-        frame_model = SttFrameModel(model, settings.batch_size, temperature=settings.temperature, paged_kv=paged_kv)
+        frame_model = SttFrameModel(
+            model,
+            settings.batch_size,
+            temperature=settings.temperature,
+            paged_kv=paged_kv,
+            drains=settings.drain_waiting_input,
+        )
         lockstep = self._config.lockstep.model_copy(
             update={
                 "max_input_backlog_ms": settings.max_buffered_s * 1000,
@@ -89,7 +95,14 @@ class KyutaiSttEngine:
                 "underrun_repay_ms": 0.0,
             }
         )
-        self._scheduler = LockstepScheduler(frame_model, lockstep, self._lockstep_metrics, name="kyutai_stt")
+        self._scheduler = LockstepScheduler(
+            frame_model,
+            lockstep,
+            self._lockstep_metrics,
+            name="kyutai_stt",
+            drains=frame_model if settings.drain_waiting_input else None,
+            drain_after_ticks=settings.drain_after_ticks,
+        )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)
 

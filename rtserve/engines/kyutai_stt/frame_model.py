@@ -27,7 +27,7 @@ import torch
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.kyutai_stt.loader import SttModel
-from rtserve.engines.moshi.frame_step import FrameStep
+from rtserve.engines.moshi.frame_step import FrameStep, FrameTensors
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.values import FrameOutput, SlotPrompt, TranscriptStep
@@ -44,10 +44,12 @@ class SttFrameModel:
         temperature: float = 0.0,
         graph: bool | None = None,
         paged_kv: PagedKVSpec | None = None,
+        drains: bool = False,
     ) -> None:
         """``temperature`` 0 is greedy (the reference servers' default); ``graph``: replay the tick as
         CUDA graphs (default: on a CUDA device); ``paged_kv``: int8 KV blocks from one pool
-        (``open_slot`` then raises ``KVMemoryExhausted`` when no block is free)."""
+        (``open_slot`` then raises ``KVMemoryExhausted`` when no block is free); ``drains``:
+        ``step_rows`` may step some rows while the others hold (one more graph per span)."""
         loaded = model.loaded
         self.model = model
         self.settings = model.settings
@@ -65,7 +67,7 @@ class SttFrameModel:
         graph = self.device.type == "cuda" if graph is None else graph
         if paged_kv is not None or self.lm.transformer.paged is not None:
             self.lm.transformer.use_paged_kv(paged_kv)
-        self.frame = FrameStep(self.lm, self.mimi, self.sampler, batch_size, graph=graph)
+        self.frame = FrameStep(self.lm, self.mimi, self.sampler, batch_size, graph=graph, holds=drains)
         self._open = np.zeros(batch_size, bool)  # opened and not released: the rows attention must cover
         self.steps = np.zeros(batch_size, np.int64)  # per row: steps since it opened
         self._prefill_left = np.zeros(batch_size, np.int64)
@@ -98,6 +100,17 @@ class SttFrameModel:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         result = self.frame(pcm, self._open)
         self.steps += 1
+        return self._outputs(result, live)
+
+    @torch.no_grad()
+    def step_rows(self, frames: FloatArray, stepped: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
+        """A drain step (``DrainsInput``): only the ``stepped`` rows advance, on their frames."""
+        pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
+        result = self.frame(pcm, self._open, hold=~stepped)
+        self.steps += stepped
+        return self._outputs(result, stepped)
+
+    def _outputs(self, result: FrameTensors, rows: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         # One pass over plain Python values: at B=512 this loop is a few ms of every tick.
         tokens = result.tokens[:, 0].tolist()
         ready = result.ready.tolist()
@@ -107,7 +120,7 @@ class SttFrameModel:
         indices = (self.steps - 1).tolist()
         piece = self._piece
         outputs: list[FrameOutput | None] = [None] * self.batch_size
-        for slot in np.flatnonzero(live).tolist():
+        for slot in np.flatnonzero(rows).tolist():
             if not ready[slot]:
                 outputs[slot] = FrameOutput(_NO_AUDIO)
                 continue

@@ -60,6 +60,17 @@ class LockstepMetrics:
             "per live-slot tick, the frames of input latency above one tick",
             registry=registry,
         )
+        self.drain_steps = Counter(
+            "rtserve_lockstep_drain_steps",
+            "Extra steps between two ticks that took one more frame from the live slots whose input "
+            "waited, the other rows held (a DrainsInput model)",
+            registry=registry,
+        )
+        self.drained_input_frames = Counter(
+            "rtserve_lockstep_drained_input_frames",
+            "Input frames taken by drain steps: standing input latency paid back",
+            registry=registry,
+        )
         self.underruns = Counter(
             "rtserve_lockstep_underruns", "Live-slot ticks stepped with silence for lack of input", registry=registry
         )

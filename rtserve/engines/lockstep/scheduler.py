@@ -36,6 +36,14 @@ so an overrun is measured and logged but never turns into lasting input latency.
 pacer never chases more deadlines than the input backlog holds frames
 (``max_input_backlog_ms``: the backlog bound dropped older input anyway); deadlines beyond
 that are skipped and counted.
+A model that never drops input (speech-to-text: ``drains``, a ``DrainsInput`` model) keeps
+whatever stands in a backlog after a take: a burst from the client or the network would
+otherwise add a frame of latency to that stream for good. After a paced tick, while the time
+left before the next deadline holds another step with room to spare, such a model takes one
+more frame from each live slot whose input stood through the tick's take (as many as stood)
+and steps only those rows, the others held as they were (a *drain step*;
+docs/engines.md#draining-waiting-input).
+
 Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
 lateness are metrics; overruns and skips also log a rate-limited warning. Admission
 (``acquire``) answers at once: a lease, or ``CapacityExhausted``.
@@ -62,6 +70,7 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
+from rtserve.codecs.pcm import FloatArray
 from rtserve.config import LockstepConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
@@ -108,6 +117,19 @@ class RunsAhead(Protocol):
     def ready_rows(self) -> npt.NDArray[np.bool_]:
         """Which rows would step now (``[batch_size]``); engine thread only."""
         ...
+
+
+class DrainsInput(Protocol):
+    """A model that can step some rows while the others keep their state."""
+
+    def step_rows(self, frames: FloatArray, stepped: npt.NDArray[np.bool_]) -> Sequence[FrameOutput | None]:
+        """Advance only the ``stepped`` rows (``[batch_size]`` bool) on their ``frames``; the other
+        rows keep their state. Outputs for the stepped rows (None elsewhere)."""
+        ...
+
+
+# A drain step runs only when this many times the last tick's duration fits before the next deadline.
+_DRAIN_ROOM = 1.5
 
 
 @dataclass
@@ -172,15 +194,25 @@ class LockstepScheduler:
         on_tick: Callable[[TickReport], None] | None = None,
         audio_input: bool = True,
         run_ahead: RunsAhead | None = None,
+        drains: DrainsInput | None = None,
+        drain_after_ticks: int = 1,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
         ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
-        model (taking no audio) whose ready rows step as fast as their readers take output."""
+        model (taking no audio) whose ready rows step as fast as their readers take output.
+        ``drains``: the model (taking audio) whose rows with waiting input get drain steps, once
+        their input stood through ``drain_after_ticks`` takes in a row."""
         if run_ahead is not None and audio_input:
             raise ValueError("only a model without audio input can run ahead of its ticks")
+        if drains is not None and not audio_input:
+            raise ValueError("only a model with audio input has input to drain")
+        if drain_after_ticks < 1:
+            raise ValueError("drain_after_ticks must be >= 1")
         self.model = model
         self.audio_input = audio_input
         self.run_ahead = run_ahead
+        self.drains = drains
+        self.drain_after_ticks = drain_after_ticks
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -219,6 +251,10 @@ class LockstepScheduler:
         self._frames = np.zeros((self.batch_size, self.frame_size), np.float32)
         self._live_mask = np.zeros(self.batch_size, bool)
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
+        # Per slot: paced takes in a row that left whole frames standing, and the frames drain
+        # steps may take after this tick (what stood, once it stood drain_after_ticks takes).
+        self._standing_takes = np.zeros(self.batch_size, np.int64)
+        self._drain_budget = np.zeros(self.batch_size, np.int64)
         self._overrun_log = LogThrottle(_OVERRUN_LOG_INTERVAL_S)
         self._last_tick_due: float | None = None
 
@@ -367,6 +403,8 @@ class LockstepScheduler:
             outcome = pacer.finish()
             self._record_timing(outcome, work)
             self._report(outcome, work)
+            if self.drains is not None:
+                self._drain(pacer.deadline(), work.duration_s)
 
     def _report(self, outcome: TickOutcome, work: _TickWork, *, ahead: bool = False) -> None:
         if self._on_tick is not None:
@@ -501,6 +539,47 @@ class LockstepScheduler:
         self._notifier.notify(wake)
         return _TickWork(step_s, duration_s, len(live), len(prefill), control_s, gather_s, scatter_s)
 
+    def _plan_drain(self, slots: npt.NDArray[np.intp], standing: npt.NDArray[np.int64]) -> None:
+        """After a paced take: which slots' standing input drain steps may take. A frame that stood
+        through one take may be jitter around the tick (a client whose frames arrive about when
+        the tick takes them): taking it would leave a later tick to step silence. Input that
+        stood ``drain_after_ticks`` takes in a row is latency."""
+        takes = self._standing_takes
+        counted = np.where(standing > 0, takes[slots] + 1, 0)
+        takes[:] = 0  # a slot not taken this tick is not live
+        takes[slots] = counted
+        due = counted >= self.drain_after_ticks
+        self._drain_budget[:] = 0
+        self._drain_budget[slots[due]] = standing[due]
+
+    def _drain(self, deadline: float, tick_s: float) -> None:
+        """Drain steps until the next deadline leaves too little room or no input that stood
+        through the last tick's take is left (a frame that arrived since is on time for the next
+        tick: taking it now would leave that tick without one)."""
+        assert self.drains is not None
+        clock, budget = self._clock, self._drain_budget
+        while budget.any() and deadline - clock.monotonic() > _DRAIN_ROOM * tick_s:
+            started = clock.monotonic()
+            with self._cond:
+                live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
+            waiting = [(index, lease) for index, lease in live if budget[index] and len(lease.input) >= self.frame_size]
+            if not waiting:
+                budget[:] = 0
+                return
+            for index, _ in waiting:
+                budget[index] -= 1
+            self._live_mask[:] = False
+            rows = self._take_input(waiting, drain=True)
+            try:
+                outputs = self.drains.step_rows(self._frames, self._live_mask)
+            except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
+                self._fail([row.lease for row in rows], "step_rows")
+                return
+            self._notifier.notify(self._scatter(rows, outputs))
+            self.metrics.drain_steps.inc()
+            self.metrics.drained_input_frames.inc(len(rows))
+            tick_s = max(tick_s, clock.monotonic() - started)
+
     def _apply_control_ops(self) -> None:
         with self._cond:
             ops = list(self._ops)
@@ -577,16 +656,21 @@ class LockstepScheduler:
             dirty[stale] = False
         return rows
 
-    def _take_input(self, live: list[tuple[int, SlotLease]]) -> list[_LiveRow]:
+    def _take_input(self, live: list[tuple[int, SlotLease]], *, drain: bool = False) -> list[_LiveRow]:
         """Every live slot's frame in one take (``InputBacklogs.take_frames``); silence where
-        nothing arrived (an underrun, counted)."""
+        nothing arrived (an underrun, counted). ``drain``: a drain step's take, whose rows all
+        had a frame waiting (what stands after it was counted by the tick's take)."""
         frames, dirty = self._frames, self._dirty_rows
         slots = np.fromiter((index for index, _ in live), np.intp, len(live))
         self._live_mask[slots] = True
         arrived = [lease.pushed_at for _, lease in live]  # read first: what the take finds arrived by then
         taken, trimmed, standing = self.inputs.take_frames(slots, frames)
-        if standing:
-            self.metrics.standing_input_frames.inc(standing)
+        if not drain:
+            waited = int(standing.sum())
+            if waited:
+                self.metrics.standing_input_frames.inc(waited)
+            if self.drains is not None:
+                self._plan_drain(slots, standing)
         underrun = taken == 0
         silent = slots[underrun]
         frames[silent[dirty[silent]]] = 0.0

@@ -109,11 +109,11 @@ class InputBacklogs:
 
     def take_frames(
         self, slots: npt.NDArray[np.intp], frames: FloatArray
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-        """Write this tick's frame of each of ``slots`` into its row of ``frames``; return the
-        samples taken and trimmed per slot (in ``slots``' order), and the whole frames the slots
-        still hold after the take (input that waits more than a tick). Nothing taken is an
-        underrun: that row is left untouched for the caller to silence."""
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Write this tick's frame of each of ``slots`` into its row of ``frames``; return per slot
+        (in ``slots``' order) the samples taken and trimmed, and the whole frames it still holds
+        after the take (input that waits more than a tick). Nothing taken is an underrun: that
+        row is left untouched for the caller to silence."""
         frame = self.frame_size
         with self._lock:
             sizes = np.array([self._size[slot] for slot in slots.tolist()], np.int64)
@@ -137,8 +137,7 @@ class InputBacklogs:
             for i in np.flatnonzero((sizes != frame) & (sizes != 0)).tolist():
                 slot = int(slots[i])
                 taken[i], trimmed[i] = self._take_locked(slot, frames[slot])
-        standing = int(((sizes - taken - trimmed) // frame).sum())
-        return taken, trimmed, standing
+        return taken, trimmed, (sizes - taken - trimmed) // frame
 
     def _push(self, slot: int, holder: int, samples: FloatArray) -> int:
         overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end

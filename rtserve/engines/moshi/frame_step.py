@@ -68,6 +68,7 @@ class FrameStep:
         *,
         graph: bool = False,
         span_bucket: int = DEFAULT_SPAN_BUCKET,
+        holds: bool = False,
     ) -> None:
         self.config = lm.config
         self.lm = lm
@@ -81,12 +82,14 @@ class FrameStep:
             batch, 1 + self.config.dep_q, self.config.dim, device, lm.text_linear.weight.dtype
         )
         self.pcm = torch.zeros(batch, mimi.frame_size, device=device)
+        self.hold = torch.zeros(batch, dtype=torch.bool, device=device)  # rows a holding step leaves as they were
+        self._holds = holds
         capacity = lm.transformer.capacity
         self.spans = sorted({min(capacity, k * span_bucket) for k in range(1, math.ceil(capacity / span_bucket) + 1)})
         # Host mirror of every row's temporal position (lm.transformer.offset); writable by
         # whoever sets the device positions directly (the benchmarks' cache prefill).
         self.positions = np.zeros(batch, np.int64)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, FrameTensors]] = {}
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, FrameTensors]] = {}
         if graph:
             if device.type != "cuda":
                 raise ValueError("CUDA graphs need a CUDA device")
@@ -155,35 +158,50 @@ class FrameStep:
         return next((s for s in self.spans if s >= needed), self.spans[-1])
 
     @torch.no_grad()
-    def __call__(self, pcm: torch.Tensor, active: npt.NDArray[np.bool_] | None = None) -> FrameTensors:
+    def __call__(
+        self,
+        pcm: torch.Tensor,
+        active: npt.NDArray[np.bool_] | None = None,
+        hold: npt.NDArray[np.bool_] | None = None,
+    ) -> FrameTensors:
         """``pcm`` ``[B, frame_size]``; ``self.overrides`` staged by the caller apply to this step
-        only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all)."""
+        only; ``active`` ``[B]`` bool marks the rows whose outputs matter (default: all);
+        ``hold`` (a ``holds`` step only) the rows that do not advance: their state stays as it
+        was and their outputs mean nothing (Kyutai STT stepping only the rows whose input waited)."""
+        if hold is not None and not self._holds:
+            raise ValueError("this FrameStep was built without holds=True")
         self.pcm.copy_(pcm)
         span = self.span(active)
+        advancing = np.ones(self.batch, bool) if active is None else active.copy()
+        if hold is not None:
+            advancing &= ~hold
+            self.hold.copy_(torch.from_numpy(hold))
         if self.blocks is not None:
-            rows = np.arange(self.batch) if active is None else np.flatnonzero(active)
-            self.blocks.ensure(rows, self.positions)
+            self.blocks.ensure(np.flatnonzero(advancing), self.positions)
             self.blocks.sync()
-        self.positions += 1
+        self.positions += advancing if hold is not None else 1
+        key = (span, hold is not None)
         if not self._graphs:
-            return self._step(span)
-        graph, out = self._graphs[span]
+            return self._step(key)
+        graph, out = self._graphs[key]
         graph.replay()
         return out
 
-    def _step(self, span: int) -> FrameTensors:
+    def _step(self, key: tuple[int, bool]) -> FrameTensors:
+        span, holding = key
+        hold = self.hold if holding else None
         c = self.config
-        user = self.mimi.encode(self.pcm)[:, : c.user_codebooks]
+        user = self.mimi.encode(self.pcm, hold)[:, : c.user_codebooks]
         self.lm.transformer.span = span
         try:
-            result = self.stream.step(user, self.overrides)
+            result = self.stream.step(user, self.overrides, hold)
         finally:
             self.lm.transformer.span = None  # the lm may be shared (prompt encoding, tests): leave it unbounded
         scores = self.lm.extra_head_probs(result.hidden)[:, :, 0] if c.extra_heads else None
         self.overrides.clear()
         if not c.dep_q:
             return FrameTensors(result.tokens, result.ready, self.pcm[:, :0], scores)
-        audio = self.mimi.decode(result.tokens[:, 1 : 1 + c.agent_codebooks].clamp(min=0))
+        audio = self.mimi.decode(result.tokens[:, 1 : 1 + c.agent_codebooks].clamp(min=0), hold)
         # Rows whose first frame is not out yet decoded a placeholder: put their decoder back to fresh.
         not_ready = ~result.ready
         self.mimi.reset_decoder_rows(not_ready)
@@ -192,7 +210,8 @@ class FrameStep:
 
     def _capture(self) -> None:
         draws = self.stream.sampler.draws.clone()
-        self._graphs = capture_graphs(self._step, self.spans, self.device)
+        keys = [(span, holding) for span in self.spans for holding in ((False, True) if self._holds else (False,))]
+        self._graphs = capture_graphs(self._step, keys, self.device)
         # The warm-up steps advanced every row and its random stream (capture itself runs
         # nothing): start all rows fresh, each stream where it was.
         self.reset_rows(torch.ones(self.batch, dtype=torch.bool, device=self.device))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rtserve.engines.moshi.layers import keep_held_rows
 from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, MoshiLM
 from rtserve.engines.moshi.sampling import SlotSampler
 
@@ -81,8 +82,25 @@ class TokenStream:
         self.previous_user.masked_fill_(mask.view(-1, 1), self.config.card)
 
     @torch.no_grad()
-    def step(self, user_codes: torch.Tensor, overrides: StepOverrides | None = None) -> StepResult:
-        """``user_codes``: ``[B, user_codebooks]`` Mimi codes of this frame's user audio."""
+    def step(
+        self, user_codes: torch.Tensor, overrides: StepOverrides | None = None, hold: torch.Tensor | None = None
+    ) -> StepResult:
+        """``user_codes``: ``[B, user_codebooks]`` Mimi codes of this frame's user audio. Rows in
+        ``hold`` (``[B]`` bool) do not advance: their outputs mean nothing and their state stays
+        as it was (what they wrote into the ring and the KV sits where their next real step
+        writes before it reads)."""
+        if hold is None:
+            return self._step(user_codes, overrides)
+        kept = [tensor.clone() for tensor in self._carry()]
+        result = self._step(user_codes, overrides)
+        keep_held_rows(hold, self._carry(), kept)
+        return result
+
+    def _carry(self) -> list[torch.Tensor]:
+        """The per-row state a step advances (``[B, ...]`` each), less the ring and the KV."""
+        return [self.offsets, self.lm.transformer.offset, self.sampler.draws, self.previous_user]
+
+    def _step(self, user_codes: torch.Tensor, overrides: StepOverrides | None) -> StepResult:
         c = self.config
         rows = torch.arange(self.batch, device=self.device)
         first_user = 1 + c.dep_q

@@ -77,6 +77,14 @@ def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -
     return torch.cos(freqs * ts), torch.sin(freqs * ts)
 
 
+def keep_held_rows(hold: torch.Tensor, state: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    """Put ``saved`` back into ``state`` (pairs of ``[B, ...]`` tensors) on the rows in ``hold``
+    (``[B]`` bool): those rows took part in a batched call without advancing. No host sync, so a
+    captured graph can do it."""
+    for tensor, old in zip(state, saved, strict=True):
+        tensor.copy_(torch.where(hold.view(-1, *([1] * (tensor.dim() - 1))), old, tensor))
+
+
 class GatedMLP(nn.Module):
     """``linear_out(silu(a) * b)`` where ``[a, b] = linear_in(x)``."""
 

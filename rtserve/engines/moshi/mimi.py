@@ -13,11 +13,13 @@ numerics follow the reference codec (parity-tested: identical codes, decode < 1e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rtserve.engines.moshi.layers import Transformer
+from rtserve.engines.moshi.layers import Transformer, keep_held_rows
 from rtserve.engines.moshi.lm_config import MimiConfig
 
 
@@ -183,7 +185,10 @@ class _SplitRVQ(nn.Module):
         return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
 
 
-def _streaming_children(module: nn.Module) -> list[StreamConv1d | StreamConvTranspose1d | Transformer]:
+_Streaming = StreamConv1d | StreamConvTranspose1d | Transformer
+
+
+def _streaming_children(module: nn.Module) -> list[_Streaming]:
     return [m for m in module.modules() if isinstance(m, (StreamConv1d, StreamConvTranspose1d, Transformer))]
 
 
@@ -258,12 +263,13 @@ class Mimi(nn.Module):
         for module in self._decode_side:
             module.reset_rows(mask)
 
-    def _decoder_carry(self) -> list[torch.Tensor]:
-        """The decoder's streaming state that a call carries into the next (each ``[B, ...]``),
+    @staticmethod
+    def _carry(side: list[_Streaming]) -> list[torch.Tensor]:
+        """The streaming state that a call on ``side`` carries into the next (each ``[B, ...]``),
         less the transformer's KV rings: a held row's new keys land in the ring slots at its
         unchanged position, which its next real call overwrites before it attends."""
         state: list[torch.Tensor] = []
-        for module in self._decode_side:
+        for module in side:
             if isinstance(module, StreamConv1d):
                 state += [module.previous, module.first]
             elif isinstance(module, StreamConvTranspose1d):
@@ -272,9 +278,25 @@ class Mimi(nn.Module):
                 state.append(module.offset)
         return state
 
+    @staticmethod
+    def _held(side: list[_Streaming], hold: torch.Tensor, call: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``call()`` with the rows in ``hold`` (``[B]`` bool) keeping ``side``'s state as it was
+        (no host sync, so a captured graph can do it); their output means nothing."""
+        kept = [tensor.clone() for tensor in Mimi._carry(side)]
+        out = call()
+        keep_held_rows(hold, Mimi._carry(side), kept)
+        return out
+
     @torch.no_grad()
-    def encode(self, pcm: torch.Tensor) -> torch.Tensor:
-        """``[B, frame_size]`` float audio -> ``[B, codebooks]`` codes for one frame."""
+    def encode(self, pcm: torch.Tensor, hold: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, frame_size]`` float audio -> ``[B, codebooks]`` codes for one frame. Rows in
+        ``hold`` (``[B]`` bool) keep their streaming state and their codes mean nothing: a batch
+        where only some rows take a frame (Kyutai STT draining input that waited)."""
+        if hold is None:
+            return self._encode(pcm)
+        return self._held(self._encode_side, hold, lambda: self._encode(pcm))
+
+    def _encode(self, pcm: torch.Tensor) -> torch.Tensor:
         x = self.encoder(pcm[:, None, :].to(self.downsample.weight.dtype))
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         x = self.downsample(x)
@@ -287,11 +309,7 @@ class Mimi(nn.Module):
         it was and their audio means nothing: a batch where only some rows decode (Kyutai TTS)."""
         if hold is None:
             return self._decode(codes)
-        carry = [tensor.clone() for tensor in self._decoder_carry()]
-        audio = self._decode(codes)
-        for tensor, old in zip(self._decoder_carry(), carry):
-            tensor.copy_(torch.where(hold.view(-1, *([1] * (tensor.dim() - 1))), old, tensor))
-        return audio
+        return self._held(self._decode_side, hold, lambda: self._decode(codes))
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         x = self.upsample(self.quantizer.decode(codes[:, :, None]))

@@ -10,10 +10,12 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.errors import CapacityExhausted
-from rtserve.engines.lockstep import LockstepScheduler
+from rtserve.engines.lockstep import LockstepScheduler, SlotLease
 from rtserve.engines.values import FrameOutput, SlotPrompt
+from tests.clocks import FakeTickClock
 
 FRAME = 8  # samples per frame of the fake models
+PERIOD = 0.08  # seconds per frame of the fake models (8 samples at 100 Hz)
 
 
 class RecordingModel:
@@ -94,3 +96,34 @@ def make_scheduler(
 def metric(registry: CollectorRegistry, name: str) -> float:
     value = registry.get_sample_value(name)
     return 0.0 if value is None else value
+
+
+class ClientFeedingClock(FakeTickClock):
+    """Fake time that also plays a real-time client: frame k (value k + 1) is sent at
+    (k + ``phase``) periods and delivered, in order, whenever time moves past it (plus
+    ``late[k]`` seconds of network delay for the frames named there), whatever the engine does."""
+
+    def __init__(self, late: dict[int, float] | None = None, phase: float = 0.5) -> None:
+        super().__init__()
+        self._phase = phase
+        self.lease: SlotLease | None = None
+        self.arrivals: list[float] = []  # send time of each delivered frame
+        self._late = late or {}
+
+    def sleep_until(self, deadline: float) -> None:
+        super().sleep_until(deadline)
+        self._deliver()
+
+    def advance(self, seconds: float) -> None:
+        super().advance(seconds)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        now = self.monotonic()
+        while self.lease is not None:
+            k = len(self.arrivals)
+            sent = (k + self._phase) * PERIOD
+            if sent + self._late.get(k, 0.0) > now:
+                return
+            self.arrivals.append(sent)
+            self.lease.push_samples(frame(float(k + 1)))

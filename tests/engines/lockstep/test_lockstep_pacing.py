@@ -14,9 +14,8 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import LockstepScheduler, SlotLease, TickOutcome, TickPacer, TickReport
 from tests.clocks import FakeTickClock
-from tests.engines.lockstep.lockstep_fakes import FRAME, RecordingModel, frame, metric
+from tests.engines.lockstep.lockstep_fakes import FRAME, PERIOD, ClientFeedingClock, RecordingModel, metric
 
-PERIOD = 0.08
 BACKLOG_CAP = round(LockstepConfig().max_input_backlog_ms * 100 / 1000) // FRAME  # frames at 100 Hz: the catch-up bound
 
 
@@ -180,36 +179,6 @@ def test_scheduler_on_a_fake_clock_catches_up_and_counts_overruns(caplog: pytest
     overrun_logs = [r for r in caplog.records if "overran" in r.getMessage()]
     assert overrun_logs and all(r.levelname == "WARNING" for r in overrun_logs)
     assert len(overrun_logs) < 9  # rate-limited, not one line per overrun
-
-
-class ClientFeedingClock(FakeTickClock):
-    """Fake time that also plays a real-time client: frame k (value k + 1) is sent at
-    (k + 0.5) periods and delivered, in order, whenever time moves past it (plus
-    ``late[k]`` seconds of network delay for the frames named there), whatever the engine does."""
-
-    def __init__(self, late: dict[int, float] | None = None) -> None:
-        super().__init__()
-        self.lease: SlotLease | None = None
-        self.arrivals: list[float] = []  # send time of each delivered frame
-        self._late = late or {}
-
-    def sleep_until(self, deadline: float) -> None:
-        super().sleep_until(deadline)
-        self._deliver()
-
-    def advance(self, seconds: float) -> None:
-        super().advance(seconds)
-        self._deliver()
-
-    def _deliver(self) -> None:
-        now = self.monotonic()
-        while self.lease is not None:
-            k = len(self.arrivals)
-            sent = (k + 0.5) * PERIOD
-            if sent + self._late.get(k, 0.0) > now:
-                return
-            self.arrivals.append(sent)
-            self.lease.push_samples(frame(float(k + 1)))
 
 
 @pytest.mark.parametrize("stall_s", [0.25, 1.0, 1.5])

@@ -1,0 +1,141 @@
+"""Drain steps (``DrainsInput``): input that waits in a backlog after a burst is paid back
+between ticks, instead of staying as latency for the rest of the stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rtserve.config import LockstepConfig
+from rtserve.engines.lockstep import LockstepScheduler, SlotLease, TickReport
+from rtserve.engines.values import FrameOutput
+from tests.engines.lockstep.lockstep_fakes import FRAME, ClientFeedingClock, RecordingModel, metric
+
+# What Kyutai STT runs with: no input is ever trimmed, silence stepped in an underrun is not repaid.
+KEEP_ALL_INPUT = {"latency_trim_window_frames": None, "underrun_repay_ms": 0.0}
+TICKS = 40
+STALL = {10: 0.3}
+
+
+class DrainingModel(RecordingModel):
+    """Echoes input like ``RecordingModel``; ``step_rows`` steps only the rows asked for."""
+
+    def __init__(self, clock: ClientFeedingClock) -> None:
+        super().__init__(batch_size=2, frame_size=FRAME, sample_rate=100)  # 80 ms frames
+        self.clock = clock
+        self.held: list[tuple[int, ...]] = []  # per drain step: the rows left as they were
+
+    def step_rows(self, frames: np.ndarray, stepped: np.ndarray) -> list[FrameOutput | None]:
+        self._record("step_rows", tuple(int(i) for i in np.flatnonzero(stepped)))
+        self.held.append(tuple(int(i) for i in np.flatnonzero(~stepped)))
+        self.clock.advance(0.01)
+        return [FrameOutput(frames[i].copy(), text="drain") if stepped[i] else None for i in range(self.batch_size)]
+
+
+def _serve(
+    drains: bool, late: dict[int, float] | None = None, phase: float = 0.5, drain_after_ticks: int = 1
+) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
+    """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
+    frames named), and ticks of 10 ms: the frames each tick and drain step stepped (in order),
+    and the input still queued after each tick (with its drain steps)."""
+    clock = ClientFeedingClock(late=late, phase=phase)
+    model = DrainingModel(clock)
+    registry = CollectorRegistry()
+    stepped: list[float] = []
+    backlog: list[int] = []
+    leases: list[SlotLease] = []
+    enough = threading.Event()
+
+    def simulate(index: int) -> None:
+        clock.advance(0.01)
+        if index >= TICKS:
+            time.sleep(0.01)  # the test has its ticks: slow the free-running fake clock until stop()
+
+    def observe(report: TickReport) -> None:
+        if len(backlog) >= TICKS:
+            enough.set()
+            return
+        # The tick's report comes before its drain steps: read what the previous tick's drains
+        # stepped too, then this tick's echo.
+        while (item := leases[0].output.pop()) is not None:
+            stepped.append(float(item[0].audio[0]))
+        backlog.append(len(leases[0].input))
+
+    model.step_hook = simulate
+    scheduler = LockstepScheduler(
+        model,
+        LockstepConfig(**KEEP_ALL_INPUT),
+        registry,
+        clock=clock,
+        on_tick=observe,
+        drains=model if drains else None,
+        drain_after_ticks=drain_after_ticks,
+    )
+    lease = scheduler.acquire()
+    leases.append(lease)
+    clock.lease = lease
+    scheduler.start()
+    try:
+        assert enough.wait(30)
+    finally:
+        scheduler.stop(5)
+    return stepped, backlog, model, registry, lease
+
+
+def test_a_burst_after_a_network_stall_is_drained_and_latency_returns_to_normal() -> None:
+    """Frame 10 is held up 0.3 s by the network; frames 11-13 queue behind it and all arrive at once."""
+    stepped, backlog, model, registry, lease = _serve(drains=True, late=STALL)
+
+    delivered = [value for value in stepped if value > 0]  # 0: a silent (underrun) step
+    assert delivered == [float(k) for k in range(1, len(delivered) + 1)]  # every frame, in order, once
+    # The stall left ticks 11-14 silent; once frames 10-13 arrived the drain steps took the extra ones
+    # in the room left by the next ticks, so the backlog is back under a frame for good.
+    assert max(backlog[:10]) < FRAME
+    assert max(backlog[20:]) < FRAME
+    assert metric(registry, "rtserve_lockstep_drained_input_frames_total") >= 3
+    assert metric(registry, "rtserve_lockstep_drain_steps_total") == len(model.held)
+    assert all(held == (1,) for held in model.held)  # the idle slot was held, never stepped on silence
+    assert lease.samples_discarded == 0
+
+
+def test_input_is_drained_only_once_it_stood_drain_after_ticks_takes() -> None:
+    stepped, backlog, _, _, lease = _serve(drains=True, late=STALL, drain_after_ticks=6)
+
+    burst = next(i for i, queued in enumerate(backlog) if queued >= FRAME)
+    assert min(backlog[burst : burst + 5]) >= 3 * FRAME  # standing, not drained yet
+    assert max(backlog[burst + 6 :]) < FRAME
+    delivered = [value for value in stepped if value > 0]
+    assert delivered == [float(k) for k in range(1, len(delivered) + 1)]
+    assert lease.samples_discarded == 0
+
+
+def test_without_drain_steps_the_burst_stays_as_latency() -> None:
+    """The contrast: the same client on a model without drain steps keeps the burst queued."""
+    _, backlog, model, registry, _ = _serve(drains=False, late=STALL)
+
+    assert max(backlog[:10]) < FRAME
+    assert min(backlog[20:]) >= 3 * FRAME
+    assert not model.held and metric(registry, "rtserve_lockstep_drain_steps_total") == 0
+
+
+@pytest.mark.parametrize("phase", [0.05, 0.5])
+def test_a_client_on_time_is_never_drained(phase: float) -> None:
+    """Frames that arrive after a tick's take (phase 0.05: during the tick's step) are on time for
+    the next tick: a drain step taking them would leave that tick to step silence (an underrun:
+    lasting latency for speech-to-text)."""
+    stepped, backlog, model, registry, lease = _serve(drains=True, phase=phase)
+
+    assert not model.held and metric(registry, "rtserve_lockstep_drain_steps_total") == 0
+    assert lease.underruns == 1  # the first tick, before the client's first frame
+    assert [value for value in stepped if value > 0] == [float(k) for k in range(1, TICKS)]
+    assert max(backlog) <= FRAME  # phase 0.05: the next tick's frame, which came during this one
+
+
+def test_only_a_model_with_audio_input_drains() -> None:
+    model = DrainingModel(ClientFeedingClock())
+    with pytest.raises(ValueError, match="audio input"):
+        LockstepScheduler(model, LockstepConfig(), CollectorRegistry(), audio_input=False, drains=model)
