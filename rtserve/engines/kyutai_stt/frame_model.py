@@ -13,6 +13,10 @@ token ring, the Mimi encoder's convolution and transformer state) and plans the 
 prefix as prefill: the scheduler steps a prefilling row with silence, exactly the frames the
 reference feeds before an utterance. Other rows' outputs stay bit-identical (isolation).
 
+Between ticks the scheduler may run drain steps (``step_rows``, built with ``drains``): only
+the rows whose input stood queued advance, on their next frame, and every other row is held,
+its state put back as it was (docs/engines.md#draining-waiting-input).
+
 Each live row's output carries a ``TranscriptStep``: the step number, the text token that
 came out (the reference ``LMGen``'s output: it trails the token's generation by the LM's
 largest stream delay), and per extra head the probability of its first class (end of turn).

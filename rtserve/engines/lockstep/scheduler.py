@@ -42,7 +42,9 @@ otherwise add a frame of latency to that stream for good. After a paced tick, wh
 left before the next deadline holds another step with room to spare, such a model takes one
 more frame from each live slot whose input stood through the tick's take (as many as stood)
 and steps only those rows, the others held as they were (a *drain step*;
-docs/engines.md#draining-waiting-input).
+docs/engines.md#draining-waiting-input). Prefilling slots step in drain steps too (a
+``prefill_step`` each, on silence), so a prefill is done in the spare time of its first ticks
+rather than one frame a tick while the client's audio waits behind it.
 
 Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
 lateness are metrics; overruns and skips also log a rate-limited warning. Admission
@@ -123,8 +125,9 @@ class DrainsInput(Protocol):
     """A model that can step some rows while the others keep their state."""
 
     def step_rows(self, frames: FloatArray, stepped: npt.NDArray[np.bool_]) -> Sequence[FrameOutput | None]:
-        """Advance only the ``stepped`` rows (``[batch_size]`` bool) on their ``frames``; the other
-        rows keep their state. Outputs for the stepped rows (None elsewhere)."""
+        """Advance only the ``stepped`` rows (``[batch_size]`` bool) on their ``frames`` (silence for
+        a prefilling row, whose ``prefill_step`` was called first); the other rows keep their
+        state. Outputs for the stepped rows (None elsewhere)."""
         ...
 
 
@@ -495,13 +498,7 @@ class LockstepScheduler:
         if not live and not prefill:
             return None
 
-        finished_prefill: list[tuple[int, SlotLease]] = []
-        for index, lease in prefill:
-            try:
-                if self.model.prefill_step(index):
-                    finished_prefill.append((index, lease))
-            except Exception:  # noqa: BLE001 - the slot fails; the tick goes on
-                self._fail([lease], "prefill_step")
+        finished_prefill = self._prefill_steps(prefill)
 
         gather_started = clock.monotonic()
         late_s = 0.0 if due is None else max(0.0, gather_started - due)  # on the tick clock, maybe a test's
@@ -520,13 +517,7 @@ class LockstepScheduler:
         wake = self._scatter(rows, outputs) if outputs is not None else []
         scatter_s = clock.monotonic() - scatter_started
 
-        with self._cond:
-            for index, lease in finished_prefill:
-                slot = self._slots[index]
-                if slot.lease is lease and slot.phase is SlotPhase.PREFILL:
-                    slot.phase = SlotPhase.LIVE
-                    if lease.loop is not None:
-                        wake.append((lease.loop, lease))
+        self._go_live(finished_prefill, wake)
         duration_s = clock.monotonic() - tick_started
         control_s, gather_s = gather_started - tick_started, step_started - gather_started
         metrics = self.metrics
@@ -538,6 +529,29 @@ class LockstepScheduler:
         # Last: the woken loop competes for the GIL, so let it in only once the tick is done.
         self._notifier.notify(wake)
         return _TickWork(step_s, duration_s, len(live), len(prefill), control_s, gather_s, scatter_s)
+
+    def _prefill_steps(self, prefill: list[tuple[int, SlotLease]]) -> list[tuple[int, SlotLease]]:
+        """One ``prefill_step`` per prefilling slot; the slots whose prefill it finished."""
+        finished: list[tuple[int, SlotLease]] = []
+        for index, lease in prefill:
+            try:
+                if self.model.prefill_step(index):
+                    finished.append((index, lease))
+            except Exception:  # noqa: BLE001 - the slot fails; the tick goes on
+                self._fail([lease], "prefill_step")
+        return finished
+
+    def _go_live(
+        self, finished: list[tuple[int, SlotLease]], wake: list[tuple[asyncio.AbstractEventLoop, SlotLease]]
+    ) -> None:
+        """After the step: slots whose prefill finished go LIVE (their waiters join ``wake``)."""
+        with self._cond:
+            for index, lease in finished:
+                slot = self._slots[index]
+                if slot.lease is lease and slot.phase is SlotPhase.PREFILL:
+                    slot.phase = SlotPhase.LIVE
+                    if lease.loop is not None:
+                        wake.append((lease.loop, lease))
 
     def _plan_drain(self, slots: npt.NDArray[np.intp], standing: npt.NDArray[np.int64]) -> None:
         """After a paced take: which slots' standing input drain steps may take. A frame that stood
@@ -553,29 +567,44 @@ class LockstepScheduler:
         self._drain_budget[slots[due]] = standing[due]
 
     def _drain(self, deadline: float, tick_s: float) -> None:
-        """Drain steps until the next deadline leaves too little room or no input that stood
+        """Drain steps until the next deadline leaves too little room, or no input that stood
         through the last tick's take is left (a frame that arrived since is on time for the next
-        tick: taking it now would leave that tick without one)."""
+        tick: taking it now would leave that tick without one) and no slot is prefilling (its
+        client's audio waits until the prefill is done)."""
         assert self.drains is not None
         clock, budget = self._clock, self._drain_budget
-        while budget.any() and deadline - clock.monotonic() > _DRAIN_ROOM * tick_s:
+        while deadline - clock.monotonic() > _DRAIN_ROOM * tick_s:
             started = clock.monotonic()
             with self._cond:
                 live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
+                prefill = [
+                    (s.index, s.lease)
+                    for s in self._slots
+                    if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
+                ]
             waiting = [(index, lease) for index, lease in live if budget[index] and len(lease.input) >= self.frame_size]
             if not waiting:
                 budget[:] = 0
-                return
+                if not prefill:
+                    return
             for index, _ in waiting:
                 budget[index] -= 1
             self._live_mask[:] = False
             rows = self._take_input(waiting, drain=True)
+            stepped = self._live_mask.copy()
+            silent = np.fromiter((index for index, _ in prefill), np.intp, len(prefill))
+            self._frames[silent] = 0.0  # a prefilling row steps on silence, as in a tick
+            self._dirty_rows[silent] = False
+            stepped[silent] = True
+            finished = self._prefill_steps(prefill)
             try:
-                outputs = self.drains.step_rows(self._frames, self._live_mask)
+                outputs = self.drains.step_rows(self._frames, stepped)
             except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
-                self._fail([row.lease for row in rows], "step_rows")
+                self._fail([row.lease for row in rows] + [lease for _, lease in prefill], "step_rows")
                 return
-            self._notifier.notify(self._scatter(rows, outputs))
+            wake = self._scatter(rows, outputs)
+            self._go_live(finished, wake)
+            self._notifier.notify(wake)
             self.metrics.drain_steps.inc()
             self.metrics.drained_input_frames.inc(len(rows))
             tick_s = max(tick_s, clock.monotonic() - started)

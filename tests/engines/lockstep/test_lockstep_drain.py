@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import LockstepScheduler, SlotLease, TickReport
-from rtserve.engines.values import FrameOutput
+from rtserve.engines.values import FrameOutput, SlotPrompt
 from tests.engines.lockstep.lockstep_fakes import FRAME, ClientFeedingClock, RecordingModel, metric
 
 # What Kyutai STT runs with: no input is ever trimmed, silence stepped in an underrun is not repaid.
@@ -37,11 +37,16 @@ class DrainingModel(RecordingModel):
 
 
 def _serve(
-    drains: bool, late: dict[int, float] | None = None, phase: float = 0.5, drain_after_ticks: int = 1
+    drains: bool,
+    late: dict[int, float] | None = None,
+    phase: float = 0.5,
+    drain_after_ticks: int = 1,
+    prefill: int = 0,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), and ticks of 10 ms: the frames each tick and drain step stepped (in order),
-    and the input still queued after each tick (with its drain steps)."""
+    and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
+    prefill steps before it takes input."""
     clock = ClientFeedingClock(late=late, phase=phase)
     model = DrainingModel(clock)
     registry = CollectorRegistry()
@@ -75,7 +80,7 @@ def _serve(
         drains=model if drains else None,
         drain_after_ticks=drain_after_ticks,
     )
-    lease = scheduler.acquire()
+    lease = scheduler.acquire(SlotPrompt(text="x" * prefill))  # RecordingModel: one prefill step a character
     leases.append(lease)
     clock.lease = lease
     scheduler.start()
@@ -133,6 +138,24 @@ def test_a_client_on_time_is_never_drained(phase: float) -> None:
     assert lease.underruns == 1  # the first tick, before the client's first frame
     assert [value for value in stepped if value > 0] == [float(k) for k in range(1, TICKS)]
     assert max(backlog) <= FRAME  # phase 0.05: the next tick's frame, which came during this one
+
+
+@pytest.mark.parametrize("drains", [True, False])
+def test_a_prefilling_slot_is_stepped_in_drain_steps(drains: bool) -> None:
+    """Kyutai STT's silence prefix: while a slot prefills, its client's audio waits. Drain steps
+    advance the prefilling row too, so the prefill is done in the first tick's spare time and
+    no audio stands behind it; without them each prefill step takes a tick and the audio that
+    arrived meanwhile stays queued."""
+    stepped, backlog, model, _, lease = _serve(drains=drains, prefill=6)
+
+    delivered = [value for value in stepped if value > 0]
+    assert delivered == [float(k) for k in range(1, len(delivered) + 1)]
+    if drains:
+        assert max(backlog) < FRAME
+        assert ("step_rows", (0,)) in model.calls
+    else:
+        assert min(backlog[8:]) >= 4 * FRAME
+    assert lease.samples_discarded == 0
 
 
 def test_only_a_model_with_audio_input_drains() -> None:
