@@ -211,12 +211,24 @@ async def expect_ready(ws: aiohttp.ClientWebSocketResponse) -> None:
 
 
 async def asr_client(
-    http: aiohttp.ClientSession, url: str, frames: list[bytes], marker_every: int, start_at: float, log: AsrLog
+    http: aiohttp.ClientSession,
+    url: str,
+    frames: list[bytes],
+    marker_every: int,
+    start_at: float,
+    log: AsrLog,
+    open_at_start: bool = False,
 ) -> None:
+    """``open_at_start``: connect at ``start_at`` and send from ``Ready`` on, as a microphone does
+    (else connect first and send from ``start_at``: a stream's slot has finished its prefill)."""
     loop = asyncio.get_running_loop()
     try:
+        if open_at_start:
+            await asyncio.sleep(max(0.0, start_at - loop.time()))
         async with http.ws_connect(url, max_msg_size=0) as ws:
             await expect_ready(ws)
+            if open_at_start:
+                start_at = loop.time()
 
             async def receive() -> None:
                 last_step = 0
@@ -255,17 +267,29 @@ async def asr_client(
         log.error = log.error or f"{type(exc).__name__}: {exc}"
 
 
-async def run_asr_clients(url: str, frames: list[bytes], marker_every: int, starts: list[float]) -> list[AsrLog]:
+async def run_asr_clients(
+    url: str, frames: list[bytes], marker_every: int, starts: list[float], open_at_start: bool
+) -> list[AsrLog]:
     logs = [AsrLog() for _ in starts]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await asyncio.gather(*(asr_client(http, url, frames, marker_every, s, log) for s, log in zip(starts, logs)))
+        await asyncio.gather(
+            *(
+                asr_client(http, url, frames, marker_every, s, log, open_at_start)
+                for s, log in zip(starts, logs, strict=True)
+            )
+        )
     return logs
 
 
 def asr_shard(
-    url: str, frames: list[bytes], marker_every: int, starts: list[float], window: tuple[float, float]
+    url: str,
+    frames: list[bytes],
+    marker_every: int,
+    starts: list[float],
+    window: tuple[float, float],
+    open_at_start: bool,
 ) -> ShardResult[AsrLog]:
-    return run_shard(lambda: run_asr_clients(url, frames, marker_every, starts), window)
+    return run_shard(lambda: run_asr_clients(url, frames, marker_every, starts, open_at_start), window)
 
 
 Timed = list[tuple[float, float]]  # (send time of the audio concerned, ms)
@@ -520,7 +544,15 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
             if args.route == "asr":
                 marker_every = 0 if args.shape == "whisper" else args.marker_every
                 jobs: list[tuple[Any, ...]] = [
-                    (url, frames, marker_every, [start_at + PERIOD_S * i / clients for i in r], window) for r in ranges
+                    (
+                        url,
+                        frames,
+                        marker_every,
+                        [start_at + PERIOD_S * i / clients for i in r],
+                        window,
+                        args.open_at_start,
+                    )
+                    for r in ranges
                 ]
                 shards: asyncio.Task[Any] = asyncio.create_task(gather_shards(asr_shard, jobs))
             else:
@@ -809,6 +841,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--kv-cache", choices=["ring", "paged_int8", "paged_int4"], default="ring", help="asr: stt_engine.kv_cache"
+    )
+    parser.add_argument(
+        "--open-at-start",
+        action="store_true",
+        help="asr: each client connects when it starts and sends from Ready on (the silence prefix's "
+        "prefill then runs while its audio arrives)",
     )
     parser.add_argument(
         "--no-drain", action="store_true", help="asr: stt_engine.drain_waiting_input off (the before of drain steps)"

@@ -457,6 +457,13 @@ class SttEngineConfig(KvCacheSection):
         "take them: input standing once may be a client's frames arriving about when the tick takes "
         "them, and draining it would leave a later tick to step silence",
     )
+    late_input_grace_ticks: int = Field(
+        2,
+        ge=0,
+        description="with drain_waiting_input: a stream with no audio at a tick is held (not stepped on "
+        "silence) for up to this many ticks in a row, and its late audio is stepped by a drain step when "
+        "it comes; no silence is written into the stream for a frame that was only late (0: step silence)",
+    )
 
 
 class AsrStreamingConfig(_Section):

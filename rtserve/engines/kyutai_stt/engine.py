@@ -102,6 +102,7 @@ class KyutaiSttEngine:
             name="kyutai_stt",
             drains=frame_model if settings.drain_waiting_input else None,
             drain_after_ticks=settings.drain_after_ticks,
+            late_input_grace_ticks=settings.late_input_grace_ticks,
         )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)

@@ -44,7 +44,9 @@ more frame from each live slot whose input stood through the tick's take (as man
 and steps only those rows, the others held as they were (a *drain step*;
 docs/engines.md#draining-waiting-input). Prefilling slots step in drain steps too (a
 ``prefill_step`` each, on silence), so a prefill is done in the spare time of its first ticks
-rather than one frame a tick while the client's audio waits behind it.
+rather than one frame a tick while the client's audio waits behind it. A live slot with no
+input at a tick is held rather than stepped on silence for a few ticks (``late_input_grace_ticks``):
+its late frame gets a drain step when it comes (``draining.DrainLedger``).
 
 Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
 lateness are metrics; overruns and skips also log a rate-limited warning. Admission
@@ -76,6 +78,7 @@ from rtserve.codecs.pcm import FloatArray
 from rtserve.config import LockstepConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
+from rtserve.engines.lockstep.draining import DrainLedger
 from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.lockstep.log_throttle import LogThrottle
 from rtserve.engines.lockstep.metrics import LockstepMetrics
@@ -199,23 +202,26 @@ class LockstepScheduler:
         run_ahead: RunsAhead | None = None,
         drains: DrainsInput | None = None,
         drain_after_ticks: int = 1,
+        late_input_grace_ticks: int = 0,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
         ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
         model (taking no audio) whose ready rows step as fast as their readers take output.
         ``drains``: the model (taking audio) whose rows with waiting input get drain steps, once
-        their input stood through ``drain_after_ticks`` takes in a row."""
+        their input stood through ``drain_after_ticks`` takes in a row; its live rows with no
+        input are held rather than stepped on silence for up to ``late_input_grace_ticks`` ticks
+        (``DrainLedger``)."""
         if run_ahead is not None and audio_input:
             raise ValueError("only a model without audio input can run ahead of its ticks")
         if drains is not None and not audio_input:
             raise ValueError("only a model with audio input has input to drain")
-        if drain_after_ticks < 1:
-            raise ValueError("drain_after_ticks must be >= 1")
         self.model = model
         self.audio_input = audio_input
         self.run_ahead = run_ahead
         self.drains = drains
-        self.drain_after_ticks = drain_after_ticks
+        self._ledger = (
+            DrainLedger(model.batch_size, drain_after_ticks, late_input_grace_ticks) if drains is not None else None
+        )
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -254,10 +260,7 @@ class LockstepScheduler:
         self._frames = np.zeros((self.batch_size, self.frame_size), np.float32)
         self._live_mask = np.zeros(self.batch_size, bool)
         self._dirty_rows = np.zeros(self.batch_size, bool)  # rows not silent since the last tick
-        # Per slot: paced takes in a row that left whole frames standing, and the frames drain
-        # steps may take after this tick (what stood, once it stood drain_after_ticks takes).
-        self._standing_takes = np.zeros(self.batch_size, np.int64)
-        self._drain_budget = np.zeros(self.batch_size, np.int64)
+        self._held = np.zeros(self.batch_size, bool)  # live rows this tick holds for their late input
         self._overrun_log = LogThrottle(_OVERRUN_LOG_INTERVAL_S)
         self._last_tick_due: float | None = None
 
@@ -506,7 +509,10 @@ class LockstepScheduler:
         rows = self._gather(live)
         step_started = clock.monotonic()
         try:
-            outputs = self.model.step(self._frames, self._live_mask)
+            if self.drains is not None and self._held.any():  # some live rows wait for late input
+                outputs = self.drains.step_rows(self._frames, self._stepped(prefill))
+            else:
+                outputs = self.model.step(self._frames, self._live_mask)
             if len(outputs) != self.batch_size:
                 raise EngineError(f"step returned {len(outputs)} outputs for {self.batch_size} slots")
         except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
@@ -553,26 +559,14 @@ class LockstepScheduler:
                     if lease.loop is not None:
                         wake.append((lease.loop, lease))
 
-    def _plan_drain(self, slots: npt.NDArray[np.intp], standing: npt.NDArray[np.int64]) -> None:
-        """After a paced take: which slots' standing input drain steps may take. A frame that stood
-        through one take may be jitter around the tick (a client whose frames arrive about when
-        the tick takes them): taking it would leave a later tick to step silence. Input that
-        stood ``drain_after_ticks`` takes in a row is latency."""
-        takes = self._standing_takes
-        counted = np.where(standing > 0, takes[slots] + 1, 0)
-        takes[:] = 0  # a slot not taken this tick is not live
-        takes[slots] = counted
-        due = counted >= self.drain_after_ticks
-        self._drain_budget[:] = 0
-        self._drain_budget[slots[due]] = standing[due]
-
     def _drain(self, deadline: float, tick_s: float) -> None:
-        """Drain steps until the next deadline leaves too little room, or no input that stood
-        through the last tick's take is left (a frame that arrived since is on time for the next
-        tick: taking it now would leave that tick without one) and no slot is prefilling (its
+        """Drain steps until the next deadline leaves too little room, or no slot the ledger names
+        has a whole frame (a frame that arrived since the tick's take is on time for the next
+        tick: taking it now would leave that tick without one) and none is prefilling (its
         client's audio waits until the prefill is done)."""
-        assert self.drains is not None
-        clock, budget = self._clock, self._drain_budget
+        ledger = self._ledger
+        assert self.drains is not None and ledger is not None
+        clock = self._clock
         while deadline - clock.monotonic() > _DRAIN_ROOM * tick_s:
             started = clock.monotonic()
             with self._cond:
@@ -582,23 +576,20 @@ class LockstepScheduler:
                     for s in self._slots
                     if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
                 ]
-            waiting = [(index, lease) for index, lease in live if budget[index] and len(lease.input) >= self.frame_size]
+            waiting = [
+                (index, lease) for index, lease in live if ledger.wants(index) and len(lease.input) >= self.frame_size
+            ]
             if not waiting:
-                budget[:] = 0
+                ledger.settle()
                 if not prefill:
                     return
             for index, _ in waiting:
-                budget[index] -= 1
+                ledger.spend(index)
             self._live_mask[:] = False
             rows = self._take_input(waiting, drain=True)
-            stepped = self._live_mask.copy()
-            silent = np.fromiter((index for index, _ in prefill), np.intp, len(prefill))
-            self._frames[silent] = 0.0  # a prefilling row steps on silence, as in a tick
-            self._dirty_rows[silent] = False
-            stepped[silent] = True
             finished = self._prefill_steps(prefill)
             try:
-                outputs = self.drains.step_rows(self._frames, stepped)
+                outputs = self.drains.step_rows(self._frames, self._stepped(prefill))
             except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
                 self._fail([row.lease for row in rows] + [lease for _, lease in prefill], "step_rows")
                 return
@@ -608,6 +599,16 @@ class LockstepScheduler:
             self.metrics.drain_steps.inc()
             self.metrics.drained_input_frames.inc(len(rows))
             tick_s = max(tick_s, clock.monotonic() - started)
+
+    def _stepped(self, prefill: list[tuple[int, SlotLease]]) -> npt.NDArray[np.bool_]:
+        """The rows a step of only some rows advances: the live rows given a frame, and the
+        prefilling rows on silence (as a tick steps them)."""
+        stepped = self._live_mask.copy()
+        silent = np.fromiter((index for index, _ in prefill), np.intp, len(prefill))
+        self._frames[silent] = 0.0
+        self._dirty_rows[silent] = False
+        stepped[silent] = True
+        return stepped
 
     def _apply_control_ops(self) -> None:
         with self._cond:
@@ -694,18 +695,26 @@ class LockstepScheduler:
         self._live_mask[slots] = True
         arrived = [lease.pushed_at for _, lease in live]  # read first: what the take finds arrived by then
         taken, trimmed, standing = self.inputs.take_frames(slots, frames)
+        held = np.zeros(len(live), bool)
         if not drain:
             waited = int(standing.sum())
             if waited:
                 self.metrics.standing_input_frames.inc(waited)
-            if self.drains is not None:
-                self._plan_drain(slots, standing)
-        underrun = taken == 0
+            if self._ledger is not None:
+                held = self._ledger.after_take(slots, taken, standing)
+                self._held[:] = False
+                self._held[slots[held]] = True
+                self._live_mask[slots[held]] = False
+        underrun = (taken == 0) & ~held
         silent = slots[underrun]
         frames[silent[dirty[silent]]] = 0.0
         dirty[slots] = ~underrun  # rows not silent since the last tick
         rows: list[_LiveRow] = []
-        for (index, lease), at, got, cut in zip(live, arrived, taken.tolist(), trimmed.tolist(), strict=True):
+        for (index, lease), at, got, cut, wait in zip(
+            live, arrived, taken.tolist(), trimmed.tolist(), held.tolist(), strict=True
+        ):
+            if wait:  # held: not stepped this tick, its late frame is owed a drain step
+                continue
             if got:
                 lease.wake_order = at
             else:

@@ -42,6 +42,7 @@ def _serve(
     phase: float = 0.5,
     drain_after_ticks: int = 1,
     prefill: int = 0,
+    grace: int = 0,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), and ticks of 10 ms: the frames each tick and drain step stepped (in order),
@@ -79,6 +80,7 @@ def _serve(
         on_tick=observe,
         drains=model if drains else None,
         drain_after_ticks=drain_after_ticks,
+        late_input_grace_ticks=grace,
     )
     lease = scheduler.acquire(SlotPrompt(text="x" * prefill))  # RecordingModel: one prefill step a character
     leases.append(lease)
@@ -156,6 +158,35 @@ def test_a_prefilling_slot_is_stepped_in_drain_steps(drains: bool) -> None:
     else:
         assert min(backlog[8:]) >= 4 * FRAME
     assert lease.samples_discarded == 0
+
+
+@pytest.mark.parametrize("grace", [0, 2])
+def test_a_late_frame_is_held_for_not_stepped_over_with_silence(grace: int) -> None:
+    """Frame 10 comes 0.1 s late: after the tick that would take it. Held for it (``grace`` 2),
+    the tick steps the slot not at all and a drain step takes the frame when it is there: no
+    silence is written into the stream. Without grace that tick steps silence (an underrun) and
+    the frame stands behind it until drained."""
+    stepped, backlog, _, registry, lease = _serve(drains=True, late={10: 0.1}, grace=grace)
+
+    delivered = [value for value in stepped if value > 0]
+    assert delivered == [float(k) for k in range(1, len(delivered) + 1)]
+    assert max(backlog[20:]) < FRAME
+    silent_steps = len(stepped) - len(delivered)
+    if grace:
+        assert lease.underruns == 0 and silent_steps == 0  # the first tick held too: nothing came yet
+        assert metric(registry, "rtserve_lockstep_underruns_total") == 0
+    else:
+        assert lease.underruns == 2 and silent_steps == 2  # the first tick, and the late frame's
+
+
+def test_a_client_that_goes_quiet_is_stepped_on_silence_after_the_grace() -> None:
+    """A client that stops sending is idle, not late: after ``grace`` held ticks its slot steps on
+    silence again (a Kyutai client's trailing markers still come back), owing nothing."""
+    stepped, _, _, _, lease = _serve(drains=True, late={5: 1000.0}, grace=2)
+
+    assert [value for value in stepped if value > 0] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert stepped[5:] and all(value == 0.0 for value in stepped[5:])
+    assert lease.underruns >= len(stepped) - 5 > 20  # (the scheduler ran a little past the reports)
 
 
 def test_only_a_model_with_audio_input_drains() -> None:
