@@ -490,13 +490,7 @@ class LockstepScheduler:
         clock = self._clock
         tick_started = clock.monotonic()
         self._apply_control_ops()
-        with self._cond:
-            live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
-            prefill = [
-                (s.index, s.lease)
-                for s in self._slots
-                if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
-            ]
+        live, prefill = self._stepping_slots()
         self.metrics.live_slots.set(len(live))
         if not live and not prefill:
             return None
@@ -536,6 +530,17 @@ class LockstepScheduler:
         self._notifier.notify(wake)
         return _TickWork(step_s, duration_s, len(live), len(prefill), control_s, gather_s, scatter_s)
 
+    def _stepping_slots(self) -> tuple[list[tuple[int, SlotLease]], list[tuple[int, SlotLease]]]:
+        """The LIVE slots and the opened PREFILL slots, with their leases."""
+        with self._cond:
+            live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
+            prefill = [
+                (s.index, s.lease)
+                for s in self._slots
+                if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
+            ]
+        return live, prefill
+
     def _prefill_steps(self, prefill: list[tuple[int, SlotLease]]) -> list[tuple[int, SlotLease]]:
         """One ``prefill_step`` per prefilling slot; the slots whose prefill it finished."""
         finished: list[tuple[int, SlotLease]] = []
@@ -569,13 +574,7 @@ class LockstepScheduler:
         clock = self._clock
         while deadline - clock.monotonic() > _DRAIN_ROOM * tick_s:
             started = clock.monotonic()
-            with self._cond:
-                live = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
-                prefill = [
-                    (s.index, s.lease)
-                    for s in self._slots
-                    if s.phase is SlotPhase.PREFILL and s.opened and s.lease is not None
-                ]
+            live, prefill = self._stepping_slots()
             waiting = [
                 (index, lease) for index, lease in live if ledger.wants(index) and len(lease.input) >= self.frame_size
             ]
