@@ -14,8 +14,9 @@ prefix as prefill: the scheduler steps a prefilling row with silence, exactly th
 reference feeds before an utterance. Other rows' outputs stay bit-identical (isolation).
 
 Between ticks the scheduler may run drain steps (``step_rows``, built with ``drains``): only
-the rows whose input stood queued advance, on their next frame, and every other row is held,
-its state put back as it was (docs/engines.md#draining-waiting-input).
+the rows whose input stood queued (or came late) advance, on their next frame, and every other
+row is held, its state put back as it was; a tick whose live row waits for a late frame is such
+a step too (docs/engines.md#draining-waiting-input).
 
 Each live row's output carries a ``TranscriptStep``: the step number, the text token that
 came out (the reference ``LMGen``'s output: it trails the token's generation by the LM's
