@@ -8,9 +8,11 @@ ticks, both paid back by drain steps (steps between ticks that advance only some
   client's frames arriving about when the tick takes them, and taking it would leave a later
   tick with nothing.
 * **Late input.** A live slot with nothing to take at a tick is held, not stepped on silence,
-  for up to ``grace_ticks`` ticks in a row: the frame that comes late is stepped when it
-  arrives (one step owed per tick held), and no silence is written into the stream. A slot
-  that stays quiet longer is idle: it steps on silence again and owes nothing.
+  for up to ``grace_ticks`` ticks in a row: no silence is written into the stream, and the
+  slot is owed a step per tick held. A later tick takes the late frame; if frames then stand
+  behind it, drain steps take them at once (without waiting ``after_ticks``). A take that
+  leaves nothing standing settles the debt: the slot is back in cadence. A slot that stays quiet
+  longer than the grace is idle: it steps on silence again and owes nothing.
 
 The ledger is the engine thread's only.
 """
@@ -53,6 +55,7 @@ class DrainLedger:
         held = (empty > 0) & (empty <= self.grace_ticks)
         self._owed[slots[held]] += 1
         self._owed[slots[empty > self.grace_ticks]] = 0  # idle: it steps on silence, owes nothing
+        self._owed[slots[(taken > 0) & (standing == 0)]] = 0  # in cadence again
         return held
 
     def wants(self, slot: int) -> bool:
