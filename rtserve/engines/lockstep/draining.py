@@ -62,9 +62,6 @@ class DrainLedger:
         """A drain step may take a frame of ``slot`` (if it has a whole one)."""
         return bool(self._owed[slot] or self._due[slot])
 
-    def pending(self) -> bool:
-        return bool(self._owed.any() or self._due.any())
-
     def spend(self, slot: int) -> None:
         """A drain step took a frame of ``slot``: a missed step first, then a standing frame."""
         if self._owed[slot]:

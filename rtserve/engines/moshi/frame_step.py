@@ -172,14 +172,18 @@ class FrameStep:
             raise ValueError("this FrameStep was built without holds=True")
         self.pcm.copy_(pcm)
         span = self.span(active)
-        advancing = np.ones(self.batch, bool) if active is None else active.copy()
+        advancing = active
         if hold is not None:
-            advancing &= ~hold
+            advancing = ~hold if active is None else active & ~hold
             self.hold.copy_(torch.from_numpy(hold))
         if self.blocks is not None:
-            self.blocks.ensure(np.flatnonzero(advancing), self.positions)
+            rows = np.arange(self.batch) if advancing is None else np.flatnonzero(advancing)
+            self.blocks.ensure(rows, self.positions)
             self.blocks.sync()
-        self.positions += advancing if hold is not None else 1
+        if hold is None:
+            self.positions += 1
+        else:
+            self.positions += ~hold
         key = (span, hold is not None)
         if not self._graphs:
             return self._step(key)

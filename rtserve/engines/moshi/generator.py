@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rtserve.engines.moshi.layers import keep_held_rows
+from rtserve.engines.moshi.layers import step_holding
 from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, MoshiLM
 from rtserve.engines.moshi.sampling import SlotSampler
 
@@ -91,14 +91,9 @@ class TokenStream:
         writes before it reads)."""
         if hold is None:
             return self._step(user_codes, overrides)
-        kept = [tensor.clone() for tensor in self._carry()]
-        result = self._step(user_codes, overrides)
-        keep_held_rows(hold, self._carry(), kept)
-        return result
-
-    def _carry(self) -> list[torch.Tensor]:
-        """The per-row state a step advances (``[B, ...]`` each), less the ring and the KV."""
-        return [self.offsets, self.lm.transformer.offset, self.sampler.draws, self.previous_user]
+        # The per-row state a step advances, less the ring and the KV.
+        carry = [self.offsets, self.lm.transformer.offset, self.sampler.draws, self.previous_user]
+        return step_holding(hold, carry, lambda: self._step(user_codes, overrides))
 
     def _step(self, user_codes: torch.Tensor, overrides: StepOverrides | None) -> StepResult:
         c = self.config

@@ -13,7 +13,7 @@ slot, and ``reset_rows(mask)`` returns the masked rows to their fresh state in p
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
@@ -25,6 +25,7 @@ from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, PagedKVSpec
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
+_T = TypeVar("_T")
 
 
 class TypedModuleList(nn.ModuleList, Generic[ModuleT]):
@@ -77,12 +78,15 @@ def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -
     return torch.cos(freqs * ts), torch.sin(freqs * ts)
 
 
-def keep_held_rows(hold: torch.Tensor, state: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
-    """Put ``saved`` back into ``state`` (pairs of ``[B, ...]`` tensors) on the rows in ``hold``
-    (``[B]`` bool): those rows took part in a batched call without advancing. No host sync, so a
-    captured graph can do it."""
-    for tensor, old in zip(state, saved, strict=True):
+def step_holding(hold: torch.Tensor, state: list[torch.Tensor], call: Callable[[], _T]) -> _T:
+    """``call()``, a batched step that updates ``state`` (``[B, ...]`` tensors) in place, with the
+    rows in ``hold`` (``[B]`` bool) put back as they were: they took part without advancing. No
+    host sync, so a captured graph can do it."""
+    kept = [tensor.clone() for tensor in state]
+    out = call()
+    for tensor, old in zip(state, kept, strict=True):
         tensor.copy_(torch.where(hold.view(-1, *([1] * (tensor.dim() - 1))), old, tensor))
+    return out
 
 
 class GatedMLP(nn.Module):

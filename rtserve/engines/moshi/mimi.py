@@ -13,13 +13,11 @@ numerics follow the reference codec (parity-tested: identical codes, decode < 1e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rtserve.engines.moshi.layers import Transformer, keep_held_rows
+from rtserve.engines.moshi.layers import Transformer, step_holding
 from rtserve.engines.moshi.lm_config import MimiConfig
 
 
@@ -278,15 +276,6 @@ class Mimi(nn.Module):
                 state.append(module.offset)
         return state
 
-    @staticmethod
-    def _held(side: list[_Streaming], hold: torch.Tensor, call: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``call()`` with the rows in ``hold`` (``[B]`` bool) keeping ``side``'s state as it was
-        (no host sync, so a captured graph can do it); their output means nothing."""
-        kept = [tensor.clone() for tensor in Mimi._carry(side)]
-        out = call()
-        keep_held_rows(hold, Mimi._carry(side), kept)
-        return out
-
     @torch.no_grad()
     def encode(self, pcm: torch.Tensor, hold: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, frame_size]`` float audio -> ``[B, codebooks]`` codes for one frame. Rows in
@@ -294,7 +283,7 @@ class Mimi(nn.Module):
         where only some rows take a frame (Kyutai STT draining input that waited)."""
         if hold is None:
             return self._encode(pcm)
-        return self._held(self._encode_side, hold, lambda: self._encode(pcm))
+        return step_holding(hold, self._carry(self._encode_side), lambda: self._encode(pcm))
 
     def _encode(self, pcm: torch.Tensor) -> torch.Tensor:
         x = self.encoder(pcm[:, None, :].to(self.downsample.weight.dtype))
@@ -309,7 +298,7 @@ class Mimi(nn.Module):
         it was and their audio means nothing: a batch where only some rows decode (Kyutai TTS)."""
         if hold is None:
             return self._decode(codes)
-        return self._held(self._decode_side, hold, lambda: self._decode(codes))
+        return step_holding(hold, self._carry(self._decode_side), lambda: self._decode(codes))
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         x = self.upsample(self.quantizer.decode(codes[:, :, None]))
