@@ -528,6 +528,14 @@ class TtsEngineConfig(_Section):
         "step while every older stream that would step has this much audio made ahead of its playback; brings "
         "first audio forward (0: never hold an older stream back)",
     )
+    full_step_cadence_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="with catch_up_lead_ms: while new replies catch up, a full step for an older stream short "
+        "of that lead, or about to make its first audio, comes at most this long after the last full step "
+        "(unless one is down to half the lead), so they share full steps; 0: each takes one at once",
+    )
 
 
 class DiffusionEngineConfig(_Section):

@@ -134,7 +134,11 @@ class KyutaiTTSEngine:
         lead_s = settings.catch_up_lead_ms / 1e3 if settings.run_ahead else 0.0
         clock = self._clock or SystemTickClock()
         self._frame_model = TTSFrameModel(
-            model, catch_up_lead_s=lead_s, clock=clock.monotonic, on_step=lambda kind: self._steps.labels(kind).inc()
+            model,
+            catch_up_lead_s=lead_s,
+            full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
+            clock=clock.monotonic,
+            on_step=lambda kind: self._steps.labels(kind).inc(),
         )
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)

@@ -60,15 +60,21 @@ class TTSFrameModel:
         model: KyutaiTTSModel,
         *,
         catch_up_lead_s: float = 0.0,
+        full_step_cadence_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[str], None] | None = None,
     ) -> None:
         """``catch_up_lead_s``: the audio an older row must have ahead of its playback for the
         young rows to step without it (0: never without it). Only for a model run ahead of
-        playback: paced, every row must step every tick. ``clock``: the scheduler's seconds.
+        playback: paced, every row must step every tick. ``full_step_cadence_s``: while young rows
+        wait, a full step for an older row short of that lead, or about to make its first audio,
+        comes at most this long after the last full step, unless a row is down to half the lead
+        (0: at once). ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics."""
         self.model = model
         self.catch_up_lead_s = catch_up_lead_s
+        self.full_step_cadence_s = full_step_cadence_s
+        self._last_full = -np.inf  # clock time of the last full step
         self._clock = clock
         self._frame_s = model.frame_size / model.sample_rate
         # Per row: when its first audio frame was made (nan: none yet), and how many since.
@@ -143,6 +149,7 @@ class TTSFrameModel:
         active = stepping if speak else young
         if speak:
             self._full_steps[active] += 1
+            self._last_full = now
         for slot, frame in enumerate(model.step(torch.from_numpy(active).to(model.device), speak=speak)):
             if frame is None or not frame.stepped or not live[slot]:
                 continue
@@ -166,13 +173,20 @@ class TTSFrameModel:
     def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float) -> str:
         """With young rows stepping: ``pre_audio`` (they go alone), or why the rows past their
         audio delay that would step must step now too: catching up is off, one has no audio yet
-        (a reply about to start), or one has less than ``catch_up_lead_s`` ahead of its playback."""
+        (a reply about to start), or one has less than ``catch_up_lead_s`` ahead of its playback.
+        Within ``full_step_cadence_s`` of the last full step only a row under half the lead
+        forces one: a reply's first audio and the others' lead then share full steps, which cost
+        every young row a full step each."""
         if not older.any():
             return "pre_audio"
         if self.catch_up_lead_s <= 0:
             return "full_no_catch_up"
         made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
-        lead = made - now
-        if np.isnan(lead).any():
+        lead = (made - now)[~np.isnan(made)]
+        if bool((lead < self.catch_up_lead_s / 2).any()):
+            return "full_lead_short"
+        if now - self._last_full < self.full_step_cadence_s:
+            return "pre_audio"
+        if lead.size < older.sum():
             return "full_first_audio_due"
         return "pre_audio" if bool((lead >= self.catch_up_lead_s).all()) else "full_lead_short"

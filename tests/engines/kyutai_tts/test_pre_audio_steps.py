@@ -192,3 +192,55 @@ def test_each_step_says_its_kind_and_a_reply_counts_its_full_steps(
     # Row 1 stepped in every call; it says how many of them were full steps.
     assert first.speech.steps == len(kinds) and first.speech.full_steps == len(full)
     assert held_back_by in full and (lead_s == 0) == ("pre_audio" not in kinds)
+
+
+def _three_replies(tiny: TinyTTS, cadence_s: float) -> tuple[TTSFrameModel, list[str], list[float]]:
+    """Row 0 speaks 2 frames ahead (clock at 0), row 1 is through its audio delay (its first
+    audio is due), row 2 has just begun. Returns the model, the step kinds from here on and the
+    clock to move."""
+    now = [0.0]
+    kinds: list[str] = []
+    frame_model = TTSFrameModel(
+        engine(tiny, 3, cfg_coef=2.0),
+        catch_up_lead_s=0.16,
+        full_step_cadence_s=cadence_s,
+        clock=lambda: now[0],
+        on_step=kinds.append,
+    )
+    model = frame_model.model
+    splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+    for slot, voice in ((0, "alice"), (1, "bob"), (2, "alice")):
+        frame_model.begin(slot, model.resolve_voice(voice), None)
+        frame_model.push(slot, splitter.split(TEXT))
+        frame_model.end(slot)
+        only = np.arange(3) == slot
+        if slot == 0:
+            made = 0
+            while made < 2:
+                output = frame_model.step(np.zeros((3, 1920), np.float32), only)[0]
+                made += output is not None and output.audio.size > 0
+        elif slot == 1:
+            for _ in range(model.young_steps):
+                frame_model.step(np.zeros((3, 1920), np.float32), only)
+    assert model.young_rows().tolist() == [False, False, True]
+    kinds.clear()
+    return frame_model, kinds, now
+
+
+def test_with_a_cadence_a_first_audio_waits_for_the_next_full_step_while_new_replies_go_on(tiny_tts: TinyTTS) -> None:
+    live, silence = np.ones(3, bool), np.zeros((3, 1920), np.float32)
+    frame_model, kinds, _ = _three_replies(tiny_tts, cadence_s=0.0)
+    frame_model.step(silence, live)
+    assert kinds == ["full_first_audio_due"]  # no cadence: row 1's first audio costs row 2 a full step now
+
+    frame_model, kinds, now = _three_replies(tiny_tts, cadence_s=0.06)
+    outputs = frame_model.step(silence, live)
+    # Within 60 ms of row 0's last full step row 1 waits; row 2 catches up alone.
+    assert kinds == ["pre_audio"] and outputs[1] is None and outputs[2] is not None
+    now[0] = 0.07  # the cadence has passed: one full step makes row 1's first audio
+    outputs = frame_model.step(silence, live)
+    assert kinds[-1] == "full_first_audio_due"
+    assert outputs[1] is not None and outputs[1].audio.size
+    now[0] = 0.09  # 20 ms later row 1 has 60 ms in hand, under half the lead: it steps at once
+    frame_model.step(silence, live)
+    assert kinds[-1] == "full_lead_short"
