@@ -4,7 +4,8 @@ batched by hand, in one run on the same random weights: p50/p99 ms per 80 ms fra
 One frame = Mimi encode of B frames of audio + one temporal step (no depformer) + the extra
 heads (end-of-turn probabilities) + the copy of the text tokens and probabilities to the host.
 Ours is the served path (``SttFrameModel.step``: one CUDA graph per attention span on a GPU,
-per-row host readout into ``FrameOutput``s); ``ours-paged8`` the same with paged int8 KV. The
+per-row host readout into ``FrameOutput``s); ``ours-paged8`` the same with paged int8 KV,
+``ours-paged4`` with 4-bit KV. The
 reference is what Kyutai's scripts run, batched: its streaming ``MimiModel.encode`` and
 ``LMGen.step_with_extra_heads`` (its own CUDA graphs and compiled glue), tokens and heads
 copied to the host. Contexts: ``0`` (fresh rows) and ``full`` (every row's attention window
@@ -157,13 +158,16 @@ def run_ours(
     stt: dict[str, float],
     batch: int,
     fill: int,
-    paged: bool,
+    bits: int,
     args: Any,
 ) -> dict[str, float]:
+    """``bits``: 8 or 4 for paged KV of that width, 0 for the ring."""
     device = lm.text_linear.weight.device
     extras = CheckpointExtras(model_type="stt", stt_config=stt)
     loaded = LoadedModel(lm, mimi, RandomWeightsPieces(config.text_card), config, args.mimi_config, None, extras)
-    spec = PagedKVSpec(num_blocks=batch * PagedKVSpec(1, PAGED_BLOCK).width(config.context), block_size=PAGED_BLOCK)
+    paged = bits > 0
+    width = PagedKVSpec(1, PAGED_BLOCK).width(config.context)
+    spec = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK, bits=bits or 8)
     model = SttFrameModel(stt_model(loaded), batch, paged_kv=spec if paged else None)
     live = np.ones(batch, bool)
     for slot in range(batch):
@@ -253,7 +257,7 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours,ours-paged8,reference,mimi-encode",
-        help="also: ours-paged8-codec-bf16 (stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
+        help="also: ours-paged4 (stt_engine.kv_cache: paged_int4), ours-paged8-codec-bf16 (stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
         "ours-paged8-device (diagnostics)",
     )
     parser.add_argument("--frames", type=int, default=30)
@@ -289,11 +293,12 @@ def main() -> None:
                         elif side == "ours-paged8-codec-bf16":
                             codec = copy.deepcopy(mimi)
                             codec.encoder_to(torch.bfloat16)
-                            row[side] = run_ours(lm, codec, config, stt, batch, fill, True, args)
+                            row[side] = run_ours(lm, codec, config, stt, batch, fill, 8, args)
                         elif side == "reference":
                             row[side] = run_reference(ref_lm, ref_mimi, batch, fill, args, device)
                         else:
-                            row[side] = run_ours(lm, mimi, config, stt, batch, fill, side == "ours-paged8", args)
+                            bits = {"ours-paged8": 8, "ours-paged4": 4}.get(side, 0)
+                            row[side] = run_ours(lm, mimi, config, stt, batch, fill, bits, args)
                     except torch.OutOfMemoryError:
                         row[side] = {"skipped": "oom"}
                     release(lm, mimi, device)
