@@ -257,7 +257,8 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours,ours-paged8,reference,mimi-encode",
-        help="also: ours-paged4 (stt_engine.kv_cache: paged_int4), ours-paged8-codec-bf16 (stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
+        help="also: ours-paged4 (stt_engine.kv_cache: paged_int4), ours-paged8-codec-bf16 "
+        "(stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
         "ours-paged8-device (diagnostics)",
     )
     parser.add_argument("--frames", type=int, default=30)
