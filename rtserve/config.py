@@ -458,11 +458,12 @@ class SttEngineConfig(KvCacheSection):
         "them, and draining it would leave a later tick to step silence",
     )
     late_input_grace_ticks: int = Field(
-        2,
+        4,
         ge=0,
         description="with drain_waiting_input: a stream with no audio at a tick is held (not stepped on "
         "silence) for up to this many ticks in a row, and its late audio is stepped by a drain step when "
-        "it comes; no silence is written into the stream for a frame that was only late (0: step silence)",
+        "it comes; no silence is written into the stream for a frame that was only late (0: step silence). "
+        "A client that stops sending waits this long before its silence flushes the words in flight",
     )
 
 
@@ -529,7 +530,7 @@ class TtsEngineConfig(_Section):
         "first audio forward (0: never hold an older stream back)",
     )
     full_step_cadence_ms: float = Field(
-        0.0,
+        60.0,
         ge=0,
         le=1000,
         description="with catch_up_lead_ms: while new replies catch up, a full step for an older stream short "

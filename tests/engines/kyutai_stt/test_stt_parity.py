@@ -7,6 +7,8 @@ row leaves the other rows bit-identical. CUDA: the same at bfloat16 tolerance, s
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -113,15 +115,25 @@ def test_mixed_batch_with_a_recycled_row_matches_the_reference_row_by_row(tiny_s
     _check_slot(outputs, 2, 20, tiny_stt, audio)
 
 
-def test_a_bf16_encoder_keeps_the_reference_transcript_on_the_tiny_checkpoint(tiny_stt: TinyStt, stt: SttModel) -> None:
-    """``stt_engine.codec_dtype: bfloat16``: the encoder runs in bf16, the quantizer in fp32; on these
-    weights every code, so every text token, is still the fp32 reference's (docs/engines.md#mimi-encoder-in-bf16)."""
-    stt.loaded.mimi.encoder_to(torch.bfloat16)
+def test_a_bf16_encoder_keeps_nearly_every_code_of_the_fp32_codec_and_serves(tiny_stt: TinyStt, stt: SttModel) -> None:
+    """``stt_engine.codec_dtype: bfloat16``: the encoder runs in bf16, the quantizer in fp32. Its codes
+    are the fp32 codec's up to bf16 rounding: nearly all equal. Which ones flip depends on the bf16
+    kernels of the machine (on the H200 host's CPU one flip changed this random model's greedy
+    transcript from its 7th token), so no transcript is promised (docs/engines.md#mimi-encoder-in-bf16)."""
+    fp32 = stt.loaded.mimi
+    bf16 = copy.deepcopy(fp32)
+    bf16.encoder_to(torch.bfloat16)
+    assert bf16.quantizer.rvq_first.codebooks.dtype == torch.float32
     audio = _audio(FRAMES, 2, seed=6)
+    fp32.start(2)
+    bf16.start(2)
+    same = np.mean([(fp32.encode(x) == bf16.encode(x)).numpy() for x in torch.from_numpy(audio)], axis=0)
+    assert same.mean() >= 0.95 and same[:, 0].mean() >= 0.95, same  # [rows, codebooks]
+    stt.loaded.mimi.encoder_to(torch.bfloat16)
     outputs = _run(SttFrameModel(stt, 2), audio, {0: 0, 1: 0})
-    assert stt.loaded.mimi.quantizer.rvq_first.codebooks.dtype == torch.float32
-    assert _check_slot(outputs, 0, 0, tiny_stt, audio) >= 60
-    _check_slot(outputs, 1, 0, tiny_stt, audio)
+    for row in (0, 1):  # served: a step per frame once the delay has passed
+        steps = [out[row].transcript for out in outputs if out[row] is not None and out[row].transcript is not None]
+        assert len(steps) == len(_reference(tiny_stt, audio[:, row : row + 1])[0]) >= 60
 
 
 def _run_with_recycle(
