@@ -3,9 +3,7 @@ test's tasks wait."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -38,14 +36,3 @@ async def serve_plain(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
-
-
-def pending_tasks() -> str:
-    """Where every task of the running loop waits (a few frames each): for the message of a
-    test that timed out waiting for a server that shares its loop."""
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        if not task.done():
-            print(f"-- {task.get_name()}", file=out)
-            task.print_stack(limit=4, file=out)
-    return out.getvalue()

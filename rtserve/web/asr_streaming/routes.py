@@ -166,7 +166,10 @@ async def _write(ws: web.WebSocketResponse, outbox: _Outbox, send_timeout_s: flo
     while True:
         data = await outbox.queue.get()
         try:
-            await asyncio.wait_for(ws.send_bytes(data), send_timeout_s)
+            # Not wait_for: on Python 3.11 it returns the send's result when a cancel arrives as the
+            # send completes, and this loop then waited on the queue for good, holding the stream.
+            async with asyncio.timeout(send_timeout_s):
+                await ws.send_bytes(data)
         except TimeoutError:
             raise RtserveError(f"the client took no bytes for {send_timeout_s:g} s", code=OUTPUT_BACKPRESSURE) from None
 

@@ -139,7 +139,8 @@ class TTSConnection:
     async def _send(self) -> None:
         while (data := await self._queue.get()) is not None:
             try:
-                await asyncio.wait_for(self._ws.send_bytes(data), self._send_timeout_s)
+                async with asyncio.timeout(self._send_timeout_s):  # not wait_for: see asr_streaming._write
+                    await self._ws.send_bytes(data)
             except TimeoutError:
                 raise EngineError(
                     f"the client took no audio for {self._send_timeout_s:g} s", code=OUTPUT_BACKPRESSURE

@@ -18,7 +18,7 @@ import websockets
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from tests.engines.kyutai_stt.stt_tiny import write_stt_checkpoint
-from tests.support import pending_tasks, serve_app
+from tests.support import serve_app
 
 FRAME = 1920
 KEY = "sekret"
@@ -186,10 +186,7 @@ async def test_paged_kv_serves_streams_and_refuses_one_that_finds_no_free_block(
         messages = [msgpack.unpackb(await asyncio.wait_for(second.recv(), 30))]
         if messages[0]["type"] == "Ready":  # the refusal comes once the slot is opened on the engine thread
             await second.send(_pack({"type": "Audio", "pcm": [0.0] * FRAME}))
-            try:
-                messages.append(msgpack.unpackb(await asyncio.wait_for(second.recv(), 30)))
-            except TimeoutError:  # seen twice in ~40 runs, not understood yet: say where the server waits
-                raise AssertionError(f"the refused stream got no Error:\n{pending_tasks()}") from None
+            messages.append(msgpack.unpackb(await asyncio.wait_for(second.recv(), 30)))
         assert messages[-1]["type"] == "Error" and messages[-1]["code"] == "resource_exhausted", messages
         await second.close()
         rng = np.random.default_rng(1)
