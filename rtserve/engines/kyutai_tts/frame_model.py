@@ -25,7 +25,9 @@ the runtime's one small generalisation covers both rather than a second schedule
   least ``catch_up_lead_s`` of audio made ahead of its playback (counted from its first audio
   frame at real time); otherwise, or while an older row is about to make its first audio, a
   full step of everyone (the young rows included). A reply then reaches its first audio sooner
-  than stepping with the whole batch, and no older stream's playback runs dry for it.
+  than stepping with the whole batch, and no older stream's playback runs dry for it. Those full
+  steps come at most once per ``full_step_cadence_s`` unless an older row is down to half its
+  lead, so several replies' first audio and the others' lead share one.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
