@@ -165,14 +165,13 @@ def run_ours(
     device = lm.text_linear.weight.device
     extras = CheckpointExtras(model_type="stt", stt_config=stt)
     loaded = LoadedModel(lm, mimi, RandomWeightsPieces(config.text_card), config, args.mimi_config, None, extras)
-    paged = bits > 0
     width = PagedKVSpec(1, PAGED_BLOCK).width(config.context)
-    spec = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK, bits=bits or 8)
-    model = SttFrameModel(stt_model(loaded), batch, paged_kv=spec if paged else None)
+    spec = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK, bits=bits) if bits else None
+    model = SttFrameModel(stt_model(loaded), batch, paged_kv=spec)
     live = np.ones(batch, bool)
     for slot in range(batch):
         model.open_slot(slot, SlotPrompt())
-    if paged:
+    if spec is not None:
         prefill_paged(lm, np.full(batch, fill, np.int64))
     else:
         prefill_ours(lm, fill)

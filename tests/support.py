@@ -1,5 +1,4 @@
-"""Test support: run an aiohttp app on 127.0.0.1 with an ephemeral port; say where a hung
-test's tasks wait."""
+"""Test support: run an aiohttp app on 127.0.0.1 with an ephemeral port."""
 
 from __future__ import annotations
 

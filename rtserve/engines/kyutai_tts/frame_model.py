@@ -184,11 +184,12 @@ class TTSFrameModel:
         if self.catch_up_lead_s <= 0:
             return "full_no_catch_up"
         made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
-        lead = (made - now)[~np.isnan(made)]
+        speaking = ~np.isnan(made)  # the others are about to make their first audio
+        lead = made[speaking] - now
         if bool((lead < self.catch_up_lead_s / 2).any()):
             return "full_lead_short"
         if now - self._last_full < self.full_step_cadence_s:
             return "pre_audio"
-        if lead.size < older.sum():
+        if not speaking.all():
             return "full_first_audio_due"
         return "pre_audio" if bool((lead >= self.catch_up_lead_s).all()) else "full_lead_short"
