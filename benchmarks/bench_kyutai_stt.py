@@ -46,6 +46,7 @@ from moshi_build import (
     prefill_ours,
     prefill_paged,
     prefill_reference,
+    print_kernels,
     time_steps,
 )
 
@@ -178,7 +179,7 @@ def run_ours(
     model.frame.positions[:] = fill
     gen = np.random.default_rng(0)
     frames = (0.1 * gen.standard_normal((batch, FRAME_SIZE))).astype(np.float32)
-    result = time_steps(lambda: model.step(frames, live), args.frames, args.warmup, device)
+    result = time_steps(lambda: model.step(frames, live), args.frames, args.warmup, device, args.profile)
     lm.transformer.use_paged_kv(None)
     return result
 
@@ -199,9 +200,9 @@ def run_encode(mimi: Any, batch: int, args: Any, device: torch.device, dtype: to
     codec.start(batch)
     pcm = (torch.randn(batch, FRAME_SIZE, device=device) * 0.1).to(dtype)
     if device.type != "cuda":
-        return result | time_steps(lambda: codec.encode(pcm), args.frames, args.warmup, device)
+        return result | time_steps(lambda: codec.encode(pcm), args.frames, args.warmup, device, args.profile)
     graph, _ = capture_graphs(lambda _: codec.encode(pcm), [0], device)[0]
-    return result | time_steps(graph.replay, args.frames, args.warmup, device)
+    return result | time_steps(graph.replay, args.frames, args.warmup, device, args.profile)
 
 
 def run_device_only(lm: Any, mimi: Any, config: Any, batch: int, fill: int, args: Any) -> dict[str, float]:
@@ -222,7 +223,7 @@ def run_device_only(lm: Any, mimi: Any, config: Any, batch: int, fill: int, args
         out = frame(pcm)
         out.tokens[:, 0].cpu()
 
-    result = time_steps(step, args.frames, args.warmup, device)
+    result = time_steps(step, args.frames, args.warmup, device, args.profile)
     lm.transformer.use_paged_kv(None)
     return result
 
@@ -245,7 +246,7 @@ def run_reference(
 
     with gen.streaming(batch), ref_mimi.streaming(batch):
         prefill_reference(ref_lm, fill)
-        return time_steps(step, args.frames, args.warmup, device)
+        return time_steps(step, args.frames, args.warmup, device, args.profile)
 
 
 def main() -> None:
@@ -263,6 +264,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--profile", action="store_true", help="also print each side's top kernels (torch.profiler)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -304,6 +306,9 @@ def main() -> None:
                     release(lm, mimi, device)
                     gc.collect()
                 rows.append(row)
+                for side in sides:
+                    if "kernels" in row[side]:
+                        print_kernels(f"{shape} B={batch} fill={fill_label} {side}", row[side].pop("kernels"))
                 print(json.dumps(row), flush=True)
         del ref_lm, lm, ref_mimi, mimi
         gc.collect()

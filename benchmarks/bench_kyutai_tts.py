@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from moshi_build import build_mimi, mimi_config, summary, sync
+from moshi_build import build_mimi, kernel_profile, mimi_config, print_kernels, summary, sync
 from safetensors.torch import save_file
 
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename, voice_layout
@@ -199,8 +199,11 @@ def run_ours(
         if i >= warmup:
             times.append(1000 * (time.perf_counter() - start))
     assert all(frame is not None and frame.stepped for frame in frames), "a row waited: too little text"
+    result: dict[str, Any] = dict(summary(times))
+    if args.profile:
+        result["kernels"] = kernel_profile(lambda: model.step(speak=speak), timed, device)
     del model
-    return summary(times)
+    return result
 
 
 class _Enough(Exception):
@@ -256,6 +259,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
     parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--profile", action="store_true", help="also print our step's top kernels (torch.profiler)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -285,6 +289,9 @@ def main() -> None:
                 if cuda:
                     torch.cuda.empty_cache()
             rows.append(row)
+            for side in sides:
+                if "kernels" in row[side]:
+                    print_kernels(f"B={batch} {side}", row[side].pop("kernels"))
             print(json.dumps(row), flush=True)
     print_table(rows, sides, device)
     result = {

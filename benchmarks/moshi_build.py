@@ -195,8 +195,11 @@ def summary(times: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
 
 
-def time_steps(step: Callable[[], None], frames: int, warmup: int, device: torch.device) -> dict[str, float]:
-    """p50 / p99 ms of ``step`` over ``frames`` calls after ``warmup``, each bracketed by device syncs."""
+def time_steps(
+    step: Callable[[], None], frames: int, warmup: int, device: torch.device, profile: bool = False
+) -> dict[str, Any]:
+    """p50 / p99 ms of ``step`` over ``frames`` calls after ``warmup``, each bracketed by device syncs;
+    with ``profile``, also where the time went (``kernel_profile`` over as many more calls)."""
     times = []
     for i in range(warmup + frames):
         sync(device)
@@ -205,4 +208,36 @@ def time_steps(step: Callable[[], None], frames: int, warmup: int, device: torch
         sync(device)
         if i >= warmup:
             times.append(1000 * (time.perf_counter() - start))
-    return summary(times)
+    result: dict[str, Any] = dict(summary(times))
+    if profile:
+        result["kernels"] = kernel_profile(step, frames, device)
+    return result
+
+
+def kernel_profile(step: Callable[[], None], frames: int, device: torch.device, top: int = 25) -> list[dict[str, Any]]:
+    """Self time per operator over ``frames`` calls of ``step`` (``torch.profiler``): on a GPU the
+    kernels, including those replayed from CUDA graphs; on a CPU the aten operators. The ``top``
+    by total, as microseconds and calls per frame, plus a ``total`` row."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    sync(device)
+    with profile(activities=[activity]) as prof:
+        for _ in range(frames):
+            step()
+        sync(device)
+    rows = []
+    for event in prof.key_averages():
+        self_us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if self_us > 0:
+            rows.append({"name": event.key[:90], "us": self_us / frames, "calls": event.count / frames})
+    rows.sort(key=lambda r: -r["us"])
+    total = {"name": "total", "us": sum(r["us"] for r in rows), "calls": sum(r["calls"] for r in rows)}
+    return [total, *rows[:top]]
+
+
+def print_kernels(label: str, kernels: list[dict[str, Any]]) -> None:
+    print(f"-- {label}: self time per frame (us), calls per frame")
+    for row in kernels:
+        print(f"{row['us']:>10.1f} {row['calls']:>7.1f}  {row['name']}")

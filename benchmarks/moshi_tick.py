@@ -49,6 +49,7 @@ from moshi_build import (
     prefill_ours,
     prefill_paged,
     prefill_reference,
+    print_kernels,
     set_ours_ring,
     set_reference_ring,
     share_weights,
@@ -79,6 +80,7 @@ def time_frames(
     frames: int,
     warmup: int,
     device: torch.device,
+    profile: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """p50/p99 ms per frame at each fill, after ``warmup`` untimed frames per fill (``prefill``
     returns why a fill cannot run, or None)."""
@@ -88,7 +90,7 @@ def time_frames(
         if skipped is not None:
             out[fill] = {"skipped": skipped}
             continue
-        out[fill] = time_steps(step, frames, warmup, device)
+        out[fill] = time_steps(step, frames, warmup, device, profile)
     return out
 
 
@@ -194,7 +196,7 @@ def run_ours(
             frame.positions[:] = fills_now
             return None
 
-        result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device)
+        result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device, args.profile)
         result["spans"] = len(frame.spans)
         if spec is not None:
             result["kv_blocks"] = spec.num_blocks
@@ -232,7 +234,7 @@ def run_reference(
             return None
 
         with gen.streaming(batch), ref_mimi.streaming(batch):
-            result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device)
+            result["fills"] = time_frames(step, prefill, fills, args.frames, args.warmup, device, args.profile)
     return result
 
 
@@ -374,6 +376,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--check-frames", type=int, default=20, help="graphed vs eager frames (0: skip)")
     parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--profile", action="store_true", help="also print each side's top kernels (torch.profiler)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -420,6 +423,10 @@ def main() -> None:
                     too_big.add(side)
                 release(lm, mimi, device)
             rows.append(row)
+            for side in sides:
+                for fill, timing in row[side].get("fills", {}).items():
+                    if "kernels" in timing:
+                        print_kernels(f"ring={ring} B={batch} fill={fill} {side}", timing.pop("kernels"))
             print(json.dumps(row), flush=True)
     if check is not None:
         check["kernels_per_frame"] = kernels_per_frame(lm, mimi, device)
