@@ -11,13 +11,11 @@ reference is what Kyutai's scripts run, batched: its streaming ``MimiModel.encod
 copied to the host. Contexts: ``0`` (fresh rows) and ``full`` (every row's attention window
 full: the steady state of a stream longer than ``context`` frames), set directly in the KV
 caches on both sides (``moshi_build``). ``mimi-encode`` times our Mimi encode alone (its own
-graph): the share of a frame that is the codec, not the LM; ``mimi-encode-bf16`` / ``-tf32`` /
-``-ieee`` the same codec in another precision (``run_encode``), with its code agreement against
-the served one; ``ours-paged8-codec-bf16`` the served step with the encoder in bf16 and the
-quantizer in fp32 (``stt_engine.codec_dtype: bfloat16``), ``ours-paged8-codec-tf32`` with the
-codec's transformer matmuls in TF32 (``stt_engine.codec_tf32``);
-``ours-paged8-device`` the paged step without the per-row host readout. These are off by
-default; ``ours-paged8-device`` and the ``mimi-encode`` variants are diagnostics.
+graph): the share of a frame that is the codec, not the LM; ``mimi-encode-bf16`` the same
+codec with its encoder in bf16, with its code agreement against fp32; ``ours-paged8-codec-bf16``
+the served step with the encoder in bf16 and the quantizer in fp32 (``stt_engine.codec_dtype:
+bfloat16``); ``ours-paged8-device`` the paged step without the per-row host readout. These four
+are off by default; the last two are diagnostics.
 
 Shapes: the published configs (``config.json`` of each hub repo) as ``SHAPES`` transcribes them,
 with random bf16 weights; Mimi in fp32 with 32 codebooks, as published. ``tiny`` (CPU) keeps
@@ -33,11 +31,9 @@ Prints a table; JSON to ``benchmarks/results/bench_kyutai_stt.json`` (or ``--jso
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,50 +184,28 @@ def run_ours(
     return result
 
 
-def run_encode(mimi: Any, batch: int, args: Any, device: torch.device, variant: str) -> dict[str, float]:
-    """Our Mimi encode alone (a CUDA graph on a GPU): the part of a frame that is not the LM.
-    ``variant``: ``fp32`` as served (convolutions in TF32, PyTorch's default; matmuls IEEE fp32),
-    ``tf32`` the transformer's matmuls in TF32 too (``codec_tf32``), ``bf16`` the encoder in bf16
-    (``codec_dtype: bfloat16``), ``ieee`` the convolutions in IEEE fp32 too (no TF32 anywhere).
-    Other than ``fp32``, also the share of its codes equal to the served codec's on the same
-    streamed audio (all codebooks, and the first: the semantic one)."""
+def run_encode(mimi: Any, batch: int, args: Any, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Our Mimi encode alone (a CUDA graph on a GPU): the part of a frame that is not the LM. With
+    the encoder in bf16 (``stt_engine.codec_dtype: bfloat16``: a copy of the codec, its quantizer
+    in fp32), also the share of its codes equal to the fp32 codec's on the same streamed audio (all
+    codebooks, and the first: the semantic one)."""
     result: dict[str, float] = {}
     codec = mimi
-    if variant != "fp32":
+    if dtype != torch.float32:
         codec = copy.deepcopy(mimi)
-        if variant == "bf16":
-            codec.encoder_to(torch.bfloat16)
-        codec.tf32_transformers = variant == "tf32"
+        codec.encoder_to(dtype)
         gen = torch.Generator(device="cpu").manual_seed(7)
         audio = [(torch.randn(batch, FRAME_SIZE, generator=gen) * 0.1).to(device) for _ in range(AGREEMENT_FRAMES)]
         mimi.start(batch)
-        served = [mimi.encode(x) for x in audio]
-    with ieee_convolutions(variant == "ieee"):
-        if codec is not mimi:
-            codec.start(batch)
-            same = torch.stack([codec.encode(x) == codes for x, codes in zip(audio, served, strict=True)]).float()
-            result = {"codes_equal": float(same.mean()), "first_codebook_equal": float(same[:, :, 0].mean())}
         codec.start(batch)
-        pcm = torch.randn(batch, FRAME_SIZE, device=device) * 0.1
-        if device.type != "cuda":
-            return result | time_steps(lambda: codec.encode(pcm), args.frames, args.warmup, device, args.profile)
-        graph, _ = capture_graphs(lambda _: codec.encode(pcm), [0], device)[0]
-        return result | time_steps(graph.replay, args.frames, args.warmup, device, args.profile)
-
-
-@contextlib.contextmanager
-def ieee_convolutions(enabled: bool) -> Iterator[None]:
-    """cuDNN's fp32 convolutions in IEEE fp32 instead of PyTorch's default TF32, inside the block."""
-    if not enabled:
-        yield
-        return
-    conv = torch.backends.cudnn.conv
-    previous = conv.fp32_precision
-    conv.fp32_precision = "ieee"
-    try:
-        yield
-    finally:
-        conv.fp32_precision = previous
+        same = torch.stack([mimi.encode(x) == codec.encode(x) for x in audio]).float()
+        result = {"codes_equal": float(same.mean()), "first_codebook_equal": float(same[:, :, 0].mean())}
+    codec.start(batch)
+    pcm = torch.randn(batch, FRAME_SIZE, device=device) * 0.1
+    if device.type != "cuda":
+        return result | time_steps(lambda: codec.encode(pcm), args.frames, args.warmup, device, args.profile)
+    graph, _ = capture_graphs(lambda _: codec.encode(pcm), [0], device)[0]
+    return result | time_steps(graph.replay, args.frames, args.warmup, device, args.profile)
 
 
 def run_device_only(lm: Any, mimi: Any, config: Any, batch: int, fill: int, args: Any) -> dict[str, float]:
@@ -287,8 +261,7 @@ def main() -> None:
         "--sides",
         default="ours,ours-paged8,reference,mimi-encode",
         help="also: ours-paged4 (stt_engine.kv_cache: paged_int4), ours-paged8-codec-bf16 "
-        "(stt_engine.codec_dtype: bfloat16), ours-paged8-codec-tf32 (stt_engine.codec_tf32); "
-        "mimi-encode-bf16, mimi-encode-tf32, mimi-encode-ieee, "
+        "(stt_engine.codec_dtype: bfloat16); mimi-encode-bf16, "
         "ours-paged8-device (diagnostics)",
     )
     parser.add_argument("--frames", type=int, default=30)
@@ -318,17 +291,13 @@ def main() -> None:
                 for side in sides:
                     try:
                         if side.startswith("mimi-encode"):
-                            variant = side.removeprefix("mimi-encode").removeprefix("-") or "fp32"
-                            row[side] = run_encode(mimi, batch, args, device, variant)
+                            codec_dtype = torch.bfloat16 if side == "mimi-encode-bf16" else torch.float32
+                            row[side] = run_encode(mimi, batch, args, device, codec_dtype)
                         elif side == "ours-paged8-device":
                             row[side] = run_device_only(lm, mimi, config, batch, fill, args)
                         elif side == "ours-paged8-codec-bf16":
                             codec = copy.deepcopy(mimi)
                             codec.encoder_to(torch.bfloat16)
-                            row[side] = run_ours(lm, codec, config, stt, batch, fill, 8, args)
-                        elif side == "ours-paged8-codec-tf32":
-                            codec = copy.deepcopy(mimi)
-                            codec.tf32_transformers = True
                             row[side] = run_ours(lm, codec, config, stt, batch, fill, 8, args)
                         elif side == "reference":
                             row[side] = run_reference(ref_lm, ref_mimi, batch, fill, args, device)

@@ -177,20 +177,11 @@ def words(raw: dict[str, Any], count: int, seed: int) -> list[list[int]]:
 
 
 def run_ours(
-    loaded: LoadedTTS,
-    raw: dict[str, Any],
-    voice: torch.Tensor,
-    batch: int,
-    args: Any,
-    *,
-    speak: bool = True,
-    codec_tf32: bool = False,
+    loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch: int, args: Any, *, speak: bool = True
 ) -> dict[str, float]:
     """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
-    ``young_steps`` frames: 3 warm-up steps and at most the rest timed. ``codec_tf32``: Mimi's
-    transformer matmuls in TF32 (``tts_engine.codec_tf32``)."""
+    ``young_steps`` frames: 3 warm-up steps and at most the rest timed."""
     device = loaded.lm.text_linear.weight.device
-    loaded.mimi.tf32_transformers = codec_tf32
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
     model = KyutaiTTSModel(loaded, batch, settings=settings)
     layout = voice_layout([voice])
@@ -262,10 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default=None, help="comma list (default 16,64,128 on CUDA, 1,2 on CPU)")
     parser.add_argument(
-        "--sides",
-        default="ours,reference",
-        help="ours, ours-pre-audio (a reply's step before its audio), ours-codec-tf32 (Mimi's transformer "
-        "matmuls in TF32), reference",
+        "--sides", default="ours,reference", help="ours, ours-pre-audio (a reply's step before its audio), reference"
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
@@ -293,8 +281,7 @@ def main() -> None:
                     if side == "reference":
                         row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args)
                     else:
-                        speak, tf32 = side != "ours-pre-audio", side == "ours-codec-tf32"
-                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=speak, codec_tf32=tf32)
+                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=side != "ours-pre-audio")
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}
                 gc.collect()

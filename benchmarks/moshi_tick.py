@@ -161,10 +161,8 @@ def run_ours(
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
     ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV),
     ours-paged4 (the same in 4 bits) or ours-paged8-unfused (paged int8 with the elementwise glue
-    left to eager kernels, ``fused``); a ``-codec-tf32`` suffix runs Mimi's transformer matmuls in
-    TF32 (``Mimi.tf32_transformers``)."""
+    left to eager kernels, ``fused``)."""
     result: dict[str, Any] = {}
-    mimi.tf32_transformers = side.endswith("-codec-tf32")
     paged = side.startswith("ours-paged")
     spec = paged_spec(lm, batch, device, 4 if side.startswith("ours-paged4") else 8) if paged else None
     with (
@@ -369,8 +367,7 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours-paged8,ours,reference",
-        help="ours-paged8, ours-paged4, ours-paged8-unfused, ours, ours-fullring, ours-eager (any of these "
-        "with -codec-tf32), reference,"
+        help="ours-paged8, ours-paged4, ours-paged8-unfused, ours, ours-fullring, ours-eager, reference,"
         " reference-nocompile",
     )
     parser.add_argument("--agreement-frames", type=int, default=200, help="paged KV vs bf16 greedy frames (0: skip)")

@@ -358,17 +358,7 @@ class KvCacheSection(_Section):
         return value
 
 
-class MimiSection(_Section):
-    """How an engine runs its Mimi codec (docs/engines.md#mimi)."""
-
-    codec_tf32: bool = Field(
-        False,
-        description="on CUDA, the codec's transformer matmuls in TF32, the precision PyTorch already gives "
-        "its convolutions; the quantizer stays IEEE float32 (docs/engines.md#mimi-transformers-in-tf32)",
-    )
-
-
-class MoshiEngineConfig(KvCacheSection, MimiSection):
+class MoshiEngineConfig(KvCacheSection):
     """The native Moshi / PersonaPlex engine (``--engine moshi``; docs/engines.md#moshi-engine)."""
 
     weights: str | None = Field(
@@ -425,7 +415,7 @@ class MoshiEngineConfig(KvCacheSection, MimiSection):
         return value
 
 
-class SttEngineConfig(KvCacheSection, MimiSection):
+class SttEngineConfig(KvCacheSection):
     """The Kyutai streaming speech-to-text engine behind ``WS /api/asr-streaming``
     (docs/engines.md#kyutai-stt-engine)."""
 
@@ -501,7 +491,7 @@ class AsrStreamingConfig(_Section):
     )
 
 
-class TtsEngineConfig(MimiSection):
+class TtsEngineConfig(_Section):
     """The Kyutai streaming text-to-speech engine behind ``WS /api/tts_streaming`` (docs/engines.md#kyutai-tts)."""
 
     weights: str | None = Field(

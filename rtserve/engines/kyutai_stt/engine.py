@@ -80,7 +80,6 @@ class KyutaiSttEngine:
         self.sample_rate = model.loaded.mimi_config.sample_rate
         settings = self._config.stt_engine
         model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
-        model.loaded.mimi.tf32_transformers = settings.codec_tf32
         paged_kv = paged_kv_spec(settings, settings.batch_size, model.loaded.lm_config.context)
         frame_model = SttFrameModel(
             model,

@@ -165,7 +165,6 @@ class KyutaiTTSEngine:
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
-        loaded.mimi.tf32_transformers = settings.codec_tf32
         model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts)
         interval_s = self._config.weights.progress_interval_s
         try:

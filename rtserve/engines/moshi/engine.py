@@ -73,7 +73,6 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     except (CheckpointError, WeightsError) as exc:
         # Startup reports config problems as one line naming the field; keep the loader's detail.
         raise ConfigError(f"invalid config field {FIELD!r}: {exc}") from None
-    loaded.mimi.tf32_transformers = settings.codec_tf32
     sampling = MoshiSampling(
         use_sampling=settings.use_sampling,
         temperature=settings.temperature,

@@ -13,35 +13,12 @@ numerics follow the reference codec (parity-tested: identical codes, decode < 1e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from rtserve.engines.moshi.layers import Transformer, step_holding
 from rtserve.engines.moshi.lm_config import MimiConfig
-
-
-def _channels_last(weight: torch.Tensor) -> None:
-    """Lay a conv weight ``[out, in, kernel]`` out with its second axis innermost, in place: the
-    layout cuDNN's fp32 (TF32) convolutions use on recent GPUs. With weights and activations in
-    it, no layer converts layouts (on an H200 those conversions took ~1 ms of a B=256 encode)."""
-    weight.data = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def _zeros_like_layout(weight: torch.Tensor, batch: int, channels: int, steps: int) -> torch.Tensor:
-    """Streaming state ``[batch, channels, steps]`` in the activations' layout (that of ``weight``)."""
-    if weight.stride(1) == 1 and weight.shape[1] > 1:
-        return weight.new_zeros(batch, steps, channels).transpose(1, 2)
-    return weight.new_zeros(batch, channels, steps)
-
-
-def _cat_time(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` along time that keeps channels-last activations so (as ``[B, C, 1, T]``
-    views: a 3-d cat always returns channels-first)."""
-    return torch.cat([part.unsqueeze(2) for part in parts], dim=-1).squeeze(2)
 
 
 class StreamConv1d(nn.Module):
@@ -70,7 +47,7 @@ class StreamConv1d(nn.Module):
         self.first = torch.zeros(0, dtype=torch.bool)
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.previous = _zeros_like_layout(self.weight, batch, self.weight.shape[1] * self.groups, self.context)
+        self.previous = torch.zeros(batch, self.weight.shape[1] * self.groups, self.context, device=device, dtype=dtype)
         self.first = torch.ones(batch, dtype=torch.bool, device=device)
 
     def reset_rows(self, mask: torch.Tensor) -> None:
@@ -82,13 +59,9 @@ class StreamConv1d(nn.Module):
             if self.replicate:
                 self.previous.copy_(torch.where(self.first.view(-1, 1, 1), x[..., :1], self.previous))
                 self.first.zero_()
-            x = _cat_time([self.previous, x])
+            x = torch.cat([self.previous, x], dim=-1)
             self.previous.copy_(x[..., -self.context :])
-        # conv2d on [B, C, 1, T] views: conv1d makes its input contiguous (channels-first).
-        y = F.conv2d(
-            x.unsqueeze(2), self.weight.unsqueeze(2), self.bias, (1, self.stride), 0, (1, self.dilation), self.groups
-        )
-        return y.squeeze(2)
+        return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
 class StreamConvTranspose1d(nn.Module):
@@ -116,7 +89,7 @@ class StreamConvTranspose1d(nn.Module):
         return y if self.bias is None else y + self.bias[:, None]
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.partial = _zeros_like_layout(self.weight, batch, self.weight.shape[1] * self.groups, self.tail)
+        self.partial = torch.zeros(batch, self.weight.shape[1] * self.groups, self.tail, device=device, dtype=dtype)
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         self.partial.masked_fill_(mask.view(-1, 1, 1), 0.0)
@@ -125,10 +98,7 @@ class StreamConvTranspose1d(nn.Module):
         if self._channel_wise:
             y = self._channel_wise_transpose(x)
         else:
-            # On [B, C, 1, T] views, as in StreamConv1d.forward.
-            y = F.conv_transpose2d(
-                x.unsqueeze(2), self.weight.unsqueeze(2), self.bias, (1, self.stride), groups=self.groups
-            ).squeeze(2)
+            y = F.conv_transpose1d(x, self.weight, self.bias, self.stride, groups=self.groups)
         if not self.tail:
             return y
         head = y[..., : self.tail] + self.partial
@@ -136,7 +106,7 @@ class StreamConvTranspose1d(nn.Module):
         if self.bias is not None:
             carry = carry - self.bias[:, None]  # the bias is added once, when the samples are complete
         self.partial.copy_(carry)
-        return _cat_time([head, y[..., self.tail : -self.tail]])
+        return torch.cat([head, y[..., self.tail : -self.tail]], dim=-1)
 
 
 class ResBlock(nn.Module):
@@ -232,22 +202,6 @@ class _SplitRVQ(nn.Module):
 _Streaming = StreamConv1d | StreamConvTranspose1d | Transformer
 
 
-@contextmanager
-def _tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """fp32 matmuls on CUDA in TF32 inside the block. PyTorch's setting is process-wide, so it is
-    set only around the codec's own calls and restored after."""
-    if not enabled:
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    previous = matmul.fp32_precision
-    matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision = previous
-
-
 def _streaming_children(module: nn.Module) -> list[_Streaming]:
     return [m for m in module.modules() if isinstance(m, (StreamConv1d, StreamConvTranspose1d, Transformer))]
 
@@ -285,9 +239,6 @@ class Mimi(nn.Module):
             c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension, bias=False
         )
         self.quantizer = _SplitRVQ(c, codebooks)
-        # The transformers' fp32 matmuls in TF32 on CUDA, the precision PyTorch already gives the
-        # convolutions (docs/engines.md#mimi-transformers-in-tf32); the quantizer stays IEEE fp32.
-        self.tf32_transformers = False
         # The modules holding streaming state, listed once rather than found by walking the
         # module tree at every slot opening (on the engine thread).
         encode = (self.encoder, self.encoder_transformer, self.downsample)
@@ -306,11 +257,7 @@ class Mimi(nn.Module):
         return 1 if self.upsample.tail else 0
 
     def start(self, batch: int) -> None:
-        """Fresh streaming state for ``batch`` rows, each module's in its own dtype. On CUDA the
-        convolutions' weights, and so their activations and state, are channels-last."""
-        for module in _streaming_children(self):
-            if isinstance(module, StreamConv1d | StreamConvTranspose1d) and module.weight.is_cuda:
-                _channels_last(module.weight)
+        """Fresh streaming state for ``batch`` rows, each module's in its own dtype."""
         for module in _streaming_children(self):
             param = next(module.parameters())
             module.start(batch, param.device, param.dtype)
@@ -356,8 +303,7 @@ class Mimi(nn.Module):
 
     def _encode(self, pcm: torch.Tensor) -> torch.Tensor:
         x = self.encoder(pcm[:, None, :].to(self.downsample.weight.dtype))
-        with _tf32_matmuls(self.tf32_transformers):
-            x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
+        x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         x = self.downsample(x)
         return self.quantizer.encode(x.to(self.quantizer.rvq_first.codebooks.dtype))[:, :, 0]
 
@@ -372,7 +318,6 @@ class Mimi(nn.Module):
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         x = self.upsample(self.quantizer.decode(codes[:, :, None]))
-        with _tf32_matmuls(self.tf32_transformers):
-            x = self.decoder_transformer(x.transpose(1, 2)).transpose(1, 2)
+        x = self.decoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         audio: torch.Tensor = self.decoder(x)[:, 0, :]
         return audio
