@@ -20,6 +20,21 @@ from torch.nn import functional as F
 from rtserve.engines.moshi.layers import Transformer, step_holding
 from rtserve.engines.moshi.lm_config import MimiConfig
 
+# A convolution with at most this many steps on its short side (a streamed frame's 12.5 <-> 25 Hz
+# layers: kernel 16, 1024 channels, 2 steps) runs as one matmul: cuDNN took 0.4 ms for that conv
+# and 1 ms for that transposed conv at B=64 on an H200 (benchmarks/notes/kyutai_speed.md).
+MATMUL_STEPS = 4
+
+
+def _overlap_add(taps: torch.Tensor, stride: int) -> torch.Tensor:
+    """``[B, C, T, K]`` outputs of each input step -> ``[B, C, (T - 1) * stride + K]``, step ``t``'s
+    landing at ``t * stride`` and summed where they overlap (``K`` a multiple of ``stride``)."""
+    batch, channels, steps, kernel = taps.shape
+    y = taps.new_zeros(batch, channels, (steps - 1) * stride + kernel)
+    for shift in range(0, kernel, stride):
+        y[..., shift : shift + steps * stride] += taps[..., shift : shift + stride].reshape(batch, channels, -1)
+    return y
+
 
 class StreamConv1d(nn.Module):
     """Causal conv whose left context is the tail of the previous call (zeros when fresh).
@@ -61,6 +76,11 @@ class StreamConv1d(nn.Module):
                 self.first.zero_()
             x = torch.cat([self.previous, x], dim=-1)
             self.previous.copy_(x[..., -self.context :])
+        cout, cin, kernel = self.weight.shape
+        steps = (x.shape[-1] - self.dilation * (kernel - 1) - 1) // self.stride + 1
+        if self.groups == 1 and self.dilation == 1 and steps <= MATMUL_STEPS:
+            patches = x.unfold(-1, kernel, self.stride).transpose(1, 2).reshape(x.shape[0], steps, cin * kernel)
+            return F.linear(patches, self.weight.view(cout, cin * kernel), self.bias).transpose(1, 2)
         return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
@@ -74,19 +94,23 @@ class StreamConvTranspose1d(nn.Module):
         self.stride, self.groups = stride, groups
         self.tail = kernel - stride
         self.partial = torch.zeros(0)
-        self._channel_wise = groups == cin == cout and kernel % stride == 0
+        self._channel_wise = groups == cin == cout
 
-    def _channel_wise_transpose(self, x: torch.Tensor) -> torch.Tensor:
-        """The transposed conv when every channel has its own kernel (Mimi's upsampler), as
-        products and shifted sums: cuDNN runs that shape through a generic kernel that took ~1 ms
-        of a B=64 frame on an H200 for 4 products per channel."""
-        batch, channels, steps = x.shape
-        kernel, stride = self.weight.shape[-1], self.stride
-        taps = x.unsqueeze(-1) * self.weight[:, 0].unsqueeze(1)  # [B, C, T, K]
-        y = x.new_zeros(batch, channels, (steps - 1) * stride + kernel)
-        for shift in range(0, kernel, stride):  # each tap group overlaps the next step's
-            y[..., shift : shift + steps * stride] += taps[..., shift : shift + stride].reshape(batch, channels, -1)
-        return y if self.bias is None else y + self.bias[:, None]
+    def _taps(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``[B, Cout, T, K]``: what each input step adds to the output, where that beats cuDNN:
+        when every channel has its own kernel (Mimi's upsampler: 4 products per channel, which
+        cuDNN ran through a generic kernel taking ~1 ms of a B=64 frame on an H200), or as one
+        matmul when there are few input steps. None: cuDNN."""
+        batch, cin, steps = x.shape
+        _, per_group, kernel = self.weight.shape
+        if kernel % self.stride:
+            return None
+        if self._channel_wise:
+            return x.unsqueeze(-1) * self.weight[:, 0].unsqueeze(1)
+        if self.groups == 1 and steps <= MATMUL_STEPS:
+            taps = x.transpose(1, 2) @ self.weight.view(cin, per_group * kernel)
+            return taps.view(batch, steps, per_group, kernel).transpose(1, 2)
+        return None
 
     def start(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
         self.partial = torch.zeros(batch, self.weight.shape[1] * self.groups, self.tail, device=device, dtype=dtype)
@@ -95,10 +119,12 @@ class StreamConvTranspose1d(nn.Module):
         self.partial.masked_fill_(mask.view(-1, 1, 1), 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._channel_wise:
-            y = self._channel_wise_transpose(x)
-        else:
+        taps = self._taps(x)
+        if taps is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, self.stride, groups=self.groups)
+        else:
+            y = _overlap_add(taps, self.stride)
+            y = y if self.bias is None else y + self.bias[:, None]
         if not self.tail:
             return y
         head = y[..., : self.tail] + self.partial
