@@ -80,7 +80,9 @@ class StreamConv1d(nn.Module):
         steps = (x.shape[-1] - self.dilation * (kernel - 1) - 1) // self.stride + 1
         if self.groups == 1 and self.dilation == 1 and steps <= MATMUL_STEPS:
             patches = x.unfold(-1, kernel, self.stride).transpose(1, 2).reshape(x.shape[0], steps, cin * kernel)
-            return F.linear(patches, self.weight.view(cout, cin * kernel), self.bias).transpose(1, 2)
+            y = F.linear(patches, self.weight.view(cout, cin * kernel), self.bias)
+            # cuDNN's layout: the compiled glue downstream specializes on strides.
+            return y.transpose(1, 2).contiguous()
         return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
