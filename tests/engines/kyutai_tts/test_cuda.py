@@ -32,9 +32,10 @@ def cuda_engine(tiny: TinyTTS, dtype: torch.dtype) -> KyutaiTTSModel:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_against_cpu_reference(tiny_tts: TinyTTS, dtype: torch.dtype) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def test_cuda_against_cpu_reference(tiny_tts: TinyTTS, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Strict fp32, restored after the test so later ones keep PyTorch's defaults.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     reference, entries = reference_run(tiny_tts, TEXTS[:2], ["alice", "bob"], cfg_coef=2.0)
     model = cuda_engine(tiny_tts, dtype)
     for slot, voice in enumerate(["alice", "bob"]):
