@@ -96,7 +96,6 @@ class StreamConvTranspose1d(nn.Module):
         self.stride, self.groups = stride, groups
         self.tail = kernel - stride
         self.partial = torch.zeros(0)
-        self._channel_wise = groups == cin == cout
 
     def _taps(self, x: torch.Tensor) -> torch.Tensor | None:
         """``[B, Cout, T, K]``: what each input step adds to the output, where that beats cuDNN:
@@ -107,7 +106,7 @@ class StreamConvTranspose1d(nn.Module):
         _, per_group, kernel = self.weight.shape
         if kernel % self.stride:
             return None
-        if self._channel_wise:
+        if self.groups == cin and per_group == 1:  # channel-wise
             return x.unsqueeze(-1) * self.weight[:, 0].unsqueeze(1)
         if self.groups == 1 and steps <= MATMUL_STEPS:
             taps = x.transpose(1, 2) @ self.weight.view(cin, per_group * kernel)
