@@ -57,6 +57,21 @@ def config() -> ServerConfig:
     return load_config(environ={})
 
 
+@pytest.fixture
+def strict_fp32() -> Iterator[None]:
+    """IEEE fp32 for cuBLAS matmuls and cuDNN convolutions (PyTorch lets cuDNN use TF32 by
+    default), restored after the test so later ones keep the process's settings. Through the
+    ``fp32_precision`` API: torch refuses to read the legacy ``allow_tf32`` flags once anything in
+    the process has used the new one, so monkeypatching them fails on undo."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = matmul.fp32_precision, conv.fp32_precision
+    matmul.fp32_precision = conv.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved
+
+
 @pytest.fixture(autouse=True)
 def collect_sdk_clients(request: pytest.FixtureRequest) -> Iterator[None]:
     """An ``openai.AsyncOpenAI`` left unclosed sits in a reference cycle; when the collector finds

@@ -46,11 +46,10 @@ def run_model(device: str) -> list[list[FrameOutput | None]]:
 
 @pytest.mark.gpu
 @on_cuda
-def test_cuda_step_computes_the_same_function_as_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Pin strict float32 (TF32 is allowed for cuDNN by default) so the result does not hang on the process's
-    # precision settings: what is left between the devices is summation order.
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.mark.usefixtures("strict_fp32")
+def test_cuda_step_computes_the_same_function_as_the_cpu() -> None:
+    # Strict float32 so the result does not hang on the process's precision settings: what is
+    # left between the devices is summation order.
     model = TinyRecurrentFrameModel(BATCH, device="cuda")
     assert model.state.device.type == "cuda"
     assert all(p.device.type == "cuda" for p in model.gru.parameters())

@@ -13,6 +13,9 @@ numerics follow the reference codec (parity-tested: identical codes, decode < 1e
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -24,6 +27,26 @@ from rtserve.engines.moshi.lm_config import MimiConfig
 # layers: kernel 16, 1024 channels, 2 steps) runs as one matmul: cuDNN took 0.4 ms for that conv
 # and 1 ms for that transposed conv at B=64 on an H200 (benchmarks/notes/kyutai_speed.md).
 MATMUL_STEPS = 4
+
+
+@contextlib.contextmanager
+def _conv_precision(x: torch.Tensor) -> Iterator[None]:
+    """A convolution done as a matmul runs at the precision PyTorch gives cuDNN's fp32
+    convolutions (TF32 unless switched off), not the stricter one of its matmuls: what the conv
+    it replaces, and the reference codec, compute. In IEEE fp32 the encoder's last conv took
+    0.25 ms at B=256 on an H200. The setting is process-wide, so it is restored at once; a CUDA
+    graph keeps the kernels chosen at capture."""
+    matmul = torch.backends.cuda.matmul
+    conv = getattr(torch.backends.cudnn, "conv")  # noqa: B009  # set on the module's class at runtime: no stub
+    if not (x.is_cuda and x.dtype == torch.float32 and conv.fp32_precision == "tf32"):
+        yield
+        return
+    saved = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = saved
 
 
 def _overlap_add(taps: torch.Tensor, stride: int) -> torch.Tensor:
@@ -80,7 +103,8 @@ class StreamConv1d(nn.Module):
         steps = (x.shape[-1] - self.dilation * (kernel - 1) - 1) // self.stride + 1
         if self.groups == 1 and self.dilation == 1 and steps <= MATMUL_STEPS:
             patches = x.unfold(-1, kernel, self.stride).transpose(1, 2).reshape(x.shape[0], steps, cin * kernel)
-            y = F.linear(patches, self.weight.view(cout, cin * kernel), self.bias)
+            with _conv_precision(x):
+                y = F.linear(patches, self.weight.view(cout, cin * kernel), self.bias)
             # cuDNN's layout: the compiled glue downstream specializes on strides.
             return y.transpose(1, 2).contiguous()
         return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
@@ -109,7 +133,8 @@ class StreamConvTranspose1d(nn.Module):
         if self.groups == cin and per_group == 1:  # channel-wise
             return x.unsqueeze(-1) * self.weight[:, 0].unsqueeze(1)
         if self.groups == 1 and steps <= MATMUL_STEPS:
-            taps = x.transpose(1, 2) @ self.weight.view(cin, per_group * kernel)
+            with _conv_precision(x):
+                taps = x.transpose(1, 2) @ self.weight.view(cin, per_group * kernel)
             return taps.view(batch, steps, per_group, kernel).transpose(1, 2)
         return None
 
@@ -178,6 +203,12 @@ def _decoder(c: MimiConfig) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def kernel_tiles(dim: int) -> bool:
+    """Whether ``rvq_search``'s kernels tile codebooks of width ``dim``: a power of two, at least
+    a dot's 16 (Mimi's is 256; the tiny test codecs' are smaller and take the matmul path)."""
+    return dim >= 16 and dim & (dim - 1) == 0
+
+
 class _RVQ(nn.Module):
     """One residual VQ with its in/out projections; codebooks are filled by the loader."""
 
@@ -193,16 +224,23 @@ class _RVQ(nn.Module):
         """``[B, D, T]`` -> ``[B, layers, T]`` codes."""
         residual = self.input_proj(x)
         batch, dim, steps = residual.shape
-        codes = []
-        for codebook in self.codebooks:
-            flat = residual.transpose(1, 2).reshape(-1, dim)
-            # The nearest entry by |c|^2 - 2 x.c (|x|^2 is the same for every entry): one matmul,
-            # where cdist takes several kernels and a square root that cannot change the order.
-            distance = torch.addmm((codebook * codebook).sum(-1), flat, codebook.t(), alpha=-2)
-            index = distance.argmin(dim=-1).view(batch, steps)
-            residual = residual - F.embedding(index, codebook).transpose(1, 2)
-            codes.append(index)
-        return torch.stack(codes, dim=1)
+        flat = residual.transpose(1, 2).reshape(-1, dim).contiguous()
+        # The nearest entry by |c|^2 - 2 x.c (|x|^2 is the same for every entry).
+        norms = (self.codebooks * self.codebooks).sum(-1)
+        if flat.is_cuda and kernel_tiles(dim):
+            from rtserve.engines.moshi.rvq_search import nearest_codes  # Triton: CUDA hosts only
+
+            codes = nearest_codes(flat, self.codebooks, norms)
+        else:
+            # One matmul per codebook, where cdist takes several kernels and a square root that
+            # cannot change the order.
+            picked = []
+            for codebook, norm in zip(self.codebooks, norms, strict=True):
+                index = torch.addmm(norm, flat, codebook.t(), alpha=-2).argmin(dim=-1)
+                flat = flat - F.embedding(index, codebook)
+                picked.append(index)
+            codes = torch.stack(picked, dim=1)
+        return codes.view(batch, steps, -1).transpose(1, 2)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         quantized: torch.Tensor | float = 0.0

@@ -32,10 +32,8 @@ def cuda_engine(tiny: TinyTTS, dtype: torch.dtype) -> KyutaiTTSModel:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_against_cpu_reference(tiny_tts: TinyTTS, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Strict fp32, restored after the test so later ones keep PyTorch's defaults.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+@pytest.mark.usefixtures("strict_fp32")
+def test_cuda_against_cpu_reference(tiny_tts: TinyTTS, dtype: torch.dtype) -> None:
     reference, entries = reference_run(tiny_tts, TEXTS[:2], ["alice", "bob"], cfg_coef=2.0)
     model = cuda_engine(tiny_tts, dtype)
     for slot, voice in enumerate(["alice", "bob"]):
