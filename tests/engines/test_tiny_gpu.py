@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_lockstep_isolation import on_cuda, sine_frame
 
 from rtserve.config import ConfigError, load_config
 from rtserve.engines.tiny_torch import PROMPT_BYTES_PER_STEP, TinyRecurrentFrameModel
 from rtserve.engines.values import FrameOutput, SlotPrompt
+from tests.engines.lockstep.test_lockstep_isolation import on_cuda, sine_frame
 
 BATCH = 4
 TICKS = 40
