@@ -24,7 +24,8 @@ def search() -> tuple[ModuleType, torch.device]:
     return importlib.import_module("rtserve.engines.moshi.rvq_search"), torch.device("cpu")
 
 
-def _matmul_path(residual: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+def _nearest_by_cdist(residual: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+    """Each codebook in turn, the nearest entry in float64: what either path must pick."""
     picked = []
     for codebook in codebooks:
         index = torch.cdist(residual[None].double(), codebook[None].double())[0].argmin(-1)
@@ -45,7 +46,7 @@ def test_the_kernels_pick_the_nearest_entry_of_every_codebook_in_turn(
     # as argmin's first.
     codebooks[0, bins // 3] = codebooks[0, bins - 1] = codebooks[0, 9]
     residual[0] = codebooks[0, bins - 1]
-    want = _matmul_path(residual.clone(), codebooks)
+    want = _nearest_by_cdist(residual.clone(), codebooks)
     flat = residual.clone().to(device)
     got = module.nearest_codes(flat, codebooks.to(device), (codebooks * codebooks).sum(-1).to(device)).cpu()
     assert torch.equal(got, want)
@@ -67,6 +68,6 @@ def test_a_codec_quantizer_codes_each_step_of_each_row(device: str) -> None:
     x = torch.randn(5, 64, 2)
     with torch.no_grad():
         flat = rvq.input_proj(x).transpose(1, 2).reshape(-1, 16)
-        want = _matmul_path(flat, rvq.codebooks).view(5, 2, 3).transpose(1, 2)
+        want = _nearest_by_cdist(flat, rvq.codebooks).view(5, 2, 3).transpose(1, 2)
         got = rvq.to(device).encode(x.to(device)).cpu()
     assert torch.equal(got, want)
