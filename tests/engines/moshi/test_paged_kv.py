@@ -7,8 +7,6 @@ blocks as the torch path does."""
 
 from __future__ import annotations
 
-import importlib
-import os
 from types import ModuleType
 
 import numpy as np
@@ -31,6 +29,7 @@ from rtserve.engines.moshi.paged_kv import (
 )
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from tests.engines.moshi.tiny import TinyCheckpoint
+from tests.engines.moshi.triton_support import kernel_module
 
 CPU = torch.device("cpu")
 
@@ -188,15 +187,8 @@ def test_greedy_tokens_with_8_bit_kv_stay_as_close_to_fp32_as_bf16_rings_do_over
 
 @pytest.fixture
 def kernels() -> tuple[ModuleType, torch.device]:
-    """``paged_attention`` and the device its Triton kernels run on: compiled on CUDA; without
-    one, the same kernel code run on CPU tensors by Triton's interpreter (``TRITON_INTERPRET``,
-    set by conftest.py on such machines)."""
-    if torch.cuda.is_available():
-        return importlib.import_module("rtserve.engines.moshi.paged_attention"), torch.device("cuda")
-    pytest.importorskip("triton", reason="the kernels need Triton (a dev dependency)")
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no CUDA device and Triton's interpreter is off")
-    return importlib.import_module("rtserve.engines.moshi.paged_attention"), CPU
+    """``paged_attention`` and the device its Triton kernels run on (``kernel_module``)."""
+    return kernel_module("rtserve.engines.moshi.paged_attention")
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -1,10 +1,8 @@
 """The Triton residual-VQ search picks the codes of the matmul path: compiled on CUDA, in Triton's
-interpreter on CPU (``TRITON_INTERPRET``, set by conftest.py on such machines)."""
+interpreter on CPU (``triton_support``)."""
 
 from __future__ import annotations
 
-import importlib
-import os
 from types import ModuleType
 
 import pytest
@@ -12,16 +10,12 @@ import torch
 from torch.nn import functional as F
 
 from rtserve.engines.moshi.mimi import _RVQ
+from tests.engines.moshi.triton_support import kernel_module
 
 
 @pytest.fixture
 def search() -> tuple[ModuleType, torch.device]:
-    if torch.cuda.is_available():
-        return importlib.import_module("rtserve.engines.moshi.rvq_search"), torch.device("cuda")
-    pytest.importorskip("triton", reason="the kernels need Triton (a dev dependency)")
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no CUDA device and Triton's interpreter is off")
-    return importlib.import_module("rtserve.engines.moshi.rvq_search"), torch.device("cpu")
+    return kernel_module("rtserve.engines.moshi.rvq_search")
 
 
 def _nearest_by_cdist(residual: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
