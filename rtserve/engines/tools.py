@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from rtserve import untrusted_json
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, ToolChoice, ToolSpec
 from rtserve.errors import INVALID_VALUE
@@ -105,7 +106,7 @@ def openai_turns(messages: Sequence[ChatMessage], *, arguments_as_text: bool = F
 
 def _parsed(arguments: str) -> Any:
     try:
-        return json.loads(arguments or "{}")
+        return untrusted_json.loads(arguments or "{}")
     except ValueError:  # a client's own malformed call: the template gets it as written
         return arguments
 

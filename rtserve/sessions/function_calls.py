@@ -12,8 +12,7 @@ calls of a cancelled or failed response, and a call whose arguments were cut off
 
 from __future__ import annotations
 
-import json
-
+from rtserve import untrusted_json
 from rtserve.engines.values import ToolCallDelta
 from rtserve.sessions import events as ev
 from rtserve.sessions.conversation import Conversation, ConversationItem, Outcome
@@ -114,7 +113,7 @@ class ResponseCalls:
 def _is_json(arguments: str) -> bool:
     """Whether a call's arguments are whole (a reply cut by ``max_output_tokens`` leaves them open)."""
     try:
-        json.loads(arguments)
+        untrusted_json.loads(arguments)
     except ValueError:
         return False
     return True

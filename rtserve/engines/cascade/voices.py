@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rtserve import untrusted_json
 from rtserve.codecs.pcm import FloatArray
 from rtserve.config import VoiceStoreConfig
 from rtserve.engines.errors import EngineError
@@ -39,8 +40,8 @@ class VoiceUploadError(EngineError):
 def check_config(raw: bytes) -> dict[str, Any]:
     """The parsed Piper config, or ``VoiceUploadError`` saying what is wrong with it."""
     try:
-        config = json.loads(raw)
-    except (ValueError, RecursionError):
+        config = untrusted_json.loads(raw)
+    except ValueError:
         raise VoiceUploadError("the voice config is not valid JSON", param="config") from None
     if not isinstance(config, dict):
         raise VoiceUploadError("the voice config must be a JSON object", param="config")

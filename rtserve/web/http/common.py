@@ -27,6 +27,7 @@ from aiohttp import BodyPartReader, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ValidationError
 
+from rtserve import untrusted_json
 from rtserve.config import ModelTask
 from rtserve.engines.errors import EngineError
 from rtserve.engines.protocols import ASREngine, LLMEngine, TTSEngine
@@ -139,8 +140,8 @@ async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
     config = request.app[CTX].config
     raw = await read_body(request, min(config.http.max_json_body_bytes, config.transport.max_http_body_bytes))
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
+        data = untrusted_json.loads(raw)
+    except ValueError:
         raise ApiError("The request body is not valid JSON.", code=INVALID_JSON) from None
     if not isinstance(data, dict):
         raise ApiError("The request body must be a JSON object.", code=INVALID_JSON)

@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from rtserve import untrusted_json
 from rtserve.config import SpeechStreamConfig
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.errors import EngineError
@@ -126,8 +127,8 @@ class SpeechStream:
         if message.type is not WSMsgType.TEXT:
             raise StreamError("send JSON text events; this route takes no binary input", code=INVALID_EVENT)
         try:
-            event = json.loads(message.data)
-        except (ValueError, RecursionError):
+            event = untrusted_json.loads(message.data)
+        except ValueError:
             raise StreamError("the event is not valid JSON", code=INVALID_JSON) from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise StreamError("an event is a JSON object with a string 'type'", code=INVALID_EVENT, param="type")

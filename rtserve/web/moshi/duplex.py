@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Annotated, Literal
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
+from rtserve import untrusted_json
 from rtserve.codecs.errors import CodecError
 from rtserve.codecs.pcm import f32le_to_float, float_to_f32le
 from rtserve.engines.values import SlotPrompt
@@ -73,8 +73,8 @@ class ClientError(RtserveError):
 
 def parse_client_message(text: str) -> OpenMessage | CloseMessage:
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # nesting past the parser's depth is bad input too
+        data = untrusted_json.loads(text)
+    except ValueError:
         raise ClientError("message is not valid JSON", INVALID_JSON) from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ClientError("message must be a JSON object with a string 'type'", INVALID_MESSAGE)

@@ -26,13 +26,13 @@ legacy aliases.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from rtserve import untrusted_json
 from rtserve.errors import INVALID_VALUE
 from rtserve.sessions import commands as cmd
 from rtserve.sessions.session_config import AudioFormat
@@ -535,8 +535,8 @@ def _event_id_of(data: dict[str, Any]) -> str | None:
 def parse_client_event(text: str, rules: EventRules) -> ClientAction:
     """One text frame -> the action it asks for; raises ``WireError``."""
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
+        data = untrusted_json.loads(text)
+    except ValueError:
         raise invalid_event("not valid JSON") from None
     if not isinstance(data, dict):
         raise invalid_event("an event is a JSON object")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import math
 import urllib.parse
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from aiohttp import BodyPartReader, web
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
+from rtserve import untrusted_json
 from rtserve.codecs.fmp4 import RgbFrames
 from rtserve.config import VideoRoutesConfig
 from rtserve.engines.diffusion.video_request import VideoRequest, VideoService
@@ -80,8 +80,8 @@ async def read_video_body(request: web.Request, limits: VideoRoutesConfig) -> tu
     if request.content_type == "application/json":
         raw = await read_body(request, body_limit)
         try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
+            data = untrusted_json.loads(raw)
+        except ValueError:
             raise ApiError("The request body is not valid JSON.", code=INVALID_JSON) from None
         if not isinstance(data, dict):
             raise ApiError("The request body must be a JSON object.", code=INVALID_JSON)
@@ -124,7 +124,7 @@ def _form_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
             fields.setdefault("input_reference", {})[name[len("input_reference[") : -1]] = text
         elif name in _JSON_FIELDS:
             try:
-                fields[name] = json.loads(text)
+                fields[name] = untrusted_json.loads(text)
             except ValueError:
                 raise _bad(f"'{name}' must be JSON.", name) from None
         else:

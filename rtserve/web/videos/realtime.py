@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from rtserve import untrusted_json
 from rtserve.codecs.fmp4 import FragmentedMp4Stream
 from rtserve.engines.diffusion.video_request import VideoGeneration
 from rtserve.errors import (
@@ -86,7 +87,7 @@ class VideoStreamConnection:
                 await self.send(_error(RtserveError("Events are JSON text messages.", code=INVALID_EVENT)))
                 continue
             try:
-                event = json.loads(message.data)
+                event = untrusted_json.loads(message.data)
             except ValueError:
                 event = None
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):

@@ -17,13 +17,14 @@ handling of ``/v1/realtime``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Callable
 
 from aiohttp import WSMessage, WSMsgType
 from aiortc import RTCDataChannel
+
+from rtserve import untrusted_json
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def client_event_type(text: str) -> str | None:
     if len(text) > 4096:
         return None
     try:
-        data = json.loads(text)
+        data = untrusted_json.loads(text)
     except ValueError:
         return None
     return data.get("type") if isinstance(data, dict) else None

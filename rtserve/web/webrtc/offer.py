@@ -18,7 +18,6 @@ event loop; every refusal is a typed 400 (413 for size) naming ``sdp`` or ``sess
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from aiohttp import BodyPartReader, MultipartReader, hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiortc import sdp as aiortc_sdp
 
-from rtserve import errors
+from rtserve import errors, untrusted_json
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
 from rtserve.web.http.common import body_deadline, body_too_large, read_body, reject_oversized
@@ -150,8 +149,8 @@ async def _read_multipart(request: web.Request, limit: int, max_parts: int, max_
     session = None
     if "session" in parts:
         try:
-            session = json.loads(parts["session"])
-        except (ValueError, RecursionError):
+            session = untrusted_json.loads(parts["session"])
+        except ValueError:
             raise ApiError("The 'session' part is not valid JSON.", code=errors.INVALID_JSON, param="session") from None
         if not isinstance(session, dict):
             raise ApiError("'session' must be a JSON object.", code=errors.INVALID_VALUE, param="session")

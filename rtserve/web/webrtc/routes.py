@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 
 from aiohttp import web
 
-from rtserve import errors
+from rtserve import errors, untrusted_json
 from rtserve.sessions.events import SessionCreated, SessionSnapshot
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError
@@ -47,8 +46,8 @@ async def _client_secret(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     raw = await read_body(request, min(ctx.config.http.max_json_body_bytes, ctx.config.transport.max_http_body_bytes))
     try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
+        body = untrusted_json.loads(raw) if raw.strip() else {}
+    except ValueError:
         raise ApiError("The request body is not valid JSON.", code=errors.INVALID_JSON) from None
     if not isinstance(body, dict):
         raise ApiError("The request body must be a JSON object.", code=errors.INVALID_JSON)
