@@ -52,10 +52,10 @@ from rtserve.config import ServerConfig, load_config
 from rtserve.engines.cascade.asr import SAMPLE_RATE as ASR_RATE
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import resample
+from rtserve.engines.cascade.instructions import ANSWER_RULE, DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
-from rtserve.engines.cascade.session import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.values import ChatMessage, SamplingParams
 
@@ -111,6 +111,30 @@ RUBRIC: tuple[Question, ...] = (
     Question("Answer with yes or no. Is the sun hot?", (r"yes",), (r"^\W*no\b",)),
     Question("Please tell me a short greeting for the morning.", (r"good morning|morning",)),
 )
+# Questions no prompt was tuned on (``--questions held-out``): a change of the system prompt that
+# gains on RUBRIC should gain here too, or it learned the rubric rather than how to answer.
+HELD_OUT: tuple[Question, ...] = (
+    Question("What is the capital of Italy?", (r"rome",), (r"paris|milan|venice",)),
+    Question("How many months are there in a year?", (r"twelve|12",), (r"\b(ten|eleven|thirteen|10|11|13) months",)),
+    Question("What color is grass?", (r"green",)),
+    Question("What animal says moo?", (r"cows?",)),
+    Question("What is the opposite of up?", (r"down",)),
+    Question("How many wheels does a bicycle have?", (r"two|2",), (r"\b(three|four|3|4) wheels",)),
+    Question("What is ten minus four?", (r"six|6",)),
+    Question("What season comes after winter?", (r"spring",), (r"(summer|autumn|fall) comes after winter",)),
+    Question("Which is bigger, an elephant or a mouse?", (r"elephants?",), (r"mouse is bigger",)),
+    Question("What is frozen water called?", (r"ice",)),
+    Question("What language is spoken in Spain?", (r"spanish",)),
+    Question("How many minutes are there in an hour?", (r"sixty|60",)),
+    Question(
+        "Name two kinds of fruit.",
+        (r"apples?|bananas?|oranges?|grapes?|pears?|peach(es)?|cherr(y|ies)|lemons?",),
+        need_count=2,
+    ),
+    Question("Say good night to my brother Tom.", (r"good ?night", r"tom")),
+    Question("Spell the word dog.", (r"d\W*o\W*g",)),
+)
+QUESTION_SETS = {"rubric": RUBRIC, "held-out": HELD_OUT}
 
 
 def score(question: Question, answer: str, finish: str | None) -> list[str]:
@@ -152,12 +176,14 @@ MIXED = (
 )
 
 
-# System prompts --compare tries: the default, the one before issue 34, another short one.
+# System prompts --compare tries: the default, it without its answer examples, the one before issue 34,
+# another short one.
 PREVIOUS_INSTRUCTIONS = (
     "You are a friendly voice assistant. Answer in one or two short, plain spoken sentences, without lists or markup."
 )
 PROMPTS = {
     "default": DEFAULT_INSTRUCTIONS,
+    "no examples": f"You are a helpful assistant. {ANSWER_RULE}",  # the default before its answer examples
     "previous": PREVIOUS_INSTRUCTIONS,
     "plain": "Answer the user's question correctly, in one short spoken sentence.",
 }
@@ -183,17 +209,17 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     return row[-1], len(ref)
 
 
-def word_error_rate(heard: list[str]) -> float:
-    edits, words = map(sum, zip(*(word_errors(q.text, h) for q, h in zip(RUBRIC, heard, strict=True)), strict=True))
+def word_error_rate(questions: tuple[Question, ...], heard: list[str]) -> float:
+    edits, words = map(sum, zip(*(word_errors(q.text, h) for q, h in zip(questions, heard, strict=True)), strict=True))
     return edits / words
 
 
-async def transcripts(config: ServerConfig) -> list[str]:
+async def transcripts(config: ServerConfig, questions: tuple[Question, ...] = RUBRIC) -> list[str]:
     """Each question spoken by Piper and heard by Whisper (as a voice turn: the short window)."""
-    return (await timed_transcripts(config))[0]
+    return (await timed_transcripts(config, questions))[0]
 
 
-async def timed_transcripts(config: ServerConfig) -> tuple[list[str], float]:
+async def timed_transcripts(config: ServerConfig, questions: tuple[Question, ...]) -> tuple[list[str], float]:
     """The transcripts and the median decode time (s)."""
     models = resolve_models(config.models)
     metrics = CascadeMetrics(CollectorRegistry())
@@ -210,7 +236,7 @@ async def timed_transcripts(config: ServerConfig) -> tuple[list[str], float]:
     await asyncio.gather(tts.start(), asr.start())
     heard, seconds = [], []
     try:
-        for question in RUBRIC:
+        for question in questions:
             audio = resample(
                 np.concatenate([chunk async for chunk in tts.synthesize(question.text)]), tts.sample_rate, ASR_RATE
             )
@@ -223,7 +249,9 @@ async def timed_transcripts(config: ServerConfig) -> tuple[list[str], float]:
     return heard, float(np.median(seconds))
 
 
-async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
+async def ask_all(
+    variant: Variant, questions: tuple[Question, ...], heard: list[str], draws: int = DRAWS
+) -> dict[str, object]:
     config = config_for(variant)
     llm = create_llm(config, resolve_models(config.models).llm, CascadeMetrics(CollectorRegistry()))
     await llm.start()
@@ -237,9 +265,9 @@ async def ask_all(variant: Variant, heard: list[str]) -> dict[str, object]:
     started = time.perf_counter()
     try:
         rows = []
-        for draw in range(DRAWS):
+        for draw in range(draws):
             answers = await asyncio.gather(*(ask(text) for text in heard))
-            for question, text, (answer, finish) in zip(RUBRIC, heard, answers, strict=True):
+            for question, text, (answer, finish) in zip(questions, heard, answers, strict=True):
                 rows.append(
                     {
                         "question": question.text,
@@ -272,17 +300,24 @@ async def main() -> None:
     parser.add_argument("--all", action="store_true", help="also the runtime/sampling cross combinations")
     parser.add_argument("--compare", action="store_true", help="compute types, prompts and --asr models (issue 34)")
     parser.add_argument("--asr", action="append", default=[], help="with --compare: NAME=PATH of another Whisper")
+    parser.add_argument("--questions", choices=QUESTION_SETS, default="rubric", help="which questions are asked")
+    parser.add_argument(
+        "--compute-types", default="int8,int8_float32,float32", help="with --compare: the LLM compute types tried"
+    )
+    parser.add_argument("--draws", type=int, default=DRAWS, help="answers sampled per question and configuration")
     args = parser.parse_args()
+    questions = QUESTION_SETS[args.questions]
     base_config = config_for(VARIANTS[0])
-    heard, decode_s = await timed_transcripts(base_config)
+    heard, decode_s = await timed_transcripts(base_config, questions)
     hearing = {"": (heard, decode_s)}
     for option in args.asr:
         name, _, path = option.partition("=")
         other = base_config.model_copy(update={"models": base_config.models.model_copy(update={"asr": path})})
-        hearing[name] = await timed_transcripts(other)
+        hearing[name] = await timed_transcripts(other, questions)
     for name, (texts, seconds) in hearing.items():
         print(
-            f"ASR {name or base_config.models.asr or 'default'}: word error rate {100 * word_error_rate(texts):.1f}%, "
+            f"ASR {name or base_config.models.asr or 'default'}: "
+            f"word error rate {100 * word_error_rate(questions, texts):.1f}%, "
             f"median decode {1000 * seconds:.0f} ms",
             flush=True,
         )
@@ -290,12 +325,12 @@ async def main() -> None:
     if args.compare:
         variants = [
             Variant(f"{compute}, prompt {prompt}", "ctranslate2", True, compute, PROMPTS[prompt])
-            for compute in ("int8", "int8_float32", "float32")
+            for compute in args.compute_types.split(",")
             for prompt in PROMPTS
         ]
     results = []
     for variant in variants:
-        results.append(await ask_all(variant, hearing[variant.heard_by][0]))
+        results.append(await ask_all(variant, questions, hearing[variant.heard_by][0], args.draws))
         print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
     if args.compare and len(hearing) > 1:
         best = max(zip(variants, results, strict=True), key=lambda pair: float(pair[1]["score"]))[0]  # type: ignore[arg-type]
@@ -305,12 +340,13 @@ async def main() -> None:
                     f"{best.name}, heard by {name}", "ctranslate2", True, best.compute_type, best.instructions, name
                 )
                 variants.append(variant)
-                results.append(await ask_all(variant, hearing[name][0]))
+                results.append(await ask_all(variant, questions, hearing[name][0], args.draws))
                 print(f"measured {variant.name}: {results[-1]['score']:.1f} / 20", flush=True)
     capped = load_config(environ={}).cascade
     print(
         f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
-        f"{len(RUBRIC)} spoken questions x {DRAWS} draws, requests at temperature {SESSION_TEMPERATURE}; "
+        f"{len(questions)} spoken questions ({args.questions}) x {args.draws} draws, "
+        f"requests at temperature {SESSION_TEMPERATURE}; "
         f"capped = llm_max_temperature {capped.llm_max_temperature}, llm_max_top_p {capped.llm_max_top_p}"
     )
     print(f"{'configuration':56} {'score /20':>9} {'passed':>8} {'seconds':>8}")
@@ -334,7 +370,11 @@ async def main() -> None:
                 "load": os.getloadavg()[0],
                 "heard": heard,
                 "asr": {
-                    name or "default": {"heard": texts, "word_error_rate": word_error_rate(texts), "median_decode_s": s}
+                    name or "default": {
+                        "heard": texts,
+                        "word_error_rate": word_error_rate(questions, texts),
+                        "median_decode_s": s,
+                    }
                     for name, (texts, s) in hearing.items()
                 },
                 "results": results,

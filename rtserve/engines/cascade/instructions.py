@@ -5,12 +5,28 @@ only a PersonaPlex persona ("You enjoy having a good conversation.", written for
 full-duplex model that was trained on such lines), it answered "What is the capital of
 France?" with French word salad; persona plus the answering rule: "The capital of France is
 Paris." (docs/peers.md#personaplex).
+
+The default also shows it five short question-and-answer examples (none asks a question of
+``benchmarks/bench_answer_quality.py``; some share a form with it: a sum, a yes or no, a list).
+Answers take the examples' shape (one sentence naming the answer) instead of talk about the
+question: see the README's "Voice agent quality" for the score they gained. Their computed state is
+kept with the rest of the opening, so they cost the first turn nothing after the first
+conversation.
 """
 
 from __future__ import annotations
 
 ANSWER_RULE = "Answer the question directly and correctly in one short sentence."
-DEFAULT_INSTRUCTIONS = f"You are a helpful assistant. {ANSWER_RULE}"
+ANSWER_EXAMPLES = (
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
+    ("How many hours are in a day?", "A day has twenty-four hours."),
+    ("Name two animals.", "A dog and a horse."),
+    ("What is four plus four?", "Four plus four is eight."),
+    ("Is ice cold? Answer yes or no.", "Yes, ice is cold."),
+)
+DEFAULT_INSTRUCTIONS = "You are a helpful assistant. {rule} Examples of good answers: {examples}".format(
+    rule=ANSWER_RULE, examples=" ".join(f"'{question}' {answer}" for question, answer in ANSWER_EXAMPLES)
+)
 
 
 def persona_instructions(persona: str | None) -> str:
