@@ -40,6 +40,7 @@ MYPY_TESTS = \
 	tests/sessions/test_projections.py \
 	tests/sessions/test_runner.py \
 	tests/sessions/test_session_stateful.py \
+	tests/test_untrusted_json.py \
 	tests/web/http/test_sleep_mode.py \
 	tests/web/http_support.py \
 	tests/web/moshi/test_moshi_chat.py \
