@@ -6,12 +6,12 @@ full-duplex model that was trained on such lines), it answered "What is the capi
 France?" with French word salad; persona plus the answering rule: "The capital of France is
 Paris." (docs/peers.md#personaplex).
 
-The default also shows it five short question-and-answer examples (none asks a question of
+The rule comes with five short question-and-answer examples (none asks a question of
 ``benchmarks/bench_answer_quality.py``; some share a form with it: a sum, a yes or no, a list).
 Answers take the examples' shape (one sentence naming the answer) instead of talk about the
-question: see the README's "Voice agent quality" for the score they gained. Their computed state is
-kept with the rest of the opening, so they cost the first turn nothing after the first
-conversation.
+question: the README's "Voice agent quality" has the score they gained with the default,
+docs/peers.md#personaplex behind that persona. Their computed state is kept with the rest of the opening, so
+they cost the first turn nothing after the first conversation.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ ANSWER_EXAMPLES = (
     ("What is four plus four?", "Four plus four is eight."),
     ("Is ice cold? Answer yes or no.", "Yes, ice is cold."),
 )
-DEFAULT_INSTRUCTIONS = "You are a helpful assistant. {rule} Examples of good answers: {examples}".format(
-    rule=ANSWER_RULE, examples=" ".join(f"'{question}' {answer}" for question, answer in ANSWER_EXAMPLES)
+ANSWER_GUIDE = f"{ANSWER_RULE} Examples of good answers: " + " ".join(
+    f"'{question}' {answer}" for question, answer in ANSWER_EXAMPLES
 )
+DEFAULT_INSTRUCTIONS = f"You are a helpful assistant. {ANSWER_GUIDE}"
 
 
 def persona_instructions(persona: str | None) -> str:
     """Instructions for a turn engine from a Moshi client's persona: who to be, then how to answer."""
-    return f"{persona.strip()} {ANSWER_RULE}" if persona and persona.strip() else ""
+    return f"{persona.strip()} {ANSWER_GUIDE}" if persona and persona.strip() else ""

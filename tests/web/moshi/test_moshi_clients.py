@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.cascade.instructions import ANSWER_RULE
+from rtserve.engines.cascade.instructions import ANSWER_GUIDE
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.registry import create_engine
 from tests.sessions.engine_double import TestDoubleEngine, TestDoubleEngineSession
@@ -133,7 +133,7 @@ async def test_chat_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfig)
             await _until(lambda: session.responses, "the spoken turn got no response")
             request = session.responses[0]
             assert [(m.role, m.content) for m in request.messages] == [
-                ("system", f"You are a pirate. {ANSWER_RULE}"),  # who to be, then how to answer
+                ("system", f"You are a pirate. {ANSWER_GUIDE}"),  # who to be, then how to answer
                 ("user", "hello there"),
             ]
             for _ in range(6):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
-from rtserve.engines.cascade.instructions import ANSWER_RULE
+from rtserve.engines.cascade.instructions import ANSWER_GUIDE
 from rtserve.engines.lockstep.session import LockstepSession
 from rtserve.engines.registry import create_engine
 from rtserve.engines.values import SessionOptions, SlotPrompt, SlotSampling
@@ -218,5 +218,5 @@ def test_a_persona_on_a_turn_engine_is_told_how_to_answer(config: ServerConfig) 
     sessions = SessionManager(create_engine("loopback", config, CollectorRegistry()), config.sessions)
     persona = "You enjoy having a good conversation."
     told = turn_session_config(SlotPrompt(text=persona), sessions).instructions
-    assert told == f"{persona} {ANSWER_RULE}"
+    assert told == f"{persona} {ANSWER_GUIDE}"
     assert turn_session_config(SlotPrompt(text="  "), sessions).instructions == ""  # the engine's default
