@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from rtserve.engines.moshi.layers import Transformer, step_holding
 from rtserve.engines.moshi.lm_config import MimiConfig
+from rtserve.engines.moshi.precision_scope import SharedPrecision
 
 # A convolution with at most this many steps on its short side (a streamed frame's 12.5 <-> 25 Hz
 # layers: kernel 16, 1024 channels, 2 steps) runs as one matmul: cuDNN took 0.4 ms for that conv
@@ -29,24 +30,24 @@ from rtserve.engines.moshi.lm_config import MimiConfig
 MATMUL_STEPS = 4
 
 
+# cuBLAS's fp32 precision is process-wide: shared by the codecs of every engine thread.
+_TF32_MATMULS = SharedPrecision(torch.backends.cuda.matmul, "tf32")
+
+
 @contextlib.contextmanager
 def _conv_precision(x: torch.Tensor) -> Iterator[None]:
     """A convolution done as a matmul runs at the precision PyTorch gives cuDNN's fp32
     convolutions (TF32 unless switched off), not the stricter one of its matmuls: what the conv
     it replaces, and the reference codec, compute. In IEEE fp32 the encoder's last conv took
-    0.25 ms at B=256 on an H200. The setting is process-wide, so it is restored at once; a CUDA
-    graph keeps the kernels chosen at capture."""
-    matmul = torch.backends.cuda.matmul
+    0.25 ms at B=256 on an H200. The setting is process-wide, so it is switched for as short a
+    time as the matmul takes (``precision_scope``); a CUDA graph keeps the kernels chosen at
+    capture."""
     conv = getattr(torch.backends.cudnn, "conv")  # noqa: B009  # set on the module's class at runtime: no stub
     if not (x.is_cuda and x.dtype == torch.float32 and conv.fp32_precision == "tf32"):
         yield
         return
-    saved = matmul.fp32_precision
-    matmul.fp32_precision = "tf32"
-    try:
+    with _TF32_MATMULS.scope():
         yield
-    finally:
-        matmul.fp32_precision = saved
 
 
 def _overlap_add(taps: torch.Tensor, stride: int) -> torch.Tensor:
