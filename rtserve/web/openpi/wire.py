@@ -12,7 +12,10 @@ original msgpack-numpy writes it). Marker keys may be ``str`` or ``bytes``.
 
 Object, structured (void) and complex dtypes are refused both ways; a malformed marker
 (unknown dtype, byte count not matching the shape) is a ``OpenPIFrameError`` whose message is
-safe to show the client. Arrays decode zero-copy and read-only, as openpi's do.
+safe to show the client. Arrays decode zero-copy and read-only, as openpi's do. Maps and
+arrays nested deeper than ``MAX_NESTING`` are refused too: MessagePack allows 1024 levels, and
+an observation that deep failed later, when the engine link pickled it (Python's recursion
+limit), closing the socket with 1011 instead of answering.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rtserve.errors import INVALID_PAYLOAD, RtserveError
 
 _REFUSED_KINDS = frozenset("VOc")  # structured/void, object, complex
 _MAX_NDIM = 32
+MAX_NESTING = 32  # levels of maps and arrays in one frame; an observation needs a handful
 
 
 class OpenPIFrameError(RtserveError, ValueError):
@@ -131,9 +135,25 @@ def unpack_message(frame: bytes) -> dict[str, Any]:
         raise OpenPIFrameError("frame is not valid MessagePack") from None
     if not isinstance(message, dict):
         raise OpenPIFrameError(f"a request must be a map, got {type(message).__name__}")
+    if _nested_deeper_than(message, MAX_NESTING):
+        raise OpenPIFrameError(f"maps and arrays are nested deeper than {MAX_NESTING} levels")
     if not all(isinstance(key, str) for key in message):
         raise OpenPIFrameError("request keys must be strings")
     return message
+
+
+def _nested_deeper_than(message: dict[str, Any], limit: int) -> bool:
+    """Whether maps and arrays (decoded arrays are leaves) nest deeper than ``limit``, the
+    message itself level 1; walked without recursion."""
+    pending: list[tuple[dict[Any, Any] | list[Any], int]] = [(message, 1)]
+    while pending:
+        node, level = pending.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                if level == limit:
+                    return True
+                pending.append((child, level + 1))
+    return False
 
 
 def _encode_numpy(obj: Any) -> Any:

@@ -17,6 +17,7 @@ from openpi_client import msgpack_numpy
 
 from rtserve.engines.policy.demo import JOINT_POSITION, PROMPT, DemoDroidPolicy, example_observation
 from rtserve.engines.values import PolicyRequest
+from rtserve.web.openpi.wire import MAX_NESTING
 from tests.web.openpi_support import EXPLODING, SECRET, openpi_server
 
 INVALID = "Invalid request payload"
@@ -67,7 +68,15 @@ def _ndarray_marker(dtype: str, data: bytes, shape: list[int]) -> dict:
     return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
 
 
-def _observation_with(key: str, marker: dict) -> bytes:
+def _nested(levels: int) -> list:
+    """Arrays inside arrays, ``levels`` deep."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _observation_with(key: str, marker: dict | list) -> bytes:
     obs = {k: v for k, v in example_observation(0).items() if k != key}
     packed = msgpack.unpackb(msgpack_numpy.packb(obs), raw=False)  # markers as plain maps
     packed[key] = marker
@@ -90,6 +99,8 @@ def _observation_with(key: str, marker: dict) -> bytes:
         (msgpack_numpy.packb({**example_observation(0), "seed": "abc"}), "seed must be an integer"),
         (msgpack_numpy.packb({**example_observation(0), "seed": 2**64 - 1 + 0.5}), "seed must be an integer"),
         (msgpack_numpy.packb({**example_observation(0), "seed": -1}), "seed must be an integer"),
+        (_observation_with("extra", _nested(MAX_NESTING)), "nested deeper than"),  # the link could not pickle it
+        (_observation_with("extra", _nested(1000)), "nested deeper than"),
     ],
 )
 async def test_bad_frames_get_invalid_payload_and_the_connection_stays_usable(config, http, frame, detail):

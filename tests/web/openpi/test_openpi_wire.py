@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from openpi_client import msgpack_numpy
 
-from rtserve.web.openpi.wire import OpenPIFrameError, pack_message, unpack_message
+from rtserve.web.openpi.wire import MAX_NESTING, OpenPIFrameError, pack_message, unpack_message
 
 _DTYPES = ["uint8", "int8", "int16", "<i4", ">i4", "int64", "float16", "<f4", ">f8", "bool"]
 
@@ -50,6 +50,18 @@ def test_nested_values_scalars_and_plain_types_round_trip():
     sent = msgpack_numpy.unpackb(pack_message({"v": np.int64(7), "arr": np.ones((2, 3))[:, ::2]}))
     assert sent["v"] == 7 and isinstance(sent["v"], np.int64)
     np.testing.assert_array_equal(sent["arr"], np.ones((2, 2)))  # non-contiguous views are sent correctly
+
+
+def test_nesting_is_accepted_up_to_the_bound_and_refused_past_it():
+    def message(levels: int) -> bytes:  # the message map is the first level
+        value: list = []
+        for _ in range(levels - 2):
+            value = [value]
+        return msgpack.packb({"state": value})
+
+    assert unpack_message(message(MAX_NESTING))["state"]
+    with pytest.raises(OpenPIFrameError, match=f"deeper than {MAX_NESTING} levels"):
+        unpack_message(message(MAX_NESTING + 1))
 
 
 @pytest.mark.parametrize("key_type", [str, bytes])
