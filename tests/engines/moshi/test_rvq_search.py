@@ -37,7 +37,10 @@ def test_the_kernels_pick_the_nearest_entry_of_every_codebook_in_turn(
     codebooks = torch.randn(4, bins, 32, generator=gen)
     residual = torch.randn(rows, 32, generator=gen) * 2
     # A tie within and across the kernels' steps and chunks of entries: the lowest entry wins,
-    # as argmin's first.
+    # as argmin's first. Small integers, so every dot product is exact whatever order a BLAS (the
+    # interpreter's tl.dot) sums in: with random floats, identical entries in other columns of a
+    # tile came out a rounding apart on one CPU and the tie was no tie.
+    codebooks[0, 9] = torch.randint(-4, 5, (32,), generator=gen).float()
     codebooks[0, bins // 3] = codebooks[0, bins - 1] = codebooks[0, 9]
     residual[0] = codebooks[0, bins - 1]
     want = _nearest_by_cdist(residual.clone(), codebooks)
