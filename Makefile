@@ -30,6 +30,7 @@ MYPY_TESTS = \
 	tests/engines/lockstep/test_lockstep_pacing.py \
 	tests/engines/moshi/test_isolation.py \
 	tests/engines/moshi/test_precision_scope.py \
+	tests/engines/moshi/test_rows_in_step.py \
 	tests/engines/moshi/test_slot_sampling.py \
 	tests/engines/remote/test_engine_link.py \
 	tests/fuzz/fuzz_support.py \

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import torch
@@ -167,6 +167,7 @@ class StepPlan:
     floor: torch.Tensor | None  # [B] first position each row may attend to (paged KV), None: 0
     capacity: int
     context: int | None
+    shared_slot: int | None = None  # every row writes this ring slot (rows in step): a copy, not a scatter
 
     @classmethod
     def build(
@@ -218,8 +219,13 @@ def ring_attention(
         return cache.attend(
             q, k, v, plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity, plan.context
         )
-    cache.keys.scatter_(2, plan.write, k)
-    cache.values.scatter_(2, plan.write, v)
+    if plan.shared_slot is not None:
+        end = plan.shared_slot + k.shape[2]
+        cache.keys[:, :, plan.shared_slot : end].copy_(k)
+        cache.values[:, :, plan.shared_slot : end].copy_(v)
+    else:
+        cache.keys.scatter_(2, plan.write, k)
+        cache.values.scatter_(2, plan.write, v)
     keys, values = cache.keys, cache.values
     if plan.span < keys.shape[2]:
         keys, values = keys[:, :, : plan.span], values[:, :, : plan.span]
@@ -365,6 +371,13 @@ class Transformer(nn.Module):
     ``cross_attention`` layers attend to a per-row conditioning whose keys and values
     (``cross``, one pair per layer, ``[B, H, S, D]``) are allocated by ``start_cross`` and
     written row by row by ``set_cross_rows``.
+
+    ``steps_in_step`` (the depformer's ``dep_q``): every row restarts at position 0 together
+    (``restart``) and then advances one position per call, so the position is known on the
+    host and the plans of those positions are built once at ``start`` instead of on every call.
+    A plan is ~30 small kernels (positions, mask, write slots): for a TTS depformer of 32
+    codebooks, ~1,000 of a frame's ~4,300 kernels; and each row's new keys are one copy into
+    one ring slot instead of a scatter through a ``[B, H, 1, D]`` index.
     """
 
     def __init__(
@@ -382,6 +395,7 @@ class Transformer(nn.Module):
         context: int | None,
         capacity: int,
         cross_attention: bool = False,
+        steps_in_step: int | None = None,
     ) -> None:
         super().__init__()
         self.dim = dim
@@ -409,6 +423,9 @@ class Transformer(nn.Module):
         self.paged: PagedKVSpec | None = None
         self.floor: torch.Tensor | None = None
         self.blocks: BlockAllocator | None = None
+        self.steps_in_step = steps_in_step
+        self._shared_plans: list[StepPlan] = []  # by position, with steps_in_step
+        self._position = 0  # every row's position, with steps_in_step
 
     def use_paged_kv(self, spec: PagedKVSpec | None) -> None:
         """Paged int8 KV from the next ``start`` (None: back to bf16 rings of ``context`` frames)."""
@@ -422,6 +439,11 @@ class Transformer(nn.Module):
         head_dim = self.dim // self.heads
         self.caches, self.floor, self.blocks = [], None, None  # free the old pools before allocating new ones
         self.offset = torch.zeros(batch, dtype=torch.long, device=device)
+        self._shared_plans, self._position = [], 0
+        if self.steps_in_step is not None:
+            if self.paged is not None:
+                raise ValueError("rows in step keep their keys in rings, not paged KV")
+            self._shared_plans = [self._shared_plan(position, batch, device) for position in range(self.steps_in_step)]
         if self.paged is None:
             self.caches = [
                 KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype) for _ in self.layers
@@ -432,6 +454,11 @@ class Transformer(nn.Module):
         self.floor = torch.zeros(batch, dtype=torch.long, device=device)
         self.caches = [PagedKVCache.empty(self.paged, self.heads, head_dim, table) for _ in self.layers]
         self.blocks = BlockAllocator(self.paged, batch, width, table, self.floor)
+
+    def restart(self) -> None:
+        """Every row back to position 0 (the depformer, at each frame)."""
+        self.offset.zero_()
+        self._position = 0
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         if mask.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -461,22 +488,42 @@ class Transformer(nn.Module):
             keys.index_copy_(0, rows, new_keys.expand(len(rows), -1, -1, -1))
             values.index_copy_(0, rows, new_values.expand(len(rows), -1, -1, -1))
 
-    def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
-        """Advance every row by ``x.shape[1]`` steps."""
-        dtype_in = x.dtype
-        plan = StepPlan.build(
-            self.offset,
-            x.shape[1],
+    def _plan(self, offset: torch.Tensor, steps: int, span: int | None) -> StepPlan:
+        return StepPlan.build(
+            offset,
+            steps,
             self.heads,
             self.dim // self.heads,
             self.capacity,
             self.context,
-            self.span,
+            span,
             self.rope_max_period,
             self.floor,
             dtype=self.layers[0].self_attn.in_projs[0].weight.dtype,
         )
+
+    def _shared_plan(self, position: int, batch: int, device: torch.device) -> StepPlan:
+        """The plan of one step at ``position`` for every row; attention reads only the ring
+        slots written since the restart until the ring wraps."""
+        offset = torch.full((batch,), position, dtype=torch.long, device=device)
+        span = position + 1 if position < self.capacity else None
+        plan = self._plan(offset, 1, span)
+        return replace(plan, shared_slot=position % self.capacity)
+
+    def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
+        """Advance every row by ``x.shape[1]`` steps."""
+        dtype_in = x.dtype
+        steps = x.shape[1]
+        if self.steps_in_step is None:
+            plan = self._plan(self.offset, steps, self.span)
+        elif steps == 1 and self._position < self.steps_in_step:
+            plan = self._shared_plans[self._position]
+        else:
+            raise ValueError(f"rows in step take one position per call, at most {self.steps_in_step} per restart")
         for index, (layer, cache) in enumerate(zip(self.layers, self.caches)):
             x = layer(x, cache, plan, weight_index, self.cross[index] if self.cross else None)
-        self.offset.add_(x.shape[1])
+        if self.steps_in_step is None:
+            self.offset.add_(steps)
+        else:
+            self._position += 1
         return x.to(dtype_in)

@@ -94,6 +94,7 @@ class MoshiLM(nn.Module):
                 rope_max_period=None,
                 context=c.depformer_context,
                 capacity=c.depformer_context or c.dep_q,
+                steps_in_step=c.dep_q,
             )
             if c.dep_q
             else None
@@ -128,7 +129,7 @@ class MoshiLM(nn.Module):
     def depformer_begin(self) -> None:
         """Every row restarts its depformer at codebook 0 (the depformer state lives one frame)."""
         if self.depformer is not None:
-            self.depformer.offset.zero_()
+            self.depformer.restart()
 
     def depformer_logits(self, index: int, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Codebook ``index`` logits ``[B, card]`` given the temporal hidden state and the previous token ``[B]``."""
