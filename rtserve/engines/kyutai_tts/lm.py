@@ -17,7 +17,7 @@ from torch import nn
 from rtserve.engines.kyutai_tts.config import TTSArch
 from rtserve.engines.moshi.checkpoint import lm_rename
 from rtserve.engines.moshi.layers import TypedModuleList
-from rtserve.engines.moshi.lm import ZERO_TOKEN, MoshiLM, TokenEmbedding
+from rtserve.engines.moshi.lm import ZERO_TOKEN, MoshiLM, TokenEmbedding, embed_tokens
 
 _CROSS_STACKED = re.compile(r"\.cross_attention\.(in_proj_weight|in_proj\.weight|out_proj\.weight)$")
 
@@ -37,18 +37,18 @@ class StreamEmbedding(TokenEmbedding):
         self.out2 = nn.Linear(low_rank or dim, dim, bias=False) if demux else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.out1 is None or self.out2 is None:  # a depformer codebook's, 32 times a frame: one fused kernel
+            y = embed_tokens(tokens, self.weight)
+            return y if self.low_rank is None else self.low_rank(y)
         is_zero = (tokens == ZERO_TOKEN)[..., None]
         tokens = tokens.clamp(min=0)
         zero = torch.zeros(1, dtype=self.weight.dtype, device=tokens.device)
-        if self.out1 is not None and self.out2 is not None:
-            first = nn.functional.embedding(tokens % self.rows, self.weight)
-            second = tokens // self.rows - 1
-            second_zero = (second < 0)[..., None]
-            second_emb = nn.functional.embedding(second.clamp(min=0), self.weight)
-            y = self.out1(first) + torch.where(second_zero, zero, self.out2(second_emb))
-            return torch.where(is_zero, zero, y)
-        y = torch.where(is_zero, zero, nn.functional.embedding(tokens, self.weight))
-        return y if self.low_rank is None else self.low_rank(y)
+        first = nn.functional.embedding(tokens % self.rows, self.weight)
+        second = tokens // self.rows - 1
+        second_zero = (second < 0)[..., None]
+        second_emb = nn.functional.embedding(second.clamp(min=0), self.weight)
+        y = self.out1(first) + torch.where(second_zero, zero, self.out2(second_emb))
+        return torch.where(is_zero, zero, y)
 
 
 class TTSLM(MoshiLM):
