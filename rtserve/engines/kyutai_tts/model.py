@@ -364,6 +364,9 @@ class KyutaiTTSModel:
         """The depformer's audio tokens of this frame for its first ``codebooks``, after ``text``."""
         tokens: list[torch.Tensor] = []
         previous = text
+        # The audio lags its text by ``audio_delay``: before that, "no token" (every codebook's
+        # rows at once, not two kernels per codebook).
+        early = self.offsets[:, None] < self.delays[1 : 1 + codebooks] + self.delay_steps
         self.lm.depformer_begin()
         for codebook in range(codebooks):
             given = torch.cat([previous, previous]) if self.cfg_direct else previous
@@ -371,10 +374,7 @@ class KyutaiTTSModel:
             if self.cfg_direct:
                 conditioned, null = logits.chunk(2)
                 logits = null + (conditioned - null) * self.settings.cfg_coef
-            token = self.sampler.sample(logits, text=False)
-            # The audio lags its text by ``audio_delay``: before that, "no token".
-            early = self.offsets < self.delays[1 + codebook] + self.delay_steps
-            token = torch.where(early, ZERO_TOKEN, token)
+            token = torch.where(early[:, codebook], ZERO_TOKEN, self.sampler.sample(logits, text=False))
             tokens.append(token)
             previous = token
         return tokens
