@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import numpy as np
@@ -74,10 +75,28 @@ class DuplexClient:
         if self._task is not None:
             await asyncio.wait_for(asyncio.gather(self._task, return_exceptions=True), 30)
 
-    async def echoes_grow(self, seconds: float) -> int:
-        before = self.echoes
-        await asyncio.sleep(seconds)
-        return self.echoes - before
+
+class CountsEchoes(Protocol):
+    echoes: int
+
+
+async def echoes_over(client: CountsEchoes, seconds: float) -> int:
+    """Echoes ``client`` receives over the next ``seconds`` (a rate: its session is not stalled)."""
+    before = client.echoes
+    await asyncio.sleep(seconds)
+    return client.echoes - before
+
+
+async def echoes_again(client: CountsEchoes, within_s: float = 10.0) -> bool:
+    """Whether another echo reaches ``client`` within ``within_s``, returning at the first (its
+    session is live). A fixed half-second window failed on a loaded 2-core machine."""
+    before = client.echoes
+    deadline = time.monotonic() + within_s
+    while client.echoes == before:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 async def open_session(http: aiohttp.ClientSession, base: str) -> DuplexClient:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.app import build_app
 from rtserve.cluster.engines import ClusterEngines
 from rtserve.config import ServerConfig
-from tests.cluster.clients import eventually, open_session
+from tests.cluster.clients import echoes_again, eventually, open_session
 from tests.cluster.engines import TcpEngine, connect_to, tcp_engines
 from tests.support import serve_app
 
@@ -60,7 +60,7 @@ async def test_sessions_go_to_the_least_loaded_engine_and_are_refused_only_when_
         refused = await open_session(http, base)
         assert refused.first["type"] == "error" and refused.first["error"]["code"] == "resource_exhausted"
         for client in (first, second, *others):
-            assert await client.echoes_grow(0.6) > 0  # every session streams on its engine
+            assert await echoes_again(client)  # every session streams on its engine
         await first.close()  # it lived on engine-0: that engine has the free slot now
         await eventually(lambda: _sessions(cluster) == [1, 2], what="engine-0's slot to free")
         again = await open_session(http, base)
@@ -79,7 +79,7 @@ async def test_a_draining_engine_takes_no_new_sessions_and_its_own_go_on(config:
         assert newcomer.admitted and _sessions(cluster) == [2, 1]
         refused = await open_session(http, base)  # engine-0 is full, engine-1 drains
         assert refused.first["error"]["code"] == "resource_exhausted"
-        assert await on_1.echoes_grow(0.6) > 0 and not on_1.errors
+        assert await echoes_again(on_1) and not on_1.errors
         await on_1.close()
         await engines[1].server.wait_idle()
         for client in (on_0, newcomer):
@@ -93,7 +93,7 @@ async def test_an_engine_that_dies_ends_only_its_sessions(config: ServerConfig) 
         await engines[1].kill()
         await eventually(lambda: bool(on_1.errors), what="engine_failure on engine-1's session")
         assert [e["code"] for e in on_1.errors] == ["engine_failure"]
-        assert await on_0.echoes_grow(0.6) > 0 and not on_0.errors
+        assert await echoes_again(on_0) and not on_0.errors
         async with http.get(f"{base}/health") as health:
             assert health.status == 200  # one engine still serves
         newcomer = await open_session(http, base)

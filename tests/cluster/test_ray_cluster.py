@@ -20,7 +20,7 @@ from aiohttp import web
 
 from rtserve.cluster.engines import ClusterEngines
 from rtserve.web.context import CTX
-from tests.cluster.clients import drop_and_resume, eventually, open_session
+from tests.cluster.clients import drop_and_resume, echoes_again, eventually, open_session
 from tests.test_cli import CLEAN_ENV, _free_port
 from tests.web.realtime_support import echoed_tags, ws_url
 
@@ -66,7 +66,7 @@ async def test_one_engine_actor_per_node_and_admission_across_them(ray_cluster: 
         refused = await open_session(http, base)
         assert refused.first["error"]["code"] == "resource_exhausted"
         for client in clients:
-            assert await client.echoes_grow(0.5) > 0
+            assert await echoes_again(client)
         async with http.get(f"{base}/metrics") as response:
             text = await response.text()
         for index in range(2):
@@ -127,7 +127,7 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
                 await asyncio.sleep(0.2)
             client = await open_session(http, base)
             assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"]
-            assert await client.echoes_grow(0.6) > 0
+            assert await echoes_again(client)
             async with http.get(f"{base}/metrics") as response:
                 assert f'engine="{PREFIX}-0"' in await response.text()
             await client.close()
@@ -192,7 +192,7 @@ async def test_rtserve_drain_of_a_front_end_stops_its_admission_and_it_leaves_wh
             await eventually(lambda: apps[0][CTX].sessions.draining, 60, "the drain to arrive")
             refused = await open_session(http, base)
             assert refused.first["error"]["code"] == "server_shutting_down"
-            assert await kept.echoes_grow(0.5) > 0 and not kept.errors
+            assert await echoes_again(kept) and not kept.errors
             await kept.close()
             await eventually(apps[0][CTX].stop.is_set, 30, "the front-end to stop after its last session")
         # The serve loop stopped (here: the context's cleanup): it withdrew, so the drain is done.
@@ -210,13 +210,13 @@ async def test_a_killed_engine_actor_ends_only_its_sessions_and_ray_brings_it_ba
         os.kill(doomed["pid"], signal.SIGKILL)
         await eventually(lambda: bool(on_1.errors), what="engine_failure on the killed engine's session")
         assert [e["code"] for e in on_1.errors] == ["engine_failure"]
-        assert await on_0.echoes_grow(0.5) > 0 and not on_0.errors
+        assert await echoes_again(on_0) and not on_0.errors
         await eventually(lambda: engines.members[1].serving, 90, "Ray to restart the engine actor")
         restarted = await _actor(1).placement.remote()
         assert restarted["pid"] != doomed["pid"] and restarted["address"] != doomed["address"]
         newcomer = await open_session(http, base)  # the restarted engine is the emptier one
         assert newcomer.admitted and _sessions(engines) == [1, 1]
-        assert await newcomer.echoes_grow(0.5) > 0
+        assert await echoes_again(newcomer)
         for client in (on_0, on_1, newcomer):
             await client.close()
 
@@ -247,13 +247,13 @@ async def test_rtserve_drain_moves_new_sessions_away_and_the_engine_leaves_at_it
         await eventually(lambda: engines.placement()[f"{PREFIX}-1"]["draining"], 60, "the drain to be seen")
         newcomer = await open_session(http, base)
         assert newcomer.admitted and _sessions(engines) == [2, 1]
-        assert await on_1.echoes_grow(0.5) > 0 and not on_1.errors  # its own session goes on until the deadline
+        assert await echoes_again(on_1) and not on_1.errors  # its own session goes on until the deadline
         output, _ = await asyncio.wait_for(drain.communicate(), 90)
         assert drain.returncode == 0, output.decode()
         assert "left the cluster" in output.decode()
         assert [e["code"] for e in on_1.errors] == ["engine_failure"]  # cut at the deadline
         with pytest.raises(ValueError):
             _actor(1)
-        assert await on_0.echoes_grow(0.5) > 0 and not on_0.errors
+        assert await echoes_again(on_0) and not on_0.errors
         for client in (on_0, on_1, newcomer):
             await client.close()

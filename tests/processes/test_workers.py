@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.cluster.clients import drop_and_resume, open_session
+from tests.cluster.clients import drop_and_resume, echoes_again, echoes_over, open_session
 from tests.test_cli import CLEAN_ENV, CLI, _free_port, _health
 from tests.web.realtime_support import echoed_tags
 
@@ -117,12 +117,6 @@ async def _two_workers(http: aiohttp.ClientSession, port: int) -> tuple[DuplexCl
     pytest.fail("every connection landed on one worker")
 
 
-async def _echoes_grow(client: DuplexClient, seconds: float) -> int:
-    before = client.echoes
-    await asyncio.sleep(seconds)
-    return client.echoes - before
-
-
 @pytest.fixture
 def server():
     port = _free_port()
@@ -146,10 +140,10 @@ async def test_a_killed_worker_loses_only_its_sessions_and_comes_back(server) ->
     await _wait_health(port, 200)
     async with aiohttp.ClientSession() as http:
         doomed, survivor = await _two_workers(http, port)
-        assert await _echoes_grow(survivor, 0.5) > 0
+        assert await echoes_again(survivor)
         os.kill(doomed.worker_pid, signal.SIGKILL)
         await asyncio.wait_for(doomed.closed.wait(), 10)
-        assert await _echoes_grow(survivor, 1.0) >= 8, "the other worker's session stalled"
+        assert await echoes_over(survivor, 1.0) >= 8, "the other worker's session stalled"
         assert not survivor.closed.is_set() and survivor.errors == []
         # The supervisor starts a new worker: eventually a connection lands on a new pid.
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -217,7 +211,7 @@ async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server)
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path)) as peer:
             async with peer.post("http://peer/_rtserve/drain", json={"deadline_s": 60}) as response:
                 assert response.status == 202 and (await response.json())["sessions"] == 1
-        assert await kept.echoes_grow(0.5) > 0 and not kept.errors  # its session goes on
+        assert await echoes_again(kept) and not kept.errors  # its session goes on
         await kept.end()
         pid = int(drained.split(":")[1])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -229,7 +223,7 @@ async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server)
             client = await open_session(http, base)
             assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"] != drained
             await client.close()
-        assert await survivor.echoes_grow(0.5) > 0 and not survivor.errors
+        assert await echoes_again(survivor) and not survivor.errors
         await survivor.close()
         await kept.close()
 
@@ -239,7 +233,7 @@ async def test_a_killed_engine_ends_sessions_with_engine_failure_and_health_reco
     await _wait_health(port, 200)
     async with aiohttp.ClientSession() as http:
         a, b = await _two_workers(http, port)
-        assert await _echoes_grow(a, 0.5) > 0
+        assert await echoes_again(a)
         engine = (_children(proc.pid) - {a.worker_pid, b.worker_pid}).pop()
         os.kill(engine, signal.SIGKILL)
         for client in (a, b):
@@ -248,7 +242,7 @@ async def test_a_killed_engine_ends_sessions_with_engine_failure_and_health_reco
         await _wait_health(port, 503, timeout_s=10)
         await _wait_health(port, 200)
         fresh = await _open(http, port)
-        assert await _echoes_grow(fresh, 1.0) > 0, "no audio after the engine came back"
+        assert await echoes_again(fresh), "no audio after the engine came back"
         await fresh.ws.close()
 
 
