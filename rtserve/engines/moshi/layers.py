@@ -372,11 +372,12 @@ class Transformer(nn.Module):
     (``cross``, one pair per layer, ``[B, H, S, D]``) are allocated by ``start_cross`` and
     written row by row by ``set_cross_rows``.
 
-    ``steps_in_step`` (the depformer's ``dep_q``): every row restarts at position 0 together
-    (``restart``) and then advances one position per call, so the position is known on the
-    host and the plans of those positions are built once at ``start`` instead of on every call.
+    ``shared_positions`` (the depformer's ``dep_q``): every row restarts at position 0 together
+    (``restart``) and then advances one position per call, up to that many, so the position is
+    known on the host and the plans of those positions are built once at ``start`` instead of
+    on every call.
     A plan is ~30 small kernels (positions, mask, write slots): for a TTS depformer of 32
-    codebooks, ~1,000 of a frame's ~4,300 kernels; and each row's new keys are one copy into
+    codebooks, ~900 of a frame's ~4,300 kernels; and each row's new keys are one copy into
     one ring slot instead of a scatter through a ``[B, H, 1, D]`` index.
     """
 
@@ -395,7 +396,7 @@ class Transformer(nn.Module):
         context: int | None,
         capacity: int,
         cross_attention: bool = False,
-        steps_in_step: int | None = None,
+        shared_positions: int | None = None,
     ) -> None:
         super().__init__()
         self.dim = dim
@@ -423,9 +424,9 @@ class Transformer(nn.Module):
         self.paged: PagedKVSpec | None = None
         self.floor: torch.Tensor | None = None
         self.blocks: BlockAllocator | None = None
-        self.steps_in_step = steps_in_step
-        self._shared_plans: list[StepPlan] = []  # by position, with steps_in_step
-        self._position = 0  # every row's position, with steps_in_step
+        self.shared_positions = shared_positions
+        self._shared_plans: list[StepPlan] = []  # by position, with shared_positions
+        self._position = 0  # every row's position, with shared_positions
 
     def use_paged_kv(self, spec: PagedKVSpec | None) -> None:
         """Paged int8 KV from the next ``start`` (None: back to bf16 rings of ``context`` frames)."""
@@ -440,10 +441,10 @@ class Transformer(nn.Module):
         self.caches, self.floor, self.blocks = [], None, None  # free the old pools before allocating new ones
         self.offset = torch.zeros(batch, dtype=torch.long, device=device)
         self._shared_plans, self._position = [], 0
-        if self.steps_in_step is not None:
+        if self.shared_positions is not None:
             if self.paged is not None:
                 raise ValueError("rows in step keep their keys in rings, not paged KV")
-            self._shared_plans = [self._shared_plan(position, batch, device) for position in range(self.steps_in_step)]
+            self._shared_plans = [self._shared_plan(p, batch, device) for p in range(self.shared_positions)]
         if self.paged is None:
             self.caches = [
                 KVCache.empty(batch, self.heads, self.capacity, head_dim, device, dtype) for _ in self.layers
@@ -514,15 +515,15 @@ class Transformer(nn.Module):
         """Advance every row by ``x.shape[1]`` steps."""
         dtype_in = x.dtype
         steps = x.shape[1]
-        if self.steps_in_step is None:
+        if self.shared_positions is None:
             plan = self._plan(self.offset, steps, self.span)
-        elif steps == 1 and self._position < self.steps_in_step:
+        elif steps == 1 and self._position < self.shared_positions:
             plan = self._shared_plans[self._position]
         else:
-            raise ValueError(f"rows in step take one position per call, at most {self.steps_in_step} per restart")
+            raise ValueError(f"rows in step take one position per call, at most {self.shared_positions} per restart")
         for index, (layer, cache) in enumerate(zip(self.layers, self.caches)):
             x = layer(x, cache, plan, weight_index, self.cross[index] if self.cross else None)
-        if self.steps_in_step is None:
+        if self.shared_positions is None:
             self.offset.add_(steps)
         else:
             self._position += 1

@@ -94,7 +94,7 @@ class MoshiLM(nn.Module):
                 rope_max_period=None,
                 context=c.depformer_context,
                 capacity=c.depformer_context or c.dep_q,
-                steps_in_step=c.dep_q,
+                shared_positions=c.dep_q,
             )
             if c.dep_q
             else None

@@ -14,7 +14,7 @@ BATCH, DIM, HEADS = 3, 32, 4
 def _pair(context: int, steps: int) -> tuple[Transformer, Transformer]:
     """(planned every call, rows in step), same weights."""
 
-    def make(steps_in_step: int | None) -> Transformer:
+    def make(shared_positions: int | None) -> Transformer:
         return Transformer(
             DIM,
             HEADS,
@@ -27,7 +27,7 @@ def _pair(context: int, steps: int) -> tuple[Transformer, Transformer]:
             rope_max_period=None,
             context=context,
             capacity=context,
-            steps_in_step=steps_in_step,
+            shared_positions=shared_positions,
         )
 
     torch.manual_seed(0)
