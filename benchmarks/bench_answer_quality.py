@@ -214,13 +214,9 @@ def word_error_rate(questions: tuple[Question, ...], heard: list[str]) -> float:
     return edits / words
 
 
-async def transcripts(config: ServerConfig, questions: tuple[Question, ...] = RUBRIC) -> list[str]:
-    """Each question spoken by Piper and heard by Whisper (as a voice turn: the short window)."""
-    return (await timed_transcripts(config, questions))[0]
-
-
 async def timed_transcripts(config: ServerConfig, questions: tuple[Question, ...]) -> tuple[list[str], float]:
-    """The transcripts and the median decode time (s)."""
+    """Each question spoken by Piper and heard by Whisper (as a voice turn: the short window),
+    and the median decode time (s)."""
     models = resolve_models(config.models)
     metrics = CascadeMetrics(CollectorRegistry())
     tts = TextToSpeech(models.tts, cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)

@@ -457,8 +457,10 @@ class Transformer(nn.Module):
         self.blocks = BlockAllocator(self.paged, batch, width, table, self.floor)
 
     def restart(self) -> None:
-        """Every row back to position 0 (the depformer, at each frame)."""
-        self.offset.zero_()
+        """Every row back to position 0 (the depformer, at each frame). With shared positions the
+        position lives on the host only: ``offset`` is not read, so it is not zeroed (a kernel a frame)."""
+        if self.shared_positions is None:
+            self.offset.zero_()
         self._position = 0
 
     def reset_rows(self, mask: torch.Tensor) -> None:
