@@ -75,18 +75,23 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                log_text = await asyncio.to_thread(Path(self._log.name).read_text)
-                raise RuntimeError(f"server exited early:\n{log_text[-3000:]}")
+                raise RuntimeError(f"server exited early:\n{await self.log_tail()}")
             try:
                 if await probe(http):
                     return
             except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             await asyncio.sleep(0.2)
-        raise RuntimeError("server did not become ready")
+        raise RuntimeError(f"server did not become ready in {timeout_s:.0f} s:\n{await self.log_tail()}")
+
+    async def log_tail(self, chars: int = 3000) -> str:
+        return (await asyncio.to_thread(Path(self._log.name).read_text))[-chars:]
 
     async def _healthy(self, http: aiohttp.ClientSession) -> bool:
         async with http.get(self.base + "/health") as response:
+            if response.status == 503 and (await response.json()).get("status") == "failed":
+                # An engine that failed to load stays failed: waiting out the timeout only hides why.
+                raise RuntimeError(f"an engine failed to start:\n{await self.log_tail()}")
             return response.status == 200
 
     def pids(self) -> list[int]:

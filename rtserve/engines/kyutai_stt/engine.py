@@ -30,6 +30,7 @@ from rtserve.engines.kyutai_stt.stream import SttStream
 from rtserve.engines.kyutai_stt.words import WordTracker
 from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
+from rtserve.engines.moshi.kv_budget import ensure_kv_fits, free_bytes
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.tiny_torch import resolve_device
@@ -70,17 +71,19 @@ class KyutaiSttEngine:
         return self._failure
 
     async def start(self) -> None:
+        settings = self._config.stt_engine
         try:
             model = self._model if self._model is not None else await asyncio.to_thread(self._load)
+            model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
+            config, weight = model.loaded.lm_config, next(model.loaded.lm.parameters())
+            paged_kv = paged_kv_spec(settings, settings.batch_size, config.context)
+            ensure_kv_fits("stt_engine", config, settings.batch_size, weight.dtype, paged_kv, free_bytes(weight.device))
         except (CheckpointError, WeightsError, ConfigError) as exc:
             self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai stt engine not serving: %s", self._failure)
             return
         self._model = model
         self.sample_rate = model.loaded.mimi_config.sample_rate
-        settings = self._config.stt_engine
-        model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
-        paged_kv = paged_kv_spec(settings, settings.batch_size, model.loaded.lm_config.context)
         frame_model = SttFrameModel(
             model,
             settings.batch_size,

@@ -21,6 +21,7 @@ from rtserve.engines.errors import EngineError
 from rtserve.engines.lockstep.session import LockstepSession, LockstepSessionEngine, lockstep_capabilities
 from rtserve.engines.moshi import fused
 from rtserve.engines.moshi.frame_model import MoshiFrameModel
+from rtserve.engines.moshi.kv_budget import ensure_kv_fits, free_bytes
 from rtserve.engines.moshi.lm_config import CheckpointError, MimiConfig
 from rtserve.engines.moshi.loader import load_files, random_model
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
@@ -82,6 +83,8 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     )
     voice_dir = settings.voice_dir or config.models.voice_prompt_dir or loaded.voices
     paged_kv = paged_kv_spec(settings, settings.batch_size, loaded.lm_config.context)
+    dtype = DTYPES[settings.dtype]
+    ensure_kv_fits("moshi_engine", loaded.lm_config, settings.batch_size, dtype, paged_kv, free_bytes(device))
     return MoshiFrameModel(
         loaded,
         settings.batch_size,
