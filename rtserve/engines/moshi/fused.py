@@ -65,9 +65,11 @@ def rms_norm(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
 
 @fused
 def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``[B, H, T, D]`` queries/keys by tables from ``layers.rope_tables`` (in fp32)."""
+    """Rotate ``[B, H, T, D]`` queries and the keys of ``kv`` (``[2, B, H, T, D]``: keys, values) by
+    tables from ``layers.rope_tables`` (in fp32); the values come back beside the rotated keys, in
+    one tensor, so the ring takes both in one write."""
     dim = q.shape[-1]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +78,7 @@ def apply_rope(
         out_re, out_im = re * cos - im * sin, re * sin + im * cos
         return torch.stack([out_re.to(x.dtype), out_im.to(x.dtype)], dim=-1).view(*x.shape[:-1], dim)
 
-    return rotate(q), rotate(k)
+    return rotate(q), torch.stack((rotate(kv[0]), kv[1]))
 
 
 @fused

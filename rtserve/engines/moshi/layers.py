@@ -121,30 +121,34 @@ class GeluMLP(nn.Module):
 
 @dataclass
 class KVCache:
-    """Ring buffers of one attention layer: ``[B, H, capacity, D]`` keys and values."""
+    """Ring buffers of one attention layer: keys and values ``[B, H, capacity, D]``, the two halves
+    of one ``[2, B, H, capacity, D]`` tensor, so a step writes both with one copy or scatter."""
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    pair: torch.Tensor
 
     @classmethod
     def empty(
         cls, batch: int, heads: int, capacity: int, head_dim: int, device: torch.device, dtype: torch.dtype
     ) -> KVCache:
-        shape = (batch, heads, capacity, head_dim)
-        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        return cls(torch.zeros((2, batch, heads, capacity, head_dim), device=device, dtype=dtype))
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.pair[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.pair[1]
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         """Every row's memory is read and written (no host sync: what a captured graph does)."""
-        rows = mask.view(-1, 1, 1, 1)
-        self.keys.masked_fill_(rows, 0.0)
-        self.values.masked_fill_(rows, 0.0)
+        self.pair.masked_fill_(mask.view(1, -1, 1, 1, 1), 0.0)
 
     def clear(self, rows: torch.Tensor) -> None:
         """Zero the listed rows only (``rows``: indices): what opening a slot needs. A masked fill
         over ``[B, H, capacity, D]`` touches every row: 6 ms per open at B=512 (stt-1b on an H200),
         the engine thread's largest item while 512 sessions opened."""
-        self.keys.index_fill_(0, rows, 0.0)
-        self.values.index_fill_(0, rows, 0.0)
+        self.pair.index_fill_(1, rows, 0.0)
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,9 @@ class StepPlan:
     """
 
     write: torch.Tensor  # [B, H, T, D] ring slot of each new key/value
-    mask: torch.Tensor  # [B, 1, T, span] added to the scores: 0 where query t may attend to ring slot s, else -inf
+    # [B, 1, T, span] added to the scores: 0 where query t may attend to ring slot s, else -inf;
+    # None: every slot of the span (rows in step before their ring wraps)
+    mask: torch.Tensor | None
     span: int
     rope: tuple[torch.Tensor, torch.Tensor] | None
     slot: torch.Tensor  # [B, T] ring slot of each new key/value
@@ -210,22 +216,18 @@ class StepPlan:
         return cls(index, mask[:, None], span, rope, write, offset, floor, capacity, context)
 
 
-def ring_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan
-) -> torch.Tensor:
-    """Write ``k, v`` (``[B, H, T, D]``) into the ring and attend over the slots ``plan`` allows."""
+def ring_attention(q: torch.Tensor, kv: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan) -> torch.Tensor:
+    """Write ``kv`` (keys and values, ``[2, B, H, T, D]``) into the ring and attend over the slots
+    ``plan`` allows."""
     if isinstance(cache, PagedKVCache):
-        assert plan.floor is not None
+        assert plan.floor is not None and plan.mask is not None
         return cache.attend(
-            q, k, v, plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity, plan.context
+            q, kv[0], kv[1], plan.slot, plan.offset, plan.floor, plan.mask, plan.span, plan.capacity, plan.context
         )
     if plan.shared_slot is not None:
-        end = plan.shared_slot + k.shape[2]
-        cache.keys[:, :, plan.shared_slot : end].copy_(k)
-        cache.values[:, :, plan.shared_slot : end].copy_(v)
+        cache.pair[:, :, :, plan.shared_slot : plan.shared_slot + kv.shape[3]].copy_(kv)
     else:
-        cache.keys.scatter_(2, plan.write, k)
-        cache.values.scatter_(2, plan.write, v)
+        cache.pair.scatter_(3, plan.write.expand(2, *plan.write.shape), kv)
     keys, values = cache.keys, cache.values
     if plan.span < keys.shape[2]:
         keys, values = keys[:, :, : plan.span], values[:, :, : plan.span]
@@ -234,11 +236,15 @@ def ring_attention(
     return F.scaled_dot_product_attention(q, keys, values, plan.mask, dropout_p=0.0)
 
 
-def explicit_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def explicit_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """Softmax attention as two batched matmuls, what SDPA computes. Used for fp32 on CUDA (Mimi's
     transformers): there SDPA's only kernel (memory-efficient) tiles queries by 64, and a streaming
     step has 1-2, so it took ~3x the time of reading the keys and values (H200, B=256)."""
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5).add_(mask)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores.add_(mask)
     return torch.matmul(scores.softmax(dim=-1), values)
 
 
@@ -257,10 +263,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, steps, _ = x.shape
         projected = self.in_projs[weight_index](x)
-        q, k, v = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = projected.view(batch, steps, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, kv = qkv[0], qkv[1:]
         if plan.rope is not None:
-            q, k = fused.apply_rope(q, k, *plan.rope)
-        out = ring_attention(q, k, v, cache, plan)
+            q, kv = fused.apply_rope(q, kv, *plan.rope)
+        out = ring_attention(q, kv, cache, plan)
         out = out.transpose(1, 2).reshape(batch, steps, self.dim)
         projected_out: torch.Tensor = self.out_projs[weight_index](out)
         return projected_out
@@ -511,7 +518,11 @@ class Transformer(nn.Module):
         offset = torch.full((batch,), position, dtype=torch.long, device=device)
         span = position + 1 if position < self.capacity else None
         plan = self._plan(offset, 1, span)
-        return replace(plan, shared_slot=position % self.capacity)
+        # Until the ring wraps, inside the attention window, every slot of the span was written
+        # since the restart: no mask. SDPA then runs its fused kernel as it is, where a mask whose
+        # length is not a multiple of its alignment is padded into a new tensor in every layer.
+        sees_span = span is not None and (self.context is None or position < self.context)
+        return replace(plan, shared_slot=position % self.capacity, mask=None if sees_span else plan.mask)
 
     def forward(self, x: torch.Tensor, weight_index: int = 0) -> torch.Tensor:
         """Advance every row by ``x.shape[1]`` steps."""
