@@ -343,24 +343,44 @@ class TransformerLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        normed: torch.Tensor,
         cache: KVCache | PagedKVCache,
         plan: StepPlan,
         weight_index: int = 0,
         cross: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        update = self.self_attn(self.norm1(x), cache, plan, weight_index)
-        x = _residual(x, update, self.layer_scale_1)
+        next_norm: nn.Module | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``normed`` is ``norm1(x)``, computed with the previous layer's last residual. Returns
+        the layer's output and ``next_norm`` of it (None without one)."""
+        update = self.self_attn(normed, cache, plan, weight_index)
         if self.cross_attention is not None and self.norm_cross is not None:
             assert cross is not None, "a cross-attention layer needs its rows' keys and values"
+            x = _residual(x, update, self.layer_scale_1)
             x = x + self.cross_attention(self.norm_cross(x), *cross)
-        update = self.mlp[weight_index](self.norm2(x))
-        return _residual(x, update, self.layer_scale_2)
+            normed = self.norm2(x)
+        else:
+            x, normed = _residual_and_norm(x, update, self.layer_scale_1, self.norm2)
+        update = self.mlp[weight_index](normed)
+        if next_norm is None:
+            return _residual(x, update, self.layer_scale_2), None
+        return _residual_and_norm(x, update, self.layer_scale_2, next_norm)
 
 
 def _residual(x: torch.Tensor, update: torch.Tensor, scale: nn.Module) -> torch.Tensor:
     if isinstance(scale, LayerScale):
         return fused.scaled_residual(x, update, scale.scale)
     return x.to(update) + update
+
+
+def _residual_and_norm(
+    x: torch.Tensor, update: torch.Tensor, scale: nn.Module, norm: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual sum and ``norm`` of it: one fused kernel for an RMSNorm."""
+    if isinstance(norm, RMSNorm):
+        factor = scale.scale if isinstance(scale, LayerScale) else None
+        return fused.residual_rms_norm(x, update, factor, norm.alpha, norm.eps)
+    x = _residual(x, update, scale)
+    return x, norm(x)
 
 
 class Transformer(nn.Module):
@@ -534,8 +554,12 @@ class Transformer(nn.Module):
             plan = self._shared_plans[self._position]
         else:
             raise ValueError(f"rows in step take one position per call, at most {self.shared_positions} per restart")
+        normed: torch.Tensor | None = self.layers[0].norm1(x)
         for index, (layer, cache) in enumerate(zip(self.layers, self.caches)):
-            x = layer(x, cache, plan, weight_index, self.cross[index] if self.cross else None)
+            assert normed is not None
+            following = self.layers[index + 1].norm1 if index + 1 < len(self.layers) else None
+            cross = self.cross[index] if self.cross else None
+            x, normed = layer(x, normed, cache, plan, weight_index, cross, following)
         if self.shared_positions is None:
             self.offset.add_(steps)
         else:

@@ -51,6 +51,12 @@ def test_norm_rope_and_gate_match_the_eager_math(eager_and_fused, batch: int) ->
     eager, compiled = eager_and_fused(lambda: fused.scaled_residual(x, x.float(), scale))
     torch.testing.assert_close(compiled, eager)
 
+    update = torch.randn(batch, 1, 256, device=CUDA, generator=gen).to(torch.bfloat16)
+    for factor in (scale.to(torch.bfloat16), None):  # layer-scaled and plain residuals
+        eager, compiled = eager_and_fused(lambda f=factor: fused.residual_rms_norm(x, update, f, alpha, 1e-5))
+        for got, want in zip(compiled, eager):
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+
 
 def test_fused_sampling_draws_the_same_tokens_as_eager(eager_and_fused) -> None:
     """The counter hash is integer math: compiled, it must give the same draws bit for bit."""
