@@ -68,6 +68,7 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"unsupported norm {kind!r}")
 
 
+@fused.fused
 def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[B, 1, T, dim/2]`` of the interleaved rotary embedding at per-row positions ``offset + t``."""
     batch = offset.shape[0]
@@ -193,27 +194,42 @@ class StepPlan:
         different positions (a recycled slot next to a long-running one) share one batched call.
         The mask is additive in ``dtype`` (the queries'): attention would otherwise turn a bool mask
         into that in every layer (two kernels each)."""
-        batch = offset.shape[0]
-        device = offset.device
-        arange_t = torch.arange(steps, device=device, dtype=torch.long)
-        write = (offset.view(-1, 1) + arange_t) % capacity  # [B, T]
-        index = write.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim)
         span = capacity if span is None else min(span, capacity)
-        slots = torch.arange(span, device=device, dtype=torch.long)
-        last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
-        delta = slots - last % capacity
-        pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, S]
-        pos_k = torch.where(slots >= (offset + steps).view(-1, 1), torch.full_like(pos_k, -1), pos_k)
-        pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
-        rel = pos_q - pos_k[:, None]  # [B, T, S]
-        allowed = (pos_k[:, None] >= 0) & (rel >= 0)
-        if floor is not None:
-            allowed = allowed & (pos_k >= floor.view(-1, 1))[:, None]
-        if context is not None:
-            allowed = allowed & (rel < context)
+        write, mask = _ring_layout(offset, floor, steps, capacity, context, span, dtype)
+        index = write.view(offset.shape[0], 1, steps, 1).expand(-1, heads, -1, head_dim)
         rope = None if rope_max_period is None else rope_tables(offset, steps, head_dim, rope_max_period)
-        mask = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-        return cls(index, mask[:, None], span, rope, write, offset, floor, capacity, context)
+        return cls(index, mask, span, rope, write, offset, floor, capacity, context)
+
+
+@fused.fused
+def _ring_layout(
+    offset: torch.Tensor,
+    floor: torch.Tensor | None,
+    steps: int,
+    capacity: int,
+    context: int | None,
+    span: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``StepPlan.build``'s tensors: each row's ring slot for its new entries ``[B, T]`` and the
+    additive mask ``[B, 1, T, span]`` (about 25 small kernels eager, a couple compiled)."""
+    device = offset.device
+    arange_t = torch.arange(steps, device=device, dtype=torch.long)
+    write = (offset.view(-1, 1) + arange_t) % capacity  # [B, T]
+    slots = torch.arange(span, device=device, dtype=torch.long)
+    last = offset.view(-1, 1) + steps - 1  # absolute position of the newest entry, [B, 1]
+    delta = slots - last % capacity
+    pos_k = torch.where(delta <= 0, last + delta, last + delta - capacity)  # [B, S]
+    pos_k = torch.where(slots >= (offset + steps).view(-1, 1), torch.full_like(pos_k, -1), pos_k)
+    pos_q = offset.view(-1, 1, 1) + arange_t.view(-1, 1)  # [B, T, 1]
+    rel = pos_q - pos_k[:, None]  # [B, T, S]
+    allowed = (pos_k[:, None] >= 0) & (rel >= 0)
+    if floor is not None:
+        allowed = allowed & (pos_k >= floor.view(-1, 1))[:, None]
+    if context is not None:
+        allowed = allowed & (rel < context)
+    mask = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return write, mask[:, None]
 
 
 def ring_attention(q: torch.Tensor, kv: torch.Tensor, cache: KVCache | PagedKVCache, plan: StepPlan) -> torch.Tensor:
