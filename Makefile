@@ -29,6 +29,7 @@ MYPY_TESTS = \
 	tests/engines/lockstep/test_lockstep_framing.py \
 	tests/engines/lockstep/test_lockstep_pacing.py \
 	tests/engines/moshi/test_isolation.py \
+	tests/engines/moshi/test_fused_fallback.py \
 	tests/engines/moshi/test_kv_budget.py \
 	tests/engines/moshi/test_precision_scope.py \
 	tests/engines/moshi/test_rows_in_step.py \

@@ -19,15 +19,23 @@ runs one eager step per graph before capture, so compilation never happens insid
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import torch
 from torch.nn import functional as F
 
+log = logging.getLogger(__name__)
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _enabled = True
+# Variants Dynamo compiles of one function before it stops. An engine process compiles each of
+# these for every model it serves (dtypes, widths, norm epsilons, with and without a layer scale,
+# batch buckets); the default 8 was reached by the CUDA tests' many models in one process, and
+# with fullgraph=True reaching it raises rather than running eager.
+RECOMPILE_LIMIT = 64
 
 
 def set_enabled(enabled: bool) -> None:
@@ -35,22 +43,51 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
+def _compiles(first: object) -> bool:
+    return _enabled and isinstance(first, torch.Tensor) and first.is_cuda
+
+
+def _compile(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    # Imported here, on the first CUDA call: Dynamo loads Triton, which the CPU test runs switch
+    # to its interpreter first.
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    # dynamic=None: the first shape is specialised, a second one makes the changing dimensions
+    # symbolic, so a handful of batch buckets costs two compiles, not one each.
+    return torch.compile(fn, fullgraph=True)
+
+
+def _past_recompile_limit(exc: Exception) -> bool:
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    return isinstance(exc, FailOnRecompileLimitHit)
+
+
 def fused(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """``fn`` (a pure function of tensors, first argument on the device that decides) compiled
-    once on first use with a CUDA tensor while fusion is enabled; eager otherwise."""
+    once on first use with a CUDA tensor while fusion is enabled; eager otherwise, and eager for a
+    variant past ``RECOMPILE_LIMIT`` (logged once), so a process serving many models never fails
+    on a compile count."""
     compiled: Callable[_P, _R] | None = None
+    warned = False
 
     @functools.wraps(fn)
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        nonlocal compiled
-        first = args[0]
-        if not (_enabled and isinstance(first, torch.Tensor) and first.is_cuda):
+        nonlocal compiled, warned
+        if not _compiles(args[0]):
             return fn(*args, **kwargs)
         if compiled is None:
-            # dynamic=None: the first shape is specialised, a second one makes the changing
-            # dimensions symbolic, so a handful of batch buckets costs two compiles, not one each.
-            compiled = torch.compile(fn, fullgraph=True)
-        return compiled(*args, **kwargs)
+            compiled = _compile(fn)
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as exc:
+            if not _past_recompile_limit(exc):
+                raise
+            if not warned:
+                warned = True
+                log.warning("%s: past %d compiled variants, new ones run eager", fn.__name__, RECOMPILE_LIMIT)
+            return fn(*args, **kwargs)
 
     return call
 

@@ -68,7 +68,6 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"unsupported norm {kind!r}")
 
 
-@fused.fused
 def rope_tables(offset: torch.Tensor, steps: int, dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[B, 1, T, dim/2]`` of the interleaved rotary embedding at per-row positions ``offset + t``."""
     batch = offset.shape[0]
