@@ -23,7 +23,12 @@ the script testable.
 
     python benchmarks/bench_kyutai_stt.py                       # CUDA: both shapes, B = 64, 256, 512
     python benchmarks/bench_kyutai_stt.py --shapes stt-1b --batches 256
+    python benchmarks/bench_kyutai_stt.py --shapes stt-1b --batches 256 --fills full --rounds 5
     .venv/bin/python benchmarks/bench_kyutai_stt.py             # CPU: tiny shape, B = 1, 2
+
+``--rounds N`` runs the sides in turn N times and reports the medians and the median of the
+per-round ratios: the reference, launched eagerly from Python in part, moves with the host's
+load by up to a third between runs of one call, ours (replayed CUDA graphs) by a few percent.
 
 Prints a table; JSON to ``benchmarks/results/bench_kyutai_stt.json`` (or ``--json PATH``).
 """
@@ -42,6 +47,7 @@ import torch
 from moshi_build import (
     build_lm,
     build_mimi,
+    merge_rounds,
     mimi_config,
     prefill_ours,
     prefill_paged,
@@ -252,6 +258,28 @@ def run_reference(
         return time_steps(step, args.frames, args.warmup, device, args.profile)
 
 
+def run_side(
+    side: str, lm: Any, mimi: Any, ref_lm: Any, ref_mimi: Any, config: Any, stt: Any, batch: int, fill: int, args: Any
+) -> dict[str, Any]:
+    device = lm.text_linear.weight.device
+    try:
+        if side.startswith("mimi-encode"):
+            codec_dtype = torch.bfloat16 if side == "mimi-encode-bf16" else torch.float32
+            return run_encode(mimi, batch, args, device, codec_dtype)
+        if side == "ours-paged8-device":
+            return run_device_only(lm, mimi, config, batch, fill, args)
+        if side == "ours-paged8-codec-bf16":
+            codec = copy.deepcopy(mimi)
+            codec.encoder_to(torch.bfloat16)
+            return run_ours(lm, codec, config, stt, batch, fill, 8, args)
+        if side == "reference":
+            return run_reference(ref_lm, ref_mimi, batch, fill, args, device)
+        bits = {"ours-paged8": 8, "ours-paged4": 4}.get(side, 0)
+        return run_ours(lm, mimi, config, stt, batch, fill, bits, args)
+    except torch.OutOfMemoryError:
+        return {"skipped": "oom"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=None, help="comma list of " + ", ".join(SHAPES))
@@ -266,6 +294,9 @@ def main() -> None:
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the sides in turn this many times; medians, and the median ratio"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--profile", action="store_true", help="also print each side's top kernels (torch.profiler)")
     args = parser.parse_args()
@@ -288,26 +319,14 @@ def main() -> None:
             for fill_label in args.fills.split(","):
                 fill = config.context if fill_label == "full" else int(fill_label)
                 row: dict[str, Any] = {"shape": shape, "batch": batch, "fill": fill_label}
+                runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+                for _ in range(args.rounds):
+                    for side in sides:
+                        runs[side].append(run_side(side, lm, mimi, ref_lm, ref_mimi, config, stt, batch, fill, args))
+                        release(lm, mimi, device)
+                        gc.collect()
                 for side in sides:
-                    try:
-                        if side.startswith("mimi-encode"):
-                            codec_dtype = torch.bfloat16 if side == "mimi-encode-bf16" else torch.float32
-                            row[side] = run_encode(mimi, batch, args, device, codec_dtype)
-                        elif side == "ours-paged8-device":
-                            row[side] = run_device_only(lm, mimi, config, batch, fill, args)
-                        elif side == "ours-paged8-codec-bf16":
-                            codec = copy.deepcopy(mimi)
-                            codec.encoder_to(torch.bfloat16)
-                            row[side] = run_ours(lm, codec, config, stt, batch, fill, 8, args)
-                        elif side == "reference":
-                            row[side] = run_reference(ref_lm, ref_mimi, batch, fill, args, device)
-                        else:
-                            bits = {"ours-paged8": 8, "ours-paged4": 4}.get(side, 0)
-                            row[side] = run_ours(lm, mimi, config, stt, batch, fill, bits, args)
-                    except torch.OutOfMemoryError:
-                        row[side] = {"skipped": "oom"}
-                    release(lm, mimi, device)
-                    gc.collect()
+                    row[side] = merge_rounds(runs[side], runs.get("reference") if side != "reference" else None)
                 rows.append(row)
                 for side in sides:
                     if "kernels" in row[side]:
@@ -333,7 +352,7 @@ def main() -> None:
 
 def print_table(rows: list[dict[str, Any]], sides: list[str], device: torch.device) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"kyutai stt frame step, device={name}; ms/frame p50/p99; x = p50 / reference p50")
+    print(f"kyutai stt frame step, device={name}; ms/frame p50/p99; x = p50 / reference p50 (median over rounds)")
     print(f"{'shape':>9} {'B':>4} {'fill':>5}" + "".join(f" {side:>22}" for side in sides))
     for row in rows:
         ref = row.get("reference", {}).get("p50_ms")
@@ -343,7 +362,8 @@ def print_table(rows: list[dict[str, Any]], sides: list[str], device: torch.devi
             if "p50_ms" not in r:
                 cells.append(f" {r.get('skipped', '-'):>22}")
                 continue
-            x = f" ({r['p50_ms'] / ref:.2f}x)" if ref and side != "reference" else ""
+            ratio = r.get("ratio_median", r["p50_ms"] / ref if ref else None)
+            x = f" ({ratio:.2f}x)" if ratio and side != "reference" else ""
             cells.append(f" {r['p50_ms']:>7.2f}/{r['p99_ms']:<7.2f}{x:>8}")
         print(f"{row['shape']:>9} {row['batch']:>4} {row['fill']:>5}" + "".join(cells))
 

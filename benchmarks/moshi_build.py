@@ -214,6 +214,28 @@ def time_steps(
     return result
 
 
+def merge_rounds(rounds: list[dict[str, Any]], reference: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One side's results over alternating rounds (each side run once per round, in turn, so a
+    host that speeds up or slows down touches both): the median p50 and p99, every round's p50,
+    and with ``reference`` (the same rounds of the reference side) the median of the per-round
+    ratios, which a slow round of either side moves less than the ratio of medians."""
+    timed = [r for r in rounds if "p50_ms" in r]
+    if not timed:
+        return rounds[-1]
+    merged: dict[str, Any] = {
+        "p50_ms": statistics.median(r["p50_ms"] for r in timed),
+        "p99_ms": statistics.median(r["p99_ms"] for r in timed),
+        "rounds_p50_ms": [r["p50_ms"] for r in timed],
+    }
+    if reference is not None:
+        ratios = [r["p50_ms"] / ref["p50_ms"] for r, ref in zip(rounds, reference) if "p50_ms" in r and "p50_ms" in ref]
+        if ratios:
+            merged["ratio_median"] = statistics.median(ratios)
+    if "kernels" in rounds[-1]:
+        merged["kernels"] = rounds[-1]["kernels"]
+    return merged
+
+
 def kernel_profile(step: Callable[[], None], frames: int, device: torch.device, top: int = 25) -> list[dict[str, Any]]:
     """Self time per operator over ``frames`` calls of ``step`` (``torch.profiler``): on a GPU the
     kernels, including those replayed from CUDA graphs; on a CPU the aten operators. The ``top``
