@@ -30,6 +30,7 @@ MYPY_TESTS = \
 	tests/engines/lockstep/test_lockstep_pacing.py \
 	tests/engines/moshi/test_isolation.py \
 	tests/engines/moshi/test_fused_fallback.py \
+	tests/engines/kyutai_tts/test_young_batch.py \
 	tests/engines/moshi/test_kv_budget.py \
 	tests/engines/moshi/test_precision_scope.py \
 	tests/engines/moshi/test_rows_in_step.py \

@@ -15,6 +15,8 @@ delay, where the reference skips its depformer) are not timed.
 ``--sides ours-pre-audio`` times our pre-audio step instead (every row inside its audio delay:
 the depformer over the leading codebook(s) alone, no decoding; docs/engines.md#pre-audio-steps),
 over the delay's frames after 3 warm-up steps.
+``--sides ours-young-batch`` times that step in a young batch of B rows (a pre-audio-only model
+on the same weights, attending over the delay's ring slots alone; docs/engines.md#young-batch).
 
 Shape: kyutai/tts-1.6b-en_fr's ``config.json`` as ``TTS_1_6B`` transcribes it, random bf16
 weights; Mimi fp32, 32 codebooks. ``tiny`` (CPU) keeps the script testable.
@@ -177,13 +179,24 @@ def words(raw: dict[str, Any], count: int, seed: int) -> list[list[int]]:
 
 
 def run_ours(
-    loaded: LoadedTTS, raw: dict[str, Any], voice: torch.Tensor, batch: int, args: Any, *, speak: bool = True
+    loaded: LoadedTTS,
+    raw: dict[str, Any],
+    voice: torch.Tensor,
+    batch: int,
+    args: Any,
+    *,
+    speak: bool = True,
+    young_batch: bool = False,
 ) -> dict[str, float]:
     """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
-    ``young_steps`` frames: 3 warm-up steps and at most the rest timed."""
+    ``young_steps`` frames: 3 warm-up steps and at most the rest timed. ``young_batch``: that
+    step in a young batch of ``batch`` rows (a pre-audio-only model)."""
     device = loaded.lm.text_linear.weight.device
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
-    model = KyutaiTTSModel(loaded, batch, settings=settings)
+    if young_batch:
+        model = KyutaiTTSModel(loaded.sharing_weights(), batch, settings=settings, pre_audio_only=True)
+    else:
+        model = KyutaiTTSModel(loaded, batch, settings=settings)
     layout = voice_layout([voice])
     for slot in range(batch):
         model.open_slot(slot, layout, seed=slot)
@@ -253,7 +266,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default=None, help="comma list (default 16,64,128 on CUDA, 1,2 on CPU)")
     parser.add_argument(
-        "--sides", default="ours,reference", help="ours, ours-pre-audio (a reply's step before its audio), reference"
+        "--sides",
+        default="ours,reference",
+        help="ours, ours-pre-audio (a reply's step before its audio), ours-young-batch (that step in a young "
+        "batch of B rows), reference",
     )
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
@@ -281,7 +297,9 @@ def main() -> None:
                     if side == "reference":
                         row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args)
                     else:
-                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=side != "ours-pre-audio")
+                        young = side == "ours-young-batch"
+                        speak = side not in ("ours-pre-audio", "ours-young-batch")
+                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=speak, young_batch=young)
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}
                 gc.collect()

@@ -537,6 +537,14 @@ class TtsEngineConfig(_Section):
         "of that lead, or about to make its first audio, comes at most this long after the last full step "
         "(unless one is down to half the lead), so they share full steps; 0: each takes one at once",
     )
+    young_batch: int = Field(
+        16,
+        ge=0,
+        le=1024,
+        description="with catch_up_lead_ms: new replies step through their audio delay in a batch of this many "
+        "rows of their own (same weights, a fraction of a full step's time) before joining the others; a reply "
+        "that finds it full starts with the others; 0: off",
+    )
 
 
 class DiffusionEngineConfig(_Section):

@@ -81,7 +81,8 @@ class KyutaiTTSEngine:
         # model took, and those a reply took before its first audio.
         self._steps = Counter(
             "rtserve_kyutai_tts_model_steps",
-            "Model steps by kind: pre_audio (young rows alone), full_no_young, and full steps taken while "
+            "Model steps by kind: young_batch (the young batch's rows), pre_audio (young rows of the main batch "
+            "alone), full_no_young, and full steps taken while "
             "young rows waited: full_no_catch_up (catching up off), full_first_audio_due (a reply about to "
             "make its first audio), full_lead_short (an older reply under tts_engine.catch_up_lead_ms ahead)",
             ["kind"],
@@ -135,6 +136,7 @@ class KyutaiTTSEngine:
         clock = self._clock or SystemTickClock()
         self._frame_model = TTSFrameModel(
             model,
+            young=self._young_batch(model, lead_s),
             catch_up_lead_s=lead_s,
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             clock=clock.monotonic,
@@ -175,6 +177,16 @@ class KyutaiTTSEngine:
             raise ConfigError(str(exc)) from None
         model.voices = model.voices.at(voices)
         return model
+
+    def _young_batch(self, model: KyutaiTTSModel, lead_s: float) -> KyutaiTTSModel | None:
+        """New replies' own small batch on the same weights (docs/engines.md#young-batch), where
+        new replies can catch up (run ahead with a lead) and the checkpoint has an audio delay."""
+        rows = min(self._config.tts_engine.young_batch, model.batch_size)
+        if not rows or lead_s <= 0 or not model.young_steps:
+            return None
+        return KyutaiTTSModel(
+            model.loaded.sharing_weights(), rows, settings=model.settings, voices=model.voices, pre_audio_only=True
+        )
 
     async def stop(self) -> None:
         if self._scheduler is not None:

@@ -28,6 +28,12 @@ the runtime's one small generalisation covers both rather than a second schedule
   than stepping with the whole batch, and no older stream's playback runs dry for it. Those full
   steps come at most once per ``full_step_cadence_s`` unless an older row is down to half its
   lead, so several replies' first audio and the others' lead share one.
+* **The young batch** (``young``, docs/engines.md#young-batch): a new reply starts in a small
+  pre-audio-only model on the same weights, whose step costs a fraction of the main batch's
+  pre-audio step (a few rows, a few ring slots). Its steps take the place of pre-audio steps
+  above; once through its audio delay the reply moves into the main batch (``adopt``), where
+  its next full step makes its first audio. A reply that finds the young batch full starts
+  in the main batch as before.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -46,14 +52,21 @@ import torch
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.conditioning import Voice
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame
 from rtserve.engines.kyutai_tts.script import Word
 from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
 
 _NO_AUDIO = np.zeros(0, np.float32)
 # What each step was: the young rows alone (pre-audio), or the whole batch and why (``_full_step_reason``).
-STEP_KINDS = ("pre_audio", "full_no_young", "full_no_catch_up", "full_first_audio_due", "full_lead_short")
+STEP_KINDS = (
+    "young_batch",
+    "pre_audio",
+    "full_no_young",
+    "full_no_catch_up",
+    "full_first_audio_due",
+    "full_lead_short",
+)
 
 
 class TTSFrameModel:
@@ -61,6 +74,7 @@ class TTSFrameModel:
         self,
         model: KyutaiTTSModel,
         *,
+        young: KyutaiTTSModel | None = None,
         catch_up_lead_s: float = 0.0,
         full_step_cadence_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
@@ -71,9 +85,16 @@ class TTSFrameModel:
         playback: paced, every row must step every tick. ``full_step_cadence_s``: while young rows
         wait, a full step for an older row short of that lead, or about to make its first audio,
         comes at most this long after the last full step, unless a row is down to half the lead
-        (0: at once). ``clock``: the scheduler's seconds.
+        (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
+        weights; needs a catch-up lead, else it would never step). ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics."""
+        if young is not None and catch_up_lead_s <= 0:
+            raise ValueError("a young batch steps only while older replies are ahead: set a catch-up lead")
         self.model = model
+        self.young = young
+        # Slot -> its row in the young batch, and row -> its slot (-1: none).
+        self._young_row = np.full(model.batch_size, -1, np.int64)
+        self._young_slot = np.full(0 if young is None else young.batch_size, -1, np.int64)
         self.catch_up_lead_s = catch_up_lead_s
         self.full_step_cadence_s = full_step_cadence_s
         self._last_full = -np.inf  # clock time of the last full step
@@ -96,7 +117,7 @@ class TTSFrameModel:
 
     def open_slot(self, slot: int, prompt: SlotPrompt) -> int:
         """Nothing steps until the session's ``begin``; live at once (no prefill)."""
-        self.model.release(slot)
+        self.release(slot)
         return 0
 
     def prefill_step(self, slot: int) -> bool:
@@ -104,11 +125,22 @@ class TTSFrameModel:
 
     def release(self, slot: int) -> None:
         self.model.release(slot)
+        row = self._young_row[slot]
+        if row >= 0 and self.young is not None:
+            self.young.release(int(row))
+            self._young_row[slot], self._young_slot[row] = -1, -1
 
     # -- a session's input (engine thread, between steps) ---------------------------
 
     def begin(self, slot: int, voice: Voice | None, seed: int | None) -> None:
-        self.model.open_slot(slot, voice, seed)
+        self.release(slot)
+        free = np.flatnonzero(self._young_slot < 0)
+        if self.young is not None and free.size:
+            row = int(free[0])
+            self.young.open_slot(row, voice, seed)
+            self._young_row[slot], self._young_slot[row] = row, slot
+        else:
+            self.model.open_slot(slot, voice, seed)
         self._words[slot] = 0
         self._overflow[slot] = False
         self._audio_start[slot] = np.nan
@@ -117,20 +149,32 @@ class TTSFrameModel:
 
     def push(self, slot: int, words: list[Word]) -> None:
         """Queue words; the session keeps at most ``max_words`` unspoken here (past it: refused)."""
+        model, row = self._holder(slot)
         for word in words:
             try:
-                self.model.push_word(slot, list(word.tokens), word.padding)
+                model.push_word(row, list(word.tokens), word.padding)
             except ValueError:
                 raise EngineError("too many words wait to be spoken", code=INPUT_BACKPRESSURE) from None
 
     def end(self, slot: int) -> None:
-        self.model.end_of_stream(slot)
+        model, row = self._holder(slot)
+        model.end_of_stream(row)
+
+    def _holder(self, slot: int) -> tuple[KyutaiTTSModel, int]:
+        """The model stepping ``slot``'s stream and its row there."""
+        row = int(self._young_row[slot])
+        if row >= 0 and self.young is not None:
+            return self.young, row
+        return self.model, slot
 
     # -- the batched step ------------------------------------------------------------
 
     def ready_rows(self) -> npt.NDArray[np.bool_]:
         """Rows that would step now: open and holding the text they need (``RunsAhead``)."""
         ready: npt.NDArray[np.bool_] = self.model.ready().cpu().numpy()
+        if self.young is not None and (self._young_slot >= 0).any():
+            young_ready = self.young.ready().cpu().numpy() & (self._young_slot >= 0)
+            ready[self._young_slot[young_ready]] = True
         return ready
 
     @torch.no_grad()
@@ -138,39 +182,62 @@ class TTSFrameModel:
         """``frames`` carries no input (``audio_input=False``); only ready rows marked ``live`` step
         (a row the scheduler holds back is not live) and only rows that stepped answer."""
         model = self.model
-        outputs: list[FrameOutput | None] = [None] * self.batch_size
         stepping = self.ready_rows() & live
         if not stepping.any():
-            return outputs
+            return [None] * self.batch_size
         now = self._clock()
+        in_young = self._young_row >= 0
+        young_batch = stepping & in_young
+        stepping &= ~in_young
         young = stepping & model.young_rows()
-        kind = "full_no_young" if not young.any() else self._full_step_reason(stepping & ~young, now)
-        speak = kind != "pre_audio"
+        waiting = young_batch.any() or young.any()
+        kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now)
+        if kind == "pre_audio" and young_batch.any():
+            kind = "young_batch"
         if self._on_step is not None:
             self._on_step(kind)
+        if kind == "young_batch":
+            return self._step_young_batch(young_batch, now)
+        speak = kind != "pre_audio"
         active = stepping if speak else young
         if speak:
             self._full_steps[active] += 1
             self._last_full = now
-        for slot, frame in enumerate(model.step(torch.from_numpy(active).to(model.device), speak=speak)):
-            if frame is None or not frame.stepped or not live[slot]:
-                continue
-            self._words[slot] += frame.words_started
-            self._overflow[slot] = self._overflow[slot] or frame.overflow
-            audio = _NO_AUDIO if frame.audio is None else frame.audio.astype(np.float32, copy=False)
-            if frame.audio is not None:
-                if not self._audio_frames[slot]:
-                    self._audio_start[slot] = now
-                self._audio_frames[slot] += 1
-            speech = SpeechStep(
-                int(model.steps[slot]),
-                self._words[slot],
-                frame.done,
-                self._overflow[slot],
-                int(self._full_steps[slot]),
-            )
-            outputs[slot] = FrameOutput(audio, speech=speech)
+        stepped = model.step(torch.from_numpy(active).to(model.device), speak=speak)
+        outputs: list[FrameOutput | None] = [None] * self.batch_size
+        for slot, frame in enumerate(stepped):
+            if frame is not None and frame.stepped and live[slot]:
+                outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now)
         return outputs
+
+    def _step_young_batch(self, slots: npt.NDArray[np.bool_], now: float) -> list[FrameOutput | None]:
+        """One step of the young batch's rows of ``slots``; rows through their audio delay then
+        move into the main batch."""
+        young = self.young
+        assert young is not None
+        active = np.zeros(young.batch_size, bool)
+        active[self._young_row[slots]] = True
+        outputs: list[FrameOutput | None] = [None] * self.batch_size
+        for row, frame in enumerate(young.step(torch.from_numpy(active).to(young.device), speak=False)):
+            slot = int(self._young_slot[row])
+            if frame is not None and frame.stepped and slot >= 0:
+                outputs[slot] = self._output(slot, frame, int(young.steps[row]), now)
+        for row in np.flatnonzero((self._young_slot >= 0) & (young.steps >= young.young_steps)):
+            slot = int(self._young_slot[row])
+            self.model.adopt(slot, young, int(row))
+            self._young_row[slot], self._young_slot[row] = -1, -1
+        return outputs
+
+    def _output(self, slot: int, frame: TTSFrame, steps: int, now: float) -> FrameOutput:
+        self._words[slot] += frame.words_started
+        self._overflow[slot] = self._overflow[slot] or frame.overflow
+        audio = _NO_AUDIO if frame.audio is None else frame.audio.astype(np.float32, copy=False)
+        if frame.audio is not None:
+            if not self._audio_frames[slot]:
+                self._audio_start[slot] = now
+            self._audio_frames[slot] += 1
+        speech = SpeechStep(steps, self._words[slot], frame.done, self._overflow[slot], int(self._full_steps[slot]))
+        return FrameOutput(audio, speech=speech)
 
     def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float) -> str:
         """With young rows stepping: ``pre_audio`` (they go alone), or why the rows past their

@@ -4,7 +4,7 @@ loader's file resolution, Mimi and tokenizer, with the TTS LM and its fp32 condi
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import sentencepiece
@@ -13,7 +13,7 @@ import torch
 from rtserve.config import WeightsConfig
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename
 from rtserve.engines.kyutai_tts.config import TTSArch
-from rtserve.engines.kyutai_tts.lm import TTSLM, tts_rename
+from rtserve.engines.kyutai_tts.lm import TTSLM, sharing_weights, tts_rename
 from rtserve.engines.moshi.checkpoint import load_into, read_safetensors
 from rtserve.engines.moshi.lm_config import CheckpointError, MimiConfig
 from rtserve.engines.moshi.loader import load_mimi, load_tokenizer
@@ -34,6 +34,11 @@ class LoadedTTS:
     arch: TTSArch
     mimi_config: MimiConfig
     folder: Path | None
+
+    def sharing_weights(self) -> LoadedTTS:
+        """The same weights with an LM whose streaming state is this copy's own (for a model
+        that never decodes: the Mimi codec's state stays shared)."""
+        return replace(self, lm=sharing_weights(self.lm))
 
 
 def load_files(

@@ -62,6 +62,26 @@ class MachineStep:
     overflow: torch.Tensor  # [B] bool: the lookahead queue overflowed (the row must be closed)
 
 
+# Every per-row device tensor of a ``TextMachine``: what a row carries to another one.
+_ROW_STATE = (
+    "words",
+    "word_len",
+    "word_pad",
+    "head",
+    "count",
+    "queued",
+    "queued_len",
+    "queued_pos",
+    "look",
+    "look_head",
+    "look_count",
+    "remaining",
+    "forced",
+    "end_step",
+    "eos",
+)
+
+
 class TextMachine:
     def __init__(self, settings: MachineSettings, batch: int, device: torch.device) -> None:
         self.settings = s = settings
@@ -105,6 +125,14 @@ class TextMachine:
         self.forced.masked_fill_(mask, s.initial_padding)
         self.end_step.masked_fill_(mask, -1)
         self.eos.masked_fill_(mask, False)
+
+    def take_row(self, row: int, source: TextMachine, source_row: int) -> None:
+        """``row`` continues ``source``'s ``source_row``: its words, queues, counters and end (the
+        source is flushed first, so no word or end waits on its host side)."""
+        source.flush()
+        for name in _ROW_STATE:
+            getattr(self, name)[row] = getattr(source, name)[source_row]
+        self._tail[row] = source._tail[source_row]
 
     def forget(self, row: int) -> None:
         """``row`` starts a new stream: the words and end not yet flushed were the old stream's

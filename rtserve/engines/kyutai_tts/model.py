@@ -89,9 +89,15 @@ class KyutaiTTSModel:
         settings: TTSSettings = TTSSettings(),
         voices: VoiceFolder | None = None,
         graph: bool | None = None,
+        pre_audio_only: bool = False,
     ) -> None:
-        """``graph``: replay the step as a CUDA graph (default: on a CUDA device)."""
+        """``graph``: replay the step as a CUDA graph (default: on a CUDA device). The model owns
+        the streaming state of ``loaded``'s LM and Mimi (a second model on the same weights
+        takes ``loaded.sharing_weights()``). ``pre_audio_only``: the young batch
+        (docs/engines.md#young-batch): pre-audio steps only, no Mimi decoder, attention over
+        the audio delay's ring slots alone; ``adopt`` moves its rows into a main model."""
         self.loaded = loaded
+        self.pre_audio_only = pre_audio_only
         self.arch = arch = loaded.arch
         self.config = c = arch.lm
         self.settings = settings
@@ -160,7 +166,10 @@ class KyutaiTTSModel:
         if arch.cross_attention:
             self.lm.transformer.start_cross(rows, self.cross_length, device, self.dtype)
         self.condition_sum = torch.zeros(rows, 1, c.dim, device=device, dtype=self.dtype)
-        self.mimi.start(batch_size)
+        if pre_audio_only:  # its rows never pass young_steps positions: attend to those slots only
+            self.lm.transformer.span = max(1, self.young_steps)
+        else:
+            self.mimi.start(batch_size)
         self.ring = c.max_delay + 2
         self.cache = torch.full((batch_size, c.num_codebooks, self.ring), UNGENERATED_TOKEN, device=device)
         self.offsets = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -188,7 +197,7 @@ class KyutaiTTSModel:
         """Capture ``_advance`` for both kinds of step (no slot is open yet), then put every row
         back to fresh."""
         draws = self.sampler.draws.clone()
-        self._graphs = capture_graphs(self._advance, [True, False], self.device)
+        self._graphs = capture_graphs(self._advance, [False] if self.pre_audio_only else [True, False], self.device)
         self._reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
         self.sampler.draws.copy_(draws)
 
@@ -250,9 +259,37 @@ class KyutaiTTSModel:
         """The masked rows' device state back to a fresh stream's (in place: graph addresses stay)."""
         self.machine.reset_rows(mask)
         self.lm.reset_rows(self._rows(mask))
-        self.mimi.reset_decoder_rows(mask)
+        if not self.pre_audio_only:
+            self.mimi.reset_decoder_rows(mask)
         self.cache.masked_fill_(mask.view(-1, 1, 1), UNGENERATED_TOKEN)
         self.offsets.masked_fill_(mask, 0)
+
+    def adopt(self, slot: int, nursery: KyutaiTTSModel, row: int) -> None:
+        """``slot`` continues the stream ``nursery`` (a ``pre_audio_only`` model on the same
+        weights and settings) stepped on ``row`` up to its first audio: every piece of its
+        state moves here (keys and values, text machine, random stream, token ring), the
+        decoder starts fresh as it would have, and ``row`` is free."""
+        nursery.flush()
+        self._opening.pop(slot, None)
+        self.machine.forget(slot)
+        self._reset_rows(
+            torch.zeros(self.batch_size, dtype=torch.bool, device=self.device).index_fill_(
+                0, torch.tensor(slot, device=self.device), True
+            )
+        )
+        positions = int(nursery.steps[row])
+        slots, rows = self._lm_rows(slot), nursery._lm_rows(row)
+        self.lm.transformer.take_rows(slots, nursery.lm.transformer, rows, positions)
+        self.condition_sum[slots] = nursery.condition_sum[rows]
+        self.machine.take_row(slot, nursery.machine, row)
+        self.sampler.take_row(slot, nursery.sampler, row)
+        self.cache[slot] = nursery.cache[row]
+        self.offsets[slot] = nursery.offsets[row]
+        self.open[slot] = True
+        self._open_host[slot] = True
+        self.steps[slot] = positions
+        self._pending[slot] = nursery._pending[row]
+        nursery.release(row)
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
         """Open rows that make no audio yet: ``step(speak=False)`` steps them exactly."""
@@ -269,6 +306,11 @@ class KyutaiTTSModel:
 
     def end_of_stream(self, slot: int) -> None:
         self.machine.end(slot)
+
+    def _lm_rows(self, slot: int) -> torch.Tensor:
+        """A slot's LM rows: itself, and its twin with direct CFG."""
+        rows = [slot, slot + self.batch_size] if self.cfg_direct else [slot]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def _rows(self, mask: torch.Tensor) -> torch.Tensor:
         """A ``[B]`` mask over slots -> the ``[rows]`` mask over LM rows (twins included)."""
@@ -287,6 +329,8 @@ class KyutaiTTSModel:
     def step(self, active: torch.Tensor | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
         """Advance every open slot that has enough text (and is ``active``, where given) by one
         frame. ``speak`` False: the pre-audio step, where only young rows (``young_rows``) step."""
+        if speak and self.pre_audio_only:
+            raise ValueError("a pre-audio-only model makes no audio")
         # Rows held back (their reader is behind) keep their state like waiting rows.
         if active is None:
             self.active.fill_(True)

@@ -516,6 +516,19 @@ class Transformer(nn.Module):
                 cache.clear(rows)
         self.offset.masked_fill_(mask, 0)
 
+    def take_rows(self, rows: torch.Tensor, source: Transformer, source_rows: torch.Tensor, positions: int) -> None:
+        """Rows ``rows`` continue ``source``'s ``source_rows`` (``[N]`` indices): their keys and
+        values, offsets and cross-attention. Both keep rings, and the rows are at most
+        ``positions`` steps in, so their entries are the rings' first ``positions`` slots."""
+        for cache, theirs in zip(self.caches, source.caches, strict=True):
+            if not isinstance(cache, KVCache) or not isinstance(theirs, KVCache):
+                raise ValueError("rows move between ring caches only")
+            cache.pair[:, rows, :, :positions] = theirs.pair[:, source_rows, :, :positions]
+        self.offset[rows] = source.offset[source_rows]
+        for (keys, values), (their_keys, their_values) in zip(self.cross, source.cross, strict=True):
+            keys[rows] = their_keys[source_rows]
+            values[rows] = their_values[source_rows]
+
     def start_cross(self, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
         """Zeroed cross-attention keys and values for ``batch`` rows of ``length`` positions."""
         shape = (batch, self.heads, length, self.dim // self.heads)

@@ -92,6 +92,14 @@ class SlotSampler:
         # An unseeded slot still gets its own stream, seeded from the OS.
         self._write(slot, self.params[slot], seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 2)
 
+    def take_row(self, slot: int, source: SlotSampler, source_slot: int) -> None:
+        """``slot`` continues ``source``'s ``source_slot``: its settings and its random stream."""
+        self.params[slot] = source.params[source_slot]
+        self.temperature[:, slot] = source.temperature[:, source_slot]
+        self.top_k[:, slot] = source.top_k[:, source_slot]
+        self.seed[slot] = source.seed[source_slot]
+        self.draws[slot] = source.draws[source_slot]
+
     def _write(self, slot: int, params: MoshiSampling, seed: int) -> None:
         greedy = params.greedy
         self.temperature[0, slot] = 0.0 if greedy else max(params.temperature_text, 0.0)

@@ -1,0 +1,131 @@
+"""The young batch (docs/engines.md#young-batch): a new reply steps through its audio delay in a
+small pre-audio-only model on the same weights, then its row moves into the main batch, where it
+speaks on exactly as if it had been stepped there from its first frame, sampled tokens and
+audio included; ``TTSFrameModel`` runs the young batch between the main batch's full steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
+from rtserve.engines.kyutai_tts.loader import load_folder
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
+from rtserve.engines.kyutai_tts.script import ScriptSplitter
+from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.weights.source import WeightSource
+from tests.engines.kyutai_tts.test_pre_audio_steps import DEVICES, TEXT, same_frame, start
+from tests.engines.kyutai_tts.test_tts_parity import engine
+from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
+
+
+def models(tiny: TinyTTS, device: str, cfg_coef: float) -> tuple[KyutaiTTSModel, ...]:
+    """The main batch (3 slots), a young batch of 2 beside it on the same weights, and two
+    main-sized models to compare with."""
+    loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
+    settings = TTSSettings(temperature=0.8, cfg_coef=cfg_coef, voice_frames=VOICE_FRAMES)
+    voices = VoiceFolder(
+        WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
+    )
+    main = KyutaiTTSModel(loaded, 3, settings=settings, voices=voices)
+    nursery = KyutaiTTSModel(loaded.sharing_weights(), 2, settings=settings, voices=voices, pre_audio_only=True)
+    others = [
+        KyutaiTTSModel(
+            load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32),
+            3,
+            settings=settings,
+            voices=voices,
+        )
+        for _ in "ab"
+    ]
+    return main, nursery, *others
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", ["distilled", "direct"])
+def test_a_reply_moved_from_the_young_batch_speaks_as_if_stepped_in_the_main_batch(
+    tiny_tts: TinyTTS, tiny_tts_direct_cfg: TinyTTS, device: str, cfg: str
+) -> None:
+    tiny, cfg_coef = (tiny_tts, 2.0) if cfg == "distilled" else (tiny_tts_direct_cfg, 3.0)
+    main, nursery, older, alone = models(tiny, device, cfg_coef)
+    # Slot 0 of the main batch is an older reply, past its audio delay; ``older`` steps it alike.
+    for model in (main, older):
+        start(model, 0, "alice", seed=7)
+        for _ in range(main.young_steps + 3):
+            model.step()
+    # The new reply: row 1 of the young batch, then slot 2 of the main batch; ``alone`` steps it
+    # in slot 2 from its first frame.
+    start(nursery, 1, "bob", seed=11)
+    start(alone, 2, "bob", seed=11)
+    for _ in range(main.young_steps):
+        assert nursery.young_rows().tolist() == [False, True]
+        young, stepped = nursery.step(speak=False), alone.step()
+        same_frame(young[1], stepped[2])
+    main.adopt(2, nursery, 1)
+    assert not nursery.young_rows().any() and main.steps[2] == main.young_steps
+    heard = 0
+    for _ in range(30):  # both speak on, each as stepped alone: no state moved apart
+        ours = main.step()
+        same_frame(ours[0], older.step()[0])
+        same_frame(ours[2], alone.step()[2])
+        heard += ours[2] is not None and ours[2].audio is not None
+    assert heard > 20
+
+
+def _replies(tiny: TinyTTS, young_rows: int) -> tuple[list[str], dict[int, list[np.ndarray]], TTSFrameModel]:
+    """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin; every
+    step's kind and each row's audio until both new rows have made 3 frames. Greedy, so the
+    audio is each row's own whatever the batch it stepped in."""
+    kinds: list[str] = []
+    main = engine(tiny, 3, cfg_coef=2.0)
+    young = None
+    if young_rows:
+        young = KyutaiTTSModel(
+            main.loaded.sharing_weights(), young_rows, settings=main.settings, voices=main.voices, pre_audio_only=True
+        )
+    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=0.16, clock=lambda: 0.0, on_step=kinds.append)
+    splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
+    audio: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
+    silence, live = np.zeros((3, 1920), np.float32), np.ones(3, bool)
+    for slot, voice in ((0, "alice"), (1, "bob"), (2, "alice")):
+        frame_model.begin(slot, main.resolve_voice(voice), None)
+        frame_model.push(slot, splitter.split(TEXT))
+        frame_model.end(slot)
+        while slot == 0 and len(audio[0]) < 2:
+            output = frame_model.step(silence, np.arange(3) == 0)[0]
+            if output is not None and output.audio.size:
+                audio[0].append(output.audio)
+    kinds.clear()
+    for _ in range(200):
+        for slot, output in enumerate(frame_model.step(silence, live)):
+            if output is not None and output.audio.size:
+                audio[slot].append(output.audio)
+        if min(len(audio[1]), len(audio[2])) >= 3:
+            return kinds, audio, frame_model
+    raise AssertionError("the new replies made no audio")
+
+
+def test_new_replies_step_in_the_young_batch_then_speak_with_the_others_in_their_own_voices(
+    tiny_tts: TinyTTS,
+) -> None:
+    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2)
+    young_steps = frame_model.model.young_steps
+    # Both new replies went through their audio delay together in the young batch, while row 0
+    # was far enough ahead; then, nobody young left, full steps of the main batch make
+    # everyone's audio.
+    assert kinds[:young_steps] == ["young_batch"] * young_steps
+    assert kinds[young_steps:] == ["full_no_young"] * (len(kinds) - young_steps)
+    _, alone, _ = _replies(tiny_tts, young_rows=0)  # the same replies, all in the main batch
+    for slot in range(3):
+        for ours, theirs in zip(audio[slot], alone[slot], strict=False):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_reply_that_finds_the_young_batch_full_starts_in_the_main_batch(tiny_tts: TinyTTS) -> None:
+    kinds, audio, frame_model = _replies(tiny_tts, young_rows=1)
+    # Row 1 took the young batch's one row; row 2 catches up in the main batch's pre-audio
+    # steps, taking turns with it.
+    assert {"young_batch", "pre_audio"} <= set(kinds)
+    assert frame_model.young is not None and not frame_model.young.young_rows().any()
+    assert all(len(frames) >= 3 for frames in audio.values())
