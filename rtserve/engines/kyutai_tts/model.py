@@ -166,8 +166,9 @@ class KyutaiTTSModel:
         if arch.cross_attention:
             self.lm.transformer.start_cross(rows, self.cross_length, device, self.dtype)
         self.condition_sum = torch.zeros(rows, 1, c.dim, device=device, dtype=self.dtype)
-        if pre_audio_only:  # its rows never pass young_steps positions: attend to those slots only
-            self.lm.transformer.span = max(1, self.young_steps)
+        if pre_audio_only:  # its rows never pass young_steps positions: attend to those slots only,
+            # a multiple of 8 of them (SDPA pads a mask of any other length, in every layer)
+            self.lm.transformer.span = min(-(-max(1, self.young_steps) // 8) * 8, self.lm.transformer.capacity)
         else:
             self.mimi.start(batch_size)
         self.ring = c.max_delay + 2
