@@ -273,11 +273,9 @@ class KyutaiTTSModel:
         nursery.flush()
         self._opening.pop(slot, None)
         self.machine.forget(slot)
-        self._reset_rows(
-            torch.zeros(self.batch_size, dtype=torch.bool, device=self.device).index_fill_(
-                0, torch.tensor(slot, device=self.device), True
-            )
-        )
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self._reset_rows(mask)
         positions = int(nursery.steps[row])
         slots, rows = self._lm_rows(slot), nursery._lm_rows(row)
         self.lm.transformer.take_rows(slots, nursery.lm.transformer, rows, positions)
