@@ -70,6 +70,7 @@ from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
 from server_process import ServerProcess, full_collections, histogram_quantile, scrape, tick_parts_p99_ms
 
 from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.kyutai_tts.frame_model import STEP_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -645,7 +646,7 @@ def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict
             for key, value in after.items()
             if key.startswith("rtserve_kyutai_tts_model_steps_total") and f'kind="{kind}"' in key
         )
-        for kind in ("pre_audio", "full_no_young", "full_no_catch_up", "full_first_audio_due", "full_lead_short")
+        for kind in STEP_KINDS
     }
     total = sum(steps.values()) or float("nan")
     return point | {f"steps_{kind}_pct": 100.0 * count / total for kind, count in steps.items()}
@@ -769,6 +770,7 @@ TTS_COLUMNS = [
     ("eng first p50", "engine_first_audio_p50_ms", "{:.0f}"),
     ("1st full p50", "first_full_steps_p50", "{:.1f}"),
     ("1st pre p50", "first_pre_audio_steps_p50", "{:.1f}"),
+    ("young %", "steps_young_batch_pct", "{:.0f}"),
     ("pre %", "steps_pre_audio_pct", "{:.0f}"),
     ("full due %", "steps_full_first_audio_due_pct", "{:.0f}"),
     ("full lead %", "steps_full_lead_short_pct", "{:.0f}"),

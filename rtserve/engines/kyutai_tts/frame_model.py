@@ -30,9 +30,10 @@ the runtime's one small generalisation covers both rather than a second schedule
   lead, so several replies' first audio and the others' lead share one.
 * **The young batch** (``young``, docs/engines.md#young-batch): a new reply starts in a small
   pre-audio-only model on the same weights, whose step costs a fraction of the main batch's
-  pre-audio step (a few rows, a few ring slots). Its steps take the place of pre-audio steps
-  above; once through its audio delay the reply moves into the main batch (``adopt``), where
-  its next full step makes its first audio. A reply that finds the young batch full starts
+  pre-audio step (a few rows, a few ring slots). It steps in every call, beside the main
+  batch's step (on its own CUDA stream) or alone where a pre-audio step would run; once
+  through its audio delay the reply moves into the main batch (``adopt``), where its next
+  full step makes its first audio. A reply that finds the young batch full starts
   in the main batch as before.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
@@ -42,6 +43,7 @@ its audio, never a word boundary or the end.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -52,7 +54,7 @@ import torch
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.conditioning import Voice
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, StepOutputs, TTSFrame
 from rtserve.engines.kyutai_tts.script import Word
 from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
@@ -95,6 +97,9 @@ class TTSFrameModel:
         # Slot -> its row in the young batch, and row -> its slot (-1: none).
         self._young_row = np.full(model.batch_size, -1, np.int64)
         self._young_slot = np.full(0 if young is None else young.batch_size, -1, np.int64)
+        self._young_stream: torch.cuda.Stream | None = None
+        if young is not None and young.device.type == "cuda":
+            self._young_stream = torch.cuda.Stream(young.device)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.catch_up_lead_s = catch_up_lead_s
         self.full_step_cadence_s = full_step_cadence_s
         self._last_full = -np.inf  # clock time of the last full step
@@ -182,9 +187,10 @@ class TTSFrameModel:
         """``frames`` carries no input (``audio_input=False``); only ready rows marked ``live`` step
         (a row the scheduler holds back is not live) and only rows that stepped answer."""
         model = self.model
+        outputs: list[FrameOutput | None] = [None] * self.batch_size
         stepping = self.ready_rows() & live
         if not stepping.any():
-            return [None] * self.batch_size
+            return outputs
         now = self._clock()
         in_young = self._young_row >= 0
         young_batch = stepping & in_young
@@ -192,33 +198,47 @@ class TTSFrameModel:
         young = stepping & model.young_rows()
         waiting = young_batch.any() or young.any()
         kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now)
-        if kind == "pre_audio" and young_batch.any():
-            kind = "young_batch"
-        if self._on_step is not None:
-            self._on_step(kind)
-        if kind == "young_batch":
-            return self._step_young_batch(young_batch, now)
-        speak = kind != "pre_audio"
-        active = stepping if speak else young
-        if speak:
-            self._full_steps[active] += 1
-            self._last_full = now
-        stepped = model.step(torch.from_numpy(active).to(model.device), speak=speak)
-        outputs: list[FrameOutput | None] = [None] * self.batch_size
-        for slot, frame in enumerate(stepped):
-            if frame is not None and frame.stepped and live[slot]:
-                outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now)
+        active = young if kind == "pre_audio" else stepping
+        # The young batch steps beside the main batch's step (on its own CUDA stream), so a full
+        # step the older replies need costs new replies no time.
+        launched = self._launch_young_batch(young_batch) if young_batch.any() else None
+        if active.any():
+            if self._on_step is not None:
+                self._on_step(kind)
+            speak = kind != "pre_audio"
+            if speak:
+                self._full_steps[active] += 1
+                self._last_full = now
+            for slot, frame in enumerate(model.step(torch.from_numpy(active).to(model.device), speak=speak)):
+                if frame is not None and frame.stepped and live[slot]:
+                    outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now)
+        if launched is not None:
+            if self._on_step is not None:
+                self._on_step("young_batch")
+            self._finish_young_batch(launched, outputs, now)
         return outputs
 
-    def _step_young_batch(self, slots: npt.NDArray[np.bool_], now: float) -> list[FrameOutput | None]:
-        """One step of the young batch's rows of ``slots``; rows through their audio delay then
-        move into the main batch."""
+    def _launch_young_batch(self, slots: npt.NDArray[np.bool_]) -> StepOutputs:
+        """Queue a step of the young batch's rows of ``slots``, on its stream after everything the
+        current stream has queued (words uploaded, rows adopted)."""
         young = self.young
         assert young is not None
         active = np.zeros(young.batch_size, bool)
         active[self._young_row[slots]] = True
-        outputs: list[FrameOutput | None] = [None] * self.batch_size
-        for row, frame in enumerate(young.step(torch.from_numpy(active).to(young.device), speak=False)):
+        if self._young_stream is None:
+            return young.launch(torch.from_numpy(active).to(young.device), speak=False)
+        self._young_stream.wait_stream(torch.cuda.current_stream(young.device))
+        with torch.cuda.stream(self._young_stream):
+            return young.launch(torch.from_numpy(active).to(young.device), speak=False)
+
+    def _finish_young_batch(self, launched: StepOutputs, outputs: list[FrameOutput | None], now: float) -> None:
+        """The young batch's frames into ``outputs``; rows through their audio delay move into
+        the main batch."""
+        young = self.young
+        assert young is not None
+        with contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream):
+            frames = young.read(launched)  # waits for the young stream alone
+        for row, frame in enumerate(frames):
             slot = int(self._young_slot[row])
             if frame is not None and frame.stepped and slot >= 0:
                 outputs[slot] = self._output(slot, frame, int(young.steps[row]), now)
@@ -226,7 +246,6 @@ class TTSFrameModel:
             slot = int(self._young_slot[row])
             self.model.adopt(slot, young, int(row))
             self._young_row[slot], self._young_slot[row] = -1, -1
-        return outputs
 
     def _output(self, slot: int, frame: TTSFrame, steps: int, now: float) -> FrameOutput:
         self._words[slot] += frame.words_started

@@ -49,6 +49,9 @@ from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, ZERO_TOKEN
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
 
+# A launched step's device outputs: flags [6, B], the frame's codes, the decoded audio.
+StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 @dataclass(frozen=True)
 class TTSSettings:
@@ -190,7 +193,7 @@ class KyutaiTTSModel:
                 source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
                 self.lm.transformer.set_cross_rows(twins, source)
-        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         if device.type == "cuda" if graph is None else graph:
             self._capture()
 
@@ -324,10 +327,15 @@ class KyutaiTTSModel:
 
     # -- the batched step -------------------------------------------------------------
 
-    @torch.no_grad()
     def step(self, active: torch.Tensor | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
         """Advance every open slot that has enough text (and is ``active``, where given) by one
         frame. ``speak`` False: the pre-audio step, where only young rows (``young_rows``) step."""
+        return self.read(self.launch(active, speak=speak))
+
+    @torch.no_grad()
+    def launch(self, active: torch.Tensor | None = None, *, speak: bool = True) -> StepOutputs:
+        """``step``'s device part, queued on the current stream; ``read`` waits for it and hands
+        out the frames (another model's step may run on another stream meanwhile)."""
         if speak and self.pre_audio_only:
             raise ValueError("a pre-audio-only model makes no audio")
         # Rows held back (their reader is behind) keep their state like waiting rows.
@@ -337,13 +345,12 @@ class KyutaiTTSModel:
             self.active.copy_(active)
         self.flush()
         if not self._graphs:
-            outputs = self._advance(speak)
-        else:
-            graph, outputs = self._graphs[speak]
-            graph.replay()
-        return self._read(*outputs)
+            return self._advance(speak)
+        graph, outputs = self._graphs[speak]
+        graph.replay()
+        return outputs
 
-    def _advance(self, speak: bool) -> tuple[torch.Tensor, ...]:
+    def _advance(self, speak: bool) -> StepOutputs:
         """The step's device part: every input and all state are tensors updated in place."""
         c, b = self.config, self.batch_size
         execute = self.open & self.machine.ready() & self.active
@@ -422,8 +429,9 @@ class KyutaiTTSModel:
             previous = token
         return tokens
 
-    def _read(self, flags: torch.Tensor, frame: torch.Tensor, audio: torch.Tensor) -> list[TTSFrame | None]:
-        """The step's outputs to the host, one entry per open slot."""
+    def read(self, launched: StepOutputs) -> list[TTSFrame | None]:
+        """A launched step's outputs to the host (on the stream it ran on), one entry per open slot."""
+        flags, frame, audio = launched
         host = flags.cpu().numpy()
         self.steps += host[0]
         out = host[0] & host[5]

@@ -16,7 +16,6 @@ from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
 from rtserve.weights.source import WeightSource
 from tests.engines.kyutai_tts.test_pre_audio_steps import DEVICES, TEXT, same_frame, start
-from tests.engines.kyutai_tts.test_tts_parity import engine
 from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
 
 
@@ -73,18 +72,26 @@ def test_a_reply_moved_from_the_young_batch_speaks_as_if_stepped_in_the_main_bat
     assert heard > 20
 
 
-def _replies(tiny: TinyTTS, young_rows: int) -> tuple[list[str], dict[int, list[np.ndarray]], TTSFrameModel]:
-    """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin; every
-    step's kind and each row's audio until both new rows have made 3 frames. Greedy, so the
-    audio is each row's own whatever the batch it stepped in."""
+def _replies(
+    tiny: TinyTTS, young_rows: int, call_s: float = 0.0, device: str = "cpu"
+) -> tuple[list[str], dict[int, list[np.ndarray]], TTSFrameModel]:
+    """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
+    clock moves ``call_s`` a call; every step's kind and each row's audio until both new rows
+    have made 3 frames. Greedy, so the audio is each row's own whatever the batch it stepped in."""
     kinds: list[str] = []
-    main = engine(tiny, 3, cfg_coef=2.0)
+    now = [0.0]
+    loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
+    voices = VoiceFolder(
+        WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
+    )
+    settings = TTSSettings(temperature=0.0, cfg_coef=2.0, voice_frames=VOICE_FRAMES)
+    main = KyutaiTTSModel(loaded, 3, settings=settings, voices=voices)
     young = None
     if young_rows:
         young = KyutaiTTSModel(
             main.loaded.sharing_weights(), young_rows, settings=main.settings, voices=main.voices, pre_audio_only=True
         )
-    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=0.16, clock=lambda: 0.0, on_step=kinds.append)
+    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=0.16, clock=lambda: now[0], on_step=kinds.append)
     splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
     audio: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
     silence, live = np.zeros((3, 1920), np.float32), np.ones(3, bool)
@@ -98,6 +105,7 @@ def _replies(tiny: TinyTTS, young_rows: int) -> tuple[list[str], dict[int, list[
                 audio[0].append(output.audio)
     kinds.clear()
     for _ in range(200):
+        now[0] += call_s
         for slot, output in enumerate(frame_model.step(silence, live)):
             if output is not None and output.audio.size:
                 audio[slot].append(output.audio)
@@ -106,17 +114,18 @@ def _replies(tiny: TinyTTS, young_rows: int) -> tuple[list[str], dict[int, list[
     raise AssertionError("the new replies made no audio")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_new_replies_step_in_the_young_batch_then_speak_with_the_others_in_their_own_voices(
-    tiny_tts: TinyTTS,
+    tiny_tts: TinyTTS, device: str
 ) -> None:
-    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2)
+    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, device=device)
     young_steps = frame_model.model.young_steps
     # Both new replies went through their audio delay together in the young batch, while row 0
     # was far enough ahead; then, nobody young left, full steps of the main batch make
     # everyone's audio.
     assert kinds[:young_steps] == ["young_batch"] * young_steps
     assert kinds[young_steps:] == ["full_no_young"] * (len(kinds) - young_steps)
-    _, alone, _ = _replies(tiny_tts, young_rows=0)  # the same replies, all in the main batch
+    _, alone, _ = _replies(tiny_tts, young_rows=0, device=device)  # the same replies, all in the main batch
     for slot in range(3):
         for ours, theirs in zip(audio[slot], alone[slot], strict=False):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
@@ -129,3 +138,21 @@ def test_a_reply_that_finds_the_young_batch_full_starts_in_the_main_batch(tiny_t
     assert {"young_batch", "pre_audio"} <= set(kinds)
     assert frame_model.young is not None and not frame_model.young.young_rows().any()
     assert all(len(frames) >= 3 for frames in audio.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(tiny_tts: TinyTTS, device: str) -> None:
+    # A frame of real time a call: row 0 is short of its lead at every call, so every call is a
+    # full step of the main batch, and the young batch steps beside each (on CUDA, on a stream
+    # of its own: the same audio as without it, below, so neither step raced the other).
+    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device)
+    young_steps = frame_model.model.young_steps
+    assert kinds[: 2 * young_steps] == ["full_lead_short", "young_batch"] * young_steps
+    # Through their delay after young_steps calls, the new replies speak from the next one on:
+    # as soon as if they had taken every full step with row 0.
+    assert "young_batch" not in kinds[2 * young_steps :]
+    assert len(audio[0]) == 2 + len(kinds) - young_steps
+    _, alone, _ = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device)
+    for slot in range(3):
+        for ours, theirs in zip(audio[slot], alone[slot], strict=False):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
