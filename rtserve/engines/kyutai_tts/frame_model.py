@@ -60,7 +60,8 @@ from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
 
 _NO_AUDIO = np.zeros(0, np.float32)
-# What each step was: the young rows alone (pre-audio), or the whole batch and why (``_full_step_reason``).
+# What each step was: the young batch's, the main batch's young rows alone (pre-audio), or the whole
+# main batch and why (``_full_step_reason``).
 STEP_KINDS = (
     "young_batch",
     "pre_audio",
