@@ -541,7 +541,7 @@ class TtsEngineConfig(_Section):
         0,
         ge=0,
         le=1024,
-        description="with catch_up_lead_ms: new replies step through their audio delay in a batch of this many "
+        description="new replies step through their audio delay in a batch of this many "
         "rows of their own (same weights, a fraction of a full step's time, beside the others' steps) before "
         "joining the others; a reply that finds it full starts with the others; 0: off (the default: at 128 "
         "streams on an H200 it moved first audio p50 525 -> 505 ms but p95 588 -> 703)",

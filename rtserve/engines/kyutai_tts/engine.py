@@ -136,7 +136,7 @@ class KyutaiTTSEngine:
         clock = self._clock or SystemTickClock()
         self._frame_model = TTSFrameModel(
             model,
-            young=self._young_batch(model, lead_s),
+            young=self._young_batch(model),
             catch_up_lead_s=lead_s,
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             clock=clock.monotonic,
@@ -178,11 +178,11 @@ class KyutaiTTSEngine:
         model.voices = model.voices.at(voices)
         return model
 
-    def _young_batch(self, model: KyutaiTTSModel, lead_s: float) -> KyutaiTTSModel | None:
+    def _young_batch(self, model: KyutaiTTSModel) -> KyutaiTTSModel | None:
         """New replies' own small batch on the same weights (docs/engines.md#young-batch), where
-        new replies can catch up (run ahead with a lead) and the checkpoint has an audio delay."""
+        the checkpoint has an audio delay to step through."""
         rows = min(self._config.tts_engine.young_batch, model.batch_size)
-        if not rows or lead_s <= 0 or not model.young_steps:
+        if not rows or not model.young_steps:
             return None
         return KyutaiTTSModel(
             model.loaded.sharing_weights(), rows, settings=model.settings, voices=model.voices, pre_audio_only=True

@@ -89,10 +89,8 @@ class TTSFrameModel:
         wait, a full step for an older row short of that lead, or about to make its first audio,
         comes at most this long after the last full step, unless a row is down to half the lead
         (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
-        weights; needs a catch-up lead, else it would never step). ``clock``: the scheduler's seconds.
+        weights). ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics."""
-        if young is not None and catch_up_lead_s <= 0:
-            raise ValueError("a young batch steps only while older replies are ahead: set a catch-up lead")
         self.model = model
         self.young = young
         # Slot -> its row in the young batch, and row -> its slot (-1: none).

@@ -73,7 +73,7 @@ def test_a_reply_moved_from_the_young_batch_speaks_as_if_stepped_in_the_main_bat
 
 
 def _replies(
-    tiny: TinyTTS, young_rows: int, call_s: float = 0.0, device: str = "cpu"
+    tiny: TinyTTS, young_rows: int, call_s: float = 0.0, device: str = "cpu", lead_s: float = 0.16
 ) -> tuple[list[str], dict[int, list[np.ndarray]], TTSFrameModel]:
     """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
     clock moves ``call_s`` a call; every step's kind and each row's audio until both new rows
@@ -91,7 +91,7 @@ def _replies(
         young = KyutaiTTSModel(
             main.loaded.sharing_weights(), young_rows, settings=main.settings, voices=main.voices, pre_audio_only=True
         )
-    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=0.16, clock=lambda: now[0], on_step=kinds.append)
+    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=lead_s, clock=lambda: now[0], on_step=kinds.append)
     splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
     audio: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
     silence, live = np.zeros((3, 1920), np.float32), np.ones(3, bool)
@@ -141,18 +141,22 @@ def test_a_reply_that_finds_the_young_batch_full_starts_in_the_main_batch(tiny_t
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(tiny_tts: TinyTTS, device: str) -> None:
-    # A frame of real time a call: row 0 is short of its lead at every call, so every call is a
-    # full step of the main batch, and the young batch steps beside each (on CUDA, on a stream
-    # of its own: the same audio as without it, below, so neither step raced the other).
-    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device)
+@pytest.mark.parametrize(("lead_s", "reason"), [(0.16, "full_lead_short"), (0.0, "full_no_catch_up")])
+def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(
+    tiny_tts: TinyTTS, device: str, lead_s: float, reason: str
+) -> None:
+    # A frame of real time a call: row 0 is short of its lead at every call (or catching up is
+    # off), so every call is a full step of the main batch, and the young batch steps beside each
+    # (on CUDA, on a stream of its own: the same audio as without it, below, so neither step
+    # raced the other).
+    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device, lead_s=lead_s)
     young_steps = frame_model.model.young_steps
-    assert kinds[: 2 * young_steps] == ["full_lead_short", "young_batch"] * young_steps
+    assert kinds[: 2 * young_steps] == [reason, "young_batch"] * young_steps
     # Through their delay after young_steps calls, the new replies speak from the next one on:
     # as soon as if they had taken every full step with row 0.
     assert "young_batch" not in kinds[2 * young_steps :]
     assert len(audio[0]) == 2 + len(kinds) - young_steps
-    _, alone, _ = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device)
+    _, alone, _ = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device, lead_s=lead_s)
     for slot in range(3):
         for ours, theirs in zip(audio[slot], alone[slot], strict=False):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
