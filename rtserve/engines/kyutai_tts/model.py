@@ -10,7 +10,8 @@ codebooks, then Mimi-decode the frame whose delays have all elapsed. Audio of th
 
 All state is batched tensors with a per-row reset (``open_slot``); a row that does not step
 this tick (its client has not sent enough words yet) keeps its state exactly: its temporal
-position and Mimi decoder state are put back, its token ring is not written. With direct
+position, random stream and Mimi decoder state are put back, its token ring is not written, so a
+seeded stream says the same whenever its words arrive and whatever the other rows do. With direct
 classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_coef != 1``)
 every row has a twin row conditioned on nothing, and audio logits are
 ``null + (cond - null) * cfg_coef`` as the reference computes them.
@@ -372,6 +373,7 @@ class KyutaiTTSModel:
             column = torch.cat([column, torch.cat([null_text, column[:, 1:]], dim=1)])
         x = self.lm.embed(column) + self.condition_sum
         before = self.lm.transformer.offset.clone()
+        draws_before = self.sampler.draws.clone()  # the sampler draws for every row: waiting rows' are put back
         hidden, text_logits = self.lm.temporal(x)
         self.lm.transformer.offset.copy_(torch.where(self._rows(execute), self.lm.transformer.offset, before))
         text_logits = text_logits[:b].float()
@@ -404,6 +406,7 @@ class KyutaiTTSModel:
             audio = self.mimi.decode(frame[:, 1:].clamp(min=0), hold=~audible).clamp(-0.99, 0.99)
         else:  # nothing is audible yet: no row's decoder state moves
             audio = torch.zeros(b, self.frame_size, device=self.device)
+        self.sampler.draws.copy_(torch.where(execute, self.sampler.draws, draws_before))
         end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
         done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
 

@@ -244,3 +244,31 @@ def test_with_a_cadence_a_first_audio_waits_for_the_next_full_step_while_new_rep
     now[0] = 0.09  # 20 ms later row 1 has 60 ms in hand, under half the lead: it steps at once
     frame_model.step(silence, live)
     assert kinds[-1] == "full_lead_short"
+
+
+def test_a_seeded_stream_says_the_same_whenever_its_words_arrive(tiny_tts: TinyTTS) -> None:
+    """A row waiting for words keeps its random stream while the others step: sampled, a seeded
+    reply's audio does not depend on its text's timing or on the other streams."""
+    at_once, trickled = sampled_model(tiny_tts), sampled_model(tiny_tts)
+    start(at_once, 1, "bob", seed=5)
+    start(trickled, 0, "alice", seed=9)  # another stream, stepping all along
+    trickled.open_slot(1, trickled.resolve_voice("bob"), 5)
+    splitter = ScriptSplitter(trickled.tokenizer, speaker_token=trickled.ids.main, frame_rate=trickled.frame_rate)
+    words = splitter.split(TEXT)
+    heard: dict[str, list[np.ndarray]] = {"at once": [], "trickled": []}
+    waited = 0
+    for step in range(120):
+        if step % 6 == 0 and words:  # a word every 6 steps: row 1 waits for text in between
+            word = words.pop(0)
+            trickled.push_word(1, list(word.tokens), word.padding)
+            if not words:
+                trickled.end_of_stream(1)
+        for name, model in (("at once", at_once), ("trickled", trickled)):
+            frame = model.step()[1]
+            assert frame is not None
+            waited += name == "trickled" and not frame.stepped
+            if frame.audio is not None:
+                heard[name].append(frame.audio)
+    assert waited > 10 and len(heard["trickled"]) > 10
+    for ours, theirs in zip(heard["trickled"], heard["at once"], strict=False):
+        np.testing.assert_array_equal(ours, theirs)
