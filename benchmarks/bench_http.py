@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from server_process import free_port, server_env
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_http.json"
@@ -72,12 +72,6 @@ CHAT_PROMPTS = [
     "Write a few sentences about the ocean at night.",
     "Describe a busy market in the morning.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_healthy(http: aiohttp.ClientSession, base: str, server: subprocess.Popen) -> float:
@@ -204,7 +198,7 @@ async def serve(setup: dict[str, str], measure: bool) -> dict:
     """Start a server with the environment ``setup``; chat figures (and, with ``measure``, speech
     and transcription)."""
     port = free_port()
-    env = {**os.environ, "RTSERVE_LOG_LEVEL": "warning", **setup}
+    env = server_env({"RTSERVE_LOG_LEVEL": "warning", **setup})
     command = [sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)]
     server = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: ASYNC220 - starts the server, never waits on it
     base = f"http://127.0.0.1:{port}"

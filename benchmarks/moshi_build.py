@@ -236,7 +236,7 @@ def merge_rounds(rounds: list[dict[str, Any]], reference: list[dict[str, Any]] |
     return merged
 
 
-def kernel_profile(step: Callable[[], None], frames: int, device: torch.device, top: int = 25) -> list[dict[str, Any]]:
+def kernel_profile(step: Callable[[], None], frames: int, device: torch.device, top: int = 40) -> list[dict[str, Any]]:
     """Self time per operator over ``frames`` calls of ``step`` (``torch.profiler``): on a GPU the
     kernels, including those replayed from CUDA graphs; on a CPU the aten operators. The ``top``
     by total, as microseconds and calls per frame, plus a ``total`` row."""

@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="512x1x32x2,256x1x32x2,3008x1x32x2,512x2x64x2,512x4x64x2,512x1x16x2",
-        help="ring slots per program x warps x slots per loop step x stages, comma list",
+        help="ring slots per program x warps x slots per loop step x stages, comma list; a trailing c: "
+        "bytes to floats by the conversion instruction, not the byte permute",
     )
     parser.add_argument("--bits", type=int, nargs="+", choices=[8, 4], default=[8, 4])
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -66,8 +67,10 @@ def main() -> None:
             del keys, values
             paged_bytes = batch * HEADS * (args.fill + 1) * 2 * (DIM * bits // 8 + 4)
             for variant in args.variants.split(","):
-                chunk, warps, tile, stages = (int(x) for x in variant.split("x"))
+                chunk, warps, tile, stages = (int(x) for x in variant.rstrip("c").split("x"))
                 options = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
+                if variant.endswith("c"):
+                    options["byte_permute"] = False
                 got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)
                 err = float((got.float() - want.float()).norm() / want.float().norm())
                 decode = functools.partial(paged_decode, q, cache, offset, floor, span, capacity, CONTEXT, **options)

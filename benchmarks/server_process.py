@@ -19,7 +19,19 @@ from pathlib import Path
 
 import aiohttp
 
+import rtserve
+
 ROOT = Path(__file__).resolve().parents[1]
+# The server runs the rtserve this process imported, which may be another tree on PYTHONPATH
+# (a before/after comparison): with ``-m`` the child would put its working directory, ROOT,
+# ahead of PYTHONPATH and import ROOT's copy. PYTHONSAFEPATH leaves the working directory out.
+RTSERVE_TREE = Path(rtserve.__file__).resolve().parents[1]
+
+
+def server_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a server child: this one, ``env`` on top, importing ``RTSERVE_TREE``."""
+    path = os.pathsep.join(p for p in (str(RTSERVE_TREE), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": path, **env}
 
 
 def free_port() -> int:
@@ -59,7 +71,7 @@ class ServerProcess:
                 *(["--config", str(config)] if config else []),
             ],
             cwd=ROOT,
-            env={**os.environ, **env},
+            env=server_env(env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

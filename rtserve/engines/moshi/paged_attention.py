@@ -75,8 +75,11 @@ def paged_decode(
     warps: int = DEFAULT_WARPS,
     tile: int = DEFAULT_TILE,
     stages: int = DEFAULT_STAGES,
+    byte_permute: bool | None = None,
 ) -> torch.Tensor:
-    """``q`` ``[B, H, 1, D]`` -> ``[B, H, 1, D]``; the entry at ``offset`` was written this step."""
+    """``q`` ``[B, H, 1, D]`` -> ``[B, H, 1, D]``; the entry at ``offset`` was written this step.
+    ``byte_permute``: stored bytes to floats by inline PTX (default: on CUDA tensors; Triton's
+    CPU interpreter runs no PTX)."""
     batch, heads, _, dim = q.shape
     chunk = max(chunk, cache.block_size)
     tile = min(tile, cache.block_size)
@@ -110,6 +113,7 @@ def paged_decode(
         CHUNK=chunk,
         TILE=tile,
         BITS=cache.bits,
+        BYTE_PERMUTE=q.is_cuda if byte_permute is None else byte_permute,
         num_warps=warps,
         num_stages=stages,
     )

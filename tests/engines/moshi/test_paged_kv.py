@@ -216,6 +216,35 @@ def test_the_triton_kernel_reads_the_blocks_as_the_reference_path_does(
     assert float((got - want).norm() / want.norm()) < 1e-2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs only on a CUDA device")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_byte_permute_reads_the_same_floats_as_the_conversion_instruction(bits: int) -> None:
+    # Both turn every stored byte (or nibble) into the exact float, so the outputs agree to the
+    # last bf16 bit (the compiler may order the sums differently); a lane out of order or a
+    # wrong bias would not.
+    from rtserve.engines.moshi.paged_attention import paged_decode
+
+    device = torch.device("cuda")
+    batch, heads, dim, size, context = 6, 4, 128, 64, 640
+    spec = PagedKVSpec(num_blocks=batch * 10 + 1, block_size=size, bits=bits)
+    width = spec.width(context)
+    table = torch.randperm(spec.num_blocks - 1, device=device)[: batch * width].view(batch, width).int() + 1
+    cache = PagedKVCache.empty(spec, heads, dim, table)
+    for pool in (cache.keys, cache.values):
+        pool.random_(-128, 128)  # any byte: a value, or two nibbles
+    for scales in (cache.key_scales, cache.value_scales):
+        scales.uniform_(0.001, 0.05)
+    offset = torch.tensor([0, 63, 64, 300, 639, 1000], device=device)
+    floor = torch.zeros(batch, dtype=torch.long, device=device)
+    q = torch.randn(batch, heads, 1, dim, device=device, dtype=torch.bfloat16)
+    capacity = width * size
+    permuted, converted = (
+        paged_decode(q, cache, offset, floor, capacity, capacity, context, byte_permute=flag) for flag in (True, False)
+    )
+    torch.testing.assert_close(permuted.float(), converted.float(), rtol=2**-7, atol=1e-5)
+    assert float(permuted.float().abs().sum()) > 0
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_the_triton_write_stores_what_the_reference_quantizer_does(
     kernels: tuple[ModuleType, torch.device], bits: int
