@@ -136,8 +136,8 @@ class EngineLink:
             if kind is Kind.EVENTS_OUT:
                 events, tick_due = unpack_events(message[1], message[2]), message[3]
                 if tick_due is not None:  # a lockstep tick's frames
-                    self.uplink.tick_due(tick_due - self.clock_offset_s)
                     events = self.uplink.in_delivery_order(events)
+                    self.uplink.tick_output(tick_due - self.clock_offset_s)
                 for handle, event in events:
                     sink = self._sessions.get(handle)
                     if sink is not None:
@@ -265,7 +265,9 @@ class Uplink:
 
     The main flush goes ``lead_s`` before the engine's next tick, with margin for a busy
     loop on either side; audio that arrives after it still catches the tick in a small
-    last-call message ``last_call_s`` before it (at most two messages a tick, usually one).
+    last-call message ``last_call_s`` before it. What waits when a tick's output arrives goes
+    at once (``tick_output``), before the loop is busy handing that output to the sessions.
+    At most three messages a tick.
 
     It also remembers when each session's newest sent audio arrived, so a tick's output can
     be handed to the sessions oldest input first (``in_delivery_order``).
@@ -284,8 +286,18 @@ class Uplink:
     def set_period(self, period_s: float | None) -> None:
         self._period_s = period_s
 
-    def tick_due(self, at: float) -> None:
-        self._tick_origin = at
+    def tick_output(self, tick_due: float) -> None:
+        """The output of the engine's tick that was due at ``tick_due`` arrived (the grid the
+        flush points sit on).
+
+        The audio waiting now is for the next tick and is sent at once. Handing the output to
+        this worker's sessions (encoding and sending each one's frame) keeps the loop busy for a
+        while, and a flush point falling inside that work would go only after it, late for the
+        tick: with the 7B Moshi step at ~59 ms the 15 ms lead's flush fell there, and 1.4 % of the
+        input missed its tick and was trimmed later (benchmarks/notes/moshi_speed.md,
+        "Fourteenth session")."""
+        self._tick_origin = tick_due
+        self.flush()
 
     def push(self, handle: int, pcm: Any) -> None:
         loop = asyncio.get_running_loop()

@@ -30,7 +30,7 @@ def test_flush_points_sit_just_before_the_engines_ticks() -> None:
     uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_call_s=0.002)
     assert uplink._next_flush(5.0) == 5.0  # no tick seen yet: at once
     uplink.set_period(0.08)
-    uplink.tick_due(10.0)
+    uplink.tick_output(10.0)
     assert uplink._next_flush(10.01) == pytest.approx(10.065)  # the main send before the next tick
     assert uplink._next_flush(10.07) == pytest.approx(10.078)  # after it: the last call
     assert uplink._next_flush(10.079) == pytest.approx(10.145)  # too late for this tick: the next one's
@@ -88,8 +88,9 @@ async def test_many_sessions_cross_in_per_tick_batches_and_come_back_whole(confi
         for session in sessions:
             await asyncio.wait_for(session.drain(), 5)
         ticks = (registry.get_sample_value("rtserve_lockstep_tick_seconds_count") or 0.0) - ticks_before
-        # One main send per tick, at most one late top-up: never a message per session or packet.
-        assert 0 < messages("frames_in") <= 2 * ticks + 2
+        # What waited when a tick's output came, one main send per tick, at most one late
+        # top-up: never a message per session or packet.
+        assert 0 < messages("frames_in") <= 3 * ticks + 3
         assert messages("frames_in") < 40 * SESSIONS / 4
         # Every sample comes back, in order. Tick-aligned framing may pad a tick whose packet
         # was still in flight with silence (the packet goes with the next tick), never lose one.
@@ -113,6 +114,29 @@ class _SentMessages:
 
     def send(self, message: tuple[Any, ...]) -> None:
         self.sent.append(message)
+
+
+async def test_audio_waiting_when_a_ticks_output_arrives_goes_before_the_sessions_get_it() -> None:
+    """Handing a tick's output to a worker's sessions keeps its loop busy; a flush point inside
+    that work would send late. What is pending when the output arrives goes at once."""
+    link = _SentMessages()
+    uplink = Uplink(link=link, lead_s=0.015, last_call_s=0.002)
+    uplink.set_period(0.08)
+    loop = asyncio.get_running_loop()
+    uplink.tick_output(loop.time() - 0.01)  # the next tick in 70 ms: its main flush in 55
+    uplink.push(1, np.zeros(CHUNK, np.float32))
+    uplink.push(2, np.ones(CHUNK, np.float32))
+    assert link.sent == []  # waits for its flush point
+    uplink.tick_output(loop.time() - 0.01)  # a tick's output arrives first
+    assert len(link.sent) == 1
+    kind, batch = link.sent[0]
+    assert kind is Kind.FRAMES_IN and sorted(handle for handle, _ in batch) == [1, 2]
+    uplink.tick_output(loop.time() - 0.01)  # nothing waiting: no message
+    assert len(link.sent) == 1
+    uplink.push(1, np.zeros(CHUNK, np.float32))  # later audio keeps its flush point
+    assert len(link.sent) == 1
+    await asyncio.sleep(0.1)
+    assert len(link.sent) == 2
 
 
 async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_first() -> None:
