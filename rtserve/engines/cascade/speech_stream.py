@@ -138,6 +138,9 @@ class WhisperSttStream:
         self._markers.append(_PendingMarker(marker_id, self._sent if samples is None else min(samples, self._sent)))
         self._wake.set()
 
+    def flush(self) -> None:
+        """Nothing to step: a marker waits for the utterances before it to be decoded, not for a model's delay."""
+
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         """Events until the stream is closed; an ASR failure raises its ``EngineError``."""
         while not self._closed:

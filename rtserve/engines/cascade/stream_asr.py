@@ -19,7 +19,9 @@ for the session's whole life:
   the VAD ended after some silence places its marker where the speech ended (plus a margin for
   the last word's end), not where the audio sent so far ends: the model heard that silence
   while the VAD waited it out, so the words are out about when the turn ends instead of the
-  model's delay later.
+  model's delay later. A turn that ends with no such silence (a manual commit, ``semantic_vad``)
+  flushes the stream: the delay is stepped at once on inserted silence, in the STT ticks' spare
+  time (``SttStream.flush``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class StreamAsr:
         self._waiting.append((marker, heard))
         behind = round(max(0.0, trailing_silence_s - WORD_END_MARGIN_S) * self._stream_rate)
         self._stream.mark(marker, self._pushed - behind if behind else None)
+        if not behind:
+            # No silence waited out before the turn ended (a manual commit, semantic_vad, a short
+            # pause): the model's delay is stepped now on inserted silence, not waited in real time.
+            self._stream.flush()
         return heard
 
     def clear(self) -> None:

@@ -10,7 +10,11 @@ A marker is due once the whole frames sent before it have been stepped (the fram
 ``input_samples`` says how many samples were; a tail short of a frame waits for the next)
 and the model's delay has passed since that step.
 ``end_input`` feeds the delay's worth of silence (plus the tail frame, zero-padded) so the
-last words come out, then ``events`` ends with whatever word was still open.
+last words come out, then ``events`` ends with whatever word was still open. ``flush`` feeds
+the same silence mid-stream and asks the scheduler to step it in the ticks' spare time (drain
+steps), so the words sent so far and the markers placed so far come out in a few ticks instead
+of the delay's worth of real time; the stream goes on after it. Markers count the client's
+samples: the silence inserted is not among them.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class SttStream:
         self._frame_size = frame_size
         self._tail = np.zeros(0, np.float32)
         self._sent = 0  # samples the client sent, the tail included
+        # Silence ``flush`` inserted: (client samples before it, samples inserted up to it).
+        self._inserted: list[tuple[int, int]] = []
         self._markers: deque[_PendingMarker] = deque()
         # (step index, samples stepped by then) of recent steps: a marker placed behind the audio
         # already stepped is due the model's delay after the step that took its samples.
@@ -58,9 +64,21 @@ class SttStream:
         self._closed = False
 
     @property
+    def delay_frames(self) -> int:
+        """Steps between a frame and the step that reports its text (what a marker waits after its audio)."""
+        return self._settings.delay_frames
+
+    @property
     def buffered_samples(self) -> int:
-        """Samples received and not stepped yet."""
-        return self._sent - self._lease.samples_consumed - self._lease.samples_discarded
+        """Samples received (and inserted) and not stepped yet."""
+        inserted = self._inserted[-1][1] if self._inserted else 0
+        return self._sent + inserted - self._lease.samples_consumed - self._lease.samples_discarded
+
+    def _queued(self, samples: int) -> int:
+        """Where the client's first ``samples`` end in the slot's input: with the silence inserted
+        before them, not what was inserted right after them."""
+        inserted = next((total for before, total in reversed(self._inserted) if before < samples), 0)
+        return samples + inserted
 
     @property
     def pending_markers(self) -> int:
@@ -87,7 +105,7 @@ class SttStream:
         if self._ended:
             return
         sent = self._sent - self._tail.size
-        marker = _PendingMarker(marker_id, sent if samples is None else max(0, min(samples, sent)))
+        marker = _PendingMarker(marker_id, self._queued(sent if samples is None else max(0, min(samples, sent))))
         marker.due = next(
             (index + self._settings.delay_frames for index, stepped in self._stepped if stepped >= marker.samples),
             None,
@@ -98,11 +116,29 @@ class SttStream:
         """No more audio: drain the model's delay with silence; ``events`` then ends."""
         if self._ended or self._closed:
             return
-        self._markers.append(_PendingMarker(None, self._sent))
-        pad = -self._tail.size % self._frame_size
-        drain = np.zeros(pad + self._settings.delay_frames * self._frame_size, np.float32)
-        self._push(np.concatenate([self._tail, drain]))
+        self._markers.append(_PendingMarker(None, self._queued(self._sent)))
+        self._push_delay()
         self._ended = True
+
+    def flush(self) -> None:
+        """Step the model's delay now, on inserted silence: what was sent so far (its tail
+        zero-padded to a frame) is transcribed and the markers placed so far answered within a few
+        ticks where the scheduler has room, not the delay's worth of real time later. The words
+        said after it are timed that much later (the model heard the silence)."""
+        if self._ended or self._closed:
+            return
+        inserted = self._push_delay()
+        previous = self._inserted[-1][1] if self._inserted else 0
+        self._inserted.append((self._sent, previous + inserted))
+        # Every whole frame queued, the audio not stepped yet before the silence included.
+        self._lease.scheduler.drain_soon(self._lease, self.buffered_samples // self._frame_size)
+
+    def _push_delay(self) -> int:
+        """Queue the tail padded to a frame, then the model's delay in frames of silence; the samples added."""
+        pad = -self._tail.size % self._frame_size
+        silence = np.zeros(pad + self._settings.delay_frames * self._frame_size, np.float32)
+        self._push(np.concatenate([self._tail, silence]))
+        return silence.size
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         """The stream's events until ``end_input`` drained or the slot closed; a failure raises ``EngineError``."""

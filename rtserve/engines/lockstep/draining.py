@@ -13,6 +13,9 @@ ticks, both paid back by drain steps (steps between ticks that advance only some
   behind it, drain steps take them at once (without waiting ``after_ticks``). A take that
   leaves nothing standing settles the debt: the slot is back in cadence. A slot that stays quiet
   longer than the grace is idle: it steps on silence again and owes nothing.
+* **Flushed input.** A stream that wants its model's delay stepped now (the end of a turn:
+  silence appended so the last words come out) names the frames it queued; drain steps take
+  them, and whatever stands before them, as soon as a tick leaves room, up to what stands.
 
 The ledger is the engine thread's only.
 """
@@ -35,6 +38,7 @@ class DrainLedger:
         self._empty_takes = np.zeros(slots, np.int64)  # takes in a row that found nothing
         self._due = np.zeros(slots, np.int64)  # standing frames drain steps may take after this tick
         self._owed = np.zeros(slots, np.int64)  # steps a held slot missed
+        self._flushed = np.zeros(slots, np.int64)  # frames a stream asked to be stepped now
 
     def after_take(
         self, slots: npt.NDArray[np.intp], taken: npt.NDArray[np.int64], standing: npt.NDArray[np.int64]
@@ -43,8 +47,10 @@ class DrainLedger:
         ``slots`` (in their order) the tick holds rather than steps on silence."""
         live = np.zeros(self._owed.size, bool)
         live[slots] = True
-        for counter in (self._standing_takes, self._empty_takes, self._owed):
+        for counter in (self._standing_takes, self._empty_takes, self._owed, self._flushed):
             counter[~live] = 0  # a slot not live now starts afresh when it is
+        # The tick took a frame of what was flushed, or one before it: no more than stands now.
+        self._flushed[slots] = np.minimum(self._flushed[slots], standing)
         standing_takes = np.where(standing > 0, self._standing_takes[slots] + 1, 0)
         self._standing_takes[slots] = standing_takes
         self._due[:] = 0
@@ -58,18 +64,26 @@ class DrainLedger:
         self._owed[slots[(taken > 0) & (standing == 0)]] = 0  # in cadence again
         return held
 
+    def flush(self, slot: int, frames: int) -> None:
+        """``slot``'s stream queued ``frames`` (the last of its input) to be stepped without waiting
+        for their ticks."""
+        self._flushed[slot] += frames
+
     def wants(self, slot: int) -> bool:
         """A drain step may take a frame of ``slot`` (if it has a whole one)."""
-        return bool(self._owed[slot] or self._due[slot])
+        return bool(self._owed[slot] or self._due[slot] or self._flushed[slot])
 
     def spend(self, slot: int) -> None:
-        """A drain step took a frame of ``slot``: a missed step first, then a standing frame."""
+        """A drain step took a frame of ``slot``: a missed step first, then a flushed or standing frame."""
         if self._owed[slot]:
             self._owed[slot] -= 1
+        elif self._flushed[slot]:
+            self._flushed[slot] -= 1
         else:
             self._due[slot] -= 1
 
     def settle(self) -> None:
-        """No slot that is owed or due has a frame now: standing frames wait for the next tick's plan
-        (a held slot's owed steps stay owed until its late frame comes)."""
+        """No slot that is owed, due or flushed has a frame now: standing frames wait for the next
+        tick's plan (a held slot's owed steps stay owed until its late frame comes)."""
         self._due[:] = 0
+        self._flushed[:] = 0

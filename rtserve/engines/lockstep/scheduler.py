@@ -327,6 +327,16 @@ class LockstepScheduler:
             self._ops.append(_ControlOp(_OpKind.CALL, slot.index, slot.generation, lease, call=call))
             self._cond.notify()
 
+    def drain_soon(self, lease: SlotLease, frames: int) -> None:
+        """Let drain steps take the last ``frames`` whole frames ``lease`` queued (and the input
+        before them) as soon as the ticks leave room, instead of one a tick: a stream flushing
+        its model's delay. Without drain steps, nothing changes: they go a tick each."""
+        ledger = self._ledger
+        if ledger is None or frames <= 0:
+            return
+        slot = lease.slot
+        self.between_steps(lease, lambda: ledger.flush(slot, frames))
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:

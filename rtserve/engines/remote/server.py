@@ -154,6 +154,7 @@ class WorkerLink:
             ("session", "configure_turn_detection"): self._session_call("configure_turn_detection"),
             ("stt", "open_stream"): self._open_speech_stream,
             ("stt", "mark"): self._speech.mark,
+            ("stt", "flush"): self._speech.flush,
             ("stt", "close"): self._speech.close,
             ("engine", "metrics"): self._metrics_exposition,
             ("engine", "sleep"): self._engines.sleep,

@@ -41,6 +41,11 @@ class HostedSpeechStreams:
         if stream is not None:
             stream.mark(marker_id, samples)
 
+    def flush(self, handle: int) -> None:
+        stream = self.get(handle)
+        if stream is not None:
+            stream.flush()
+
     async def close(self, handle: int) -> None:
         hosted = self._streams.pop(handle, None)
         if hosted is not None:

@@ -66,6 +66,10 @@ class RemoteSpeechStream:
             self._markers += 1
             self._link.command("stt", "mark", self._handle, marker_id, samples)  # flushes the audio before it first
 
+    def flush(self) -> None:
+        if not self._closed:
+            self._link.command("stt", "flush", self._handle)
+
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         while True:
             while not self._events:

@@ -27,6 +27,7 @@ class ScriptedStream:
         self.pushed = 0
         self.marks: list[int] = []
         self.marked_at: list[int | None] = []  # each mark's samples (None: everything pushed)
+        self.flushed_after: list[int] = []  # the marks made before each flush
         self.closed = False
 
     @property
@@ -39,6 +40,9 @@ class ScriptedStream:
     def mark(self, marker_id: int, samples: int | None = None) -> None:
         self.marks.append(marker_id)
         self.marked_at.append(samples)
+
+    def flush(self) -> None:
+        self.flushed_after.append(len(self.marks))
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         while True:
@@ -122,14 +126,17 @@ async def test_a_turn_the_vad_ended_after_silence_is_marked_where_its_speech_end
     heard: tuple[StreamAsr, ScriptedStream, list[EngineEvent]],
 ) -> None:
     """The model heard the silence while the VAD waited it out: the turn's marker goes where its
-    speech ended (plus the margin for the last word's end), so its words are out sooner."""
+    speech ended (plus the margin for the last word's end), so its words are out sooner. A turn
+    ended with no such silence flushes the stream instead."""
     asr, stream, _reported = heard
     asr.push(np.zeros(16000, np.float32))
     await _settle()
     turns = [asr.finish_turn(silence) for silence in (0.5, 0.1, 0.0)]
     await _settle()
     behind = round((0.5 - WORD_END_MARGIN_S) * 24000)
-    # Silence shorter than the margin, or none (a manual commit): everything pushed.
+    # Silence shorter than the margin, or none (a manual commit): everything pushed, and the
+    # model's delay is flushed rather than waited in real time.
     assert stream.marked_at == [stream.pushed - behind, None, None]
+    assert stream.flushed_after == [2, 3]
     for turn in turns:
         turn.cancel()

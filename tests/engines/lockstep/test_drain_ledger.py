@@ -54,3 +54,20 @@ def test_a_slot_that_is_not_live_starts_afresh() -> None:
     _take(ledger, 0, 0)
     ledger.after_take(np.array([1], np.intp), np.array([8], np.int64), np.array([0], np.int64))  # slot 0 released
     assert not ledger.wants(0)
+
+
+def test_flushed_frames_are_wanted_at_once_up_to_what_stands() -> None:
+    """A stream flushing its model's delay: its queued frames go to drain steps without waiting
+    ``after_ticks`` takes; a paced take in between leaves no more wanted than still stands."""
+    ledger = DrainLedger(1, after_ticks=12, grace_ticks=2)
+    _take(ledger, 8, 0)
+    ledger.flush(0, 7)
+    assert ledger.wants(0)
+    _take(ledger, 8, 3)  # the tick took one; three stand (the rest were never queued)
+    for _ in range(3):
+        assert ledger.wants(0)
+        ledger.spend(0)
+    assert not ledger.wants(0)
+    ledger.flush(0, 2)
+    ledger.settle()  # no frame left to take: the flush is spent
+    assert not ledger.wants(0)

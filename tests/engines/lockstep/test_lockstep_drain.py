@@ -19,6 +19,8 @@ from tests.engines.lockstep.lockstep_fakes import FRAME, ClientFeedingClock, Rec
 KEEP_ALL_INPUT = {"latency_trim_window_frames": None, "underrun_repay_ms": 0.0}
 TICKS = 40
 STALL = {10: 0.3}
+FLUSHED = 6
+FLUSH_VALUE = 100.0
 
 
 class DrainingModel(RecordingModel):
@@ -43,11 +45,13 @@ def _serve(
     drain_after_ticks: int = 1,
     prefill: int = 0,
     grace: int = 0,
+    flush_at: int | None = None,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), and ticks of 10 ms: the frames each tick and drain step stepped (in order),
     and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
-    prefill steps before it takes input."""
+    prefill steps before it takes input. ``flush_at``: after that tick the stream queues
+    ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``)."""
     clock = ClientFeedingClock(late=late, phase=phase)
     model = DrainingModel(clock)
     registry = CollectorRegistry()
@@ -70,6 +74,9 @@ def _serve(
         while (item := leases[0].output.pop()) is not None:
             stepped.append(float(item[0].audio[0]))
         backlog.append(len(leases[0].input))
+        if len(backlog) == flush_at:
+            leases[0].push_samples(np.full(FLUSHED * FRAME, FLUSH_VALUE, np.float32))
+            scheduler.drain_soon(leases[0], FLUSHED)
 
     model.step_hook = simulate
     scheduler = LockstepScheduler(
@@ -193,3 +200,24 @@ def test_only_a_model_with_audio_input_drains() -> None:
     model = DrainingModel(ClientFeedingClock())
     with pytest.raises(ValueError, match="audio input"):
         LockstepScheduler(model, LockstepConfig(), CollectorRegistry(), audio_input=False, drains=model)
+
+
+def test_flushed_frames_are_stepped_in_the_next_ticks_spare_time() -> None:
+    """A stream that queues its model's delay of silence and flushes it (``drain_soon``) has those
+    frames stepped by drain steps right after the next tick, not one a tick; the client's own
+    frames go on, in order, one a tick."""
+    stepped, backlog, _, registry, lease = _serve(drains=True, drain_after_ticks=30, flush_at=10)
+
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
+    assert max(backlog[12:]) < FRAME  # nothing left standing
+    assert metric(registry, "rtserve_lockstep_drained_input_frames_total") >= FLUSHED - 1
+    client = [value for value in stepped if 0 < value < FLUSH_VALUE]
+    assert client == [float(k) for k in range(1, len(client) + 1)]
+    assert lease.samples_discarded == 0
+
+
+def test_without_drain_steps_flushed_frames_go_a_tick_each() -> None:
+    _, backlog, model, _, _ = _serve(drains=False, drain_after_ticks=30, flush_at=10)
+
+    assert min(backlog[11:14]) >= (FLUSHED - 4) * FRAME
+    assert not model.held

@@ -89,3 +89,34 @@ async def test_semantic_vad_is_refused_by_an_engine_without_a_turn_model(config:
             accepted = (await reader.until("session.updated"))["session"]
     assert (refused["code"], refused["param"]) == ("unsupported_turn_detection", "session.audio.input.turn_detection")
     assert accepted["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+
+@pytest.mark.models
+async def test_a_manual_commit_gets_the_turns_words_without_waiting_the_models_delay_out(
+    config: ServerConfig, stt_weights: Path
+) -> None:
+    """With no turn detection the client commits as it stops talking; no silence went by for the
+    model's delay to pass in, so the stream is flushed (docs/engines.md#cascade-streaming-asr)
+    and the turn's transcript still holds every word said before the commit."""
+    config.engine = "cascade"
+    config.stt_engine = config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": 2})
+    config.cascade = config.cascade.model_copy(update={"asr": "stt_engine"})
+    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
+        question = await speech_pcm(client, QUESTION)
+        async with client.realtime.connect(model="cascade") as conn:
+            reader = SdkReader(conn)
+            await reader.next()
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+            await reader.until("session.updated")
+            for start in range(0, len(question), CHUNK):  # at real time: the STT steps in real time
+                await conn.input_audio_buffer.append(audio=pcm16_b64(question[start : start + CHUNK]))
+                await asyncio.sleep(CHUNK / 24000)
+            await conn.input_audio_buffer.commit()
+            committed = await asyncio.wait_for(reader.until("input_audio_buffer.committed"), HANG_GUARD_S)
+            completed = await asyncio.wait_for(reader.until(COMPLETED, limit=5000), 60)
+    events: list[dict[str, Any]] = reader.events
+    assert completed["item_id"] == committed["item_id"]
+    turn = [e["delta"] for e in events if e["type"] == DELTA and e["item_id"] == committed["item_id"]]
+    assert turn, "no word was heard"
+    assert "".join(turn) == completed["transcript"]
