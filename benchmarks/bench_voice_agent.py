@@ -16,7 +16,9 @@ Clients are live microphones at real time: 40 ms chunks of PCM16, silence except
 question (the shipped Piper voice, read in this process as the voice-agent test does: the random
 Kyutai TTS behind the server's own ``/v1/audio/speech`` need not sound like speech to the VAD)
 every ``--period`` seconds, at phases spread over the period. The turn ends by server VAD (Silero
-on the audio, ``--silence-ms``): the random STT's end-of-turn head means nothing, and its
+on the audio, ``--silence-ms``), or with ``--client-commit`` where the client's question ends (it
+commits and sends ``response.create``; the STT's delay is then flushed, not waited out): the
+random STT's end-of-turn head means nothing, and its
 transcript may be empty (counted), which still starts the reply (``create_response`` at the
 commit; ``sessions/turns.py`` starts it once the transcript resolves, whatever its text), so the
 client never sends ``response.create``. Per turn, from the
@@ -122,11 +124,12 @@ async def client(
     url: str,
     question: np.ndarray,
     phase: float,
-    args: tuple[float, float, float, int],
+    args: tuple[float, float, float, int | None],
     log: ClientLog,
 ) -> None:
     """One live microphone from ``start_at``: silence, and the question every ``period`` s from
-    ``phase`` on."""
+    ``phase`` on. ``silence_ms`` None: no server VAD; the client commits and asks for the reply
+    right after the question's last voiced chunk (its own end-of-turn detection, or push-to-talk)."""
     start_at, period, stop_at, silence_ms = args
     loop = asyncio.get_running_loop()
     silence = chunk_message(np.zeros(CHUNK, np.int16))
@@ -137,15 +140,11 @@ async def client(
             created = json.loads((await ws.receive(timeout=60)).data)
             if created.get("type") != "session.created":
                 raise RuntimeError(f"no session: {str(created)[:100]}")
+            detection = None if silence_ms is None else {"type": "server_vad", "silence_duration_ms": silence_ms}
             await ws.send_json(
                 {
                     "type": "session.update",
-                    "session": {
-                        "type": "realtime",
-                        "audio": {
-                            "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}
-                        },
-                    },
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": detection}}},
                 }
             )
 
@@ -167,6 +166,10 @@ async def client(
                     if question_no != asked and at == last_voiced_chunk:
                         asked = question_no
                         log.turns.append(Turn(speech_end=loop.time()))
+                        if silence_ms is None:  # the turn ends here: the "VAD" part is nil
+                            log.turns[-1].stopped = loop.time()
+                            await ws.send_json({"type": "input_audio_buffer.commit"})
+                            await ws.send_json({"type": "response.create"})
                 else:
                     await ws.send_str(silence)
                 k += 1
@@ -178,7 +181,7 @@ async def client(
 
 
 async def run_clients(
-    url: str, question: np.ndarray, phases: list[float], args: tuple[float, float, float, int]
+    url: str, question: np.ndarray, phases: list[float], args: tuple[float, float, float, int | None]
 ) -> list[ClientLog]:
     logs = [ClientLog() for _ in phases]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -190,7 +193,7 @@ def shard(
     url: str,
     question: np.ndarray,
     phases: list[float],
-    args: tuple[float, float, float, int],
+    args: tuple[float, float, float, int | None],
     window: tuple[float, float],
 ) -> ShardResult[ClientLog]:
     return run_shard(lambda: run_clients(url, question, phases, args), window)
@@ -269,7 +272,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
             ranges = split(clients, args.client_procs)
             # First questions spread over the first period after the warm-up: every client asks in the window.
             phases = [start_at + args.warmup + args.period * i / clients for i in range(clients)]
-            client_args = (start_at, args.period, stop_at, args.silence_ms)
+            client_args = (start_at, args.period, stop_at, None if args.client_commit else args.silence_ms)
             jobs = [(url, question, [phases[i] for i in r], client_args, window) for r in ranges]
             shards = asyncio.create_task(gather_shards(shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
@@ -365,9 +368,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     for clients in args.clients:
         points.append(await run_point(args, clients, question))
         print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+    turn_end = "client commits" if args.client_commit else f"server_vad {args.silence_ms} ms"
     print(
         f"voice agent, STT/TTS {args.shape} on {args.device_name}; LLM stand-in {args.llm_first_token_ms:g} ms + "
-        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; server_vad {args.silence_ms} ms; "
+        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; {turn_end}; "
         f"{args.duration - args.warmup:.0f} s measured; ms"
     )
     print_table(points)
@@ -382,7 +386,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "reply_words": args.llm_reply_words,
         },
         "period_s": args.period,
-        "silence_ms": args.silence_ms,
+        "silence_ms": None if args.client_commit else args.silence_ms,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "client_procs": args.client_procs,
@@ -400,6 +404,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before turns count")
     parser.add_argument("--period", type=float, default=15.0, help="seconds between one client's questions")
     parser.add_argument("--silence-ms", type=int, default=500, help="server_vad silence_duration_ms")
+    parser.add_argument(
+        "--client-commit",
+        action="store_true",
+        help="no server VAD: each client commits and asks for the reply at the end of its question",
+    )
     parser.add_argument("--client-procs", type=int, default=1, help="load generator processes")
     parser.add_argument("--llm-first-token-ms", type=float, default=100.0, help="the LLM stand-in's first token")
     parser.add_argument("--llm-tokens-per-s", type=float, default=50.0, help="the LLM stand-in's rate per reply")
