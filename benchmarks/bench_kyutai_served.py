@@ -73,7 +73,7 @@ from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.kyutai_tts.frame_model import STEP_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 RATE = 24_000
 FRAME = 1920

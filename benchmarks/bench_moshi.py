@@ -75,7 +75,7 @@ from load_shards import (
 from server_process import ENGINE_PROCESS, ServerProcess, histogram_max, histogram_quantile, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 from rtserve.config import ServerConfig, load_config  # noqa: E402  (what the server child runs with)
 

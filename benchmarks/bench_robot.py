@@ -35,7 +35,7 @@ from openpi_client import msgpack_numpy
 from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 from rtserve.engines.policy.demo import example_observation  # noqa: E402
 from rtserve.web.openpi.routes import ROUTE  # noqa: E402

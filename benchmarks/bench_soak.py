@@ -67,7 +67,7 @@ from bench_realtime import (  # benchmarks/ is on sys.path: scripts run from the
 from server_process import ServerProcess, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_soak import sample_processes  # benchmarks/ is on sys.path: scripts run from there
 from server_process import ROOT, ServerProcess
 
-sys.path.insert(0, str(ROOT))  # the aiortc caller of the WebRTC tests
+sys.path.append(str(ROOT))  # the aiortc caller of the WebRTC tests (appended: PYTHONPATH first)
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 from rtserve.config import ServerConfig  # noqa: E402
 from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine  # noqa: E402

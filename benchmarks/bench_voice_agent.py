@@ -65,7 +65,7 @@ from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
 from server_process import ServerProcess, free_port, histogram_quantile, scrape, tick_parts_p99_ms
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 RATE = 24_000
 CHUNK = 960  # 40 ms

@@ -46,7 +46,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from server_process import ServerProcess, scrape  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 from rtserve.web.webrtc.audio_in import frame_to_mono  # noqa: E402
 from rtserve.web.webrtc.ice import use_host_addresses  # noqa: E402
 

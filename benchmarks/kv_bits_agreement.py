@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: PYTHONPATH first
 
 from rtserve.engines.moshi.frame_step import FrameStep
 from rtserve.engines.moshi.layers import Transformer

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 KIT = ROOT / "benchmarks" / "results" / "voice_agent_kit"
 WHEELS = ("ctranslate2==4.8.5", "faster-whisper==1.2.1")  # pyproject.toml's pins
 
