@@ -9,6 +9,8 @@ without a turn model."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +37,22 @@ def stt_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_stt_checkpoint(tmp_path_factory.mktemp("stream_asr") / "weights").folder
 
 
-@pytest.mark.models
-async def test_speech_is_transcribed_word_by_word_under_semantic_vad(config: ServerConfig, stt_weights: Path) -> None:
+@asynccontextmanager
+async def _hearing_with_stt(
+    config: ServerConfig, stt_weights: Path
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, np.ndarray]]:
+    """A server whose cascade hears with the tiny STT, an SDK client of it, and ``QUESTION`` spoken."""
     config.engine = "cascade"
     config.stt_engine = config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": 2})
     config.cascade = config.cascade.model_copy(update={"asr": "stt_engine"})
     async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
-        question = await speech_pcm(client, QUESTION)
+        yield client, await speech_pcm(client, QUESTION)
+
+
+@pytest.mark.models
+async def test_speech_is_transcribed_word_by_word_under_semantic_vad(config: ServerConfig, stt_weights: Path) -> None:
+    async with _hearing_with_stt(config, stt_weights) as (client, question):
         silence = np.zeros(24000 * 3, dtype=np.int16)  # the longest pause semantic_vad waits (low: 2 s)
         spoken = np.concatenate([silence[:4800], question, silence])
         async with client.realtime.connect(model="cascade") as conn:
@@ -98,12 +108,7 @@ async def test_a_manual_commit_gets_the_turns_words_without_waiting_the_models_d
     """With no turn detection the client commits as it stops talking; no silence went by for the
     model's delay to pass in, so the stream is flushed (docs/engines.md#cascade-streaming-asr)
     and the turn's transcript still holds every word said before the commit."""
-    config.engine = "cascade"
-    config.stt_engine = config.stt_engine.model_copy(update={"weights": str(stt_weights), "batch_size": 2})
-    config.cascade = config.cascade.model_copy(update={"asr": "stt_engine"})
-    async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
-        question = await speech_pcm(client, QUESTION)
+    async with _hearing_with_stt(config, stt_weights) as (client, question):
         async with client.realtime.connect(model="cascade") as conn:
             reader = SdkReader(conn)
             await reader.next()
