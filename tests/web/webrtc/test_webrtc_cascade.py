@@ -31,6 +31,7 @@ from tests.web.webrtc_support import RATE, Caller, webrtc_config
 pytestmark = pytest.mark.models
 
 PLAYOUT_MARGIN_S = 0.4  # audio already on the wire when the track was cleared: jitter buffers, Opus
+ANSWER_TOKENS = 120  # ~90 words: ~35 s of speech
 
 
 def at_48k(pcm24k: np.ndarray) -> np.ndarray:
@@ -47,7 +48,12 @@ async def test_spoken_answer_on_the_track_and_speaking_over_it_clears_it(config:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=EVENT_TIMEOUT_S)
         story, question = at_48k(await speech_pcm(client, STORY_REQUEST)), at_48k(await speech_pcm(client, QUESTION))
         caller = Caller()
-        await caller.call(client, session={"type": "realtime", "instructions": STORYTELLER})
+        # The answers are stories (STORYTELLER) and the track plays them at real time: bounded, the
+        # second one's playback ends well inside the conversation's timeout, and the first still
+        # outlasts the interruption by tens of seconds.
+        await caller.call(
+            client, session={"type": "realtime", "instructions": STORYTELLER, "max_output_tokens": ANSWER_TOKENS}
+        )
         created = await caller.until("session.created")
         assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
         loop = asyncio.get_running_loop()
