@@ -37,6 +37,8 @@ from rtserve.engines.values import FrameOutput, Pcm
 
 # Steps remembered for markers placed behind the audio already stepped (6 s at 12.5 Hz).
 _STEP_HISTORY = 75
+# Flushes remembered for markers placed behind them (a session flushes once a turn).
+_FLUSH_HISTORY = 16
 
 
 @dataclass
@@ -54,8 +56,9 @@ class SttStream:
         self._frame_size = frame_size
         self._tail = np.zeros(0, np.float32)
         self._sent = 0  # samples the client sent, the tail included
-        # Silence ``flush`` inserted: (client samples before it, samples inserted up to it).
-        self._inserted: list[tuple[int, int]] = []
+        self._inserted = 0  # samples of silence ``flush`` inserted
+        # The latest flushes: (client samples before it, samples inserted before it).
+        self._flushes: deque[tuple[int, int]] = deque(maxlen=_FLUSH_HISTORY)
         self._markers: deque[_PendingMarker] = deque()
         # (step index, samples stepped by then) of recent steps: a marker placed behind the audio
         # already stepped is due the model's delay after the step that took its samples.
@@ -71,13 +74,17 @@ class SttStream:
     @property
     def buffered_samples(self) -> int:
         """Samples received (and inserted) and not stepped yet."""
-        inserted = self._inserted[-1][1] if self._inserted else 0
-        return self._sent + inserted - self._lease.samples_consumed - self._lease.samples_discarded
+        return self._sent + self._inserted - self._lease.samples_consumed - self._lease.samples_discarded
 
     def _queued(self, samples: int) -> int:
         """Where the client's first ``samples`` end in the slot's input: with the silence inserted
-        before them, not what was inserted right after them."""
-        inserted = next((total for before, total in reversed(self._inserted) if before < samples), 0)
+        before them, not what was inserted right after them (a marker behind more than
+        ``_FLUSH_HISTORY`` flushes counts from the oldest one remembered)."""
+        inserted = self._inserted
+        for before, earlier in reversed(self._flushes):
+            if before < samples:
+                break
+            inserted = earlier
         return samples + inserted
 
     @property
@@ -127,9 +134,8 @@ class SttStream:
         said after it are timed that much later (the model heard the silence)."""
         if self._ended or self._closed:
             return
-        inserted = self._push_delay()
-        previous = self._inserted[-1][1] if self._inserted else 0
-        self._inserted.append((self._sent, previous + inserted))
+        self._flushes.append((self._sent, self._inserted))
+        self._inserted += self._push_delay()
         # Every whole frame queued, the audio not stepped yet before the silence included.
         self._lease.scheduler.drain_soon(self._lease, self.buffered_samples // self._frame_size)
 
