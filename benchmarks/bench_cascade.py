@@ -97,6 +97,14 @@ PACKAGES = (
 )
 
 
+def _version(package: str) -> str | None:
+    """None where the package is not installed (its model given by path instead)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
@@ -218,9 +226,15 @@ def summary(turns: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     }
 
 
+def _model_paths() -> dict[str, str]:
+    """Only the model paths from the environment (``RTSERVE_MODELS__*``: a host without the model
+    packages, e.g. the GPU host's CPU); every other setting is the default."""
+    return {key: value for key, value in os.environ.items() if key.startswith("RTSERVE_MODELS__")}
+
+
 async def main() -> None:
-    config = load_config(environ={})
-    baseline_config = load_config(environ={}, overrides={"cascade": BASELINE})
+    config = load_config(environ=_model_paths())
+    baseline_config = load_config(environ=_model_paths(), overrides={"cascade": BASELINE})
     registry = CollectorRegistry()
     engine = CascadeEngine(config, registry)
     baseline = CascadeEngine(baseline_config, CollectorRegistry())
@@ -247,7 +261,7 @@ async def main() -> None:
             "python": platform.python_version(),
             "load_average_1m_at_end": os.getloadavg()[0],
         },
-        "versions": {name: metadata.version(name) for name in PACKAGES},
+        "versions": {name: _version(name) for name in PACKAGES},
         "config": {
             "cpu_threads": config.models.cpu_threads,
             "turns": TURNS,
@@ -330,8 +344,10 @@ def _stages(row: dict[str, float]) -> str:
 
 async def simultaneous(counts: list[int], rounds: int, before: dict[str, object], after: dict[str, object]) -> None:
     engines = {
-        "before": CascadeEngine(load_config(environ={}, overrides={"cascade": before}), CollectorRegistry()),
-        "after": CascadeEngine(load_config(environ={}, overrides={"cascade": after}), CollectorRegistry()),
+        "before": CascadeEngine(
+            load_config(environ=_model_paths(), overrides={"cascade": before}), CollectorRegistry()
+        ),
+        "after": CascadeEngine(load_config(environ=_model_paths(), overrides={"cascade": after}), CollectorRegistry()),
     }
     for engine in engines.values():
         await engine.start()

@@ -34,7 +34,8 @@ TTS clients (one connection per reply, as moshi-server's) send 8-20 ``Text`` wor
 ``--words-per-s`` on a schedule, then ``Eos``, read the audio, and start the next reply once the
 server has closed the previous one (``--think-s`` later). Reported: first audio (first word sent -> first
 ``Audio``) p50/p95 and the engine's share of it (``rtserve_kyutai_tts_first_audio_seconds``:
-first text received -> first audio handed out, in the engine process), audio stalls once
+first text received -> first audio handed out, in the engine process; ``after text``: from the text
+the reply last waited for, ``rtserve_kyutai_tts_first_audio_after_text_seconds``), audio stalls once
 started (an ``Audio`` arriving after everything before it would have played out at real time),
 replies and errors.
 
@@ -610,6 +611,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         for q in (0.5, 0.95):  # the engine's share: first text received -> first audio handed out
             seconds = histogram_quantile(metrics_before, metrics_after, f"{family}first_audio_seconds", q)
             point[f"engine_first_audio_p{round(q * 100)}_ms"] = seconds * 1e3
+            # of which the engine's own: from the text the reply last waited for
+            seconds = histogram_quantile(metrics_before, metrics_after, f"{family}first_audio_after_text_seconds", q)
+            point[f"engine_after_text_p{round(q * 100)}_ms"] = seconds * 1e3
         point |= first_audio_steps(metrics_before, metrics_after)
     return point
 
@@ -632,14 +636,18 @@ def per_stream_tick(
 
 def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Where the engine's share of first audio goes: a reply's full and pre-audio steps before its
-    first audio (p50), and the share of the model's steps that were full steps while a young reply
-    waited, by reason (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps)."""
+    first audio (p50, p95), the replies that found the young batch full, and the share of the
+    model's steps that were full steps while a young reply waited, by reason
+    (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps)."""
     point = {
-        f"first_{kind}_steps_p50": histogram_quantile(
-            before, after, "rtserve_kyutai_tts_first_audio_steps", 0.5, f'kind="{kind}"'
+        f"first_{kind}_steps_p{round(q * 100)}": histogram_quantile(
+            before, after, "rtserve_kyutai_tts_first_audio_steps", q, f'kind="{kind}"'
         )
         for kind in ("full", "pre_audio")
+        for q in (0.5, 0.95)
     }
+    full = "rtserve_kyutai_tts_young_batch_full_total"
+    point["young_batch_full"] = after.get(full, 0.0) - before.get(full, 0.0)
     steps = {
         kind: sum(
             value - before.get(key, 0.0)
@@ -713,6 +721,12 @@ def tts_point(logs: list[TtsLog], window: tuple[float, float]) -> dict[str, Any]
         "audio_s": audio_s,
         "words_spoken": sum(r.texts for r in replies),
         "words_sent": sum(r.words for r in replies),
+        # (first word sent, s into the window; its first audio, ms): whether slow ones cluster in time
+        "first_audio_by_time": sorted(
+            (round(r.first_sent - window[0], 3), round((r.audio[0][0] - r.first_sent) * 1e3, 1))
+            for r in replies
+            if r.audio and not r.error
+        ),
     }
 
 
@@ -770,11 +784,15 @@ TTS_COLUMNS = [
     ("eng first p50", "engine_first_audio_p50_ms", "{:.0f}"),
     ("1st full p50", "first_full_steps_p50", "{:.1f}"),
     ("1st pre p50", "first_pre_audio_steps_p50", "{:.1f}"),
+    ("1st full p95", "first_full_steps_p95", "{:.1f}"),
+    ("young full", "young_batch_full", "{:.0f}"),
     ("young %", "steps_young_batch_pct", "{:.0f}"),
     ("pre %", "steps_pre_audio_pct", "{:.0f}"),
     ("full due %", "steps_full_first_audio_due_pct", "{:.0f}"),
     ("full lead %", "steps_full_lead_short_pct", "{:.0f}"),
     ("eng first p95", "engine_first_audio_p95_ms", "{:.0f}"),
+    ("after text p50", "engine_after_text_p50_ms", "{:.0f}"),
+    ("after text p95", "engine_after_text_p95_ms", "{:.0f}"),
     ("stalls", "stalls", "{}"),
     ("stalled ms", "stalled_ms_total", "{:.0f}"),
     ("audio s", "audio_s", "{:.0f}"),

@@ -325,6 +325,15 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
         point[f"{engine}_tick_p99_ms"] = seconds * 1e3
         parts = tick_parts_p99_ms(metrics_before, metrics_after, f"rtserve_kyutai_{engine}_")
         point |= {f"{engine}_{name}": value for name, value in parts.items()}
+    # Model calls a second: a text-to-speech batch read at playback speed needs ~12.5 (one a
+    # frame) plus new replies' steps; stepped for every frame a reader takes, far more.
+    calls = "rtserve_kyutai_tts_tick_seconds_count"
+    point["tts_calls_per_s"] = (metrics_after.get(calls, 0.0) - metrics_before.get(calls, 0.0)) / measured_s
+    for q in (0.5, 0.95):  # the TTS engine's own share of the reply's first audio
+        seconds = histogram_quantile(
+            metrics_before, metrics_after, "rtserve_kyutai_tts_first_audio_after_text_seconds", q
+        )
+        point[f"tts_after_text_p{round(q * 100)}_ms"] = seconds * 1e3
     return point
 
 
@@ -348,6 +357,9 @@ COLUMNS = [
     ("busiest %", "busiest_server_pct", "{:.0f}"),
     ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
     ("TTS tick p99", "tts_tick_p99_ms", "{:.1f}"),
+    ("TTS calls/s", "tts_calls_per_s", "{:.1f}"),
+    ("TTS after text p50", "tts_after_text_p50_ms", "{:.0f}"),
+    ("p95", "tts_after_text_p95_ms", "{:.0f}"),
     ("client %", "busiest_client_pct", "{:.0f}"),
 ]
 

@@ -4,7 +4,8 @@ text allows: the text-arrival floor under first audio (issue 33, benchmarks/note
 A row steps only while it holds the next word and ``second_stream_ahead`` more after it, and the
 steps inside the audio delay already speak words. This drives rtserve's own ``TextMachine`` with
 the tts-1.6b-en_fr settings (two words of lookahead, at most 8 pads, 2 initial), words of
-``--word-tokens`` tokens sent at each ``--words-per-s`` from t=0, and the model's text prediction
+``--word-tokens`` tokens (each followed by the pads the script splitter forces after it) sent at
+each ``--words-per-s`` from t=0, and the model's text prediction
 replaced by one of two speakers: one that never asks for a word (as random weights behave: a word
 is forced after ``max_padding`` pads, ~10 steps a word) and one that asks at every step (the
 fastest speech the machine allows). Prints, per rate and speaker, when the step that makes the
@@ -33,7 +34,8 @@ def first_audio_floor(words_per_s: float, sampled: int, young_steps: int, word_t
     now, sent, steps, pending = 0.0, 0, 0, 0
     while steps <= young_steps:
         while sent / words_per_s <= now + 1e-9:
-            machine.push(0, [100 + k for k in range(word_tokens)], 0, pending)
+            # the pads ``ScriptSplitter`` forces after a word (tts_engine.padding_between = 1)
+            machine.push(0, [100 + k for k in range(word_tokens)], word_tokens, pending)
             sent, pending = sent + 1, pending + 1
         if bool(machine.ready()[0]):
             step = machine.step(torch.tensor([sampled]), torch.tensor([steps]), torch.tensor([True]))

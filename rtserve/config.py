@@ -229,6 +229,14 @@ class LockstepConfig(_Section):
         "outlast max_input_backlog_ms, so an event-loop stall "
         "that loses no input loses no output either",
     )
+    run_ahead_refill_frames: int = Field(
+        4,
+        ge=1,
+        description="a model running ahead of playback (text-to-speech) steps out of its tick for a stream only "
+        "once that stream's reader has this many frames of room (at most output_queue_frames; a stream with "
+        "nothing queued at once); every stream with room steps along, and the tick tops every queue up. 1: a "
+        "step whenever any reader takes a frame, each a step of the whole batch for the few streams read since",
+    )
     release_timeout_s: float = Field(
         2.0, gt=0, description="session close waits this long for the engine thread to free its slot"
     )
@@ -538,13 +546,21 @@ class TtsEngineConfig(_Section):
         "(unless one is down to half the lead), so they share full steps; 0: each takes one at once",
     )
     young_batch: int = Field(
-        0,
+        32,
         ge=0,
         le=1024,
-        description="new replies step through their audio delay in a batch of this many "
-        "rows of their own (same weights, a fraction of a full step's time, beside the others' steps) before "
-        "joining the others; a reply that finds it full starts with the others; 0: off (the default: at 128 "
-        "streams on an H200 it moved first audio p50 525 -> 505 ms but p95 588 -> 703)",
+        description="new replies step through their audio delay in a batch of this many rows of their own (same "
+        "weights, a few ms a step, several steps a call) before joining the others (at most max_sessions); a "
+        "reply that finds it full starts with the others; 0: off. At 128 streams on an H200, 16 rows: first "
+        "audio p50 374 -> 295 ms with the text at once, 591 -> 403 at 15 words/s; a burst of 17 new replies "
+        "overflowed 16 rows (docs/engines.md#young-batch)",
+    )
+    young_burst_ms: float = Field(
+        20.0,
+        ge=0,
+        le=80,
+        description="with young_batch: in a call where only the young batch steps, its steps go on back to back "
+        "for up to this long (beside a step of the others they go on until it ends); 0: one step a call",
     )
 
 
@@ -991,7 +1007,7 @@ class EngineLinkConfig(_Section):
     """Front-end workers <-> the engine process (``--workers`` > 1)."""
 
     uplink_lead_ms: float = Field(
-        15.0,
+        30.0,
         ge=0,
         le=40,
         description="a worker sends its sessions' audio this long before the engine's next tick (one message a tick)",

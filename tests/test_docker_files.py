@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.metrics import CascadeMetrics
+from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
 from tests.web.realtime_support import loopback_config, running
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
@@ -81,11 +82,13 @@ async def test_every_metric_the_dashboard_queries_is_exported(config: ServerConf
         async with http.get(base + "/metrics") as resp:
             exposition = await resp.text()
     # Labelled families with no child yet have no sample line: their names come from # TYPE. The
-    # default engine's (the cascade's) families are exported where it runs; this server runs the
-    # loopback engine, so they are taken from the cascade's own registration.
-    cascade = CollectorRegistry()
-    CascadeMetrics(cascade)
-    families = [*text_string_to_metric_families(exposition), *cascade.collect()]
+    # default engine's (the cascade's) families are exported where it runs, the Kyutai TTS
+    # engine's where it is configured; this server runs the loopback engine, so they are taken
+    # from their own registrations.
+    engines = CollectorRegistry()
+    CascadeMetrics(engines)
+    KyutaiTTSEngine(config, registry=engines)
+    families = [*text_string_to_metric_families(exposition), *engines.collect()]
     exported = {f"{family.name}{suffix}" for family in families for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))}
     queried = {name for expr in dashboard_exprs() for name in METRIC.findall(expr)}
     assert queried and queried <= exported, sorted(queried - exported)

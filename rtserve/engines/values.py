@@ -113,6 +113,9 @@ class SpeechStep:
     done: bool  # the text ran out after end of stream and the final padding was spoken
     overflow: bool = False  # the words could not be fed (lookahead overflow): the stream must end
     full_steps: int = 0  # of ``steps``, those taken in a full step of the batch (the rest: pre-audio steps)
+    # ``steps`` when each word begun since the slot's previous output began (an output may cover
+    # several steps); a word missing here (an output dropped) is placed at ``steps``
+    word_starts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

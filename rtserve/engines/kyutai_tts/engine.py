@@ -50,6 +50,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
 FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
+AFTER_TEXT_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
 FIRST_AUDIO_STEP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32)
 _ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
@@ -77,6 +78,14 @@ class KyutaiTTSEngine:
             buckets=FIRST_AUDIO_BUCKETS,
             registry=registry if registry is not None else CollectorRegistry(),
         )
+        self._after_text = Histogram(
+            "rtserve_kyutai_tts_first_audio_after_text_seconds",
+            "The text a reply last waited for before its first audio (the word, or the end of stream, that let "
+            "its row step on) reaching the engine thread -> its first audio frame made: the engine's own share of "
+            "first audio, without the wait for text",
+            buckets=AFTER_TEXT_BUCKETS,
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
         # Where a reply's first audio goes (docs/engines.md#pre-audio-steps): the kinds of step the
         # model took, and those a reply took before its first audio.
         self._steps = Counter(
@@ -86,6 +95,12 @@ class KyutaiTTSEngine:
             "young rows waited: full_no_catch_up (catching up off), full_first_audio_due (a reply about to "
             "make its first audio), full_lead_short (an older reply under tts_engine.catch_up_lead_ms ahead)",
             ["kind"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        self._young_batch_full = Counter(
+            "rtserve_kyutai_tts_young_batch_full",
+            "Replies that found every row of the young batch (tts_engine.young_batch) taken and started with the "
+            "others (docs/engines.md#young-batch)",
             registry=registry if registry is not None else CollectorRegistry(),
         )
         self._first_audio_steps = Histogram(
@@ -139,8 +154,11 @@ class KyutaiTTSEngine:
             young=self._young_batch(model),
             catch_up_lead_s=lead_s,
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
+            young_burst_s=settings.young_burst_ms / 1e3,
             clock=clock.monotonic,
             on_step=lambda kind: self._steps.labels(kind).inc(),
+            on_first_audio_after_text=self._after_text.observe,
+            on_young_batch_full=self._young_batch_full.inc,
         )
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)

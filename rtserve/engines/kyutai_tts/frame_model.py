@@ -30,11 +30,11 @@ the runtime's one small generalisation covers both rather than a second schedule
   lead, so several replies' first audio and the others' lead share one.
 * **The young batch** (``young``, docs/engines.md#young-batch): a new reply starts in a small
   pre-audio-only model on the same weights, whose step costs a fraction of the main batch's
-  pre-audio step (a few rows, a few ring slots). It steps in every call, beside the main
-  batch's step (on its own CUDA stream) or alone where a pre-audio step would run; once
-  through its audio delay the reply moves into the main batch (``adopt``), where its next
-  full step makes its first audio. A reply that finds the young batch full starts
-  in the main batch as before.
+  pre-audio step (a few rows, a few ring slots). It steps in every call, several steps back
+  to back: beside the main batch's step (on its own CUDA stream) until that ends, or alone
+  for up to ``young_burst_s`` where the main batch does not step; once through its audio
+  delay the reply moves into the main batch (``adopt``), where its next full step makes its
+  first audio. A reply that finds the young batch full starts in the main batch as before.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -54,7 +54,7 @@ import torch
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.conditioning import Voice
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, StepOutputs, TTSFrame
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame
 from rtserve.engines.kyutai_tts.script import Word
 from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
@@ -72,6 +72,16 @@ STEP_KINDS = (
 )
 
 
+def _finished(device: torch.device) -> Callable[[], bool]:
+    """Whether the work queued so far on ``device``'s current stream has finished (on a CPU, a
+    step has once launched)."""
+    if device.type != "cuda":
+        return lambda: True
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    event.record()
+    return event.query
+
+
 class TTSFrameModel:
     def __init__(
         self,
@@ -80,8 +90,11 @@ class TTSFrameModel:
         young: KyutaiTTSModel | None = None,
         catch_up_lead_s: float = 0.0,
         full_step_cadence_s: float = 0.0,
+        young_burst_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[str], None] | None = None,
+        on_first_audio_after_text: Callable[[float], None] | None = None,
+        on_young_batch_full: Callable[[], None] | None = None,
     ) -> None:
         """``catch_up_lead_s``: the audio an older row must have ahead of its playback for the
         young rows to step without it (0: never without it). Only for a model run ahead of
@@ -89,8 +102,12 @@ class TTSFrameModel:
         wait, a full step for an older row short of that lead, or about to make its first audio,
         comes at most this long after the last full step, unless a row is down to half the lead
         (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
-        weights). ``clock``: the scheduler's seconds.
-        ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics."""
+        weights); ``young_burst_s``: how long its steps may go on back to back in a call where
+        the main batch does not step (0: one step). ``clock``: the scheduler's seconds.
+        ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics.
+        ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
+        text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
+        reply finds every row of the young batch taken and starts in the main batch."""
         self.model = model
         self.young = young
         # Slot -> its row in the young batch, and row -> its slot (-1: none).
@@ -98,9 +115,12 @@ class TTSFrameModel:
         self._young_slot = np.full(0 if young is None else young.batch_size, -1, np.int64)
         self._young_stream: torch.cuda.Stream | None = None
         if young is not None and young.device.type == "cuda":
-            self._young_stream = torch.cuda.Stream(young.device)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+            # Of higher priority than the main batch's: the GPU schedules a young step's few small
+            # kernels as soon as a full step's kernels leave room, not after that whole step.
+            self._young_stream = torch.cuda.Stream(young.device, priority=-1)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.catch_up_lead_s = catch_up_lead_s
         self.full_step_cadence_s = full_step_cadence_s
+        self.young_burst_s = young_burst_s
         self._last_full = -np.inf  # clock time of the last full step
         self._clock = clock
         self._frame_s = model.frame_size / model.sample_rate
@@ -116,6 +136,13 @@ class TTSFrameModel:
         self._overflow = [False] * model.batch_size
         self._full_steps = np.zeros(model.batch_size, np.int64)
         self._on_step = on_step
+        # Per row before its first audio: found waiting for text, and when the text that last let
+        # it go on arrived (nan: none yet).
+        self._before_audio = np.zeros(model.batch_size, bool)
+        self._text_wait = np.zeros(model.batch_size, bool)
+        self._text_at = np.full(model.batch_size, np.nan)
+        self._on_first_audio_after_text = on_first_audio_after_text
+        self._on_young_batch_full = on_young_batch_full
 
     # -- scheduler control operations ------------------------------------------------
 
@@ -128,6 +155,7 @@ class TTSFrameModel:
         return True
 
     def release(self, slot: int) -> None:
+        self._before_audio[slot] = False
         self.model.release(slot)
         row = self._young_row[slot]
         if row >= 0 and self.young is not None:
@@ -144,15 +172,20 @@ class TTSFrameModel:
             self.young.open_slot(row, voice, seed)
             self._young_row[slot], self._young_slot[row] = row, slot
         else:
+            if self.young is not None and self._on_young_batch_full is not None:
+                self._on_young_batch_full()
             self.model.open_slot(slot, voice, seed)
         self._words[slot] = 0
         self._overflow[slot] = False
         self._audio_start[slot] = np.nan
         self._audio_frames[slot] = 0
         self._full_steps[slot] = 0
+        self._before_audio[slot] = self._text_wait[slot] = True
+        self._text_at[slot] = np.nan
 
     def push(self, slot: int, words: list[Word]) -> None:
         """Queue words; the session keeps at most ``max_words`` unspoken here (past it: refused)."""
+        self._text_arrived(slot)
         model, row = self._holder(slot)
         for word in words:
             try:
@@ -161,8 +194,17 @@ class TTSFrameModel:
                 raise EngineError("too many words wait to be spoken", code=INPUT_BACKPRESSURE) from None
 
     def end(self, slot: int) -> None:
+        self._text_arrived(slot)
         model, row = self._holder(slot)
         model.end_of_stream(row)
+
+    def _text_arrived(self, slot: int) -> None:
+        """Text (words or the end) for ``slot``: if its row was found waiting for text before its
+        first audio, this may be what lets it go on. The last such arrival before the first audio
+        is the text the reply waited for longest; what follows it is the engine's own share."""
+        if self._text_wait[slot]:
+            self._text_wait[slot] = False
+            self._text_at[slot] = self._clock()
 
     def _holder(self, slot: int) -> tuple[KyutaiTTSModel, int]:
         """The model stepping ``slot``'s stream and its row there."""
@@ -179,6 +221,7 @@ class TTSFrameModel:
         if self.young is not None and (self._young_slot >= 0).any():
             young_ready = self.young.ready().cpu().numpy() & (self._young_slot >= 0)
             ready[self._young_slot[young_ready]] = True
+        self._text_wait |= self._before_audio & ~ready
         return ready
 
     @torch.no_grad()
@@ -195,12 +238,15 @@ class TTSFrameModel:
         young_batch = stepping & in_young
         stepping &= ~in_young
         young = stepping & model.young_rows()
-        waiting = young_batch.any() or young.any()
-        kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now)
+        in_young_batch = bool(young_batch.any())
+        waiting = in_young_batch or young.any()
+        kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now, bool(young.any()))
         active = young if kind == "pre_audio" else stepping
-        # The young batch steps beside the main batch's step (on its own CUDA stream), so a full
-        # step the older replies need costs new replies no time.
-        launched = self._launch_young_batch(young_batch) if young_batch.any() else None
+        if in_young_batch and self._young_stream is not None:
+            # The young batch's steps come after the words uploaded (ready_rows) and the rows
+            # adopted so far on the current stream, and run beside the main batch's step.
+            self._young_stream.wait_stream(torch.cuda.current_stream(model.device))
+        launched, main_done = None, None
         if active.any():
             if self._on_step is not None:
                 self._on_step(kind)
@@ -208,62 +254,97 @@ class TTSFrameModel:
             if speak:
                 self._full_steps[active] += 1
                 self._last_full = now
-            for slot, frame in enumerate(model.step(torch.from_numpy(active).to(model.device), speak=speak)):
+            launched = model.launch(torch.from_numpy(active).to(model.device), speak=speak)
+            main_done = _finished(model.device)
+        if in_young_batch:
+            self._step_young_batch(young_batch, outputs, now, main_done)
+        if launched is not None:
+            for slot, frame in enumerate(model.read(launched)):
                 if frame is not None and frame.stepped and live[slot]:
                     outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now)
-        if launched is not None:
-            if self._on_step is not None:
-                self._on_step("young_batch")
-            self._finish_young_batch(launched, outputs, now)
+        if in_young_batch:
+            self._adopt_through_delay()
         return outputs
 
-    def _launch_young_batch(self, slots: npt.NDArray[np.bool_]) -> StepOutputs:
-        """Queue a step of the young batch's rows of ``slots``, on its stream after everything the
-        current stream has queued (words uploaded, rows adopted)."""
+    def _step_young_batch(
+        self,
+        slots: npt.NDArray[np.bool_],
+        outputs: list[FrameOutput | None],
+        now: float,
+        main_done: Callable[[], bool] | None,
+    ) -> None:
+        """Steps of the young batch's rows of ``slots``, back to back on its own stream: while the
+        main batch's step runs (``main_done``: it has finished), or without one for up to
+        ``young_burst_s``. Each costs a few milliseconds against a full step's tens at 128 rows,
+        so a new reply goes through its audio delay in a few calls rather than one step a call.
+        At least one step, at most ``young_steps`` (what a row needs), and none after a step
+        where none of its rows stepped (a row can only go on with text, which comes between
+        calls). A slot's frames merge into its one output (running totals; ``word_starts``)."""
         young = self.young
         assert young is not None
-        active = np.zeros(young.batch_size, bool)
-        active[self._young_row[slots]] = True
-        if self._young_stream is None:
-            return young.launch(torch.from_numpy(active).to(young.device), speak=False)
-        self._young_stream.wait_stream(torch.cuda.current_stream(young.device))
-        with torch.cuda.stream(self._young_stream):
-            return young.launch(torch.from_numpy(active).to(young.device), speak=False)
+        mask = np.zeros(young.batch_size, bool)
+        mask[self._young_row[slots]] = True
+        active = torch.from_numpy(mask).to(young.device)
+        started = self._clock()
+        stream = contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream)
+        for _ in range(young.young_steps):
+            with stream:
+                frames = young.read(young.launch(active, speak=False))  # waits for the young stream alone
+            if self._on_step is not None:
+                self._on_step("young_batch")
+            stepped = False
+            for row, frame in enumerate(frames):
+                slot = int(self._young_slot[row])
+                if frame is not None and frame.stepped and slot >= 0:
+                    outputs[slot] = self._output(slot, frame, int(young.steps[row]), now, outputs[slot])
+                    stepped = True
+            more = not main_done() if main_done is not None else self._clock() - started < self.young_burst_s
+            if not (stepped and more):
+                return
 
-    def _finish_young_batch(self, launched: StepOutputs, outputs: list[FrameOutput | None], now: float) -> None:
-        """The young batch's frames into ``outputs``; rows through their audio delay move into
-        the main batch."""
+    def _adopt_through_delay(self) -> None:
+        """Young-batch rows through their audio delay move into the main batch (after its step)."""
         young = self.young
         assert young is not None
-        with contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream):
-            frames = young.read(launched)  # waits for the young stream alone
-        for row, frame in enumerate(frames):
-            slot = int(self._young_slot[row])
-            if frame is not None and frame.stepped and slot >= 0:
-                outputs[slot] = self._output(slot, frame, int(young.steps[row]), now)
         for row in np.flatnonzero((self._young_slot >= 0) & (young.steps >= young.young_steps)):
             slot = int(self._young_slot[row])
             self.model.adopt(slot, young, int(row))
             self._young_row[slot], self._young_slot[row] = -1, -1
 
-    def _output(self, slot: int, frame: TTSFrame, steps: int, now: float) -> FrameOutput:
+    def _output(
+        self, slot: int, frame: TTSFrame, steps: int, now: float, merged: FrameOutput | None = None
+    ) -> FrameOutput:
+        """``frame`` as ``slot``'s output, after ``merged`` (its output of an earlier step this call)."""
         self._words[slot] += frame.words_started
+        starts = merged.speech.word_starts if merged is not None and merged.speech is not None else ()
+        if frame.words_started:
+            starts += (steps,)
         self._overflow[slot] = self._overflow[slot] or frame.overflow
         audio = _NO_AUDIO if frame.audio is None else frame.audio.astype(np.float32, copy=False)
         if frame.audio is not None:
             if not self._audio_frames[slot]:
-                self._audio_start[slot] = now
+                self._first_audio(slot, now)
             self._audio_frames[slot] += 1
-        speech = SpeechStep(steps, self._words[slot], frame.done, self._overflow[slot], int(self._full_steps[slot]))
+        speech = SpeechStep(
+            steps, self._words[slot], frame.done, self._overflow[slot], int(self._full_steps[slot]), starts
+        )
         return FrameOutput(audio, speech=speech)
 
-    def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float) -> str:
+    def _first_audio(self, slot: int, now: float) -> None:
+        self._audio_start[slot] = now
+        self._before_audio[slot] = False
+        text_at = self._text_at[slot]
+        if self._on_first_audio_after_text is not None and not np.isnan(text_at):
+            self._on_first_audio_after_text(self._clock() - text_at)
+
+    def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float, shared: bool) -> str:
         """With young rows stepping: ``pre_audio`` (they go alone), or why the rows past their
         audio delay that would step must step now too: catching up is off, one has no audio yet
         (a reply about to start), or one has less than ``catch_up_lead_s`` ahead of its playback.
         Within ``full_step_cadence_s`` of the last full step only a row under half the lead
-        forces one: a reply's first audio and the others' lead then share full steps, which cost
-        every young row a full step each."""
+        forces one, when young rows of the main batch wait (``shared``): a reply's first audio and
+        the others' lead then share full steps, which cost each of those a full step. The young
+        batch's rows step beside a full step and wait for none."""
         if not older.any():
             return "pre_audio"
         if self.catch_up_lead_s <= 0:
@@ -273,7 +354,7 @@ class TTSFrameModel:
         lead = made[speaking] - now
         if bool((lead < self.catch_up_lead_s / 2).any()):
             return "full_lead_short"
-        if now - self._last_full < self.full_step_cadence_s:
+        if shared and now - self._last_full < self.full_step_cadence_s:
             return "pre_audio"
         if not speaking.all():
             return "full_first_audio_due"

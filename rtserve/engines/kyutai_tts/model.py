@@ -165,15 +165,17 @@ class KyutaiTTSModel:
                 top_k_text=settings.top_k_text,
             ),
         )
+        if pre_audio_only:  # its rows never pass young_steps positions: a ring of those slots alone
+            # (a multiple of 8 of them: SDPA pads a mask of any other length, in every layer), not
+            # the context's (tts-1.6b: 24 of 500 slots, 3 MB a row instead of 66)
+            transformer = self.lm.transformer
+            transformer.capacity = transformer.span = min(-(-max(1, self.young_steps) // 8) * 8, transformer.capacity)
         self.lm.start(rows)
         self.cross_length = MAX_SPEAKERS * settings.voice_frames
         if arch.cross_attention:
             self.lm.transformer.start_cross(rows, self.cross_length, device, self.dtype)
         self.condition_sum = torch.zeros(rows, 1, c.dim, device=device, dtype=self.dtype)
-        if pre_audio_only:  # its rows never pass young_steps positions: attend to those slots only,
-            # a multiple of 8 of them (SDPA pads a mask of any other length, in every layer)
-            self.lm.transformer.span = min(-(-max(1, self.young_steps) // 8) * 8, self.lm.transformer.capacity)
-        else:
+        if not pre_audio_only:
             self.mimi.start(batch_size)
         self.ring = c.max_delay + 2
         self.cache = torch.full((batch_size, c.num_codebooks, self.ring), UNGENERATED_TOKEN, device=device)

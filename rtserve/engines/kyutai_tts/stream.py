@@ -167,14 +167,22 @@ class TTSStream:
             self._on_first_audio(time.monotonic() - self._first_text_at, speech)
 
     def _words(self, speech: SpeechStep) -> list[SpokenWord]:
-        words = []
-        for _ in range(speech.words_started - self._started):
+        """The words ``speech`` ends: each ends where the next one begins."""
+        words: list[SpokenWord] = []
+        begun = speech.words_started - self._started
+        if begun <= 0:
+            return words
+        known = list(speech.word_starts[-begun:])
+        # A frame dropped for a stalled reader passes its starts on (OutputHandoff); words begun in
+        # one voided by an epoch fence have none: they end at the first known start.
+        starts = [known[0] if known else speech.steps] * (begun - len(known)) + known
+        for start in starts:
             if self._word_start is not None and self._texts:
                 text = self._texts.popleft()
                 if text:
-                    words.append(SpokenWord(text, self._time(self._word_start), self._time(speech.steps)))
-            self._word_start = speech.steps
-        self._started = max(self._started, speech.words_started)
+                    words.append(SpokenWord(text, self._time(self._word_start), self._time(start)))
+            self._word_start = start
+        self._started = speech.words_started
         return words
 
     def _time(self, steps: int) -> float:

@@ -23,11 +23,12 @@ no longer holds the slot). Such a model may step only the rows that have input a
 ``None`` for the rest (docs/engines.md#kyutai-tts-on-the-lockstep-runtime).
 
 A model whose output may be made ahead of playback (text-to-speech: ``run_ahead``,
-a ``RunsAhead`` model) is stepped without waiting for the tick while a live row that may step
-(``ready_rows``) has room in its output queue, and between ticks the thread wakes for a
-session's new input instead of sleeping out the period; a row whose queue is full is not
-stepped (it waits for its reader instead of losing audio). With no such row it falls back to
-pacing. Other models are paced as below (docs/engines.md#running-ahead-of-playback).
+a ``RunsAhead`` model) is stepped without waiting for the tick once a live row that may step
+(``ready_rows``) has ``run_ahead_refill_frames`` of room in its output queue (every row with
+any room steps along), and between ticks the thread wakes for a session's new input instead of
+sleeping out the period; a row whose queue is full is not stepped (it waits for its reader
+instead of losing audio). With no such row it falls back to pacing, and each tick steps every
+row with room. Other models are paced as below (docs/engines.md#running-ahead-of-playback).
 
 Ticks are paced by ``TickPacer`` on a drift-free grid (tick n due at start + n *
 period). After an overrun the missed ticks run back to back, because clients kept
@@ -246,6 +247,7 @@ class LockstepScheduler:
         )
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
+        self._refill_frames = min(config.run_ahead_refill_frames, config.output_queue_frames)
         self._clock = clock or SystemTickClock()
         self._on_tick = on_tick
         self._slots = [_Slot(i) for i in range(self.batch_size)]
@@ -442,13 +444,17 @@ class LockstepScheduler:
             )
 
     def _may_run_ahead(self) -> bool:
-        """A live row would step now and its reader has room for the frame (engine thread)."""
+        """A live row would step now and its reader has ``run_ahead_refill_frames`` of room
+        (engine thread)."""
         assert self.run_ahead is not None
         self._apply_control_ops()  # a session's new text may be what makes its row ready
         ready = self.run_ahead.ready_rows()
         with self._cond:
             leases = [(s.index, s.lease) for s in self._slots if s.phase is SlotPhase.LIVE and s.lease is not None]
-        return any(ready[index] and lease.output.has_room for index, lease in leases)
+        # A row whose reader takes frames at playback speed gains one frame of room per period,
+        # and a step costs the whole batch: stepping for each frame taken ran back to back at
+        # hundreds of streams, each step for the few read since (benchmarks/notes/voice_agent_gpu.md).
+        return any(ready[index] and lease.output.room >= self._refill_frames for index, lease in leases)
 
     def _wait_for_input(self, due: float) -> bool:
         """Until the tick is due or a session's control operation arrives; True for the latter

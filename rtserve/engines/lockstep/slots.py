@@ -262,7 +262,8 @@ class OutputHandoff:
 
     When full, the oldest frame's audio is dropped (the reader fell behind; fresh audio
     matters more than stale audio) but never its text: a text piece is tiny and losing
-    one garbles the transcript, so it is carried into the next frame of the same epoch.
+    one garbles the transcript, so it is carried into the next frame of the same epoch, and
+    so are the steps its words began at (``SpeechStep.word_starts``: their timestamps).
     Closing discards what is queued: a released slot's pending output must never be
     delivered.
     """
@@ -284,10 +285,11 @@ class OutputHandoff:
             dropped = len(self._items) >= self.limit
             if dropped:
                 oldest, oldest_epoch = self._items.popleft()
-                if oldest.text:
+                starts = oldest.speech.word_starts if oldest.speech is not None else ()
+                if oldest.text or starts:
                     following, following_epoch = self._items[0] if self._items else (output, epoch)
                     if following_epoch == oldest_epoch:  # older epochs' text is fenced off anyway
-                        carried = replace(following, text=oldest.text + (following.text or ""))
+                        carried = _carry(oldest, following)
                         if self._items:
                             self._items[0] = (carried, following_epoch)
                         else:
@@ -318,7 +320,12 @@ class OutputHandoff:
     @property
     def has_room(self) -> bool:
         """A frame put now would not push out an older one."""
-        return len(self._items) < self.limit
+        return self.room > 0
+
+    @property
+    def room(self) -> int:
+        """Frames that can be put before one pushes out an older one."""
+        return self.limit - len(self._items)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -369,3 +376,12 @@ class LoopNotifier:
             dirty = self._pending.pop(loop, set())
         for target in sorted(dirty, key=attrgetter("wake_order")):
             target.wake()
+
+
+def _carry(dropped: FrameOutput, following: FrameOutput) -> FrameOutput:
+    """``following`` with the text and word starts of the frame dropped before it."""
+    carried = replace(following, text=(dropped.text or "") + (following.text or "") or None)
+    if dropped.speech is not None and following.speech is not None:
+        starts = dropped.speech.word_starts + following.speech.word_starts
+        carried = replace(carried, speech=replace(following.speech, word_starts=starts))
+    return carried

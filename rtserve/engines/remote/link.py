@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rtserve.config import EngineLinkConfig
 from rtserve.engines.errors import EngineError
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.remote.offer import EngineOffer
@@ -39,14 +40,17 @@ class EngineUnavailable(EngineError):
     code = ENGINE_UNAVAILABLE
 
 
+_DEFAULTS = EngineLinkConfig()  # a link made without the server's settings (tests, benchmarks)
+
+
 class EngineLink:
     def __init__(
         self,
         connect: Callable[[], Any],
         worker_index: int,
         *,
-        uplink_lead_s: float = 0.015,
-        uplink_last_call_s: float = 0.002,
+        uplink_lead_s: float = _DEFAULTS.uplink_lead_ms / 1000,
+        uplink_last_call_s: float = _DEFAULTS.uplink_last_call_ms / 1000,
         metrics: LinkMetrics | None = None,
     ) -> None:
         self._connect = connect  # () -> awaitable (reader, writer)
@@ -293,9 +297,9 @@ class Uplink:
         The audio waiting now is for the next tick and is sent at once. Handing the output to
         this worker's sessions (encoding and sending each one's frame) keeps the loop busy for a
         while, and a flush point falling inside that work would go only after it, late for the
-        tick: with the 7B Moshi step at ~59 ms the 15 ms lead's flush fell there, and 1.4 % of the
-        input missed its tick and was trimmed later (benchmarks/notes/moshi_speed.md,
-        "Fourteenth session")."""
+        tick. Sending earlier does not cure that alone: with the 7B Moshi step at ~59 ms a 15 ms
+        lead's flush point still fell inside the serving and ~1.2 % of the input was trimmed,
+        hence the 30 ms default lead (benchmarks/notes/moshi_speed.md, "Fifteenth session")."""
         self._tick_origin = tick_due
         self.flush()
 

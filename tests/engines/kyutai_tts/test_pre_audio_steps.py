@@ -12,7 +12,7 @@ import torch
 
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.loader import load_folder
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame, TTSSettings
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, StepOutputs, TTSFrame, TTSSettings
 from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
 from rtserve.weights.source import WeightSource
@@ -92,13 +92,13 @@ def test_a_row_past_its_audio_delay_does_not_step_pre_audio(tiny_tts: TinyTTS) -
 def _until_first_audio(frame_model: TTSFrameModel, slot: int) -> tuple[list[bool], list[np.ndarray]]:
     """Each call's kind of step (True: full) until ``slot``'s first audio, and row 0's audio by then."""
     kinds: list[bool] = []
-    step = frame_model.model.step
+    launch = frame_model.model.launch
 
-    def recorded(active: torch.Tensor, *, speak: bool) -> list[TTSFrame | None]:
+    def recorded(active: torch.Tensor, *, speak: bool) -> StepOutputs:
         kinds.append(speak)
-        return step(active, speak=speak)
+        return launch(active, speak=speak)
 
-    frame_model.model.step = recorded  # type: ignore[method-assign]
+    frame_model.model.launch = recorded  # type: ignore[method-assign]
     audio: list[np.ndarray] = []
     for _ in range(200):
         outputs = frame_model.step(NO_INPUT, LIVE)
@@ -272,3 +272,42 @@ def test_a_seeded_stream_says_the_same_whenever_its_words_arrive(tiny_tts: TinyT
     assert waited > 10 and len(heard["trickled"]) > 10
     for ours, theirs in zip(heard["trickled"], heard["at once"], strict=False):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_first_audio_after_text_counts_from_the_word_a_waiting_reply_stepped_on_with(tiny_tts: TinyTTS) -> None:
+    """``rtserve_kyutai_tts_first_audio_after_text_seconds``: the engine's share of first audio
+    starts at the text the reply last waited for, not at its first word."""
+    now = [0.0]
+    after_text: list[float] = []
+    frame_model = TTSFrameModel(
+        engine(tiny_tts, 2, cfg_coef=2.0), clock=lambda: now[0], on_first_audio_after_text=after_text.append
+    )
+    model = frame_model.model
+    splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
+    words = splitter.split(TEXT)
+    only_0 = np.array([True, False])
+    frame_model.begin(0, model.resolve_voice("alice"), None)
+    frame_model.push(0, words[:2])  # two words: not enough to step (the next word and two after it)
+    assert not frame_model.ready_rows()[0]
+    now[0] = 1.0
+    frame_model.push(0, words[2:3])  # the third: the row steps on with it
+    assert frame_model.ready_rows()[0]
+    now[0] = 3.0
+    frame_model.push(0, words[3:])  # more text, not waited for
+    frame_model.end(0)
+    first = None
+    while first is None:
+        now[0] += 0.01
+        output = frame_model.step(NO_INPUT, only_0)[0]
+        first = output if output is not None and output.audio.size else None
+    assert after_text == [pytest.approx(now[0] - 1.0)]  # from the third word, not the first or the last
+
+    # A reply whose whole text came at once waited for nothing after it: counted from there.
+    frame_model.begin(1, model.resolve_voice("bob"), None)
+    start_at = now[0]
+    frame_model.push(1, words)
+    frame_model.end(1)
+    while len(after_text) < 2:
+        now[0] += 0.01
+        frame_model.step(NO_INPUT, np.array([False, True]))
+    assert after_text[1] == pytest.approx(now[0] - start_at)

@@ -5,6 +5,8 @@ audio included; ``TTSFrameModel`` runs the young batch between the main batch's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -72,12 +74,27 @@ def test_a_reply_moved_from_the_young_batch_speaks_as_if_stepped_in_the_main_bat
     assert heard > 20
 
 
+@dataclass
+class Replies:
+    kinds: list[str]  # every step's kind
+    audio: dict[int, list[np.ndarray]]  # each row's frames
+    word_starts: dict[int, list[int]]  # each row's words' first steps, as its outputs said
+    calls: int  # calls after the new rows began
+    found_full: list[None]  # one per reply that found the young batch full
+    frame_model: TTSFrameModel
+
+
 def _replies(
-    tiny: TinyTTS, young_rows: int, call_s: float = 0.0, device: str = "cpu", lead_s: float = 0.16
-) -> tuple[list[str], dict[int, list[np.ndarray]], TTSFrameModel]:
+    tiny: TinyTTS,
+    young_rows: int,
+    call_s: float = 0.0,
+    device: str = "cpu",
+    lead_s: float = 0.16,
+    young_burst_s: float = 0.0,
+) -> Replies:
     """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
-    clock moves ``call_s`` a call; every step's kind and each row's audio until both new rows
-    have made 3 frames. Greedy, so the audio is each row's own whatever the batch it stepped in."""
+    clock moves ``call_s`` a call, until both new rows have made 3 frames. Greedy, so the audio
+    is each row's own whatever the batch it stepped in."""
     kinds: list[str] = []
     now = [0.0]
     loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
@@ -91,7 +108,16 @@ def _replies(
         young = KyutaiTTSModel(
             main.loaded.sharing_weights(), young_rows, settings=main.settings, voices=main.voices, pre_audio_only=True
         )
-    frame_model = TTSFrameModel(main, young=young, catch_up_lead_s=lead_s, clock=lambda: now[0], on_step=kinds.append)
+    found_full: list[None] = []
+    frame_model = TTSFrameModel(
+        main,
+        young=young,
+        on_young_batch_full=lambda: found_full.append(None),
+        catch_up_lead_s=lead_s,
+        young_burst_s=young_burst_s,
+        clock=lambda: now[0],
+        on_step=kinds.append,
+    )
     splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
     audio: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
     silence, live = np.zeros((3, 1920), np.float32), np.ones(3, bool)
@@ -104,13 +130,16 @@ def _replies(
             if output is not None and output.audio.size:
                 audio[0].append(output.audio)
     kinds.clear()
-    for _ in range(200):
+    word_starts: dict[int, list[int]] = {1: [], 2: []}
+    for calls in range(1, 200):
         now[0] += call_s
         for slot, output in enumerate(frame_model.step(silence, live)):
             if output is not None and output.audio.size:
                 audio[slot].append(output.audio)
+            if output is not None and output.speech is not None and slot in word_starts:
+                word_starts[slot] += output.speech.word_starts
         if min(len(audio[1]), len(audio[2])) >= 3:
-            return kinds, audio, frame_model
+            return Replies(kinds, audio, word_starts, calls, found_full, frame_model)
     raise AssertionError("the new replies made no audio")
 
 
@@ -118,21 +147,23 @@ def _replies(
 def test_new_replies_step_in_the_young_batch_then_speak_with_the_others_in_their_own_voices(
     tiny_tts: TinyTTS, device: str
 ) -> None:
-    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, device=device)
-    young_steps = frame_model.model.young_steps
+    replies = _replies(tiny_tts, young_rows=2, device=device)
+    kinds, audio, young_steps = replies.kinds, replies.audio, replies.frame_model.model.young_steps
     # Both new replies went through their audio delay together in the young batch, while row 0
     # was far enough ahead; then, nobody young left, full steps of the main batch make
     # everyone's audio.
     assert kinds[:young_steps] == ["young_batch"] * young_steps
     assert kinds[young_steps:] == ["full_no_young"] * (len(kinds) - young_steps)
-    _, alone, _ = _replies(tiny_tts, young_rows=0, device=device)  # the same replies, all in the main batch
+    alone = _replies(tiny_tts, young_rows=0, device=device).audio  # the same replies, all in the main batch
     for slot in range(3):
         for ours, theirs in zip(audio[slot], alone[slot], strict=False):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
 def test_a_reply_that_finds_the_young_batch_full_starts_in_the_main_batch(tiny_tts: TinyTTS) -> None:
-    kinds, audio, frame_model = _replies(tiny_tts, young_rows=1)
+    replies = _replies(tiny_tts, young_rows=1)
+    kinds, audio, frame_model = replies.kinds, replies.audio, replies.frame_model
+    assert len(replies.found_full) == 1  # row 2 (row 0 had gone through it before row 1 took it)
     # Row 1 took the young batch's one row; row 2 catches up in the main batch's pre-audio
     # steps, taking turns with it.
     assert {"young_batch", "pre_audio"} <= set(kinds)
@@ -147,16 +178,42 @@ def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(
 ) -> None:
     # A frame of real time a call: row 0 is short of its lead at every call (or catching up is
     # off), so every call is a full step of the main batch, and the young batch steps beside each
-    # (on CUDA, on a stream of its own: the same audio as without it, below, so neither step
-    # raced the other).
-    kinds, audio, frame_model = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device, lead_s=lead_s)
-    young_steps = frame_model.model.young_steps
-    assert kinds[: 2 * young_steps] == [reason, "young_batch"] * young_steps
-    # Through their delay after young_steps calls, the new replies speak from the next one on:
-    # as soon as if they had taken every full step with row 0.
-    assert "young_batch" not in kinds[2 * young_steps :]
-    assert len(audio[0]) == 2 + len(kinds) - young_steps
-    _, alone, _ = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device, lead_s=lead_s)
+    # (on CUDA, on a stream of its own, as many steps as fit in the full step's time: the same
+    # audio as without it, below, so neither step raced the other).
+    replies = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device, lead_s=lead_s)
+    kinds, audio, young_steps = replies.kinds, replies.audio, replies.frame_model.model.young_steps
+    young_per_call: list[int] = []  # each call: its full step, then the young batch's steps
+    for kind in kinds:
+        if kind == "young_batch":
+            young_per_call[-1] += 1
+        else:
+            assert kind in (reason, "full_no_young")
+            young_per_call.append(0)
+    through = young_per_call.index(0)
+    assert through and sum(young_per_call) == young_steps  # beside each full step until through the delay
+    if device == "cpu":  # a CPU's full step is over when the young batch's begins: one each
+        assert young_per_call[:through] == [1] * young_steps
+    calls = young_per_call
+    # Through their delay, the new replies speak from the next call on: as soon as if they had
+    # taken every full step with row 0.
+    assert len(audio[0]) == 2 + len(calls)
+    alone = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device, lead_s=lead_s).audio
     for slot in range(3):
         for ours, theirs in zip(audio[slot], alone[slot], strict=False):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_only_the_young_batch_steps_its_steps_go_on_back_to_back(tiny_tts: TinyTTS, device: str) -> None:
+    one_a_call = _replies(tiny_tts, young_rows=2, device=device)
+    # The clock stands still, so the burst never runs out: one call takes both new replies
+    # through their whole audio delay (row 0 is ahead; the main batch does not step).
+    burst = _replies(tiny_tts, young_rows=2, device=device, young_burst_s=0.02)
+    young_steps = burst.frame_model.model.young_steps
+    assert burst.kinds[:young_steps] == ["young_batch"] * young_steps == one_a_call.kinds[:young_steps]
+    assert burst.calls == one_a_call.calls - young_steps + 1
+    for slot in range(3):  # the same audio, and the same word timings though a call merged steps
+        for ours, theirs in zip(burst.audio[slot], one_a_call.audio[slot], strict=True):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    assert burst.word_starts == one_a_call.word_starts
+    assert all(starts and starts[0] < young_steps for starts in burst.word_starts.values())  # begun inside the burst

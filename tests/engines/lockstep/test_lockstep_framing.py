@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import SlotLease
 from rtserve.engines.lockstep.slots import InputBacklogs, OutputHandoff
-from rtserve.engines.values import FrameOutput
+from rtserve.engines.values import FrameOutput, SpeechStep
 from tests.engines.lockstep.lockstep_fakes import FRAME, frame, make_scheduler, metric
 
 CUSHION = round(LockstepConfig().jitter_cushion_ms * 100 / 1000)  # samples at the fakes' 100 Hz
@@ -137,6 +137,17 @@ def test_a_dropped_output_frame_passes_its_text_to_the_next_frame() -> None:
     got = [_popped(handoff), _popped(handoff)]
     assert [float(out.audio[0]) for out, _ in got] == [2.0, 3.0]
     assert "".join(out.text or "" for out, _ in got) == "Hello"
+
+
+def test_a_dropped_speech_frame_passes_the_steps_its_words_began_at_to_the_next_frame() -> None:
+    """Word timestamps survive a stalled reader: a text-to-speech frame dropped for room hands
+    the steps its words began at to the next one, whose counts already cover them."""
+    handoff = OutputHandoff(limit=1)
+    silence = np.zeros(FRAME, np.float32)
+    handoff.put(FrameOutput(silence, speech=SpeechStep(5, 2, False, word_starts=(3, 5))), 0)
+    assert handoff.put(FrameOutput(silence, speech=SpeechStep(6, 3, False, word_starts=(6,))), 0)
+    speech = _popped(handoff)[0].speech
+    assert speech is not None and (speech.words_started, speech.word_starts) == (3, (3, 5, 6))
 
 
 def test_text_of_a_dropped_frame_never_crosses_into_a_newer_epoch() -> None:

@@ -1,7 +1,8 @@
 """Running ahead of playback (docs/engines.md#running-ahead-of-playback): a model without audio
 input whose ready rows may step ahead of the ticks does so while their readers have room, holds a
 row whose reader is a full queue behind (no audio lost), and falls back to one tick per period
-when no row is ready; a scheduler without ``run_ahead`` keeps its pace."""
+when no row is ready; a row read at playback pace is topped up by the ticks and a step for every few
+frames taken, not one per frame; a scheduler without ``run_ahead`` keeps its pace."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ QUEUE = 4
 class TextModel(RecordingModel):
     """Each row steps while it has frames left to say (``say``), one output per step."""
 
-    def __init__(self) -> None:
-        super().__init__(batch_size=2)
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__(batch_size=batch_size)
         self.left = np.zeros(self.batch_size, int)
         self.stepped = np.zeros(self.batch_size, int)
+        self.work_s = 0.0  # how long a step takes
 
     def say(self, slot: int, frames: int) -> None:
         self.left[slot] += frames
@@ -37,15 +39,18 @@ class TextModel(RecordingModel):
 
     def step(self, frames: np.ndarray, live: np.ndarray) -> list[FrameOutput | None]:
         self.steps += 1
+        time.sleep(self.work_s)
         go = live & (self.left > 0)
         self.left[go] -= 1
         self.stepped[go] += 1
         return [FrameOutput(np.zeros(self.frame_size, np.float32)) if go[i] else None for i in range(self.batch_size)]
 
 
-def _scheduler(*, ahead: bool) -> tuple[LockstepScheduler, TextModel]:
-    model = TextModel()
-    config = LockstepConfig(output_queue_frames=QUEUE)
+def _scheduler(
+    *, ahead: bool, queue: int = QUEUE, refill: int = 1, rows: int = 2
+) -> tuple[LockstepScheduler, TextModel]:
+    model = TextModel(rows)
+    config = LockstepConfig(output_queue_frames=queue, run_ahead_refill_frames=refill)
     scheduler = LockstepScheduler(
         model, config, CollectorRegistry(), audio_input=False, run_ahead=model if ahead else None
     )
@@ -110,3 +115,33 @@ async def test_with_no_row_ready_it_falls_back_to_one_tick_a_period() -> None:
         lease.release()
     finally:
         scheduler.stop(2.0)
+
+
+async def test_readers_at_playback_pace_are_topped_up_together_not_one_frame_each() -> None:
+    """Each step costs the whole batch (here 30 ms of a period's 80). Four rows read at playback
+    pace, a quarter period apart: with a step out of the tick whenever a row has room, a frame
+    read during one step calls for the next, back to back; with ``run_ahead_refill_frames`` 4 the
+    tick tops every queue up, one call a period. No frame is lost either way."""
+    calls = {}
+    for refill in (1, 4):
+        scheduler, model = _scheduler(ahead=True, queue=8, refill=refill, rows=4)
+        model.work_s = 0.03
+        try:
+            leases = [scheduler.acquire() for _ in range(4)]
+            for lease in leases:
+                scheduler.between_steps(lease, lambda lease=lease, model=model: model.say(lease.slot, 60))
+            await asyncio.sleep(0.3)  # the queues fill
+
+            async def play(lease: SlotLease, offset_s: float) -> None:
+                await asyncio.sleep(offset_s)
+                for _ in range(12):  # ~1 s of playback
+                    assert isinstance(await asyncio.wait_for(lease.next_output(), 2), tuple)
+                    await asyncio.sleep(PERIOD_S)
+
+            before = model.steps
+            await asyncio.gather(*(play(lease, k * PERIOD_S / 4) for k, lease in enumerate(leases)))
+            calls[refill] = model.steps - before
+            assert all(lease.dropped_output_frames == 0 for lease in leases)
+        finally:
+            scheduler.stop(2.0)
+    assert calls[4] < 0.6 * calls[1], calls

@@ -30,21 +30,23 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
     return write_tts_checkpoint(tmp_path_factory.mktemp("tts_streaming") / "weights")
 
 
-@pytest.fixture
-async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
-    cfg = config.model_copy(
+def _serving(config: ServerConfig, tiny: TinyTTS, **tts_engine: Any) -> ServerConfig:
+    tts_engine |= {"weights": str(tiny.folder), "voices": str(tiny.voices), "max_sessions": 2, "temperature": 0.0}
+    return config.model_copy(
         update={
             "engine": "loopback",
             "api_key": KEY,
-            "tts_engine": config.tts_engine.model_copy(
-                update={"weights": str(tiny.folder), "voices": str(tiny.voices), "max_sessions": 2, "temperature": 0.0}
-            ),
+            "tts_engine": config.tts_engine.model_copy(update=tts_engine),
             "tts_streaming": config.tts_streaming.model_copy(
                 update={"max_message_bytes": 1024, "max_pending_words": 16, "idle_timeout_s": 1.0}
             ),
         }
     )
-    async with serve_app(build_app(cfg)) as base:
+
+
+@pytest.fixture
+async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
+    async with serve_app(build_app(_serving(config, tiny))) as base:
         yield base.replace("http://", "ws://") + "/api/tts_streaming"
 
 
@@ -131,6 +133,20 @@ async def test_two_streams_at_once_sound_as_each_alone(url: str) -> None:
     np.testing.assert_array_equal(alice.pcm, alice_alone.pcm)
     np.testing.assert_array_equal(bob.pcm, bob_alone.pcm)
     assert alice.pcm.size != bob.pcm.size or not np.array_equal(alice.pcm, bob.pcm)
+
+
+async def test_a_reply_through_the_young_batch_sounds_and_is_timed_as_in_the_main_batch(
+    url: str, config: ServerConfig, tiny: TinyTTS
+) -> None:
+    """New replies first step in the young batch, several steps a call (docs/engines.md#young-batch):
+    the client hears and is told the same as when they step with the others."""
+    text = [" ".join(WORDS)]
+    main_batch = await _speak(url, text)
+    young = _serving(config, tiny, young_batch=2, young_burst_ms=20.0)
+    async with serve_app(build_app(young)) as base:
+        through_young = await _speak(base.replace("http://", "ws://") + "/api/tts_streaming", text)
+    assert through_young.words == main_batch.words
+    np.testing.assert_allclose(through_young.pcm, main_batch.pcm, atol=1e-5)
 
 
 async def test_eos_before_any_text_ends_the_stream_silently(url: str) -> None:
