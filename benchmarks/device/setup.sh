@@ -1,0 +1,18 @@
+# Sourced at the start of every device call: `. benchmarks/device/setup.sh`.
+# Installs the carried wheels (benchmarks/device/wheels.sh) into benchmarks/results/site once per
+# warm machine, then sets PYTHONPATH so the tree's rtserve and those packages import, and
+#   S  the install folder, W  where the benchmarks write random weights of the published shapes.
+S=$PWD/benchmarks/results/site
+W=$PWD/benchmarks/results/weights
+mkdir -p "$S" "$W"
+for set in whl whlx whls; do
+  dir=benchmarks/results/device/$set
+  if [ -d "$dir" ] && [ ! -e "$S/.installed-$set" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$S" "$dir"/*.whl \
+      && touch "$S/.installed-$set" || return 1
+  fi
+done
+# moshi imports sphn at load; only its voice-from-wav path uses it, so a stub stands in until whls comes.
+[ -d "$S/sphn" ] || [ -e "$S/sphn.py" ] || touch "$S/sphn.py"
+[ -d "$S/sphn" ] && rm -f "$S/sphn.py"
+export S W PYTHONPATH=$S:$PWD PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
