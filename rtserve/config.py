@@ -854,6 +854,19 @@ class CascadeLimits(_Section):
         "this long for others, so that a burst is one batch, not a batch restarted by "
         "each newcomer (0 = start at once)",
     )
+    llm_first_piece_tokens: int = Field(
+        16,
+        ge=1,
+        description="CTranslate2: a reply's first this many tokens hold its first spoken piece "
+        "(first_piece_max_chars); past them its decoding may step aside for other turns' first audio",
+    )
+    llm_step_aside_ms: float = Field(
+        500.0,
+        ge=0,
+        description="CTranslate2: a batch whose every reply is past its first piece pauses while a final "
+        "transcript or a first spoken piece waits for the ASR or TTS, at most this long in all per "
+        "reply (its first piece is still playing); 0 = never (docs/engines.md#cascade-cores)",
+    )
     llm_threads: int = Field(
         1,
         ge=1,

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.audio import AudioBuffer, as_pcm
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
+from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.cascade.whisper_window import decode_in_window, fits
@@ -47,6 +48,7 @@ class WhisperAsr:
         window_s: float,
         metrics: CascadeMetrics,
         lanes: int = 1,
+        first_audio: FirstAudioWork | None = None,
     ) -> None:
         self.model_name = location.model_id
         self._path = location.path
@@ -56,7 +58,7 @@ class WhisperAsr:
         self._window_s = window_s  # ``whisper_window``: short utterances skip most of the 30 s encoder window
         self._metrics = metrics
         self._lanes = lanes
-        self._worker = ModelWorker("asr", max_queue, lanes)
+        self._worker = ModelWorker("asr", max_queue, lanes, first_audio)
         self._model = None  # faster_whisper.WhisperModel, touched only on the worker thread
         self._multilingual = False
         self._asleep = False

@@ -35,6 +35,7 @@ from rtserve.engines.cascade import vad as vad_module
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
+from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_models
@@ -61,7 +62,8 @@ class CascadeEngine:
         self._config = config
         self._registry = registry
         self._metrics = CascadeMetrics(registry)
-        self.llm = create_llm(config, locations.llm, self._metrics)
+        first_audio = FirstAudioWork()  # the ASR's and TTS's jobs a turn's first audio waits for
+        self.llm = create_llm(config, locations.llm, self._metrics, first_audio)
         self.stt = _streaming_stt(config, registry)
         self.capabilities = EngineCapabilities(
             name="cascade",
@@ -87,6 +89,7 @@ class CascadeEngine:
             window_s=limits.asr_window_s,
             metrics=self._metrics,
             lanes=lanes.asr,
+            first_audio=first_audio,
         )
         self.tts = TextToSpeech(
             locations.tts,
@@ -96,6 +99,7 @@ class CascadeEngine:
             voice_store=config.voices,
             sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
             lanes=lanes.tts,
+            first_audio=first_audio,
         )
         self._models = CascadeModels(
             self.vad, self.asr, reply_chain(self.llm, self.tts, self.capabilities, config, registry, self._metrics)

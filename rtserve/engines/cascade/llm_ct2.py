@@ -31,6 +31,10 @@ are prefilled once: a batch whose requests share one passes it as CTranslate2's
 agent's every reply starts with the same instructions). CTranslate2 never evicts that state, so
 at most ``cascade.llm_cached_openings`` distinct openings are kept; other batches prefill in full.
 
+Later work steps aside (``step_aside``): a batch whose every reply is past its first spoken piece
+pauses between tokens while some voice turn's final transcript or first piece waits for the ASR or
+TTS lanes, up to a budget per reply (``first_audio``).
+
 Two kinds of request are decoded by the transformers runtime (``llm.SmolLlm``) over the
 same weights, loaded on the first such request: requests offering tools (function calls
 need llguidance's mask on every step's logits, which ``generate_batch`` does not expose),
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rtserve.engines.cascade.first_audio import StepAside
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
 from rtserve.engines.cascade.llm_stage import (
@@ -80,6 +85,7 @@ class _Request(LlmRequest):
     opening: tuple[int, ...] = ()  # the prompt's conversation opening (``Prompter.opening_length``)
     finished: bool = False
     steps: int = 0  # tokens the current batch gave this request
+    paused_s: float = 0.0  # stepped aside for others' first audio (``StepAside.budget_s``)
 
     @property
     def group(self) -> tuple[float, float]:
@@ -102,8 +108,10 @@ class _Batches(DecodeQueue):
         cached_openings: int,
         gather_s: float,
         lanes: int,
+        step_aside: StepAside | None,
     ) -> None:
         super().__init__(max_active, max_waiting, gather_s, lanes)
+        self._step_aside = step_aside
         self._top_k = top_k  # 0: the whole vocabulary
         # The lanes share the tokenizer (its Rust side refuses concurrent mutable use) and the openings.
         self._shared = threading.Lock()
@@ -190,7 +198,11 @@ class _Batches(DecodeQueue):
             except Exception as exc:  # noqa: BLE001 - the request fails, the batch goes on
                 request.finished = True
                 fail_request(request, exc)
-            return request.finished or request.cancelled or self.stopping or (room and self.has_waiting)
+            if request.finished or request.cancelled or self.stopping or (room and self.has_waiting):
+                return True
+            if self._step_aside is not None and self._step_aside.work.pending:
+                self._pause(batch, self._step_aside)
+            return False
 
         started = time.perf_counter()
         self._llm.generator.generate_batch(
@@ -209,6 +221,20 @@ class _Batches(DecodeQueue):
             if not (request.finished or request.cancelled or request.steps):
                 request.finished = True  # CTranslate2 gave it nothing: never spin on it
                 request.deliver(EngineError("text generation stopped without a reply", code=GENERATION_FAILED))
+
+    def _pause(self, batch: list[_Request], step_aside: StepAside) -> None:
+        """Wait while others' first audio is pending, if every reply of ``batch`` is past its
+        first piece and has pause budget left (on the decode thread: its core is freed)."""
+        rows = [r for r in batch if not (r.finished or r.cancelled)]
+        if any(len(r.generated) < step_aside.first_piece_tokens for r in rows):
+            return
+        budget = min((step_aside.budget_s - r.paused_s for r in rows), default=0.0)
+        if budget <= 0:
+            return
+        waited = step_aside.work.wait_clear(budget)
+        for request in rows:
+            request.paused_s += waited
+        self._metrics.llm_stepped_aside_seconds.inc(waited)
 
     def _take(self, request: _Request, token: int) -> None:
         """One generated token of ``request``: its text delta delivered, finished when done."""
@@ -254,6 +280,7 @@ class Ct2Llm(LlmStage):
         cached_openings: int = 16,
         gather_s: float = 0.0,
         lanes: int = 1,
+        step_aside: StepAside | None = None,
     ) -> None:
         super().__init__(
             location,
@@ -270,6 +297,7 @@ class Ct2Llm(LlmStage):
         self._cached_openings = cached_openings
         self._gather_s = gather_s
         self._lanes = lanes
+        self._step_aside = step_aside
         self._location = location
         self._constrained: SmolLlm | None = None
         self._constrained_lock = asyncio.Lock()
@@ -290,6 +318,7 @@ class Ct2Llm(LlmStage):
             self._cached_openings,
             self._gather_s,
             self._lanes,
+            self._step_aside,
         )
         queue.start()
         log.info(

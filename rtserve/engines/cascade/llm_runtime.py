@@ -8,6 +8,7 @@ from typing import TypedDict
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.cores import stage_lanes
+from rtserve.engines.cascade.first_audio import FirstAudioWork, StepAside
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
@@ -29,7 +30,14 @@ class _StageOptions(TypedDict):
     sampling: SamplingLimits
 
 
-def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMetrics) -> LlmStage | VllmTextEngine:
+def create_llm(
+    config: ServerConfig,
+    location: ModelLocation,
+    metrics: CascadeMetrics,
+    first_audio: FirstAudioWork | None = None,
+) -> LlmStage | VllmTextEngine:
+    """``first_audio``: the engine's turns' first-audio work, which the CTranslate2 runtime's later
+    decoding steps aside for (``first_audio``)."""
     if config.cascade.llm_engine == "vllm":
         return VllmTextEngine(config.http.vllm)
     paths, limits = config.models, config.cascade
@@ -54,5 +62,8 @@ def create_llm(config: ServerConfig, location: ModelLocation, metrics: CascadeMe
         cached_openings=limits.llm_cached_openings,
         gather_s=limits.llm_gather_ms / 1000,
         lanes=lanes.llm,
+        step_aside=None
+        if first_audio is None or not limits.llm_step_aside_ms
+        else StepAside(first_audio, limits.llm_first_piece_tokens, limits.llm_step_aside_ms / 1000),
         **common,
     )

@@ -41,6 +41,7 @@ from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray
 from rtserve.config import VoiceStoreConfig
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady, ModelUnavailable
+from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ESPEAK, ModelLocation
 from rtserve.engines.cascade.sentences import speakable, split_sentences
@@ -116,12 +117,13 @@ class TextToSpeech:
         voice_store: VoiceStoreConfig | None = None,
         sleep_drain_timeout_s: float = 30.0,
         lanes: int = 1,
+        first_audio: FirstAudioWork | None = None,
     ) -> None:
         self.model_name = location.model_id
         self._path = location.path
         self._cpu_threads = cpu_threads
         self._metrics = metrics
-        self._worker = ModelWorker("tts", max_queue, lanes)
+        self._worker = ModelWorker("tts", max_queue, lanes, first_audio)
         self._backend: _Backend | None = None
         self._asleep = False
         # Speech in flight (a ``synthesize`` stream not yet ended): sleep lets it finish first.

@@ -9,7 +9,9 @@ calls are thread-safe (CTranslate2 with one worker per lane, onnxruntime). Jobs 
 priority (lower first, FIFO within one), so a final transcript overtakes partial
 re-decodes. The queue is bounded: past ``max_queue`` waiting
 jobs a call fails at once with ``CapacityExhausted`` instead of growing a backlog.
-Cancelling the awaiting task drops a job that has not started yet.
+Cancelling the awaiting task drops a job that has not started yet. A worker given a
+``FirstAudioWork`` counts its high-priority jobs there while they are queued or running
+(``first_audio``: later work steps aside for them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.errors import CapacityExhausted
 
 log = logging.getLogger(__name__)
@@ -37,8 +40,9 @@ _Job = tuple[int, int, "concurrent.futures.Future[Any] | None", Callable[[], Any
 
 
 class ModelWorker:
-    def __init__(self, name: str, max_queue: int, lanes: int = 1) -> None:
+    def __init__(self, name: str, max_queue: int, lanes: int = 1, first_audio: FirstAudioWork | None = None) -> None:
         self.name = name
+        self._first_audio = first_audio
         self._max_queue = max_queue
         self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -71,6 +75,10 @@ class ModelWorker:
                 f"the {self.name} model is busy ({self._max_queue} requests waiting); retry shortly"
             )
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._first_audio is not None and priority == PRIORITY_HIGH:
+            first_audio = self._first_audio
+            first_audio.begin()
+            future.add_done_callback(lambda _: first_audio.end())  # done, failed or cancelled alike
         self._jobs.put((priority, next(self._order), future, lambda: fn(*args)))
         # Cancelling the awaiting task cancels ``future``; the thread then skips the job.
         return await asyncio.wrap_future(future)

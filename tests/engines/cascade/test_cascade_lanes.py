@@ -11,6 +11,7 @@ import pytest
 
 from rtserve.config import ConfigError, load_config
 from rtserve.engines.cascade.cores import StageLanes, stage_lanes
+from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.worker import PRIORITY_HIGH, PRIORITY_LOW, ModelWorker
 from rtserve.engines.errors import CapacityExhausted
 
@@ -98,6 +99,32 @@ async def test_urgent_jobs_run_before_waiting_later_ones() -> None:
         worker.stop()
         worker.join(5)
     assert order == ["first piece", "later sentence"]
+
+
+async def test_first_audio_work_counts_urgent_jobs_until_they_end_or_are_dropped() -> None:
+    first_audio = FirstAudioWork()
+    worker = ModelWorker("test", max_queue=8, first_audio=first_audio)
+    worker.start()
+    release = threading.Event()
+    try:
+        running = asyncio.ensure_future(worker.run(release.wait, 5))  # a first piece being rendered
+        later = asyncio.ensure_future(worker.run(int, "1", priority=PRIORITY_LOW))  # a later sentence
+        queued = asyncio.ensure_future(worker.run(int, "2"))  # another turn's first piece
+        await asyncio.sleep(0.1)
+        assert first_audio.pending == 2  # the later sentence is not first-audio work
+        queued.cancel()  # its session closed before it ran
+        await asyncio.sleep(0.05)
+        assert first_audio.pending == 1
+        waiter = asyncio.ensure_future(asyncio.to_thread(first_audio.wait_clear, 5.0))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # later work waits while a first piece is pending
+        release.set()
+        assert await asyncio.wait_for(waiter, 5) < 5.0  # and goes on as soon as it ended
+        assert await asyncio.gather(running, later) == [True, 1]
+        assert first_audio.pending == 0
+    finally:
+        worker.stop()
+        worker.join(5)
 
 
 async def test_stop_ends_every_lane() -> None:
