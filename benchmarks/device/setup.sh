@@ -12,6 +12,17 @@ for set in whl whlx whls; do
       && touch "$S/.installed-$set" || return 1
   fi
 done
+# The CPU kit (cpu_kit.sh), one part a call: unpacked and installed once every part is here.
+K=benchmarks/results/device/cpu_kit
+if [ -d "$K" ] && [ ! -e "$S/.installed-cpu-kit" ]; then
+  parts=$(ls "$K" | head -1 | sed 's/.*_of_//')
+  if [ -n "$parts" ] && [ "$(ls "$K" | wc -l)" -eq "$((10#$parts))" ]; then
+    cat "$K"/part_* | tar -x -C benchmarks/results/device \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$S" \
+        benchmarks/results/device/cpu_wheels/*.whl \
+      && touch "$S/.installed-cpu-kit" || return 1
+  fi
+fi
 # moshi imports sphn at load; only its voice-from-wav path uses it, so a stub stands in until whls comes.
 [ -d "$S/sphn" ] || [ -e "$S/sphn.py" ] || touch "$S/sphn.py"
 [ -d "$S/sphn" ] && rm -f "$S/sphn.py"
