@@ -22,6 +22,8 @@ MYPY_TESTS = \
 	tests/codecs/test_fuzz_decoders.py \
 	tests/codecs/test_g711.py \
 	tests/codecs/test_wav.py \
+	tests/engines/cascade/test_cascade_lanes.py \
+	tests/engines/cascade/test_cascade_step_aside.py \
 	tests/engines/cascade/test_cascade_stream_asr.py \
 	tests/engines/cascade/test_cascade_tts_stream.py \
 	tests/engines/cascade/test_voice_sandbox.py \

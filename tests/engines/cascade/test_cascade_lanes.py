@@ -55,7 +55,7 @@ async def test_two_lanes_run_two_calls_at_once_and_one_lane_runs_them_in_turn() 
         finally:
             worker.stop()
             worker.join(5)
-        assert met == [together, together], lanes
+        assert list(met) == [together, together], lanes
 
 
 async def test_a_busy_lane_leaves_the_worker_idle_only_while_another_is_free() -> None:
@@ -120,7 +120,7 @@ async def test_first_audio_work_counts_urgent_jobs_until_they_end_or_are_dropped
         assert not waiter.done()  # later work waits while a first piece is pending
         release.set()
         assert await asyncio.wait_for(waiter, 5) < 5.0  # and goes on as soon as it ended
-        assert await asyncio.gather(running, later) == [True, 1]
+        assert list(await asyncio.gather(running, later)) == [True, 1]
         assert first_audio.pending == 0
     finally:
         worker.stop()
