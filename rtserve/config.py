@@ -885,7 +885,7 @@ class CascadeLimits(_Section):
         None,
         ge=1,
         description="Whisper decodes run at once (models.cpu_threads each, one shared model). "
-        "Unset: one per 4 cores, at least 1 (docs/engines.md#cascade-cores)",
+        "Unset: one per 4 cores, at least 2 (docs/engines.md#cascade-cores)",
     )
     vad_lanes: int | None = Field(
         None,

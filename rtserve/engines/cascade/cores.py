@@ -17,7 +17,10 @@ from rtserve.config import CascadeLimits
 # The LLM decodes for the whole reply (seconds), ASR and TTS run ~0.1 s calls: the LLM gets
 # a lane per two cores (one intra-op thread each, ``cascade.llm_threads``), ASR and TTS one
 # per four cores (``models.cpu_threads`` each). Two LLM lanes at least: on two cores two
-# batches of four decode ~1.5x faster than one of eight.
+# batches of four decode ~1.5x faster than one of eight. Two ASR lanes at least: turns that
+# end together have their pause transcripts decoded side by side, so each turn's end is
+# decided sooner (2 cores, 4 and 8 simultaneous turns: first audio p50 0.85-0.95x of one lane,
+# benchmarks/notes/voice_agent_quality.md).
 _CORES_PER_LLM_LANE = 2
 _CORES_PER_ASR_LANE = 4
 _CORES_PER_TTS_LANE = 4
@@ -25,6 +28,7 @@ _CORES_PER_TTS_LANE = 4
 # holds ~100-200 sessions, so hundreds of sessions need several.
 _CORES_PER_VAD_LANE = 4
 _MIN_LLM_LANES = 2
+_MIN_ASR_LANES = 2
 _LLM_REQUESTS_PER_LANE = 4
 
 
@@ -50,7 +54,7 @@ def stage_lanes(limits: CascadeLimits, cores: int | None = None) -> StageLanes:
     cores = host_cores() if cores is None else cores
     llm = limits.llm_lanes or max(_MIN_LLM_LANES, cores // _CORES_PER_LLM_LANE)
     return StageLanes(
-        asr=limits.asr_lanes or max(1, cores // _CORES_PER_ASR_LANE),
+        asr=limits.asr_lanes or max(_MIN_ASR_LANES, cores // _CORES_PER_ASR_LANE),
         tts=limits.tts_lanes or max(1, cores // _CORES_PER_TTS_LANE),
         llm=llm,
         llm_max_active=limits.llm_max_active or llm * _LLM_REQUESTS_PER_LANE,

@@ -18,9 +18,9 @@ from rtserve.engines.errors import CapacityExhausted
 
 def test_unset_lanes_are_sized_from_the_cores() -> None:
     limits = load_config(environ={}).cascade
-    # Two cores: what the defaults were before lanes were sized (one ASR and TTS lane, two LLM batches of 4).
-    assert stage_lanes(limits, cores=2) == StageLanes(asr=1, tts=1, llm=2, vad=1, llm_max_active=8)
-    assert stage_lanes(limits, cores=1) == StageLanes(asr=1, tts=1, llm=2, vad=1, llm_max_active=8)
+    # Two cores: two ASR lanes (turns ending together), one TTS lane, two LLM batches of 4.
+    assert stage_lanes(limits, cores=2) == StageLanes(asr=2, tts=1, llm=2, vad=1, llm_max_active=8)
+    assert stage_lanes(limits, cores=1) == StageLanes(asr=2, tts=1, llm=2, vad=1, llm_max_active=8)
     assert stage_lanes(limits, cores=16) == StageLanes(asr=4, tts=4, llm=8, vad=4, llm_max_active=32)
 
 
