@@ -71,12 +71,13 @@ class KyutaiTTSEngine:
         self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), "rtserve_kyutai_tts_")
         if registry is not None:
             registry.register(self._lockstep_metrics)
+        families = registry if registry is not None else CollectorRegistry()  # the engine's own
         self._first_audio = Histogram(
             "rtserve_kyutai_tts_first_audio_seconds",
             "A stream's first text received -> its first audio frame handed out (this engine's share of first "
             "audio: the words the model waits for, its steps before audio and the queueing around them)",
             buckets=FIRST_AUDIO_BUCKETS,
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=families,
         )
         self._after_text = Histogram(
             "rtserve_kyutai_tts_first_audio_after_text_seconds",
@@ -84,7 +85,7 @@ class KyutaiTTSEngine:
             "its row step on) reaching the engine thread -> its first audio frame made: the engine's own share of "
             "first audio, without the wait for text",
             buckets=AFTER_TEXT_BUCKETS,
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=families,
         )
         # Where a reply's first audio goes (docs/engines.md#pre-audio-steps): the kinds of step the
         # model took, and those a reply took before its first audio.
@@ -95,20 +96,20 @@ class KyutaiTTSEngine:
             "young rows waited: full_no_catch_up (catching up off), full_first_audio_due (a reply about to "
             "make its first audio), full_lead_short (an older reply under tts_engine.catch_up_lead_ms ahead)",
             ["kind"],
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=families,
         )
         self._young_batch_full = Counter(
             "rtserve_kyutai_tts_young_batch_full",
             "Replies that found every row of the young batch (tts_engine.young_batch) taken and started with the "
             "others (docs/engines.md#young-batch)",
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=families,
         )
         self._first_audio_steps = Histogram(
             "rtserve_kyutai_tts_first_audio_steps",
             "A reply's steps up to its first audio frame, by kind: full (the whole batch) or pre_audio",
             ["kind"],
             buckets=FIRST_AUDIO_STEP_BUCKETS,
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=families,
         )
         self._loaded = loaded
         self._clock = clock

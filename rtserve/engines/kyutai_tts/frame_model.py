@@ -238,9 +238,9 @@ class TTSFrameModel:
         young_batch = stepping & in_young
         stepping &= ~in_young
         young = stepping & model.young_rows()
-        in_young_batch = bool(young_batch.any())
-        waiting = in_young_batch or young.any()
-        kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now, bool(young.any()))
+        in_young_batch, young_in_main = bool(young_batch.any()), bool(young.any())
+        waiting = in_young_batch or young_in_main
+        kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now, young_in_main)
         active = young if kind == "pre_audio" else stepping
         if in_young_batch and self._young_stream is not None:
             # The young batch's steps come after the words uploaded (ready_rows) and the rows
