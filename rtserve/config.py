@@ -546,21 +546,21 @@ class TtsEngineConfig(_Section):
         "(unless one is down to half the lead), so they share full steps; 0: each takes one at once",
     )
     young_batch: int = Field(
-        32,
+        16,
         ge=0,
         le=1024,
         description="new replies step through their audio delay in a batch of this many rows of their own (same "
         "weights, a few ms a step, several steps a call) before joining the others (at most max_sessions); a "
         "reply that finds it full starts with the others; 0: off. At 128 streams on an H200, 16 rows: first "
-        "audio p50 374 -> 295 ms with the text at once, 591 -> 403 at 15 words/s; a burst of 17 new replies "
-        "overflowed 16 rows (docs/engines.md#young-batch)",
+        "audio p50 374 -> 295 ms with the text at once, 648 -> 474 at 15 words/s (32 rows: 563, and stalls) "
+        "(docs/engines.md#young-batch)",
     )
     young_burst_ms: float = Field(
         20.0,
         ge=0,
         le=80,
-        description="with young_batch: in a call where only the young batch steps, its steps go on back to back "
-        "for up to this long (beside a step of the others they go on until it ends); 0: one step a call",
+        description="with young_batch: its steps go on back to back in a call for up to this long (beside a step "
+        "of the others, until that ends if sooner); 0: one step a call",
     )
 
 

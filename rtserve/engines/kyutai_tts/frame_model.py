@@ -31,8 +31,8 @@ the runtime's one small generalisation covers both rather than a second schedule
 * **The young batch** (``young``, docs/engines.md#young-batch): a new reply starts in a small
   pre-audio-only model on the same weights, whose step costs a fraction of the main batch's
   pre-audio step (a few rows, a few ring slots). It steps in every call, several steps back
-  to back: beside the main batch's step (on its own CUDA stream) until that ends, or alone
-  for up to ``young_burst_s`` where the main batch does not step; once through its audio
+  to back for up to ``young_burst_s`` (on its own CUDA stream; beside the main batch's step,
+  until that ends if sooner); once through its audio
   delay the reply moves into the main batch (``adopt``), where its next full step makes its
   first audio. A reply that finds the young batch full starts in the main batch as before.
 
@@ -102,8 +102,8 @@ class TTSFrameModel:
         wait, a full step for an older row short of that lead, or about to make its first audio,
         comes at most this long after the last full step, unless a row is down to half the lead
         (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
-        weights); ``young_burst_s``: how long its steps may go on back to back in a call where
-        the main batch does not step (0: one step). ``clock``: the scheduler's seconds.
+        weights); ``young_burst_s``: how long its steps may go on back to back in a call (beside
+        a main step, until that ends if sooner; 0: one step). ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics.
         ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
         text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
@@ -273,9 +273,9 @@ class TTSFrameModel:
         now: float,
         main_done: Callable[[], bool] | None,
     ) -> None:
-        """Steps of the young batch's rows of ``slots``, back to back on its own stream: while the
-        main batch's step runs (``main_done``: it has finished), or without one for up to
-        ``young_burst_s``. Each costs a few milliseconds against a full step's tens at 128 rows,
+        """Steps of the young batch's rows of ``slots``, back to back on its own stream for up to
+        ``young_burst_s``, and beside the main batch's step only while it runs (``main_done``: it
+        has finished). Each costs a few milliseconds against a full step's tens at 128 rows,
         so a new reply goes through its audio delay in a few calls rather than one step a call.
         At least one step, at most ``young_steps`` (what a row needs), and none after a step
         where none of its rows stepped (a row can only go on with text, which comes between
@@ -298,7 +298,10 @@ class TTSFrameModel:
                 if frame is not None and frame.stepped and slot >= 0:
                     outputs[slot] = self._output(slot, frame, int(young.steps[row]), now, outputs[slot])
                     stepped = True
-            more = not main_done() if main_done is not None else self._clock() - started < self.young_burst_s
+            # Bounded beside a main step too: its kernels share the GPU with the young steps' (on
+            # a higher-priority stream), and unbounded the young steps made the voice agent's TTS
+            # calls at 256 rows 135 ms against 90 without them (benchmarks/notes/voice_agent_gpu.md).
+            more = self._clock() - started < self.young_burst_s and (main_done is None or not main_done())
             if not (stepped and more):
                 return
 
