@@ -546,14 +546,15 @@ class TtsEngineConfig(_Section):
         "(unless one is down to half the lead), so they share full steps; 0: each takes one at once",
     )
     young_batch: int = Field(
-        16,
+        0,
         ge=0,
         le=1024,
         description="new replies step through their audio delay in a batch of this many rows of their own (same "
         "weights, a few ms a step, several steps a call) before joining the others (at most max_sessions); a "
-        "reply that finds it full starts with the others; 0: off. At 128 streams on an H200, 16 rows: first "
-        "audio p50 374 -> 295 ms with the text at once, 648 -> 474 at 15 words/s (32 rows: 563, and stalls) "
-        "(docs/engines.md#young-batch)",
+        "reply that finds it full starts with the others; 0: off. At 128 streams on an H200, 16 rows lower first "
+        "audio's median (15 words/s: 544-648 -> 474-482 ms) but not its p95 (588-708 -> 670-698), and with the "
+        "STT in the same process (the voice agent at 256 sessions) they made it worse (2074-2392 -> 2955-3212 ms "
+        "p50): off by default (docs/engines.md#young-batch)",
     )
     young_burst_ms: float = Field(
         20.0,

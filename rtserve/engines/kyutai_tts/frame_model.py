@@ -298,9 +298,8 @@ class TTSFrameModel:
                 if frame is not None and frame.stepped and slot >= 0:
                     outputs[slot] = self._output(slot, frame, int(young.steps[row]), now, outputs[slot])
                     stepped = True
-            # Bounded beside a main step too: its kernels share the GPU with the young steps' (on
-            # a higher-priority stream), and unbounded the young steps made the voice agent's TTS
-            # calls at 256 rows 135 ms against 90 without them (benchmarks/notes/voice_agent_gpu.md).
+            # Bounded beside a main step too: the young steps slow the main step they wait for (the
+            # GPU is shared), so unbounded a loaded call ran on (docs/engines.md#young-batch).
             more = self._clock() - started < self.young_burst_s and (main_done is None or not main_done())
             if not (stepped and more):
                 return
