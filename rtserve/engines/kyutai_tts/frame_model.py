@@ -217,9 +217,9 @@ class TTSFrameModel:
 
     def ready_rows(self) -> npt.NDArray[np.bool_]:
         """Rows that would step now: open and holding the text they need (``RunsAhead``)."""
-        ready: npt.NDArray[np.bool_] = self.model.ready().cpu().numpy()
+        ready = self.model.ready()
         if self.young is not None and (self._young_slot >= 0).any():
-            young_ready = self.young.ready().cpu().numpy() & (self._young_slot >= 0)
+            young_ready = self.young.ready() & (self._young_slot >= 0)
             ready[self._young_slot[young_ready]] = True
         self._text_wait |= self._before_audio & ~ready
         return ready

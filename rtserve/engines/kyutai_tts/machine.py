@@ -24,9 +24,11 @@ as Kyutai's server does. Rows that do not step keep their state exactly (``step`
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -115,6 +117,13 @@ class TextMachine:
         self._tail = np.zeros(batch, np.int64)
         self._staged: list[tuple[int, int, list[int], int]] = []  # (row, entry, tokens, padding)
         self._ending: list[int] = []  # rows whose end of stream waits for the next flush, after their words
+        # The host's view of each row's pending words (token counts, oldest first) and end, kept
+        # through pushes, pops (``popped``, from each step's flags) and ends: whether a row may
+        # step is read from it (``ready_host``) with no device read, which would wait for all the
+        # work queued on the device (another engine's step included).
+        self._lengths: list[deque[int]] = [deque() for _ in range(batch)]
+        self._voiced = np.zeros(batch, np.int64)  # pending words with tokens
+        self._ended = np.zeros(batch, bool)
         self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
 
     def reset_rows(self, mask: torch.Tensor) -> None:
@@ -133,6 +142,9 @@ class TextMachine:
         for name in _ROW_STATE:
             getattr(self, name)[row] = getattr(source, name)[source_row]
         self._tail[row] = source._tail[source_row]
+        self._lengths[row] = deque(source._lengths[source_row])
+        self._voiced[row] = source._voiced[source_row]
+        self._ended[row] = source._ended[source_row]
 
     def forget(self, row: int) -> None:
         """``row`` starts a new stream: the words and end not yet flushed were the old stream's
@@ -140,16 +152,29 @@ class TextMachine:
         self._tail[row] = 0
         self._staged = [word for word in self._staged if word[0] != row]
         self._ending = [ending for ending in self._ending if ending != row]
+        self._lengths[row].clear()
+        self._voiced[row] = 0
+        self._ended[row] = False
 
-    def push(self, row: int, tokens: list[int], padding: int, pending: int) -> None:
-        """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``,
-        whose host-side count of pending words is ``pending`` (the caller bounds it). The device
-        sees it at the next ``flush``."""
+    def pending(self, row: int) -> int:
+        """Words pushed to ``row`` and not yet popped."""
+        return len(self._lengths[row])
+
+    def popped(self, row: int) -> None:
+        """A step popped ``row``'s next word (its ``consumed`` flag, read on the host)."""
+        if self._lengths[row].popleft():
+            self._voiced[row] -= 1
+
+    def push(self, row: int, tokens: list[int], padding: int) -> None:
+        """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``;
+        raises ``ValueError`` past ``max_words`` pending. The device sees it at the next ``flush``."""
         s = self.settings
-        if pending >= s.max_words or len(tokens) > s.max_word_tokens:
+        if self.pending(row) >= s.max_words or len(tokens) > s.max_word_tokens:
             raise ValueError("word backlog full or word too long")
         self._staged.append((row, int(self._tail[row]), tokens, padding))
         self._tail[row] = (self._tail[row] + 1) % s.max_words
+        self._lengths[row].append(len(tokens))
+        self._voiced[row] += bool(tokens)
 
     def flush(self) -> None:
         """Upload the words pushed since the last flush, then the ends (before a step, or reading
@@ -175,6 +200,7 @@ class TextMachine:
     def end(self, row: int) -> None:
         """No more words will come for ``row``: it may now run its text out (from the next flush)."""
         self._ending.append(row)
+        self._ended[row] = True
 
     def ready(self) -> torch.Tensor:
         """``[B]`` bool: rows that may step now (Kyutai's ``is_active``): the text is complete, or
@@ -190,6 +216,16 @@ class TextMachine:
         first_is_pause = self.word_len[self.rows, self.head] == 0
         enough = (self.count > 0) & (first_is_pause | (with_tokens >= s.second_stream_ahead + 1))
         return self.eos | enough
+
+    def ready_host(self) -> npt.NDArray[np.bool_]:
+        """``ready`` from the host's view of the rows, with no device read (the same between two
+        steps once each step's pops are told: ``popped``)."""
+        ahead = self.settings.second_stream_ahead
+        pending = np.array([len(words) for words in self._lengths]) > 0
+        if ahead == 0:
+            return self._ended | pending
+        first_is_pause = np.array([bool(words) and words[0] == 0 for words in self._lengths])
+        return self._ended | (pending & (first_is_pause | (self._voiced >= ahead + 1)))
 
     def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
         """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step

@@ -186,7 +186,6 @@ class KyutaiTTSModel:
         self._open_host = np.zeros(batch_size, bool)
         self.steps = np.zeros(batch_size, np.int64)  # per row, steps since it opened: ``offsets`` as last read
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
-        self._pending = [0] * batch_size  # words pushed and not yet popped, per slot (host mirror)
         self._opening: dict[int, tuple[Voice | None, int | None]] = {}  # slots opened since the last flush
         self._voice_sum = self._sum(voice_given=True)  # a voiced stream's condition (the same for every voice)
         if self.cfg_direct:
@@ -226,25 +225,25 @@ class KyutaiTTSModel:
         self.machine.forget(slot)
         self.steps[slot] = 0
         self._open_host[slot] = True
-        self._pending[slot] = 0
 
     def release(self, slot: int) -> None:
         self._opening.pop(slot, None)
         self.open[slot] = False
         self._open_host[slot] = False
-        self._pending[slot] = 0
+        self.machine.forget(slot)
 
     def flush(self) -> None:
         """Apply the slots opened and the words and ends pushed since the last flush (before a
-        step, or reading ``ready``)."""
+        step)."""
         if self._opening:
             self._open_rows()
         self.machine.flush()
 
-    def ready(self) -> torch.Tensor:
-        """``[B]`` bool: the open rows that hold the text they need to step."""
-        self.flush()
-        return self.open & self.machine.ready()
+    def ready(self) -> npt.NDArray[np.bool_]:
+        """``[B]`` bool: the open rows that hold the text they need to step (read on the host:
+        ``TextMachine.ready_host``)."""
+        ready: npt.NDArray[np.bool_] = self._open_host & self.machine.ready_host()
+        return ready
 
     def _open_rows(self) -> None:
         opening, self._opening = self._opening, {}
@@ -293,7 +292,6 @@ class KyutaiTTSModel:
         self.open[slot] = True
         self._open_host[slot] = True
         self.steps[slot] = positions
-        self._pending[slot] = nursery._pending[row]
         nursery.release(row)
 
     def young_rows(self) -> npt.NDArray[np.bool_]:
@@ -301,13 +299,9 @@ class KyutaiTTSModel:
         young: npt.NDArray[np.bool_] = self._open_host & (self.steps < self.young_steps)
         return young
 
-    def pending_words(self, slot: int) -> int:
-        return self._pending[slot]
-
     def push_word(self, slot: int, tokens: list[int], padding: int) -> None:
         """Queue one word's tokens (empty: a pause) for ``slot``; raises ``ValueError`` past the backlog."""
-        self.machine.push(slot, tokens, padding, self._pending[slot])
-        self._pending[slot] += 1
+        self.machine.push(slot, tokens, padding)
 
     def end_of_stream(self, slot: int) -> None:
         self.machine.end(slot)
@@ -446,7 +440,7 @@ class KyutaiTTSModel:
         for slot in np.flatnonzero(self._open_host):
             stepped, heard, consumed, finished, overflow, _ = host[:, slot]
             if consumed:
-                self._pending[slot] -= 1
+                self.machine.popped(slot)
             outputs[slot] = TTSFrame(
                 bool(stepped),
                 codes_host[slot].copy() if out[slot] else None,
