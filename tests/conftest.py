@@ -63,7 +63,8 @@ def strict_fp32() -> Iterator[None]:
     default), restored after the test so later ones keep the process's settings. Through the
     ``fp32_precision`` API: torch refuses to read the legacy ``allow_tf32`` flags once anything in
     the process has used the new one, so monkeypatching them fails on undo."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    # ``cudnn.conv`` exists at run time (torch's module-replacement trick), but torch's annotations omit it.
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv  # type: ignore[attr-defined]
     saved = matmul.fp32_precision, conv.fp32_precision
     matmul.fp32_precision = conv.fp32_precision = "ieee"
     try:

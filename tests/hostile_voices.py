@@ -16,7 +16,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from onnx import TensorProto, helper
+from onnx import NodeProto, TensorProto, helper
 
 VALUE = 0.1
 
@@ -43,7 +43,7 @@ def _piper_model(nodes: list, initializers: list) -> bytes:
     return model.SerializeToString()
 
 
-def _fill(shape: str, out: str = "output") -> helper.NodeProto:
+def _fill(shape: str, out: str = "output") -> NodeProto:
     value = helper.make_tensor("value", TensorProto.FLOAT, [1], [VALUE])
     return helper.make_node("ConstantOfShape", [shape], [out], value=value)
 

@@ -100,7 +100,9 @@ def _positions(modules: list[tuple[Path, ast.Module]], parameter: str) -> dict[s
                     continue
                 position = names.index(parameter) if parameter in names else None
                 positions.setdefault(definition.name, set()).add(position)
-    return {name: found.pop() for name, found in positions.items() if len(found) == 1 and None not in found}
+    return {
+        name: position for name, found in positions.items() if len(found) == 1 and (position := found.pop()) is not None
+    }
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -132,7 +134,11 @@ def _hits(tree: ast.Module, code_at: dict[str, int], reason_at: dict[str, int]) 
     hits: list[ast.Constant] = []
 
     def code_literal(node: ast.expr, *, code_like: bool = False) -> None:
-        hits.extend(lit for lit in _literals(node) if not code_like or CODE_LIKE.fullmatch(lit.value))
+        hits.extend(
+            lit
+            for lit in _literals(node)
+            if not code_like or (isinstance(lit.value, str) and CODE_LIKE.fullmatch(lit.value))
+        )
 
     def catalogue_code(node: ast.expr) -> None:
         hits.extend(lit for lit in _literals(node) if lit.value in CODES)

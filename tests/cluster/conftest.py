@@ -13,7 +13,7 @@ import pytest
 
 # Two raylets; each holds one engine actor of each engine set (the loopback engines of
 # test_ray_cluster, the cascade engines of test_ray_http), one per raylet by STRICT_SPREAD.
-_NODE = {"num_cpus": 2, "resources": {"rtserve_engine": 2}, "object_store_memory": 80 * 1024 * 1024}
+_NODE: dict[str, Any] = {"num_cpus": 2, "resources": {"rtserve_engine": 2}, "object_store_memory": 80 * 1024 * 1024}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

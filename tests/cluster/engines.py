@@ -22,7 +22,7 @@ SECRET = b"0123456789abcdef-cluster-secret"
 class TcpEngine:
     engines: EngineSet
     server: EngineServer
-    listener: asyncio.AbstractServer
+    listener: asyncio.Server
 
     @property
     def port(self) -> int:

@@ -110,6 +110,7 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
         stderr=asyncio.subprocess.STDOUT,
         env=env,
     )
+    assert proc.stdout is not None
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
@@ -172,6 +173,7 @@ async def test_rtserve_drain_of_a_front_end_stops_its_admission_and_it_leaves_wh
         async with front_end(ray_cluster, 0, apps) as (base, _):
             kept = await open_session(http, base)
             tag = apps[0][CTX].sessions.owner
+            assert tag is not None
             drain = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",

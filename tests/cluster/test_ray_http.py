@@ -6,6 +6,7 @@ socket; sleep and wake reach every engine actor, and while one sleeps the front-
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import re
 import wave
@@ -58,14 +59,16 @@ async def speak(base: str, text: str) -> bytes:
 async def test_chat_completion_through_the_cluster(cascade: tuple[str, ClusterEngines]) -> None:
     base, _ = cascade
     completion = await asyncio.to_thread(
-        sdk(base).chat.completions.create,
-        model="smollm2-135m-instruct",
-        temperature=0,
-        max_tokens=12,
-        messages=[
-            {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-            {"role": "user", "content": "What is the capital of France?"},
-        ],
+        functools.partial(
+            sdk(base).chat.completions.create,
+            model="smollm2-135m-instruct",
+            temperature=0,
+            max_tokens=12,
+            messages=[
+                {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+                {"role": "user", "content": "What is the capital of France?"},
+            ],
+        )
     )
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and words(choice.message.content or "")
@@ -103,7 +106,8 @@ async def test_sleep_and_wake_reach_every_engine_actor(cascade: tuple[str, Clust
         assert slept["stage_ids"] == [TTS_STAGE] and slept["sleeping_stages"] == [TTS_STAGE]
         [ack] = slept["acks"]
         assert ack["stage"] == "tts" and sorted(ack["engines"]) == ENGINES and ack["level"] == 1
-        assert engines.sleeping == (TTS_STAGE,)
+        asleep = engines.sleeping
+        assert asleep == (TTS_STAGE,)
         assert all(TTS_STAGE in member.remote.sleeping for member in engines.members)
 
         # Asleep anywhere: the front-end refuses work at once, whichever engine would have served it.

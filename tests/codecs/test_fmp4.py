@@ -18,7 +18,7 @@ def _frames(n: int, height: int = 48, width: int = 80) -> np.ndarray:
 
 
 def _decode(data: bytes) -> tuple[list[np.ndarray], av.VideoStream]:
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         return frames, stream

@@ -39,7 +39,7 @@ def test_round_trip_is_sample_aligned_and_exact_length(rate: int, frame_ms: int)
 def test_lower_complexity_streams_still_round_trip(complexity: int) -> None:
     # The /api/chat shape: 80 ms pages, CELT-only "lowdelay", the default bit rate.
     x = speechlike(24000, 1.0)
-    options = {"application": "lowdelay", "bitrate": 32000}
+    options: dict[str, Any] = {"application": "lowdelay", "bitrate": 32000}
     stream = b"".join(_write(x, 24000, 80, complexity=complexity, **options))
     y = _read(stream)
     assert len(y) == len(x)

@@ -10,7 +10,13 @@ from rtserve.config import ConfigError, LockstepConfig, ServerConfig
 from rtserve.engines.protocols import EngineSession
 from rtserve.engines.reference import LoopbackModel, ToneModel
 from rtserve.engines.registry import create_engine
-from rtserve.engines.values import SessionOptions, SlotPrompt
+from rtserve.engines.values import FrameOutput, SessionOptions, SlotPrompt
+
+
+def _audio(output: FrameOutput | None) -> np.ndarray:
+    """A stepped slot's audio (a slot that was stepped has an output)."""
+    assert output is not None
+    return output.audio
 
 
 @pytest.mark.parametrize("name, text", [("loopback", False), ("tone", False), ("tiny", True)])
@@ -41,10 +47,10 @@ def test_loopback_model_delays_each_slot_independently() -> None:
     first = model.step(frames, np.array([True, True]))
     frames[:] = [[3, 3, 3, 3], [4, 4, 4, 4]]
     second = model.step(frames, np.array([True, False]))
-    assert [o.audio.tolist() for o in first] == [[0] * 4, [0] * 4]
-    assert second[0].audio.tolist() == [1] * 4 and second[1] is None
+    assert [_audio(o).tolist() for o in first] == [[0] * 4, [0] * 4]
+    assert _audio(second[0]).tolist() == [1] * 4 and second[1] is None
     frames[:] = 0
-    assert model.step(frames, np.array([False, True]))[1].audio.tolist() == [2] * 4
+    assert _audio(model.step(frames, np.array([False, True]))[1]).tolist() == [2] * 4
 
 
 def test_tone_engine_plays_one_continuous_sine_per_slot() -> None:
@@ -54,7 +60,7 @@ def test_tone_engine_plays_one_continuous_sine_per_slot() -> None:
     silent = np.zeros((3, model.frame_size), np.float32)
     steps = [model.step(silent, np.array([True, True, True])) for _ in range(8)]
     for slot, expected_hz in enumerate((180.0, 270.0, 360.0)):
-        audio = np.concatenate([step[slot].audio for step in steps])
+        audio = np.concatenate([_audio(step[slot]) for step in steps])
         spectrum = np.abs(np.fft.rfft(audio))
         peak_hz = np.argmax(spectrum) * model.sample_rate / audio.size
         assert abs(peak_hz - expected_hz) <= model.sample_rate / audio.size

@@ -195,5 +195,5 @@ async def test_a_stage_that_cannot_start_fails_the_run_instead_of_hanging() -> N
         await asyncio.wait_for(anext(pipeline.run(rec.source(10))), 5)
     assert failed.value.stage == "broken"
     with pytest.raises(StageFailed) as failed:
-        await asyncio.wait_for(anext(pipeline.run(42)), 5)  # not an async iterable
+        await asyncio.wait_for(anext(pipeline.run(42)), 5)  # type: ignore[arg-type]  # not an async iterable
     assert failed.value.stage == "source"

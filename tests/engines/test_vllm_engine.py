@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -25,6 +26,7 @@ from tests.web.http_support import TurnEnginesSessionDouble
 def test_selecting_vllm_without_its_server_fails_at_startup(config: ServerConfig, missing: str, selected: str) -> None:
     config.http.vllm.url, config.http.vllm.model = "http://127.0.0.1:8000", "m"
     setattr(config.http.vllm, missing, None)
+    build: Callable[[], object]
     if selected == "text_engine":
         config.http.text_engine = "vllm"
         build = lambda: build_app(config, engine=TurnEnginesSessionDouble())  # noqa: E731

@@ -153,6 +153,7 @@ class BufferMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held is not None)
     @rule()
     def check_held(self) -> None:
+        assert self.held is not None
         assert self.buffer.is_valid(self.held) == (id(self.held) not in self.invalid)
 
     # -- invariants ---------------------------------------------------------

@@ -78,6 +78,7 @@ async def test_a_call_cut_off_by_a_cancel_leaves_the_conversation(engine, make_m
     # Nothing of the half call reaches the next response, and its result would be refused.
     handle.submit(cmd.FunctionItemCreate(kind="function_call_output", call_id="call_7", output="x", event_id="r"))
     [error] = await take_ready(handle.attachment)
+    assert isinstance(error, ev.ErrorEvent)
     assert (error.code, error.param, error.related_event_id) == ("invalid_value", "item.call_id", "r")
     await start_response(handle, session)
     assert all(not m.tool_calls for m in session.responses[-1].messages)

@@ -110,7 +110,7 @@ async def test_an_engine_that_drops_the_session_still_completes_the_response_onc
     engine_session(lockstep, handle).end_stream()
     events = await asyncio.wait_for(read_to_end(handle.attachment), 5.0)
     assert len(of_type(events, ev.ResponseDone)) == 1
-    assert events[-1].reason == "engine_closed"
+    assert isinstance(events[-1], ev.SessionClosed) and events[-1].reason == "engine_closed"
     assert manager.active_count() == 0
 
 

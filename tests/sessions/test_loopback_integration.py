@@ -41,14 +41,16 @@ async def test_loopback_echoes_input_in_whole_frames_on_one_response(config: Ser
         received: list[ev.SessionEvent] = []
 
         async def until_echoed() -> None:
+            assert handle.attachment is not None
             async for event in handle.attachment:
                 received.append(event)
-                audio = np.concatenate([a.pcm for a in of_type(received, ev.AudioDelta)] or [np.zeros(0)])
+                audio = np.concatenate([a.pcm for a in of_type(received, ev.AudioDelta)] or [np.zeros(0, np.float32)])
                 if np.count_nonzero(audio) >= 3 * FRAME:
                     return
 
         await asyncio.wait_for(until_echoed(), HANG_GUARD_S)
         await handle.close()  # flushes the half-frame tail through the engine first
+        assert handle.attachment is not None
         async for event in handle.attachment:
             received.append(event)
 

@@ -261,7 +261,7 @@ async def test_close_releases_engine_resources_and_is_idempotent(engine, make_ma
     assert session.close_calls == 1 and session.closed
     events = await read_to_end(handle.attachment)
     assert names(events) == ["SessionCreated", "SessionClosed"]
-    assert events[-1].reason == "client_close"
+    assert isinstance(events[-1], SessionClosed) and events[-1].reason == "client_close"
     assert await handle.close() is None  # no events, no cleanup calls
     assert session.close_calls == 1
     assert await manager.close("duplex-forgotten") is None
@@ -324,7 +324,7 @@ async def test_runtime_close_without_engine_resources_frees_the_slot(engine, mak
     engine_session(engine, handle).end_stream()
     events = await read_to_end(handle.attachment)
     assert names(events) == ["SessionCreated", "SessionClosed"]
-    assert events[-1].reason == "engine_closed"
+    assert isinstance(events[-1], SessionClosed) and events[-1].reason == "engine_closed"
     assert manager.active_count() == 0
 
 
@@ -400,7 +400,7 @@ async def test_reaper_loop_runs_on_the_injected_clock(engine, make_manager, cloc
         clock.advance(1.0)
         await settle()
     events = await read_to_end(handle.attachment)
-    assert events[-1].reason == "idle_ttl_expired"
+    assert isinstance(events[-1], SessionExpired) and events[-1].reason == "idle_ttl_expired"
 
 
 async def test_reaper_expires_detached_sessions_after_the_disconnect_grace(engine, make_manager, clock) -> None:

@@ -124,6 +124,7 @@ async def test_500_sessions_leak_nothing() -> None:
 
     pending_readers: list[asyncio.Future[None]] = []
     await asyncio.gather(*(life(i) for i in range(SESSIONS)))
+    assert limits.idle_ttl_s is not None
     for _ in range(3):  # idle sessions expire on the fake clock
         clock.advance(limits.idle_ttl_s)
         await _yield(50)

@@ -25,7 +25,7 @@ def test_the_conversation_drops_its_oldest_images_beyond_its_bound() -> None:
     conversation.show(first, ("a", "b", "c"))
     conversation.add(second)
     conversation.show(second, ("d", "e"))
-    assert first.images == ("b", "c") and second.images == ("d", "e")
+    assert (first.images, second.images) == (("b", "c"), ("d", "e"))
     conversation.show(second, ("f", "g", "h", "i", "j"))
     assert first.images == () and second.images == ("g", "h", "i", "j")
     history = conversation.history()

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_lane_support import VllmServer
 
 from rtserve.config import ModelPaths, ServerConfig
 from rtserve.engines.cascade.llm_loading import convert_gguf, converted_folder
 from rtserve.engines.cascade.model_paths import resolve_llm
+from tests.vllm_lane.vllm_lane_support import VllmServer
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("RTSERVE_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
@@ -73,6 +73,7 @@ def _accepts(port: int) -> bool:
 
 def _model_folder() -> Path:
     gguf = resolve_llm(ModelPaths()).path
+    assert gguf is not None
     folder = converted_folder(gguf, Path(ModelPaths().cache_dir).expanduser())
     if not (folder / "config.json").is_file():
         convert_gguf(gguf, folder)

@@ -9,9 +9,9 @@ import json
 import jsonschema
 import openai
 import pytest
-from vllm_lane_support import VllmServer, vllm_requests
 
 from rtserve.config import ServerConfig
+from tests.vllm_lane.vllm_lane_support import VllmServer, vllm_requests
 from tests.web.http.test_function_calling import QUESTION, REALTIME_TOOL, WEATHER_SCHEMA
 from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import running

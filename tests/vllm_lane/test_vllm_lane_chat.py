@@ -16,12 +16,12 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
-from vllm_lane_support import VllmServer, vllm_metrics
 
 from rtserve.config import ServerConfig
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
+from tests.vllm_lane.vllm_lane_support import VllmServer, vllm_metrics
 from tests.web.http.test_function_calling import CHAT_TOOL, QUESTION, WEATHER_SCHEMA
 from tests.web.realtime_support import running
 

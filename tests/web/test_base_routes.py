@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Sequence
 
 import aiohttp
 import pytest
 
 from rtserve.app import build_app
-from rtserve.engines.protocols import TurnEngines
+from rtserve.engines.protocols import SleepStage, TurnEngines
 from rtserve.engines.values import EngineCapabilities
 from rtserve.web.route_engine import run_with_app
 from tests.support import serve_app
@@ -56,6 +57,9 @@ class GatedStartEngine:
 
     def turn_engines(self) -> TurnEngines:
         return TurnEngines()
+
+    def sleep_stages(self) -> Sequence[SleepStage]:
+        return ()
 
 
 async def test_health_is_503_until_engine_ready_then_200(config):

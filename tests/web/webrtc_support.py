@@ -106,6 +106,7 @@ class Caller:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            assert isinstance(frame, av.AudioFrame)
             self.audio.append((loop.time(), frame_to_mono(frame)))
 
     async def offer(self) -> str:

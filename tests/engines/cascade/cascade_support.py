@@ -1,4 +1,4 @@
-"""Helpers of the cascade model tests (imported by name: the tests folders are not packages)."""
+"""Helpers of the cascade model tests (imported by their package path, tests.engines.cascade.cascade_support)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from cascade_support import MAX_SESSIONS, QUESTION, Float32Ct2, Loaded, speak_16k
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
@@ -23,6 +22,7 @@ from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_llm
+from tests.engines.cascade.cascade_support import MAX_SESSIONS, QUESTION, Float32Ct2, Loaded, speak_16k
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from cascade_support import QUESTION, Loaded, heard_most_of
 
 from rtserve.engines.cascade.whisper_window import fits, trusted
 from rtserve.engines.errors import EngineError
+from tests.engines.cascade.cascade_support import QUESTION, Loaded, heard_most_of
 
 WINDOWS = "rtserve_cascade_asr_windows_total"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cascade_support import Loaded, Recorder
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
@@ -21,7 +20,9 @@ from rtserve.engines.cascade.session import CascadeSession
 from rtserve.engines.cascade.stream_asr import WORD_END_MARGIN_S, StreamAsr
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.kyutai_stt.events import SttEvent
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import Pcm, SessionOptions
+from tests.engines.cascade.cascade_support import Loaded, Recorder
 
 pytestmark = pytest.mark.models
 
@@ -45,6 +46,9 @@ class RecordingStream:
 
     def mark(self, marker_id: int, samples: int | None = None) -> None:
         self.marked_at.append(samples)
+
+    def flush(self) -> None:
+        pass
 
     async def events(self) -> AsyncGenerator[SttEvent, None]:
         await self.closed.wait()
@@ -73,7 +77,7 @@ async def test_the_model_hears_the_client_samples_unchanged_and_the_vad_still_ma
         "hearing",
         dataclasses.replace(engine.capabilities, input_sample_rate=MODEL_RATE),
         engine._models,
-        SessionOptions(server_vad={"type": "server_vad", "silence_duration_ms": 500}),
+        SessionOptions(server_vad=TurnDetection(type="server_vad", silence_duration_ms=500)),
         engine._config.cascade,
         max_pending_turns=2,
         metrics=engine._metrics,

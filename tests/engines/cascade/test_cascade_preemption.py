@@ -7,11 +7,21 @@ import asyncio
 
 import numpy as np
 import pytest
-from cascade_support import CHUNK, QUESTION, Loaded, Recorder, heard_most_of, opened, speak_16k, words
 
 from rtserve.engines.events import InputTranscript, OutputAudio, OutputText, ResponseFinished, SpeechStopped
 from rtserve.engines.protocols import EngineSession
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions
+from tests.engines.cascade.cascade_support import (
+    CHUNK,
+    QUESTION,
+    Loaded,
+    Recorder,
+    heard_most_of,
+    opened,
+    speak_16k,
+    words,
+)
 
 pytestmark = pytest.mark.models
 
@@ -19,7 +29,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=24)
 PREEMPTIVE = "rtserve_cascade_preemptive_replies_total"
 # A long end-of-turn wait, so the pause transcript and the reply it starts surely come first
 # (on a loaded machine a decode can take seconds).
-OPTIONS = SessionOptions(server_vad={"type": "server_vad", "silence_duration_ms": 8000}, sampling=PARAMS)
+OPTIONS = SessionOptions(server_vad=TurnDetection(type="server_vad", silence_duration_ms=8000), sampling=PARAMS)
 
 
 def preemptive(cascade: Loaded) -> tuple[float, float]:
@@ -40,6 +50,7 @@ async def finish_turn(session: EngineSession, recorder: Recorder) -> str:
             await push_paced(session, silence)
     await session.commit_input()
     final = await recorder.wait_for(lambda e: isinstance(e, InputTranscript) and e.final)
+    assert isinstance(final, InputTranscript)
     return final.text
 
 
@@ -56,6 +67,7 @@ async def test_the_answer_is_under_way_before_the_turn_ends_and_audio_leads_the_
 
         session.respond(ResponseRequest("answer", 0, (ChatMessage("user", heard),), params=PARAMS))
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished), timeout=180)
+        assert isinstance(finished, ResponseFinished)
         assert finished.status == "completed" and finished.usage["output_tokens"] > 0
     # The reply the session asked for had been started in the pause, before the turn ended.
     assert preemptive(cascade) == (adopted + 1, dropped)
@@ -93,6 +105,7 @@ async def test_speaking_on_after_a_pause_drops_the_early_reply_unheard(
 
         session.respond(ResponseRequest("answer", 0, (ChatMessage("user", heard),), params=PARAMS))
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished), timeout=180)
+        assert isinstance(finished, ResponseFinished)
         assert finished.status == "completed"
     adopted_now, dropped_now = preemptive(cascade)
     assert dropped_now == dropped + 1  # the reply to the first half was never heard

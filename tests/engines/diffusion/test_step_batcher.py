@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from rtserve.engines.diffusion.batcher import StepBatcher
+from rtserve.engines.diffusion.job import DiffusionJob
 from rtserve.engines.diffusion.service import ImageRequest
 from rtserve.engines.diffusion.unet import UNetState, UNetStepModel
 from rtserve.engines.errors import EngineError
@@ -78,9 +79,12 @@ async def test_a_request_joins_a_running_batch_at_a_step_boundary(tiny_sd: Any) 
     try:
         started = asyncio.Event()
         loop = asyncio.get_running_loop()
-        [job1] = batcher.submit(
-            [first], on_progress=lambda j: j.steps_done == 2 and loop.call_soon_threadsafe(started.set)
-        )
+
+        def on_progress(job: DiffusionJob[Image.Image]) -> None:
+            if job.steps_done == 2:
+                loop.call_soon_threadsafe(started.set)
+
+        [job1] = batcher.submit([first], on_progress=on_progress)
         await started.wait()
         [job2] = batcher.submit([second])
         image1, image2 = await job1.result(), await job2.result()
@@ -99,9 +103,13 @@ async def test_cancel_frees_the_slot_at_the_next_step(tiny_sd: Any) -> None:
     try:
         loop = asyncio.get_running_loop()
         stepping = asyncio.Event()
+
+        def on_progress(job: DiffusionJob[Image.Image]) -> None:
+            if job.steps_done == 1:
+                loop.call_soon_threadsafe(stepping.set)
+
         [long] = batcher.submit(
-            [ImageRequest("long", 64, 64, steps=200, guidance_scale=1.0, seed=1)],
-            on_progress=lambda j: j.steps_done == 1 and loop.call_soon_threadsafe(stepping.set),
+            [ImageRequest("long", 64, 64, steps=200, guidance_scale=1.0, seed=1)], on_progress=on_progress
         )
         [waiting] = batcher.submit([ImageRequest("next", 64, 64, steps=2, guidance_scale=1.0, seed=2)])
         await stepping.wait()

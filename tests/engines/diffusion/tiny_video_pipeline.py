@@ -8,6 +8,7 @@ The UMT5 tokenizer is built offline: a word-level vocabulary of a few words (any
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
@@ -17,7 +18,9 @@ from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 WORDS = ("a", "cat", "dog", "on", "the", "beach", "sunrise", "over", "water", "mist")
 
 
-def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
+def tiny_wan_pipeline(seed: int = 0) -> Any:
+    """A ``WanPipeline``, typed as rtserve types one (``video_model.WanVideoStepModel``): diffusers
+    registers a pipeline's components at run time, so its type does not know them."""
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(
         base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
@@ -45,14 +48,15 @@ def tiny_wan_pipeline(seed: int = 0) -> WanPipeline:
     words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
-    pipe = WanPipeline(
+    pipe: Any = WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
         vae=vae,
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )
-    for part in (text_encoder, vae, transformer):
+    parts: tuple[Any, ...] = (text_encoder, vae, transformer)  # torch modules; diffusers' types do not show eval()
+    for part in parts:
         part.eval()
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -123,7 +123,7 @@ def test_the_model_serves_with_a_bf16_encoder_and_an_fp32_quantizer(tiny_stt: Ti
     audio = _audio(FRAMES, 2, seed=6)
     outputs = _run(SttFrameModel(stt, 2), audio, {0: 0, 1: 0})
     for row in (0, 1):
-        steps = [out[row].transcript for out in outputs if out[row] is not None and out[row].transcript is not None]
+        steps = [o.transcript for out in outputs if (o := out[row]) is not None and o.transcript is not None]
         assert len(steps) == len(_reference(tiny_stt, audio[:, row : row + 1])[0]) >= 60
 
 

@@ -94,7 +94,7 @@ def _until_first_audio(frame_model: TTSFrameModel, slot: int) -> tuple[list[bool
     kinds: list[bool] = []
     launch = frame_model.model.launch
 
-    def recorded(active: torch.Tensor, *, speak: bool) -> StepOutputs:
+    def recorded(active: torch.Tensor | None = None, *, speak: bool = True) -> StepOutputs:
         kinds.append(speak)
         return launch(active, speak=speak)
 

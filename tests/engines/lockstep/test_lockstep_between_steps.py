@@ -95,7 +95,9 @@ def test_the_engine_thread_steps_inside_its_thread_context() -> None:
             stepped.set()
 
     model.step_hook = hook
-    scheduler = LockstepScheduler(model, LockstepConfig(), CollectorRegistry(), audio_input=False, thread_context=context)
+    scheduler = LockstepScheduler(
+        model, LockstepConfig(), CollectorRegistry(), audio_input=False, thread_context=context
+    )
     scheduler.acquire()
     scheduler.start()
     try:

@@ -7,6 +7,7 @@ frames taken, not one per frame; a scheduler without ``run_ahead`` keeps its pac
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import numpy as np
@@ -129,7 +130,7 @@ async def test_readers_at_playback_pace_are_topped_up_together_not_one_frame_eac
         try:
             leases = [scheduler.acquire() for _ in range(4)]
             for lease in leases:
-                scheduler.between_steps(lease, lambda lease=lease, model=model: model.say(lease.slot, 60))
+                scheduler.between_steps(lease, functools.partial(model.say, lease.slot, 60))
             await asyncio.sleep(0.3)  # the queues fill
 
             async def play(lease: SlotLease, offset_s: float) -> None:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import LockstepConfig, ReferenceEngineConfig, ServerConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineEvent, EngineFailure, OutputAudio
-from rtserve.engines.lockstep import LockstepSessionEngine
+from rtserve.engines.lockstep import LockstepSession, LockstepSessionEngine
 from rtserve.engines.lockstep.framing import InvalidAudio
 from rtserve.engines.lockstep.slots import SlotPhase
 from rtserve.engines.protocols import EngineSession
@@ -114,7 +114,7 @@ async def test_bad_audio_gets_a_typed_error_and_the_session_keeps_working(engine
     session = await engine.open_session("s1", SessionOptions())
     for bad in (np.zeros((2, FRAME), np.float32), np.full(10, np.nan, np.float32), np.zeros(FRAME, np.int16)):
         with pytest.raises(InvalidAudio) as err:
-            session.push_audio(bad)
+            session.push_audio(bad)  # type: ignore[arg-type]  # an int16 array among them, on purpose
         assert err.value.code == "invalid_audio"
     audio = noise(1, seed=4)
     session.push_audio(audio.astype(np.float64))  # float64 is converted, not rejected
@@ -223,10 +223,11 @@ async def test_forwarded_events_end_with_the_failure_when_the_engine_stops() -> 
     engine = create_engine("loopback", ServerConfig(lockstep=LockstepConfig(batch_size=1)), CollectorRegistry())
     await engine.start()
     session = await engine.open_session("s1", SessionOptions())
+    assert isinstance(session, LockstepSession)
     forwarded: list[EngineEvent | None] = []
     session.forward_events(forwarded.append)
     await engine.stop()
-    await wait_for(lambda: forwarded and forwarded[-1] is None)
+    await wait_for(lambda: bool(forwarded) and forwarded[-1] is None)
     assert forwarded[-2] == EngineFailure("engine_unavailable", "the engine stopped")
     await session.close()
 

@@ -30,7 +30,7 @@ def copy(weights: Path, tmp_path: Path) -> Path:
     return target
 
 
-def _edit(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
+def _edit(path: Path, edit: Callable[[dict[str, torch.Tensor]], object]) -> None:
     tensors = load_file(str(path))
     edit(tensors)
     save_file(tensors, str(path))

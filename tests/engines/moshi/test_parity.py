@@ -80,6 +80,7 @@ def test_frame_model_audio_and_text_match_the_reference_pipeline(tiny: TinyCheck
     for t in range(reference.skipped):  # the acoustic delay: silence, no text
         for out in outputs[t]:
             assert out is not None and not out.audio.any() and out.text is None
+    assert model.tokenizer is not None
     pieces = [model.tokenizer.id_to_piece(i).replace("\u2581", " ") for i in range(model.tokenizer.vocab_size())]
     worst = 0.0
     for i, (tokens, ref_audio) in enumerate(zip(reference.tokens, reference.audio)):

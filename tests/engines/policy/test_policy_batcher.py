@@ -163,8 +163,10 @@ async def test_a_failing_observation_fails_alone(make_batcher, policy):
         batcher.infer(_request("good2", 2.0)),
         return_exceptions=True,
     )
+    assert not isinstance(outcomes[0], BaseException)
     np.testing.assert_array_equal(outcomes[0].actions["actions"], [10, 10])
     assert isinstance(outcomes[1], PolicyInferenceError) and str(outcomes[1]) == "Internal inference error"
+    assert not isinstance(outcomes[2], BaseException)
     np.testing.assert_array_equal(outcomes[2].actions["actions"], [20, 20])
     # One batched try, then each observation of the failed batch alone.
     assert policy.batches == [["good1", "bad", "good2"], ["good1"], ["bad"], ["good2"]]
@@ -175,7 +177,7 @@ async def test_non_finite_actions_never_reach_a_robot(make_batcher, policy):
     outcomes = await asyncio.gather(
         batcher.infer(_request("ok", 1.0)), batcher.infer(_request("nan", "nan")), return_exceptions=True
     )
-    assert outcomes[0].batch_size == 2
+    assert not isinstance(outcomes[0], BaseException) and outcomes[0].batch_size == 2
     assert isinstance(outcomes[1], PolicyInferenceError)
 
 

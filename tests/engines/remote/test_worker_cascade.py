@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ async def test_a_worker_refuses_new_sessions_while_a_stage_sleeps(
             assert (await _first_event(ws))["type"] == "session.created"
 
 
-async def _fake_vllm(answer: str, asked: list[dict[str, Any]]) -> AsyncIterator[str]:
+async def _fake_vllm(answer: str, asked: list[dict[str, Any]]) -> AsyncGenerator[str, None]:
     """An OpenAI-compatible server in the shape vLLM answers (what ``VllmTextEngine`` reads)."""
 
     async def models(_: web.Request) -> web.Response:

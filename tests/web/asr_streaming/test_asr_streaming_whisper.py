@@ -94,7 +94,9 @@ async def test_a_spoken_sentence_comes_back_as_words_then_the_marker(config: Ser
     word_kinds = [kind for kind in kinds if kind in ("Word", "EndWord")]
     assert word_kinds == ["Word", "EndWord"] * len(words)  # each word closed before the next
     timed = [message for message in received if message["type"] in ("Word", "EndWord")]
-    times = [message.get("start_time", message.get("stop_time")) for message in timed]
+    times: list[float] = [
+        message["start_time"] if "start_time" in message else message["stop_time"] for message in timed
+    ]
     assert times == sorted(times)
     spoken_end_s = LEAD_S + speech.size / 24_000
     assert times[0] >= LEAD_S - 0.4 and times[-1] <= spoken_end_s + 0.4, times

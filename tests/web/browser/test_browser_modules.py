@@ -59,7 +59,7 @@ async def test_label_values_are_unescaped_and_odd_lines_are_skipped(page) -> Non
 
 async def test_the_servers_own_metrics_parse_as_prometheus_client_parses_them(page) -> None:
     text = await page.evaluate("fetch('/metrics').then((r) => r.text())")
-    expected = {}
+    expected: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             expected[sample.name] = expected.get(sample.name, 0) + sample.value

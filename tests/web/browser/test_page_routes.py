@@ -23,7 +23,7 @@ REFERENCE = re.compile(r"""(?:src|href)="([^"]+)"|from\s+"([^"]+)"|addModule\("(
 
 
 def references() -> set[str]:
-    found = set()
+    found: set[str] = set()
     for path in STATIC_DIR.iterdir():
         for groups in REFERENCE.findall(path.read_text()):
             found.update(g for g in groups if g)

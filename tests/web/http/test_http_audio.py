@@ -10,11 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtserve.codecs.errors import AudioLimitError, CodecError
-from rtserve.web.http.audio import SPEECH_SAMPLE_RATE, decode_audio, open_speech_encoder, wav_stream_header
+from rtserve.web.http.audio import (
+    SPEECH_SAMPLE_RATE,
+    SpeechFormat,
+    decode_audio,
+    open_speech_encoder,
+    wav_stream_header,
+)
 from tests.web.http_support import tone
 
 
-def encode_in_chunks(response_format: str, pcm: np.ndarray, chunk: int) -> list[bytes]:
+def encode_in_chunks(response_format: SpeechFormat, pcm: np.ndarray, chunk: int) -> list[bytes]:
     encoder = open_speech_encoder(response_format)
     parts = [encoder.encode(pcm[i : i + chunk]) for i in range(0, pcm.size, chunk)]
     return [*parts, encoder.finish()]

@@ -4,13 +4,15 @@ of their task through the official SDK; ``http.model_aliases`` configures them."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.web.http_support import audio_file, sdk, serve_doubles
 
-HELLO = [{"role": "user", "content": "hello there"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 def _speech(client: openai.OpenAI, model: str) -> bytes:
@@ -23,7 +25,9 @@ def _transcription(client: openai.OpenAI, model: str) -> str:
 
 
 def _chat(client: openai.OpenAI, model: str) -> str:
-    return client.chat.completions.create(model=model, messages=HELLO).choices[0].message.content
+    content = client.chat.completions.create(model=model, messages=HELLO).choices[0].message.content
+    assert content is not None
+    return content
 
 
 CALLS = {"speech": _speech, "transcription": _transcription, "chat": _chat}
@@ -45,7 +49,12 @@ CALLS = {"speech": _speech, "transcription": _transcription, "chat": _chat}
 async def test_openai_model_names_reach_the_served_model(config, task, alias):
     async with serve_doubles(config) as (base, _):
         served = await asyncio.to_thread(CALLS[task], sdk(base), alias)
-    expected = {"speech": bytes.startswith, "transcription": str.__eq__, "chat": str.__eq__}[task]
+    checks: dict[str, Callable[..., object]] = {
+        "speech": bytes.startswith,
+        "transcription": str.__eq__,
+        "chat": str.__eq__,
+    }
+    expected = checks[task]
     assert expected(served, {"speech": b"RIFF", "transcription": "500hz", "chat": "echo: hello there"}[task])
 
 
@@ -56,6 +65,7 @@ async def test_an_alias_of_another_task_is_still_404(config, task, alias):
     async with serve_doubles(config) as (base, _):
         with pytest.raises(openai.NotFoundError) as err:
             await asyncio.to_thread(CALLS[task], sdk(base), alias)
+    assert isinstance(err.value.body, dict)
     assert (err.value.body["code"], err.value.body["param"]) == ("model_not_found", "model")
 
 

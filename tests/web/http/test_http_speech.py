@@ -24,7 +24,7 @@ def decode(data: bytes, response_format: str) -> tuple[np.ndarray, int]:
     """Mono float32 and its rate, whatever the container."""
     if response_format == "pcm":
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768, 24000
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
         rate = container.streams.audio[0].rate
     return np.concatenate(frames), rate
@@ -134,8 +134,10 @@ async def test_a_voice_the_engine_does_not_have_is_400(config):
     async with serve_doubles(config) as (base, _):
         with pytest.raises(openai.BadRequestError) as err:
             await asyncio.to_thread(sdk(base).audio.speech.create, model="double-tts", voice="alloy", input="hi")
-    assert (err.value.body["param"], err.value.body["code"]) == ("voice", "invalid_voice")
-    assert "low, high" in err.value.body["message"]
+    body = err.value.body
+    assert isinstance(body, dict)
+    assert (body["param"], body["code"]) == ("voice", "invalid_voice")
+    assert "low, high" in body["message"]
 
 
 @pytest.mark.parametrize(
@@ -164,7 +166,7 @@ async def test_unknown_model_is_404_through_the_sdk(config):
     async with serve_doubles(config) as (base, _):
         with pytest.raises(openai.NotFoundError) as err:
             await asyncio.to_thread(sdk(base).audio.speech.create, model="tts-9", voice="low", input="hi")
-    assert err.value.body["code"] == "model_not_found"
+    assert isinstance(err.value.body, dict) and err.value.body["code"] == "model_not_found"
 
 
 async def test_failure_after_audio_cuts_a_raw_stream_short(config):

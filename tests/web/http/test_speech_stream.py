@@ -211,7 +211,7 @@ async def test_an_oversized_event_closes_with_1009(config):
         await send(ws, "input.text", text="x" * 2000)
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), timeout=10)
-    assert closed.value.rcvd.code == 1009
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 async def test_an_idle_connection_is_closed(config):
@@ -219,6 +219,7 @@ async def test_an_idle_connection_is_closed(config):
     async with serve_doubles(config) as (base, _), websockets.connect(ws_url(base)) as ws:
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), timeout=10)
+    assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1000 and closed.value.rcvd.reason == "idle timeout"
 
 
@@ -228,7 +229,7 @@ async def test_connections_beyond_the_bound_are_refused_with_1013(config):
         async with websockets.connect(ws_url(base)) as second:
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 await asyncio.wait_for(second.recv(), timeout=10)
-        assert closed.value.rcvd.code == 1013
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
         await send(first, "input.text", text="first still works.")
         await send(first, "input.done")
         await utterance(first)

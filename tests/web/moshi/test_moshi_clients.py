@@ -161,7 +161,7 @@ async def test_duplex_on_a_turn_engine_answers_a_spoken_turn(config: ServerConfi
             session.audio(response_id, 2400, text="Sure.", value=0.5)
             session.finish(response_id)
             audio = bytearray()
-            texts = []
+            texts: list[object] = []
             while len(audio) < 2400 * 4 or not texts:
                 message = await ws.receive(timeout=WAIT_S)
                 if message.type is aiohttp.WSMsgType.BINARY:

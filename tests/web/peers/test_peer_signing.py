@@ -3,9 +3,10 @@ the cluster secret and for the method and path it was signed for; the nonce memo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from rtserve.web.peers import signing
 from rtserve.web.peers.signing import PeerSigner
 
 SECRET = b"0123456789abcdef-cluster-secret"
@@ -32,6 +33,7 @@ def test_anything_but_the_signed_request_under_the_secret_is_refused(change: str
     elif change == "path":
         path = "/v1/realtime?session_id=x"
     elif change == "mac":
+        assert header is not None
         header = header[:-1] + ("0" if header[-1] != "0" else "1")
     elif change == "garbage":
         header = "not.a-signature"
@@ -42,7 +44,7 @@ def test_anything_but_the_signed_request_under_the_secret_is_refused(change: str
 
 def test_a_request_outside_the_clock_window_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     now = 1_000_000.0
-    monkeypatch.setattr(signing.time, "time", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: now)
     header = _signer().sign("GET", "/x")
     now += 31
     assert not _signer().verify(header, "GET", "/x")
@@ -52,7 +54,7 @@ def test_when_the_nonce_memory_is_full_new_requests_wait_for_old_ones_to_age_out
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = 1_000_000.0
-    monkeypatch.setattr(signing.time, "time", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: now)
     sender, receiver = _signer(), _signer(remembered=16)
     assert all(receiver.verify(sender.sign("GET", "/x"), "GET", "/x") for _ in range(16))
     assert not receiver.verify(sender.sign("GET", "/x"), "GET", "/x")  # never forgets one still replayable

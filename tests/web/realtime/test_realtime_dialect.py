@@ -6,7 +6,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from rtserve.engines.values import EngineCapabilities
 from rtserve.sessions import NativeDuplexProjection
-from rtserve.sessions.projections import TurnBasedProjection
+from rtserve.sessions.projections import RealtimeProjection, TurnBasedProjection
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, REALTIME_ROUTE, accepted_subprotocols, select_dialect
 
 CAPS = EngineCapabilities(
@@ -36,15 +36,14 @@ def test_duplex_beta_and_autostart_come_from_the_query_or_headers() -> None:
     dialect = select_dialect(
         request("/v1/realtime?duplex=true&api=beta&autostart=0"), REALTIME_ROUTE, CAPS, duplex_enabled=True
     )
+    assert isinstance(dialect.projection, RealtimeProjection)
     assert (dialect.duplex, dialect.autostart, dialect.projection.naming) == (True, False, "beta")
-    assert (
-        select_dialect(
-            request("/v1/realtime", **{"OpenAI-Beta": "realtime=v1"}), REALTIME_ROUTE, CAPS, duplex_enabled=True
-        ).projection.naming
-        == "beta"
-    )
+    header = request("/v1/realtime", **{"OpenAI-Beta": "realtime=v1"})
+    projection = select_dialect(header, REALTIME_ROUTE, CAPS, duplex_enabled=True).projection
+    assert isinstance(projection, RealtimeProjection) and projection.naming == "beta"
     browser = request("/v1/realtime", **{"Sec-WebSocket-Protocol": "realtime, openai-beta.realtime-v1"})
-    assert select_dialect(browser, REALTIME_ROUTE, CAPS, duplex_enabled=True).projection.naming == "beta"
+    projection = select_dialect(browser, REALTIME_ROUTE, CAPS, duplex_enabled=True).projection
+    assert isinstance(projection, RealtimeProjection) and projection.naming == "beta"
     assert not select_dialect(request("/v1/realtime?duplex=1"), REALTIME_ROUTE, CAPS, duplex_enabled=False).duplex
 
 

@@ -69,7 +69,7 @@ async def test_native_duplex_query_is_met_or_refused(config: ServerConfig) -> No
                 await asyncio.wait_for(ws.recv(), HANG_GUARD_S)
     assert created["session"]["capabilities"]["implementation_level"] == "model_native_duplex"
     assert error["type"] == "error" and error["error"]["code"] == "native_duplex_unavailable"
-    assert closed.value.rcvd.code == 1008
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
 async def test_runtime_control_reports_what_a_control_signal_did(config: ServerConfig) -> None:

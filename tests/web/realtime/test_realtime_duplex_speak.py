@@ -55,7 +55,7 @@ async def test_lockstep_model_refuses_response_speak_and_bad_requests_are_typed(
             await receive_event(plain)
             await plain.send_json({"type": "response.speak", "text": "hello"})
             not_openai = (await read_until(plain, "error"))[-1]["error"]
-    assert created["session"]["capabilities"]["supports_response_speak"] is False
+    assert created is not None and created["session"]["capabilities"]["supports_response_speak"] is False
     assert [(a["code"], a["param"], a["event_id"]) for a in answers] == [
         ("response_speak_unsupported", None, "s1"),
         ("invalid_event", "text", "s2"),
@@ -82,7 +82,7 @@ async def test_cascade_says_the_given_text(config: ServerConfig) -> None:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=120)
         pcm = audio_of(events)
         heard = await client.audio.transcriptions.create(model="whisper-1", file=("said.wav", wav_of(pcm, 24000)))
-    assert created["session"]["capabilities"]["supports_response_speak"] is True
+    assert created is not None and created["session"]["capabilities"]["supports_response_speak"] is True
     assert (too_long["code"], too_long["param"], too_long["event_id"]) == ("invalid_value", "text", "long")
     kinds = types(events)
     speak = next(e for e in events if e["type"] == "response.speak")

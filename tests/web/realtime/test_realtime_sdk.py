@@ -177,9 +177,9 @@ async def test_sdk_g711_ulaw_in_and_out_is_resampled_around_the_engine(config: S
             event = await reader.until("response.output_audio.delta")
             assert event["sample_rate_hz"] == 8000
             received = np.concatenate([received, g711.decode("ulaw", base64.b64decode(event["delta"]))])
-    loud = received[loud[0] :][:2000]
-    assert abs(dominant_hz(loud, 8000) - 440) < 8
-    assert 0.3 < np.sqrt(np.mean(loud**2)) * np.sqrt(2) < 0.5  # the tone's level survived both resamplers
+    heard = received[loud[0] :][:2000]
+    assert abs(dominant_hz(heard, 8000) - 440) < 8
+    assert 0.3 < np.sqrt(np.mean(heard**2)) * np.sqrt(2) < 0.5  # the tone's level survived both resamplers
 
 
 def g711_b64(samples: np.ndarray) -> str:

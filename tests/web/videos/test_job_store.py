@@ -42,7 +42,7 @@ async def test_jobs_and_files_survive_reopening(tmp_path: Path) -> None:
 
     store = await VideoJobStore.open(tmp_path, LIMITS, now)
     job = await store.get(done)
-    assert job is not None and job.status == "completed" and job.progress == 100
+    assert job is not None and job.status == "completed" and job.progress == 100 and job.completed_at is not None
     assert job.expires_at == job.completed_at + 60 and store.file(done).read_bytes() == b"mp4 bytes"
     assert job.public()["fps"] == 8
     cut = await store.get(running)

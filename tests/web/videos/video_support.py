@@ -51,7 +51,7 @@ async def video_server(config: ServerConfig) -> AsyncIterator[str]:
 
 def decode_mp4(data: bytes) -> tuple[list[np.ndarray], float, tuple[int, int], str]:
     """Frames, frame rate, (width, height) and codec of an MP4, as PyAV reads them."""
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
         return frames, float(stream.average_rate or 0), (stream.width, stream.height), stream.codec_context.name

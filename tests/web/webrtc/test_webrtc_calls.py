@@ -117,7 +117,8 @@ async def test_bad_offers_get_typed_400s(config: ServerConfig) -> None:
         assert bad.value.code == "invalid_sdp" and "audio" in str(bad.value.message)
         offer = await Caller().offer()
         with pytest.raises(openai.BadRequestError) as bad:
-            await client.realtime.calls.create(sdp=offer, session={"type": "realtime", "instructions": 3})
+            # A wrongly typed field on purpose: the server names it.
+            await client.realtime.calls.create(sdp=offer, session={"type": "realtime", "instructions": 3})  # type: ignore[arg-type]
         assert bad.value.param == "session.instructions"
         with pytest.raises(openai.BadRequestError) as bad:
             await client.realtime.calls.create(sdp=offer, session={"type": "realtime", "instructions": "x" * 40000})
