@@ -28,7 +28,8 @@ frame. Reported over the steady window (after ``--warmup``):
 * word latency p50/p99: per ``Word``, its arrival minus the send time of the audio at its
   ``start_time``; with random weights the words are random token runs, so this holds their random
   lengths (Whisper: also end of utterance -> its words);
-* server CPU (busiest process, % of one core) and the load generator's.
+* server CPU (busiest process, % of one core) and the load generator's; the GPU's busy share
+  (``gpu_busy``: nvidia-smi's utilization over the window).
 
 TTS clients (one connection per reply, as moshi-server's) send 8-20 ``Text`` words at
 ``--words-per-s`` on a schedule, then ``Eos``, read the audio, and start the next reply once the
@@ -64,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import gpu_busy
 import msgpack
 import numpy as np
 import pyspy
@@ -569,7 +571,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
             cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
             spy = args.profile_engine
             profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
+            gpu = gpu_busy.start()
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
+            gpu_pct = gpu_busy.finish(gpu)
             cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
             await asyncio.to_thread(pyspy.report, profiler, spy, f"engine process, N={clients} workers={workers}")
             measured_s = window[1] - window[0]
@@ -586,6 +590,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         "load_s": round(loaded - started, 1),
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
+        "gpu_busy_pct": gpu_pct,
         "client_cpu_pct": 100.0 * sum(r.cpu_s for r in results) / measured_s,
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "errors": sum(log.error is not None for log in logs),
@@ -763,6 +768,7 @@ ASR_COLUMNS = [
     ("send p99", "send_lag_p99_ms", "{:.1f}"),
     ("srv cpu", "server_cpu_pct", "{:.0f}%"),
     ("busiest", "busiest_server_pct", "{:.0f}%"),
+    ("gpu", "gpu_busy_pct", "{:.0f}%"),
     ("client max", "busiest_client_pct", "{:.0f}%"),
     ("errors", "errors", "{}"),
 ]
@@ -798,6 +804,7 @@ TTS_COLUMNS = [
     ("audio s", "audio_s", "{:.0f}"),
     ("srv cpu", "server_cpu_pct", "{:.0f}%"),
     ("busiest", "busiest_server_pct", "{:.0f}%"),
+    ("gpu", "gpu_busy_pct", "{:.0f}%"),
     ("client max", "busiest_client_pct", "{:.0f}%"),
     ("errors", "errors", "{}"),
 ]

@@ -30,7 +30,8 @@ send time of the chunk holding the question's last voiced sample ("end of speech
 * underruns once audio starts: a delta arriving after everything before it would have played out
   at real time (``bench_kyutai_served.stalls``), count and ms;
 * turns without a reply, replies cut short (``response.done`` not ``completed``), error events;
-* server CPU (all processes, busiest), the STT and TTS engines' tick p99 from ``/metrics``.
+* server CPU (all processes, busiest), the GPU's busy share (``gpu_busy``), the STT and TTS
+  engines' tick p99 from ``/metrics``.
 
     .venv/bin/python benchmarks/bench_voice_agent.py --shape tiny --clients 2 --duration 22 --warmup 1 --period 12
     python3 benchmarks/bench_voice_agent.py --shape real --clients 256 --client-procs 8 --kit KIT  # H200:
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import gpu_busy
 import numpy as np
 import pyspy
 import voice_agent_kit
@@ -279,7 +281,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
             cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
             spy = args.profile_engine
             profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
+            gpu = gpu_busy.start()
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
+            gpu_pct = gpu_busy.finish(gpu)
             cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
@@ -317,6 +321,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
         "first_errors": sorted({e for log in logs for e in log.errors})[:5],
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
+        "gpu_busy_pct": gpu_pct,
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
     }
@@ -355,6 +360,7 @@ COLUMNS = [
     ("errors", "errors", "{}"),
     ("server CPU %", "server_cpu_pct", "{:.0f}"),
     ("busiest %", "busiest_server_pct", "{:.0f}"),
+    ("GPU busy %", "gpu_busy_pct", "{:.0f}"),
     ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
     ("TTS tick p99", "tts_tick_p99_ms", "{:.1f}"),
     ("TTS calls/s", "tts_calls_per_s", "{:.1f}"),
