@@ -68,7 +68,11 @@ async def two_front_ends(config: ServerConfig) -> AsyncIterator[tuple[FrontEnd, 
                 peers = Peers(new_front_end_tag(), SocketDirectory(folder), config.peers)
                 app = build_app(config, engines=cluster, registry=registry, peers=peers)
                 base = await stack.enter_async_context(serve_app(app))
-                await eventually(lambda cluster=cluster: cluster.ready, what="the engines to be ready")
+
+                def ready(cluster: ClusterEngines = cluster) -> bool:
+                    return cluster.ready
+
+                await eventually(ready, what="the engines to be ready")
                 front_ends.append(FrontEnd(base, app, cluster, peers))
             yield front_ends[0], front_ends[1]
     finally:
@@ -101,6 +105,7 @@ async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owner
     async with two_front_ends(config) as (a, b), aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(a.base, duplex="1")) as owner_socket:
             created = await receive_event(owner_socket)
+            assert created is not None
             session_id = created["session"]["id"]
             async with http.ws_connect(ws_url(b.base, duplex="1", autostart="0")) as elsewhere:
                 await elsewhere.send_json(
@@ -112,6 +117,7 @@ async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owner
                     }
                 )
                 wrong_token = await receive_event(elsewhere)
+                assert wrong_token is not None
                 nobody = session_id.replace(a.peers.tag, "0badf00d" if a.peers.tag != "0badf00d" else "0badf00e")
                 await elsewhere.send_json(
                     {
@@ -122,6 +128,7 @@ async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owner
                     }
                 )
                 unknown_owner = await receive_event(elsewhere)
+                assert unknown_owner is not None
                 await elsewhere.send_json(
                     {
                         "type": "session.resume",
@@ -131,6 +138,7 @@ async def test_a_refused_relayed_resume_leaves_the_socket_here_and_unknown_owner
                     }
                 )
                 resumed = await receive_event(elsewhere)  # the same socket, now with the right token
+                assert resumed is not None
             assert resumed["type"] == "session.resumed"
             assert (await read_until(owner_socket, "session.replaced"))[-1]["attachment_generation"] == 1
         metrics = await _metrics(http, b)
@@ -151,7 +159,7 @@ async def _drain(http: aiohttp.ClientSession, front_end: FrontEnd, **body: float
     assert isinstance(directory, SocketDirectory)
     path = SocketDirectory(directory.folder)
     address = await path.lookup(front_end.peers.tag)
-    assert address is not None
+    assert address is not None and address.path is not None  # a Unix socket directory
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(address.path)) as peer:
         async with peer.post(address.base_url + DRAIN_ROUTE, json=body) as response:
             assert response.status == 202
@@ -198,6 +206,7 @@ async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_th
             http.ws_connect(ws_url(b.base, duplex="1")) as on_b,
         ):
             created_a, created_b = await receive_event(on_a), await receive_event(on_b)
+            assert created_a is not None and created_b is not None
             url = ws_url(b.base, duplex="1", autostart="0", session_id=created_a["session"]["id"])
             async with http.ws_connect(url) as relayed:
                 # B's own session is not reachable on this socket: every frame goes to A.
@@ -210,6 +219,7 @@ async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_th
                     }
                 )
                 not_here = await receive_event(relayed)
+                assert not_here is not None
                 await relayed.send_json(
                     {
                         "type": "session.resume",
@@ -219,6 +229,7 @@ async def test_a_socket_whose_url_names_another_front_ends_session_is_relayed_th
                     }
                 )
                 resumed = await receive_event(relayed)
+                assert resumed is not None
                 await relayed.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(31))})
                 await read_until(relayed, lambda e: 31 in echoed_tags([e]))
     assert not_here["type"] == "error" and not_here["error"]["code"] == "unknown_session"

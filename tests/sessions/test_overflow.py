@@ -40,6 +40,8 @@ async def test_output_overflow_closes_only_its_session_and_releases_capacity(eng
     events = await read_to_end(slow.attachment)
     assert names(events) == ["TranscriptDelta"] * 4 + ["ErrorEvent", "ResponseDone", "SessionClosed"]
     error, done, closed = events[-3:]
+    assert isinstance(error, ev.ErrorEvent) and isinstance(done, ev.ResponseDone)
+    assert isinstance(closed, ev.SessionClosed)
     assert (error.code, error.error_type) == ("output_backpressure", "rate_limit_error")
     assert (done.response_id, done.status, done.committed) == (response_id, "failed", False)
     assert done.status_details == {"type": "failed", "reason": "output_backpressure"}

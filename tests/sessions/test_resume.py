@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,7 @@ async def test_resume_replays_what_the_client_missed_then_continues_live(engine,
     await heartbeats(handle, 1)
     events = await take_ready(attachment)
     assert names(events) == ["SessionResumed", "HeartbeatAck", "HeartbeatAck", "HeartbeatAck", "HeartbeatAck"]
+    assert isinstance(events[0], ev.SessionResumed)
     assert events[0].replayed == 3 and events[0].server_event_seq is None
     assert [e.server_event_seq for e in events[1:]] == [4, 5, 6, 7]  # no gap, no duplicate
 
@@ -85,7 +87,8 @@ async def test_takeover_replaces_the_old_attachment_without_losing_events(engine
     delivered = [await old.next_delivery() for _ in range(2)]  # seq 1, 2
     new = resume(manager, handle, last=delivered[-1].seq)
     old_rest = await read_to_end(old)
-    assert names(old_rest) == ["SessionReplaced"] and old_rest[0].attachment_generation == 1
+    assert names(old_rest) == ["SessionReplaced"]
+    assert isinstance(old_rest[0], ev.SessionReplaced) and old_rest[0].attachment_generation == 1
     assert not old.detach()  # a superseded socket cannot detach the session
     assert manager.detach(handle.session_id, 0) is False
     events = await take_ready(new)
@@ -117,7 +120,7 @@ async def test_resume_past_the_journal_bound_asks_for_a_resync(engine, make_mana
     await heartbeats(handle, 1)
     events = await take_ready(attachment)
     assert names(events) == ["SessionResumed", "ResyncRequired", "HeartbeatAck"]
-    assert events[1].reason == "journal_overflow"
+    assert isinstance(events[1], ev.ResyncRequired) and events[1].reason == "journal_overflow"
     assert events[2].server_event_seq == 22  # live delivery goes on
 
 
@@ -132,7 +135,8 @@ async def test_acknowledged_events_are_trimmed_from_the_journal(engine, make_man
     assert len(journal) == 1
     handle.attachment.detach()
     events = await take_ready(resume(manager, handle, last=2))  # asks for what it acknowledged
-    assert names(events) == ["SessionResumed", "ResyncRequired"] and events[1].reason == "journal_gap"
+    assert names(events) == ["SessionResumed", "ResyncRequired"]
+    assert isinstance(events[1], ev.ResyncRequired) and events[1].reason == "journal_gap"
 
 
 async def test_journal_entries_age_out_on_the_injected_clock(engine, make_manager, clock) -> None:
@@ -161,6 +165,7 @@ async def test_a_session_opened_without_resume_closes_on_disconnect(engine, make
     manager = make_manager(engine)
     handle = await manager.open(resumable=False)
     [created] = await take_ready(handle.attachment)
+    assert isinstance(created, ev.SessionCreated)
     assert created.resume_token is None
     assert RealtimeProjection("ga").render(created)["session"]["capabilities"]["supports_session_resume"] is False
     with pytest.raises(SessionError) as refused:
@@ -181,7 +186,7 @@ async def test_replay_is_rendered_for_the_resuming_connection(engine, make_manag
     await settle()  # the parked drainer journals what the old connection never got
     attachment = resume(manager, handle, last=1, projection=RealtimeProjection("beta"))
     handle.submit(cmd.Heartbeat())
-    texts = []
+    texts: list[dict[str, Any]] = []
     while len(texts) < 6 and (delivery := await attachment.next_delivery()) is not None:
         texts.append(json.loads(delivery.text))
     assert [t["type"] for t in texts] == [
@@ -245,17 +250,24 @@ def _entry(seq: int, size: int, at: float = 0.0) -> JournalEntry:
     return JournalEntry(seq, ev.HeartbeatAck(session_id="s"), "x" * size, size, at)
 
 
+def _replayed(journal: ReplayJournal, last_seq: int) -> list[JournalEntry]:
+    """What the journal replays after ``last_seq`` (a list: no resync reason)."""
+    replayed = journal.replay_after(last_seq)
+    assert isinstance(replayed, list), replayed
+    return replayed
+
+
 def test_journal_replay_and_gap_reasons() -> None:
     clock = FakeClock()
     journal = ReplayJournal(clock, max_bytes=30, ttl_s=10.0)
     for seq in range(1, 4):
         journal.append(_entry(seq, 10))
-    assert [e.seq for e in journal.replay_after(1)] == [2, 3]
+    assert [e.seq for e in _replayed(journal, 1)] == [2, 3]
     assert journal.replay_after(3) == []
     assert journal.replay_after(7) == "journal_gap"  # never sent
     journal.append(_entry(4, 10))  # evicts seq 1 by bytes
     assert journal.replay_after(0) == "journal_overflow"
-    assert [e.seq for e in journal.replay_after(1)] == [2, 3, 4]
+    assert [e.seq for e in _replayed(journal, 1)] == [2, 3, 4]
     journal.ack(3)
     assert journal.replay_after(1) == "journal_gap"
     clock.advance(11.0)

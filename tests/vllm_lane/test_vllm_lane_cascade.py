@@ -9,6 +9,7 @@ import json
 import jsonschema
 import openai
 import pytest
+from openai.types.realtime import RealtimeSessionCreateRequestParam
 
 from rtserve.config import ServerConfig
 from tests.vllm_lane.vllm_lane_support import VllmServer, vllm_requests
@@ -34,15 +35,14 @@ async def test_realtime_text_turn_and_forced_call_are_answered_by_vllm(
         async with client.realtime.connect(model="cascade") as conn:
             reader = SdkReader(conn, timeout_s=EVENT_TIMEOUT_S)
             await reader.until("session.created")
-            await conn.session.update(
-                session={
-                    "type": "realtime",
-                    "output_modalities": ["text"],
-                    "audio": {"input": {"turn_detection": None}},
-                    "max_output_tokens": 24,
-                    "temperature": 0,
-                }
-            )
+            session: RealtimeSessionCreateRequestParam = {
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": None}},
+                "max_output_tokens": 24,
+                "temperature": 0,  # type: ignore[typeddict-unknown-key]  # rtserve's session temperature, not in the SDK's GA type
+            }
+            await conn.session.update(session=session)
             await reader.until("session.updated")
             await conn.conversation.item.create(
                 item={

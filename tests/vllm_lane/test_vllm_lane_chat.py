@@ -10,12 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from openai.types import CompletionUsage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 
 from rtserve.config import ServerConfig
 from rtserve.engines.errors import EngineError
@@ -27,13 +37,25 @@ from tests.web.realtime_support import running
 
 pytestmark = pytest.mark.slow
 
-CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
-TIME_SCHEMA = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
-TIME_TOOL = {
+CAPITAL: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
+TIME_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+TIME_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {"name": "get_time", "description": "Get the current time in a time zone", "parameters": TIME_SCHEMA},
 }
 READY_TIMEOUT_S = 120  # the app waits for vLLM's /v1/models (vLLM is already up)
+
+
+def _usage(reply: ChatCompletion | ChatCompletionChunk) -> CompletionUsage:
+    """A reply's token counts (vLLM reports them on every reply, and on a stream's last chunk)."""
+    assert reply.usage is not None
+    return reply.usage
+
+
+def _function(call: ChoiceDeltaToolCall) -> ChoiceDeltaToolCallFunction:
+    """A streamed tool call piece's function part (every piece carries one)."""
+    assert call.function is not None
+    return call.function
 
 
 @pytest_asyncio.fixture
@@ -48,10 +70,11 @@ async def test_plain_reply_with_usage(client: openai.AsyncOpenAI) -> None:
         model="smollm2-135m-instruct", messages=CAPITAL, temperature=0, max_tokens=24
     )
     choice = reply.choices[0]
+    assert choice.message.content is not None
     assert choice.message.content.strip()  # an answer (what SmolLM2-135M knows is not tested)
-    assert choice.finish_reason == "stop" or reply.usage.completion_tokens == 24
+    assert choice.finish_reason == "stop" or _usage(reply).completion_tokens == 24
     assert reply.model == "smollm2-135m-instruct"
-    assert reply.usage.prompt_tokens > 10 and 0 < reply.usage.completion_tokens <= 24
+    assert _usage(reply).prompt_tokens > 10 and 0 < _usage(reply).completion_tokens <= 24
 
 
 async def test_streamed_reply_arrives_in_pieces_then_usage(client: openai.AsyncOpenAI) -> None:
@@ -67,8 +90,8 @@ async def test_streamed_reply_arrives_in_pieces_then_usage(client: openai.AsyncO
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(pieces) > 2 and "".join(pieces).strip()
     [finish] = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finish == "stop" or chunks[-1].usage.completion_tokens == 24
-    assert 0 < chunks[-1].usage.completion_tokens <= 24 and chunks[-1].usage.prompt_tokens > 10
+    assert finish == "stop" or _usage(chunks[-1]).completion_tokens == 24
+    assert 0 < _usage(chunks[-1]).completion_tokens <= 24 and _usage(chunks[-1]).prompt_tokens > 10
 
 
 async def test_concurrent_requests_are_batched_and_all_answered(
@@ -84,13 +107,13 @@ async def test_concurrent_requests_are_batched_and_all_answered(
         )
     )
     after = await vllm_metrics(vllm_server)
-    assert all(r.choices[0].message.content.strip() for r in replies)
+    assert all((r.choices[0].message.content or "").strip() for r in replies)
     assert len({r.id for r in replies}) == 8
     # One request at a time, every engine step would yield at most one token: fewer steps than
     # tokens means steps that decoded several requests at once.
     steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
     tokens = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    assert tokens == sum(r.usage.completion_tokens for r in replies)
+    assert tokens == sum(_usage(r).completion_tokens for r in replies)
     assert steps < tokens
 
 
@@ -124,7 +147,9 @@ async def test_forced_function_call_has_arguments_following_the_schema(client: o
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
     (call,) = choice.message.tool_calls
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "get_weather" and call.id
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
 
@@ -141,8 +166,8 @@ async def test_required_call_streams_and_names_one_of_the_tools(client: openai.A
     )
     chunks = [chunk async for chunk in stream]
     calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()]
-    names = [c.function.name for c in calls if c.function.name]
-    arguments = json.loads("".join(c.function.arguments or "" for c in calls))
+    names = [_function(c).name for c in calls if _function(c).name]
+    arguments = json.loads("".join(_function(c).arguments or "" for c in calls))
     assert len(names) == 1 and {c.index for c in calls} == {0}
     schema = WEATHER_SCHEMA if names[0] == "get_weather" else TIME_SCHEMA
     jsonschema.validate(arguments, schema)
@@ -150,7 +175,7 @@ async def test_required_call_streams_and_names_one_of_the_tools(client: openai.A
 
 
 async def test_call_result_continues_the_conversation(client: openai.AsyncOpenAI) -> None:
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": QUESTION},
         {
             "role": "assistant",
@@ -177,6 +202,7 @@ async def test_prompt_over_vllms_context_is_a_typed_400(client: openai.AsyncOpen
         await client.chat.completions.create(
             model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": "hello " * 3000}]
         )
+    assert isinstance(refused.value.body, dict)
     assert refused.value.body["code"] == "context_length_exceeded"
     assert "maximum context length is 2048" in refused.value.body["message"]
 

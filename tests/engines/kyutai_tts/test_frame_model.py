@@ -69,6 +69,7 @@ def test_outputs_carry_running_totals_and_the_models_own_audio(tiny_tts: TinyTTS
             np.testing.assert_array_equal(frame.audio, reference.audio)
         if frame.speech.done:
             break
+    assert frame is not None and frame.speech is not None  # the loop ran: the last step's frame
     assert frame.speech.done and frame.speech.words_started == len(words)
 
 
@@ -101,4 +102,5 @@ def test_words_of_a_stream_closed_before_any_step_do_not_reach_the_next_one_on_i
         np.testing.assert_array_equal(ours.audio, theirs.audio)
         if ours.speech.done:
             break
+    assert ours is not None and ours.speech is not None  # the loop ran: the last step's output
     assert ours.speech.done and ours.speech.words_started == len(words)

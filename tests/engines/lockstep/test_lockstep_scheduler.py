@@ -14,7 +14,7 @@ import pytest
 
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
-from rtserve.engines.lockstep import SlotPhase
+from rtserve.engines.lockstep import SlotLease, SlotPhase
 from rtserve.engines.values import SlotPrompt
 from tests.engines.lockstep.lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
@@ -26,13 +26,18 @@ def drain(lease) -> list:
     return items
 
 
+def _phase(lease: SlotLease) -> SlotPhase:
+    """The lease's phase as it is now: a tick moves it on, which an earlier assert's narrowing does not see."""
+    return lease.phase
+
+
 def test_live_slot_steps_one_frame_per_tick_and_underruns_get_silence() -> None:
     scheduler, _model, registry = make_scheduler()
     lease = scheduler.acquire()
     assert lease.phase is SlotPhase.PREFILL  # opened on the engine thread, at the next tick
     lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
     assert scheduler.tick() and scheduler.tick()
-    assert lease.phase is SlotPhase.LIVE
+    assert _phase(lease) is SlotPhase.LIVE
     assert scheduler.tick()  # no input left: stepped with silence
     outputs = [out.audio for out, _ in drain(lease)]
     assert [float(a[0]) for a in outputs] == [1.0, 2.0, 0.0]
@@ -161,7 +166,9 @@ def test_idle_engine_thread_sleeps_instead_of_spinning() -> None:
             time.sleep(0.01)
         assert scheduler.is_idle
         steps = model.steps
+        assert scheduler._thread is not None
         native_id = scheduler._thread.native_id
+        assert native_id is not None
         cpu_before = _thread_cpu_seconds(native_id)
         time.sleep(0.5)
         assert model.steps == steps  # nothing live: not a single step
@@ -211,7 +218,7 @@ def test_prefill_runs_one_step_per_tick_then_goes_live() -> None:
     scheduler.tick()
     assert lease.phase is SlotPhase.PREFILL
     scheduler.tick()
-    assert lease.phase is SlotPhase.LIVE
+    assert _phase(lease) is SlotPhase.LIVE
     assert drain(lease) == []  # nothing is delivered for prefill rows
     scheduler.tick()
     [(out, _)] = drain(lease)
@@ -318,9 +325,10 @@ async def test_outputs_reach_the_event_loop_without_blocking_it() -> None:
     scheduler.start()
     try:
         lease.push_samples(np.concatenate([frame(1.0), frame(2.0)]))
-        got = []
+        got: list[float] = []
         while len(got) < 2:
             item = await asyncio.wait_for(lease.next_output(), 5)
+            assert isinstance(item, tuple)
             out, _epoch = item
             if out.audio.any():
                 got.append(float(out.audio[0]))

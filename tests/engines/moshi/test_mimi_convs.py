@@ -3,6 +3,8 @@ cuDNN / oneDNN for long inputs, one matmul for few steps, products for the chann
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -10,9 +12,10 @@ from torch.nn import functional as F
 from rtserve.engines.moshi.mimi import MATMUL_STEPS, StreamConv1d, StreamConvTranspose1d
 
 CPU = torch.device("cpu")
+M = TypeVar("M", bound=torch.nn.Module)
 
 
-def _randomized(module: torch.nn.Module) -> torch.nn.Module:
+def _randomized(module: M) -> M:
     for param in module.parameters():
         torch.nn.init.normal_(param)
     return module

@@ -18,11 +18,17 @@ from rtserve.engines.moshi.generator import TokenStream
 from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.prompts import PromptError
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
-from rtserve.engines.values import SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 from tests.engines.moshi.tiny import CARD, LM_KWARGS, _stack_attention, reference_lm
 
 FRAME = 1920
 GREEDY = MoshiSampling(use_sampling=False)
+
+
+def _audio(output: FrameOutput | None) -> np.ndarray:
+    """A stepped live slot's audio (a live slot that was stepped has an output)."""
+    assert output is not None
+    return output.audio
 
 
 def _drive(model: MoshiFrameModel, slot: int, steps: int) -> None:
@@ -39,6 +45,7 @@ def test_persona_text_prefills_one_token_per_step_and_changes_the_conversation(l
     model = MoshiFrameModel(loaded, 2, sampling=GREEDY)
     persona = "you are a helpful assistant"
     steps = model.open_slot(0, SlotPrompt(text=persona))
+    assert model.tokenizer is not None
     expected = len(model.tokenizer.encode(f"<system> {persona} <system>"))
     assert steps == expected > 3
     assert model.open_slot(1, SlotPrompt()) == 0
@@ -54,7 +61,7 @@ def test_persona_text_prefills_one_token_per_step_and_changes_the_conversation(l
     for _ in range(steps):
         plain.step(inputs[:1], np.zeros(1, bool))  # same number of ticks, no persona
     out1 = [plain.step(inputs[:1], np.ones(1, bool)) for _ in range(6)]
-    assert not np.array_equal(np.stack([o[0].audio for o in out0]), np.stack([o[0].audio for o in out1]))
+    assert not np.array_equal(np.stack([_audio(o[0]) for o in out0]), np.stack([_audio(o[0]) for o in out1]))
 
 
 def test_overlong_persona_is_refused_before_touching_state(loaded: LoadedModel) -> None:
@@ -69,7 +76,10 @@ def test_voice_prompts_resolve_inside_the_folder_only(loaded: LoadedModel, tmp_p
     torch.save(torch.randn(5, LM_KWARGS["dim"]), voices / "NATF0.pt")
     pcm = (0.2 * np.sin(np.arange(FRAME * 3) * 0.05) * 32767).astype(np.int16)
     with wave.open(str(voices / "talk.wav"), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000), w.writeframes(pcm.tobytes())
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(pcm.tobytes())
     (tmp_path / "secret.pt").write_bytes(b"x")
     (voices / "link.pt").symlink_to(tmp_path / "secret.pt")
     model = MoshiFrameModel(loaded, 1, sampling=GREEDY, voice_dir=voices)

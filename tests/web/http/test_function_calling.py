@@ -11,6 +11,7 @@ conversation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +21,12 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall
+from openai.types.realtime import (
+    RealtimeFunctionToolParam,
+    RealtimeResponseCreateParamsParam,
+    RealtimeSessionCreateRequestParam,
+)
 
 from rtserve.app import build_app
 from rtserve.config import load_config
@@ -28,18 +35,25 @@ from tests.web.http_support import sdk, serve_doubles
 from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import loopback_config, receive_event, running, ws_url
 
-WEATHER_SCHEMA = {
+WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"],
 }
-REALTIME_TOOL = {
+REALTIME_TOOL: RealtimeFunctionToolParam = {
     "type": "function",
     "name": "get_weather",
     "description": "Get the current weather in a city",
     "parameters": WEATHER_SCHEMA,
 }
-CHAT_TOOL = {"type": "function", "function": {key: value for key, value in REALTIME_TOOL.items() if key != "type"}}
+CHAT_TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": REALTIME_TOOL["name"],
+        "description": REALTIME_TOOL["description"],
+        "parameters": WEATHER_SCHEMA,
+    },
+}
 QUESTION = "What is the weather in Paris?"
 LOAD_TIMEOUT_S = 300
 MODEL_EVENT_TIMEOUT_S = 120  # real models on a loaded 2-core CPU: only a hung test should hit it
@@ -59,8 +73,11 @@ async def test_realtime_refuses_tools_it_cannot_serve(config) -> None:
         async with realtime_sdk(base).realtime.connect(model="loopback") as conn:
             reader = SdkReader(conn)
             await reader.until("session.created")
-            bad_schema = {**REALTIME_TOOL, "parameters": {"type": "object", "required": "city"}}
-            refusals = [
+            bad_schema: RealtimeFunctionToolParam = {
+                **REALTIME_TOOL,
+                "parameters": {"type": "object", "required": "city"},
+            }
+            refusals: list[tuple[dict[str, Any], str, str]] = [
                 ({"tools": [bad_schema]}, "session.tools[0].parameters", "Invalid schema for function 'get_weather'"),
                 (
                     {"tools": [REALTIME_TOOL], "tool_choice": {"type": "function", "name": "get_time"}},
@@ -77,19 +94,22 @@ async def test_realtime_refuses_tools_it_cannot_serve(config) -> None:
                 ({"tools": [REALTIME_TOOL]}, "session.tools", "loopback engine cannot call functions"),
             ]
             for i, (change, param, fragment) in enumerate(refusals):
-                await conn.session.update(session={"type": "realtime", **change}, event_id=f"bad-{i}")
+                await conn.session.update(
+                    session={"type": "realtime", **change},  # type: ignore[arg-type]  # refused changes, the mcp tool outside the SDK's types
+                    event_id=f"bad-{i}",
+                )
                 error = (await reader.until("error"))["error"]
                 assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param, f"bad-{i}")
                 assert fragment in error["message"]
 
             # The same checks hold for a response's own tools and tool_choice.
-            refusals = [
+            response_refusals: list[tuple[RealtimeResponseCreateParamsParam, str, str]] = [
                 ({"tools": [bad_schema]}, "response.tools[0].parameters", "Invalid schema"),
                 ({"tool_choice": {"type": "function", "name": "get_time"}}, "response.tool_choice", "not in tools"),
                 ({"tools": [REALTIME_TOOL]}, "response.tools", "loopback engine cannot call functions"),
             ]
-            for i, (change, param, fragment) in enumerate(refusals):
-                await conn.response.create(response=change, event_id=f"bad-response-{i}")
+            for i, (response_change, param, fragment) in enumerate(response_refusals):
+                await conn.response.create(response=response_change, event_id=f"bad-response-{i}")
                 error = (await reader.until("error"))["error"]
                 assert (error["code"], error["param"], error["event_id"]) == (
                     "invalid_value",
@@ -135,33 +155,37 @@ async def test_a_duplex_session_opened_with_tools_on_an_engine_without_them_is_r
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1", autostart="0")) as ws:
             await ws.send_json({"type": "session.update", "event_id": "open", "session": {"tools": [REALTIME_TOOL]}})
-            error = (await receive_event(ws))["error"]
+            event = await receive_event(ws)
+            assert event is not None
+            error = event["error"]
             assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", "session.tools", "open")
             await ws.send_json({"type": "session.update", "session": {"instructions": "no tools then"}})
-            assert (await receive_event(ws))["type"] == "session.created"
+            assert (await receive_event(ws) or {}).get("type") == "session.created"
 
 
 async def test_chat_tools_and_tool_messages_reach_the_engine(config) -> None:
     async with serve_doubles(config) as (base, engine):
         await asyncio.to_thread(
-            sdk(base).chat.completions.create,
-            model="double-llm",
-            tools=[CHAT_TOOL],
-            tool_choice="required",
-            messages=[
-                {"role": "user", "content": QUESTION},
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {
-                            "id": "call_1",
-                            "type": "function",
-                            "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"celsius"}'},
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
-            ],
+            functools.partial(
+                sdk(base).chat.completions.create,
+                model="double-llm",
+                tools=[CHAT_TOOL],
+                tool_choice="required",
+                messages=[
+                    {"role": "user", "content": QUESTION},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"celsius"}'},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
+                ],
+            )
         )
     [(messages, params)] = engine.llm.seen
     assert [(t.name, dict(t.parameters)) for t in params.tools] == [("get_weather", WEATHER_SCHEMA)]
@@ -180,12 +204,15 @@ async def test_chat_refuses_a_forced_tool_that_is_not_offered(config) -> None:
     async with serve_doubles(config) as (base, engine):
         with pytest.raises(openai.BadRequestError) as err:
             await asyncio.to_thread(
-                sdk(base).chat.completions.create,
-                model="double-llm",
-                tools=[CHAT_TOOL],
-                tool_choice={"type": "function", "function": {"name": "get_time"}},
-                messages=[{"role": "user", "content": QUESTION}],
+                functools.partial(
+                    sdk(base).chat.completions.create,
+                    model="double-llm",
+                    tools=[CHAT_TOOL],
+                    tool_choice={"type": "function", "function": {"name": "get_time"}},
+                    messages=[{"role": "user", "content": QUESTION}],
+                )
             )
+    assert isinstance(err.value.body, dict)
     assert (err.value.body["code"], err.value.body["param"]) == ("invalid_value", "tool_choice")
     assert engine.llm.control.calls == 0
 
@@ -226,17 +253,21 @@ async def test_chat_forced_call_then_its_result_continues_the_conversation(base)
     client = sdk(base)
     asked = [{"role": "user", "content": QUESTION}]
     completion = await asyncio.to_thread(
-        client.chat.completions.create,
-        model="smollm2-135m-instruct",
-        messages=asked,
-        tools=[CHAT_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        temperature=0,
-        max_tokens=60,
+        functools.partial(
+            client.chat.completions.create,
+            model="smollm2-135m-instruct",
+            messages=asked,
+            tools=[CHAT_TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            temperature=0,
+            max_tokens=60,
+        )
     )
     [choice] = completion.choices
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls is not None
     [call] = choice.message.tool_calls
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "get_weather" and call.id.startswith("call_")
     weather_arguments(call.function.arguments)
 
@@ -280,17 +311,16 @@ async def test_realtime_forced_call_output_and_next_response(base) -> None:
     async with realtime_sdk(base, MODEL_EVENT_TIMEOUT_S).realtime.connect(model="cascade") as conn:
         reader = SdkReader(conn, timeout_s=MODEL_EVENT_TIMEOUT_S)
         await reader.until("session.created")
-        await conn.session.update(
-            session={
-                "type": "realtime",
-                "output_modalities": ["text"],
-                "audio": {"input": {"turn_detection": None}},
-                "tools": [REALTIME_TOOL],
-                "tool_choice": "required",
-                "max_output_tokens": 60,
-                "temperature": 0,
-            }
-        )
+        session_update: RealtimeSessionCreateRequestParam = {
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}},
+            "tools": [REALTIME_TOOL],
+            "tool_choice": "required",
+            "max_output_tokens": 60,
+            "temperature": 0,  # type: ignore[typeddict-unknown-key]  # rtserve's session temperature, not in the SDK's GA type
+        }
+        await conn.session.update(session=session_update)
         session = (await reader.until("session.updated"))["session"]
         assert (session["tools"], session["tool_choice"]) == ([REALTIME_TOOL], "required")
         await conn.conversation.item.create(

@@ -4,20 +4,24 @@ official OpenAI SDK and raw aiohttp, against a test-double LLM."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.web.http_support import sdk, serve_doubles
 
-HELLO = [{"role": "user", "content": "hello there"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 async def test_sdk_non_streaming_completion(config):
     async with serve_doubles(config) as (base, _engine):
-        completion = await asyncio.to_thread(sdk(base).chat.completions.create, model="double-llm", messages=HELLO)
+        completion = await asyncio.to_thread(
+            functools.partial(sdk(base).chat.completions.create, model="double-llm", messages=HELLO)
+        )
     assert completion.object == "chat.completion"
     assert completion.model == "double-llm"
     assert completion.id.startswith("chatcmpl-")
@@ -25,6 +29,7 @@ async def test_sdk_non_streaming_completion(config):
     assert choice.message.role == "assistant"
     assert choice.message.content == "echo: hello there"
     assert choice.finish_reason == "stop"
+    assert completion.usage is not None
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
         2,
         3,
@@ -68,17 +73,19 @@ async def test_raw_stream_frames_and_done_marker(config):
 async def test_sampling_parameters_reach_the_engine(config):
     async with serve_doubles(config) as (base, engine):
         await asyncio.to_thread(
-            sdk(base).chat.completions.create,
-            model="double-llm",
-            temperature=0.2,
-            top_p=0.5,
-            seed=7,
-            stop=["END"],
-            max_tokens=9,
-            messages=[
-                {"role": "developer", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]},
-            ],
+            functools.partial(
+                sdk(base).chat.completions.create,
+                model="double-llm",
+                temperature=0.2,
+                top_p=0.5,
+                seed=7,
+                stop=["END"],
+                max_tokens=9,
+                messages=[
+                    {"role": "developer", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]},
+                ],
+            )
         )
     [(messages, params)] = engine.llm.seen
     assert [(m.role, m.content) for m in messages] == [("system", "be brief"), ("user", "two parts")]
@@ -88,21 +95,25 @@ async def test_sampling_parameters_reach_the_engine(config):
 async def test_max_tokens_truncates_with_length(config):
     async with serve_doubles(config) as (base, _):
         completion = await asyncio.to_thread(
-            sdk(base).chat.completions.create,
-            model="double-llm",
-            max_tokens=2,
-            messages=[{"role": "user", "content": "one two three four"}],
+            functools.partial(
+                sdk(base).chat.completions.create,
+                model="double-llm",
+                max_tokens=2,
+                messages=[{"role": "user", "content": "one two three four"}],
+            )
         )
     assert completion.choices[0].message.content == "echo: one"
     assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None
     assert completion.usage.completion_tokens == 2
 
 
 async def test_unknown_model_is_404_model_not_found(config):
     async with serve_doubles(config) as (base, _):
         with pytest.raises(openai.NotFoundError) as err:
-            await asyncio.to_thread(sdk(base).chat.completions.create, model="gpt-9", messages=HELLO)
+            await asyncio.to_thread(functools.partial(sdk(base).chat.completions.create, model="gpt-9", messages=HELLO))
     assert err.value.status_code == 404
+    assert isinstance(err.value.body, dict)
     assert err.value.body["code"] == "model_not_found"
     assert err.value.body["param"] == "model"
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import io
 import time
 import wave
+from typing import Any
 
 import openai
 import pytest
@@ -27,19 +29,21 @@ async def test_input_audio_is_transcribed_and_the_reply_comes_back_spoken(config
     async with serve_doubles(config) as (base, engine):
         client = sdk(base)
         completion = await asyncio.to_thread(
-            client.chat.completions.create,
-            model="gpt-4o-audio-preview",
-            modalities=["text", "audio"],
-            audio={"voice": "high", "format": "wav"},
-            messages=[
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "What do you hear?"},
-                        {"type": "input_audio", "input_audio": {"data": wav_b64(500, 2.0), "format": "wav"}},
-                    ],
-                }
-            ],
+            functools.partial(
+                client.chat.completions.create,
+                model="gpt-4o-audio-preview",
+                modalities=["text", "audio"],
+                audio={"voice": "high", "format": "wav"},
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What do you hear?"},
+                            {"type": "input_audio", "input_audio": {"data": wav_b64(500, 2.0), "format": "wav"}},
+                        ],
+                    }
+                ],
+            )
         )
     message = completion.choices[0].message
     user = engine.llm.seen[0][0][-1]
@@ -58,15 +62,23 @@ async def test_text_only_completion_is_unchanged_and_bad_audio_requests_are_type
     async with serve_doubles(config) as (base, _):
         client = sdk(base)
         plain = await asyncio.to_thread(
-            client.chat.completions.create,
-            model="gpt-4o-mini",
-            messages=[
-                {
-                    "role": "user",
-                    "content": [{"type": "input_audio", "input_audio": {"data": wav_b64(1000, 1.0), "format": "wav"}}],
-                }
-            ],
+            functools.partial(
+                client.chat.completions.create,
+                model="gpt-4o-mini",
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_audio", "input_audio": {"data": wav_b64(1000, 1.0), "format": "wav"}}
+                        ],
+                    }
+                ],
+            )
         )
+
+        def create(request: dict[str, Any]) -> list[Any]:
+            return list(client.chat.completions.create(**request))
+
         failures = []
         for kwargs in (
             {"modalities": ["text", "audio"]},
@@ -80,9 +92,13 @@ async def test_text_only_completion_is_unchanged_and_bad_audio_requests_are_type
                 ]
             },
         ):
-            request = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], **kwargs}
+            request: dict[str, Any] = {
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": "hi"}],
+                **kwargs,
+            }
             with pytest.raises(openai.BadRequestError) as caught:
-                await asyncio.to_thread(lambda r=request: list(client.chat.completions.create(**r)))
+                await asyncio.to_thread(create, request)
             failures.append((caught.value.code, caught.value.param))
     assert plain.choices[0].message.content == "echo: 1000hz" and plain.choices[0].message.audio is None
     assert failures == [
@@ -130,24 +146,27 @@ async def test_spoken_question_gets_a_spoken_answer_on_the_cascade(config: Serve
             client.audio.speech.create, model="tts-1", voice="alloy", input=QUESTION, response_format="wav"
         )
         completion = await asyncio.to_thread(
-            client.chat.completions.create,
-            model="gpt-4o-audio-preview",
-            modalities=["text", "audio"],
-            audio={"voice": "alloy", "format": "mp3"},
-            max_tokens=40,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "input_audio",
-                            "input_audio": {"data": base64.b64encode(question.content).decode(), "format": "wav"},
-                        }
-                    ],
-                }
-            ],
+            functools.partial(
+                client.chat.completions.create,
+                model="gpt-4o-audio-preview",
+                modalities=["text", "audio"],
+                audio={"voice": "alloy", "format": "mp3"},
+                max_tokens=40,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "input_audio",
+                                "input_audio": {"data": base64.b64encode(question.content).decode(), "format": "wav"},
+                            }
+                        ],
+                    }
+                ],
+            )
         )
     audio = completion.choices[0].message.audio
     assert audio is not None and audio.transcript.strip()
     assert base64.b64decode(audio.data)[:3] in (b"ID3", b"\xff\xfb", b"\xff\xf3")  # an MP3 stream
+    assert completion.usage is not None
     assert completion.usage.prompt_tokens > 10  # the transcribed question reached the model

@@ -5,16 +5,28 @@ API key (401), models not ready / not served (503), and what /v1/models lists.""
 from __future__ import annotations
 
 import asyncio
+import functools
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rtserve.app import build_app
 from tests.support import serve_app
-from tests.web.http_support import NoTurnEnginesDouble, TurnEnginesSessionDouble, audio_file, sdk, serve_doubles
+from tests.web.http_support import (
+    EchoLLMDouble,
+    NoTurnEnginesDouble,
+    ToneASRDouble,
+    ToneTTSDouble,
+    TurnEnginesSessionDouble,
+    audio_file,
+    sdk,
+    serve_doubles,
+)
 
-HELLO = [{"role": "user", "content": "hello there"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 STREAM_CHAT = {"messages": HELLO, "stream": True}
 
 
@@ -43,7 +55,9 @@ async def test_generation_beyond_the_limit_is_429_not_queued(config):
             engine.llm.control.hold.set()
             assert (await held.read()).endswith(b"data: [DONE]\n\n")
         assert await in_flight(http, base) == 0
-        completion = await asyncio.to_thread(sdk(base).chat.completions.create, model="double-llm", messages=HELLO)
+        completion = await asyncio.to_thread(
+            functools.partial(sdk(base).chat.completions.create, model="double-llm", messages=HELLO)
+        )
         assert completion.choices[0].message.content == "echo: hello there"
         async with http.get(f"{base}/metrics") as resp:
             assert "rtserve_http_generations_rejected_total 1.0" in await resp.text()
@@ -66,7 +80,12 @@ async def test_disconnect_during_a_stream_closes_the_engine_stream(config):
 @pytest.mark.parametrize("route", ["chat", "speech", "transcription"])
 async def test_disconnect_mid_generation_cancels_it(config, route):
     async with serve_doubles(config) as (base, engine), aiohttp.ClientSession() as http:
-        double = {"chat": engine.llm, "speech": engine.tts, "transcription": engine.asr}[route]
+        doubles: dict[str, EchoLLMDouble | ToneTTSDouble | ToneASRDouble] = {
+            "chat": engine.llm,
+            "speech": engine.tts,
+            "transcription": engine.asr,
+        }
+        double = doubles[route]
         double.control.hold = asyncio.Event()  # first item produced, then the engine "works" forever
         if route == "chat":
             call = http.post(f"{base}/v1/chat/completions", json={"messages": HELLO})
@@ -117,13 +136,15 @@ async def test_api_key_is_required_when_configured(config):
     async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http:
         with pytest.raises(openai.AuthenticationError):
             await asyncio.to_thread(
-                sdk(base, api_key="wrong").chat.completions.create, model="double-llm", messages=HELLO
+                functools.partial(
+                    sdk(base, api_key="wrong").chat.completions.create, model="double-llm", messages=HELLO
+                )
             )
         async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
             assert resp.status == 401
             assert (await resp.json())["error"]["code"] == "invalid_api_key"
         completion = await asyncio.to_thread(
-            sdk(base, api_key="secret").chat.completions.create, model="double-llm", messages=HELLO
+            functools.partial(sdk(base, api_key="secret").chat.completions.create, model="double-llm", messages=HELLO)
         )
         assert completion.choices[0].message.content == "echo: hello there"
 
@@ -177,11 +198,12 @@ async def test_tasks_the_engine_does_not_serve_are_503_task_unavailable(config):
     async with serve_app(build_app(config, engine=NoTurnEnginesDouble())) as base, aiohttp.ClientSession() as http:
         form = aiohttp.FormData()
         form.add_field("file", b"x", filename="a.wav")
-        for path, kwargs in [
+        requests: list[tuple[str, dict[str, Any]]] = [
             ("/v1/chat/completions", {"json": {"messages": HELLO}}),
             ("/v1/audio/speech", {"json": {"input": "hi"}}),
             ("/v1/audio/transcriptions", {"data": form}),
-        ]:
+        ]
+        for path, kwargs in requests:
             async with http.post(f"{base}{path}", **kwargs) as resp:
                 assert resp.status == 503
                 error = (await resp.json())["error"]

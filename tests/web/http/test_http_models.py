@@ -4,12 +4,15 @@ SmolLM2-135M, Piper), called with the official OpenAI SDK over a real socket."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
+from openai.types import CompletionUsage
 
 from rtserve.app import build_app
 from rtserve.config import load_config
@@ -83,7 +86,7 @@ async def test_chat_streaming_and_not_give_the_same_greedy_reply(base):
     client = sdk(base)
     # With a system prompt, as chat apps send one (SmolLM2-135M's int8 greedy answer to the bare
     # question starts "L'Étoile, la Marseillaise": the model's knowledge, not the route, is tested there).
-    request = {
+    request: dict[str, Any] = {
         "model": "smollm2-135m-instruct",
         "temperature": 0,
         "max_tokens": 12,
@@ -93,14 +96,16 @@ async def test_chat_streaming_and_not_give_the_same_greedy_reply(base):
         ],
     }
 
-    def streamed() -> tuple[str, object]:
+    def streamed() -> tuple[str, CompletionUsage | None]:
         chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
 
-    completion = await asyncio.to_thread(client.chat.completions.create, **request)
+    completion = await asyncio.to_thread(functools.partial(client.chat.completions.create, **request))
     text, usage = await asyncio.to_thread(streamed)
+    assert completion.choices[0].message.content is not None
     assert completion.choices[0].message.content.strip()
     assert text == completion.choices[0].message.content
+    assert usage is not None and completion.usage is not None
     assert usage.completion_tokens == completion.usage.completion_tokens <= 12
     assert usage.prompt_tokens == completion.usage.prompt_tokens > 0
 

@@ -5,12 +5,14 @@ have their own size bound, and a chat prompt is bounded in characters before any
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.web.http_support import sdk, serve_doubles
 
@@ -82,7 +84,7 @@ async def _record(connections: list[None]) -> None:
 async def test_a_keep_alive_client_is_unaffected(config):
     """Requests spaced within the idle timeout, and a generation outlasting it, share one connection."""
     config.transport.http_keepalive_timeout_s = 0.5
-    connections = []
+    connections: list[None] = []
     trace = aiohttp.TraceConfig()
     trace.on_connection_create_end.append(lambda *_: _record(connections))
     async with serve_doubles(config) as (base, engine), aiohttp.ClientSession(trace_configs=[trace]) as http:
@@ -152,15 +154,23 @@ async def test_a_chat_prompt_over_its_character_bound_is_refused_before_the_mode
     config.http.max_prompt_chars = 10_000
     async with serve_doubles(config) as (base, engine):
         client = sdk(base)
-        messages = [{"role": "system", "content": "s" * 6000}, {"role": "user", "content": "u " * 2500}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": "s" * 6000},
+            {"role": "user", "content": "u " * 2500},
+        ]
         with pytest.raises(openai.BadRequestError) as refused:
-            await asyncio.to_thread(client.chat.completions.create, model="double-llm", messages=messages)
+            await asyncio.to_thread(
+                functools.partial(client.chat.completions.create, model="double-llm", messages=messages)
+            )
         error = refused.value.body
+        assert isinstance(error, dict)
         assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
         assert "10000" in error["message"]
         assert engine.llm.control.calls == 0
         fits = await asyncio.to_thread(
-            client.chat.completions.create, model="double-llm", messages=[{"role": "user", "content": "u " * 4000}]
+            functools.partial(
+                client.chat.completions.create, model="double-llm", messages=[{"role": "user", "content": "u " * 4000}]
+            )
         )
         assert fits.choices[0].finish_reason in ("stop", "length")
 

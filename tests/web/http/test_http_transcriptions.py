@@ -14,6 +14,7 @@ import av
 import numpy as np
 import openai
 import pytest
+from openai.types.audio import TranscriptionVerbose
 
 from rtserve.engines.values import TranscriptPiece
 from tests.web.http_support import ToneASRDouble, TurnEnginesSessionDouble, audio_file, sdk, serve_doubles, tone
@@ -68,6 +69,7 @@ async def test_text_verbose_json_srt_vtt(config):
             )
     assert results["text"] == "500hz 500hz\n"
     verbose = results["verbose_json"]
+    assert isinstance(verbose, TranscriptionVerbose) and verbose.segments is not None
     assert (verbose.text, verbose.duration, verbose.language) == ("500hz 500hz", 1.5, "en")
     # The ASR protocol carries no word timing: one segment spans the file.
     assert [(s.start, s.end, s.text) for s in verbose.segments] == [(0.0, 1.5, "500hz 500hz")]
@@ -180,6 +182,7 @@ async def test_undecodable_upload_is_400_invalid_audio(config):
                 sdk(base).audio.transcriptions.create, model="double-asr", file=("a.wav", b"RIFF\x00\x00")
             )
     assert (status, error["code"], error["param"]) == (400, "invalid_audio", "file")
+    assert isinstance(err.value.body, dict)
     assert err.value.body["code"] == "invalid_audio"
     assert engine.asr.control.calls == 0
 

@@ -11,7 +11,8 @@ import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import aiohttp
 import numpy as np
@@ -100,8 +101,10 @@ class _serve:
                 await asyncio.sleep(0.05)
         return Server(base, client)
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self._serving.__aexit__(*exc)
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._serving.__aexit__(exc_type, exc, tb)
 
 
 def _png(size: tuple[int, int] = (96, 64), fmt: str = "PNG") -> bytes:
@@ -129,7 +132,7 @@ async def test_generate_b64_images_of_the_size_asked(server: Server) -> None:
         prompt="a cup of coffee on the table",
         n=2,
         size="64x64",
-        extra_body={"seed": 42, **FAST},  # type: ignore[arg-type]
+        extra_body={"seed": 42, **FAST},
     )
     assert result.data is not None and len(result.data) == 2
     images = [_decoded(item.b64_json) for item in result.data]
@@ -138,18 +141,18 @@ async def test_generate_b64_images_of_the_size_asked(server: Server) -> None:
     again = await server.client.images.generate(
         prompt="a cup of coffee on the table",
         size="64x64",
-        extra_body={"seed": 43, **FAST},  # type: ignore[arg-type]
+        extra_body={"seed": 43, **FAST},
     )
     assert again.data is not None
     assert _decoded(again.data[0].b64_json).tobytes() == images[1].tobytes()  # the second image was seed + 1
 
 
 @pytest.mark.parametrize(("output_format", "pil_format"), [("jpeg", "JPEG"), ("webp", "WEBP"), ("png", "PNG")])
-async def test_output_formats(server: Server, output_format: str, pil_format: str) -> None:
+async def test_output_formats(server: Server, output_format: Literal["jpeg", "webp", "png"], pil_format: str) -> None:
     result = await server.client.images.generate(
         prompt="a lighthouse",
-        size="96x64",  # type: ignore[arg-type]
-        output_format=output_format,  # type: ignore[arg-type]
+        size="96x64",
+        output_format=output_format,
         extra_body=FAST,
     )
     assert result.data is not None
@@ -184,7 +187,7 @@ async def test_edits_with_the_sdk(server: Server) -> None:
     result = await server.client.images.edit(
         image=("input.jpg", _png(fmt="JPEG"), "image/jpeg"),
         prompt="snow",
-        size="64x64",  # type: ignore[arg-type]
+        size="64x64",
         n=2,
         output_format="webp",
         extra_body={"num_inference_steps": 2, "strength": 1.0},

@@ -47,10 +47,14 @@ async def test_duplex_advertises_capabilities_and_turn_based_does_not(config: Se
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as ws:
             created = await receive_event(ws)
+            assert created is not None
             following = await receive_event(ws)
+            assert following is not None
         async with http.ws_connect(ws_url(base)) as ws:
             plain = await receive_event(ws)
+            assert plain is not None
             plain_following = await receive_event(ws)
+            assert plain_following is not None
     capabilities = created["session"]["capabilities"]
     assert capabilities["mode"] == "lockstep" and capabilities["chunk_period_ms"] == 80
     assert capabilities["supports_session_resume"] is True and capabilities["supports_barge_in"] is False
@@ -65,11 +69,13 @@ async def test_without_duplex_sessions_realtime_falls_back_and_duplex_route_refu
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as ws:
             created = await receive_event(ws)
+            assert created is not None
             # silently turn-based (docs/sessions.md#dialects-and-fallback)
             assert "capabilities" not in created["session"]
-            assert (await receive_event(ws))["type"] == "conversation.created"
+            assert (await receive_event(ws) or {}).get("type") == "conversation.created"
         async with http.ws_connect(ws_url(base, "/v1/duplex")) as ws:
             refused = await receive_event(ws)
+            assert refused is not None
             assert refused["error"]["message"] == "Duplex API is not available"
             assert refused["error"]["code"] == "duplex_unavailable"
             assert await close_code(ws) == aiohttp.WSCloseCode.POLICY_VIOLATION
@@ -120,6 +126,7 @@ async def test_resume_replays_what_the_client_missed_and_rotates_the_token(confi
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         first = await http.ws_connect(ws_url(base, duplex="1"))
         created = await receive_event(first)
+        assert created is not None
         session_id, token = created["session"]["id"], created["resume_token"]
         received = [created, *await read_until(first, "response.output_audio.delta")]
         last_seq = received[-1]["server_event_seq"]
@@ -139,6 +146,7 @@ async def test_resume_replays_what_the_client_missed_and_rotates_the_token(confi
                 }
             )
             resumed = await receive_event(second)
+            assert resumed is not None
             after = await read_until(second, lambda e: 13 in echoed_tags([e]))
             await second.send_json(
                 {"type": "session.resume", "session_id": session_id, "resume_token": token, "attachment_generation": 1}
@@ -156,6 +164,7 @@ async def test_resume_elsewhere_replaces_the_old_socket_and_stale_credentials_ar
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as old:
             created = await receive_event(old)
+            assert created is not None
             session_id, token = created["session"]["id"], created["resume_token"]
             async with http.ws_connect(ws_url(base, duplex="1", autostart="0")) as new:
                 await new.send_json(
@@ -167,6 +176,7 @@ async def test_resume_elsewhere_replaces_the_old_socket_and_stale_credentials_ar
                     }
                 )
                 resumed = await receive_event(new)
+                assert resumed is not None
                 tail = await read_to_close(old)
                 assert tail[-1]["type"] == "session.replaced"
                 assert tail[-1]["attachment_generation"] == 1
@@ -182,6 +192,7 @@ async def test_resume_elsewhere_replaces_the_old_socket_and_stale_credentials_ar
                         }
                     )
                     wrong_token = await receive_event(third)
+                    assert wrong_token is not None
                     await third.send_json(
                         {
                             "type": "session.resume",
@@ -191,6 +202,7 @@ async def test_resume_elsewhere_replaces_the_old_socket_and_stale_credentials_ar
                         }
                     )
                     stale_generation = await receive_event(third)
+                    assert stale_generation is not None
                 await new.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(21))})
                 await read_until(new, lambda e: 21 in echoed_tags([e]))  # the resumed socket keeps flowing
     assert wrong_token["error"]["code"] == "unknown_session"
@@ -202,6 +214,7 @@ async def test_detached_session_expires_after_the_grace(config: ServerConfig) ->
     async with running(config) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as ws:
             created = await receive_event(ws)
+            assert created is not None
         await wait_for_metric(
             http, base, 'rtserve_sessions_ended_total{kind="expired",reason="disconnect_grace_expired"} 1.0'
         )
@@ -215,6 +228,7 @@ async def test_detached_session_expires_after_the_grace(config: ServerConfig) ->
                 }
             )
             refused = await receive_event(ws)
+            assert refused is not None
     assert refused["error"]["code"] == "unknown_session"
 
 
@@ -235,10 +249,12 @@ async def test_native_duplex_route_opens_on_session_create(config: ServerConfig)
                 {"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(1)), "event_id": "early"}
             )
             early = await receive_event(ws)
+            assert early is not None
             await ws.send_json(
                 {"type": "session.create", "session": {"instructions": "be a mirror", "output_audio_format": "pcm16"}}
             )
             created = await receive_event(ws)
+            assert created is not None
             await ws.send_json({"type": "input_audio_buffer.append", "audio": pcm16_b64(tagged_frame(3))})
             echoed = (
                 await read_until(

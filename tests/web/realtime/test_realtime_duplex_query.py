@@ -47,6 +47,7 @@ async def test_resume_by_query_replays_rotates_and_replaces(config: ServerConfig
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         old = await http.ws_connect(ws_url(base, path, duplex="1", autostart="1"))
         created = await receive_event(old)
+        assert created is not None
         session_id, token = created["session"]["id"], created["resume_token"]
         seen = await read_until(old, lambda e: e["type"].endswith("audio.delta"))
         last_seq = seen[-1]["server_event_seq"]
@@ -58,6 +59,7 @@ async def test_resume_by_query_replays_rotates_and_replaces(config: ServerConfig
         )
         async with http.ws_connect(url) as new:
             resumed = await receive_event(new)
+            assert resumed is not None
             replay = await read_until(new, lambda e: echoed([e], 33))
             replaced = await read_to_close(old)
             await new.send_json({"type": "session.heartbeat"})
@@ -76,9 +78,11 @@ async def test_resume_by_query_with_old_or_wrong_credentials_is_refused(config: 
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1")) as first:
             created = await receive_event(first)
+            assert created is not None
             session_id, token = created["session"]["id"], created["resume_token"]
             async with http.ws_connect(ws_url(base, duplex="1", session_id=session_id, resume=token)) as second:
                 resumed = await receive_event(second)
+                assert resumed is not None
                 await read_to_close(first)
                 async with http.ws_connect(ws_url(base, duplex="1", session_id=session_id, resume=token)) as stale:
                     old_token = await refusal(stale)
@@ -127,8 +131,10 @@ async def test_session_id_query_names_the_session_and_a_held_name_is_refused(con
             ws_url(base, "/v1/duplex", autostart="1", session_id="personaplex-primary-1")
         ) as again:
             reopened = await receive_event(again)
+            assert reopened is not None
         async with http.ws_connect(ws_url(base, session_id="turn-based-name")) as plain:
             turn_based = await receive_event(plain)
+            assert turn_based is not None
     assert created["session"]["id"] == "personaplex-primary-1"
     assert taken == (
         {
@@ -176,4 +182,5 @@ async def test_client_session_ids_off_allocates_server_ids(config: ServerConfig)
     async with running(loopback_config(config, client_session_ids=False)) as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(base, duplex="1", session_id="mine")) as ws:
             created = await receive_event(ws)
+            assert created is not None
     assert created["session"]["id"].startswith("duplex-")

@@ -17,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 import websockets
+from openai.types.realtime import ConversationItemParam
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
@@ -88,7 +89,7 @@ async def test_semantic_vad_is_accepted_and_echoed(config: ServerConfig) -> None
         )
         updated = await reader.until("session.updated")
         await conn.session.update(
-            session={
+            session={  # type: ignore[misc, arg-type]  # deliberately invalid: idle_timeout_ms is server_vad's, refused
                 "type": "realtime",
                 "audio": {"input": {"turn_detection": {"type": "semantic_vad", "idle_timeout_ms": 6000}}},
             }
@@ -195,7 +196,10 @@ async def test_audio_options_the_server_cannot_honour_are_refused(
 ) -> None:
     async with scripted(config) as (client, _), client.realtime.connect(model="x") as conn:
         reader = await open_session(conn)
-        await conn.session.update(session={"type": "realtime", **session}, event_id="upd")
+        await conn.session.update(
+            session={"type": "realtime", **session},  # type: ignore[misc, arg-type]  # untyped parameters: refused options
+            event_id="upd",
+        )
         error = (await reader.until("error"))["error"]
     assert (error["type"], error["code"], error["param"], error["event_id"]) == (
         "invalid_request_error",
@@ -224,7 +228,8 @@ async def test_transcription_setting_is_echoed_and_null_turns_transcripts_off(co
         done = await reader.until("conversation.item.input_audio_transcription.completed")
         assert done["transcript"] == "hello there"
 
-        await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": None}}})
+        # null turns transcription off, as OpenAI's API takes it: the SDK's type has no None there.
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": None}}})  # type: ignore[misc, arg-type]
         assert (await reader.until("session.updated"))["session"]["audio"]["input"]["transcription"] is None
         await conn.input_audio_buffer.append(audio=ms(200))
         await conn.input_audio_buffer.commit()
@@ -309,7 +314,11 @@ async def test_response_input_is_held_to_the_conversation_bounds(config: ServerC
     config.sessions.max_conversation_items = 2
     async with scripted(config) as (client, _), client.realtime.connect(model="x") as conn:
         reader = await open_session(conn)
-        message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+        message: ConversationItemParam = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "x"}],
+        }
         await conn.response.create(response={"conversation": "none", "input": [message] * 3}, event_id="big")
         error = (await reader.until("error"))["error"]
         await conn.response.create(response={"conversation": "elsewhere"}, event_id="bad")
