@@ -282,8 +282,10 @@ async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray
             spy = args.profile_engine
             profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
             gpu = gpu_busy.start()
-            await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
-            gpu_pct = gpu_busy.finish(gpu)
+            try:
+                await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
+            finally:  # the sampler never outlives the window (a child process would)
+                gpu_pct = gpu_busy.finish(gpu)
             cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)

@@ -560,7 +560,7 @@ class TtsEngineConfig(_Section):
         "weights, a few ms a step, several steps a call) before joining the others (at most max_sessions); a "
         "reply that finds it full starts with the others; 0: off. At 128 streams on an H200, 16 rows lower first "
         "audio's median (15 words/s: 544-648 -> 474-482 ms) but not its p95 (588-708 -> 670-698), and with the "
-        "STT in the same process (the voice agent at 256 sessions) they made it worse (2074-2392 -> 2955-3212 ms "
+        "STT in the same process (the voice agent at 256 sessions) they made it worse (2074-2392 -> 2955-3958 ms "
         "p50): off by default (docs/engines.md#young-batch)",
     )
     young_burst_ms: float = Field(
