@@ -526,6 +526,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
     env, engine = server_env(args, clients)
     if args.server_threads:  # torch's intra-op threads in the server (default: one per core)
         env["OMP_NUM_THREADS"] = str(args.server_threads)
+    env.update(dict(setting.split("=", 1) for setting in args.set))
     started = time.monotonic()
     server = ServerProcess(env, engine=engine, name="bench_kyutai_served", workers=workers)
     ws_base = server.base.replace("http", "ws")
@@ -885,6 +886,7 @@ def main() -> None:
         "--server-threads", type=int, help="OMP_NUM_THREADS of the server (torch intra-op threads); default: unset"
     )
     parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
     parser.add_argument(
         "--profile-engine",
         type=Path,

@@ -237,13 +237,6 @@ class LockstepConfig(_Section):
         "nothing queued at once); every stream with room steps along, and the tick tops every queue up. 1: a "
         "step whenever any reader takes a frame, each a step of the whole batch for the few streams read since",
     )
-    own_cuda_stream: bool = Field(
-        False,
-        description="the Kyutai STT and TTS engine threads each queue their GPU work on a CUDA stream of their "
-        "own instead of the device's default stream, which every thread of the engine process shares (so each "
-        "engine's wait for its outputs also waits for what the other queued before it); off until measured "
-        "(docs/engines.md#own-cuda-streams)",
-    )
     release_timeout_s: float = Field(
         2.0, gt=0, description="session close waits this long for the engine thread to free its slot"
     )

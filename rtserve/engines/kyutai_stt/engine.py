@@ -23,7 +23,6 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.cuda_stream import engine_thread_context
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
@@ -107,7 +106,6 @@ class KyutaiSttEngine:
             drains=frame_model if settings.drain_waiting_input else None,
             drain_after_ticks=settings.drain_after_ticks,
             late_input_grace_ticks=settings.late_input_grace_ticks,
-            thread_context=engine_thread_context(self._config.lockstep, weight.device),
         )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)

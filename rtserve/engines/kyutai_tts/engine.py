@@ -23,7 +23,6 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.cuda_stream import engine_thread_context
 from rtserve.engines.errors import EngineError
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_tts.conditioning import Voice
@@ -172,7 +171,6 @@ class KyutaiTTSEngine:
             clock=clock,
             audio_input=False,
             run_ahead=self._frame_model if settings.run_ahead else None,
-            thread_context=engine_thread_context(self._config.lockstep, model.device),
         )
         self._scheduler.start()
         log.info("kyutai tts engine serving %d streams", model.batch_size)

@@ -62,14 +62,12 @@ table of per-slot sample backlogs (``InputBacklogs``, drop-oldest), output throu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -206,7 +204,6 @@ class LockstepScheduler:
         drains: DrainsInput | None = None,
         drain_after_ticks: int = 1,
         late_input_grace_ticks: int = 0,
-        thread_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
         ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
@@ -214,15 +211,13 @@ class LockstepScheduler:
         ``drains``: the model (taking audio) whose rows with waiting input get drain steps, once
         their input stood through ``drain_after_ticks`` takes in a row; its live rows with no
         input are held rather than stepped on silence for up to ``late_input_grace_ticks`` ticks
-        (``DrainLedger``). ``thread_context``: entered by the engine thread around all of its
-        work (a CUDA stream of its own: ``engines.cuda_stream``)."""
+        (``DrainLedger``)."""
         if run_ahead is not None and audio_input:
             raise ValueError("only a model without audio input can run ahead of its ticks")
         if drains is not None and not audio_input:
             raise ValueError("only a model with audio input has input to drain")
         self.model = model
         self.audio_input = audio_input
-        self._thread_context = thread_context or contextlib.nullcontext
         self.run_ahead = run_ahead
         self.drains = drains
         self._ledger = (
@@ -382,8 +377,7 @@ class LockstepScheduler:
 
     def _run(self) -> None:
         try:
-            with self._thread_context():
-                self._loop()
+            self._loop()
         except Exception:  # a scheduler bug: fail every session rather than hang them
             log.exception("%s engine thread crashed", self.name)
             with self._cond:

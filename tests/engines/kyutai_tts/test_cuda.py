@@ -4,13 +4,10 @@ audio whose first frames' codes mostly agree (bf16 rounding flips some greedy ch
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
-from rtserve.engines.cuda_stream import own_stream
 from rtserve.engines.kyutai_tts.loader import load_folder
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
@@ -51,36 +48,3 @@ def test_cuda_against_cpu_reference(tiny_tts: TinyTTS, dtype: torch.dtype) -> No
         assert all(np.isfinite(chunk).all() for chunk in runs[slot].audio)
         ours, want = np.stack(runs[slot].codes[:20]), np.stack(reference[slot].codes[:20])
         assert float((ours == want).mean()) >= BF16_AGREEMENT
-
-
-@pytest.mark.usefixtures("strict_fp32")
-def test_an_engine_thread_on_its_own_stream_speaks_as_on_the_default_stream(tiny_tts: TinyTTS) -> None:
-    """``lockstep.own_cuda_stream``: the model, loaded and captured on the default stream, steps in
-    another thread on a stream of its own (``own_stream``) with the same codes and audio."""
-    _, entries = reference_run(tiny_tts, TEXTS[:2], ["alice", "bob"], cfg_coef=2.0)
-
-    def run(model: KyutaiTTSModel) -> dict[int, Run]:
-        for slot, voice in enumerate(["alice", "bob"]):
-            feed(model, slot, voice, entries[slot])
-        runs = {0: Run(), 1: Run()}
-        collect(model, runs, 80)
-        return runs
-
-    device = torch.device("cuda")
-    on_default = run(cuda_engine(tiny_tts, torch.float32))
-    model = cuda_engine(tiny_tts, torch.float32)
-    streams: list[bool] = []
-    on_own: list[dict[int, Run]] = []
-
-    def engine_thread() -> None:
-        with own_stream(device):
-            streams.append(torch.cuda.current_stream(device) != torch.cuda.default_stream(device))
-            on_own.append(run(model))
-
-    thread = threading.Thread(target=engine_thread)
-    thread.start()
-    thread.join(120)
-    assert streams == [True] and len(on_own) == 1
-    for slot in range(2):
-        assert on_default[slot].done and on_own[0][slot].done
-        assert_same(on_own[0][slot], on_default[slot])

@@ -4,11 +4,6 @@ release, fenced by the lease; ``audio_input=False`` reads no backlog and counts 
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
@@ -28,7 +23,7 @@ def test_calls_run_between_steps_after_the_open_and_in_order() -> None:
     scheduler, model, registry = _scheduler()
     lease = scheduler.acquire()
     for word in ("a", "b"):
-        scheduler.between_steps(lease, functools.partial(model._record, "word", lease.slot, word))
+        scheduler.between_steps(lease, lambda word=word: model._record("word", lease.slot, word))
     assert not [call for call in model.calls if call[0] == "word"]  # nothing runs on the loop's side
     for _ in range(3):
         assert scheduler.tick()
@@ -66,44 +61,3 @@ def test_a_typed_refusal_ends_only_that_lease() -> None:
     assert refused.output.closed and refused.output.failure == EngineFailure(INPUT_BACKPRESSURE, "too many words")
     assert not other.output.closed
     assert scheduler.tick()  # the other slot is still stepped
-
-
-def test_the_engine_thread_steps_inside_its_thread_context() -> None:
-    """``thread_context`` (a GPU engine's own CUDA stream) wraps all of the engine thread's work,
-    and is left when the scheduler stops."""
-    inside = threading.local()
-    entered: list[str] = []
-    left = threading.Event()
-
-    @contextlib.contextmanager
-    def context() -> Iterator[None]:
-        entered.append(threading.current_thread().name)
-        inside.active = True
-        try:
-            yield
-        finally:
-            inside.active = False
-            left.set()
-
-    model, stepped = RecordingModel(), threading.Event()
-    outside: list[int] = []
-
-    def hook(step: int) -> None:
-        if not getattr(inside, "active", False):
-            outside.append(step)
-        if step >= 3:
-            stepped.set()
-
-    model.step_hook = hook
-    scheduler = LockstepScheduler(
-        model, LockstepConfig(), CollectorRegistry(), audio_input=False, thread_context=context
-    )
-    scheduler.acquire()
-    scheduler.start()
-    try:
-        assert stepped.wait(30)
-        assert not left.is_set()
-    finally:
-        scheduler.stop(5)
-    assert entered == ["lockstep-engine"] and left.is_set()
-    assert outside == []
