@@ -14,7 +14,9 @@ same transcripts go to every LLM configuration, side by side in one run:
   CTranslate2 compute type (``cascade.llm_compute_type``) and system prompt
   (``PROMPTS``), all on the same transcripts, and then the best of those on the transcripts
   of each ``--asr`` model (``NAME=PATH``, a faster-whisper folder), with each model's word
-  error rate on the 20 questions and median decode time.
+  error rate on the 20 questions and median decode time;
+* with ``--ceilings 0.3,0.1,0`` instead: the configured defaults at each temperature ceiling
+  (``cascade.llm_max_temperature``; 0 decodes greedily, so its draws agree).
 
 Rubric (``RUBRIC`` below; no judging by eye). An answer passes when ALL of these hold:
 
@@ -164,6 +166,7 @@ class Variant:
     compute_type: str | None = None  # cascade.llm_compute_type; None: the configured one
     instructions: str = DEFAULT_INSTRUCTIONS  # the voice session's system prompt
     heard_by: str = ""  # which ASR's transcripts it answers ("": the configured model's)
+    max_temperature: float | None = None  # cascade.llm_max_temperature; None: the configured one
 
 
 VARIANTS = (
@@ -195,6 +198,8 @@ def config_for(variant: Variant) -> ServerConfig:
         cascade.update(llm_max_temperature=2.0, llm_max_top_p=1.0)
     if variant.compute_type is not None:
         cascade["llm_compute_type"] = variant.compute_type
+    if variant.max_temperature is not None:
+        cascade["llm_max_temperature"] = variant.max_temperature
     return load_config(environ={}, overrides={"cascade": cascade})
 
 
@@ -301,6 +306,11 @@ async def main() -> None:
         "--compute-types", default="int8,int8_float32,float32", help="with --compare: the LLM compute types tried"
     )
     parser.add_argument("--draws", type=int, default=DRAWS, help="answers sampled per question and configuration")
+    parser.add_argument(
+        "--ceilings",
+        help="instead: the configured defaults at each of these temperature ceilings "
+        "(cascade.llm_max_temperature, comma-separated; 0: greedy)",
+    )
     args = parser.parse_args()
     questions = QUESTION_SETS[args.questions]
     base_config = config_for(VARIANTS[0])
@@ -323,6 +333,11 @@ async def main() -> None:
             Variant(f"{compute}, prompt {prompt}", "ctranslate2", True, compute, PROMPTS[prompt])
             for compute in args.compute_types.split(",")
             for prompt in PROMPTS
+        ]
+    if args.ceilings:
+        variants = [
+            Variant(f"ctranslate2, ceiling {ceiling}", "ctranslate2", True, max_temperature=float(ceiling))
+            for ceiling in args.ceilings.split(",")
         ]
     results = []
     for variant in variants:
