@@ -827,7 +827,7 @@ class CascadeLimits(_Section):
         "first audio)",
     )
     llm_max_temperature: float = Field(
-        0.3,
+        0.2,
         ge=0,
         le=2,
         description="LLM sampling temperature ceiling: requests "
