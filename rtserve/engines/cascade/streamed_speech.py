@@ -1,8 +1,11 @@
 """A reply spoken as the LLM writes it, on a streaming TTS engine (``cascade.tts: tts_engine``;
 docs/engines.md#kyutai-tts-in-the-cascade).
 
-Each token delta goes to the stream the moment it arrives (no sentence wait: the engine starts
-a word once it holds the next one, its lookahead) and passes on in order. The stream's audio
+Each token delta's whole words go to the stream the moment they arrive (no sentence wait: the
+engine starts a word once it holds the next one, its lookahead) and the deltas pass on in order.
+A word is sent once a space (or the reply's end) shows it whole: an LLM's tokens often split a
+word (" Par", "is"), and the stream takes each message as whole words, as moshi-server's protocol
+does, so a piece sent as it came would be spoken as two words. The stream's audio
 comes back in ``chunk_samples`` pieces; each word the engine reports spoken rides on the next
 piece (the last words on an empty piece at the end), so the item's text grows with its audio as
 the session core's truncation expects. Closing the generator (a barge-in cancels the reply's
@@ -63,16 +66,24 @@ async def speak_streamed(
 
     async def feed() -> None:
         reader: asyncio.Task[None] | None = None
+
+        async def send(text: str) -> None:
+            nonlocal reader
+            if not opened:
+                opened.append(await streams.open_stream(stream_id, voice()))
+                reader = asyncio.create_task(read(opened[0]), name=f"{stream_id}-audio")
+            opened[0].send_text(text)
+
         try:
+            partial = ""  # the text's last word, until a space or the end shows it whole
             async for delta in deltas:
                 await out.put(delta)
-                text = without_markup(delta.text)  # the engine would speak "**" and "#"
-                if not text:
-                    continue
-                if not opened:
-                    opened.append(await streams.open_stream(stream_id, voice()))
-                    reader = asyncio.create_task(read(opened[0]), name=f"{stream_id}-audio")
-                opened[0].send_text(text)
+                text = partial + without_markup(delta.text)  # the engine would speak "**" and "#"
+                whole, partial = _last_word_apart(text)
+                if whole.strip():
+                    await send(whole)
+            if partial:
+                await send(partial)
             if opened:
                 opened[0].end()
                 assert reader is not None
@@ -97,3 +108,11 @@ async def speak_streamed(
         if opened:
             with contextlib.suppress(asyncio.CancelledError):
                 await opened[0].close()
+
+
+def _last_word_apart(text: str) -> tuple[str, str]:
+    """``text`` up to its last whitespace, and what follows it (maybe only part of a word)."""
+    for index in range(len(text) - 1, -1, -1):
+        if text[index].isspace():
+            return text[: index + 1], text[index + 1 :]
+    return "", text

@@ -84,6 +84,22 @@ async def test_closing_mid_speech_frees_the_slot_at_once(engine: KyutaiTTSEngine
     await stream.close()
 
 
+async def test_a_word_split_across_tokens_is_spoken_as_one_word(engine: KyutaiTTSEngine) -> None:
+    """An LLM's tokens split words (" Par", "is"); the engine takes each piece as whole words, so
+    a word is sent once a space or the end shows it whole: the words spoken are the reply's."""
+
+    async def llm() -> AsyncIterator[TokenDelta]:
+        for piece in ("The", " capital", " is", " Par", "is", ",", " France", "'s", " larg", "est", " city", "."):
+            yield TokenDelta(piece)
+        yield TokenDelta("", finish_reason="stop")
+
+    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        out = [item async for item in spoken]
+    words = "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta))
+    assert words == "The capital is Paris, France's largest city."
+
+
 async def test_markup_the_llm_writes_is_not_spoken(engine: KyutaiTTSEngine) -> None:
     async def llm() -> AsyncIterator[TokenDelta]:
         for piece in ("**Paris**", " is the", " _capital_", " of `France`.", ""):
