@@ -13,10 +13,13 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from rtserve.codecs import g711
+from rtserve.codecs.g711 import G711Law
 from rtserve.codecs.ogg import OggPageReader, build_page
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
 from rtserve.codecs.opus import OpusDecoder, OpusEncoder
@@ -27,19 +30,22 @@ AUDIO_SECONDS = 10.0
 RUNS = 7
 CHUNK_MS = 20
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_codecs.json"
+# What ``chunks`` cuts: float samples, or encoded bytes.
+Chunked = TypeVar("Chunked", npt.NDArray[np.float32], bytes)
 
 
-def speech_like(rate: int, seconds: float) -> np.ndarray:
+def speech_like(rate: int, seconds: float) -> npt.NDArray[np.float32]:
     """Gliding harmonics under a syllable-rate envelope plus a little noise."""
     t = np.arange(int(rate * seconds)) / rate
     phase = 2 * np.pi * np.cumsum(140 + 30 * np.sin(2 * np.pi * 1.3 * t)) / rate
     x = sum((0.6 / k) * np.sin(k * phase) for k in range(1, 20) if k * 170 < 0.45 * rate)
     x = x * (0.5 + 0.5 * np.sin(2 * np.pi * 3.1 * t) ** 2)
     x = x + 0.01 * np.random.default_rng(0).standard_normal(len(t))
-    return (0.3 * x / np.max(np.abs(x))).astype(np.float32)
+    scaled: npt.NDArray[np.float64] = 0.3 * x / np.max(np.abs(x))
+    return scaled.astype(np.float32)
 
 
-def chunks(data, rate: int, item_bytes: int = 1) -> list:
+def chunks(data: Chunked, rate: int, item_bytes: int = 1) -> list[Chunked]:
     step = rate * CHUNK_MS // 1000 * item_bytes
     return [data[i : i + step] for i in range(0, len(data), step)]
 
@@ -129,14 +135,14 @@ def ogg_framing_only(rate: int, frame_ms: int) -> Callable[[], Callable[[], obje
     return setup
 
 
-def g711_encode(law: str) -> Callable[[], object]:
+def g711_encode(law: G711Law) -> Callable[[], object]:
     pieces = chunks(speech_like(8000, AUDIO_SECONDS), 8000)
-    return lambda: [g711.encode(law, p) for p in pieces]  # type: ignore[arg-type]
+    return lambda: [g711.encode(law, p) for p in pieces]
 
 
-def g711_decode(law: str) -> Callable[[], object]:
-    pieces = chunks(g711.encode(law, speech_like(8000, AUDIO_SECONDS)), 8000)  # type: ignore[arg-type]
-    return lambda: [g711.decode(law, p) for p in pieces]  # type: ignore[arg-type]
+def g711_decode(law: G711Law) -> Callable[[], object]:
+    pieces = chunks(g711.encode(law, speech_like(8000, AUDIO_SECONDS)), 8000)
+    return lambda: [g711.decode(law, p) for p in pieces]
 
 
 def pcm16_b64_round_trip() -> Callable[[], object]:
@@ -168,7 +174,7 @@ CASES: list[tuple[str, Callable[[], Callable[[], object]]]] = [
 
 
 def main() -> None:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, setup in CASES:
         timings = measure(setup)
         median = statistics.median(timings)

@@ -59,17 +59,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 import sphn
+from bench_codecs import speech_like  # benchmarks/ is on sys.path: scripts run from there
 
-from benchmarks.bench_codecs import speech_like
+from rtserve.codecs.ogg import OggPage
 from rtserve.codecs.oggopus import OggOpusReader, OggOpusWriter
 from rtserve.config import MoshiConfig
 
 try:
-    import opuslib  # type: ignore[import-untyped]
+    import opuslib
 except Exception:  # noqa: BLE001 - not installed, or libopus0 missing (opuslib raises a bare Exception)
     opuslib = None
 
@@ -83,8 +85,8 @@ PROBE_REPEAT = 4  # sessions run back to back per probe, so the codec thread's C
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_opus_codecs.json"
 SETTINGS = MoshiConfig()
 
-Writer = Callable[[np.ndarray], bytes]
-Reader = Callable[[bytes], np.ndarray]
+Writer = Callable[[npt.NDArray[np.float32]], bytes]
+Reader = Callable[[bytes], npt.NDArray[np.float32]]
 
 
 # --- opuslib behind the hand-written Ogg layer -------------------------------------------
@@ -104,7 +106,7 @@ class _OpuslibEncoder:
         self.pre_skip_48k = self._enc.lookahead * 48000 // rate
         self.frame_duration_48k = self.frame_samples * 48000 // rate
 
-    def encode(self, samples: np.ndarray) -> list[bytes]:
+    def encode(self, samples: npt.NDArray[np.float32]) -> list[bytes]:
         n = self.frame_samples
         return [
             self._enc.encode_float(np.ascontiguousarray(samples[i : i + n], np.float32).tobytes(), n)
@@ -121,18 +123,19 @@ class _OpuslibDecoder:
         self._channels = channels
         self._max = rate * 120 // 1000
 
-    def decode(self, packet: bytes) -> np.ndarray:
+    def decode(self, packet: bytes) -> npt.NDArray[np.float32]:
         pcm = np.frombuffer(self._dec.decode_float(packet, self._max), np.float32)
         return pcm if self._channels == 1 else pcm.reshape(-1, 2).mean(axis=1)
 
-    def flush(self) -> np.ndarray:
+    def flush(self) -> npt.NDArray[np.float32]:
         return np.zeros(0, np.float32)
 
 
 class _OpuslibOggReader(OggOpusReader):
-    def _start_stream(self, page) -> None:  # type: ignore[no-untyped-def]
+    def _start_stream(self, page: OggPage) -> None:
         super()._start_stream(page)
         assert self._head is not None
+        # A duck-typed stand-in for the OpusDecoder the attribute is declared as.
         self._decoder = _OpuslibDecoder(self.sample_rate, self._head.channels)  # type: ignore[assignment]
 
 
@@ -155,10 +158,11 @@ def pyav_reader() -> Reader:
 
 def opuslib_writer() -> Writer:
     writer = OggOpusWriter(RATE, FRAME_MS)
-    writer._encoder = _OpuslibEncoder(
+    # A duck-typed stand-in for the OpusEncoder the attribute is declared as.
+    writer._encoder = _OpuslibEncoder(  # type: ignore[assignment]
         RATE,
         FRAME_MS,
-        SETTINGS.opus_bitrate,  # type: ignore[assignment]
+        SETTINGS.opus_bitrate,
         SETTINGS.opus_application,
         SETTINGS.opus_complexity,
     )
@@ -170,7 +174,8 @@ def opuslib_reader() -> Reader:
 
 
 def sphn_writer() -> Writer:
-    return sphn.OpusStreamWriter(RATE).append_pcm
+    write: Writer = sphn.OpusStreamWriter(RATE).append_pcm
+    return write
 
 
 def sphn_reader() -> Reader:
@@ -274,7 +279,7 @@ def calibration() -> dict[str, float]:
 # --- interop -----------------------------------------------------------------------------
 
 
-def _best_corr(x: np.ndarray, y: np.ndarray, max_lag: int = 2400) -> tuple[int, float]:
+def _best_corr(x: npt.NDArray[np.float32], y: npt.NDArray[np.float32], max_lag: int = 2400) -> tuple[int, float]:
     """Lag L (|L| < max_lag) where ``y[L + i]`` best matches ``x[i]``, and the correlation there."""
     size = 1 << int(np.ceil(np.log2(len(x) + len(y))))
     corr = np.fft.irfft(np.fft.rfft(y, size) * np.conj(np.fft.rfft(x, size)), size)
@@ -328,7 +333,7 @@ def main() -> None:
     probe_valid = calib["sha256"] >= 0.8  # otherwise no second core was free: the probe says nothing
     checks = interop()
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for impl in IMPLS:
         enc, dec = (statistics.median(cpu[(impl.name, k)]) for k in ("encode", "decode"))
         f_enc, f_dec = (min(1.0, max(0.0, *gil[(impl.name, k)])) if probe_valid else None for k in ("encode", "decode"))
