@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.lm_config import LMConfig, MimiConfig
 from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.paged_kv import PagedKVCache
 
 TINY_LM = {
     "dim": 64,
@@ -51,7 +53,7 @@ def lm_kwargs(shape: str) -> dict[str, Any]:
 def mimi_config(shape: str, card: int) -> dict[str, Any]:
     from moshi.models.loaders import _mimi_config
 
-    cfg = copy.deepcopy(_mimi_config)
+    cfg: dict[str, Any] = copy.deepcopy(_mimi_config)
     cfg["quantizer"]["bins"] = card
     if shape == "tiny":
         cfg["seanet"].update(dimension=32, n_filters=4)
@@ -149,7 +151,7 @@ def prefill_ours(lm: MoshiLM, fill: int) -> None:
         cache.values.normal_()
 
 
-def prefill_paged(lm: MoshiLM, fills: np.ndarray) -> bool:
+def prefill_paged(lm: MoshiLM, fills: npt.NDArray[np.int64]) -> bool:
     """Paged KV: row ``r`` as if ``fills[r]`` frames had been stepped, holding the blocks those frames
     (and the next write) need, filled with random int8 K/V; False when the pool has too few blocks."""
     transformer = lm.transformer
@@ -167,6 +169,7 @@ def prefill_paged(lm: MoshiLM, fills: np.ndarray) -> bool:
     blocks.sync()
     transformer.offset.copy_(torch.from_numpy(np.asarray(fills, np.int64)))
     for cache in transformer.caches:
+        assert isinstance(cache, PagedKVCache)  # blocks is set: every cache is paged
         for pool in (cache.keys, cache.values):
             pool.random_(-127, 128)
         for scales in (cache.key_scales, cache.value_scales):
@@ -196,7 +199,7 @@ def summary(times: list[float]) -> dict[str, float]:
 
 
 def time_steps(
-    step: Callable[[], None], frames: int, warmup: int, device: torch.device, profile: bool = False
+    step: Callable[[], object], frames: int, warmup: int, device: torch.device, profile: bool = False
 ) -> dict[str, Any]:
     """p50 / p99 ms of ``step`` over ``frames`` calls after ``warmup``, each bracketed by device syncs;
     with ``profile``, also where the time went (``kernel_profile`` over as many more calls)."""
@@ -236,7 +239,9 @@ def merge_rounds(rounds: list[dict[str, Any]], reference: list[dict[str, Any]] |
     return merged
 
 
-def kernel_profile(step: Callable[[], None], frames: int, device: torch.device, top: int = 40) -> list[dict[str, Any]]:
+def kernel_profile(
+    step: Callable[[], object], frames: int, device: torch.device, top: int = 40
+) -> list[dict[str, Any]]:
     """Self time per operator over ``frames`` calls of ``step`` (``torch.profiler``): on a GPU the
     kernels, including those replayed from CUDA graphs; on a CPU the aten operators. The ``top``
     by total, as microseconds and calls per frame, plus a ``total`` row."""

@@ -37,7 +37,8 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ServerProcess:
@@ -188,6 +189,13 @@ async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
     return samples
 
 
+def _le(bucket: str) -> float:
+    """The upper bound of one ``_bucket`` series: its ``le`` label (every bucket has one)."""
+    match = re.search(r'le="([^"]+)"', bucket)
+    assert match is not None
+    return float(match.group(1))
+
+
 def histogram_max(before: dict[str, float], after: dict[str, float], name: str, labels: str = "") -> float:
     """Upper bound of the highest bucket that gained observations between two scrapes (0: none;
     inf: past the last bound): how bad the worst one was, e.g. one stall among thousands.
@@ -195,9 +203,7 @@ def histogram_max(before: dict[str, float], after: dict[str, float], name: str, 
     prefix = name + "_bucket" + ("{" + labels + "," if labels else "")
     worst, previous = 0.0, 0.0
     for bound, count in sorted(
-        (float(re.search(r'le="([^"]+)"', key).group(1)), value - before.get(key, 0.0))
-        for key, value in after.items()
-        if key.startswith(prefix)
+        (_le(key), value - before.get(key, 0.0)) for key, value in after.items() if key.startswith(prefix)
     ):
         if count > previous:
             worst = bound
