@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
-from playwright.async_api import async_playwright
+from playwright.async_api import Browser, async_playwright
 from server_process import ServerProcess  # benchmarks/ is on sys.path: scripts run from there
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def fake_microphone(path: Path) -> Path:
     return path
 
 
-async def one_call(browser, base: str, transport: str, settle_s: float) -> Run:
+async def one_call(browser: Browser, base: str, transport: str, settle_s: float) -> Run:
     context = await browser.new_context()
     try:
         page = await context.new_page()
@@ -127,7 +127,9 @@ def summary(runs: list[Run]) -> dict[str, dict[str, float | None]]:
 
 
 def print_table(table: dict[str, dict[str, float | None]]) -> None:
-    cell = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+
     print(
         f"{'transport':<10} {'runs':>4} {'connect p50':>12} {'connect max':>12} {'1st audio p50':>14} "
         f"{'rtt p50':>8} {'jitter p50':>11}   (ms)"

@@ -43,8 +43,10 @@ import statistics
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
@@ -54,6 +56,7 @@ from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.vad import VadStream
 from rtserve.engines.events import InputTranscript, OutputAudio, ResponseFinished, SpeechStopped
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import ChatMessage, ResponseRequest, SamplingParams, SessionOptions
 
 QUESTIONS = [
@@ -109,17 +112,17 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
 
-async def speak(engine: CascadeEngine, text: str) -> np.ndarray:
+async def speak(engine: CascadeEngine, text: str) -> npt.NDArray[np.float32]:
     chunks = [c async for c in engine.tts.synthesize(text)]
     return resample(np.concatenate(chunks), engine.tts.sample_rate, engine.capabilities.input_sample_rate)
 
 
-def last_voiced(audio: np.ndarray) -> int:
+def last_voiced(audio: npt.NDArray[np.float32]) -> int:
     return int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
 
 
 async def one_turn(
-    engine: CascadeEngine, question: str, audio: np.ndarray, index: int, lead_samples: int | None = None
+    engine: CascadeEngine, question: str, audio: npt.NDArray[np.float32], index: int, lead_samples: int | None = None
 ) -> dict[str, float]:
     """One spoken question after ``lead_samples`` of silence (default 0.5 s)."""
     rate = engine.capabilities.input_sample_rate
@@ -130,7 +133,7 @@ async def one_turn(
     )
     speech_end_sample = lead + last_voiced(audio)
     session = await engine.open_session(
-        f"bench-{index}", SessionOptions(server_vad={"type": "server_vad"}, sampling=REPLY)
+        f"bench-{index}", SessionOptions(server_vad=TurnDetection.parse({"type": "server_vad"}), sampling=REPLY)
     )
     marks: dict[str, float] = {}
     done = asyncio.Event()
@@ -171,7 +174,7 @@ async def one_turn(
     }
 
 
-async def asr_rtf(engine: CascadeEngine, questions: list[np.ndarray]) -> float:
+async def asr_rtf(engine: CascadeEngine, questions: list[npt.NDArray[np.float32]]) -> float:
     """Median final-decode compute time / audio time."""
     rtf = []
     for question in questions:
@@ -181,7 +184,9 @@ async def asr_rtf(engine: CascadeEngine, questions: list[np.ndarray]) -> float:
     return statistics.median(rtf)
 
 
-async def stage_speeds(engine: CascadeEngine, baseline: CascadeEngine, questions: list[np.ndarray]) -> dict[str, float]:
+async def stage_speeds(
+    engine: CascadeEngine, baseline: CascadeEngine, questions: list[npt.NDArray[np.float32]]
+) -> dict[str, float]:
     rate = engine.capabilities.input_sample_rate
     audio = np.concatenate(questions)
     started = time.perf_counter()
@@ -255,7 +260,7 @@ async def main() -> None:
     latency = {name: summary(turns) for name, turns in runs.items()}
     adopted = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "adopted"}) or 0
     dropped = registry.get_sample_value("rtserve_cascade_preemptive_replies_total", {"outcome": "dropped"}) or 0
-    result = {
+    result: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -314,7 +319,7 @@ def cascade_overrides(text: str) -> dict[str, object]:
 
 
 async def simultaneous_round(
-    engine: CascadeEngine, questions: list[np.ndarray], sessions: int, round_no: int
+    engine: CascadeEngine, questions: list[npt.NDArray[np.float32]], sessions: int, round_no: int
 ) -> list[dict[str, float]]:
     """``sessions`` sessions, question i of each, whose last voiced samples are pushed at the same moment."""
     rate = engine.capabilities.input_sample_rate
@@ -362,7 +367,7 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
     table = {
         name: {n: simultaneous_summary(turns) for n, turns in by_count.items()} for name, by_count in measured.items()
     }
-    result = {
+    result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0]},
         "rounds": rounds,
         "before": before,

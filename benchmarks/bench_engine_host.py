@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def _moshi_host_model(batch: int) -> Any:
         torch.zeros(batch, mimi_config.frame_size),
     )
 
-    def step(span: int) -> Any:  # what a graph replay hands back, at no cost
+    def step(key: tuple[int, bool]) -> FrameTensors:  # what a graph replay hands back, at no cost
         frame.overrides.clear()
         return fixed
 
@@ -407,7 +408,7 @@ def run_point(args: argparse.Namespace, tree: Path, sessions: int, folder: Path)
 
 
 def print_table(points: list[dict[str, Any]]) -> None:
-    columns = [
+    columns: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
         ("tree", 24, lambda p: Path(p["tree"]).name or p["tree"]),
         ("N", 4, lambda p: str(p["sessions"])),
         ("ticks", 5, lambda p: str(p["ticks"])),

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from server_process import free_port, server_env
@@ -74,7 +75,7 @@ CHAT_PROMPTS = [
 ]
 
 
-async def wait_healthy(http: aiohttp.ClientSession, base: str, server: subprocess.Popen) -> float:
+async def wait_healthy(http: aiohttp.ClientSession, base: str, server: subprocess.Popen[bytes]) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < STARTUP_TIMEOUT_S:
         if server.poll() is not None:
@@ -104,8 +105,10 @@ async def speech_once(
     return ttfb, time.perf_counter() - started, body
 
 
-async def bench_speech(http: aiohttp.ClientSession, base: str) -> dict:
-    ttfbs, rtfs, audio_s = [], [], 0.0
+async def bench_speech(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    ttfbs: list[float] = []
+    rtfs: list[float] = []
+    audio_s = 0.0
     for _ in range(RUNS):
         ttfb, total, body = await speech_once(http, base)
         audio_s = len(body) / 2 / SPEECH_RATE
@@ -120,10 +123,11 @@ async def bench_speech(http: aiohttp.ClientSession, base: str) -> dict:
     }
 
 
-async def bench_transcription(http: aiohttp.ClientSession, base: str) -> dict:
+async def bench_transcription(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
     _, _, wav = await speech_once(http, base, "wav")
     audio_s = (len(wav) - 44) / 2 / SPEECH_RATE
-    rtfs, text = [], ""
+    rtfs: list[float] = []
+    text = ""
     for _ in range(RUNS):
         form = aiohttp.FormData()
         form.add_field("file", wav, filename="speech.wav", content_type="audio/wav")
@@ -172,8 +176,10 @@ async def model_calls(http: aiohttp.ClientSession, base: str) -> float:
     return 0.0
 
 
-async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -> dict:
-    aggregate, per_request, ttfts = [], [], []  # type: ignore[var-annotated]
+async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -> dict[str, Any]:
+    aggregate: list[float] = []
+    per_request: list[float] = []
+    ttfts: list[float] = []
     calls_before = await model_calls(http, base)
     for _ in range(RUNS):
         started = time.perf_counter()
@@ -194,7 +200,7 @@ async def bench_chat(http: aiohttp.ClientSession, base: str, concurrency: int) -
     }
 
 
-async def serve(setup: dict[str, str], measure: bool) -> dict:
+async def serve(setup: dict[str, str], measure: bool) -> dict[str, Any]:
     """Start a server with the environment ``setup``; chat figures (and, with ``measure``, speech
     and transcription)."""
     port = free_port()
@@ -207,7 +213,7 @@ async def serve(setup: dict[str, str], measure: bool) -> dict:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             load_s = await wait_healthy(http, base, server)
             await chat_once(http, base, CHAT_PROMPTS[0])  # first calls pay one-off costs
-            found = {"model_load_s": load_s}
+            found: dict[str, Any] = {"model_load_s": load_s}
             if measure:
                 await speech_once(http, base)
                 found.update(speech=await bench_speech(http, base), transcription=await bench_transcription(http, base))
@@ -222,7 +228,7 @@ async def serve(setup: dict[str, str], measure: bool) -> dict:
             server.wait()
 
 
-async def main() -> dict:
+async def main() -> dict[str, Any]:
     load_before = os.getloadavg()[0]  # other work on the machine skews every number below
     found = {label: await serve(setup, measure=label == CHAT_SETUPS[-1][0]) for label, setup in CHAT_SETUPS}
     after = found[CHAT_SETUPS[-1][0]]
@@ -243,7 +249,7 @@ async def main() -> dict:
     }
 
 
-def print_table(results: dict) -> None:
+def print_table(results: dict[str, Any]) -> None:
     speech, asr = results["speech"], results["transcription"]
     rows = [
         ("speech time to first byte", f"{speech['ttfb_ms']:.0f} ms", f"{speech['audio_s']:.1f} s of audio, pcm"),

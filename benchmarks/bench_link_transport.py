@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import zmq
 import zmq.asyncio
 
@@ -58,7 +59,7 @@ def frames_in(sessions: int) -> tuple[Any, ...]:
     return (Kind.FRAMES_IN, [(handle, np.random.rand(FRAME).astype(np.float32)) for handle in range(sessions)])
 
 
-def events_out(frames: list[tuple[int, np.ndarray]]) -> tuple[Any, ...]:
+def events_out(frames: list[tuple[int, npt.NDArray[np.float32]]]) -> tuple[Any, ...]:
     """The engine's answer: each session's frame as the lockstep engine forwards it."""
     return (
         Kind.EVENTS_OUT,
@@ -107,13 +108,14 @@ class ZmqOutOfBand:
 
     async def receive(self) -> tuple[Any, ...]:
         head, *buffers = await self.socket.recv_multipart(copy=False)
-        return pickle.loads(head.buffer, buffers=[frame.buffer for frame in buffers])
+        message: tuple[Any, ...] = pickle.loads(head.buffer, buffers=[frame.buffer for frame in buffers])
+        return message
 
     def close(self) -> None:
         self.socket.close(linger=0)
 
 
-def split_batch(message: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
+def split_batch(message: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[npt.NDArray[np.float32]]]:
     """A batch as a small pickled index (handles, lengths, the events' fields) and its audio."""
     kind, items, *rest = message
     index, audio = [], []
@@ -125,7 +127,7 @@ def split_batch(message: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[np.ndar
     return (kind, index, *rest), audio
 
 
-def join_batch(head: tuple[Any, ...], audio: np.ndarray) -> tuple[Any, ...]:
+def join_batch(head: tuple[Any, ...], audio: npt.NDArray[np.float32]) -> tuple[Any, ...]:
     kind, index, *rest = head
     items, at = [], 0
     for handle, size, fields in index:
@@ -163,8 +165,8 @@ class ShmDoorbell:
 
     def __init__(self, stream: UnixPickle, outbound: SharedMemory, inbound: SharedMemory, owner: bool) -> None:
         self.stream, self.outbound, self.inbound, self.owner = stream, outbound, inbound, owner
-        self.out_view = np.ndarray((outbound.size // 4,), np.float32, outbound.buf)
-        self.in_view = np.ndarray((inbound.size // 4,), np.float32, inbound.buf)
+        self.out_view: npt.NDArray[np.float32] = np.ndarray((outbound.size // 4,), np.float32, outbound.buf)
+        self.in_view: npt.NDArray[np.float32] = np.ndarray((inbound.size // 4,), np.float32, inbound.buf)
 
     async def send(self, message: tuple[Any, ...]) -> None:
         if not is_batch(message):

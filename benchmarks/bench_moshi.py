@@ -62,6 +62,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import numpy.typing as npt
 import pyspy
 import sphn
 from load_shards import (
@@ -94,7 +95,7 @@ class ClientLog:
     send_lag_ms: list[float] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)  # per received audio page
     pages: list[bytes] = field(default_factory=list)
-    signal: np.ndarray | None = None
+    signal: npt.NDArray[np.float32] | None = None
     error: str | None = None
 
 
@@ -138,24 +139,25 @@ class Point:
     errors: int
 
 
-def noise(seconds: float, seed: int = 0) -> np.ndarray:
+def noise(seconds: float, seed: int = 0) -> npt.NDArray[np.float32]:
     rng = np.random.default_rng(seed)
     n = int(seconds * RATE)
     spectrum = np.fft.rfft(rng.standard_normal(n))
     freqs = np.fft.rfftfreq(n, 1 / RATE)
     spectrum[(freqs < 150) | (freqs > 4000)] = 0
     signal_ = np.fft.irfft(spectrum, n)
-    return (0.25 * signal_ / np.abs(signal_).max()).astype(np.float32)
+    scaled: npt.NDArray[np.float64] = 0.25 * signal_ / np.abs(signal_).max()
+    return scaled.astype(np.float32)
 
 
-def encode_stream(signal_: np.ndarray) -> list[bytes]:
+def encode_stream(signal_: npt.NDArray[np.float32]) -> list[bytes]:
     """The client's Ogg-Opus messages, one per 80 ms frame, encoded before the clock starts so
     the load generator only sends bytes on time."""
     writer = sphn.OpusStreamWriter(RATE)
     return [writer.append_pcm(signal_[j * FRAME : (j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
 
 
-def decode_stream(pages: list[bytes]) -> list[np.ndarray]:
+def decode_stream(pages: list[bytes]) -> list[npt.NDArray[np.float32]]:
     """Agent audio per received page (decoded after the run: same PCM, no client CPU during it)."""
     reader = sphn.OpusStreamReader(RATE)
     out = []
@@ -198,7 +200,7 @@ async def run_client(
         log.error = f"{type(exc).__name__}: {exc}"
 
 
-def _lag_in(output: np.ndarray, reference: np.ndarray, lo: int, hi: int) -> tuple[int, float]:
+def _lag_in(output: npt.NDArray[np.float32], reference: npt.NDArray[np.float32], lo: int, hi: int) -> tuple[int, float]:
     """Best lag of ``reference`` inside ``output`` within [lo, hi], and its normalized score."""
     lo = max(0, lo)
     hi = min(hi, len(output) - len(reference))
@@ -489,7 +491,7 @@ def print_table(points: list[Point]) -> None:
     )
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
     config = load_config(args.config) if args.config else ServerConfig()
     points = []
     for clients in args.clients:

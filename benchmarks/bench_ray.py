@@ -38,16 +38,21 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig, load_config
 from rtserve.engines.events import OutputAudio
+from rtserve.engines.protocols import EngineSession
 from rtserve.engines.remote.client import RemoteEngines
 from rtserve.engines.remote.link import EngineLink
 from rtserve.engines.values import SessionOptions
 from rtserve.processes import engine_main
+
+if TYPE_CHECKING:
+    from rtserve.cluster.engines import ClusterEngines
 
 RATE = 24_000
 FRAME = 1920
@@ -83,7 +88,7 @@ def _config(sessions: int) -> ServerConfig:
 
 
 class _Session:
-    def __init__(self, session) -> None:
+    def __init__(self, session: EngineSession) -> None:
         self.session = session
         self.sent: dict[int, float] = {}
         self.latencies: list[float] = []
@@ -99,7 +104,14 @@ class _Session:
                     self.latencies.append(arrived - pushed)
 
 
-async def _drive(engines, mode: str, sessions: int, duration_s: float, warmup_s: float, engine_pid: int) -> Row:
+async def _drive(
+    engines: RemoteEngines | ClusterEngines,
+    mode: str,
+    sessions: int,
+    duration_s: float,
+    warmup_s: float,
+    engine_pid: int,
+) -> Row:
     opened = [
         _Session(await engines.session_engine.open_session(f"bench-{i}", SessionOptions())) for i in range(sessions)
     ]
@@ -170,6 +182,7 @@ async def _unix(config: ServerConfig, sessions: int, duration_s: float, warmup_s
         engines = RemoteEngines(link, link.offer, max_queued_events=settings.max_queued_events)
         while not engines.ready:  # noqa: ASYNC110 - readiness is a property, not an event
             await asyncio.sleep(0.05)
+        assert child.pid is not None  # started
         try:
             return await _drive(engines, "unix socket (engine process)", sessions, duration_s, warmup_s, child.pid)
         finally:

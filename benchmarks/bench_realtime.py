@@ -255,12 +255,17 @@ async def run(
                 sent_at.append(at)
         lags.extend(log.send_lag_ms)
     lat = np.array(latencies or [float("nan")])
-    at = np.array(sent_at or [float("nan")])
+    sent_times = np.array(sent_at or [float("nan")])
     delay_ms = delay_frames * PERIOD_S * 1000
     ticks = np.floor((lat - delay_ms) / (PERIOD_S * 1000)).astype(int) if latencies else np.zeros(0, int)
     queued = {f"{k}": round(100 * float(np.mean(ticks == k)), 1) for k in range(int(ticks.max(initial=0)) + 1)}
-    first = lat[at < window_start + 5]
-    last = lat[at >= stop_at - 5]
+    first = lat[sent_times < window_start + 5]
+    last = lat[sent_times >= stop_at - 5]
+
+    def gc_pause_max_ms(generation: int) -> float:
+        labels = f'generation="{generation}"'
+        return histogram_max(counters_before, counters_after, "rtserve_gc_pause_seconds", labels) * 1e3
+
     return Result(
         workers=workers,
         append_ms=append_ms,
@@ -298,11 +303,7 @@ async def run(
             counters_before, counters_after, ENGINE_PROCESS + "rtserve_event_loop_lag_seconds"
         )
         * 1e3,
-        gc_max_ms=tuple(
-            histogram_max(counters_before, counters_after, "rtserve_gc_pause_seconds", f'generation="{generation}"')
-            * 1e3
-            for generation in (1, 2)
-        ),
+        gc_max_ms=(gc_pause_max_ms(1), gc_pause_max_ms(2)),
         engine_counters={
             k.removeprefix("rtserve_lockstep_").removesuffix("_total"): counters_after.get(k, 0.0)
             - counters_before.get(k, 0.0)

@@ -177,7 +177,7 @@ def _print_table(points: list[Point], rate_hz: float) -> None:
         )
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
     threads = {"torch_threads": str(args.torch_threads)}
     modes = [
         ("batched", {"max_batch": str(args.max_batch), "batch_window_ms": str(args.window_ms), **threads}),

@@ -52,6 +52,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -322,7 +323,7 @@ class Churn:
 # ----------------------------------------------------------------------------- run and report
 
 
-async def soak(args: argparse.Namespace) -> dict:
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
     slots = args.sessions + 16  # the steady sessions and the churn's
     server = ServerProcess(
         {
@@ -443,7 +444,7 @@ def p99_drift(points: list[tuple[float, float]], run_start: float, duration_s: f
 
 def report(
     args: argparse.Namespace, load: Load, samples: list[tuple[float, list[ProcessSample]]], leftover: dict[str, float]
-) -> dict:
+) -> dict[str, Any]:
     run_start = min((t for points in load.latency.values() for t, _ in points), default=0.0)
     warm_at, warm = next(((t, s) for t, s in samples if t >= min(WARMUP_S, args.duration / 2)), samples[-1])
     end_at = samples[-2][0] if len(samples) > 2 else samples[-1][0]  # the last sample under load
@@ -482,7 +483,7 @@ def report(
     }
 
 
-def print_table(result: dict) -> None:
+def print_table(result: dict[str, Any]) -> None:
     s, lag = result["server"], result["client_send_lag_ms"]
     rows = [
         (

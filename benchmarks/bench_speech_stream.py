@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import aiohttp
 import websockets
@@ -110,7 +111,18 @@ async def sleep_cycle(http: aiohttp.ClientSession, base: str, pid: int) -> dict[
     }
 
 
-async def run(args: argparse.Namespace) -> dict[str, object]:
+class Result(TypedDict):
+    """What ``--out`` holds (and the table prints)."""
+
+    machine: str
+    runs: int
+    words_per_s: float
+    stream: dict[str, float]
+    http_first_byte_s: float
+    sleep: dict[str, float]
+
+
+async def run(args: argparse.Namespace) -> Result:
     server = ServerProcess({"RTSERVE_ENABLE_SLEEP_MODE": "true"}, engine="cascade", name="speech_stream")
     try:
         async with aiohttp.ClientSession() as http:

@@ -27,6 +27,7 @@ import statistics
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -58,7 +59,7 @@ FORCED = SamplingParams(
 DEFAULT_RESULTS = Path(__file__).parent / "results" / "bench_tool_calls.json"
 
 
-async def timed(engine: CascadeEngine, question: str, params: SamplingParams) -> dict[str, float]:
+async def timed(engine: CascadeEngine, question: str, params: SamplingParams) -> dict[str, Any]:
     started = time.perf_counter()
     first = None
     last = None
@@ -103,7 +104,8 @@ async def main() -> None:
     engine = CascadeEngine(config, CollectorRegistry())
     await engine.start()
     first_forced = await timed(engine, QUESTIONS[0], FORCED)
-    forced, free = [], []
+    forced: list[dict[str, Any]] = []
+    free: list[dict[str, Any]] = []
     for question in QUESTIONS:
         call = await timed(engine, question, FORCED)
         forced.append(call)
@@ -111,8 +113,9 @@ async def main() -> None:
     per_token_mask_us = mask_us(engine)
     await engine.stop()
 
-    def median(rows: list[dict[str, float]], key: str) -> float:
-        return statistics.median(row[key] for row in rows)
+    def median(rows: list[dict[str, Any]], key: str) -> float:
+        middle: float = statistics.median(row[key] for row in rows)
+        return middle
 
     table = {
         name: {
@@ -120,7 +123,7 @@ async def main() -> None:
         }
         for name, rows in (("free", free), ("forced", forced))
     }
-    result = {
+    result: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

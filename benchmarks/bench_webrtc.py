@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import av
@@ -115,7 +116,8 @@ async def one_call(
     pc.addTrack(mic)
     pc.createDataChannel("oai-events")
     loop = asyncio.get_running_loop()
-    log.echoes_s = []
+    echoes_s: list[float] = []
+    log.echoes_s = echoes_s
     first_audio = asyncio.Event()
 
     async def read(track: MediaStreamTrack) -> None:
@@ -125,6 +127,7 @@ async def one_call(
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            assert isinstance(frame, av.AudioFrame) and frame.pts is not None  # aiortc stamps each received frame
             now = loop.time()
             first_audio.set()
             if measure_from.is_set() and not stop.is_set():
@@ -135,7 +138,7 @@ async def one_call(
                     log.late_arrivals += 1
                 loud = float(np.sqrt(np.mean(frame_to_mono(frame) ** 2))) > 0.05
                 if loud and loud_since < 0 and mic.bursts:
-                    log.echoes_s.append(now - mic.bursts[-1])
+                    echoes_s.append(now - mic.bursts[-1])
                 loud_since = now if loud else -1.0
             last_pts, last_at = frame.pts, now
 
@@ -187,7 +190,13 @@ class Step:
     engine_underruns: float
 
 
-def _callers(base: str, calls: int, warmup_s: float, duration_s: float, results: multiprocessing.Queue) -> None:
+def _callers(
+    base: str,
+    calls: int,
+    warmup_s: float,
+    duration_s: float,
+    results: multiprocessing.Queue[tuple[list[dict[str, Any]], float]],
+) -> None:
     """One client process: ``calls`` callers; puts their logs on ``results``."""
     use_host_addresses(["127.0.0.1"])
 
@@ -210,7 +219,7 @@ def _callers(base: str, calls: int, warmup_s: float, duration_s: float, results:
 
 async def run_step(server: ServerProcess, calls: int, client_procs: int, warmup_s: float, duration_s: float) -> Step:
     ctx = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue = ctx.Queue()
+    results: multiprocessing.Queue[tuple[list[dict[str, Any]], float]] = ctx.Queue()
     shares = [calls // client_procs + (i < calls % client_procs) for i in range(client_procs)]
     procs = [ctx.Process(target=_callers, args=(server.base, n, warmup_s, duration_s, results)) for n in shares if n]
     async with aiohttp.ClientSession() as http:
