@@ -103,22 +103,23 @@ def sdxl_pipeline(device: torch.device, dtype: torch.dtype) -> Any:
     vocab = len(tokenizer)
 
     def text(fields: dict[str, Any]) -> CLIPTextConfig:
-        ids = {"bos_token_id": vocab - 2, "eos_token_id": vocab - 1, "pad_token_id": vocab - 1}
+        ids: dict[str, Any] = {"bos_token_id": vocab - 2, "eos_token_id": vocab - 1, "pad_token_id": vocab - 1}
         return CLIPTextConfig(vocab_size=vocab, max_position_embeddings=77, **ids, **fields)
 
     # The scheduler's tables stay on the host (diffusers reads them with numpy); the modules are
-    # built on the device at once.
-    scheduler = EulerDiscreteScheduler(
+    # built on the device at once. diffusers' constructors are unannotated (``register_to_config``),
+    # and a pipeline's components are registered at run time, so ``pipe`` is typed Any.
+    scheduler = EulerDiscreteScheduler(  # type: ignore[no-untyped-call]  # unannotated in diffusers
         beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1
     )
     with torch.device(device):
-        pipe = StableDiffusionXLPipeline(
-            vae=AutoencoderKL(**SDXL_VAE),
+        pipe: Any = StableDiffusionXLPipeline(  # type: ignore[no-untyped-call]  # unannotated in diffusers
+            vae=AutoencoderKL(**SDXL_VAE),  # type: ignore[no-untyped-call]  # unannotated in diffusers
             text_encoder=CLIPTextModel(text(SDXL_TEXT)),
             text_encoder_2=CLIPTextModelWithProjection(text(SDXL_TEXT_2)),
             tokenizer=tokenizer,
             tokenizer_2=tokenizer,
-            unet=UNet2DConditionModel(**SDXL_UNET),
+            unet=UNet2DConditionModel(**SDXL_UNET),  # type: ignore[no-untyped-call]  # unannotated in diffusers
             scheduler=scheduler,
         )
     # float16: the pipeline and the engine both upcast SDXL's VAE themselves (force_upcast).
@@ -129,10 +130,11 @@ def sdxl_pipeline(device: torch.device, dtype: torch.dtype) -> Any:
 
 def build_pipeline(args: argparse.Namespace) -> Any:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    # The ignores below: diffusers leaves DiffusionPipeline.from_pretrained unannotated.
     if args.weights:
         from diffusers import DiffusionPipeline
 
-        pipe = DiffusionPipeline.from_pretrained(args.weights, dtype=dtype).to(device)
+        pipe = DiffusionPipeline.from_pretrained(args.weights, dtype=dtype).to(device)  # type: ignore[no-untyped-call]
     elif args.shape == "sdxl":
         pipe = sdxl_pipeline(device, dtype)
     else:
@@ -141,7 +143,7 @@ def build_pipeline(args: argparse.Namespace) -> Any:
         from tests.engines.diffusion.tiny_pipeline import save_tiny_pipeline
 
         folder = save_tiny_pipeline(Path(tempfile.mkdtemp()))
-        pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype).to(device)
+        pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype).to(device)  # type: ignore[no-untyped-call]
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

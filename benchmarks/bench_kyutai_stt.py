@@ -171,7 +171,8 @@ def run_ours(
     """``bits``: 8 or 4 for paged KV of that width, 0 for the ring."""
     device = lm.text_linear.weight.device
     extras = CheckpointExtras(model_type="stt", stt_config=stt)
-    loaded = LoadedModel(lm, mimi, RandomWeightsPieces(config.text_card), config, args.mimi_config, None, extras)
+    pieces = RandomWeightsPieces(config.text_card)  # stands in for the SentencePiece tokenizer
+    loaded = LoadedModel(lm, mimi, pieces, config, args.mimi_config, None, extras)  # type: ignore[arg-type]
     width = PagedKVSpec(1, PAGED_BLOCK).width(config.context)
     spec = PagedKVSpec(num_blocks=batch * width, block_size=PAGED_BLOCK, bits=bits) if bits else None
     model = SttFrameModel(stt_model(loaded), batch, paged_kv=spec)

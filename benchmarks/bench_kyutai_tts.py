@@ -232,7 +232,7 @@ def run_reference(
     tts = TTSModel(
         lm=ref_lm,
         mimi=ref_mimi,
-        tokenizer=None,  # scripts are given as token ids
+        tokenizer=None,  # type: ignore[arg-type]  # scripts are given as token ids
         voice_suffix="",
         voice_repo="",
         machine=StateMachine(TokenIds(raw["text_card"] + 1), second_stream_ahead=2, max_padding=8, initial_padding=2),

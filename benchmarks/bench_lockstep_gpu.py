@@ -65,7 +65,7 @@ def environment(devices: list[torch.device]) -> dict[str, Any]:
                 "gpu_multiprocessors": props.multi_processor_count,
                 "gpu_memory_gib": round(props.total_memory / 2**30, 1),
                 "cuda": torch.version.cuda,
-                "cudnn": torch.backends.cudnn.version(),
+                "cudnn": torch.backends.cudnn.version(),  # type: ignore[no-untyped-call]  # unannotated in torch
                 "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
             }
         )

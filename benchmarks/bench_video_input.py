@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -55,9 +56,10 @@ def camera_frames(count: int) -> list[av.VideoFrame]:
     return frames
 
 
-def encoded(frames: list[av.VideoFrame], codec: str) -> list[av.Packet]:
+def encoded(frames: list[av.VideoFrame], codec: str) -> list[av.Packet[Any]]:
     """The frames as a browser would send them (about 1 Mbit/s at 30 fps)."""
     encoder = av.CodecContext.create(codec, "w")
+    assert isinstance(encoder, av.VideoCodecContext)
     encoder.width, encoder.height, encoder.pix_fmt = WIDTH, HEIGHT, "yuv420p"
     encoder.time_base = fractions.Fraction(1, 30)
     encoder.bit_rate = 1_000_000
@@ -75,9 +77,10 @@ def measure(work: Callable[[], int]) -> float:
     return statistics.median(timings)
 
 
-def decode_all(packets: list[av.Packet], codec: str) -> Callable[[], int]:
+def decode_all(packets: list[av.Packet[Any]], codec: str) -> Callable[[], int]:
     def work() -> int:
         decoder = av.CodecContext.create(codec, "r")
+        assert isinstance(decoder, av.VideoCodecContext)
         return sum(len(decoder.decode(packet)) for packet in packets)
 
     return work
@@ -93,7 +96,7 @@ def main() -> None:
     jpegs = []
     for frame in frames[:10]:
         out = io.BytesIO()
-        frame.to_image().save(out, format="JPEG", quality=85)
+        frame.to_image().save(out, format="JPEG", quality=85)  # type: ignore[no-untyped-call]  # unannotated in PyAV
         jpegs.append(out.getvalue())
     rows: dict[str, float] = {}
     for name, encoder, decoder in (("VP8", "libvpx", "vp8"), ("H.264", "libx264", "h264")):

@@ -109,16 +109,19 @@ def write_wan_1_3b(folder: Path, device: torch.device, dtype: torch.dtype) -> Pa
 
     tokenizer = tiny_wan_pipeline().tokenizer  # the tests' word-level UMT5 tokenizer: no download
     torch.manual_seed(0)
+    # diffusers' constructors are unannotated (``register_to_config``), their models' types do not
+    # show torch's ``to``, and transformers types ``to`` for a PreTrainedModel argument: all Any here.
     with torch.device(device):  # random init on the GPU: seconds, not minutes on the host
-        transformer = WanTransformer3DModel(**WAN_1_3B_TRANSFORMER)
-        vae = AutoencoderKLWan(**WAN_1_3B_VAE)
-        text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **UMT5_XXL_WIDTH))
-    pipe = WanPipeline(
+        transformer: Any = WanTransformer3DModel(**WAN_1_3B_TRANSFORMER)  # type: ignore[no-untyped-call]
+        vae: Any = AutoencoderKLWan(**WAN_1_3B_VAE)  # type: ignore[no-untyped-call]
+        text_encoder: Any = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **UMT5_XXL_WIDTH))
+    pipe: Any = WanPipeline(  # type: ignore[no-untyped-call]
         tokenizer=tokenizer,
         text_encoder=text_encoder.to(dtype),
         vae=vae.to(dtype),
         transformer=transformer.to(dtype),
-        scheduler=UniPCMultistepScheduler(**WAN_1_3B_SCHEDULER),  # its tables stay on the host
+        # its tables stay on the host
+        scheduler=UniPCMultistepScheduler(**WAN_1_3B_SCHEDULER),  # type: ignore[no-untyped-call]
     )
     pipe.save_pretrained(folder)
     return folder

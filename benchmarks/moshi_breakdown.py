@@ -31,7 +31,7 @@ RESULTS = Path(__file__).parent / "results" / "moshi_breakdown.json"
 
 def graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
     """Median ms of one replay of ``fn`` captured as a CUDA graph (device events)."""
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
@@ -39,9 +39,10 @@ def graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         start.record()
         graph.replay()
         end.record()

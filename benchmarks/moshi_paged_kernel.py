@@ -12,6 +12,7 @@ import argparse
 import functools
 import json
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 import triton.testing
@@ -23,6 +24,16 @@ from rtserve.engines.moshi.paged_kv import PagedKVCache, PagedKVSpec
 
 RESULTS = Path(__file__).parent / "results" / "moshi_paged_kernel.json"
 HEADS, DIM, BLOCK, CONTEXT = 32, 128, 64, 3000
+
+
+class KernelOptions(TypedDict, total=False):
+    """``paged_decode``'s tuning keywords, as one variant sets them."""
+
+    chunk: int
+    warps: int
+    tile: int
+    stages: int
+    byte_permute: bool
 
 
 def main() -> None:
@@ -51,7 +62,7 @@ def main() -> None:
         span = -(-(args.fill + 1) // 256) * 256
         q = torch.randn(batch, HEADS, 1, DIM, device=device, dtype=torch.bfloat16)
         plan = StepPlan.build(offset, 1, HEADS, DIM, capacity, CONTEXT, span, None, floor, dtype=q.dtype)
-        row: dict = {"batch": batch, "fill": args.fill}
+        row: dict[str, Any] = {"batch": batch, "fill": args.fill}
         for bits in args.bits:
             cache = PagedKVCache.empty(PagedKVSpec(batch * used, BLOCK, bits), HEADS, DIM, table)
             for pool in (cache.keys, cache.values):
@@ -68,7 +79,7 @@ def main() -> None:
             paged_bytes = batch * HEADS * (args.fill + 1) * 2 * (DIM * bits // 8 + 4)
             for variant in args.variants.split(","):
                 chunk, warps, tile, stages = (int(x) for x in variant.rstrip("c").split("x"))
-                options = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
+                options: KernelOptions = {"chunk": chunk, "warps": warps, "tile": tile, "stages": stages}
                 if variant.endswith("c"):
                     options["byte_permute"] = False
                 got = paged_decode(q, cache, offset, floor, span, capacity, CONTEXT, **options)

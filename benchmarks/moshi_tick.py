@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from moshi_build import (
     build,
@@ -108,7 +109,7 @@ def measured_memory(device: torch.device, result: dict[str, Any], weights: int) 
             result["peak_gib"] = (state + weights) / GIB
 
 
-def row_fills(fill: str, batch: int) -> np.ndarray:
+def row_fills(fill: str, batch: int) -> npt.NDArray[np.int64]:
     """Per-row fills of a fill label: ``N`` (every row at N) or ``mixN`` (evenly over 0..2N)."""
     if fill.startswith("mix"):
         return np.linspace(0, 2 * int(fill[3:]), batch).round().astype(np.int64)
@@ -339,7 +340,7 @@ def greedy_agreement(lm: MoshiLM, mimi: Mimi, frames: int, batch: int, device: t
 def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
     """GPU kernels one eager frame launches (what a graph replays): the launch-count floor at small B.
     Run after the timings: the profiler's hooks can stay active and slow later launches."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import DeviceType, ProfilerActivity, profile
 
     frame = FrameStep(lm, mimi, SlotSampler(2, device, MoshiSampling()), 2)
     pcm = torch.zeros(2, mimi.frame_size, device=device)
@@ -350,7 +351,7 @@ def kernels_per_frame(lm: MoshiLM, mimi: Mimi, device: torch.device) -> int:
         sync(device)
     del frame
     release(lm, mimi, device)
-    return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
 
 
 def main() -> None:

