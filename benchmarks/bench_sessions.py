@@ -26,13 +26,14 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import numpy as np
 
 from rtserve.config import SessionLimits
 from rtserve.engines.events import EngineEvent, OutputAudio
+from rtserve.engines.turn_detection import TurnDetection
 from rtserve.engines.values import EngineCapabilities, Pcm, ResponseRequest, SessionOptions
 from rtserve.sessions import RealtimeProjection, SessionHandle, SessionManager
 from rtserve.sessions import commands as cmd
@@ -66,12 +67,16 @@ class NullEngineSession:
 
     def clear_input(self) -> None: ...
 
+    async def drain(self) -> None: ...
+
     def respond(self, request: ResponseRequest) -> None: ...
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
+    def configure_turn_detection(self, settings: TurnDetection | None) -> None: ...
+
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
         while (item := await self.queue.get()) is not None:
             yield item
 
@@ -116,10 +121,7 @@ async def run_once(sessions: int, path: str, rounds: int) -> float:
     """Microseconds per delivered event for one run."""
     engine = NullEngine()
     limits = SessionLimits(max_sessions=sessions, idle_ttl_s=None)
-    # NullEngineSession has no drain() or configure_turn_detection(): EngineSession gained them after
-    # this double was written. Left as it runs: only the untimed shutdown of the audio path reaches
-    # drain() (the runner logs "session teardown failed" and still ends each stream).
-    manager = SessionManager(engine, limits)  # type: ignore[arg-type]
+    manager = SessionManager(engine, limits)
     handles = [await manager.open(projection=RealtimeProjection("ga", duplex=True)) for _ in range(sessions)]
     counts = [0] * sessions
     target = [1]  # SessionCreated

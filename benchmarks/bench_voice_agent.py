@@ -60,12 +60,14 @@ from typing import Any
 import aiohttp
 import gpu_busy
 import numpy as np
+import numpy.typing as npt
 import pyspy
 import voice_agent_kit
 from bench_kyutai_served import VOICE, Reply, stalls, write_stt_weights, write_tts_weights  # benchmarks/ on sys.path
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
 from server_process import ServerProcess, free_port, histogram_quantile, scrape, tick_parts_p99_ms
 
+Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends them
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
@@ -96,7 +98,7 @@ class ClientLog:
     send_lag_ms: list[float] = field(default_factory=list)
 
 
-def chunk_message(pcm: np.ndarray) -> str:
+def chunk_message(pcm: Pcm16) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
 
 
@@ -124,7 +126,7 @@ def on_event(event: dict[str, Any], log: ClientLog, now: float) -> None:
 async def client(
     http: aiohttp.ClientSession,
     url: str,
-    question: np.ndarray,
+    question: Pcm16,
     phase: float,
     args: tuple[float, float, float, int | None],
     log: ClientLog,
@@ -183,7 +185,7 @@ async def client(
 
 
 async def run_clients(
-    url: str, question: np.ndarray, phases: list[float], args: tuple[float, float, float, int | None]
+    url: str, question: Pcm16, phases: list[float], args: tuple[float, float, float, int | None]
 ) -> list[ClientLog]:
     logs = [ClientLog() for _ in phases]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -193,7 +195,7 @@ async def run_clients(
 
 def shard(
     url: str,
-    question: np.ndarray,
+    question: Pcm16,
     phases: list[float],
     args: tuple[float, float, float, int | None],
     window: tuple[float, float],
@@ -201,7 +203,7 @@ def shard(
     return run_shard(lambda: run_clients(url, question, phases, args), window)
 
 
-def spoken_question(path: Path) -> np.ndarray:
+def spoken_question(path: Path) -> Pcm16:
     """``QUESTION`` in the shipped Piper voice, 24 kHz PCM16, with 0.3 s of silence before; kept
     as a WAV at ``path`` (a host without Piper, such as the H200 host, is given that file)."""
     if not path.exists():
@@ -255,7 +257,7 @@ def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "paced_llm.py"), "--port", str(port), *pace])
 
 
-async def run_point(args: argparse.Namespace, clients: int, question: np.ndarray) -> dict[str, Any]:
+async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> dict[str, Any]:
     llm_port = free_port()
     llm = start_llm(args, llm_port)
     server = ServerProcess(

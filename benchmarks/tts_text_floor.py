@@ -31,16 +31,16 @@ def first_audio_floor(words_per_s: float, sampled: int, young_steps: int, word_t
     """(seconds after the first word when step ``young_steps + 1`` can run, words sent by then)."""
     settings = MachineSettings(IDS, second_stream_ahead=2, max_padding=8, initial_padding=2)
     machine = TextMachine(settings, 1, torch.device("cpu"))
-    now, sent, steps, pending = 0.0, 0, 0, 0
+    now, sent, steps = 0.0, 0, 0
     while steps <= young_steps:
         while sent / words_per_s <= now + 1e-9:
             # the pads ``ScriptSplitter`` forces after a word (tts_engine.padding_between = 1)
-            # Stale call, left as it runs: push() lost its ``pending`` argument (821e5fe), so this raises TypeError.
-            machine.push(0, [100 + k for k in range(word_tokens)], word_tokens, pending)  # type: ignore[call-arg]
-            sent, pending = sent + 1, pending + 1
+            machine.push(0, [100 + k for k in range(word_tokens)], word_tokens)
+            sent += 1
         if bool(machine.ready()[0]):
             step = machine.step(torch.tensor([sampled]), torch.tensor([steps]), torch.tensor([True]))
-            pending -= int(step.consumed[0])
+            if bool(step.consumed[0]):
+                machine.popped(0)  # the host's view of the row's pending words (the engine reads it)
             steps += 1
         else:
             now = sent / words_per_s  # nothing to do until the next word arrives

@@ -4,6 +4,8 @@ release, fenced by the lease; ``audio_input=False`` reads no backlog and counts 
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import LockstepConfig
@@ -23,7 +25,7 @@ def test_calls_run_between_steps_after_the_open_and_in_order() -> None:
     scheduler, model, registry = _scheduler()
     lease = scheduler.acquire()
     for word in ("a", "b"):
-        scheduler.between_steps(lease, lambda word=word: model._record("word", lease.slot, word))
+        scheduler.between_steps(lease, functools.partial(model._record, "word", lease.slot, word))
     assert not [call for call in model.calls if call[0] == "word"]  # nothing runs on the loop's side
     for _ in range(3):
         assert scheduler.tick()
