@@ -725,6 +725,29 @@ class SemanticVadThresholds(_Section):
     low: float = Field(0.9, ge=0, le=1, description="eagerness low: the head must be nearly sure")
 
 
+class TTSServerConfig(_Section):
+    """A TTS server the cascade speaks through (``cascade.tts: tts_server``): another rtserve's
+    ``/api/tts_streaming`` or Kyutai's moshi-server (docs/engines.md#a-tts-server-in-the-cascade)."""
+
+    url: str = Field(
+        "",
+        pattern=r"^(wss?://\S+)?$",
+        description="its WebSocket endpoint, e.g. ws://127.0.0.1:8001/api/tts_streaming; required with "
+        "cascade.tts tts_server",
+    )
+    api_key: str = Field("", description="sent as the kyutai-api-key header (empty: none)")
+    connect_timeout_s: float = Field(5.0, gt=0, description="a reply's connection and Ready wait at most this")
+    read_timeout_s: float = Field(
+        30.0, gt=0, description="a reply whose server sends nothing this long fails (engine_unavailable)"
+    )
+    max_message_bytes: int = Field(
+        1 << 20, ge=1024, description="largest message taken from the server (an Audio frame is ~10 KB)"
+    )
+    max_queued_messages: int = Field(
+        1024, ge=1, description="text messages of a reply waiting to be sent; beyond -> input_backpressure"
+    )
+
+
 class CascadeLimits(_Section):
     """The cascade engine's (VAD -> ASR -> LLM -> TTS) per-session and per-model limits."""
 
@@ -734,12 +757,15 @@ class CascadeLimits(_Section):
         description="a sleep request waits this long for the TTS stage's speech in flight to finish "
         "(new speech is refused meanwhile); still busy -> 409 stage_busy and the stage stays awake",
     )
-    tts: Literal["piper", "tts_engine"] = Field(
+    tts: Literal["piper", "tts_engine", "tts_server"] = Field(
         "piper",
         description="what realtime sessions speak with: piper (the embedded Piper voice, sentence by "
-        "sentence) or tts_engine (the Kyutai TTS engine of tts_engine.weights, fed token by token as the "
-        "LLM writes; the same engine serves the speech routes; docs/engines.md#kyutai-tts-in-the-cascade)",
+        "sentence), tts_engine (the Kyutai TTS engine of tts_engine.weights, fed word by word as the "
+        "LLM writes; the same engine serves the speech routes; docs/engines.md#kyutai-tts-in-the-cascade) "
+        "or tts_server (the same protocol to the server at cascade.tts_server.url, in a process or on a "
+        "host of its own; docs/engines.md#a-tts-server-in-the-cascade)",
     )
+    tts_server: TTSServerConfig = TTSServerConfig()
 
     asr_partial_interval_ms: int = Field(1000, ge=100, description="re-decode a growing utterance at most this often")
     asr_window_s: float = Field(
@@ -1331,6 +1357,12 @@ class ServerConfig(_Section):
     def _stt_for_the_cascade(self) -> ServerConfig:
         if self.cascade.asr == "stt_engine" and not self.stt_engine.weights:
             raise ValueError("cascade.asr 'stt_engine' needs stt_engine.weights (the streaming STT to hear with)")
+        return self
+
+    @model_validator(mode="after")
+    def _tts_server_for_the_cascade(self) -> ServerConfig:
+        if self.cascade.tts == "tts_server" and not self.cascade.tts_server.url:
+            raise ValueError("cascade.tts 'tts_server' needs cascade.tts_server.url (the TTS server to speak through)")
         return self
 
     @model_validator(mode="after")

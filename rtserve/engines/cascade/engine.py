@@ -19,6 +19,9 @@ models), starts and stops it, and lends it (``turn_engines().stt``) so that
 With ``cascade.tts: tts_engine`` sessions speak with the process's Kyutai TTS engine
 (``speak_with``), which the engine set lends to the speech routes too: Piper is then never
 loaded, listed or lent, and that engine is the TTS sleep stage (docs/engines.md#kyutai-tts-in-the-cascade).
+With ``cascade.tts: tts_server`` they speak through a TTS server over the same protocol
+(``tts_server``): Piper is not loaded either, no speech route is lent, and the stages that sleep
+are VAD, ASR and LLM (the server sleeps its own; docs/engines.md#a-tts-server-in-the-cascade).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from rtserve.engines.cascade.model_paths import resolve_models
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.sessions import CascadeSessions, reply_chain
 from rtserve.engines.cascade.tts import TextToSpeech
+from rtserve.engines.cascade.tts_server import TTSServerStreams
 from rtserve.engines.cascade.vad import VadEngine
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import SleepingSpeechStreams
@@ -107,6 +111,15 @@ class CascadeEngine:
         self._sessions = CascadeSessions(config, self.capabilities, self._models, self._metrics, self.stt)
         self._ready = False
         self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS: no Piper
+        self._tts_server: TTSServerStreams | None = None  # or replies are spoken by a TTS server: no Piper
+        if config.cascade.tts == "tts_server":
+            self._tts_server = TTSServerStreams(config.cascade.tts_server)
+            self._models.reply.speak_with(self._tts_server, registry)
+
+    @property
+    def _piper(self) -> bool:
+        """Piper speaks the replies (and is loaded, listed and lent)."""
+        return self._speech is None and self._tts_server is None
 
     @property
     def ready(self) -> bool:
@@ -118,7 +131,7 @@ class CascadeEngine:
 
     async def start(self) -> None:
         stt = [self.stt.start()] if self.stt is not None else []
-        tts = [] if self._speech is not None else [self.tts.start()]
+        tts = [self.tts.start()] if self._piper else []
         await asyncio.gather(self.vad.start(), self.asr.start(), self.llm.start(), *tts, *stt)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
@@ -138,6 +151,8 @@ class CascadeEngine:
             model.stop()
         if self.stt is not None:
             await self.stt.stop()
+        if self._tts_server is not None:
+            await self._tts_server.close()
 
     def speak_with(self, streams: SleepingSpeechStreams) -> bool:
         """The process's Kyutai TTS engine (24 kHz, the output rate): sessions speak with it under
@@ -149,16 +164,18 @@ class CascadeEngine:
         return True
 
     def model_ids(self) -> list[str]:
-        tts = [] if self._speech is not None else [self.tts.model_name]
+        tts = [self.tts.model_name] if self._piper else []
         return [self.llm.model_name, self.asr.model_name, *tts]
 
     def turn_engines(self) -> TurnEngines:
-        tts = None if self._speech is not None else self.tts  # the engine set lends the Kyutai TTS instead
+        tts = self.tts if self._piper else None  # the engine set lends the Kyutai TTS instead, if any
         return TurnEngines(asr=self.asr, llm=self.llm, tts=tts, stt=self.stt)
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
-        """Stage ids 0-3 in pipeline order: VAD, ASR, LLM, TTS (Piper, or the Kyutai TTS engine it
-        speaks with: docs/serving.md#sleep-mode)."""
+        """Stage ids in pipeline order: VAD, ASR, LLM, TTS (Piper, or the Kyutai TTS engine it
+        speaks with; none when a TTS server speaks: docs/serving.md#sleep-mode)."""
+        if self._tts_server is not None:
+            return (self.vad, self.asr, self.llm)
         return (self.vad, self.asr, self.llm, self.tts if self._speech is None else self._speech)
 
 

@@ -1,10 +1,11 @@
 """The cascade's realtime sessions in a front-end worker; its models stay in the engine process.
 
-With ``cascade.asr: stt_engine`` and ``cascade.tts: tts_engine`` under ``--workers N`` every
-model a cascade session calls is reached from a worker already: the streaming STT
-(``RemoteSpeechStreams``), the LLM (``RemoteLLM``; a vLLM server the worker asks itself) and the
-Kyutai TTS (``RemoteTTSStreams``). What is left per session is the VAD, turn detection, the reply
-chain and the event plumbing: plain Python that, at a few hundred sessions, kept the engine
+With ``cascade.asr: stt_engine`` and ``cascade.tts: tts_engine`` (or ``tts_server``) under
+``--workers N`` every model a cascade session calls is reached from a worker already: the
+streaming STT (``RemoteSpeechStreams``), the LLM (``RemoteLLM``; a vLLM server the worker asks
+itself) and the Kyutai TTS (``RemoteTTSStreams``; a TTS server the worker speaks through
+itself). What is left per session is the VAD, turn detection, the reply chain and the event
+plumbing: plain Python that, at a few hundred sessions, kept the engine
 process's one event loop and GIL busy between the GPU steps (benchmarks/notes/voice_agent_gpu.md).
 So each worker hosts its own sessions with a Silero VAD of its own, and the engine process keeps
 the models (docs/engines.md#cascade-sessions-in-workers). Sleep stays the engine process's: a
@@ -25,6 +26,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import resolve_vad
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.sessions import CascadeSessions, reply_chain
+from rtserve.engines.cascade.tts_server import TTSServerStreams
 from rtserve.engines.cascade.vad import VadEngine
 from rtserve.engines.errors import EngineError
 from rtserve.engines.remote.client import RemoteEngines, RemoteLLM, RemoteSessionEngine
@@ -43,10 +45,12 @@ def host_cascade_sessions(config: ServerConfig, engines: RemoteEngines, registry
         config.engine == "cascade"
         and limits.sessions_in_workers
         and limits.asr == "stt_engine"
-        and limits.tts == "tts_engine"
+        and limits.tts in ("tts_engine", "tts_server")
     ):
         return
-    remote_llm, stt, speech = engines.turn_engines.llm, engines.turn_engines.stt, engines.speech_engine
+    remote_llm, stt = engines.turn_engines.llm, engines.turn_engines.stt
+    # A TTS server is reached over its WebSocket from anywhere: the worker speaks through it itself.
+    speech = TTSServerStreams(limits.tts_server) if limits.tts == "tts_server" else engines.speech_engine
     # The engine process builds all three from the same configuration, or refuses to start.
     assert isinstance(remote_llm, RemoteLLM) and isinstance(stt, RemoteSpeechStreams) and speech is not None
     # A vLLM server is reached over HTTP from anywhere: the worker asks it itself, so no token of a
@@ -64,7 +68,7 @@ class WorkerCascade:
         engine: RemoteSessionEngine,
         llm: RemoteLLM | VllmTextEngine,
         stt: RemoteSpeechStreams,
-        speech: RemoteTTSStreams,
+        speech: RemoteTTSStreams | TTSServerStreams,
         registry: CollectorRegistry,
     ) -> None:
         """``engine``: the engine process's cascade, for what it says (capabilities, readiness,
@@ -81,6 +85,7 @@ class WorkerCascade:
         capabilities = engine.capabilities
         reply = reply_chain(llm, None, capabilities, config, registry, metrics)
         reply.speak_with(speech, registry)
+        self._speech = speech
         self._sessions = CascadeSessions(config, capabilities, CascadeModels(self.vad, None, reply), metrics, stt)
         self._failure: str | None = None
 
@@ -123,6 +128,8 @@ class WorkerCascade:
         self.vad.stop()
         if isinstance(self._llm, VllmTextEngine):
             self._llm.stop()
+        if isinstance(self._speech, TTSServerStreams):
+            await self._speech.close()
 
     def model_ids(self) -> list[str]:
         return self._engine.model_ids()

@@ -171,3 +171,30 @@ async def test_a_worker_asks_the_vllm_server_itself(
                     pass
     assert event["response"]["status"] == "completed", event
     assert [m["content"] for m in asked[0]["messages"] if m["role"] == "user"] == ["France?"]
+
+
+async def test_a_worker_speaks_through_the_tts_server_itself(
+    linked: None, config: ServerConfig, stt_weights: Path, tiny: TinyTTS
+) -> None:
+    """``cascade.tts: tts_server``: the worker's sessions speak through the TTS server (another
+    rtserve with the tiny Kyutai TTS here); no Kyutai TTS engine runs in the engine process."""
+    agent = _agent(config, stt_weights, tiny, in_workers=True)
+    serving = agent.model_copy(update={"engine": "loopback", "cascade": config.cascade})  # the TTS server
+    async with serve_app(build_app(serving)) as tts_base:
+        agent.tts_engine = config.tts_engine  # no weights: nothing speaks here but the server
+        agent.cascade.tts = "tts_server"
+        agent.cascade.tts_server.url = tts_base.replace("http://", "ws://") + "/api/tts_streaming"
+        app = build_app(agent)
+        assert isinstance(app[CTX].engines.session_engine, WorkerCascade)
+        async with serve_app(app) as base, aiohttp.ClientSession() as http:
+            await until_ready(http, base, LOAD_TIMEOUT_S)
+            async with http.ws_connect(ws_url(base, model="cascade")) as ws:
+                assert (await _first_event(ws))["type"] == "session.created"
+                user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello?"}]}
+                await ws.send_json({"type": "conversation.item.create", "item": user})
+                await ws.send_json({"type": "response.create"})
+                kinds: list[str] = []
+                while (event := await _first_event(ws))["type"] != "response.done":
+                    kinds.append(event["type"])
+    assert event["response"]["status"] == "completed", event
+    assert "response.output_audio.delta" in kinds

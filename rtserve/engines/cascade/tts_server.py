@@ -1,0 +1,180 @@
+"""Realtime replies spoken by a TTS server over moshi-server's protocol (``cascade.tts:
+tts_server``; docs/engines.md#a-tts-server-in-the-cascade).
+
+The server is another rtserve's ``WS /api/tts_streaming`` (its own engine process, GPU and
+interpreter) or Kyutai's moshi-server: each reply opens one WebSocket
+(``?voice=...&format=PcmMessagePack``, the ``kyutai-api-key`` header), waits for ``Ready``, sends
+its words as ``Text`` messages and ``Eos``, and reads ``Text`` (a word with its times) and
+``Audio`` (float32 PCM at 24 kHz) until the server closes. This is how Kyutai's own voice agent
+(Unmute) reaches its TTS; here it puts the TTS in a process, or on a GPU or host, of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import msgpack
+import numpy as np
+
+from rtserve.config import TTSServerConfig
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.kyutai_tts.stream import SpeechAudio, SpeechEvent, SpokenWord
+from rtserve.errors import (
+    ENGINE_UNAVAILABLE,
+    INPUT_BACKPRESSURE,
+    RESOURCE_EXHAUSTED,
+    STREAM_ALREADY_ENDED,
+    VOICE_NOT_FOUND,
+)
+
+SAMPLE_RATE = 24_000  # the protocol's PCM rate
+# The server's error codes passed on as they are (an rtserve server sends these); any other
+# refusal, or a moshi-server's (which sends no code), is an engine error.
+_KNOWN_CODES = frozenset({VOICE_NOT_FOUND, INPUT_BACKPRESSURE, ENGINE_UNAVAILABLE})
+_EOS = {"type": "Eos"}
+
+
+class TTSServerStreams:
+    """A ``SpeechStreams`` whose streams live on a TTS server."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, config: TTSServerConfig) -> None:
+        self._config = config
+        self._http: aiohttp.ClientSession | None = None  # made on the loop that first opens a stream
+
+    async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSServerStream:
+        """Connected and ``Ready``; ``CapacityExhausted`` when the server has no free channel,
+        ``EngineError`` when it refuses or cannot be reached. ``stream_id`` names it in logs only."""
+        query = {"format": "PcmMessagePack"} | ({"voice": voice} if voice else {})
+        if seed is not None:
+            query["seed"] = str(seed)
+        headers = {"kyutai-api-key": self._config.api_key} if self._config.api_key else {}
+        if self._http is None:  # the handshake's deadline; a stream's reads have their own
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._config.connect_timeout_s))
+        try:
+            ws = await self._http.ws_connect(
+                f"{self._config.url}?{urlencode(query)}", headers=headers, max_msg_size=self._config.max_message_bytes
+            )
+        except aiohttp.WSServerHandshakeError as exc:  # answered, but not upgraded: a wrong key, a wrong path
+            raise EngineError(
+                f"the TTS server at {self._config.url} refused the connection (HTTP {exc.status})",
+                code=ENGINE_UNAVAILABLE,
+            ) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise EngineError(
+                f"the TTS server at {self._config.url} cannot be reached ({type(exc).__name__})",
+                code=ENGINE_UNAVAILABLE,
+            ) from None
+        try:
+            first = await _receive(ws, self._config.connect_timeout_s)
+            if first is None:  # an rtserve refuses a wrong key so, after the upgrade
+                raise EngineError(
+                    f"the TTS server closed the connection before Ready (close code {ws.close_code})",
+                    code=ENGINE_UNAVAILABLE,
+                )
+            if first.get("type") != "Ready":
+                raise _refusal(first)
+        except BaseException:
+            await ws.close()
+            raise
+        config = self._config
+        return TTSServerStream(ws, max_queued=config.max_queued_messages, read_timeout_s=config.read_timeout_s)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+class TTSServerStream:
+    """One reply's WebSocket: text goes out in order through a bounded queue, words and audio
+    come back until the server closes after the speech."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, max_queued: int, read_timeout_s: float) -> None:
+        self._ws = ws
+        self._outgoing: asyncio.Queue[dict[str, str]] = asyncio.Queue(max_queued)
+        self._sender = asyncio.create_task(self._send())
+        self._read_timeout_s = read_timeout_s
+        self.ended = False
+
+    def send_text(self, text: str) -> None:
+        if self.ended:
+            raise EngineError("text after the end of stream", code=STREAM_ALREADY_ENDED)
+        self._queue({"type": "Text", "text": text})
+
+    def end(self) -> None:
+        if self.ended:
+            raise EngineError("end of stream sent twice", code=STREAM_ALREADY_ENDED)
+        self.ended = True
+        self._queue(_EOS)
+
+    def _queue(self, message: dict[str, str]) -> None:
+        try:
+            self._outgoing.put_nowait(message)
+        except asyncio.QueueFull:
+            raise EngineError("the TTS server takes the text slower than it comes", code=INPUT_BACKPRESSURE) from None
+
+    async def _send(self) -> None:
+        with contextlib.suppress(ConnectionError):  # the reader sees the close and says why
+            while True:
+                message = await self._outgoing.get()
+                await self._ws.send_bytes(_pack(message))
+                if message is _EOS:
+                    return
+
+    async def events(self) -> AsyncIterator[SpeechEvent]:
+        while (message := await _receive(self._ws, self._read_timeout_s)) is not None:
+            kind = message.get("type")
+            if kind == "Audio":
+                yield SpeechAudio(np.asarray(message.get("pcm", ()), dtype=np.float32))
+            elif kind == "Text":
+                yield SpokenWord(str(message.get("text", "")), float(message["start_s"]), float(message["stop_s"]))
+            elif kind == "Error":
+                raise _refusal(message)
+        if not self.ended or self._ws.close_code not in (aiohttp.WSCloseCode.OK, None):
+            raise EngineError("the TTS server closed the stream before its end", code=ENGINE_UNAVAILABLE)
+
+    async def close(self) -> None:
+        self._sender.cancel()
+        await asyncio.gather(self._sender, return_exceptions=True)
+        await self._ws.close()
+
+
+async def _receive(ws: aiohttp.ClientWebSocketResponse, timeout_s: float) -> dict[str, Any] | None:
+    """The next MessagePack map, or None once the socket closed."""
+    try:
+        message = await ws.receive(timeout=timeout_s)
+    except TimeoutError:
+        raise EngineError(f"the TTS server sent nothing for {timeout_s:g} s", code=ENGINE_UNAVAILABLE) from None
+    if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+        return None
+    if message.type is aiohttp.WSMsgType.ERROR:
+        raise EngineError("the connection to the TTS server broke", code=ENGINE_UNAVAILABLE)
+    try:
+        unpacked: Any = msgpack.unpackb(message.data, raw=False) if message.type is aiohttp.WSMsgType.BINARY else None
+    except (ValueError, msgpack.UnpackException):
+        unpacked = None
+    if not isinstance(unpacked, dict):
+        raise EngineError("the TTS server sent a message outside its protocol")
+    return unpacked
+
+
+def _refusal(message: dict[str, Any]) -> EngineError:
+    """The server's ``Error`` (or another message in place of ``Ready``) as the error a reply fails with."""
+    text = str(message.get("message", "the TTS server refused the stream"))[:200]
+    code = message.get("code")
+    if code == RESOURCE_EXHAUSTED or text == "no free channels":  # moshi-server's words, without a code
+        return CapacityExhausted(f"the TTS server is full: {text}")
+    return EngineError(f"the TTS server: {text}", code=code if code in _KNOWN_CODES else None)
+
+
+def _pack(message: dict[str, str]) -> bytes:
+    packed = msgpack.packb(message, use_bin_type=True)
+    assert isinstance(packed, bytes)
+    return packed

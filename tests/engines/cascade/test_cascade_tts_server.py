@@ -1,0 +1,131 @@
+"""Replies spoken through a TTS server (``cascade.tts: tts_server``;
+docs/engines.md#a-tts-server-in-the-cascade): another rtserve's ``/api/tts_streaming`` on
+127.0.0.1 with the tiny Kyutai TTS engine speaks what the LLM writes, words split across tokens
+included; its refusals (an unknown voice, every channel busy, a wrong key) and an unreachable
+server fail the reply with typed errors; closing a reply mid-speech frees the server's channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rtserve.app import build_app
+from rtserve.config import ServerConfig, TTSServerConfig
+from rtserve.engines.cascade.streamed_speech import speak_streamed
+from rtserve.engines.cascade.tts_server import TTSServerStream, TTSServerStreams
+from rtserve.engines.errors import CapacityExhausted, EngineError
+from rtserve.engines.values import TokenDelta
+from rtserve.errors import ENGINE_UNAVAILABLE, VOICE_NOT_FOUND
+from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
+from tests.support import serve_app
+
+KEY = "sekret"
+CHUNK = 960
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
+    return write_tts_checkpoint(tmp_path_factory.mktemp("tts_server") / "weights")
+
+
+@pytest.fixture
+async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
+    """A TTS server: an rtserve with the tiny Kyutai TTS engine (two channels) behind its key."""
+    serving = config.model_copy(
+        update={
+            "engine": "loopback",
+            "api_key": KEY,
+            "tts_engine": config.tts_engine.model_copy(
+                update={"weights": str(tiny.folder), "voices": str(tiny.voices), "max_sessions": 2, "temperature": 0}
+            ),
+        }
+    )
+    async with serve_app(build_app(serving)) as base:
+        yield base.replace("http://", "ws://") + "/api/tts_streaming"
+
+
+async def _open(streams: TTSServerStreams, voice: str | None = "alice") -> TTSServerStream:
+    """A stream once the server's engine has loaded (it answers engine_unavailable until then)."""
+    for _ in range(300):
+        try:
+            return await streams.open_stream("s", voice)
+        except EngineError as exc:
+            if exc.code != ENGINE_UNAVAILABLE or isinstance(exc, CapacityExhausted):
+                raise
+        await asyncio.sleep(0.1)
+    raise AssertionError("the TTS server never served")
+
+
+async def test_a_reply_is_spoken_through_the_server_word_by_word(url: str) -> None:
+    streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
+    try:
+        await (await _open(streams)).close()  # served; the other channel is free while this one is freed
+
+        async def llm() -> AsyncIterator[TokenDelta]:
+            for piece in ("The", " capital", " is", " Par", "is", ",", " France", "'s", " larg", "est", " city", "."):
+                yield TokenDelta(piece)
+            yield TokenDelta("", finish_reason="stop")
+
+        spoken = speak_streamed(streams, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+        async with contextlib.aclosing(spoken):
+            out = [item async for item in spoken]
+    finally:
+        await streams.close()
+    deltas = [item.text for item in out if isinstance(item, TokenDelta)]
+    assert "".join(deltas) == "The capital is Paris, France's largest city."  # passed on as written
+    audio = [item for item in out if not isinstance(item, TokenDelta)]
+    assert all(pcm.size <= CHUNK for pcm, _ in audio) and sum(pcm.size for pcm, _ in audio) > 10 * CHUNK
+    assert "".join(words or "" for _, words in audio) == "The capital is Paris, France's largest city."
+
+
+async def test_refusals_are_typed_and_closing_frees_the_channel(url: str) -> None:
+    streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
+    try:
+        held, other = await _open(streams), await _open(streams)
+        with pytest.raises(CapacityExhausted):  # the server's two channels are taken
+            await streams.open_stream("t", "alice")
+        await other.close()
+        held.send_text("the quick brown fox jumps over the lazy dog")
+        async for _ in held.events():
+            break  # mid-speech, as a barge-in cancels a reply
+        await held.close()
+        reopened: list[TTSServerStream] = []
+        for _ in range(100):  # the server frees both channels once it sees the closes
+            with contextlib.suppress(CapacityExhausted):
+                reopened.append(await streams.open_stream("u", "alice"))
+            if len(reopened) == 2:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the channels were never freed")
+        for stream in reopened:
+            await stream.close()
+        with pytest.raises(EngineError) as unknown:
+            await streams.open_stream("v", "nobody")
+        assert unknown.value.code == VOICE_NOT_FOUND
+    finally:
+        await streams.close()
+    wrong_key = TTSServerStreams(TTSServerConfig(url=url, api_key="wrong"))
+    try:
+        with pytest.raises(EngineError) as refused:
+            await wrong_key.open_stream("w", "alice")
+        assert refused.value.code == ENGINE_UNAVAILABLE and "before Ready" in refused.value.message
+    finally:
+        await wrong_key.close()
+
+
+async def test_an_unreachable_server_fails_the_reply_typed() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    streams = TTSServerStreams(TTSServerConfig(url=f"ws://127.0.0.1:{port}/api/tts_streaming", connect_timeout_s=2))
+    try:
+        with pytest.raises(EngineError) as unreachable:
+            await streams.open_stream("s", None)
+        assert unreachable.value.code == ENGINE_UNAVAILABLE and "cannot be reached" in unreachable.value.message
+    finally:
+        await streams.close()
