@@ -131,12 +131,10 @@ class TTSServerStream:
     async def events(self) -> AsyncIterator[SpeechEvent]:
         while (message := await _receive(self._ws, self._read_timeout_s)) is not None:
             kind = message.get("type")
-            if kind == "Audio":
-                yield SpeechAudio(np.asarray(message.get("pcm", ()), dtype=np.float32))
-            elif kind == "Text":
-                yield SpokenWord(str(message.get("text", "")), float(message["start_s"]), float(message["stop_s"]))
-            elif kind == "Error":
+            if kind == "Error":
                 raise _refusal(message)
+            if kind in ("Audio", "Text"):
+                yield _event(message)
         if not self.ended or self._ws.close_code not in (aiohttp.WSCloseCode.OK, None):
             raise EngineError("the TTS server closed the stream before its end", code=ENGINE_UNAVAILABLE)
 
@@ -163,6 +161,16 @@ async def _receive(ws: aiohttp.ClientWebSocketResponse, timeout_s: float) -> dic
     if not isinstance(unpacked, dict):
         raise EngineError("the TTS server sent a message outside its protocol")
     return unpacked
+
+
+def _event(message: dict[str, Any]) -> SpeechEvent:
+    """An ``Audio`` or ``Text`` message as the stream's event."""
+    try:
+        if message["type"] == "Audio":
+            return SpeechAudio(np.asarray(message["pcm"], dtype=np.float32).reshape(-1))
+        return SpokenWord(str(message["text"]), float(message["start_s"]), float(message["stop_s"]))
+    except (KeyError, TypeError, ValueError):
+        raise EngineError(f"the TTS server sent a malformed {message['type']} message") from None
 
 
 def _refusal(message: dict[str, Any]) -> EngineError:

@@ -11,7 +11,9 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 
+import msgpack
 import pytest
+from aiohttp import web
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig, TTSServerConfig
@@ -19,9 +21,9 @@ from rtserve.engines.cascade.streamed_speech import speak_streamed
 from rtserve.engines.cascade.tts_server import TTSServerStream, TTSServerStreams
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.values import TokenDelta
-from rtserve.errors import ENGINE_UNAVAILABLE, VOICE_NOT_FOUND
+from rtserve.errors import ENGINE_ERROR, ENGINE_UNAVAILABLE, VOICE_NOT_FOUND
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
-from tests.support import serve_app
+from tests.support import serve_app, serve_plain
 
 KEY = "sekret"
 CHUNK = 960
@@ -129,3 +131,37 @@ async def test_an_unreachable_server_fails_the_reply_typed() -> None:
         assert unreachable.value.code == ENGINE_UNAVAILABLE and "cannot be reached" in unreachable.value.message
     finally:
         await streams.close()
+
+
+async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -> None:
+    """A server that says ``Ready`` and then sends a malformed frame, or nothing at all."""
+
+    async def socket(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_bytes(msgpack.packb({"type": "Ready"}))
+        if request.query.get("voice") == "garbled":
+            await ws.send_bytes(msgpack.packb({"type": "Audio", "pcm": "not samples"}))
+        async for _ in ws:  # reads what the client sends, answers nothing, until the client goes
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/api/tts_streaming", socket)
+    async with serve_plain(app) as base:
+        url = base.replace("http://", "ws://") + "/api/tts_streaming"
+        streams = TTSServerStreams(TTSServerConfig(url=url, read_timeout_s=0.5))
+        try:
+            for voice, code, says in (
+                ("garbled", ENGINE_ERROR, "malformed"),
+                ("quiet", ENGINE_UNAVAILABLE, "sent nothing"),
+            ):
+                stream = await streams.open_stream("s", voice)
+                stream.send_text("hello")
+                with pytest.raises(EngineError) as failed:
+                    async for _ in stream.events():
+                        pass
+                assert failed.value.code == code and says in failed.value.message
+                await stream.close()
+        finally:
+            await streams.close()
