@@ -33,6 +33,11 @@ send time of the chunk holding the question's last voiced sample ("end of speech
 * server CPU (all processes, busiest), the GPU's busy share (``gpu_busy``), the STT and TTS
   engines' tick p99 from ``/metrics``.
 
+``--tts-server-workers W`` runs the TTS engine in a server of its own (``rtserve serve`` with W
+workers, its engine process holding the TTS alone) that the voice agent speaks through
+(``cascade.tts: tts_server``): the same GPU, the STT and the TTS in two interpreters and CUDA
+contexts instead of one engine process. CPU and metrics are of both servers.
+
     .venv/bin/python benchmarks/bench_voice_agent.py --shape tiny --clients 2 --duration 22 --warmup 1 --period 12
     python3 benchmarks/bench_voice_agent.py --shape real --clients 256 --client-procs 8 --kit KIT  # H200:
     # benchmarks/notes/voice_agent_gpu.md (a host without the embedded CPU models: voice_agent_kit.py)
@@ -63,7 +68,14 @@ import numpy as np
 import numpy.typing as npt
 import pyspy
 import voice_agent_kit
-from bench_kyutai_served import VOICE, Reply, stalls, write_stt_weights, write_tts_weights  # benchmarks/ on sys.path
+from bench_kyutai_served import (  # benchmarks/ on sys.path
+    VOICE,
+    Reply,
+    ready_probe,
+    stalls,
+    write_stt_weights,
+    write_tts_weights,
+)
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
 from server_process import ServerProcess, free_port, histogram_quantile, scrape, tick_parts_p99_ms
 
@@ -225,11 +237,31 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def server_env(args: argparse.Namespace, clients: int, llm_url: str) -> dict[str, str]:
+def tts_env(args: argparse.Namespace, clients: int) -> dict[str, str]:
+    """The Kyutai TTS engine's settings, for whichever server runs it."""
     device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
     return {
+        "RTSERVE_TTS_ENGINE__WEIGHTS": str(args.tts_folder),
+        "RTSERVE_TTS_ENGINE__VOICES": str(args.voices),
+        "RTSERVE_TTS_ENGINE__DEFAULT_VOICE": VOICE,
+        "RTSERVE_TTS_ENGINE__DEVICE": device,
+        "RTSERVE_TTS_ENGINE__DTYPE": dtype,
+        "RTSERVE_TTS_ENGINE__MAX_SESSIONS": str(clients),
+        **({"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}),
+    }
+
+
+def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server: str | None) -> dict[str, str]:
+    """The voice agent's settings; ``tts_server``: the URL of the TTS server it speaks through
+    (None: its own engine process runs the TTS)."""
+    device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
+    speech = (
+        {"RTSERVE_CASCADE__TTS": "tts_server", "RTSERVE_CASCADE__TTS_SERVER__URL": tts_server}
+        if tts_server
+        else {"RTSERVE_CASCADE__TTS": "tts_engine", **tts_env(args, clients)}
+    )
+    return {
         "RTSERVE_CASCADE__ASR": "stt_engine",
-        "RTSERVE_CASCADE__TTS": "tts_engine",
         "RTSERVE_CASCADE__LLM_ENGINE": "vllm",
         "RTSERVE_HTTP__VLLM__URL": llm_url,
         "RTSERVE_HTTP__VLLM__MODEL": "paced-llm-stand-in",
@@ -237,13 +269,8 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str) -> dict[str
         "RTSERVE_STT_ENGINE__DEVICE": device,
         "RTSERVE_STT_ENGINE__DTYPE": dtype,
         "RTSERVE_STT_ENGINE__BATCH_SIZE": str(clients),
-        "RTSERVE_TTS_ENGINE__WEIGHTS": str(args.tts_folder),
-        "RTSERVE_TTS_ENGINE__VOICES": str(args.voices),
-        "RTSERVE_TTS_ENGINE__DEFAULT_VOICE": VOICE,
-        "RTSERVE_TTS_ENGINE__DEVICE": device,
-        "RTSERVE_TTS_ENGINE__DTYPE": dtype,
-        "RTSERVE_TTS_ENGINE__MAX_SESSIONS": str(clients),
         "RTSERVE_SESSIONS__MAX_SESSIONS": str(clients),
+        **speech,
         **({"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}),
         **(voice_agent_kit.env(args.kit) if args.kit else {}),
         **dict(setting.split("=", 1) for setting in args.set),
@@ -260,15 +287,31 @@ def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
 async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> dict[str, Any]:
     llm_port = free_port()
     llm = start_llm(args, llm_port)
+    tts = None
+    if args.tts_server_workers:
+        tts = ServerProcess(tts_env(args, clients), name="bench_voice_agent_tts", workers=args.tts_server_workers)
+    tts_url = None if tts is None else tts.base.replace("http", "ws") + "/api/tts_streaming"
     server = ServerProcess(
-        server_env(args, clients, f"http://127.0.0.1:{llm_port}"),
+        server_env(args, clients, f"http://127.0.0.1:{llm_port}", tts_url),
         engine="cascade",
         name="bench_voice_agent",
         workers=args.workers,
     )
+    servers = [server, *([tts] if tts is not None else [])]
     url = server.base.replace("http", "ws") + "/v1/realtime"
+
+    def cpu() -> dict[int, float]:
+        return {pid: seconds for each in servers for pid, seconds in each.cpu_by_process().items()}
+
+    async def metrics(http: aiohttp.ClientSession) -> dict[str, float]:
+        return {key: value for each in servers for key, value in (await scrape(http, each.base)).items()}
+
     try:
         async with aiohttp.ClientSession() as http:
+            if tts is not None:
+                await tts.wait_ready(
+                    http, timeout_s=args.ready_timeout, probe=await ready_probe(f"{tts_url}?voice={VOICE}")
+                )
             await server.wait_ready(http, timeout_s=args.ready_timeout)
             start_at = time.monotonic() + 3.0 + 0.01 * clients
             stop_at = start_at + args.duration
@@ -280,7 +323,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             jobs = [(url, question, [phases[i] for i in r], client_args, window) for r in ranges]
             shards = asyncio.create_task(gather_shards(shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
-            cpu_before, metrics_before = server.cpu_by_process(), await scrape(http, server.base)
+            cpu_before, metrics_before = cpu(), await metrics(http)
             spy = args.profile_engine
             profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
             gpu = gpu_busy.start()
@@ -288,12 +331,13 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
                 await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             finally:  # the sampler never outlives the window (a child process would)
                 gpu_pct = gpu_busy.finish(gpu)
-            cpu_after, metrics_after = server.cpu_by_process(), await scrape(http, server.base)
+            cpu_after, metrics_after = cpu(), await metrics(http)
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
             results = await shards
     finally:
-        server.stop()
+        for each in servers:
+            each.stop()
         llm.terminate()
         llm.wait(10)
     logs = merge_logs(results, ranges, clients)
@@ -306,6 +350,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     point: dict[str, Any] = {
         "clients": clients,
         "workers": args.workers,
+        "tts_server_workers": args.tts_server_workers,
         "turns": len(turns),
         "answered": len(answered),
         "first_audio_p50_ms": _pct(first, 50),
@@ -422,6 +467,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="tiny: the tests' CPU checkpoints")
     parser.add_argument("--clients", type=int, nargs="+", default=[2])
     parser.add_argument("--workers", type=int, default=1, help="front-end workers (1: one process)")
+    parser.add_argument(
+        "--tts-server-workers",
+        type=int,
+        default=0,
+        help="the TTS in a server of its own with this many workers, spoken through (0: in the engine process)",
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of speech per N")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before turns count")
     parser.add_argument("--period", type=float, default=15.0, help="seconds between one client's questions")
