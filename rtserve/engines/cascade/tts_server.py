@@ -24,6 +24,7 @@ import numpy as np
 from rtserve.config import TTSServerConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.kyutai_tts.stream import SpeechAudio, SpeechEvent, SpokenWord
+from rtserve.engines.voice_names import OPENAI_VOICES
 from rtserve.errors import (
     ENGINE_UNAVAILABLE,
     INPUT_BACKPRESSURE,
@@ -50,7 +51,11 @@ class TTSServerStreams:
 
     async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSServerStream:
         """Connected and ``Ready``; ``CapacityExhausted`` when the server has no free channel,
-        ``EngineError`` when it refuses or cannot be reached. ``stream_id`` names it in logs only."""
+        ``EngineError`` when it refuses or cannot be reached. ``stream_id`` names it in logs only.
+        OpenAI's built-in voice names (what clients send by default) ask for the server's default
+        voice, as they do of the in-process engine: a moshi-server knows none of them."""
+        if voice in OPENAI_VOICES:
+            voice = None
         query = {"format": "PcmMessagePack"} | ({"voice": voice} if voice else {})
         if seed is not None:
             query["seed"] = str(seed)

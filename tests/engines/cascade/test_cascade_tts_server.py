@@ -133,10 +133,13 @@ async def test_an_unreachable_server_fails_the_reply_typed() -> None:
         await streams.close()
 
 
-async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -> None:
-    """A server that says ``Ready`` and then sends a malformed frame, or nothing at all."""
+@contextlib.asynccontextmanager
+async def _plain_server(asked: list[dict[str, str]]) -> AsyncIterator[str]:
+    """A server that says ``Ready`` and then nothing, or (voice ``garbled``) a malformed frame;
+    ``asked`` gets each connection's query."""
 
     async def socket(request: web.Request) -> web.WebSocketResponse:
+        asked.append(dict(request.query))
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         await ws.send_bytes(msgpack.packb({"type": "Ready"}))
@@ -149,7 +152,11 @@ async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -
     app = web.Application()
     app.router.add_get("/api/tts_streaming", socket)
     async with serve_plain(app) as base:
-        url = base.replace("http://", "ws://") + "/api/tts_streaming"
+        yield base.replace("http://", "ws://") + "/api/tts_streaming"
+
+
+async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -> None:
+    async with _plain_server([]) as url:
         streams = TTSServerStreams(TTSServerConfig(url=url, read_timeout_s=0.5))
         try:
             for voice, code, says in (
@@ -165,3 +172,17 @@ async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -
                 await stream.close()
         finally:
             await streams.close()
+
+
+async def test_openai_voice_names_ask_for_the_servers_default_voice() -> None:
+    """Clients send "alloy" by default; a moshi-server knows no such voice."""
+    asked: list[dict[str, str]] = []
+    async with _plain_server(asked) as url:
+        streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
+        try:
+            for voice in ("alloy", "bob", None):
+                await (await streams.open_stream("s", voice, seed=7)).close()
+        finally:
+            await streams.close()
+    assert [query.get("voice") for query in asked] == [None, "bob", None]
+    assert all(query["format"] == "PcmMessagePack" and query["seed"] == "7" for query in asked)
