@@ -22,6 +22,7 @@ from rtserve.engines.cascade.tts_server import TTSServerStream, TTSServerStreams
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.values import TokenDelta
 from rtserve.errors import ENGINE_ERROR, ENGINE_UNAVAILABLE, VOICE_NOT_FOUND
+from tests.engines.cascade.test_cascade_streamed_speech import SPLIT_WORDS, split_words_llm
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 from tests.support import serve_app, serve_plain
 
@@ -66,22 +67,17 @@ async def test_a_reply_is_spoken_through_the_server_word_by_word(url: str) -> No
     streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
     try:
         await (await _open(streams)).close()  # served; the other channel is free while this one is freed
-
-        async def llm() -> AsyncIterator[TokenDelta]:
-            for piece in ("The", " capital", " is", " Par", "is", ",", " France", "'s", " larg", "est", " city", "."):
-                yield TokenDelta(piece)
-            yield TokenDelta("", finish_reason="stop")
-
-        spoken = speak_streamed(streams, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+        reply = split_words_llm()
+        spoken = speak_streamed(streams, reply, lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
         async with contextlib.aclosing(spoken):
             out = [item async for item in spoken]
     finally:
         await streams.close()
     deltas = [item.text for item in out if isinstance(item, TokenDelta)]
-    assert "".join(deltas) == "The capital is Paris, France's largest city."  # passed on as written
+    assert "".join(deltas) == "".join(SPLIT_WORDS)  # passed on as written
     audio = [item for item in out if not isinstance(item, TokenDelta)]
     assert all(pcm.size <= CHUNK for pcm, _ in audio) and sum(pcm.size for pcm, _ in audio) > 10 * CHUNK
-    assert "".join(words or "" for _, words in audio) == "The capital is Paris, France's largest city."
+    assert "".join(words or "" for _, words in audio) == "".join(SPLIT_WORDS)
 
 
 async def test_refusals_are_typed_and_closing_frees_the_channel(url: str) -> None:
