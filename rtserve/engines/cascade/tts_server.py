@@ -60,11 +60,20 @@ class TTSServerStreams:
         if seed is not None:
             query["seed"] = str(seed)
         headers = {"kyutai-api-key": self._config.api_key} if self._config.api_key else {}
-        if self._http is None:  # the handshake's deadline; a stream's reads have their own
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._config.connect_timeout_s))
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                # The handshake's deadline (a stream's reads have their own); no cap on open
+                # connections here: the server's channels are the bound (aiohttp's default is 100).
+                timeout=aiohttp.ClientTimeout(total=self._config.connect_timeout_s),
+                connector=aiohttp.TCPConnector(limit=0),
+            )
         try:
             ws = await self._http.ws_connect(
-                f"{self._config.url}?{urlencode(query)}", headers=headers, max_msg_size=self._config.max_message_bytes
+                f"{self._config.url}?{urlencode(query)}",
+                headers=headers,
+                max_msg_size=self._config.max_message_bytes,
+                # A barge-in closes the socket: a server that does not answer the close holds it this long at most.
+                timeout=aiohttp.ClientWSTimeout(ws_close=self._config.connect_timeout_s),
             )
         except aiohttp.WSServerHandshakeError as exc:  # answered, but not upgraded: a wrong key, a wrong path
             raise EngineError(
@@ -116,8 +125,8 @@ class TTSServerStream:
     def end(self) -> None:
         if self.ended:
             raise EngineError("end of stream sent twice", code=STREAM_ALREADY_ENDED)
-        self.ended = True
         self._queue(_EOS)
+        self.ended = True
 
     def _queue(self, message: dict[str, str]) -> None:
         try:

@@ -182,3 +182,15 @@ async def test_openai_voice_names_ask_for_the_servers_default_voice() -> None:
             await streams.close()
     assert [query.get("voice") for query in asked] == [None, "bob", None]
     assert all(query["format"] == "PcmMessagePack" and query["seed"] == "7" for query in asked)
+
+
+async def test_more_replies_at_once_than_aiohttps_default_connection_cap() -> None:
+    """Hundreds of sessions speak at once through one client: the server's channels bound them, not
+    a cap of the client's own (aiohttp's connector holds 100 connections by default)."""
+    async with _plain_server([]) as url:
+        streams = TTSServerStreams(TTSServerConfig(url=url, connect_timeout_s=10))
+        try:
+            opened = await asyncio.gather(*(streams.open_stream(f"s{i}", None) for i in range(110)))
+            await asyncio.gather(*(stream.close() for stream in opened))
+        finally:
+            await streams.close()
