@@ -53,7 +53,7 @@ async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
 
 async def _open(streams: TTSServerStreams, voice: str | None = "alice") -> TTSServerStream:
     """A stream once the server's engine has loaded (it answers engine_unavailable until then)."""
-    for _ in range(300):
+    for _ in range(600):
         try:
             return await streams.open_stream("s", voice)
         except EngineError as exc:
@@ -92,7 +92,7 @@ async def test_refusals_are_typed_and_closing_frees_the_channel(url: str) -> Non
             break  # mid-speech, as a barge-in cancels a reply
         await held.close()
         reopened: list[TTSServerStream] = []
-        for _ in range(100):  # the server frees both channels once it sees the closes
+        for _ in range(400):  # the server frees both channels once it sees the closes (bounded: 20 s)
             with contextlib.suppress(CapacityExhausted):
                 reopened.append(await streams.open_stream("u", "alice"))
             if len(reopened) == 2:
@@ -153,12 +153,14 @@ async def _plain_server(asked: list[dict[str, str]]) -> AsyncIterator[str]:
 
 async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -> None:
     async with _plain_server([]) as url:
-        streams = TTSServerStreams(TTSServerConfig(url=url, read_timeout_s=0.5))
-        try:
-            for voice, code, says in (
-                ("garbled", ENGINE_ERROR, "malformed"),
-                ("quiet", ENGINE_UNAVAILABLE, "sent nothing"),
-            ):
+        # The garbled frame comes at once (a long read timeout: only the frame can fail it); the
+        # quiet server is given half a second.
+        for voice, read_timeout_s, code, says in (
+            ("garbled", 30.0, ENGINE_ERROR, "malformed"),
+            ("quiet", 0.5, ENGINE_UNAVAILABLE, "sent nothing"),
+        ):
+            streams = TTSServerStreams(TTSServerConfig(url=url, read_timeout_s=read_timeout_s))
+            try:
                 stream = await streams.open_stream("s", voice)
                 stream.send_text("hello")
                 with pytest.raises(EngineError) as failed:
@@ -166,8 +168,8 @@ async def test_a_server_outside_the_protocol_or_silent_fails_the_reply_typed() -
                         pass
                 assert failed.value.code == code and says in failed.value.message
                 await stream.close()
-        finally:
-            await streams.close()
+            finally:
+                await streams.close()
 
 
 async def test_openai_voice_names_ask_for_the_servers_default_voice() -> None:
