@@ -51,6 +51,15 @@ async def url(config: ServerConfig, tiny: TinyTTS) -> AsyncIterator[str]:
         yield base.replace("http://", "ws://") + "/api/tts_streaming"
 
 
+async def until_served(url: str) -> None:
+    """Until the TTS server at ``url`` serves a stream (its engine loads in the background)."""
+    streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
+    try:
+        await (await _open(streams)).close()
+    finally:
+        await streams.close()
+
+
 async def _open(streams: TTSServerStreams, voice: str | None = "alice") -> TTSServerStream:
     """A stream once the server's engine has loaded (it answers engine_unavailable until then)."""
     for _ in range(600):

@@ -29,6 +29,7 @@ from rtserve.engines.remote.client import RemoteLLM, RemoteSessionEngine
 from rtserve.engines.remote.worker_cascade import WorkerCascade
 from rtserve.errors import ENGINE_SLEEPING
 from rtserve.web.context import CTX
+from tests.engines.cascade.test_cascade_tts_server import until_served
 from tests.engines.kyutai_tts.tiny import TinyTTS
 from tests.support import serve_app, serve_plain
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S
@@ -184,6 +185,7 @@ async def test_a_worker_speaks_through_the_tts_server_itself(
         agent.tts_engine = config.tts_engine  # no weights: nothing speaks here but the server
         agent.cascade.tts = "tts_server"
         agent.cascade.tts_server.url = tts_base.replace("http://", "ws://") + "/api/tts_streaming"
+        await until_served(agent.cascade.tts_server.url)
         app = build_app(agent)
         assert isinstance(app[CTX].engines.session_engine, WorkerCascade)
         async with serve_app(app) as base, aiohttp.ClientSession() as http:
