@@ -247,8 +247,12 @@ def tts_env(args: argparse.Namespace, clients: int) -> dict[str, str]:
         "RTSERVE_TTS_ENGINE__DEVICE": device,
         "RTSERVE_TTS_ENGINE__DTYPE": dtype,
         "RTSERVE_TTS_ENGINE__MAX_SESSIONS": str(clients),
-        **({"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}),
     }
+
+
+def torch_threads(args: argparse.Namespace) -> dict[str, str]:
+    """A server's torch intra-op threads (``--server-threads``; default: torch's own)."""
+    return {"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}
 
 
 def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server: str | None) -> dict[str, str]:
@@ -271,7 +275,7 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server:
         "RTSERVE_STT_ENGINE__BATCH_SIZE": str(clients),
         "RTSERVE_SESSIONS__MAX_SESSIONS": str(clients),
         **speech,
-        **({"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}),
+        **torch_threads(args),
         **(voice_agent_kit.env(args.kit) if args.kit else {}),
         **dict(setting.split("=", 1) for setting in args.set),
     }
@@ -289,7 +293,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     llm = start_llm(args, llm_port)
     tts = None
     if args.tts_server_workers:
-        tts = ServerProcess(tts_env(args, clients), name="bench_voice_agent_tts", workers=args.tts_server_workers)
+        env = {**tts_env(args, clients), **torch_threads(args)}
+        tts = ServerProcess(env, name="bench_voice_agent_tts", workers=args.tts_server_workers)
     tts_url = None if tts is None else tts.base.replace("http", "ws") + "/api/tts_streaming"
     server = ServerProcess(
         server_env(args, clients, f"http://127.0.0.1:{llm_port}", tts_url),
