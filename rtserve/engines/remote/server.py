@@ -58,6 +58,7 @@ class EngineServer:
         self.max_send_buffer_bytes = max_send_buffer_bytes
         self.links: set[WorkerLink] = set()
         self._handlers: set[asyncio.Task[None]] = set()  # serve_connection of each link
+        self._closing = False
         self.metrics = LinkMetrics(engines.registry)
         self._server: asyncio.AbstractServer | None = None
         self.draining = False
@@ -68,7 +69,18 @@ class EngineServer:
     async def serve_unix(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # left by an engine process that was killed
             os.unlink(path)
-        self._server = await asyncio.start_unix_server(self.serve_connection, path)
+        self._server = await asyncio.start_unix_server(self._accept, path)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The handler is our own task, known from the moment the connection is accepted: close()
+        # waits for every one. (Handed a coroutine instead, asyncio 3.11's stream server runs it in
+        # a task of its own and logs that task's cancellation at loop end as an error.)
+        if self._closing:
+            writer.close()
+            return
+        handler = asyncio.get_running_loop().create_task(self.serve_connection(reader, writer))
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
 
     def offer(self) -> EngineOffer:
         return replace(offer_of(self.engines), sessions=self.session_count(), draining=self.draining)
@@ -99,18 +111,22 @@ class EngineServer:
         await self._idle.wait()
 
     async def close(self) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
         await asyncio.gather(*(link.close() for link in list(self.links)), return_exceptions=True)
-        # Let each handler see its closed link and return: one still pending when the loop ends
-        # is cancelled, and asyncio 3.11's stream server logs a cancelled handler as an error.
+        # Let each handler see its closed link (or, accepted but not yet running, the closing
+        # server) and return, so none is left for the loop's end to cancel.
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=_HANDLER_EXIT_S)
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:
+            writer.close()
+            return
         link = WorkerLink(self, reader, writer)
         self.links.add(link)
-        handler = asyncio.current_task()
+        handler = asyncio.current_task()  # also reached from other servers' handlers (cluster, in-process)
         if handler is not None:
             self._handlers.add(handler)
             handler.add_done_callback(self._handlers.discard)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import socket
+from collections.abc import Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
 from rtserve.engines.remote.in_process import LinkedEngines
 from rtserve.engines.remote.link import Uplink
+from rtserve.engines.remote.server import EngineServer
 from rtserve.engines.remote.wire import Kind, encode, pack_events, read_message, unpack_events
 from rtserve.engines.values import SessionOptions
 
@@ -199,3 +204,36 @@ async def test_a_ticks_events_cross_the_link_as_they_were_sent() -> None:
             assert replace(got, pcm=want.pcm) == want
         else:
             assert got == want
+
+
+def _connection_handlers() -> list[tuple[asyncio.Task[Any], Coroutine[Any, Any, Any]]]:
+    name = "EngineServer.serve_connection"
+    tasks = [(t, t.get_coro()) for t in asyncio.all_tasks()]
+    return [(t, coro) for t, coro in tasks if isinstance(coro, Coroutine) and getattr(coro, "__qualname__", "") == name]
+
+
+async def test_an_engine_server_closing_as_workers_connect_leaves_no_handler_running(
+    config: ServerConfig, tmp_path: Path
+) -> None:
+    """Workers connect as the engine process starts; when its engine fails to load it closes the
+    server at once. A connection accepted just then, whose handler has not run yet, is closed too:
+    a handler left reading is cancelled at the loop's end, which asyncio 3.11 logs as a traceback
+    where the user should see one line naming the config error."""
+    server = EngineServer(EngineSet(config.model_copy(update={"engine": "loopback"}), CollectorRegistry()))
+    path = str(tmp_path / "engine.sock")
+    await server.serve_unix(path)
+    workers = [socket.socket(socket.AF_UNIX) for _ in range(4)]
+    try:
+        for worker in workers:
+            worker.connect(path)
+        for _ in range(1000):  # until a connection is accepted and its handler waits for its first step
+            if any(inspect.getcoroutinestate(coro) == inspect.CORO_CREATED for _, coro in _connection_handlers()):
+                break
+            await asyncio.sleep(0)
+        else:
+            pytest.fail("no connection was accepted")
+        await server.close()
+        assert [t for t, _ in _connection_handlers() if not t.done()] == []
+    finally:
+        for worker in workers:
+            worker.close()
