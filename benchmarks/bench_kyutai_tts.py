@@ -17,6 +17,11 @@ the depformer over the leading codebook(s) alone, no decoding; docs/engines.md#p
 over the delay's frames after 3 warm-up steps.
 ``--sides ours-young-batch`` times that step in a young batch of B rows (a pre-audio-only model
 on the same weights, attending over the delay's ring slots alone; docs/engines.md#young-batch).
+``--open N`` opens only the first N of the B slots (a server sized for more replies than speak),
+and ``--sides ours-buckets`` times our step computing only the slots in use, rounded up to
+``--row-bucket`` (docs/engines.md#row-buckets); ``ours`` computes every slot:
+
+    python benchmarks/bench_kyutai_tts.py --batches 256 --open 96 --sides ours,ours-buckets
 
 Shape: kyutai/tts-1.6b-en_fr's ``config.json`` as ``TTS_1_6B`` transcribes it, random bf16
 weights; Mimi fp32, 32 codebooks. ``tiny`` (CPU) keeps the script testable.
@@ -187,18 +192,21 @@ def run_ours(
     *,
     speak: bool = True,
     young_batch: bool = False,
+    row_bucket: int = 0,
 ) -> dict[str, float]:
     """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
     ``young_steps`` frames: 3 warm-up steps and at most the rest timed. ``young_batch``: that
-    step in a young batch of ``batch`` rows (a pre-audio-only model)."""
+    step in a young batch of ``batch`` rows (a pre-audio-only model). The first ``args.open``
+    slots are open (all where None)."""
     device = loaded.lm.text_linear.weight.device
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
     if young_batch:
         model = KyutaiTTSModel(loaded.sharing_weights(), batch, settings=settings, pre_audio_only=True)
     else:
-        model = KyutaiTTSModel(loaded, batch, settings=settings)
+        model = KyutaiTTSModel(loaded, batch, settings=settings, row_bucket=row_bucket)
     layout = voice_layout([voice])
-    for slot in range(batch):
+    open_slots = min(args.open or batch, batch)
+    for slot in range(open_slots):
         model.open_slot(slot, layout, seed=slot)
         for tokens in words(raw, settings.max_words, slot):
             model.push_word(slot, tokens, 0)
@@ -211,8 +219,8 @@ def run_ours(
         sync(device)
         if i >= warmup:
             times.append(1000 * (time.perf_counter() - start))
-    assert all(frame is not None and frame.stepped for frame in frames), "a row waited: too little text"
-    result: dict[str, Any] = dict(summary(times))
+    assert all(frame is not None and frame.stepped for frame in frames[:open_slots]), "a row waited: too little text"
+    result: dict[str, Any] = dict(summary(times), step_rows=model.step_rows)
     if args.profile:
         result["kernels"] = kernel_profile(lambda: model.step(speak=speak), timed, device)
     return result
@@ -269,8 +277,10 @@ def main() -> None:
         "--sides",
         default="ours,reference",
         help="ours, ours-pre-audio (a reply's step before its audio), ours-young-batch (that step in a young "
-        "batch of B rows), reference",
+        "batch of B rows), ours-buckets (ours computing the slots in use only), reference",
     )
+    parser.add_argument("--open", type=int, help="slots open of each batch (default: all)")
+    parser.add_argument("--row-bucket", type=int, default=32, help="ours-buckets: rows a step computes, rounded up")
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -291,7 +301,7 @@ def main() -> None:
         voice_file = Path(folder) / "voice.safetensors"
         save_file({"speaker_wavs": voice}, str(voice_file))
         for batch in batches:
-            row: dict[str, Any] = {"shape": shape, "batch": batch}
+            row: dict[str, Any] = {"shape": shape, "batch": batch, "open": min(args.open or batch, batch)}
             for side in sides:
                 try:
                     if side == "reference":
@@ -299,7 +309,10 @@ def main() -> None:
                     else:
                         young = side == "ours-young-batch"
                         speak = side not in ("ours-pre-audio", "ours-young-batch")
-                        row[side] = run_ours(loaded, raw, voice, batch, args, speak=speak, young_batch=young)
+                        bucket = args.row_bucket if side == "ours-buckets" else 0
+                        row[side] = run_ours(
+                            loaded, raw, voice, batch, args, speak=speak, young_batch=young, row_bucket=bucket
+                        )
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}
                 gc.collect()
@@ -327,19 +340,20 @@ def main() -> None:
 
 def print_table(rows: list[dict[str, Any]], sides: list[str], device: torch.device) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"kyutai tts frame step, device={name}; ms/frame p50/p99; x = p50 / reference p50")
-    print(f"{'shape':>9} {'B':>4}" + "".join(f" {side:>22}" for side in sides))
+    base = "reference" if "reference" in sides else sides[0]
+    print(f"kyutai tts frame step, device={name}; ms/frame p50/p99; x = p50 / {base} p50")
+    print(f"{'shape':>9} {'B':>4} {'open':>4}" + "".join(f" {side:>22}" for side in sides))
     for row in rows:
-        ref = row.get("reference", {}).get("p50_ms")
+        ref = row.get(base, {}).get("p50_ms")
         cells = []
         for side in sides:
             r = row.get(side, {})
             if "p50_ms" not in r:
                 cells.append(f" {r.get('skipped', '-'):>22}")
                 continue
-            x = f" ({r['p50_ms'] / ref:.2f}x)" if ref and side != "reference" else ""
+            x = f" ({r['p50_ms'] / ref:.2f}x)" if ref and side != base else ""
             cells.append(f" {r['p50_ms']:>7.2f}/{r['p99_ms']:<7.2f}{x:>8}")
-        print(f"{row['shape']:>9} {row['batch']:>4}" + "".join(cells))
+        print(f"{row['shape']:>9} {row['batch']:>4} {row['open']:>4}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -515,6 +515,13 @@ class TtsEngineConfig(_Section):
     )
     default_voice: str | None = Field(None, description="the voice of a stream that names none")
     max_sessions: int = Field(8, ge=1, description="streams stepped together (concurrent clients)")
+    row_bucket: int = Field(
+        32,
+        ge=0,
+        description="a step computes the slots up to the last one in use, rounded up to a multiple of this (new "
+        "streams take the lowest free slot; on CUDA one graph per multiple below max_sessions); 0: every slot, "
+        "always (docs/engines.md#row-buckets)",
+    )
     cfg_coef: float = Field(
         2.0, gt=0, description="classifier-free guidance: a value the checkpoint was distilled with, or direct CFG"
     )

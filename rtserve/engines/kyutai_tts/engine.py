@@ -186,7 +186,7 @@ class KyutaiTTSEngine:
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
-        model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts)
+        model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts, row_bucket=settings.row_bucket)
         interval_s = self._config.weights.progress_interval_s
         try:
             voices = (
@@ -204,7 +204,12 @@ class KyutaiTTSEngine:
         if not rows or not model.young_steps:
             return None
         return KyutaiTTSModel(
-            model.loaded.sharing_weights(), rows, settings=model.settings, voices=model.voices, pre_audio_only=True
+            model.loaded.sharing_weights(),
+            rows,
+            settings=model.settings,
+            voices=model.voices,
+            pre_audio_only=True,
+            row_bucket=self._config.tts_engine.row_bucket,
         )
 
     async def stop(self) -> None:

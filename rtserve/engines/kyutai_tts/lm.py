@@ -8,10 +8,8 @@ the Moshi loader's renaming (``tts_rename`` adds the cross-attention projections
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 from torch import nn
@@ -21,7 +19,6 @@ from rtserve.engines.moshi.checkpoint import lm_rename
 from rtserve.engines.moshi.layers import TypedModuleList
 from rtserve.engines.moshi.lm import ZERO_TOKEN, MoshiLM, TokenEmbedding, embed_tokens
 
-_M = TypeVar("_M", bound=nn.Module)
 _CROSS_STACKED = re.compile(r"\.cross_attention\.(in_proj_weight|in_proj\.weight|out_proj\.weight)$")
 
 
@@ -98,15 +95,3 @@ def _rename(key: str) -> str | None:
         target = "out_projs" if match[1] == "out_proj.weight" else "in_projs"
         key = key[: match.start()] + f".cross_attention.{target}.0.weight"
     return lm_rename(key)
-
-
-def sharing_weights(module: _M) -> _M:
-    """A copy of ``module`` that shares its parameters and buffers (no new memory) and holds its
-    own streaming state from its next ``start``: a second batch of rows on the same weights."""
-    clone = copy.copy(module)
-    clone._parameters = dict(module._parameters)
-    clone._buffers = dict(module._buffers)
-    clone._modules = {
-        name: None if child is None else sharing_weights(child) for name, child in module._modules.items()
-    }
-    return clone

@@ -13,11 +13,12 @@ import torch
 from rtserve.config import WeightsConfig
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename
 from rtserve.engines.kyutai_tts.config import TTSArch
-from rtserve.engines.kyutai_tts.lm import TTSLM, sharing_weights, tts_rename
+from rtserve.engines.kyutai_tts.lm import TTSLM, tts_rename
 from rtserve.engines.moshi.checkpoint import load_into, read_safetensors
 from rtserve.engines.moshi.lm_config import CheckpointError, MimiConfig
 from rtserve.engines.moshi.loader import load_mimi, load_tokenizer
 from rtserve.engines.moshi.mimi import Mimi
+from rtserve.engines.moshi.row_views import sharing_weights
 from rtserve.engines.moshi.weights import MoshiFiles, resolve
 from rtserve.weights import WeightsError
 from rtserve.weights.source import WeightSource

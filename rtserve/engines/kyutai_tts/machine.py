@@ -24,6 +24,7 @@ as Kyutai's server does. Rows that do not step keep their state exactly (``step`
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 
@@ -145,6 +146,20 @@ class TextMachine:
         self._lengths[row] = deque(source._lengths[source_row])
         self._voiced[row] = source._voiced[source_row]
         self._ended[row] = source._ended[source_row]
+
+    def first_rows(self, rows: int) -> TextMachine:
+        """The first ``rows`` rows' device state as views, for a step over those rows alone
+        (docs/engines.md#row-buckets). Words are pushed to and flushed by this machine, before
+        the step: the view's host side starts empty, so it never uploads them a second time."""
+        view = copy.copy(self)
+        view.batch = rows
+        for name in _ROW_STATE:
+            setattr(view, name, getattr(self, name)[:rows])
+        view.rows = self.rows[:rows]
+        view._tail, view._voiced, view._ended = self._tail[:rows], self._voiced[:rows], self._ended[:rows]
+        view._lengths = self._lengths[:rows]
+        view._staged, view._ending = [], []
+        return view
 
     def forget(self, row: int) -> None:
         """``row`` starts a new stream: the words and end not yet flushed were the old stream's

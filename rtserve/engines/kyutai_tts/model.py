@@ -34,6 +34,8 @@ state is updated in place, so only the copy of its outputs to the host is left p
 
 from __future__ import annotations
 
+import bisect
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +49,7 @@ from rtserve.engines.kyutai_tts.machine import MachineSettings, TextMachine, Tok
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
 from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, ZERO_TOKEN
+from rtserve.engines.moshi.row_views import first_rows
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
 
@@ -84,6 +87,11 @@ class TTSFrame:
     overflow: bool  # the lookahead queue overflowed: the slot must be closed
 
 
+def row_counts(batch_size: int, bucket: int) -> list[int]:
+    """The rows a step may compute: multiples of ``bucket`` below ``batch_size``, then all of them."""
+    return [*range(bucket, batch_size, bucket), batch_size] if bucket > 0 else [batch_size]
+
+
 class KyutaiTTSModel:
     def __init__(
         self,
@@ -94,12 +102,15 @@ class KyutaiTTSModel:
         voices: VoiceFolder | None = None,
         graph: bool | None = None,
         pre_audio_only: bool = False,
+        row_bucket: int = 0,
     ) -> None:
         """``graph``: replay the step as a CUDA graph (default: on a CUDA device). The model owns
         the streaming state of ``loaded``'s LM and Mimi (a second model on the same weights
         takes ``loaded.sharing_weights()``). ``pre_audio_only``: the young batch
         (docs/engines.md#young-batch): pre-audio steps only, no Mimi decoder, attention over
-        the audio delay's ring slots alone; ``adopt`` moves its rows into a main model."""
+        the audio delay's ring slots alone; ``adopt`` moves its rows into a main model.
+        ``row_bucket``: a step computes the first rows up to the last open one, rounded up to a
+        multiple of this (docs/engines.md#row-buckets); 0: every row, always."""
         self.loaded = loaded
         self.pre_audio_only = pre_audio_only
         self.arch = arch = loaded.arch
@@ -195,15 +206,37 @@ class KyutaiTTSModel:
                 source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
                 self.lm.transformer.set_cross_rows(twins, source)
-        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
+        # Direct CFG's twin rows sit after every slot's row: the first rows are not a batch of their own.
+        self.row_counts = row_counts(batch_size, 0 if self.cfg_direct else row_bucket)
+        self.step_rows = batch_size  # rows the last step computed
+        self._views = {rows: self._first_rows(rows) for rows in self.row_counts[:-1]}
+        self._views[batch_size] = self
+        self._graphs: dict[tuple[bool, int], tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         if device.type == "cuda" if graph is None else graph:
             self._capture()
 
+    def _first_rows(self, rows: int) -> KyutaiTTSModel:
+        """This model over its first ``rows`` slots: every piece of device state a view of this
+        one's, so a step of the view is a step of this model whose other rows wait."""
+        view = copy.copy(self)
+        view.batch_size = view.rows = rows
+        view.lm = first_rows(self.lm, rows)
+        if not self.pre_audio_only:
+            view.mimi = first_rows(self.mimi, rows)
+        view.machine = self.machine.first_rows(rows)
+        view.sampler = self.sampler.first_rows(rows)
+        view.condition_sum, view.cache = self.condition_sum[:rows], self.cache[:rows]
+        view.offsets, view.open, view.active = self.offsets[:rows], self.open[:rows], self.active[:rows]
+        view._graphs, view._views = {}, {}
+        return view
+
     def _capture(self) -> None:
-        """Capture ``_advance`` for both kinds of step (no slot is open yet), then put every row
-        back to fresh."""
+        """Capture ``_advance`` for both kinds of step and every row count (no slot is open
+        yet), then put every row back to fresh."""
         draws = self.sampler.draws.clone()
-        self._graphs = capture_graphs(self._advance, [False] if self.pre_audio_only else [True, False], self.device)
+        kinds = [False] if self.pre_audio_only else [True, False]
+        keys = [(speak, rows) for speak in kinds for rows in self.row_counts]
+        self._graphs = capture_graphs(lambda key: self._views[key[1]]._advance(key[0]), keys, self.device)
         self._reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
         self.sampler.draws.copy_(draws)
 
@@ -341,9 +374,13 @@ class KyutaiTTSModel:
         else:
             self.active.copy_(active)
         self.flush()
+        # Rows past the last that may step are left out (they would wait).
+        stepping = self._open_host if speak else self.young_rows()
+        last = int(np.flatnonzero(stepping)[-1]) + 1 if stepping.any() else 1
+        self.step_rows = rows = self.row_counts[bisect.bisect_left(self.row_counts, last)]
         if not self._graphs:
-            return self._advance(speak)
-        graph, outputs = self._graphs[speak]
+            return self._views[rows]._advance(speak)
+        graph, outputs = self._graphs[(speak, rows)]
         graph.replay()
         return outputs
 
@@ -432,12 +469,16 @@ class KyutaiTTSModel:
         """A launched step's outputs to the host (on the stream it ran on), one entry per open slot."""
         flags, frame, audio = launched
         host = flags.cpu().numpy()
-        self.steps += host[0]
+        rows = host.shape[1]  # the step's rows: the others waited
+        self.steps[:rows] += host[0]
         out = host[0] & host[5]
         codes_host = frame.cpu().numpy()
         audio_host = audio.cpu().numpy()
         outputs: list[TTSFrame | None] = [None] * self.batch_size
         for slot in np.flatnonzero(self._open_host):
+            if slot >= rows:  # opened since the launch
+                outputs[slot] = TTSFrame(False, None, None, 0, False, False)
+                continue
             stepped, heard, consumed, finished, overflow, _ = host[:, slot]
             if consumed:
                 self.machine.popped(slot)

@@ -516,6 +516,18 @@ class Transformer(nn.Module):
                 cache.clear(rows)
         self.offset.masked_fill_(mask, 0)
 
+    def narrow_rows(self, rows: int) -> None:
+        """On a copy (``row_views.first_rows``): its rings, positions and cross-attention become
+        views of the first ``rows`` rows; the shared positions' plans are built for as many."""
+        if self.paged is not None:
+            raise ValueError("paged KV is not narrowed to its first rows (its blocks are handed out per row)")
+        self.offset = self.offset[:rows]
+        self.caches = [KVCache(cache.pair[:, :rows]) for cache in self.caches if isinstance(cache, KVCache)]
+        self.cross = [(keys[:rows], values[:rows]) for keys, values in self.cross]
+        if self.shared_positions is not None:
+            device = self.offset.device
+            self._shared_plans = [self._shared_plan(p, rows, device) for p in range(self.shared_positions)]
+
     def take_rows(self, rows: torch.Tensor, source: Transformer, source_rows: torch.Tensor, positions: int) -> None:
         """Rows ``rows`` continue ``source``'s ``source_rows`` (``[N]`` indices): their keys and
         values, offsets and cross-attention. Both keep rings, and the rows are at most

@@ -93,6 +93,9 @@ class StreamConv1d(nn.Module):
         self.previous.masked_fill_(mask.view(-1, 1, 1), 0.0)
         self.first.masked_fill_(mask, True)
 
+    def narrow_rows(self, rows: int) -> None:
+        self.previous, self.first = self.previous[:rows], self.first[:rows]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.context:
             if self.replicate:
@@ -144,6 +147,9 @@ class StreamConvTranspose1d(nn.Module):
 
     def reset_rows(self, mask: torch.Tensor) -> None:
         self.partial.masked_fill_(mask.view(-1, 1, 1), 0.0)
+
+    def narrow_rows(self, rows: int) -> None:
+        self.partial = self.partial[:rows]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         taps = self._taps(x)
@@ -305,12 +311,20 @@ class Mimi(nn.Module):
             c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension, bias=False
         )
         self.quantizer = _SplitRVQ(c, codebooks)
+        self._list_streaming()
+
+    def _list_streaming(self) -> None:
         # The modules holding streaming state, listed once rather than found by walking the
         # module tree at every slot opening (on the engine thread).
         encode = (self.encoder, self.encoder_transformer, self.downsample)
         decode = (self.upsample, self.decoder_transformer, self.decoder)
         self._encode_side = [m for side in encode for m in _streaming_children(side)]
         self._decode_side = [m for side in decode for m in _streaming_children(side)]
+
+    def narrow_rows(self, rows: int) -> None:
+        """On a copy (``row_views.first_rows``): its lists of streaming modules name the copy's
+        own (each narrowed by ``first_rows`` in turn)."""
+        self._list_streaming()
 
     @property
     def frame_size(self) -> int:

@@ -10,6 +10,7 @@ Per-slot settings live in ``[B]`` tensors written when a slot opens.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -99,6 +100,15 @@ class SlotSampler:
         self.top_k[:, slot] = source.top_k[:, source_slot]
         self.seed[slot] = source.seed[source_slot]
         self.draws[slot] = source.draws[source_slot]
+
+    def first_rows(self, rows: int) -> SlotSampler:
+        """The first ``rows`` rows' state as views, for a step over those rows alone
+        (docs/engines.md#row-buckets); slots are configured here."""
+        view = copy.copy(self)
+        view.params = self.params[:rows]
+        view.temperature, view.top_k = self.temperature[:, :rows], self.top_k[:, :rows]
+        view.seed, view.draws = self.seed[:rows], self.draws[:rows]
+        return view
 
     def _write(self, slot: int, params: MoshiSampling, seed: int) -> None:
         greedy = params.greedy
