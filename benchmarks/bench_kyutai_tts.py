@@ -19,7 +19,8 @@ over the delay's frames after 3 warm-up steps.
 on the same weights, attending over the delay's ring slots alone; docs/engines.md#young-batch).
 ``--open N`` opens only the first N of the B slots (a server sized for more replies than speak),
 and ``--sides ours-buckets`` times our step computing only the slots in use, rounded up to
-``--row-bucket`` (docs/engines.md#row-buckets); ``ours`` computes every slot:
+``--row-bucket``, with attention over the ring slots up to the rows' positions, rounded up to
+``--span-bucket`` (docs/engines.md#row-buckets); ``ours`` computes every slot over the whole ring:
 
     python benchmarks/bench_kyutai_tts.py --batches 256 --open 96 --sides ours,ours-buckets
 
@@ -193,6 +194,7 @@ def run_ours(
     speak: bool = True,
     young_batch: bool = False,
     row_bucket: int = 0,
+    span_bucket: int = 0,
 ) -> dict[str, float]:
     """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
     ``young_steps`` frames: 3 warm-up steps and at most the rest timed. ``young_batch``: that
@@ -203,7 +205,7 @@ def run_ours(
     if young_batch:
         model = KyutaiTTSModel(loaded.sharing_weights(), batch, settings=settings, pre_audio_only=True)
     else:
-        model = KyutaiTTSModel(loaded, batch, settings=settings, row_bucket=row_bucket)
+        model = KyutaiTTSModel(loaded, batch, settings=settings, row_bucket=row_bucket, span_bucket=span_bucket)
     layout = voice_layout([voice])
     open_slots = min(args.open or batch, batch)
     for slot in range(open_slots):
@@ -220,7 +222,7 @@ def run_ours(
         if i >= warmup:
             times.append(1000 * (time.perf_counter() - start))
     assert all(frame is not None and frame.stepped for frame in frames[:open_slots]), "a row waited: too little text"
-    result: dict[str, Any] = dict(summary(times), step_rows=model.step_rows)
+    result: dict[str, Any] = dict(summary(times), step_rows=model.step_rows, step_span=model.step_span)
     if args.profile:
         result["kernels"] = kernel_profile(lambda: model.step(speak=speak), timed, device)
     return result
@@ -281,6 +283,7 @@ def main() -> None:
     )
     parser.add_argument("--open", type=int, help="slots open of each batch (default: all)")
     parser.add_argument("--row-bucket", type=int, default=32, help="ours-buckets: rows a step computes, rounded up")
+    parser.add_argument("--span-bucket", type=int, default=128, help="ours-buckets: ring slots attention reads")
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -309,9 +312,17 @@ def main() -> None:
                     else:
                         young = side == "ours-young-batch"
                         speak = side not in ("ours-pre-audio", "ours-young-batch")
-                        bucket = args.row_bucket if side == "ours-buckets" else 0
+                        bucketed = side == "ours-buckets"
                         row[side] = run_ours(
-                            loaded, raw, voice, batch, args, speak=speak, young_batch=young, row_bucket=bucket
+                            loaded,
+                            raw,
+                            voice,
+                            batch,
+                            args,
+                            speak=speak,
+                            young_batch=young,
+                            row_bucket=args.row_bucket if bucketed else 0,
+                            span_bucket=args.span_bucket if bucketed else 0,
                         )
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}

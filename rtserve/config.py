@@ -522,6 +522,14 @@ class TtsEngineConfig(_Section):
         "streams take the lowest free slot; on CUDA one graph per multiple below max_sessions); 0: every slot, "
         "always (docs/engines.md#row-buckets)",
     )
+    span_bucket: int = Field(
+        128,
+        ge=0,
+        multiple_of=8,
+        description="attention reads the ring slots up to the furthest position of the streams that step, rounded "
+        "up to a multiple of this (a multiple of 8; on CUDA one graph per multiple below the context, for each row "
+        "count); 0: the whole ring, always (docs/engines.md#row-buckets)",
+    )
     cfg_coef: float = Field(
         2.0, gt=0, description="classifier-free guidance: a value the checkpoint was distilled with, or direct CFG"
     )

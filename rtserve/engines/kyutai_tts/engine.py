@@ -186,7 +186,13 @@ class KyutaiTTSEngine:
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
-        model = KyutaiTTSModel(loaded, settings.max_sessions, settings=tts, row_bucket=settings.row_bucket)
+        model = KyutaiTTSModel(
+            loaded,
+            settings.max_sessions,
+            settings=tts,
+            row_bucket=settings.row_bucket,
+            span_bucket=settings.span_bucket,
+        )
         interval_s = self._config.weights.progress_interval_s
         try:
             voices = (
@@ -210,6 +216,7 @@ class KyutaiTTSEngine:
             voices=model.voices,
             pre_audio_only=True,
             row_bucket=self._config.tts_engine.row_bucket,
+            span_bucket=self._config.tts_engine.span_bucket,
         )
 
     async def stop(self) -> None:

@@ -87,9 +87,10 @@ class TTSFrame:
     overflow: bool  # the lookahead queue overflowed: the slot must be closed
 
 
-def row_counts(batch_size: int, bucket: int) -> list[int]:
-    """The rows a step may compute: multiples of ``bucket`` below ``batch_size``, then all of them."""
-    return [*range(bucket, batch_size, bucket), batch_size] if bucket > 0 else [batch_size]
+def buckets(total: int, bucket: int) -> list[int]:
+    """What a step may compute of ``total`` (rows, or ring slots attention reads): multiples of
+    ``bucket`` below it, then all of it."""
+    return [*range(bucket, total, bucket), total] if bucket > 0 else [total]
 
 
 class KyutaiTTSModel:
@@ -103,6 +104,7 @@ class KyutaiTTSModel:
         graph: bool | None = None,
         pre_audio_only: bool = False,
         row_bucket: int = 0,
+        span_bucket: int = 0,
     ) -> None:
         """``graph``: replay the step as a CUDA graph (default: on a CUDA device). The model owns
         the streaming state of ``loaded``'s LM and Mimi (a second model on the same weights
@@ -110,7 +112,9 @@ class KyutaiTTSModel:
         (docs/engines.md#young-batch): pre-audio steps only, no Mimi decoder, attention over
         the audio delay's ring slots alone; ``adopt`` moves its rows into a main model.
         ``row_bucket``: a step computes the first rows up to the last open one, rounded up to a
-        multiple of this (docs/engines.md#row-buckets); 0: every row, always."""
+        multiple of this, and attention reads the ring slots up to the furthest position of those
+        rows, rounded up to a multiple of ``span_bucket`` (docs/engines.md#row-buckets); 0: every
+        row, or the whole ring, always."""
         self.loaded = loaded
         self.pre_audio_only = pre_audio_only
         self.arch = arch = loaded.arch
@@ -207,11 +211,12 @@ class KyutaiTTSModel:
                 twins = torch.arange(batch_size, rows, device=device)
                 self.lm.transformer.set_cross_rows(twins, source)
         # Direct CFG's twin rows sit after every slot's row: the first rows are not a batch of their own.
-        self.row_counts = row_counts(batch_size, 0 if self.cfg_direct else row_bucket)
-        self.step_rows = batch_size  # rows the last step computed
+        self.row_counts = buckets(batch_size, 0 if self.cfg_direct else row_bucket)
+        self.spans = buckets(self.lm.transformer.capacity, span_bucket)
+        self.step_rows, self.step_span = batch_size, self.spans[-1]  # what the last step computed
         self._views = {rows: self._first_rows(rows) for rows in self.row_counts[:-1]}
         self._views[batch_size] = self
-        self._graphs: dict[tuple[bool, int], tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
+        self._graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         if device.type == "cuda" if graph is None else graph:
             self._capture()
 
@@ -235,8 +240,8 @@ class KyutaiTTSModel:
         yet), then put every row back to fresh."""
         draws = self.sampler.draws.clone()
         kinds = [False] if self.pre_audio_only else [True, False]
-        keys = [(speak, rows) for speak in kinds for rows in self.row_counts]
-        self._graphs = capture_graphs(lambda key: self._views[key[1]]._advance(key[0]), keys, self.device)
+        keys = [(speak, rows, span) for speak in kinds for rows in self.row_counts for span in self.spans]
+        self._graphs = capture_graphs(lambda key: self._advance_over(*key), keys, self.device)
         self._reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
         self.sampler.draws.copy_(draws)
 
@@ -374,15 +379,27 @@ class KyutaiTTSModel:
         else:
             self.active.copy_(active)
         self.flush()
-        # Rows past the last that may step are left out (they would wait).
+        # Rows past the last that may step are left out (they would wait), and ring slots past the
+        # furthest position of those that may step are not read: they hold nothing of theirs yet.
+        # (A row in the view that waits, and is past the span, attends to slots of its own ring
+        # in the window and makes finite outputs that are put back.)
         stepping = self._open_host if speak else self.young_rows()
-        last = int(np.flatnonzero(stepping)[-1]) + 1 if stepping.any() else 1
-        self.step_rows = rows = self.row_counts[bisect.bisect_left(self.row_counts, last)]
+        indices = np.flatnonzero(stepping)
+        last = int(indices[-1]) + 1 if indices.size else 1
+        furthest = int(self.steps[indices].max()) + 1 if indices.size else 1
+        rows = self.row_counts[bisect.bisect_left(self.row_counts, last)]
+        span = self.spans[min(bisect.bisect_left(self.spans, furthest), len(self.spans) - 1)]
+        self.step_rows, self.step_span = rows, span
         if not self._graphs:
-            return self._views[rows]._advance(speak)
-        graph, outputs = self._graphs[(speak, rows)]
+            return self._advance_over(speak, rows, span)
+        graph, outputs = self._graphs[(speak, rows, span)]
         graph.replay()
         return outputs
+
+    def _advance_over(self, speak: bool, rows: int, span: int) -> StepOutputs:
+        view = self._views[rows]
+        view.lm.transformer.span = span
+        return view._advance(speak)
 
     def _advance(self, speak: bool) -> StepOutputs:
         """The step's device part: every input and all state are tensors updated in place."""

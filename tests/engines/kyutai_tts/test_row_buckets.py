@@ -1,7 +1,9 @@
 """Row buckets (docs/engines.md#row-buckets): a step computes only the first rows up to the last
-one that may step, rounded up to the bucket, and every stream comes out exactly as when each step
-computes every row: sampled tokens and audio, through pre-audio steps, a stream opening past the
-rows in use, and one closing."""
+one that may step, rounded up to the bucket, its attention reads the ring slots up to the
+furthest position among them, rounded up too, and every stream comes out as when each step
+computes every row over the whole ring: the same sampled tokens, the same audio but for float
+rounding, through pre-audio steps, a stream opening past the rows in use, one closing, and
+positions past the ring's end."""
 
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
 SLOTS = 6
 
 
-def model(tiny: TinyTTS, device: str, row_bucket: int, cfg_coef: float = 2.0) -> KyutaiTTSModel:
-    """On CUDA every row count's steps replay as captured graphs."""
+def model(tiny: TinyTTS, device: str, row_bucket: int, span_bucket: int = 0, cfg_coef: float = 2.0) -> KyutaiTTSModel:
+    """On CUDA every row count's and span's steps replay as captured graphs."""
     loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
     settings = TTSSettings(temperature=0.8, cfg_coef=cfg_coef, voice_frames=VOICE_FRAMES)
     voices = VoiceFolder(
         WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
     )
-    return KyutaiTTSModel(loaded, SLOTS, settings=settings, voices=voices, row_bucket=row_bucket)
+    return KyutaiTTSModel(
+        loaded, SLOTS, settings=settings, voices=voices, row_bucket=row_bucket, span_bucket=span_bucket
+    )
 
 
 def step_both(
@@ -49,19 +53,22 @@ def step_both(
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_step_over_the_rows_in_use_says_what_a_step_over_every_row_says(tiny_tts: TinyTTS, device: str) -> None:
-    ours, every_row = model(tiny_tts, device, row_bucket=2), model(tiny_tts, device, row_bucket=0)
+    ours, every_row = model(tiny_tts, device, row_bucket=2, span_bucket=16), model(tiny_tts, device, row_bucket=0)
+    ring = every_row.spans[-1]  # the tiny checkpoint's context
     assert ours.row_counts == [2, 4, 6] and every_row.row_counts == [6]
+    assert ours.spans == [16, 32, 48, ring] and every_row.spans == [ring]
     for each in (ours, every_row):
         start(each, 0, "alice", seed=7)
-    for _ in range(ours.young_steps + 3):
+    for step in range(ours.young_steps + 3):
         step_both(ours, every_row, [0])
         assert ours.step_rows == 2 and every_row.step_rows == SLOTS
+        assert ours.step_span == (16 if step < 16 else 32) and every_row.step_span == ring
     # A new reply in slot 4: its pre-audio steps compute the rows up to it; then all speak.
     for each in (ours, every_row):
         start(each, 4, "bob", seed=11)
     for _ in range(ours.young_steps):
         step_both(ours, every_row, [0, 4], speak=False)
-        assert ours.step_rows == SLOTS
+        assert ours.step_rows == SLOTS and ours.step_span == 16  # the young row's positions
     heard = 0
     for _ in range(12):
         frame = step_both(ours, every_row, [0, 4])[4]
@@ -70,9 +77,12 @@ def test_a_step_over_the_rows_in_use_says_what_a_step_over_every_row_says(tiny_t
     # Slot 4 closes: the steps are down to the first two rows again, slot 0 unchanged by it all.
     for each in (ours, every_row):
         each.release(4)
-    for _ in range(8):
+    spans = set()
+    for _ in range(2 * ring):  # on past the ring's end: its slots wrap
         step_both(ours, every_row, [0])
         assert ours.step_rows == 2
+        spans.add(ours.step_span)
+    assert ours.steps[0] > ring and spans >= {32, 48, ring}
     # A stream opened between a step's launch and its read waited for that step.
     launched = ours.launch()
     start(ours, 5, "bob", seed=3)

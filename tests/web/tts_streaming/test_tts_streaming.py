@@ -31,8 +31,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyTTS:
 
 
 def _serving(config: ServerConfig, tiny: TinyTTS, **tts_engine: Any) -> ServerConfig:
-    # One row a bucket: a step computes slot 0 alone, or both (docs/engines.md#row-buckets).
-    tts_engine |= {"max_sessions": 2, "row_bucket": 1, "temperature": 0.0}
+    # Small buckets: a step computes slot 0 alone, or both, over 8, 16, ... ring slots
+    # (docs/engines.md#row-buckets).
+    tts_engine |= {"max_sessions": 2, "row_bucket": 1, "span_bucket": 8, "temperature": 0.0}
     tts_engine |= {"weights": str(tiny.folder), "voices": str(tiny.voices)}
     return config.model_copy(
         update={
