@@ -254,7 +254,7 @@ class TTSFrameModel:
             if speak:
                 self._full_steps[active] += 1
                 self._last_full = now
-            launched = model.launch(torch.from_numpy(active).to(model.device), speak=speak)
+            launched = model.launch(active, speak=speak)
             main_done = _finished(model.device)
         if in_young_batch:
             self._step_young_batch(young_batch, outputs, now, main_done)
@@ -284,12 +284,11 @@ class TTSFrameModel:
         assert young is not None
         mask = np.zeros(young.batch_size, bool)
         mask[self._young_row[slots]] = True
-        active = torch.from_numpy(mask).to(young.device)
         started = self._clock()
         stream = contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream)
         for _ in range(young.young_steps):
             with stream:
-                frames = young.read(young.launch(active, speak=False))  # waits for the young stream alone
+                frames = young.read(young.launch(mask, speak=False))  # waits for the young stream alone
             if self._on_step is not None:
                 self._on_step("young_batch")
             stepped = False

@@ -362,13 +362,14 @@ class KyutaiTTSModel:
 
     # -- the batched step -------------------------------------------------------------
 
-    def step(self, active: torch.Tensor | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
-        """Advance every open slot that has enough text (and is ``active``, where given) by one
-        frame. ``speak`` False: the pre-audio step, where only young rows (``young_rows``) step."""
+    def step(self, active: npt.NDArray[np.bool_] | None = None, *, speak: bool = True) -> list[TTSFrame | None]:
+        """Advance every open slot that has enough text (and is ``active``, where given: ``[B]``
+        bool) by one frame. ``speak`` False: the pre-audio step, where only young rows
+        (``young_rows``) step."""
         return self.read(self.launch(active, speak=speak))
 
     @torch.no_grad()
-    def launch(self, active: torch.Tensor | None = None, *, speak: bool = True) -> StepOutputs:
+    def launch(self, active: npt.NDArray[np.bool_] | None = None, *, speak: bool = True) -> StepOutputs:
         """``step``'s device part, queued on the current stream; ``read`` waits for it and hands
         out the frames (another model's step may run on another stream meanwhile)."""
         if speak and self.pre_audio_only:
@@ -377,13 +378,15 @@ class KyutaiTTSModel:
         if active is None:
             self.active.fill_(True)
         else:
-            self.active.copy_(active)
+            self.active.copy_(torch.from_numpy(active))
         self.flush()
         # Rows past the last that may step are left out (they would wait), and ring slots past the
         # furthest position of those that may step are not read: they hold nothing of theirs yet.
         # (A row in the view that waits, and is past the span, attends to slots of its own ring
         # in the window and makes finite outputs that are put back.)
         stepping = self._open_host if speak else self.young_rows()
+        if active is not None:
+            stepping = stepping & active
         indices = np.flatnonzero(stepping)
         last = int(indices[-1]) + 1 if indices.size else 1
         furthest = int(self.steps[indices].max()) + 1 if indices.size else 1
