@@ -70,7 +70,14 @@ import msgpack
 import numpy as np
 import pyspy
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
-from server_process import ServerProcess, full_collections, histogram_quantile, scrape, tick_parts_p99_ms
+from server_process import (
+    ServerProcess,
+    full_collections,
+    histogram_mean,
+    histogram_quantile,
+    scrape,
+    tick_parts_p99_ms,
+)
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.kyutai_tts.frame_model import STEP_KINDS
@@ -646,7 +653,8 @@ def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict
     """Where the engine's share of first audio goes: a reply's full and pre-audio steps before its
     first audio (p50, p95), the replies that found the young batch full, and the share of the
     model's steps that were full steps while a young reply waited, by reason
-    (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps)."""
+    (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps), and the slots and ring
+    slots a main-batch step computed on average (docs/engines.md#row-buckets)."""
     point = {
         f"first_{kind}_steps_p{round(q * 100)}": histogram_quantile(
             before, after, "rtserve_kyutai_tts_first_audio_steps", q, f'kind="{kind}"'
@@ -665,6 +673,9 @@ def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict
         for kind in STEP_KINDS
     }
     total = sum(steps.values()) or float("nan")
+    point |= {
+        f"step_{part}": histogram_mean(before, after, f"rtserve_kyutai_tts_step_{part}") for part in ("rows", "span")
+    }
     return point | {f"steps_{kind}_pct": 100.0 * count / total for kind, count in steps.items()}
 
 
@@ -799,6 +810,8 @@ TTS_COLUMNS = [
     ("pre %", "steps_pre_audio_pct", "{:.0f}"),
     ("full due %", "steps_full_first_audio_due_pct", "{:.0f}"),
     ("full lead %", "steps_full_lead_short_pct", "{:.0f}"),
+    ("step rows", "step_rows", "{:.0f}"),
+    ("step span", "step_span", "{:.0f}"),
     ("eng first p95", "engine_first_audio_p95_ms", "{:.0f}"),
     ("after text p50", "engine_after_text_p50_ms", "{:.0f}"),
     ("after text p95", "engine_after_text_p95_ms", "{:.0f}"),

@@ -77,7 +77,7 @@ from bench_kyutai_served import (  # benchmarks/ on sys.path
     write_tts_weights,
 )
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
-from server_process import ServerProcess, free_port, histogram_quantile, scrape, tick_parts_p99_ms
+from server_process import ServerProcess, free_port, histogram_mean, histogram_quantile, scrape, tick_parts_p99_ms
 
 Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends them
 ROOT = Path(__file__).resolve().parents[1]
@@ -388,6 +388,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     # frame) plus new replies' steps; stepped for every frame a reader takes, far more.
     calls = "rtserve_kyutai_tts_tick_seconds_count"
     point["tts_calls_per_s"] = (metrics_after.get(calls, 0.0) - metrics_before.get(calls, 0.0)) / measured_s
+    for part in ("rows", "span"):  # what a TTS step computed on average (docs/engines.md#row-buckets)
+        point[f"tts_step_{part}"] = histogram_mean(metrics_before, metrics_after, f"rtserve_kyutai_tts_step_{part}")
     for q in (0.5, 0.95):  # the TTS engine's own share of the reply's first audio
         seconds = histogram_quantile(
             metrics_before, metrics_after, "rtserve_kyutai_tts_first_audio_after_text_seconds", q
@@ -418,6 +420,8 @@ COLUMNS = [
     ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
     ("TTS tick p99", "tts_tick_p99_ms", "{:.1f}"),
     ("TTS calls/s", "tts_calls_per_s", "{:.1f}"),
+    ("TTS step rows", "tts_step_rows", "{:.0f}"),
+    ("span", "tts_step_span", "{:.0f}"),
     ("TTS after text p50", "tts_after_text_p50_ms", "{:.0f}"),
     ("p95", "tts_after_text_p95_ms", "{:.0f}"),
     ("client %", "busiest_client_pct", "{:.0f}"),

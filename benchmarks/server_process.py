@@ -246,6 +246,13 @@ def histogram_quantile(
     return buckets[-1][0]
 
 
+def histogram_mean(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    """Mean of the observations made between two scrapes (NaN with none)."""
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+    return total / count if count else float("nan")
+
+
 def tick_parts_p99_ms(before: dict[str, float], after: dict[str, float], family: str) -> dict[str, float]:
     """p99 of a lockstep engine's tick parts around the step (``{family}tick_phase_seconds``, e.g.
     ``rtserve_kyutai_stt_``) between two scrapes: ``control_p99_ms``, ``gather_p99_ms``, ``scatter_p99_ms``."""

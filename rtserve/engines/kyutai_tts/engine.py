@@ -51,6 +51,8 @@ FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
 FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 AFTER_TEXT_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
+STEP_ROWS_BUCKETS = (8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 384, 512, 1024)
+STEP_SPAN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048)
 FIRST_AUDIO_STEP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32)
 _ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
@@ -96,6 +98,21 @@ class KyutaiTTSEngine:
             "young rows waited: full_no_catch_up (catching up off), full_first_audio_due (a reply about to "
             "make its first audio), full_lead_short (an older reply under tts_engine.catch_up_lead_ms ahead)",
             ["kind"],
+            registry=families,
+        )
+        # What a main-batch step computed (docs/engines.md#row-buckets).
+        self._step_rows = Histogram(
+            "rtserve_kyutai_tts_step_rows",
+            "Slots a main-batch model step computed: those up to the last one that steps, rounded up to "
+            "tts_engine.row_bucket",
+            buckets=STEP_ROWS_BUCKETS,
+            registry=families,
+        )
+        self._step_span = Histogram(
+            "rtserve_kyutai_tts_step_span",
+            "Ring slots a main-batch model step's attention read: up to the furthest position that steps, rounded "
+            "up to tts_engine.span_bucket",
+            buckets=STEP_SPAN_BUCKETS,
             registry=families,
         )
         self._young_batch_full = Counter(
@@ -157,7 +174,7 @@ class KyutaiTTSEngine:
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             young_burst_s=settings.young_burst_ms / 1e3,
             clock=clock.monotonic,
-            on_step=lambda kind: self._steps.labels(kind).inc(),
+            on_step=self._stepped,
             on_first_audio_after_text=self._after_text.observe,
             on_young_batch_full=self._young_batch_full.inc,
         )
@@ -218,6 +235,13 @@ class KyutaiTTSEngine:
             row_bucket=self._config.tts_engine.row_bucket,
             span_bucket=self._config.tts_engine.span_bucket,
         )
+
+    def _stepped(self, kind: str) -> None:
+        """A model step was launched (``TTSFrameModel``'s ``on_step``)."""
+        self._steps.labels(kind).inc()
+        if kind != "young_batch" and self._model is not None:
+            self._step_rows.observe(self._model.step_rows)
+            self._step_span.observe(self._model.step_span)
 
     async def stop(self) -> None:
         if self._scheduler is not None:

@@ -104,7 +104,7 @@ class TTSFrameModel:
         (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
         weights); ``young_burst_s``: how long its steps may go on back to back in a call (beside
         a main step, until that ends if sooner; 0: one step). ``clock``: the scheduler's seconds.
-        ``on_step``: told each step's kind (``STEP_KINDS``), for the engine's metrics.
+        ``on_step``: told each step's kind (``STEP_KINDS``) once it is launched, for the engine's metrics.
         ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
         text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
         reply finds every row of the young batch taken and starts in the main batch."""
@@ -248,13 +248,13 @@ class TTSFrameModel:
             self._young_stream.wait_stream(torch.cuda.current_stream(model.device))
         launched, main_done = None, None
         if active.any():
-            if self._on_step is not None:
-                self._on_step(kind)
             speak = kind != "pre_audio"
             if speak:
                 self._full_steps[active] += 1
                 self._last_full = now
             launched = model.launch(active, speak=speak)
+            if self._on_step is not None:
+                self._on_step(kind)
             main_done = _finished(model.device)
         if in_young_batch:
             self._step_young_batch(young_batch, outputs, now, main_done)

@@ -245,7 +245,8 @@ async def test_without_a_tts_engine_the_route_says_so(config: ServerConfig) -> N
 
 async def test_each_streams_first_audio_is_timed_on_metrics(url: str) -> None:
     """``rtserve_kyutai_tts_first_audio_seconds``: the engine's share of a reply's first audio; its
-    steps by kind (``_first_audio_steps``) and the model's steps by kind (``_model_steps``)."""
+    steps by kind (``_first_audio_steps``), the model's steps by kind (``_model_steps``) and the
+    slots each computed (``_step_rows``: one reply at a time, each on slot 0, so one)."""
     await _speak(url, ["the quick brown fox"])
     await _speak(url, ["jumps over the lazy dog"])
     metrics_url = url.replace("ws://", "http://").replace("/api/tts_streaming", "/metrics")
@@ -254,7 +255,9 @@ async def test_each_streams_first_audio_is_timed_on_metrics(url: str) -> None:
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1])
         for line in text.splitlines()
-        if line.startswith(("rtserve_kyutai_tts_first_audio_", "rtserve_kyutai_tts_model_steps_total"))
+        if line.startswith(
+            tuple(f"rtserve_kyutai_tts_{name}" for name in ("first_audio_", "model_steps_total", "step_"))
+        )
     }
     assert samples["rtserve_kyutai_tts_first_audio_seconds_count"] == 2
     assert 0 < samples["rtserve_kyutai_tts_first_audio_seconds_sum"] < 60
@@ -265,3 +268,5 @@ async def test_each_streams_first_audio_is_timed_on_metrics(url: str) -> None:
     assert full + pre >= 2 * 5  # each reply stepped through the tiny model's audio delay (5 frames) first
     steps = sum(value for name, value in samples.items() if name.startswith("rtserve_kyutai_tts_model_steps_total"))
     assert steps >= (full + pre) / 2  # a step may serve both replies at once
+    assert samples["rtserve_kyutai_tts_step_rows_count"] == steps == samples["rtserve_kyutai_tts_step_rows_sum"]
+    assert samples["rtserve_kyutai_tts_step_span_count"] == steps
