@@ -24,6 +24,9 @@ and ``--sides ours-buckets`` times our step computing only the slots in use, rou
 
     python benchmarks/bench_kyutai_tts.py --batches 256 --open 96 --sides ours,ours-buckets
 
+``--sides ours-codec-bf16`` times our step with Mimi's decoder in bf16
+(docs/engines.md#mimi-decoder-in-bf16).
+
 Shape: kyutai/tts-1.6b-en_fr's ``config.json`` as ``TTS_1_6B`` transcribes it, random bf16
 weights; Mimi fp32, 32 codebooks. ``tiny`` (CPU) keeps the script testable.
 
@@ -42,6 +45,7 @@ import gc
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +199,7 @@ def run_ours(
     young_batch: bool = False,
     row_bucket: int = 0,
     span_bucket: int = 0,
+    codec_dtype: torch.dtype = torch.float32,
 ) -> dict[str, float]:
     """``speak`` False: the pre-audio step of rows inside their audio delay, which lasts
     ``young_steps`` frames: 3 warm-up steps and at most the rest timed. ``young_batch``: that
@@ -202,6 +207,9 @@ def run_ours(
     slots are open (all where None)."""
     device = loaded.lm.text_linear.weight.device
     settings = TTSSettings(temperature=TEMPERATURE, cfg_coef=CFG, voice_frames=VOICE_FRAMES)
+    if codec_dtype != torch.float32:  # a copy of the codec: the other sides keep theirs in fp32
+        loaded = replace(loaded, mimi=copy.deepcopy(loaded.mimi))
+        loaded.mimi.decoder_to(codec_dtype)
     if young_batch:
         model = KyutaiTTSModel(loaded.sharing_weights(), batch, settings=settings, pre_audio_only=True)
     else:
@@ -279,7 +287,8 @@ def main() -> None:
         "--sides",
         default="ours,reference",
         help="ours, ours-pre-audio (a reply's step before its audio), ours-young-batch (that step in a young "
-        "batch of B rows), ours-buckets (ours computing the slots in use only), reference",
+        "batch of B rows), ours-buckets (ours computing the slots in use only), ours-codec-bf16 (Mimi's decoder "
+        "in bf16), reference",
     )
     parser.add_argument("--open", type=int, help="slots open of each batch (default: all)")
     parser.add_argument("--row-bucket", type=int, default=32, help="ours-buckets: rows a step computes, rounded up")
@@ -323,6 +332,7 @@ def main() -> None:
                             young_batch=young,
                             row_bucket=args.row_bucket if bucketed else 0,
                             span_bucket=args.span_bucket if bucketed else 0,
+                            codec_dtype=torch.bfloat16 if side == "ours-codec-bf16" else torch.float32,
                         )
                 except torch.OutOfMemoryError:
                     row[side] = {"skipped": "oom"}

@@ -537,7 +537,13 @@ class TtsEngineConfig(_Section):
     padding_between: int = Field(1, ge=0, description="pads forced after each word (clearer articulation)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="LM weights and activations; conditioners and Mimi run in float32"
+        "float32", description="LM weights and activations; conditioners and Mimi run in float32 (Mimi: codec_dtype)"
+    )
+    codec_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Mimi's decoder (upsampler, transformer, SEANet); the codebook lookup stays float32 and the "
+        "audio comes out float32. The tokens are the same (the decoder feeds nothing back); bfloat16: the audio "
+        "within 30 dB SNR of float32's (docs/engines.md#mimi-decoder-in-bf16)",
     )
     run_ahead: bool = Field(
         True,

@@ -203,6 +203,7 @@ class KyutaiTTSEngine:
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine
         tts = TTSSettings(temperature=settings.temperature, cfg_coef=settings.cfg_coef)
+        loaded.mimi.decoder_to(DTYPES[settings.codec_dtype])
         model = KyutaiTTSModel(
             loaded,
             settings.max_sessions,

@@ -349,6 +349,13 @@ class Mimi(nn.Module):
         for part in (self.encoder, self.encoder_transformer, self.downsample):
             part.to(dtype)
 
+    def decoder_to(self, dtype: torch.dtype) -> None:
+        """Run the decoder (the upsampler, its transformer, SEANet) in ``dtype``; the quantizer's
+        codebook lookup stays as it is, and the audio comes out in fp32
+        (docs/engines.md#mimi-decoder-in-bf16). Call before ``start``."""
+        for part in (self.upsample, self.decoder_transformer, self.decoder):
+            part.to(dtype)
+
     def reset_encoder_rows(self, mask: torch.Tensor) -> None:
         for module in self._encode_side:
             module.reset_rows(mask)
@@ -397,7 +404,7 @@ class Mimi(nn.Module):
         return step_holding(hold, self._carry(self._decode_side), lambda: self._decode(codes))
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        x = self.upsample(self.quantizer.decode(codes[:, :, None]))
+        x = self.upsample(self.quantizer.decode(codes[:, :, None]).to(self.upsample.weight.dtype))
         x = self.decoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         audio: torch.Tensor = self.decoder(x)[:, 0, :]
-        return audio
+        return audio.float()
