@@ -383,7 +383,18 @@ class MoshiEngineConfig(KvCacheSection):
     batch_size: int = Field(4, ge=1, description="slots stepped together (concurrent conversations)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="LM weights and activations; Mimi always runs in float32"
+        "float32", description="LM weights and activations (Mimi: encoder_dtype, decoder_dtype)"
+    )
+    encoder_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Mimi's encoder (the user's audio to codes; its quantizer stays float32). bfloat16 changes "
+        "what the model hears: on the tests' tiny checkpoint the conversation takes other words "
+        "(docs/engines.md#mimi-in-bf16-for-moshi)",
+    )
+    decoder_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Mimi's decoder (the agent's codes to audio). bfloat16: the same tokens (the decoder feeds "
+        "nothing back), the agent's audio within 30 dB SNR of float32's (docs/engines.md#mimi-in-bf16-for-moshi)",
     )
     use_sampling: bool = Field(True, description="false: greedy decoding (what the parity tests pin)")
     temperature: float = Field(0.8, ge=0, description="audio token temperature")

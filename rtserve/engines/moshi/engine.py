@@ -81,6 +81,8 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
         temperature_text=settings.temperature_text,
         top_k_text=settings.top_k_text,
     )
+    loaded.mimi.encoder_to(DTYPES[settings.encoder_dtype])
+    loaded.mimi.decoder_to(DTYPES[settings.decoder_dtype])
     voice_dir = settings.voice_dir or config.models.voice_prompt_dir or loaded.voices
     paged_kv = paged_kv_spec(settings, settings.batch_size, loaded.lm_config.context)
     dtype = DTYPES[settings.dtype]
