@@ -163,13 +163,15 @@ def run_ours(
     """``side``: ours (graphed, context-sized attention), ours-fullring (graphed, always the whole
     ring, like the reference), ours-eager (no graphs), ours-paged8 (graphed, paged int8 KV),
     ours-paged4 (the same in 4 bits), ours-paged8-unfused (paged int8 with the elementwise glue
-    left to eager kernels, ``fused``) or ours-paged8-codec-bf16 (paged int8 with a copy of Mimi
-    whose encoder and decoder run in bf16: docs/engines.md#mimi-in-bf16-for-moshi)."""
+    left to eager kernels, ``fused``), ours-paged8-decoder-bf16 or ours-paged8-codec-bf16 (paged
+    int8 with a copy of Mimi whose decoder, or encoder and decoder, run in bf16:
+    docs/engines.md#mimi-in-bf16-for-moshi)."""
     result: dict[str, Any] = {}
-    if side.endswith("-codec-bf16"):
+    if side.endswith(("-decoder-bf16", "-codec-bf16")):
         mimi = copy.deepcopy(mimi)
-        mimi.encoder_to(torch.bfloat16)
         mimi.decoder_to(torch.bfloat16)
+        if side.endswith("-codec-bf16"):
+            mimi.encoder_to(torch.bfloat16)
     paged = side.startswith("ours-paged")
     spec = paged_spec(lm, batch, device, 4 if side.startswith("ours-paged4") else 8) if paged else None
     with (
@@ -374,8 +376,8 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="ours-paged8,ours,reference",
-        help="ours-paged8, ours-paged4, ours-paged8-unfused, ours-paged8-codec-bf16, ours, ours-fullring, ours-eager, "
-        "reference,"
+        help="ours-paged8, ours-paged4, ours-paged8-unfused, ours-paged8-decoder-bf16, ours-paged8-codec-bf16, ours, "
+        "ours-fullring, ours-eager, reference,"
         " reference-nocompile",
     )
     parser.add_argument("--agreement-frames", type=int, default=200, help="paged KV vs bf16 greedy frames (0: skip)")
