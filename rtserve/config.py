@@ -778,6 +778,12 @@ class TTSServerConfig(_Section):
     max_queued_messages: int = Field(
         1024, ge=1, description="text messages of a reply waiting to be sent; beyond -> input_backpressure"
     )
+    startup_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="at startup the voice agent waits this long for the server to serve a stream (it may be "
+        "loading its model); not by then, or refused (a wrong key or path): the engine fails (/health 503)",
+    )
 
 
 class CascadeLimits(_Section):

@@ -132,6 +132,8 @@ class CascadeEngine:
     async def start(self) -> None:
         stt = [self.stt.start()] if self.stt is not None else []
         tts = [self.tts.start()] if self._piper else []
+        if self._tts_server is not None:  # serving before the first reply needs it (it may be loading)
+            tts.append(self._tts_server.wait_served())
         await asyncio.gather(self.vad.start(), self.asr.start(), self.llm.start(), *tts, *stt)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
@@ -38,6 +39,15 @@ SAMPLE_RATE = 24_000  # the protocol's PCM rate
 # refusal, or a moshi-server's (which sends no code), is an engine error.
 _KNOWN_CODES = frozenset({VOICE_NOT_FOUND, INPUT_BACKPRESSURE, ENGINE_UNAVAILABLE})
 _EOS = {"type": "Eos"}
+STARTUP_POLL_S = 1.0  # how often the startup wait asks a server that is not serving yet
+
+
+class TTSServerRefused(EngineError):
+    """The server answered and said no to the connection itself (a wrong key or path): asking
+    again will not help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=ENGINE_UNAVAILABLE)
 
 
 class TTSServerStreams:
@@ -48,6 +58,36 @@ class TTSServerStreams:
     def __init__(self, config: TTSServerConfig) -> None:
         self._config = config
         self._http: aiohttp.ClientSession | None = None  # made on the loop that first opens a stream
+
+    async def wait_served(self) -> None:
+        """Until the server serves (a stream is opened and closed at once), at most
+        ``startup_timeout_s``: a server still starting refuses connections, and an rtserve answers
+        ``engine_unavailable`` while its engine loads. A full server serves, and so does one that
+        answers this stream (which names no voice) with another refusal of its protocol. Raises
+        the refusal of a server that says no to the connection itself, and ``EngineError`` once
+        the time is up."""
+        config = self._config
+        deadline = time.monotonic() + config.startup_timeout_s
+        while True:
+            try:
+                await (await self.open_stream("startup", None)).close()
+                return
+            except CapacityExhausted:
+                return
+            except TTSServerRefused:
+                raise
+            except EngineError as exc:
+                if exc.code != ENGINE_UNAVAILABLE:  # e.g. no default voice: its engine answered
+                    return
+                problem = exc.message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(
+                    f"the TTS server at {config.url} did not serve within "
+                    f"cascade.tts_server.startup_timeout_s={config.startup_timeout_s:g} ({problem})",
+                    code=ENGINE_UNAVAILABLE,
+                )
+            await asyncio.sleep(min(STARTUP_POLL_S, left))
 
     async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSServerStream:
         """Connected and ``Ready``; ``CapacityExhausted`` when the server has no free channel,
@@ -76,9 +116,8 @@ class TTSServerStreams:
                 timeout=aiohttp.ClientWSTimeout(ws_close=self._config.connect_timeout_s),
             )
         except aiohttp.WSServerHandshakeError as exc:  # answered, but not upgraded: a wrong key, a wrong path
-            raise EngineError(
-                f"the TTS server at {self._config.url} refused the connection (HTTP {exc.status})",
-                code=ENGINE_UNAVAILABLE,
+            raise TTSServerRefused(
+                f"the TTS server at {self._config.url} refused the connection (HTTP {exc.status})"
             ) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise EngineError(
@@ -88,9 +127,8 @@ class TTSServerStreams:
         try:
             first = await _receive(ws, self._config.connect_timeout_s)
             if first is None:  # an rtserve refuses a wrong key so, after the upgrade
-                raise EngineError(
-                    f"the TTS server closed the connection before Ready (close code {ws.close_code})",
-                    code=ENGINE_UNAVAILABLE,
+                raise TTSServerRefused(
+                    f"the TTS server closed the connection before Ready (close code {ws.close_code})"
                 )
             if first.get("type") != "Ready":
                 raise _refusal(first)

@@ -18,7 +18,7 @@ from aiohttp import web
 from rtserve.app import build_app
 from rtserve.config import ServerConfig, TTSServerConfig
 from rtserve.engines.cascade.streamed_speech import speak_streamed
-from rtserve.engines.cascade.tts_server import TTSServerStream, TTSServerStreams
+from rtserve.engines.cascade.tts_server import TTSServerRefused, TTSServerStream, TTSServerStreams
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.values import TokenDelta
 from rtserve.errors import ENGINE_ERROR, ENGINE_UNAVAILABLE, VOICE_NOT_FOUND
@@ -136,6 +136,36 @@ async def test_an_unreachable_server_fails_the_reply_typed() -> None:
         assert unreachable.value.code == ENGINE_UNAVAILABLE and "cannot be reached" in unreachable.value.message
     finally:
         await streams.close()
+
+
+async def test_the_startup_wait_ends_once_the_server_serves_and_gives_up_typed(url: str) -> None:
+    """The voice agent waits at startup for its TTS server (``wait_served``): until the server's
+    engine has loaded (it answers engine_unavailable meanwhile), then a reply opens at once; a
+    server that refuses the connection fails the wait at once, and one nothing answers for fails
+    it once ``startup_timeout_s`` is up."""
+    streams = TTSServerStreams(TTSServerConfig(url=url, api_key=KEY))
+    try:
+        await streams.wait_served()
+        await (await streams.open_stream("s", "alice")).close()
+    finally:
+        await streams.close()
+    wrong_key = TTSServerStreams(TTSServerConfig(url=url, api_key="wrong", startup_timeout_s=600))
+    try:
+        with pytest.raises(TTSServerRefused):
+            await asyncio.wait_for(wrong_key.wait_served(), 60)
+    finally:
+        await wrong_key.close()
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nobody = TTSServerStreams(TTSServerConfig(url=f"ws://127.0.0.1:{port}/api/tts_streaming", startup_timeout_s=1.5))
+    try:
+        with pytest.raises(EngineError) as late:
+            await nobody.wait_served()
+        assert late.value.code == ENGINE_UNAVAILABLE and "startup_timeout_s=1.5" in late.value.message
+        assert "cannot be reached" in late.value.message
+    finally:
+        await nobody.close()
 
 
 @contextlib.asynccontextmanager

@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.engine import CascadeEngine
-from tests.engines.cascade.test_cascade_tts_server import until_served
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 from tests.support import serve_app
 from tests.web.realtime.test_realtime_cascade import LOAD_TIMEOUT_S, STORY_REQUEST, STORYTELLER
@@ -42,8 +41,8 @@ async def test_the_reply_is_spoken_by_the_tts_server_and_cancel_frees_its_channe
         }
     )
     async with serve_app(build_app(tts_server)) as tts_base:
+        # Its engine loads in the background: the voice agent is ready only once it serves.
         tts_url = tts_base.replace("http://", "ws://") + "/api/tts_streaming"
-        await until_served(tts_url)
         config.engine = "cascade"
         config.enable_sleep_mode = True
         config.cascade = config.cascade.model_copy(
