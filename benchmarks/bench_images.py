@@ -37,8 +37,8 @@ import torch
 
 from rtserve.config import ServerConfig
 from rtserve.engines.diffusion.image_engine import ImageEngine
-from rtserve.engines.diffusion.loading import DTYPES
 from rtserve.engines.diffusion.service import ImageRequest
+from rtserve.engines.torch_dtypes import DTYPES
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_images.json"
 

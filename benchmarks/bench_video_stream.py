@@ -42,9 +42,9 @@ import websockets
 
 from rtserve.app import build_app
 from rtserve.config import load_config
-from rtserve.engines.diffusion.loading import DTYPES
 from rtserve.engines.diffusion.video_engine import VideoEngine
 from rtserve.engines.diffusion.video_request import VideoRequest
+from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.errors import MODEL_NOT_READY
 from tests.engines.diffusion.tiny_video_pipeline import tiny_wan_pipeline, write_tiny_wan
 from tests.support import serve_app

@@ -17,10 +17,9 @@ import torch
 from diffusers import DiffusionPipeline
 
 from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
+from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.weights import WeightsError, hub
 from rtserve.weights.source import HubRepo, open_source
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(spec: str, field: str) -> torch.device:

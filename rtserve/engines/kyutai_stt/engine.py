@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
@@ -34,6 +33,7 @@ from rtserve.engines.moshi.kv_budget import ensure_kv_fits, free_bytes
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt
 from rtserve.errors import ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
@@ -41,7 +41,6 @@ from rtserve.weights.source import open_source
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "stt_engine.weights"
 METRICS_PREFIX = "rtserve_kyutai_stt_"
 

@@ -38,6 +38,7 @@ from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt, SpeechStep
 from rtserve.engines.voice_names import OPENAI_VOICES
 from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
@@ -46,7 +47,6 @@ from rtserve.weights.source import open_source
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "tts_engine.weights"
 VOICES_FIELD = "tts_engine.voices"
 FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)

@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
@@ -29,12 +28,12 @@ from rtserve.engines.moshi.sampling import MoshiSampling
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.protocols import TurnEngines
 from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SessionOptions
 from rtserve.errors import ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import WeightSource, open_source
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FIELD = "moshi_engine.weights"
 T = TypeVar("T")
 
