@@ -125,11 +125,16 @@ async def test_refusals_are_typed_and_closing_frees_the_channel(url: str) -> Non
         await wrong_key.close()
 
 
-async def test_an_unreachable_server_fails_the_reply_typed() -> None:
-    with socket.socket() as sock:  # a port nothing listens on
+def _unanswered_url() -> str:
+    """The endpoint URL of a port nothing listens on."""
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    streams = TTSServerStreams(TTSServerConfig(url=f"ws://127.0.0.1:{port}/api/tts_streaming", connect_timeout_s=2))
+    return f"ws://127.0.0.1:{port}/api/tts_streaming"
+
+
+async def test_an_unreachable_server_fails_the_reply_typed() -> None:
+    streams = TTSServerStreams(TTSServerConfig(url=_unanswered_url(), connect_timeout_s=2))
     try:
         with pytest.raises(EngineError) as unreachable:
             await streams.open_stream("s", None)
@@ -155,10 +160,7 @@ async def test_the_startup_wait_ends_once_the_server_serves_and_gives_up_typed(u
             await asyncio.wait_for(wrong_key.wait_served(), 60)
     finally:
         await wrong_key.close()
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    nobody = TTSServerStreams(TTSServerConfig(url=f"ws://127.0.0.1:{port}/api/tts_streaming", startup_timeout_s=1.5))
+    nobody = TTSServerStreams(TTSServerConfig(url=_unanswered_url(), startup_timeout_s=1.5))
     try:
         with pytest.raises(EngineError) as late:
             await nobody.wait_served()
