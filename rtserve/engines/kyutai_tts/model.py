@@ -49,7 +49,7 @@ from rtserve.engines.kyutai_tts.machine import MachineSettings, TextMachine, Tok
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
 from rtserve.engines.moshi.cuda_graph import capture_graphs
 from rtserve.engines.moshi.lm import UNGENERATED_TOKEN, ZERO_TOKEN
-from rtserve.engines.moshi.row_views import first_rows
+from rtserve.engines.moshi.row_views import buckets, first_rows
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
 
@@ -85,12 +85,6 @@ class TTSFrame:
     words_started: int  # 1 when a word was popped this step (its timestamps are known one word later)
     done: bool  # the text ran out and the final padding was spoken: the utterance is over
     overflow: bool  # the lookahead queue overflowed: the slot must be closed
-
-
-def buckets(total: int, bucket: int) -> list[int]:
-    """What a step may compute of ``total`` (rows, or ring slots attention reads): multiples of
-    ``bucket`` below it, then all of it."""
-    return [*range(bucket, total, bucket), total] if bucket > 0 else [total]
 
 
 class KyutaiTTSModel:

@@ -25,7 +25,6 @@ the temporal step and its extra heads (``FrameTensors.scores``), and ``audio`` i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +36,7 @@ from rtserve.engines.moshi.generator import StepOverrides, TokenStream
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.mimi import Mimi
 from rtserve.engines.moshi.paged_kv import BlockAllocator, PagedKVCache, qmax
+from rtserve.engines.moshi.row_views import buckets
 from rtserve.engines.moshi.sampling import SlotSampler
 
 # Temporal attention spans are multiples of this many frames (each one graph).
@@ -85,7 +85,7 @@ class FrameStep:
         self.hold = torch.zeros(batch, dtype=torch.bool, device=device)  # rows a holding step leaves as they were
         self._holds = holds
         capacity = lm.transformer.capacity
-        self.spans = sorted({min(capacity, k * span_bucket) for k in range(1, math.ceil(capacity / span_bucket) + 1)})
+        self.spans = buckets(capacity, span_bucket)
         # Host mirror of every row's temporal position (lm.transformer.offset); writable by
         # whoever sets the device positions directly (the benchmarks' cache prefill).
         self.positions = np.zeros(batch, np.int64)

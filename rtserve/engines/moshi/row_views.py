@@ -24,6 +24,12 @@ class RowState(Protocol):
         """This copy's streaming state becomes the first ``rows`` rows of what it shares."""
 
 
+def buckets(total: int, bucket: int) -> list[int]:
+    """What a step may compute of ``total`` (rows, or ring slots attention reads), each size one
+    graph: the multiples of ``bucket`` below it, then all of it (0: all of it only)."""
+    return [*range(bucket, total, bucket), total] if bucket > 0 else [total]
+
+
 def sharing_weights(module: _M) -> _M:
     """A copy of ``module`` that shares its parameters and buffers (no new memory) and holds its
     own streaming state from its next ``start``: a second batch of rows on the same weights."""

@@ -75,9 +75,6 @@ class EngineServer:
         # The handler is our own task, known from the moment the connection is accepted: close()
         # waits for every one. (Handed a coroutine instead, asyncio 3.11's stream server runs it in
         # a task of its own and logs that task's cancellation at loop end as an error.)
-        if self._closing:
-            writer.close()
-            return
         handler = asyncio.get_running_loop().create_task(self.serve_connection(reader, writer))
         self._handlers.add(handler)
         handler.add_done_callback(self._handlers.discard)
