@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from bench_lockstep import WARMUP_TICKS, run_config
 
-from rtserve.engines.tiny_torch import TinyRecurrentFrameModel, resolve_device
+from rtserve.engines.tiny_torch import TinyRecurrentFrameModel
+from rtserve.engines.torch_device import resolve_device
 
 RESULTS = Path(__file__).parent / "results" / "bench_lockstep_gpu.json"
 COLUMNS = (
@@ -86,7 +87,7 @@ async def main() -> None:
     parser.add_argument("--slots", default="1,16,64,256", help="comma-separated slot counts")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args()
-    devices = [resolve_device(name) for name in args.device.split(",")]
+    devices = [resolve_device(name, "--device") for name in args.device.split(",")]
     env = environment(devices)
     rows: list[dict[str, Any]] = []
     for slots in (int(n) for n in args.slots.split(",")):

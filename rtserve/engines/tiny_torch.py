@@ -26,39 +26,15 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 from rtserve.codecs.pcm import FloatArray
-from rtserve.config import ConfigError, ServerConfig
+from rtserve.config import ServerConfig
 from rtserve.engines.lockstep.session import LockstepSessionEngine
 from rtserve.engines.reference import FRAME_SIZE, SAMPLE_RATE
+from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.values import FrameOutput, SlotPrompt
 
 PROMPT_BYTES_PER_STEP = 16
 TEXT_VOCAB = " abcdefghijklmnopqrstuvwxyz"  # head index 0 means "no text this frame"
 OUTPUT_GAIN = 0.5
-
-
-def resolve_device(spec: str | torch.device) -> torch.device:
-    """The torch device ``lockstep.device`` names, pinned to an index; ``ConfigError`` when unusable here."""
-    field = "invalid config field 'lockstep.device'"
-    try:
-        device = torch.device(spec)
-    except RuntimeError:
-        raise ConfigError(f"{field}: {str(spec)!r} is not a torch device name") from None
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
-        raise ConfigError(f"{field}: {str(spec)!r} is not supported (use 'cpu', 'cuda' or 'cuda:N')")
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"{field}: {str(spec)!r} was requested but torch.cuda.is_available() is False "
-            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); "
-            f"set it to 'cpu' or run where a CUDA GPU and a CUDA build of torch are present"
-        )
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"{field}: {str(spec)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) are visible"
-        )
-    return torch.device("cuda", index)
 
 
 class _InPlaceTransfer:
@@ -115,7 +91,7 @@ class TinyRecurrentFrameModel:
     ) -> None:
         if frame_size % sub_frames:
             raise ValueError("frame_size must be a multiple of sub_frames")
-        self.device = resolve_device(device)
+        self.device = resolve_device(device, "lockstep.device")
         self.batch_size = batch_size
         self.frame_size = frame_size
         self.sample_rate = sample_rate

@@ -13,23 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from diffusers import DiffusionPipeline
 
 from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
+from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.weights import WeightsError, hub
 from rtserve.weights.source import HubRepo, open_source
-
-
-def resolve_device(spec: str, field: str) -> torch.device:
-    """``auto``: CUDA when this torch sees a GPU, else the CPU; otherwise the device named."""
-    if spec == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(spec)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"invalid config field {field!r}: {spec!r} was requested but torch sees no CUDA GPU")
-    return device
 
 
 def pipeline_folder(weights: str, field: str, config: ServerConfig) -> Path:

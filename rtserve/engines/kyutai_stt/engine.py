@@ -32,7 +32,7 @@ from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.kv_budget import ensure_kv_fits, free_bytes
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
-from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt
 from rtserve.errors import ENGINE_UNAVAILABLE
@@ -114,7 +114,7 @@ class KyutaiSttEngine:
         if not settings.weights:
             raise CheckpointError("not set")
         source = open_source(settings.weights, FIELD, progress_interval_s=self._config.weights.progress_interval_s)
-        device = resolve_device(settings.device)
+        device = resolve_device(settings.device, "stt_engine.device")
         return load_stt(source, self._config.weights, device=device, dtype=DTYPES[settings.dtype])
 
     async def stop(self) -> None:

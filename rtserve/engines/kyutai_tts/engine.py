@@ -37,7 +37,7 @@ from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
-from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt, SpeechStep
 from rtserve.engines.voice_names import OPENAI_VOICES
@@ -198,7 +198,8 @@ class KyutaiTTSEngine:
             raise CheckpointError("not set")
         source = open_source(settings.weights, FIELD, progress_interval_s=self._config.weights.progress_interval_s)
         files = resolve(source, self._config.weights)
-        return load_files(files, device=resolve_device(settings.device), dtype=DTYPES[settings.dtype])
+        device = resolve_device(settings.device, "tts_engine.device")
+        return load_files(files, device=device, dtype=DTYPES[settings.dtype])
 
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine

@@ -27,7 +27,7 @@ from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.moshi.sampling import MoshiSampling
 from rtserve.engines.moshi.weights import resolve
 from rtserve.engines.protocols import TurnEngines
-from rtserve.engines.tiny_torch import resolve_device
+from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SessionOptions
 from rtserve.errors import ENGINE_UNAVAILABLE
@@ -62,7 +62,7 @@ def build_frame_model(config: ServerConfig) -> MoshiFrameModel:
     """Resolve (maybe download) and load the weights; blocking."""
     settings = config.moshi_engine
     source = weight_source(config)
-    device = resolve_device(settings.device)
+    device = resolve_device(settings.device, "moshi_engine.device")
     fused.set_enabled(settings.fuse_glue)
     try:
         files = None if source is None else resolve(source, config.weights, with_weights=not settings.random_weights)
