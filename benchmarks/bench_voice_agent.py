@@ -293,7 +293,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     llm = start_llm(args, llm_port)
     tts = None
     if args.tts_server_workers:
-        env = {**tts_env(args, clients), **torch_threads(args)}
+        tts_settings = dict(setting.split("=", 1) for setting in args.tts_set)
+        env = {**tts_env(args, clients), **torch_threads(args), **tts_settings}
         tts = ServerProcess(env, name="bench_voice_agent_tts", workers=args.tts_server_workers)
     tts_url = None if tts is None else tts.base.replace("http", "ws") + "/api/tts_streaming"
     server = ServerProcess(
@@ -356,6 +357,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "clients": clients,
         "workers": args.workers,
         "tts_server_workers": args.tts_server_workers,
+        "tts_set": args.tts_set,
         "turns": len(turns),
         "answered": len(answered),
         "first_audio_p50_ms": _pct(first, 50),
@@ -516,6 +518,9 @@ def main() -> None:
         help="a host without the embedded CPU models: voice_agent_kit.py's folder (its models, question)",
     )
     parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
+    parser.add_argument(
+        "--tts-set", nargs="*", default=[], help="more settings of the TTS server (--tts-server-workers), RTSERVE_X=V"
+    )
     parser.add_argument(
         "--profile-engine",
         type=Path,
