@@ -844,7 +844,7 @@ class CascadeLimits(_Section):
     )
     sessions_in_workers: bool = Field(
         True,
-        description="with asr stt_engine and tts tts_engine under --workers > 1: each front-end worker "
+        description="with asr stt_engine and tts tts_engine or tts_server under --workers > 1: each front-end worker "
         "hosts its own realtime sessions (a Silero VAD per worker; the STT, LLM and TTS stay in the "
         "engine process, reached over the engine link); false: every session lives in the engine "
         "process (docs/engines.md#cascade-sessions-in-workers)",
