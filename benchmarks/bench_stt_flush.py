@@ -8,7 +8,9 @@ absolute schedule, as a microphone does, and every ``--turn-s`` places a marker 
 what it sent, as a manual commit does; turns alternate between flushing (the model's delay
 stepped at once on inserted silence, in drain steps) and waiting the delay out in real time.
 Prints p50 / p95 per kind beside the model's delay; JSON to
-``benchmarks/results/bench_stt_flush.json``.
+``benchmarks/results/bench_stt_flush.json``. ``--flush-rows 0 16``: one engine after the other in
+this process, drain steps in the whole batch (0) and in a flush batch of 16 rows
+(``stt_engine.flush_rows``).
 
     .venv/bin/python benchmarks/bench_stt_flush.py --streams 4 --duration 20
 """
@@ -67,7 +69,7 @@ async def _client(stream: SttStream, index: int, args: argparse.Namespace, waits
     await asyncio.gather(reader, return_exceptions=True)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, flush_rows: int) -> dict[str, Any]:
     folder = args.weights_dir / f"stt-{args.shape}"
     if not (folder / "config.json").exists():
         write_stt_weights(folder, args.shape)
@@ -75,7 +77,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if args.shape != "tiny" else "cpu"
     dtype = "bfloat16" if args.shape != "tiny" else "float32"
     config.stt_engine = config.stt_engine.model_copy(
-        update={"weights": str(folder), "batch_size": args.streams, "device": device, "dtype": dtype}
+        update={
+            "weights": str(folder),
+            "batch_size": args.streams,
+            "device": device,
+            "dtype": dtype,
+            "flush_rows": flush_rows,
+        }
     )
     engine = KyutaiSttEngine(config, registry=CollectorRegistry())
     await engine.start()
@@ -88,16 +96,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await stream.close(5)
     finally:
         await engine.stop()
-    result: dict[str, Any] = {"shape": args.shape, "streams": args.streams, "model_delay_ms": 1000 * delay_s}
-    print(f"{args.shape}, {args.streams} streams; model delay {1000 * delay_s:.0f} ms")
-    print(f"{'turn end':>10} {'turns':>6} {'p50 ms':>8} {'p95 ms':>8}")
+    result: dict[str, Any] = {
+        "shape": args.shape,
+        "streams": args.streams,
+        "flush_rows": flush_rows,
+        "model_delay_ms": 1000 * delay_s,
+    }
     for kind, values in waits.items():
         ms = sorted(1000 * v for v in values)
         p50 = statistics.median(ms) if ms else float("nan")
         p95 = ms[min(len(ms) - 1, int(0.95 * len(ms)))] if ms else float("nan")
         result[kind] = {"turns": len(ms), "p50_ms": p50, "p95_ms": p95}
-        print(f"{kind:>10} {len(ms):>6} {p50:>8.0f} {p95:>8.0f}")
     return result
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    first = results[0]
+    print(f"{first['shape']}, {first['streams']} streams; model delay {first['model_delay_ms']:.0f} ms")
+    print(f"{'flush rows':>10} {'turn end':>10} {'turns':>6} {'p50 ms':>8} {'p95 ms':>8}")
+    for result in results:
+        for kind in ("flush", "wait"):
+            row = result[kind]
+            print(
+                f"{result['flush_rows']:>10} {kind:>10} {row['turns']:>6} {row['p50_ms']:>8.0f} {row['p95_ms']:>8.0f}"
+            )
 
 
 def main() -> None:
@@ -107,11 +129,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of audio per stream")
     parser.add_argument("--turn-s", type=float, default=1.6, help="a marker every this many seconds")
     parser.add_argument("--weights-dir", type=Path, default=ROOT / "benchmarks" / "results" / "weights")
+    parser.add_argument("--flush-rows", type=int, nargs="+", default=[0], help="stt_engine.flush_rows, one run each")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    result = asyncio.run(run(args))
+    results = [asyncio.run(run(args, rows)) for rows in args.flush_rows]
+    print_table(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
+    args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

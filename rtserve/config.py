@@ -476,6 +476,15 @@ class SttEngineConfig(KvCacheSection):
         "take them: input standing once may be a client's frames arriving about when the tick takes "
         "them, and draining it would leave a later tick to step silence",
     )
+    flush_rows: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="with drain_waiting_input and kv_cache ring: a drain step of this many streams or fewer "
+        "(a turn's end flushing the model's delay, input that waited) runs in a batch of this many rows of its "
+        "own on the same weights, their state copied in and back, instead of a step of the whole batch with "
+        "the others held; 0: off (docs/engines.md#flush-rows)",
+    )
     late_input_grace_ticks: int = Field(
         4,
         ge=0,
@@ -484,6 +493,12 @@ class SttEngineConfig(KvCacheSection):
         "it comes; no silence is written into the stream for a frame that was only late (0: step silence). "
         "A client that stops sending waits this long before its silence flushes the words in flight",
     )
+
+    @model_validator(mode="after")
+    def _flush_rows_need_rings(self) -> SttEngineConfig:
+        if self.flush_rows and self.kv_cache != "ring":
+            raise ValueError("flush_rows needs kv_cache 'ring' (paged KV hands its blocks out per row of one pool)")
+        return self
 
 
 class AsrStreamingConfig(_Section):

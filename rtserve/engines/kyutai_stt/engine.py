@@ -89,6 +89,7 @@ class KyutaiSttEngine:
             temperature=settings.temperature,
             paged_kv=paged_kv,
             drains=settings.drain_waiting_input,
+            flush_rows=settings.flush_rows,
         )
         lockstep = self._config.lockstep.model_copy(
             update={

@@ -16,7 +16,10 @@ reference feeds before an utterance. Other rows' outputs stay bit-identical (iso
 Between ticks the scheduler may run drain steps (``step_rows``, built with ``drains``): only
 the rows whose input stood queued (or came late) advance, on their next frame, and every other
 row is held, its state put back as it was; a tick whose live row waits for a late frame is such
-a step too (docs/engines.md#draining-waiting-input).
+a step too (docs/engines.md#draining-waiting-input). With ``flush_rows`` a drain step of that many
+rows or fewer runs in a batch of its own on the same weights instead: their state is copied in,
+stepped and copied back, so the step costs a few rows' compute, not the whole batch's
+(docs/engines.md#flush-rows).
 
 Each live row's output carries a ``TranscriptStep``: the step number, the text token that
 came out (the reference ``LMGen``'s output: it trails the token's generation by the LM's
@@ -34,6 +37,7 @@ from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.kyutai_stt.loader import SttModel
 from rtserve.engines.moshi.frame_step import FrameStep, FrameTensors
 from rtserve.engines.moshi.paged_kv import PagedKVSpec
+from rtserve.engines.moshi.row_views import sharing_weights
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.values import FrameOutput, SlotPrompt, TranscriptStep
 
@@ -50,11 +54,14 @@ class SttFrameModel:
         graph: bool | None = None,
         paged_kv: PagedKVSpec | None = None,
         drains: bool = False,
+        flush_rows: int = 0,
     ) -> None:
         """``temperature`` 0 is greedy (the reference servers' default); ``graph``: replay the tick as
         CUDA graphs (default: on a CUDA device); ``paged_kv``: int8 KV blocks from one pool
         (``open_slot`` then raises ``KVMemoryExhausted`` when no block is free); ``drains``:
-        ``step_rows`` may step some rows while the others hold (one more graph per span)."""
+        ``step_rows`` may step some rows while the others hold (one more graph per span);
+        ``flush_rows`` (with ``drains``, ring KV): the size of the batch of its own that drain steps
+        of that many rows or fewer run in (0: none)."""
         loaded = model.loaded
         self.model = model
         self.settings = model.settings
@@ -73,6 +80,12 @@ class SttFrameModel:
         if paged_kv is not None or self.lm.transformer.paged is not None:
             self.lm.transformer.use_paged_kv(paged_kv)
         self.frame = FrameStep(self.lm, self.mimi, self.sampler, batch_size, graph=graph, holds=drains)
+        self.flush: FrameStep | None = None
+        if drains and flush_rows:
+            if self.lm.transformer.paged is not None:
+                raise ValueError("flush rows need ring KV (paged KV hands its blocks out per row of one pool)")
+            lm, mimi = sharing_weights(self.lm), sharing_weights(self.mimi)
+            self.flush = FrameStep(lm, mimi, SlotSampler(flush_rows, self.device, sampling), flush_rows, graph=graph)
         self._open = np.zeros(batch_size, bool)  # opened and not released: the rows attention must cover
         self.steps = np.zeros(batch_size, np.int64)  # per row: steps since it opened
         self._prefill_left = np.zeros(batch_size, np.int64)
@@ -105,33 +118,56 @@ class SttFrameModel:
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         result = self.frame(pcm, self._open)
         self.steps += 1
-        return self._outputs(result, live)
+        slots = np.flatnonzero(live)
+        return self._outputs(result, slots, slots)
 
     @torch.no_grad()
     def step_rows(self, frames: FloatArray, stepped: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
         """A drain step (``DrainsInput``): only the ``stepped`` rows advance, on their frames."""
+        slots = np.flatnonzero(stepped)
+        if self.flush is not None and slots.size <= self.flush.batch:
+            result = self._step_in_flush(frames, slots)
+            self.steps += stepped
+            return self._outputs(result, slots, np.arange(slots.size))
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         result = self.frame(pcm, self._open, hold=~stepped)
         self.steps += stepped
-        return self._outputs(result, stepped)
+        return self._outputs(result, slots, slots)
 
-    def _outputs(self, result: FrameTensors, rows: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
+    def _step_in_flush(self, frames: FloatArray, slots: npt.NDArray[np.intp]) -> FrameTensors:
+        """One step of ``slots`` in the flush batch (its first rows), their state copied in and back;
+        the flush batch's other rows step on what they last held, which no one reads."""
+        flush = self.flush
+        assert flush is not None
+        rows = np.arange(slots.size)
+        flush.take_rows(rows, self.frame, slots)
+        pcm = np.zeros((flush.batch, self.frame_size), np.float32)
+        pcm[: slots.size] = frames[slots]
+        active = np.arange(flush.batch) < slots.size
+        result = flush(torch.from_numpy(pcm).to(self.device), active)
+        self.frame.take_rows(slots, flush, rows)
+        return result
+
+    def _outputs(
+        self, result: FrameTensors, slots: npt.NDArray[np.intp], rows: npt.NDArray[np.intp]
+    ) -> list[FrameOutput | None]:
+        """The outputs of ``slots``, read from ``result``'s ``rows`` (pairwise)."""
         # One pass over plain Python values: at B=512 this loop is a few ms of every tick.
         tokens = result.tokens[:, 0].tolist()
         ready = result.ready.tolist()
         scores: list[tuple[float, ...]] = (
-            [()] * self.batch_size if result.scores is None else list(map(tuple, result.scores.float().tolist()))
+            [()] * len(ready) if result.scores is None else list(map(tuple, result.scores.float().tolist()))
         )
         indices = (self.steps - 1).tolist()
         piece = self._piece
         outputs: list[FrameOutput | None] = [None] * self.batch_size
-        for slot in np.flatnonzero(rows).tolist():
-            if not ready[slot]:
+        for slot, row in zip(slots.tolist(), rows.tolist(), strict=True):
+            if not ready[row]:
                 outputs[slot] = FrameOutput(_NO_AUDIO)
                 continue
-            token = tokens[slot]
+            token = tokens[row]
             outputs[slot] = FrameOutput(
-                _NO_AUDIO, piece(token), transcript=TranscriptStep(indices[slot], token, scores[slot])
+                _NO_AUDIO, piece(token), transcript=TranscriptStep(indices[slot], token, scores[row])
             )
         return outputs
 

@@ -318,7 +318,7 @@ class KyutaiTTSModel:
         self.lm.transformer.take_rows(slots, nursery.lm.transformer, rows, positions)
         self.condition_sum[slots] = nursery.condition_sum[rows]
         self.machine.take_row(slot, nursery.machine, row)
-        self.sampler.take_row(slot, nursery.sampler, row)
+        self.sampler.take_rows(np.array([slot]), nursery.sampler, np.array([row]))
         self.cache[slot] = nursery.cache[row]
         self.offsets[slot] = nursery.offsets[row]
         self.open[slot] = True

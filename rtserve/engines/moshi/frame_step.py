@@ -106,6 +106,19 @@ class FrameStep:
         self.mimi.reset_decoder_rows(mask)
         self.positions[mask.cpu().numpy()] = 0
 
+    def take_rows(self, rows: npt.NDArray[np.intp], source: FrameStep, source_rows: npt.NDArray[np.intp]) -> None:
+        """Rows ``rows`` continue ``source``'s ``source_rows`` (``source`` steps another batch on
+        the same weights, its modules ``row_views.sharing_weights`` copies): the LM's rings and
+        positions, the token ring, the random streams and Mimi's encoder. A listener's only (no
+        depformer, so no Mimi decoder state), with rings (paged KV hands its blocks out per row
+        of one allocator)."""
+        if self.config.dep_q:
+            raise ValueError("rows move between listeners' frame steps only (no Mimi decoder state)")
+        self.stream.take_rows(rows, source.stream, source_rows)
+        mine, theirs = torch.from_numpy(rows).to(self.device), torch.from_numpy(source_rows).to(self.device)
+        self.mimi.take_encoder_rows(mine, source.mimi, theirs)
+        self.positions[rows] = source.positions[source_rows]
+
     @property
     def blocks(self) -> BlockAllocator | None:
         """The temporal transformer's KV block allocator (None: bf16 rings)."""

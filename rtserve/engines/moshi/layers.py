@@ -528,10 +528,12 @@ class Transformer(nn.Module):
             device = self.offset.device
             self._shared_plans = [self._shared_plan(p, rows, device) for p in range(self.shared_positions)]
 
-    def take_rows(self, rows: torch.Tensor, source: Transformer, source_rows: torch.Tensor, positions: int) -> None:
+    def take_rows(
+        self, rows: torch.Tensor, source: Transformer, source_rows: torch.Tensor, positions: int | None = None
+    ) -> None:
         """Rows ``rows`` continue ``source``'s ``source_rows`` (``[N]`` indices): their keys and
-        values, offsets and cross-attention. Both keep rings, and the rows are at most
-        ``positions`` steps in, so their entries are the rings' first ``positions`` slots."""
+        values, offsets and cross-attention. Both keep rings; ``positions``: the rows are at most
+        that many steps in, so only the rings' first ``positions`` slots hold entries (None: all)."""
         for cache, theirs in zip(self.caches, source.caches, strict=True):
             if not isinstance(cache, KVCache) or not isinstance(theirs, KVCache):
                 raise ValueError("rows move between ring caches only")

@@ -96,6 +96,10 @@ class StreamConv1d(nn.Module):
     def narrow_rows(self, rows: int) -> None:
         self.previous, self.first = self.previous[:rows], self.first[:rows]
 
+    def take_rows(self, rows: torch.Tensor, source: StreamConv1d, source_rows: torch.Tensor) -> None:
+        self.previous[rows] = source.previous[source_rows]
+        self.first[rows] = source.first[source_rows]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.context:
             if self.replicate:
@@ -150,6 +154,9 @@ class StreamConvTranspose1d(nn.Module):
 
     def narrow_rows(self, rows: int) -> None:
         self.partial = self.partial[:rows]
+
+    def take_rows(self, rows: torch.Tensor, source: StreamConvTranspose1d, source_rows: torch.Tensor) -> None:
+        self.partial[rows] = source.partial[source_rows]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         taps = self._taps(x)
@@ -311,20 +318,16 @@ class Mimi(nn.Module):
             c.dimension, c.dimension, 2 * stride, stride, groups=c.dimension, bias=False
         )
         self.quantizer = _SplitRVQ(c, codebooks)
-        self._list_streaming()
+        self.relink()
 
-    def _list_streaming(self) -> None:
-        # The modules holding streaming state, listed once rather than found by walking the
-        # module tree at every slot opening (on the engine thread).
+    def relink(self) -> None:
+        """The modules holding streaming state, listed once rather than found by walking the
+        module tree at every slot opening (on the engine thread); on a copy
+        (``row_views.sharing_weights``), the copy's own."""
         encode = (self.encoder, self.encoder_transformer, self.downsample)
         decode = (self.upsample, self.decoder_transformer, self.decoder)
         self._encode_side = [m for side in encode for m in _streaming_children(side)]
         self._decode_side = [m for side in decode for m in _streaming_children(side)]
-
-    def narrow_rows(self, rows: int) -> None:
-        """On a copy (``row_views.first_rows``): its lists of streaming modules name the copy's
-        own (each narrowed by ``first_rows`` in turn)."""
-        self._list_streaming()
 
     @property
     def frame_size(self) -> int:
@@ -355,6 +358,12 @@ class Mimi(nn.Module):
         (docs/engines.md#mimi-decoder-in-bf16). Call before ``start``."""
         for part in (self.upsample, self.decoder_transformer, self.decoder):
             part.to(dtype)
+
+    def take_encoder_rows(self, rows: torch.Tensor, source: Mimi, source_rows: torch.Tensor) -> None:
+        """Rows ``rows`` of the encoder's streaming state continue ``source``'s ``source_rows``
+        (``source``: this codec for another batch on the same weights, ``row_views.sharing_weights``)."""
+        for mine, theirs in zip(self._encode_side, source._encode_side, strict=True):
+            mine.take_rows(rows, theirs, source_rows)  # type: ignore[arg-type]  # the lists pair modules of one kind
 
     def reset_encoder_rows(self, mask: torch.Tensor) -> None:
         for module in self._encode_side:

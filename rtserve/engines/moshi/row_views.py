@@ -5,7 +5,8 @@
 A streaming module (a transformer's rings and positions, a streaming convolution's carried
 samples) takes part in ``first_rows`` through ``narrow_rows``: called on the copy only, it points
 the copy's state at the first ``rows`` rows of the original's. They are views: what a step of
-the copy writes in place, the original holds, so one model steps through either.
+the copy writes in place, the original holds, so one model steps through either. A module that
+lists some of its submodules beside ``_modules`` (Mimi) lists the copy's own (``Relinks``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ class RowState(Protocol):
         """This copy's streaming state becomes the first ``rows`` rows of what it shares."""
 
 
+@runtime_checkable
+class Relinks(Protocol):
+    def relink(self) -> None:
+        """A copy's own references to its submodules (lists kept beside ``_modules``), made anew
+        once its submodules are copies too."""
+
+
 def buckets(total: int, bucket: int) -> list[int]:
     """What a step may compute of ``total`` (rows, or ring slots attention reads), each size one
     graph: the multiples of ``bucket`` below it, then all of it (0: all of it only)."""
@@ -39,6 +47,8 @@ def sharing_weights(module: _M) -> _M:
     clone._modules = {
         name: None if child is None else sharing_weights(child) for name, child in module._modules.items()
     }
+    if isinstance(clone, Relinks):
+        clone.relink()
     return clone
 
 

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from rtserve.engines.moshi.fused import fused
@@ -93,13 +95,15 @@ class SlotSampler:
         # An unseeded slot still gets its own stream, seeded from the OS.
         self._write(slot, self.params[slot], seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 2)
 
-    def take_row(self, slot: int, source: SlotSampler, source_slot: int) -> None:
-        """``slot`` continues ``source``'s ``source_slot``: its settings and its random stream."""
-        self.params[slot] = source.params[source_slot]
-        self.temperature[:, slot] = source.temperature[:, source_slot]
-        self.top_k[:, slot] = source.top_k[:, source_slot]
-        self.seed[slot] = source.seed[source_slot]
-        self.draws[slot] = source.draws[source_slot]
+    def take_rows(self, slots: npt.NDArray[np.intp], source: SlotSampler, source_slots: npt.NDArray[np.intp]) -> None:
+        """``slots`` continue ``source``'s ``source_slots`` (pairwise): their settings and random streams."""
+        for slot, source_slot in zip(slots.tolist(), source_slots.tolist(), strict=True):
+            self.params[slot] = source.params[source_slot]
+        mine, theirs = torch.from_numpy(slots).to(self.device), torch.from_numpy(source_slots).to(self.device)
+        self.temperature[:, mine] = source.temperature[:, theirs]
+        self.top_k[:, mine] = source.top_k[:, theirs]
+        self.seed[mine] = source.seed[theirs]
+        self.draws[mine] = source.draws[theirs]
 
     def first_rows(self, rows: int) -> SlotSampler:
         """The first ``rows`` rows' state as views, for a step over those rows alone

@@ -63,6 +63,13 @@ def _drive(
 def test_drained_rows_keep_the_reference_transcript_of_their_own_frames(tiny_stt: TinyStt, stt: SttModel) -> None:
     audio = _audio(TICKS * 2, BATCH, seed=7)
     emitted, taken = _drive(SttFrameModel(stt, BATCH, drains=True), audio, _plan(drains=True))
+    assert_reference_transcripts(tiny_stt, audio, emitted, taken)
+
+
+def assert_reference_transcripts(
+    tiny_stt: TinyStt, audio: np.ndarray, emitted: list[list[TranscriptStep]], taken: list[int]
+) -> None:
+    """Every row (drained most to least) emitted the reference's tokens for the frames it took."""
     assert taken[0] > taken[1] > taken[2] == TICKS
     for slot in range(BATCH):
         want_tokens, want_probs = _reference(tiny_stt, audio[: taken[slot], slot : slot + 1])

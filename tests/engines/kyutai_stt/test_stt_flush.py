@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ServerConfig
@@ -18,10 +19,13 @@ FRAME = 1920
 AFTER_FLUSH_FRAMES = 3
 
 
+@pytest.mark.parametrize("flush_rows", [0, 1])
 async def test_a_flush_answers_the_markers_so_far_and_a_later_marker_waits_for_its_audio(
-    config: ServerConfig, tiny_stt: TinyStt
+    config: ServerConfig, tiny_stt: TinyStt, flush_rows: int
 ) -> None:
-    settings = config.stt_engine.model_copy(update={"weights": str(tiny_stt.folder), "batch_size": 2})
+    """Also with the drain steps in a flush batch of their own (``flush_rows``)."""
+    update = {"weights": str(tiny_stt.folder), "batch_size": 2, "flush_rows": flush_rows}
+    settings = config.stt_engine.model_copy(update=update)
     engine = KyutaiSttEngine(config.model_copy(update={"stt_engine": settings}), registry=CollectorRegistry())
     await engine.start()
     try:

@@ -46,9 +46,11 @@ def _serve(
     prefill: int = 0,
     grace: int = 0,
     flush_at: int | None = None,
+    tick_s: float = 0.01,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
-    frames named), and ticks of 10 ms: the frames each tick and drain step stepped (in order),
+    frames named), ticks of ``tick_s`` and drain steps of 10 ms: the frames each tick and drain
+    step stepped (in order),
     and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
     prefill steps before it takes input. ``flush_at``: after that tick the stream queues
     ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``)."""
@@ -61,7 +63,7 @@ def _serve(
     enough = threading.Event()
 
     def simulate(index: int) -> None:
-        clock.advance(0.01)
+        clock.advance(tick_s)
         if index >= TICKS:
             time.sleep(0.01)  # the test has its ticks: slow the free-running fake clock until stop()
 
@@ -213,6 +215,18 @@ def test_flushed_frames_are_stepped_in_the_next_ticks_spare_time() -> None:
     assert metric(registry, "rtserve_lockstep_drained_input_frames_total") >= FLUSHED - 1
     client = [value for value in stepped if 0 < value < FLUSH_VALUE]
     assert client == [float(k) for k in range(1, len(client) + 1)]
+    assert lease.samples_discarded == 0
+
+
+def test_room_for_drain_steps_is_counted_in_drain_steps_not_ticks() -> None:
+    """Ticks of 30 ms and drain steps of 10 (a model that steps a few rows in a batch of their own,
+    Kyutai STT's flush rows): once a drain step has been timed, the 50 ms a tick leaves before the
+    next holds four, so a flush of six frames is stepped by the tick after next, not one drain
+    step a tick."""
+    stepped, backlog, _, _, lease = _serve(drains=True, drain_after_ticks=30, flush_at=10, tick_s=0.03)
+
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
+    assert max(backlog[12:]) < FRAME  # one drain step after the tick that took the flush, four after the next
     assert lease.samples_discarded == 0
 
 
