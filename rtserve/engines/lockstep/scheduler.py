@@ -223,7 +223,7 @@ class LockstepScheduler:
         self._ledger = (
             DrainLedger(model.batch_size, drain_after_ticks, late_input_grace_ticks) if drains is not None else None
         )
-        self._drain_s: float | None = None  # the last drain step's duration
+        self._drain_timing: tuple[int, float] | None = None  # the last drain step's rows and duration
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -587,15 +587,13 @@ class LockstepScheduler:
         tick: taking it now would leave that tick without one) and none is prefilling (its
         client's audio waits until the prefill is done).
 
-        The room is counted in drain steps: the last one's duration, or before any the tick's. A
-        model that steps a few rows in a batch of their own (Kyutai STT's flush rows) fits several
-        in the time of one tick."""
+        The room is counted in drain steps: the last one's duration if it stepped as many rows or
+        more, else the tick's. A model that steps a few rows in a batch of their own (Kyutai STT's
+        flush rows) fits several in the time of one tick."""
         ledger = self._ledger
         assert self.drains is not None and ledger is not None
         clock = self._clock
-        drain_s = tick_s if self._drain_s is None else self._drain_s
-        while deadline - clock.monotonic() > _DRAIN_ROOM * drain_s:
-            started = clock.monotonic()
+        while True:
             live, prefill = self._stepping_slots()
             waiting = [
                 (index, lease) for index, lease in live if ledger.wants(index) and len(lease.input) >= self.frame_size
@@ -604,6 +602,12 @@ class LockstepScheduler:
                 ledger.settle()
                 if not prefill:
                     return
+            stepping = len(waiting) + len(prefill)
+            last = self._drain_timing
+            drain_s = last[1] if last is not None and stepping <= last[0] else tick_s
+            if deadline - clock.monotonic() <= _DRAIN_ROOM * drain_s:
+                return
+            started = clock.monotonic()
             for index, _ in waiting:
                 ledger.spend(index)
             self._live_mask[:] = False
@@ -619,7 +623,7 @@ class LockstepScheduler:
             self._notifier.notify(wake)
             self.metrics.drain_steps.inc()
             self.metrics.drained_input_frames.inc(len(rows))
-            drain_s = self._drain_s = clock.monotonic() - started
+            self._drain_timing = (stepping, clock.monotonic() - started)
 
     def _stepped(self, prefill: list[tuple[int, SlotLease]]) -> npt.NDArray[np.bool_]:
         """The rows a step of only some rows advances: the live rows given a frame, and the
