@@ -114,8 +114,9 @@ class FrameStep:
         of one allocator)."""
         if self.config.dep_q:
             raise ValueError("rows move between listeners' frame steps only (no Mimi decoder state)")
-        self.stream.take_rows(rows, source.stream, source_rows)
         mine, theirs = torch.from_numpy(rows).to(self.device), torch.from_numpy(source_rows).to(self.device)
+        self.stream.take_rows(mine, source.stream, theirs)
+        self.stream.sampler.take_rows(rows, source.stream.sampler, source_rows)
         self.mimi.take_encoder_rows(mine, source.mimi, theirs)
         self.positions[rows] = source.positions[source_rows]
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from rtserve.engines.moshi.layers import step_holding
@@ -83,15 +81,14 @@ class TokenStream:
         self.offsets.masked_fill_(mask, 0)
         self.previous_user.masked_fill_(mask.view(-1, 1), self.config.card)
 
-    def take_rows(self, rows: npt.NDArray[np.intp], source: TokenStream, source_rows: npt.NDArray[np.intp]) -> None:
-        """Rows ``rows`` continue ``source``'s ``source_rows`` (a stream of another batch on the same
-        weights): the LM's keys, values and positions, the token ring and the random streams."""
-        mine, theirs = torch.from_numpy(rows).to(self.device), torch.from_numpy(source_rows).to(self.device)
-        self.lm.transformer.take_rows(mine, source.lm.transformer, theirs)
-        self.cache[mine] = source.cache[theirs]
-        self.offsets[mine] = source.offsets[theirs]
-        self.previous_user[mine] = source.previous_user[theirs]
-        self.sampler.take_rows(rows, source.sampler, source_rows)
+    def take_rows(self, rows: torch.Tensor, source: TokenStream, source_rows: torch.Tensor) -> None:
+        """Rows ``rows`` continue ``source``'s ``source_rows`` (``[N]`` indices; a stream of another
+        batch on the same weights): the LM's keys, values and positions and the token ring (the
+        random streams are the sampler's: ``SlotSampler.take_rows``)."""
+        self.lm.transformer.take_rows(rows, source.lm.transformer, source_rows)
+        self.cache[rows] = source.cache[source_rows]
+        self.offsets[rows] = source.offsets[source_rows]
+        self.previous_user[rows] = source.previous_user[source_rows]
 
     @torch.no_grad()
     def step(
