@@ -33,6 +33,9 @@ send time of the chunk holding the question's last voiced sample ("end of speech
 * server CPU (all processes, busiest), the GPU's busy share (``gpu_busy``), the STT and TTS
   engines' tick p99 from ``/metrics``.
 
+``--mps`` runs the whole point under NVIDIA's Multi-Process Service (``cuda_mps.py``), so the two
+servers' CUDA contexts run kernels side by side instead of in turns.
+
 ``--tts-server-workers W`` runs the TTS engine in a server of its own (``rtserve serve`` with W
 workers, its engine process holding the TTS alone) that the voice agent speaks through
 (``cascade.tts: tts_server``): the same GPU, the STT and the TTS in two interpreters and CUDA
@@ -50,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import platform
@@ -63,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import cuda_mps
 import gpu_busy
 import numpy as np
 import numpy.typing as npt
@@ -449,7 +454,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     turn_end = "client commits" if args.client_commit else f"server_vad {args.silence_ms} ms"
     print(
         f"voice agent, STT/TTS {args.shape} on {args.device_name}; LLM stand-in {args.llm_first_token_ms:g} ms + "
-        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; {turn_end}; "
+        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; {turn_end}; {'MPS; ' * args.mps}"
         f"{args.duration - args.warmup:.0f} s measured; ms"
     )
     print_table(points)
@@ -468,6 +473,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "client_procs": args.client_procs,
+        "mps": args.mps,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "points": points,
     }
@@ -526,10 +532,23 @@ def main() -> None:
         type=Path,
         help="py-spy the engine process over each measured window into this raw profile; prints where it went",
     )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="run under an MPS daemon of the run's own (cuda_mps.py): the servers' CUDA contexts share the GPU",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.duration < args.warmup + args.period + REPLY_ROOM_S + 2:
         parser.error("--duration must cover --warmup, one --period and a reply, so every client's turn counts")
+    if args.shape == "tiny" and args.mps:
+        parser.error("--mps is for a CUDA GPU (--shape real)")
+    # Before this process touches CUDA, so it is a client of the daemon as its children are.
+    with cuda_mps.mps_daemon() if args.mps else contextlib.nullcontext():
+        run(args, parser)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     import torch
 
     args.cuda = args.shape != "tiny" and torch.cuda.is_available()

@@ -1,0 +1,45 @@
+"""NVIDIA's Multi-Process Service (MPS) around a benchmark's run: a control daemon started with
+private pipe and log folders, which this process and every child it starts afterwards (they
+inherit ``CUDA_MPS_PIPE_DIRECTORY``) use, and stopped at the end.
+
+Without it, CUDA contexts of several processes on one GPU take turns in time slices: the voice
+agent's STT engine process and its TTS server each wait while the other's kernels hold the GPU,
+though neither fills it. Under MPS their kernels run side by side (README, "The voice agent on one
+GPU"). The daemon is per user and touches no device setting; stopping it ends its server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def mps_daemon() -> Iterator[None]:
+    """Run the body with an MPS control daemon of its own; fails at once where there is none."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH (NVIDIA's driver utilities)")
+    with tempfile.TemporaryDirectory(prefix="rtserve-mps-") as base:
+        env = {"CUDA_MPS_PIPE_DIRECTORY": f"{base}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{base}/log"}
+        for folder in env.values():
+            Path(folder).mkdir()
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            subprocess.run([control, "-d"], check=True)
+            try:
+                yield
+            finally:
+                subprocess.run([control], input=b"quit\n", check=False, timeout=30)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
