@@ -10,7 +10,9 @@ stepped at once on inserted silence, in drain steps) and waiting the delay out i
 Prints p50 / p95 per kind beside the model's delay; JSON to
 ``benchmarks/results/bench_stt_flush.json``. ``--flush-rows 0 16``: one engine after the other in
 this process, drain steps in the whole batch (0) and in a flush batch of 16 rows
-(``stt_engine.flush_rows``).
+(``stt_engine.flush_rows``). ``--between-ticks on off``: a flush's drain steps when it comes
+(``stt_engine.flush_between_ticks``) or after the next tick; every combination is run, in turn
+for ``--rounds`` rounds (medians of the rounds' p50 and p95).
 
     .venv/bin/python benchmarks/bench_stt_flush.py --streams 4 --duration 20
 """
@@ -69,7 +71,7 @@ async def _client(stream: SttStream, index: int, args: argparse.Namespace, waits
     await asyncio.gather(reader, return_exceptions=True)
 
 
-async def run(args: argparse.Namespace, flush_rows: int) -> dict[str, Any]:
+async def run(args: argparse.Namespace, flush_rows: int, between_ticks: bool) -> dict[str, Any]:
     folder = args.weights_dir / f"stt-{args.shape}"
     if not (folder / "config.json").exists():
         write_stt_weights(folder, args.shape)
@@ -83,6 +85,7 @@ async def run(args: argparse.Namespace, flush_rows: int) -> dict[str, Any]:
             "device": device,
             "dtype": dtype,
             "flush_rows": flush_rows,
+            "flush_between_ticks": between_ticks,
         }
     )
     engine = KyutaiSttEngine(config, registry=CollectorRegistry())
@@ -100,6 +103,7 @@ async def run(args: argparse.Namespace, flush_rows: int) -> dict[str, Any]:
         "shape": args.shape,
         "streams": args.streams,
         "flush_rows": flush_rows,
+        "between_ticks": between_ticks,
         "model_delay_ms": 1000 * delay_s,
     }
     for kind, values in waits.items():
@@ -111,15 +115,18 @@ async def run(args: argparse.Namespace, flush_rows: int) -> dict[str, Any]:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
+    """One line per combination and turn end: the medians over its rounds."""
     first = results[0]
     print(f"{first['shape']}, {first['streams']} streams; model delay {first['model_delay_ms']:.0f} ms")
-    print(f"{'flush rows':>10} {'turn end':>10} {'turns':>6} {'p50 ms':>8} {'p95 ms':>8}")
-    for result in results:
+    print(f"{'flush rows':>10} {'between ticks':>13} {'turn end':>8} {'turns':>6} {'p50 ms':>8} {'p95 ms':>8}")
+    combos = dict.fromkeys((r["flush_rows"], r["between_ticks"]) for r in results)
+    for rows, between in combos:
+        runs = [r for r in results if (r["flush_rows"], r["between_ticks"]) == (rows, between)]
         for kind in ("flush", "wait"):
-            row = result[kind]
-            print(
-                f"{result['flush_rows']:>10} {kind:>10} {row['turns']:>6} {row['p50_ms']:>8.0f} {row['p95_ms']:>8.0f}"
-            )
+            turns = sum(r[kind]["turns"] for r in runs)
+            p50, p95 = (statistics.median(r[kind][q] for r in runs) for q in ("p50_ms", "p95_ms"))
+            on = "on" if between else "off"
+            print(f"{rows:>10} {on:>13} {kind:>8} {turns:>6} {p50:>8.0f} {p95:>8.0f}")
 
 
 def main() -> None:
@@ -130,9 +137,18 @@ def main() -> None:
     parser.add_argument("--turn-s", type=float, default=1.6, help="a marker every this many seconds")
     parser.add_argument("--weights-dir", type=Path, default=ROOT / "benchmarks" / "results" / "weights")
     parser.add_argument("--flush-rows", type=int, nargs="+", default=[0], help="stt_engine.flush_rows, one run each")
+    parser.add_argument(
+        "--between-ticks",
+        choices=("on", "off"),
+        nargs="+",
+        default=["on"],
+        help="stt_engine.flush_between_ticks, one run each",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="every combination this many times, in turn")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    results = [asyncio.run(run(args, rows)) for rows in args.flush_rows]
+    combos = [(rows, between == "on") for rows in args.flush_rows for between in args.between_ticks]
+    results = [asyncio.run(run(args, *combo)) for _ in range(args.rounds) for combo in combos]
     print_table(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))

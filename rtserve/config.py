@@ -476,6 +476,12 @@ class SttEngineConfig(KvCacheSection):
         "take them: input standing once may be a client's frames arriving about when the tick takes "
         "them, and draining it would leave a later tick to step silence",
     )
+    flush_between_ticks: bool = Field(
+        True,
+        description="with drain_waiting_input: a stream's flush (a turn's end stepping the model's delay at once) "
+        "gets its drain steps when it comes, between ticks, rather than after the next tick "
+        "(docs/engines.md#flush-between-ticks)",
+    )
     flush_rows: int = Field(
         0,
         ge=0,

@@ -106,6 +106,7 @@ class KyutaiSttEngine:
             drains=frame_model if settings.drain_waiting_input else None,
             drain_after_ticks=settings.drain_after_ticks,
             late_input_grace_ticks=settings.late_input_grace_ticks,
+            flush_between_ticks=settings.flush_between_ticks,
         )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)

@@ -204,6 +204,7 @@ class LockstepScheduler:
         drains: DrainsInput | None = None,
         drain_after_ticks: int = 1,
         late_input_grace_ticks: int = 0,
+        flush_between_ticks: bool = False,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
         ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
@@ -211,7 +212,9 @@ class LockstepScheduler:
         ``drains``: the model (taking audio) whose rows with waiting input get drain steps, once
         their input stood through ``drain_after_ticks`` takes in a row; its live rows with no
         input are held rather than stepped on silence for up to ``late_input_grace_ticks`` ticks
-        (``DrainLedger``)."""
+        (``DrainLedger``). ``flush_between_ticks``: frames a stream asks to be stepped now
+        (``drain_soon``) get their drain steps as soon as it asks, between ticks, rather than after
+        the next tick."""
         if run_ahead is not None and audio_input:
             raise ValueError("only a model without audio input can run ahead of its ticks")
         if drains is not None and not audio_input:
@@ -224,6 +227,8 @@ class LockstepScheduler:
             DrainLedger(model.batch_size, drain_after_ticks, late_input_grace_ticks) if drains is not None else None
         )
         self._drain_timing: tuple[int, float] | None = None  # the last drain step's rows and duration
+        self._flush_between_ticks = flush_between_ticks and drains is not None
+        self._last_tick_s = 0.0  # the last paced tick's duration: a drain step's room between ticks
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -258,6 +263,7 @@ class LockstepScheduler:
         self._stopping = False
         self._stopped = False
         self._idle = True
+        self._drain_asked = False  # a stream asked for drain steps now (flush_between_ticks)
         self.failed = False
         self._notifier = LoopNotifier()
         self._frames = np.zeros((self.batch_size, self.frame_size), np.float32)
@@ -339,6 +345,10 @@ class LockstepScheduler:
             return
         slot = lease.slot
         self.between_steps(lease, lambda: ledger.flush(slot, frames))
+        if self._flush_between_ticks:
+            with self._cond:
+                self._drain_asked = True
+                self._cond.notify()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -414,6 +424,8 @@ class LockstepScheduler:
                     continue
                 if self._wait_for_input(pacer.deadline()):
                     continue
+            if self._flush_between_ticks and self._last_tick_s:
+                self._drain_when_asked(pacer.deadline())
             due = pacer.wait()
             work = self._run_tick(due)
             if work is None:
@@ -423,6 +435,7 @@ class LockstepScheduler:
             self._record_timing(outcome, work)
             self._report(outcome, work)
             if self.drains is not None:
+                self._last_tick_s = work.duration_s
                 self._drain(pacer.deadline(), work.duration_s)
 
     def _report(self, outcome: TickOutcome, work: _TickWork, *, ahead: bool = False) -> None:
@@ -624,6 +637,22 @@ class LockstepScheduler:
             self.metrics.drain_steps.inc()
             self.metrics.drained_input_frames.inc(len(rows))
             self._drain_timing = (stepping, clock.monotonic() - started)
+
+    def _drain_when_asked(self, due: float) -> None:
+        """Until the tick is ``due``: drain steps whenever a stream asks for its frames to be
+        stepped now (``drain_soon``: a turn's end flushing the model's delay), its request applied
+        with the other control operations first, so the flush starts when it comes, not after the
+        next tick (half a period later on average, plus that tick)."""
+        while True:
+            with self._cond:
+                while not self._drain_asked and not self._stopping:
+                    if not self._cond.wait(max(0.0, due - self._clock.monotonic())):
+                        return  # the tick is due
+                if self._stopping:
+                    return
+                self._drain_asked = False
+            self._apply_control_ops()
+            self._drain(due, self._last_tick_s)
 
     def _stepped(self, prefill: list[tuple[int, SlotLease]]) -> npt.NDArray[np.bool_]:
         """The rows a step of only some rows advances: the live rows given a frame, and the

@@ -47,13 +47,15 @@ def _serve(
     grace: int = 0,
     flush_at: int | None = None,
     tick_s: float = 0.01,
+    flush_between_ticks: bool = False,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), ticks of ``tick_s`` and drain steps of 10 ms: the frames each tick and drain
     step stepped (in order),
     and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
     prefill steps before it takes input. ``flush_at``: after that tick the stream queues
-    ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``)."""
+    ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``), as a
+    turn's end that comes between two ticks."""
     clock = ClientFeedingClock(late=late, phase=phase)
     model = DrainingModel(clock)
     registry = CollectorRegistry()
@@ -90,6 +92,7 @@ def _serve(
         drains=model if drains else None,
         drain_after_ticks=drain_after_ticks,
         late_input_grace_ticks=grace,
+        flush_between_ticks=flush_between_ticks,
     )
     lease = scheduler.acquire(SlotPrompt(text="x" * prefill))  # RecordingModel: one prefill step a character
     leases.append(lease)
@@ -215,6 +218,20 @@ def test_flushed_frames_are_stepped_in_the_next_ticks_spare_time() -> None:
     assert metric(registry, "rtserve_lockstep_drained_input_frames_total") >= FLUSHED - 1
     client = [value for value in stepped if 0 < value < FLUSH_VALUE]
     assert client == [float(k) for k in range(1, len(client) + 1)]
+    assert lease.samples_discarded == 0
+
+
+def test_a_flush_between_ticks_is_stepped_at_once_not_after_the_next_tick() -> None:
+    """With ``flush_between_ticks`` the flushed frames get their drain steps when the stream asks,
+    so none stands at the next tick's take; without it they wait for that tick."""
+    stepped, at_once, _, _, lease = _serve(drains=True, drain_after_ticks=30, flush_at=10, flush_between_ticks=True)
+    _, after_tick, _, _, _ = _serve(drains=True, drain_after_ticks=30, flush_at=10)
+
+    assert at_once[10] < FRAME
+    assert after_tick[10] >= (FLUSHED - 1) * FRAME
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
+    client = [value for value in stepped if 0 < value < FLUSH_VALUE]
+    assert client == [float(k) for k in range(1, len(client) + 1)]  # the client's frames in order
     assert lease.samples_discarded == 0
 
 
