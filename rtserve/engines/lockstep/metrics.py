@@ -66,6 +66,12 @@ class LockstepMetrics:
             "waited, the other rows held (a DrainsInput model)",
             registry=registry,
         )
+        self.drain_step_seconds = Histogram(
+            "rtserve_lockstep_drain_step_seconds",
+            "Wall time of one drain step: its input taken, the step of its rows, their outputs scattered",
+            buckets=[f * period_s for f in _BUDGET_FRACTIONS],
+            registry=registry,
+        )
         self.drained_input_frames = Counter(
             "rtserve_lockstep_drained_input_frames",
             "Input frames taken by drain steps: standing input latency paid back",

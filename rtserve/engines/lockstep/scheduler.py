@@ -634,9 +634,11 @@ class LockstepScheduler:
             wake = self._scatter(rows, outputs)
             self._go_live(finished, wake)
             self._notifier.notify(wake)
+            duration_s = clock.monotonic() - started
             self.metrics.drain_steps.inc()
+            self.metrics.drain_step_seconds.observe(duration_s)
             self.metrics.drained_input_frames.inc(len(rows))
-            self._drain_timing = (stepping, clock.monotonic() - started)
+            self._drain_timing = (stepping, duration_s)
 
     def _drain_when_asked(self, due: float) -> None:
         """Until the tick is ``due``: drain steps whenever a stream asks for its frames to be

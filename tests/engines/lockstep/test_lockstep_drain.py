@@ -216,6 +216,8 @@ def test_flushed_frames_are_stepped_in_the_next_ticks_spare_time() -> None:
     assert stepped.count(FLUSH_VALUE) == FLUSHED
     assert max(backlog[12:]) < FRAME  # nothing left standing
     assert metric(registry, "rtserve_lockstep_drained_input_frames_total") >= FLUSHED - 1
+    steps = metric(registry, "rtserve_lockstep_drain_steps_total")
+    assert metric(registry, "rtserve_lockstep_drain_step_seconds_count") == steps  # each timed
     client = [value for value in stepped if 0 < value < FLUSH_VALUE]
     assert client == [float(k) for k in range(1, len(client) + 1)]
     assert lease.samples_discarded == 0
