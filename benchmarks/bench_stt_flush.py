@@ -5,7 +5,8 @@ N streams in one process on ``KyutaiSttEngine`` (``--shape``: the tests' tiny ch
 CPU, or random weights of ``stt-1b`` / ``stt-2.6b`` on a GPU, written once into ``--weights-dir``
 by ``bench_kyutai_served.write_stt_weights``). Each stream sends 80 ms frames of quiet noise on an
 absolute schedule, as a microphone does, and every ``--turn-s`` places a marker at the end of
-what it sent, as a manual commit does; turns alternate between flushing (the model's delay
+what it sent, as a manual commit does (all streams' turns end within one period, or spread over
+``--turn-s`` with ``--stagger``, as independent conversations' do); turns alternate between flushing (the model's delay
 stepped at once on inserted silence, in drain steps) and waiting the delay out in real time.
 Turns of the first ``--warmup`` seconds do not count (on a GPU, the first steps of each
 attention span capture its CUDA graphs). Prints p50 / p95 per kind beside the model's delay, and
@@ -59,11 +60,12 @@ async def _client(stream: SttStream, index: int, args: argparse.Namespace, waits
     start = time.monotonic() + index * FRAME_S / args.streams  # phases spread over the period
     frames = round(args.duration / FRAME_S)
     turn_frames = round(args.turn_s / FRAME_S)
+    offset = index * turn_frames // args.streams if args.stagger else 0  # this stream's turns' phase
     for k in range(frames):
         await asyncio.sleep(max(0.0, start + k * FRAME_S - time.monotonic()))
         stream.push_audio(rng.uniform(-0.05, 0.05, frame).astype(np.float32))
-        if k and k % turn_frames == 0:
-            turn = k // turn_frames
+        if k > offset and (k - offset) % turn_frames == 0:
+            turn = (k - offset) // turn_frames
             kind = "flush" if (turn + index) % 2 else "wait"
             if k * FRAME_S >= args.warmup:  # a warm-up's turns pay for CUDA graphs captured on first use
                 placed[turn] = (kind, time.monotonic())
@@ -107,6 +109,7 @@ async def run(args: argparse.Namespace, flush_rows: int, between_ticks: bool) ->
     result: dict[str, Any] = {
         "shape": args.shape,
         "streams": args.streams,
+        "stagger": args.stagger,
         "flush_rows": flush_rows,
         "between_ticks": between_ticks,
         "model_delay_ms": 1000 * delay_s,
@@ -156,6 +159,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of audio per stream")
     parser.add_argument("--turn-s", type=float, default=1.6, help="a marker every this many seconds")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds whose turns do not count")
+    parser.add_argument(
+        "--stagger",
+        action="store_true",
+        help="the streams' turns end spread over --turn-s (independent conversations: a few flush at once) "
+        "instead of within one period",
+    )
     parser.add_argument("--weights-dir", type=Path, default=ROOT / "benchmarks" / "results" / "weights")
     parser.add_argument("--flush-rows", type=int, nargs="+", default=[0], help="stt_engine.flush_rows, one run each")
     parser.add_argument(

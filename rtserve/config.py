@@ -489,7 +489,8 @@ class SttEngineConfig(KvCacheSection):
         description="with drain_waiting_input and kv_cache ring: a drain step of this many streams or fewer "
         "(a turn's end flushing the model's delay, input that waited) runs in a batch of this many rows of its "
         "own on the same weights, their state copied in and back, instead of a step of the whole batch with "
-        "the others held; 0: off (docs/engines.md#flush-rows)",
+        "the others held, and as many of its frames as fit before the next tick go in one burst "
+        "(docs/engines.md#drain-bursts); 0: off (docs/engines.md#flush-rows)",
     )
     late_input_grace_ticks: int = Field(
         4,

@@ -86,6 +86,7 @@ class SttFrameModel:
                 raise ValueError("flush rows need ring KV (paged KV hands its blocks out per row of one pool)")
             lm, mimi = sharing_weights(self.lm), sharing_weights(self.mimi)
             self.flush = FrameStep(lm, mimi, SlotSampler(flush_rows, self.device, sampling), flush_rows, graph=graph)
+        self.burst_rows = flush_rows if self.flush is not None else 0  # DrainsInput: bursts run in the flush batch
         self._open = np.zeros(batch_size, bool)  # opened and not released: the rows attention must cover
         self.steps = np.zeros(batch_size, np.int64)  # per row: steps since it opened
         self._prefill_left = np.zeros(batch_size, np.int64)
@@ -133,6 +134,32 @@ class SttFrameModel:
         result = self.frame(pcm, self._open, hold=~stepped)
         self.steps += stepped
         return self._outputs(result, slots, slots)
+
+    @torch.no_grad()
+    def step_rows_burst(self, frames: FloatArray, slots: npt.NDArray[np.intp]) -> list[list[FrameOutput | None]]:
+        """Drain steps of a few rows back to back (``DrainsInput``), in the flush batch: their state is
+        copied in once and back once, and the host reads the outputs once, after the last step
+        was queued (docs/engines.md#drain-bursts)."""
+        flush = self.flush
+        assert flush is not None and slots.size <= flush.batch
+        rows = np.arange(slots.size)
+        flush.take_rows(rows, self.frame, slots)
+        pcm = np.zeros((frames.shape[0], flush.batch, self.frame_size), np.float32)
+        pcm[:, : slots.size] = frames
+        pcm_device = torch.from_numpy(pcm).to(self.device)
+        active = np.arange(flush.batch) < slots.size
+        kept: list[FrameTensors] = []
+        for step in pcm_device:
+            out = flush(step, active)  # a graphed step's outputs are overwritten by the next: keep copies
+            n = slots.size
+            scores = None if out.scores is None else out.scores[:n].clone()
+            kept.append(FrameTensors(out.tokens[:n].clone(), out.ready[:n].clone(), out.audio, scores))
+        self.frame.take_rows(slots, flush, rows)
+        outputs: list[list[FrameOutput | None]] = []
+        for result in kept:
+            self.steps[slots] += 1
+            outputs.append(self._outputs(result, slots, rows))
+        return outputs
 
     def _step_in_flush(self, frames: FloatArray, slots: npt.NDArray[np.intp]) -> FrameTensors:
         """One step of ``slots`` in the flush batch (its first rows), their state copied in and back;

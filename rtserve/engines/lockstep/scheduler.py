@@ -47,7 +47,9 @@ docs/engines.md#draining-waiting-input). Prefilling slots step in drain steps to
 ``prefill_step`` each, on silence), so a prefill is done in the spare time of its first ticks
 rather than one frame a tick while the client's audio waits behind it. A live slot with no
 input at a tick is held rather than stepped on silence for a few ticks (``late_input_grace_ticks``):
-its late frame gets a drain step when it comes (``draining.DrainLedger``).
+its late frame gets a drain step when it comes (``draining.DrainLedger``). A model that steps a
+few rows in a batch of their own (``DrainsInput.burst_rows``) gets their drain steps in bursts:
+several frames in one call (docs/engines.md#drain-bursts).
 
 Overruns (ticks longer than the period), catch-up ticks, skipped deadlines and tick
 lateness are metrics; overruns and skips also log a rate-limited warning. Admission
@@ -128,10 +130,22 @@ class RunsAhead(Protocol):
 class DrainsInput(Protocol):
     """A model that can step some rows while the others keep their state."""
 
+    # A drain of this many live rows or fewer (none prefilling) may step several frames in one
+    # ``step_rows_burst`` call; 0: every drain step is one ``step_rows``.
+    burst_rows: int
+
     def step_rows(self, frames: FloatArray, stepped: npt.NDArray[np.bool_]) -> Sequence[FrameOutput | None]:
         """Advance only the ``stepped`` rows (``[batch_size]`` bool) on their ``frames`` (silence for
         a prefilling row, whose ``prefill_step`` was called first); the other rows keep their
         state. Outputs for the stepped rows (None elsewhere)."""
+        ...
+
+    def step_rows_burst(
+        self, frames: FloatArray, slots: npt.NDArray[np.intp]
+    ) -> Sequence[Sequence[FrameOutput | None]]:
+        """Advance the rows ``slots`` (at most ``burst_rows``) over ``frames`` (``[K, len(slots),
+        frame_size]``), K steps back to back, the other rows keeping their state: each step's
+        outputs as ``step_rows`` gives them."""
         ...
 
 
@@ -227,6 +241,7 @@ class LockstepScheduler:
             DrainLedger(model.batch_size, drain_after_ticks, late_input_grace_ticks) if drains is not None else None
         )
         self._drain_timing: tuple[int, float] | None = None  # the last drain step's rows and duration
+        self._burst_frame_s = 0.0  # the last drain burst's duration a frame (0: none yet)
         self._flush_between_ticks = flush_between_ticks and drains is not None
         self._last_tick_s = 0.0  # the last paced tick's duration: a drain step's room between ticks
         self.name = name
@@ -615,6 +630,10 @@ class LockstepScheduler:
                 ledger.settle()
                 if not prefill:
                     return
+            if waiting and not prefill and len(waiting) <= self.drains.burst_rows:
+                if not self._drain_burst(waiting, deadline, tick_s):
+                    return
+                continue
             stepping = len(waiting) + len(prefill)
             last = self._drain_timing
             drain_s = last[1] if last is not None and stepping <= last[0] else tick_s
@@ -639,6 +658,41 @@ class LockstepScheduler:
             self.metrics.drain_step_seconds.observe(duration_s)
             self.metrics.drained_input_frames.inc(len(rows))
             self._drain_timing = (stepping, duration_s)
+
+    def _drain_burst(self, waiting: list[tuple[int, SlotLease]], deadline: float, tick_s: float) -> bool:
+        """The drain steps of a few rows in one model call (``DrainsInput.step_rows_burst``): as many
+        frames as every one of them may give, and as fit before the deadline at the last burst's
+        cost a frame (the tick's before the first). False when not one fits."""
+        ledger, drains, clock = self._ledger, self.drains, self._clock
+        assert ledger is not None and drains is not None
+        frame_s = self._burst_frame_s or tick_s
+        fits = int((deadline - clock.monotonic()) / (_DRAIN_ROOM * frame_s))
+        frames = min(fits, *(min(ledger.wanted(i), len(lease.input) // self.frame_size) for i, lease in waiting))
+        if frames < 1:
+            return False
+        started = clock.monotonic()
+        slots = np.fromiter((index for index, _ in waiting), np.intp, len(waiting))
+        burst = np.empty((frames, slots.size, self.frame_size), np.float32)
+        takes: list[list[_LiveRow]] = []
+        for k in range(frames):
+            for index in slots.tolist():
+                ledger.spend(index)
+            takes.append(self._take_input(waiting, drain=True))
+            burst[k] = self._frames[slots]
+        try:
+            outputs = drains.step_rows_burst(burst, slots)
+        except Exception:  # noqa: BLE001 - the stepped slots fail; the engine thread goes on
+            self._fail([lease for _, lease in waiting], "step_rows_burst")
+            return False
+        wake = [woken for rows, step in zip(takes, outputs, strict=True) for woken in self._scatter(rows, step)]
+        self._notifier.notify(wake)
+        duration_s = clock.monotonic() - started
+        self._burst_frame_s = duration_s / frames
+        self.metrics.drain_steps.inc(frames)
+        for _ in range(frames):
+            self.metrics.drain_step_seconds.observe(self._burst_frame_s)
+        self.metrics.drained_input_frames.inc(frames * slots.size)
+        return True
 
     def _drain_when_asked(self, due: float) -> None:
         """Until the tick is ``due``: drain steps whenever a stream asks for its frames to be

@@ -24,18 +24,33 @@ FLUSH_VALUE = 100.0
 
 
 class DrainingModel(RecordingModel):
-    """Echoes input like ``RecordingModel``; ``step_rows`` steps only the rows asked for."""
+    """Echoes input like ``RecordingModel``; ``step_rows`` steps only the rows asked for (10 ms);
+    with ``burst_rows`` a drain of one row is a burst of 4 ms a frame (``step_rows_burst``)."""
 
-    def __init__(self, clock: ClientFeedingClock) -> None:
+    def __init__(self, clock: ClientFeedingClock, burst_rows: int = 0) -> None:
         super().__init__(batch_size=2, frame_size=FRAME, sample_rate=100)  # 80 ms frames
         self.clock = clock
+        self.burst_rows = burst_rows
         self.held: list[tuple[int, ...]] = []  # per drain step: the rows left as they were
+        self.bursts: list[int] = []  # per burst: its frames
 
     def step_rows(self, frames: np.ndarray, stepped: np.ndarray) -> list[FrameOutput | None]:
         self._record("step_rows", tuple(int(i) for i in np.flatnonzero(stepped)))
         self.held.append(tuple(int(i) for i in np.flatnonzero(~stepped)))
         self.clock.advance(0.01)
         return [FrameOutput(frames[i].copy(), text="drain") if stepped[i] else None for i in range(self.batch_size)]
+
+    def step_rows_burst(self, frames: np.ndarray, slots: np.ndarray) -> list[list[FrameOutput | None]]:
+        assert slots.size <= self.burst_rows
+        self.bursts.append(frames.shape[0])
+        self.clock.advance(0.004 * frames.shape[0])
+        outputs: list[list[FrameOutput | None]] = []
+        for step in frames:
+            output: list[FrameOutput | None] = [None] * self.batch_size
+            for row, slot in enumerate(slots.tolist()):
+                output[slot] = FrameOutput(step[row].copy(), text="burst")
+            outputs.append(output)
+        return outputs
 
 
 def _serve(
@@ -48,6 +63,7 @@ def _serve(
     flush_at: int | None = None,
     tick_s: float = 0.01,
     flush_between_ticks: bool = False,
+    burst_rows: int = 0,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), ticks of ``tick_s`` and drain steps of 10 ms: the frames each tick and drain
@@ -55,9 +71,9 @@ def _serve(
     and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
     prefill steps before it takes input. ``flush_at``: after that tick the stream queues
     ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``), as a
-    turn's end that comes between two ticks."""
+    turn's end that comes between two ticks. ``burst_rows``: the model's (``DrainingModel``)."""
     clock = ClientFeedingClock(late=late, phase=phase)
-    model = DrainingModel(clock)
+    model = DrainingModel(clock, burst_rows)
     registry = CollectorRegistry()
     stepped: list[float] = []
     backlog: list[int] = []
@@ -254,3 +270,23 @@ def test_without_drain_steps_flushed_frames_go_a_tick_each() -> None:
 
     assert min(backlog[11:14]) >= (FLUSHED - 4) * FRAME
     assert not model.held
+
+
+def test_a_flush_of_a_few_rows_is_stepped_in_bursts_counted_frame_by_frame() -> None:
+    """A model that steps a few rows several frames a call (Kyutai STT's flush batch) gets a
+    flush's frames in one or two calls: as many as fit before the next tick, at the tick's cost a
+    frame until a burst was timed (70 ms left / (1.5 x 10 ms) = 4 frames), then at the burst's."""
+    stepped, backlog, model, registry, lease = _serve(
+        drains=True, drain_after_ticks=30, flush_at=10, flush_between_ticks=True, burst_rows=1
+    )
+
+    assert model.bursts[:2] == [4, FLUSHED - 4]
+    assert backlog[10] < FRAME  # all stepped before the next tick's take
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
+    client = [value for value in stepped if 0 < value < FLUSH_VALUE]
+    assert client == [float(k) for k in range(1, len(client) + 1)]  # the client's frames in order
+    steps = metric(registry, "rtserve_lockstep_drain_steps_total")
+    assert steps == sum(model.bursts) and not model.held  # no single drain step
+    assert metric(registry, "rtserve_lockstep_drain_step_seconds_count") == steps
+    assert metric(registry, "rtserve_lockstep_drained_input_frames_total") == steps
+    assert lease.samples_discarded == 0
