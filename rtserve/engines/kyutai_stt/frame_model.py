@@ -19,7 +19,8 @@ row is held, its state put back as it was; a tick whose live row waits for a lat
 a step too (docs/engines.md#draining-waiting-input). With ``flush_rows`` a drain step of that many
 rows or fewer runs in a batch of its own on the same weights instead: their state is copied in,
 stepped and copied back, so the step costs a few rows' compute, not the whole batch's
-(docs/engines.md#flush-rows).
+(docs/engines.md#flush-rows); ``step_rows_burst`` steps such rows several frames in one call, the
+state copied once each way (docs/engines.md#drain-bursts).
 
 Each live row's output carries a ``TranscriptStep``: the step number, the text token that
 came out (the reference ``LMGen``'s output: it trails the token's generation by the LM's
@@ -127,9 +128,7 @@ class SttFrameModel:
         """A drain step (``DrainsInput``): only the ``stepped`` rows advance, on their frames."""
         slots = np.flatnonzero(stepped)
         if self.flush is not None and slots.size <= self.flush.batch:
-            result = self._step_in_flush(frames, slots)
-            self.steps += stepped
-            return self._outputs(result, slots, np.arange(slots.size))
+            return self.step_rows_burst(frames[slots][None], slots)[0]
         pcm = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).to(self.device)
         result = self.frame(pcm, self._open, hold=~stepped)
         self.steps += stepped
@@ -137,9 +136,10 @@ class SttFrameModel:
 
     @torch.no_grad()
     def step_rows_burst(self, frames: FloatArray, slots: npt.NDArray[np.intp]) -> list[list[FrameOutput | None]]:
-        """Drain steps of a few rows back to back (``DrainsInput``), in the flush batch: their state is
-        copied in once and back once, and the host reads the outputs once, after the last step
-        was queued (docs/engines.md#drain-bursts)."""
+        """Drain steps of a few rows back to back (``DrainsInput``), in the flush batch (its first
+        rows; the others step on what they last held, which no one reads): their state is copied
+        in once and back once, and the host reads the outputs after the last step was queued
+        (docs/engines.md#drain-bursts)."""
         flush = self.flush
         assert flush is not None and slots.size <= flush.batch
         rows = np.arange(slots.size)
@@ -160,20 +160,6 @@ class SttFrameModel:
             self.steps[slots] += 1
             outputs.append(self._outputs(result, slots, rows))
         return outputs
-
-    def _step_in_flush(self, frames: FloatArray, slots: npt.NDArray[np.intp]) -> FrameTensors:
-        """One step of ``slots`` in the flush batch (its first rows), their state copied in and back;
-        the flush batch's other rows step on what they last held, which no one reads."""
-        flush = self.flush
-        assert flush is not None
-        rows = np.arange(slots.size)
-        flush.take_rows(rows, self.frame, slots)
-        pcm = np.zeros((flush.batch, self.frame_size), np.float32)
-        pcm[: slots.size] = frames[slots]
-        active = np.arange(flush.batch) < slots.size
-        result = flush(torch.from_numpy(pcm).to(self.device), active)
-        self.frame.take_rows(slots, flush, rows)
-        return result
 
     def _outputs(
         self, result: FrameTensors, slots: npt.NDArray[np.intp], rows: npt.NDArray[np.intp]
