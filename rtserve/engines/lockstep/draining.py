@@ -73,6 +73,10 @@ class DrainLedger:
         """A drain step may take a frame of ``slot`` (if it has a whole one)."""
         return bool(self._owed[slot] or self._due[slot] or self._flushed[slot])
 
+    def flushing(self, slot: int) -> bool:
+        """``slot``'s stream asked for frames to be stepped now that drain steps have not taken yet."""
+        return bool(self._flushed[slot])
+
     def wanted(self, slot: int) -> int:
         """How many frames of ``slot`` drain steps may take (as many as it has whole)."""
         return int(self._owed[slot] + self._flushed[slot] + self._due[slot])

@@ -630,8 +630,9 @@ class LockstepScheduler:
                 ledger.settle()
                 if not prefill:
                     return
-            if waiting and not prefill and len(waiting) <= self.drains.burst_rows:
-                if not self._drain_burst(waiting, deadline, tick_s):
+            burst = self._burst_of(waiting, prefill)
+            if burst:
+                if not self._drain_burst(burst, deadline, tick_s):
                     return
                 continue
             stepping = len(waiting) + len(prefill)
@@ -658,6 +659,21 @@ class LockstepScheduler:
             self.metrics.drain_step_seconds.observe(duration_s)
             self.metrics.drained_input_frames.inc(len(rows))
             self._drain_timing = (stepping, duration_s)
+
+    def _burst_of(
+        self, waiting: list[tuple[int, SlotLease]], prefill: list[tuple[int, SlotLease]]
+    ) -> list[tuple[int, SlotLease]]:
+        """The rows the next drain steps in a burst: every waiting one if they fit one, else those
+        flushing if they do (a turn's end, which someone waits for, goes before input that only
+        stood); none while a slot prefills (its steps go one a call) or with no burst rows."""
+        limit = self.drains.burst_rows if self.drains is not None else 0
+        if prefill or not limit:
+            return []
+        if len(waiting) <= limit:
+            return waiting
+        assert self._ledger is not None
+        flushing = [(index, lease) for index, lease in waiting if self._ledger.flushing(index)]
+        return flushing if len(flushing) <= limit else []
 
     def _drain_burst(self, waiting: list[tuple[int, SlotLease]], deadline: float, tick_s: float) -> bool:
         """The drain steps of a few rows in one model call (``DrainsInput.step_rows_burst``): as many

@@ -33,6 +33,7 @@ class DrainingModel(RecordingModel):
         self.burst_rows = burst_rows
         self.held: list[tuple[int, ...]] = []  # per drain step: the rows left as they were
         self.bursts: list[int] = []  # per burst: its frames
+        self.burst_slots: list[tuple[int, ...]] = []  # per burst: its slots
 
     def step_rows(self, frames: np.ndarray, stepped: np.ndarray) -> list[FrameOutput | None]:
         self._record("step_rows", tuple(int(i) for i in np.flatnonzero(stepped)))
@@ -43,6 +44,7 @@ class DrainingModel(RecordingModel):
     def step_rows_burst(self, frames: np.ndarray, slots: np.ndarray) -> list[list[FrameOutput | None]]:
         assert slots.size <= self.burst_rows
         self.bursts.append(frames.shape[0])
+        self.burst_slots.append(tuple(slots.tolist()))
         self.clock.advance(0.004 * frames.shape[0])
         outputs: list[list[FrameOutput | None]] = []
         for step in frames:
@@ -64,6 +66,7 @@ def _serve(
     tick_s: float = 0.01,
     flush_between_ticks: bool = False,
     burst_rows: int = 0,
+    standing_beside: int = 0,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), ticks of ``tick_s`` and drain steps of 10 ms: the frames each tick and drain
@@ -71,7 +74,9 @@ def _serve(
     and the input still queued after each tick (with its drain steps). ``prefill``: the slot's
     prefill steps before it takes input. ``flush_at``: after that tick the stream queues
     ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``), as a
-    turn's end that comes between two ticks. ``burst_rows``: the model's (``DrainingModel``)."""
+    turn's end that comes between two ticks. ``burst_rows``: the model's (``DrainingModel``).
+    ``standing_beside``: a second stream gets that many frames at once with the flush, so the tick
+    that applies the flush leaves them standing beside it."""
     clock = ClientFeedingClock(late=late, phase=phase)
     model = DrainingModel(clock, burst_rows)
     registry = CollectorRegistry()
@@ -95,6 +100,8 @@ def _serve(
             stepped.append(float(item[0].audio[0]))
         backlog.append(len(leases[0].input))
         if len(backlog) == flush_at:
+            if standing_beside:
+                leases[1].push_samples(np.full(standing_beside * FRAME, -1.0, np.float32))
             leases[0].push_samples(np.full(FLUSHED * FRAME, FLUSH_VALUE, np.float32))
             scheduler.drain_soon(leases[0], FLUSHED)
 
@@ -112,6 +119,8 @@ def _serve(
     )
     lease = scheduler.acquire(SlotPrompt(text="x" * prefill))  # RecordingModel: one prefill step a character
     leases.append(lease)
+    if standing_beside:
+        leases.append(scheduler.acquire(SlotPrompt()))
     clock.lease = lease
     scheduler.start()
     try:
@@ -289,4 +298,16 @@ def test_a_flush_of_a_few_rows_is_stepped_in_bursts_counted_frame_by_frame() -> 
     assert steps == sum(model.bursts) and not model.held  # no single drain step
     assert metric(registry, "rtserve_lockstep_drain_step_seconds_count") == steps
     assert metric(registry, "rtserve_lockstep_drained_input_frames_total") == steps
+    assert lease.samples_discarded == 0
+
+
+def test_a_flush_goes_in_a_burst_before_input_that_only_stood() -> None:
+    """When more streams wait than a burst holds, the flushing ones (a turn's end someone waits
+    for) go first in a burst of their own; the other stream's standing frames follow."""
+    stepped, backlog, model, _, lease = _serve(drains=True, flush_at=10, burst_rows=1, standing_beside=4)
+
+    assert model.burst_slots[0] == (0,) and (1,) in model.burst_slots[1:]
+    assert not model.held  # no step of both rows, the others held
+    assert backlog[11] < FRAME
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
     assert lease.samples_discarded == 0
