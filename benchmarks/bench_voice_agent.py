@@ -76,6 +76,7 @@ import voice_agent_kit
 from bench_kyutai_served import (  # benchmarks/ on sys.path
     VOICE,
     Reply,
+    first_audio_steps,
     ready_probe,
     stalls,
     write_stt_weights,
@@ -395,8 +396,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     # frame) plus new replies' steps; stepped for every frame a reader takes, far more.
     calls = "rtserve_kyutai_tts_tick_seconds_count"
     point["tts_calls_per_s"] = (metrics_after.get(calls, 0.0) - metrics_before.get(calls, 0.0)) / measured_s
-    for part in ("rows", "span"):  # what a TTS step computed on average (docs/engines.md#row-buckets)
-        point[f"tts_step_{part}"] = histogram_mean(metrics_before, metrics_after, f"rtserve_kyutai_tts_step_{part}")
+    # Where the TTS's part goes: a reply's full and pre-audio steps before its first audio, the
+    # model's steps by kind, what a step computed on average (docs/engines.md#pre-audio-steps).
+    point |= {f"tts_{key}": value for key, value in first_audio_steps(metrics_before, metrics_after).items()}
     for q in (0.5, 0.95):  # the TTS engine's own share of the reply's first audio
         seconds = histogram_quantile(
             metrics_before, metrics_after, "rtserve_kyutai_tts_first_audio_after_text_seconds", q
@@ -443,6 +445,9 @@ COLUMNS = [
     ("span", "tts_step_span", "{:.0f}"),
     ("TTS after text p50", "tts_after_text_p50_ms", "{:.0f}"),
     ("p95", "tts_after_text_p95_ms", "{:.0f}"),
+    ("TTS 1st full steps p50", "tts_first_full_steps_p50", "{:.1f}"),
+    ("pre steps p50", "tts_first_pre_audio_steps_p50", "{:.1f}"),
+    ("young full", "tts_young_batch_full", "{:.0f}"),
     ("client %", "busiest_client_pct", "{:.0f}"),
 ]
 
