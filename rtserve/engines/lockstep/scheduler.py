@@ -681,9 +681,13 @@ class LockstepScheduler:
         cost a frame (the tick's before the first). False when not one fits."""
         ledger, drains, clock = self._ledger, self.drains, self._clock
         assert ledger is not None and drains is not None
-        frame_s = self._burst_frame_s or tick_s
-        fits = int((deadline - clock.monotonic()) / (_DRAIN_ROOM * frame_s))
-        frames = min(fits, *(min(ledger.wanted(i), len(lease.input) // self.frame_size) for i, lease in waiting))
+        room_s = deadline - clock.monotonic()
+        if room_s <= 0:
+            return False
+        frames = min(min(ledger.wanted(i), len(lease.input) // self.frame_size) for i, lease in waiting)
+        frame_s = self._burst_frame_s or tick_s  # zero only on a test's clock that stands still
+        if frame_s > 0:
+            frames = min(frames, int(room_s / (_DRAIN_ROOM * frame_s)))
         if frames < 1:
             return False
         started = clock.monotonic()
