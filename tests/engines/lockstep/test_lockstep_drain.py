@@ -179,13 +179,13 @@ def test_a_client_on_time_is_never_drained(phase: float) -> None:
     assert max(backlog) <= FRAME  # phase 0.05: the next tick's frame, which came during this one
 
 
-@pytest.mark.parametrize("drains", [True, False])
-def test_a_prefilling_slot_is_stepped_in_drain_steps(drains: bool) -> None:
+@pytest.mark.parametrize(("drains", "burst_rows"), [(True, 0), (True, 1), (False, 0)])
+def test_a_prefilling_slot_is_stepped_in_drain_steps(drains: bool, burst_rows: int) -> None:
     """Kyutai STT's silence prefix: while a slot prefills, its client's audio waits. Drain steps
     advance the prefilling row too, so the prefill is done in the first tick's spare time and
     no audio stands behind it; without them each prefill step takes a tick and the audio that
-    arrived meanwhile stays queued."""
-    stepped, backlog, model, _, lease = _serve(drains=drains, prefill=6)
+    arrived meanwhile stays queued. A model with bursts steps a prefilling row one step a call."""
+    stepped, backlog, model, _, lease = _serve(drains=drains, prefill=6, burst_rows=burst_rows)
 
     delivered = [value for value in stepped if value > 0]
     assert delivered == [float(k) for k in range(1, len(delivered) + 1)]
