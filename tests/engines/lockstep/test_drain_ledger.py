@@ -64,10 +64,11 @@ def test_flushed_frames_are_wanted_at_once_up_to_what_stands() -> None:
     ledger.flush(0, 7)
     assert ledger.wants(0)
     _take(ledger, 8, 3)  # the tick took one; three stand (the rest were never queued)
+    assert ledger.wanted(0) == 3 and ledger.flushing(0)  # a burst may take all three at once
     for _ in range(3):
         assert ledger.wants(0)
         ledger.spend(0)
-    assert not ledger.wants(0)
+    assert not ledger.wants(0) and ledger.wanted(0) == 0 and not ledger.flushing(0)
     ledger.flush(0, 2)
     ledger.settle()  # no frame left to take: the flush is spent
     assert not ledger.wants(0)
