@@ -840,6 +840,13 @@ class CascadeLimits(_Section):
     max_turn_audio_s: float = Field(60.0, gt=0, description="longest user turn kept for ASR; oldest audio dropped")
     max_input_backlog_ms: int = Field(2000, ge=100, description="unanalysed input per session; drop-oldest beyond")
     output_queue_ms: int = Field(2000, ge=100, description="reply audio queued per session before TTS waits")
+    max_audio_ahead_s: float = Field(
+        8.0,
+        gt=0,
+        description="a reply's audio runs at most this far ahead of real time from its first chunk; the reply "
+        "waits beyond (a long answer made at once would overflow the session's output buffer behind a "
+        "real-time listener, e.g. a WebRTC track: docs/engines.md#reply-pacing)",
+    )
     worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
     llm_runtime: Literal["ctranslate2", "transformers", "transformers_vision"] = Field(
         "ctranslate2",

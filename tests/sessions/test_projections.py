@@ -163,6 +163,8 @@ def test_duplex_extensions_add_the_epoch_and_the_history_flag() -> None:
     assert duplex["epoch"] == 3
     assert duplex["response"]["metadata"] == {"committed": False}
     assert duplex["response"]["status_details"] == {"type": "failed", "reason": "output_backpressure"}
+    # OpenAI's clients validate a failure's reason as its error (status_details.reason is a closed set).
+    assert plain["response"]["status_details"] == {"type": "failed", "error": {"code": "output_backpressure"}}
 
 
 @pytest.mark.parametrize("audio_format", ["pcm16", "pcm_f32le", "g711_ulaw", "g711_alaw"])

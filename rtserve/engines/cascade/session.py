@@ -40,6 +40,7 @@ from rtserve.codecs.resample import StreamResampler
 from rtserve.config import CascadeLimits, SemanticVadThresholds
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
+from rtserve.engines.cascade.audio_pace import AudioPace
 from rtserve.engines.cascade.events import EventChannel
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.metrics import CascadeMetrics
@@ -134,6 +135,7 @@ class CascadeSession:
         self._sealed: deque[tuple[int, asyncio.Future[str]]] = deque()
         self._commit_lock = asyncio.Lock()
         self._channel = EventChannel(limits.output_queue_ms * capabilities.output_sample_rate // 1000)
+        self._max_audio_ahead_s = limits.max_audio_ahead_s
         self._stream_asr = hearing(self._channel.put_control) if hearing is not None else None
         self._semantic: SemanticVadThresholds = limits.semantic_vad
         self._epoch = 0
@@ -418,6 +420,7 @@ class CascadeSession:
         reason: str | None = None
         usage: dict[str, int] = {}
         first_audio = True
+        pace = AudioPace(self._max_audio_ahead_s, self.capabilities.output_sample_rate)
         said: list[str] = []  # what the session core will keep as this answer's text
         called = False
         try:
@@ -435,6 +438,7 @@ class CascadeSession:
                 async for item in items:
                     if isinstance(item, SpokenChunk):
                         said.append(item.text or "")
+                        await pace.hold(len(item.pcm))
                         await self._channel.put_output(
                             OutputAudio(item.pcm, request.epoch, request.response_id, item.text)
                         )

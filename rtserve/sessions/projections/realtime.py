@@ -386,11 +386,19 @@ class RealtimeProjection:
 
     def _status_details(self, details: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """Duplex clients get the runtime's own reasons; OpenAI clients validate a closed set
-        (``turn_detected``, ``client_cancelled``, ...), so cancellations are named in its words."""
+        (``turn_detected``, ``client_cancelled``, ...), so cancellations are named in its words,
+        and a failure's reason goes in ``error`` (a code such as ``output_backpressure``, or a
+        message), where OpenAI's schema has it."""
         if details is None:
             return None
-        if self.duplex or details.get("type") != "cancelled":
+        kind = details.get("type")
+        if self.duplex or kind not in ("cancelled", "failed"):
             return dict(details)
+        if kind == "failed":
+            why = str(details.get("reason") or "")
+            if not why:
+                return {"type": "failed"}
+            return {"type": "failed", "error": {"code": why} if why.isidentifier() else {"message": why}}
         reason = _OPENAI_CANCEL_REASONS.get(details.get("reason", ""))
         return {"type": "cancelled", "reason": reason} if reason else {"type": "cancelled"}
 

@@ -28,7 +28,7 @@ STORY_REQUEST = "Tell me a long story about a dragon."
 STORYTELLER = (
     "You are a storyteller. Whatever you are asked, tell a long, detailed story of many sentences "
     "about a dragon."
-)  # the reply must outlast the interruption: the engine does not pace output
+)  # the reply must outlast the interruption (the engine runs at most cascade.max_audio_ahead_s ahead of real time)
 CONVERSATION_TIMEOUT_S = 240  # real models on a loaded 2-core CPU: only a hung test should ever hit these
 EVENT_TIMEOUT_S = 120
 VAD_WINDOW_MS = 32  # Silero's 512-sample window at 16 kHz: a detected start may precede the voice by less

@@ -112,3 +112,32 @@ async def test_spoken_answer_on_the_track_and_speaking_over_it_clears_it(config:
         assert truncated["item_id"] == done["response"]["output"][0]["id"]
         assert truncated["audio_end_ms"] > 0 and abs(truncated["audio_end_ms"] / 1000 - played_s) < 1.0
         await caller.close()
+
+
+async def test_a_long_answer_plays_out_without_overflowing_the_sessions_output(config: ServerConfig) -> None:
+    """The track plays at real time and the cascade makes speech faster: with an output buffer of
+    ~1.5 s of audio, a longer answer made at once would overflow it and close the session
+    (``output_backpressure``). The reply runs at most ``cascade.max_audio_ahead_s`` ahead of real
+    time, so it plays to its end."""
+    config.engine = "cascade"
+    config.sessions.max_pending_output_events_per_session = 48  # ~1.5 s of 40 ms chunks, with the text
+    config.cascade.max_audio_ahead_s = 0.5
+    async with running(webrtc_config(config), ready_timeout_s=LOAD_TIMEOUT_S) as base:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=EVENT_TIMEOUT_S)
+        story = at_48k(await speech_pcm(client, STORY_REQUEST))
+        caller = Caller()
+        await caller.call(client, session={"type": "realtime", "instructions": STORYTELLER, "max_output_tokens": 50})
+        await caller.until("session.created")
+        async with asyncio.timeout(CONVERSATION_TIMEOUT_S):
+            caller.mic.say(np.concatenate([np.zeros(RATE // 5, np.int16), story]))
+            started = await caller.until("output_audio_buffer.started", timeout_s=CONVERSATION_TIMEOUT_S)
+            stopped = await caller.until(
+                "output_audio_buffer.stopped", start=caller.events.index(started), timeout_s=CONVERSATION_TIMEOUT_S
+            )
+        assert stopped["response_id"] == started["response_id"]
+        assert "error" not in caller.types()
+        done = next(e for e in caller.events if e["type"] == "response.done")
+        assert done["response"]["status"] == "completed"
+        played_s = sum(len(f) for _, f in caller.audio if rms(f) > 0.003) / RATE
+        assert played_s > 3.0  # the answer outgrew the output buffer
+        await caller.close()
