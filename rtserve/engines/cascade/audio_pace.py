@@ -13,14 +13,13 @@ barge-in's speech start) go on meanwhile on their own lane.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 
 class AudioPace:
-    def __init__(self, max_ahead_s: float, sample_rate: int, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, max_ahead_s: float, sample_rate: int) -> None:
         self._max_ahead_s = max_ahead_s
         self._rate = sample_rate
-        self._clock = clock or asyncio.get_running_loop().time
+        self._clock = asyncio.get_running_loop().time
         self._started: float | None = None  # when the first chunk went out
         self._made_s = 0.0  # audio handed on so far
 

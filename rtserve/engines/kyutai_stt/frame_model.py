@@ -140,18 +140,17 @@ class SttFrameModel:
         rows; the others step on what they last held, which no one reads): their state is copied
         in once and back once, and the host reads the outputs after the last step was queued
         (docs/engines.md#drain-bursts)."""
-        flush = self.flush
-        assert flush is not None and slots.size <= flush.batch
-        rows = np.arange(slots.size)
+        flush, n = self.flush, slots.size
+        assert flush is not None and n <= flush.batch
+        rows = np.arange(n)
         flush.take_rows(rows, self.frame, slots)
         pcm = np.zeros((frames.shape[0], flush.batch, self.frame_size), np.float32)
-        pcm[:, : slots.size] = frames
+        pcm[:, :n] = frames
         pcm_device = torch.from_numpy(pcm).to(self.device)
-        active = np.arange(flush.batch) < slots.size
+        active = np.arange(flush.batch) < n
         kept: list[FrameTensors] = []
         for step in pcm_device:
             out = flush(step, active)  # a graphed step's outputs are overwritten by the next: keep copies
-            n = slots.size
             scores = None if out.scores is None else out.scores[:n].clone()
             kept.append(FrameTensors(out.tokens[:n].clone(), out.ready[:n].clone(), out.audio, scores))
         self.frame.take_rows(slots, flush, rows)
