@@ -617,6 +617,14 @@ class TtsEngineConfig(_Section):
         description="with young_batch: its steps go on back to back in a call for up to this long (beside a step "
         "of the others, until that ends if sooner); 0: one step a call",
     )
+    young_queue: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="with young_batch: how many of a burst's steps are queued on the GPU ahead of the host's read "
+        "of the first, so the GPU goes on while the host reads one; a burst may then run this many steps minus one "
+        "past young_burst_ms; 1: each step read before the next is queued (docs/engines.md#young-batch)",
+    )
 
 
 class DiffusionEngineConfig(_Section):

@@ -173,6 +173,7 @@ class KyutaiTTSEngine:
             catch_up_lead_s=lead_s,
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             young_burst_s=settings.young_burst_ms / 1e3,
+            young_queue=settings.young_queue,
             clock=clock.monotonic,
             on_step=self._stepped,
             on_first_audio_after_text=self._after_text.observe,

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -54,7 +55,7 @@ import torch
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.conditioning import Voice
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSFrame
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, StepOutputs, TTSFrame, outputs_copy
 from rtserve.engines.kyutai_tts.script import Word
 from rtserve.engines.values import FrameOutput, SlotPrompt, SpeechStep
 from rtserve.errors import INPUT_BACKPRESSURE
@@ -91,6 +92,7 @@ class TTSFrameModel:
         catch_up_lead_s: float = 0.0,
         full_step_cadence_s: float = 0.0,
         young_burst_s: float = 0.0,
+        young_queue: int = 1,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[str], None] | None = None,
         on_first_audio_after_text: Callable[[float], None] | None = None,
@@ -103,7 +105,9 @@ class TTSFrameModel:
         comes at most this long after the last full step, unless a row is down to half the lead
         (0: at once). ``young``: the young batch (a ``pre_audio_only`` model on the same
         weights); ``young_burst_s``: how long its steps may go on back to back in a call (beside
-        a main step, until that ends if sooner; 0: one step). ``clock``: the scheduler's seconds.
+        a main step, until that ends if sooner; 0: one step); ``young_queue``: how many of those
+        steps are launched ahead of the host's read of the first (1: each read before the next
+        launch). ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``) once it is launched, for the engine's metrics.
         ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
         text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
@@ -121,6 +125,7 @@ class TTSFrameModel:
         self.catch_up_lead_s = catch_up_lead_s
         self.full_step_cadence_s = full_step_cadence_s
         self.young_burst_s = young_burst_s
+        self.young_queue = young_queue
         self._last_full = -np.inf  # clock time of the last full step
         self._clock = clock
         self._frame_s = model.frame_size / model.sample_rate
@@ -279,18 +284,30 @@ class TTSFrameModel:
         so a new reply goes through its audio delay in a few calls rather than one step a call.
         At least one step, at most ``young_steps`` (what a row needs), and none after a step
         where none of its rows stepped (a row can only go on with text, which comes between
-        calls). A slot's frames merge into its one output (running totals; ``word_starts``)."""
+        calls). Up to ``young_queue`` steps are launched ahead of the one read, so the GPU goes
+        on while the host reads; the steps launched when the burst ends are read too (a step
+        without text leaves every row as it was). A slot's frames merge into its one output
+        (running totals; ``word_starts``)."""
         young = self.young
         assert young is not None
         mask = np.zeros(young.batch_size, bool)
         mask[self._young_row[slots]] = True
         started = self._clock()
         stream = contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream)
-        for _ in range(young.young_steps):
+        queue: deque[StepOutputs] = deque()
+        launched, going_on = 0, True
+        while True:
+            while going_on and launched < young.young_steps and len(queue) < self.young_queue:
+                with stream:
+                    step = young.launch(mask, speak=False, queued=len(queue))
+                    queue.append(step if self.young_queue == 1 else outputs_copy(step))
+                launched += 1
+                if self._on_step is not None:
+                    self._on_step("young_batch")
+            if not queue:
+                return
             with stream:
-                frames = young.read(young.launch(mask, speak=False))  # waits for the young stream alone
-            if self._on_step is not None:
-                self._on_step("young_batch")
+                frames = young.read(queue.popleft())  # waits for the young stream alone
             stepped = False
             for row, frame in enumerate(frames):
                 slot = int(self._young_slot[row])
@@ -300,8 +317,7 @@ class TTSFrameModel:
             # Bounded beside a main step too: the young steps slow the main step they wait for (the
             # GPU is shared), so unbounded a loaded call ran on (docs/engines.md#young-batch).
             more = self._clock() - started < self.young_burst_s and (main_done is None or not main_done())
-            if not (stepped and more):
-                return
+            going_on = going_on and stepped and more
 
     def _adopt_through_delay(self) -> None:
         """Young-batch rows through their audio delay move into the main batch (after its step)."""

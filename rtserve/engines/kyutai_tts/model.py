@@ -57,6 +57,13 @@ from rtserve.errors import INVALID_VALUE
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def outputs_copy(launched: StepOutputs) -> StepOutputs:
+    """A launched step's outputs, copied on the current stream: a CUDA graph's outputs are its
+    own, overwritten by its next replay, so a step read after another launch needs a copy."""
+    flags, frame, audio = launched
+    return flags.clone(), frame.clone(), audio.clone()
+
+
 @dataclass(frozen=True)
 class TTSSettings:
     """Generation settings (the reference ``TTSModel``'s, with Kyutai's server defaults)."""
@@ -363,9 +370,14 @@ class KyutaiTTSModel:
         return self.read(self.launch(active, speak=speak))
 
     @torch.no_grad()
-    def launch(self, active: npt.NDArray[np.bool_] | None = None, *, speak: bool = True) -> StepOutputs:
+    def launch(
+        self, active: npt.NDArray[np.bool_] | None = None, *, speak: bool = True, queued: int = 0
+    ) -> StepOutputs:
         """``step``'s device part, queued on the current stream; ``read`` waits for it and hands
-        out the frames (another model's step may run on another stream meanwhile)."""
+        out the frames (another model's step may run on another stream meanwhile). ``queued``:
+        steps of this model launched and not read yet, which this one comes after (the rows'
+        positions the host knows are that many steps behind; their outputs must be copies, as a
+        graph's next replay overwrites its own)."""
         if speak and self.pre_audio_only:
             raise ValueError("a pre-audio-only model makes no audio")
         # Rows held back (their reader is behind) keep their state like waiting rows.
@@ -383,7 +395,7 @@ class KyutaiTTSModel:
             stepping = stepping & active
         indices = np.flatnonzero(stepping)
         last = int(indices[-1]) + 1 if indices.size else 1
-        furthest = int(self.steps[indices].max()) + 1 if indices.size else 1
+        furthest = int(self.steps[indices].max()) + 1 + queued if indices.size else 1
         rows = self.row_counts[bisect.bisect_left(self.row_counts, last)]
         span = self.spans[min(bisect.bisect_left(self.spans, furthest), len(self.spans) - 1)]
         self.step_rows, self.step_span = rows, span

@@ -94,9 +94,9 @@ def _until_first_audio(frame_model: TTSFrameModel, slot: int) -> tuple[list[bool
     kinds: list[bool] = []
     launch = frame_model.model.launch
 
-    def recorded(active: np.ndarray | None = None, *, speak: bool = True) -> StepOutputs:
+    def recorded(active: np.ndarray | None = None, *, speak: bool = True, queued: int = 0) -> StepOutputs:
         kinds.append(speak)
-        return launch(active, speak=speak)
+        return launch(active, speak=speak, queued=queued)
 
     frame_model.model.launch = recorded  # type: ignore[method-assign]
     audio: list[np.ndarray] = []

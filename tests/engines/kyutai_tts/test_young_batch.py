@@ -91,6 +91,8 @@ def _replies(
     device: str = "cpu",
     lead_s: float = 0.16,
     young_burst_s: float = 0.0,
+    young_queue: int = 1,
+    young_span_bucket: int = 0,
 ) -> Replies:
     """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
     clock moves ``call_s`` a call, until both new rows have made 3 frames. Greedy, so the audio
@@ -106,7 +108,12 @@ def _replies(
     young = None
     if young_rows:
         young = KyutaiTTSModel(
-            main.loaded.sharing_weights(), young_rows, settings=main.settings, voices=main.voices, pre_audio_only=True
+            main.loaded.sharing_weights(),
+            young_rows,
+            settings=main.settings,
+            voices=main.voices,
+            pre_audio_only=True,
+            span_bucket=young_span_bucket,
         )
     found_full: list[None] = []
     frame_model = TTSFrameModel(
@@ -115,6 +122,7 @@ def _replies(
         on_young_batch_full=lambda: found_full.append(None),
         catch_up_lead_s=lead_s,
         young_burst_s=young_burst_s,
+        young_queue=young_queue,
         clock=lambda: now[0],
         on_step=kinds.append,
     )
@@ -217,3 +225,19 @@ def test_where_only_the_young_batch_steps_its_steps_go_on_back_to_back(tiny_tts:
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
     assert burst.word_starts == one_a_call.word_starts
     assert all(starts and starts[0] < young_steps for starts in burst.word_starts.values())  # begun inside the burst
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_young_steps_queued_ahead_of_their_reads_make_the_same_replies(tiny_tts: TinyTTS, device: str) -> None:
+    # Each step launched before the host has read the ones before it: it must attend as far as
+    # those steps will have taken its rows (a span of 2 ring slots a graph, so a step short of
+    # that misses the last key), and on CUDA its outputs must outlive the next replay of the graph.
+    read_each = _replies(tiny_tts, young_rows=2, device=device, young_burst_s=0.02, young_span_bucket=2)
+    queued = _replies(tiny_tts, young_rows=2, device=device, young_burst_s=0.02, young_span_bucket=2, young_queue=3)
+    young_steps = queued.frame_model.model.young_steps
+    assert queued.kinds[:young_steps] == ["young_batch"] * young_steps
+    assert queued.calls == read_each.calls
+    for slot in range(3):
+        for ours, theirs in zip(queued.audio[slot], read_each.audio[slot], strict=True):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    assert queued.word_starts == read_each.word_starts
