@@ -202,6 +202,7 @@ class KyutaiTTSModel:
         self._open_host = np.zeros(batch_size, bool)
         self.steps = np.zeros(batch_size, np.int64)  # per row, steps since it opened: ``offsets`` as last read
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # this step's ``active`` (graph input)
+        self._active_host = np.ones(batch_size, bool)  # what ``active`` holds
         self._opening: dict[int, tuple[Voice | None, int | None]] = {}  # slots opened since the last flush
         self._voice_sum = self._sum(voice_given=True)  # a voiced stream's condition (the same for every voice)
         if self.cfg_direct:
@@ -381,10 +382,12 @@ class KyutaiTTSModel:
         if speak and self.pre_audio_only:
             raise ValueError("a pre-audio-only model makes no audio")
         # Rows held back (their reader is behind) keep their state like waiting rows.
-        if active is None:
-            self.active.fill_(True)
-        else:
-            self.active.copy_(torch.from_numpy(active))
+        # A blocking copy from the host waits for all the stream's queued work: the mask goes up
+        # only when it changed, so a step queued behind others (a young burst) waits for none.
+        wanted = np.ones(self.batch_size, bool) if active is None else active
+        if not np.array_equal(wanted, self._active_host):
+            self.active.copy_(torch.from_numpy(wanted))
+            self._active_host = wanted.copy()
         self.flush()
         # Rows past the last that may step are left out (they would wait), and ring slots past the
         # furthest position of those that may step are not read: they hold nothing of theirs yet.
