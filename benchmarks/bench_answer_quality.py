@@ -57,7 +57,7 @@ from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.instructions import ANSWER_RULE, DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import resolve_models
+from rtserve.engines.cascade.model_paths import resolve_asr, resolve_tts
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.values import ChatMessage, SamplingParams
 
@@ -222,11 +222,10 @@ def word_error_rate(questions: tuple[Question, ...], heard: list[str]) -> float:
 async def timed_transcripts(config: ServerConfig, questions: tuple[Question, ...]) -> tuple[list[str], float]:
     """Each question spoken by Piper and heard by Whisper (as a voice turn: the short window),
     and the median decode time (s)."""
-    models = resolve_models(config.models)
     metrics = CascadeMetrics(CollectorRegistry())
-    tts = TextToSpeech(models.tts, cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)
+    tts = TextToSpeech(resolve_tts(config.models), cpu_threads=config.models.cpu_threads, max_queue=64, metrics=metrics)
     asr = WhisperAsr(
-        models.asr,
+        resolve_asr(config.models),
         cpu_threads=config.models.cpu_threads,
         max_queue=64,
         partial_interval_ms=config.cascade.asr_partial_interval_ms,
@@ -254,7 +253,7 @@ async def ask_all(
     variant: Variant, questions: tuple[Question, ...], heard: list[str], draws: int = DRAWS
 ) -> dict[str, object]:
     config = config_for(variant)
-    llm = create_llm(config, resolve_models(config.models).llm, CascadeMetrics(CollectorRegistry()))
+    llm = create_llm(config, CascadeMetrics(CollectorRegistry()))
     await llm.start()
 
     async def ask(text: str) -> tuple[str, str | None]:

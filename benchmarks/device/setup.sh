@@ -23,16 +23,9 @@ if [ -d "$K" ] && [ ! -e "$S/.installed-cpu-kit" ]; then
       && touch "$S/.installed-cpu-kit" || return 1
   fi
 fi
-# The voice agent kit (voice_agent_kit.py) brings the cascade's CPU runtimes as wheels, installed
-# beside the others (one --target --upgrade replaces the folders it shares with an earlier one: bin/).
-VK=benchmarks/results/voice_agent_kit/wheels
-if [ -d "$VK" ] && [ ! -e "$S/voice/.installed" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$S/voice" "$VK"/*.whl \
-    && touch "$S/voice/.installed" || return 1
-fi
 # moshi imports sphn at load; only its voice-from-wav path uses it, so a stub stands in until whls comes.
 [ -d "$S/sphn" ] || [ -e "$S/sphn.py" ] || touch "$S/sphn.py"
 [ -d "$S/sphn" ] && rm -f "$S/sphn.py"
 # benchmarks/ too: PYTHONSAFEPATH keeps a script's own folder off sys.path, and the benchmarks import
 # their helpers (pyspy, bench_kyutai_served) by name; $S/bin holds py-spy (whlx).
-export S W PYTHONPATH=$S:$S/voice:$PWD:$PWD/benchmarks PATH=$S/bin:$PATH PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
+export S W PYTHONPATH=$S:$PWD:$PWD/benchmarks PATH=$S/bin:$PATH PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import SpeaksWithStreams
 from rtserve.engines.policy.batcher import PolicyBatcher
 from rtserve.engines.protocols import HostedSessionEngine, SleepStage, TTSEngine
@@ -30,6 +29,7 @@ from rtserve.engines.sleep import SleepController
 from rtserve.weights import BOARD, DownloadStatus
 
 if TYPE_CHECKING:
+    from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine
     from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,12 @@ class EngineSet:
     def _sleep_controller(self) -> SleepController:
         if self._sleep is None:
             stages: tuple[SleepStage, ...] = tuple(self.session_engine.sleep_stages())
-            # The Kyutai TTS: the session engine's own TTS stage where it speaks with it, else one more.
+            # The Kyutai TTS: the session engine's own TTS stage where it speaks with it, else one more;
+            # the Kyutai STT: the session engine's ASR stage where it hears with it, else one more.
             if self.speech_engine is not None and not self._speech_needed:
                 stages += (self.speech_engine,)
+            if self.stt_engine is not None:
+                stages += (self.stt_engine,)
             self._sleep = SleepController(self.session_engine.capabilities.name, stages)
         return self._sleep
 
@@ -245,7 +248,7 @@ class EngineSet:
         return batcher
 
 
-def _stt_engine(config: ServerConfig, registry: CollectorRegistry) -> SpeechStreamEngine | None:
+def _stt_engine(config: ServerConfig, registry: CollectorRegistry) -> KyutaiSttEngine | None:
     """The Kyutai STT engine when ``stt_engine.weights`` is set (docs/engines.md#kyutai-stt-engine)."""
     if not config.stt_engine.weights:
         return None

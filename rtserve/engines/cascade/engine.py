@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -41,16 +42,19 @@ from rtserve.engines.cascade.errors import EngineSleeping, ModelNotReady
 from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import resolve_models
+from rtserve.engines.cascade.model_paths import resolve_asr, resolve_tts, resolve_vad
 from rtserve.engines.cascade.session import CascadeModels, CascadeSession
 from rtserve.engines.cascade.sessions import CascadeSessions, reply_chain
 from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.cascade.tts_server import TTSServerStreams
 from rtserve.engines.cascade.vad import VadEngine
-from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
+from rtserve.engines.kyutai_stt.clips import ClipTranscriber
 from rtserve.engines.kyutai_tts.service import SleepingSpeechStreams
 from rtserve.engines.protocols import SleepStage, TurnEngines
 from rtserve.engines.values import EngineCapabilities, SessionOptions
+
+if TYPE_CHECKING:
+    from rtserve.engines.kyutai_stt.engine import KyutaiSttEngine
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +65,16 @@ assert vad_module.SAMPLE_RATE == asr_module.SAMPLE_RATE  # one input rate feeds 
 class CascadeEngine:
     def __init__(self, config: ServerConfig, registry: CollectorRegistry) -> None:
         paths, limits = config.models, config.cascade
-        locations = resolve_models(paths)  # cheap; a bad path fails here, naming its config key
         lanes = stage_lanes(limits)
         self._config = config
         self._registry = registry
         self._metrics = CascadeMetrics(registry)
         first_audio = FirstAudioWork()  # the ASR's and TTS's jobs a turn's first audio waits for
-        self.llm = create_llm(config, locations.llm, self._metrics, first_audio)
+        # Each model's path resolves here, cheaply (a bad one fails naming its config key), and
+        # only where this configuration loads the model: the streaming STT hears instead of
+        # Whisper, the Kyutai TTS or a TTS server speaks instead of Piper, vLLM answers instead
+        # of the embedded LLM.
+        self.llm = create_llm(config, self._metrics, first_audio)
         self.stt = _streaming_stt(config, registry)
         self.capabilities = EngineCapabilities(
             name="cascade",
@@ -83,43 +90,49 @@ class CascadeEngine:
             supports_speak=True,
             supports_vision=self.llm.supports_vision,
         )
-        self.vad = VadEngine(locations.vad, max_queue=limits.worker_queue_depth, metrics=self._metrics, lanes=lanes.vad)
-        self.asr = WhisperAsr(
-            locations.asr,
-            cpu_threads=paths.cpu_threads,
-            max_queue=limits.worker_queue_depth,
-            partial_interval_ms=limits.asr_partial_interval_ms,
-            max_audio_s=limits.max_turn_audio_s,
-            window_s=limits.asr_window_s,
-            metrics=self._metrics,
-            lanes=lanes.asr,
-            first_audio=first_audio,
+        self.vad = VadEngine(
+            resolve_vad(paths), max_queue=limits.worker_queue_depth, metrics=self._metrics, lanes=lanes.vad
         )
-        self.tts = TextToSpeech(
-            locations.tts,
-            cpu_threads=paths.cpu_threads,
-            max_queue=limits.worker_queue_depth,
-            metrics=self._metrics,
-            voice_store=config.voices,
-            sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
-            lanes=lanes.tts,
-            first_audio=first_audio,
-        )
+        self.asr: WhisperAsr | None = None
+        # What transcribes whole clips (transcription requests, chat and item audio): Whisper, or
+        # the streaming STT the sessions hear with.
+        self._clips: WhisperAsr | ClipTranscriber
+        if self.stt is None:
+            self.asr = self._clips = WhisperAsr(
+                resolve_asr(paths),
+                cpu_threads=paths.cpu_threads,
+                max_queue=limits.worker_queue_depth,
+                partial_interval_ms=limits.asr_partial_interval_ms,
+                max_audio_s=limits.max_turn_audio_s,
+                window_s=limits.asr_window_s,
+                metrics=self._metrics,
+                lanes=lanes.asr,
+                first_audio=first_audio,
+            )
+        else:
+            self._clips = ClipTranscriber(self.stt, config.http.max_transcription_audio_s)
+        self.tts: TextToSpeech | None = None  # Piper, where it speaks the replies
+        if limits.tts == "piper":
+            self.tts = TextToSpeech(
+                resolve_tts(paths),
+                cpu_threads=paths.cpu_threads,
+                max_queue=limits.worker_queue_depth,
+                metrics=self._metrics,
+                voice_store=config.voices,
+                sleep_drain_timeout_s=limits.sleep_drain_timeout_s,
+                lanes=lanes.tts,
+                first_audio=first_audio,
+            )
         self._models = CascadeModels(
             self.vad, self.asr, reply_chain(self.llm, self.tts, self.capabilities, config, registry, self._metrics)
         )
         self._sessions = CascadeSessions(config, self.capabilities, self._models, self._metrics, self.stt)
         self._ready = False
-        self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS: no Piper
-        self._tts_server: TTSServerStreams | None = None  # or replies are spoken by a TTS server: no Piper
-        if config.cascade.tts == "tts_server":
-            self._tts_server = TTSServerStreams(config.cascade.tts_server)
+        self._speech: SleepingSpeechStreams | None = None  # ``speak_with`` took the Kyutai TTS
+        self._tts_server: TTSServerStreams | None = None  # or replies are spoken by a TTS server
+        if limits.tts == "tts_server":
+            self._tts_server = TTSServerStreams(limits.tts_server)
             self._models.reply.speak_with(self._tts_server, registry)
-
-    @property
-    def _piper(self) -> bool:
-        """Piper speaks the replies (and is loaded, listed and lent)."""
-        return self._speech is None and self._tts_server is None
 
     @property
     def ready(self) -> bool:
@@ -130,11 +143,11 @@ class CascadeEngine:
         return len(self._sessions)
 
     async def start(self) -> None:
-        stt = [self.stt.start()] if self.stt is not None else []
-        tts = [self.tts.start()] if self._piper else []
+        hearing = self.stt.start() if self.stt is not None else self._whisper().start()
+        speaking = [] if self.tts is None else [self.tts.start()]
         if self._tts_server is not None:  # serving before the first reply needs it (it may be loading)
-            tts.append(self._tts_server.wait_served())
-        await asyncio.gather(self.vad.start(), self.asr.start(), self.llm.start(), *tts, *stt)
+            speaking.append(self._tts_server.wait_served())
+        await asyncio.gather(self.vad.start(), hearing, self.llm.start(), *speaking)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
         self._ready = True
@@ -150,7 +163,8 @@ class CascadeEngine:
         self._ready = False
         await self._sessions.close_all()
         for model in (self.vad, self.asr, self.tts, self.llm):
-            model.stop()
+            if model is not None:
+                model.stop()
         if self.stt is not None:
             await self.stt.stop()
         if self._tts_server is not None:
@@ -166,22 +180,31 @@ class CascadeEngine:
         return True
 
     def model_ids(self) -> list[str]:
-        tts = [self.tts.model_name] if self._piper else []
-        return [self.llm.model_name, self.asr.model_name, *tts]
+        tts = [] if self.tts is None else [self.tts.model_name]
+        return [self.llm.model_name, self._clips.model_name, *tts]
 
     def turn_engines(self) -> TurnEngines:
-        tts = self.tts if self._piper else None  # the engine set lends the Kyutai TTS instead, if any
-        return TurnEngines(asr=self.asr, llm=self.llm, tts=tts, stt=self.stt)
+        # Without Piper the engine set lends the Kyutai TTS, if any.
+        return TurnEngines(asr=self._clips, llm=self.llm, tts=self.tts, stt=self.stt)
 
     def sleep_stages(self) -> tuple[SleepStage, ...]:
-        """Stage ids in pipeline order: VAD, ASR, LLM, TTS (Piper, or the Kyutai TTS engine it
-        speaks with; none when a TTS server speaks: docs/serving.md#sleep-mode)."""
-        if self._tts_server is not None:
-            return (self.vad, self.asr, self.llm)
-        return (self.vad, self.asr, self.llm, self.tts if self._speech is None else self._speech)
+        """Stage ids in pipeline order: VAD, ASR (Whisper, or the streaming STT it hears with),
+        LLM, TTS (Piper, or the Kyutai TTS engine it speaks with; none when a TTS server speaks:
+        docs/serving.md#sleep-mode)."""
+        hearing: SleepStage = self._whisper() if self.stt is None else self.stt
+        speaking: tuple[SleepStage, ...] = ()
+        if self.tts is not None:
+            speaking = (self.tts,)
+        elif self._speech is not None:
+            speaking = (self._speech,)
+        return (self.vad, hearing, self.llm, *speaking)
+
+    def _whisper(self) -> WhisperAsr:
+        assert self.asr is not None  # built wherever no streaming STT hears
+        return self.asr
 
 
-def _streaming_stt(config: ServerConfig, registry: CollectorRegistry) -> SpeechStreamEngine | None:
+def _streaming_stt(config: ServerConfig, registry: CollectorRegistry) -> KyutaiSttEngine | None:
     if config.cascade.asr != "stt_engine":
         return None
     if not config.stt_engine.weights:

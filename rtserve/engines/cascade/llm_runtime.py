@@ -14,7 +14,7 @@ from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
 from rtserve.engines.cascade.llm_vision import VisionLlm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import ModelLocation
+from rtserve.engines.cascade.model_paths import resolve_llm
 from rtserve.engines.vllm_engine import VllmTextEngine
 
 
@@ -31,16 +31,15 @@ class _StageOptions(TypedDict):
 
 
 def create_llm(
-    config: ServerConfig,
-    location: ModelLocation,
-    metrics: CascadeMetrics,
-    first_audio: FirstAudioWork | None = None,
+    config: ServerConfig, metrics: CascadeMetrics, first_audio: FirstAudioWork | None = None
 ) -> LlmStage | VllmTextEngine:
     """``first_audio``: the engine's turns' first-audio work, which the CTranslate2 runtime's later
-    decoding steps aside for (``first_audio``)."""
+    decoding steps aside for (``first_audio``). ``models.llm`` is resolved (a bad path fails here,
+    naming the key) only for the embedded runtimes: a vLLM server needs no local model."""
     if config.cascade.llm_engine == "vllm":
         return VllmTextEngine(config.http.vllm)
     paths, limits = config.models, config.cascade
+    location = resolve_llm(paths)
     lanes = stage_lanes(limits)
     common = _StageOptions(
         cache_dir=Path(paths.cache_dir).expanduser(),

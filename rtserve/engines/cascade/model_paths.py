@@ -25,14 +25,6 @@ class ModelLocation:
     model_id: str  # the stable name listed by /v1/models
 
 
-@dataclass(frozen=True)
-class CascadeModelLocations:
-    vad: ModelLocation
-    asr: ModelLocation
-    llm: ModelLocation
-    tts: ModelLocation
-
-
 def _package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -112,10 +104,3 @@ def resolve_tts(paths: ModelPaths) -> ModelLocation:
     if not path.is_file() or path.suffix != ".onnx" or not Path(f"{path}.json").is_file():
         raise _fail("tts", f"{paths.tts!r} is not a Piper .onnx voice with a .onnx.json beside it", expected)
     return ModelLocation(path, f"piper-{path.stem.lower()}")
-
-
-def resolve_models(paths: ModelPaths) -> CascadeModelLocations:
-    """Every location, or the first problem; cheap (no model is opened)."""
-    return CascadeModelLocations(
-        vad=resolve_vad(paths), asr=resolve_asr(paths), llm=resolve_llm(paths), tts=resolve_tts(paths)
-    )

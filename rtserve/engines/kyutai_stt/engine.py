@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.errors import EngineError
+from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
 from rtserve.engines.kyutai_stt.stream import SttStream
@@ -35,7 +37,7 @@ from rtserve.engines.moshi.paged_kv import paged_kv_spec
 from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt
-from rtserve.errors import ENGINE_UNAVAILABLE
+from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import open_source
 
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 FIELD = "stt_engine.weights"
 METRICS_PREFIX = "rtserve_kyutai_stt_"
+_ASLEEP = "the speech-to-text engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
 class KyutaiSttEngine:
@@ -52,12 +55,14 @@ class KyutaiSttEngine:
         """``model``: already loaded (tests); otherwise ``start`` loads ``stt_engine.weights``.
         ``registry``: the server's, where its scheduler's metrics show."""
         self._config = config
-        self._model = model
+        self._given = model
+        self._model: SttModel | None = None
         self._scheduler: LockstepScheduler | None = None
-        self._lockstep_metrics = CollectorRegistry()
+        self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), METRICS_PREFIX)
         if registry is not None:
-            registry.register(RenamedMetrics(self._lockstep_metrics, METRICS_PREFIX))
+            registry.register(self._lockstep_metrics)
         self._failure: str | None = None
+        self._asleep = False
         self.release_timeout_s = config.lockstep.release_timeout_s
         self.sample_rate = 24000 if model is None else model.loaded.mimi_config.sample_rate
 
@@ -70,17 +75,20 @@ class KyutaiSttEngine:
         return self._failure
 
     async def start(self) -> None:
-        settings = self._config.stt_engine
         try:
-            model = self._model if self._model is not None else await asyncio.to_thread(self._load)
-            model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
-            config, weight = model.loaded.lm_config, next(model.loaded.lm.parameters())
-            paged_kv = paged_kv_spec(settings, settings.batch_size, config.context)
-            ensure_kv_fits("stt_engine", config, settings.batch_size, weight.dtype, paged_kv, free_bytes(weight.device))
+            await self._serve()
         except (CheckpointError, WeightsError, ConfigError) as exc:
             self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai stt engine not serving: %s", self._failure)
-            return
+
+    async def _serve(self) -> None:
+        """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
+        settings = self._config.stt_engine
+        model = self._given if self._given is not None else await asyncio.to_thread(self._load)
+        model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
+        config, weight = model.loaded.lm_config, next(model.loaded.lm.parameters())
+        paged_kv = paged_kv_spec(settings, settings.batch_size, config.context)
+        ensure_kv_fits("stt_engine", config, settings.batch_size, weight.dtype, paged_kv, free_bytes(weight.device))
         self._model = model
         self.sample_rate = model.loaded.mimi_config.sample_rate
         frame_model = SttFrameModel(
@@ -98,10 +106,12 @@ class KyutaiSttEngine:
                 "underrun_repay_ms": 0.0,
             }
         )
+        metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
+        self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
             frame_model,
             lockstep,
-            self._lockstep_metrics,
+            metrics,
             name="kyutai_stt",
             drains=frame_model if settings.drain_waiting_input else None,
             drain_after_ticks=settings.drain_after_ticks,
@@ -123,7 +133,30 @@ class KyutaiSttEngine:
         if self._scheduler is not None:
             await asyncio.to_thread(self._scheduler.stop, self.release_timeout_s)
 
+    # ------------------------------------------------------------------ sleep mode (``SleepStage``)
+
+    stage = "stt_engine"
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def release(self) -> None:
+        self._asleep = True  # streams are refused from here on
+        scheduler, self._scheduler, self._model = self._scheduler, None, None
+        if scheduler is not None:  # streams in flight end with engine_sleeping
+            failure = EngineFailure(ENGINE_SLEEPING, _ASLEEP)
+            await asyncio.to_thread(scheduler.stop, self.release_timeout_s, failure)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the weights and KV caches just dropped go back to the device
+
+    async def restore(self) -> None:
+        await self._serve()  # raises: the stage stays asleep
+        self._asleep = False
+
     async def open_stream(self, stream_id: str) -> SttStream:
+        if self._asleep:
+            raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
         scheduler, model = self._scheduler, self._model
         if scheduler is None or model is None or not scheduler.running:
             raise EngineError(self._failure or "the speech-to-text engine is not running", code=ENGINE_UNAVAILABLE)

@@ -17,10 +17,9 @@ the whole file.
 Where a streaming speech-to-text engine is configured (``stt_engine.weights``: the Kyutai
 engine behind ``/api/asr-streaming``, the one the cascade hears with under ``cascade.asr:
 stt_engine``), it transcribes instead (docs/engines.md#cascade-streaming-asr): the file goes
-to one of its streams no faster than the model steps it (the engine's backlog is bounded),
-each word extends the transcript (one ``transcript.text.delta`` per word), and a marker after
-the file and a second of silence (which closes the last word) ends it. The model steps in
-real time, so a file takes as long as it lasts; ``language`` and ``prompt`` do not apply.
+to one of its streams (``kyutai_stt.clips``: in real time, the whole file in one stream) and
+each word extends the transcript (one ``transcript.text.delta`` per word); ``language`` and
+``prompt`` do not apply.
 """
 
 from __future__ import annotations
@@ -39,14 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from rtserve.codecs.errors import AudioLimitError, CodecError
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.errors import EngineError
-from rtserve.engines.kyutai_stt.events import Marker, Step, Word
+from rtserve.engines.kyutai_stt.clips import heard
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.protocols import ASREngine
 from rtserve.engines.values import Pcm
 from rtserve.errors import (
     AUDIO_TOO_LONG,
     EMPTY_AUDIO,
-    ENGINE_UNAVAILABLE,
     INVALID_AUDIO,
     INVALID_CONTENT_TYPE,
     INVALID_MULTIPART,
@@ -74,8 +72,6 @@ log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 4096
 SPLIT_SEARCH_FRACTION = 1 / 6  # a window is cut at its quietest 100 ms within this last part
-STREAM_FEED_S = 4.0  # a streaming STT is given this much of the file at a time, ahead of its steps
-STREAM_TAIL_S = 1.0  # silence after the file: the model closes the last word in it
 
 
 class TranscriptionForm(BaseModel):
@@ -145,7 +141,7 @@ async def _transcribe_streaming(
     request: web.Request, stt: SpeechStreamEngine, upload: IO[bytes], form: TranscriptionForm, stream_id: str
 ) -> web.StreamResponse:
     audio = await _decode(request, upload, stt.sample_rate)
-    async with contextlib.aclosing(_heard(stt, audio, stream_id)) as transcripts:
+    async with contextlib.aclosing(heard(stt, audio, stream_id)) as transcripts:
         if form.stream:
             return await _stream(request, transcripts)
         return _respond(await _last(transcripts), form, audio.size / stt.sample_rate)
@@ -201,36 +197,6 @@ async def _transcripts(asr: ASREngine, windows: list[FloatArray], form: Transcri
                 if piece.final:
                     break
         finished = f"{finished} {text}".strip()
-
-
-async def _heard(stt: SpeechStreamEngine, audio: FloatArray, stream_id: str) -> AsyncGenerator[str, None]:
-    """The whole transcript so far, each time a word is out of a stream on the streaming STT."""
-    stream = await stt.open_stream(stream_id)  # CapacityExhausted / EngineError: before any byte goes out
-    try:
-        audio = np.concatenate([audio, np.zeros(int(STREAM_TAIL_S * stt.sample_rate), np.float32)])
-        feed = int(STREAM_FEED_S * stt.sample_rate)
-        fed = 0
-
-        def give() -> None:
-            nonlocal fed
-            stream.push_audio(audio[fed : fed + feed])
-            fed += feed
-            if fed >= audio.size:
-                stream.mark(0)
-
-        give()
-        words: list[str] = []
-        async for event in stream.events():
-            if isinstance(event, Word):
-                words.append(event.text)
-                yield " ".join(words)
-            elif isinstance(event, Step) and fed < audio.size and event.buffered_pcm < feed // 2:
-                give()
-            elif isinstance(event, Marker):
-                return
-        raise EngineError("the speech-to-text engine stopped", code=ENGINE_UNAVAILABLE)
-    finally:
-        await stream.close(stt.release_timeout_s)
 
 
 async def _single(window: FloatArray) -> AsyncIterator[Pcm]:

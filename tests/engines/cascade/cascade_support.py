@@ -11,8 +11,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rtserve.engines.cascade import CascadeEngine
+from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import resample
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
+from rtserve.engines.cascade.tts import TextToSpeech
 from rtserve.engines.events import EngineEvent
 from rtserve.engines.protocols import EngineSession
 from rtserve.engines.values import SessionOptions
@@ -30,6 +32,24 @@ class Loaded:
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
 
+    @property
+    def whisper(self) -> WhisperAsr:
+        return whisper(self.engine)
+
+    @property
+    def piper(self) -> TextToSpeech:
+        return piper(self.engine)
+
+
+def whisper(engine: CascadeEngine) -> WhisperAsr:
+    assert engine.asr is not None, "this cascade hears with the streaming STT"
+    return engine.asr
+
+
+def piper(engine: CascadeEngine) -> TextToSpeech:
+    assert engine.tts is not None, "this cascade does not speak with Piper"
+    return engine.tts
+
 
 @dataclass(frozen=True)
 class Float32Ct2:
@@ -39,8 +59,8 @@ class Float32Ct2:
 
 async def speak_16k(engine: CascadeEngine, text: str) -> np.ndarray:
     """``text`` spoken by the engine's own TTS, at the engine's 16 kHz input rate."""
-    chunks = [chunk async for chunk in engine.tts.synthesize(text)]
-    return resample(np.concatenate(chunks), engine.tts.sample_rate, engine.capabilities.input_sample_rate)
+    chunks = [chunk async for chunk in piper(engine).synthesize(text)]
+    return resample(np.concatenate(chunks), piper(engine).sample_rate, engine.capabilities.input_sample_rate)
 
 
 def words(text: str) -> set[str]:

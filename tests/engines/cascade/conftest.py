@@ -21,7 +21,6 @@ from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.llm_stage import LlmStage
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import resolve_llm
 from tests.engines.cascade.cascade_support import MAX_SESSIONS, QUESTION, Float32Ct2, Loaded, speak_16k
 
 
@@ -67,7 +66,7 @@ def float32_ct2() -> Iterator[Float32Ct2]:
     greedy reply may take another near-tie token when decoded in a batch, alone or resumed.)"""
     config = load_config(environ={}, overrides={"cascade": {"llm_compute_type": "float32"}})
     registry = CollectorRegistry()
-    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(registry))
+    llm = create_llm(config, CascadeMetrics(registry))
     assert isinstance(llm, Ct2Llm)
     asyncio.run(llm.start())
     yield Float32Ct2(llm, registry)

@@ -18,12 +18,12 @@ pytestmark = pytest.mark.models
 
 
 async def test_final_transcript_has_most_of_the_words(cascade: Loaded, question_16k: np.ndarray) -> None:
-    text = await cascade.engine.asr.decode(question_16k, final=True)
+    text = await cascade.whisper.decode(question_16k, final=True)
     assert heard_most_of(text, QUESTION), text
 
 
 async def test_streaming_gives_partials_then_exactly_one_final(cascade: Loaded, question_16k: np.ndarray) -> None:
-    asr = cascade.engine.asr
+    asr = cascade.whisper
     step = asr.partial_interval_samples  # one partial is due after every step of new audio
 
     async def in_chunks() -> AsyncIterator[np.ndarray]:
@@ -43,22 +43,22 @@ async def test_streaming_gives_partials_then_exactly_one_final(cascade: Loaded, 
 
 async def test_english_only_model_refuses_another_language(cascade: Loaded, question_16k: np.ndarray) -> None:
     with pytest.raises(EngineError) as raised:
-        await cascade.engine.asr.decode(question_16k, final=True, language="fr")
+        await cascade.whisper.decode(question_16k, final=True, language="fr")
     assert raised.value.code == "unsupported_language"
 
 
 async def test_too_short_audio_is_an_empty_transcript(cascade: Loaded) -> None:
-    assert await cascade.engine.asr.decode(np.zeros(800, np.float32), final=True) == ""
+    assert await cascade.whisper.decode(np.zeros(800, np.float32), final=True) == ""
 
 
 async def test_a_short_question_is_heard_in_the_short_window(cascade: Loaded, question_16k: np.ndarray) -> None:
     """The fast path (``cascade.asr_window_s``) is the one a voice turn takes, and it hears it;
     transcription requests keep Whisper's full window (accuracy over time)."""
     short, full = cascade.metric(WINDOWS, window="short"), cascade.metric(WINDOWS, window="full")
-    text = await cascade.engine.asr.decode(question_16k, final=True, live_turn=True)
+    text = await cascade.whisper.decode(question_16k, final=True, live_turn=True)
     assert heard_most_of(text, QUESTION), text
     assert cascade.metric(WINDOWS, window="short") == short + 1
-    await cascade.engine.asr.decode(question_16k, final=True)
+    await cascade.whisper.decode(question_16k, final=True)
     assert cascade.metric(WINDOWS, window="full") == full + 1
 
 

@@ -199,7 +199,7 @@ async def test_top_k_bounds_what_both_runtimes_sample() -> None:
     config = load_config(
         environ={}, overrides={"cascade": {"llm_top_k": 1, "llm_max_temperature": 2.0, "llm_max_top_p": 1.0}}
     )
-    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(CollectorRegistry()))
+    llm = create_llm(config, CascadeMetrics(CollectorRegistry()))
     assert isinstance(llm, Ct2Llm)
     await llm.start()
     try:
@@ -230,14 +230,10 @@ async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) 
 
 
 def test_the_runtime_is_chosen_by_config() -> None:
-    location = resolve_llm(ModelPaths())
-    metrics = CascadeMetrics(CollectorRegistry())
-    default = create_llm(load_config(environ={}), location, metrics)
+    default = create_llm(load_config(environ={}), CascadeMetrics(CollectorRegistry()))
     assert isinstance(default, Ct2Llm)
     switched = create_llm(
-        load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}),
-        location,
-        CascadeMetrics(CollectorRegistry()),
+        load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}), CascadeMetrics(CollectorRegistry())
     )
     assert isinstance(switched, SmolLlm) and not isinstance(switched, Ct2Llm)
 

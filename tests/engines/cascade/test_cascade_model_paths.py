@@ -8,26 +8,26 @@ import pytest
 
 from rtserve.config import ConfigError, ModelPaths, load_config
 from rtserve.engines.cascade.errors import ModelUnavailable
-from rtserve.engines.cascade.model_paths import resolve_asr, resolve_llm, resolve_models, resolve_tts, resolve_vad
+from rtserve.engines.cascade.model_paths import resolve_asr, resolve_llm, resolve_tts, resolve_vad
+
+RESOLVERS = {"asr": resolve_asr, "llm": resolve_llm, "tts": resolve_tts, "vad": resolve_vad}
 
 
 @pytest.mark.models
 def test_defaults_are_the_files_shipped_in_wheels() -> None:
-    models = resolve_models(ModelPaths())
-    assert models.vad.path is not None and models.vad.path.name == "silero_vad.onnx"
-    assert models.asr.path is not None and (models.asr.path / "model.bin").is_file()
-    assert models.llm.path is not None and models.llm.path.suffix == ".gguf"
-    assert models.tts.path is not None and models.tts.path.name == "en_US-joe-medium.onnx"
-    assert [m.model_id for m in (models.llm, models.asr, models.tts)] == [
+    vad, asr, llm, tts = (resolve(ModelPaths()) for resolve in (resolve_vad, resolve_asr, resolve_llm, resolve_tts))
+    assert vad.path is not None and vad.path.name == "silero_vad.onnx"
+    assert asr.path is not None and (asr.path / "model.bin").is_file()
+    assert llm.path is not None and llm.path.suffix == ".gguf"
+    assert tts.path is not None and tts.path.name == "en_US-joe-medium.onnx"
+    assert [m.model_id for m in (llm, asr, tts)] == [
         "smollm2-135m-instruct",
         "whisper-tiny.en",
         "piper-joe",
     ]
 
 
-@pytest.mark.parametrize(
-    "key, resolve", [("asr", resolve_asr), ("llm", resolve_llm), ("tts", resolve_tts), ("vad", resolve_vad)]
-)
+@pytest.mark.parametrize("key, resolve", RESOLVERS.items())
 def test_a_hub_name_fails_naming_the_config_key(key: str, resolve, tmp_path: Path) -> None:
     with pytest.raises(ModelUnavailable) as raised:
         resolve(ModelPaths(**{key: "openai/whisper-tiny.en"}))
@@ -48,7 +48,7 @@ def test_local_paths_of_the_wrong_shape_are_refused(tmp_path: Path) -> None:
         ("vad", tmp_path / "empty"),
     ):
         with pytest.raises(ModelUnavailable, match=f"models.{key}"):
-            resolve_models(ModelPaths(**{key: str(value)}))
+            RESOLVERS[key](ModelPaths(**{key: str(value)}))
 
 
 def test_local_overrides_are_used(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from tests.engines.cascade.cascade_support import (
     opened,
     speak_16k,
     speak_into,
+    whisper,
     words,
 )
 
@@ -78,7 +79,7 @@ async def test_spoken_question_gets_a_spoken_answer(cascade: Loaded, question_16
         reply = np.concatenate([e.pcm for e in audio])
         assert len(reply) > 24_000 // 2 and np.abs(reply).max() > 0.1
         # The reply audio really says the reply text.
-        heard = await engine.asr.decode(resample(reply, 24_000, 16_000), final=True)
+        heard = await whisper(engine).decode(resample(reply, 24_000, 16_000), final=True)
         assert len(words(heard) & words(spoken_text)) >= len(words(spoken_text)) // 2
 
 

@@ -16,7 +16,6 @@ from rtserve.engines.cascade.first_audio import FirstAudioWork
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import resolve_llm
 from rtserve.engines.values import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.models
@@ -45,7 +44,7 @@ async def stepping() -> AsyncIterator[SteppingLlm]:
     overrides = {"llm_first_piece_tokens": FIRST_PIECE_TOKENS, "llm_step_aside_ms": BUDGET_S * 1000}
     config = load_config(environ={}, overrides={"cascade": overrides})
     registry, first_audio = CollectorRegistry(), FirstAudioWork()
-    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(registry), first_audio)
+    llm = create_llm(config, CascadeMetrics(registry), first_audio)
     assert isinstance(llm, Ct2Llm)
     await llm.start()
     yield SteppingLlm(llm, first_audio, registry)

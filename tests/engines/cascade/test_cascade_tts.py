@@ -22,7 +22,7 @@ THREE_SENTENCES = "The first sentence is short. Here comes the second one! And i
 
 async def test_first_sentence_arrives_before_the_rest_is_synthesized(cascade: Loaded) -> None:
     before = cascade.metric("rtserve_cascade_model_call_seconds_count", stage="tts_sentence")
-    stream = cascade.engine.tts.synthesize(THREE_SENTENCES)
+    stream = cascade.piper.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     synthesized_so_far = cascade.metric("rtserve_cascade_model_call_seconds_count", stage="tts_sentence") - before
     rest = [chunk async for chunk in stream]
@@ -35,14 +35,14 @@ async def test_first_sentence_arrives_before_the_rest_is_synthesized(cascade: Lo
 
 
 async def test_speed_changes_duration(cascade: Loaded) -> None:
-    tts = cascade.engine.tts
+    tts = cascade.piper
     normal = await tts.render("This sentence is spoken at two speeds.")
     fast = await tts.render("This sentence is spoken at two speeds.", speed=2.0)
     assert len(fast) < 0.8 * len(normal)  # about 0.63: pauses do not shrink as much as speech
 
 
 async def test_voices_unknown_names_and_bad_speed(cascade: Loaded) -> None:
-    tts = cascade.engine.tts
+    tts = cascade.piper
     assert tts.voices == ("joe",)
     assert [c async for c in tts.synthesize("Hi.", voice="alloy")]  # OpenAI names select the voice
     for kwargs, code in (({"voice": "nobody"}, "invalid_voice"), ({"speed": 9.0}, "invalid_value")):

@@ -17,7 +17,6 @@ from rtserve.config import ServerConfig
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.llm_vision import VisionLlm
 from rtserve.engines.cascade.metrics import CascadeMetrics
-from rtserve.engines.cascade.model_paths import resolve_llm
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, ToolSpec
 from tests.tiny_vlm import TOKENS_PER_IMAGE, build_tiny_vlm, jpeg_bytes, recorded_inputs, vision_config
@@ -29,7 +28,7 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionLlm]:
 
     config = vision_config(load_config(environ={}), build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm")))
     config.cascade.llm_context_tokens = 256
-    llm = create_llm(config, resolve_llm(config.models), CascadeMetrics(CollectorRegistry()))
+    llm = create_llm(config, CascadeMetrics(CollectorRegistry()))
     assert isinstance(llm, VisionLlm) and llm.supports_vision
     asyncio.run(llm.start())
     yield llm

@@ -1,7 +1,7 @@
 """A realtime session on the cascade speaking with the tiny Kyutai TTS engine (``cascade.tts:
 tts_engine``; docs/engines.md#kyutai-tts-in-the-cascade), through the official ``openai`` SDK: the
 LLM's reply comes back as audio, ``response.cancel`` stops it at once (nothing of it after its
-``response.done``), and the engine's slot is free for the next reply. Piper is never loaded meanwhile,
+``response.done``), and the engine's slot is free for the next reply. Piper is never built meanwhile,
 nor listed among the served models, nor by sleep mode, whose stage 3 is the Kyutai TTS engine
 (docs/serving.md#sleep-mode)."""
 
@@ -48,7 +48,7 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
     async with running(config, ready_timeout_s=LOAD_TIMEOUT_S, engine=cascade) as base:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=120)
         served = [model.id async for model in client.models.list()]
-        assert "kyutai-tts" in served and cascade.tts.model_name not in served
+        assert "kyutai-tts" in served and "piper-joe" not in served
         async with client.realtime.connect(model="cascade") as conn:
             reader = SdkReader(conn, timeout_s=120)
             await reader.until("session.created")
@@ -76,6 +76,6 @@ async def test_the_reply_is_spoken_by_the_tts_engine_and_cancel_stops_it(config:
             assert event["type"] == "error" and event["error"]["code"] == ENGINE_SLEEPING, event
             async with http.post(f"{base}/v1/omni/wakeup", json={"stage_ids": [3]}) as resp:
                 assert resp.status == 200 and (await resp.json())["sleeping_stages"] == []
-        assert not cascade.tts.ready  # it spoke with the Kyutai TTS only: no Piper voice was loaded
+        assert cascade.tts is None  # it spoke with the Kyutai TTS only: no Piper voice was built
     late = [e for e in reader.events[cut:] if e.get("response_id") == first]
     assert late == []

@@ -9,6 +9,8 @@ without a turn model."""
 from __future__ import annotations
 
 import asyncio
+import io
+import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from openai.types.realtime import RealtimeAudioInputTurnDetectionParam, Realtime
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
+from rtserve.errors import ENGINE_SLEEPING
 from tests.engines.kyutai_stt.stt_tiny import write_stt_checkpoint
 from tests.sessions.engine_double import TestDoubleEngine
 from tests.support import serve_app
@@ -132,3 +135,49 @@ async def test_a_manual_commit_gets_the_turns_words_without_waiting_the_models_d
     turn = [e["delta"] for e in events if e["type"] == DELTA and e["item_id"] == committed["item_id"]]
     assert turn, "no word was heard"
     assert "".join(turn) == completed["transcript"]
+
+
+@pytest.mark.models
+async def test_created_items_audio_is_heard_by_the_streaming_stt(config: ServerConfig, stt_weights: Path) -> None:
+    """No Whisper is loaded where the cascade hears with the STT: the ``input_audio`` of a
+    ``conversation.item.create`` is heard by the STT, word for word as the transcription route
+    hears the same samples (greedy decoding), and the server lists the STT, not Whisper. The STT
+    is sleep mode's ASR stage (1): asleep, requests are refused; awake, it hears the same again."""
+    config.enable_sleep_mode = True
+    async with _hearing_with_stt(config, stt_weights) as (client, question):
+        served = {model.id async for model in client.models.list()}
+        async with client.realtime.connect(model="cascade") as conn:
+            reader = SdkReader(conn, timeout_s=120)
+            await reader.next()
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_audio", "audio": pcm16_b64(question)}],
+                }
+            )
+            added = (await reader.until("conversation.item.added"))["item"]
+        wav = ("q.wav", _wav_24k(question))
+        plain = await client.audio.transcriptions.create(model="whisper-1", file=wav)
+        slept = await client.post("/omni/sleep", body={"stage_ids": [1]}, cast_to=object)
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.audio.transcriptions.create(model="whisper-1", file=wav)
+        await client.post("/omni/wakeup", body={"stage_ids": [1]}, cast_to=object)
+        woken = await client.audio.transcriptions.create(model="whisper-1", file=wav)
+    assert isinstance(slept, dict) and slept["acks"][0]["stage"] == "stt_engine"
+    assert (refused.value.status_code, refused.value.code) == (503, ENGINE_SLEEPING)
+    assert woken.text == plain.text
+    assert "kyutai-stt" in served and "whisper-tiny.en" not in served
+    transcript = added["content"][0]["transcript"]
+    assert transcript, "the tiny model said no word on the question"
+    assert transcript == plain.text
+
+
+def _wav_24k(samples: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return out.getvalue()
