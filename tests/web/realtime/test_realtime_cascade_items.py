@@ -4,6 +4,9 @@ item enters the conversation with that transcript (issue 16)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import openai
 import pytest
 
@@ -15,22 +18,23 @@ from tests.web.realtime_support import pcm16_b64, running
 pytestmark = pytest.mark.models
 
 
+async def audio_item(client: openai.AsyncOpenAI, pcm: np.ndarray) -> dict[str, Any]:
+    """The item a realtime session adds for a user message of ``pcm`` (24 kHz int16) as input_audio."""
+    async with client.realtime.connect(model="cascade") as conn:
+        reader = SdkReader(conn, timeout_s=120)
+        await reader.next()
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": pcm16_b64(pcm)}]}
+        )
+        added: dict[str, Any] = (await reader.until("conversation.item.added"))["item"]
+    return added
+
+
 async def test_input_audio_item_is_transcribed_into_the_conversation(config: ServerConfig) -> None:
     config.engine = "cascade"
     async with running(config, ready_timeout_s=LOAD_TIMEOUT_S) as base:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", timeout=60)
-        question = await speech_pcm(client, QUESTION)
-        async with client.realtime.connect(model="cascade") as conn:
-            reader = SdkReader(conn, timeout_s=120)
-            await reader.next()
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_audio", "audio": pcm16_b64(question)}],
-                }
-            )
-            added = (await reader.until("conversation.item.added"))["item"]
+        added = await audio_item(client, await speech_pcm(client, QUESTION))
     part = added["content"][0]
     assert part["type"] == "input_audio"
     assert heard_most_of(part["transcript"], QUESTION), part["transcript"]

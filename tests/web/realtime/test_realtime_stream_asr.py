@@ -28,6 +28,7 @@ from tests.engines.kyutai_stt.stt_tiny import write_stt_checkpoint
 from tests.sessions.engine_double import TestDoubleEngine
 from tests.support import serve_app
 from tests.web.realtime.test_realtime_cascade import CHUNK, LOAD_TIMEOUT_S, speech_pcm
+from tests.web.realtime.test_realtime_cascade_items import audio_item
 from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import HANG_GUARD_S, pcm16_b64, running
 
@@ -146,17 +147,7 @@ async def test_created_items_audio_is_heard_by_the_streaming_stt(config: ServerC
     config.enable_sleep_mode = True
     async with _hearing_with_stt(config, stt_weights) as (client, question):
         served = {model.id async for model in client.models.list()}
-        async with client.realtime.connect(model="cascade") as conn:
-            reader = SdkReader(conn, timeout_s=120)
-            await reader.next()
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_audio", "audio": pcm16_b64(question)}],
-                }
-            )
-            added = (await reader.until("conversation.item.added"))["item"]
+        added = await audio_item(client, question)
         wav = ("q.wav", _wav_24k(question))
         plain = await client.audio.transcriptions.create(model="whisper-1", file=wav)
         slept = await client.post("/omni/sleep", body={"stage_ids": [1]}, cast_to=object)
