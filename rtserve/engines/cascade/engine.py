@@ -93,12 +93,13 @@ class CascadeEngine:
         self.vad = VadEngine(
             resolve_vad(paths), max_queue=limits.worker_queue_depth, metrics=self._metrics, lanes=lanes.vad
         )
-        self.asr: WhisperAsr | None = None
-        # What transcribes whole clips (transcription requests, chat and item audio): Whisper, or
-        # the streaming STT the sessions hear with.
+        self.asr: WhisperAsr | None = None  # Whisper, where the sessions hear with it
+        # The ASR stage (started, stopped, put to sleep) and what transcribes whole clips
+        # (transcription requests, chat and item audio): Whisper, or the streaming STT.
+        self._hearing: WhisperAsr | KyutaiSttEngine
         self._clips: WhisperAsr | ClipTranscriber
         if self.stt is None:
-            self.asr = self._clips = WhisperAsr(
+            self.asr = self._hearing = self._clips = WhisperAsr(
                 resolve_asr(paths),
                 cpu_threads=paths.cpu_threads,
                 max_queue=limits.worker_queue_depth,
@@ -110,7 +111,7 @@ class CascadeEngine:
                 first_audio=first_audio,
             )
         else:
-            self._clips = ClipTranscriber(self.stt, config.http.max_transcription_audio_s)
+            self._hearing, self._clips = self.stt, ClipTranscriber(self.stt, config.http.max_transcription_audio_s)
         self.tts: TextToSpeech | None = None  # Piper, where it speaks the replies
         if limits.tts == "piper":
             self.tts = TextToSpeech(
@@ -143,11 +144,10 @@ class CascadeEngine:
         return len(self._sessions)
 
     async def start(self) -> None:
-        hearing = self.stt.start() if self.stt is not None else self._whisper().start()
         speaking = [] if self.tts is None else [self.tts.start()]
         if self._tts_server is not None:  # serving before the first reply needs it (it may be loading)
             speaking.append(self._tts_server.wait_served())
-        await asyncio.gather(self.vad.start(), hearing, self.llm.start(), *speaking)
+        await asyncio.gather(self.vad.start(), self._hearing.start(), self.llm.start(), *speaking)
         if self.stt is not None and self.stt.failure is not None:
             raise ConfigError(self.stt.failure)  # no session could hear: stop the server, naming the field
         self._ready = True
@@ -191,17 +191,12 @@ class CascadeEngine:
         """Stage ids in pipeline order: VAD, ASR (Whisper, or the streaming STT it hears with),
         LLM, TTS (Piper, or the Kyutai TTS engine it speaks with; none when a TTS server speaks:
         docs/serving.md#sleep-mode)."""
-        hearing: SleepStage = self._whisper() if self.stt is None else self.stt
         speaking: tuple[SleepStage, ...] = ()
         if self.tts is not None:
             speaking = (self.tts,)
         elif self._speech is not None:
             speaking = (self._speech,)
-        return (self.vad, hearing, self.llm, *speaking)
-
-    def _whisper(self) -> WhisperAsr:
-        assert self.asr is not None  # built wherever no streaming STT hears
-        return self.asr
+        return (self.vad, self._hearing, self.llm, *speaking)
 
 
 def _streaming_stt(config: ServerConfig, registry: CollectorRegistry) -> KyutaiSttEngine | None:
