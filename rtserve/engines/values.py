@@ -131,6 +131,12 @@ class FrameOutput:
     transcript: TranscriptStep | None = None
     speech: SpeechStep | None = None  # a speaking model's progress (its audio may be empty)
 
+    def with_input_samples(self, input_samples: int) -> FrameOutput:
+        """This frame with the scheduler's ``input_samples``. Every field written out, not
+        ``dataclasses.replace``: the scheduler calls this for every row of every tick, and
+        ``replace`` (which inspects the fields each call) costs twice as much."""
+        return FrameOutput(self.audio, self.text, input_samples, self.transcript, self.speech)
+
 
 @dataclass(frozen=True)
 class TranscriptPiece:

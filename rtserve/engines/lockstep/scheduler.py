@@ -70,7 +70,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -875,7 +875,7 @@ class LockstepScheduler:
             output = outputs[row.slot]
             # The epoch fence: a release or set_epoch during the step voids this frame.
             if output is not None and slots[row.slot].lease is lease and lease.epoch == row.epoch:
-                output = replace(output, input_samples=lease.samples_consumed + lease.samples_discarded)
+                output = output.with_input_samples(lease.samples_consumed + lease.samples_discarded)
                 if lease.output.put(output, row.epoch):
                     lease.dropped_output_frames += 1
                     dropped += 1

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.lockstep import SlotLease, SlotPhase
-from rtserve.engines.values import SlotPrompt
+from rtserve.engines.values import FrameOutput, SlotPrompt
 from tests.engines.lockstep.lockstep_fakes import FRAME, RecordingModel, frame, make_scheduler, metric
 
 
@@ -385,3 +386,12 @@ def test_metrics_describe_the_batch_and_every_tick() -> None:
     scheduler.tick()
     assert metric(registry, "rtserve_lockstep_live_slots") == 1
     assert metric(registry, "rtserve_lockstep_occupied_slots") == 1
+
+
+def test_the_input_count_a_frame_gets_keeps_every_field_the_model_set() -> None:
+    """The scheduler stamps each row's frame with its input count (``with_input_samples``, fields
+    written out for speed): a field added to ``FrameOutput`` and not carried there would be lost."""
+    values = {field.name: object() for field in fields(FrameOutput)}
+    counted = FrameOutput(**values).with_input_samples(7)  # type: ignore[arg-type]
+    assert counted.input_samples == 7
+    assert all(getattr(counted, name) is value for name, value in values.items() if name != "input_samples")
