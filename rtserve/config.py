@@ -618,7 +618,7 @@ class TtsEngineConfig(_Section):
         "of the others, until that ends if sooner); 0: one step a call",
     )
     young_queue: int = Field(
-        1,
+        3,
         ge=1,
         le=8,
         description="with young_batch: how many of a burst's steps are queued on the GPU ahead of the host's read "
