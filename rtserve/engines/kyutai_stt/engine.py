@@ -11,7 +11,9 @@ faster than real time). Its lockstep metrics live in a registry of its own (the 
 engine may be lockstep too) and show in the server's as ``rtserve_kyutai_stt_*``.
 
 A server runs one copy: the engine set builds it (or takes the cascade's) and workers reach
-it over the engine link (docs/engines.md#kyutai-stt-engine).
+it over the engine link (docs/engines.md#kyutai-stt-engine). It is a sleep stage
+(docs/serving.md#sleep-mode): asleep, its scheduler stops (streams end with ``engine_sleeping``)
+and its weights and caches are dropped; a wake loads them again.
 """
 
 from __future__ import annotations
