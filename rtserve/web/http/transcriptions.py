@@ -17,9 +17,9 @@ the whole file.
 Where a streaming speech-to-text engine is configured (``stt_engine.weights``: the Kyutai
 engine behind ``/api/asr-streaming``, the one the cascade hears with under ``cascade.asr:
 stt_engine``), it transcribes instead (docs/engines.md#cascade-streaming-asr): the file goes
-to one of its streams (``kyutai_stt.clips``: in real time, the whole file in one stream) and
-each word extends the transcript (one ``transcript.text.delta`` per word); ``language`` and
-``prompt`` do not apply.
+to one of its streams (``kyutai_stt.clips``: the whole file in one stream, taking at most about
+as long as it lasts) and each word extends the transcript (one ``transcript.text.delta`` per
+word); ``language`` and ``prompt`` do not apply.
 """
 
 from __future__ import annotations
