@@ -53,8 +53,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -566,23 +568,37 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    import torch
-
-    args.cuda = args.shape != "tiny" and torch.cuda.is_available()
-    if args.shape == "real" and not args.cuda:
-        parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
-    args.device_name = torch.cuda.get_device_name() if args.cuda else f"cpu ({os.cpu_count()} cores)"
     base = args.weights_dir or ROOT / "benchmarks" / "results" / "weights"
     stt_shape, tts_shape = SHAPES[args.shape]
     # The same folders as bench_kyutai_served's, so either benchmark reuses the other's weights.
     args.stt_folder, args.tts_folder = base / f"asr-{stt_shape}", base / f"tts-{tts_shape}"
-    write_stt_weights(args.stt_folder, stt_shape)
-    args.voices = write_tts_weights(args.tts_folder, tts_shape)
+    # In a child: this process then never opens a CUDA context, so under --mps it is not one of
+    # the daemon's clients and the daemon can quit as soon as the servers have.
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        args.cuda, args.device_name, args.voices = child.submit(
+            prepare_weights, args.shape, args.stt_folder, args.tts_folder
+        ).result()
+    if args.shape == "real" and not args.cuda:
+        parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
     result = asyncio.run(main_async(args))
     path = args.json or ROOT / "benchmarks" / "results" / "bench_voice_agent.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {path}")
+
+
+def prepare_weights(shape: str, stt_folder: Path, tts_folder: Path) -> tuple[bool, str, Path]:
+    """Write (or keep) the random weights of ``shape``; return whether the servers run on CUDA,
+    the device's name and the voices folder."""
+    import torch
+
+    cuda = shape != "tiny" and torch.cuda.is_available()
+    if shape == "real" and not cuda:
+        return False, "cpu", tts_folder
+    stt_shape, tts_shape = SHAPES[shape]
+    write_stt_weights(stt_folder, stt_shape)
+    voices = write_tts_weights(tts_folder, tts_shape)
+    return cuda, torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)", voices
 
 
 if __name__ == "__main__":
