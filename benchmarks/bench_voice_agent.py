@@ -338,8 +338,10 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             shards = asyncio.create_task(gather_shards(shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
             cpu_before, metrics_before = cpu(), await metrics(http)
-            spy = args.profile_engine
-            profiler = pyspy.start(server.engine_pid(), window[1] - window[0], spy) if spy else None
+            measured_s = window[1] - window[0]
+            spy, tts_spy = args.profile_engine, args.profile_tts
+            profiler = pyspy.start(server.engine_pid(), measured_s, spy) if spy else None
+            tts_profiler = pyspy.start(tts.engine_pid(), measured_s, tts_spy) if tts is not None and tts_spy else None
             gpu = gpu_busy.start()
             try:
                 await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
@@ -348,6 +350,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             cpu_after, metrics_after = cpu(), await metrics(http)
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
+            if tts_spy:
+                title = f"TTS server's engine process, N={clients} workers={args.tts_server_workers}"
+                await asyncio.to_thread(pyspy.report, tts_profiler, tts_spy, title)
             results = await shards
     finally:
         for each in servers:
@@ -552,6 +557,11 @@ def main() -> None:
         help="py-spy the engine process over each measured window into this raw profile; prints where it went",
     )
     parser.add_argument(
+        "--profile-tts",
+        type=Path,
+        help="the same for the TTS server's engine process (--tts-server-workers), into this raw profile",
+    )
+    parser.add_argument(
         "--mps",
         action="store_true",
         help="run under an MPS daemon of the run's own (cuda_mps.py): the servers' CUDA contexts share the GPU",
@@ -560,6 +570,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.duration < args.warmup + args.period + REPLY_ROOM_S + 2:
         parser.error("--duration must cover --warmup, one --period and a reply, so every client's turn counts")
+    if args.profile_tts and not args.tts_server_workers:
+        parser.error("--profile-tts profiles the TTS server: give --tts-server-workers")
     if args.shape == "tiny" and args.mps:
         parser.error("--mps is for a CUDA GPU (--shape real)")
     # Before this process touches CUDA, so it is a client of the daemon as its children are.
