@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyspy  # benchmarks/ on sys.path
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import load_config
@@ -354,7 +355,33 @@ def _stages(row: dict[str, float]) -> str:
     return " / ".join(f"{row[f'{stage}_p50']:.0f}" for stage in _STAGES)
 
 
-async def simultaneous(counts: list[int], rounds: int, before: dict[str, object], after: dict[str, object]) -> None:
+async def gil_profiled_round(
+    engine: CascadeEngine, questions: list[npt.NDArray[np.float32]], sessions: int, round_no: int, raw: Path
+) -> tuple[list[dict[str, float]], float]:
+    """``simultaneous_round`` under py-spy ``--gil`` on this process (the thread holding the GIL
+    at each sample, into ``raw``): its turns and seconds."""
+    profiler = pyspy.start(os.getpid(), 600, raw, gil=True)
+    started = time.perf_counter()
+    turns = await simultaneous_round(engine, questions, sessions, round_no)
+    seconds = time.perf_counter() - started
+    if profiler is not None:
+        await asyncio.to_thread(pyspy.stop, profiler)
+    return turns, seconds
+
+
+def print_gil_profile(sessions: int, raws: list[Path], seconds: float) -> None:
+    """How much of the rounds some thread held the GIL, and which threads and functions did."""
+    profile = pyspy.summarize("".join(raw.read_text() for raw in raws if raw.exists()))
+    held = profile["samples"] / pyspy.RATE
+    print(
+        f"\nGIL at {sessions} simultaneous ('after' engine): held {held:.1f} of {seconds:.1f} s ({held / seconds:.0%})"
+    )
+    pyspy.print_profile(f"GIL holders at {sessions} simultaneous", profile)
+
+
+async def simultaneous(
+    counts: list[int], rounds: int, before: dict[str, object], after: dict[str, object], gil_at: int | None = None
+) -> None:
     engines = {
         "before": CascadeEngine(
             load_config(environ=_model_paths(), overrides={"cascade": before}), CollectorRegistry()
@@ -365,10 +392,18 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
         await engine.start()
     questions = [await speak(engines["after"], q) for q in QUESTIONS]
     measured: dict[str, dict[int, list[dict[str, float]]]] = {name: {n: [] for n in counts} for name in engines}
+    gil_raws: list[Path] = []
+    gil_seconds = 0.0
     for n in counts:
         for round_no in range(rounds):
             for name, engine in engines.items():  # alternate: both see the same machine load
-                measured[name][n] += await simultaneous_round(engine, questions, n, round_no)
+                if n == gil_at and name == "after":
+                    gil_raws.append(RESULTS.with_name(f"bench_cascade_gil_{n}_{round_no}.txt"))
+                    turns, seconds = await gil_profiled_round(engine, questions, n, round_no, gil_raws[-1])
+                    gil_seconds += seconds
+                else:
+                    turns = await simultaneous_round(engine, questions, n, round_no)
+                measured[name][n] += turns
     for engine in engines.values():
         await engine.stop()
     table = {
@@ -400,6 +435,8 @@ async def simultaneous(counts: list[int], rounds: int, before: dict[str, object]
         b, a = table["before"][n], table["after"][n]
         print(f"  {n:2d} simultaneous   before {_stages(b)}   after {_stages(a)}")
     print(f"{os.cpu_count()} cpus, load average at end {result['machine']['load_average_1m_at_end']:.1f}; wrote {out}")
+    if gil_at is not None and gil_seconds:
+        print_gil_profile(gil_at, gil_raws, gil_seconds)
 
 
 if __name__ == "__main__":
@@ -408,9 +445,17 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3, help="rounds per session count and engine")
     parser.add_argument("--before", default="", help="cascade overrides of the 'before' engine: key=value,...")
     parser.add_argument("--after", default="", help="cascade overrides of the 'after' engine: key=value,...")
+    parser.add_argument(
+        "--gil-at",
+        type=int,
+        help="py-spy --gil over the 'after' engine's rounds of this many sessions: is one process's GIL the limit?",
+    )
     args = parser.parse_args()
     if args.simultaneous:
         counts = [int(n) for n in args.simultaneous.split(",")]
-        asyncio.run(simultaneous(counts, args.rounds, cascade_overrides(args.before), cascade_overrides(args.after)))
+        if args.gil_at is not None and args.gil_at not in counts:
+            parser.error("--gil-at must be one of the --simultaneous counts")
+        before, after = cascade_overrides(args.before), cascade_overrides(args.after)
+        asyncio.run(simultaneous(counts, args.rounds, before, after, args.gil_at))
     else:
         asyncio.run(main())

@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+RATE = 200  # samples a second
 
-def start(pid: int, seconds: float, raw: Path) -> subprocess.Popen[bytes] | None:
-    """Record ``pid`` (threads named, 200 Hz, without pausing it) into ``raw``; None without py-spy."""
+
+def start(pid: int, seconds: float, raw: Path, *, gil: bool = False) -> subprocess.Popen[bytes] | None:
+    """Record ``pid`` (threads named, ``RATE`` Hz, without pausing it) into ``raw``; None without
+    py-spy. ``gil``: only the thread holding the GIL at each sample, so the samples over ``RATE``
+    are the seconds the GIL was held."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("py-spy not found: no profile", file=sys.stderr)
         return None
     raw.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", "200",
-         "--format", "raw", "--threads", "--nonblocking", "--output", str(raw)],
+        [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", str(RATE),
+         "--format", "raw", "--threads", "--nonblocking", *(["--gil"] if gil else []), "--output", str(raw)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -32,6 +37,12 @@ def finish(profiler: subprocess.Popen[bytes], raw: Path) -> dict[str, Any] | Non
     """Wait for ``start``'s recording and summarize it."""
     profiler.wait(60)
     return summarize(raw.read_text()) if raw.exists() else None
+
+
+def stop(profiler: subprocess.Popen[bytes]) -> None:
+    """End ``start``'s recording now: py-spy writes what it has on an interrupt."""
+    profiler.send_signal(signal.SIGINT)
+    profiler.wait(60)
 
 
 def report(profiler: subprocess.Popen[bytes] | None, raw: Path, title: str) -> dict[str, Any] | None:
