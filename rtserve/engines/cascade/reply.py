@@ -44,11 +44,13 @@ class ReplyRequest:
     params: SamplingParams
     voice: str | None = None
     route: str = ""  # labels the LLM's stage metrics
+    spoken: bool = True  # its run leads with the voice marker (the text-only pipeline has no TTS stage to take it)
 
 
 @dataclass(frozen=True)
 class _Voice:
-    """Leads a run through the stages: the voice the TTS stage speaks it with."""
+    """Leads a spoken run through the stages: the voice the TTS stage speaks it with (a streaming
+    engine opens its stream on it, before the first token)."""
 
     name: str | None
 
@@ -106,8 +108,7 @@ class ReplyChain:
         route: str = "",
     ) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         pipeline = self._spoken if speak else self._text_only
-        # Only the spoken pipeline has a TTS stage to take the voice marker.
-        return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice if speak else None, route)))
+        return pipeline.run(_once(ReplyRequest(tuple(messages), params, voice, route, spoken=speak)))
 
     def speak(self, text: str, *, voice: str | None = None) -> AsyncGenerator[TokenDelta | SpokenChunk, None]:
         """Say ``text`` as is: one token delta carrying it (then its audio, sentence by sentence)."""
@@ -116,13 +117,12 @@ class ReplyChain:
     @staticmethod
     async def _given_text(requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta | _Voice]:
         async for request in requests:
-            if request.voice is not None:
-                yield _Voice(request.voice)
+            yield _Voice(request.voice)
             yield TokenDelta(request.messages[-1].content, finish_reason="stop")
 
     async def _generate(self, requests: AsyncIterator[ReplyRequest]) -> AsyncIterator[TokenDelta | _Voice]:
         async for request in requests:
-            if request.voice is not None:
+            if request.spoken:
                 yield _Voice(request.voice)
             started = time.perf_counter()
             first_at = 0.0
@@ -188,19 +188,20 @@ class ReplyChain:
         self, items: AsyncIterator[TokenDelta | _Voice]
     ) -> AsyncIterator[TokenDelta | SpokenChunk]:
         assert self._streams is not None
-        voice: list[str | None] = [None]
+        marker = await anext(items, None)  # a spoken run's first item, before the LLM's first token
+        if marker is None:
+            return
+        assert isinstance(marker, _Voice), "a spoken run leads with its voice"
 
         async def deltas() -> AsyncIterator[TokenDelta]:
             async for item in items:
-                if isinstance(item, _Voice):
-                    voice[0] = item.name
-                else:
-                    yield item
+                assert isinstance(item, TokenDelta)
+                yield item
 
         spoken = speak_streamed(
             self._streams,
             deltas(),
-            lambda: voice[0],
+            marker.name,
             stream_id=f"cascade-reply-{next(self._stream_ids)}",
             chunk_samples=self._chunk,
             max_queued=_STREAMED_QUEUE,

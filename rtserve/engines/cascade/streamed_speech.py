@@ -5,7 +5,9 @@ Each token delta's whole words go to the stream the moment they arrive (no sente
 engine starts a word once it holds the next one, its lookahead) and the deltas pass on in order.
 A word is sent once a space (or the reply's end) shows it whole: an LLM's tokens often split a
 word (" Par", "is"), and the stream takes each message as whole words, as moshi-server's protocol
-does, so a piece sent as it came would be spoken as two words. The stream's audio
+does, so a piece sent as it came would be spoken as two words. The stream opens
+when the reply starts, while the LLM is still on its first token, so the connection and the row's
+voice set-up are done before the first words come; a reply that says nothing closes it unused. The stream's audio
 comes back in ``chunk_samples`` pieces; each word the engine reports spoken rides on the next
 piece (the last words on an empty piece at the end), so the item's text grows with its audio as
 the session core's truncation expects. Closing the generator (a barge-in cancels the reply's
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import numpy as np
 
 from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.cascade.sentences import without_markup
+from rtserve.engines.errors import CapacityExhausted
 from rtserve.engines.kyutai_tts.service import SpeechStream, SpeechStreams
 from rtserve.engines.kyutai_tts.stream import SpokenWord
 from rtserve.engines.values import TokenDelta
@@ -34,16 +37,18 @@ _Item = TokenDelta | Spoken | BaseException | None
 async def speak_streamed(
     streams: SpeechStreams,
     deltas: AsyncIterator[TokenDelta],
-    voice: Callable[[], str | None],
+    voice: str | None,
     *,
     stream_id: str,
     chunk_samples: int,
     max_queued: int,
 ) -> AsyncGenerator[TokenDelta | Spoken, None]:
-    """``deltas`` passed on in order, the speech of their text interleaved as it is made.
-    ``voice()`` is read when the first text arrives (the stream opens then)."""
+    """``deltas`` passed on in order, the speech of their text interleaved as it is made. The
+    stream opens at once; its failure (an unknown voice) is raised when the first words are due,
+    and not at all for a reply without words. Finding no free channel, it tries once more then:
+    right after a barge-in the cut-off reply's channel is freed a moment after its close."""
     out: asyncio.Queue[_Item] = asyncio.Queue(max_queued)  # bounded: a slow reader holds the engine row
-    opened: list[SpeechStream] = []
+    opening = asyncio.create_task(streams.open_stream(stream_id, voice), name=f"{stream_id}-open")
 
     said = False  # a word was said already: the next one gets its space
 
@@ -68,11 +73,15 @@ async def speak_streamed(
         reader: asyncio.Task[None] | None = None
 
         async def send(text: str) -> None:
-            nonlocal reader
-            if not opened:
-                opened.append(await streams.open_stream(stream_id, voice()))
-                reader = asyncio.create_task(read(opened[0]), name=f"{stream_id}-audio")
-            opened[0].send_text(text)
+            nonlocal reader, opening
+            try:
+                stream = await opening
+            except CapacityExhausted:  # a reply just cut off may still hold the channel: it is freed by now
+                opening = asyncio.create_task(streams.open_stream(stream_id, voice), name=f"{stream_id}-open")
+                stream = await opening
+            if reader is None:
+                reader = asyncio.create_task(read(stream), name=f"{stream_id}-audio")
+            stream.send_text(text)
 
         try:
             partial = ""  # the text's last word, until a space or the end shows it whole
@@ -84,9 +93,8 @@ async def speak_streamed(
                     await send(whole)
             if partial:
                 await send(partial)
-            if opened:
-                opened[0].end()
-                assert reader is not None
+            if reader is not None:
+                opening.result().end()
                 await reader
             await out.put(None)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -104,10 +112,11 @@ async def speak_streamed(
             yield item
     finally:
         feeder.cancel()
-        await asyncio.gather(feeder, return_exceptions=True)
-        if opened:
+        opening.cancel()  # still connecting: no stream is wanted any more (nothing once it is open)
+        _, stream = await asyncio.gather(feeder, opening, return_exceptions=True)
+        if not isinstance(stream, BaseException):
             with contextlib.suppress(asyncio.CancelledError):
-                await opened[0].close()
+                await stream.close()
 
 
 def _last_word_apart(text: str) -> tuple[str, str]:

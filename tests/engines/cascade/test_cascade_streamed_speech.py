@@ -1,7 +1,8 @@
 """``speak_streamed`` on the tiny Kyutai TTS engine (docs/engines.md#kyutai-tts-in-the-cascade):
 text goes to the engine delta by delta, not sentence by sentence (the LLM here ends its sentence
 only once audio of its first words came back), the deltas pass on in order with the audio, the
-words ride on the audio, and closing mid-speech frees the engine's one slot at once."""
+words ride on the audio, closing mid-speech frees the engine's one slot at once, and the stream
+opens while the LLM is still on its first token."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import pytest
 
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.streamed_speech import speak_streamed
+from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
+from rtserve.engines.kyutai_tts.stream import TTSStream
 from rtserve.engines.values import TokenDelta
+from rtserve.errors import VOICE_NOT_FOUND
 from tests.engines.kyutai_tts.tiny import TinyTTS, write_tts_checkpoint
 
 CHUNK = 960
@@ -57,7 +61,7 @@ async def test_text_is_spoken_as_it_streams_in_with_the_deltas_in_order(engine: 
         yield TokenDelta("", finish_reason="stop")
 
     out = []
-    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    spoken = speak_streamed(engine, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
     async with contextlib.aclosing(spoken):
         async for item in spoken:
             out.append(item)
@@ -75,7 +79,7 @@ async def test_closing_mid_speech_frees_the_slot_at_once(engine: KyutaiTTSEngine
         yield TokenDelta("the quick brown fox jumps over the lazy dog " * 4)
         await asyncio.Event().wait()  # the LLM is still writing when the user barges in
 
-    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    spoken = speak_streamed(engine, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
     async with contextlib.aclosing(spoken):
         async for item in spoken:
             if not isinstance(item, TokenDelta) and item[0].size:
@@ -97,9 +101,7 @@ async def split_words_llm() -> AsyncIterator[TokenDelta]:
 async def test_a_word_split_across_tokens_is_spoken_as_one_word(engine: KyutaiTTSEngine) -> None:
     """The engine takes each piece of text as whole words, so a word is sent once a space or the
     end shows it whole: the words spoken are the reply's."""
-    spoken = speak_streamed(
-        engine, split_words_llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4
-    )
+    spoken = speak_streamed(engine, split_words_llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
     async with contextlib.aclosing(spoken):
         out = [item async for item in spoken]
     words = "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta))
@@ -111,7 +113,7 @@ async def test_markup_the_llm_writes_is_not_spoken(engine: KyutaiTTSEngine) -> N
         for piece in ("**Paris**", " is the", " _capital_", " of `France`.", ""):
             yield TokenDelta(piece, finish_reason="stop" if not piece else None)
 
-    spoken = speak_streamed(engine, llm(), lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    spoken = speak_streamed(engine, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
     async with contextlib.aclosing(spoken):
         out = [item async for item in spoken]
     deltas = [item.text for item in out if isinstance(item, TokenDelta)]
@@ -119,3 +121,81 @@ async def test_markup_the_llm_writes_is_not_spoken(engine: KyutaiTTSEngine) -> N
     assert (
         "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta)) == "Paris is the capital of France."
     )
+
+
+class _OpenWatch:
+    """The engine, noting when a stream has opened."""
+
+    def __init__(self, engine: KyutaiTTSEngine) -> None:
+        self._engine = engine
+        self.sample_rate = engine.sample_rate
+        self.opened = asyncio.Event()
+
+    async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
+        stream = await self._engine.open_stream(stream_id, voice, seed=seed)
+        self.opened.set()
+        return stream
+
+
+async def test_the_stream_opens_while_the_llm_is_still_on_its_first_token(engine: KyutaiTTSEngine) -> None:
+    """The connection and the row's voice are set up in the LLM's time to its first token, not
+    after it (here the LLM answers only once the stream is open)."""
+    streams = _OpenWatch(engine)
+
+    async def llm() -> AsyncIterator[TokenDelta]:
+        await asyncio.wait_for(streams.opened.wait(), 30)
+        yield TokenDelta("hello there.", finish_reason="stop")
+
+    spoken = speak_streamed(streams, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        out = [item async for item in spoken]
+    assert "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta)) == "hello there."
+
+
+async def test_a_reply_without_words_frees_its_stream_and_its_open_failure_is_nobodys(
+    engine: KyutaiTTSEngine,
+) -> None:
+    async def silent_llm() -> AsyncIterator[TokenDelta]:
+        yield TokenDelta("", finish_reason="stop")  # a tool call, say: nothing to speak
+
+    for voice in ("alice", "nobody"):  # "nobody": no such voice, so the stream never opens
+        spoken = speak_streamed(engine, silent_llm(), voice, stream_id="s", chunk_samples=CHUNK, max_queued=4)
+        async with contextlib.aclosing(spoken):
+            assert [item async for item in spoken] == [TokenDelta("", finish_reason="stop")]
+    stream = await engine.open_stream("next", "alice")  # max_sessions is 1: free again
+    await stream.close()
+
+    async def llm() -> AsyncIterator[TokenDelta]:
+        yield TokenDelta("hello there.", finish_reason="stop")
+
+    spoken = speak_streamed(engine, llm(), "nobody", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    with pytest.raises(EngineError) as raised:  # with words to say, the voice's failure is the reply's
+        async with contextlib.aclosing(spoken):
+            [item async for item in spoken]
+    assert raised.value.code == VOICE_NOT_FOUND
+
+
+async def test_a_channel_freed_before_the_first_words_is_taken_then(engine: KyutaiTTSEngine) -> None:
+    """Right after a barge-in the cut-off reply's stream may still hold the channel when the next
+    reply starts (max_sessions is 1 here): the reply opens again when its first words come."""
+    held = await engine.open_stream("cut-off", "alice")
+    tried = asyncio.Event()
+
+    class Refused:
+        sample_rate = engine.sample_rate
+
+        async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
+            try:
+                return await engine.open_stream(stream_id, voice, seed=seed)
+            finally:
+                tried.set()
+
+    async def llm() -> AsyncIterator[TokenDelta]:
+        await asyncio.wait_for(tried.wait(), 30)  # the early open found the channel taken
+        await held.close()
+        yield TokenDelta("hello there.", finish_reason="stop")
+
+    spoken = speak_streamed(Refused(), llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    async with contextlib.aclosing(spoken):
+        out = [item async for item in spoken]
+    assert "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta)) == "hello there."

@@ -77,7 +77,7 @@ async def test_a_reply_is_spoken_through_the_server_word_by_word(url: str) -> No
     try:
         await (await _open(streams)).close()  # served; the other channel is free while this one is freed
         reply = split_words_llm()
-        spoken = speak_streamed(streams, reply, lambda: "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+        spoken = speak_streamed(streams, reply, "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
         async with contextlib.aclosing(spoken):
             out = [item async for item in spoken]
     finally:
