@@ -124,17 +124,18 @@ async def test_markup_the_llm_writes_is_not_spoken(engine: KyutaiTTSEngine) -> N
 
 
 class _OpenWatch:
-    """The engine, noting when a stream has opened."""
+    """The engine, noting when its first open attempt has ended (opened or refused)."""
 
     def __init__(self, engine: KyutaiTTSEngine) -> None:
         self._engine = engine
         self.sample_rate = engine.sample_rate
-        self.opened = asyncio.Event()
+        self.tried = asyncio.Event()
 
     async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
-        stream = await self._engine.open_stream(stream_id, voice, seed=seed)
-        self.opened.set()
-        return stream
+        try:
+            return await self._engine.open_stream(stream_id, voice, seed=seed)
+        finally:
+            self.tried.set()
 
 
 async def test_the_stream_opens_while_the_llm_is_still_on_its_first_token(engine: KyutaiTTSEngine) -> None:
@@ -143,7 +144,7 @@ async def test_the_stream_opens_while_the_llm_is_still_on_its_first_token(engine
     streams = _OpenWatch(engine)
 
     async def llm() -> AsyncIterator[TokenDelta]:
-        await asyncio.wait_for(streams.opened.wait(), 30)
+        await asyncio.wait_for(streams.tried.wait(), 30)
         yield TokenDelta("hello there.", finish_reason="stop")
 
     spoken = speak_streamed(streams, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
@@ -179,23 +180,14 @@ async def test_a_channel_freed_before_the_first_words_is_taken_then(engine: Kyut
     """Right after a barge-in the cut-off reply's stream may still hold the channel when the next
     reply starts (max_sessions is 1 here): the reply opens again when its first words come."""
     held = await engine.open_stream("cut-off", "alice")
-    tried = asyncio.Event()
-
-    class Refused:
-        sample_rate = engine.sample_rate
-
-        async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
-            try:
-                return await engine.open_stream(stream_id, voice, seed=seed)
-            finally:
-                tried.set()
+    streams = _OpenWatch(engine)
 
     async def llm() -> AsyncIterator[TokenDelta]:
-        await asyncio.wait_for(tried.wait(), 30)  # the early open found the channel taken
+        await asyncio.wait_for(streams.tried.wait(), 30)  # the early open found the channel taken
         await held.close()
         yield TokenDelta("hello there.", finish_reason="stop")
 
-    spoken = speak_streamed(Refused(), llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
+    spoken = speak_streamed(streams, llm(), "alice", stream_id="s", chunk_samples=CHUNK, max_queued=4)
     async with contextlib.aclosing(spoken):
         out = [item async for item in spoken]
     assert "".join(item[1] or "" for item in out if not isinstance(item, TokenDelta)) == "hello there."
