@@ -7,8 +7,8 @@ carrying 4 x 20 ms Opus frames, the packet shape Moshi's own server (sphn) emits
 
 Sample rates: the encoder runs natively at any libopus rate. FFmpeg's libopus decoder
 always outputs 48 kHz, so the decoder resamples to other rates with a ``StreamResampler``
-(default quality "LQ": ~20 ms of extra latency instead of ~38 ms at "HQ", passband flat to
-~9 kHz at 24 kHz output, beyond what speech needs). ``flush()`` returns the held-back tail.
+(libswresample: every packet's samples come out with it, less a fixed 16-sample delay at 24
+kHz, so 80 ms packets give whole 1920-sample engine frames). ``flush()`` returns the held-back tail.
 
 Application: default "audio" (CELT, waveform-matching: 17-27 dB SNR at 32-64 kbit/s on
 speech-like signals), right for the synthesized speech this server sends; "voip" (SILK,
@@ -39,7 +39,7 @@ import numpy as np
 
 from rtserve.codecs.errors import InvalidOpusError
 from rtserve.codecs.pcm import FloatArray, as_mono_float32
-from rtserve.codecs.resample import ResampleQuality, StreamResampler
+from rtserve.codecs.resample import StreamResampler
 
 OpusApplication = Literal["voip", "audio", "lowdelay"]
 
@@ -144,7 +144,6 @@ class OpusDecoder:
         self,
         sample_rate: int = 24000,
         channels: int = 1,
-        resample_quality: ResampleQuality = "LQ",
     ) -> None:
         check_opus_rate(sample_rate)
         if channels not in (1, 2):
@@ -155,7 +154,7 @@ class OpusDecoder:
         self._ctx.layout = "mono" if channels == 1 else "stereo"
         self._ctx.options = {"request_sample_fmt": "flt"}
         self._ctx.open()
-        self._resampler = StreamResampler(OPUS_GRANULE_RATE, sample_rate, quality=resample_quality)
+        self._resampler = StreamResampler(OPUS_GRANULE_RATE, sample_rate)
 
     def decode(self, packet: bytes) -> FloatArray:
         """Decode one packet; the output may lag while the resampler fills (see module doc)."""
