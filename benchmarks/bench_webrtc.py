@@ -4,7 +4,7 @@
 For each call count N of ``--calls`` (a step up), N aiortc callers place their calls at
 once (the browser shape: raw ``application/sdp``), each with a paced 48 kHz microphone that
 speaks a tone burst every 2 s; the loopback engine sends it back on the agent's track.
-Opus both ways, the soxr resamplers, the paced outbound track and the data channel all run
+Opus both ways, the resamplers, the paced outbound track and the data channel all run
 as in a browser call. Reported per N:
 
 * connect: offer posted -> SDP answer, and offer -> first agent audio frame received

@@ -7,7 +7,7 @@ the TTS engine is still speaking. Compressed formats go through PyAV's encoders 
 muxers; ``wav``/``pcm`` are a header and raw samples.
 
 Uploads are decoded with PyAV (any container/codec FFmpeg knows), downmixed to mono
-float32, then resampled (soxr, ``rtserve.codecs.resample``) to the rate the ASR engine wants.
+float32, then resampled (``rtserve.codecs.resample.StreamResampler``) to the rate the ASR engine wants.
 """
 
 from __future__ import annotations

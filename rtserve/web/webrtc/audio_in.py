@@ -3,7 +3,7 @@
 aiortc appends each decoded frame to the remote track's unbounded queue (``track_backlog``):
 a track nobody reads grows for the life of the call. One task per call therefore reads the
 track from the moment it appears, converts each frame to mono float32, resamples it (the
-project's soxr ``StreamResampler``) and submits it as session input. The task only falls
+project's ``StreamResampler``) and submits it as session input. The task only falls
 behind when the event loop is starved; then the backlog beyond ``webrtc.inbound_backlog_frames``
 is dropped, oldest first, and counted: old microphone audio is worth less than keeping the
 conversation in real time.

@@ -3,7 +3,7 @@
 aiortc's sender pulls ``recv()`` in a loop and encodes each frame to Opus; the track paces
 itself (one frame per 20 ms of the loop's clock) and sends silence when nothing is queued,
 so the RTP stream never stalls. Agent audio arrives in bursts faster than real time
-(``push``, resampled to 48 kHz with the project's soxr resampler); the queue holds at most
+(``push``, resampled to 48 kHz with the project's ``StreamResampler``); the queue holds at most
 ``webrtc.outbound_queue_ms`` and ``push`` waits for room, so the call stops reading the
 session's (bounded) output buffer instead of growing this one.
 
