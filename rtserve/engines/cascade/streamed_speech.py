@@ -48,7 +48,11 @@ async def speak_streamed(
     and not at all for a reply without words. Finding no free channel, it tries once more then:
     right after a barge-in the cut-off reply's channel is freed a moment after its close."""
     out: asyncio.Queue[_Item] = asyncio.Queue(max_queued)  # bounded: a slow reader holds the engine row
-    opening = asyncio.create_task(streams.open_stream(stream_id, voice), name=f"{stream_id}-open")
+
+    def start_opening() -> asyncio.Task[SpeechStream]:
+        return asyncio.create_task(streams.open_stream(stream_id, voice), name=f"{stream_id}-open")
+
+    opening = start_opening()
 
     said = False  # a word was said already: the next one gets its space
 
@@ -77,7 +81,7 @@ async def speak_streamed(
             try:
                 stream = await opening
             except CapacityExhausted:  # a reply just cut off may still hold the channel: it is freed by now
-                opening = asyncio.create_task(streams.open_stream(stream_id, voice), name=f"{stream_id}-open")
+                opening = start_opening()
                 stream = await opening
             if reader is None:
                 reader = asyncio.create_task(read(stream), name=f"{stream_id}-audio")
