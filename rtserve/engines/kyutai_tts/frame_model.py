@@ -34,7 +34,8 @@ the runtime's one small generalisation covers both rather than a second schedule
   to back for up to ``young_burst_s`` (on its own CUDA stream; beside the main batch's step,
   until that ends if sooner); once through its audio
   delay the reply moves into the main batch (``adopt``), where its next full step makes its
-  first audio. A reply that finds the young batch full starts in the main batch as before.
+  first audio: in the same call when its last steps fit in one burst (they go first then). A
+  reply that finds the young batch full starts in the main batch as before.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -71,6 +72,7 @@ STEP_KINDS = (
     "full_first_audio_due",
     "full_lead_short",
 )
+_STEP_TIME_WEIGHT = 0.25  # of the latest burst in the moving mean of a young step's time
 
 
 def _finished(device: torch.device) -> Callable[[], bool]:
@@ -126,6 +128,7 @@ class TTSFrameModel:
         self.full_step_cadence_s = full_step_cadence_s
         self.young_burst_s = young_burst_s
         self.young_queue = young_queue
+        self._young_step_s = 0.0  # a young step's seconds in the bursts so far (moving mean)
         self._last_full = -np.inf  # clock time of the last full step
         self._clock = clock
         self._frame_s = model.frame_size / model.sample_rate
@@ -241,16 +244,24 @@ class TTSFrameModel:
         now = self._clock()
         in_young = self._young_row >= 0
         young_batch = stepping & in_young
+        finishing = self._finishing_steps(young_batch)
+        if finishing:
+            # A reply can be through its delay in this burst: its steps go first, so the main
+            # step below makes its first audio this call rather than the next.
+            self._young_after_uploads()
+            self._step_young_batch(young_batch, outputs, now, None, max_steps=finishing)
+            self._adopt_through_delay()
+            stepping = self.ready_rows() & live  # the adopted rows' first audio is due
+            in_young = self._young_row >= 0
+            young_batch = stepping & in_young  # the others step on beside the main step, as ever
         stepping &= ~in_young
         young = stepping & model.young_rows()
         in_young_batch, young_in_main = bool(young_batch.any()), bool(young.any())
         waiting = in_young_batch or young_in_main
         kind = "full_no_young" if not waiting else self._full_step_reason(stepping & ~young, now, young_in_main)
         active = young if kind == "pre_audio" else stepping
-        if in_young_batch and self._young_stream is not None:
-            # The young batch's steps come after the words uploaded (ready_rows) and the rows
-            # adopted so far on the current stream, and run beside the main batch's step.
-            self._young_stream.wait_stream(torch.cuda.current_stream(model.device))
+        if in_young_batch:
+            self._young_after_uploads()  # not after the main step: the young steps run beside it
         launched, main_done = None, None
         if active.any():
             speak = kind != "pre_audio"
@@ -266,10 +277,32 @@ class TTSFrameModel:
         if launched is not None:
             for slot, frame in enumerate(model.read(launched)):
                 if frame is not None and frame.stepped and live[slot]:
-                    outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now)
+                    outputs[slot] = self._output(slot, frame, int(model.steps[slot]), now, outputs[slot])
         if in_young_batch:
             self._adopt_through_delay()
         return outputs
+
+    def _young_after_uploads(self) -> None:
+        """The young batch's next steps come after the work queued so far on the current stream
+        (the words uploaded by ``ready_rows``, the rows adopted)."""
+        if self._young_stream is not None:
+            self._young_stream.wait_stream(torch.cuda.current_stream(self.model.device))
+
+    def _finishing_steps(self, slots: npt.NDArray[np.bool_]) -> int:
+        """The steps the young batch's rows of ``slots`` that can be through their audio delay
+        within one burst still need (the most of theirs; 0: none can). A burst's steps are
+        counted from the last bursts' time a step (``young_burst_s`` over it; one step a call
+        when bursts are off)."""
+        young = self.young
+        if young is None or not slots.any():
+            return 0
+        left = young.young_steps - young.steps[self._young_row[slots]]
+        fit = 1
+        if self.young_burst_s > 0:
+            step_s = self._young_step_s
+            fit = young.young_steps if step_s <= 0 else max(1, int(self.young_burst_s / step_s))
+        near = left[left <= fit]
+        return int(near.max()) if near.size else 0
 
     def _step_young_batch(
         self,
@@ -277,12 +310,13 @@ class TTSFrameModel:
         outputs: list[FrameOutput | None],
         now: float,
         main_done: Callable[[], bool] | None,
+        max_steps: int | None = None,
     ) -> None:
         """Steps of the young batch's rows of ``slots``, back to back on its own stream for up to
         ``young_burst_s``, and beside the main batch's step only while it runs (``main_done``: it
         has finished). Each costs a few milliseconds against a full step's tens at 128 rows,
         so a new reply goes through its audio delay in a few calls rather than one step a call.
-        At least one step, at most ``young_steps`` (what a row needs), and none after a step
+        At least one step, at most ``young_steps`` (what a row needs) or ``max_steps``, and none after a step
         where none of its rows stepped (a row can only go on with text, which comes between
         calls). Up to ``young_queue`` steps are launched ahead of the one read, so the GPU goes
         on while the host reads; the steps launched when the burst ends are read too (a step
@@ -296,8 +330,9 @@ class TTSFrameModel:
         stream = contextlib.nullcontext() if self._young_stream is None else torch.cuda.stream(self._young_stream)
         queue: deque[StepOutputs] = deque()
         launched, going_on = 0, True
+        most = young.young_steps if max_steps is None else max_steps
         while True:
-            while going_on and launched < young.young_steps and len(queue) < self.young_queue:
+            while going_on and launched < most and len(queue) < self.young_queue:
                 with stream:
                     step = young.launch(mask, speak=False, queued=len(queue))
                     queue.append(step if self.young_queue == 1 else outputs_copy(step))
@@ -305,6 +340,8 @@ class TTSFrameModel:
                 if self._on_step is not None:
                     self._on_step("young_batch")
             if not queue:
+                step_s = (self._clock() - started) / launched
+                self._young_step_s += _STEP_TIME_WEIGHT * (step_s - self._young_step_s)
                 return
             with stream:
                 frames = young.read(queue.popleft())  # waits for the young stream alone
@@ -320,7 +357,7 @@ class TTSFrameModel:
             going_on = going_on and stepped and more
 
     def _adopt_through_delay(self) -> None:
-        """Young-batch rows through their audio delay move into the main batch (after its step)."""
+        """Young-batch rows through their audio delay move into the main batch (between its steps)."""
         young = self.young
         assert young is not None
         for row in np.flatnonzero((self._young_slot >= 0) & (young.steps >= young.young_steps)):

@@ -77,6 +77,7 @@ def test_a_reply_moved_from_the_young_batch_speaks_as_if_stepped_in_the_main_bat
 @dataclass
 class Replies:
     kinds: list[str]  # every step's kind
+    call_kinds: list[list[str]]  # the same, call by call
     audio: dict[int, list[np.ndarray]]  # each row's frames
     word_starts: dict[int, list[int]]  # each row's words' first steps, as its outputs said
     calls: int  # calls after the new rows began
@@ -138,16 +139,20 @@ def _replies(
             if output is not None and output.audio.size:
                 audio[0].append(output.audio)
     kinds.clear()
+    call_kinds: list[list[str]] = []
     word_starts: dict[int, list[int]] = {1: [], 2: []}
     for calls in range(1, 200):
         now[0] += call_s
-        for slot, output in enumerate(frame_model.step(silence, live)):
+        before = len(kinds)
+        outputs = frame_model.step(silence, live)
+        call_kinds.append(kinds[before:])
+        for slot, output in enumerate(outputs):
             if output is not None and output.audio.size:
                 audio[slot].append(output.audio)
             if output is not None and output.speech is not None and slot in word_starts:
                 word_starts[slot] += output.speech.word_starts
         if min(len(audio[1]), len(audio[2])) >= 3:
-            return Replies(kinds, audio, word_starts, calls, found_full, frame_model)
+            return Replies(kinds, call_kinds, audio, word_starts, calls, found_full, frame_model)
     raise AssertionError("the new replies made no audio")
 
 
@@ -189,25 +194,23 @@ def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(
     # (on CUDA, on a stream of its own, as many steps as fit in the full step's time: the same
     # audio as without it, below, so neither step raced the other).
     replies = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device, lead_s=lead_s)
-    kinds, audio, young_steps = replies.kinds, replies.audio, replies.frame_model.model.young_steps
-    young_per_call: list[int] = []  # each call: its full step, then the young batch's steps
-    for kind in kinds:
-        if kind == "young_batch":
-            young_per_call[-1] += 1
-        else:
-            assert kind in (reason, "full_no_young")
-            young_per_call.append(0)
+    calls, young_steps = replies.call_kinds, replies.frame_model.model.young_steps
+    for kinds in calls:  # one full step a call
+        assert [kind for kind in kinds if kind != "young_batch"] in ([reason], ["full_no_young"])
+    young_per_call = [kinds.count("young_batch") for kinds in calls]
     through = young_per_call.index(0)
     assert through and sum(young_per_call) == young_steps  # beside each full step until through the delay
     if device == "cpu":  # a CPU's full step is over when the young batch's begins: one each
         assert young_per_call[:through] == [1] * young_steps
-    calls = young_per_call
-    # Through their delay, the new replies speak from the next call on: as soon as if they had
-    # taken every full step with row 0.
-    assert len(audio[0]) == 2 + len(calls)
+    # The call whose young steps take the replies through their delay runs those steps before its
+    # full step, which makes their first audio: they speak from that call on, as soon as if they had
+    # taken every full step with row 0 (and a call sooner than adopted after it).
+    assert calls[through - 1][0] == "young_batch" and calls[0][0] != "young_batch"
+    assert replies.calls == through + 2  # their third frame two calls after the first
+    assert len(replies.audio[0]) == 2 + len(calls)
     alone = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device, lead_s=lead_s).audio
     for slot in range(3):
-        for ours, theirs in zip(audio[slot], alone[slot], strict=False):
+        for ours, theirs in zip(replies.audio[slot], alone[slot], strict=False):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
