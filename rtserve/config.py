@@ -625,6 +625,14 @@ class TtsEngineConfig(_Section):
         "of the first, so the GPU goes on while the host reads one; a burst may then run this many steps minus one "
         "past young_burst_ms; 1: each step read before the next is queued (docs/engines.md#young-batch)",
     )
+    young_wait_ms: float = Field(
+        160.0,
+        ge=0,
+        le=2000,
+        description="with young_batch: a reply that finds every row of it taken waits this long for one (its text "
+        "queues meanwhile, so it loses little while the text still comes) before it starts with the others; 0: "
+        "with the others at once (docs/engines.md#young-batch)",
+    )
 
 
 class DiffusionEngineConfig(_Section):

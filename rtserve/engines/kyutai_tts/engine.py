@@ -117,8 +117,8 @@ class KyutaiTTSEngine:
         )
         self._young_batch_full = Counter(
             "rtserve_kyutai_tts_young_batch_full",
-            "Replies that found every row of the young batch (tts_engine.young_batch) taken and started with the "
-            "others (docs/engines.md#young-batch)",
+            "Replies that found every row of the young batch (tts_engine.young_batch) taken and waited for one "
+            "(past tts_engine.young_wait_ms: started with the others; docs/engines.md#young-batch)",
             registry=families,
         )
         self._first_audio_steps = Histogram(
@@ -174,6 +174,7 @@ class KyutaiTTSEngine:
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             young_burst_s=settings.young_burst_ms / 1e3,
             young_queue=settings.young_queue,
+            young_wait_s=settings.young_wait_ms / 1e3,
             clock=clock.monotonic,
             on_step=self._stepped,
             on_first_audio_after_text=self._after_text.observe,

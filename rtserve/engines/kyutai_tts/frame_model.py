@@ -48,6 +48,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +73,19 @@ STEP_KINDS = (
     "full_first_audio_due",
     "full_lead_short",
 )
+
+
+@dataclass
+class _Waiting:
+    """A reply waiting for a row of the young batch: what it opens with, and its text so far."""
+
+    since: float  # the clock when it began
+    voice: Voice | None
+    seed: int | None
+    words: list[Word] = field(default_factory=list)
+    ended: bool = False
+
+
 _STEP_TIME_WEIGHT = 0.25  # of the latest burst in the moving mean of a young step's time
 
 
@@ -95,6 +109,7 @@ class TTSFrameModel:
         full_step_cadence_s: float = 0.0,
         young_burst_s: float = 0.0,
         young_queue: int = 1,
+        young_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[str], None] | None = None,
         on_first_audio_after_text: Callable[[float], None] | None = None,
@@ -109,7 +124,8 @@ class TTSFrameModel:
         weights); ``young_burst_s``: how long its steps may go on back to back in a call (beside
         a main step, until that ends if sooner; 0: one step); ``young_queue``: how many of those
         steps are launched ahead of the host's read of the first (1: each read before the next
-        launch). ``clock``: the scheduler's seconds.
+        launch); ``young_wait_s``: how long a reply that finds every young row taken waits for one
+        (its text queued here) before it starts in the main batch. ``clock``: the scheduler's seconds.
         ``on_step``: told each step's kind (``STEP_KINDS``) once it is launched, for the engine's metrics.
         ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
         text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
@@ -129,6 +145,8 @@ class TTSFrameModel:
         self.young_burst_s = young_burst_s
         self.young_queue = young_queue
         self._young_step_s = 0.0  # a young step's seconds in the bursts so far (moving mean)
+        self.young_wait_s = young_wait_s
+        self._waiting: dict[int, _Waiting] = {}  # slot -> its reply waiting for a young row, oldest first
         self._last_full = -np.inf  # clock time of the last full step
         self._clock = clock
         self._frame_s = model.frame_size / model.sample_rate
@@ -164,25 +182,45 @@ class TTSFrameModel:
 
     def release(self, slot: int) -> None:
         self._before_audio[slot] = False
+        self._waiting.pop(slot, None)
         self.model.release(slot)
         row = self._young_row[slot]
         if row >= 0 and self.young is not None:
             self.young.release(int(row))
             self._young_row[slot], self._young_slot[row] = -1, -1
+            self._seat_waiting()
+
+    def _seat_waiting(self) -> None:
+        """Replies waiting for a row of the young batch take the rows free now, oldest first; one
+        that has waited ``young_wait_s`` starts in the main batch instead. Its text so far goes in."""
+        now = self._clock()
+        for slot, waiting in list(self._waiting.items()):
+            free = np.flatnonzero(self._young_slot < 0)
+            if free.size and self.young is not None:
+                model, row = self.young, int(free[0])
+                self._young_row[slot], self._young_slot[row] = row, slot
+            elif now - waiting.since >= self.young_wait_s:
+                model, row = self.model, slot
+            else:
+                continue
+            del self._waiting[slot]
+            model.open_slot(row, waiting.voice, waiting.seed)
+            for word in waiting.words:
+                model.push_word(row, list(word.tokens), word.padding)
+            if waiting.ended:
+                model.end_of_stream(row)
 
     # -- a session's input (engine thread, between steps) ---------------------------
 
     def begin(self, slot: int, voice: Voice | None, seed: int | None) -> None:
         self.release(slot)
-        free = np.flatnonzero(self._young_slot < 0)
-        if self.young is not None and free.size:
-            row = int(free[0])
-            self.young.open_slot(row, voice, seed)
-            self._young_row[slot], self._young_slot[row] = row, slot
-        else:
-            if self.young is not None and self._on_young_batch_full is not None:
-                self._on_young_batch_full()
+        if self.young is None:
             self.model.open_slot(slot, voice, seed)
+        else:
+            self._waiting[slot] = _Waiting(self._clock(), voice, seed)
+            self._seat_waiting()
+            if self._young_row[slot] < 0 and self._on_young_batch_full is not None:
+                self._on_young_batch_full()
         self._words[slot] = 0
         self._overflow[slot] = False
         self._audio_start[slot] = np.nan
@@ -194,6 +232,13 @@ class TTSFrameModel:
     def push(self, slot: int, words: list[Word]) -> None:
         """Queue words; the session keeps at most ``max_words`` unspoken here (past it: refused)."""
         self._text_arrived(slot)
+        waiting = self._waiting.get(slot)
+        if waiting is not None:
+            for word in words:
+                if not self.model.machine.takes(len(waiting.words), list(word.tokens)):
+                    raise EngineError("too many words wait to be spoken", code=INPUT_BACKPRESSURE)
+                waiting.words.append(word)
+            return
         model, row = self._holder(slot)
         for word in words:
             try:
@@ -203,6 +248,9 @@ class TTSFrameModel:
 
     def end(self, slot: int) -> None:
         self._text_arrived(slot)
+        if slot in self._waiting:
+            self._waiting[slot].ended = True
+            return
         model, row = self._holder(slot)
         model.end_of_stream(row)
 
@@ -224,7 +272,10 @@ class TTSFrameModel:
     # -- the batched step ------------------------------------------------------------
 
     def ready_rows(self) -> npt.NDArray[np.bool_]:
-        """Rows that would step now: open and holding the text they need (``RunsAhead``)."""
+        """Rows that would step now: open and holding the text they need (``RunsAhead``). Replies
+        waiting for a row of the young batch take one first, if they can."""
+        if self._waiting:
+            self._seat_waiting()
         ready = self.model.ready()
         if self.young is not None and (self._young_slot >= 0).any():
             young_ready = self.young.ready() & (self._young_slot >= 0)
@@ -364,6 +415,7 @@ class TTSFrameModel:
             slot = int(self._young_slot[row])
             self.model.adopt(slot, young, int(row))
             self._young_row[slot], self._young_slot[row] = -1, -1
+        self._seat_waiting()
 
     def _output(
         self, slot: int, frame: TTSFrame, steps: int, now: float, merged: FrameOutput | None = None

@@ -183,13 +183,17 @@ class TextMachine:
     def push(self, row: int, tokens: list[int], padding: int) -> None:
         """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``;
         raises ``ValueError`` past ``max_words`` pending. The device sees it at the next ``flush``."""
-        s = self.settings
-        if self.pending(row) >= s.max_words or len(tokens) > s.max_word_tokens:
+        if not self.takes(self.pending(row), tokens):
             raise ValueError("word backlog full or word too long")
+        s = self.settings
         self._staged.append((row, int(self._tail[row]), tokens, padding))
         self._tail[row] = (self._tail[row] + 1) % s.max_words
         self._lengths[row].append(len(tokens))
         self._voiced[row] += bool(tokens)
+
+    def takes(self, pending: int, tokens: list[int]) -> bool:
+        """Whether a row with ``pending`` words queued may queue one more of ``tokens``."""
+        return pending < self.settings.max_words and len(tokens) <= self.settings.max_word_tokens
 
     def flush(self) -> None:
         """Upload the words pushed since the last flush, then the ends (before a step, or reading

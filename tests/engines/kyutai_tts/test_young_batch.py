@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.loader import load_folder
 from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
 from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.errors import INPUT_BACKPRESSURE
 from rtserve.weights.source import WeightSource
 from tests.engines.kyutai_tts.test_pre_audio_steps import DEVICES, TEXT, same_frame, start
 from tests.engines.kyutai_tts.tiny import VOICE_DIM, VOICE_FRAMES, TinyTTS
@@ -94,6 +96,7 @@ def _replies(
     young_burst_s: float = 0.0,
     young_queue: int = 1,
     young_span_bucket: int = 0,
+    young_wait_s: float = 0.0,
 ) -> Replies:
     """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
     clock moves ``call_s`` a call, until both new rows have made 3 frames. Greedy, so the audio
@@ -124,6 +127,7 @@ def _replies(
         catch_up_lead_s=lead_s,
         young_burst_s=young_burst_s,
         young_queue=young_queue,
+        young_wait_s=young_wait_s,
         clock=lambda: now[0],
         on_step=kinds.append,
     )
@@ -182,6 +186,51 @@ def test_a_reply_that_finds_the_young_batch_full_starts_in_the_main_batch(tiny_t
     assert {"young_batch", "pre_audio"} <= set(kinds)
     assert frame_model.young is not None and not frame_model.young.young_rows().any()
     assert all(len(frames) >= 3 for frames in audio.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_reply_that_finds_the_young_batch_full_waits_for_its_row_with_its_text(
+    tiny_tts: TinyTTS, device: str
+) -> None:
+    # The clock stands still, so row 2 waits as long as it takes: its words and end, sent while it
+    # waited, go in when row 1 moves on, and it steps through its delay in the young batch too.
+    replies = _replies(tiny_tts, young_rows=1, device=device, young_wait_s=1.0)
+    young_steps = replies.frame_model.model.young_steps
+    assert len(replies.found_full) == 1
+    assert replies.kinds.count("young_batch") == 2 * young_steps and "pre_audio" not in replies.kinds
+    alone = _replies(tiny_tts, young_rows=0, device=device).audio  # the same replies, all in the main batch
+    for slot in range(3):
+        for ours, theirs in zip(replies.audio[slot], alone[slot], strict=False):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_reply_waits_for_a_young_row_no_longer_than_its_bound(tiny_tts: TinyTTS) -> None:
+    # A frame of real time a call, one young step a call: row 1 holds the young row for its whole
+    # delay. Row 2, bound to wait 0.1 s, starts in the main batch on the second call and steps
+    # there (one step a call); waiting longer, it steps only once row 1 has moved on.
+    replies = _replies(tiny_tts, young_rows=1, call_s=0.08, young_wait_s=0.1)
+    patient = _replies(tiny_tts, young_rows=1, call_s=0.08, young_wait_s=10.0)
+    young_steps = replies.frame_model.model.young_steps
+    assert len(replies.found_full) == len(patient.found_full) == 1
+    assert replies.calls <= young_steps + 5 < 2 * young_steps <= patient.calls
+    alone = _replies(tiny_tts, young_rows=0, call_s=0.08).audio
+    for slot in range(3):
+        for ours, theirs in zip(replies.audio[slot], alone[slot], strict=False):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_waiting_reply_holds_no_more_words_than_a_row(tiny_tts: TinyTTS) -> None:
+    replies = _replies(tiny_tts, young_rows=1)  # its young row is free again: take it, then wait
+    model = replies.frame_model
+    voice = model.model.resolve_voice("bob")
+    model.begin(1, voice, None)
+    model.begin(2, voice, None)
+    splitter = ScriptSplitter(model.model.tokenizer, speaker_token=model.model.ids.main, frame_rate=12.5)
+    words = splitter.split(" ".join(["fox"] * (model.max_words + 1)))
+    model.push(2, words[: model.max_words])
+    with pytest.raises(EngineError) as refused:
+        model.push(2, words[model.max_words :])
+    assert refused.value.code == INPUT_BACKPRESSURE
 
 
 @pytest.mark.parametrize("device", DEVICES)
