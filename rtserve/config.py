@@ -613,9 +613,11 @@ class TtsEngineConfig(_Section):
     young_burst_ms: float = Field(
         20.0,
         ge=0,
-        le=80,
+        le=40,
         description="with young_batch: its steps go on back to back in a call for up to this long (beside a step "
-        "of the others, until that ends if sooner); 0: one step a call",
+        "of the others, until that ends if sooner); 0: one step a call. At most 40: 80 held the calls long enough "
+        "for older replies to run dry (a TTS server at 256 voice-agent sessions: tick p99 113 ms, 43 replies "
+        "underran; benchmarks/notes/voice_agent_gpu.md)",
     )
     young_queue: int = Field(
         3,

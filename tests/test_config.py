@@ -45,6 +45,7 @@ def test_env_null_disables_idle_expiry():
         ("transport:\n  ws_heartbeat_s: fast\n", "transport.ws_heartbeat_s"),
         ("moshi_engine:\n  kv_block_frames: 48\n", "moshi_engine.kv_block_frames"),
         ("moshi_engine:\n  kv_cache: fp8\n", "moshi_engine.kv_cache"),
+        ("tts_engine:\n  young_burst_ms: 80\n", "tts_engine.young_burst_ms"),  # older replies ran dry
     ],
 )
 def test_invalid_config_names_the_field_in_one_line(tmp_path, text, field):
