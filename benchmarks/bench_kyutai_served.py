@@ -651,7 +651,8 @@ def per_stream_tick(
 
 def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Where the engine's share of first audio goes: a reply's full and pre-audio steps before its
-    first audio (p50, p95), the replies that found the young batch full, and the share of the
+    first audio (p50, p95), the replies that found the young batch full and their wait for a row
+    (p99 over all replies), and the share of the
     model's steps that were full steps while a young reply waited, by reason
     (``rtserve_kyutai_tts_model_steps``; docs/engines.md#pre-audio-steps), and the slots and ring
     slots a main-batch step computed on average (docs/engines.md#row-buckets)."""
@@ -664,6 +665,8 @@ def first_audio_steps(before: dict[str, float], after: dict[str, float]) -> dict
     }
     full = "rtserve_kyutai_tts_young_batch_full_total"
     point["young_batch_full"] = after.get(full, 0.0) - before.get(full, 0.0)
+    # How long the replies that found it full waited for a young row (0 for the others).
+    point["young_wait_p99_ms"] = 1e3 * histogram_quantile(before, after, "rtserve_kyutai_tts_young_wait_seconds", 0.99)
     steps = {
         kind: sum(
             value - before.get(key, 0.0)
@@ -806,6 +809,7 @@ TTS_COLUMNS = [
     ("1st pre p50", "first_pre_audio_steps_p50", "{:.1f}"),
     ("1st full p95", "first_full_steps_p95", "{:.1f}"),
     ("young full", "young_batch_full", "{:.0f}"),
+    ("young wait p99", "young_wait_p99_ms", "{:.0f}"),
     ("young %", "steps_young_batch_pct", "{:.0f}"),
     ("pre %", "steps_pre_audio_pct", "{:.0f}"),
     ("full due %", "steps_full_first_audio_due_pct", "{:.0f}"),

@@ -53,6 +53,7 @@ FIRST_AUDIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8
 AFTER_TEXT_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
 STEP_ROWS_BUCKETS = (8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 384, 512, 1024)
 STEP_SPAN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048)
+YOUNG_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.12, 0.16, 0.24, 0.32, 0.64, 1.0, 2.0)
 FIRST_AUDIO_STEP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32)
 _ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
@@ -121,6 +122,14 @@ class KyutaiTTSEngine:
             "(past tts_engine.young_wait_ms: started with the others; docs/engines.md#young-batch)",
             registry=families,
         )
+        self._young_wait = Histogram(
+            "rtserve_kyutai_tts_young_wait_seconds",
+            "With a young batch (tts_engine.young_batch): how long each reply waited for a row of it (0 for most), "
+            "by where it then started: young_batch, or main_batch past tts_engine.young_wait_ms",
+            ["batch"],
+            buckets=YOUNG_WAIT_BUCKETS,
+            registry=families,
+        )
         self._first_audio_steps = Histogram(
             "rtserve_kyutai_tts_first_audio_steps",
             "A reply's steps up to its first audio frame, by kind: full (the whole batch) or pre_audio",
@@ -179,6 +188,7 @@ class KyutaiTTSEngine:
             on_step=self._stepped,
             on_first_audio_after_text=self._after_text.observe,
             on_young_batch_full=self._young_batch_full.inc,
+            on_seated=self._seated,
         )
         metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
         self._lockstep_metrics.follow(metrics)
@@ -246,6 +256,10 @@ class KyutaiTTSEngine:
         if kind != "young_batch" and self._model is not None:
             self._step_rows.observe(self._model.step_rows)
             self._step_span.observe(self._model.step_span)
+
+    def _seated(self, waited_s: float, in_young_batch: bool) -> None:
+        """A reply took its row (``TTSFrameModel``'s ``on_seated``)."""
+        self._young_wait.labels("young_batch" if in_young_batch else "main_batch").observe(waited_s)
 
     async def stop(self) -> None:
         if self._scheduler is not None:

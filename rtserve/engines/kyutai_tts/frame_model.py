@@ -114,6 +114,7 @@ class TTSFrameModel:
         on_step: Callable[[str], None] | None = None,
         on_first_audio_after_text: Callable[[float], None] | None = None,
         on_young_batch_full: Callable[[], None] | None = None,
+        on_seated: Callable[[float, bool], None] | None = None,
     ) -> None:
         """``catch_up_lead_s``: the audio an older row must have ahead of its playback for the
         young rows to step without it (0: never without it). Only for a model run ahead of
@@ -129,7 +130,9 @@ class TTSFrameModel:
         ``on_step``: told each step's kind (``STEP_KINDS``) once it is launched, for the engine's metrics.
         ``on_first_audio_after_text``: told, at a reply's first audio frame, the seconds since the
         text it last waited for arrived (``_text_arrived``). ``on_young_batch_full``: told when a
-        reply finds every row of the young batch taken and starts in the main batch."""
+        reply finds every row of the young batch taken. ``on_seated``: told, as a reply with a
+        young batch beside takes its row, how long it waited for one and whether it is one of the
+        young batch's (else it starts in the main batch)."""
         self.model = model
         self.young = young
         # Slot -> its row in the young batch, and row -> its slot (-1: none).
@@ -169,6 +172,7 @@ class TTSFrameModel:
         self._text_at = np.full(model.batch_size, np.nan)
         self._on_first_audio_after_text = on_first_audio_after_text
         self._on_young_batch_full = on_young_batch_full
+        self._on_seated = on_seated
 
     # -- scheduler control operations ------------------------------------------------
 
@@ -204,6 +208,8 @@ class TTSFrameModel:
             else:
                 continue
             del self._waiting[slot]
+            if self._on_seated is not None:
+                self._on_seated(now - waiting.since, model is self.young)
             model.open_slot(row, waiting.voice, waiting.seed)
             for word in waiting.words:
                 model.push_word(row, list(word.tokens), word.padding)

@@ -84,6 +84,7 @@ class Replies:
     word_starts: dict[int, list[int]]  # each row's words' first steps, as its outputs said
     calls: int  # calls after the new rows began
     found_full: list[None]  # one per reply that found the young batch full
+    seated: list[tuple[float, bool]]  # per reply as it took its row: seconds waited, in the young batch
     frame_model: TTSFrameModel
 
 
@@ -120,10 +121,12 @@ def _replies(
             span_bucket=young_span_bucket,
         )
     found_full: list[None] = []
+    seated: list[tuple[float, bool]] = []
     frame_model = TTSFrameModel(
         main,
         young=young,
         on_young_batch_full=lambda: found_full.append(None),
+        on_seated=lambda waited, young: seated.append((round(waited, 6), young)),
         catch_up_lead_s=lead_s,
         young_burst_s=young_burst_s,
         young_queue=young_queue,
@@ -156,7 +159,7 @@ def _replies(
             if output is not None and output.speech is not None and slot in word_starts:
                 word_starts[slot] += output.speech.word_starts
         if min(len(audio[1]), len(audio[2])) >= 3:
-            return Replies(kinds, call_kinds, audio, word_starts, calls, found_full, frame_model)
+            return Replies(kinds, call_kinds, audio, word_starts, calls, found_full, seated, frame_model)
     raise AssertionError("the new replies made no audio")
 
 
@@ -213,6 +216,11 @@ def test_a_reply_waits_for_a_young_row_no_longer_than_its_bound(tiny_tts: TinyTT
     young_steps = replies.frame_model.model.young_steps
     assert len(replies.found_full) == len(patient.found_full) == 1
     assert replies.calls <= young_steps + 5 < 2 * young_steps <= patient.calls
+    # Rows 0 and 1 took a young row at once; row 2 took its row after waiting: the main batch's
+    # at the first call past its bound, or (patient) row 1's when it moved on.
+    assert replies.seated == [(0.0, True), (0.0, True), (0.16, False)]
+    assert patient.seated[:2] == [(0.0, True), (0.0, True)] and patient.seated[2][1]
+    assert patient.seated[2][0] >= 0.08 * (young_steps - 1)
     alone = _replies(tiny_tts, young_rows=0, call_s=0.08).audio
     for slot in range(3):
         for ours, theirs in zip(replies.audio[slot], alone[slot], strict=False):
