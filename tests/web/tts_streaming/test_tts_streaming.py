@@ -74,6 +74,7 @@ async def _connect(url: str, query: str = "voice=alice") -> websockets.ClientCon
 class Spoken:
     audio: list[np.ndarray] = field(default_factory=list)
     words: list[dict[str, Any]] = field(default_factory=list)
+    first_audio_at: float = float("nan")  # the loop's clock at the first Audio message
 
     @property
     def pcm(self) -> np.ndarray:
@@ -86,11 +87,18 @@ async def _speak(url: str, pieces: list[str], voice: str = "alice", *, raw: bool
     for piece in pieces:
         await ws.send(piece if raw else _pack({"type": "Text", "text": piece}))
     await ws.send(b"\0" if raw else _pack({"type": "Eos"}))
+    return await _heard(ws)
+
+
+async def _heard(ws: websockets.ClientConnection) -> Spoken:
+    """Everything the server says on ``ws`` until it closes the stream."""
     spoken = Spoken()
     async for data in ws:
         assert isinstance(data, bytes)
         message = msgpack.unpackb(data)
         if message["type"] == "Audio":
+            if not spoken.audio:
+                spoken.first_audio_at = asyncio.get_running_loop().time()
             spoken.audio.append(np.asarray(message["pcm"], np.float32))
         else:
             assert message["type"] == "Text", message
@@ -151,6 +159,32 @@ async def test_a_reply_through_the_young_batch_sounds_and_is_timed_as_in_the_mai
         through_young = await _speak(base.replace("http://", "ws://") + "/api/tts_streaming", text)
     assert through_young.words == main_batch.words
     np.testing.assert_allclose(through_young.pcm, main_batch.pcm, atol=1e-5)
+
+
+async def test_a_reply_that_waits_for_the_young_row_speaks_its_text_sent_meanwhile(
+    url: str, config: ServerConfig, tiny: TinyTTS
+) -> None:
+    """One young row (docs/engines.md#young-batch): a reply that finds it taken waits for it, its
+    text queued, and is heard and timed as in the main batch once the row frees."""
+    bob_text = ["jumps over", " the lazy dog"]
+    alice_alone, bob_alone = await _speak(url, ["the quick brown fox"], "alice"), await _speak(url, bob_text, "bob")
+    waiting = _serving(config, tiny, young_batch=1, young_wait_ms=2000.0)
+    async with serve_app(build_app(waiting)) as base:
+        ws_url = base.replace("http://", "ws://") + "/api/tts_streaming"
+        alice = await _connect(ws_url, "voice=alice")
+        await alice.send(_pack({"type": "Text", "text": "the"}))  # short of its lookahead: holds the row
+        bob = asyncio.ensure_future(_speak(ws_url, bob_text, "bob"))
+        await asyncio.sleep(0.5)
+        assert not bob.done()
+        alice_rest_at = asyncio.get_running_loop().time()
+        await alice.send(_pack({"type": "Text", "text": "quick brown fox"}))
+        await alice.send(_pack({"type": "Eos"}))
+        alice_spoken = await _heard(alice)
+        bob_spoken = await bob
+    assert bob_spoken.first_audio_at > alice_rest_at  # it stepped only once alice's row was free
+    for ours, theirs in ((alice_spoken, alice_alone), (bob_spoken, bob_alone)):
+        assert ours.words == theirs.words
+        np.testing.assert_allclose(ours.pcm, theirs.pcm, atol=1e-5)
 
 
 async def test_eos_before_any_text_ends_the_stream_silently(url: str) -> None:
