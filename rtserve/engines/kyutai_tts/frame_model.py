@@ -35,7 +35,8 @@ the runtime's one small generalisation covers both rather than a second schedule
   until that ends if sooner); once through its audio
   delay the reply moves into the main batch (``adopt``), where its next full step makes its
   first audio: in the same call when its last steps fit in one burst (they go first then). A
-  reply that finds the young batch full starts in the main batch as before.
+  reply that finds the young batch full waits for a row, its text queued here, for up to
+  ``young_wait_s``; past it, it starts in the main batch.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
