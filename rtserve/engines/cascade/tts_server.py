@@ -188,7 +188,11 @@ class TTSServerStream:
             if kind in ("Audio", "Text"):
                 yield _event(message)
         if not self.ended or self._ws.close_code not in (aiohttp.WSCloseCode.OK, None):
-            raise EngineError("the TTS server closed the stream before its end", code=ENGINE_UNAVAILABLE)
+            raise EngineError(
+                f"the TTS server closed the stream before its end (close code {self._ws.close_code}, "
+                f"end of stream {'sent' if self.ended else 'not sent'})",
+                code=ENGINE_UNAVAILABLE,
+            )
 
     async def close(self) -> None:
         self._sender.cancel()
