@@ -1290,6 +1290,13 @@ class PeersConfig(_Section):
         description="a front-end reaching the owner of a session to relay "
         "a resume (lookup, connect, the owner's first answer)",
     )
+    health_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        le=30,
+        description="/health on one of a host's workers asks the others (they share its port); one that does "
+        "not answer within this is left out, with a warning",
+    )
     max_clock_skew_s: float = Field(
         30.0,
         gt=0,

@@ -83,6 +83,10 @@ class RayDirectory:
         entry = await self._handle.lookup.remote(tag)
         return None if entry is None else PeerAddress(host=entry["host"], port=entry["port"])
 
+    async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
+        """None: each front-end of a cluster has its own address, which the load balancer probes."""
+        return {}
+
 
 def peer_signer(config: ServerConfig) -> PeerSigner:
     assert config.cluster.secret is not None

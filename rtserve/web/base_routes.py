@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,42 +12,50 @@ from rtserve.errors import ENGINE_FAILED
 from rtserve.web.context import CTX
 from rtserve.web.route_engine import RouteEngine, route_engines
 
+Health = tuple[dict[str, object], int]  # the body and HTTP status /health answers
+# Set where this front-end shares its address with others (``--workers N``): their answers, worst first.
+NEIGHBOURS_HEALTH = web.AppKey[Callable[[], Awaitable[Health | None]]]("neighbours_health")
+
 
 async def health(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
+    """This front-end's readiness and, on a host of several workers, theirs too: the kernel hands
+    any of them the next connection, so the address is ready only once every one serves."""
+    body, status = own_health(request.app)
+    neighbours = request.app.get(NEIGHBOURS_HEALTH)
+    if status == 200 and neighbours is not None and (unready := await neighbours()) is not None:
+        body, status = unready
+    return web.json_response(body, status=status)
+
+
+def own_health(app: web.Application) -> Health:
+    ctx = app[CTX]
     if ctx.sessions.draining:  # a load balancer takes this front-end out of rotation
-        return web.json_response({"status": "draining"}, status=503)
+        return {"status": "draining"}, 503
     if ctx.engines.sleeping:  # deliberately: 200, so a liveness probe does not restart it (docs/serving.md#sleep-mode)
-        return web.json_response({"status": "sleeping", "sleeping_stages": list(ctx.engines.sleeping)})
+        return {"status": "sleeping", "sleeping_stages": list(ctx.engines.sleeping)}, 200
     # The routes' own engines (images, videos, the Kyutai streaming routes) count as the
     # session engine does: "ok" only once every configured engine serves.
-    owned = route_engines(request.app)
+    owned = route_engines(app)
     states = {name: _state(engine) for name, engine in owned.items()}
     listed = {"route_engines": states} if states else {}
     if ctx.engines.ready and all(state == "ready" for state in states.values()):  # and vLLM where chat uses it
-        return web.json_response({"status": "ok", **listed})
+        return {"status": "ok", **listed}, 200
     if ctx.engine_failure or "failed" in states.values():  # the reason stays in the log: it may name paths
-        return web.json_response(
-            {
-                "status": "failed",
-                "code": ENGINE_FAILED,
-                "error": "An engine is not serving; the server log says why",
-                **listed,
-            },
-            status=503,
-        )
+        return {
+            "status": "failed",
+            "code": ENGINE_FAILED,
+            "error": "An engine is not serving; the server log says why",
+            **listed,
+        }, 503
     if (download := ctx.engines.downloading) is not None:  # docs/engines.md#hub-weights
-        return web.json_response(
-            {
-                "status": "downloading",
-                "fraction": round(download.fraction, 4),
-                "bytes_done": download.done,
-                "bytes_total": download.total,
-                **listed,
-            },
-            status=503,
-        )
-    return web.json_response({"status": "starting", **listed}, status=503)
+        return {
+            "status": "downloading",
+            "fraction": round(download.fraction, 4),
+            "bytes_done": download.done,
+            "bytes_total": download.total,
+            **listed,
+        }, 503
+    return {"status": "starting", **listed}, 503
 
 
 def _state(engine: RouteEngine) -> str:

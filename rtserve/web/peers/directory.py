@@ -44,6 +44,10 @@ class Directory(Protocol):
         """Where the front-end ``tag`` is reached; None when it is not (or no longer) there."""
         ...
 
+    async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
+        """The other front-ends that serve ``tag``'s public address (its ``/health`` speaks for them too)."""
+        ...
+
 
 class SocketDirectory:
     """Front-ends of one host: a socket per front-end in one private folder."""
@@ -67,3 +71,10 @@ class SocketDirectory:
     async def lookup(self, tag: str) -> PeerAddress | None:
         path = self._path(tag)
         return PeerAddress(path=path) if os.path.exists(path) else None  # noqa: ASYNC240 - one stat on local disk
+
+    async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
+        """Every other socket in the folder: the workers of one host share its port. A worker that
+        died may have left its socket behind; nobody answers there (the caller's concern)."""
+        names = os.listdir(self.folder)
+        tags = (name.removesuffix(".sock") for name in names if name.endswith(".sock"))
+        return {other: PeerAddress(path=self._path(other)) for other in tags if other != tag}

@@ -1,7 +1,8 @@
 """The private site a front-end serves its peers on, beside its public one.
 
-Routes: the realtime routes (a peer relaying a client's socket to the session's owner) and
-``POST /_rtserve/drain`` (``rtserve drain --front-end``). Over TCP every request must be
+Routes: the realtime routes (a peer relaying a client's socket to the session's owner),
+``POST /_rtserve/drain`` (``rtserve drain --front-end``) and ``GET /_rtserve/health`` (this
+front-end's own readiness, for a neighbour's ``/health``: ``health.py``). Over TCP every request must be
 signed with the cluster secret (``signing.py``); over a Unix socket in the supervisor's 0700
 folder the file system is the check. The public middlewares (API key) already ran on the
 front-end that relays: the client proved itself there.
@@ -15,10 +16,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from rtserve.errors import INVALID_JSON, INVALID_VALUE, PEER_UNAUTHORIZED
+from rtserve.web.base_routes import NEIGHBOURS_HEALTH, own_health
 from rtserve.web.context import CTX
 from rtserve.web.errors import ApiError, error_middleware
 from rtserve.web.peers import signing
 from rtserve.web.peers.drain import FrontEndDrain
+from rtserve.web.peers.health import HEALTH_ROUTE, neighbours_health
 from rtserve.web.peers.relay import Peers
 from rtserve.web.realtime.dialect import DUPLEX_ROUTE, REALTIME_ROUTE
 from rtserve.web.realtime.service import RealtimeService
@@ -31,7 +34,7 @@ PEERS = web.AppKey("peers", Peers)
 _RUNNER = web.AppKey("peer_runner", web.AppRunner)
 
 
-def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> web.Application:
+def _peer_app(public: web.Application, peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> web.Application:
     @web.middleware
     async def signed_only(request: web.Request, handler: Handler) -> web.StreamResponse:
         if peers.signer is not None and not peers.signer.verify(
@@ -59,10 +62,15 @@ def _peer_app(peers: Peers, service: RealtimeService, drain: FrontEndDrain) -> w
             raise ApiError("deadline_s must be a positive number of seconds", param="deadline_s", code=INVALID_VALUE)
         return web.json_response(await drain(deadline), status=202)
 
+    async def health(request: web.Request) -> web.Response:
+        body, status = own_health(public)  # the public app's: its route engines are registered there
+        return web.json_response(body, status=status)
+
     app = web.Application(middlewares=[error_middleware, signed_only])
     app.router.add_get(REALTIME_ROUTE, realtime)
     app.router.add_get(DUPLEX_ROUTE, duplex)
     app.router.add_post(DRAIN_ROUTE, drain_route)
+    app.router.add_get(HEALTH_ROUTE, health)
     return app
 
 
@@ -71,9 +79,10 @@ def setup(app: web.Application, peers: Peers, service: RealtimeService, drain: F
     app[PEERS] = peers
     peers.serve_app(app[CTX].registry, service.config.transport.ws_heartbeat_s)
     service.peers = peers
+    app[NEIGHBOURS_HEALTH] = lambda: neighbours_health(peers)
 
     async def start(app: web.Application) -> None:
-        peer_app = _peer_app(peers, service, drain)
+        peer_app = _peer_app(app, peers, service, drain)
         peer_app[CTX] = app[CTX]
         runner = app_runner(peer_app)
         await runner.setup()
