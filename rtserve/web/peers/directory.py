@@ -15,6 +15,8 @@ from typing import Protocol
 
 from aiohttp import web
 
+from rtserve.web.peers.owner import is_front_end_tag
+
 
 @dataclass(frozen=True)
 class PeerAddress:
@@ -73,8 +75,11 @@ class SocketDirectory:
         return PeerAddress(path=path) if os.path.exists(path) else None  # noqa: ASYNC240 - one stat on local disk
 
     async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
-        """Every other socket in the folder: the workers of one host share its port. A worker that
-        died may have left its socket behind; nobody answers there (the caller's concern)."""
+        """Every other front-end's socket in the folder (the engine link's is there too): the
+        workers of one host share its port. A worker that died may have left its socket behind;
+        nobody answers there (the caller's concern)."""
         names = os.listdir(self.folder)
         tags = (name.removesuffix(".sock") for name in names if name.endswith(".sock"))
-        return {other: PeerAddress(path=self._path(other)) for other in tags if other != tag}
+        return {
+            other: PeerAddress(path=self._path(other)) for other in tags if is_front_end_tag(other) and other != tag
+        }

@@ -10,10 +10,15 @@ import re
 import secrets
 
 _OWNED_ID = re.compile(r"duplex-([0-9a-f]{8})-[0-9a-f]{32}")
+_TAG = re.compile(r"[0-9a-f]{8}")
 
 
 def new_front_end_tag() -> str:
     return secrets.token_hex(4)
+
+
+def is_front_end_tag(name: str) -> bool:
+    return _TAG.fullmatch(name) is not None
 
 
 def owner_of(session_id: str | None) -> str | None:

@@ -84,20 +84,31 @@ async def test_health_is_503_naming_a_neighbour_until_every_front_end_serves(con
         assert await _until(http, b, 200) == {"status": "ok"}
 
 
-async def test_a_socket_left_by_a_dead_worker_does_not_hold_the_address_back(config: ServerConfig) -> None:
+async def test_sockets_of_no_serving_front_end_neither_hold_the_address_back_nor_stall_it(
+    config: ServerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
     async with _front_ends(config, 1) as (folder, [(a, _, engine)]), aiohttp.ClientSession() as http:
         dead = socket.socket(socket.AF_UNIX)
         dead.bind(f"{folder}/deadbeef.sock")  # bound, never listening, then closed: what a killed worker leaves
         dead.close()
+        engine_link = socket.socket(socket.AF_UNIX)
+        engine_link.bind(f"{folder}/engine.sock")  # the engine link's socket shares the folder: not a front-end
+        engine_link.listen(8)  # a connection would wait for an answer that never comes
         engine.gate.set()
-        assert await _until(http, a, 200) == {"status": "ok"}
+        try:
+            assert await _until(http, a, 200) == {"status": "ok"}
+        finally:
+            engine_link.close()
+    assert not [r.getMessage() for r in caplog.records if "health check" in r.getMessage()]  # nobody was waited for
 
 
-async def test_a_neighbour_that_does_not_answer_in_time_is_left_out(config: ServerConfig, caplog) -> None:
+async def test_a_neighbour_that_does_not_answer_in_time_is_left_out(
+    config: ServerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
     config.peers.health_timeout_s = 0.2
     async with _front_ends(config, 1) as (folder, [(a, _, engine)]), aiohttp.ClientSession() as http:
         stalled = socket.socket(socket.AF_UNIX)
-        stalled.bind(f"{folder}/stalled.sock")
+        stalled.bind(f"{folder}/0badcafe.sock")
         stalled.listen(8)  # connections queue; nobody ever answers
         try:
             engine.gate.set()
@@ -106,7 +117,7 @@ async def test_a_neighbour_that_does_not_answer_in_time_is_left_out(config: Serv
             assert time.monotonic() - started < 5
         finally:
             stalled.close()
-    assert any("stalled did not answer a health check" in r.getMessage() for r in caplog.records)
+    assert any("0badcafe did not answer a health check" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_draining_neighbour_leaves_the_address_in_rotation(config: ServerConfig) -> None:
