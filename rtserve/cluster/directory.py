@@ -84,7 +84,8 @@ class RayDirectory:
         return None if entry is None else PeerAddress(host=entry["host"], port=entry["port"])
 
     async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
-        """None: each front-end of a cluster has its own address, which the load balancer probes."""
+        """None: a cluster's front-ends each answer ``/health`` for themselves (the directory does not
+        record which of them share a host's port under ``--workers N``)."""
         return {}
 
 
