@@ -61,11 +61,13 @@ def directory_actor(config: ServerConfig) -> Any:
 
 
 class RayDirectory:
-    """``web/peers.Directory`` over the directory actor."""
+    """``web/peers.Directory`` over the directory actor. ``public_port``: the port this front-end
+    serves clients on, which the workers of one host share (``--workers N``); None: its own."""
 
-    def __init__(self, handle: Any, host: str) -> None:
+    def __init__(self, handle: Any, host: str, public_port: int | None = None) -> None:
         self._handle = handle
         self._host = host
+        self._public = None if public_port is None else f"{socket.gethostname()}:{public_port}"
 
     def site(self, runner: web.AppRunner, tag: str) -> web.BaseSite:
         return web.TCPSite(runner, self._host, 0)
@@ -73,7 +75,8 @@ class RayDirectory:
     async def publish(self, tag: str, runner: web.AppRunner) -> None:
         host, port = runner.addresses[0][:2]
         await self._handle.publish.remote(
-            tag, {"host": host, "port": port, "hostname": socket.gethostname(), "pid": os.getpid()}
+            tag,
+            {"host": host, "port": port, "hostname": socket.gethostname(), "pid": os.getpid(), "public": self._public},
         )
 
     async def withdraw(self, tag: str) -> None:
@@ -84,9 +87,15 @@ class RayDirectory:
         return None if entry is None else PeerAddress(host=entry["host"], port=entry["port"])
 
     async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
-        """None: a cluster's front-ends each answer ``/health`` for themselves (the directory does not
-        record which of them share a host's port under ``--workers N``)."""
-        return {}
+        """The front-ends that published the same host and public port (a host's workers)."""
+        if self._public is None:
+            return {}
+        entries = await self._handle.front_ends.remote()
+        return {
+            other: PeerAddress(host=entry["host"], port=entry["port"])
+            for other, entry in entries.items()
+            if other != tag and entry.get("public") == self._public
+        }
 
 
 def peer_signer(config: ServerConfig) -> PeerSigner:
@@ -98,8 +107,10 @@ def peer_signer(config: ServerConfig) -> PeerSigner:
     )
 
 
-async def cluster_peers(config: ServerConfig) -> Peers:
-    """This front-end's place among the cluster's (after ``join_cluster``)."""
+async def cluster_peers(config: ServerConfig, public_port: int | None = None) -> Peers:
+    """This front-end's place among the cluster's (after ``join_cluster``); ``public_port``: as
+    ``RayDirectory`` takes it."""
     handle = await asyncio.to_thread(directory_actor, config)
     host = config.peers.host or ray.util.get_node_ip_address()
-    return Peers(new_front_end_tag(), RayDirectory(handle, host), config.peers, signer=peer_signer(config))
+    directory = RayDirectory(handle, host, public_port)
+    return Peers(new_front_end_tag(), directory, config.peers, signer=peer_signer(config))

@@ -52,7 +52,7 @@ async def serve(
         from rtserve.cluster.frontend import cluster_engines
 
         engines = await cluster_engines(config, registry, worker_index)
-        peers = await cluster_peers(config)
+        peers = await cluster_peers(config, config.port if listener is None else listener.getsockname()[1])
     elif engine_socket is not None:
         engines = await _remote_engines(config, engine_socket, worker_index, registry)
     if peers is None and peer_folder is not None:

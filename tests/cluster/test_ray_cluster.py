@@ -27,7 +27,7 @@ from tests.web.realtime_support import echoed_tags, ws_url
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rtserve.cluster.directory import DIRECTORY_NAME  # noqa: E402
+from rtserve.cluster.directory import DIRECTORY_NAME, RayDirectory, directory_actor  # noqa: E402
 from tests.cluster import ray_support  # noqa: E402
 from tests.cluster.ray_support import NAMESPACE, SECRET, cluster_config, engine_actor  # noqa: E402
 
@@ -126,6 +126,10 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
                     break
                 assert proc.returncode is None, (await proc.stdout.read()).decode()
                 await asyncio.sleep(0.2)
+            # Both workers published the port they share, so each one's /health asks the other.
+            directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+            publics = [entry["public"] for entry in (await directory.front_ends.remote()).values()]
+            assert sum(public is not None and public.endswith(f":{port}") for public in publics) == 2, publics
             client = await open_session(http, base)
             assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"]
             assert await echoes_again(client)
@@ -136,6 +140,35 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     assert [(await _actor(i).placement.remote())["pid"] for i in range(2)] == pids_before
+
+
+async def test_the_front_ends_of_one_host_and_port_are_each_others_neighbours(ray_cluster: Cluster) -> None:
+    config = cluster_config(ray_cluster.address, engine="loopback", prefix=PREFIX)
+    handle = await asyncio.to_thread(directory_actor, config)
+    directories = {  # two workers of one port, a server on another port, one that names no port
+        "0000aaa1": RayDirectory(handle, "127.0.0.1", 18123),
+        "0000aaa2": RayDirectory(handle, "127.0.0.1", 18123),
+        "0000aaa3": RayDirectory(handle, "127.0.0.1", 18124),
+        "0000aaa4": RayDirectory(handle, "127.0.0.1"),
+    }
+    runners: list[web.AppRunner] = []
+    try:
+        for tag, directory in directories.items():
+            runner = web.AppRunner(web.Application())
+            await runner.setup()
+            await directory.site(runner, tag).start()
+            runners.append(runner)
+            await directory.publish(tag, runner)
+        neighbours = await directories["0000aaa1"].neighbours("0000aaa1")
+        assert list(neighbours) == ["0000aaa2"] and neighbours["0000aaa2"].port == runners[1].addresses[0][1]
+        assert list(await directories["0000aaa2"].neighbours("0000aaa2")) == ["0000aaa1"]
+        assert await directories["0000aaa3"].neighbours("0000aaa3") == {}
+        assert await directories["0000aaa4"].neighbours("0000aaa4") == {}
+    finally:
+        for tag, directory in directories.items():
+            await directory.withdraw(tag)
+        for runner in runners:
+            await runner.cleanup()
 
 
 async def test_a_resume_through_another_front_end_reaches_the_same_engine_slot(ray_cluster: Cluster) -> None:
