@@ -10,7 +10,8 @@ land on another worker), and it leaves; the address stays in rotation.
 
 A neighbour that refuses the connection is gone (a worker that died leaves its socket behind;
 its replacement has its own); one that does not answer within ``peers.health_timeout_s`` is left
-out with a warning, so one stalled worker does not take the address out of rotation by itself.
+out with a warning, so one stalled worker does not take the address out of rotation by itself;
+so is the whole check when the directory cannot list them (a cluster's directory actor gone).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ HEALTH_ROUTE = "/_rtserve/health"
 
 async def neighbours_health(peers: Peers) -> Health | None:
     """The first neighbour's answer that is not a 200 (``front_end`` added); None when all serve."""
-    neighbours = await peers.directory.neighbours(peers.tag)
+    try:
+        neighbours = await asyncio.wait_for(peers.directory.neighbours(peers.tag), peers.settings.health_timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a directory actor gone (any Ray error): answer for this one alone
+        log.warning("front-end directory did not list the neighbours for a health check: %r", exc)
+        return None
     answers = await asyncio.gather(*(_ask(peers, tag, address) for tag, address in neighbours.items()))
     for tag, answer in zip(neighbours, answers, strict=True):
         if answer is not None and answer[1] != 200 and answer[0].get("status") != "draining":

@@ -22,7 +22,7 @@ import pytest
 
 from rtserve.app import build_app
 from rtserve.config import ServerConfig
-from rtserve.web.peers import Peers, SocketDirectory, new_front_end_tag
+from rtserve.web.peers import PeerAddress, Peers, SocketDirectory, new_front_end_tag
 from rtserve.web.peers.site import DRAIN_ROUTE
 from tests.support import serve_app
 from tests.web.test_base_routes import GatedStartEngine
@@ -133,3 +133,25 @@ async def test_a_draining_neighbour_leaves_the_address_in_rotation(config: Serve
             assert resp.status == 202
         assert (await _health(http, b))[1] == {"status": "draining"}  # B says so itself...
         assert await _until(http, a, 200) == {"status": "ok"}  # ...and the others serve its share
+
+
+class _UnreachableDirectory(SocketDirectory):
+    """A cluster directory whose actor is gone: listing the neighbours fails."""
+
+    async def neighbours(self, tag: str) -> dict[str, PeerAddress]:
+        raise ConnectionError("the directory actor is gone")
+
+
+async def test_a_directory_that_cannot_list_the_neighbours_leaves_each_front_end_answering_for_itself(
+    config: ServerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tempfile.mkdtemp(prefix="rthealth-")
+    try:
+        engine = GatedStartEngine()
+        peers = Peers(new_front_end_tag(), _UnreachableDirectory(folder), config.peers)
+        async with serve_app(build_app(config, engine=engine, peers=peers)) as base, aiohttp.ClientSession() as http:
+            engine.gate.set()
+            assert await _until(http, base, 200) == {"status": "ok"}  # not a 500
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert any("did not list the neighbours" in r.getMessage() for r in caplog.records)
