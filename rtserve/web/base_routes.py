@@ -13,7 +13,7 @@ from rtserve.web.context import CTX
 from rtserve.web.route_engine import RouteEngine, route_engines
 
 Health = tuple[dict[str, object], int]  # the body and HTTP status /health answers
-# Set where this front-end shares its address with others (``--workers N``): their answers, worst first.
+# Set where this front-end shares its address with others (``--workers N``): the first of them not ready, or None.
 NEIGHBOURS_HEALTH = web.AppKey[Callable[[], Awaitable[Health | None]]]("neighbours_health")
 
 
