@@ -25,12 +25,12 @@ from rtserve.config import ServerConfig
 from rtserve.web.peers import PeerAddress, Peers, SocketDirectory, new_front_end_tag
 from rtserve.web.peers.site import DRAIN_ROUTE
 from tests.support import serve_app
-from tests.web.test_base_routes import GatedStartEngine
+from tests.web.test_base_routes import GatedStartEngine, _health
 
 
 @contextlib.asynccontextmanager
 async def _front_ends(
-    config: ServerConfig, count: int
+    config: ServerConfig, count: int, directory: type[SocketDirectory] = SocketDirectory
 ) -> AsyncIterator[tuple[str, list[tuple[str, Peers, GatedStartEngine]]]]:
     folder = tempfile.mkdtemp(prefix="rthealth-")  # short: a Unix socket path has ~100 bytes
     try:
@@ -38,17 +38,12 @@ async def _front_ends(
             front_ends = []
             for _ in range(count):
                 engine = GatedStartEngine()
-                peers = Peers(new_front_end_tag(), SocketDirectory(folder), config.peers)
+                peers = Peers(new_front_end_tag(), directory(folder), config.peers)
                 base = await stack.enter_async_context(serve_app(build_app(config, engine=engine, peers=peers)))
                 front_ends.append((base, peers, engine))
             yield folder, front_ends
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-async def _health(http: aiohttp.ClientSession, base: str) -> tuple[int, dict]:
-    async with http.get(f"{base}/health") as resp:
-        return resp.status, await resp.json()
 
 
 async def _until(http: aiohttp.ClientSession, base: str, status: int) -> dict:
@@ -145,13 +140,10 @@ class _UnreachableDirectory(SocketDirectory):
 async def test_a_directory_that_cannot_list_the_neighbours_leaves_each_front_end_answering_for_itself(
     config: ServerConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    folder = tempfile.mkdtemp(prefix="rthealth-")
-    try:
-        engine = GatedStartEngine()
-        peers = Peers(new_front_end_tag(), _UnreachableDirectory(folder), config.peers)
-        async with serve_app(build_app(config, engine=engine, peers=peers)) as base, aiohttp.ClientSession() as http:
-            engine.gate.set()
-            assert await _until(http, base, 200) == {"status": "ok"}  # not a 500
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    async with (
+        _front_ends(config, 1, _UnreachableDirectory) as (_, [(a, _, engine)]),
+        aiohttp.ClientSession() as http,
+    ):
+        engine.gate.set()
+        assert await _until(http, a, 200) == {"status": "ok"}  # not a 500
     assert any("did not list the neighbours" in r.getMessage() for r in caplog.records)
