@@ -173,8 +173,7 @@ async def _unix(config: ServerConfig, sessions: int, duration_s: float, warmup_s
         link = EngineLink(
             lambda: asyncio.open_unix_connection(path),
             0,
-            uplink_lead_s=settings.uplink_lead_ms / 1000,
-            uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+            settings=settings,
         )
         link.start()
         await link.connected.wait()

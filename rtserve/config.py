@@ -12,7 +12,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -1137,11 +1137,18 @@ class EngineLinkConfig(_Section):
         le=40,
         description="a worker sends its sessions' audio this long before the engine's next tick (one message a tick)",
     )
-    uplink_last_call_ms: float = Field(
-        2.0,
-        ge=0,
-        le=40,
-        description="audio that arrived after that main send goes in a small top-up this long before the tick",
+    uplink_last_call_ms: list[Annotated[float, Field(ge=0, le=40)]] = Field(
+        [8.0, 2.0],
+        max_length=4,
+        description="audio that arrived after that main send goes in small top-ups this long before the tick, "
+        "each with what came since the send before it: the earlier one reaches a busy engine process in time, "
+        "the last takes what came after it",
+    )
+    serve_frames_per_turn: int = Field(
+        4,
+        ge=1,
+        description="a tick's frames are handed to this many of a worker's sessions per event-loop turn, "
+        "so that the clients' sockets are read and the uplink sent while the rest are served",
     )
     max_queued_events: int = Field(
         256,

@@ -268,8 +268,7 @@ class ClusterEngines:
                 EngineLink(
                     connect,
                     worker_index,
-                    uplink_lead_s=settings.uplink_lead_ms / 1000,
-                    uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+                    settings=settings,
                     metrics=metrics,
                 ),
             )

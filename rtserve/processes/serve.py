@@ -110,8 +110,7 @@ async def _remote_engines(
     link = EngineLink(
         lambda: asyncio.open_unix_connection(engine_socket),
         worker_index,
-        uplink_lead_s=settings.uplink_lead_ms / 1000,
-        uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+        settings=settings,
         metrics=LinkMetrics(registry),
     )
     link.start()

@@ -30,8 +30,7 @@ class LinkedEngines(RemoteEngines):
         link = EngineLink(
             self._connect,
             worker_index=0,
-            uplink_lead_s=settings.uplink_lead_ms / 1000,
-            uplink_last_call_s=settings.uplink_last_call_ms / 1000,
+            settings=settings,
             metrics=self._server.metrics,
         )  # one registry here: both sides share the metrics
         super().__init__(link, offer_of(local), max_queued_events=settings.max_queued_events)

@@ -5,10 +5,14 @@ While it is down, calls fail at once with ``engine_unavailable`` and every live 
 session ends with ``engine_failure``; the offer says not ready, so ``/health`` is 503.
 
 Audio pushed by sessions waits in ``Uplink`` and crosses as one ``FRAMES_IN`` per tick,
-flushed ``uplink_lead_s`` before the engine's next tick, plus a last-call top-up for audio
+flushed ``uplink_lead_ms`` before the engine's next tick, plus last-call top-ups for audio
 that arrived after that (the engine reports when its ticks are due on its drift-free
 schedule, so a tick that started late does not shift the flush points; both processes read
 the same monotonic clock). Engines without ticks get one message per event-loop turn.
+
+A tick's frames reach the sessions ``serve_frames_per_turn`` at a time, one event-loop turn
+each (``_serve_tick``), so that the sockets are read and the uplink's flushes run while a
+worker serves them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -49,15 +53,15 @@ class EngineLink:
         connect: Callable[[], Any],
         worker_index: int,
         *,
-        uplink_lead_s: float = _DEFAULTS.uplink_lead_ms / 1000,
-        uplink_last_call_s: float = _DEFAULTS.uplink_last_call_ms / 1000,
+        settings: EngineLinkConfig = _DEFAULTS,
         metrics: LinkMetrics | None = None,
     ) -> None:
         self._connect = connect  # () -> awaitable (reader, writer)
         self.worker_index = worker_index
         self.offer: EngineOffer | None = None
         self.connected = asyncio.Event()
-        self.uplink = Uplink(self, uplink_lead_s, uplink_last_call_s)
+        self.uplink = Uplink(self, settings.uplink_lead_ms / 1000, [ms / 1000 for ms in settings.uplink_last_call_ms])
+        self._serve_turn = settings.serve_frames_per_turn
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -139,17 +143,12 @@ class EngineLink:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
                 events, tick_due = unpack_events(message[1], message[2]), message[3]
-                if tick_due is not None:  # a lockstep tick's frames
+                if tick_due is None:
+                    self._deliver(events)
+                else:  # a lockstep tick's frames
                     events = self.uplink.in_delivery_order(events)
                     self.uplink.tick_output(tick_due - self.clock_offset_s)
-                for handle, event in events:
-                    sink = self._sessions.get(handle)
-                    if sink is not None:
-                        sink(event)
-                        if event is None:
-                            del self._sessions[handle]
-                    elif handle > self._newest_handle:
-                        self._early.setdefault(handle, []).append(event)
+                    await self._serve_tick(events)
             elif kind is Kind.RESULT:
                 future = self._calls.pop(message[1], None)
                 if future is not None and not future.done():
@@ -170,6 +169,31 @@ class EngineLink:
                 self.offer = message[1]
                 self.connected.set()
                 self._notify_offer()
+
+    def _deliver(self, events: list[tuple[int, Any]]) -> None:
+        for handle, event in events:
+            sink = self._sessions.get(handle)
+            if sink is not None:
+                sink(event)
+                if event is None:
+                    del self._sessions[handle]
+            elif handle > self._newest_handle:
+                self._early.setdefault(handle, []).append(event)
+
+    async def _serve_tick(self, events: list[tuple[int, Any]]) -> None:
+        """A tick's frames, ``serve_frames_per_turn`` at a time, one event-loop turn each.
+
+        A frame handed over wakes its session, which encodes and writes it in the loop's next turn
+        (~0.3-0.5 ms each). Handed all at once, a worker's few dozen sessions took one turn of
+        10-25 ms, in which no socket was read and no timer ran: audio that clients sent meanwhile
+        was read after it, too late for the uplink's last call, and waited a whole tick more. With
+        a tick that ends ~60 ms into its period that was every page arriving in the last ~15 ms
+        before the next tick (benchmarks/notes/moshi_speed.md, "Twenty-second session")."""
+        turn = self._serve_turn
+        for start in range(0, len(events), turn):
+            if start:
+                await asyncio.sleep(0)  # the loop reads the sockets and runs due timers between turns
+            self._deliver(events[start : start + turn])
 
     def _notify_offer(self) -> None:
         for listener in self._offer_listeners:
@@ -268,18 +292,24 @@ class Uplink:
     """Audio of every session of this worker, sent as one message per engine tick.
 
     The main flush goes ``lead_s`` before the engine's next tick, with margin for a busy
-    loop on either side; audio that arrives after it still catches the tick in a small
-    last-call message ``last_call_s`` before it. What waits when a tick's output arrives goes
-    at once (``tick_output``), before the loop is busy handing that output to the sessions.
-    At most three messages a tick.
+    loop on either side; audio that arrives after it still catches the tick in small
+    last-call messages, ``last_calls_s`` before it. What waits when a tick's output arrives
+    goes at once (``tick_output``), before the loop is busy handing that output to the
+    sessions. At most two messages a tick and one per last call.
+
+    Two last calls rather than one: a top-up 2 ms before the tick missed it about one time in
+    ten on a 2-core machine (the sending loop late, the engine process's loop busy), and every
+    page that arrived since the main send, a third of a period's, then waited a whole tick more
+    or was stepped as silence. One 8 ms before takes most of them in time; the one at 2 ms only
+    what came after (benchmarks/notes/moshi_speed.md, "Twenty-second session").
 
     It also remembers when each session's newest sent audio arrived, so a tick's output can
     be handed to the sessions oldest input first (``in_delivery_order``).
     """
 
-    def __init__(self, link: MessageSink, lead_s: float, last_call_s: float) -> None:
+    def __init__(self, link: MessageSink, lead_s: float, last_calls_s: Sequence[float]) -> None:
         self._link = link
-        self._leads = sorted({lead_s, last_call_s}, reverse=True)
+        self._leads = sorted({lead_s, *last_calls_s}, reverse=True)
         self._pending: list[tuple[int, Any]] = []
         self._pending_at: dict[int, float] = {}  # handle -> loop time of its newest pending audio
         self._sent_at: dict[int, float] = {}  # handle -> loop time of its newest audio sent
