@@ -9,10 +9,6 @@ flushed ``uplink_lead_ms`` before the engine's next tick, plus last-call top-ups
 that arrived after that (the engine reports when its ticks are due on its drift-free
 schedule, so a tick that started late does not shift the flush points; both processes read
 the same monotonic clock). Engines without ticks get one message per event-loop turn.
-
-A tick's frames reach the sessions ``serve_frames_per_turn`` at a time, one event-loop turn
-each (``_serve_tick``), so that the sockets are read and the uplink's flushes run while a
-worker serves them.
 """
 
 from __future__ import annotations
@@ -61,7 +57,6 @@ class EngineLink:
         self.offer: EngineOffer | None = None
         self.connected = asyncio.Event()
         self.uplink = Uplink(self, settings.uplink_lead_ms / 1000, [ms / 1000 for ms in settings.uplink_last_call_ms])
-        self._serve_turn = settings.serve_frames_per_turn
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -143,12 +138,17 @@ class EngineLink:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
                 events, tick_due = unpack_events(message[1], message[2]), message[3]
-                if tick_due is None:
-                    self._deliver(events)
-                else:  # a lockstep tick's frames
+                if tick_due is not None:  # a lockstep tick's frames
                     events = self.uplink.in_delivery_order(events)
                     self.uplink.tick_output(tick_due - self.clock_offset_s)
-                    await self._serve_tick(events)
+                for handle, event in events:
+                    sink = self._sessions.get(handle)
+                    if sink is not None:
+                        sink(event)
+                        if event is None:
+                            del self._sessions[handle]
+                    elif handle > self._newest_handle:
+                        self._early.setdefault(handle, []).append(event)
             elif kind is Kind.RESULT:
                 future = self._calls.pop(message[1], None)
                 if future is not None and not future.done():
@@ -169,31 +169,6 @@ class EngineLink:
                 self.offer = message[1]
                 self.connected.set()
                 self._notify_offer()
-
-    def _deliver(self, events: list[tuple[int, Any]]) -> None:
-        for handle, event in events:
-            sink = self._sessions.get(handle)
-            if sink is not None:
-                sink(event)
-                if event is None:
-                    del self._sessions[handle]
-            elif handle > self._newest_handle:
-                self._early.setdefault(handle, []).append(event)
-
-    async def _serve_tick(self, events: list[tuple[int, Any]]) -> None:
-        """A tick's frames, ``serve_frames_per_turn`` at a time, one event-loop turn each.
-
-        A frame handed over wakes its session, which encodes and writes it in the loop's next turn
-        (~0.3-0.5 ms each). Handed all at once, a worker's few dozen sessions took one turn of
-        10-25 ms, in which no socket was read and no timer ran: audio that clients sent meanwhile
-        was read after it, too late for the uplink's last call, and waited a whole tick more. With
-        a tick that ends ~60 ms into its period that was every page arriving in the last ~15 ms
-        before the next tick (benchmarks/notes/moshi_speed.md, "Twenty-second session")."""
-        turn = self._serve_turn
-        for start in range(0, len(events), turn):
-            if start:
-                await asyncio.sleep(0)  # the loop reads the sockets and runs due timers between turns
-            self._deliver(events[start : start + turn])
 
     def _notify_offer(self) -> None:
         for listener in self._offer_listeners:

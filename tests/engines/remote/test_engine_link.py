@@ -7,7 +7,6 @@ import asyncio
 import gc
 import inspect
 import socket
-import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -17,11 +16,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import EngineLinkConfig, ServerConfig
+from rtserve.config import ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
 from rtserve.engines.remote.in_process import LinkedEngines
-from rtserve.engines.remote.link import EngineLink, Uplink
+from rtserve.engines.remote.link import Uplink
 from rtserve.engines.remote.server import EngineServer
 from rtserve.engines.remote.wire import Kind, encode, pack_events, read_message, unpack_events
 from rtserve.engines.values import SessionOptions
@@ -159,47 +158,6 @@ async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_fi
     assert uplink.in_delivery_order(events) == [(3, "a3"), (1, "a1"), (1, "b1"), (2, "a2"), (4, "no audio")]
     uplink.drop(3)  # a closed session is forgotten
     assert uplink.in_delivery_order([(3, "x"), (2, "y")]) == [(2, "y"), (3, "x")]
-
-
-async def test_a_ticks_frames_reach_the_sessions_a_few_at_a_time_with_the_loop_free_between() -> None:
-    """Serving a frame (its Opus encode and write) keeps a worker's loop ~0.3-0.5 ms. A few dozen
-    of them in one turn of the loop held off the clients' audio arriving meanwhile and the uplink's
-    last call, which then missed the next tick. A timer due while the frames are served runs
-    between turns of ``serve_frames_per_turn`` frames, and the sessions are served in order."""
-    ours, theirs = socket.socketpair()
-    engine_reader, engine_writer = await asyncio.open_connection(sock=theirs)
-    link = EngineLink(lambda: asyncio.open_connection(sock=ours), 0, settings=EngineLinkConfig(serve_frames_per_turn=4))
-    served: list[int | str] = []
-    work: set[asyncio.Task[None]] = set()
-
-    def session(handle: int) -> Any:
-        async def serve() -> None:
-            _hold_the_loop(0.002)  # the frame's encode and write
-            served.append(handle)
-
-        return lambda event: work.add(asyncio.ensure_future(serve()))
-
-    for handle in range(1, 13):
-        link.register_session(handle, session(handle))
-    link.start()
-    try:
-        assert await read_message(engine_reader) == (Kind.HELLO, 0)
-        loop = asyncio.get_running_loop()
-        frames = [(handle, OutputText(text="x", epoch=0)) for handle in range(1, 13)]
-        engine_writer.write(encode((Kind.EVENTS_OUT, *pack_events(frames), loop.time())))
-        loop.call_later(0.001, served.append, "timer")
-        async with asyncio.timeout(5):
-            while len(served) < 13:
-                await asyncio.sleep(0.005)
-        assert [item for item in served if item != "timer"] == list(range(1, 13))
-        assert served.index("timer") <= 8  # after a turn or two, not after all twelve
-    finally:
-        await link.close()
-        engine_writer.close()
-
-
-def _hold_the_loop(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector() -> None:
