@@ -42,6 +42,8 @@ Reported per N (steady-state window: after ``--warmup`` s, before the senders st
     .venv/bin/python benchmarks/bench_moshi.py --duration 5     # quick look
     python benchmarks/bench_moshi.py --engine moshi --config moshi.yaml --clients 128 256 \
         --workers 8 --client-procs 4                            # the real engine on a GPU
+    .venv/bin/python benchmarks/bench_moshi.py --clients 32 --workers 2 --step-ms 40
+                                                  # the loopback as slow as a real step (its served path)
 
 ``--client-procs K`` runs the clients in K load-generator processes (``load_shards.py``):
 one process sending 256 paced streams nears a core of its own, and its timer slip then
@@ -300,7 +302,11 @@ BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI
 async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
     duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
     echo = args.engine == "loopback"
-    env = {BATCH_ENV[args.engine]: str(clients), "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames)}
+    env = {
+        BATCH_ENV[args.engine]: str(clients),
+        "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames),
+        "RTSERVE_REFERENCE__LOOPBACK_STEP_MS": str(args.step_ms),
+    }
     if args.context_fill is not None:  # the steady state of long conversations (docs/engines.md#context-fill)
         env["RTSERVE_MOSHI_ENGINE__CONTEXT_FILL_FRAMES"] = json.dumps(args.context_fill)
     server = ServerProcess(
@@ -506,6 +512,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         "engine": args.engine,
         "config_file": None if args.config is None else str(args.config),
         "loopback_delay_frames": args.delay_frames,
+        "loopback_step_ms": args.step_ms,
         "context_fill_frames": args.context_fill,
         "frame_ms": PERIOD_S * 1e3,
         "duration_s": args.duration,
@@ -538,6 +545,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of paced audio per client")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the statistics")
     parser.add_argument("--delay-frames", type=int, default=1, help="loopback engine delay")
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="loopback engine: each step lasts this long (a real model's step, e.g. 60 for the 7B Moshi at 256 "
+        "sessions on an H200: its served path on a machine without it)",
+    )
     parser.add_argument(
         "--engine",
         choices=sorted(BATCH_ENV),

@@ -261,6 +261,13 @@ class ReferenceEngineConfig(_Section):
     loopback_delay_frames: int = Field(
         1, ge=0, description="loopback engine: output = input delayed by this many frames"
     )
+    loopback_step_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="loopback engine: each step takes at least this long (the engine thread waits, as on a "
+        "GPU step), so a machine without the model shows the served path of one as slow",
+    )
     tone_base_hz: float = Field(180.0, gt=0, description="tone engine: slot b plays tone_base_hz + b * tone_step_hz")
     tone_step_hz: float = Field(90.0, ge=0)
 

@@ -4,13 +4,16 @@ Both speak Moshi's framing (24 kHz, 80 ms = 1920-sample frames) so clients and t
 session layer see exactly the cadence a real duplex model produces.
 
 * ``loopback`` returns each slot's own input ``config.reference.loopback_delay_frames``
-  frames later (silence before that): the latency probe of the whole server path.
+  frames later (silence before that): the latency probe of the whole server path. With
+  ``loopback_step_ms`` each step lasts that long, the engine thread waiting as it would on a
+  GPU's step: the served path of a slow model, reproduced without it.
 * ``tone`` ignores its input and plays a continuous sine per slot, slot ``b`` at
   ``tone_base_hz + b * tone_step_hz``, so overlapping sessions are told apart by ear.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -31,11 +34,18 @@ class LoopbackModel:
     """Per-slot delay line: output frame t = input frame t - delay."""
 
     def __init__(
-        self, batch_size: int, delay_frames: int, *, frame_size: int = FRAME_SIZE, sample_rate: int = SAMPLE_RATE
+        self,
+        batch_size: int,
+        delay_frames: int,
+        *,
+        step_s: float = 0.0,
+        frame_size: int = FRAME_SIZE,
+        sample_rate: int = SAMPLE_RATE,
     ) -> None:
         if delay_frames < 0:
             raise ValueError("delay_frames must be >= 0")
         self.batch_size = batch_size
+        self.step_s = step_s
         self.frame_size = frame_size
         self.sample_rate = sample_rate
         self.delay_frames = delay_frames
@@ -50,11 +60,14 @@ class LoopbackModel:
         return True
 
     def step(self, frames: FloatArray, live: npt.NDArray[np.bool_]) -> list[FrameOutput | None]:
+        ends = time.monotonic() + self.step_s
         outputs: list[FrameOutput | None] = [None] * self.batch_size
         for slot in np.flatnonzero(live):
             line = self._lines[slot]
             line.append(frames[slot].copy())  # the scheduler reuses its frame buffer
             outputs[slot] = FrameOutput(line.popleft())
+        if (left := ends - time.monotonic()) > 0:
+            time.sleep(left)  # the GIL is free meanwhile, as while a GPU step runs
         return outputs
 
     def release(self, slot: int) -> None:
@@ -113,7 +126,10 @@ class ToneModel:
 
 
 def create_loopback_engine(config: ServerConfig, registry: CollectorRegistry) -> LockstepSessionEngine:
-    model = LoopbackModel(config.lockstep.batch_size, config.reference.loopback_delay_frames)
+    reference = config.reference
+    model = LoopbackModel(
+        config.lockstep.batch_size, reference.loopback_delay_frames, step_s=reference.loopback_step_ms / 1000
+    )
     return LockstepSessionEngine("loopback", model, config, registry, supports_text_output=False)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -51,6 +53,16 @@ def test_loopback_model_delays_each_slot_independently() -> None:
     assert _audio(second[0]).tolist() == [1] * 4 and second[1] is None
     frames[:] = 0
     assert _audio(model.step(frames, np.array([False, True]))[1]).tolist() == [2] * 4
+
+
+def test_a_loopback_step_lasts_its_configured_time() -> None:
+    """``reference.loopback_step_ms``: the served path of a model as slow as a real one's step."""
+    model = LoopbackModel(batch_size=1, delay_frames=0, step_s=0.05, frame_size=4, sample_rate=50)
+    model.open_slot(0, SlotPrompt())
+    started = time.monotonic()
+    output = model.step(np.ones((1, 4), np.float32), np.array([True]))[0]
+    assert time.monotonic() - started >= 0.05
+    assert _audio(output).tolist() == [1] * 4
 
 
 def test_tone_engine_plays_one_continuous_sine_per_slot() -> None:
