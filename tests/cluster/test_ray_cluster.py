@@ -126,10 +126,17 @@ async def test_rtserve_serve_with_a_ray_address_runs_workers_against_the_engine_
                     break
                 assert proc.returncode is None, (await proc.stdout.read()).decode()
                 await asyncio.sleep(0.2)
-            # Both workers published the port they share, so each one's /health asks the other.
+            # Both workers publish the port they share, so each one's /health asks the other. The
+            # first worker up answers /health before the second has joined the cluster (it then
+            # answers for itself alone, as no other is serving yet): wait for the second.
             directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
-            publics = [entry["public"] for entry in (await directory.front_ends.remote()).values()]
-            assert sum(public is not None and public.endswith(f":{port}") for public in publics) == 2, publics
+            for _ in range(300):
+                publics = [entry["public"] for entry in (await directory.front_ends.remote()).values()]
+                if sum(public is not None and public.endswith(f":{port}") for public in publics) == 2:
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError(f"both workers should publish the port they share: {publics}")
             client = await open_session(http, base)
             assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"]
             assert await echoes_again(client)
