@@ -24,6 +24,9 @@ Reported per N (steady-state window: after ``--warmup`` s, before the senders st
   way in (about a millisecond); on the loopback engine the echo latency below includes
   them (4 clients on 2 CPU cores: path p50/p99 46/88 ms against echo 51/83 ms, within the
   histogram's 10 ms buckets);
+* its parts, wait and back p50/p99: the newest input sample -> its tick due (the tick phase and
+  any standing backlog), and tick due -> the frame read from the engine's hand-off (the tick,
+  the engine link back, the worker's turn to read it); the egress histogram is the rest;
 * tick and step p50/p99: the lockstep's histograms (whole tick; the batched model step);
 * latency (loopback only): for every echoed 80 ms page, its arrival time minus the send time of the
   newest input audio it carries, minus the loopback delay: what the server path adds
@@ -108,6 +111,10 @@ class Point:
     duration_s: float
     server_path_p50_ms: float
     server_path_p99_ms: float
+    path_wait_p50_ms: float  # the path's parts: newest input -> its tick due
+    path_wait_p99_ms: float
+    path_back_p50_ms: float  # tick due -> frame read from the hand-off (tick + the way back)
+    path_back_p99_ms: float
     tick_p50_ms: float
     tick_p99_ms: float
     step_p50_ms: float
@@ -374,12 +381,19 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
     def quantile_ms(name: str, q: float) -> float:
         return histogram_quantile(before, after, name, q) * 1e3
 
+    def part_ms(part: str, q: float) -> float:
+        return histogram_quantile(before, after, "rtserve_moshi_server_path_part_seconds", q, f'part="{part}"') * 1e3
+
     return Point(
         workers=workers,
         clients=clients,
         duration_s=duration_s,
         server_path_p50_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.5),
         server_path_p99_ms=quantile_ms("rtserve_moshi_server_path_seconds", 0.99),
+        path_wait_p50_ms=part_ms("wait", 0.5),
+        path_wait_p99_ms=part_ms("wait", 0.99),
+        path_back_p50_ms=part_ms("back", 0.5),
+        path_back_p99_ms=part_ms("back", 0.99),
         tick_p50_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.5),
         tick_p99_ms=quantile_ms("rtserve_lockstep_tick_seconds", 0.99),
         step_p50_ms=quantile_ms("rtserve_lockstep_step_seconds", 0.5),
@@ -420,6 +434,10 @@ def print_table(points: list[Point]) -> None:
         ("N", 4),
         ("path p50", 8),
         ("path p99", 8),
+        ("wait p50", 8),
+        ("wait p99", 8),
+        ("back p50", 8),
+        ("back p99", 8),
         ("tick p50", 8),
         ("tick p99", 8),
         ("step p50", 8),
@@ -454,6 +472,10 @@ def print_table(points: list[Point]) -> None:
             str(p.clients),
             f"{p.server_path_p50_ms:.1f}ms",
             f"{p.server_path_p99_ms:.1f}ms",
+            f"{p.path_wait_p50_ms:.1f}ms",
+            f"{p.path_wait_p99_ms:.1f}ms",
+            f"{p.path_back_p50_ms:.1f}ms",
+            f"{p.path_back_p99_ms:.1f}ms",
             f"{p.tick_p50_ms:.1f}ms",
             f"{p.tick_p99_ms:.1f}ms",
             f"{p.step_p50_ms:.1f}ms",
@@ -484,6 +506,8 @@ def print_table(points: list[Point]) -> None:
         print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns)))
     print(
         "path: newest input sample a tick stepped, decoded -> that tick's page written (server histogram); "
+        "wait / back: its parts before the tick was due and from then until the frame was read "
+        "(tick + way back; egress is the rest); "
         "tick/step: lockstep histograms (bucket-interpolated); "
         "lat (loopback): echoed page arrival - send of the newest input it carries - loopback delay (client clock); "
         "egress: engine frame -> socket (server); late: page arrival vs 80 ms cadence; "

@@ -1151,6 +1151,13 @@ class EngineLinkConfig(_Section):
         "each with what came since the send before it: the earlier one reaches a busy engine process in time, "
         "the last takes what came after it",
     )
+    serve_frames_per_turn: int | None = Field(
+        1,
+        ge=1,
+        description="a tick's frames are handed to this many of a worker's sessions per event-loop turn, so that "
+        "the clients' sockets are read and the uplink's last calls sent while the rest are served; null: all at once "
+        "(a worker's share in one turn of 10-30 ms)",
+    )
     max_queued_events: int = Field(
         256,
         ge=8,

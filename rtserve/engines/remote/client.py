@@ -119,7 +119,7 @@ class RemoteEngineSession:
         await self._emptied.wait()
 
     def clear_input(self) -> None:
-        self._link.uplink.drop(self._handle)
+        self._link.uplink.drop_pending(self._handle)
         self._link.command("session", "clear_input", self._handle)
 
     def respond(self, request: ResponseRequest) -> None:

@@ -9,6 +9,7 @@ flushed ``uplink_lead_ms`` before the engine's next tick, plus last-call top-ups
 that arrived after that (the engine reports when its ticks are due on its drift-free
 schedule, so a tick that started late does not shift the flush points; both processes read
 the same monotonic clock). Engines without ticks get one message per event-loop turn.
+A tick's output reaches the sessions ``serve_frames_per_turn`` at a time (``_serve_tick``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 
 from rtserve.config import EngineLinkConfig
 from rtserve.engines.errors import EngineError
-from rtserve.engines.events import EngineFailure
+from rtserve.engines.events import EngineFailure, OutputAudio
+from rtserve.engines.input_arrivals import InputArrivals
 from rtserve.engines.remote.offer import EngineOffer
 from rtserve.engines.remote.wire import Kind, LinkMetrics, RemoteError, read_message, unpack_events, write
 from rtserve.errors import ENGINE_PROCESS_LOST, ENGINE_UNAVAILABLE
@@ -57,6 +59,7 @@ class EngineLink:
         self.offer: EngineOffer | None = None
         self.connected = asyncio.Event()
         self.uplink = Uplink(self, settings.uplink_lead_ms / 1000, [ms / 1000 for ms in settings.uplink_last_call_ms])
+        self._serve_turn = settings.serve_frames_per_turn
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
@@ -137,18 +140,13 @@ class EngineLink:
         while (message := await read_message(reader)) is not None:
             kind = message[0]
             if kind is Kind.EVENTS_OUT:
-                events, tick_due = unpack_events(message[1], message[2]), message[3]
-                if tick_due is not None:  # a lockstep tick's frames
+                events, tick_due = unpack_events(message[1], message[2], self.clock_offset_s), message[3]
+                if tick_due is None:
+                    self._deliver(events)
+                else:  # a lockstep tick's frames
                     events = self.uplink.in_delivery_order(events)
                     self.uplink.tick_output(tick_due - self.clock_offset_s)
-                for handle, event in events:
-                    sink = self._sessions.get(handle)
-                    if sink is not None:
-                        sink(event)
-                        if event is None:
-                            del self._sessions[handle]
-                    elif handle > self._newest_handle:
-                        self._early.setdefault(handle, []).append(event)
+                    await self._serve_tick(events)
             elif kind is Kind.RESULT:
                 future = self._calls.pop(message[1], None)
                 if future is not None and not future.done():
@@ -169,6 +167,30 @@ class EngineLink:
                 self.offer = message[1]
                 self.connected.set()
                 self._notify_offer()
+
+    def _deliver(self, events: list[tuple[int, Any]]) -> None:
+        for handle, event in events:
+            sink = self._sessions.get(handle)
+            if sink is not None:
+                sink(event)
+                if event is None:
+                    del self._sessions[handle]
+            elif handle > self._newest_handle:
+                self._early.setdefault(handle, []).append(event)
+
+    async def _serve_tick(self, events: list[tuple[int, Any]]) -> None:
+        """A tick's frames, ``serve_frames_per_turn`` sessions' at a time, one event-loop turn each.
+
+        A frame handed over wakes its session, which encodes and writes it in the loop's next turn.
+        Handed all at once, a worker's few dozen sessions take one turn of 15-30 ms in which no
+        socket is read and no timer runs: with a tick that ends ~60 ms into its period, audio sent
+        in the last ~18 ms before the next tick is read too late for the uplink's last calls and
+        waits a tick more (docs/engines.md#scaling)."""
+        turn = self._serve_turn or len(events)
+        for start in range(0, len(events), turn):
+            if start:
+                await asyncio.sleep(0)  # the loop reads the sockets and runs due timers between turns
+            self._deliver(events[start : start + turn])
 
     def _notify_offer(self) -> None:
         for listener in self._offer_listeners:
@@ -278,16 +300,15 @@ class Uplink:
     or was stepped as silence. One 8 ms before takes most of them in time; the one at 2 ms only
     what came after (benchmarks/notes/moshi_speed.md, "Twenty-second session").
 
-    It also remembers when each session's newest sent audio arrived, so a tick's output can
-    be handed to the sessions oldest input first (``in_delivery_order``).
+    It also remembers when each session's audio arrived, so a tick's output can be handed to
+    the sessions oldest stepped input first (``in_delivery_order``).
     """
 
     def __init__(self, link: MessageSink, lead_s: float, last_calls_s: Sequence[float]) -> None:
         self._link = link
         self._leads = sorted({lead_s, *last_calls_s}, reverse=True)
         self._pending: list[tuple[int, Any]] = []
-        self._pending_at: dict[int, float] = {}  # handle -> loop time of its newest pending audio
-        self._sent_at: dict[int, float] = {}  # handle -> loop time of its newest audio sent
+        self._arrivals: dict[int, InputArrivals] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tick_origin: float | None = None
         self._period_s: float | None = None
@@ -312,7 +333,10 @@ class Uplink:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._pending.append((handle, pcm))
-        self._pending_at[handle] = now
+        arrivals = self._arrivals.get(handle)
+        if arrivals is None:
+            arrivals = self._arrivals[handle] = InputArrivals()
+        arrivals.push(len(pcm), now)
         if self._timer is None:
             self._timer = loop.call_at(self._next_flush(now), self.flush)
 
@@ -324,9 +348,19 @@ class Uplink:
         after another, tens of milliseconds apart with dozens of sessions. Audio that arrived
         just after the previous tick has already waited a whole period, audio that arrived just
         before this one almost nothing: serving them in that order keeps wait plus service time
-        near one period for every session, instead of adding the whole burst to the unluckiest."""
-        sent_at = self._sent_at
-        return sorted(events, key=lambda item: sent_at.get(item[0], math.inf))
+        near one period for every session, instead of adding the whole burst to the unluckiest.
+
+        The time is that of the audio the frame stepped (its ``input_samples``), not of the newest
+        sent: by the time a 60 ms tick's output arrives most sessions have sent the next tick's
+        audio, and a page that missed its tick is the newest while its session waited longest."""
+        arrived: dict[int, float] = {}
+        for handle, event in events:
+            if handle not in arrived and isinstance(event, OutputAudio) and event.input_samples is not None:
+                arrivals = self._arrivals.get(handle)
+                at = None if arrivals is None else arrivals.arrival_of(event.input_samples)
+                if at is not None:
+                    arrived[handle] = at
+        return sorted(events, key=lambda item: arrived.get(item[0], math.inf))
 
     def _next_flush(self, now: float) -> float:
         """The next flush point before one of the engine's ticks; now when the engine has no ticks."""
@@ -348,8 +382,6 @@ class Uplink:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
-        self._sent_at.update(self._pending_at)
-        self._pending_at.clear()
         with contextlib.suppress(EngineUnavailable):  # sessions fail with engine_failure meanwhile
             self._link.send((Kind.FRAMES_IN, _joined_per_session(batch)))
 
@@ -358,13 +390,18 @@ class Uplink:
             self._timer.cancel()
             self._timer = None
         self._pending.clear()
-        self._pending_at.clear()
-        self._sent_at.clear()
+        self._arrivals.clear()
+
+    def drop_pending(self, handle: int) -> None:
+        """The session's audio not sent yet goes (its input was cleared). Its arrivals stay: the
+        engine's count goes on from what it had, so the cleared audio it never saw only makes the
+        session's later frames look a little older than they are (served a little earlier)."""
+        self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
 
     def drop(self, handle: int) -> None:
-        self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
-        self._pending_at.pop(handle, None)
-        self._sent_at.pop(handle, None)
+        """The session closed: its pending audio and its arrivals go."""
+        self.drop_pending(handle)
+        self._arrivals.pop(handle, None)
 
 
 def _joined_per_session(batch: list[tuple[int, Any]]) -> list[tuple[int, Any]]:

@@ -156,9 +156,12 @@ def pack_events(events: list[tuple[int, Any]]) -> tuple[list[tuple[int, Any]], A
     return items, AudioColumns(pcm, ends, epochs, response_ids, texts, ticks, inputs)
 
 
-def unpack_events(items: list[tuple[int, Any]], columns: AudioColumns) -> list[tuple[int, Any]]:
+def unpack_events(
+    items: list[tuple[int, Any]], columns: AudioColumns, clock_offset_s: float = 0.0
+) -> list[tuple[int, Any]]:
     """``pack_events`` undone. Each frame gets its own copy of its samples: a view would keep the
-    whole batch's buffer alive as long as any one frame (realtime sessions keep a minute)."""
+    whole batch's buffer alive as long as any one frame (realtime sessions keep a minute).
+    ``clock_offset_s`` (the engine's monotonic clock minus ours) puts ``tick_due`` on our clock."""
     c = columns
     events: list[tuple[int, Any]] = []
     for handle, event in items:
@@ -169,7 +172,7 @@ def unpack_events(items: list[tuple[int, Any]], columns: AudioColumns) -> list[t
                 epoch=c.epochs[event],
                 response_id=c.response_ids[event],
                 text=c.texts[event],
-                tick_due=c.ticks_due[event],
+                tick_due=None if (due := c.ticks_due[event]) is None else due - clock_offset_s,
                 input_samples=c.input_samples[event],
             )
         events.append((handle, event))

@@ -10,7 +10,6 @@ one output hand-off is the only queue: ``frames`` reads it as the socket is read
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -19,13 +18,11 @@ import numpy as np
 from rtserve.codecs.pcm import WIRE_SAMPLE_RATE, FloatArray  # both Moshi wire formats are 24 kHz mono
 from rtserve.codecs.resample import StreamResampler
 from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
+from rtserve.engines.input_arrivals import InputArrivals
 from rtserve.engines.protocols import EngineSession
 from rtserve.web.moshi.metrics import MoshiMetrics
 
 _NO_AUDIO = np.zeros(0, np.float32)
-# Input arrivals kept for the server-path metric while their tick is pending: far more than
-# an engine backlog holds (a few seconds of 20-80 ms pushes); beyond it the oldest go.
-_MAX_ARRIVALS = 4096
 
 
 @dataclass
@@ -36,6 +33,8 @@ class AgentFrame:
     # loop.time() the newest input sample the frame's tick stepped reached this bridge (after
     # decoding); None when that tick stepped no new input or the engine does not say (not lockstep).
     input_at: float | None = None
+    # time.monotonic() (the loop's clock) its tick was due; None when not lockstep.
+    tick_due: float | None = None
 
 
 class EngineBridge:
@@ -50,11 +49,9 @@ class EngineBridge:
         self._to_wire = StreamResampler(caps.output_sample_rate, WIRE_SAMPLE_RATE)
         self._frames_in = metrics.frames_in.labels(route)
         self._closed = False
-        # (engine-rate samples pushed in all after a push, its loop.time()); None once the
-        # engine's output says nothing about the input it stepped.
-        self._arrivals: deque[tuple[int, float]] | None = deque(maxlen=_MAX_ARRIVALS)
-        self._pushed = 0
-        self._stepped = 0  # input_samples of the last frame
+        # Engine-rate pushes for the server-path metric; None once the engine's output says
+        # nothing about the input it stepped.
+        self._arrivals: InputArrivals | None = InputArrivals()
 
     def push(self, pcm: FloatArray) -> None:
         """User audio at 24 kHz, any length: straight to the engine session."""
@@ -84,6 +81,7 @@ class EngineBridge:
                     event.text or None,
                     loop.time(),
                     self._arrival_of(event.input_samples),
+                    event.tick_due,
                 )
             elif isinstance(event, OutputText):
                 yield AgentFrame(_NO_AUDIO, event.text or None, loop.time())
@@ -104,24 +102,18 @@ class EngineBridge:
         await self.session.close()
 
     def _arrival_of(self, stepped: int | None) -> float | None:
-        """When the newest of the first ``stepped`` input samples arrived; None when no new
-        input was stepped since the last frame. Exact while the front end and the engine count
-        the same samples: audio cleared before it reached the engine (``clear_input`` over the
-        link) makes later stamps read older than they are."""
+        """When the newest of the first ``stepped`` input samples arrived (``InputArrivals``);
+        None when no new input was stepped since the last frame."""
         if stepped is None:
             self._arrivals = None
-        if self._arrivals is None or stepped is None or stepped <= self._stepped:
+        if self._arrivals is None or stepped is None:
             return None
-        self._stepped = stepped
-        while self._arrivals and self._arrivals[0][0] < stepped:  # pushes that ended before that sample
-            self._arrivals.popleft()
-        return self._arrivals[0][1] if self._arrivals else None
+        return self._arrivals.arrival_of(stepped)
 
     def _push_engine_rate(self, pcm: FloatArray) -> None:
         if not pcm.size:
             return
-        self._pushed += pcm.size
         if self._arrivals is not None:
-            self._arrivals.append((self._pushed, asyncio.get_running_loop().time()))
+            self._arrivals.push(pcm.size, asyncio.get_running_loop().time())
         self.session.push_audio(pcm)
         self._frames_in.inc(pcm.size / self._frame_samples)

@@ -192,6 +192,8 @@ class MoshiService:
         frames_out = self.metrics.frames_out.labels(route)
         latency = self.metrics.egress_latency.labels(route)
         server_path = self.metrics.server_path.labels(route)
+        path_wait = self.metrics.server_path_part.labels(route, "wait")
+        path_back = self.metrics.server_path_part.labels(route, "back")
         try:
             async for frame in conversation.frames():
                 if not await send_within(send_frame(frame), transport, send_timeout_s):
@@ -201,6 +203,9 @@ class MoshiService:
                     latency.observe(loop.time() - frame.produced_at)
                 if frame.input_at is not None:
                     server_path.observe(loop.time() - frame.input_at)
+                    if frame.tick_due is not None:
+                        path_wait.observe(max(0.0, frame.tick_due - frame.input_at))
+                        path_back.observe(max(0.0, frame.produced_at - frame.tick_due))
         except ConnectionError:
             pass  # the socket is closing; the receive side ends the connection
         return True

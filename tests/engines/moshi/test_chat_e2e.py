@@ -34,6 +34,15 @@ async def test_api_chat_streams_agent_audio_and_text_from_the_moshi_engine(moshi
     assert server.metric("rtserve_moshi_frames_in_total", route="/api/chat") >= 12
     # Every page whose tick stepped user audio timed its server path (audio in -> page out).
     assert server.metric("rtserve_moshi_server_path_seconds_count", route="/api/chat") >= 8
+    # ... and its two parts: up to its tick's due time (at most a period and a backlog's standing
+    # audio) and from then until the frame was read (the tick and the way back).
+    # The parts are on one clock: together they are the path less the egress (encode and write).
+    path = server.metric("rtserve_moshi_server_path_seconds_sum", route="/api/chat")
+    wait, back = (
+        server.metric("rtserve_moshi_server_path_part_seconds_sum", route="/api/chat", part=part)
+        for part in ("wait", "back")
+    )
+    assert wait > 0 and back > 0 and 0.5 * path < wait + back <= path
 
 
 async def test_personaplex_query_parameters_reach_the_slot(moshi_config: ServerConfig) -> None:

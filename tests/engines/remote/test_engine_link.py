@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ServerConfig
+from rtserve.config import EngineLinkConfig, ServerConfig
 from rtserve.engines.engine_set import EngineSet
 from rtserve.engines.events import EngineFailure, OutputAudio, OutputText
 from rtserve.engines.remote.in_process import LinkedEngines
-from rtserve.engines.remote.link import Uplink
+from rtserve.engines.remote.link import EngineLink, Uplink
 from rtserve.engines.remote.server import EngineServer
 from rtserve.engines.remote.wire import Kind, encode, pack_events, read_message, unpack_events
 from rtserve.engines.values import SessionOptions
@@ -145,19 +145,28 @@ async def test_audio_waiting_when_a_ticks_output_arrives_goes_before_the_session
     assert len(link.sent) == 2
 
 
-async def test_a_ticks_output_goes_to_the_sessions_whose_audio_waited_longest_first() -> None:
-    """One tick's frames reach a worker together; the session whose input arrived just after
-    the previous tick has waited a period already and is served first."""
+async def test_a_ticks_output_goes_to_the_sessions_whose_stepped_audio_waited_longest_first() -> None:
+    """One tick's frames reach a worker together; the session whose stepped input arrived just
+    after the previous tick has waited a period already and is served first, even when it has
+    sent newer audio since (for the next tick, or a page that missed this one)."""
     uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_calls_s=[0.002])
     for handle in (3, 1, 2):  # arrival order: 3, then 1, then 2 (a new loop time each)
         uplink.push(handle, np.zeros(CHUNK, np.float32))
         await asyncio.sleep(0.002)
-    uplink.flush()
-    uplink.push(1, np.zeros(CHUNK, np.float32))  # after the flush: not in this tick
-    events = [(1, "a1"), (2, "a2"), (4, "no audio"), (3, "a3"), (1, "b1")]
-    assert uplink.in_delivery_order(events) == [(3, "a3"), (1, "a1"), (1, "b1"), (2, "a2"), (4, "no audio")]
+    uplink.push(3, np.zeros(CHUNK, np.float32))  # 3's next audio, newest of all: not stepped yet
+
+    def frame(stepped: int) -> OutputAudio:
+        return OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0, input_samples=stepped)
+
+    text = OutputText(text="t", epoch=0)
+    events: list[tuple[int, Any]] = [(1, frame(CHUNK)), (2, frame(CHUNK)), (4, text), (3, frame(CHUNK)), (1, text)]
+    assert [h for h, _ in uplink.in_delivery_order(events)] == [3, 1, 1, 2, 4]
+    # Next tick: 1 stepped nothing new (no input of its own to wait for), 3 its second push.
+    events = [(1, frame(CHUNK)), (3, frame(2 * CHUNK))]
+    assert [h for h, _ in uplink.in_delivery_order(events)] == [3, 1]
     uplink.drop(3)  # a closed session is forgotten
-    assert uplink.in_delivery_order([(3, "x"), (2, "y")]) == [(2, "y"), (3, "x")]
+    uplink.push(2, np.zeros(CHUNK, np.float32))
+    assert [h for h, _ in uplink.in_delivery_order([(3, frame(3 * CHUNK)), (2, frame(2 * CHUNK))])] == [2, 3]
 
 
 async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector() -> None:
@@ -205,6 +214,57 @@ async def test_a_ticks_events_cross_the_link_as_they_were_sent() -> None:
             assert replace(got, pcm=want.pcm) == want
         else:
             assert got == want
+
+
+class _NullWriter:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("per_turn", "read_after"), [(1, 1), (None, 6)])
+async def test_a_ticks_frames_reach_the_sessions_one_loop_turn_apart(per_turn: int | None, read_after: int) -> None:
+    """Each session encodes and writes its frame when it gets it; with ``serve_frames_per_turn``
+    the loop runs what came due meanwhile (a client's page read, the uplink's last call) between
+    sessions, where all at once it waited for the whole worker's share."""
+    reader = asyncio.StreamReader()
+
+    async def connect() -> tuple[asyncio.StreamReader, _NullWriter]:
+        return reader, _NullWriter()
+
+    link = EngineLink(connect, 0, settings=EngineLinkConfig(serve_frames_per_turn=per_turn))
+    served: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def sink(event: Any) -> None:
+        if not served:  # a page arrives while the first session is served
+            loop.call_soon(served.append, "read")
+        served.append("frame")
+
+    for handle in range(1, 7):
+        link.register_session(handle, sink)
+    frames = [(h, OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0, tick_due=1.0)) for h in range(1, 7)]
+    reader.feed_data(encode((Kind.EVENTS_OUT, *pack_events(frames), 1.0)))
+    link.start()
+    for _ in range(200):
+        if len(served) == 7:
+            break
+        await asyncio.sleep(0.005)
+    order = list(served)
+    await link.close()  # (which tells every session the engine is gone)
+    assert order.index("read") == read_after and order.count("frame") == 6
+
+
+def test_a_frames_tick_stamp_is_put_on_the_workers_clock() -> None:
+    """An engine on another host stamps its ticks on its own monotonic clock; the front end's
+    server-path parts subtract its push times from them, so the link shifts them by the offset."""
+    sent = [(1, OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0, tick_due=107.5)), (2, None)]
+    received = unpack_events(*pack_events(sent), clock_offset_s=100.0)
+    audio = received[0][1]
+    assert isinstance(audio, OutputAudio) and audio.tick_due == 7.5
+    assert received[1] == (2, None)
 
 
 def _connection_handlers() -> list[tuple[asyncio.Task[Any], Coroutine[Any, Any, Any]]]:
