@@ -59,6 +59,8 @@ class RemoteEngineSession:
         self._epoch = 0
         self._closed = False
         self._dropped_audio = 0
+        if capabilities.mode == "lockstep":  # its frames say what input they stepped
+            link.uplink.time_arrivals(handle)
         link.register_session(handle, self._receive)
 
     # ------------------------------------------------------------------ engine -> session

@@ -334,11 +334,16 @@ class Uplink:
         now = loop.time()
         self._pending.append((handle, pcm))
         arrivals = self._arrivals.get(handle)
-        if arrivals is None:
-            arrivals = self._arrivals[handle] = InputArrivals()
-        arrivals.push(len(pcm), now)
+        if arrivals is not None:
+            arrivals.push(len(pcm), now)
         if self._timer is None:
             self._timer = loop.call_at(self._next_flush(now), self.flush)
+
+    def time_arrivals(self, handle: int) -> None:
+        """Log when the session's audio arrives, to order its frames (``in_delivery_order``): for
+        lockstep sessions only, whose frames say what input they stepped. Others (a speech-to-text
+        stream, a cascade) never answer it, and their log would only fill up to its bound."""
+        self._arrivals[handle] = InputArrivals()
 
     def in_delivery_order(self, events: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
         """A tick's ``(handle, event)`` pairs, the sessions whose newest stepped audio arrived

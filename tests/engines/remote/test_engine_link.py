@@ -150,16 +150,20 @@ async def test_a_ticks_output_goes_to_the_sessions_whose_stepped_audio_waited_lo
     after the previous tick has waited a period already and is served first, even when it has
     sent newer audio since (for the next tick, or a page that missed this one)."""
     uplink = Uplink(link=_SentMessages(), lead_s=0.015, last_calls_s=[0.002])
+    for handle in (1, 2, 3):
+        uplink.time_arrivals(handle)  # lockstep sessions (4 is not)
     for handle in (3, 1, 2):  # arrival order: 3, then 1, then 2 (a new loop time each)
         uplink.push(handle, np.zeros(CHUNK, np.float32))
         await asyncio.sleep(0.002)
     uplink.push(3, np.zeros(CHUNK, np.float32))  # 3's next audio, newest of all: not stepped yet
+    uplink.push(4, np.zeros(CHUNK, np.float32))  # not timed: no log, served after the timed ones
 
     def frame(stepped: int) -> OutputAudio:
         return OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0, input_samples=stepped)
 
     text = OutputText(text="t", epoch=0)
-    events: list[tuple[int, Any]] = [(1, frame(CHUNK)), (2, frame(CHUNK)), (4, text), (3, frame(CHUNK)), (1, text)]
+    events: list[tuple[int, Any]] = [(1, frame(CHUNK)), (4, frame(CHUNK)), (2, frame(CHUNK))]
+    events += [(3, frame(CHUNK)), (1, text)]
     assert [h for h, _ in uplink.in_delivery_order(events)] == [3, 1, 1, 2, 4]
     # Next tick: 1 stepped nothing new (no input of its own to wait for), 3 its second push.
     events = [(1, frame(CHUNK)), (3, frame(2 * CHUNK))]
