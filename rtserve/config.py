@@ -1156,7 +1156,7 @@ class EngineLinkConfig(_Section):
         ge=1,
         description="a tick's frames are handed to this many of a worker's sessions per event-loop turn, so that "
         "the clients' sockets are read and the uplink's last calls sent while the rest are served; null: all at once "
-        "(a worker's share in one turn of 10-30 ms)",
+        "(a worker's share in one turn of 15-30 ms)",
     )
     max_queued_events: int = Field(
         256,

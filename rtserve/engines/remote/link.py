@@ -186,7 +186,7 @@ class EngineLink:
         socket is read and no timer runs: with a tick that ends ~60 ms into its period, audio sent
         in the last ~18 ms before the next tick is read too late for the uplink's last calls and
         waits a tick more (docs/engines.md#scaling)."""
-        turn = self._serve_turn or len(events)
+        turn = self._serve_turn or max(1, len(events))  # range() refuses a step of 0
         for start in range(0, len(events), turn):
             if start:
                 await asyncio.sleep(0)  # the loop reads the sockets and runs due timers between turns
