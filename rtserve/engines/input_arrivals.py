@@ -14,9 +14,9 @@ class InputArrivals:
 
     A lockstep engine says, with each frame, how many of the session's input samples were gone
     from its backlog after that tick (``OutputAudio.input_samples``: stepped or trimmed); the
-    push holding the newest of them says when the audio that frame answers arrived. Exact while
-    both sides count the same samples: audio cleared before the engine took it makes later
-    answers read older than they are."""
+    push holding the newest of them says when the audio that frame answers arrived. Both sides
+    count the same samples: the engine counts what it cleared from a backlog as gone, and audio
+    cleared before it was sent to the engine is taken back here (``take_back``)."""
 
     def __init__(self) -> None:
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=_MAX_ARRIVALS)
@@ -26,6 +26,13 @@ class InputArrivals:
     def push(self, samples: int, at: float) -> None:
         self._pushed += samples
         self._arrivals.append((self._pushed, at))
+
+    def take_back(self, samples: int) -> None:
+        """The newest ``samples`` pushed will never reach the engine (cleared before they were
+        sent, whole pushes): forget them, or every later answer would read older than it is."""
+        self._pushed -= samples
+        while self._arrivals and self._arrivals[-1][0] > self._pushed:
+            self._arrivals.pop()
 
     def arrival_of(self, stepped: int) -> float | None:
         """When the newest of the first ``stepped`` samples arrived; None when no input was

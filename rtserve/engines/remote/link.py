@@ -398,10 +398,14 @@ class Uplink:
         self._arrivals.clear()
 
     def drop_pending(self, handle: int) -> None:
-        """The session's audio not sent yet goes (its input was cleared). Its arrivals stay: the
-        engine's count goes on from what it had, so the cleared audio it never saw only makes the
-        session's later frames look a little older than they are (served a little earlier)."""
-        self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
+        """The session's audio not sent yet goes (its input was cleared); its arrival log forgets
+        it, as the engine never counts it."""
+        kept = [(h, pcm) for h, pcm in self._pending if h != handle]
+        dropped = sum(len(pcm) for h, pcm in self._pending if h == handle)
+        self._pending = kept
+        arrivals = self._arrivals.get(handle)
+        if arrivals is not None and dropped:
+            arrivals.take_back(dropped)
 
     def drop(self, handle: int) -> None:
         """The session closed: its pending audio and its arrivals go."""

@@ -173,6 +173,35 @@ async def test_a_ticks_output_goes_to_the_sessions_whose_stepped_audio_waited_lo
     assert [h for h, _ in uplink.in_delivery_order([(3, frame(3 * CHUNK)), (2, frame(2 * CHUNK))])] == [2, 3]
 
 
+async def test_audio_cleared_before_it_was_sent_does_not_make_later_frames_read_older() -> None:
+    """Clearing a session's input drops its audio not yet sent; the engine never counts that
+    audio, so the session's later frames must be timed by the audio sent after the clear."""
+    link = _SentMessages()
+    uplink = Uplink(link=link, lead_s=0.015, last_calls_s=[0.002])
+    uplink.set_period(0.08)
+    uplink.tick_output(asyncio.get_running_loop().time() - 0.01)  # no flush point for 55 ms
+    for handle in (1, 2):
+        uplink.time_arrivals(handle)
+    uplink.push(1, np.zeros(CHUNK, np.float32))
+    uplink.flush()  # the engine has it
+    await asyncio.sleep(0.002)
+    uplink.push(1, np.ones(CHUNK, np.float32))  # cleared below, before any flush
+    await asyncio.sleep(0.002)
+    uplink.push(2, np.zeros(CHUNK, np.float32))
+    await asyncio.sleep(0.002)
+    uplink.drop_pending(1)
+    uplink.push(1, np.full(CHUNK, 0.5, np.float32))  # after 2's audio
+    uplink.flush()
+    sent = {handle: pcm for handle, pcm in link.sent[-1][1]}
+    assert sorted(sent) == [1, 2] and float(sent[1][0]) == 0.5 and len(sent[1]) == CHUNK
+
+    def frame(stepped: int) -> OutputAudio:
+        return OutputAudio(pcm=np.zeros(FRAME, np.float32), epoch=0, input_samples=stepped)
+
+    # 1's frame stepped its first audio and the audio after the clear: newer than 2's.
+    assert [h for h, _ in uplink.in_delivery_order([(1, frame(2 * CHUNK)), (2, frame(CHUNK))])] == [2, 1]
+
+
 async def test_audio_crossing_the_link_leaves_nothing_for_the_garbage_collector() -> None:
     """Realtime sessions keep a minute of received audio for resumes; every object it drags along
     that the collector tracks lengthens every full collection, which stalls all sessions of a worker."""
