@@ -32,7 +32,9 @@ Reported per N (steady-state window: after ``--warmup`` s, before the senders st
   newest input audio it carries, minus the loopback delay: what the server path adds
   (tick phase wait, Opus decode/encode incl. codec lookahead, queues, sockets); p50/p99;
 * egress p50/p99: engine frame produced -> bytes written, from the server's histogram;
-* underruns: live-slot ticks stepped with silence because a frame was not there in time
+* underruns: live-slot ticks stepped with silence because a frame was not there in time;
+  silence: all the silence stepped for streams in cadence, partial frames' padding included
+  (a page that came partly late is no underrun), nan for a server without that counter
   (server counter), as a share of live ticks;
 * lateness: arrival of agent page k minus its ideal cadence time (first page + k*80 ms,
   anchored at the earliest page); p99 and pages > 80 ms late (a one-frame playout
@@ -58,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import sys
@@ -88,6 +91,7 @@ from rtserve.config import ServerConfig, load_config  # noqa: E402  (what the se
 RATE = 24_000
 FRAME = 1920
 PERIOD_S = FRAME / RATE
+SILENCE = "rtserve_lockstep_silence_stepped_samples_total"
 FIRST_SEARCH_S = 3.0  # how far back the first echoed page may lie
 SEARCH_FRAMES = 16  # how much further back than the previous page an echoed page may lie
 MAX_MISSES = 4  # pages in a row not found near the previous one before searching everything again
@@ -131,6 +135,7 @@ class Point:
     late_pages: int
     pages: int
     dropped_input: int
+    silence_stepped_ms: float  # stepped for streams in cadence: underruns and partial frames' padding
     trimmed_input_ms: float  # standing latency trimmed away, over all sessions
     dropped_output: int
     skipped_ticks: int
@@ -410,6 +415,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         late_pages=int(sum(v > PERIOD_S * 1e3 for v in lateness)),
         pages=len(lateness),
         dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
+        silence_stepped_ms=(
+            delta(SILENCE) * 1000 / 24_000 if SILENCE in after else math.nan  # a tree before the counter
+        ),
         trimmed_input_ms=delta("rtserve_lockstep_trimmed_input_samples_total") * 1000 / 24_000,
         dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),
         skipped_ticks=int(delta("rtserve_lockstep_skipped_deadlines_total")),
@@ -450,6 +458,7 @@ def print_table(points: list[Point]) -> None:
         ("late p50", 8),
         ("late p99", 8),
         (">80ms", 9),
+        ("silence", 7),
         ("drops", 6),
         ("trim", 7),
         ("skipped", 7),
@@ -488,6 +497,7 @@ def print_table(points: list[Point]) -> None:
             f"{p.lateness_p50_ms:.1f}ms",
             f"{p.lateness_p99_ms:.1f}ms",
             f"{p.late_pages}/{p.pages}",
+            f"{p.silence_stepped_ms:.0f}ms",
             str(p.dropped_input + p.dropped_output),
             f"{p.trimmed_input_ms:.0f}ms",
             str(p.skipped_ticks),

@@ -220,6 +220,21 @@ class LockstepConfig(_Section):
         "trim window, while that audio stands above the cushion; "
         "0 waits for the window",
     )
+    late_cushion_window_frames: int | None = Field(
+        125,
+        ge=1,
+        description="a slot whose input misses a tick twice within this many ticks grows its jitter "
+        "cushion by the silence the second miss stepped (at most a frame) and keeps the late audio "
+        "instead of repaying it: a stream whose packets reach the engine at the very edge of the "
+        "tick stops stepping silence and losing audio every few seconds, for that much latency; "
+        "null disables",
+    )
+    late_cushion_release_frames: int = Field(
+        250,
+        ge=1,
+        description="ticks in a row whose take did not reach into such a slot's grown cushion before "
+        "the growth goes; the trim window then takes the audio standing in it away",
+    )
     output_queue_frames: int = Field(
         16,
         ge=1,

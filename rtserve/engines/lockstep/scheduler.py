@@ -265,6 +265,8 @@ class LockstepScheduler:
             round(config.jitter_cushion_ms * rate / 1000),
             max(1, round(config.drift_trim_ms * rate / 1000)),
             round(config.underrun_repay_ms * rate / 1000),
+            config.late_cushion_window_frames,
+            config.late_cushion_release_frames,
         )
         self.metrics = LockstepMetrics(registry, self.period_s, self.batch_size)
         self._config = config
@@ -824,7 +826,7 @@ class LockstepScheduler:
         slots = np.fromiter((index for index, _ in live), np.intp, len(live))
         self._live_mask[slots] = True
         arrived = [lease.pushed_at for _, lease in live]  # read first: what the take finds arrived by then
-        taken, trimmed, standing = self.inputs.take_frames(slots, frames)
+        taken, trimmed, standing, missing = self.inputs.take_frames(slots, frames)
         held = np.zeros(len(live), bool)
         if not drain:
             waited = int(standing.sum())
@@ -855,6 +857,9 @@ class LockstepScheduler:
         underruns, trimmed_total = int(underrun.sum()), int(trimmed.sum())
         if underruns:
             self.metrics.underruns.inc(underruns)
+        silence = int(missing[~held].sum())
+        if silence:
+            self.metrics.silence_stepped_samples.inc(silence)
         if trimmed_total:
             self.metrics.trimmed_input_samples.inc(trimmed_total)
         return rows

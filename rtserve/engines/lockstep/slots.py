@@ -24,6 +24,8 @@ from rtserve.codecs.pcm import FloatArray
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.values import FrameOutput
 
+_NEVER = np.iinfo(np.int64).max // 2  # takes since a miss, for a slot that never missed
+
 
 class SlotPhase(enum.Enum):
     FREE = "free"  # no session; admission may take it
@@ -51,6 +53,15 @@ class InputBacklogs:
     is back within the cushion (a late 80 ms packet costs a second or two of +80 ms, not
     the rest of the session).
 
+    A slot whose audio misses a tick, comes on time, and misses again within ``late_window`` takes
+    grows its cushion by what that miss stepped as silence (to a frame at most) and its debt is
+    forgiven: the late audio
+    stands as the cushion instead of being repaid. A stream whose packets reach the engine at the
+    very edge of the tick misses it again and again otherwise: each miss stepped silence (a whole
+    frame for 80 ms pages), the repay brought it back to the edge, and the next miss followed
+    seconds later. The growth goes again once ``late_release`` takes in a row did not reach into
+    it, and the trim window then takes the audio standing in it away.
+
     Silence the backlog itself stepped (an underrun, or a partial frame's padding) is a debt:
     when the late audio then stands above the cushion it is latency the server added, not the
     client's drift, so up to ``repay_samples`` of the quietest queued samples go at every tick
@@ -77,6 +88,8 @@ class InputBacklogs:
         cushion: int = 0,
         trim_samples: int = 0,
         repay_samples: int = 0,
+        late_window: int | None = None,
+        late_release: int = 1,
     ) -> None:
         if frame_size < 1 or limit < frame_size:
             raise ValueError("frame size must be >= 1 and the input backlog limit at least one frame")
@@ -84,12 +97,17 @@ class InputBacklogs:
             raise ValueError("trim window must be >= 1 frame")
         if cushion < 0:
             raise ValueError("the jitter cushion must be >= 0 samples")
+        if late_window is not None and (late_window < 1 or late_release < 1):
+            raise ValueError("the late-input window and release must be >= 1 take")
         self.frame_size = frame_size
         self.limit = limit  # samples per slot
         self.trim_window = trim_window
         self.cushion = cushion  # samples
         self.trim_samples = trim_samples
         self.repay_samples = repay_samples
+        # Only where standing input is trimmed: without a trim window a late frame stands anyway.
+        self.late_window = late_window if trim_window is not None else None
+        self.late_release = late_release
         self._buf = np.zeros((slots, limit), np.float32)
         self._rows = list(self._buf)  # each slot's row, as a view: cheaper to index than the table
         self._size = [0] * slots  # a list: pushes (one per session per tick) read and write it
@@ -97,6 +115,9 @@ class InputBacklogs:
         self._silence_debt = np.zeros(slots, np.int64)
         self._in_cadence = np.zeros(slots, bool)  # a whole frame was on time: silence before that is no debt
         self._standing_takes = np.zeros(slots, np.int64)  # consecutive takes that left more than the cushion
+        self._late_extra = np.zeros(slots, np.int64)  # samples the cushion grew by (``late_window``)
+        self._since_miss = np.full(slots, _NEVER, np.int64)  # takes since the slot's audio last missed one
+        self._late_extra_idle = np.zeros(slots, np.int64)  # consecutive takes that did not reach into it
         self._holder = [0] * slots  # bumped for each new holder: an old holder's calls do nothing
         self._lock = threading.Lock()
 
@@ -109,14 +130,16 @@ class InputBacklogs:
 
     def take_frames(
         self, slots: npt.NDArray[np.intp], frames: FloatArray
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Write this tick's frame of each of ``slots`` into its row of ``frames``; return per slot
-        (in ``slots``' order) the samples taken and trimmed, and the whole frames it still holds
-        after the take (input that waits more than a tick). Nothing taken is an underrun: that
-        row is left untouched for the caller to silence."""
+        (in ``slots``' order) the samples taken and trimmed, the whole frames it still holds
+        after the take (input that waits more than a tick), and the silence stepped for a slot in
+        cadence (what its frame lacked: an underrun's whole frame or a partial frame's padding).
+        Nothing taken is an underrun: that row is left untouched for the caller to silence."""
         frame = self.frame_size
         with self._lock:
             sizes = np.array([self._size[slot] for slot in slots.tolist()], np.int64)
+            in_cadence = self._in_cadence[slots]
             taken = np.minimum(sizes, frame)
             trimmed = np.zeros_like(sizes)
             # A whole frame and nothing left: in cadence, no debt, nothing standing.
@@ -137,7 +160,36 @@ class InputBacklogs:
             for i in np.flatnonzero((sizes != frame) & (sizes != 0)).tolist():
                 slot = int(slots[i])
                 taken[i], trimmed[i] = self._take_locked(slot, frames[slot])
-        return taken, trimmed, (sizes - taken - trimmed) // frame
+            missing = np.where(in_cadence, frame - taken, 0)
+            if self.late_window is not None:
+                self._follow_late_input_locked(slots, sizes, missing)
+        return taken, trimmed, (sizes - taken - trimmed) // frame, missing
+
+    def _follow_late_input_locked(
+        self, slots: npt.NDArray[np.intp], sizes: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]
+    ) -> None:
+        """After a take (``missing``: the silence each slot in cadence stepped): a slot that
+        missed this tick and another within ``late_window`` takes grows its cushion to what it
+        missed now (if more); one whose takes did not reach into the growth ``late_release``
+        times in a row loses it."""
+        assert self.late_window is not None
+        extra = self._late_extra[slots]
+        since = self._since_miss[slots]
+        missed = missing > 0
+        missing = np.minimum(missing, max(0, self.frame_size - self.cushion))  # a cushion of a frame at most
+        # A miss after audio that came on time, within the window of another: a stall's run of
+        # misses is one late burst, repaid as such (``repay_samples``).
+        grow = missed & (since > 0) & (since < self.late_window) & (missing > extra)
+        self._late_extra[slots[grow]] = missing[grow]
+        self._silence_debt[slots[grow]] = 0  # the late audio is the cushion now: none of it goes
+        self._since_miss[slots] = np.where(missed, 0, np.minimum(since + 1, _NEVER))
+        unneeded = (extra > 0) & ~grow & (sizes >= self.frame_size + extra)
+        idle = np.where(unneeded, self._late_extra_idle[slots] + 1, 0)
+        self._late_extra_idle[slots] = idle
+        self._late_extra[slots[idle >= self.late_release]] = 0
+
+    def _cushion_of(self, slot: int) -> int:
+        return self.cushion + int(self._late_extra[slot])
 
     def _push(self, slot: int, holder: int, samples: FloatArray) -> int:
         overflow = max(0, samples.size - self.limit)  # a push longer than the cap keeps only its end
@@ -159,7 +211,12 @@ class InputBacklogs:
         with self._lock:
             if self._holder[slot] != holder:
                 return 0, 0
-            return self._take_locked(slot, row)
+            size, in_cadence = self._size[slot], bool(self._in_cadence[slot])
+            taken, trimmed = self._take_locked(slot, row)
+            if self.late_window is not None:
+                missing = self.frame_size - taken if in_cadence else 0
+                self._follow_late_input_locked(np.array([slot]), np.array([size]), np.array([missing]))
+            return taken, trimmed
 
     def _take_locked(self, slot: int, row: FloatArray) -> tuple[int, int]:
         frame = self.frame_size
@@ -168,7 +225,7 @@ class InputBacklogs:
             row[: frame - taken] = 0.0
             row[frame - taken :] = self._rows[slot][:taken]
             self._shift_locked(slot, taken)
-        if taken == frame and self._size[slot] <= self.cushion:
+        if taken == frame and self._size[slot] <= self._cushion_of(slot):
             self._in_cadence[slot] = True
             self._silence_debt[slot] = 0  # on time again: later bursts are the client's own
         elif self._in_cadence[slot]:  # a late packet, or every tick of a stall
@@ -185,7 +242,7 @@ class InputBacklogs:
 
     def _trim_standing_latency_locked(self, slot: int) -> int:
         assert self.trim_window is not None
-        excess = self._size[slot] - self.cushion
+        excess = self._size[slot] - self._cushion_of(slot)
         if excess <= 0:
             self._standing_takes[slot] = 0
             return 0
@@ -220,6 +277,9 @@ class InputBacklogs:
         self._standing_takes[slot] = 0
         self._silence_debt[slot] = 0
         self._in_cadence[slot] = False
+        self._late_extra[slot] = 0
+        self._since_miss[slot] = _NEVER
+        self._late_extra_idle[slot] = 0
         return count
 
     def _len(self, slot: int, holder: int) -> int:

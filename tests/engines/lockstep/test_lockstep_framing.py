@@ -36,6 +36,21 @@ def test_a_short_packet_is_stepped_at_the_next_tick_padded_at_its_start() -> Non
     assert lease.underruns == 1 and lease.samples_consumed == packet.size  # only the opening tick was silent
 
 
+def test_silence_stepped_for_a_stream_in_cadence_is_counted_whole_frames_and_padding_alike() -> None:
+    """An underrun counts only ticks that found nothing; a page that came partly late steps the
+    rest of its frame as silence too, and the silence counter has both."""
+    scheduler, _, registry = make_scheduler()
+    lease = scheduler.acquire()
+    scheduler.tick()  # opens the slot: no stream yet, no silence counted
+    lease.push_samples(frame(1.0))
+    scheduler.tick()  # in cadence from here
+    scheduler.tick()  # nothing came: an underrun, a frame of silence
+    lease.push_samples(frame(1.0, FRAME // 4))
+    scheduler.tick()  # a quarter of a frame came: the rest is silence, no underrun
+    assert lease.underruns == 2  # the opening tick and the empty one
+    assert metric(registry, "rtserve_lockstep_silence_stepped_samples_total") == FRAME + FRAME * 3 // 4
+
+
 def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first() -> None:
     scheduler, _, registry = make_scheduler()
     lease = scheduler.acquire()
@@ -68,10 +83,11 @@ def test_drift_trimming_drops_only_a_few_of_the_quietest_samples() -> None:
     assert np.count_nonzero(table._buf[0, : len(backlog)] < 0.01) == 2
 
 
-def test_late_20ms_packets_cost_half_a_packet_and_no_speech_with_the_default_cushion() -> None:
+def test_late_20ms_packets_cost_half_a_packet_once_and_no_speech_with_the_default_cushion() -> None:
     """WebRTC-style 20 ms packets, four a tick, every fifth tick one of them arrives just after
-    it. Once settled, each late packet steps half a packet of silence and leaves at most half a
-    packet standing (the default 10 ms cushion): latency does not grow by a packet per event,
+    it. The first late packet steps its packet of silence, the second half of it (the default 10
+    ms cushion stood); from then on the slot's cushion holds that half packet more, so later ones
+    step none and at most a packet stands: latency grew once by half a packet, not per event,
     and only pauses are trimmed."""
     scheduler, _, _ = make_scheduler()
     lease = scheduler.acquire()
@@ -101,13 +117,66 @@ def test_late_20ms_packets_cost_half_a_packet_and_no_speech_with_the_default_cus
         stepped.append(audio)
         silent.append(int(np.count_nonzero(audio == 0.0)))
         standing.append(len(lease.input))
+    assert silent[4] == FRAME // 4 and silent[9] == CUSHION  # nothing stood yet, then the cushion had
     settled = range(20, 60)
-    assert {silent[i] for i in settled if i % 5 == 4} == {CUSHION}  # half a packet of silence per late packet
-    assert max(standing[i] for i in settled) <= CUSHION
+    assert {silent[i] for i in settled} == {0}
+    assert max(standing[i] for i in settled) <= 2 * CUSHION
     loud = np.concatenate(stepped)
     loud = loud[loud >= 1.0]
     np.testing.assert_array_equal(loud, np.arange(1.0, loud.size + 1))  # every word stepped, in order
     assert loud.size >= sent - 4  # all but the last tick's standing packets
+
+
+def _edge_stream(
+    late: set[int], ticks: int, late_window: int | None, late_release: int = 1000
+) -> tuple[list[int], list[int], list[int], np.ndarray]:
+    """Whole frames (80 ms pages), one pushed before each take, except the ticks in ``late``,
+    whose frame lands just after it. Per take: silence stepped, samples trimmed, standing after
+    it; and every sample stepped, in order (frame k's samples are k*FRAME+1 ...)."""
+    table = InputBacklogs(
+        1, FRAME, limit=16 * FRAME, trim_window=25, cushion=1, trim_samples=1, repay_samples=2,
+        late_window=late_window, late_release=late_release,
+    )  # fmt: skip
+    backlog = table.hold(0)
+    row = np.empty(FRAME, np.float32)
+    silent, trimmed, standing, stepped = [], [], [], []
+    for tick in range(ticks):
+        if tick not in late:
+            backlog.push(ramp(tick * FRAME, FRAME))
+        got, cut = backlog.take_into(row)
+        silent.append(FRAME - got)
+        trimmed.append(cut)
+        stepped.append(row[FRAME - got :].copy())
+        if tick in late:
+            backlog.push(ramp(tick * FRAME, FRAME))
+        standing.append(len(backlog))
+    return silent, trimmed, standing, np.concatenate(stepped)
+
+
+def test_a_stream_at_the_edge_of_the_tick_keeps_its_late_frame_after_the_second_miss() -> None:
+    """A stream whose pages reach the engine at the very edge of the tick misses it now and then.
+    Repaying each miss (trimming the late frame away) brings it back to the edge for the next:
+    silence stepped and audio trimmed every time. After its second miss its cushion holds the
+    late frame instead: later late pages cost nothing, no audio goes, one frame of latency."""
+    late = {10, 30, 50, 70, 90}
+    silent, trimmed, standing, stepped = _edge_stream(late, 100, late_window=125)
+    assert [tick for tick in range(1, 100) if silent[tick]] == [10, 30]
+    assert sum(trimmed[30:]) == 0 and standing[-1] == FRAME  # the late frame stands: +1 frame
+    after = stepped[stepped > 30 * FRAME]
+    np.testing.assert_array_equal(after, np.arange(30 * FRAME + 1, 30 * FRAME + after.size + 1))  # every sample
+    # As before (the growth off): every late page steps silence and its late audio is trimmed.
+    silent, trimmed, standing, _ = _edge_stream(late, 100, late_window=None)
+    assert [tick for tick in range(1, 100) if silent[tick]] == sorted(late)
+    assert sum(trimmed[30:]) >= 3 * (FRAME - 1) and standing[-1] <= 1
+
+
+def test_a_grown_cushion_goes_once_the_late_frame_stops_being_needed() -> None:
+    """Misses at 10 and 30 grow the cushion; 40 takes on time later the growth goes and the trim
+    window takes the standing frame away: latency back to the jitter cushion, no silence stepped."""
+    silent, trimmed, standing, _ = _edge_stream({10, 30}, 120, late_window=125, late_release=40)
+    assert standing[69] == FRAME and sum(trimmed[30:70]) == 0  # held while the growth lasts
+    assert standing[-1] <= 1 and sum(trimmed[70:]) == FRAME - 1
+    assert [tick for tick in range(1, 120) if silent[tick]] == [10, 30]
 
 
 def test_trimmed_samples_are_counted() -> None:
@@ -229,7 +298,10 @@ def test_taking_every_slot_at_once_matches_taking_them_one_by_one() -> None:
     """``take_frames`` (the engine thread's one take per tick) against the per-slot take, on the
     same random pushes: on time, late, early, bursts and pauses, with trimming and repayment."""
     slots, ticks = 12, 300
-    args = dict(limit=6 * FRAME, trim_window=3, cushion=FRAME // 8, trim_samples=2, repay_samples=FRAME // 4)
+    args = dict(
+        limit=6 * FRAME, trim_window=3, cushion=FRAME // 8, trim_samples=2, repay_samples=FRAME // 4,
+        late_window=10, late_release=5,
+    )  # fmt: skip
     batched, single = InputBacklogs(slots, FRAME, **args), InputBacklogs(slots, FRAME, **args)
     holders = [(batched.hold(s), single.hold(s)) for s in range(slots)]
     rng = np.random.default_rng(7)
@@ -241,7 +313,7 @@ def test_taking_every_slot_at_once_matches_taking_them_one_by_one() -> None:
             size = int(rng.choice([0, 0, FRAME, FRAME, FRAME, FRAME // 4, FRAME + 3, 3 * FRAME]))
             pcm = rng.standard_normal(size).astype(np.float32) * rng.choice([0.0, 0.01, 1.0], size)
             assert holders[slot][0].push(pcm) == holders[slot][1].push(pcm)
-        taken, trimmed, standing = batched.take_frames(live, frames_a)
+        taken, trimmed, standing, _ = batched.take_frames(live, frames_a)
         one_by_one = [holders[slot][1].take_into(frames_b[slot]) for slot in live]
         assert list(zip(taken.tolist(), trimmed.tolist(), strict=True)) == one_by_one
         assert standing.tolist() == [len(holders[slot][1]) // FRAME for slot in live]
