@@ -55,12 +55,11 @@ class InputBacklogs:
 
     A slot whose audio misses a tick, comes on time, and misses again within ``late_window`` takes
     grows its cushion by what that miss stepped as silence (to a frame at most) and its debt is
-    forgiven: the late audio
-    stands as the cushion instead of being repaid. A stream whose packets reach the engine at the
-    very edge of the tick misses it again and again otherwise: each miss stepped silence (a whole
-    frame for 80 ms pages), the repay brought it back to the edge, and the next miss followed
-    seconds later. The growth goes again once ``late_release`` takes in a row did not reach into
-    it, and the trim window then takes the audio standing in it away.
+    forgiven: the late audio stands as the cushion instead of being repaid. A stream whose packets
+    reach the engine at the very edge of the tick misses it again and again otherwise: each miss
+    stepped silence (a whole frame for 80 ms pages), the repay brought it back to the edge, and
+    the next miss followed seconds later. The growth goes again once ``late_release`` takes in a
+    row did not reach into it, and the trim window then takes the audio standing in it away.
 
     Silence the backlog itself stepped (an underrun, or a partial frame's padding) is a debt:
     when the late audio then stands above the cushion it is latency the server added, not the
