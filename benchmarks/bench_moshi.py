@@ -91,7 +91,7 @@ from rtserve.config import ServerConfig, load_config  # noqa: E402  (what the se
 RATE = 24_000
 FRAME = 1920
 PERIOD_S = FRAME / RATE
-SILENCE = "rtserve_lockstep_silence_stepped_samples_total"
+SILENCE = "rtserve_lockstep_silence_stepped_seconds_total"
 FIRST_SEARCH_S = 3.0  # how far back the first echoed page may lie
 SEARCH_FRAMES = 16  # how much further back than the previous page an echoed page may lie
 MAX_MISSES = 4  # pages in a row not found near the previous one before searching everything again
@@ -416,7 +416,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
         pages=len(lateness),
         dropped_input=int(delta("rtserve_lockstep_dropped_input_frames_total")),
         silence_stepped_ms=(
-            delta(SILENCE) * 1000 / 24_000 if SILENCE in after else math.nan  # a tree before the counter
+            delta(SILENCE) * 1000 if SILENCE in after else math.nan  # a tree before the counter
         ),
         trimmed_input_ms=delta("rtserve_lockstep_trimmed_input_samples_total") * 1000 / 24_000,
         dropped_output=int(delta("rtserve_lockstep_dropped_output_frames_total")),

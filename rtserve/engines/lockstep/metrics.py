@@ -85,8 +85,8 @@ class LockstepMetrics:
             "Input dropped (oldest first) over the backlog bound (max_input_backlog_ms), in frames' worth of samples",
             registry=registry,
         )
-        self.silence_stepped_samples = Counter(
-            "rtserve_lockstep_silence_stepped_samples",
+        self.silence_stepped_seconds = Counter(
+            "rtserve_lockstep_silence_stepped_seconds",
             "Silence stepped in place of input a live slot in cadence lacked at its tick: underruns' whole "
             "frames and the padding of partial frames (an underrun counts only frames with nothing at all)",
             registry=registry,

@@ -859,7 +859,7 @@ class LockstepScheduler:
             self.metrics.underruns.inc(underruns)
         silence = int(missing[~held].sum())
         if silence:
-            self.metrics.silence_stepped_samples.inc(silence)
+            self.metrics.silence_stepped_seconds.inc(silence / self.sample_rate)
         if trimmed_total:
             self.metrics.trimmed_input_samples.inc(trimmed_total)
         return rows

@@ -19,7 +19,9 @@ const charts = {
   tick: new LineChart(grid, { title: "Lockstep tick time", unit: "ms", minMax: 10,
                               limits: [{ name: "budget", color: "#dc2626" }] }),
   sessions: new LineChart(grid, { title: "Live sessions per route", unit: "", minMax: 2 }),
-  underruns: new LineChart(grid, { title: "Underruns (slot ticks stepped on silence)", unit: "/s", minMax: 1 }),
+  underruns: new LineChart(grid, { title: "Underruns (slot ticks that found no input)", unit: "/s", minMax: 1 }),
+  silence: new LineChart(grid, { title: "Silence stepped for lack of input (partial frames too)", unit: "ms/s",
+                                 minMax: 10 }),
   drops: new LineChart(grid, { title: "Drops and overruns", unit: "/s", minMax: 1 }),
   cpu: new LineChart(grid, { title: "CPU per process", unit: "%", minMax: 10 }),
   lag: new LineChart(grid, { title: "Event loop lag, p99", unit: "ms", minMax: 5 }),
@@ -38,6 +40,7 @@ const history = [];  // the scrapes of the last WINDOW_S seconds, oldest first: 
 
 // Live-session gauges: one line per route (label) or per family (rtserve_X_connections).
 const SESSION_GAUGE = /^rtserve_(.+?)_(?:open_)?(connections|calls)$/;
+const SILENCE = "rtserve_lockstep_silence_stepped_seconds_total";
 const DROPS = {
   "input frames dropped": "rtserve_lockstep_dropped_input_frames_total",
   "output frames dropped": "rtserve_lockstep_dropped_output_frames_total",
@@ -192,9 +195,11 @@ function update(now, at) {
   }
   const underruns = now.has("rtserve_lockstep_underruns_total")
     ? { underruns: perSecond(now, before, seconds, "rtserve_lockstep_underruns_total") } : {};
+  const silenceRate = perSecond(now, before, seconds, SILENCE);  // seconds of silence a second
+  const silence = now.has(SILENCE) ? { "silence stepped": silenceRate === null ? null : 1000 * silenceRate } : {};
   while (history.length && history[0].at < at - WINDOW_S) history.shift();
   const oldest = history.length ? history[0].scrape : null;
-  const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, drops,
+  const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, silence, drops,
                    cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before),
                    engines: engines(now, before), voiceTurns: voiceTurns(now, oldest) };
   previous = { at, scrape: now };
@@ -211,6 +216,7 @@ function update(now, at) {
   }
   charts.sessions.push(latest.sessions);
   charts.underruns.push(underruns);
+  charts.silence.push(silence);
   charts.drops.push(drops);
   charts.cpu.push(latest.cpuPercent);
   charts.lag.push(latest.lagP99Ms);

@@ -13,7 +13,7 @@ from rtserve.config import LockstepConfig
 from rtserve.engines.lockstep import SlotLease
 from rtserve.engines.lockstep.slots import InputBacklogs, OutputHandoff
 from rtserve.engines.values import FrameOutput, SpeechStep
-from tests.engines.lockstep.lockstep_fakes import FRAME, frame, make_scheduler, metric
+from tests.engines.lockstep.lockstep_fakes import FRAME, PERIOD, frame, make_scheduler, metric
 
 CUSHION = round(LockstepConfig().jitter_cushion_ms * 100 / 1000)  # samples at the fakes' 100 Hz
 
@@ -48,7 +48,8 @@ def test_silence_stepped_for_a_stream_in_cadence_is_counted_whole_frames_and_pad
     lease.push_samples(frame(1.0, FRAME // 4))
     scheduler.tick()  # a quarter of a frame came: the rest is silence, no underrun
     assert lease.underruns == 2  # the opening tick and the empty one
-    assert metric(registry, "rtserve_lockstep_silence_stepped_samples_total") == FRAME + FRAME * 3 // 4
+    silence = metric(registry, "rtserve_lockstep_silence_stepped_seconds_total")
+    assert silence == pytest.approx((FRAME + FRAME * 3 // 4) * PERIOD / FRAME)
 
 
 def test_whole_frames_stay_intact_and_more_than_a_frame_steps_the_oldest_first() -> None:

@@ -53,6 +53,7 @@ async def test_dashboard_charts_move_with_a_live_call(config: ServerConfig, tmp_
         assert latest["sessions"].get("/v1/realtime", 0) == 0
         assert set(latest["cpuPercent"]) == {"server"}
     assert second["cpuPercent"]["server"] > 0
+    assert second["silence"]["silence stepped"] >= 0  # ms a second, partial frames' padding included
 
 
 def worker_exposition(scrape: int) -> str:
