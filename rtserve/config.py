@@ -223,8 +223,9 @@ class LockstepConfig(_Section):
     late_cushion_window_frames: int | None = Field(
         125,
         ge=1,
-        description="a slot whose input misses a tick twice within this many ticks grows its jitter "
-        "cushion by the silence the second miss stepped (at most a frame) and keeps the late audio "
+        description="a slot whose input misses a tick, comes on time, and misses again within this many "
+        "ticks grows its jitter cushion by the silence that miss stepped (to a frame at most; a stall's run "
+        "of misses counts once) and keeps the late audio "
         "instead of repaying it: a stream whose packets reach the engine at the very edge of the "
         "tick stops stepping silence and losing audio every few seconds, for that much latency; "
         "null disables",

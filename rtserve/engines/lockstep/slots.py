@@ -168,9 +168,9 @@ class InputBacklogs:
         self, slots: npt.NDArray[np.intp], sizes: npt.NDArray[np.int64], missing: npt.NDArray[np.int64]
     ) -> None:
         """After a take (``missing``: the silence each slot in cadence stepped): a slot that
-        missed this tick and another within ``late_window`` takes grows its cushion to what it
-        missed now (if more); one whose takes did not reach into the growth ``late_release``
-        times in a row loses it."""
+        missed this tick, after audio on time since a miss less than ``late_window`` takes ago,
+        grows its cushion to what it missed now (if more); one whose takes did not reach into the
+        growth ``late_release`` times in a row loses it."""
         assert self.late_window is not None
         extra = self._late_extra[slots]
         since = self._since_miss[slots]

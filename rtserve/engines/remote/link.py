@@ -400,9 +400,8 @@ class Uplink:
     def drop_pending(self, handle: int) -> None:
         """The session's audio not sent yet goes (its input was cleared); its arrival log forgets
         it, as the engine never counts it."""
-        kept = [(h, pcm) for h, pcm in self._pending if h != handle]
         dropped = sum(len(pcm) for h, pcm in self._pending if h == handle)
-        self._pending = kept
+        self._pending = [(h, pcm) for h, pcm in self._pending if h != handle]
         arrivals = self._arrivals.get(handle)
         if arrivals is not None and dropped:
             arrivals.take_back(dropped)
