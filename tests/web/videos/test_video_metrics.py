@@ -21,7 +21,7 @@ from rtserve.config import ServerConfig
 from rtserve.errors import ENGINE_FAILED, MODEL_NOT_READY
 from tests.engines.diffusion.tiny_video_pipeline import write_tiny_wan
 from tests.support import serve_app
-from tests.web.videos.video_support import video_config, video_server
+from tests.web.videos.video_support import HOLDING, video_config, video_server
 
 SMALL = {"width": 32, "height": 32, "num_frames": 5, "fps": 4, "num_inference_steps": 2, "seed": 1}
 
@@ -78,7 +78,9 @@ async def test_metrics_after_a_job_a_sync_video_a_stream_and_a_delete(
         async with http.post(f"{base}/v1/videos/sync", json={"prompt": "a dog", **SMALL}) as response:
             assert response.status == 200
         chunks = await _stream(base)
-        long = await client.videos.create(prompt="a dog", extra_body={**SMALL, "num_inference_steps": 200})
+        long = await client.videos.create(
+            prompt="a dog", extra_body={**SMALL, "num_inference_steps": HOLDING["num_inference_steps"]}
+        )
         await client.videos.delete(long.id)  # cancelled while queued or running
 
         # The stream's handler ends just after the client saw it close; the deleted job leaves

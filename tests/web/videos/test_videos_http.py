@@ -21,7 +21,7 @@ from PIL import Image
 from rtserve.config import ServerConfig
 from rtserve.errors import JOB_INTERRUPTED
 from tests.engines.diffusion.tiny_video_pipeline import write_tiny_wan
-from tests.web.videos.video_support import decode_mp4, video_config, video_server
+from tests.web.videos.video_support import HOLDING, decode_mp4, video_config, video_server
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ async def test_jobs_survive_a_restart(video_cfg: ServerConfig) -> None:
         done = await client.videos.create_and_poll(prompt="sunrise over water")
         mp4 = (await client.videos.download_content(done.id)).content
         # A long job the restart cuts short: it cannot resume, so it reads as failed afterwards.
-        cut = await client.videos.create(prompt="mist", extra_body={"num_inference_steps": 200, "num_frames": 41})
+        cut = await client.videos.create(prompt="mist", extra_body=HOLDING)
     async with video_server(video_cfg) as base, _client(base) as client:
         again = await client.videos.retrieve(done.id)
         assert again.status == "completed" and again.created_at == done.created_at
@@ -191,7 +191,7 @@ async def test_bad_uploads_are_refused_while_they_arrive(video_cfg: ServerConfig
 
 async def test_content_of_an_unfinished_or_unknown_job(video_cfg: ServerConfig) -> None:
     async with video_server(video_cfg) as base, aiohttp.ClientSession() as http, _client(base) as client:
-        job = await client.videos.create(prompt="a", extra_body={"num_inference_steps": 200, "num_frames": 41})
+        job = await client.videos.create(prompt="a", extra_body=HOLDING)
         async with http.get(f"{base}/v1/videos/{job.id}/content") as response:
             assert response.status == 409 and (await response.json())["error"]["code"] == "video_not_ready"
         assert (await client.videos.delete(job.id)).deleted  # cancels the running generation
@@ -203,7 +203,7 @@ async def test_content_of_an_unfinished_or_unknown_job(video_cfg: ServerConfig) 
 async def test_full_queue_is_429_and_a_slow_sync_is_504(config: ServerConfig, tiny_wan: Path, tmp_path: Path) -> None:
     cfg = video_config(config, tiny_wan, tmp_path / "store", sync_timeout_s=0.3)
     cfg = cfg.model_copy(update={"video_engine": cfg.video_engine.model_copy(update={"max_batch": 1, "max_queued": 1})})
-    long = {"prompt": "a", "num_inference_steps": 200, "num_frames": 41}
+    long = {"prompt": "a", **HOLDING}
     async with video_server(cfg) as base, aiohttp.ClientSession() as http, _client(base) as client:
         running = await client.videos.create(prompt="a", extra_body=long)
         for _ in range(200):  # until the engine took it into its batch: the queue is empty again

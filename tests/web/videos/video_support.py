@@ -16,6 +16,10 @@ from rtserve.app import build_app
 from rtserve.config import ServerConfig
 from tests.support import serve_app
 
+# A job that holds the tiny engine for seconds (200 steps took only 0.6 s on the 2-core machine):
+# the tests that need a request to wait, or a job still running, use it.
+HOLDING = {"num_inference_steps": 2000, "num_frames": 41}
+
 
 def video_config(config: ServerConfig, weights: Path, store: Path, **videos: object) -> ServerConfig:
     limits = {
@@ -26,6 +30,7 @@ def video_config(config: ServerConfig, weights: Path, store: Path, **videos: obj
         "default_num_inference_steps": 2,
         "default_guidance_scale": 1.0,
         "max_upload_bytes": 64 * 1024,
+        "max_inference_steps": HOLDING["num_inference_steps"],
         **videos,
     }
     return config.model_copy(
