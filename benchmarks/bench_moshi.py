@@ -69,10 +69,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+import msgpack
 import numpy as np
 import numpy.typing as npt
 import pyspy
-import sphn
 from load_shards import (
     ShardResult,
     gather_shards,
@@ -164,15 +164,30 @@ def noise(seconds: float, seed: int = 0) -> npt.NDArray[np.float32]:
     return scaled.astype(np.float32)
 
 
-def encode_stream(signal_: npt.NDArray[np.float32]) -> list[bytes]:
+def encode_stream(signal_: npt.NDArray[np.float32], saved: Path | None) -> list[bytes]:
     """The client's Ogg-Opus messages, one per 80 ms frame, encoded before the clock starts so
-    the load generator only sends bytes on time."""
+    the load generator only sends bytes on time. With ``saved``: read from that file when it
+    holds this signal's pages, else encoded and written there, so a machine without sphn (the
+    GPU host's first call) sends the very pages sphn wrote elsewhere."""
+    if saved is not None and saved.exists():
+        held = msgpack.unpackb(saved.read_bytes())
+        if held["samples"] == len(signal_):
+            pages: list[bytes] = held["pages"]
+            return pages
+    import sphn  # only where the stream is encoded or an echo decoded
+
     writer = sphn.OpusStreamWriter(RATE)
-    return [writer.append_pcm(signal_[j * FRAME : (j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
+    pages = [writer.append_pcm(signal_[j * FRAME : (j + 1) * FRAME]) for j in range(len(signal_) // FRAME)]
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_bytes(msgpack.packb({"samples": len(signal_), "pages": pages}))
+    return pages
 
 
 def decode_stream(pages: list[bytes]) -> list[npt.NDArray[np.float32]]:
     """Agent audio per received page (decoded after the run: same PCM, no client CPU during it)."""
+    import sphn
+
     reader = sphn.OpusStreamReader(RATE)
     out = []
     for page in pages:
@@ -335,7 +350,7 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Poi
             # Every client sends the same encoded stream (connections are independent; encoding
             # it once keeps the load generator light) at its own phase.
             signal_ = noise(frames * PERIOD_S)
-            messages = encode_stream(signal_)
+            messages = encode_stream(signal_, args.client_stream)
             # Room to start the shard processes and connect everyone first.
             start_at = time.monotonic() + 3.0 + 0.002 * clients
             url = server.base.replace("http", "ws") + "/api/chat"
@@ -617,6 +632,12 @@ def main() -> None:
         "--profile-engine",
         type=Path,
         help="py-spy the engine process over each measured window into this raw profile; prints where it went",
+    )
+    parser.add_argument(
+        "--client-stream",
+        type=Path,
+        help="the clients' encoded pages: read from this file when it holds them for --duration, else "
+        "encoded with sphn and written there (made on one machine, a GPU host runs without sphn)",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_moshi.json")
     args = parser.parse_args()
