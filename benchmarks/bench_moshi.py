@@ -329,11 +329,10 @@ BATCH_ENV = {"loopback": "RTSERVE_LOCKSTEP__BATCH_SIZE", "moshi": "RTSERVE_MOSHI
 async def run_point(args: argparse.Namespace, workers: int, clients: int) -> Point:
     duration_s, warmup_s, delay_frames = args.duration, args.warmup, args.delay_frames
     echo = args.engine == "loopback"
-    env = {
-        BATCH_ENV[args.engine]: str(clients),
-        "RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES": str(delay_frames),
-        "RTSERVE_REFERENCE__LOOPBACK_STEP_MS": str(args.step_ms),
-    }
+    env = {BATCH_ENV[args.engine]: str(clients)}
+    if echo:  # the loopback's settings only: a tree from before ``loopback_step_ms`` refuses the field
+        env["RTSERVE_REFERENCE__LOOPBACK_DELAY_FRAMES"] = str(delay_frames)
+        env["RTSERVE_REFERENCE__LOOPBACK_STEP_MS"] = str(args.step_ms)
     if args.context_fill is not None:  # the steady state of long conversations (docs/engines.md#context-fill)
         env["RTSERVE_MOSHI_ENGINE__CONTEXT_FILL_FRAMES"] = json.dumps(args.context_fill)
     server = ServerProcess(
