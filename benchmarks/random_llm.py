@@ -1,0 +1,60 @@
+"""Random weights of SmolLM2-1.7B-Instruct's published shape, as a transformers folder for the
+cascade's in-process LLM (``cascade.llm_runtime: transformers_batched``) on a GPU host that has no
+such checkpoint: the voice-agent benchmark's LLM stage at the cost of a real ~1.7B model, with the
+shipped SmolLM2's tokenizer (the same vocabulary and chat template for the whole family).
+
+Random weights rarely write the end token, so a reply runs to its ``max_tokens``; the benchmark
+caps replies (``--llm-max-tokens``) at about the stand-in's length.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+EOS = 2  # the family's <|im_end|>
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def smollm2_1_7b() -> Any:
+    """HuggingFaceTB/SmolLM2-1.7B-Instruct's config (a Llama: no grouped KV heads, tied embeddings)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 130000.0},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        vocab_size=49152,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+
+
+def write_random_llm(folder: Path, tokenizer: Path) -> Path:
+    """``folder`` with random bf16 weights of ``smollm2_1_7b()`` and ``tokenizer``'s files (kept
+    once written: the folder appears under its name only when complete)."""
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import LlamaForCausalLM
+
+    staging = folder.with_name(f"{folder.name}.partial-{uuid.uuid4().hex[:8]}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(smollm2_1_7b()).to(torch.bfloat16)  # type: ignore[arg-type]
+    model.generation_config.eos_token_id = EOS
+    model.save_pretrained(staging)
+    for name in TOKENIZER_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, staging / name)
+    staging.rename(folder)
+    return folder
