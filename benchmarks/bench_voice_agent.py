@@ -303,6 +303,8 @@ def llm_env(args: argparse.Namespace, llm_url: str) -> dict[str, str]:
         "RTSERVE_CASCADE__LLM_DEVICE": device,
         "RTSERVE_CASCADE__LLM_DTYPE": dtype,
         "RTSERVE_CASCADE__LLM_MAX_ACTIVE": str(args.llm_max_active),
+        # A voice turn's prompt and reply are a few hundred tokens: 512 a reply, not the 2048 context each.
+        "RTSERVE_CASCADE__LLM_KV_TOKENS": str(args.llm_max_active * 512),
         **({"RTSERVE_MODELS__LLM": str(args.llm_folder)} if args.llm_folder else {}),
     }
 
