@@ -25,11 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_handoff import GREEDY_BELOW, HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.llm_stage import (
@@ -43,7 +41,6 @@ from rtserve.engines.cascade.llm_stage import (
 )
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.errors import EngineError
-from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.errors import GENERATION_FAILED
 
 log = logging.getLogger(__name__)
@@ -180,6 +177,8 @@ def _start_manager(llm: LoadedLlm, kv_tokens: int, top_k: int) -> Any:
 class BatchedLlm(HandsOffToTransformers):
     """The ``LLMEngine`` over transformers' continuous batching on ``device``."""
 
+    request_kind = _Request
+
     def __init__(self, *args: Any, device: str, dtype: str, kv_tokens: int | None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._device, self._dtype = device, dtype
@@ -216,25 +215,5 @@ class BatchedLlm(HandsOffToTransformers):
         await super().release()
         self.loaded = None
 
-    def _transformers_stage(self) -> SmolLlm:
-        assert self.loaded is not None
-        return SmolLlm(
-            self._location,
-            cache_dir=self._cache_dir,
-            cpu_threads=self._cpu_threads,
-            max_active=self._max_active,
-            max_waiting=self._max_waiting,
-            context_tokens=self._context_tokens,
-            metrics=self._metrics,
-            sampling=self._sampling,
-            shared=self.loaded,
-        )
-
-    def _batched_request(
-        self,
-        messages: tuple[ChatMessage, ...],
-        params: SamplingParams,
-        fit_history: bool,
-        deliver: Callable[[TokenDelta | EngineError], None],
-    ) -> LlmRequest:
-        return _Request(messages, params, fit_history, deliver)
+    def _shared_model(self) -> LoadedLlm | None:
+        return self.loaded

@@ -48,13 +48,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rtserve.engines.cascade.first_audio import StepAside
-from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_handoff import GREEDY_BELOW, HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
 from rtserve.engines.cascade.llm_stage import (
@@ -70,7 +68,6 @@ from rtserve.engines.cascade.llm_stage import (
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.errors import EngineError
-from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
 from rtserve.errors import GENERATION_FAILED
 
 log = logging.getLogger(__name__)
@@ -256,6 +253,8 @@ class _Batches(DecodeQueue):
 class Ct2Llm(HandsOffToTransformers):
     """The ``LLMEngine`` over CTranslate2, batching concurrent requests; tools and seeds go to transformers."""
 
+    request_kind = _Request
+
     def __init__(
         self,
         location: ModelLocation,
@@ -319,24 +318,3 @@ class Ct2Llm(HandsOffToTransformers):
             ", converted now" if loaded.converted else "",
         )
         return queue
-
-    def _transformers_stage(self) -> SmolLlm:
-        return SmolLlm(
-            self._location,
-            cache_dir=self._cache_dir,
-            cpu_threads=self._cpu_threads,
-            max_active=self._max_active,
-            max_waiting=self._max_waiting,
-            context_tokens=self._context_tokens,
-            metrics=self._metrics,
-            sampling=self._sampling,
-        )
-
-    def _batched_request(
-        self,
-        messages: tuple[ChatMessage, ...],
-        params: SamplingParams,
-        fit_history: bool,
-        deliver: Callable[[TokenDelta | EngineError], None],
-    ) -> LlmRequest:
-        return _Request(messages, params, fit_history, deliver)

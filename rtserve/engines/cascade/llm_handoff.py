@@ -8,11 +8,11 @@ stream, so neither fits it. Such requests go to a ``SmolLlm``, started on the fi
 from __future__ import annotations
 
 import asyncio
-from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from rtserve.engines.cascade.llm import SmolLlm
+from rtserve.engines.cascade.llm_loading import LoadedLlm
 from rtserve.engines.cascade.llm_stage import LlmRequest, LlmStage
 from rtserve.engines.cascade.tool_calls import uses_tools
 from rtserve.engines.errors import EngineError
@@ -27,32 +27,35 @@ def needs_transformers(params: SamplingParams) -> bool:
 
 
 class HandsOffToTransformers(LlmStage):
-    """An ``LlmStage`` whose ``needs_transformers`` requests are decoded by a ``SmolLlm``."""
+    """An ``LlmStage`` whose ``needs_transformers`` requests are decoded by a ``SmolLlm``;
+    ``request_kind``: the runtime's own request class, for the others."""
+
+    request_kind: type[LlmRequest]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._constrained: SmolLlm | None = None
         self._constrained_lock = asyncio.Lock()
 
-    @abstractmethod
-    def _transformers_stage(self) -> SmolLlm:
-        """The (not yet started) round-robin runtime for the requests handed off."""
-
-    @abstractmethod
-    def _batched_request(
-        self,
-        messages: tuple[ChatMessage, ...],
-        params: SamplingParams,
-        fit_history: bool,
-        deliver: Callable[[TokenDelta | EngineError], None],
-    ) -> LlmRequest:
-        """A request of the batched runtime's own kind."""
+    def _shared_model(self) -> LoadedLlm | None:
+        """A transformers model this runtime loaded already, for the handed-off requests (None: they load one)."""
+        return None
 
     async def constrained(self) -> SmolLlm:
         """The transformers runtime for ``needs_transformers`` requests (started on first use)."""
         async with self._constrained_lock:
             if self._constrained is None:
-                stage = self._transformers_stage()
+                stage = SmolLlm(
+                    self._location,
+                    cache_dir=self._cache_dir,
+                    cpu_threads=self._cpu_threads,
+                    max_active=self._max_active,
+                    max_waiting=self._max_waiting,
+                    context_tokens=self._context_tokens,
+                    metrics=self._metrics,
+                    sampling=self._sampling,
+                    shared=self._shared_model(),
+                )
                 await stage.start()
                 self._constrained = stage
             return self._constrained
@@ -84,4 +87,4 @@ class HandsOffToTransformers(LlmStage):
     ) -> LlmRequest:
         if needs_transformers(params):  # decoded by the transformers runtime: its request kind
             return SmolLlm.new_request(messages, params, fit_history, deliver)
-        return self._batched_request(messages, params, fit_history, deliver)
+        return self.request_kind(messages, params, fit_history, deliver)
