@@ -29,6 +29,14 @@ pytestmark = pytest.mark.models
 
 STORY = (ChatMessage("user", "Tell me a long story about a dragon who learns to bake bread."),)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+WEATHER = ToolSpec(
+    "get_weather",
+    "Weather in a city",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+CALL_WEATHER = SamplingParams(
+    temperature=0.0, max_tokens=48, tools=(WEATHER,), tool_choice=ToolChoice("required", "get_weather")
+)
 
 
 async def test_tokens_stream_and_the_last_delta_carries_usage(llm: LlmStage) -> None:
@@ -178,15 +186,7 @@ async def test_continuous_batching_keeps_each_greedy_reply_of_the_plain_forward_
 
 
 async def test_function_calls_on_the_batched_runtime_share_its_loaded_model(batched_llm: BatchedLlm) -> None:
-    weather = ToolSpec(
-        "get_weather",
-        "Weather in a city",
-        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    )
-    params = SamplingParams(
-        temperature=0.0, max_tokens=48, tools=(weather,), tool_choice=ToolChoice("required", "get_weather")
-    )
-    deltas = [d async for d in batched_llm.generate((ChatMessage("user", "Weather in Oslo?"),), params)]
+    deltas = [d async for d in batched_llm.generate((ChatMessage("user", "Weather in Oslo?"),), CALL_WEATHER)]
     assert deltas[-1].finish_reason == "tool_calls"
     assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
     assert (await batched_llm.constrained()).loaded is batched_llm.loaded  # no second copy of the weights
@@ -248,15 +248,7 @@ async def test_top_k_bounds_what_both_runtimes_sample() -> None:
 
 
 async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
-    weather = ToolSpec(
-        "get_weather",
-        "Weather in a city",
-        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    )
-    params = SamplingParams(
-        temperature=0.0, max_tokens=48, tools=(weather,), tool_choice=ToolChoice("required", "get_weather")
-    )
-    deltas = [d async for d in cascade.engine.llm.generate((ChatMessage("user", "Weather in Oslo?"),), params)]
+    deltas = [d async for d in cascade.engine.llm.generate((ChatMessage("user", "Weather in Oslo?"),), CALL_WEATHER)]
     assert deltas[-1].finish_reason == "tool_calls"
     assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
 
