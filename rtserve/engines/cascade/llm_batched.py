@@ -15,7 +15,9 @@ settings (the manager's per-request temperature, top-p and top-k), turns the tok
 back into text deltas and cancels what the caller closed. Its cache holds ``llm_kv_tokens``
 (by default ``llm_max_active`` x ``llm_context_tokens``, so no admitted request waits for room).
 
-Greedy requests are sampled at a temperature of ``GREEDY_BELOW``: argmax but for exact ties.
+Greedy requests are sampled at a temperature of ``GREEDY_BELOW``: argmax but for exact ties. If the
+manager's thread dies, every request waiting or running fails with ``generation_failed`` and the
+runtime stops (as any decode loop's failure does), rather than leave its callers waiting.
 Function calls and seeded sampling go to the round-robin runtime over the same loaded model
 (``llm_handoff``).
 """
@@ -91,6 +93,9 @@ class _Continuous(DecodeQueue):
                     del active[request_id]
             if active:
                 self._collect(active)
+            if not self._manager.is_running():  # its thread died: nothing would ever answer these requests
+                log.error("the LLM's continuous batching thread stopped")
+                self.stop(EngineError("the language model failed", code=GENERATION_FAILED))
 
     def release_model(self) -> None:
         manager, self._manager = self._manager, None
@@ -108,7 +113,7 @@ class _Continuous(DecodeQueue):
         request.request_id = f"r{self._next_id}"
         self._next_id += 1
         request.started = time.perf_counter()
-        self._manager.add_request(
+        accepted = self._manager.add_request(
             prompt,
             request_id=request.request_id,
             max_new_tokens=min(params.max_tokens, self._context - len(prompt)),
@@ -118,6 +123,9 @@ class _Continuous(DecodeQueue):
             top_p=params.top_p,
             top_k=self._top_k,
         )
+        if accepted is None:  # the manager stopped taking requests: this one fails with the rest
+            request.deliver(EngineError("the language model failed", code=GENERATION_FAILED))
+            return False
         return True
 
     def _collect(self, active: dict[str, _Request]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ModelPaths, load_config
-from rtserve.engines.cascade import llm_loading
+from rtserve.engines.cascade import llm_batched, llm_loading
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_batched import BatchedLlm
@@ -190,6 +190,27 @@ async def test_function_calls_on_the_batched_runtime_share_its_loaded_model(batc
     assert deltas[-1].finish_reason == "tool_calls"
     assert [d.tool_call.name for d in deltas if d.tool_call and d.tool_call.name] == ["get_weather"]
     assert (await batched_llm.constrained()).loaded is batched_llm.loaded  # no second copy of the weights
+
+
+async def test_when_the_batching_thread_dies_its_requests_fail_and_the_runtime_stops() -> None:
+    config = load_config(environ={}, overrides={"cascade": {"llm_runtime": "transformers_batched"}})
+    llm = create_llm(config, CascadeMetrics(CollectorRegistry()))
+    assert isinstance(llm, BatchedLlm)
+    await llm.start()
+    try:
+        stream = llm.generate(STORY, SamplingParams(temperature=0.2, max_tokens=200))
+        await anext(stream)
+        queue = llm._queue
+        assert isinstance(queue, llm_batched._Continuous)
+        queue._manager.stop(block=True, hard_stop=True)  # transformers' thread ends with the reply half done
+        with pytest.raises(EngineError) as raised:
+            async for _ in stream:
+                pass
+        assert raised.value.code == "generation_failed"  # a typed error, not a caller waiting forever
+        with pytest.raises(EngineError):
+            await anext(llm.generate(STORY, GREEDY))
+    finally:
+        llm.stop()
 
 
 KEPT = "rtserve_cascade_llm_cached_prompt_tokens_total"
