@@ -16,7 +16,6 @@ prompts, text deltas and the async API are ``llm_stage``'s.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Literal
 
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.llm_stage import (
+    GREEDY_BELOW,
     DecodeQueue,
     LlmRequest,
     LlmStage,
@@ -36,10 +36,6 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import CallDecoding, CallGuide, uses_tools
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
-
-log = logging.getLogger(__name__)
-
-_GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
 
 
 @dataclass(eq=False)
@@ -104,7 +100,7 @@ class _Decoder:
         if request.calls is not None:
             request.calls.mask(logits)
         params = request.params
-        if params.temperature < _GREEDY_BELOW:
+        if params.temperature < GREEDY_BELOW:
             return int(torch.argmax(logits))
         if 0 < self._top_k < logits.numel():
             logits = logits.masked_fill(logits < torch.topk(logits, self._top_k).values[-1], float("-inf"))
@@ -218,13 +214,7 @@ class SmolLlm(LlmStage):
             self._max_waiting,
         )
         queue.start()
-        log.info(
-            "LLM %s (transformers) ready in %.1f s (from %s%s)",
-            self.model_name,
-            time.perf_counter() - started,
-            loaded.folder,
-            ", converted now" if loaded.converted else "",
-        )
+        self._log_ready("transformers", started, loaded.folder, loaded.converted)
         return queue
 
     async def release(self) -> None:

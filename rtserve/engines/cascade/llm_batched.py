@@ -30,9 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rtserve.engines.cascade.llm_handoff import GREEDY_BELOW, HandsOffToTransformers
+from rtserve.engines.cascade.llm_handoff import HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.llm_stage import (
+    GREEDY_BELOW,
     DecodeQueue,
     Finish,
     LlmRequest,
@@ -208,15 +209,8 @@ class BatchedLlm(HandsOffToTransformers):
             loaded, manager, context, self._metrics, self._sampling.top_k, self._max_active, self._max_waiting
         )
         queue.start()
-        log.info(
-            "LLM %s (transformers, continuous batching on %s, %s) ready in %.1f s (from %s%s)",
-            self.model_name,
-            self._device,
-            self._dtype,
-            time.perf_counter() - started,
-            loaded.folder,
-            ", converted now" if loaded.converted else "",
-        )
+        runtime = f"transformers, continuous batching on {self._device}, {self._dtype}"
+        self._log_ready(runtime, started, loaded.folder, loaded.converted)
         return queue
 
     async def release(self) -> None:

@@ -45,7 +45,6 @@ thread that cannot be re-seeded per request, so a seed could not make a reply re
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -53,9 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from rtserve.engines.cascade.first_audio import StepAside
-from rtserve.engines.cascade.llm_handoff import GREEDY_BELOW, HandsOffToTransformers
+from rtserve.engines.cascade.llm_handoff import HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedCt2, load_ct2
 from rtserve.engines.cascade.llm_stage import (
+    GREEDY_BELOW,
     DecodeQueue,
     Finish,
     LlmRequest,
@@ -69,8 +69,6 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.model_paths import ModelLocation
 from rtserve.engines.errors import EngineError
 from rtserve.errors import GENERATION_FAILED
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -309,12 +307,5 @@ class Ct2Llm(HandsOffToTransformers):
             self._step_aside,
         )
         queue.start()
-        log.info(
-            "LLM %s (CTranslate2 %s) ready in %.1f s (from %s%s)",
-            self.model_name,
-            self._compute_type,
-            time.perf_counter() - started,
-            loaded.folder,
-            ", converted now" if loaded.converted else "",
-        )
+        self._log_ready(f"CTranslate2 {self._compute_type}", started, loaded.folder, loaded.converted)
         return queue

@@ -13,12 +13,10 @@ from typing import Any
 
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_loading import LoadedLlm
-from rtserve.engines.cascade.llm_stage import LlmRequest, LlmStage
+from rtserve.engines.cascade.llm_stage import GREEDY_BELOW, LlmRequest, LlmStage
 from rtserve.engines.cascade.tool_calls import uses_tools
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta
-
-GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
 
 
 def needs_transformers(params: SamplingParams) -> bool:

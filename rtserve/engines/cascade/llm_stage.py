@@ -39,6 +39,7 @@ from rtserve.errors import GENERATION_FAILED, INVALID_VALUE
 log = logging.getLogger(__name__)
 
 Finish = Literal["stop", "length", "tool_calls"]
+GREEDY_BELOW = 1e-5  # temperatures this small mean argmax
 
 
 def check_params(params: SamplingParams) -> None:
@@ -355,6 +356,17 @@ class LlmStage(ABC):
     @property
     def asleep(self) -> bool:
         return self._asleep
+
+    def _log_ready(self, runtime: str, started: float, folder: Path, converted: bool) -> None:
+        """One line per start: the runtime, its load time since ``started`` and the folder it loaded."""
+        log.info(
+            "LLM %s (%s) ready in %.1f s (from %s%s)",
+            self.model_name,
+            runtime,
+            time.perf_counter() - started,
+            folder,
+            ", converted now" if converted else "",
+        )
 
     @abstractmethod
     async def _open(self) -> DecodeQueue:
