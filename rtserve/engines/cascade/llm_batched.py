@@ -78,7 +78,7 @@ class _Continuous(DecodeQueue):
         self._context = context_tokens
         self._eos = eos_ids(llm.tokenizer, llm.model.generation_config.eos_token_id)
         self._metrics = metrics
-        self._top_k = top_k
+        self._top_k = top_k or llm.model.config.vocab_size  # 0 is the whole vocabulary (the manager keeps 1)
         self._next_id = 0
 
     def serve(self) -> None:

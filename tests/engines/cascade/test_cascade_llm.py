@@ -268,6 +268,19 @@ async def test_top_k_bounds_what_both_runtimes_sample() -> None:
         llm.stop()
 
 
+async def test_top_k_zero_lets_the_batched_runtime_sample_the_whole_vocabulary() -> None:
+    overrides = {"llm_runtime": "transformers_batched", "llm_top_k": 0, "llm_max_temperature": 2.0}
+    llm = create_llm(load_config(environ={}, overrides={"cascade": overrides}), CascadeMetrics(CollectorRegistry()))
+    assert isinstance(llm, BatchedLlm)
+    await llm.start()
+    try:
+        wild = SamplingParams(temperature=2.0, max_tokens=24)  # no seed: decoded in the batch
+        replies = {"".join([d.text async for d in llm.generate(STORY, wild)]) for _ in range(3)}
+        assert len(replies) > 1  # a top-k of 1 (what the library makes of 0) would repeat one reply
+    finally:
+        llm.stop()
+
+
 async def test_requests_with_tools_are_decoded_by_transformers(cascade: Loaded) -> None:
     deltas = [d async for d in cascade.engine.llm.generate((ChatMessage("user", "Weather in Oslo?"),), CALL_WEATHER)]
     assert deltas[-1].finish_reason == "tool_calls"
