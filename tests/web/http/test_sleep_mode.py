@@ -7,6 +7,7 @@ resident memory moving. The embedded cascade's own numbers are in ``test_sleep_m
 
 from __future__ import annotations
 
+import gc
 import json
 
 import aiohttp
@@ -69,6 +70,14 @@ def sleepy_config(config):
     return config
 
 
+async def wake(http: aiohttp.ClientSession, base: str, stage_ids: list[int]) -> tuple[int, dict]:
+    """Wake ``stage_ids``, garbage collected first: the server measures what a wake restored as the
+    process's resident memory before and after, and earlier tests' garbage freed during the wake
+    (the server runs in this process) would be counted against it."""
+    gc.collect()
+    return await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": stage_ids})
+
+
 async def test_sleep_frees_memory_refuses_work_and_wake_restores_it(sleepy_config):
     engine = SleepyEngine()
     async with serve_doubles(sleepy_config, engine) as (base, _), aiohttp.ClientSession() as http:
@@ -90,7 +99,7 @@ async def test_sleep_frees_memory_refuses_work_and_wake_restores_it(sleepy_confi
             await websockets.connect(base.replace("http://", "ws://") + "/v1/audio/speech/stream")
         assert refused.value.response.status_code == 503
 
-        status, body = await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": [1]})
+        status, body = await wake(http, base, [1])
         assert status == 200 and body["stage_ids"] == [1] and body["sleeping_stages"] == [0]
         assert body["acks"][0]["restored_bytes"] > 48 * MIB
         status, body = await post(http, f"{base}/v1/omni/wakeup", {})  # every stage: only 0 still sleeps
@@ -110,7 +119,7 @@ async def test_wake_after_level_2_reloads_the_stage_and_speech_is_served_again(s
         assert status == 200 and body["status"] == "SUCCESS" and body["acks"][0]["level"] == 2
         async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
             assert resp.status == 503
-        status, body = await post(http, f"{base}/v1/omni/wakeup", {"stage_ids": [1]})
+        status, body = await wake(http, base, [1])
         assert status == 200 and body["stage_ids"] == [1] and body["sleeping_stages"] == []
         assert body["acks"][0]["restored_bytes"] > 48 * MIB
         async with http.post(f"{base}/v1/audio/speech", json={"input": "hi", "voice": "low"}) as resp:
