@@ -5,12 +5,12 @@ tts_engine``), both on random weights of their published shapes, N paced speech 
 
 The LLM is ``paced_llm.py``, a BENCHMARK STAND-IN reached as ``cascade.llm_engine: vllm``: it
 answers ``--llm-reply-words`` random words (8-12), the first after ``--llm-first-token-ms``, then
-``--llm-tokens-per-s`` per reply, for any number of replies at once. Why not a model: the embedded transformers
-runtime (``llm.SmolLlm``) runs on the CPU in float32 and steps each request with its own
-forward pass (round-robin, no tensor batch), so 256 sessions' replies would queue behind each
-other on one thread; vLLM, which batches on the GPU, is not installed on the H200 host. The
-stand-in uses no GPU: the figures are the STT and TTS engines and the server under an LLM of
-that speed, not the LLM's own cost.
+``--llm-tokens-per-s`` per reply, for any number of replies at once, and uses no GPU: the figures are
+the STT and TTS engines and the server under an LLM of that speed. ``--llm in-process`` instead runs
+the cascade's continuously batched transformers runtime in the agent's engine process
+(``cascade.llm_runtime: transformers_batched``) on the STT's device: on a GPU, random weights of
+SmolLM2-1.7B's shape (``random_llm.py``), its replies capped by the sessions' ``max_output_tokens``
+(``--llm-max-tokens``); vLLM, the other batched GPU LLM, is not installed on the H200 host.
 
 Clients are live microphones at real time: 40 ms chunks of PCM16, silence except for one spoken
 question (the shipped Piper voice, read in this process as the voice-agent test does: the random
