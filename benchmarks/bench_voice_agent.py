@@ -85,7 +85,7 @@ from bench_kyutai_served import (  # benchmarks/ on sys.path
     write_tts_weights,
 )
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
-from random_llm import write_random_llm
+from random_llm import shipped_tokenizer, write_random_llm
 from server_process import ServerProcess, free_port, histogram_mean, histogram_quantile, scrape, tick_parts_p99_ms
 
 Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends them
@@ -636,7 +636,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             prepare_weights, args.shape, args.stt_folder, args.tts_folder
         ).result()
         if args.cuda and args.llm_folder is not None:
-            child.submit(write_random_llm, args.llm_folder, llm_tokenizer(args.kit)).result()
+            tokenizer = voice_agent_kit.llm_tokenizer(args.kit) if args.kit else shipped_tokenizer()
+            child.submit(write_random_llm, args.llm_folder, tokenizer).result()
     if args.shape == "real" and not args.cuda:
         parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
     result = asyncio.run(main_async(args))
@@ -644,20 +645,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {path}")
-
-
-def llm_tokenizer(kit: Path | None) -> Path:
-    """The shipped SmolLM2's tokenizer files: the kit's copy, or its converted folder here."""
-    if kit is not None:
-        return voice_agent_kit.llm_tokenizer(kit)
-    from rtserve.config import ModelPaths
-    from rtserve.engines.cascade.llm_loading import plain_folder
-    from rtserve.engines.cascade.model_paths import resolve_llm
-
-    paths = ModelPaths()
-    gguf = resolve_llm(paths).path
-    assert gguf is not None
-    return plain_folder(gguf, Path(paths.cache_dir))[0]
 
 
 def prepare_weights(shape: str, stt_folder: Path, tts_folder: Path) -> tuple[bool, str, Path]:

@@ -39,6 +39,18 @@ def smollm2_1_7b() -> Any:
     )
 
 
+def shipped_tokenizer() -> Path:
+    """The folder holding the shipped SmolLM2's tokenizer: its converted copy (converted on first use)."""
+    from rtserve.config import ModelPaths
+    from rtserve.engines.cascade.llm_loading import plain_folder
+    from rtserve.engines.cascade.model_paths import resolve_llm
+
+    paths = ModelPaths()
+    gguf = resolve_llm(paths).path
+    assert gguf is not None
+    return plain_folder(gguf, Path(paths.cache_dir))[0]
+
+
 def write_random_llm(folder: Path, tokenizer: Path) -> Path:
     """``folder`` with random bf16 weights of ``smollm2_1_7b()`` and ``tokenizer``'s files (kept
     once written: the folder appears under its name only when complete)."""

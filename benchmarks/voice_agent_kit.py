@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from random_llm import TOKENIZER_FILES
+from random_llm import TOKENIZER_FILES, shipped_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
@@ -39,8 +39,7 @@ def llm_tokenizer(kit: Path) -> Path:
 
 
 def write_kit(kit: Path) -> None:
-    import bench_voice_agent  # benchmarks/ is on sys.path
-    from bench_voice_agent import spoken_question
+    from bench_voice_agent import spoken_question  # benchmarks/ is on sys.path
 
     from rtserve.config import ModelPaths
     from rtserve.engines.cascade.model_paths import resolve_vad
@@ -52,7 +51,7 @@ def write_kit(kit: Path) -> None:
     shutil.copy(vad, kit / "silero_vad.onnx")
     tokenizer = llm_tokenizer(kit)
     tokenizer.mkdir(exist_ok=True)
-    shipped = bench_voice_agent.llm_tokenizer(None)
+    shipped = shipped_tokenizer()
     for name in TOKENIZER_FILES:
         shutil.copy(shipped / name, tokenizer / name)
 

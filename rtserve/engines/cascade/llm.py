@@ -55,7 +55,7 @@ class _Decoder:
         self._top_k = top_k  # 0: the whole vocabulary
         self.tokenizer = llm.tokenizer
         self._metrics = metrics
-        context = min(context_tokens, int(getattr(llm.model.config, "max_position_embeddings", context_tokens)))
+        context = llm.context(context_tokens)
         self.prompter = Prompter(llm.tokenizer, context)
         self.context_tokens = context
         self._eos = eos_ids(llm.tokenizer, llm.model.generation_config.eos_token_id)

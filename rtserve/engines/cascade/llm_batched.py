@@ -200,13 +200,16 @@ class BatchedLlm(HandsOffToTransformers):
         loaded = await asyncio.to_thread(
             load_llm, self._path, self._cache_dir, self._cpu_threads, self._device, self._dtype
         )
-        context = min(
-            self._context_tokens, int(getattr(loaded.model.config, "max_position_embeddings", self._context_tokens))
-        )
         manager = await asyncio.to_thread(_start_manager, loaded, self._kv_tokens, self._sampling.top_k)
         self.loaded = loaded
         queue = _Continuous(
-            loaded, manager, context, self._metrics, self._sampling.top_k, self._max_active, self._max_waiting
+            loaded,
+            manager,
+            loaded.context(self._context_tokens),
+            self._metrics,
+            self._sampling.top_k,
+            self._max_active,
+            self._max_waiting,
         )
         queue.start()
         runtime = f"transformers, continuous batching on {self._device}, {self._dtype}"

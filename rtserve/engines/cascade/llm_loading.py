@@ -37,6 +37,10 @@ class LoadedLlm:
     folder: Path  # the plain folder the model was loaded from
     converted: bool  # True when this load created the cached folder
 
+    def context(self, tokens: int) -> int:
+        """``tokens`` (``cascade.llm_context_tokens``), or fewer where the model has fewer positions."""
+        return min(tokens, int(getattr(self.model.config, "max_position_embeddings", tokens)))
+
 
 def converted_folder(gguf: Path, cache_dir: Path) -> Path:
     """Where the converted copy of ``gguf`` lives (whether or not it exists yet)."""
