@@ -59,6 +59,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "RTSERVE_CASCADE__LLM_MAX_ACTIVE": str(args.max_active),
         "RTSERVE_CASCADE__LLM_MAX_WAITING": str(args.replies),
         "RTSERVE_CASCADE__LLM_KV_TOKENS": str(args.max_active * 512),
+        "RTSERVE_CASCADE__LLM_CUDA_GRAPHS": str(args.cuda_graphs).lower(),
         **({"RTSERVE_MODELS__LLM": str(args.model)} if args.model else {}),
     }
     llm = create_llm(load_config(environ=environ), CascadeMetrics(CollectorRegistry()))
@@ -81,6 +82,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "replies": args.replies,
         "rate_per_s": args.rate,
         "max_tokens": args.max_tokens,
+        "cuda_graphs": args.cuda_graphs,
         "start_s": round(start_s, 1),
         "ttft_ms_p50": round(float(np.percentile(ttft, 50)), 1),
         "ttft_ms_p95": round(float(np.percentile(ttft, 95)), 1),
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0, help="replies started per second")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-active", type=int, default=64)
+    parser.add_argument("--cuda-graphs", action="store_true", help="cascade.llm_cuda_graphs: steps as CUDA graphs")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "bench_llm_batched.json")
     args = parser.parse_args()
     if args.random:

@@ -911,6 +911,11 @@ class CascadeLimits(_Section):
         description="llm_runtime transformers_batched: tokens its paged KV cache holds, shared by the requests "
         "decoded together; unset: llm_max_active x llm_context_tokens, so that none ever waits for room",
     )
+    llm_cuda_graphs: bool = Field(
+        False,
+        description="llm_runtime transformers_batched on a GPU: replay each step as a CUDA graph (batches padded "
+        "to a few captured sizes) instead of launching its kernels one by one from Python",
+    )
     llm_compute_type: Literal["int8", "int8_float32", "int16", "float32"] = Field(
         "int8", description="CTranslate2 weight type of the LLM (converted once into models.cache_dir)"
     )

@@ -162,7 +162,7 @@ class _Continuous(DecodeQueue):
         return finish is not None
 
 
-def _start_manager(llm: LoadedLlm, kv_tokens: int, top_k: int) -> Any:
+def _start_manager(llm: LoadedLlm, kv_tokens: int, top_k: int, cuda_graphs: bool) -> Any:
     """transformers' continuous batching over ``llm``, started (blocks: model-side setup)."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
@@ -177,6 +177,8 @@ def _start_manager(llm: LoadedLlm, kv_tokens: int, top_k: int) -> Any:
         per_request_processors=True,
         # The round-robin runtime of the handed-off requests runs the same modules with its own caches.
         auto_switch_to_flash=False,
+        # Unset, transformers leaves graphs off for attention that needs a mask (SDPA, ours).
+        use_cuda_graph=cuda_graphs,
     )
     manager = llm.model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
     manager.start()
@@ -188,9 +190,11 @@ class BatchedLlm(HandsOffToTransformers):
 
     request_kind = _Request
 
-    def __init__(self, *args: Any, device: str, dtype: str, kv_tokens: int | None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, device: str, dtype: str, kv_tokens: int | None, cuda_graphs: bool, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self._device, self._dtype = device, dtype
+        self._device, self._dtype, self._cuda_graphs = device, dtype, cuda_graphs
         self._kv_tokens = kv_tokens or self._max_active * self._context_tokens
         self.loaded: LoadedLlm | None = None
 
@@ -200,7 +204,9 @@ class BatchedLlm(HandsOffToTransformers):
         loaded = await asyncio.to_thread(
             load_llm, self._path, self._cache_dir, self._cpu_threads, self._device, self._dtype
         )
-        manager = await asyncio.to_thread(_start_manager, loaded, self._kv_tokens, self._sampling.top_k)
+        manager = await asyncio.to_thread(
+            _start_manager, loaded, self._kv_tokens, self._sampling.top_k, self._cuda_graphs
+        )
         self.loaded = loaded
         queue = _Continuous(
             loaded,
@@ -212,7 +218,8 @@ class BatchedLlm(HandsOffToTransformers):
             self._max_waiting,
         )
         queue.start()
-        runtime = f"transformers, continuous batching on {self._device}, {self._dtype}"
+        graphs = ", CUDA graphs" if self._cuda_graphs else ""
+        runtime = f"transformers, continuous batching on {self._device}, {self._dtype}{graphs}"
         self._log_ready(runtime, started, loaded.folder, loaded.converted)
         return queue
 

@@ -56,7 +56,12 @@ def create_llm(
         return SmolLlm(location, **common)
     if limits.llm_runtime == "transformers_batched":
         return BatchedLlm(
-            location, device=limits.llm_device, dtype=limits.llm_dtype, kv_tokens=limits.llm_kv_tokens, **common
+            location,
+            device=limits.llm_device,
+            dtype=limits.llm_dtype,
+            kv_tokens=limits.llm_kv_tokens,
+            cuda_graphs=limits.llm_cuda_graphs,
+            **common,
         )
     if limits.llm_runtime == "transformers_vision":
         return VisionLlm(location, **common)
