@@ -34,9 +34,10 @@ the runtime's one small generalisation covers both rather than a second schedule
   to back for up to ``young_burst_s`` (on its own CUDA stream; beside the main batch's step,
   until that ends if sooner); once through its audio
   delay the reply moves into the main batch (``adopt``), where its next full step makes its
-  first audio: in the same call when its last steps fit in one burst (they go first then). A
-  reply that finds the young batch full waits for a row, its text queued here, for up to
-  ``young_wait_s``; past it, it starts in the main batch.
+  first audio: in the same call when its last steps fit in one burst (they go first then, if
+  the older streams that would step have a burst of lead to spare). A reply that finds the
+  young batch full waits for a row, its text queued here, for up to ``young_wait_s``; past it,
+  it starts in the main batch.
 
 Each output carries the decoded frame once the audio delay has passed (empty before) and a
 ``SpeechStep`` with running totals, so an output frame dropped for a stalled reader loses only
@@ -302,7 +303,7 @@ class TTSFrameModel:
         now = self._clock()
         in_young = self._young_row >= 0
         young_batch = stepping & in_young
-        finishing = self._finishing_steps(young_batch)
+        finishing = self._finishing_steps(young_batch, stepping & ~in_young, now)
         if finishing:
             # A reply can be through its delay in this burst: its steps go first, so the main
             # step below makes its first audio this call rather than the next.
@@ -346,13 +347,13 @@ class TTSFrameModel:
         if self._young_stream is not None:
             self._young_stream.wait_stream(torch.cuda.current_stream(self.model.device))
 
-    def _finishing_steps(self, slots: npt.NDArray[np.bool_]) -> int:
+    def _finishing_steps(self, slots: npt.NDArray[np.bool_], older: npt.NDArray[np.bool_], now: float) -> int:
         """The steps the young batch's rows of ``slots`` that can be through their audio delay
-        within one burst still need (the most of theirs; 0: none can). A burst's steps are
-        counted from the last bursts' time a step (``young_burst_s`` over it; one step a call
-        when bursts are off)."""
+        within one burst still need (the most of theirs; 0: none can, or the ``older`` rows that
+        would step cannot wait a burst). A burst's steps are counted from the last bursts' time a
+        step (``young_burst_s`` over it; one step a call when bursts are off)."""
         young = self.young
-        if young is None or not slots.any():
+        if young is None or not slots.any() or self._spare_lead_s(older, now) < self.young_burst_s:
             return 0
         left = young.young_steps - young.steps[self._young_row[slots]]
         fit = 1
@@ -450,6 +451,19 @@ class TTSFrameModel:
         if self._on_first_audio_after_text is not None and not np.isnan(text_at):
             self._on_first_audio_after_text(self._clock() - text_at)
 
+    def _leads(self, rows: npt.NDArray[np.bool_], now: float) -> npt.NDArray[np.float64]:
+        """The audio each speaking row of ``rows`` has made ahead of its playback (counted from its
+        first audio frame at real time); rows with no audio yet are left out."""
+        made: npt.NDArray[np.float64] = self._audio_start[rows] + self._audio_frames[rows] * self._frame_s
+        return made[~np.isnan(made)] - now
+
+    def _spare_lead_s(self, older: npt.NDArray[np.bool_], now: float) -> float:
+        """How long the speaking rows of ``older`` can wait for their next step before one is under
+        half the catch-up lead (where a full step is due at once): a burst of young steps ahead of
+        their step spends it. Unbounded when none speaks."""
+        leads = self._leads(older, now)
+        return float(leads.min()) - self.catch_up_lead_s / 2 if leads.size else np.inf
+
     def _full_step_reason(self, older: npt.NDArray[np.bool_], now: float, shared: bool) -> str:
         """With young rows stepping: ``pre_audio`` (they go alone), or why the rows past their
         audio delay that would step must step now too: catching up is off, one has no audio yet
@@ -462,13 +476,11 @@ class TTSFrameModel:
             return "pre_audio"
         if self.catch_up_lead_s <= 0:
             return "full_no_catch_up"
-        made = self._audio_start[older] + self._audio_frames[older] * self._frame_s
-        speaking = ~np.isnan(made)  # the others are about to make their first audio
-        lead = made[speaking] - now
+        lead = self._leads(older, now)
         if bool((lead < self.catch_up_lead_s / 2).any()):
             return "full_lead_short"
         if shared and now - self._last_full < self.full_step_cadence_s:
             return "pre_audio"
-        if not speaking.all():
+        if lead.size < np.count_nonzero(older):  # the others are about to make their first audio
             return "full_first_audio_due"
         return "pre_audio" if bool((lead >= self.catch_up_lead_s).all()) else "full_lead_short"

@@ -242,14 +242,17 @@ def test_a_waiting_reply_holds_no_more_words_than_a_row(tiny_tts: TinyTTS) -> No
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("lead_s", "reason"), [(0.16, "full_lead_short"), (0.0, "full_no_catch_up")])
+@pytest.mark.parametrize(
+    ("lead_s", "reason", "spare"),
+    [(0.12, "full_lead_short", True), (0.2, "full_lead_short", False), (0.0, "full_no_catch_up", True)],
+)
 def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(
-    tiny_tts: TinyTTS, device: str, lead_s: float, reason: str
+    tiny_tts: TinyTTS, device: str, lead_s: float, reason: str, spare: bool
 ) -> None:
-    # A frame of real time a call: row 0 is short of its lead at every call (or catching up is
-    # off), so every call is a full step of the main batch, and the young batch steps beside each
-    # (on CUDA, on a stream of its own, as many steps as fit in the full step's time: the same
-    # audio as without it, below, so neither step raced the other).
+    # A frame of real time a call: row 0, 80 ms ahead of its playback, is short of its lead at
+    # every call (or catching up is off), so every call is a full step of the main batch, and the
+    # young batch steps beside each (on CUDA, on a stream of its own, as many steps as fit in the
+    # full step's time: the same audio as without it, below, so neither step raced the other).
     replies = _replies(tiny_tts, young_rows=2, call_s=0.08, device=device, lead_s=lead_s)
     calls, young_steps = replies.call_kinds, replies.frame_model.model.young_steps
     for kinds in calls:  # one full step a call
@@ -261,9 +264,11 @@ def test_the_young_batch_steps_beside_the_full_steps_older_replies_need(
         assert young_per_call[:through] == [1] * young_steps
     # The call whose young steps take the replies through their delay runs those steps before its
     # full step, which makes their first audio: they speak from that call on, as soon as if they had
-    # taken every full step with row 0 (and a call sooner than adopted after it).
-    assert calls[through - 1][0] == "young_batch" and calls[0][0] != "young_batch"
-    assert replies.calls == through + 2  # their third frame two calls after the first
+    # taken every full step with row 0 (and a call sooner than adopted after it). Only while row 0
+    # has lead to spare over half the catch-up lead (80 ms over 60, 80 ms over none): under it
+    # (80 ms under 100) its step waits for nothing, and the replies speak a call later.
+    assert (calls[through - 1][0] == "young_batch") is spare and calls[0][0] != "young_batch"
+    assert replies.calls == through + (2 if spare else 3)  # their third frame two calls after the first
     assert len(replies.audio[0]) == 2 + len(calls)
     alone = _replies(tiny_tts, young_rows=0, call_s=0.08, device=device, lead_s=lead_s).audio
     for slot in range(3):
