@@ -133,10 +133,14 @@ def load_llm(path: Path, cache_dir: Path, cpu_threads: int, device: str = "cpu",
     folder, converted = plain_folder(path, cache_dir)
     tokenizer = load_tokenizer(folder)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=DTYPES[dtype], local_files_only=True)
+        # Built in float32, torch's default, then cast: transformers makes its dtype torch's default
+        # while it builds a model, and that default is process-wide, so a bfloat16 build here gave
+        # tensors a stage loading beside it (the Kyutai STT) made meanwhile the wrong dtype.
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot load a chat model from {folder}: {exc}") from None
-    model.to(device)  # type: ignore[arg-type]  # transformers' wrapper of Module.to types its first argument as a model
+    # transformers' wrapper of Module.to types its first argument as a model
+    model.to(device=device, dtype=DTYPES[dtype])  # type: ignore[call-arg]
     model.eval()  # type: ignore[no-untyped-call]  # transformers' PreTrainedModel.eval is unannotated
     return LoadedLlm(model=model, tokenizer=tokenizer, folder=folder, converted=converted)
 

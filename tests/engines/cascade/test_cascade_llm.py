@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ModelPaths, load_config
@@ -138,6 +139,28 @@ def test_converted_cache_is_reused_on_the_second_load(
     again = load_llm(gguf, Path(paths.cache_dir), cpu_threads=paths.cpu_threads)
     assert again.folder == folder and not again.converted
     assert again.tokenizer.chat_template == loaded.tokenizer.chat_template
+
+
+def test_an_llm_loaded_in_bfloat16_leaves_torchs_process_wide_default_dtype_alone(
+    transformers_llm: SmolLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default is one for the whole process: the Kyutai STT, loading beside the LLM in the
+    # engine process, made its tensors in bfloat16 while transformers had set it (a GPU start
+    # failed in its CUDA graph capture on mixed dtypes).
+    defaults: list[torch.dtype] = []
+    set_default = torch.set_default_dtype
+
+    def recorded(dtype: torch.dtype) -> None:
+        defaults.append(dtype)
+        set_default(dtype)
+
+    monkeypatch.setattr(torch, "set_default_dtype", recorded)
+    paths = ModelPaths()
+    gguf = resolve_llm(paths).path
+    assert gguf is not None and transformers_llm.loaded is not None  # converted already: this load only loads
+    loaded = load_llm(gguf, Path(paths.cache_dir), cpu_threads=paths.cpu_threads, dtype="bfloat16")
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+    assert defaults and set(defaults) == {torch.float32}
 
 
 BATCHES = "rtserve_cascade_model_call_seconds_count"
