@@ -9,8 +9,9 @@ answers ``--llm-reply-words`` random words (8-12), the first after ``--llm-first
 the STT and TTS engines and the server under an LLM of that speed. ``--llm in-process`` instead runs
 the cascade's continuously batched transformers runtime in the agent's engine process
 (``cascade.llm_runtime: transformers_batched``) on the STT's device: on a GPU, random weights of
-SmolLM2-1.7B's shape (``random_llm.py``), its replies capped by the sessions' ``max_output_tokens``
-(``--llm-max-tokens``); vLLM, the other batched GPU LLM, is not installed on the H200 host.
+SmolLM2-1.7B's shape (``random_llm.py``) stepped as CUDA graphs (``llm_cuda_graphs``), its replies
+capped by the sessions' ``max_output_tokens`` (``--llm-max-tokens``); vLLM, the other batched GPU
+LLM, is not installed on the H200 host.
 
 Clients are live microphones at real time: 40 ms chunks of PCM16, silence except for one spoken
 question (the shipped Piper voice, read in this process as the voice-agent test does: the random
@@ -302,6 +303,8 @@ def llm_env(args: argparse.Namespace, llm_url: str) -> dict[str, str]:
         "RTSERVE_CASCADE__LLM_RUNTIME": "transformers_batched",
         "RTSERVE_CASCADE__LLM_DEVICE": device,
         "RTSERVE_CASCADE__LLM_DTYPE": dtype,
+        # Eager, its steps are host-bound: 6x slower to the first token on an H200 (voice_agent_gpu.md).
+        "RTSERVE_CASCADE__LLM_CUDA_GRAPHS": str(args.cuda).lower(),
         "RTSERVE_CASCADE__LLM_MAX_ACTIVE": str(args.llm_max_active),
         # A voice turn's prompt and reply are a few hundred tokens: 512 a reply, not the 2048 context each.
         "RTSERVE_CASCADE__LLM_KV_TOKENS": str(args.llm_max_active * 512),
