@@ -37,13 +37,16 @@ async def serve(
     worker_index: int = 0,
     listener: socket.socket | None = None,
     peer_folder: str | None = None,
+    release_listener: Callable[[], None] | None = None,
 ) -> bool:
     """Run until SIGTERM/SIGINT or the end of a front-end drain, then stop accepting, close
     sessions, exit. True when it stopped because it was drained.
 
     With ``engine_socket`` this is one front-end worker of several: engines run in the engine
     process behind that socket, ``listener`` is its share of the port (bound by the supervisor)
-    and ``peer_folder`` is where the workers reach each other (resume relays, drain)."""
+    and ``peer_folder`` is where the workers reach each other (resume relays, drain);
+    ``release_listener`` has the supervisor give up its copy of ``listener`` before a drained
+    worker closes its own (``worker_main.ListenerRelease``)."""
     registry = CollectorRegistry()
     engines: Engines | None = None
     peers: Peers | None = None
@@ -94,6 +97,8 @@ async def serve(
     await stop.wait()
     drained = app[CTX].sessions.draining
     log.info("shutting down%s", " (drained)" if drained else "")
+    if drained and release_listener is not None:
+        await asyncio.to_thread(release_listener)  # still accepting meanwhile
     try:
         await asyncio.wait_for(runner.cleanup(), timeout=config.sessions.shutdown_timeout_s + 5)
     except TimeoutError:

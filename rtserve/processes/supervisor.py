@@ -15,8 +15,10 @@ This parent only supervises. A worker that dies loses its own sockets and is sta
 again; the others keep streaming. An engine process that dies ends its sessions with
 ``engine_failure`` (the workers see the link break; ``/health`` is 503) and is started
 again; the workers reconnect. A worker drained on purpose (``web/peers``: its drain route)
-leaves for good: its socket is closed so the kernel sends its share to the others, and the
-server exits once no worker is left. Workers reach each other through sockets in the same
+leaves for good: before it stops accepting it has this parent close its copy of its socket
+(``ListenerRelease``), so the kernel sends its share to the others and queues none on a socket
+nobody accepts from (closed with it, such connections would be reset), and the server exits once
+no worker is left. Workers reach each other through sockets in the same
 private folder as the engine link, so a ``session.resume`` that the kernel hands to another
 worker is relayed to the one that holds the session. SIGTERM/SIGINT drain the workers first
 (their sessions close with ``shutdown``), then stop the engine. Children die with this process even if it
@@ -55,6 +57,8 @@ class _Child:
     name: str
     target: Any
     args: tuple[Any, ...]
+    listener: socket.socket | None = None  # a worker's share of the port (the parent's copy)
+    release: worker_main.ListenerRelease | None = None
     process: BaseProcess | None = None
     started_at: float = 0.0
     restarts: int = 0  # consecutive quick crashes
@@ -90,10 +94,11 @@ class Supervisor:
         self._listeners = _listening_sockets(config.host, config.port, workers)
         self._engine = _Child("engine", engine_main.run, (settings, socket_path, parent))
         # The workers reach each other through sockets in the same private folder (web/peers).
-        self._workers = [
-            _Child(f"worker-{i}", worker_main.run, (settings, socket_path, i, parent, listener, self._socket_dir))
-            for i, listener in enumerate(self._listeners)
-        ]
+        self._workers = []
+        for i, listener in enumerate(self._listeners):
+            release = worker_main.ListenerRelease(self._context.Event(), self._context.Event())
+            args = (settings, socket_path, i, parent, listener, self._socket_dir, release)
+            self._workers.append(_Child(f"worker-{i}", worker_main.run, args, listener, release))
         self._stop = threading.Event()
         self._engine_process = engine_process
 
@@ -121,19 +126,23 @@ class Supervisor:
     def _watch(self) -> int:
         """Until a stop signal (0) or a configuration or install error (2); restarts what dies."""
         while not self._stop.wait(_POLL_S):
+            for child in self._workers:
+                if child.release is not None and child.release.asked.is_set():
+                    self._release_listener(child)
             for child in self.children:
                 process = child.process
                 if process is not None and not process.is_alive():
                     if process.exitcode == engine_main.EXIT_CONFIG_ERROR:
                         return 2  # the child printed the one-line reason; a restart would fail the same way
-                    if child is not self._engine and process.exitcode == worker_main.EXIT_DRAINED:
+                    # One that gave its socket up cannot be started again on it, whatever its exit.
+                    if child is not self._engine and (
+                        process.exitcode == worker_main.EXIT_DRAINED or child.listener not in self._listeners
+                    ):
                         log.info("%s (pid %s) was drained and left", child.name, process.pid)
                         process.close()
                         child.process = None
                         self._workers.remove(child)
-                        listener = child.args[4]  # the kernel must stop queueing connections for it
-                        self._listeners.remove(listener)
-                        listener.close()
+                        self._release_listener(child)
                         if not self._workers:
                             return 0  # every front-end left: so does the server
                         break
@@ -144,6 +153,14 @@ class Supervisor:
                         return 0
                     child.start(self._context)
         return 0
+
+    def _release_listener(self, child: _Child) -> None:
+        """Close the parent's copy of a leaving worker's socket (once), and tell the worker."""
+        if child.listener in self._listeners:
+            self._listeners.remove(child.listener)
+            child.listener.close()
+        if child.release is not None:
+            child.release.done.set()
 
     def _shut_down(self) -> None:
         deadline = time.monotonic() + self.config.sessions.shutdown_timeout_s + 5
