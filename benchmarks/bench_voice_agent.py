@@ -303,7 +303,8 @@ def llm_env(args: argparse.Namespace, llm_url: str) -> dict[str, str]:
         "RTSERVE_CASCADE__LLM_RUNTIME": "transformers_batched",
         "RTSERVE_CASCADE__LLM_DEVICE": device,
         "RTSERVE_CASCADE__LLM_DTYPE": dtype,
-        # Eager, its steps are host-bound: 6x slower to the first token on an H200 (voice_agent_gpu.md).
+        # Eager, its steps are host-bound: 6x slower to the first token on an H200
+        # (benchmarks/notes/voice_agent_gpu.md).
         "RTSERVE_CASCADE__LLM_CUDA_GRAPHS": str(args.cuda).lower(),
         "RTSERVE_CASCADE__LLM_MAX_ACTIVE": str(args.llm_max_active),
         # A voice turn's prompt and reply are a few hundred tokens: 512 a reply, not the 2048 context each.
