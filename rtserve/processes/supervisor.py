@@ -164,6 +164,9 @@ class Supervisor:
 
     def _shut_down(self) -> None:
         deadline = time.monotonic() + self.config.sessions.shutdown_timeout_s + 5
+        for worker in self._workers:  # the whole server stops: a draining worker need not wait for its socket
+            if worker.release is not None:
+                worker.release.done.set()
         _terminate([w.process for w in self._workers], deadline)  # sessions close with "shutdown" first
         _terminate([self._engine.process], time.monotonic() + 10)
         for listener in self._listeners:
