@@ -353,7 +353,7 @@ class TTSFrameModel:
         would step cannot wait a burst). A burst's steps are counted from the last bursts' time a
         step (``young_burst_s`` over it; one step a call when bursts are off)."""
         young = self.young
-        if young is None or not slots.any() or self._spare_lead_s(older, now) < self.young_burst_s:
+        if young is None or not slots.any():
             return 0
         left = young.young_steps - young.steps[self._young_row[slots]]
         fit = 1
@@ -361,7 +361,10 @@ class TTSFrameModel:
             step_s = self._young_step_s
             fit = young.young_steps if step_s <= 0 else max(1, int(self.young_burst_s / step_s))
         near = left[left <= fit]
-        return int(near.max()) if near.size else 0
+        # The others' leads only matter (and are only worked out) in a call where one could finish.
+        if not near.size or self._spare_lead_s(older, now) < self.young_burst_s:
+            return 0
+        return int(near.max())
 
     def _step_young_batch(
         self,
