@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rtserve.engines.cascade.errors import ModelUnavailable
+from rtserve.engines.model_builds import MODEL_BUILDS
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,14 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     log.info("converting %s into %s (once)", gguf, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent),
-            gguf_file=gguf.name,
-            dtype=torch.float32,
-            local_files_only=True,
-            quantization_config=GgufConfig(dequantize=True),
-        )
+        with MODEL_BUILDS:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent),
+                gguf_file=gguf.name,
+                dtype=torch.float32,
+                local_files_only=True,
+                quantization_config=GgufConfig(dequantize=True),
+            )
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot read the GGUF file {gguf}: {exc}") from None
     _publish(
@@ -135,8 +137,9 @@ def load_llm(path: Path, cache_dir: Path, cpu_threads: int, device: str = "cpu",
     try:
         # Built in float32, torch's default, then cast: transformers makes its dtype torch's default
         # while it builds a model, and that default is process-wide, so a bfloat16 build here gave
-        # tensors a stage loading beside it (the Kyutai STT) made meanwhile the wrong dtype.
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+        # tensors the Kyutai STT's engine thread made meanwhile, stepping or loading, the wrong dtype.
+        with MODEL_BUILDS:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot load a chat model from {folder}: {exc}") from None
     # transformers' wrapper of Module.to types its first argument as a model

@@ -26,6 +26,7 @@ from rtserve.engines.cascade.llm_stage import DecodeQueue
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.cascade.tool_calls import uses_tools
 from rtserve.engines.errors import EngineError
+from rtserve.engines.model_builds import MODEL_BUILDS
 from rtserve.engines.tools import openai_turns
 from rtserve.engines.values import ChatMessage, TokenDelta
 from rtserve.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_VALUE
@@ -46,7 +47,8 @@ def load_vlm(path: Path, cpu_threads: int) -> LoadedVlm:
     torch.set_num_threads(cpu_threads)
     try:
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-untyped-call]
-        model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+        with MODEL_BUILDS:
+            model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"models.llm: cannot load a vision-language model from {path}: {exc}") from None
     tokenizer = processor.tokenizer

@@ -16,6 +16,7 @@ from typing import Any
 from diffusers import DiffusionPipeline
 
 from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
+from rtserve.engines.model_builds import MODEL_BUILDS
 from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.weights import WeightsError, hub
@@ -47,7 +48,8 @@ def load_pipeline(settings: DiffusionEngineConfig, field: str, config: ServerCon
     device = resolve_device(settings.device, field.rsplit(".", 1)[0] + ".device")
     folder = pipeline_folder(settings.weights, field, config)
     try:
-        pipe = DiffusionPipeline.from_pretrained(folder, dtype=DTYPES[settings.dtype])  # type: ignore[no-untyped-call]
+        with MODEL_BUILDS:  # diffusers makes the dtype torch's process-wide default while it builds
+            pipe = DiffusionPipeline.from_pretrained(folder, dtype=DTYPES[settings.dtype])  # type: ignore[no-untyped-call]
     except (OSError, ValueError, KeyError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise WeightsError(f"{settings.weights} ({field}): not a loadable diffusers pipeline: {detail}") from None

@@ -14,6 +14,7 @@ from rtserve.config import WeightsConfig
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename
 from rtserve.engines.kyutai_tts.config import TTSArch
 from rtserve.engines.kyutai_tts.lm import TTSLM, tts_rename
+from rtserve.engines.model_builds import MODEL_BUILDS
 from rtserve.engines.moshi.checkpoint import load_into, read_safetensors
 from rtserve.engines.moshi.lm_config import CheckpointError, MimiConfig
 from rtserve.engines.moshi.loader import load_mimi, load_tokenizer
@@ -59,14 +60,15 @@ def load_files(
     path = files.weights["moshi_name"]
     log.info("loading kyutai TTS LM from %s (%s, %s)", path, device, dtype)
     tensors = read_safetensors(path)
-    with torch.device("meta"):
-        lm = TTSLM(arch)
-        conditioners = Conditioners(arch)
-    lm.to_empty(device=device)
-    load_into(lm, tensors, path, tts_rename(arch), dtype=dtype)
-    conditioners.to_empty(device=device)
-    load_into(conditioners, tensors, path, conditioner_rename, dtype=torch.float32)
-    mimi = load_mimi(mimi_config, codebooks, files.weights["mimi_name"], device)
+    with MODEL_BUILDS:  # its modules make tensors in torch's default dtype
+        with torch.device("meta"):
+            lm = TTSLM(arch)
+            conditioners = Conditioners(arch)
+        lm.to_empty(device=device)
+        load_into(lm, tensors, path, tts_rename(arch), dtype=dtype)
+        conditioners.to_empty(device=device)
+        load_into(conditioners, tensors, path, conditioner_rename, dtype=torch.float32)
+        mimi = load_mimi(mimi_config, codebooks, files.weights["mimi_name"], device)
     tokenizer = load_tokenizer(files.weights["tokenizer_name"], arch.lm.text_card)
     return LoadedTTS(
         lm.eval().requires_grad_(False),

@@ -19,6 +19,7 @@ import sentencepiece
 import torch
 
 from rtserve.config import WeightsConfig
+from rtserve.engines.model_builds import MODEL_BUILDS
 from rtserve.engines.moshi.checkpoint import lm_rename, load_into, mimi_rename, read_safetensors
 from rtserve.engines.moshi.lm import MoshiLM
 from rtserve.engines.moshi.lm_config import CheckpointError, LMConfig, MimiConfig
@@ -101,8 +102,9 @@ def load_files(files: MoshiFiles, *, device: torch.device, dtype: torch.dtype) -
     assert files.weights is not None  # resolved with weights
     lm_config, mimi_config = shapes(files)
     log.info("loading moshi LM from %s (%s, %s)", files.weights["moshi_name"], device, dtype)
-    lm = load_lm(lm_config, files.weights["moshi_name"], device, dtype)
-    mimi = load_mimi(mimi_config, lm_config.mimi_codebooks, files.weights["mimi_name"], device)
+    with MODEL_BUILDS:  # its modules make tensors in torch's default dtype
+        lm = load_lm(lm_config, files.weights["moshi_name"], device, dtype)
+        mimi = load_mimi(mimi_config, lm_config.mimi_codebooks, files.weights["mimi_name"], device)
     tokenizer = load_tokenizer(files.weights["tokenizer_name"], lm_config.text_card)
     return LoadedModel(lm, mimi, tokenizer, lm_config, mimi_config, files.folder, files.extras, files.voices)
 
