@@ -5,9 +5,12 @@
 #   benchmarks/results/device/whl   ~49 MiB  rtserve's runtime needs and moshi (the parity oracle)
 #   benchmarks/results/device/whlx   ~6 MiB  pytest and the test plugins, py-spy (--profile-engine)
 #   benchmarks/results/device/whls  ~18 MiB  sphn (bench_moshi's Opus clients), carried in a later call
-#   benchmarks/results/device/whlt  ~15 MiB  transformers and tokenizers as pyproject.toml pins them (the
+#   benchmarks/results/device/whlt  ~5.5 MiB transformers and tokenizers as pyproject.toml pins them (the
 #                                            image's transformers refuses huggingface_hub 2.x): the
-#                                            cascade's in-process LLM (bench_voice_agent.py --llm in-process)
+#                                            cascade's in-process LLM (bench_voice_agent.py --llm in-process);
+#                                            transformers with the Llama family's models only
+#                                            (slim_transformers.py), so whl, whlt and the voice agent's
+#                                            kit fit one call
 # On the device: `. benchmarks/device/setup.sh` at the start of every call (benchmarks/device/README.md).
 set -euo pipefail
 . "$(dirname "$0")/download.sh"
@@ -18,6 +21,7 @@ $PIP --no-deps -d "$D/whl" moshi==0.2.13
 $PIP -d "$D/whlx" pytest pytest-asyncio pytest-timeout hypothesis py-spy
 $PIP --no-deps -d "$D/whls" "sphn>=0.2,<0.3"
 $PIP --no-deps -d "$D/whlt" transformers==5.24.0 tokenizers==0.23.3
+python3 "$(dirname "$0")/slim_transformers.py" "$D"/whlt/transformers-*.whl
 # What the image has already (or nothing here imports): dropped, so the image's copies are used.
 rm -f "$D"/whl/{numpy,pyyaml,PyYAML,filelock,fsspec,packaging,tqdm,click,hf_xet}-* "$D"/whlx/{packaging,typing_extensions}-*
 du -sh "$D"/whl "$D"/whlx "$D"/whls "$D"/whlt
