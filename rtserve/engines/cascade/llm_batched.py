@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rtserve.engines.cascade.errors import ModelUnavailable
 from rtserve.engines.cascade.llm_handoff import HandsOffToTransformers
 from rtserve.engines.cascade.llm_loading import LoadedLlm, load_llm
 from rtserve.engines.cascade.llm_stage import (
@@ -181,6 +182,16 @@ def _start_manager(llm: LoadedLlm, kv_tokens: int, top_k: int, cuda_graphs: bool
         use_cuda_graph=cuda_graphs,
     )
     manager = llm.model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
+    # The KV cache is allocated here, not in the generation thread ``start`` begins: there a cache that
+    # does not fit (the STT and TTS loaded first on the GPU) is only logged and the server would say it
+    # is ready with an LLM that never answers. With graphs, they are captured here too, not on a request.
+    try:
+        manager.warmup()
+    except MemoryError as exc:
+        raise ModelUnavailable(
+            f"cascade.llm_kv_tokens: a KV cache of {kv_tokens} tokens does not fit beside what is loaded ({exc}); "
+            "lower cascade.llm_kv_tokens, or llm_max_active or llm_context_tokens, which set it when unset"
+        ) from None
     manager.start()
     return manager
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from rtserve.config import ModelPaths, load_config
 from rtserve.engines.cascade import llm_batched, llm_loading
+from rtserve.engines.cascade.errors import ModelUnavailable
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.llm import SmolLlm
 from rtserve.engines.cascade.llm_batched import BatchedLlm
@@ -232,6 +233,18 @@ async def test_when_the_batching_thread_dies_its_requests_fail_and_the_runtime_s
         assert raised.value.code == "generation_failed"  # a typed error, not a caller waiting forever
         with pytest.raises(EngineError):
             await anext(llm.generate(STORY, GREEDY))
+    finally:
+        llm.stop()
+
+
+async def test_a_kv_cache_that_does_not_fit_fails_the_start_naming_its_setting() -> None:
+    overrides = {"llm_runtime": "transformers_batched", "llm_kv_tokens": 10**9}  # tens of TB for SmolLM2-135M
+    llm = create_llm(load_config(environ={}, overrides={"cascade": overrides}), CascadeMetrics(CollectorRegistry()))
+    assert isinstance(llm, BatchedLlm)
+    try:
+        with pytest.raises(ModelUnavailable) as raised:  # not a server ready with an LLM that never answers
+            await llm.start()
+        assert "cascade.llm_kv_tokens" in str(raised.value) and "\n" not in str(raised.value)
     finally:
         llm.stop()
 
