@@ -226,7 +226,13 @@ async def test_when_the_batching_thread_dies_its_requests_fail_and_the_runtime_s
         await anext(stream)
         queue = llm._queue
         assert isinstance(queue, llm_batched._Continuous)
-        queue._manager.stop(block=True, hard_stop=True)  # transformers' thread ends with the reply half done
+
+        def device_fault() -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        # transformers' thread dies on its next step with the reply half done, as on a device fault. (Stopping
+        # it from here instead raced the runtime's own stop of the manager: transformers' join is not reentrant.)
+        queue._manager._generation_step = device_fault
         with pytest.raises(EngineError) as raised:
             async for _ in stream:
                 pass
