@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from rtserve import heap
 
@@ -48,6 +51,7 @@ class ProcessMetrics:
             "Objects this process loaded before serving, kept out of garbage collections (rtserve/heap.py)",
             registry=registry,
         ).set_function(heap.frozen_objects)
+        registry.register(TorchCudaMemory())
         self._task: asyncio.Task[None] | None = None
         self._gc_started = 0.0
 
@@ -74,6 +78,30 @@ class ProcessMetrics:
             due = loop.time() + _LAG_PROBE_S
             await asyncio.sleep(_LAG_PROBE_S)
             self.loop_lag.observe(max(0.0, loop.time() - due))
+
+
+class TorchCudaMemory(Collector):
+    """What torch's CUDA caching allocator of this process holds, per device: ``allocated`` (in
+    tensors) and ``reserved`` (taken from the driver, cached blocks included). Several processes share
+    a GPU in the one-GPU voice layout (the engine process, the TTS server), and a model that does not
+    fit beside them (issue 34's in-process LLM on an 80 GB card) is explained by these. Nothing where
+    this process never used CUDA: the collector neither imports torch nor starts CUDA, and it reads
+    the allocator's own counters, no CUDA call (a scrape during a graph capture must not break it)."""
+
+    def collect(self) -> Iterator[Metric]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        family = GaugeMetricFamily(
+            "rtserve_torch_cuda_memory_bytes",
+            "GPU memory torch's caching allocator of this process holds, by device and kind "
+            "(allocated: in tensors; reserved: taken from the driver, cached blocks included)",
+            labels=["device", "kind"],
+        )
+        for device in range(torch.cuda.device_count()):
+            family.add_metric([str(device), "allocated"], torch.cuda.memory_allocated(device))
+            family.add_metric([str(device), "reserved"], torch.cuda.memory_reserved(device))
+        yield family
 
 
 def merge_expositions(own: bytes, others: Mapping[str, bytes], label: str = "worker") -> bytes:

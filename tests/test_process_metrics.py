@@ -1,11 +1,17 @@
-"""Merging several processes' metrics into one exposition (what /metrics serves with workers)."""
+"""Merging several processes' metrics into one exposition (what /metrics serves with workers), and
+the GPU memory each process's torch holds."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rtserve.process_metrics import merge_expositions
+from rtserve.process_metrics import ProcessMetrics, merge_expositions
 
 
 def _exposition(requests: int, *, with_histogram: bool) -> bytes:
@@ -33,3 +39,39 @@ def test_merged_metrics_parse_and_carry_each_workers_samples_labelled() -> None:
     assert wait.type == "histogram" and wait.documentation == "Waits"
     assert {s.labels["worker"] for s in wait.samples} == {"0"}
     assert merged.count(b"# HELP app_requests_total") == merged.count(b"# TYPE app_requests_total") == 1
+
+
+GPU_MEMORY = "rtserve_torch_cuda_memory_bytes"
+SCRAPE_WITHOUT_TORCH = f"""
+import sys
+from prometheus_client import CollectorRegistry, generate_latest
+from rtserve.process_metrics import ProcessMetrics
+registry = CollectorRegistry()
+ProcessMetrics(registry)
+print({GPU_MEMORY!r} in generate_latest(registry).decode(), "torch" in sys.modules)
+"""
+
+
+def test_a_process_without_cuda_exports_no_gpu_memory_and_a_scrape_does_not_import_torch() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRAPE_WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]  # front-end workers stay free of torch
+
+
+def _gpu_memory(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+    families = text_string_to_metric_families(generate_latest(registry).decode())
+    return {
+        (s.labels["device"], s.labels["kind"]): s.value for f in families if f.name == GPU_MEMORY for s in f.samples
+    }
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_memory_counts_what_this_processs_tensors_hold() -> None:
+    registry = CollectorRegistry()
+    ProcessMetrics(registry)
+    before = _gpu_memory(registry).get(("0", "allocated"), 0.0)
+    block = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
+    held = _gpu_memory(registry)
+    assert held[("0", "allocated")] - before >= 64 << 20
+    assert held[("0", "reserved")] >= held[("0", "allocated")]
+    del block
