@@ -87,20 +87,11 @@ class KyutaiSttEngine:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
         settings = self._config.stt_engine
         model = self._given if self._given is not None else await asyncio.to_thread(self._load)
-        model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
-        config, weight = model.loaded.lm_config, next(model.loaded.lm.parameters())
-        paged_kv = paged_kv_spec(settings, settings.batch_size, config.context)
-        ensure_kv_fits("stt_engine", config, settings.batch_size, weight.dtype, paged_kv, free_bytes(weight.device))
+        # Off the event loop: the batch's KV and CUDA graphs take seconds to build, and on a wake from
+        # sleep mode the loop is serving the process's other engines' sessions meanwhile.
+        frame_model = await asyncio.to_thread(self._frame_model, model)
         self._model = model
         self.sample_rate = model.loaded.mimi_config.sample_rate
-        frame_model = SttFrameModel(
-            model,
-            settings.batch_size,
-            temperature=settings.temperature,
-            paged_kv=paged_kv,
-            drains=settings.drain_waiting_input,
-            flush_rows=settings.flush_rows,
-        )
         lockstep = self._config.lockstep.model_copy(
             update={
                 "max_input_backlog_ms": settings.max_buffered_s * 1000,
@@ -122,6 +113,22 @@ class KyutaiSttEngine:
         )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)
+
+    def _frame_model(self, model: SttModel) -> SttFrameModel:
+        """The batch over ``model`` (blocking: its KV, and its CUDA graphs on a GPU)."""
+        settings = self._config.stt_engine
+        model.loaded.mimi.encoder_to(DTYPES[settings.codec_dtype])
+        config, weight = model.loaded.lm_config, next(model.loaded.lm.parameters())
+        paged_kv = paged_kv_spec(settings, settings.batch_size, config.context)
+        ensure_kv_fits("stt_engine", config, settings.batch_size, weight.dtype, paged_kv, free_bytes(weight.device))
+        return SttFrameModel(
+            model,
+            settings.batch_size,
+            temperature=settings.temperature,
+            paged_kv=paged_kv,
+            drains=settings.drain_waiting_input,
+            flush_rows=settings.flush_rows,
+        )
 
     def _load(self) -> SttModel:
         settings = self._config.stt_engine

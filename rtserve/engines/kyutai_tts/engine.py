@@ -169,7 +169,9 @@ class KyutaiTTSEngine:
     async def _serve(self) -> None:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
         loaded = self._loaded if self._loaded is not None else await asyncio.to_thread(self._load)
-        model = self._build(loaded)
+        # Off the event loop: the batches' KV and CUDA graphs take seconds to build, and on a wake from
+        # sleep mode the loop is serving the process's other engines' sessions meanwhile.
+        model, young = await asyncio.to_thread(self._build_batches, loaded)
         self._model = model
         self.sample_rate = model.sample_rate
         settings = self._config.tts_engine
@@ -178,7 +180,7 @@ class KyutaiTTSEngine:
         clock = self._clock or SystemTickClock()
         self._frame_model = TTSFrameModel(
             model,
-            young=self._young_batch(model),
+            young=young,
             catch_up_lead_s=lead_s,
             full_step_cadence_s=settings.full_step_cadence_ms / 1e3,
             young_burst_s=settings.young_burst_ms / 1e3,
@@ -212,6 +214,11 @@ class KyutaiTTSEngine:
         files = resolve(source, self._config.weights)
         device = resolve_device(settings.device, "tts_engine.device")
         return load_files(files, device=device, dtype=DTYPES[settings.dtype])
+
+    def _build_batches(self, loaded: LoadedTTS) -> tuple[KyutaiTTSModel, KyutaiTTSModel | None]:
+        """The main batch and the young one (blocking: their KV, and their CUDA graphs on a GPU)."""
+        model = self._build(loaded)
+        return model, self._young_batch(model)
 
     def _build(self, loaded: LoadedTTS) -> KyutaiTTSModel:
         settings = self._config.tts_engine
