@@ -90,7 +90,10 @@ class TorchCudaMemory(Collector):
 
     def collect(self) -> Iterator[Metric]:
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
+        try:
+            if torch is None or not torch.cuda.is_initialized():
+                return
+        except AttributeError:  # another thread is importing torch (a policy loading after /health is up)
             return
         family = GaugeMetricFamily(
             "rtserve_torch_cuda_memory_bytes",

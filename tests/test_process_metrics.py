@@ -58,6 +58,31 @@ def test_a_process_without_cuda_exports_no_gpu_memory_and_a_scrape_does_not_impo
     assert done.stdout.split() == ["False", "False"]  # front-end workers stay free of torch
 
 
+SCRAPE_WHILE_TORCH_IMPORTS = """
+import threading
+from prometheus_client import CollectorRegistry, generate_latest
+from rtserve.process_metrics import ProcessMetrics
+registry = CollectorRegistry()
+ProcessMetrics(registry)
+importing = threading.Thread(target=__import__, args=("torch",))
+importing.start()
+scrapes = 0
+while importing.is_alive():
+    generate_latest(registry)
+    scrapes += 1
+print(scrapes)
+"""
+
+
+def test_a_scrape_while_another_thread_imports_torch_answers() -> None:
+    """/metrics answered 500 while the robot policy's thread was importing torch (half-imported)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SCRAPE_WHILE_TORCH_IMPORTS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) > 10  # scraped many times during the import
+
+
 def _gpu_memory(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
     families = text_string_to_metric_families(generate_latest(registry).decode())
     return {
