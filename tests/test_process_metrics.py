@@ -42,14 +42,21 @@ def test_merged_metrics_parse_and_carry_each_workers_samples_labelled() -> None:
 
 
 GPU_MEMORY = "rtserve_torch_cuda_memory_bytes"
-SCRAPE_WITHOUT_TORCH = f"""
+# A fresh process with one process's metrics in ``registry``: what each script below starts from.
+WITH_METRICS = """
 import sys
+import threading
 from prometheus_client import CollectorRegistry, generate_latest
 from rtserve.process_metrics import ProcessMetrics
 registry = CollectorRegistry()
 ProcessMetrics(registry)
+"""
+SCRAPE_WITHOUT_TORCH = (
+    WITH_METRICS
+    + f"""
 print({GPU_MEMORY!r} in generate_latest(registry).decode(), "torch" in sys.modules)
 """
+)
 
 
 def test_a_process_without_cuda_exports_no_gpu_memory_and_a_scrape_does_not_import_torch() -> None:
@@ -58,12 +65,9 @@ def test_a_process_without_cuda_exports_no_gpu_memory_and_a_scrape_does_not_impo
     assert done.stdout.split() == ["False", "False"]  # front-end workers stay free of torch
 
 
-SCRAPE_WHILE_TORCH_IMPORTS = """
-import threading
-from prometheus_client import CollectorRegistry, generate_latest
-from rtserve.process_metrics import ProcessMetrics
-registry = CollectorRegistry()
-ProcessMetrics(registry)
+SCRAPE_WHILE_TORCH_IMPORTS = (
+    WITH_METRICS
+    + """
 importing = threading.Thread(target=__import__, args=("torch",))
 importing.start()
 scrapes = 0
@@ -72,6 +76,7 @@ while importing.is_alive():
     scrapes += 1
 print(scrapes)
 """
+)
 
 
 def test_a_scrape_while_another_thread_imports_torch_answers() -> None:
