@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 import aiohttp
+import pytest
+import torch
 import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rtserve.config import ServerConfig
 from rtserve.engines.cascade.metrics import CascadeMetrics
 from rtserve.engines.kyutai_tts.engine import KyutaiTTSEngine
+from rtserve.process_metrics import TorchCudaMemory
 from tests.web.realtime_support import loopback_config, running
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
@@ -73,11 +76,13 @@ def test_the_grafana_dashboard_uses_the_provisioned_datasource() -> None:
         assert panel["datasource"]["uid"] == uid
         assert panel["targets"] and all(t["datasource"]["uid"] == uid for t in panel["targets"])
     titles = " ".join(p["title"] for p in dashboard["panels"])
-    for topic in ("tick time", "sessions", "Underruns", "Drops", "CPU per process"):
+    for topic in ("tick time", "sessions", "Underruns", "Drops", "CPU per process", "GPU memory"):
         assert topic in titles
 
 
-async def test_every_metric_the_dashboard_queries_is_exported(config: ServerConfig) -> None:
+async def test_every_metric_the_dashboard_queries_is_exported(
+    config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running(loopback_config(config)) as base, aiohttp.ClientSession() as http:
         async with http.get(base + "/metrics") as resp:
             exposition = await resp.text()
@@ -88,7 +93,14 @@ async def test_every_metric_the_dashboard_queries_is_exported(config: ServerConf
     engines = CollectorRegistry()
     CascadeMetrics(engines)
     KyutaiTTSEngine(config, registry=engines)
-    families = [*text_string_to_metric_families(exposition), *engines.collect()]
+    # The GPU memory gauge is exported by a process that has used CUDA: taken from its collector
+    # as a process with one GPU would see it.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    gpu = list(TorchCudaMemory().collect())
+    families = [*text_string_to_metric_families(exposition), *engines.collect(), *gpu]
     exported = {f"{family.name}{suffix}" for family in families for suffix in SAMPLE_SUFFIXES.get(family.type, ("",))}
     queried = {name for expr in dashboard_exprs() for name in METRIC.findall(expr)}
     assert queried and queried <= exported, sorted(queried - exported)

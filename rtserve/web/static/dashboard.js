@@ -6,6 +6,7 @@
 // cluster charts show slots used and free and the mean tick time per engine. The cascade
 // (embedded voice agent) charts show its voice turns stage by stage, per route, over the last
 // minute (turns come seconds apart: one second between scrapes mostly holds none).
+// GPU memory is what torch's caching allocator of each process holds (rtserve_torch_cuda_memory_bytes).
 // `window.rtserveDashboard` mirrors the latest numbers for scripts and the browser tests.
 import { LineChart } from "./charts.js";
 import { Exposition, quantile, rate } from "./prometheus-text.js";
@@ -25,6 +26,7 @@ const charts = {
   drops: new LineChart(grid, { title: "Drops and overruns", unit: "/s", minMax: 1 }),
   cpu: new LineChart(grid, { title: "CPU per process", unit: "%", minMax: 10 }),
   lag: new LineChart(grid, { title: "Event loop lag, p99", unit: "ms", minMax: 5 }),
+  gpuMemory: new LineChart(grid, { title: "GPU memory per process (torch's allocator)", unit: "GB", minMax: 1 }),
   engineSlots: new LineChart(grid, { title: "Cluster: slots used and free per engine", unit: "", minMax: 2 }),
   engineTick: new LineChart(grid, { title: "Cluster: mean tick time per engine", unit: "ms", minMax: 10 }),
   turnStages: new LineChart(grid, { title: "Voice turn stages (cascade), p50 over 1 min", unit: "ms", minMax: 100 }),
@@ -58,6 +60,7 @@ const SLOTS = "rtserve_lockstep_slots";
 const LIVE_SLOTS = "rtserve_lockstep_live_slots";
 const TURN = "rtserve_cascade_turn_seconds";
 const LLM_SPEED = "rtserve_cascade_llm_tokens_per_second";
+const GPU_MEMORY = "rtserve_torch_cuda_memory_bytes";
 
 function ms(seconds) {
   return seconds === null || seconds === undefined ? null : seconds * 1000;
@@ -143,6 +146,24 @@ function cpuPercent(now, before, seconds) {
   return out;
 }
 
+// GB per "process kind" (kind: reserved from the driver, allocated in tensors), the device named
+// where a process uses several; empty where no process has used CUDA through torch.
+function gpuMemory(now) {
+  const processOfLabels = processOf(now);
+  const devices = new Map();  // process -> the devices it reports
+  for (const s of now.samples.get(GPU_MEMORY) || []) {
+    const process = processOfLabels(s.labels);
+    devices.set(process, (devices.get(process) || new Set()).add(s.labels.device));
+  }
+  const out = {};
+  for (const s of now.samples.get(GPU_MEMORY) || []) {
+    const process = processOfLabels(s.labels);
+    const device = devices.get(process).size > 1 ? ` cuda:${s.labels.device}` : "";
+    out[`${process}${device} ${s.labels.kind}`] = s.value / 1e9;
+  }
+  return out;
+}
+
 // Histogram `name`'s buckets summed per keyOf(labels): Map key -> Map le -> count.
 function bucketsBy(scrape, name, keyOf) {
   const out = new Map();
@@ -200,7 +221,7 @@ function update(now, at) {
   while (history.length && history[0].at < at - WINDOW_S) history.shift();
   const oldest = history.length ? history[0].scrape : null;
   const latest = { at, tick: ticks, sessions: liveSessions(now), underruns, silence, drops,
-                   cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before),
+                   cpuPercent: cpuPercent(now, before, seconds), lagP99Ms: loopLagP99(now, before), gpuMemoryGB: gpuMemory(now),
                    engines: engines(now, before), voiceTurns: voiceTurns(now, oldest) };
   previous = { at, scrape: now };
   history.push(previous);
@@ -220,6 +241,10 @@ function update(now, at) {
   charts.drops.push(drops);
   charts.cpu.push(latest.cpuPercent);
   charts.lag.push(latest.lagP99Ms);
+  charts.gpuMemory.push(latest.gpuMemoryGB);
+  if (!Object.keys(latest.gpuMemoryGB).length) {
+    charts.gpuMemory.readout.textContent = "no process of this server holds GPU memory through torch";
+  }
   const slotSeries = {};
   const tickSeries = {};
   for (const [engine, e] of Object.entries(latest.engines)) {

@@ -52,6 +52,7 @@ async def test_dashboard_charts_move_with_a_live_call(config: ServerConfig, tmp_
         assert latest["sessions"]["webrtc"] == 1 and latest["sessions"]["engine slots"] == 1
         assert latest["sessions"].get("/v1/realtime", 0) == 0
         assert set(latest["cpuPercent"]) == {"server"}
+        assert latest["gpuMemoryGB"] == {}  # no process here uses CUDA: the chart says so, not zeros
     assert second["cpuPercent"]["server"] > 0
     assert second["silence"]["silence stepped"] >= 0  # ms a second, partial frames' padding included
 
@@ -59,7 +60,8 @@ async def test_dashboard_charts_move_with_a_live_call(config: ServerConfig, tmp_
 def worker_exposition(scrape: int) -> str:
     """What /metrics says with --workers 2: the engine process unlabelled, each worker's samples
     labelled worker="i". Per scrape: the engine burns 0.1 s of CPU, worker 0 0.2 s, worker 1
-    0.4 s; ten ticks, nine of them 40 ms and one 120 ms."""
+    0.4 s; ten ticks, nine of them 40 ms and one 120 ms. The engine process holds GPU memory on one
+    device, worker 1 on two."""
     cpu = {"": 0.1, 'worker="0"': 0.2, 'worker="1"': 0.4}
     lines = ["# TYPE process_cpu_seconds_total counter"]
     lines += [f"process_cpu_seconds_total{{{labels}}} {rate * scrape}" for labels, rate in cpu.items()]
@@ -78,6 +80,11 @@ def worker_exposition(scrape: int) -> str:
         'rtserve_realtime_connections{route="/v1/realtime",worker="1"} 3',
         "# TYPE rtserve_webrtc_calls gauge",
         'rtserve_webrtc_calls{worker="1"} 4',
+        "# TYPE rtserve_torch_cuda_memory_bytes gauge",
+        'rtserve_torch_cuda_memory_bytes{device="0",kind="reserved"} 3000000000',
+        'rtserve_torch_cuda_memory_bytes{device="0",kind="allocated"} 2000000000',
+        'rtserve_torch_cuda_memory_bytes{worker="1",device="0",kind="reserved"} 1000000000',
+        'rtserve_torch_cuda_memory_bytes{worker="1",device="1",kind="reserved"} 500000000',
     ]
     return "\n".join(lines) + "\n"
 
@@ -109,6 +116,12 @@ async def test_dashboard_tells_processes_apart_and_sums_workers(config: ServerCo
     assert tick["mean"] == pytest.approx(48.0) and tick["budget"] == pytest.approx(80.0)
     # p99 of 9 ticks <= 80 ms and 1 in (80, 160]: rank 9.9 is 90 % into that bucket.
     assert tick["p99"] == pytest.approx(80 + 80 * 0.9)
+    assert latest["gpuMemoryGB"] == {
+        "engine reserved": 3.0,
+        "engine allocated": 2.0,
+        "worker 1 cuda:0 reserved": 1.0,
+        "worker 1 cuda:1 reserved": 0.5,
+    }
 
 
 def cascade_exposition(scrape: int) -> str:
