@@ -38,7 +38,9 @@ def capture_graphs(
     graphs: dict[K, tuple[torch.cuda.CUDAGraph, T]] = {}
     for key in keys:
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+        # thread_local: an unsafe CUDA call (an allocation) of another thread, e.g. an engine
+        # stepping beside this build, neither fails nor breaks this capture.
+        with torch.no_grad(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             out = step(key)
         graphs[key] = (graph, out)
     return graphs
