@@ -71,6 +71,7 @@ import numpy as np
 import pyspy
 from load_shards import ShardResult, gather_shards, merge_logs, run_shard, split  # benchmarks/ is on sys.path
 from server_process import (
+    NotReady,
     ServerProcess,
     full_collections,
     histogram_mean,
@@ -497,7 +498,12 @@ async def ready_probe(url: str) -> Any:
     async def probe(http: aiohttp.ClientSession) -> bool:
         async with http.ws_connect(url) as ws:
             message = await ws.receive(timeout=10)
-            return message.type is aiohttp.WSMsgType.BINARY and msgpack.unpackb(message.data).get("type") == "Ready"
+            if message.type is not aiohttp.WSMsgType.BINARY:
+                raise NotReady(f"{message.type.name} {str(message.data)[:300]}")
+            answer = msgpack.unpackb(message.data)
+            if answer.get("type") != "Ready":
+                raise NotReady(f"first message {str(answer)[:300]}")
+            return True
 
     return probe
 

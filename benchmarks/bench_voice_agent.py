@@ -350,11 +350,18 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
 
     try:
         async with aiohttp.ClientSession() as http:
-            if tts is not None:
-                await tts.wait_ready(
-                    http, timeout_s=args.ready_timeout, probe=await ready_probe(f"{tts_url}?voice={VOICE}")
-                )
-            await server.wait_ready(http, timeout_s=args.ready_timeout)
+            try:
+                if tts is not None:
+                    await tts.wait_ready(
+                        http, timeout_s=args.ready_timeout, probe=await ready_probe(f"{tts_url}?voice={VOICE}")
+                    )
+                await server.wait_ready(http, timeout_s=args.ready_timeout)
+            except RuntimeError as exc:  # one server's start may have been held up by the other's (one GPU)
+                states = [
+                    f"{each.name}: /health {await each.health_text(http)}\n{await each.log_tail(1500)}"
+                    for each in servers
+                ]
+                raise RuntimeError(f"{exc}\n--- every server of the point:\n" + "\n".join(states)) from None
             start_at = time.monotonic() + 3.0 + 0.01 * clients
             stop_at = start_at + args.duration
             window = (start_at + args.warmup, stop_at)

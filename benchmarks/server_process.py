@@ -41,6 +41,10 @@ def free_port() -> int:
         return port
 
 
+class NotReady(Exception):
+    """A readiness probe's "not yet", saying what it saw: reported if the wait runs out."""
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -51,6 +55,7 @@ class ServerProcess:
         workers: int = 1,
         config: Path | None = None,
     ) -> None:
+        self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         # Open for the server's whole life (closed in stop()): no context manager fits.
@@ -83,19 +88,36 @@ class ServerProcess:
         timeout_s: float = 60.0,
         probe: Callable[[aiohttp.ClientSession], Awaitable[bool]] | None = None,
     ) -> None:
-        """Until ``probe`` (default: ``/health`` answers 200) succeeds."""
+        """Until ``probe`` (default: ``/health`` answers 200) succeeds. If it never does, the error
+        says what the last probe saw and what ``/health`` says (a server logging at warning level
+        may have written nothing while its engine still loads)."""
         probe = probe or self._healthy
         deadline = time.monotonic() + timeout_s
+        last = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{await self.log_tail()}")
             try:
                 if await probe(http):
                     return
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                pass
+                last = "not ready"
+            except NotReady as exc:
+                last = str(exc)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                last = repr(exc)
             await asyncio.sleep(0.2)
-        raise RuntimeError(f"server did not become ready in {timeout_s:.0f} s:\n{await self.log_tail()}")
+        raise RuntimeError(
+            f"server did not become ready in {timeout_s:.0f} s (last probe: {last}; /health: "
+            f"{await self.health_text(http)}):\n{await self.log_tail()}"
+        )
+
+    async def health_text(self, http: aiohttp.ClientSession) -> str:
+        """``/health``'s status and body, or why it did not answer."""
+        try:
+            async with http.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                return f"{response.status} {(await response.text())[:1000]}"
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return repr(exc)
 
     async def log_tail(self, chars: int = 3000) -> str:
         return (await asyncio.to_thread(Path(self._log.name).read_text))[-chars:]

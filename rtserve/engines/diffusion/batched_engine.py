@@ -17,7 +17,7 @@ from rtserve.config import ConfigError, DiffusionEngineConfig, ServerConfig
 from rtserve.engines.diffusion.batcher import BatcherStats, StepBatcher
 from rtserve.engines.diffusion.loading import load_pipeline
 from rtserve.engines.diffusion.state import StepModel, StepState
-from rtserve.engines.errors import EngineError
+from rtserve.engines.errors import EngineError, build_failure
 from rtserve.errors import MODEL_NOT_READY
 from rtserve.weights import WeightsError
 
@@ -69,6 +69,11 @@ class BatchedEngine(Generic[M, R, S, O]):
         except (WeightsError, ConfigError, EngineError) as exc:
             self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {self._field!r}: {exc}"
             log.error("%s engine not serving: %s", self._name, self._failure)
+            return
+        except Exception as exc:  # kept and said: raised, it would die unseen with the start's task
+            section = self._field.split(".")[0]
+            self._failure = build_failure(exc, f"{self._field} and {section}.max_batch")
+            log.exception("%s engine not serving: %s", self._name, self._failure)
             return
         self._model = model
         batcher = StepBatcher[R, S, O](

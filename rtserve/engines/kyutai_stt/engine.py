@@ -25,7 +25,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.errors import EngineError
+from rtserve.engines.errors import EngineError, build_failure
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
@@ -64,6 +64,7 @@ class KyutaiSttEngine:
         if registry is not None:
             registry.register(self._lockstep_metrics)
         self._failure: str | None = None
+        self._loading = False  # start() under way
         self._asleep = False
         self.release_timeout_s = config.lockstep.release_timeout_s
         self.sample_rate = 24000 if model is None else model.loaded.mimi_config.sample_rate
@@ -77,11 +78,17 @@ class KyutaiSttEngine:
         return self._failure
 
     async def start(self) -> None:
+        self._loading = True
         try:
             await self._serve()
         except (CheckpointError, WeightsError, ConfigError) as exc:
             self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai stt engine not serving: %s", self._failure)
+        except Exception as exc:  # kept and said: raised, it would die unseen with the start's task
+            self._failure = build_failure(exc, "stt_engine.batch_size and flush_rows")
+            log.exception("kyutai stt engine not serving: %s", self._failure)
+        finally:
+            self._loading = False
 
     async def _serve(self) -> None:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
@@ -167,6 +174,8 @@ class KyutaiSttEngine:
         if self._asleep:
             raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
         scheduler, model = self._scheduler, self._model
+        if self._loading:
+            raise EngineError("the speech-to-text engine is still loading", code=ENGINE_UNAVAILABLE)
         if scheduler is None or model is None or not scheduler.running:
             raise EngineError(self._failure or "the speech-to-text engine is not running", code=ENGINE_UNAVAILABLE)
         lease = scheduler.acquire(SlotPrompt(), session_id=stream_id)

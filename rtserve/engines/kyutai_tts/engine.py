@@ -23,7 +23,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.errors import EngineError
+from rtserve.engines.errors import EngineError, build_failure
 from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_tts.conditioning import Voice
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
@@ -143,6 +143,7 @@ class KyutaiTTSEngine:
         self._frame_model: TTSFrameModel | None = None
         self._scheduler: LockstepScheduler | None = None
         self._failure: str | None = None
+        self._loading = False  # start() under way
         self._asleep = False
         self.sample_rate = 24000 if loaded is None else loaded.mimi_config.sample_rate
 
@@ -155,6 +156,7 @@ class KyutaiTTSEngine:
         return self._failure
 
     async def start(self) -> None:
+        self._loading = True
         try:
             await self._serve()
         except (CheckpointError, WeightsError, ConfigError, EngineError) as exc:
@@ -165,6 +167,11 @@ class KyutaiTTSEngine:
             else:
                 self._failure = f"invalid config field {FIELD!r}: {exc}"
             log.error("kyutai tts engine not serving: %s", self._failure)
+        except Exception as exc:  # kept and said: raised, it would die unseen with the start's task
+            self._failure = build_failure(exc, "tts_engine.max_sessions and young_batch")
+            log.exception("kyutai tts engine not serving: %s", self._failure)
+        finally:
+            self._loading = False
 
     async def _serve(self) -> None:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
@@ -299,6 +306,8 @@ class KyutaiTTSEngine:
         if self._asleep:
             raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
         scheduler, model, frame_model = self._scheduler, self._model, self._frame_model
+        if self._loading:
+            raise EngineError("the text-to-speech engine is still loading", code=ENGINE_UNAVAILABLE)
         if scheduler is None or model is None or frame_model is None or not scheduler.running:
             raise EngineError(self._failure or "the text-to-speech engine is not running", code=ENGINE_UNAVAILABLE)
         settings = self._config.tts_engine

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rtserve.config import ServerConfig
+from rtserve.engines.diffusion import video_engine
 from rtserve.engines.diffusion.video_engine import VideoEngine, VideoGenerationJob
 from rtserve.engines.diffusion.video_model import WanVideoStepModel
 from rtserve.engines.diffusion.video_request import VideoRequest
@@ -118,3 +119,23 @@ async def test_engine_refuses_what_it_cannot_step(config: ServerConfig) -> None:
     await engine.start()
     assert not engine.ready and engine.failure is not None and "two transformers" in engine.failure
     await engine.stop()
+
+
+async def test_an_engine_whose_build_runs_out_of_gpu_memory_says_so(
+    config: ServerConfig, pipe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def out_of_memory(pipeline: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB.\ntorch's advice")
+
+    monkeypatch.setattr(video_engine, "_wan_model", out_of_memory)
+    engine = VideoEngine(config, pipeline=pipe)
+    await engine.start()  # kept, not raised into the start's task, where nobody would see it
+    try:
+        assert not engine.ready
+        assert engine.failure == (
+            "out of GPU memory while building the engine, which video_engine.weights and video_engine.max_batch "
+            "size: "
+            "CUDA out of memory. Tried to allocate 4.00 GiB."
+        )
+    finally:
+        await engine.stop()
