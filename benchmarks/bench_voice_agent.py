@@ -34,7 +34,8 @@ send time of the chunk holding the question's last voiced sample ("end of speech
 * turns without a reply, replies cut short (``response.done`` not ``completed``), error events;
 * server CPU (all processes, busiest), the GPU's busy share (``gpu_busy``), the STT and TTS
   engines' tick p99 from ``/metrics``, and the GPU memory each server's torch holds at the end
-  (``rtserve_torch_cuda_memory_bytes``, reserved: what another model on the card would not find).
+  (``rtserve_torch_cuda_memory_bytes``: reserved, what another model on the card would not find,
+  and of it what is in tensors; the rest is the caching allocator's free blocks).
 
 ``--mps`` runs the whole point under NVIDIA's Multi-Process Service (``cuda_mps.py``), so the two
 servers' CUDA contexts run kernels side by side instead of in turns.
@@ -96,7 +97,8 @@ Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends the
 # start_at, period, stop_at, server VAD silence_ms (None: client commits), the sessions' max_output_tokens
 ClientArgs = tuple[float, float, float, int | None, int | None]
 ROOT = Path(__file__).resolve().parents[1]
-GPU_RESERVED = 'rtserve_torch_cuda_memory_bytes{device="0",kind="reserved"}'
+GPU_MEMORY = 'rtserve_torch_cuda_memory_bytes{{device="0",kind="{}"}}'
+KINDS = ("allocated", "reserved")
 sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
 RATE = 24_000
@@ -384,7 +386,12 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             finally:  # the sampler never outlives the window (a child process would)
                 gpu_pct = gpu_busy.finish(gpu)
             cpu_after, metrics_after = cpu(), await metrics(http)
-            gpu_gb = [(await scrape(http, each.base)).get(GPU_RESERVED, float("nan")) / 2**30 for each in servers]
+            # Per server: GB in tensors and GB taken from the driver (the difference: the caching allocator's
+            # free blocks, which a neighbouring process on the GPU cannot use).
+            gpu_gb = [
+                [(await scrape(http, each.base)).get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS]
+                for each in servers
+            ]
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
             if tts_spy:
@@ -429,8 +436,10 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
         "gpu_busy_pct": gpu_pct,
-        "gpu_gb_engine": gpu_gb[0],
-        "gpu_gb_tts": gpu_gb[1] if tts is not None else float("nan"),
+        "gpu_gb_engine": gpu_gb[0][1],
+        "gpu_gb_engine_allocated": gpu_gb[0][0],
+        "gpu_gb_tts": gpu_gb[1][1] if tts is not None else float("nan"),
+        "gpu_gb_tts_allocated": gpu_gb[1][0] if tts is not None else float("nan"),
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
     }
@@ -483,7 +492,9 @@ COLUMNS = [
     ("busiest %", "busiest_server_pct", "{:.0f}"),
     ("GPU busy %", "gpu_busy_pct", "{:.0f}"),
     ("GPU GB engine", "gpu_gb_engine", "{:.1f}"),
+    ("in tensors", "gpu_gb_engine_allocated", "{:.1f}"),
     ("TTS server", "gpu_gb_tts", "{:.1f}"),
+    ("in tensors", "gpu_gb_tts_allocated", "{:.1f}"),
     ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
     ("STT drains/s", "stt_drains_per_s", "{:.1f}"),
     ("rows/drain", "stt_drain_rows", "{:.1f}"),
