@@ -211,15 +211,20 @@ class EngineSet:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("engine %s failed to start", name)
 
+    # A failure is kept by the engine (its routes refuse with it) and makes /health "failed": a
+    # configured engine that does not serve, whether or not the session engine speaks or hears with it
+    # (a TTS server's engine that failed once said "ok").
     async def _start_speech_engine(self) -> None:
         assert self.speech_engine is not None
-        await self.speech_engine.start()  # a failure is kept by the engine: its routes refuse with it
-        if self._speech_needed and self.speech_engine.failure:
+        await self.speech_engine.start()
+        if self.speech_engine.failure:
             self.failure = self.speech_engine.failure
 
     async def _start_stt_engine(self) -> None:
         assert self.stt_engine is not None
-        await self.stt_engine.start()  # a failure is kept by the engine: its streams are refused with it
+        await self.stt_engine.start()
+        if self.stt_engine.failure:
+            self.failure = self.stt_engine.failure
 
     async def _start_text_engine(self) -> None:
         assert self._text_engine is not None

@@ -38,8 +38,8 @@ def own_health(app: web.Application) -> Health:
     owned = route_engines(app)
     states = {name: _state(engine) for name, engine in owned.items()}
     listed = {"route_engines": states} if states else {}
-    if ctx.engines.ready and all(state == "ready" for state in states.values()):  # and vLLM where chat uses it
-        return {"status": "ok", **listed}, 200
+    # Failed before ready: an engine beside the session engine (a Kyutai TTS or STT engine whose
+    # routes the session engine does not use) may have failed while the session engine serves.
     if ctx.engine_failure or "failed" in states.values():  # the reason stays in the log: it may name paths
         return {
             "status": "failed",
@@ -47,6 +47,8 @@ def own_health(app: web.Application) -> Health:
             "error": "An engine is not serving; the server log says why",
             **listed,
         }, 503
+    if ctx.engines.ready and all(state == "ready" for state in states.values()):  # and vLLM where chat uses it
+        return {"status": "ok", **listed}, 200
     if (download := ctx.engines.downloading) is not None:  # docs/engines.md#hub-weights
         return {
             "status": "downloading",

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgpack
 import pytest
 import torch
@@ -134,5 +135,9 @@ async def test_the_tts_route_tells_its_client_why_the_engine_is_not_serving(
             if "still loading" not in first.get("message", ""):
                 break
             await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http, http.get(base + "/health") as response:
+            health = (response.status, await response.json())
     assert first["type"] == "Error" and first["code"] == ENGINE_UNAVAILABLE
     assert first["message"].startswith("out of GPU memory while building the engine")
+    # The server's only engine of use does not serve: a load balancer's probe must not see "ok".
+    assert health[0] == 503 and health[1]["status"] == "failed" and health[1]["code"] == "engine_failed"
