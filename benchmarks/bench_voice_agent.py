@@ -388,10 +388,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             cpu_after, metrics_after = cpu(), await metrics(http)
             # Per server: GB in tensors and GB taken from the driver (the difference: the caching allocator's
             # free blocks, which a neighbouring process on the GPU cannot use).
-            gpu_gb = [
-                [(await scrape(http, each.base)).get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS]
-                for each in servers
-            ]
+            scrapes = [await scrape(http, each.base) for each in servers]
+            gpu_gb = [[found.get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS] for found in scrapes]
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
             if tts_spy:
