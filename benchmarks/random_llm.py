@@ -6,7 +6,7 @@ SmolLM2's tokenizer (its vocabulary and chat template). ``SHAPES``:
 * ``smollm2-1.7b``: SmolLM2-1.7B-Instruct (no grouped KV heads: 192 KiB of KV cache a token);
 * ``llama-3.2-1b``: Llama 3.2 1B's layers (8 KV heads: 32 KiB a token) over SmolLM2's 49,152-token
   vocabulary, ~1.0B parameters: the "~1B" LLM issue 34 names, with a sixth of the 1.7B's cache
-  (neither fits beside the STT and TTS of 256 sessions on an 80 GB card: voice_agent_gpu.md).
+  (neither fits beside the STT and TTS of 256 sessions on an 80 GB card: benchmarks/notes/voice_agent_gpu.md).
 
 Random weights rarely write the end token, so a reply runs to its ``max_tokens``; the benchmark
 caps replies (``--llm-max-tokens``) at about the stand-in's length.
