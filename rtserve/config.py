@@ -633,6 +633,13 @@ class TtsEngineConfig(_Section):
         "STT in the same process (the voice agent at 256 sessions) they made it worse (2074-2392 -> 2955-3958 ms "
         "p50): off by default (docs/engines.md#young-batch)",
     )
+    young_row_bucket: int = Field(
+        8,
+        ge=0,
+        description="with young_batch: a young step computes its rows up to the last one in use, rounded up to a "
+        "multiple of this (row_bucket for the young batch: new replies take its lowest free row), so a large young "
+        "batch costs what its busy rows cost; 0: every row, always (docs/engines.md#young-batch)",
+    )
     young_burst_ms: float = Field(
         20.0,
         ge=0,

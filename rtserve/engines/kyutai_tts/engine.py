@@ -260,7 +260,7 @@ class KyutaiTTSEngine:
             settings=model.settings,
             voices=model.voices,
             pre_audio_only=True,
-            row_bucket=self._config.tts_engine.row_bucket,
+            row_bucket=self._config.tts_engine.young_row_bucket,
             span_bucket=self._config.tts_engine.span_bucket,
         )
 

@@ -86,6 +86,7 @@ class Replies:
     found_full: list[None]  # one per reply that found the young batch full
     seated: list[tuple[float, bool]]  # per reply as it took its row: seconds waited, in the young batch
     frame_model: TTSFrameModel
+    young_step_rows: list[int]  # the rows each young-batch step computed
 
 
 def _replies(
@@ -97,6 +98,7 @@ def _replies(
     young_burst_s: float = 0.0,
     young_queue: int = 1,
     young_span_bucket: int = 0,
+    young_row_bucket: int = 0,
     young_wait_s: float = 0.0,
 ) -> Replies:
     """Row 0 speaks 2 frames ahead (the clock stands still), then rows 1 and 2 begin and the
@@ -119,9 +121,17 @@ def _replies(
             voices=main.voices,
             pre_audio_only=True,
             span_bucket=young_span_bucket,
+            row_bucket=young_row_bucket,
         )
     found_full: list[None] = []
     seated: list[tuple[float, bool]] = []
+    young_step_rows: list[int] = []
+
+    def stepped(kind: str) -> None:
+        kinds.append(kind)
+        if kind == "young_batch" and young is not None:
+            young_step_rows.append(young.step_rows)
+
     frame_model = TTSFrameModel(
         main,
         young=young,
@@ -132,7 +142,7 @@ def _replies(
         young_queue=young_queue,
         young_wait_s=young_wait_s,
         clock=lambda: now[0],
-        on_step=kinds.append,
+        on_step=stepped,
     )
     splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
     audio: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
@@ -146,6 +156,7 @@ def _replies(
             if output is not None and output.audio.size:
                 audio[0].append(output.audio)
     kinds.clear()
+    young_step_rows.clear()
     call_kinds: list[list[str]] = []
     word_starts: dict[int, list[int]] = {1: [], 2: []}
     for calls in range(1, 200):
@@ -159,7 +170,9 @@ def _replies(
             if output is not None and output.speech is not None and slot in word_starts:
                 word_starts[slot] += output.speech.word_starts
         if min(len(audio[1]), len(audio[2])) >= 3:
-            return Replies(kinds, call_kinds, audio, word_starts, calls, found_full, seated, frame_model)
+            return Replies(
+                kinds, call_kinds, audio, word_starts, calls, found_full, seated, frame_model, young_step_rows
+            )
     raise AssertionError("the new replies made no audio")
 
 
@@ -177,6 +190,20 @@ def test_new_replies_step_in_the_young_batch_then_speak_with_the_others_in_their
     alone = _replies(tiny_tts, young_rows=0, device=device).audio  # the same replies, all in the main batch
     for slot in range(3):
         for ours, theirs in zip(audio[slot], alone[slot], strict=False):
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_large_young_batch_steps_only_its_busy_rows_and_says_the_same(tiny_tts: TinyTTS, device: str) -> None:
+    # Two new replies in a young batch of 4 rows, stepped in buckets of one row: they take rows 0
+    # and 1, each young step computes those 2 rows, and every reply sounds as with every row stepped.
+    bucketed = _replies(tiny_tts, young_rows=4, device=device, young_row_bucket=1)
+    whole = _replies(tiny_tts, young_rows=4, device=device)
+    young_steps = bucketed.frame_model.model.young_steps
+    assert bucketed.kinds == whole.kinds and bucketed.kinds[:young_steps] == ["young_batch"] * young_steps
+    assert bucketed.young_step_rows == [2] * young_steps and whole.young_step_rows == [4] * young_steps
+    for slot in range(3):
+        for ours, theirs in zip(bucketed.audio[slot], whole.audio[slot], strict=True):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 

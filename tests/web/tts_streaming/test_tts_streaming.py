@@ -154,7 +154,7 @@ async def test_a_reply_through_the_young_batch_sounds_and_is_timed_as_in_the_mai
     the client hears and is told the same as when they step with the others."""
     text = [" ".join(WORDS)]
     main_batch = await _speak(url, text)
-    young = _serving(config, tiny, young_batch=2, young_burst_ms=20.0)
+    young = _serving(config, tiny, young_batch=2, young_burst_ms=20.0, young_row_bucket=1)
     async with serve_app(build_app(young)) as base:
         through_young = await _speak(base.replace("http://", "ws://") + "/api/tts_streaming", text)
     assert through_young.words == main_batch.words
