@@ -909,7 +909,9 @@ def main() -> None:
         "--server-threads", type=int, help="OMP_NUM_THREADS of the server (torch intra-op threads); default: unset"
     )
     parser.add_argument("--ready-timeout", type=float, default=600.0)
-    parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
+    parser.add_argument(
+        "--set", nargs="*", action="extend", default=[], help="more server settings, RTSERVE_X=VALUE (repeatable)"
+    )
     parser.add_argument(
         "--profile-engine",
         type=Path,

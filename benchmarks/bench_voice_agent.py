@@ -625,9 +625,15 @@ def main() -> None:
         type=Path,
         help="a host without the embedded CPU models: voice_agent_kit.py's folder (its models, question)",
     )
-    parser.add_argument("--set", nargs="*", default=[], help="more server settings, RTSERVE_X=VALUE")
     parser.add_argument(
-        "--tts-set", nargs="*", default=[], help="more settings of the TTS server (--tts-server-workers), RTSERVE_X=V"
+        "--set", nargs="*", action="extend", default=[], help="more server settings, RTSERVE_X=VALUE (repeatable)"
+    )
+    parser.add_argument(
+        "--tts-set",
+        nargs="*",
+        action="extend",
+        default=[],
+        help="more settings of the TTS server (--tts-server-workers), RTSERVE_X=V (repeatable)",
     )
     parser.add_argument(
         "--profile-engine",
