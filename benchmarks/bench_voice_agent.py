@@ -389,7 +389,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             # Per server: GB in tensors and GB taken from the driver (the difference: the caching allocator's
             # free blocks, which a neighbouring process on the GPU cannot use).
             scrapes = [await scrape(http, each.base) for each in servers]
-            gpu_gb = [[found.get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS] for found in scrapes]
+            gpu_gb = [
+                {kind: found.get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS} for found in scrapes
+            ]
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
             if tts_spy:
@@ -434,10 +436,10 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
         "gpu_busy_pct": gpu_pct,
-        "gpu_gb_engine": gpu_gb[0][1],
-        "gpu_gb_engine_allocated": gpu_gb[0][0],
-        "gpu_gb_tts": gpu_gb[1][1] if tts is not None else float("nan"),
-        "gpu_gb_tts_allocated": gpu_gb[1][0] if tts is not None else float("nan"),
+        "gpu_gb_engine": gpu_gb[0]["reserved"],
+        "gpu_gb_engine_allocated": gpu_gb[0]["allocated"],
+        "gpu_gb_tts": gpu_gb[1]["reserved"] if tts is not None else float("nan"),
+        "gpu_gb_tts_allocated": gpu_gb[1]["allocated"] if tts is not None else float("nan"),
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
     }

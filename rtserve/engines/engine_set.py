@@ -127,10 +127,9 @@ class EngineSet:
         starts = [self._start_session_engine()]
         if self._text_engine is not None:
             starts.append(self._start_text_engine())
-        if self.speech_engine is not None:
-            starts.append(self._start_speech_engine())
-        if self.stt_engine is not None:
-            starts.append(self._start_stt_engine())
+        for side in (self.speech_engine, self.stt_engine):
+            if side is not None:
+                starts.append(self._start_side_engine(side))
         for start in starts:  # each one done (served or failed): the workers and the heap freeze learn it
             self._tasks.append(asyncio.create_task(start))
             self._tasks[-1].add_done_callback(lambda _: self._changed())
@@ -211,20 +210,13 @@ class EngineSet:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("engine %s failed to start", name)
 
-    # A failure is kept by the engine (its routes refuse with it) and makes /health "failed": a
-    # configured engine that does not serve, whether or not the session engine speaks or hears with it
-    # (a TTS server's engine that failed once said "ok").
-    async def _start_speech_engine(self) -> None:
-        assert self.speech_engine is not None
-        await self.speech_engine.start()
-        if self.speech_engine.failure:
-            self.failure = self.speech_engine.failure
-
-    async def _start_stt_engine(self) -> None:
-        assert self.stt_engine is not None
-        await self.stt_engine.start()
-        if self.stt_engine.failure:
-            self.failure = self.stt_engine.failure
+    async def _start_side_engine(self, engine: KyutaiTTSEngine | KyutaiSttEngine) -> None:
+        """A Kyutai TTS or STT engine. Its failure is kept by the engine (its routes refuse with it)
+        and makes /health "failed": a configured engine that does not serve, whether or not the
+        session engine speaks or hears with it (a TTS server's engine that failed once said "ok")."""
+        await engine.start()
+        if engine.failure:
+            self.failure = engine.failure
 
     async def _start_text_engine(self) -> None:
         assert self._text_engine is not None
