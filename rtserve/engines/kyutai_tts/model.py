@@ -187,9 +187,13 @@ class KyutaiTTSModel:
             transformer = self.lm.transformer
             transformer.capacity = transformer.span = min(-(-max(1, self.young_steps) // 8) * 8, transformer.capacity)
         self.lm.start(rows)
+        # A voice is one speaker: the other speakers' positions are padding, the same in every
+        # row, so they are kept once (docs/engines.md#shared-cross-positions).
         self.cross_length = MAX_SPEAKERS * settings.voice_frames
         if arch.cross_attention:
-            self.lm.transformer.start_cross(rows, self.cross_length, device, self.dtype)
+            self.lm.transformer.start_cross(rows, settings.voice_frames, device, self.dtype)
+            padding = self.loaded.conditioners.cross(None, self.cross_length)
+            self.lm.transformer.set_cross_shared(padding[:, settings.voice_frames :])
         self.condition_sum = torch.zeros(rows, 1, c.dim, device=device, dtype=self.dtype)
         if not pre_audio_only:
             self.mimi.start(batch_size)
@@ -209,9 +213,8 @@ class KyutaiTTSModel:
             # The null twins of direct CFG are conditioned on nothing, once and for all.
             self.condition_sum[batch_size:] = self._sum(voice_given=False)
             if arch.cross_attention:
-                source = self.loaded.conditioners.cross(None, self.cross_length)
                 twins = torch.arange(batch_size, rows, device=device)
-                self.lm.transformer.set_cross_rows(twins, source)
+                self.lm.transformer.set_cross_rows(twins, self._cross_rows(None))
         # Direct CFG's twin rows sit after every slot's row: the first rows are not a batch of their own.
         self.row_counts = buckets(batch_size, 0 if self.cfg_direct else row_bucket)
         self.spans = buckets(self.lm.transformer.capacity, span_bucket)
@@ -298,8 +301,11 @@ class KyutaiTTSModel:
             by_voice.setdefault(id(voice), (voice, []))[1].append(slot)
         if self.arch.cross_attention:
             for voice, rows in by_voice.values():
-                source = self.loaded.conditioners.cross(voice, self.cross_length)
-                self.lm.transformer.set_cross_rows(torch.tensor(rows, device=self.device), source)
+                self.lm.transformer.set_cross_rows(torch.tensor(rows, device=self.device), self._cross_rows(voice))
+
+    def _cross_rows(self, voice: Voice | None) -> torch.Tensor:
+        """The cross-attention positions a row of ``voice`` holds itself (its speaker's)."""
+        return self.loaded.conditioners.cross(voice, self.cross_length)[:, : self.settings.voice_frames]
 
     def _reset_rows(self, mask: torch.Tensor) -> None:
         """The masked rows' device state back to a fresh stream's (in place: graph addresses stay)."""

@@ -288,6 +288,18 @@ class Attention(nn.Module):
         return projected_out
 
 
+@dataclass(frozen=True)
+class CrossKeys:
+    """One layer's cross-attention keys and values: each row's own (``[B, H, S, D]``) and,
+    optionally, positions every row holds alike, kept once (``[H, S', D]``), which rows attend
+    to after their own (docs/engines.md#shared-cross-positions)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    shared_keys: torch.Tensor | None = None
+    shared_values: torch.Tensor | None = None
+
+
 class CrossAttention(nn.Module):
     """Attention of every query on a row's fixed conditioning (Kyutai TTS voices): keys and
     values are projected once per row (``project``) and kept by the ``Transformer``; no mask
@@ -307,12 +319,29 @@ class CrossAttention(nn.Module):
         keys, values = kv.view(batch, length, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
         return keys, values
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cross: CrossKeys) -> torch.Tensor:
         batch, steps, _ = x.shape
         q = F.linear(x, self.in_projs[0].weight[: self.dim]).view(batch, steps, self.heads, -1).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, keys, values, dropout_p=0.0)
+        if cross.shared_keys is None or cross.shared_values is None:
+            out = F.scaled_dot_product_attention(q, cross.keys, cross.values, dropout_p=0.0)
+        else:
+            out = _attend_with_shared(q, cross.keys, cross.values, cross.shared_keys, cross.shared_values)
         projected: torch.Tensor = self.out_projs[0](out.transpose(1, 2).reshape(batch, steps, self.dim))
         return projected
+
+
+def _attend_with_shared(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, shared_keys: torch.Tensor, shared_values: torch.Tensor
+) -> torch.Tensor:
+    """Attention over each row's keys followed by the shared ones, one softmax over both: the
+    shared positions' scores are one matmul per head for all rows (no copy per row)."""
+    own = torch.matmul(q, keys.transpose(-1, -2))  # [B, H, T, S]
+    shared = torch.einsum("bhtd,hsd->bhts", q, shared_keys)  # [B, H, T, S']
+    scores = torch.cat([own, shared], dim=-1).float() * q.shape[-1] ** -0.5
+    weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    split = own.shape[-1]
+    out: torch.Tensor = torch.matmul(weights[..., :split], values)
+    return out + torch.einsum("bhts,hsd->bhtd", weights[..., split:], shared_values)
 
 
 class LayerScale(nn.Module):
@@ -362,7 +391,7 @@ class TransformerLayer(nn.Module):
         cache: KVCache | PagedKVCache,
         plan: StepPlan,
         weight_index: int = 0,
-        cross: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cross: CrossKeys | None = None,
         next_norm: nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``normed`` is ``norm1(x)``, computed with the previous layer's last residual. Returns
@@ -371,7 +400,7 @@ class TransformerLayer(nn.Module):
         if self.cross_attention is not None and self.norm_cross is not None:
             assert cross is not None, "a cross-attention layer needs its rows' keys and values"
             x = _residual(x, update, self.layer_scale_1)
-            x = x + self.cross_attention(self.norm_cross(x), *cross)
+            x = x + self.cross_attention(self.norm_cross(x), cross)
             normed = self.norm2(x)
         else:
             x, normed = _residual_and_norm(x, update, self.layer_scale_1, self.norm2)
@@ -411,8 +440,9 @@ class Transformer(nn.Module):
     allocator) must give a row the block of each position before the step that writes it.
 
     ``cross_attention`` layers attend to a per-row conditioning whose keys and values
-    (``cross``, one pair per layer, ``[B, H, S, D]``) are allocated by ``start_cross`` and
-    written row by row by ``set_cross_rows``.
+    (``cross``, one ``CrossKeys`` per layer, ``[B, H, S, D]``) are allocated by ``start_cross``
+    and written row by row by ``set_cross_rows``; ``set_cross_shared`` adds positions that every
+    row holds alike, kept once.
 
     ``shared_positions`` (the depformer's ``dep_q``): every row restarts at position 0 together
     (``restart``) and then advances one position per call, up to that many, so the position is
@@ -459,7 +489,7 @@ class Transformer(nn.Module):
             )
             for _ in range(layers)
         )
-        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cross: list[CrossKeys] = []
         self.caches: list[KVCache] | list[PagedKVCache] = []
         self.offset = torch.zeros(0, dtype=torch.long)
         self.span: int | None = None
@@ -523,7 +553,7 @@ class Transformer(nn.Module):
             raise ValueError("paged KV is not narrowed to its first rows (its blocks are handed out per row)")
         self.offset = self.offset[:rows]
         self.caches = [KVCache(cache.pair[:, :rows]) for cache in self.caches if isinstance(cache, KVCache)]
-        self.cross = [(keys[:rows], values[:rows]) for keys, values in self.cross]
+        self.cross = [replace(cross, keys=cross.keys[:rows], values=cross.values[:rows]) for cross in self.cross]
         if self.shared_positions is not None:
             device = self.offset.device
             self._shared_plans = [self._shared_plan(p, rows, device) for p in range(self.shared_positions)]
@@ -539,26 +569,37 @@ class Transformer(nn.Module):
                 raise ValueError("rows move between ring caches only")
             cache.pair[:, rows, :, :positions] = theirs.pair[:, source_rows, :, :positions]
         self.offset[rows] = source.offset[source_rows]
-        for (keys, values), (their_keys, their_values) in zip(self.cross, source.cross, strict=True):
-            keys[rows] = their_keys[source_rows]
-            values[rows] = their_values[source_rows]
+        for cross, theirs in zip(self.cross, source.cross, strict=True):
+            cross.keys[rows] = theirs.keys[source_rows]
+            cross.values[rows] = theirs.values[source_rows]
 
     def start_cross(self, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
         """Zeroed cross-attention keys and values for ``batch`` rows of ``length`` positions."""
         shape = (batch, self.heads, length, self.dim // self.heads)
         self.cross = [
-            (torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            CrossKeys(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
             for _ in self.layers
         ]
 
     def set_cross_rows(self, rows: torch.Tensor, source: torch.Tensor) -> None:
         """Rows ``rows`` (``[N]`` indices) attend to ``source`` (``[N, S, dim]``, or ``[1, S, dim]``
         for all of them, projected once) from now on (in place)."""
-        for layer, (keys, values) in zip(self.layers, self.cross):
+        for layer, cross in zip(self.layers, self.cross):
             assert layer.cross_attention is not None
-            new_keys, new_values = layer.cross_attention.project(source.to(keys.dtype))
-            keys.index_copy_(0, rows, new_keys.expand(len(rows), -1, -1, -1))
-            values.index_copy_(0, rows, new_values.expand(len(rows), -1, -1, -1))
+            new_keys, new_values = layer.cross_attention.project(source.to(cross.keys.dtype))
+            cross.keys.index_copy_(0, rows, new_keys.expand(len(rows), -1, -1, -1))
+            cross.values.index_copy_(0, rows, new_values.expand(len(rows), -1, -1, -1))
+
+    @torch.no_grad()
+    def set_cross_shared(self, source: torch.Tensor) -> None:
+        """Every row attends to ``source`` (``[1, S', dim]``) after its own positions, from the
+        next step (after ``start_cross``; a captured step keeps the tensors it saw)."""
+        shared = []
+        for layer, cross in zip(self.layers, self.cross):
+            assert layer.cross_attention is not None
+            keys, values = layer.cross_attention.project(source.to(cross.keys.dtype))
+            shared.append(replace(cross, shared_keys=keys[0].contiguous(), shared_values=values[0].contiguous()))
+        self.cross = shared
 
     def _plan(self, offset: torch.Tensor, steps: int, span: int | None) -> StepPlan:
         return StepPlan.build(
