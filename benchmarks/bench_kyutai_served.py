@@ -90,6 +90,7 @@ RATE = 24_000
 FRAME = 1920
 PERIOD_S = FRAME / RATE
 VOICE = "bench"
+GPU_MEMORY = 'rtserve_torch_cuda_memory_bytes{{device="0",kind="{}"}}'  # /metrics, kind: allocated, reserved
 WORDS = [
     "the",
     "quick",
@@ -607,6 +608,9 @@ async def run_point(args: argparse.Namespace, workers: int, clients: int) -> dic
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
         "gpu_busy_pct": gpu_pct,
+        # The engine process's GPU memory in tensors, and taken from the driver (the allocator's cache too).
+        "gpu_gb_allocated": metrics_after.get(GPU_MEMORY.format("allocated"), float("nan")) / 2**30,
+        "gpu_gb_reserved": metrics_after.get(GPU_MEMORY.format("reserved"), float("nan")) / 2**30,
         "client_cpu_pct": 100.0 * sum(r.cpu_s for r in results) / measured_s,
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "errors": sum(log.error is not None for log in logs),
@@ -792,6 +796,8 @@ ASR_COLUMNS = [
     ("srv cpu", "server_cpu_pct", "{:.0f}%"),
     ("busiest", "busiest_server_pct", "{:.0f}%"),
     ("gpu", "gpu_busy_pct", "{:.0f}%"),
+    ("GPU GB", "gpu_gb_reserved", "{:.1f}"),
+    ("in tensors", "gpu_gb_allocated", "{:.1f}"),
     ("client max", "busiest_client_pct", "{:.0f}%"),
     ("errors", "errors", "{}"),
 ]
@@ -831,6 +837,8 @@ TTS_COLUMNS = [
     ("srv cpu", "server_cpu_pct", "{:.0f}%"),
     ("busiest", "busiest_server_pct", "{:.0f}%"),
     ("gpu", "gpu_busy_pct", "{:.0f}%"),
+    ("GPU GB", "gpu_gb_reserved", "{:.1f}"),
+    ("in tensors", "gpu_gb_allocated", "{:.1f}"),
     ("client max", "busiest_client_pct", "{:.0f}%"),
     ("errors", "errors", "{}"),
 ]

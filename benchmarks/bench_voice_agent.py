@@ -80,6 +80,7 @@ import numpy.typing as npt
 import pyspy
 import voice_agent_kit
 from bench_kyutai_served import (  # benchmarks/ on sys.path
+    GPU_MEMORY,
     VOICE,
     Reply,
     first_audio_steps,
@@ -97,7 +98,6 @@ Pcm16 = npt.NDArray[np.int16]  # the question's samples, as the client sends the
 # start_at, period, stop_at, server VAD silence_ms (None: client commits), the sessions' max_output_tokens
 ClientArgs = tuple[float, float, float, int | None, int | None]
 ROOT = Path(__file__).resolve().parents[1]
-GPU_MEMORY = 'rtserve_torch_cuda_memory_bytes{{device="0",kind="{}"}}'
 KINDS = ("allocated", "reserved")
 sys.path.append(str(ROOT))  # for tests/ helpers; appended: an rtserve tree on PYTHONPATH stays first
 
@@ -136,7 +136,8 @@ def on_event(event: dict[str, Any], log: ClientLog, now: float) -> None:
     """Note ``event`` on the turn it belongs to (the latest question's)."""
     kind = event["type"]
     if kind == "error":
-        log.errors.append(event["error"].get("code") or "error")
+        error = event["error"]
+        log.errors.append(f"{error.get('code') or 'error'}: {error.get('message', '')}"[:120])
     if not log.turns:
         return
     turn = log.turns[-1]
@@ -399,6 +400,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
                 await asyncio.to_thread(pyspy.report, tts_profiler, tts_spy, title)
             results = await shards
     finally:
+        log_tails = {each.name: await each.log_tail(8000) for each in servers}  # stop() removes the logs
         for each in servers:
             each.stop()
         if llm is not None:
@@ -443,6 +445,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
     }
+    if point["errors"]:  # why, in the servers' own words (an engine's failure is logged, not sent)
+        point["server_log_tails"] = log_tails
     for engine in ("stt", "tts"):
         seconds = histogram_quantile(metrics_before, metrics_after, f"rtserve_kyutai_{engine}_tick_seconds", 0.99)
         point[f"{engine}_tick_p99_ms"] = seconds * 1e3
