@@ -399,8 +399,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
                 title = f"TTS server's engine process, N={clients} workers={args.tts_server_workers}"
                 await asyncio.to_thread(pyspy.report, tts_profiler, tts_spy, title)
             results = await shards
+            log_tails = {each.name: await each.log_tail(8000) for each in servers}  # stop() removes the logs
     finally:
-        log_tails = {each.name: await each.log_tail(8000) for each in servers}  # stop() removes the logs
         for each in servers:
             each.stop()
         if llm is not None:
