@@ -128,7 +128,12 @@ class TransportLimits(_Section):
 
     max_ws_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_http_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    ws_heartbeat_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
+    ws_heartbeat_s: float = Field(
+        20.0,
+        gt=0,
+        description="WebSocket ping interval (a peer that misses its pong is dropped); not on the routes whose "
+        "client reads audio at its own pace: /api/tts_streaming, /v1/audio/speech/stream",
+    )
     max_concurrent_http_generations: int = Field(8, ge=1, description="beyond -> 429, never an unbounded queue")
     codec_threads: int = Field(
         2,

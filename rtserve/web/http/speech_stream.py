@@ -344,7 +344,9 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     limits = ctx.config.speech_stream
     tts = require_tts(ctx, request.query.get("model"))  # before the upgrade: a plain HTTP error
     connections = request.app[STREAMS]
-    ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes, heartbeat=ctx.config.transport.ws_heartbeat_s)
+    # No pings (docs/serving.md#tts-streaming): an idle client is ended by idle_timeout_s, one
+    # that stops reading by send_timeout_s.
+    ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes, heartbeat=None)
     await ws.prepare(request)
     if connections.closing or connections.count >= limits.max_connections:
         await close_socket(

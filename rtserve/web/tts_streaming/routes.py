@@ -62,8 +62,7 @@ def _query(request: web.Request) -> tuple[OutputFormat, int | None]:
 async def tts_socket(request: web.Request) -> web.StreamResponse:
     service = request.app[TTS_STREAMING]
     ctx = request.app[CTX]
-    config = ctx.config
-    limits = config.tts_streaming
+    limits = ctx.config.tts_streaming
     engine: SpeechStreams
     if service.engine is not None:
         engine = service.engine
@@ -79,7 +78,10 @@ async def tts_socket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(
         protocols=key_subprotocols(request),
         max_msg_size=limits.max_message_bytes * _HARD_SIZE_FACTOR,
-        heartbeat=config.transport.ws_heartbeat_s,
+        # No pings: a client that reads the audio as it plays answers a ping only after the audio
+        # queued before it, seconds late; a silent client is ended by idle_timeout_s, one that
+        # stops reading by send_timeout_s.
+        heartbeat=None,
         compress=False,
     )
     await ws.prepare(request)

@@ -223,6 +223,27 @@ async def test_an_idle_connection_is_closed(config):
     assert closed.value.rcvd.code == 1000 and closed.value.rcvd.reason == "idle timeout"
 
 
+async def test_a_client_that_reads_at_its_own_pace_keeps_the_connection(config):
+    """A client that takes the audio as it plays and says nothing meanwhile is not taken for dead:
+    the route sends no pings, which such a reader answers only after the audio queued before them
+    (docs/serving.md#streaming-speech). Here pings would be due every 0.2 s."""
+    config.transport.ws_heartbeat_s = 0.2
+    async with serve_doubles(config) as (base, _), websockets.connect(ws_url(base), max_queue=1) as ws:
+        await send(ws, "input.text", text="word " * 200)  # 0.96 MB: past what one read of the socket takes
+        await send(ws, "input.done")
+        heard = 0
+        while not isinstance(message := await asyncio.wait_for(ws.recv(), timeout=10), str) or (
+            json.loads(message)["type"] != "session.done"
+        ):
+            heard += len(message) if isinstance(message, bytes) else 0
+            await asyncio.sleep(0.005)  # its playback
+        await send(ws, "input.text", text="again.")  # the connection serves the next utterance
+        await send(ws, "input.done")
+        events, _ = await utterance(ws)
+    assert events[-1]["type"] == "session.done" and events[-1]["utterance_index"] == 1
+    assert heard == 200 * WORD_BYTES
+
+
 async def test_connections_beyond_the_bound_are_refused_with_1013(config):
     config.speech_stream.max_connections = 1
     async with serve_doubles(config) as (base, _), websockets.connect(ws_url(base)) as first:

@@ -58,9 +58,10 @@ def _pack(message: dict[str, Any]) -> bytes:
     return packed
 
 
-async def _connect(url: str, query: str = "voice=alice") -> websockets.ClientConnection:
+async def _connect(url: str, query: str = "voice=alice", **options: Any) -> websockets.ClientConnection:
+    """``options``: the client's own (``websockets.connect``)."""
     for _ in range(200):  # the engine loads in the background: refused until it serves
-        ws = await websockets.connect(f"{url}?{query}", additional_headers={"kyutai-api-key": KEY})
+        ws = await websockets.connect(f"{url}?{query}", additional_headers={"kyutai-api-key": KEY}, **options)
         first = msgpack.unpackb(await ws.recv())
         if first["type"] == "Ready":
             return ws
@@ -185,6 +186,28 @@ async def test_a_reply_that_waits_for_the_young_row_speaks_its_text_sent_meanwhi
     for ours, theirs in ((alice_spoken, alice_alone), (bob_spoken, bob_alone)):
         assert ours.words == theirs.words
         np.testing.assert_allclose(ours.pcm, theirs.pcm, atol=1e-5)
+
+
+async def test_a_client_that_reads_at_its_own_pace_keeps_the_stream(config: ServerConfig, tiny: TinyTTS) -> None:
+    """A client that takes the audio no faster than it plays and sends nothing after its end of
+    stream (the voice agent's reply, paced to real time) is not taken for dead: this route sends
+    no pings, which such a reader answers only once it has read the audio queued before them
+    (docs/serving.md#tts-streaming). Here pings would be due every 0.2 s."""
+    quick_pings = _serving(config, tiny).model_copy(
+        update={"transport": config.transport.model_copy(update={"ws_heartbeat_s": 0.2})}
+    )
+    async with serve_app(build_app(quick_pings)) as base:
+        # max_queue=1: the client library stops reading the socket while a message waits.
+        ws = await _connect(base.replace("http://", "ws://") + "/api/tts_streaming", max_queue=1)
+        await ws.send(_pack({"type": "Text", "text": " ".join(WORDS)}))
+        await ws.send(_pack({"type": "Eos"}))
+        words: list[str] = []
+        async for data in ws:
+            message = msgpack.unpackb(data)
+            if message["type"] == "Text":
+                words.append(message["text"])
+            await asyncio.sleep(0.05)  # its playback
+    assert ws.close_code == 1000 and words == WORDS
 
 
 async def test_eos_before_any_text_ends_the_stream_silently(url: str) -> None:
