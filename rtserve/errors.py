@@ -97,6 +97,7 @@ SYNTHESIS_FAILED = "synthesis_failed"
 UNSUPPORTED_LANGUAGE = "unsupported_language"
 INVALID_VOICE = "invalid_voice"
 SESSION_BUSY = "session_busy"  # a streaming-speech session.config while text waits to be spoken
+TOKENIZE_UNSUPPORTED = "tokenize_unsupported"  # POST /tokenize on an LLM that does not count tokens
 TTS_STREAMING_UNAVAILABLE = "tts_streaming_unavailable"  # /api/tts_streaming on a server with no TTS at all
 ASR_STREAMING_UNAVAILABLE = "asr_streaming_unavailable"  # /api/asr-streaming on a server with no ASR at all
 STREAM_ALREADY_ENDED = "stream_already_ended"  # /api/tts_streaming: text or Eos after the Eos

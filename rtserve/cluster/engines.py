@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from rtserve.config import EngineLinkConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.kyutai_tts.service import TTSStreamEngine
-from rtserve.engines.protocols import EngineSession, TTSEngine, TurnEngines
+from rtserve.engines.protocols import EngineSession, LLMEngine, TTSEngine, TurnEngines, token_counter
 from rtserve.engines.remote.client import RemoteEngines, RemotePolicy
 from rtserve.engines.remote.link import EngineLink, EngineUnavailable
 from rtserve.engines.remote.offer import EngineOffer, TurnEngineInfo
@@ -194,15 +194,26 @@ class _RoutedTurnEngine:
 
 
 class RoutedLLM(_RoutedTurnEngine):
-    async def generate(
-        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
-    ) -> AsyncGenerator[TokenDelta, None]:
+    def _llm(self) -> LLMEngine:
         llm = self._turn_engines().llm
         if llm is None:
             raise EngineError("the engine has no LLM loaded", code=MODEL_NOT_FOUND)
-        async with contextlib.aclosing(llm.generate(messages, params, fit_history=fit_history)) as items:
+        return llm
+
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, *, fit_history: bool = False
+    ) -> AsyncGenerator[TokenDelta, None]:
+        async with contextlib.aclosing(self._llm().generate(messages, params, fit_history=fit_history)) as items:
             async for item in items:
                 yield item
+
+    async def tokenize(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, *, add_special_tokens: bool = False
+    ) -> list[int]:
+        return await token_counter(self._llm()).tokenize(prompt, params, add_special_tokens=add_special_tokens)
+
+    async def context_tokens(self) -> int | None:
+        return await token_counter(self._llm()).context_tokens()
 
 
 class RoutedTTS(_RoutedTurnEngine):

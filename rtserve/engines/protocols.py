@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rtserve.codecs.pcm import FloatArray
+from rtserve.engines.errors import EngineError
 from rtserve.engines.events import EngineEvent
 from rtserve.engines.kyutai_stt.service import SpeechStreamEngine
 from rtserve.engines.turn_detection import TurnDetection
@@ -47,6 +48,7 @@ from rtserve.engines.values import (
     TranscriptPiece,
     VoiceInfo,
 )
+from rtserve.errors import TOKENIZE_UNSUPPORTED
 
 
 class FrameModel(Protocol):
@@ -109,6 +111,31 @@ class LLMEngine(Protocol):
         sessions) drops the oldest non-system messages when the conversation outgrows the
         context; without it that is ``context_length_exceeded``."""
         ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """An ``LLMEngine`` that tells its prompts' tokens and its context (``POST /tokenize`` and
+    ``max_model_len`` in ``/v1/models``, as vLLM reports them)."""
+
+    async def tokenize(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, *, add_special_tokens: bool = False
+    ) -> list[int]:
+        """The ids of ``prompt``: a conversation chat-templated with the generation prompt (and
+        ``params.tools``) as ``generate`` would send it whole, however long; or a plain text
+        (``add_special_tokens``: with the tokenizer's own, e.g. BOS)."""
+        ...
+
+    async def context_tokens(self) -> int | None:
+        """The tokens a prompt and its reply may take together; None while the model loads."""
+        ...
+
+
+def token_counter(llm: LLMEngine) -> CountsTokens:
+    """``llm`` as a ``CountsTokens``, or the error that says it cannot count."""
+    if not isinstance(llm, CountsTokens):
+        raise EngineError(f"the LLM {llm.model_name!r} does not count tokens here", code=TOKENIZE_UNSUPPORTED)
+    return llm
 
 
 class TTSEngine(Protocol):

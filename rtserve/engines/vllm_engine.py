@@ -76,7 +76,8 @@ class VllmTextEngine:
         deadline = time.monotonic() + self._settings.startup_timeout_s
         while True:
             try:
-                listed = await self._json("/v1/models")
+                self._serving(await self._json("/v1/models"))
+                return
             except EngineError as exc:
                 if exc.code != MODEL_NOT_READY:  # e.g. a refused key: waiting will not help
                     self._failure = exc.message
@@ -84,9 +85,6 @@ class VllmTextEngine:
                 problem = exc.message
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-            else:
-                self._serving(listed)
-                return
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -98,16 +96,15 @@ class VllmTextEngine:
         raise EngineError(self._failure, code=MODEL_UNAVAILABLE)
 
     def _serving(self, listed: dict[str, Any]) -> None:
-        """Take vLLM's ``/v1/models`` answer: the model must be there, with its context length."""
+        """Take vLLM's ``/v1/models`` answer: the model must be there, with its context length
+        (an rtserve serving as the LLM reports it once its model loaded: until then, not ready)."""
         models = {m["id"]: m for m in listed.get("data", [])}
-        problem = None
         if self._model not in models:
             problem = f"vLLM at {self._url} serves {sorted(models)}, not {self._model!r} (http.vllm.model)"
-        elif not models[self._model].get("max_model_len"):
-            problem = f"vLLM at {self._url} does not report max_model_len for {self._model!r}"
-        if problem is not None:
-            self._failure = problem
             raise EngineError(problem, code=MODEL_UNAVAILABLE)
+        if not models[self._model].get("max_model_len"):
+            problem = f"vLLM at {self._url} does not report max_model_len for {self._model!r} (yet)"
+            raise EngineError(problem, code=MODEL_NOT_READY)
         self._context = int(models[self._model]["max_model_len"])
         log.info("vLLM LLM ready: %s at %s (context %d tokens)", self._model, self._url, self._context)
 
@@ -132,10 +129,7 @@ class VllmTextEngine:
 
         ``fit_history`` drops the oldest non-system turns when the conversation outgrows
         vLLM's context; without it vLLM's refusal is ``context_length_exceeded``."""
-        if self._context is None:
-            if self._failure is not None:  # the reason names vLLM's address: it stays in the server log
-                raise EngineError("The LLM server (vLLM) is unavailable.", code=MODEL_UNAVAILABLE)
-            raise EngineError("The LLM (vLLM) is still loading.", code=MODEL_NOT_READY)
+        self._check_serving()
         if fit_history:
             messages = await self._fitted(messages, params)
         body = self._body(messages, params)
@@ -146,6 +140,35 @@ class VllmTextEngine:
                         raise await _refusal(response)
                     async for delta in _deltas(response):
                         yield delta
+
+    def _check_serving(self) -> None:
+        if self._context is None:
+            if self._failure is not None:  # the reason names vLLM's address: it stays in the server log
+                raise EngineError("The LLM server (vLLM) is unavailable.", code=MODEL_UNAVAILABLE)
+            raise EngineError("The LLM (vLLM) is still loading.", code=MODEL_NOT_READY)
+
+    async def tokenize(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, *, add_special_tokens: bool = False
+    ) -> list[int]:
+        """``CountsTokens``: vLLM's own ``/tokenize``."""
+        self._check_serving()
+        return [int(token) for token in (await self._tokenized(prompt, params, add_special_tokens))["tokens"]]
+
+    async def _tokenized(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, add_special_tokens: bool = False
+    ) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` answer (``count``, ``tokens``, ``max_model_len``)."""
+        body: dict[str, Any] = {"model": self._model}
+        if isinstance(prompt, str):
+            body |= {"prompt": prompt, "add_special_tokens": add_special_tokens}
+        else:
+            tools = {"tools": openai_tools(params.tools, strict=True)} if params.tools else {}
+            body |= {"add_generation_prompt": True, **tools, "messages": openai_turns(prompt, arguments_as_text=True)}
+        with _unreachable_is_unavailable():
+            return await self._json("/tokenize", body)
+
+    async def context_tokens(self) -> int | None:
+        return self._context
 
     def _body(self, messages: Sequence[ChatMessage], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -175,22 +198,11 @@ class VllmTextEngine:
         assert self._context is not None
         max_tokens = params.max_tokens
         budget = self._context - max_tokens
-        tools = {"tools": openai_tools(params.tools, strict=True)} if params.tools else {}
         droppable = [i for i, m in enumerate(messages[:-1]) if m.role != "system"]
 
         async def fits(dropped: int) -> bool:
             gone = set(droppable[:dropped])
-            kept = [m for i, m in enumerate(messages) if i not in gone]
-            with _unreachable_is_unavailable():
-                counted = await self._json(
-                    "/tokenize",
-                    {
-                        "model": self._model,
-                        "add_generation_prompt": True,
-                        **tools,
-                        "messages": openai_turns(kept, arguments_as_text=True),
-                    },
-                )
+            counted = await self._tokenized([m for i, m in enumerate(messages) if i not in gone], params)
             return int(counted["count"]) <= budget
 
         if await fits(0):
@@ -235,13 +247,16 @@ def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
 async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
     """vLLM's error answer as a typed error: its own message for a refused request (400),
     ``context_length_exceeded`` when that is why; anything else: the server is unavailable."""
+    error: dict[str, Any] = {}
     try:
-        error = (await response.json()).get("error", {})
-        message = str(error.get("message") or response.reason)
+        answer = (await response.json()).get("error")
+        error = answer if isinstance(answer, dict) else {}
     except (aiohttp.ContentTypeError, ValueError, AttributeError):
-        message = str(response.reason)
+        pass
+    message = str(error.get("message") or response.reason)
     if response.status == 400:
         too_long = "context length" in message or "maximum context" in message
+        too_long = too_long or error.get("code") == CONTEXT_LENGTH_EXCEEDED  # another rtserve's refusal
         return EngineError(message, code=CONTEXT_LENGTH_EXCEEDED if too_long else MALFORMED_REQUEST)
     if response.status == 503:
         return EngineError(f"The LLM server (vLLM) is not ready: {message}", code=MODEL_NOT_READY)

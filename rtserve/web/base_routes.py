@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rtserve.engines.errors import EngineError
+from rtserve.engines.protocols import CountsTokens
 from rtserve.errors import ENGINE_FAILED
 from rtserve.web.context import CTX
 from rtserve.web.route_engine import RouteEngine, route_engines
@@ -72,15 +75,12 @@ async def models(request: web.Request) -> web.Response:
     turn = ctx.turn_engines
     # The HTTP routes' engines too: a separate text engine (vLLM) is not the session engine's.
     served = [*ctx.engine.model_ids(), *(e.model_name for e in (turn.asr, turn.llm, turn.tts) if e is not None)]
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {"id": mid, "object": "model", "created": created, "owned_by": "rtserve"}
-                for mid in dict.fromkeys(served)
-            ],
-        }
-    )
+    listed = {mid: {"id": mid, "object": "model", "created": created, "owned_by": "rtserve"} for mid in served}
+    if isinstance(turn.llm, CountsTokens):  # vLLM's field, which its clients read (docs/serving.md#tokenize)
+        with contextlib.suppress(EngineError):  # the engine process is gone: listed without it
+            if context := await turn.llm.context_tokens():
+                listed[turn.llm.model_name]["max_model_len"] = context
+    return web.json_response({"object": "list", "data": list(listed.values())})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -52,6 +52,7 @@ _HTTP_BY_CODE: dict[str, tuple[int, str | None]] = {
     errors.VOICE_REGISTRATION_UNSUPPORTED: (400, None),
     errors.VOICE_MODEL_REJECTED: (422, "model"),
     errors.SPEECH_TOO_LONG: (422, "input"),
+    errors.TOKENIZE_UNSUPPORTED: (501, None),
 }
 
 

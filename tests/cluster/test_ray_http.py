@@ -11,6 +11,7 @@ import io
 import re
 import wave
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -29,6 +30,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.models, pytest.mark
 PREFIX = "rtserve-test-cascade"
 ENGINES = [f"{PREFIX}-0", f"{PREFIX}-1"]
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 TTS_STAGE = 3  # the cascade's sleep stages: 0 VAD, 1 ASR, 2 LLM, 3 TTS
 LOAD_TIMEOUT_S = 300  # both actors load Whisper, SmolLM2 and Piper on a shared small machine
 
@@ -64,16 +69,18 @@ async def test_chat_completion_through_the_cluster(cascade: tuple[str, ClusterEn
             model="smollm2-135m-instruct",
             temperature=0,
             max_tokens=12,
-            messages=[
-                {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-                {"role": "user", "content": "What is the capital of France?"},
-            ],
+            messages=MESSAGES,
         )
     )
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and words(choice.message.content or "")
     assert choice.finish_reason in ("stop", "length")
     assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 12
+    # vLLM's /tokenize through an engine actor counts the prompt the completion reported.
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/tokenize", json={"messages": MESSAGES}) as resp:
+            counted = await resp.json()
+    assert resp.status == 200 and counted["count"] == completion.usage.prompt_tokens, counted
 
 
 async def test_speech_through_the_cluster_is_a_wav_of_speech(cascade: tuple[str, ClusterEngines]) -> None:

@@ -155,6 +155,7 @@ class _RoundRobin(DecodeQueue):
     def __init__(self, decoder: _Decoder, max_active: int, max_waiting: int) -> None:
         super().__init__(max_active, max_waiting)
         self._decoder: _Decoder | None = decoder
+        self.prompter = decoder.prompter
 
     def serve(self) -> None:
         import torch

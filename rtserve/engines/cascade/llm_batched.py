@@ -75,7 +75,7 @@ class _Continuous(DecodeQueue):
         super().__init__(max_active, max_waiting)
         self._manager: Any = manager
         self._tokenizer = llm.tokenizer
-        self._prompter = Prompter(llm.tokenizer, context_tokens)
+        self.prompter = Prompter(llm.tokenizer, context_tokens)
         self._context = context_tokens
         self._eos = eos_ids(llm.tokenizer, llm.model.generation_config.eos_token_id)
         self._metrics = metrics
@@ -107,7 +107,7 @@ class _Continuous(DecodeQueue):
     def _add(self, request: _Request) -> bool:
         params = request.params
         try:
-            prompt = self._prompter.prompt_ids(request.messages, params.max_tokens, request.fit_history, params)
+            prompt = self.prompter.prompt_ids(request.messages, params.max_tokens, request.fit_history, params)
         except Exception as exc:  # noqa: BLE001 - the request fails, the others go on
             fail_request(request, exc)
             return False

@@ -112,7 +112,7 @@ class _Batches(DecodeQueue):
         self._llm: LoadedCt2 | None = llm
         self._tokenizer = llm.tokenizer
         context = min(context_tokens, llm.max_positions or context_tokens)
-        self._prompter = Prompter(llm.tokenizer, context)
+        self.prompter = Prompter(llm.tokenizer, context)
         self._context = context
         self._eos = eos_ids(llm.tokenizer, llm.eos)
         self._metrics = metrics
@@ -135,10 +135,10 @@ class _Batches(DecodeQueue):
     def _prepare(self, request: _Request) -> bool:
         try:
             with self._shared:
-                request.prompt = self._prompter.prompt_ids(
+                request.prompt = self.prompter.prompt_ids(
                     request.messages, request.params.max_tokens, request.fit_history, request.params
                 )
-                opening = self._prompter.opening_length(request.messages, request.params, request.prompt)
+                opening = self.prompter.opening_length(request.messages, request.params, request.prompt)
         except Exception as exc:  # noqa: BLE001 - the request fails, the batch goes on
             fail_request(request, exc)
             return False

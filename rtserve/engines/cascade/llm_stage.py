@@ -148,7 +148,7 @@ class Prompter:
         (``prompt_fit``: tokenizer work bounded by the budget). Tools, calls and results are
         rendered by ``tool_calls.render``; a forced call's marker ends the prompt."""
         turns, tools = render(messages, params, self.native_tools)
-        suffix = self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
+        suffix = self._suffix(params)
         return fit_prompt(
             turns,
             context=self.context_tokens,
@@ -159,6 +159,18 @@ class Prompter:
             token_chars=self._token_chars,
             overhead=self._turn_overhead,
         )
+
+    def whole_prompt_ids(self, messages: Sequence[ChatMessage], params: SamplingParams) -> list[int]:
+        """The chat-templated prompt of every turn, however long (what ``/tokenize`` counts)."""
+        turns, tools = render(messages, params, self.native_tools)
+        return self._render(turns, tools, self._suffix(params))
+
+    def text_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _suffix(self, params: SamplingParams) -> list[int]:
+        """A forced call's marker, which ends its prompt."""
+        return self.tokenizer.encode(CALL_OPEN + "\n", add_special_tokens=False) if forced(params) else []
 
     def opening_length(self, messages: Sequence[ChatMessage], params: SamplingParams, prompt: Sequence[int]) -> int:
         """How many leading ids of ``prompt`` every conversation with the same system message
@@ -193,7 +205,9 @@ class Prompter:
 class DecodeQueue(ABC):
     """The dedicated LLM threads' bounded intake; ``serve`` is the runtime's decode loop, run by
     each of ``lanes`` threads at once (each decodes up to ``lane_capacity`` requests, its share
-    of ``max_active``)."""
+    of ``max_active``); ``prompter``: its model's prompts (set by each runtime)."""
+
+    prompter: Prompter
 
     def __init__(self, max_active: int, max_waiting: int, gather_s: float = 0.0, lanes: int = 1) -> None:
         self.max_active = max_active
@@ -441,6 +455,22 @@ class LlmStage(ABC):
 
     async def _submit(self, request: LlmRequest) -> None:
         self._queue_for(request.params).submit(request)
+
+    async def tokenize(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, *, add_special_tokens: bool = False
+    ) -> list[int]:
+        """``CountsTokens``: tokenizer work only, on a thread (a long conversation's template
+        takes milliseconds), beside the decode threads."""
+        if not self._ready or self._queue is None:
+            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
+        prompter = self._queue.prompter
+        if isinstance(prompt, str):
+            return await asyncio.to_thread(prompter.text_ids, prompt, add_special_tokens)
+        check_tools(params.tools, params.tool_choice)
+        return await asyncio.to_thread(prompter.whole_prompt_ids, prompt, params)
+
+    async def context_tokens(self) -> int | None:
+        return self._queue.prompter.context_tokens if self._ready and self._queue is not None else None
 
     @abstractmethod
     def new_request(

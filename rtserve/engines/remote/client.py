@@ -221,6 +221,17 @@ class RemoteLLM(_RemoteTurnEngine):
     ) -> AsyncGenerator[TokenDelta, None]:
         return self._link.stream("llm", "generate", tuple(messages), params, fit_history)
 
+    async def tokenize(
+        self, prompt: Sequence[ChatMessage] | str, params: SamplingParams, *, add_special_tokens: bool = False
+    ) -> list[int]:
+        prompt = prompt if isinstance(prompt, str) else tuple(prompt)
+        ids: list[int] = await self._link.call("llm", "tokenize", prompt, params, add_special_tokens)
+        return ids
+
+    async def context_tokens(self) -> int | None:
+        context: int | None = await self._link.call("llm", "context_tokens")
+        return context
+
 
 class RemoteTTS(_RemoteTurnEngine):
     def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0) -> AsyncGenerator[Pcm, None]:

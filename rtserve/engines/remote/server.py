@@ -38,7 +38,7 @@ from rtserve.engines.events import OutputAudio
 from rtserve.engines.kyutai_stt.service import SpeechStream, SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.policy.errors import PolicyInferenceError
-from rtserve.engines.protocols import EngineSession, ForwardsEvents
+from rtserve.engines.protocols import EngineSession, ForwardsEvents, token_counter
 from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.speech_stream_host import HostedSpeechStreams
 from rtserve.engines.remote.tts_stream_host import speak
@@ -172,6 +172,10 @@ class WorkerLink:
             ("engine", "metrics"): self._metrics_exposition,
             ("engine", "sleep"): self._engines.sleep,
             ("engine", "wake_up"): self._engines.wake_up,
+            ("llm", "tokenize"): lambda prompt, params, special: token_counter(self._turn_engine("llm")).tokenize(
+                prompt, params, add_special_tokens=special
+            ),
+            ("llm", "context_tokens"): lambda: token_counter(self._turn_engine("llm")).context_tokens(),
             ("tts", "voice_list"): lambda: self._turn_engine("tts").voice_list(),
             ("tts", "add_voice"): lambda *a: self._turn_engine("tts").add_voice(*a),
             ("tts", "remove_voice"): lambda name: self._turn_engine("tts").remove_voice(name),

@@ -1,4 +1,4 @@
-"""HTTP generation routes: chat completions, speech, transcriptions (OpenAI shapes)."""
+"""HTTP generation routes: chat completions (and vLLM's /tokenize), speech, transcriptions (OpenAI shapes)."""
 
 from rtserve.web.http.routes import setup
 

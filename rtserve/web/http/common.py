@@ -136,6 +136,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
+    return validate(model, await read_json_object(request))
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object, not yet validated (a route whose shape depends on its fields)."""
     # A JSON request has its own bound, far below an upload's: parsing costs memory many times its size.
     config = request.app[CTX].config
     raw = await read_body(request, min(config.http.max_json_body_bytes, config.transport.max_http_body_bytes))
@@ -145,7 +150,7 @@ async def read_json(request: web.Request, model: type[ModelT]) -> ModelT:
         raise ApiError("The request body is not valid JSON.", code=INVALID_JSON) from None
     if not isinstance(data, dict):
         raise ApiError("The request body must be a JSON object.", code=INVALID_JSON)
-    return validate(model, data)
+    return data
 
 
 def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from rtserve.web.context import CTX
-from rtserve.web.http import chat, sleep, speech, speech_batch, speech_stream, transcriptions, voices
+from rtserve.web.http import chat, sleep, speech, speech_batch, speech_stream, tokenize, transcriptions, voices
 from rtserve.web.http.common import LIMITER, GenerationLimiter
 
 
@@ -16,6 +16,7 @@ def setup(app: web.Application) -> None:
     ctx = app[CTX]
     app[LIMITER] = GenerationLimiter(ctx.config.transport.max_concurrent_http_generations, ctx.registry)
     chat.setup(app)
+    tokenize.setup(app)
     speech.setup(app)
     transcriptions.setup(app)
     speech_batch.setup(app)

@@ -5,6 +5,7 @@ caches."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,25 @@ async def test_context_overflow_is_a_typed_error_or_trims_history(llm: LlmStage)
     assert raised.value.code == "context_length_exceeded"
     deltas = [d async for d in llm.generate(question, SamplingParams(temperature=0.0, max_tokens=4), fit_history=True)]
     assert deltas[-1].prompt_tokens < 100  # the oldest turn went; the question stayed
+
+
+async def test_a_conversations_token_count_is_the_prompt_its_reply_reports(llm: LlmStage) -> None:
+    """``tokenize`` (``POST /tokenize``, docs/serving.md#tokenize) counts a conversation as
+    ``generate`` prompts the model with it, tools included, and counts past the context too (a
+    client fitting its history needs the count of what does not fit)."""
+    question = (ChatMessage("system", DEFAULT_INSTRUCTIONS), ChatMessage("user", "What is the capital of France?"))
+    counts = []
+    for params in (SamplingParams(temperature=0.0, max_tokens=2), replace(CALL_WEATHER, tool_choice=ToolChoice())):
+        ids = await llm.tokenize(question, params)
+        last = [d async for d in llm.generate(question, params)][-1]
+        assert len(ids) == last.prompt_tokens
+        counts.append(len(ids))
+    assert counts[1] > counts[0]  # the tool's schema is in the prompt
+    context = await llm.context_tokens()
+    assert context == 2048  # cascade.llm_context_tokens
+    assert len(await llm.tokenize((ChatMessage("user", "word " * 2500),), SamplingParams())) > context
+    text = await llm.tokenize("What is the capital of France?", SamplingParams())
+    assert 0 < len(text) < counts[0]
 
 
 async def test_bad_sampling_params_are_typed_errors(llm: LlmStage) -> None:
