@@ -248,3 +248,13 @@ async def test_batch_failure_of_one_conversation_fails_the_batch_and_stops_the_r
             assert resp.status == 500
             assert (await resp.json())["error"]["message"] == "the double failed on purpose"
         assert engine.llm.control.closed.is_set()
+
+
+async def test_tokenize_on_an_llm_that_cannot_count_says_so(config):
+    """The double counts no tokens: POST /tokenize answers 501 ``tokenize_unsupported``
+    (docs/serving.md#tokenize), and /v1/models lists it without ``max_model_len``."""
+    async with serve_doubles(config) as (base, _), aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/tokenize", json={"messages": HELLO}) as resp:
+            assert resp.status == 501 and (await resp.json())["error"]["code"] == "tokenize_unsupported"
+        async with http.get(f"{base}/v1/models") as resp:
+            assert all("max_model_len" not in m for m in (await resp.json())["data"])
