@@ -12,7 +12,10 @@ the cascade's continuously batched transformers runtime in the agent's engine pr
 ``--llm-shape`` (``random_llm.py``: Llama 3.2 1B's or SmolLM2-1.7B's) stepped as CUDA graphs
 (``llm_cuda_graphs``), its replies
 capped by the sessions' ``max_output_tokens`` (``--llm-max-tokens``); vLLM, the other batched GPU
-LLM, is not installed on the H200 host.
+LLM, is not installed on the H200 host. ``--llm server`` runs that same model in an rtserve of its
+own (``--llm-server-workers`` front-ends, its own engine process and CUDA context) that the agent
+reaches as its vLLM (``cascade.llm_engine: vllm``; ``/tokenize`` and ``max_model_len``,
+docs/serving.md#tokenize): the STT's engine process then steps the STT alone.
 
 Clients are live microphones at real time: 40 ms chunks of PCM16, silence except for one spoken
 question (the shipped Piper voice, read in this process as the voice-agent test does: the random
@@ -271,9 +274,9 @@ def torch_threads(args: argparse.Namespace) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(args.server_threads)} if args.server_threads else {}
 
 
-def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server: str | None) -> dict[str, str]:
-    """The voice agent's settings; ``tts_server``: the URL of the TTS server it speaks through
-    (None: its own engine process runs the TTS)."""
+def server_env(args: argparse.Namespace, clients: int, llm: dict[str, str], tts_server: str | None) -> dict[str, str]:
+    """The voice agent's settings; ``llm``: its LLM's (``llm_env``); ``tts_server``: the URL of
+    the TTS server it speaks through (None: its own engine process runs the TTS)."""
     device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
     speech = (
         {"RTSERVE_CASCADE__TTS": "tts_server", "RTSERVE_CASCADE__TTS_SERVER__URL": tts_server}
@@ -282,7 +285,7 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server:
     )
     return {
         "RTSERVE_CASCADE__ASR": "stt_engine",
-        **llm_env(args, llm_url),
+        **llm,
         "RTSERVE_STT_ENGINE__WEIGHTS": str(args.stt_folder),
         "RTSERVE_STT_ENGINE__DEVICE": device,
         "RTSERVE_STT_ENGINE__DTYPE": dtype,
@@ -295,15 +298,14 @@ def server_env(args: argparse.Namespace, clients: int, llm_url: str, tts_server:
     }
 
 
-def llm_env(args: argparse.Namespace, llm_url: str) -> dict[str, str]:
-    """The reply LLM's settings: the stand-in at ``llm_url``, or the in-process model (``--llm
-    in-process``: continuous batching on the STT's device, ``args.llm_folder`` or the shipped model)."""
-    if args.llm == "stand-in":
-        return {
-            "RTSERVE_CASCADE__LLM_ENGINE": "vllm",
-            "RTSERVE_HTTP__VLLM__URL": llm_url,
-            "RTSERVE_HTTP__VLLM__MODEL": "paced-llm-stand-in",
-        }
+def vllm_env(url: str, model: str) -> dict[str, str]:
+    """The agent's LLM at ``url``, spoken to as a vLLM (the stand-in, or an rtserve's own LLM)."""
+    return {"RTSERVE_CASCADE__LLM_ENGINE": "vllm", "RTSERVE_HTTP__VLLM__URL": url, "RTSERVE_HTTP__VLLM__MODEL": model}
+
+
+def llm_env(args: argparse.Namespace) -> dict[str, str]:
+    """The embedded LLM's settings (``--llm in-process`` in the agent, ``--llm server`` in a server
+    of its own): continuous batching on the GPU, ``args.llm_folder`` or the shipped model."""
     device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
     return {
         "RTSERVE_CASCADE__LLM_ENGINE": "embedded",
@@ -327,29 +329,45 @@ def start_llm(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "paced_llm.py"), "--port", str(port), *pace])
 
 
+def start_llm_server(args: argparse.Namespace, clients: int) -> ServerProcess:
+    """``--llm server``: the embedded LLM in an rtserve of its own. Each reply asks it twice
+    (``/tokenize``, then the chat completion), one after the other: a slot per session."""
+    env = {
+        **llm_env(args),
+        "RTSERVE_TRANSPORT__MAX_CONCURRENT_HTTP_GENERATIONS": str(2 * clients),
+        **torch_threads(args),
+        **(voice_agent_kit.env(args.kit) if args.kit else {}),
+    }
+    return ServerProcess(env, engine="cascade", name="bench_voice_agent_llm", workers=args.llm_server_workers)
+
+
+async def served_llm(http: aiohttp.ClientSession, base: str) -> str:
+    """The model id a ready server lists with its context (``max_model_len``): its LLM's."""
+    async with http.get(f"{base}/v1/models") as resp:
+        models = (await resp.json())["data"]
+    [model] = [m["id"] for m in models if m.get("max_model_len")]
+    return str(model)
+
+
 async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> dict[str, Any]:
     llm_port = free_port()
-    llm = start_llm(args, llm_port) if args.llm == "stand-in" else None
+    stand_in = start_llm(args, llm_port) if args.llm == "stand-in" else None
+    llm_server = start_llm_server(args, clients) if args.llm == "server" else None
     tts = None
     if args.tts_server_workers:
         tts_settings = dict(setting.split("=", 1) for setting in args.tts_set)
         env = {**tts_env(args, clients), **torch_threads(args), **tts_settings}
         tts = ServerProcess(env, name="bench_voice_agent_tts", workers=args.tts_server_workers)
     tts_url = None if tts is None else tts.base.replace("http", "ws") + "/api/tts_streaming"
-    server = ServerProcess(
-        server_env(args, clients, f"http://127.0.0.1:{llm_port}", tts_url),
-        engine="cascade",
-        name="bench_voice_agent",
-        workers=args.workers,
-    )
-    servers = [server, *([tts] if tts is not None else [])]
-    url = server.base.replace("http", "ws") + "/v1/realtime"
+    servers = [each for each in (tts, llm_server) if each is not None]  # the agent goes first once started
 
     def cpu() -> dict[int, float]:
         return {pid: seconds for each in servers for pid, seconds in each.cpu_by_process().items()}
 
     async def metrics(http: aiohttp.ClientSession) -> dict[str, float]:
-        return {key: value for each in servers for key, value in (await scrape(http, each.base)).items()}
+        """The Kyutai engines' series, of the agent and the TTS server (the LLM server has none)."""
+        speech = [each for each in servers if each is not llm_server]
+        return {key: value for each in speech for key, value in (await scrape(http, each.base)).items()}
 
     try:
         async with aiohttp.ClientSession() as http:
@@ -358,20 +376,35 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
                     await tts.wait_ready(
                         http, timeout_s=args.ready_timeout, probe=await ready_probe(f"{tts_url}?voice={VOICE}")
                     )
+                if llm_server is not None:  # the agent names its model, which it lists once loaded
+                    await llm_server.wait_ready(http, timeout_s=args.ready_timeout)
+                    llm = vllm_env(llm_server.base, await served_llm(http, llm_server.base))
+                elif stand_in is not None:
+                    llm = vllm_env(f"http://127.0.0.1:{llm_port}", "paced-llm-stand-in")
+                else:
+                    llm = llm_env(args)
+                server = ServerProcess(
+                    server_env(args, clients, llm, tts_url),
+                    engine="cascade",
+                    name="bench_voice_agent",
+                    workers=args.workers,
+                )
+                servers.insert(0, server)
                 await server.wait_ready(http, timeout_s=args.ready_timeout)
-            except RuntimeError as exc:  # one server's start may have been held up by the other's (one GPU)
+            except RuntimeError as exc:  # one server's start may have been held up by another's (one GPU)
                 states = [
                     f"{each.name}: /health {await each.health_text(http)}\n{await each.log_tail(1500)}"
                     for each in servers
                 ]
                 raise RuntimeError(f"{exc}\n--- every server of the point:\n" + "\n".join(states)) from None
+            url = server.base.replace("http", "ws") + "/v1/realtime"
             start_at = time.monotonic() + 3.0 + 0.01 * clients
             stop_at = start_at + args.duration
             window = (start_at + args.warmup, stop_at)
             ranges = split(clients, args.client_procs)
             # First questions spread over the first period after the warm-up: every client asks in the window.
             phases = [start_at + args.warmup + args.period * i / clients for i in range(clients)]
-            reply_cap = args.llm_max_tokens if args.llm == "in-process" else None
+            reply_cap = None if args.llm == "stand-in" else args.llm_max_tokens
             client_args = (start_at, args.period, stop_at, None if args.client_commit else args.silence_ms, reply_cap)
             jobs = [(url, question, [phases[i] for i in r], client_args, window) for r in ranges]
             shards = asyncio.create_task(gather_shards(shard, jobs))
@@ -389,10 +422,10 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             cpu_after, metrics_after = cpu(), await metrics(http)
             # Per server: GB in tensors and GB taken from the driver (the difference: the caching allocator's
             # free blocks, which a neighbouring process on the GPU cannot use).
-            scrapes = [await scrape(http, each.base) for each in servers]
-            gpu_gb = [
-                {kind: found.get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS} for found in scrapes
-            ]
+            gpu_gb: dict[ServerProcess | None, dict[str, float]] = {None: dict.fromkeys(KINDS, float("nan"))}
+            for each in servers:
+                found = await scrape(http, each.base)
+                gpu_gb[each] = {kind: found.get(GPU_MEMORY.format(kind), float("nan")) / 2**30 for kind in KINDS}
             title = f"engine process, N={clients} workers={args.workers}"
             await asyncio.to_thread(pyspy.report, profiler, spy, title)
             if tts_spy:
@@ -403,9 +436,9 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     finally:
         for each in servers:
             each.stop()
-        if llm is not None:
-            llm.terminate()
-            llm.wait(10)
+        if stand_in is not None:
+            stand_in.terminate()
+            stand_in.wait(10)
     logs = merge_logs(results, ranges, clients)
     # Turns whose speech ended in the window and whose reply had time to start before the clients stopped.
     turns = [t for log in logs for t in log.turns if window[0] <= t.speech_end <= stop_at - REPLY_ROOM_S]
@@ -438,10 +471,12 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "server_cpu_pct": 100.0 * (sum(cpu_after.values()) - sum(cpu_before.values())) / measured_s,
         "busiest_server_pct": server.busiest_pct(cpu_before, cpu_after, measured_s),
         "gpu_busy_pct": gpu_pct,
-        "gpu_gb_engine": gpu_gb[0]["reserved"],
-        "gpu_gb_engine_allocated": gpu_gb[0]["allocated"],
-        "gpu_gb_tts": gpu_gb[1]["reserved"] if tts is not None else float("nan"),
-        "gpu_gb_tts_allocated": gpu_gb[1]["allocated"] if tts is not None else float("nan"),
+        "gpu_gb_engine": gpu_gb[server]["reserved"],
+        "gpu_gb_engine_allocated": gpu_gb[server]["allocated"],
+        "gpu_gb_tts": gpu_gb[tts]["reserved"],
+        "gpu_gb_tts_allocated": gpu_gb[tts]["allocated"],
+        "gpu_gb_llm": gpu_gb[llm_server]["reserved"],
+        "gpu_gb_llm_allocated": gpu_gb[llm_server]["allocated"],
         "busiest_client_pct": 100.0 * max(r.cpu_s for r in results) / measured_s,
         "send_lag_p99_ms": _pct([v for log in logs for v in log.send_lag_ms], 99),
     }
@@ -499,6 +534,8 @@ COLUMNS = [
     ("in tensors", "gpu_gb_engine_allocated", "{:.1f}"),
     ("TTS server", "gpu_gb_tts", "{:.1f}"),
     ("in tensors", "gpu_gb_tts_allocated", "{:.1f}"),
+    ("LLM server", "gpu_gb_llm", "{:.1f}"),
+    ("in tensors", "gpu_gb_llm_allocated", "{:.1f}"),
     ("STT tick p99", "stt_tick_p99_ms", "{:.1f}"),
     ("STT drains/s", "stt_drains_per_s", "{:.1f}"),
     ("rows/drain", "stt_drain_rows", "{:.1f}"),
@@ -533,10 +570,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         points.append(await run_point(args, clients, question))
         print(json.dumps(points[-1]), file=sys.stderr, flush=True)
     turn_end = "client commits" if args.client_commit else f"server_vad {args.silence_ms} ms"
+    where = "in process" if args.llm == "in-process" else f"in a server of {args.llm_server_workers} workers"
     llm = (
         f"LLM stand-in {args.llm_first_token_ms:g} ms + {args.llm_tokens_per_s:g} tok/s"
         if args.llm == "stand-in"
-        else f"LLM in process ({args.llm_folder or 'the shipped model'}, {args.llm_max_tokens} tokens a reply)"
+        else f"LLM {where} ({args.llm_folder or 'the shipped model'}, {args.llm_max_tokens} tokens a reply)"
     )
     print(
         f"voice agent, STT/TTS {args.shape} on {args.device_name}; {llm}; question every {args.period:g} s; "
@@ -555,7 +593,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         }
         if args.llm == "stand-in"
         else {
-            "in_process": str(args.llm_folder or "shipped"),
+            args.llm.replace("-", "_"): str(args.llm_folder or "shipped"),
+            "server_workers": args.llm_server_workers if args.llm == "server" else None,
             "max_active": args.llm_max_active,
             "max_tokens": args.llm_max_tokens,
         },
@@ -593,20 +632,25 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=1, help="load generator processes")
     parser.add_argument(
         "--llm",
-        choices=("stand-in", "in-process"),
+        choices=("stand-in", "in-process", "server"),
         default="stand-in",
         help="the replies' LLM: the paced stand-in, or the cascade's continuously batched transformers runtime "
-        "(--shape real: random weights of --llm-shape on the GPU; tiny: the shipped SmolLM2-135M on the CPU)",
+        "(--shape real: random weights of --llm-shape on the GPU; tiny: the shipped SmolLM2-135M on the CPU) "
+        "in the agent's engine process or in an rtserve of its own reached as a vLLM",
     )
+    parser.add_argument("--llm-server-workers", type=int, default=2, help="--llm server: its front-end workers")
     parser.add_argument(
         "--llm-shape",
         choices=sorted(LLM_SHAPES),
         default="llama-3.2-1b",
-        help="in-process LLM, --shape real: the random model's published shape",
+        help="the embedded LLM (in-process, server), --shape real: the random model's published shape",
     )
-    parser.add_argument("--llm-max-active", type=int, default=64, help="in-process LLM: replies decoded together")
+    parser.add_argument("--llm-max-active", type=int, default=64, help="the embedded LLM: replies decoded together")
     parser.add_argument(
-        "--llm-max-tokens", type=int, default=16, help="in-process LLM: the sessions' reply cap (the stand-in's length)"
+        "--llm-max-tokens",
+        type=int,
+        default=16,
+        help="the embedded LLM: the sessions' reply cap (the stand-in's length)",
     )
     parser.add_argument("--llm-first-token-ms", type=float, default=100.0, help="the LLM stand-in's first token")
     parser.add_argument("--llm-tokens-per-s", type=float, default=50.0, help="the LLM stand-in's rate per reply")
@@ -676,8 +720,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     args.stt_folder, args.tts_folder = base / f"asr-{stt_shape}", base / f"tts-{tts_shape}"
     # In a child: this process then never opens a CUDA context, so under --mps it is not one of
     # the daemon's clients and the daemon can quit as soon as the servers have.
-    in_process_random = args.llm == "in-process" and args.shape == "real"
-    args.llm_folder = base / f"llm-{args.llm_shape}" if in_process_random else None
+    random_llm = args.llm != "stand-in" and args.shape == "real"
+    args.llm_folder = base / f"llm-{args.llm_shape}" if random_llm else None
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         args.cuda, args.device_name, args.voices = child.submit(
             prepare_weights, args.shape, args.stt_folder, args.tts_folder
