@@ -30,7 +30,7 @@ from typing import Any, Literal
 import aiohttp
 
 from rtserve.config import ConfigError, VllmSettings
-from rtserve.engines.errors import EngineError
+from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.sleep import SleepUnsupported
 from rtserve.engines.tools import openai_tools, openai_turns
 from rtserve.engines.values import ChatMessage, SamplingParams, TokenDelta, ToolCallDelta, ToolChoice
@@ -246,7 +246,8 @@ def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
 
 async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
     """vLLM's error answer as a typed error: its own message for a refused request (400),
-    ``context_length_exceeded`` when that is why; anything else: the server is unavailable."""
+    ``context_length_exceeded`` when that is why; busy (429) is ``resource_exhausted``; anything
+    else: the server is unavailable."""
     error: dict[str, Any] = {}
     try:
         answer = (await response.json()).get("error")
@@ -258,6 +259,8 @@ async def _refusal(response: aiohttp.ClientResponse) -> EngineError:
         too_long = "context length" in message or "maximum context" in message
         too_long = too_long or error.get("code") == CONTEXT_LENGTH_EXCEEDED  # another rtserve's refusal
         return EngineError(message, code=CONTEXT_LENGTH_EXCEEDED if too_long else MALFORMED_REQUEST)
+    if response.status == 429:  # an rtserve serving as the LLM refuses past its concurrent generations
+        return CapacityExhausted(f"The LLM server is busy: {message}")
     if response.status == 503:
         return EngineError(f"The LLM server (vLLM) is not ready: {message}", code=MODEL_NOT_READY)
     if response.status == 401:

@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from rtserve.app import build_app
 from rtserve.config import ConfigError, ServerConfig
 from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
-from tests.support import serve_app
+from tests.support import serve_app, serve_plain
 from tests.web.http_support import TurnEnginesSessionDouble
 
 
@@ -81,3 +82,31 @@ async def test_health_waits_for_the_vllm_server_and_says_when_it_failed(config: 
             await asyncio.sleep(0.05)
     assert set(seen) == {(503, "starting"), (503, "failed")} or set(seen) == {(503, "failed")}
     assert seen[-1] == (503, "failed")
+
+
+async def test_a_busy_llm_server_is_a_capacity_error(config: ServerConfig) -> None:
+    """An rtserve serving as the LLM answers 429 past transport.max_concurrent_http_generations:
+    the reply fails ``resource_exhausted`` (retry later), not ``model_unavailable``."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def busy(_: web.Request) -> web.Response:
+        body = {
+            "error": {
+                "message": "Too many concurrent generations (limit 8); retry shortly.",
+                "code": "rate_limit_exceeded",
+            }
+        }
+        return web.json_response(body, status=429, headers={"Retry-After": "1"})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", busy)
+    async with serve_plain(app) as url:
+        config.http.vllm.url, config.http.vllm.model = url, "m"
+        engine = VllmTextEngine(config.http.vllm)
+        await engine.start()
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.generate([ChatMessage(role="user", content="hi")], SamplingParams()))
+    assert refused.value.code == "resource_exhausted" and "busy" in refused.value.message
