@@ -21,74 +21,44 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import torch
 from prometheus_client import CollectorRegistry
 
-from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.errors import EngineError, build_failure
-from rtserve.engines.events import EngineFailure
+from rtserve.config import ServerConfig
 from rtserve.engines.kyutai_stt.frame_model import SttFrameModel
 from rtserve.engines.kyutai_stt.loader import SttModel, load_stt
 from rtserve.engines.kyutai_stt.stream import SttStream
 from rtserve.engines.kyutai_stt.words import WordTracker
-from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.kv_budget import ensure_kv_fits, free_bytes
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.paged_kv import paged_kv_spec
+from rtserve.engines.scheduled_engine import ScheduledEngine
 from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt
-from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
-from rtserve.weights import WeightsError
 from rtserve.weights.source import open_source
 
 log = logging.getLogger(__name__)
 
 FIELD = "stt_engine.weights"
 METRICS_PREFIX = "rtserve_kyutai_stt_"
-_ASLEEP = "the speech-to-text engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
-class KyutaiSttEngine:
+class KyutaiSttEngine(ScheduledEngine):
+    stage = "stt_engine"
+    weights_field = FIELD
+    sized_by = "stt_engine.batch_size and flush_rows"
+    speaks_of_itself = "the speech-to-text engine"
+
     def __init__(
         self, config: ServerConfig, model: SttModel | None = None, *, registry: CollectorRegistry | None = None
     ) -> None:
         """``model``: already loaded (tests); otherwise ``start`` loads ``stt_engine.weights``.
         ``registry``: the server's, where its scheduler's metrics show."""
-        self._config = config
+        super().__init__(config, registry, METRICS_PREFIX)
         self._given = model
         self._model: SttModel | None = None
-        self._scheduler: LockstepScheduler | None = None
-        self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), METRICS_PREFIX)
-        if registry is not None:
-            registry.register(self._lockstep_metrics)
-        self._failure: str | None = None
-        self._loading = False  # start() under way
-        self._asleep = False
-        self.release_timeout_s = config.lockstep.release_timeout_s
         self.sample_rate = 24000 if model is None else model.loaded.mimi_config.sample_rate
-
-    @property
-    def ready(self) -> bool:
-        return self._scheduler is not None and self._scheduler.running
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    async def start(self) -> None:
-        self._loading = True
-        try:
-            await self._serve()
-        except (CheckpointError, WeightsError, ConfigError) as exc:
-            self._failure = str(exc) if isinstance(exc, ConfigError) else f"invalid config field {FIELD!r}: {exc}"
-            log.error("kyutai stt engine not serving: %s", self._failure)
-        except Exception as exc:  # kept and said: raised, it would die unseen with the start's task
-            self._failure = build_failure(exc, "stt_engine.batch_size and flush_rows")
-            log.exception("kyutai stt engine not serving: %s", self._failure)
-        finally:
-            self._loading = False
 
     async def _serve(self) -> None:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
@@ -106,12 +76,10 @@ class KyutaiSttEngine:
                 "underrun_repay_ms": 0.0,
             }
         )
-        metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
-        self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
             frame_model,
             lockstep,
-            metrics,
+            self._new_scheduler_registry(),
             name="kyutai_stt",
             drains=frame_model if settings.drain_waiting_input else None,
             drain_after_ticks=settings.drain_after_ticks,
@@ -145,39 +113,12 @@ class KyutaiSttEngine:
         device = resolve_device(settings.device, "stt_engine.device")
         return load_stt(source, self._config.weights, device=device, dtype=DTYPES[settings.dtype])
 
-    async def stop(self) -> None:
-        if self._scheduler is not None:
-            await asyncio.to_thread(self._scheduler.stop, self.release_timeout_s)
-
-    # ------------------------------------------------------------------ sleep mode (``SleepStage``)
-
-    stage = "stt_engine"
-
-    @property
-    def asleep(self) -> bool:
-        return self._asleep
-
-    async def release(self) -> None:
-        self._asleep = True  # streams are refused from here on
-        scheduler, self._scheduler, self._model = self._scheduler, None, None
-        if scheduler is not None:  # streams in flight end with engine_sleeping
-            failure = EngineFailure(ENGINE_SLEEPING, _ASLEEP)
-            await asyncio.to_thread(scheduler.stop, self.release_timeout_s, failure)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the weights and KV caches just dropped go back to the device
-
-    async def restore(self) -> None:
-        await self._serve()  # raises: the stage stays asleep
-        self._asleep = False
+    def _forget_model(self) -> None:
+        self._model = None
 
     async def open_stream(self, stream_id: str) -> SttStream:
-        if self._asleep:
-            raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
-        scheduler, model = self._scheduler, self._model
-        if self._loading:
-            raise EngineError("the speech-to-text engine is still loading", code=ENGINE_UNAVAILABLE)
-        if scheduler is None or model is None or not scheduler.running:
-            raise EngineError(self._failure or "the speech-to-text engine is not running", code=ENGINE_UNAVAILABLE)
+        scheduler, model = self._serving(), self._model
+        assert model is not None  # set with the scheduler, dropped with it
         lease = scheduler.acquire(SlotPrompt(), session_id=stream_id)
         config = model.loaded.lm_config
         tracker = WordTracker(

@@ -19,12 +19,9 @@ import asyncio
 import logging
 from functools import partial
 
-import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rtserve.config import ConfigError, ServerConfig
-from rtserve.engines.errors import EngineError, build_failure
-from rtserve.engines.events import EngineFailure
 from rtserve.engines.kyutai_tts.conditioning import Voice
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.loader import LoadedTTS, load_files
@@ -33,15 +30,14 @@ from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.stream import TTSStream
 from rtserve.engines.kyutai_tts.voices import VoiceError
 from rtserve.engines.lockstep.pacing import SystemTickClock, TickClock
-from rtserve.engines.lockstep.renamed_metrics import RenamedMetrics
 from rtserve.engines.lockstep.scheduler import LockstepScheduler
 from rtserve.engines.moshi.lm_config import CheckpointError
 from rtserve.engines.moshi.weights import resolve
+from rtserve.engines.scheduled_engine import ScheduledEngine
 from rtserve.engines.torch_device import resolve_device
 from rtserve.engines.torch_dtypes import DTYPES
 from rtserve.engines.values import SlotPrompt, SpeechStep
 from rtserve.engines.voice_names import OPENAI_VOICES
-from rtserve.errors import ENGINE_SLEEPING, ENGINE_UNAVAILABLE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import open_source
 
@@ -55,10 +51,14 @@ STEP_ROWS_BUCKETS = (8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 384, 512, 1024)
 STEP_SPAN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048)
 YOUNG_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.12, 0.16, 0.24, 0.32, 0.64, 1.0, 2.0)
 FIRST_AUDIO_STEP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32)
-_ASLEEP = "the text-to-speech engine is asleep (sleep mode); POST /v1/omni/wakeup to wake it"
 
 
-class KyutaiTTSEngine:
+class KyutaiTTSEngine(ScheduledEngine):
+    stage = "tts_engine"
+    weights_field = FIELD
+    sized_by = "tts_engine.max_sessions and young_batch"
+    speaks_of_itself = "the text-to-speech engine"
+
     def __init__(
         self,
         config: ServerConfig,
@@ -70,10 +70,7 @@ class KyutaiTTSEngine:
         """``loaded``: weights already loaded (tests); otherwise ``start`` loads ``tts_engine.weights``.
         ``clock``: the scheduler's tick clock (tests run it faster than real time). ``registry``:
         the server's, where its scheduler's metrics show."""
-        self._config = config
-        self._lockstep_metrics = RenamedMetrics(CollectorRegistry(), "rtserve_kyutai_tts_")
-        if registry is not None:
-            registry.register(self._lockstep_metrics)
+        super().__init__(config, registry, "rtserve_kyutai_tts_")
         families = registry if registry is not None else CollectorRegistry()  # the engine's own
         self._first_audio = Histogram(
             "rtserve_kyutai_tts_first_audio_seconds",
@@ -141,37 +138,7 @@ class KyutaiTTSEngine:
         self._clock = clock
         self._model: KyutaiTTSModel | None = None
         self._frame_model: TTSFrameModel | None = None
-        self._scheduler: LockstepScheduler | None = None
-        self._failure: str | None = None
-        self._loading = False  # start() under way
-        self._asleep = False
         self.sample_rate = 24000 if loaded is None else loaded.mimi_config.sample_rate
-
-    @property
-    def ready(self) -> bool:
-        return self._scheduler is not None and self._scheduler.running
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    async def start(self) -> None:
-        self._loading = True
-        try:
-            await self._serve()
-        except (CheckpointError, WeightsError, ConfigError, EngineError) as exc:
-            if isinstance(exc, ConfigError):
-                self._failure = str(exc)
-            elif isinstance(exc, EngineError):  # a setting the checkpoint refuses (cfg_coef)
-                self._failure = f"tts_engine: {exc}"
-            else:
-                self._failure = f"invalid config field {FIELD!r}: {exc}"
-            log.error("kyutai tts engine not serving: %s", self._failure)
-        except Exception as exc:  # kept and said: raised, it would die unseen with the start's task
-            self._failure = build_failure(exc, "tts_engine.max_sessions and young_batch")
-            log.exception("kyutai tts engine not serving: %s", self._failure)
-        finally:
-            self._loading = False
 
     async def _serve(self) -> None:
         """Load the weights and start stepping (``start``, and a wake from sleep mode)."""
@@ -199,12 +166,10 @@ class KyutaiTTSEngine:
             on_young_batch_full=self._young_batch_full.inc,
             on_seated=self._seated,
         )
-        metrics = CollectorRegistry()  # one per scheduler: a wake's would not register twice in one
-        self._lockstep_metrics.follow(metrics)
         self._scheduler = LockstepScheduler(
             self._frame_model,
             self._config.lockstep,
-            metrics,
+            self._new_scheduler_registry(),
             name="kyutai_tts",
             clock=clock,
             audio_input=False,
@@ -275,41 +240,14 @@ class KyutaiTTSEngine:
         """A reply took its row (``TTSFrameModel``'s ``on_seated``)."""
         self._young_wait.labels("young_batch" if in_young_batch else "main_batch").observe(waited_s)
 
-    async def stop(self) -> None:
-        if self._scheduler is not None:
-            await asyncio.to_thread(self._scheduler.stop, self._config.lockstep.release_timeout_s)
-
-    # ------------------------------------------------------------------ sleep mode (``SleepStage``)
-
-    stage = "tts_engine"
-
-    @property
-    def asleep(self) -> bool:
-        return self._asleep
-
-    async def release(self) -> None:
-        self._asleep = True  # streams are refused from here on
-        scheduler, self._scheduler, self._frame_model, self._model = self._scheduler, None, None, None
-        if scheduler is not None:
-            failure = EngineFailure(ENGINE_SLEEPING, _ASLEEP)
-            await asyncio.to_thread(scheduler.stop, self._config.lockstep.release_timeout_s, failure)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the weights and CUDA graphs just dropped go back to the device
-
-    async def restore(self) -> None:
-        await self._serve()  # raises: the stage stays asleep
-        self._asleep = False
+    def _forget_model(self) -> None:
+        self._frame_model = self._model = None
 
     async def open_stream(self, stream_id: str, voice: str | None, *, seed: int | None = None) -> TTSStream:
         """A stream with ``voice`` (None: ``tts_engine.default_voice``): ``VoiceError`` before any
         slot is taken, ``CapacityExhausted`` when every slot is busy."""
-        if self._asleep:
-            raise EngineError(_ASLEEP, code=ENGINE_SLEEPING)
-        scheduler, model, frame_model = self._scheduler, self._model, self._frame_model
-        if self._loading:
-            raise EngineError("the text-to-speech engine is still loading", code=ENGINE_UNAVAILABLE)
-        if scheduler is None or model is None or frame_model is None or not scheduler.running:
-            raise EngineError(self._failure or "the text-to-speech engine is not running", code=ENGINE_UNAVAILABLE)
+        scheduler, model, frame_model = self._serving(), self._model, self._frame_model
+        assert model is not None and frame_model is not None  # set with the scheduler, dropped with it
         settings = self._config.tts_engine
         chosen = await asyncio.to_thread(self._voice, model, voice or settings.default_voice)
         lease = scheduler.acquire(SlotPrompt(voice=voice, seed=seed), session_id=stream_id)
@@ -327,7 +265,7 @@ class KyutaiTTSEngine:
             splitter,
             frame_rate=model.frame_rate,
             max_pending_words=self._config.tts_streaming.max_pending_words,
-            release_timeout_s=self._config.lockstep.release_timeout_s,
+            release_timeout_s=self.release_timeout_s,
             on_first_audio=self._observe_first_audio,
         )
 
