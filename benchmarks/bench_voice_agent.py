@@ -13,7 +13,8 @@ the cascade's continuously batched transformers runtime in the agent's engine pr
 (``llm_cuda_graphs``), its replies
 capped by the sessions' ``max_output_tokens`` (``--llm-max-tokens``); vLLM, the other batched GPU
 LLM, is not installed on the H200 host. ``--llm server`` runs that same model in an rtserve of its
-own (``--llm-server-workers`` front-ends, its own engine process and CUDA context) that the agent
+own (``--engine loopback``, ``http.text_engine: embedded``; ``--llm-server-workers`` front-ends, its
+own engine process and CUDA context) that the agent
 reaches as its vLLM (``cascade.llm_engine: vllm``; ``/tokenize`` and ``max_model_len``,
 docs/serving.md#tokenize): the STT's engine process then steps the STT alone.
 
@@ -334,11 +335,11 @@ def start_llm_server(args: argparse.Namespace, clients: int) -> ServerProcess:
     (``/tokenize``, then the chat completion), one after the other: a slot per session."""
     env = {
         **llm_env(args),
+        "RTSERVE_HTTP__TEXT_ENGINE": "embedded",  # the LLM alone, beside the loopback engine: an LLM server
         "RTSERVE_TRANSPORT__MAX_CONCURRENT_HTTP_GENERATIONS": str(2 * clients),
         **torch_threads(args),
-        **(voice_agent_kit.env(args.kit) if args.kit else {}),
     }
-    return ServerProcess(env, engine="cascade", name="bench_voice_agent_llm", workers=args.llm_server_workers)
+    return ServerProcess(env, engine="loopback", name="bench_voice_agent_llm", workers=args.llm_server_workers)
 
 
 async def served_llm(http: aiohttp.ClientSession, base: str) -> str:

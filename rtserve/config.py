@@ -1143,8 +1143,10 @@ OPENAI_MODEL_ALIASES: dict[str, ModelTask] = {
 class HttpGenerationConfig(_Section):
     """Batch/streaming HTTP generation routes: chat, speech, transcriptions (docs/serving.md)."""
 
-    text_engine: Literal["session", "vllm"] = Field(
-        "session", description="LLM behind /v1/chat/completions: the session engine's own, or vLLM"
+    text_engine: Literal["session", "vllm", "embedded"] = Field(
+        "session",
+        description="LLM behind /v1/chat/completions and /tokenize: the session engine's own, vLLM, or the "
+        "cascade's embedded LLM loaded alone (a server of another engine, e.g. loopback: an LLM server)",
     )
     default_max_tokens: int = Field(256, ge=1, description="completion length when a request names none")
     max_completion_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")

@@ -42,7 +42,7 @@ class EngineSet:
         self.config = config
         self.registry = registry
         self.session_engine = session_engine or create_engine(config.engine, config, registry)
-        self._text_engine = create_text_engine(config)
+        self._text_engine = create_text_engine(config, registry)
         # One Kyutai TTS engine (tts_engine.weights) for the speech routes and the cascade.
         self.speech_engine, speech = _speech_engine(config, registry)
         self._speech_needed = False  # the session engine speaks with it: not ready without it
@@ -57,7 +57,7 @@ class EngineSet:
         self.stt_engine = None if lent.stt is not None else _stt_engine(config, registry)
         if self.stt_engine is not None:
             lent = dataclasses.replace(lent, stt=self.stt_engine)
-        # A configured text engine (vLLM) replaces the session engine's LLM for chat.
+        # A configured text engine (vLLM, or the embedded LLM alone) replaces the session engine's LLM for chat.
         self.turn_engines = lent if self._text_engine is None else dataclasses.replace(lent, llm=self._text_engine)
         if speech is not None:  # and the Kyutai TTS engine its TTS for speech
             self.turn_engines = dataclasses.replace(self.turn_engines, tts=speech)
@@ -224,7 +224,7 @@ class EngineSet:
             await self._text_engine.start()
         except Exception as exc:  # chat answers 503 model_unavailable, /health failed; the log says why
             self.failure = f"{type(exc).__name__}: {exc}"
-            log.exception("vLLM text engine failed to start")
+            log.exception("the text engine (http.text_engine %s) failed to start", self.config.http.text_engine)
 
     async def _load_policy(self) -> PolicyBatcher | None:
         robot = self.config.robot

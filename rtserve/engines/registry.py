@@ -14,6 +14,7 @@ from rtserve.config import ConfigError, RobotConfig, ServerConfig
 from rtserve.engines.protocols import HostedSessionEngine
 
 if TYPE_CHECKING:
+    from rtserve.engines.cascade.llm_stage import LlmStage
     from rtserve.engines.policy.batcher import PolicyBatcher
     from rtserve.engines.vllm_engine import VllmTextEngine
 
@@ -40,13 +41,34 @@ def create_engine(name: str, config: ServerConfig, registry: CollectorRegistry) 
     return factory(config, registry)
 
 
-def create_text_engine(config: ServerConfig) -> VllmTextEngine | None:
-    """The separate text engine behind chat (``http.text_engine``); None = the session engine's own LLM."""
+def create_text_engine(config: ServerConfig, registry: CollectorRegistry) -> VllmTextEngine | LlmStage | None:
+    """The separate text engine behind chat (``http.text_engine``); None = the session engine's own LLM.
+    ``embedded``: the cascade's LLM stage alone (``cascade.llm_runtime``, ``models.llm``), so a
+    server whose session engine has no LLM (``--engine loopback``) serves one: an LLM server that
+    another rtserve's voice agent reaches as its vLLM (docs/serving.md#tokenize)."""
     if config.http.text_engine == "session":
         return None
-    from rtserve.engines.vllm_engine import VllmTextEngine
+    if config.http.text_engine == "vllm":
+        from rtserve.engines.vllm_engine import VllmTextEngine
 
-    return VllmTextEngine(config.http.vllm)  # ConfigError here without the server's url or model
+        return VllmTextEngine(config.http.vllm)  # ConfigError here without the server's url or model
+    if config.engine == "cascade":
+        raise ConfigError(
+            "invalid config field 'http.text_engine': 'embedded' loads the cascade's LLM, which the cascade "
+            "engine serves chat with already ('session')"
+        )
+    if config.cascade.llm_engine != "embedded":
+        raise ConfigError(
+            "invalid config field 'http.text_engine': 'embedded' loads cascade.llm_runtime's model, but "
+            "cascade.llm_engine is 'vllm'"
+        )
+    from rtserve.engines.cascade.llm_runtime import create_llm
+    from rtserve.engines.cascade.llm_stage import LlmStage
+    from rtserve.engines.cascade.metrics import CascadeMetrics
+
+    llm = create_llm(config, CascadeMetrics(registry))
+    assert isinstance(llm, LlmStage)  # cascade.llm_engine is 'embedded'
+    return llm
 
 
 def load_policy_batcher(config: RobotConfig, registry: CollectorRegistry) -> PolicyBatcher:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
+from typing import Literal
 
 import aiohttp
 import pytest
@@ -110,3 +111,18 @@ async def test_a_busy_llm_server_is_a_capacity_error(config: ServerConfig) -> No
         with pytest.raises(EngineError) as refused:
             await anext(engine.generate([ChatMessage(role="user", content="hi")], SamplingParams()))
     assert refused.value.code == "resource_exhausted" and "busy" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("engine", "llm_engine", "says"),
+    [("cascade", "embedded", "serves chat with already"), ("loopback", "vllm", "cascade.llm_engine is 'vllm'")],
+)
+def test_an_embedded_text_engine_beside_the_cascade_or_vllm_is_refused_at_startup(
+    config: ServerConfig, engine: str, llm_engine: Literal["embedded", "vllm"], says: str
+) -> None:
+    """``http.text_engine: embedded`` loads the cascade's LLM alone (an LLM server): beside the
+    cascade engine it would be a second copy, with ``cascade.llm_engine: vllm`` there is none to load."""
+    config.engine, config.http.text_engine, config.cascade.llm_engine = engine, "embedded", llm_engine
+    config.http.vllm.url, config.http.vllm.model = "http://127.0.0.1:8000", "m"
+    with pytest.raises(ConfigError, match=rf"'http\.text_engine': .*{says}"):
+        build_app(config)

@@ -1,7 +1,8 @@
-"""``POST /tokenize`` and ``max_model_len`` in ``/v1/models`` on the embedded SmolLM2-135M, over a
-real socket (docs/serving.md#tokenize): the counts are what a chat completion reports, options that
-would change them are refused, and another rtserve's vLLM client (``cascade.llm_engine: vllm``)
-serves a long voice conversation with this server as its LLM."""
+"""An LLM server: ``--engine loopback`` with ``http.text_engine: embedded`` (the shipped SmolLM2-135M
+alone), over a real socket (docs/serving.md#tokenize). ``POST /tokenize`` and ``max_model_len`` in
+``/v1/models``: the counts are what a chat completion reports, options that would change them are
+refused, and another rtserve's vLLM client (``cascade.llm_engine: vllm``) serves a long voice
+conversation with this server as its LLM."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ WEATHER = {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def base() -> AsyncIterator[str]:
-    config = load_config(environ={}, overrides={"cascade": {"llm_context_tokens": CONTEXT}})
+    config = load_config(
+        environ={},
+        overrides={
+            "engine": "loopback",
+            "http": {"text_engine": "embedded"},
+            "cascade": {"llm_context_tokens": CONTEXT},
+        },
+    )
     async with serve_app(build_app(config)) as url, aiohttp.ClientSession() as http:
         await until_ready(http, url, LOAD_TIMEOUT_S)
         yield url
@@ -47,9 +55,9 @@ async def _post(base: str, path: str, body: dict[str, Any]) -> tuple[int, dict[s
 
 async def test_a_conversations_count_is_the_prompt_a_chat_completion_reports(base: str) -> None:
     async with aiohttp.ClientSession() as http, http.get(f"{base}/v1/models") as resp:
-        listed = {m["id"]: m for m in (await resp.json())["data"]}
-    assert listed[LLM]["max_model_len"] == CONTEXT
-    assert "max_model_len" not in listed["whisper-tiny.en"]
+        listed = (await resp.json())["data"]
+    assert [(m["id"], m["max_model_len"]) for m in listed if "max_model_len" in m] == [(LLM, CONTEXT)]
+    assert len(listed) > 1  # the loopback engine's models, which are no LLM
     for tools in ([], [WEATHER]):
         status, counted = await _post(base, "/tokenize", {"model": LLM, "messages": QUESTION, "tools": tools})
         assert status == 200, counted
