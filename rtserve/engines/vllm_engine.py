@@ -14,7 +14,8 @@ Every request is a streamed chat completion (usage in the last chunk) on a conne
 its own, so nothing outlives a request and ``stop`` has nothing to close; closing the delta
 stream closes the connection, and vLLM aborts the request when its client goes.
 ``fit_history`` (voice sessions) counts the conversation with vLLM's ``/tokenize`` and drops
-the oldest turns that do not fit, as the embedded LLM does.
+the oldest turns that do not fit, as the embedded LLM does; a conversation whose bytes show it
+fits is not counted (one round trip fewer a reply).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from rtserve.errors import CONTEXT_LENGTH_EXCEEDED, MALFORMED_REQUEST, MODEL_NOT
 log = logging.getLogger(__name__)
 
 STARTUP_POLL_S = 1.0  # how often start() asks a vLLM that is still loading (no event to wait on across hosts)
+# What a chat template adds, at most, in tokens: around each turn (role markers, separators; a
+# SentencePiece word marker) and once (an opening, a default system text such as a date header).
+TEMPLATE_TOKENS_PER_TURN = 32
+TEMPLATE_TOKENS_OPENING = 256
 
 
 class VllmTextEngine:
@@ -130,7 +135,7 @@ class VllmTextEngine:
         ``fit_history`` drops the oldest non-system turns when the conversation outgrows
         vLLM's context; without it vLLM's refusal is ``context_length_exceeded``."""
         self._check_serving()
-        if fit_history:
+        if fit_history and not self._surely_fits(messages, params):
             messages = await self._fitted(messages, params)
         body = self._body(messages, params)
         with _unreachable_is_unavailable():
@@ -190,6 +195,22 @@ class VllmTextEngine:
             body["tools"] = openai_tools(params.tools, strict=True)
             body["tool_choice"] = _tool_choice(params.tool_choice)
         return body
+
+    def _surely_fits(self, messages: Sequence[ChatMessage], params: SamplingParams) -> bool:
+        """Whether the prompt fits whatever the tokenizer: no token holds less than a byte of text,
+        so the conversation's bytes, plus a generous allowance for what the chat template adds
+        (role markers, a default system text), bound its tokens. Most voice turns fit so, and go
+        without a ``/tokenize`` round trip; tools (whose template text is of any length) and images
+        are always counted."""
+        assert self._context is not None
+        if params.tools or any(m.images for m in messages):
+            return False
+        text = sum(
+            len(m.content.encode()) + sum(len(c.name) + len(c.arguments.encode()) for c in m.tool_calls)
+            for m in messages
+        )
+        bound = text + TEMPLATE_TOKENS_PER_TURN * len(messages) + TEMPLATE_TOKENS_OPENING
+        return bound <= self._context - params.max_tokens
 
     async def _fitted(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Sequence[ChatMessage]:
         """The newest turns (and every system turn) whose prompt fits vLLM's context with

@@ -6,6 +6,7 @@ saying where it looked) instead of hanging, and /health says so. Against a real 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 from typing import Literal
@@ -126,3 +127,44 @@ def test_an_embedded_text_engine_beside_the_cascade_or_vllm_is_refused_at_startu
     config.http.vllm.url, config.http.vllm.model = "http://127.0.0.1:8000", "m"
     with pytest.raises(ConfigError, match=rf"'http\.text_engine': .*{says}"):
         build_app(config)
+
+
+async def test_a_voice_turn_that_surely_fits_is_sent_without_a_count(config: ServerConfig) -> None:
+    """``fit_history`` counts with ``/tokenize`` only a conversation whose bytes could outgrow the
+    context (no token holds less than a byte): a short voice turn costs the server one request, not
+    two, and a long one is still counted and fitted."""
+    counted: list[int] = []
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 2048}]})
+
+    async def tokenize(request: web.Request) -> web.Response:
+        turns = len((await request.json())["messages"])
+        counted.append(turns)
+        return web.json_response({"count": 400 * turns, "tokens": [], "max_model_len": 2048})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in (
+            {"choices": [{"delta": {"content": "Paris."}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}},
+        ):
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions", completions)
+    params = SamplingParams(max_tokens=256)
+    short = [ChatMessage("system", "Be brief."), ChatMessage("user", "What is the capital of France?")]
+    long = [*(ChatMessage("user", "tell me more " * 100) for _ in range(4)), short[-1]]
+    async with serve_plain(app) as url:
+        config.http.vllm.url, config.http.vllm.model = url, "m"
+        engine = VllmTextEngine(config.http.vllm)
+        await engine.start()
+        assert "".join([d.text async for d in engine.generate(short, params, fit_history=True)]) == "Paris."
+        assert counted == []
+        assert "".join([d.text async for d in engine.generate(long, params, fit_history=True)]) == "Paris."
+    assert counted and counted[-1] < len(long)  # counted, and the oldest turns dropped to fit
