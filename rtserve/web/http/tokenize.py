@@ -69,8 +69,11 @@ async def tokenize(request: web.Request) -> web.Response:
         if isinstance(body, TokenizeChat):
             messages = [m.to_engine() for m in body.messages]
             check_prompt_size(messages, prompt_char_limit(ctx.config), "messages")
-            tools, _ = await ctx.codecs.run(engine_tools, body.tools, None, ctx.config.sessions)  # schemas compile
-            ids = await counter.tokenize(messages, SamplingParams(tools=tools))
+            params = SamplingParams()
+            if body.tools:  # their schemas compile: off the event loop, as chat's
+                tools, _ = await ctx.codecs.run(engine_tools, body.tools, None, ctx.config.sessions)
+                params = SamplingParams(tools=tools)
+            ids = await counter.tokenize(messages, params)
         else:
             if len(body.prompt) > prompt_char_limit(ctx.config):
                 raise ApiError(
