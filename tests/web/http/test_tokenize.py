@@ -19,7 +19,7 @@ from rtserve.engines.errors import EngineError
 from rtserve.engines.values import ChatMessage, SamplingParams
 from rtserve.engines.vllm_engine import VllmTextEngine
 from tests.support import serve_app
-from tests.web.realtime_support import until_ready
+from tests.web.realtime_support import until_ready, ws_url
 
 pytestmark = [pytest.mark.models, pytest.mark.asyncio(loop_scope="module")]
 
@@ -113,3 +113,28 @@ async def test_another_rtserve_keeps_a_long_voice_conversation_within_this_ones_
     deltas = [d async for d in llm.generate(conversation, params, fit_history=True)]
     assert deltas[-1].finish_reason in ("stop", "length")
     assert 0 < deltas[-1].prompt_tokens <= CONTEXT - params.max_tokens
+
+
+async def test_a_voice_agent_answers_with_this_server_as_its_llm(base: str) -> None:
+    """The whole composition: the default voice agent (cascade) with ``cascade.llm_engine: vllm``
+    pointed at this LLM server answers a realtime conversation's question."""
+    agent = load_config(
+        environ={}, overrides={"cascade": {"llm_engine": "vllm"}, "http": {"vllm": {"url": base, "model": LLM}}}
+    )
+    async with serve_app(build_app(agent)) as url, aiohttp.ClientSession() as http:
+        await until_ready(http, url, LOAD_TIMEOUT_S)
+        async with http.ws_connect(ws_url(url)) as ws:
+            assert (await ws.receive_json(timeout=30))["type"] == "session.created"
+            user = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hello, who are you?"}],
+            }
+            await ws.send_json({"type": "conversation.item.create", "item": user})
+            await ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+            text: list[str] = []
+            while (event := await ws.receive_json(timeout=60))["type"] != "response.done":
+                if event["type"] == "response.output_text.delta":
+                    text.append(event["delta"])
+    assert event["response"]["status"] == "completed", event
+    assert "".join(text).strip()  # what a 135M model says is its own
