@@ -2,7 +2,7 @@
 alone), over a real socket (docs/serving.md#tokenize). ``POST /tokenize`` and ``max_model_len`` in
 ``/v1/models``: the counts are what a chat completion reports, options that would change them are
 refused, and another rtserve's vLLM client (``cascade.llm_engine: vllm``) serves a long voice
-conversation with this server as its LLM."""
+conversation with this server as its LLM, as the default voice agent does a realtime one."""
 
 from __future__ import annotations
 
