@@ -773,6 +773,13 @@ class TtsStreamingConfig(_Section):
     max_queued_messages: int = Field(
         256, ge=16, description="messages waiting for a slow reader; more: 'Error' then close"
     )
+    max_audio_ahead_s: float = Field(
+        4.0,
+        gt=0,
+        description="a stream's audio goes out at most this far ahead of real time from its first audio "
+        "(a client reading at playback pace would meet more only seconds late in its socket's buffers; "
+        "keep it well under send_timeout_s)",
+    )
 
 
 class WeightsConfig(_Section):

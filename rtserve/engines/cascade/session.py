@@ -38,9 +38,9 @@ import numpy as np
 from rtserve.codecs.pcm import FloatArray
 from rtserve.codecs.resample import StreamResampler
 from rtserve.config import CascadeLimits, SemanticVadThresholds
+from rtserve.engines.audio_pace import AudioPace
 from rtserve.engines.cascade.asr import WhisperAsr
 from rtserve.engines.cascade.audio import as_pcm
-from rtserve.engines.cascade.audio_pace import AudioPace
 from rtserve.engines.cascade.events import EventChannel
 from rtserve.engines.cascade.instructions import DEFAULT_INSTRUCTIONS
 from rtserve.engines.cascade.metrics import CascadeMetrics

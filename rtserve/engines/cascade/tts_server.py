@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -126,10 +127,8 @@ class TTSServerStreams:
             ) from None
         try:
             first = await _receive(ws, self._config.connect_timeout_s)
-            if first is None:  # an rtserve refuses a wrong key so, after the upgrade
-                raise TTSServerRefused(
-                    f"the TTS server closed the connection before Ready (close code {ws.close_code})"
-                )
+            if isinstance(first, _Closed):  # an rtserve refuses a wrong key so, after the upgrade
+                raise TTSServerRefused(f"the TTS server closed the connection before Ready (close code {first.code})")
             if first.get("type") != "Ready":
                 raise _refusal(first)
         except BaseException:
@@ -181,15 +180,15 @@ class TTSServerStream:
                     return
 
     async def events(self) -> AsyncIterator[SpeechEvent]:
-        while (message := await _receive(self._ws, self._read_timeout_s)) is not None:
+        while not isinstance(message := await _receive(self._ws, self._read_timeout_s), _Closed):
             kind = message.get("type")
             if kind == "Error":
                 raise _refusal(message)
             if kind in ("Audio", "Text"):
                 yield _event(message)
-        if not self.ended or self._ws.close_code not in (aiohttp.WSCloseCode.OK, None):
+        if not self.ended or message.code != aiohttp.WSCloseCode.OK:
             raise EngineError(
-                f"the TTS server closed the stream before its end (close code {self._ws.close_code}, "
+                f"the TTS server closed the stream before its end (close code {message.code}, "
                 f"end of stream {'sent' if self.ended else 'not sent'})",
                 code=ENGINE_UNAVAILABLE,
             )
@@ -200,14 +199,26 @@ class TTSServerStream:
         await self._ws.close()
 
 
-async def _receive(ws: aiohttp.ClientWebSocketResponse, timeout_s: float) -> dict[str, Any] | None:
-    """The next MessagePack map, or None once the socket closed."""
+@dataclass(frozen=True)
+class _Closed:
+    """The socket closed: ``code``, the server's close frame's (None: none came)."""
+
+    code: int | None
+
+
+async def _receive(ws: aiohttp.ClientWebSocketResponse, timeout_s: float) -> dict[str, Any] | _Closed:
+    """The next MessagePack map, or how the socket closed."""
     try:
         message = await ws.receive(timeout=timeout_s)
     except TimeoutError:
         raise EngineError(f"the TTS server sent nothing for {timeout_s:g} s", code=ENGINE_UNAVAILABLE) from None
-    if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-        return None
+    if message.type is aiohttp.WSMsgType.CLOSE:
+        # The code the server sent, not ``ws.close_code``: aiohttp replaces that with 1006 when its
+        # reply to the close fails, as it does once a server that did not wait for it has gone (a
+        # reader at playback pace reaches the close frame seconds after it was sent).
+        return _Closed(message.data)
+    if message.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+        return _Closed(ws.close_code)
     if message.type is aiohttp.WSMsgType.ERROR:
         raise EngineError("the connection to the TTS server broke", code=ENGINE_UNAVAILABLE)
     try:

@@ -5,8 +5,9 @@
   a message over ``max_message_bytes``, garbage, a second ``Eos`` or text after it, or silence
   for ``idle_timeout_s`` before the ``Eos`` end the connection with a typed ``Error``;
 * the producer turns the stream's words and audio frames into wire messages, in order, on a
-  bounded queue (``max_queued_messages``); when it is full the producer waits, so the engine,
-  which makes audio ahead of playback while the stream's reader has room, holds this row back;
+  bounded queue (``max_queued_messages``), the audio at most ``max_audio_ahead_s`` ahead of real
+  time (``engines/audio_pace.py``); when it waits, the engine, which makes audio ahead of
+  playback while the stream's reader has room, holds this row back;
 * the sender writes them; a send that takes no bytes for ``send_timeout_s`` ends the connection.
 
 The first task to fail decides the ending: ``Error`` (with its code) then close, or, once the
@@ -23,6 +24,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve.codecs.oggopus import OggOpusWriter
+from rtserve.engines.audio_pace import AudioPace
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.service import SpeechStream
 from rtserve.engines.kyutai_tts.stream import SpeechAudio
@@ -52,6 +54,7 @@ class TTSConnection:
         idle_timeout_s: float,
         send_timeout_s: float,
         max_queued_messages: int,
+        max_audio_ahead_s: float,
         sample_rate: int,
     ) -> None:
         self._ws = ws
@@ -61,6 +64,8 @@ class TTSConnection:
         self._idle_timeout_s = idle_timeout_s
         self._send_timeout_s = send_timeout_s
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued_messages)
+        self._max_audio_ahead_s = max_audio_ahead_s
+        self._sample_rate = sample_rate
         self._ogg = OggOpusWriter(sample_rate) if output is OutputFormat.OGG_OPUS else None
 
     async def run(self) -> None:
@@ -117,8 +122,10 @@ class TTSConnection:
                 stream.send_text(parsed.text)
 
     async def _produce(self) -> None:
+        pace = AudioPace(self._max_audio_ahead_s, self._sample_rate)
         async for event in self._stream.events():
             if isinstance(event, SpeechAudio):
+                await pace.hold(event.pcm.size)
                 await self._put(wire.audio(event.pcm) if self._ogg is None else self._ogg.write(event.pcm))
             elif self._ogg is None:
                 await self._put(wire.word(event.text, event.start_s, event.stop_s))

@@ -104,6 +104,7 @@ async def tts_socket(request: web.Request) -> web.StreamResponse:
             idle_timeout_s=limits.idle_timeout_s,
             send_timeout_s=limits.send_timeout_s,
             max_queued_messages=limits.max_queued_messages,
+            max_audio_ahead_s=limits.max_audio_ahead_s,
             sample_rate=engine.sample_rate,
         )
         await connection.run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rtserve.engines.cascade.audio_pace import AudioPace
+from rtserve.engines.audio_pace import AudioPace
 
 RATE = 1000
 CHUNK = 100  # 0.1 s

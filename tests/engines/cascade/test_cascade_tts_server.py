@@ -237,3 +237,37 @@ async def test_more_replies_at_once_than_aiohttps_default_connection_cap() -> No
             await asyncio.gather(*(stream.close() for stream in opened))
         finally:
             await streams.close()
+
+
+async def test_a_reply_read_after_the_server_left_is_whole() -> None:
+    """A reader at playback pace reaches the server's close frame long after it was sent; a server
+    that did not wait that long for the reply to its close has gone (aiohttp then reports 1006 for
+    the reply it could not send). The reply is whole all the same: the server said 1000."""
+    frames = 40
+
+    async def speaks_then_leaves(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(timeout=0.05)  # waits 50 ms for the client's answer to its close
+        await ws.prepare(request)
+        await ws.send_bytes(msgpack.packb({"type": "Ready"}))
+        await ws.receive()  # the text
+        for _ in range(frames):
+            await ws.send_bytes(msgpack.packb({"type": "Audio", "pcm": [0.0] * 1920}))
+        await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/api/tts_streaming", speaks_then_leaves)
+    async with serve_plain(app) as base:
+        streams = TTSServerStreams(TTSServerConfig(url=base.replace("http://", "ws://") + "/api/tts_streaming"))
+        try:
+            stream = await streams.open_stream("s", None)
+            stream.send_text("hello")
+            stream.end()
+            heard = 0
+            async for _ in stream.events():
+                heard += 1
+                await asyncio.sleep(0.01)  # its playback: the server is gone before the close frame is read
+            await stream.close()
+        finally:
+            await streams.close()
+    assert heard == frames

@@ -1,7 +1,7 @@
 """``TTSConnection`` against a socket that stops taking bytes (docs/serving.md#tts-streaming): the
 stalled send ends the stream with ``output_backpressure`` after ``send_timeout_s``, a full queue of
 ``max_queued_messages`` stops taking the stream's events (the engine holds the row back), and the
-slot is released either way.
+slot is released either way; audio goes out at most ``max_audio_ahead_s`` ahead of real time.
 Doubles stand in for the socket and the engine stream so the stall is exact, not a race with the
 kernel's buffers."""
 
@@ -26,6 +26,7 @@ class StallingSocket:
     def __init__(self, accept: int) -> None:
         self.accept = accept
         self.sent: list[bytes] = []
+        self.sent_at: list[float] = []  # the loop's clock at each send
         self.closed: tuple[int, bytes] | None = None
         self._never = asyncio.Event()
 
@@ -33,6 +34,7 @@ class StallingSocket:
         if len(self.sent) >= self.accept:
             await self._never.wait()
         self.sent.append(data)
+        self.sent_at.append(asyncio.get_running_loop().time())
 
     async def receive(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - aiohttp's signature
         await self._never.wait()
@@ -61,7 +63,9 @@ class FrameStream:
         self.released = True
 
 
-def _connection(ws: StallingSocket, stream: FrameStream, *, queued: int, send_timeout_s: float = 0.2) -> TTSConnection:
+def _connection(
+    ws: StallingSocket, stream: FrameStream, *, queued: int, send_timeout_s: float = 0.2, audio_ahead_s: float = 60.0
+) -> TTSConnection:
     return TTSConnection(
         cast(web.WebSocketResponse, ws),
         cast(TTSStream, stream),
@@ -70,6 +74,7 @@ def _connection(ws: StallingSocket, stream: FrameStream, *, queued: int, send_ti
         idle_timeout_s=30.0,
         send_timeout_s=send_timeout_s,
         max_queued_messages=queued,
+        max_audio_ahead_s=audio_ahead_s,
         sample_rate=24000,
     )
 
@@ -96,3 +101,16 @@ async def test_a_reader_that_keeps_up_gets_every_frame_then_a_normal_close() -> 
     kinds = [msgpack.unpackb(data)["type"] for data in ws.sent]
     assert kinds == ["Ready"] + ["Audio"] * 20
     assert ws.closed is not None and ws.closed[0] == 1000 and stream.released
+
+
+async def test_audio_goes_out_no_further_ahead_of_real_time_than_the_bound() -> None:
+    """A client reading at playback pace meets what was sent ahead of it only that much later
+    (its close frame, an ``Error``): audio made faster than real time goes out at most
+    ``max_audio_ahead_s`` ahead of the time since the first frame, here 0.4 s of 2 s."""
+    ws, stream = StallingSocket(accept=1000), FrameStream(frames=25)
+    await asyncio.wait_for(_connection(ws, stream, queued=64, audio_ahead_s=0.4).run(), 10)
+    first = ws.sent_at[1]  # after Ready
+    ahead = [(i + 1) * 0.08 - (at - first) for i, at in enumerate(ws.sent_at[1:])]
+    assert len(ahead) == 25 and max(ahead) <= 0.4 + 0.08 + 0.05  # a frame's worth over the bound at most
+    assert ws.sent_at[-1] - first >= 2.0 - 0.4 - 0.08 - 0.05  # real time, not as fast as made
+    assert ws.closed is not None and ws.closed[0] == 1000
