@@ -1247,6 +1247,12 @@ class SpeechStreamConfig(_Section):
     send_timeout_s: float = Field(
         10.0, gt=0, description="a write the reader has not taken this long (it stopped reading) drops the connection"
     )
+    max_audio_ahead_s: float = Field(
+        4.0,
+        gt=0,
+        description="an utterance's audio goes out at most this far ahead of real time from its first audio "
+        "(as tts_streaming.max_audio_ahead_s; keep it well under send_timeout_s)",
+    )
 
 
 class VoiceStoreConfig(_Section):

@@ -26,7 +26,8 @@ Bounds (``speech_stream.*``): text waiting to be spoken and queued sentences (be
 ``input_backpressure``, that text dropped, the connection stays), one event's size (close
 1009), open sockets (1013), idle time (1000). A reader that stops reading is dropped once
 a write has waited ``send_timeout_s``: the speaker blocks on the socket (nothing queues up
-behind it), so audio in flight is bounded by the socket buffers.
+behind it), and an utterance's audio goes out at most ``max_audio_ahead_s`` ahead of real time,
+so what waits in the socket buffers for a reader at playback pace is that much.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from rtserve import untrusted_json
 from rtserve.config import SpeechStreamConfig
+from rtserve.engines.audio_pace import AudioPace
 from rtserve.engines.cascade.sentences import SentenceSplitter, speakable
 from rtserve.engines.errors import EngineError
 from rtserve.engines.protocols import TTSEngine
@@ -94,6 +96,7 @@ class SpeechStream:
         self._speaking = False
         self._speaker: asyncio.Task[None] | None = None
         self._dropped = False  # the reader stalled: the connection was dropped
+        self._pace: tuple[int, AudioPace] | None = None  # the utterance being spoken and its pace
 
     # ------------------------------------------------------------------ reading
 
@@ -283,12 +286,14 @@ class SpeechStream:
             }
         )
         pipeline = SpeechPipeline(self._ctx.codecs, self._tts.sample_rate, config.response_format)
+        pace = self._utterance_pace(sentence.utterance)
         sent = 0
         try:
             async with contextlib.aclosing(
                 self._tts.synthesize(sentence.text, voice=config.voice_name, speed=config.speed)
             ) as chunks:
                 async for pcm in chunks:
+                    await pace.hold(len(pcm))
                     sent += await self._send_audio(await pipeline.encode(pcm))
             sent += await self._send_audio(await pipeline.finish())
         except EngineError as exc:
@@ -297,6 +302,12 @@ class SpeechStream:
             await self._send_json({"type": "audio.done", **where, "total_bytes": sent, "error": exc.message})
             return
         await self._send_json({"type": "audio.done", **where, "total_bytes": sent, "error": None})
+
+    def _utterance_pace(self, utterance: int) -> AudioPace:
+        """The pace of ``utterance``'s audio (docs/serving.md#streaming-speech), from its first sentence on."""
+        if self._pace is None or self._pace[0] != utterance:
+            self._pace = (utterance, AudioPace(self._limits.max_audio_ahead_s, self._tts.sample_rate))
+        return self._pace[1]
 
     # ------------------------------------------------------------------ writing
 

@@ -228,6 +228,7 @@ async def test_a_client_that_reads_at_its_own_pace_keeps_the_connection(config):
     the route sends no pings, which such a reader answers only after the audio queued before them
     (docs/serving.md#streaming-speech). Here pings would be due every 0.2 s."""
     config.transport.ws_heartbeat_s = 0.2
+    config.speech_stream.max_audio_ahead_s = 60.0  # all of it in the buffers at once
     async with serve_doubles(config) as (base, _), websockets.connect(ws_url(base), max_queue=1) as ws:
         await send(ws, "input.text", text="word " * 200)  # 0.96 MB: past what one read of the socket takes
         await send(ws, "input.done")
@@ -242,6 +243,27 @@ async def test_a_client_that_reads_at_its_own_pace_keeps_the_connection(config):
         events, _ = await utterance(ws)
     assert events[-1]["type"] == "session.done" and events[-1]["utterance_index"] == 1
     assert heard == 200 * WORD_BYTES
+
+
+async def test_an_utterances_audio_goes_out_no_further_ahead_of_real_time_than_the_bound(config):
+    """The double synthesizes 2 s of speech at once; it goes out at most 0.3 s ahead of real time
+    (docs/serving.md#streaming-speech), all of it."""
+    config.speech_stream.max_audio_ahead_s = 0.3
+    async with serve_doubles(config) as (base, _), websockets.connect(ws_url(base)) as ws:
+        await send(ws, "input.text", text="word " * 20)
+        await send(ws, "input.done")
+        first_audio = None
+        heard = 0
+        while not isinstance(message := await asyncio.wait_for(ws.recv(), timeout=10), str) or (
+            json.loads(message)["type"] != "session.done"
+        ):
+            if isinstance(message, bytes):
+                first_audio = first_audio or asyncio.get_running_loop().time()
+                heard += len(message)
+        assert first_audio is not None
+        took = asyncio.get_running_loop().time() - first_audio
+    assert heard == 20 * WORD_BYTES
+    assert took >= 2.0 - 0.3 - ToneTTSDouble.WORD_SECONDS - 0.05
 
 
 async def test_connections_beyond_the_bound_are_refused_with_1013(config):
@@ -302,6 +324,7 @@ def _stalled_client(port: int, events: list[str]) -> socket.socket:
 
 async def test_a_reader_that_stops_reading_is_dropped(config):
     config.speech_stream.send_timeout_s = 0.5
+    config.speech_stream.max_audio_ahead_s = 600.0  # the socket's buffers fill at once, not at playback pace
     engine = TurnEnginesSessionDouble()
     await engine.start()
     app = build_app(config, engine=engine)
