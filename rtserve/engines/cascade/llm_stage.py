@@ -424,8 +424,7 @@ class LlmStage(ABC):
         ``fit_history`` (used by voice sessions) drops the oldest non-system messages when
         the conversation outgrows the context; without it that is ``context_length_exceeded``.
         """
-        if not self._ready:
-            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
+        self._check_ready()
         check_params(params)
         check_tools(params.tools, params.tool_choice)  # transports checked already; a direct caller may not have
         if not messages:
@@ -453,6 +452,12 @@ class LlmStage(ABC):
         finally:
             request.cancelled = True
 
+    def _check_ready(self) -> DecodeQueue:
+        """The running queue, or why there is none (asleep, or still loading)."""
+        if not self._ready or self._queue is None:
+            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
+        return self._queue
+
     async def _submit(self, request: LlmRequest) -> None:
         self._queue_for(request.params).submit(request)
 
@@ -461,9 +466,7 @@ class LlmStage(ABC):
     ) -> list[int]:
         """``CountsTokens``: tokenizer work only, on a thread (a long conversation's template
         takes milliseconds), beside the decode threads."""
-        if not self._ready or self._queue is None:
-            raise EngineSleeping() if self._asleep else ModelNotReady("the language model is still loading")
-        prompter = self._queue.prompter
+        prompter = self._check_ready().prompter
         if isinstance(prompt, str):
             return await asyncio.to_thread(prompter.text_ids, prompt, add_special_tokens)
         check_tools(params.tools, params.tool_choice)

@@ -186,7 +186,7 @@ class TTSServerStream:
                 raise _refusal(message)
             if kind in ("Audio", "Text"):
                 yield _event(message)
-        if not self.ended or message.code != aiohttp.WSCloseCode.OK:
+        if not self.ended or message.code not in (aiohttp.WSCloseCode.OK, None):
             raise EngineError(
                 f"the TTS server closed the stream before its end (close code {message.code}, "
                 f"end of stream {'sent' if self.ended else 'not sent'})",

@@ -38,7 +38,7 @@ from rtserve.engines.events import OutputAudio
 from rtserve.engines.kyutai_stt.service import SpeechStream, SpeechStreamEngine
 from rtserve.engines.kyutai_tts.service import TTSStreamEngine
 from rtserve.engines.policy.errors import PolicyInferenceError
-from rtserve.engines.protocols import EngineSession, ForwardsEvents, token_counter
+from rtserve.engines.protocols import CountsTokens, EngineSession, ForwardsEvents, token_counter
 from rtserve.engines.remote.offer import EngineOffer, offer_of
 from rtserve.engines.remote.speech_stream_host import HostedSpeechStreams
 from rtserve.engines.remote.tts_stream_host import speak
@@ -172,10 +172,10 @@ class WorkerLink:
             ("engine", "metrics"): self._metrics_exposition,
             ("engine", "sleep"): self._engines.sleep,
             ("engine", "wake_up"): self._engines.wake_up,
-            ("llm", "tokenize"): lambda prompt, params, special: token_counter(self._turn_engine("llm")).tokenize(
+            ("llm", "tokenize"): lambda prompt, params, special: self._token_counter().tokenize(
                 prompt, params, add_special_tokens=special
             ),
-            ("llm", "context_tokens"): lambda: token_counter(self._turn_engine("llm")).context_tokens(),
+            ("llm", "context_tokens"): lambda: self._token_counter().context_tokens(),
             ("tts", "voice_list"): lambda: self._turn_engine("tts").voice_list(),
             ("tts", "add_voice"): lambda *a: self._turn_engine("tts").add_voice(*a),
             ("tts", "remove_voice"): lambda name: self._turn_engine("tts").remove_voice(name),
@@ -383,6 +383,9 @@ class WorkerLink:
         if engine is None:
             raise EngineError("this server has no Kyutai TTS engine", code=MODEL_NOT_FOUND)
         return engine
+
+    def _token_counter(self) -> CountsTokens:
+        return token_counter(self._turn_engine("llm"))
 
     def _turn_engine(self, name: str) -> Any:
         engine = getattr(self._engines.turn_engines, name)
