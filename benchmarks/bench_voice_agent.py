@@ -42,7 +42,10 @@ send time of the chunk holding the question's last voiced sample ("end of speech
   and of it what is in tensors; the rest is the caching allocator's free blocks).
 
 ``--mps`` runs the whole point under NVIDIA's Multi-Process Service (``cuda_mps.py``), so the two
-servers' CUDA contexts run kernels side by side instead of in turns.
+servers' CUDA contexts run kernels side by side instead of in turns; the agent's server is then a
+client of below-normal priority (``--mps-agent-priority``, the README's layout): where both have
+kernels waiting, the TTS server's go first, and a new reply's steps to its first audio no longer
+queue behind the STT's batch (benchmarks/notes/voice_agent_gpu.md, "Twenty-fifth session").
 
 ``--tts-server-workers W`` runs the TTS engine in a server of its own (``rtserve serve`` with W
 workers, its engine process holding the TTS alone) that the voice agent speaks through
@@ -295,6 +298,7 @@ def server_env(args: argparse.Namespace, clients: int, llm: dict[str, str], tts_
         **speech,
         **torch_threads(args),
         **(voice_agent_kit.env(args.kit) if args.kit else {}),
+        **(cuda_mps.client_priority_env(args.mps_agent_priority) if args.mps else {}),
         **dict(setting.split("=", 1) for setting in args.set),
     }
 
@@ -577,9 +581,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if args.llm == "stand-in"
         else f"LLM {where} ({args.llm_folder or 'the shipped model'}, {args.llm_max_tokens} tokens a reply)"
     )
+    mps = f"MPS, agent {args.mps_agent_priority}; " if args.mps else ""
     print(
         f"voice agent, STT/TTS {args.shape} on {args.device_name}; {llm}; question every {args.period:g} s; "
-        f"{turn_end}; {'MPS; ' * args.mps}{args.duration - args.warmup:.0f} s measured; ms"
+        f"{turn_end}; {mps}{args.duration - args.warmup:.0f} s measured; ms"
     )
     print_table(points)
     return {
@@ -605,6 +610,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_s": args.warmup,
         "client_procs": args.client_procs,
         "mps": args.mps,
+        "mps_agent_priority": args.mps_agent_priority if args.mps else None,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "points": points,
     }
@@ -700,6 +706,12 @@ def main() -> None:
         "--mps",
         action="store_true",
         help="run under an MPS daemon of the run's own (cuda_mps.py): the servers' CUDA contexts share the GPU",
+    )
+    parser.add_argument(
+        "--mps-agent-priority",
+        choices=sorted(cuda_mps.CLIENT_PRIORITIES),
+        default="below_normal",
+        help="--mps: the voice agent's MPS client priority (the TTS server's and the LLM server's: normal)",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

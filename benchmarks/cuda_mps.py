@@ -6,6 +6,9 @@ Without it, CUDA contexts of several processes on one GPU take turns in time sli
 agent's STT engine process and its TTS server each wait while the other's kernels hold the GPU,
 though neither fills it. Under MPS their kernels run side by side (README, "The voice agent on one
 GPU"). The daemon is per user and touches no device setting; stopping it ends its server.
+
+A client's ``CUDA_MPS_CLIENT_PRIORITY`` (NVIDIA's MPS documentation, "Environment Variables": 0
+normal, 1 below normal) orders its kernels after a normal client's when both have work waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+CLIENT_PRIORITIES = {"normal": "0", "below_normal": "1"}
+
+
+def client_priority_env(level: str) -> dict[str, str]:
+    """A server's environment for MPS client priority ``level`` (a key of ``CLIENT_PRIORITIES``)."""
+    return {"CUDA_MPS_CLIENT_PRIORITY": CLIENT_PRIORITIES[level]}
 
 
 @contextlib.contextmanager
