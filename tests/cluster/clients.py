@@ -32,11 +32,21 @@ class DuplexClient:
         self.first = first  # session.created, or the error that refused the session
         self.echoes = 0
         self.errors: list[dict] = []
+        self.closed = asyncio.Event()  # set once its socket has ended
         self._task: asyncio.Task[None] | None = None
 
     @property
     def admitted(self) -> bool:
         return self.first["type"] == "session.created"
+
+    @property
+    def worker(self) -> str:
+        """The front-end worker that took the socket (``X-Rtserve-Worker``: "index:pid")."""
+        return self.ws._response.headers["X-Rtserve-Worker"]
+
+    @property
+    def worker_pid(self) -> int:
+        return int(self.worker.split(":")[1])
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -63,6 +73,7 @@ class DuplexClient:
             pass
         finally:
             sender.cancel()
+            self.closed.set()
 
     async def close(self) -> None:
         await self.ws.close()

@@ -9,8 +9,6 @@ no child outlives the supervisor, even when it is SIGKILLed.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import os
 import signal
 import subprocess
@@ -18,15 +16,13 @@ import time
 from pathlib import Path
 
 import aiohttp
-import numpy as np
 import pytest
 
-from tests.cluster.clients import drop_and_resume, echoes_again, echoes_over, open_session
+from tests.cluster.clients import DuplexClient, drop_and_resume, echoes_again, echoes_over, open_session
 from tests.test_cli import CLEAN_ENV, CLI, _free_port, _health
 from tests.web.realtime_support import echoed_tags
 
 pytestmark = pytest.mark.slow
-FRAME = 1920  # 80 ms at 24 kHz
 START_TIMEOUT_S = 60
 
 
@@ -59,51 +55,8 @@ async def _wait_health(port: int, status: int, timeout_s: float = START_TIMEOUT_
         await asyncio.sleep(0.2)
 
 
-class DuplexClient:
-    """A /v1/realtime?duplex=1 session streaming 80 ms frames and counting the echoes."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.worker = ws._response.headers["X-Rtserve-Worker"]  # "index:pid"
-        self.echoes = 0
-        self.errors: list[dict] = []
-        self.closed = asyncio.Event()
-        self.reader: asyncio.Task[None] | None = None
-
-    @property
-    def worker_pid(self) -> int:
-        return int(self.worker.split(":")[1])
-
-    async def run(self) -> None:
-        frame = base64.b64encode((np.full(FRAME, 1000, np.int16)).tobytes()).decode()
-
-        async def send() -> None:
-            while not self.ws.closed:
-                await self.ws.send_str(json.dumps({"type": "input_audio_buffer.append", "audio": frame}))
-                await asyncio.sleep(0.08)
-
-        sender = asyncio.create_task(send())
-        try:
-            async for message in self.ws:
-                if message.type is not aiohttp.WSMsgType.TEXT:
-                    break
-                event = json.loads(message.data)
-                if event["type"] == "response.output_audio.delta":
-                    self.echoes += 1
-                elif event["type"] == "error":
-                    self.errors.append(event["error"])
-        except (aiohttp.ClientError, ConnectionError):
-            pass
-        finally:
-            sender.cancel()
-            self.closed.set()
-
-
 async def _open(http: aiohttp.ClientSession, port: int) -> DuplexClient:
-    ws = await http.ws_connect(f"http://127.0.0.1:{port}/v1/realtime?duplex=1")
-    client = DuplexClient(ws)
-    client.reader = asyncio.create_task(client.run())
-    return client
+    return await open_session(http, f"http://127.0.0.1:{port}")
 
 
 async def _two_workers(http: aiohttp.ClientSession, port: int) -> tuple[DuplexClient, DuplexClient]:
@@ -113,7 +66,7 @@ async def _two_workers(http: aiohttp.ClientSession, port: int) -> tuple[DuplexCl
         other = await _open(http, port)
         if other.worker != first.worker:
             return first, other
-        await other.ws.close()
+        await other.close()
     pytest.fail("every connection landed on one worker")
 
 
@@ -149,12 +102,12 @@ async def test_a_killed_worker_loses_only_its_sessions_and_comes_back(server) ->
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             client = await _open(http, port)
-            await client.ws.close()
+            await client.close()
             if client.worker_pid not in (doomed.worker_pid, survivor.worker_pid):
                 break
             assert time.monotonic() < deadline, "the killed worker was not replaced"
             await asyncio.sleep(0.2)
-        await survivor.ws.close()
+        await survivor.close()
 
 
 async def test_a_resume_the_kernel_hands_to_the_other_worker_reaches_the_session(server) -> None:
@@ -198,12 +151,12 @@ async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server)
     base = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         clients = [await open_session(http, base)]
-        while len({c.ws._response.headers["X-Rtserve-Worker"] for c in clients}) < 2:
+        while len({c.worker for c in clients}) < 2:
             assert len(clients) < 40, "every connection landed on one worker"
             clients.append(await open_session(http, base))
         kept, *others = clients
-        drained = kept.ws._response.headers["X-Rtserve-Worker"]
-        survivor = next(c for c in others if c.ws._response.headers["X-Rtserve-Worker"] != drained)
+        drained = kept.worker
+        survivor = next(c for c in others if c.worker != drained)
         for client in others:
             if client is not survivor:
                 await client.end()
@@ -221,7 +174,7 @@ async def test_a_drained_worker_finishes_its_session_and_leaves_for_good(server)
         assert len(_children(proc.pid)) == 2  # the engine and the other worker: no replacement
         for _ in range(10):  # its socket is closed: every new connection goes to the other worker
             client = await open_session(http, base)
-            assert client.admitted and client.ws._response.headers["X-Rtserve-Worker"] != drained
+            assert client.admitted and client.worker != drained
             await client.close()
         assert await echoes_again(survivor) and not survivor.errors
         await survivor.close()
@@ -243,8 +196,8 @@ async def test_a_killed_engine_ends_sessions_with_engine_failure_and_health_reco
         await _wait_health(port, 200)  # from any worker: it asks the other (their links are back, both)
         a, b = await _two_workers(http, port)
         assert await echoes_again(a) and await echoes_again(b), (a.errors, b.errors)
-        await a.ws.close()
-        await b.ws.close()
+        await a.close()
+        await b.close()
 
 
 def _started(proc: subprocess.Popen, port: int) -> set[int]:
