@@ -762,7 +762,8 @@ def tts_point(logs: list[TtsLog], window: tuple[float, float]) -> dict[str, Any]
     }
 
 
-ASR_COLUMNS = [
+# Both routes' tables: the point and the engine's tick first, the host's load last.
+SERVER_COLUMNS = [
     ("workers", "workers", "{}"),
     ("N", "clients", "{}"),
     ("load s", "load_s", "{:.0f}"),
@@ -772,6 +773,18 @@ ASR_COLUMNS = [
     ("ctl p99", "control_p99_ms", "{:.1f}"),
     ("gath p99", "gather_p99_ms", "{:.1f}"),
     ("scat p99", "scatter_p99_ms", "{:.1f}"),
+]
+HOST_COLUMNS = [
+    ("srv cpu", "server_cpu_pct", "{:.0f}%"),
+    ("busiest", "busiest_server_pct", "{:.0f}%"),
+    ("gpu", "gpu_busy_pct", "{:.0f}%"),
+    ("GPU GB", "gpu_gb_reserved", "{:.1f}"),
+    ("in tensors", "gpu_gb_allocated", "{:.1f}"),
+    ("client max", "busiest_client_pct", "{:.0f}%"),
+    ("errors", "errors", "{}"),
+]
+ASR_COLUMNS = [
+    *SERVER_COLUMNS,
     ("gc2", "gc_full_collections", "{:.0f}"),
     ("gc2 p99", "gc_full_pause_p99_ms", "{:.0f}"),
     ("eng gc2", "engine_gc_full_collections", "{:.0f}"),
@@ -793,24 +806,10 @@ ASR_COLUMNS = [
     ("utt grow", "utterance_end_to_word_growth_ms", "{:.0f}"),
     ("delay", "delay_ms", "{:.0f}"),
     ("send p99", "send_lag_p99_ms", "{:.1f}"),
-    ("srv cpu", "server_cpu_pct", "{:.0f}%"),
-    ("busiest", "busiest_server_pct", "{:.0f}%"),
-    ("gpu", "gpu_busy_pct", "{:.0f}%"),
-    ("GPU GB", "gpu_gb_reserved", "{:.1f}"),
-    ("in tensors", "gpu_gb_allocated", "{:.1f}"),
-    ("client max", "busiest_client_pct", "{:.0f}%"),
-    ("errors", "errors", "{}"),
+    *HOST_COLUMNS,
 ]
 TTS_COLUMNS = [
-    ("workers", "workers", "{}"),
-    ("N", "clients", "{}"),
-    ("load s", "load_s", "{:.0f}"),
-    ("tick p50", "tick_p50_ms", "{:.1f}"),
-    ("tick p99", "tick_p99_ms", "{:.1f}"),
-    ("eng step p99", "step_p99_ms", "{:.1f}"),
-    ("ctl p99", "control_p99_ms", "{:.1f}"),
-    ("gath p99", "gather_p99_ms", "{:.1f}"),
-    ("scat p99", "scatter_p99_ms", "{:.1f}"),
+    *SERVER_COLUMNS,
     ("replies", "replies", "{}"),
     ("failed", "failed_replies", "{}"),
     ("first p50", "first_audio_p50_ms", "{:.0f}"),
@@ -834,13 +833,7 @@ TTS_COLUMNS = [
     ("stalls", "stalls", "{}"),
     ("stalled ms", "stalled_ms_total", "{:.0f}"),
     ("audio s", "audio_s", "{:.0f}"),
-    ("srv cpu", "server_cpu_pct", "{:.0f}%"),
-    ("busiest", "busiest_server_pct", "{:.0f}%"),
-    ("gpu", "gpu_busy_pct", "{:.0f}%"),
-    ("GPU GB", "gpu_gb_reserved", "{:.1f}"),
-    ("in tensors", "gpu_gb_allocated", "{:.1f}"),
-    ("client max", "busiest_client_pct", "{:.0f}%"),
-    ("errors", "errors", "{}"),
+    *HOST_COLUMNS,
 ]
 
 
