@@ -60,7 +60,8 @@ async def until_ready(http: aiohttp.ClientSession, base: str, timeout_s: float =
         async with http.get(f"{base}/health") as resp:
             if resp.status == 200:
                 return
-            assert (await resp.json()).get("status") != "failed"
+            body = await resp.json()
+            assert body.get("status") != "failed", body
         await asyncio.sleep(0.05)
 
 

@@ -28,9 +28,7 @@ from openai.types.realtime import (
     RealtimeSessionCreateRequestParam,
 )
 
-from rtserve.app import build_app
 from rtserve.config import load_config
-from tests.support import serve_app
 from tests.web.http_support import sdk, serve_doubles
 from tests.web.realtime.test_realtime_sdk import SdkReader
 from tests.web.realtime_support import loopback_config, receive_event, running, ws_url
@@ -224,14 +222,7 @@ async def test_chat_refuses_a_forced_tool_that_is_not_offered(config) -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def base() -> AsyncIterator[str]:
-    async with serve_app(build_app(load_config(environ={}))) as url, aiohttp.ClientSession() as http:
-        for _ in range(LOAD_TIMEOUT_S * 10):
-            async with http.get(f"{url}/health") as resp:
-                body = await resp.json()
-            if resp.status == 200:
-                break
-            assert body["status"] != "failed", body
-            await asyncio.sleep(0.1)
+    async with running(load_config(environ={}), ready_timeout_s=LOAD_TIMEOUT_S) as url:
         yield url
 
 

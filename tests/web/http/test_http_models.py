@@ -14,10 +14,9 @@ import pytest
 import pytest_asyncio
 from openai.types import CompletionUsage
 
-from rtserve.app import build_app
 from rtserve.config import load_config
-from tests.support import serve_app
 from tests.web.http_support import sdk
+from tests.web.realtime_support import running
 
 pytestmark = [pytest.mark.models, pytest.mark.asyncio(loop_scope="module")]
 
@@ -37,14 +36,7 @@ def heard_most_of(heard: str, said: str) -> bool:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def base() -> AsyncIterator[str]:
     """One server with the models loaded for the whole module (loading takes seconds)."""
-    async with serve_app(build_app(load_config(environ={}))) as url, aiohttp.ClientSession() as http:
-        for _ in range(LOAD_TIMEOUT_S * 10):
-            async with http.get(f"{url}/health") as resp:
-                body = await resp.json()
-            if resp.status == 200:
-                break
-            assert body["status"] != "failed", body
-            await asyncio.sleep(0.1)
+    async with running(load_config(environ={}), ready_timeout_s=LOAD_TIMEOUT_S) as url:
         yield url
 
 

@@ -23,6 +23,7 @@ from rtserve.engines.cascade.audio import resample
 from rtserve.web.context import CTX
 from tests.engines.cascade.cascade_support import heard_most_of
 from tests.support import serve_app
+from tests.web.realtime_support import until_ready
 
 pytestmark = [pytest.mark.models, pytest.mark.asyncio(loop_scope="module")]
 
@@ -37,13 +38,7 @@ async def served() -> AsyncIterator[tuple[web.Application, str]]:
     """One default server (Whisper, SmolLM2, Piper) for the module, once its models are loaded."""
     app = build_app(load_config(environ={}))
     async with serve_app(app) as base, aiohttp.ClientSession() as http:
-        for _ in range(LOAD_TIMEOUT_S * 10):
-            async with http.get(f"{base}/health") as resp:
-                body = await resp.json()
-            if resp.status == 200:
-                break
-            assert body["status"] != "failed", body
-            await asyncio.sleep(0.1)
+        await until_ready(http, base, LOAD_TIMEOUT_S)
         yield app, base.replace("http://", "ws://") + "/api/tts_streaming"
 
 
