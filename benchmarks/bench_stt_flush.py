@@ -42,7 +42,7 @@ from rtserve.engines.kyutai_stt.stream import SttStream
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_stt_flush.json"
 FRAME_S = 0.08
-DRAIN_KEYS = ("drains_per_s", "drain_rows", "drain_ms")
+DRAIN_KEYS = ("drains_per_s", "drain_rows", "drain_ms", "burst_frames")
 
 
 async def _client(stream: SttStream, index: int, args: argparse.Namespace, waits: dict[str, list[float]]) -> None:
@@ -114,14 +114,22 @@ async def run(args: argparse.Namespace, flush_rows: int, between_ticks: bool) ->
         "between_ticks": between_ticks,
         "model_delay_ms": 1000 * delay_s,
     }
-    # The drain steps the turns' ends were paid in: a second, rows advanced each, mean cost.
-    steps, frames, seconds = (
+    # The drain steps the turns' ends were paid in: a second, rows advanced each, mean cost, and
+    # the frames a burst stepped (flush rows; NaN without).
+    steps, frames, seconds, burst_frames, bursts = (
         registry.get_sample_value(f"rtserve_kyutai_stt_{name}") or 0.0
-        for name in ("drain_steps_total", "drained_input_frames_total", "drain_step_seconds_sum")
+        for name in (
+            "drain_steps_total",
+            "drained_input_frames_total",
+            "drain_step_seconds_sum",
+            "drain_burst_frames_sum",
+            "drain_burst_frames_count",
+        )
     )
     result["drains_per_s"] = steps / args.duration
     result["drain_rows"] = frames / steps if steps else float("nan")
     result["drain_ms"] = 1e3 * seconds / steps if steps else float("nan")
+    result["burst_frames"] = burst_frames / bursts if bursts else float("nan")
     for kind, values in waits.items():
         ms = sorted(1000 * v for v in values)
         p50 = statistics.median(ms) if ms else float("nan")
@@ -136,19 +144,19 @@ def print_table(results: list[dict[str, Any]]) -> None:
     print(f"{first['shape']}, {first['streams']} streams; model delay {first['model_delay_ms']:.0f} ms")
     print(
         f"{'flush rows':>10} {'between ticks':>13} {'turn end':>8} {'turns':>6} {'p50 ms':>8} {'p95 ms':>8}"
-        f" {'drains/s':>8} {'rows/drain':>10} {'drain ms':>8}"
+        f" {'drains/s':>8} {'rows/drain':>10} {'drain ms':>8} {'frames/burst':>12}"
     )
     combos = dict.fromkeys((r["flush_rows"], r["between_ticks"]) for r in results)
     for rows, between in combos:
         runs = [r for r in results if (r["flush_rows"], r["between_ticks"]) == (rows, between)]
-        drains, per_drain, drain_ms = (statistics.median(r[key] for r in runs) for key in DRAIN_KEYS)
+        drains, per_drain, drain_ms, per_burst = (statistics.median(r[key] for r in runs) for key in DRAIN_KEYS)
         for kind in ("flush", "wait"):
             turns = sum(r[kind]["turns"] for r in runs)
             p50, p95 = (statistics.median(r[kind][q] for r in runs) for q in ("p50_ms", "p95_ms"))
             on = "on" if between else "off"
             print(
                 f"{rows:>10} {on:>13} {kind:>8} {turns:>6} {p50:>8.0f} {p95:>8.0f}"
-                f" {drains:>8.1f} {per_drain:>10.1f} {drain_ms:>8.1f}"
+                f" {drains:>8.1f} {per_drain:>10.1f} {drain_ms:>8.1f} {per_burst:>12.1f}"
             )
 
 

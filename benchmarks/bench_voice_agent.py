@@ -505,7 +505,8 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         )
         point[f"tts_after_text_p{round(q * 100)}_ms"] = seconds * 1e3
     # The STT's drain steps (a turn's flush is paid in them, docs/engines.md#draining-waiting-input):
-    # how many a second, the rows each advanced on average, and what one cost.
+    # how many a second, the rows each advanced on average, what one cost, and (flush rows) the
+    # frames a burst stepped.
     steps, frames = (
         metrics_after.get(name, 0.0) - metrics_before.get(name, 0.0)
         for name in ("rtserve_kyutai_stt_drain_steps_total", "rtserve_kyutai_stt_drained_input_frames_total")
@@ -513,6 +514,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
     point["stt_drains_per_s"] = steps / measured_s
     point["stt_drain_rows"] = frames / steps if steps else float("nan")
     point["stt_drain_ms"] = 1e3 * histogram_mean(metrics_before, metrics_after, "rtserve_kyutai_stt_drain_step_seconds")
+    point["stt_burst_frames"] = histogram_mean(metrics_before, metrics_after, "rtserve_kyutai_stt_drain_burst_frames")
     return point
 
 
@@ -545,6 +547,7 @@ COLUMNS = [
     ("STT drains/s", "stt_drains_per_s", "{:.1f}"),
     ("rows/drain", "stt_drain_rows", "{:.1f}"),
     ("drain ms", "stt_drain_ms", "{:.1f}"),
+    ("frames/burst", "stt_burst_frames", "{:.1f}"),
     ("TTS tick p99", "tts_tick_p99_ms", "{:.1f}"),
     ("TTS calls/s", "tts_calls_per_s", "{:.1f}"),
     ("TTS step rows", "tts_step_rows", "{:.0f}"),

@@ -72,6 +72,13 @@ class LockstepMetrics:
             buckets=[f * period_s for f in _BUDGET_FRACTIONS],
             registry=registry,
         )
+        self.drain_burst_frames = Histogram(
+            "rtserve_lockstep_drain_burst_frames",
+            "Frames one drain burst stepped (a model that steps a few rows several frames a call: "
+            "Kyutai STT's flush rows); each frame also counts as a drain step",
+            buckets=[1, 2, 3, 4, 6, 8, 12, 16],
+            registry=registry,
+        )
         self.drained_input_frames = Counter(
             "rtserve_lockstep_drained_input_frames",
             "Input frames taken by drain steps: standing input latency paid back",

@@ -665,17 +665,28 @@ class LockstepScheduler:
     def _burst_of(
         self, waiting: list[tuple[int, SlotLease]], prefill: list[tuple[int, SlotLease]]
     ) -> list[tuple[int, SlotLease]]:
-        """The rows the next drain steps in a burst: every waiting one if they fit one, else those
-        flushing if they do (a turn's end, which someone waits for, goes before input that only
-        stood); none while a slot prefills (its steps go one a call) or with no burst rows."""
+        """The rows the next drain steps in a burst: those flushing (a turn's end, which someone
+        waits for) alone when they fit one and a row beside them has fewer frames to give (a burst
+        steps as many frames as its shortest row: a late frame beside a flush would cut the flush's
+        burst to one frame); else every waiting one if they fit one, else those flushing if they
+        do; none while a slot prefills (its steps go one a call) or with no burst rows."""
         limit = self.drains.burst_rows if self.drains is not None else 0
         if prefill or not limit:
             return []
-        if len(waiting) <= limit:
-            return waiting
         assert self._ledger is not None
         flushing = [(index, lease) for index, lease in waiting if self._ledger.flushing(index)]
+        if flushing and len(flushing) <= limit and self._burst_frames(waiting) < self._burst_frames(flushing):
+            return flushing
+        if len(waiting) <= limit:
+            return waiting
         return flushing if len(flushing) <= limit else []
+
+    def _burst_frames(self, rows: list[tuple[int, SlotLease]]) -> int:
+        """The frames a burst of ``rows`` may step: as many as every one of them may give (what the
+        ledger lets it take and what stands)."""
+        ledger = self._ledger
+        assert ledger is not None
+        return min(min(ledger.wanted(i), len(lease.input) // self.frame_size) for i, lease in rows)
 
     def _drain_burst(self, waiting: list[tuple[int, SlotLease]], deadline: float, tick_s: float) -> bool:
         """The drain steps of a few rows in one model call (``DrainsInput.step_rows_burst``): as many
@@ -686,7 +697,7 @@ class LockstepScheduler:
         room_s = deadline - clock.monotonic()
         if room_s <= 0:
             return False
-        frames = min(min(ledger.wanted(i), len(lease.input) // self.frame_size) for i, lease in waiting)
+        frames = self._burst_frames(waiting)
         frame_s = self._burst_frame_s or tick_s  # zero only on a test's clock that stands still
         if frame_s > 0:
             frames = min(frames, int(room_s / (_DRAIN_ROOM * frame_s)))
@@ -710,6 +721,7 @@ class LockstepScheduler:
         self._notifier.notify(wake)
         duration_s = clock.monotonic() - started
         self._burst_frame_s = duration_s / frames
+        self.metrics.drain_burst_frames.observe(frames)
         self.metrics.drain_steps.inc(frames)
         for _ in range(frames):
             self.metrics.drain_step_seconds.observe(self._burst_frame_s)

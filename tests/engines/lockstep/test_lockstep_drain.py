@@ -311,3 +311,20 @@ def test_a_flush_goes_in_a_burst_before_input_that_only_stood() -> None:
     assert backlog[11] < FRAME
     assert stepped.count(FLUSH_VALUE) == FLUSHED
     assert lease.samples_discarded == 0
+
+
+def test_a_flush_is_not_cut_to_one_frame_by_a_late_frame_beside_it() -> None:
+    """A burst steps as many frames as its shortest row: a stream with one frame standing beside a
+    flush, both fitting one burst, would cut the flush's burst to a frame. The flushing stream
+    goes alone, its frames in as few bursts as the room allows; the other's frame after."""
+    stepped, backlog, model, registry, lease = _serve(drains=True, flush_at=10, burst_rows=2, standing_beside=2)
+
+    assert (0, 1) not in model.burst_slots and (1,) in model.burst_slots, model.burst_slots
+    first_other = model.burst_slots.index((1,))
+    assert model.burst_slots[:first_other] == [(0,)] * first_other and first_other >= 1
+    assert model.bursts[0] > 1  # not cut to the other stream's one frame
+    assert backlog[11] < FRAME
+    assert stepped.count(FLUSH_VALUE) == FLUSHED
+    assert metric(registry, "rtserve_lockstep_drain_burst_frames_count") == len(model.bursts)
+    assert metric(registry, "rtserve_lockstep_drain_burst_frames_sum") == sum(model.bursts)
+    assert lease.samples_discarded == 0
