@@ -81,6 +81,7 @@ from rtserve.codecs.pcm import FloatArray
 from rtserve.config import LockstepConfig
 from rtserve.engines.errors import CapacityExhausted, EngineError
 from rtserve.engines.events import EngineFailure
+from rtserve.engines.lockstep.burst_cost import BurstCost
 from rtserve.engines.lockstep.draining import DrainLedger
 from rtserve.engines.lockstep.lease import SlotLease
 from rtserve.engines.lockstep.log_throttle import LogThrottle
@@ -241,7 +242,7 @@ class LockstepScheduler:
             DrainLedger(model.batch_size, drain_after_ticks, late_input_grace_ticks) if drains is not None else None
         )
         self._drain_timing: tuple[int, float] | None = None  # the last drain step's rows and duration
-        self._burst_frame_s = 0.0  # the last drain burst's duration a frame (0: none yet)
+        self._burst_cost = BurstCost()
         self._flush_between_ticks = flush_between_ticks and drains is not None
         self._last_tick_s = 0.0  # the last paced tick's duration: a drain step's room between ticks
         self.name = name
@@ -690,17 +691,14 @@ class LockstepScheduler:
 
     def _drain_burst(self, waiting: list[tuple[int, SlotLease]], deadline: float, tick_s: float) -> bool:
         """The drain steps of a few rows in one model call (``DrainsInput.step_rows_burst``): as many
-        frames as every one of them may give, and as fit before the deadline at the last burst's
-        cost a frame (the tick's before the first). False when not one fits."""
+        frames as every one of them may give, and as fit before the deadline at the bursts' fitted
+        cost (``BurstCost``; the tick's a frame before the first). False when not one fits."""
         ledger, drains, clock = self._ledger, self.drains, self._clock
         assert ledger is not None and drains is not None
         room_s = deadline - clock.monotonic()
         if room_s <= 0:
             return False
-        frames = self._burst_frames(waiting)
-        frame_s = self._burst_frame_s or tick_s  # zero only on a test's clock that stands still
-        if frame_s > 0:
-            frames = min(frames, int(room_s / (_DRAIN_ROOM * frame_s)))
+        frames = min(self._burst_frames(waiting), self._burst_cost.frames_within(room_s, _DRAIN_ROOM, tick_s))
         if frames < 1:
             return False
         started = clock.monotonic()
@@ -720,11 +718,11 @@ class LockstepScheduler:
         wake = [woken for rows, step in zip(takes, outputs, strict=True) for woken in self._scatter(rows, step)]
         self._notifier.notify(wake)
         duration_s = clock.monotonic() - started
-        self._burst_frame_s = duration_s / frames
+        self._burst_cost.observe(frames, duration_s)
         self.metrics.drain_burst_frames.observe(frames)
         self.metrics.drain_steps.inc(frames)
         for _ in range(frames):
-            self.metrics.drain_step_seconds.observe(self._burst_frame_s)
+            self.metrics.drain_step_seconds.observe(duration_s / frames)
         self.metrics.drained_input_frames.inc(frames * slots.size)
         return True
 
