@@ -9,15 +9,13 @@ padding often and words now and then, as a trained one does.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from tests.engines.moshi.tiny import LM_KWARGS, _stack_attention, reference_lm, reference_mimi, train_tokenizer
+from tests.engines.moshi.tiny import LM_KWARGS, reference_lm, reference_mimi, save_kyutai_folder
 
 STT_LM_KWARGS: dict[str, Any] = dict(
     LM_KWARGS,
@@ -69,18 +67,5 @@ def save_stt_checkpoint(
 ) -> None:
     """``lm`` (a reference ``LMModel``, dep_q 0) and ``mimi`` as Kyutai publishes an STT folder,
     with a small trained SentencePiece tokenizer."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_stack_attention({k: v.cpu() for k, v in lm.state_dict().items()}), str(folder / "model.safetensors"))
-    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
-    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
-    train_tokenizer(folder / "tokenizer.model")
-    config = dict(
-        lm_kwargs,
-        moshi_name="model.safetensors",
-        mimi_name="mimi.safetensors",
-        tokenizer_name="tokenizer.model",
-        mimi_config_name="mimi_config.json",
-        model_type="stt",
-        stt_config=stt_config,
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    config = dict(lm_kwargs, model_type="stt", stt_config=stt_config)
+    save_kyutai_folder(folder, lm, mimi, config=config, mimi_config=mimi_config)

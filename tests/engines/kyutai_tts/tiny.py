@@ -9,7 +9,6 @@ are perturbed and saved as Kyutai publishes them (stacked attention projections)
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from tests.engines.moshi.tiny import MIMI_CONFIG, reference_mimi, train_tokenizer
+from tests.engines.moshi.tiny import MIMI_CONFIG, reference_mimi, save_kyutai_folder
 
 TEXT_CARD = 64
 CARD = 32
@@ -96,29 +95,6 @@ class TinyTTS:
     raw: dict[str, Any]
 
 
-def _stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    groups: dict[str, dict[int, torch.Tensor]] = {}
-    for key, value in state.items():
-        for kind in ("self_attn", "cross_attention"):
-            for split, stacked in (
-                (f".{kind}.in_projs.", f".{kind}.in_proj_weight"),
-                (f".{kind}.out_projs.", f".{kind}.out_proj.weight"),
-            ):
-                if split in key:
-                    prefix, rest = key.split(split)
-                    groups.setdefault(prefix + stacked, {})[int(rest.split(".")[0])] = value
-                    break
-            else:
-                continue
-            break
-        else:
-            out[key] = value.contiguous()
-    for key, parts in groups.items():
-        out[key] = torch.cat([parts[i] for i in sorted(parts)], dim=0).contiguous()
-    return out
-
-
 def reference_tts_lm(raw: dict[str, Any], seed: int = 0) -> Any:
     from moshi.models.loaders import get_moshi_lm
 
@@ -162,19 +138,7 @@ def write_tts_checkpoint(folder: Path, *, distilled: bool = True) -> TinyTTS:
 def save_tts_checkpoint(folder: Path, lm: Any, mimi: Any, *, raw: dict[str, Any], mimi_config: dict[str, Any]) -> None:
     """``lm`` (a reference TTS ``LMModel``) and ``mimi`` as Kyutai publishes a TTS folder (``raw``:
     its config.json keys), with a small trained SentencePiece tokenizer."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_stack_attention({k: v.cpu() for k, v in lm.state_dict().items()}), str(folder / "model.safetensors"))
-    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
-    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
-    train_tokenizer(folder / "tokenizer.model")
-    config = dict(
-        raw,
-        moshi_name="model.safetensors",
-        mimi_name="mimi.safetensors",
-        tokenizer_name="tokenizer.model",
-        mimi_config_name="mimi_config.json",
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    save_kyutai_folder(folder, lm, mimi, config=raw, mimi_config=mimi_config)
 
 
 def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0) -> Any:

@@ -19,7 +19,7 @@ from rtserve.engines.moshi.loader import LoadedModel, load_folder
 from rtserve.engines.moshi.prompts import PromptError
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.engines.values import FrameOutput, SlotPrompt
-from tests.engines.moshi.tiny import CARD, LM_KWARGS, _stack_attention, reference_lm
+from tests.engines.moshi.tiny import CARD, LM_KWARGS, reference_lm, stack_attention
 
 FRAME = 1920
 GREEDY = MoshiSampling(use_sampling=False)
@@ -107,7 +107,7 @@ def test_teacher_forced_layout_forces_the_users_codebooks(weights: Path, tmp_pat
     shutil.copytree(weights, folder)
     kwargs = dict(LM_KWARGS, dep_q=16)
     lm = reference_lm(kwargs, seed=4)
-    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
+    save_file(stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, dep_q=16)))
     loaded = load_folder(folder, device=torch.device("cpu"), dtype=torch.float32)

@@ -115,24 +115,49 @@ class TinyCheckpoint:
     mimi: Any  # moshi.models.compression.MimiModel
 
 
-def _stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``in_projs.{i}.weight`` -> one stacked ``in_proj_weight``, as Kyutai publishes."""
+def stack_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``in_projs.{i}.weight`` -> one stacked ``in_proj_weight`` (self- and cross-attention), as
+    Kyutai publishes."""
     out: dict[str, torch.Tensor] = {}
     groups: dict[str, dict[int, torch.Tensor]] = {}
     for key, value in state.items():
-        for split, stacked in (
-            (".self_attn.in_projs.", ".self_attn.in_proj_weight"),
-            (".self_attn.out_projs.", ".self_attn.out_proj.weight"),
-        ):
-            if split in key:
-                prefix, rest = key.split(split)
-                groups.setdefault(prefix + stacked, {})[int(rest.split(".")[0])] = value
-                break
+        for kind in ("self_attn", "cross_attention"):
+            for split, stacked in (
+                (f".{kind}.in_projs.", f".{kind}.in_proj_weight"),
+                (f".{kind}.out_projs.", f".{kind}.out_proj.weight"),
+            ):
+                if split in key:
+                    prefix, rest = key.split(split)
+                    groups.setdefault(prefix + stacked, {})[int(rest.split(".")[0])] = value
+                    break
+            else:
+                continue
+            break
         else:
             out[key] = value.contiguous()
     for key, parts in groups.items():
         out[key] = torch.cat([parts[i] for i in sorted(parts)], dim=0).contiguous()
     return out
+
+
+def save_kyutai_folder(
+    folder: Path, lm: Any, mimi: Any, *, config: dict[str, Any], mimi_config: dict[str, Any]
+) -> None:
+    """``lm`` and ``mimi`` (reference modules) as Kyutai publishes a checkpoint folder: stacked
+    attention projections, Mimi's config, a small trained SentencePiece tokenizer, and
+    ``config.json`` (``config`` with the files' names)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(stack_attention({k: v.cpu() for k, v in lm.state_dict().items()}), str(folder / "model.safetensors"))
+    save_file(stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
+    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
+    train_tokenizer(folder / "tokenizer.model")
+    names = {
+        "moshi_name": "model.safetensors",
+        "mimi_name": "mimi.safetensors",
+        "tokenizer_name": "tokenizer.model",
+        "mimi_config_name": "mimi_config.json",
+    }
+    (folder / "config.json").write_text(json.dumps({**config, **names}))
 
 
 def reference_lm(lm_kwargs: dict[str, Any] = LM_KWARGS, seed: int = 0) -> Any:
@@ -193,20 +218,7 @@ def train_tokenizer(path: Path, vocab_size: int = TEXT_CARD) -> None:
 def write_checkpoint(
     folder: Path, *, lm_kwargs: dict[str, Any] = LM_KWARGS, mimi_config: dict[str, Any] = MIMI_CONFIG
 ) -> TinyCheckpoint:
-    folder.mkdir(parents=True, exist_ok=True)
     lm = reference_lm(lm_kwargs)
     mimi = reference_mimi(mimi_config)
-    save_file(_stack_attention(lm.state_dict()), str(folder / "model.safetensors"))
-    save_file(_stack_attention(mimi.state_dict()), str(folder / "mimi.safetensors"))
-    (folder / "mimi_config.json").write_text(json.dumps(mimi_config))
-    train_tokenizer(folder / "tokenizer.model")
-    config = dict(
-        lm_kwargs,
-        moshi_name="model.safetensors",
-        mimi_name="mimi.safetensors",
-        tokenizer_name="tokenizer.model",
-        mimi_config_name="mimi_config.json",
-        model_type="moshi",
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    save_kyutai_folder(folder, lm, mimi, config=dict(lm_kwargs, model_type="moshi"), mimi_config=mimi_config)
     return TinyCheckpoint(folder, lm, mimi)
