@@ -504,6 +504,14 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
             metrics_before, metrics_after, "rtserve_kyutai_tts_first_audio_after_text_seconds", q
         )
         point[f"tts_after_text_p{round(q * 100)}_ms"] = seconds * 1e3
+    # The LLM's part as the agent saw it (reply request -> first token; tokens a second a reply),
+    # whichever LLM answers: interpolated within the histograms' buckets, so near, not exact.
+    point["llm_first_token_p50_ms"] = 1e3 * histogram_quantile(
+        metrics_before, metrics_after, "rtserve_cascade_turn_seconds", 0.5, 'stage="llm_first_token"'
+    )
+    point["llm_tokens_per_s_p50"] = histogram_quantile(
+        metrics_before, metrics_after, "rtserve_cascade_llm_tokens_per_second", 0.5
+    )
     # The STT's drain steps (a turn's flush is paid in them, docs/engines.md#draining-waiting-input):
     # how many a second, the rows each advanced on average, what one cost, and (flush rows) the
     # frames a burst stepped.
@@ -552,6 +560,8 @@ COLUMNS = [
     ("TTS calls/s", "tts_calls_per_s", "{:.1f}"),
     ("TTS step rows", "tts_step_rows", "{:.0f}"),
     ("span", "tts_step_span", "{:.0f}"),
+    ("LLM 1st token p50", "llm_first_token_p50_ms", "{:.0f}"),
+    ("LLM tok/s p50", "llm_tokens_per_s_p50", "{:.0f}"),
     ("TTS after text p50", "tts_after_text_p50_ms", "{:.0f}"),
     ("p95", "tts_after_text_p95_ms", "{:.0f}"),
     ("TTS 1st full steps p50", "tts_first_full_steps_p50", "{:.1f}"),

@@ -127,12 +127,15 @@ class ReplyChain:
             started = time.perf_counter()
             first_at = 0.0
             async for delta in self._llm.generate(request.messages, request.params, fit_history=True):
-                if not first_at and delta.completion_tokens:
-                    first_at = time.perf_counter()
-                    self._metrics.turn_seconds.labels(request.route, "llm_first_token").observe(first_at - started)
-                elif delta.finish_reason is not None and delta.completion_tokens > 1 and first_at:
-                    rate = (delta.completion_tokens - 1) / max(time.perf_counter() - first_at, 1e-6)
+                # The first token is the first delta with text or a call: a vLLM's deltas carry no
+                # running count (its total comes with the last), an embedded engine's do.
+                now = time.perf_counter()
+                if delta.finish_reason is not None and delta.completion_tokens > 1 and first_at:
+                    rate = (delta.completion_tokens - 1) / max(now - first_at, 1e-6)
                     self._metrics.llm_tokens_per_second.labels(request.route).observe(rate)
+                if not first_at and (delta.text or delta.tool_call is not None):
+                    first_at = now
+                    self._metrics.turn_seconds.labels(request.route, "llm_first_token").observe(first_at - started)
                 yield delta
 
     async def _sentences(
