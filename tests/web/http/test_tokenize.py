@@ -41,6 +41,7 @@ async def base() -> AsyncIterator[str]:
             "engine": "loopback",
             "http": {"text_engine": "embedded"},
             "cascade": {"llm_context_tokens": CONTEXT},
+            "enable_sleep_mode": True,
         },
     )
     async with serve_app(build_app(config)) as url, aiohttp.ClientSession() as http:
@@ -138,3 +139,24 @@ async def test_a_voice_agent_answers_with_this_server_as_its_llm(base: str) -> N
                     text.append(event["delta"])
     assert event["response"]["status"] == "completed", event
     assert "".join(text).strip()  # what a 135M model says is its own
+
+
+async def test_the_llm_sleeps_as_a_stage_of_its_own_and_serves_again_once_woken(base: str) -> None:
+    """Last in the module (its server sleeps for a while): the embedded LLM is stage 0 beside the
+    loopback engine, which has none; asleep, chat and counts are refused with a typed error while
+    ``/health`` stays 200 (docs/serving.md#sleep-mode)."""
+    status, body = await _post(base, "/v1/omni/sleep", {"level": 1})
+    assert status == 200 and [a["stage"] for a in body["acks"]] == ["llm"] and body["sleeping_stages"] == [0], body
+    for path, request in (
+        ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": 4}),
+        ("/tokenize", {"messages": QUESTION}),
+    ):
+        status, body = await _post(base, path, request)
+        assert status == 503 and body["error"]["code"] == "engine_sleeping", (path, body)
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/health") as resp:
+        assert resp.status == 200 and (await resp.json())["status"] == "sleeping"
+
+    status, body = await _post(base, "/v1/omni/wakeup", {})
+    assert status == 200 and body["stage_ids"] == [0] and body["sleeping_stages"] == [], body
+    status, body = await _post(base, "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 8})
+    assert status == 200 and body["choices"][0]["message"]["content"], body
