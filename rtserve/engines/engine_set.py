@@ -77,7 +77,8 @@ class EngineSet:
 
     @property
     def ready(self) -> bool:
-        """The session engine serves, and so does the text engine (vLLM) where one is configured."""
+        """The session engine serves, and so does the text engine (vLLM, or the embedded LLM unless an
+        operator put it to sleep) where one is configured."""
         return (
             self.session_engine.ready
             and (
