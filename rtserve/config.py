@@ -1537,6 +1537,18 @@ class ServerConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _heartbeat_outlasts_reply_audio(self) -> ServerConfig:
+        # A client that reads a cascade reply at playback pace finds a ping behind up to
+        # max_audio_ahead_s of audio, and its pong is due within half the heartbeat.
+        if self.engine == "cascade" and self.transport.ws_heartbeat_s / 2 <= self.cascade.max_audio_ahead_s:
+            raise ValueError(
+                f"transport.ws_heartbeat_s ({self.transport.ws_heartbeat_s:g} s) must be more than twice "
+                f"cascade.max_audio_ahead_s ({self.cascade.max_audio_ahead_s:g} s): a client reading a reply at "
+                "playback pace meets the ping behind that much audio and would be dropped for a late pong"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fill_client_secret_keys(self) -> ServerConfig:
         # Filled once, where the configuration is loaded: workers are started with this
         # configuration, so they verify each other's secrets; cluster front-ends agree through
@@ -1582,7 +1594,9 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 def _first_error_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "<root>"
+    if not err["loc"]:  # a rule across fields: its message names them; its input is the whole config (secrets too)
+        return f"invalid config: {err['msg'].removeprefix('Value error, ')}"
+    field = ".".join(str(p) for p in err["loc"])
     return f"invalid config field '{field}': {err['msg']} (got {err.get('input')!r})"
 
 

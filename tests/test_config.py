@@ -58,6 +58,19 @@ def test_invalid_config_names_the_field_in_one_line(tmp_path, text, field):
     assert "\n" not in message
 
 
+def test_a_rule_across_fields_names_them_in_one_line_without_echoing_the_config():
+    """A heartbeat whose pong timeout is shorter than the reply audio a paced reader has queued
+    ahead of the ping would drop healthy clients mid-answer; the input (a secret among it) stays out."""
+    overrides = {"engine": "cascade", "transport": {"ws_heartbeat_s": 12}, "api_key": "s3cr3t-value"}
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, overrides=overrides)
+    message = str(info.value)
+    assert "transport.ws_heartbeat_s (12 s)" in message and "cascade.max_audio_ahead_s (8 s)" in message
+    assert "s3cr3t-value" not in message and "\n" not in message
+    overrides["cascade"] = {"max_audio_ahead_s": 4}  # less audio ahead: the same heartbeat holds
+    assert load_config(environ={}, overrides=overrides).transport.ws_heartbeat_s == 12
+
+
 def test_unreadable_or_non_mapping_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "missing.yaml", environ={})
