@@ -43,9 +43,6 @@ class EngineSet:
         self.registry = registry
         self.session_engine = session_engine or create_engine(config.engine, config, registry)
         self._text_engine = create_text_engine(config, registry)
-        # The embedded LLM (http.text_engine: embedded) sleeps as a stage of its own; a vLLM server
-        # sleeps by its own API (as the cascade's LLM stage over vLLM, it would refuse every sleep).
-        self._text_stage: SleepStage | None = self._text_engine if config.http.text_engine == "embedded" else None
         # One Kyutai TTS engine (tts_engine.weights) for the speech routes and the cascade.
         self.speech_engine, speech = _speech_engine(config, registry)
         self._speech_needed = False  # the session engine speaks with it: not ready without it
@@ -84,7 +81,7 @@ class EngineSet:
             and (
                 self._text_engine is None
                 or self._text_engine.ready
-                or (self._text_stage is not None and self._text_stage.asleep)  # an operator's sleep
+                or self._text_engine.asleep  # an operator's sleep (a vLLM's never is)
             )
             and (
                 not self._speech_needed
@@ -187,8 +184,10 @@ class EngineSet:
                 stages += (self.speech_engine,)
             if self.stt_engine is not None:
                 stages += (self.stt_engine,)
-            if self._text_stage is not None:
-                stages += (self._text_stage,)
+            # The embedded LLM (http.text_engine: embedded) sleeps as a stage of its own; a vLLM server
+            # sleeps by its own API (as a stage here it would refuse every sleep).
+            if self._text_engine is not None and self.config.http.text_engine == "embedded":
+                stages += (self._text_engine,)
             self._sleep = SleepController(self.session_engine.capabilities.name, stages)
         return self._sleep
 
