@@ -164,8 +164,11 @@ def random_reference_tts_lm(raw: dict[str, Any], device: torch.device, dtype: to
     return ref_lm
 
 
-def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, LoadedTTS]:
-    """The reference LM (random weights) and Mimi, and ours loaded from them."""
+def build(
+    raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dtype, codebooks: int
+) -> tuple[Any, Any, LoadedTTS]:
+    """The reference LM (random weights) and Mimi, and ours loaded from them (Mimi with the first
+    ``codebooks`` codebooks, which both sides generate)."""
     ref_lm = random_reference_tts_lm(raw, device, dtype)
     arch = TTSArch.from_dict(raw)
     state = ref_lm.state_dict()
@@ -177,7 +180,7 @@ def build(raw: dict[str, Any], shape: str, device: torch.device, dtype: torch.dt
     conditioners.to_empty(device=device)
     load_into(conditioners, state, Path("reference-tts-lm"), conditioner_rename, dtype=torch.float32)
     mcfg = mimi_config("tiny" if shape == "tiny" else "full", raw["card"])
-    ref_mimi, mimi = build_mimi(mcfg, raw["n_q"], device)
+    ref_mimi, mimi = build_mimi(mcfg, codebooks, device)
     no_tokenizer: Any = None  # scripts are given as token ids
     loaded = LoadedTTS(lm.eval(), conditioners.eval(), mimi, no_tokenizer, arch, MimiConfig.from_dict(mcfg), None)
     return ref_lm, ref_mimi, loaded
@@ -257,7 +260,7 @@ def run_reference(
         delay_steps=delay_steps,
         temp=TEMPERATURE,
         cfg_coef=1.0,
-        n_q=raw["n_q"],
+        n_q=args.codebooks or raw["n_q"],
         final_padding=4,
     )
     entries = [[Entry(tokens, "w", 0) for tokens in words(raw, 200, row)] for row in range(batch)]
@@ -297,6 +300,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=22, help="untimed frames (the audio delay is 16)")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--profile", action="store_true", help="also print our step's top kernels (torch.profiler)")
+    parser.add_argument(
+        "--codebooks", type=int, help="audio codebooks both sides generate (default: all; Kyutai's servers run 24)"
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -305,7 +311,8 @@ def main() -> None:
     raw = TTS_1_6B if cuda else tiny_config()
     batches = [int(b) for b in (args.batches or ("16,64,128" if cuda else "1,2")).split(",")]
     sides = args.sides.split(",")
-    ref_lm, ref_mimi, loaded = build(raw, shape, device, dtype)
+    codebooks = args.codebooks or raw["n_q"]
+    ref_lm, ref_mimi, loaded = build(raw, shape, device, dtype, codebooks)
     voice_dim = raw["conditioners"]["speaker_wavs"]["tensor"]["dim"]
     voice = torch.randn(1, voice_dim, VOICE_FRAMES, generator=torch.Generator().manual_seed(1))
     rows: list[dict[str, Any]] = []
@@ -344,7 +351,7 @@ def main() -> None:
                 if "kernels" in row[side]:
                     print_kernels(f"B={batch} {side}", row[side].pop("kernels"))
             print(json.dumps(row), flush=True)
-    print_table(rows, sides, device)
+    print_table(rows, sides, device, codebooks)
     result = {
         "shape": shape,
         "dtype": str(dtype),
@@ -352,6 +359,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "frames": args.frames,
         "warmup": args.warmup,
+        "codebooks": codebooks,
         "config": raw,
         "rows": rows,
     }
@@ -359,10 +367,10 @@ def main() -> None:
     args.json.write_text(json.dumps(result, indent=2))
 
 
-def print_table(rows: list[dict[str, Any]], sides: list[str], device: torch.device) -> None:
+def print_table(rows: list[dict[str, Any]], sides: list[str], device: torch.device, codebooks: int) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     base = "reference" if "reference" in sides else sides[0]
-    print(f"kyutai tts frame step, device={name}; ms/frame p50/p99; x = p50 / {base} p50")
+    print(f"kyutai tts frame step, device={name}, {codebooks} codebooks; ms/frame p50/p99; x = p50 / {base} p50")
     print(f"{'shape':>9} {'B':>4} {'open':>4}" + "".join(f" {side:>22}" for side in sides))
     for row in rows:
         ref = row.get(base, {}).get("p50_ms")

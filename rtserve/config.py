@@ -591,6 +591,13 @@ class TtsEngineConfig(_Section):
         "up to a multiple of this (a multiple of 8; on CUDA one graph per multiple below the context, for each row "
         "count); 0: the whole ring, always (docs/engines.md#row-buckets)",
     )
+    codebooks: int | None = Field(
+        None,
+        ge=1,
+        description="audio codebooks generated and decoded, the first ones of the checkpoint's (the reference's n_q): "
+        "fewer make a cheaper step (the depformer walks one per codebook) and coarser audio; Kyutai's own servers "
+        "run tts-1.6b-en_fr with 24 of its 32; null: all (docs/engines.md#tts-codebooks)",
+    )
     cfg_coef: float = Field(
         2.0, gt=0, description="classifier-free guidance: a value the checkpoint was distilled with, or direct CFG"
     )

@@ -72,6 +72,22 @@ async def test_a_tts_engine_out_of_gpu_memory_refuses_its_streams_saying_so(
         await engine.stop()
 
 
+async def test_a_tts_engine_asked_for_more_codebooks_than_its_checkpoint_has_refuses_its_streams_saying_so(
+    config: ServerConfig, tiny: TinyTTS
+) -> None:
+    tts = _tts_config(config, tiny)
+    engine = KyutaiTTSEngine(tts.model_copy(update={"tts_engine": tts.tts_engine.model_copy(update={"codebooks": 9})}))
+    await engine.start()
+    try:
+        assert not engine.ready
+        assert engine.failure == "tts_engine: codebooks=9: this checkpoint generates at most 8 audio codebooks"
+        with pytest.raises(EngineError) as refused:
+            await engine.open_stream("s1", None)
+        assert refused.value.code == ENGINE_UNAVAILABLE and refused.value.message == engine.failure
+    finally:
+        await engine.stop()
+
+
 async def test_an_stt_engine_whose_device_faulted_refuses_its_streams_saying_so(
     config: ServerConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

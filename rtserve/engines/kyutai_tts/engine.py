@@ -185,7 +185,7 @@ class KyutaiTTSEngine(ScheduledEngine):
         source = open_source(settings.weights, FIELD, progress_interval_s=self._config.weights.progress_interval_s)
         files = resolve(source, self._config.weights)
         device = resolve_device(settings.device, "tts_engine.device")
-        return load_files(files, device=device, dtype=DTYPES[settings.dtype])
+        return load_files(files, device=device, dtype=DTYPES[settings.dtype], codebooks=settings.codebooks)
 
     def _build_batches(self, loaded: LoadedTTS) -> tuple[KyutaiTTSModel, KyutaiTTSModel | None]:
         """The main batch and the young one (blocking: their KV, and their CUDA graphs on a GPU)."""

@@ -11,6 +11,7 @@ import sentencepiece
 import torch
 
 from rtserve.config import WeightsConfig
+from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.conditioning import Conditioners, conditioner_rename
 from rtserve.engines.kyutai_tts.config import TTSArch
 from rtserve.engines.kyutai_tts.lm import TTSLM, tts_rename
@@ -21,6 +22,7 @@ from rtserve.engines.moshi.loader import load_mimi, load_tokenizer
 from rtserve.engines.moshi.mimi import Mimi
 from rtserve.engines.moshi.row_views import sharing_weights
 from rtserve.engines.moshi.weights import MoshiFiles, resolve
+from rtserve.errors import INVALID_VALUE
 from rtserve.weights import WeightsError
 from rtserve.weights.source import WeightSource
 
@@ -55,8 +57,11 @@ def load_files(
     if mimi_config.bins != arch.lm.card:
         raise CheckpointError(f"Mimi has {mimi_config.bins} bins per codebook but the LM card is {arch.lm.card}")
     codebooks = arch.lm.n_q if codebooks is None else codebooks
-    if not 1 <= codebooks <= arch.lm.n_q:
-        raise CheckpointError(f"kyutai TTS: codebooks={codebooks} must be between 1 and the LM's n_q={arch.lm.n_q}")
+    if not 1 <= codebooks <= arch.lm.n_q:  # a setting this checkpoint refuses, as cfg_coef's are
+        raise EngineError(
+            f"codebooks={codebooks}: this checkpoint generates at most {arch.lm.n_q} audio codebooks",
+            code=INVALID_VALUE,
+        )
     path = files.weights["moshi_name"]
     log.info("loading kyutai TTS LM from %s (%s, %s)", path, device, dtype)
     tensors = read_safetensors(path)

@@ -35,8 +35,10 @@ class Run:
     done: bool = False
 
 
-def reference_run(tiny: TinyTTS, texts: list[str], voices: list[str], *, cfg_coef: float) -> tuple[list[Run], Any]:
-    tts = reference_tts(tiny, cfg_coef=1.0 if tiny.raw["fuser"]["sum"] == ["control", "cfg"] else cfg_coef)
+def reference_run(
+    tiny: TinyTTS, texts: list[str], voices: list[str], *, cfg_coef: float, n_q: int = 8
+) -> tuple[list[Run], Any]:
+    tts = reference_tts(tiny, cfg_coef=1.0 if tiny.raw["fuser"]["sum"] == ["control", "cfg"] else cfg_coef, n_q=n_q)
     distilled = "cfg" in tiny.raw["conditioners"]
     entries = [tts.prepare_script([text], padding_between=1) for text in texts]
     attributes = [
@@ -57,8 +59,8 @@ def reference_run(tiny: TinyTTS, texts: list[str], voices: list[str], *, cfg_coe
     return runs, entries
 
 
-def engine(tiny: TinyTTS, batch: int, *, cfg_coef: float) -> KyutaiTTSModel:
-    loaded = load_folder(tiny.folder, device=torch.device("cpu"), dtype=torch.float32)
+def engine(tiny: TinyTTS, batch: int, *, cfg_coef: float, codebooks: int | None = None) -> KyutaiTTSModel:
+    loaded = load_folder(tiny.folder, device=torch.device("cpu"), dtype=torch.float32, codebooks=codebooks)
     settings = TTSSettings(temperature=0.0, cfg_coef=cfg_coef, voice_frames=VOICE_FRAMES)
     voices = VoiceFolder(
         WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
@@ -110,6 +112,25 @@ def test_batch_matches_reference_distilled(tiny_tts: TinyTTS, cfg_coef: float) -
     collect(model, runs, len(reference[0].codes) + 2 + model.config.max_delay)
     for slot in range(3):
         assert_same(runs[slot], reference[slot])
+
+
+def test_fewer_codebooks_match_reference(tiny_tts: TinyTTS) -> None:
+    """Generating fewer codebooks than the checkpoint has (Kyutai's servers run tts-1.6b with 24 of
+    32) is the reference's ``n_q``: the same text and codes for the codebooks made, and the audio
+    Mimi decodes from those alone."""
+    voices = ["alice", "bob"]
+    reference, entries = reference_run(tiny_tts, TEXTS[:2], voices, cfg_coef=2.0, n_q=5)
+    model = engine(tiny_tts, 2, cfg_coef=2.0, codebooks=5)
+    for slot, voice in enumerate(voices):
+        feed(model, slot, voice, entries[slot])
+    runs = {slot: Run() for slot in range(2)}
+    collect(model, runs, len(reference[0].codes) + 2 + model.config.max_delay)
+    for slot in range(2):
+        assert runs[slot].codes[0].shape == (1 + 5,)
+        assert_same(runs[slot], reference[slot])
+    full, _ = reference_run(tiny_tts, TEXTS[:1], voices[:1], cfg_coef=2.0)
+    frames = min(len(full[0].audio), len(reference[0].audio))
+    assert not np.allclose(np.concatenate(full[0].audio[:frames]), np.concatenate(reference[0].audio[:frames]))
 
 
 def test_direct_cfg_matches_reference(tiny_tts_direct_cfg: TinyTTS) -> None:

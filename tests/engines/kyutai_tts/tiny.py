@@ -141,12 +141,13 @@ def save_tts_checkpoint(folder: Path, lm: Any, mimi: Any, *, raw: dict[str, Any]
     save_kyutai_folder(folder, lm, mimi, config=raw, mimi_config=mimi_config)
 
 
-def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0) -> Any:
-    """The reference ``TTSModel`` around the same LM and Mimi, greedy."""
+def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0, n_q: int = 8) -> Any:
+    """The reference ``TTSModel`` around the same LM and Mimi, greedy, generating ``n_q`` codebooks
+    (fewer than the LM's: on a copy of the LM, whose ``dep_q`` the reference lowers for good)."""
     import sentencepiece
     from moshi.models.tts import StateMachine, TokenIds, TTSModel
 
-    lm = tiny.lm
+    lm = tiny.lm if n_q == tiny.lm.n_q else copy.deepcopy(tiny.lm)
     return TTSModel(
         lm=lm,
         mimi=tiny.mimi,
@@ -157,6 +158,6 @@ def reference_tts(tiny: TinyTTS, *, cfg_coef: float = 1.0) -> Any:
         delay_steps=5,
         temp=0.0,
         cfg_coef=cfg_coef,
-        n_q=8,
+        n_q=n_q,
         final_padding=4,
     )
