@@ -374,20 +374,25 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         speech = [each for each in servers if each is not llm_server]
         return {key: value for each in speech for key, value in (await scrape(http, each.base)).items()}
 
+    started = time.monotonic()
+    ready_s: dict[str, float] = {}
+
+    async def ready(each: ServerProcess, http: aiohttp.ClientSession, probe: Any = None) -> None:
+        await each.wait_ready(http, timeout_s=args.ready_timeout, probe=probe)
+        ready_s[each.name] = time.monotonic() - started
+
     try:
         async with aiohttp.ClientSession() as http:
             try:
-                if tts is not None:
-                    await tts.wait_ready(
-                        http, timeout_s=args.ready_timeout, probe=await ready_probe(f"{tts_url}?voice={VOICE}")
-                    )
                 if llm_server is not None:  # the agent names its model, which it lists once loaded
-                    await llm_server.wait_ready(http, timeout_s=args.ready_timeout)
+                    await ready(llm_server, http)
                     llm = vllm_env(llm_server.base, await served_llm(http, llm_server.base))
                 elif stand_in is not None:
                     llm = vllm_env(f"http://127.0.0.1:{llm_port}", "paced-llm-stand-in")
                 else:
                     llm = llm_env(args)
+                # The agent loads while the TTS server does (it opens TTS streams per session, not at start):
+                # their CUDA graphs, most of a start, are captured side by side.
                 server = ServerProcess(
                     server_env(args, clients, llm, tts_url),
                     engine="cascade",
@@ -395,7 +400,16 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
                     workers=args.workers,
                 )
                 servers.insert(0, server)
-                await server.wait_ready(http, timeout_s=args.ready_timeout)
+                waits = [asyncio.create_task(ready(server, http))]
+                if tts is not None:
+                    probe = await ready_probe(f"{tts_url}?voice={VOICE}")
+                    waits.append(asyncio.create_task(ready(tts, http, probe)))
+                try:
+                    await asyncio.gather(*waits)
+                finally:  # the first failure says why; the other wait ends with it
+                    for wait in waits:
+                        wait.cancel()
+                    await asyncio.gather(*waits, return_exceptions=True)
             except RuntimeError as exc:  # one server's start may have been held up by another's (one GPU)
                 states = [
                     f"{each.name}: /health {await each.health_text(http)}\n{await each.log_tail(1500)}"
@@ -456,6 +470,7 @@ async def run_point(args: argparse.Namespace, clients: int, question: Pcm16) -> 
         "workers": args.workers,
         "tts_server_workers": args.tts_server_workers,
         "tts_set": args.tts_set,
+        "ready_s": ready_s,  # each server's start -> ready, from the point's start
         "turns": len(turns),
         "answered": len(answered),
         "first_audio_p50_ms": _pct(first, 50),
