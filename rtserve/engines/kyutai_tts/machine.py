@@ -18,8 +18,10 @@ one fixed sequence of tensor operations with no host round trip:
   the end-of-stream flag (the client said no more words will come).
 
 A row only steps when it is safe to (``ready``): a streaming client may not have sent the
-next words yet, and popping from an empty queue would end the utterance; such a row waits,
-as Kyutai's server does. Rows that do not step keep their state exactly (``step`` masks).
+next words yet, and popping from an empty queue would end the utterance; such a row waits at
+the steps that may pop a word, as Kyutai's server does, and takes the others (the current
+word's later tokens, forced pads) whatever has arrived, since they read no pending word.
+Rows that do not step keep their state exactly (``step`` masks).
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ class TextMachine:
         self._lengths: list[deque[int]] = [deque() for _ in range(batch)]
         self._voiced = np.zeros(batch, np.int64)  # pending words with tokens
         self._ended = np.zeros(batch, bool)
+        # Whether the row's next step pops no word (``pops_none``), as of the last step read.
+        self._pops_none = np.full(batch, s.initial_padding > 0)
         self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
 
     def reset_rows(self, mask: torch.Tensor) -> None:
@@ -146,6 +150,7 @@ class TextMachine:
         self._lengths[row] = deque(source._lengths[source_row])
         self._voiced[row] = source._voiced[source_row]
         self._ended[row] = source._ended[source_row]
+        self._pops_none[row] = source._pops_none[source_row]
 
     def first_rows(self, rows: int) -> TextMachine:
         """The first ``rows`` rows' device state as views, for a step over those rows alone
@@ -157,6 +162,7 @@ class TextMachine:
             setattr(view, name, getattr(self, name)[:rows])
         view.rows = self.rows[:rows]
         view._tail, view._voiced, view._ended = self._tail[:rows], self._voiced[:rows], self._ended[:rows]
+        view._pops_none = self._pops_none[:rows]
         view._lengths = self._lengths[:rows]
         view._staged, view._ending = [], []
         return view
@@ -170,6 +176,7 @@ class TextMachine:
         self._lengths[row].clear()
         self._voiced[row] = 0
         self._ended[row] = False
+        self._pops_none[row] = self.settings.initial_padding > 0
 
     def pending(self, row: int) -> int:
         """Words pushed to ``row`` and not yet popped."""
@@ -179,6 +186,10 @@ class TextMachine:
         """A step popped ``row``'s next word (its ``consumed`` flag, read on the host)."""
         if self._lengths[row].popleft():
             self._voiced[row] -= 1
+
+    def read_pops_none(self, row: int, pops_none: bool) -> None:
+        """Whether ``row``'s next step pops no word, as a step just read said (``pops_none``)."""
+        self._pops_none[row] = pops_none
 
     def push(self, row: int, tokens: list[int], padding: int) -> None:
         """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``;
@@ -221,30 +232,38 @@ class TextMachine:
         self._ending.append(row)
         self._ended[row] = True
 
+    def pops_none(self) -> torch.Tensor:
+        """``[B]`` bool: rows whose next step pops no word whatever the model predicts (the current
+        word has tokens left to feed, or pads are forced): such a step reads no pending word."""
+        return (self.queued_pos < self.queued_len) | (self.forced > 0)
+
     def ready(self) -> torch.Tensor:
-        """``[B]`` bool: rows that may step now (Kyutai's ``is_active``): the text is complete, or
-        the next word is pending together with the ``second_stream_ahead`` words after it that
-        carry tokens (a pause needs no lookahead)."""
+        """``[B]`` bool: rows that may step now: the next step pops no word (``pops_none``), or
+        (Kyutai's ``is_active``) the text is complete, or the next word is pending together with
+        the ``second_stream_ahead`` words after it that carry tokens (a pause needs no lookahead)."""
         self.flush()
         s = self.settings
         if s.second_stream_ahead == 0:
-            return self.eos | (self.count > 0)
+            return self.eos | (self.count > 0) | self.pops_none()
         ranks = (torch.arange(s.max_words, device=self.device)[None] - self.head[:, None]) % s.max_words
         pending = ranks < self.count[:, None]
         with_tokens = (pending & (self.word_len > 0)).sum(dim=1)
         first_is_pause = self.word_len[self.rows, self.head] == 0
         enough = (self.count > 0) & (first_is_pause | (with_tokens >= s.second_stream_ahead + 1))
-        return self.eos | enough
+        return self.eos | enough | self.pops_none()
 
     def ready_host(self) -> npt.NDArray[np.bool_]:
         """``ready`` from the host's view of the rows, with no device read (the same between two
-        steps once each step's pops are told: ``popped``)."""
+        steps once each step's pops and ``pops_none`` are told: ``popped``, ``read_pops_none``)."""
         ahead = self.settings.second_stream_ahead
         pending = np.array([len(words) for words in self._lengths]) > 0
         if ahead == 0:
-            return self._ended | pending
-        first_is_pause = np.array([bool(words) and words[0] == 0 for words in self._lengths])
-        return self._ended | (pending & (first_is_pause | (self._voiced >= ahead + 1)))
+            enough = pending
+        else:
+            first_is_pause = np.array([bool(words) and words[0] == 0 for words in self._lengths])
+            enough = pending & (first_is_pause | (self._voiced >= ahead + 1))
+        ready: npt.NDArray[np.bool_] = self._ended | enough | self._pops_none
+        return ready
 
     def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
         """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step

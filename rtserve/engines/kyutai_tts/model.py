@@ -53,7 +53,7 @@ from rtserve.engines.moshi.row_views import buckets, first_rows
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
 
-# A launched step's device outputs: flags [6, B], the frame's codes, the decoded audio.
+# A launched step's device outputs: flags [7, B], the frame's codes, the decoded audio.
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -478,7 +478,9 @@ class KyutaiTTSModel:
         end = self.machine.end_step + self.delay_steps + self.settings.final_padding + c.max_delay
         done = execute & self.machine.eos & (self.machine.end_step >= 0) & (offsets >= end)
 
-        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, offsets > c.max_delay])
+        out = offsets > c.max_delay
+        pops_none = self.machine.pops_none()  # tells the host whether the next step may wait for text
+        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, out, pops_none])
         return flags, frame, audio.float()
 
     def _speak(self, hidden: torch.Tensor, text: torch.Tensor, codebooks: int) -> list[torch.Tensor]:
@@ -514,9 +516,10 @@ class KyutaiTTSModel:
             if slot >= rows:  # opened since the launch
                 outputs[slot] = TTSFrame(False, None, None, 0, False, False)
                 continue
-            stepped, heard, consumed, finished, overflow, _ = host[:, slot]
+            stepped, heard, consumed, finished, overflow, _, pops_none = host[:, slot]
             if consumed:
                 self.machine.popped(slot)
+            self.machine.read_pops_none(slot, bool(pops_none))
             outputs[slot] = TTSFrame(
                 bool(stepped),
                 codes_host[slot].copy() if out[slot] else None,

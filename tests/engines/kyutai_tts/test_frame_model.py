@@ -1,5 +1,6 @@
 """``TTSFrameModel``, the TTS model as the lockstep runtime drives it
-(docs/engines.md#kyutai-tts-on-the-lockstep-runtime): no row ready, no model step; outputs only for
+(docs/engines.md#kyutai-tts-on-the-lockstep-runtime): a row short of its text steps only what pops
+no word, and with no row ready the model does not run; outputs only for
 rows that stepped, with running totals; the audio the same as the model's own, frame for frame;
 a row's word backlog refused past its bound with a typed error."""
 
@@ -25,23 +26,29 @@ def _words(model: TTSFrameModel, text: str) -> list[Word]:
     return ScriptSplitter(tts.tokenizer, speaker_token=tts.ids.main, frame_rate=tts.frame_rate).split(text)
 
 
-def test_rows_without_text_are_not_stepped_and_the_model_does_not_run(
+def test_a_row_short_of_its_lookahead_steps_only_what_pops_no_word_then_the_model_does_not_run(
     tiny_tts: TinyTTS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = TTSFrameModel(engine(tiny_tts, 2, cfg_coef=2.0))
     model.begin(0, model.model.resolve_voice("alice"), None)
     model.push(0, _words(model, "the quick")[:1])  # one word: short of its lookahead
+    forced = model.model.machine.settings.initial_padding
+    assert forced > 0
+    for step in range(1, forced + 1):  # the stream's first pads are forced: they read no word
+        output = model.step(NO_INPUT, LIVE)
+        assert output[1] is None and output[0] is not None and output[0].speech is not None
+        assert output[0].speech.steps == step
 
     def no_step() -> None:
         raise AssertionError("the model stepped with no row ready")
 
     monkeypatch.setattr(model.model, "step", no_step)
-    assert model.step(NO_INPUT, LIVE) == [None, None]
+    assert model.step(NO_INPUT, LIVE) == [None, None]  # the next step may pop the word: it waits
     monkeypatch.undo()
     model.push(0, _words(model, "brown fox"))  # its lookahead arrived: row 0 steps, alone
     output = model.step(NO_INPUT, LIVE)
     assert output[1] is None and output[0] is not None and output[0].speech is not None
-    assert output[0].speech.steps == 1
+    assert output[0].speech.steps == forced + 1
 
 
 def test_outputs_carry_running_totals_and_the_models_own_audio(tiny_tts: TinyTTS) -> None:

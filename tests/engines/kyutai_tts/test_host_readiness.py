@@ -49,6 +49,8 @@ def test_host_and_device_agree_on_which_rows_may_step(ahead: int) -> None:
             steps += execute.long()
             for popped in torch.nonzero(step.consumed).flatten().tolist():
                 machine.popped(popped)
+            for row_read, pops_none in enumerate(machine.pops_none().tolist()):  # each step's flags, read
+                machine.read_pops_none(row_read, pops_none)
         host = machine.ready_host().tolist()
         assert host == _device_ready(machine)
         ready_seen.update(host)
@@ -83,4 +85,9 @@ def test_the_models_host_readiness_follows_its_steps(tiny_tts: TinyTTS) -> None:
     model.release(1)
     model.open_slot(1, model.resolve_voice("alice"), 3)
     agree()
-    assert model.ready().tolist() == [True, False]  # row 0 runs its text out; reopened row 1 has none
+    # Row 0 runs its text out; reopened row 1 has no text, but its first pads are forced (they read none).
+    assert model.ready().tolist() == [True, True]
+    model.step()
+    model.step()
+    agree()
+    assert model.ready().tolist() == [True, False]  # row 1's next step may pop a word it lacks

@@ -287,8 +287,12 @@ def test_first_audio_after_text_counts_from_the_word_a_waiting_reply_stepped_on_
     words = splitter.split(TEXT)
     only_0 = np.array([True, False])
     frame_model.begin(0, model.resolve_voice("alice"), None)
-    frame_model.push(0, words[:2])  # two words: not enough to step (the next word and two after it)
-    assert not frame_model.ready_rows()[0]
+    frame_model.push(0, words[:2])  # two words: its first pads (forced) step, then it waits for a third
+    forced = 0
+    while frame_model.ready_rows()[0]:
+        frame_model.step(NO_INPUT, only_0)
+        forced += 1
+    assert forced == model.machine.settings.initial_padding
     now[0] = 1.0
     frame_model.push(0, words[2:3])  # the third: the row steps on with it
     assert frame_model.ready_rows()[0]
