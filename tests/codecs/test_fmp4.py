@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
+from fractions import Fraction
 
 import av
 import numpy as np
@@ -17,19 +19,28 @@ def _frames(n: int, height: int = 48, width: int = 80) -> np.ndarray:
     return np.broadcast_to(levels[:, None, None, None], (n, height, width, 3)).copy()
 
 
-def _decode(data: bytes) -> tuple[list[np.ndarray], av.VideoStream]:
+@dataclass(frozen=True)
+class VideoInfo:
+    codec: str
+    average_rate: Fraction | None
+    size: tuple[int, int]
+
+
+def _decode(data: bytes) -> tuple[list[np.ndarray], VideoInfo]:
+    """The frames and what the stream says, read while the container is open (PyAV 18.1.1 refuses a
+    closed container's stream)."""
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-        return frames, stream
+        return frames, VideoInfo(stream.codec_context.name, stream.average_rate, (stream.width, stream.height))
 
 
 def test_mp4_decodes_to_the_frames_and_rate_written() -> None:
     frames = _frames(17)
-    decoded, stream = _decode(encode_mp4(frames, 16))
-    assert stream.codec_context.name == "h264"
-    assert stream.average_rate == 16
-    assert (stream.width, stream.height) == (80, 48)
+    decoded, info = _decode(encode_mp4(frames, 16))
+    assert info.codec == "h264"
+    assert info.average_rate == 16
+    assert info.size == (80, 48)
     assert len(decoded) == 17
     means = [float(f.mean()) for f in decoded]
     assert means == sorted(means)  # frames come back in order
