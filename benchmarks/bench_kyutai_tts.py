@@ -244,7 +244,7 @@ class _Enough(Exception):
 
 
 def run_reference(
-    ref_lm: Any, ref_mimi: Any, raw: dict[str, Any], voice: Path, batch: int, args: Any
+    ref_lm: Any, ref_mimi: Any, raw: dict[str, Any], voice: Path, batch: int, args: Any, codebooks: int
 ) -> dict[str, float]:
     from moshi.models.tts import Entry, StateMachine, TokenIds, TTSModel
 
@@ -260,7 +260,7 @@ def run_reference(
         delay_steps=delay_steps,
         temp=TEMPERATURE,
         cfg_coef=1.0,
-        n_q=args.codebooks or raw["n_q"],
+        n_q=codebooks,
         final_padding=4,
     )
     entries = [[Entry(tokens, "w", 0) for tokens in words(raw, 200, row)] for row in range(batch)]
@@ -324,7 +324,7 @@ def main() -> None:
             for side in sides:
                 try:
                     if side == "reference":
-                        row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args)
+                        row[side] = run_reference(ref_lm, ref_mimi, raw, voice_file, batch, args, codebooks)
                     else:
                         young = side == "ours-young-batch"
                         speak = side not in ("ours-pre-audio", "ours-young-batch")

@@ -187,9 +187,9 @@ class TextMachine:
         if self._lengths[row].popleft():
             self._voiced[row] -= 1
 
-    def read_pops_none(self, row: int, pops_none: bool) -> None:
-        """Whether ``row``'s next step pops no word, as a step just read said (``pops_none``)."""
-        self._pops_none[row] = pops_none
+    def read_pops_none(self, rows: npt.NDArray[np.intp], pops_none: npt.NDArray[np.bool_]) -> None:
+        """Whether each of ``rows``' next step pops no word, as a step just read said (``pops_none``)."""
+        self._pops_none[rows] = pops_none
 
     def push(self, row: int, tokens: list[int], padding: int) -> None:
         """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``;
@@ -243,13 +243,13 @@ class TextMachine:
         the ``second_stream_ahead`` words after it that carry tokens (a pause needs no lookahead)."""
         self.flush()
         s = self.settings
-        if s.second_stream_ahead == 0:
-            return self.eos | (self.count > 0) | self.pops_none()
-        ranks = (torch.arange(s.max_words, device=self.device)[None] - self.head[:, None]) % s.max_words
-        pending = ranks < self.count[:, None]
-        with_tokens = (pending & (self.word_len > 0)).sum(dim=1)
-        first_is_pause = self.word_len[self.rows, self.head] == 0
-        enough = (self.count > 0) & (first_is_pause | (with_tokens >= s.second_stream_ahead + 1))
+        enough = self.count > 0
+        if s.second_stream_ahead:
+            ranks = (torch.arange(s.max_words, device=self.device)[None] - self.head[:, None]) % s.max_words
+            pending = ranks < self.count[:, None]
+            with_tokens = (pending & (self.word_len > 0)).sum(dim=1)
+            first_is_pause = self.word_len[self.rows, self.head] == 0
+            enough = enough & (first_is_pause | (with_tokens >= s.second_stream_ahead + 1))
         return self.eos | enough | self.pops_none()
 
     def ready_host(self) -> npt.NDArray[np.bool_]:

@@ -512,14 +512,15 @@ class KyutaiTTSModel:
         codes_host = frame.cpu().numpy()
         audio_host = audio.cpu().numpy()
         outputs: list[TTSFrame | None] = [None] * self.batch_size
+        stepped_open = np.flatnonzero(self._open_host[:rows])
+        self.machine.read_pops_none(stepped_open, host[6, stepped_open].astype(bool))
         for slot in np.flatnonzero(self._open_host):
             if slot >= rows:  # opened since the launch
                 outputs[slot] = TTSFrame(False, None, None, 0, False, False)
                 continue
-            stepped, heard, consumed, finished, overflow, _, pops_none = host[:, slot]
+            stepped, heard, consumed, finished, overflow = host[:5, slot]
             if consumed:
                 self.machine.popped(slot)
-            self.machine.read_pops_none(slot, bool(pops_none))
             outputs[slot] = TTSFrame(
                 bool(stepped),
                 codes_host[slot].copy() if out[slot] else None,

@@ -49,8 +49,7 @@ def test_host_and_device_agree_on_which_rows_may_step(ahead: int) -> None:
             steps += execute.long()
             for popped in torch.nonzero(step.consumed).flatten().tolist():
                 machine.popped(popped)
-            for row_read, pops_none in enumerate(machine.pops_none().tolist()):  # each step's flags, read
-                machine.read_pops_none(row_read, pops_none)
+            machine.read_pops_none(np.arange(ROWS), machine.pops_none().numpy())  # each step's flags, read
         host = machine.ready_host().tolist()
         assert host == _device_ready(machine)
         ready_seen.update(host)
