@@ -677,6 +677,12 @@ class TtsEngineConfig(_Section):
         "queues meanwhile, so it loses little while the text still comes) before it starts with the others; 0: "
         "with the others at once (docs/engines.md#young-batch)",
     )
+    tried_steps: bool = Field(
+        True,
+        description="a reply before its first audio that lacks the words its next step may pop (the next word "
+        "and its lookahead) tries that step: kept where the model pads, as it would have with all the text, put "
+        "back where it asks for a word; false: such a row waits for the words (docs/engines.md#tried-steps)",
+    )
 
 
 class DiffusionEngineConfig(_Section):

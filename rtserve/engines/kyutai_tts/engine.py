@@ -202,6 +202,7 @@ class KyutaiTTSEngine(ScheduledEngine):
             settings=tts,
             row_bucket=settings.row_bucket,
             span_bucket=settings.span_bucket,
+            tried_steps=settings.tried_steps,
         )
         interval_s = self._config.weights.progress_interval_s
         try:
@@ -227,6 +228,7 @@ class KyutaiTTSEngine(ScheduledEngine):
             pre_audio_only=True,
             row_bucket=self._config.tts_engine.young_row_bucket,
             span_bucket=self._config.tts_engine.span_bucket,
+            tried_steps=model.tried_steps,
         )
 
     def _stepped(self, kind: str) -> None:

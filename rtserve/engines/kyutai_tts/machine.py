@@ -21,7 +21,10 @@ A row only steps when it is safe to (``ready``): a streaming client may not have
 next words yet, and popping from an empty queue would end the utterance; such a row waits at
 the steps that may pop a word, as Kyutai's server does, and takes the others (the current
 word's later tokens, forced pads) whatever has arrived, since they read no pending word.
-Rows that do not step keep their state exactly (``step`` masks).
+A step that may pop mostly does not (the model pads a few frames after each word), and only the
+token the model samples says which (``asks_word``): the model may try such a step for a row that
+lacks the words and keep it where the model padded, as the reference would have with all the text
+(docs/engines.md#tried-steps). Rows that do not step keep their state exactly (``step`` masks).
 """
 
 from __future__ import annotations
@@ -129,6 +132,9 @@ class TextMachine:
         self._ended = np.zeros(batch, bool)
         # Whether the row's next step pops no word (``pops_none``), as of the last step read.
         self._pops_none = np.full(batch, s.initial_padding > 0)
+        # Whether the row's last step asked for a word it did not hold (a tried step put back,
+        # ``read_asked``): it waits for more text before it tries again.
+        self._asked = np.zeros(batch, bool)
         self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
 
     def reset_rows(self, mask: torch.Tensor) -> None:
@@ -151,6 +157,7 @@ class TextMachine:
         self._voiced[row] = source._voiced[source_row]
         self._ended[row] = source._ended[source_row]
         self._pops_none[row] = source._pops_none[source_row]
+        self._asked[row] = source._asked[source_row]
 
     def first_rows(self, rows: int) -> TextMachine:
         """The first ``rows`` rows' device state as views, for a step over those rows alone
@@ -162,7 +169,7 @@ class TextMachine:
             setattr(view, name, getattr(self, name)[:rows])
         view.rows = self.rows[:rows]
         view._tail, view._voiced, view._ended = self._tail[:rows], self._voiced[:rows], self._ended[:rows]
-        view._pops_none = self._pops_none[:rows]
+        view._pops_none, view._asked = self._pops_none[:rows], self._asked[:rows]
         view._lengths = self._lengths[:rows]
         view._staged, view._ending = [], []
         return view
@@ -177,6 +184,7 @@ class TextMachine:
         self._voiced[row] = 0
         self._ended[row] = False
         self._pops_none[row] = self.settings.initial_padding > 0
+        self._asked[row] = False
 
     def pending(self, row: int) -> int:
         """Words pushed to ``row`` and not yet popped."""
@@ -191,6 +199,19 @@ class TextMachine:
         """Whether each of ``rows``' next step pops no word, as a step just read said (``pops_none``)."""
         self._pops_none[rows] = pops_none
 
+    def read_asked(
+        self, rows: npt.NDArray[np.intp], stepped: npt.NDArray[np.bool_], asked: npt.NDArray[np.bool_]
+    ) -> None:
+        """What a step just read said of ``rows``: which ``stepped``, and which ``asked`` for a word
+        (they tried a step and the model asked for one they lack, or their next step must pop one).
+        Such a row waits for text (a push or its end) before it tries a step without its words;
+        one that stepped may try its next step unless that one must pop."""
+        self._asked[rows] = (self._asked[rows] & ~stepped) | asked
+
+    def asked(self) -> npt.NDArray[np.bool_]:
+        """Rows that asked for a word (``read_asked``) and got no text since."""
+        return self._asked.copy()
+
     def push(self, row: int, tokens: list[int], padding: int) -> None:
         """Append one word (``tokens`` may be empty: a pause of ``padding`` steps) to ``row``;
         raises ``ValueError`` past ``max_words`` pending. The device sees it at the next ``flush``."""
@@ -201,6 +222,7 @@ class TextMachine:
         self._tail[row] = (self._tail[row] + 1) % s.max_words
         self._lengths[row].append(len(tokens))
         self._voiced[row] += bool(tokens)
+        self._asked[row] = False
 
     def takes(self, pending: int, tokens: list[int]) -> bool:
         """Whether a row with ``pending`` words queued may queue one more of ``tokens``."""
@@ -231,6 +253,7 @@ class TextMachine:
         """No more words will come for ``row``: it may now run its text out (from the next flush)."""
         self._ending.append(row)
         self._ended[row] = True
+        self._asked[row] = False
 
     def pops_none(self) -> torch.Tensor:
         """``[B]`` bool: rows whose next step pops no word whatever the model predicts (the current
@@ -265,15 +288,34 @@ class TextMachine:
         ready: npt.NDArray[np.bool_] = self._ended | enough | self._pops_none
         return ready
 
+    def _answer(self, sampled: torch.Tensor) -> torch.Tensor:
+        """``[B]`` what each row's step makes of the model's ``sampled`` text token before any
+        word is popped: a pad (forced, or the current word has tokens left), else the word
+        marker (the model asked for the next word, or must after ``max_padding`` pads)."""
+        ids = self.settings.ids
+        pad = torch.full_like(sampled, ids.pad)
+        token = torch.where((sampled == ids.new_word) | (sampled == ids.pad), sampled, pad)
+        return torch.where(
+            self.pops_none(), pad, torch.where(self.remaining <= 0, torch.full_like(sampled, ids.new_word), token)
+        )
+
+    def must_pop(self) -> torch.Tensor:
+        """``[B]`` bool: rows whose next step pops a word whatever the model predicts (``max_padding``
+        pads in a row, or a stream's first word after its first pads)."""
+        return ~self.pops_none() & (self.remaining <= 0)
+
+    def asks_word(self, sampled: torch.Tensor) -> torch.Tensor:
+        """``[B]`` bool: rows whose step, given the ``sampled`` text token, would pop a word: only
+        these read the pending words (a row that lacks them and asks must wait for them)."""
+        return self._answer(sampled) == self.settings.ids.new_word
+
     def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
         """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step
         index; only rows in ``execute`` change state."""
         s, ids, rows = self.settings, self.settings.ids, self.rows
         new_word = torch.full_like(sampled, ids.new_word)
         pad = torch.full_like(sampled, ids.pad)
-        token = torch.where((sampled == ids.new_word) | (sampled == ids.pad), sampled, pad)
-        has_queued = self.queued_pos < self.queued_len
-        token = torch.where(has_queued | (self.forced > 0), pad, torch.where(self.remaining <= 0, new_word, token))
+        token = self._answer(sampled)
 
         wants_word = token == ids.new_word
         pop = wants_word & (self.count > 0) & execute

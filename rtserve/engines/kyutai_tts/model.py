@@ -11,7 +11,9 @@ codebooks, then Mimi-decode the frame whose delays have all elapsed. Audio of th
 All state is batched tensors with a per-row reset (``open_slot``); a row that does not step
 this tick (its client has not sent enough words yet) keeps its state exactly: its temporal
 position, random stream and Mimi decoder state are put back, its token ring is not written, so a
-seeded stream says the same whenever its words arrive and whatever the other rows do. With direct
+seeded stream says the same whenever its words arrive and whatever the other rows do. Before its
+first audio such a row tries the step (``tried_steps``): kept unless the model asks for a word it
+lacks, which only its sampled text token says (docs/engines.md#tried-steps). With direct
 classifier-free guidance (a checkpoint without a ``cfg`` conditioner and ``cfg_coef != 1``)
 every row has a twin row conditioned on nothing, and audio logits are
 ``null + (cond - null) * cfg_coef`` as the reference computes them.
@@ -53,7 +55,7 @@ from rtserve.engines.moshi.row_views import buckets, first_rows
 from rtserve.engines.moshi.sampling import MoshiSampling, SlotSampler
 from rtserve.errors import INVALID_VALUE
 
-# A launched step's device outputs: flags [7, B], the frame's codes, the decoded audio.
+# A launched step's device outputs: flags [8, B], the frame's codes, the decoded audio.
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -106,6 +108,7 @@ class KyutaiTTSModel:
         pre_audio_only: bool = False,
         row_bucket: int = 0,
         span_bucket: int = 0,
+        tried_steps: bool = True,
     ) -> None:
         """``graph``: replay the step as a CUDA graph (default: on a CUDA device). The model owns
         the streaming state of ``loaded``'s LM and Mimi (a second model on the same weights
@@ -115,8 +118,11 @@ class KyutaiTTSModel:
         ``row_bucket``: a step computes the first rows up to the last open one, rounded up to a
         multiple of this, and attention reads the ring slots up to the furthest position of those
         rows, rounded up to a multiple of ``span_bucket`` (docs/engines.md#row-buckets); 0: every
-        row, or the whole ring, always."""
+        row, or the whole ring, always. ``tried_steps``: a row before its first audio that lacks the
+        words its next step may pop tries that step, kept unless the model asks for a word
+        (docs/engines.md#tried-steps)."""
         self.loaded = loaded
+        self.tried_steps = tried_steps
         self.pre_audio_only = pre_audio_only
         self.arch = arch = loaded.arch
         self.config = c = arch.lm
@@ -284,8 +290,11 @@ class KyutaiTTSModel:
 
     def ready(self) -> npt.NDArray[np.bool_]:
         """``[B]`` bool: the open rows that hold the text they need to step (read on the host:
-        ``TextMachine.ready_host``)."""
+        ``TextMachine.ready_host``), and with tried steps the young rows that do not, unless
+        their last try asked for a word and no text came since."""
         ready: npt.NDArray[np.bool_] = self._open_host & self.machine.ready_host()
+        if self.tried_steps:
+            ready |= self.young_rows() & ~self.machine.asked()
         return ready
 
     def _open_rows(self) -> None:
@@ -422,9 +431,13 @@ class KyutaiTTSModel:
     def _advance(self, speak: bool) -> StepOutputs:
         """The step's device part: every input and all state are tensors updated in place."""
         c, b = self.config, self.batch_size
-        execute = self.open & self.machine.ready() & self.active
+        may = self.open & self.active
         if not speak:  # a row past its audio delay would need every codebook: it waits
-            execute = execute & (self.offsets < self.young_steps)
+            may = may & (self.offsets < self.young_steps)
+        execute = may & self.machine.ready()
+        # A young row without the words tries the step, kept unless the model asks for one.
+        trying = may & ~execute & (self.offsets < self.young_steps) if self.tried_steps else torch.zeros_like(may)
+        stepping = execute | trying
         rows = torch.arange(b, device=self.device)
         used = 1 + self.codebooks
         # Codebooks past ``codebooks`` are never generated: their inputs are "no token".
@@ -432,10 +445,10 @@ class KyutaiTTSModel:
             skipped = torch.arange(used, c.num_codebooks, device=self.device)
             positions = (self.offsets[:, None] + self.delays[skipped][None]) % self.ring
             current = self.cache[rows[:, None], skipped[None], positions]
-            self.cache[rows[:, None], skipped[None], positions] = torch.where(execute[:, None], ZERO_TOKEN, current)
+            self.cache[rows[:, None], skipped[None], positions] = torch.where(stepping[:, None], ZERO_TOKEN, current)
         column = self.cache[rows, :, self.offsets % self.ring]
         fresh = self.offsets[:, None] <= self.delays[None]
-        column = torch.where(fresh | ~execute[:, None], self.initial[None], column)
+        column = torch.where(fresh | ~stepping[:, None], self.initial[None], column)
         if self.cfg_direct:
             null_text = torch.where(fresh[:, :1], column[:, :1], ZERO_TOKEN)
             column = torch.cat([column, torch.cat([null_text, column[:, 1:]], dim=1)])
@@ -443,11 +456,13 @@ class KyutaiTTSModel:
         before = self.lm.transformer.offset.clone()
         draws_before = self.sampler.draws.clone()  # the sampler draws for every row: waiting rows' are put back
         hidden, text_logits = self.lm.temporal(x)
-        self.lm.transformer.offset.copy_(torch.where(self._rows(execute), self.lm.transformer.offset, before))
         text_logits = text_logits[:b].float()
         if self.settings.padding_bonus:
             text_logits[:, self.ids.pad] += self.settings.padding_bonus
         sampled = self.sampler.sample(text_logits, text=True)
+        asked = trying & self.machine.asks_word(sampled)
+        execute = execute | (trying & ~asked)
+        self.lm.transformer.offset.copy_(torch.where(self._rows(execute), self.lm.transformer.offset, before))
         machine = self.machine.step(sampled, self.offsets, execute)
         text = machine.tokens
 
@@ -480,7 +495,8 @@ class KyutaiTTSModel:
 
         out = offsets > c.max_delay
         pops_none = self.machine.pops_none()  # tells the host whether the next step may wait for text
-        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, out, pops_none])
+        asked = asked | self.machine.must_pop()  # and whether a try of it without the words would be in vain
+        flags = torch.stack([execute, audible, machine.consumed, done, machine.overflow, out, pops_none, asked])
         return flags, frame, audio.float()
 
     def _speak(self, hidden: torch.Tensor, text: torch.Tensor, codebooks: int) -> list[torch.Tensor]:
@@ -514,6 +530,7 @@ class KyutaiTTSModel:
         outputs: list[TTSFrame | None] = [None] * self.batch_size
         stepped_open = np.flatnonzero(self._open_host[:rows])
         self.machine.read_pops_none(stepped_open, host[6, stepped_open].astype(bool))
+        self.machine.read_asked(stepped_open, host[0, stepped_open].astype(bool), host[7, stepped_open].astype(bool))
         for slot in np.flatnonzero(self._open_host):
             if slot >= rows:  # opened since the launch
                 outputs[slot] = TTSFrame(False, None, None, 0, False, False)

@@ -44,8 +44,14 @@ def test_host_and_device_agree_on_which_rows_may_step(ahead: int) -> None:
         else:
             machine.flush()
             sampled = torch.from_numpy(rng.choice([ids.new_word, ids.pad, 7], size=ROWS))
-            execute = torch.from_numpy(rng.random(ROWS) < 0.7) & machine.ready()
+            ready = machine.ready()
+            tried = ~ready & ~machine.asks_word(sampled)  # a step without the words the model pads in
+            execute = torch.from_numpy(rng.random(ROWS) < 0.7) & (ready | tried)
+            pending = machine.count.clone()
             step = machine.step(sampled, steps, execute)
+            # A tried step reads no pending word: none popped, the text not run out.
+            assert not (step.consumed & tried).any() and (machine.count == pending).logical_or(~tried).all()
+            assert not ((machine.end_step >= 0) & tried & execute & (machine.end_step == steps)).any()
             steps += execute.long()
             for popped in torch.nonzero(step.consumed).flatten().tolist():
                 machine.popped(popped)
@@ -57,7 +63,7 @@ def test_host_and_device_agree_on_which_rows_may_step(ahead: int) -> None:
 
 
 def test_the_models_host_readiness_follows_its_steps(tiny_tts: TinyTTS) -> None:
-    model = sampled_model(tiny_tts)
+    model = sampled_model(tiny_tts, tried_steps=False)  # readiness alone: no row tries a step without its words
     splitter = ScriptSplitter(model.tokenizer, speaker_token=model.ids.main, frame_rate=model.frame_rate)
     words = splitter.split(TEXT)
 

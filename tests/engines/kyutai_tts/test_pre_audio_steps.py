@@ -30,14 +30,14 @@ DEVICES = [
 ]
 
 
-def sampled_model(tiny: TinyTTS, device: str = "cpu") -> KyutaiTTSModel:
+def sampled_model(tiny: TinyTTS, device: str = "cpu", *, tried_steps: bool = True) -> KyutaiTTSModel:
     """On CUDA both kinds of step replay as captured graphs."""
     loaded = load_folder(tiny.folder, device=torch.device(device), dtype=torch.float32)
     settings = TTSSettings(temperature=0.8, cfg_coef=2.0, voice_frames=VOICE_FRAMES)
     voices = VoiceFolder(
         WeightSource(tiny.voices, "voices", progress_interval_s=1), loaded.arch.voice_suffix, VOICE_DIM, VOICE_FRAMES
     )
-    return KyutaiTTSModel(loaded, 2, settings=settings, voices=voices)
+    return KyutaiTTSModel(loaded, 2, settings=settings, voices=voices, tried_steps=tried_steps)
 
 
 def start(model: KyutaiTTSModel, slot: int, voice: str, seed: int) -> None:
