@@ -149,7 +149,9 @@ class TTSFrameModel:
         self.full_step_cadence_s = full_step_cadence_s
         self.young_burst_s = young_burst_s
         self.young_queue = young_queue
-        self._young_step_s = 0.0  # a young step's seconds in the bursts so far (moving mean)
+        # A young step's seconds in the bursts that ran alone (moving mean): what a finishing burst's
+        # steps cost. Beside a main step one takes several times as long (the GPU is shared).
+        self._young_step_s = 0.0
         self.young_wait_s = young_wait_s
         self._waiting: dict[int, _Waiting] = {}  # slot -> its reply waiting for a young row, oldest first
         self._last_full = -np.inf  # clock time of the last full step
@@ -350,8 +352,9 @@ class TTSFrameModel:
     def _finishing_steps(self, slots: npt.NDArray[np.bool_], older: npt.NDArray[np.bool_], now: float) -> int:
         """The steps the young batch's rows of ``slots`` that can be through their audio delay
         within one burst still need (the most of theirs; 0: none can, or the ``older`` rows that
-        would step cannot wait a burst). A burst's steps are counted from the last bursts' time a
-        step (``young_burst_s`` over it; one step a call when bursts are off)."""
+        would step cannot wait a burst). A burst's steps are counted from the time a step took in
+        the last bursts that ran alone, as this one will (``young_burst_s`` over it; one step a call
+        when bursts are off)."""
         young = self.young
         if young is None or not slots.any():
             return 0
@@ -376,7 +379,8 @@ class TTSFrameModel:
     ) -> None:
         """Steps of the young batch's rows of ``slots``, back to back on its own stream for up to
         ``young_burst_s``, and beside the main batch's step only while it runs (``main_done``: it
-        has finished). Each costs a few milliseconds against a full step's tens at 128 rows,
+        has finished; None: no main step beside, and the burst's time a step sizes finishing
+        bursts). Each costs a few milliseconds against a full step's tens at 128 rows,
         so a new reply goes through its audio delay in a few calls rather than one step a call.
         At least one step, at most ``young_steps`` (what a row needs) or ``max_steps``, and none after a step
         where none of its rows stepped (a row can only go on with text, which comes between
@@ -402,8 +406,9 @@ class TTSFrameModel:
                 if self._on_step is not None:
                     self._on_step("young_batch")
             if not queue:
-                step_s = (self._clock() - started) / launched
-                self._young_step_s += _STEP_TIME_WEIGHT * (step_s - self._young_step_s)
+                if main_done is None:  # alone: the time a finishing burst's steps take
+                    step_s = (self._clock() - started) / launched
+                    self._young_step_s += _STEP_TIME_WEIGHT * (step_s - self._young_step_s)
                 return
             with stream:
                 frames = young.read(queue.popleft())  # waits for the young stream alone

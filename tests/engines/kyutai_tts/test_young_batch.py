@@ -6,6 +6,7 @@ audio included; ``TTSFrameModel`` runs the young batch between the main batch's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,9 +15,10 @@ import torch
 from rtserve.engines.errors import EngineError
 from rtserve.engines.kyutai_tts.frame_model import TTSFrameModel
 from rtserve.engines.kyutai_tts.loader import load_folder
-from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, TTSSettings
+from rtserve.engines.kyutai_tts.model import KyutaiTTSModel, StepOutputs, TTSSettings
 from rtserve.engines.kyutai_tts.script import ScriptSplitter
 from rtserve.engines.kyutai_tts.voices import VoiceFolder
+from rtserve.engines.values import FrameOutput
 from rtserve.errors import INPUT_BACKPRESSURE
 from rtserve.weights.source import WeightSource
 from tests.engines.kyutai_tts.test_pre_audio_steps import DEVICES, TEXT, same_frame, start
@@ -333,3 +335,52 @@ def test_young_steps_queued_ahead_of_their_reads_make_the_same_replies(tiny_tts:
         for ours, theirs in zip(queued.audio[slot], read_each.audio[slot], strict=True):
             np.testing.assert_allclose(ours, theirs, atol=1e-5)
     assert queued.word_starts == read_each.word_starts
+
+
+def test_a_finishing_burst_is_sized_by_the_young_steps_run_alone(tiny_tts: TinyTTS) -> None:
+    # Young steps beside a main step are slow (the GPU is shared: 12 ms a step here), alone fast (3
+    # ms). A reply whose whole audio delay fits in a burst of those fast steps goes through it in the
+    # call it begins, before the main step, however slow the bursts beside main steps were.
+    main, nursery = models(tiny_tts, "cpu", 2.0)[:2]
+    now, beside = [0.0], [False]
+    main_launch, young_launch = main.launch, nursery.launch
+
+    def launched_main(*args: Any, **kwargs: Any) -> StepOutputs:
+        beside[0] = True
+        return main_launch(*args, **kwargs)
+
+    def launched_young(*args: Any, **kwargs: Any) -> StepOutputs:
+        now[0] += 0.012 if beside[0] else 0.003
+        return young_launch(*args, **kwargs)
+
+    main.launch, nursery.launch = launched_main, launched_young  # type: ignore[method-assign]
+    frame_model = TTSFrameModel(main, young=nursery, young_burst_s=0.04, clock=lambda: now[0])
+    splitter = ScriptSplitter(main.tokenizer, speaker_token=main.ids.main, frame_rate=main.frame_rate)
+    silence, live = np.zeros((3, 1920), np.float32), np.ones(3, bool)
+
+    def call() -> list[FrameOutput | None]:
+        beside[0] = False
+        return frame_model.step(silence, live)
+
+    def begin(slot: int) -> None:
+        frame_model.begin(slot, main.resolve_voice("alice"), None)
+        frame_model.push(slot, splitter.split(TEXT))
+        frame_model.end(slot)
+
+    begin(0)
+    made = 0
+    while made < 2:  # the clock stands still: 160 ms of audio made
+        output = call()[0]
+        made += output is not None and output.audio.size > 0
+    now[0] = 0.36  # row 0 is 200 ms behind its playback: the young steps go beside its steps
+    begin(1)
+    calls = 1
+    while not (output := call()[1]) or not output.audio.size:
+        calls += 1
+        assert calls < 30, "reply 1 made no audio"
+    assert calls >= 4  # it went through most of its delay in bursts beside main steps
+    for _ in range(10):  # no young row: the clock stands still, the older replies get ahead
+        call()
+    begin(2)
+    first = call()[2]
+    assert first is not None and first.audio.size  # its whole delay and first audio in one call
