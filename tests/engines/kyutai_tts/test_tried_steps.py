@@ -31,10 +31,13 @@ def _step_while_ready(model: KyutaiTTSModel) -> list[tuple[bool, np.ndarray | No
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("checkpoint", ["tiny_tts", "tiny_tts_direct_cfg"])  # CFG distilled, or twin rows
 def test_a_young_row_short_of_its_words_steps_on_while_the_model_pads_and_says_the_same(
-    tiny_tts: TinyTTS, device: str
+    request: pytest.FixtureRequest, checkpoint: str, device: str
 ) -> None:
-    tried, waiting = sampled_model(tiny_tts, device), sampled_model(tiny_tts, device, tried_steps=False)
+    tiny: TinyTTS = request.getfixturevalue(checkpoint)
+    tried, waiting = sampled_model(tiny, device), sampled_model(tiny, device, tried_steps=False)
+    assert tried.cfg_direct == (checkpoint == "tiny_tts_direct_cfg")
     words = _words(tried)
     ahead = tried.machine.settings.second_stream_ahead + 1  # a word is popped with this many in hand
     made: dict[str, list[np.ndarray]] = {"tried": [], "waiting": []}
