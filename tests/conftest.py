@@ -13,6 +13,7 @@ import torch
 
 from rtserve import app
 from rtserve.config import ServerConfig, load_config
+from tests.support import release_middleware_cache
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,3 +84,10 @@ def collect_sdk_clients(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "openai" in vars(request.module):
         gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_stopped_apps() -> Iterator[None]:
+    """After each module, nothing keeps the apps it served alive (tests/support.py)."""
+    yield
+    release_middleware_cache()
