@@ -132,8 +132,8 @@ class TextMachine:
         self._ended = np.zeros(batch, bool)
         # Whether the row's next step pops no word (``pops_none``), as of the last step read.
         self._pops_none = np.full(batch, s.initial_padding > 0)
-        # Whether the row's last step asked for a word it did not hold (a tried step put back,
-        # ``read_asked``): it waits for more text before it tries again.
+        # Whether the row asked for a word it may lack (a tried step put back, or its next step must
+        # pop one: ``read_asked``): it tries no step without its words until more text comes.
         self._asked = np.zeros(batch, bool)
         self.reset_rows(torch.ones(batch, dtype=torch.bool, device=device))
 
