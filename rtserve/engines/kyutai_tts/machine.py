@@ -288,26 +288,16 @@ class TextMachine:
         ready: npt.NDArray[np.bool_] = self._ended | enough | self._pops_none
         return ready
 
-    def _answer(self, sampled: torch.Tensor) -> torch.Tensor:
-        """``[B]`` what each row's step makes of the model's ``sampled`` text token before any
-        word is popped: a pad (forced, or the current word has tokens left), else the word
-        marker (the model asked for the next word, or must after ``max_padding`` pads)."""
-        ids = self.settings.ids
-        pad = torch.full_like(sampled, ids.pad)
-        token = torch.where((sampled == ids.new_word) | (sampled == ids.pad), sampled, pad)
-        return torch.where(
-            self.pops_none(), pad, torch.where(self.remaining <= 0, torch.full_like(sampled, ids.new_word), token)
-        )
-
     def must_pop(self) -> torch.Tensor:
         """``[B]`` bool: rows whose next step pops a word whatever the model predicts (``max_padding``
         pads in a row, or a stream's first word after its first pads)."""
         return ~self.pops_none() & (self.remaining <= 0)
 
     def asks_word(self, sampled: torch.Tensor) -> torch.Tensor:
-        """``[B]`` bool: rows whose step, given the ``sampled`` text token, would pop a word: only
-        these read the pending words (a row that lacks them and asks must wait for them)."""
-        return self._answer(sampled) == self.settings.ids.new_word
+        """``[B]`` bool: rows whose step, given the ``sampled`` text token, would pop a word (the
+        model asked for one, or must): only these read the pending words (a row that lacks them
+        and asks must wait for them). Every other row's step feeds a pad."""
+        return self.must_pop() | (~self.pops_none() & (sampled == self.settings.ids.new_word))
 
     def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
         """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step
@@ -315,9 +305,8 @@ class TextMachine:
         s, ids, rows = self.settings, self.settings.ids, self.rows
         new_word = torch.full_like(sampled, ids.new_word)
         pad = torch.full_like(sampled, ids.pad)
-        token = self._answer(sampled)
-
-        wants_word = token == ids.new_word
+        wants_word = self.asks_word(sampled)
+        token = torch.where(wants_word, new_word, pad)
         pop = wants_word & (self.count > 0) & execute
         entry_tokens = self.words[rows, self.head]  # [B, L]
         entry_len = self.word_len[rows, self.head]
