@@ -1,4 +1,5 @@
-"""Loaded cascade models, shared by every model test of this folder (loading costs seconds).
+"""Loaded cascade models, shared by every model test of this folder (loading costs seconds) and
+released after its last one (the folder is a package, so package scope ends there: ~2.8 GB).
 
 The engine uses the default model locations (the shipped wheels) and the default
 converted-model cache, so only the first run on a machine pays for the GGUF conversion.
@@ -25,7 +26,7 @@ from rtserve.engines.cascade.metrics import CascadeMetrics
 from tests.engines.cascade.cascade_support import MAX_SESSIONS, QUESTION, Float32Ct2, Loaded, speak_16k
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cascade() -> Iterator[Loaded]:
     config = load_config(environ={}, overrides={"sessions": {"max_sessions": MAX_SESSIONS}})
     registry = CollectorRegistry()
@@ -35,12 +36,12 @@ def cascade() -> Iterator[Loaded]:
     asyncio.run(engine.stop())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def question_16k(cascade: Loaded) -> np.ndarray:
     return asyncio.run(speak_16k(cascade.engine, QUESTION))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def transformers_llm(cascade: Loaded) -> SmolLlm:
     """The transformers runtime over the engine's model: the engine's own LLM stage when
     configured so, else the one the CTranslate2 stage hands function calls to."""
@@ -51,7 +52,7 @@ def transformers_llm(cascade: Loaded) -> SmolLlm:
     return llm
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def batched_llm(cascade: Loaded) -> Iterator[BatchedLlm]:
     """transformers' continuous batching over the shipped model (on the CPU here), counting into
     the engine's metrics like the engine's own LLM."""
@@ -74,7 +75,7 @@ def llm(request: pytest.FixtureRequest, cascade: Loaded) -> LlmStage:
     return cascade.engine.llm
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def float32_ct2() -> Iterator[Float32Ct2]:
     """CTranslate2 on float32 weights: batch-invariant, so batching can be checked token for token.
     (int8 quantizes activations with kernels whose rounding depends on the batch's shape: a
