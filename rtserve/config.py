@@ -510,6 +510,15 @@ class SttEngineConfig(KvCacheSection):
         "gets its drain steps when it comes, between ticks, rather than after the next tick "
         "(docs/engines.md#flush-between-ticks)",
     )
+    drain_room: float = Field(
+        1.5,
+        ge=1.0,
+        le=10.0,
+        description="with drain_waiting_input: a drain step runs between ticks only while this many times its "
+        "expected duration (the last one's) fits before the next tick. Lower fits more drain steps a period, "
+        "so a turn's end flushes the model's delay sooner, at the risk of a late tick when a step runs long "
+        "(docs/engines.md#draining-waiting-input)",
+    )
     flush_rows: int = Field(
         0,
         ge=0,

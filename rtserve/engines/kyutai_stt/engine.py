@@ -85,6 +85,7 @@ class KyutaiSttEngine(ScheduledEngine):
             drain_after_ticks=settings.drain_after_ticks,
             late_input_grace_ticks=settings.late_input_grace_ticks,
             flush_between_ticks=settings.flush_between_ticks,
+            drain_room=settings.drain_room,
         )
         self._scheduler.start()
         log.info("kyutai stt engine serving %d streams", settings.batch_size)

@@ -150,10 +150,6 @@ class DrainsInput(Protocol):
         ...
 
 
-# A drain step runs only when this many times a drain step's duration fits before the next deadline.
-_DRAIN_ROOM = 1.5
-
-
 @dataclass
 class _Slot:
     index: int
@@ -220,6 +216,7 @@ class LockstepScheduler:
         drain_after_ticks: int = 1,
         late_input_grace_ticks: int = 0,
         flush_between_ticks: bool = False,
+        drain_room: float = 1.5,
     ) -> None:
         """``audio_input`` False: the model takes no audio frames (its input comes through
         ``between_steps``); no backlog is read and no underrun counted. ``run_ahead``: the
@@ -229,7 +226,8 @@ class LockstepScheduler:
         input are held rather than stepped on silence for up to ``late_input_grace_ticks`` ticks
         (``DrainLedger``). ``flush_between_ticks``: frames a stream asks to be stepped now
         (``drain_soon``) get their drain steps as soon as it asks, between ticks, rather than after
-        the next tick."""
+        the next tick. ``drain_room``: a drain step (or burst) runs only where this many times
+        its expected duration fits before the next deadline."""
         if run_ahead is not None and audio_input:
             raise ValueError("only a model without audio input can run ahead of its ticks")
         if drains is not None and not audio_input:
@@ -245,6 +243,7 @@ class LockstepScheduler:
         self._burst_cost = BurstCost()
         self._flush_between_ticks = flush_between_ticks and drains is not None
         self._last_tick_s = 0.0  # the last paced tick's duration: a drain step's room between ticks
+        self._drain_room = drain_room
         self.name = name
         self.batch_size = model.batch_size
         self.frame_size = model.frame_size
@@ -641,7 +640,7 @@ class LockstepScheduler:
             stepping = len(waiting) + len(prefill)
             last = self._drain_timing
             drain_s = last[1] if last is not None and stepping <= last[0] else tick_s
-            if deadline - clock.monotonic() <= _DRAIN_ROOM * drain_s:
+            if deadline - clock.monotonic() <= self._drain_room * drain_s:
                 return
             started = clock.monotonic()
             for index, _ in waiting:
@@ -698,7 +697,7 @@ class LockstepScheduler:
         room_s = deadline - clock.monotonic()
         if room_s <= 0:
             return False
-        frames = min(self._burst_frames(waiting), self._burst_cost.frames_within(room_s, _DRAIN_ROOM, tick_s))
+        frames = min(self._burst_frames(waiting), self._burst_cost.frames_within(room_s, self._drain_room, tick_s))
         if frames < 1:
             return False
         started = clock.monotonic()

@@ -67,6 +67,7 @@ def _serve(
     flush_between_ticks: bool = False,
     burst_rows: int = 0,
     standing_beside: int = 0,
+    drain_room: float = 1.5,
 ) -> tuple[list[float], list[int], DrainingModel, CollectorRegistry, SlotLease]:
     """One paced client, frame k sent at (k + ``phase``) periods (``late``: network delay of the
     frames named), ticks of ``tick_s`` and drain steps of 10 ms: the frames each tick and drain
@@ -76,7 +77,7 @@ def _serve(
     ``FLUSHED`` frames of ``FLUSH_VALUE`` and asks for them to be stepped now (``drain_soon``), as a
     turn's end that comes between two ticks. ``burst_rows``: the model's (``DrainingModel``).
     ``standing_beside``: a second stream gets that many frames at once with the flush, so the tick
-    that applies the flush leaves them standing beside it."""
+    that applies the flush leaves them standing beside it. ``drain_room``: the scheduler's."""
     clock = ClientFeedingClock(late=late, phase=phase)
     model = DrainingModel(clock, burst_rows)
     registry = CollectorRegistry()
@@ -116,6 +117,7 @@ def _serve(
         drain_after_ticks=drain_after_ticks,
         late_input_grace_ticks=grace,
         flush_between_ticks=flush_between_ticks,
+        drain_room=drain_room,
     )
     lease = scheduler.acquire(SlotPrompt(text="x" * prefill))  # RecordingModel: one prefill step a character
     leases.append(lease)
@@ -272,6 +274,22 @@ def test_room_for_drain_steps_is_counted_in_drain_steps_not_ticks() -> None:
     assert stepped.count(FLUSH_VALUE) == FLUSHED
     assert max(backlog[12:]) < FRAME  # one drain step after the tick that took the flush, four after the next
     assert lease.samples_discarded == 0
+
+
+def test_a_smaller_drain_room_fits_one_more_drain_step_a_period() -> None:
+    """Ticks of 27 ms leave 53 ms of each 80 ms period and a drain step takes 10: at 1.5 drain steps
+    of room four fit after a tick (a fifth would start with 13 ms left), at 1.15 five do, so a
+    flush is a frame further along by the next tick; either way every frame is stepped, in order."""
+    wide_stepped, wide, _, _, _ = _serve(drains=True, drain_after_ticks=30, flush_at=10, tick_s=0.027)
+    tight_stepped, tight, _, _, _ = _serve(
+        drains=True, drain_after_ticks=30, flush_at=10, tick_s=0.027, drain_room=1.15
+    )
+
+    assert wide[11] - tight[11] == FRAME
+    for stepped in (wide_stepped, tight_stepped):
+        assert stepped.count(FLUSH_VALUE) == FLUSHED
+        client = [value for value in stepped if 0 < value < FLUSH_VALUE]
+        assert client == [float(k) for k in range(1, len(client) + 1)]
 
 
 def test_without_drain_steps_flushed_frames_go_a_tick_each() -> None:
