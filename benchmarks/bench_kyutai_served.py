@@ -737,13 +737,17 @@ def growth_ms(timed: Timed, window: tuple[float, float]) -> float:
     return float(np.mean(last) - np.mean(first)) if first and last else float("nan")
 
 
+def _first_audio_ms(reply: Reply) -> float:
+    return (reply.audio[0][0] - reply.first_sent) * 1e3
+
+
 def tts_point(logs: list[TtsLog], window: tuple[float, float]) -> dict[str, Any]:
     replies = [r for log in logs for r in log.replies if window[0] <= r.first_sent <= window[1]]
-    firsts = [(r.audio[0][0] - r.first_sent) * 1e3 for r in replies if r.audio and not r.error]
+    firsts = [_first_audio_ms(r) for r in replies if r.audio and not r.error]
     # The engine's histograms count a reply when its first audio comes inside the window, some
     # of them sent before it (a start's herd): these are the replies the engine's p95 is over.
     audio_in_window = [
-        (r.audio[0][0] - r.first_sent) * 1e3
+        _first_audio_ms(r)
         for log in logs
         for r in log.replies
         if r.audio and not r.error and window[0] <= r.audio[0][0] <= window[1]
@@ -765,7 +769,7 @@ def tts_point(logs: list[TtsLog], window: tuple[float, float]) -> dict[str, Any]
         "words_sent": sum(r.words for r in replies),
         # (first word sent, s into the window; its first audio, ms): whether slow ones cluster in time
         "first_audio_by_time": sorted(
-            (round(r.first_sent - window[0], 3), round((r.audio[0][0] - r.first_sent) * 1e3, 1))
+            (round(r.first_sent - window[0], 3), round(_first_audio_ms(r), 1))
             for r in replies
             if r.audio and not r.error
         ),

@@ -297,7 +297,7 @@ class TextMachine:
         """``[B]`` bool: rows whose step, given the ``sampled`` text token, would pop a word (the
         model asked for one, or must): only these read the pending words (a row that lacks them
         and asks must wait for them). Every other row's step feeds a pad."""
-        return self.must_pop() | (~self.pops_none() & (sampled == self.settings.ids.new_word))
+        return ~self.pops_none() & ((self.remaining <= 0) | (sampled == self.settings.ids.new_word))
 
     def step(self, sampled: torch.Tensor, step: torch.Tensor, execute: torch.Tensor) -> MachineStep:
         """``sampled`` ``[B]`` text tokens the model predicted, ``step`` ``[B]`` each row's step
